@@ -1,0 +1,155 @@
+//! The interface every algorithm implements, and the shared try/acquire logic of the
+//! algorithms whose decision is "the earliest instant at which the request fits".
+
+use crate::decision::{CheckError, Decision};
+
+/// What a check asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Admit now or reject. Never waits, except that `limit-req`'s delay and
+    /// `shaper`'s schedule are part of their decision (carried in `Decision::wait`).
+    Try,
+    /// Reserve the earliest admissible instant at or after now, behind every earlier
+    /// reservation of the same key (FIFO). If the wait would exceed `max_wait_us`, the
+    /// request is rejected at once and reserves nothing. `None`: unbounded.
+    Acquire {
+        /// The longest acceptable wait, in microseconds.
+        max_wait_us: Option<u64>,
+    },
+}
+
+/// A rate-limiting algorithm: a deterministic state machine over time.
+///
+/// `Self` holds the (immutable, validated) parameters; `State` is one key's state.
+/// Every method takes `now` in microseconds of the caller's clock. A `now` earlier
+/// than a previous one is treated as "no time passed", never as time travel.
+pub trait Algorithm {
+    /// One key's state.
+    type State: Clone + std::fmt::Debug + Send + Sync;
+
+    /// The state of a key created at `now`.
+    fn init(&self, now: u64) -> Self::State;
+
+    /// Decides a request of `cost` (>= 1) arriving at `now`, applying it if admitted.
+    fn check(
+        &self,
+        state: &mut Self::State,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Decision, CheckError>;
+
+    /// The decision a `Mode::Try` request would get now, changing nothing.
+    fn peek(&self, state: &Self::State, now: u64, cost: u64) -> Result<Decision, CheckError> {
+        self.check(&mut state.clone(), now, cost, Mode::Try)
+    }
+
+    /// Gives back `cost` units admitted earlier (e.g. the downstream call failed).
+    /// Never fills beyond full capacity; a no-op on a fully replenished state.
+    fn refund(&self, state: &mut Self::State, now: u64, cost: u64);
+
+    /// The headline limit reported in every [`Decision::limit`].
+    fn limit(&self) -> u64;
+}
+
+/// The algorithms whose semantics are "admit at the earliest instant the request
+/// fits": everything they decide follows from these five functions.
+pub(crate) trait Schedule {
+    type State;
+    /// The state of a new key.
+    fn fresh(&self) -> Self::State;
+    /// The largest cost that can ever be admitted.
+    fn capacity(&self) -> u64;
+    /// The earliest instant >= `now` (and behind earlier reservations) at which a
+    /// request of `cost` <= capacity fits.
+    fn earliest(&self, s: &Self::State, now: u64, cost: u64) -> u64;
+    /// Records a request of `cost` that arrived at `now` and is admitted at `at`
+    /// (the result of `earliest`; later than `now` for a reservation).
+    fn admit(&self, s: &mut Self::State, now: u64, at: u64, cost: u64);
+    /// Unit requests that fit at `now`.
+    fn remaining(&self, s: &Self::State, now: u64) -> u64;
+    /// Time from `now` until the state is as good as new.
+    fn reset_after(&self, s: &Self::State, now: u64) -> u64;
+    /// Drops what can no longer matter at `now` (expired log entries). Optional.
+    fn expire(&self, _s: &mut Self::State, _now: u64) {}
+    /// The headline limit.
+    fn headline(&self) -> u64 {
+        self.capacity()
+    }
+}
+
+/// Try and acquire for a [`Schedule`].
+pub(crate) fn check_schedule<A: Schedule>(
+    alg: &A,
+    s: &mut A::State,
+    now: u64,
+    cost: u64,
+    mode: Mode,
+) -> Result<Decision, CheckError> {
+    check_cost(cost, alg.capacity())?;
+    alg.expire(s, now);
+    let at = alg.earliest(s, now, cost).max(now);
+    let wait = at - now;
+    if fits(wait, mode) {
+        alg.admit(s, now, at, cost);
+        Ok(Decision::admitted(
+            alg.headline(),
+            alg.remaining(s, now),
+            alg.reset_after(s, now),
+            wait,
+        ))
+    } else {
+        Ok(Decision::rejected(
+            alg.headline(),
+            alg.remaining(s, now),
+            alg.reset_after(s, now),
+            Some(wait),
+        ))
+    }
+}
+
+/// Whether a request whose earliest admission is `wait` from now is admitted.
+pub(crate) fn fits(wait: u64, mode: Mode) -> bool {
+    match mode {
+        Mode::Try => wait == 0,
+        Mode::Acquire { max_wait_us } => max_wait_us.is_none_or(|m| wait <= m),
+    }
+}
+
+pub(crate) fn check_cost(cost: u64, capacity: u64) -> Result<(), CheckError> {
+    if cost == 0 {
+        return Err(CheckError::ZeroCost);
+    }
+    if cost > capacity {
+        return Err(CheckError::InsufficientCapacity { cost, capacity });
+    }
+    Ok(())
+}
+
+/// Implements [`Algorithm`] for a type that implements [`Schedule`].
+macro_rules! schedule_algorithm {
+    ($ty:ty, $state:ty) => {
+        impl $crate::algorithm::Algorithm for $ty {
+            type State = $state;
+            fn init(&self, _now: u64) -> Self::State {
+                $crate::algorithm::Schedule::fresh(self)
+            }
+            fn check(
+                &self,
+                state: &mut Self::State,
+                now: u64,
+                cost: u64,
+                mode: $crate::algorithm::Mode,
+            ) -> Result<$crate::decision::Decision, $crate::decision::CheckError> {
+                $crate::algorithm::check_schedule(self, state, now, cost, mode)
+            }
+            fn refund(&self, state: &mut Self::State, now: u64, cost: u64) {
+                self.give_back(state, now, cost)
+            }
+            fn limit(&self) -> u64 {
+                $crate::algorithm::Schedule::headline(self)
+            }
+        }
+    };
+}
+pub(crate) use schedule_algorithm;

@@ -1,0 +1,129 @@
+//! GCRA, the generic cell rate algorithm, in its "virtual scheduling" form.
+
+use crate::algorithm::{schedule_algorithm, Schedule};
+use crate::units::{div_ceil, sat, Rate};
+
+/// The largest [`Rate::scale`] GCRA accepts: its state is one u64 of scaled time, and
+/// an epoch-anchored clock (2^51 us in 2041) times 4096 stays below 2^64 until 2112.
+pub const MAX_GCRA_SCALE: u64 = 4096;
+
+/// GCRA with emission interval `T = period/rate` and burst tolerance `tau = burst*T`.
+///
+/// `new = max(tat, t) + c*T`; admitted iff `t >= new - tau`, then `tat = new`. An idle
+/// key admits exactly `burst` unit requests at one instant (the `redis_rate` variant).
+///
+/// ```
+/// use tollgate_core::{Algorithm, Mode, algorithms::Gcra, Rate};
+/// let gcra = Gcra::new(Rate::parse("10/s").unwrap(), 5).unwrap();
+/// let mut s = gcra.init(0);
+/// let admitted = (0..6).filter(|_| gcra.check(&mut s, 0, 1, Mode::Try).unwrap().allowed).count();
+/// assert_eq!(admitted, 5);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gcra {
+    rate: Rate,
+    burst: u64,
+    scale: u128,
+    interval: u128,
+    tau: u128,
+}
+
+/// One key's GCRA state: the theoretical arrival time, in scaled ticks
+/// (`1/rate.scale()` us). Zero means idle since the clock's origin.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcraState {
+    /// Theoretical arrival time in scaled ticks.
+    pub tat: u64,
+}
+
+impl Gcra {
+    /// GCRA admitting `rate` with bursts of up to `burst` (>= 1) at one instant.
+    pub fn new(rate: Rate, burst: u64) -> Result<Self, String> {
+        if burst == 0 {
+            return Err("burst must be at least 1".into());
+        }
+        if rate.scale() > MAX_GCRA_SCALE {
+            return Err(format!(
+                "rate {rate} has an emission interval of {:.4}us, which GCRA can only keep exactly \
+                 in 1/{}us ticks (at most 1/{MAX_GCRA_SCALE}us); choose a rate whose interval is \
+                 a whole number of microseconds (e.g. {}/s), or token-bucket, which has no such bound",
+                rate.period_us as f64 / rate.count as f64,
+                rate.scale(),
+                (rate.per_second().round() as u64).max(1)
+            ));
+        }
+        let tau = u128::from(burst) * u128::from(rate.interval_ticks());
+        if tau > 1 << 62 {
+            return Err(format!("burst {burst} at rate {rate} spans too long a time"));
+        }
+        Ok(Gcra {
+            rate,
+            burst,
+            scale: rate.scale().into(),
+            interval: rate.interval_ticks().into(),
+            tau,
+        })
+    }
+
+    /// The rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The burst.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    fn ticks(&self, us: u64) -> u128 {
+        u128::from(us) * self.scale
+    }
+
+    fn give_back(&self, s: &mut GcraState, now: u64, cost: u64) {
+        let now = self.ticks(now);
+        let tat = u128::from(s.tat);
+        if tat > now {
+            let back = u128::from(cost) * self.interval;
+            s.tat = sat(tat.saturating_sub(back).max(now));
+        }
+    }
+}
+
+impl Schedule for Gcra {
+    type State = GcraState;
+
+    fn fresh(&self) -> GcraState {
+        GcraState::default()
+    }
+
+    fn capacity(&self) -> u64 {
+        self.burst
+    }
+
+    fn earliest(&self, s: &GcraState, now: u64, cost: u64) -> u64 {
+        let new = u128::from(s.tat).max(self.ticks(now)) + u128::from(cost) * self.interval;
+        sat(div_ceil(new.saturating_sub(self.tau), self.scale))
+    }
+
+    /// `tat = max(tat, t) + c*T` with `t` the arrival, not the (rounded-up) admission,
+    /// so reservations never drift.
+    fn admit(&self, s: &mut GcraState, now: u64, _at: u64, cost: u64) {
+        let new = u128::from(s.tat).max(self.ticks(now)) + u128::from(cost) * self.interval;
+        s.tat = sat(new);
+    }
+
+    fn remaining(&self, s: &GcraState, now: u64) -> u64 {
+        let now = self.ticks(now);
+        let base = u128::from(s.tat).max(now);
+        sat((now + self.tau).saturating_sub(base) / self.interval)
+    }
+
+    fn reset_after(&self, s: &GcraState, now: u64) -> u64 {
+        sat(div_ceil(
+            u128::from(s.tat).saturating_sub(self.ticks(now)),
+            self.scale,
+        ))
+    }
+}
+
+schedule_algorithm!(Gcra, GcraState);

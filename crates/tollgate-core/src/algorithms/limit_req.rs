@@ -1,0 +1,216 @@
+//! nginx `limit_req`: the leaky bucket of `ngx_http_limit_req_module`, with its integer
+//! accounting (milli-requests, a millisecond clock), burst, and delay.
+
+use crate::algorithm::{check_cost, fits, Algorithm, Mode};
+use crate::decision::{CheckError, Decision};
+use crate::units::{sat, Rate};
+
+/// How `limit-req` treats admitted requests above the rate (nginx `delay=`/`nodelay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Delay {
+    /// Delay every request in excess (nginx's default, `delay=0`).
+    #[default]
+    All,
+    /// Admit the first `n` excess requests at once, delay the rest (`delay=n`).
+    After(u64),
+    /// Never delay (`nodelay`).
+    Never,
+}
+
+/// nginx `limit_req` with `rate`, `burst` and `delay`, exactly:
+///
+/// * `rate_milli` = requests per second x 1000, truncated (`30/m` = 500);
+/// * with `ms = now_ms - last_ms`: `excess = max(prev - rate_milli*ms/1000 + 1000, 0)`
+///   (integer division, as nginx); reject if `excess > burst*1000` (state unchanged);
+///   otherwise store `excess` and `last_ms = now_ms`;
+/// * an admitted request with `excess > delay*1000` is delayed
+///   `(excess - delay*1000) * 1000 / rate_milli` ms.
+///
+/// A new key's first request has excess 0. A cost `c` counts as `c` requests arriving
+/// together: `excess = max(prev - drain, -1000) + c*1000` (for `c = 1` exactly nginx's
+/// formula), so `c` can be at most `burst + 1`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitReq {
+    rate: Rate,
+    burst: u64,
+    delay: Delay,
+    rate_milli: i128,
+    burst_milli: i128,
+    delay_milli: i128,
+}
+
+/// One key's `limit_req` node: `excess` milli-requests at `last_ms`. `-1000` is the
+/// state of a new (or fully drained) key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitReqState {
+    /// The time of the last admitted request, in ms.
+    pub last_ms: u64,
+    /// Excess in milli-requests.
+    pub excess: i64,
+}
+
+const FRESH: i64 = -1000;
+
+impl LimitReq {
+    /// `limit_req` at `rate` (at least 1 request per 1000 s, like nginx's `1r/m`
+    /// granularity allows) with `burst` and `delay`.
+    pub fn new(rate: Rate, burst: u64, delay: Delay) -> Result<Self, String> {
+        let rate_milli = u128::from(rate.count) * 1_000_000_000 / u128::from(rate.period_us);
+        if rate_milli == 0 {
+            return Err(format!(
+                "rate {rate} is below limit-req's resolution of 1 request per 1000s (nginx keeps the rate in milli-requests per second)"
+            ));
+        }
+        if let Delay::After(n) = delay {
+            if n > burst {
+                return Err(format!("delay={n} is larger than burst={burst}"));
+            }
+        }
+        Ok(LimitReq {
+            rate,
+            burst,
+            delay,
+            rate_milli: rate_milli as i128,
+            burst_milli: i128::from(burst) * 1000,
+            delay_milli: match delay {
+                Delay::All => 0,
+                Delay::After(n) => i128::from(n) * 1000,
+                Delay::Never => i128::MAX,
+            },
+        })
+    }
+
+    /// The rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The burst.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The delay mode.
+    pub fn delay(&self) -> Delay {
+        self.delay
+    }
+
+    /// The rate in milli-requests per second, as nginx keeps it.
+    pub fn rate_milli(&self) -> u64 {
+        self.rate_milli as u64
+    }
+
+    /// Excess at `ms` (>= last_ms) before adding a request, clamped at -1000.
+    fn drained(&self, s: &LimitReqState, ms: u64) -> i128 {
+        let elapsed = i128::from(ms.saturating_sub(s.last_ms));
+        (i128::from(s.excess) - self.rate_milli * elapsed / 1000).max(i128::from(FRESH))
+    }
+
+    /// The first ms (>= last_ms) at which the drained excess is <= `target`.
+    fn ms_when_drained_to(&self, s: &LimitReqState, target: i128) -> u64 {
+        let over = i128::from(s.excess) - target;
+        if over <= 0 {
+            return s.last_ms;
+        }
+        // floor(rate*ms/1000) >= over  <=>  ms >= ceil(1000*over/rate)
+        let ms = (1000 * over as u128).div_ceil(self.rate_milli as u128);
+        s.last_ms.saturating_add(sat(ms))
+    }
+
+    fn delay_ms(&self, excess: i128) -> u64 {
+        if excess > self.delay_milli {
+            sat(((excess - self.delay_milli) * 1000 / self.rate_milli) as u128)
+        } else {
+            0
+        }
+    }
+}
+
+impl Algorithm for LimitReq {
+    type State = LimitReqState;
+
+    fn init(&self, now: u64) -> LimitReqState {
+        LimitReqState {
+            last_ms: now / 1000,
+            excess: FRESH,
+        }
+    }
+
+    fn check(
+        &self,
+        s: &mut LimitReqState,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Decision, CheckError> {
+        check_cost(cost, self.burst + 1)?;
+        let add = i128::from(cost) * 1000;
+        // Never ahead of an earlier admission (acquire may have reserved a later ms).
+        let mut ms = (now / 1000).max(s.last_ms);
+        if self.drained(s, ms) + add > self.burst_milli {
+            ms = self.ms_when_drained_to(s, self.burst_milli - add);
+        }
+        let at = if ms == now / 1000 { now } else { ms * 1000 };
+        let excess = self.drained(s, ms) + add;
+        let delay = self.delay_ms(excess) * 1000;
+        let to_admit = at - now;
+        let total = to_admit.saturating_add(delay);
+        let admitted = match mode {
+            Mode::Try => to_admit == 0,
+            Mode::Acquire { .. } => fits(total, mode),
+        };
+        if admitted {
+            *s = LimitReqState {
+                last_ms: ms,
+                excess: excess as i64,
+            };
+            Ok(Decision::admitted(
+                self.limit(),
+                self.remaining(s, now),
+                self.reset_after(s, now),
+                total,
+            ))
+        } else {
+            Ok(Decision::rejected(
+                self.limit(),
+                self.remaining(s, now),
+                self.reset_after(s, now),
+                Some(to_admit.max(1)),
+            ))
+        }
+    }
+
+    fn refund(&self, s: &mut LimitReqState, now: u64, cost: u64) {
+        let ms = (now / 1000).max(s.last_ms);
+        let excess = (self.drained(s, ms) - i128::from(cost) * 1000).max(i128::from(FRESH));
+        *s = LimitReqState {
+            last_ms: ms,
+            excess: excess as i64,
+        };
+    }
+
+    /// `burst + 1`: an idle key admits its first request with excess 0, then `burst` more.
+    fn limit(&self) -> u64 {
+        self.burst + 1
+    }
+}
+
+impl LimitReq {
+    fn remaining(&self, s: &LimitReqState, now: u64) -> u64 {
+        let ms = now / 1000;
+        if s.last_ms > ms {
+            return 0;
+        }
+        let next = self.drained(s, ms) + 1000;
+        if next > self.burst_milli {
+            0
+        } else {
+            sat(((self.burst_milli - next) / 1000 + 1) as u128)
+        }
+    }
+
+    fn reset_after(&self, s: &LimitReqState, now: u64) -> u64 {
+        let ms = self.ms_when_drained_to(s, i128::from(FRESH));
+        ms.saturating_mul(1000).saturating_sub(now)
+    }
+}

@@ -1,0 +1,147 @@
+//! Shaper: the leaky bucket as a queue.
+
+use std::collections::VecDeque;
+
+use super::gcra::MAX_GCRA_SCALE;
+use crate::algorithm::{check_cost, fits, Algorithm, Mode};
+use crate::decision::{CheckError, Decision};
+use crate::units::{sat, Rate};
+
+/// Releases admitted requests one by one at `rate`: a request of cost `c` is scheduled
+/// at `s = max(t, last_s + c*T)` and carries `wait = s - t`. A request that must wait
+/// needs one of `queue` places; with all taken it is rejected under try. Under acquire
+/// the queue bound does not apply (the caller chose to wait); `max-wait` does.
+///
+/// Never raises `InsufficientCapacity`: any cost is scheduled, later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shaper {
+    rate: Rate,
+    queue: u64,
+    scale: u128,
+    interval: u128,
+}
+
+/// One key's schedule.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShaperState {
+    /// When the last admitted request is released, in scaled ticks; `None` before
+    /// the first.
+    pub last: Option<u64>,
+    /// Release times (us) of admitted requests still waiting, earliest first.
+    pub pending: VecDeque<u64>,
+}
+
+impl Shaper {
+    /// Release at `rate` with up to `queue` requests waiting.
+    pub fn new(rate: Rate, queue: u64) -> Result<Self, String> {
+        if rate.scale() > MAX_GCRA_SCALE {
+            return Err(format!(
+                "rate {rate} has an emission interval that is not a whole number of 1/{MAX_GCRA_SCALE} us; \
+                 choose a rate whose interval is a whole number of microseconds"
+            ));
+        }
+        Ok(Shaper {
+            rate,
+            queue,
+            scale: rate.scale().into(),
+            interval: rate.interval_ticks().into(),
+        })
+    }
+
+    /// The release rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The queue length.
+    pub fn queue(&self) -> u64 {
+        self.queue
+    }
+
+    fn schedule(&self, s: &ShaperState, now: u64, cost: u64) -> u128 {
+        let now = u128::from(now) * self.scale;
+        match s.last {
+            None => now,
+            Some(last) => now.max(u128::from(last) + u128::from(cost) * self.interval),
+        }
+    }
+
+    fn release_us(&self, ticks: u128) -> u64 {
+        sat(ticks.div_ceil(self.scale))
+    }
+
+    fn remaining(&self, s: &ShaperState, now: u64) -> u64 {
+        let immediate = self.release_us(self.schedule(s, now, 1)) <= now;
+        self.queue.saturating_sub(s.pending.len() as u64) + u64::from(immediate)
+    }
+
+    fn reset_after(&self, s: &ShaperState, now: u64) -> u64 {
+        s.last.map_or(0, |last| {
+            self.release_us(u128::from(last) + self.interval)
+                .saturating_sub(now)
+        })
+    }
+}
+
+impl Algorithm for Shaper {
+    type State = ShaperState;
+
+    fn init(&self, _now: u64) -> ShaperState {
+        ShaperState::default()
+    }
+
+    fn check(
+        &self,
+        s: &mut ShaperState,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Decision, CheckError> {
+        check_cost(cost, u64::MAX)?;
+        while s.pending.front().is_some_and(|&r| r <= now) {
+            s.pending.pop_front();
+        }
+        let at = self.schedule(s, now, cost);
+        let release = self.release_us(at);
+        let wait = release.saturating_sub(now);
+        let queued = s.pending.len() as u64;
+        let retry = match mode {
+            Mode::Try if wait > 0 && queued >= self.queue => {
+                // A place frees when enough earlier requests have been released.
+                let idx = (queued - self.queue) as usize;
+                Some(s.pending.get(idx).map_or(1, |&r| r - now))
+            }
+            Mode::Acquire { max_wait_us } if !fits(wait, mode) => {
+                Some(wait - max_wait_us.unwrap_or(wait))
+            }
+            _ => None,
+        };
+        if let Some(retry) = retry {
+            return Ok(Decision::rejected(
+                self.limit(),
+                self.remaining(s, now),
+                self.reset_after(s, now),
+                Some(retry),
+            ));
+        }
+        s.last = Some(sat(at));
+        if wait > 0 {
+            s.pending.push_back(release);
+        }
+        Ok(Decision::admitted(
+            self.limit(),
+            self.remaining(s, now),
+            self.reset_after(s, now),
+            wait,
+        ))
+    }
+
+    /// A no-op: a scheduled request keeps its place, and moving the schedule back
+    /// would let later requests overtake the pace.
+    fn refund(&self, _s: &mut ShaperState, _now: u64, _cost: u64) {}
+
+    /// `queue + 1`: one request released at once, `queue` more waiting.
+    fn limit(&self) -> u64 {
+        self.queue.saturating_add(1)
+    }
+}

@@ -1,0 +1,136 @@
+//! Token bucket: starts full, refills continuously, a request takes `cost` tokens.
+
+use crate::algorithm::{schedule_algorithm, Schedule};
+use crate::units::{sat, Rate};
+
+/// A token bucket of `capacity` tokens refilled at `rate`, continuously: fractions of
+/// a token are kept (in units of `1/interval_ticks` token), never truncated away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBucket {
+    rate: Rate,
+    capacity: u64,
+    /// Scaled units per token.
+    per_token: i128,
+    /// Scaled units refilled per microsecond.
+    per_us: i128,
+    cap: i128,
+}
+
+/// One key's token bucket: `tokens` scaled units at time `last` (us). Negative while
+/// a reservation made by `acquire` is still in the future of `last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// Tokens, in scaled units, at `last`.
+    pub tokens: i64,
+    /// When `tokens` was measured, in us.
+    pub last: u64,
+}
+
+impl TokenBucket {
+    /// A bucket of `capacity` (>= 1) tokens refilled at `rate`.
+    pub fn new(rate: Rate, capacity: u64) -> Result<Self, String> {
+        let (per_token, per_us, cap) = bucket_units(rate, capacity)?;
+        Ok(TokenBucket {
+            rate,
+            capacity,
+            per_token,
+            per_us,
+            cap,
+        })
+    }
+
+    /// The refill rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The capacity in tokens.
+    pub fn capacity_tokens(&self) -> u64 {
+        self.capacity
+    }
+
+    fn level_at(&self, s: &TokenBucketState, at: u64) -> i128 {
+        let tokens = i128::from(s.tokens);
+        if at >= s.last {
+            self.cap.min(tokens + i128::from(at - s.last) * self.per_us)
+        } else {
+            tokens - i128::from(s.last - at) * self.per_us
+        }
+    }
+
+    fn give_back(&self, s: &mut TokenBucketState, now: u64, cost: u64) {
+        let level = self.level_at(s, now) + i128::from(cost) * self.per_token;
+        *s = TokenBucketState {
+            tokens: clamp_i64(level.min(self.cap)),
+            last: now,
+        };
+    }
+}
+
+/// Scaled units of a bucket: (units per token, units per us, capacity in units).
+pub(crate) fn bucket_units(rate: Rate, capacity: u64) -> Result<(i128, i128, i128), String> {
+    if capacity == 0 {
+        return Err("capacity must be at least 1".into());
+    }
+    let per_token = i128::from(rate.interval_ticks());
+    let cap = i128::from(capacity) * per_token;
+    if cap > 1 << 62 {
+        return Err(format!("capacity {capacity} at rate {rate} spans too long a time"));
+    }
+    Ok((per_token, rate.scale().into(), cap))
+}
+
+pub(crate) fn clamp_i64(x: i128) -> i64 {
+    i64::try_from(x).unwrap_or(if x < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// `ceil(a / b)` for a >= 0, b > 0, as u64 microseconds.
+pub(crate) fn ceil_us(a: i128, b: i128) -> u64 {
+    if a <= 0 {
+        0
+    } else {
+        sat((a as u128).div_ceil(b as u128))
+    }
+}
+
+impl Schedule for TokenBucket {
+    type State = TokenBucketState;
+
+    fn fresh(&self) -> TokenBucketState {
+        TokenBucketState {
+            tokens: clamp_i64(self.cap),
+            last: 0,
+        }
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn earliest(&self, s: &TokenBucketState, now: u64, cost: u64) -> u64 {
+        let need = i128::from(cost) * self.per_token;
+        now.saturating_add(ceil_us(need - self.level_at(s, now), self.per_us))
+    }
+
+    /// A reservation's refill from arrival to admission is never capped: the bucket
+    /// reached `cost` tokens within the last microsecond before `at`, and the fraction
+    /// of a microsecond's refill past that instant is kept, so reservations never drift.
+    fn admit(&self, s: &mut TokenBucketState, now: u64, at: u64, cost: u64) {
+        let level = self.level_at(s, now) + i128::from(at - now) * self.per_us
+            - i128::from(cost) * self.per_token;
+        *s = TokenBucketState {
+            tokens: clamp_i64(level),
+            last: at,
+        };
+    }
+
+    fn remaining(&self, s: &TokenBucketState, now: u64) -> u64 {
+        sat((self.level_at(s, now).max(0) / self.per_token) as u128)
+    }
+
+    fn reset_after(&self, s: &TokenBucketState, now: u64) -> u64 {
+        ceil_us(self.cap - self.level_at(s, now), self.per_us)
+    }
+}
+
+schedule_algorithm!(TokenBucket, TokenBucketState);

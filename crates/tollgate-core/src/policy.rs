@@ -1,0 +1,240 @@
+//! [`Policy`]: any algorithm plus the options every policy has, behind one type, as
+//! parsed from a spec. Stores and servers hold `Policy` + [`PolicyState`].
+
+use std::str::FromStr;
+
+use crate::algorithm::{Algorithm, Mode};
+use crate::algorithms::*;
+use crate::decision::{CheckError, Decision};
+use crate::spec::{self, SpecError};
+
+/// Try (reject) or acquire (wait, bounded by the policy's `max-wait`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Op {
+    /// Admit now or reject.
+    #[default]
+    Try,
+    /// Wait for the earliest admissible instant, up to the policy's `max-wait`.
+    Acquire,
+}
+
+/// The algorithm of a [`Policy`], with its parameters.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)]
+pub enum Algo {
+    FixedWindow(FixedWindow),
+    SlidingLog(SlidingLog),
+    SlidingWindow(SlidingWindow),
+    SlidingWindowWeighted(SlidingWindowWeighted),
+    LeakyBucket(LeakyBucket),
+    Gcra(Gcra),
+    TokenBucket(TokenBucket),
+    SmoothBursty(Smooth),
+    SmoothWarmup(Smooth),
+    LimitReq(LimitReq),
+    Shaper(Shaper),
+    Concurrency(Concurrency),
+}
+
+/// One key's state under a [`Policy`].
+#[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)]
+pub enum PolicyState {
+    FixedWindow(FixedWindowState),
+    SlidingLog(SlidingLogState),
+    SlidingWindow(SlidingWindowState),
+    SlidingWindowWeighted(WeightedState),
+    LeakyBucket(LeakyBucketState),
+    Gcra(GcraState),
+    TokenBucket(TokenBucketState),
+    SmoothBursty(SmoothState),
+    SmoothWarmup(SmoothState),
+    LimitReq(LimitReqState),
+    Shaper(ShaperState),
+    Concurrency(ConcurrencyState),
+}
+
+/// Calls `$body` with `$a` bound to the algorithm and `$s` to its state, re-creating
+/// the state if it belongs to another algorithm (a policy changed at run time).
+macro_rules! dispatch {
+    ($self:ident, $state:ident, $now:expr, |$a:ident, $s:ident| $body:expr) => {
+        dispatch!(@arms $self, $state, $now, |$a, $s| $body;
+            FixedWindow, SlidingLog, SlidingWindow, SlidingWindowWeighted, LeakyBucket, Gcra,
+            TokenBucket, SmoothBursty, SmoothWarmup, LimitReq, Shaper, Concurrency)
+    };
+    (@arms $self:ident, $state:ident, $now:expr, |$a:ident, $s:ident| $body:expr; $($v:ident),*) => {
+        match &$self.algo {
+            $(Algo::$v($a) => {
+                if !matches!($state, PolicyState::$v(_)) {
+                    *$state = PolicyState::$v($a.init($now));
+                }
+                let PolicyState::$v($s) = $state else { unreachable!() };
+                $body
+            })*
+        }
+    };
+}
+
+macro_rules! init_state {
+    ($self:ident, $now:expr; $($v:ident),*) => {
+        match &$self.algo { $(Algo::$v(a) => PolicyState::$v(a.init($now)),)* }
+    };
+}
+
+/// A validated rate-limiting policy: an algorithm with its parameters, `max-wait` and
+/// `shadow`. Parse one from a spec; print it back with `Display`.
+///
+/// ```
+/// use tollgate_core::{Policy, Op};
+/// let policy: Policy = "gcra:rate=10/s,burst=5".parse().unwrap();
+/// assert_eq!(policy.to_string(), "gcra:rate=10/s,burst=5");
+/// let mut state = policy.init(0);
+/// let d = policy.check(&mut state, 0, 1, Op::Try).unwrap();
+/// assert!(d.allowed);
+/// assert_eq!(d.remaining, 4);
+///
+/// let err = "gcra:rate=10/s,brust=5".parse::<Policy>().unwrap_err();
+/// assert!(err.to_string().contains("unknown parameter 'brust' (expected one of: rate, burst, max-wait, shadow)"));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    algo: Algo,
+    max_wait_us: Option<u64>,
+    shadow: bool,
+}
+
+impl Policy {
+    /// Parses a spec such as `gcra:rate=10/s,burst=5` (see the crate docs).
+    pub fn parse(spec: &str) -> Result<Self, SpecError> {
+        spec::parse(spec)
+    }
+
+    pub(crate) fn from_parts(algo: Algo, max_wait_us: Option<u64>, shadow: bool) -> Self {
+        Policy {
+            algo,
+            max_wait_us,
+            shadow,
+        }
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algo(&self) -> &Algo {
+        &self.algo
+    }
+
+    /// The algorithm's spec name (`gcra`, `limit-req`, ...).
+    pub fn name(&self) -> &'static str {
+        match self.algo {
+            Algo::FixedWindow(_) => "fixed-window",
+            Algo::SlidingLog(_) => "sliding-log",
+            Algo::SlidingWindow(_) | Algo::SlidingWindowWeighted(_) => "sliding-window",
+            Algo::LeakyBucket(_) => "leaky-bucket",
+            Algo::Gcra(_) => "gcra",
+            Algo::TokenBucket(_) => "token-bucket",
+            Algo::SmoothBursty(_) => "smooth-bursty",
+            Algo::SmoothWarmup(_) => "smooth-warmup",
+            Algo::LimitReq(_) => "limit-req",
+            Algo::Shaper(_) => "shaper",
+            Algo::Concurrency(_) => "concurrency",
+        }
+    }
+
+    /// The longest `acquire` may wait, in us (`None`: unbounded).
+    pub fn max_wait_us(&self) -> Option<u64> {
+        self.max_wait_us
+    }
+
+    /// Whether the policy runs in shadow mode (decides and reports, never rejects).
+    pub fn shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// The state of a key created at `now` (us).
+    pub fn init(&self, now: u64) -> PolicyState {
+        init_state!(self, now; FixedWindow, SlidingLog, SlidingWindow, SlidingWindowWeighted,
+            LeakyBucket, Gcra, TokenBucket, SmoothBursty, SmoothWarmup, LimitReq, Shaper, Concurrency)
+    }
+
+    fn mode(&self, op: Op) -> Mode {
+        match op {
+            Op::Try => Mode::Try,
+            Op::Acquire => Mode::Acquire {
+                max_wait_us: self.max_wait_us,
+            },
+        }
+    }
+
+    fn shadowed(&self, mut d: Decision) -> Decision {
+        if self.shadow && !d.allowed {
+            d.allowed = true;
+            d.shadow_rejected = true;
+        }
+        d
+    }
+
+    /// Decides a request of `cost` (>= 1) at `now` (us) and applies it if admitted.
+    pub fn check(
+        &self,
+        state: &mut PolicyState,
+        now: u64,
+        cost: u64,
+        op: Op,
+    ) -> Result<Decision, CheckError> {
+        let mode = self.mode(op);
+        let d = dispatch!(self, state, now, |a, s| a.check(s, now, cost, mode))?;
+        Ok(self.shadowed(d))
+    }
+
+    /// Like [`Policy::check`]; for `concurrency`, an admitted request holds its permits
+    /// for `hold_us` and then releases them by itself. Other algorithms ignore `hold_us`.
+    pub fn check_hold(
+        &self,
+        state: &mut PolicyState,
+        now: u64,
+        cost: u64,
+        hold_us: Option<u64>,
+        op: Op,
+    ) -> Result<Decision, CheckError> {
+        if let (Algo::Concurrency(a), PolicyState::Concurrency(s)) = (&self.algo, &mut *state) {
+            let d = a.check_hold(s, now, cost, hold_us, self.mode(op))?;
+            return Ok(self.shadowed(d));
+        }
+        self.check(state, now, cost, op)
+    }
+
+    /// The decision a try of `cost` would get now, changing nothing (Envoy's
+    /// `hits_addend: 0`).
+    pub fn peek(&self, state: &PolicyState, now: u64, cost: u64) -> Result<Decision, CheckError> {
+        let mut copy = state.clone();
+        self.check(&mut copy, now, cost, Op::Try)
+    }
+
+    /// Gives back `cost` units admitted earlier; never beyond full capacity.
+    pub fn refund(&self, state: &mut PolicyState, now: u64, cost: u64) {
+        dispatch!(self, state, now, |a, s| a.refund(s, now, cost))
+    }
+
+    /// The headline limit ([`Decision::limit`]).
+    pub fn limit(&self) -> u64 {
+        match &self.algo {
+            Algo::FixedWindow(a) => a.limit(),
+            Algo::SlidingLog(a) => a.limit(),
+            Algo::SlidingWindow(a) => a.limit(),
+            Algo::SlidingWindowWeighted(a) => a.limit(),
+            Algo::LeakyBucket(a) => a.limit(),
+            Algo::Gcra(a) => a.limit(),
+            Algo::TokenBucket(a) => a.limit(),
+            Algo::SmoothBursty(a) | Algo::SmoothWarmup(a) => a.limit(),
+            Algo::LimitReq(a) => a.limit(),
+            Algo::Shaper(a) => a.limit(),
+            Algo::Concurrency(a) => a.limit(),
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        Policy::parse(s)
+    }
+}

@@ -1,0 +1,209 @@
+//! Durations and rates as they appear in policy specs, and the exact integer form of
+//! a rate's emission interval.
+
+use std::fmt;
+
+/// Microseconds per unit suffix, largest first (the order used when printing).
+const UNITS: &[(&str, u64)] = &[
+    ("d", 86_400_000_000),
+    ("h", 3_600_000_000),
+    ("m", 60_000_000),
+    ("s", 1_000_000),
+    ("ms", 1_000),
+    ("us", 1),
+];
+
+/// The longest duration a spec may name: 2^50 us, about 35 years. Keeps every product
+/// the algorithms form inside 128-bit arithmetic with room to spare.
+pub const MAX_DURATION_US: u64 = 1 << 50;
+
+/// The largest count (limit, burst, capacity, queue, requests per period) a spec may
+/// name: 2^40, about 10^12.
+pub const MAX_COUNT: u64 = 1 << 40;
+
+/// Parses a duration such as `250ms`, `1s`, `90s`, `1m`, `1h`, `1d`, `10us`, `5000ns`.
+/// The result is in whole microseconds; `ns` values must be a multiple of 1000.
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("'{s}' has no unit (expected e.g. 250ms, 1s, 1m, 1h, 1d)"))?;
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() {
+        return Err(format!(
+            "'{s}' does not start with a whole number (expected e.g. 250ms, 1s, 1m)"
+        ));
+    }
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{num}' is not a whole number that fits 64 bits"))?;
+    let us = if unit == "ns" {
+        if n % 1_000 != 0 {
+            return Err(format!(
+                "'{s}' is not a whole number of microseconds (the finest unit tollgate keeps)"
+            ));
+        }
+        n / 1_000
+    } else {
+        let per = UNITS
+            .iter()
+            .find(|(u, _)| *u == unit)
+            .map(|(_, per)| *per)
+            .ok_or_else(|| {
+                format!("unknown unit '{unit}' in '{s}' (expected one of: ns, us, ms, s, m, h, d)")
+            })?;
+        n.checked_mul(per)
+            .ok_or_else(|| format!("'{s}' is too long"))?
+    };
+    if us > MAX_DURATION_US {
+        return Err(format!("'{s}' is too long (at most {})", fmt_duration(MAX_DURATION_US)));
+    }
+    Ok(us)
+}
+
+/// Prints a duration in microseconds in the largest unit that divides it exactly
+/// (`1500ms`, `90s`, `1m`, `0us`).
+pub fn fmt_duration(us: u64) -> String {
+    for (unit, per) in UNITS {
+        if us != 0 && us % per == 0 {
+            return format!("{}{unit}", us / per);
+        }
+    }
+    format!("{us}us")
+}
+
+/// A rate: `count` units every `period_us` microseconds (`10/s`, `5/250ms`, `7/m`).
+///
+/// Its emission interval `T = period/count` is rarely a whole number of microseconds
+/// (`3/s` is 333333.33 us). So algorithms that keep time in their state work in
+/// *scaled time*: one tick is `1/scale` us, with `scale = count / gcd(period, count)`,
+/// which makes `T` exactly `interval_ticks = period / gcd(period, count)` ticks and no
+/// rounded interval ever drifts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rate {
+    /// Units per period (>= 1).
+    pub count: u64,
+    /// The period in microseconds (>= 1).
+    pub period_us: u64,
+}
+
+impl Rate {
+    /// A rate of `count` per `period_us` microseconds.
+    pub fn new(count: u64, period_us: u64) -> Result<Self, String> {
+        if count == 0 {
+            return Err("the rate's count must be at least 1".into());
+        }
+        if count > MAX_COUNT {
+            return Err(format!("the rate's count {count} is above the maximum {MAX_COUNT}"));
+        }
+        if period_us == 0 {
+            return Err("the rate's period must be at least 1us".into());
+        }
+        if period_us > MAX_DURATION_US {
+            return Err(format!(
+                "the rate's period is too long (at most {})",
+                fmt_duration(MAX_DURATION_US)
+            ));
+        }
+        Ok(Rate { count, period_us })
+    }
+
+    /// Parses `N/s`, `N/m`, `N/h`, `N/d` or `N/<duration>` (`5/250ms`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (n, per) = s
+            .split_once('/')
+            .ok_or_else(|| format!("'{s}' is not a rate (expected N/s, N/m, N/h, N/d or N/<duration> like 5/250ms)"))?;
+        let count: u64 = n.trim().parse().map_err(|_| {
+            format!("'{n}' in rate '{s}' is not a whole number (write 0.5/s as 1/2s)")
+        })?;
+        let per = per.trim();
+        let period_us = if per.starts_with(|c: char| c.is_ascii_digit()) {
+            parse_duration(per)?
+        } else {
+            parse_duration(&format!("1{per}"))
+                .map_err(|_| format!("unknown unit '{per}' in rate '{s}' (expected s, m, h, d or a duration like 250ms)"))?
+        };
+        Rate::new(count, period_us)
+    }
+
+    fn gcd(&self) -> u64 {
+        let (mut a, mut b) = (self.period_us, self.count);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    }
+
+    /// Ticks per microsecond in scaled time (see the type's docs).
+    pub fn scale(&self) -> u64 {
+        self.count / self.gcd()
+    }
+
+    /// The emission interval `T` in scaled ticks (exact).
+    pub fn interval_ticks(&self) -> u64 {
+        self.period_us / self.gcd()
+    }
+
+    /// Units per second, as a float (for Guava-compatible algorithms, which use doubles).
+    pub fn per_second(&self) -> f64 {
+        self.count as f64 * 1e6 / self.period_us as f64
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.period_us {
+            1_000_000 => write!(f, "{}/s", self.count),
+            60_000_000 => write!(f, "{}/m", self.count),
+            3_600_000_000 => write!(f, "{}/h", self.count),
+            86_400_000_000 => write!(f, "{}/d", self.count),
+            p => write!(f, "{}/{}", self.count, fmt_duration(p)),
+        }
+    }
+}
+
+/// `ceil(a / b)` for `b > 0`.
+pub(crate) fn div_ceil(a: u128, b: u128) -> u128 {
+    a.div_ceil(b)
+}
+
+/// Narrows a 128-bit intermediate to u64, saturating.
+pub(crate) fn sat(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_print() {
+        assert_eq!(parse_duration("250ms"), Ok(250_000));
+        assert_eq!(parse_duration("90s"), Ok(90_000_000));
+        assert_eq!(parse_duration("1d"), Ok(86_400_000_000));
+        assert_eq!(parse_duration("3000ns"), Ok(3));
+        assert!(parse_duration("1500ns").unwrap_err().contains("whole number of microseconds"));
+        assert!(parse_duration("5").unwrap_err().contains("no unit"));
+        assert!(parse_duration("5w").unwrap_err().contains("unknown unit 'w'"));
+        assert!(parse_duration("ms").unwrap_err().contains("whole number"));
+        assert!(parse_duration("99999999999999999999s").is_err());
+        assert_eq!(fmt_duration(90_000_000), "90s");
+        assert_eq!(fmt_duration(1_500_000), "1500ms");
+        assert_eq!(fmt_duration(0), "0us");
+    }
+
+    #[test]
+    fn rates_parse_print_and_scale_exactly() {
+        let r = Rate::parse("3/s").unwrap();
+        assert_eq!((r.scale(), r.interval_ticks()), (3, 1_000_000));
+        let r = Rate::parse("10/s").unwrap();
+        assert_eq!((r.scale(), r.interval_ticks()), (1, 100_000));
+        let r = Rate::parse("5/250ms").unwrap();
+        assert_eq!(r.to_string(), "5/250ms");
+        assert_eq!(Rate::parse("7/m").unwrap().to_string(), "7/m");
+        assert!(Rate::parse("0/s").unwrap_err().contains("at least 1"));
+        assert!(Rate::parse("1.5/s").unwrap_err().contains("whole number"));
+        assert!(Rate::parse("10/fortnight").unwrap_err().contains("unknown unit"));
+        assert!(Rate::parse("10").unwrap_err().contains("not a rate"));
+    }
+}

@@ -1,0 +1,1 @@
+pub use tollgate_core::*;
