@@ -1,1 +1,18 @@
-fn main(){}
+//! The `tollgate` binary. Parsing and dispatch only; each command lives in its own
+//! module.
+
+mod cli;
+mod replay;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = <cli::Cli as clap::Parser>::parse();
+    match cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -107,9 +107,10 @@ impl Algorithm for Shaper {
         let queued = s.pending.len() as u64;
         let retry = match mode {
             Mode::Try if wait > 0 && queued >= self.queue => {
-                // A place frees when enough earlier requests have been released.
+                // A place frees when enough earlier requests have been released, or
+                // the request needs none once its own release time has come.
                 let idx = (queued - self.queue) as usize;
-                Some(s.pending.get(idx).map_or(1, |&r| r - now))
+                Some(s.pending.get(idx).map_or(wait, |&r| (r - now).min(wait)))
             }
             Mode::Acquire { max_wait_us } if !fits(wait, mode) => {
                 Some(wait - max_wait_us.unwrap_or(wait))

@@ -9,9 +9,10 @@ pub const MAX_BUCKETS: u64 = 3600;
 /// At most `limit` cost in the `K` clock-aligned buckets (each `window/K` long) ending
 /// with the bucket that holds `t`.
 ///
-/// Exact at bucket granularity: the true sliding window is over-approximated by up to
-/// one bucket, so it never admits more than `limit` in any window, and may reject a
-/// little early.
+/// Exact at bucket granularity: never more than `limit` in any K consecutive buckets.
+/// A true sliding window `(t - window, t]` reaches up to one bucket further back, so it
+/// can see `limit` plus part of what the oldest bucket held; more buckets, less slack
+/// (K = 1 is a fixed window). For an exact bound use `sliding-log`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlidingWindow {
     limit: u64,
