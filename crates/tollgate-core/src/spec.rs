@@ -71,8 +71,7 @@ impl<'a> Params<'a> {
             };
             let known = params_of(algo).iter().chain(COMMON).any(|p| *p == key);
             if !known {
-                let expected: Vec<&str> =
-                    params_of(algo).iter().chain(COMMON).copied().collect();
+                let expected: Vec<&str> = params_of(algo).iter().chain(COMMON).copied().collect();
                 return Err(format!(
                     "{algo}: unknown parameter '{key}' (expected one of: {})",
                     expected.join(", ")
@@ -94,13 +93,19 @@ impl<'a> Params<'a> {
         match self.raw(key) {
             None => Ok(None),
             Some(Some(v)) if !v.is_empty() => Ok(Some(v)),
-            Some(_) => Err(format!("{}: parameter '{key}' needs a value ({key}=...)", self.algo)),
+            Some(_) => Err(format!(
+                "{}: parameter '{key}' needs a value ({key}=...)",
+                self.algo
+            )),
         }
     }
 
     fn required(&self, key: &str, example: &str) -> Res<&'a str> {
         self.value(key)?.ok_or_else(|| {
-            format!("{}: missing parameter '{key}' (e.g. {key}={example})", self.algo)
+            format!(
+                "{}: missing parameter '{key}' (e.g. {key}={example})",
+                self.algo
+            )
         })
     }
 
@@ -109,7 +114,9 @@ impl<'a> Params<'a> {
     }
 
     fn count_of(&self, key: &str, v: &str) -> Res<u64> {
-        let n: u64 = v.parse().map_err(|_| self.bad(key, v, "expected a whole number"))?;
+        let n: u64 = v
+            .parse()
+            .map_err(|_| self.bad(key, v, "expected a whole number"))?;
         if n > MAX_COUNT {
             return Err(self.bad(key, v, &format!("at most {MAX_COUNT}")));
         }
@@ -122,7 +129,8 @@ impl<'a> Params<'a> {
     }
 
     fn count_or(&self, key: &str, default: u64) -> Res<u64> {
-        self.value(key)?.map_or(Ok(default), |v| self.count_of(key, v))
+        self.value(key)?
+            .map_or(Ok(default), |v| self.count_of(key, v))
     }
 
     fn duration_of(&self, key: &str, v: &str) -> Res<u64> {
@@ -194,7 +202,9 @@ fn parse_inner(spec: &str) -> Res<Policy> {
             let (limit, window) = (p.count("limit", "100")?, p.duration("window", "1s")?);
             match (p.value("buckets")?, p.value("mode")?) {
                 (Some(_), Some(_)) => {
-                    return Err("sliding-window: give either buckets=K or mode=weighted, not both".into())
+                    return Err(
+                        "sliding-window: give either buckets=K or mode=weighted, not both".into(),
+                    )
                 }
                 (Some(k), None) => {
                     let k = p.count_of("buckets", k)?;
@@ -203,7 +213,9 @@ fn parse_inner(spec: &str) -> Res<Policy> {
                 (None, None) | (None, Some("weighted")) => {
                     Algo::SlidingWindowWeighted(p.build(SlidingWindowWeighted::new(limit, window))?)
                 }
-                (None, Some(v)) => return Err(p.bad("mode", v, "expected weighted (or buckets=K instead)")),
+                (None, Some(v)) => {
+                    return Err(p.bad("mode", v, "expected weighted (or buckets=K instead)"))
+                }
             }
         }
         "leaky-bucket" => {
@@ -250,7 +262,9 @@ fn parse_inner(spec: &str) -> Res<Policy> {
             let rate = p.rate()?;
             let burst = p.count_or("burst", 0)?;
             let delay = match (p.flag("nodelay")?, p.value("delay")?) {
-                (true, Some(_)) => return Err("limit-req: give either nodelay or delay=N, not both".into()),
+                (true, Some(_)) => {
+                    return Err("limit-req: give either nodelay or delay=N, not both".into())
+                }
                 (true, None) => Delay::Never,
                 (false, Some(v)) => match p.count_of("delay", v)? {
                     0 => Delay::All,
@@ -277,14 +291,22 @@ impl fmt::Display for Policy {
         let d = fmt_duration;
         match self.algo() {
             Algo::FixedWindow(a) => {
-                write!(f, "fixed-window:limit={},window={}", a.limit_per_window(), d(a.window_us()))?;
+                write!(
+                    f,
+                    "fixed-window:limit={},window={}",
+                    a.limit_per_window(),
+                    d(a.window_us())
+                )?;
                 if a.align() == Align::First {
                     f.write_str(",align=first")?;
                 }
             }
-            Algo::SlidingLog(a) => {
-                write!(f, "sliding-log:limit={},window={}", a.limit_per_window(), d(a.window_us()))?
-            }
+            Algo::SlidingLog(a) => write!(
+                f,
+                "sliding-log:limit={},window={}",
+                a.limit_per_window(),
+                d(a.window_us())
+            )?,
             Algo::SlidingWindow(a) => write!(
                 f,
                 "sliding-window:limit={},window={},buckets={}",
@@ -298,12 +320,18 @@ impl fmt::Display for Policy {
                 a.limit_per_window(),
                 d(a.window_us())
             )?,
-            Algo::LeakyBucket(a) => {
-                write!(f, "leaky-bucket:rate={},capacity={}", a.rate(), a.capacity_units())?
-            }
-            Algo::TokenBucket(a) => {
-                write!(f, "token-bucket:rate={},capacity={}", a.rate(), a.capacity_tokens())?
-            }
+            Algo::LeakyBucket(a) => write!(
+                f,
+                "leaky-bucket:rate={},capacity={}",
+                a.rate(),
+                a.capacity_units()
+            )?,
+            Algo::TokenBucket(a) => write!(
+                f,
+                "token-bucket:rate={},capacity={}",
+                a.rate(),
+                a.capacity_tokens()
+            )?,
             Algo::Gcra(a) => write!(f, "gcra:rate={},burst={}", a.rate(), a.burst())?,
             Algo::SmoothBursty(a) | Algo::SmoothWarmup(a) => match a.kind() {
                 SmoothKind::Bursty { max_burst_us } => {

@@ -56,7 +56,10 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
             .ok_or_else(|| format!("'{s}' is too long"))?
     };
     if us > MAX_DURATION_US {
-        return Err(format!("'{s}' is too long (at most {})", fmt_duration(MAX_DURATION_US)));
+        return Err(format!(
+            "'{s}' is too long (at most {})",
+            fmt_duration(MAX_DURATION_US)
+        ));
     }
     Ok(us)
 }
@@ -94,7 +97,9 @@ impl Rate {
             return Err("the rate's count must be at least 1".into());
         }
         if count > MAX_COUNT {
-            return Err(format!("the rate's count {count} is above the maximum {MAX_COUNT}"));
+            return Err(format!(
+                "the rate's count {count} is above the maximum {MAX_COUNT}"
+            ));
         }
         if period_us == 0 {
             return Err("the rate's period must be at least 1us".into());
@@ -110,9 +115,11 @@ impl Rate {
 
     /// Parses `N/s`, `N/m`, `N/h`, `N/d` or `N/<duration>` (`5/250ms`).
     pub fn parse(s: &str) -> Result<Self, String> {
-        let (n, per) = s
-            .split_once('/')
-            .ok_or_else(|| format!("'{s}' is not a rate (expected N/s, N/m, N/h, N/d or N/<duration> like 5/250ms)"))?;
+        let (n, per) = s.split_once('/').ok_or_else(|| {
+            format!(
+                "'{s}' is not a rate (expected N/s, N/m, N/h, N/d or N/<duration> like 5/250ms)"
+            )
+        })?;
         let count: u64 = n.trim().parse().map_err(|_| {
             format!("'{n}' in rate '{s}' is not a whole number (write 0.5/s as 1/2s)")
         })?;
@@ -162,9 +169,38 @@ impl fmt::Display for Rate {
     }
 }
 
-/// `ceil(a / b)` for `b > 0`.
+/// `a / b` for `b > 0`. 128-bit division is a slow library call, and nearly every
+/// operand fits 64 bits (and most divisors are 1), so those cases take the fast path.
+#[inline]
+pub(crate) fn div(a: u128, b: u128) -> u128 {
+    if b == 1 {
+        a
+    } else if (a | b) >> 64 == 0 {
+        u128::from(a as u64 / b as u64)
+    } else {
+        a / b
+    }
+}
+
+/// `ceil(a / b)` for `b > 0`, with the fast paths of [`div`].
+#[inline]
 pub(crate) fn div_ceil(a: u128, b: u128) -> u128 {
-    a.div_ceil(b)
+    if b == 1 {
+        a
+    } else if (a | b) >> 64 == 0 {
+        u128::from((a as u64).div_ceil(b as u64))
+    } else {
+        a.div_ceil(b)
+    }
+}
+
+/// `a / b` truncated toward zero, as C and Rust do, with a 64-bit fast path.
+#[inline]
+pub(crate) fn idiv(a: i128, b: i128) -> i128 {
+    match (i64::try_from(a), i64::try_from(b)) {
+        (Ok(a), Ok(b)) => i128::from(a / b),
+        _ => a / b,
+    }
 }
 
 /// Narrows a 128-bit intermediate to u64, saturating.
@@ -182,9 +218,13 @@ mod tests {
         assert_eq!(parse_duration("90s"), Ok(90_000_000));
         assert_eq!(parse_duration("1d"), Ok(86_400_000_000));
         assert_eq!(parse_duration("3000ns"), Ok(3));
-        assert!(parse_duration("1500ns").unwrap_err().contains("whole number of microseconds"));
+        assert!(parse_duration("1500ns")
+            .unwrap_err()
+            .contains("whole number of microseconds"));
         assert!(parse_duration("5").unwrap_err().contains("no unit"));
-        assert!(parse_duration("5w").unwrap_err().contains("unknown unit 'w'"));
+        assert!(parse_duration("5w")
+            .unwrap_err()
+            .contains("unknown unit 'w'"));
         assert!(parse_duration("ms").unwrap_err().contains("whole number"));
         assert!(parse_duration("99999999999999999999s").is_err());
         assert_eq!(fmt_duration(90_000_000), "90s");
@@ -203,7 +243,9 @@ mod tests {
         assert_eq!(Rate::parse("7/m").unwrap().to_string(), "7/m");
         assert!(Rate::parse("0/s").unwrap_err().contains("at least 1"));
         assert!(Rate::parse("1.5/s").unwrap_err().contains("whole number"));
-        assert!(Rate::parse("10/fortnight").unwrap_err().contains("unknown unit"));
+        assert!(Rate::parse("10/fortnight")
+            .unwrap_err()
+            .contains("unknown unit"));
         assert!(Rate::parse("10").unwrap_err().contains("not a rate"));
     }
 }

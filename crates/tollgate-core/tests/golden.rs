@@ -9,7 +9,11 @@ use tollgate_core::{Op, Policy, PolicyState};
 
 #[test]
 fn smooth_limiters_match_guava_to_the_microsecond() {
-    let mut reader = csv::Reader::from_path(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/guava.csv")).unwrap();
+    let mut reader = csv::Reader::from_path(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/guava.csv"
+    ))
+    .unwrap();
     let mut keys: HashMap<String, (Policy, PolicyState)> = HashMap::new();
     let mut checked = 0;
     for (i, row) in reader.records().enumerate() {
@@ -27,7 +31,11 @@ fn smooth_limiters_match_guava_to_the_microsecond() {
             let s = p.init(0);
             (p, s)
         });
-        let op = if op == "acquire" { Op::Acquire } else { Op::Try };
+        let op = if op == "acquire" {
+            Op::Acquire
+        } else {
+            Op::Try
+        };
         let d = policy.check(state, t, cost, op).unwrap();
         assert_eq!(
             (d.allowed, d.wait_us()),

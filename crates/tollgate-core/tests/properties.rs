@@ -5,7 +5,10 @@ use tollgate_core::{CheckError, Decision, Op, Policy};
 
 /// 400 cases per property unless PROPTEST_CASES says otherwise (soak runs).
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(400)
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(400)
 }
 
 /// A request: time since the previous one (us), cost, and try/acquire.
@@ -34,7 +37,16 @@ fn run(p: &Policy, trace: &Trace, ops: bool) -> Vec<(u64, u64, Result<Decision, 
 }
 
 /// Rates whose intervals are and are not whole microseconds.
-const RATES: &[&str] = &["3/s", "7/m", "10/s", "5/250ms", "1000/s", "6/7ms", "3000000/s", "1/h"];
+const RATES: &[&str] = &[
+    "3/s",
+    "7/m",
+    "10/s",
+    "5/250ms",
+    "1000/s",
+    "6/7ms",
+    "3000000/s",
+    "1/h",
+];
 
 fn rate() -> impl Strategy<Value = &'static str> {
     prop::sample::select(RATES)
@@ -49,9 +61,11 @@ fn any_spec() -> impl Strategy<Value = String> {
             if f { ",align=first" } else { "" }
         )),
         (1..6u64, w.clone()).prop_map(|(l, w)| format!("sliding-log:limit={l},window={w}")),
-        (1..6u64, prop::sample::select(&[1u64, 100, 3][..]), 1..6u64)
-            .prop_map(|(l, w, k)| format!("sliding-window:limit={l},window={}ms,buckets={k}", w * k)),
-        (1..6u64, w).prop_map(|(l, w)| format!("sliding-window:limit={l},window={w},mode=weighted")),
+        (1..6u64, prop::sample::select(&[1u64, 100, 3][..]), 1..6u64).prop_map(
+            |(l, w, k)| format!("sliding-window:limit={l},window={}ms,buckets={k}", w * k)
+        ),
+        (1..6u64, w)
+            .prop_map(|(l, w)| format!("sliding-window:limit={l},window={w},mode=weighted")),
         (rate(), 1..6u64).prop_map(|(r, c)| format!("leaky-bucket:rate={r},capacity={c}")),
         (rate(), 1..6u64).prop_map(|(r, c)| format!("token-bucket:rate={r},capacity={c}")),
         (rate(), 1..6u64).prop_map(|(r, b)| format!("gcra:rate={r},burst={b}")),
@@ -59,12 +73,23 @@ fn any_spec() -> impl Strategy<Value = String> {
             .prop_map(|r| format!("smooth-bursty:rate={r}")),
         prop::sample::select(&["1/s", "10/s", "3/s"][..])
             .prop_map(|r| format!("smooth-warmup:rate={r},warmup=2s")),
-        (prop::sample::select(&["1/s", "10/s", "30/m", "3/s", "7/m"][..]), 0..5u64, 0..3u8)
+        (
+            prop::sample::select(&["1/s", "10/s", "30/m", "3/s", "7/m"][..]),
+            0..5u64,
+            0..3u8
+        )
             .prop_map(|(r, b, d)| format!(
                 "limit-req:rate={r},burst={b}{}",
-                match d { 0 => String::new(), 1 => ",nodelay".into(), _ => format!(",delay={}", b / 2) }
+                match d {
+                    0 => String::new(),
+                    1 => ",nodelay".into(),
+                    _ => format!(",delay={}", b / 2),
+                }
             )),
-        (prop::sample::select(&["10/s", "3/s", "5/250ms"][..]), 0..4u64)
+        (
+            prop::sample::select(&["10/s", "3/s", "5/250ms"][..]),
+            0..4u64
+        )
             .prop_map(|(r, q)| format!("shaper:rate={r},queue={q}")),
         (1..5u64).prop_map(|l| format!("concurrency:limit={l}")),
     ]

@@ -18,13 +18,17 @@ fn key(spec: &str) -> Key {
 
 impl Key {
     fn try_at(&mut self, t: u64, cost: u64) -> Decision {
-        self.policy.check(&mut self.state, t, cost, Op::Try).unwrap()
+        self.policy
+            .check(&mut self.state, t, cost, Op::Try)
+            .unwrap()
     }
     fn ok(&mut self, t: u64) -> bool {
         self.try_at(t, 1).allowed
     }
     fn acquire(&mut self, t: u64, cost: u64) -> Decision {
-        self.policy.check(&mut self.state, t, cost, Op::Acquire).unwrap()
+        self.policy
+            .check(&mut self.state, t, cost, Op::Acquire)
+            .unwrap()
     }
     fn count(&mut self, t: u64, n: usize) -> usize {
         (0..n).filter(|_| self.ok(t)).count()
@@ -47,10 +51,7 @@ fn gcra_admits_exactly_the_burst_at_one_instant() {
 fn gcra_red_carpet() {
     let mut k = key("gcra:rate=1/10s,burst=3");
     assert!(k.ok(0));
-    assert_eq!(
-        [k.ok(2 * S), k.ok(2 * S), k.ok(2 * S)],
-        [true, true, false]
-    );
+    assert_eq!([k.ok(2 * S), k.ok(2 * S), k.ok(2 * S)], [true, true, false]);
     assert!(k.ok(45 * S));
 }
 
@@ -116,11 +117,20 @@ fn limit_req_without_burst_rejects_a_request_sooner_than_one_interval() {
 fn limit_req_burst_and_delay_follow_nginx() {
     // rate=10r/s burst=5: excess grows by 1000 per request at one instant.
     let mut k = key("limit-req:rate=10/s,burst=5");
-    let waits: Vec<u64> = (0..7).map(|_| k.try_at(0, 1)).map(|d| if d.allowed { d.wait_us() } else { u64::MAX }).collect();
+    let waits: Vec<u64> = (0..7)
+        .map(|_| k.try_at(0, 1))
+        .map(|d| if d.allowed { d.wait_us() } else { u64::MAX })
+        .collect();
     // excess 0,1000,...,5000 -> delay excess*1000/10000 ms = 0,100,...,500 ms; 7th rejected.
-    assert_eq!(waits, [0, 100_000, 200_000, 300_000, 400_000, 500_000, u64::MAX]);
+    assert_eq!(
+        waits,
+        [0, 100_000, 200_000, 300_000, 400_000, 500_000, u64::MAX]
+    );
     let mut k = key("limit-req:rate=10/s,burst=5,nodelay");
-    assert!((0..6).all(|_| { let d = k.try_at(0, 1); d.allowed && d.wait_us() == 0 }));
+    assert!((0..6).all(|_| {
+        let d = k.try_at(0, 1);
+        d.allowed && d.wait_us() == 0
+    }));
     assert!(!k.ok(0));
     let mut k = key("limit-req:rate=10/s,burst=5,delay=2");
     let waits: Vec<u64> = (0..6).map(|_| k.try_at(0, 1).wait_us()).collect();
@@ -196,15 +206,28 @@ fn smooth_warmup_starts_cold() {
         t += d.wait_us();
     }
     assert_eq!(waits[0], 0);
-    assert!(waits[1] > waits[4], "cold start: early waits are longer: {waits:?}");
-    assert_eq!(*waits.last().unwrap(), 500 * MS, "stable at 1/rate: {waits:?}");
+    assert!(
+        waits[1] > waits[4],
+        "cold start: early waits are longer: {waits:?}"
+    );
+    assert_eq!(
+        *waits.last().unwrap(),
+        500 * MS,
+        "stable at 1/rate: {waits:?}"
+    );
 }
 
 #[test]
 fn shaper_schedules_and_bounds_the_queue() {
     let mut k = key("shaper:rate=10/s,queue=2");
-    let d: Vec<(bool, u64)> = (0..4).map(|_| k.try_at(0, 1)).map(|d| (d.allowed, d.wait_us())).collect();
-    assert_eq!(d, [(true, 0), (true, 100 * MS), (true, 200 * MS), (false, 0)]);
+    let d: Vec<(bool, u64)> = (0..4)
+        .map(|_| k.try_at(0, 1))
+        .map(|d| (d.allowed, d.wait_us()))
+        .collect();
+    assert_eq!(
+        d,
+        [(true, 0), (true, 100 * MS), (true, 200 * MS), (false, 0)]
+    );
     let d = k.try_at(0, 1);
     assert_eq!(d.retry_after_us(), Some(100 * MS));
     // At 100ms the first queued request is released: a place is free again.
@@ -225,14 +248,19 @@ fn concurrency_holds_and_releases() {
     assert_eq!(d.retry_after_us(), Some(40));
     assert!(hold(&mut s, 60, 10).allowed);
     // Acquire waits for the earliest release.
-    let d = policy.check_hold(&mut s, 61, 1, Some(5), Op::Acquire).unwrap();
+    let d = policy
+        .check_hold(&mut s, 61, 1, Some(5), Op::Acquire)
+        .unwrap();
     assert!(d.allowed);
     assert_eq!(d.wait_us(), 9);
     // Open permits are released by refund.
     let mut s = policy.init(0);
     assert!(policy.check(&mut s, 0, 2, Op::Try).unwrap().allowed);
     assert!(!policy.check(&mut s, 0, 1, Op::Try).unwrap().allowed);
-    assert_eq!(policy.check(&mut s, 0, 1, Op::Try).unwrap().retry_after, None);
+    assert_eq!(
+        policy.check(&mut s, 0, 1, Op::Try).unwrap().retry_after,
+        None
+    );
     policy.refund(&mut s, 0, 1);
     assert!(policy.check(&mut s, 0, 1, Op::Try).unwrap().allowed);
 }
@@ -253,18 +281,36 @@ fn cost_that_never_fits_is_an_error_not_a_reject() {
         let mut k = key(spec);
         assert_eq!(
             k.policy.check(&mut k.state, 0, 6, Op::Try),
-            Err(CheckError::InsufficientCapacity { cost: 6, capacity: 5 }),
+            Err(CheckError::InsufficientCapacity {
+                cost: 6,
+                capacity: 5
+            }),
             "{spec}"
         );
-        assert_eq!(k.policy.check(&mut k.state, 0, u64::MAX, Op::Acquire).unwrap_err(), CheckError::InsufficientCapacity { cost: u64::MAX, capacity: 5 });
-        assert_eq!(k.policy.check(&mut k.state, 0, 0, Op::Try), Err(CheckError::ZeroCost));
+        assert_eq!(
+            k.policy
+                .check(&mut k.state, 0, u64::MAX, Op::Acquire)
+                .unwrap_err(),
+            CheckError::InsufficientCapacity {
+                cost: u64::MAX,
+                capacity: 5
+            }
+        );
+        assert_eq!(
+            k.policy.check(&mut k.state, 0, 0, Op::Try),
+            Err(CheckError::ZeroCost)
+        );
         assert!(k.ok(0), "{spec}: state untouched by the errors");
     }
 }
 
 #[test]
 fn huge_costs_and_times_saturate_instead_of_panicking() {
-    for spec in ["smooth-bursty:rate=1/d", "smooth-warmup:rate=1/d,warmup=1d", "shaper:rate=1/d,queue=1"] {
+    for spec in [
+        "smooth-bursty:rate=1/d",
+        "smooth-warmup:rate=1/d,warmup=1d",
+        "shaper:rate=1/d,queue=1",
+    ] {
         let mut k = key(spec);
         for t in [0, u64::MAX / 2, u64::MAX - 1] {
             let _ = k.acquire(t, u64::MAX);

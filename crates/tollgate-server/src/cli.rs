@@ -80,8 +80,8 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         Some(path) => {
             // Write beside the target and rename, so a failed replay leaves no half file.
             let tmp = path.with_extension("partial");
-            let file = File::create(&tmp)
-                .with_context(|| format!("cannot create {}", tmp.display()))?;
+            let file =
+                File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
             let result = crate::replay::replay(&policy, op, input, BufWriter::new(file));
             if let Err(e) = result {
                 let _ = std::fs::remove_file(&tmp);
@@ -92,7 +92,12 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
         None => {
             let stdout = io::stdout().lock();
-            crate::replay::replay(&policy, op, input, BufWriter::with_capacity(1 << 16, stdout))?;
+            crate::replay::replay(
+                &policy,
+                op,
+                input,
+                BufWriter::with_capacity(1 << 16, stdout),
+            )?;
         }
     }
     io::stdout().flush()?;

@@ -44,7 +44,9 @@ struct Columns {
 impl Columns {
     fn from_header(header: &csv::StringRecord) -> Result<Self, ReplayError> {
         let find = |name: &str| header.iter().position(|h| h.trim() == name);
-        let need = |name: &str| find(name).ok_or_else(|| ReplayError::Header(format!("missing column '{name}'")));
+        let need = |name: &str| {
+            find(name).ok_or_else(|| ReplayError::Header(format!("missing column '{name}'")))
+        };
         Ok(Columns {
             t: need("t_us")?,
             key: need("key")?,
@@ -63,7 +65,9 @@ pub fn replay(
     input: impl Read,
     output: impl Write,
 ) -> Result<u64, ReplayError> {
-    let mut reader = csv::ReaderBuilder::new().has_headers(true).from_reader(input);
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .from_reader(input);
     let cols = Columns::from_header(reader.headers()?)?;
     let mut writer = csv::Writer::from_writer(output);
     writer.write_record(["t_us", "key", "cost", "allowed", "remaining", "wait_us"])?;
@@ -75,21 +79,32 @@ pub fn replay(
         let line = record.position().map_or(rows + 2, |p| p.line());
         let bad = |message: String| ReplayError::Row { line, message };
         let field = |i: usize| record.get(i).unwrap_or("").trim();
-        let t: u64 = field(cols.t)
-            .parse()
-            .map_err(|_| bad(format!("t_us '{}' is not a whole number of microseconds", field(cols.t))))?;
+        let t: u64 = field(cols.t).parse().map_err(|_| {
+            bad(format!(
+                "t_us '{}' is not a whole number of microseconds",
+                field(cols.t)
+            ))
+        })?;
         if t < last_t {
             return Err(bad(format!("t_us {t} is earlier than the previous row's {last_t} (the trace must be in time order)")));
         }
         let key = field(cols.key);
         if key.len() > MAX_KEY_BYTES {
-            return Err(bad(format!("key is {} bytes long (at most {MAX_KEY_BYTES})", key.len())));
+            return Err(bad(format!(
+                "key is {} bytes long (at most {MAX_KEY_BYTES})",
+                key.len()
+            )));
         }
         let cost: u64 = field(cols.cost)
             .parse()
             .ok()
             .filter(|&c| c >= 1)
-            .ok_or_else(|| bad(format!("cost '{}' is not a whole number >= 1", field(cols.cost))))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "cost '{}' is not a whole number >= 1",
+                    field(cols.cost)
+                ))
+            })?;
         let row_op = match cols.op.map(field) {
             None | Some("") => op,
             Some("try") => Op::Try,
@@ -99,13 +114,17 @@ pub fn replay(
         let hold = match cols.hold.map(field) {
             None | Some("") => None,
             Some(h) => Some(h.parse::<u64>().map_err(|_| {
-                bad(format!("hold_us '{h}' is not a whole number of microseconds"))
+                bad(format!(
+                    "hold_us '{h}' is not a whole number of microseconds"
+                ))
             })?),
         };
         last_t = t;
         let state = match keys.get_mut(key) {
             Some(s) => s,
-            None => keys.entry(key.to_string()).or_insert_with(|| policy.init(0)),
+            None => keys
+                .entry(key.to_string())
+                .or_insert_with(|| policy.init(0)),
         };
         let decision = policy.check_hold(state, t, cost, hold, row_op);
         let (allowed, remaining, wait) = columns_of(policy, state, t, decision);
@@ -146,7 +165,9 @@ fn row_error(e: &csv::Error) -> ReplayError {
     ReplayError::Row {
         line,
         message: match e.kind() {
-            csv::ErrorKind::UnequalLengths { expected_len, len, .. } => {
+            csv::ErrorKind::UnequalLengths {
+                expected_len, len, ..
+            } => {
                 format!("{len} fields where the header has {expected_len}")
             }
             csv::ErrorKind::Utf8 { .. } => "not valid UTF-8".into(),

@@ -32,7 +32,12 @@ impl Concurrency {
     }
 
     fn in_flight(&self, s: &ConcurrencyState, at: u64) -> u64 {
-        s.open + s.timed.iter().filter(|&&(r, _)| r > at).map(|&(_, c)| c).sum::<u64>()
+        s.open
+            + s.timed
+                .iter()
+                .filter(|&&(r, _)| r > at)
+                .map(|&(_, c)| c)
+                .sum::<u64>()
     }
 
     /// The earliest instant >= `from` at which `cost` permits are free, if known.
@@ -42,7 +47,12 @@ impl Concurrency {
             return Some(from);
         }
         let mut must_free = held + cost - self.limit;
-        let mut releases: Vec<_> = s.timed.iter().filter(|&&(r, _)| r > from).copied().collect();
+        let mut releases: Vec<_> = s
+            .timed
+            .iter()
+            .filter(|&&(r, _)| r > from)
+            .copied()
+            .collect();
         releases.sort_unstable();
         for (r, c) in releases {
             must_free = must_free.saturating_sub(c);

@@ -1,7 +1,7 @@
 //! GCRA, the generic cell rate algorithm, in its "virtual scheduling" form.
 
 use crate::algorithm::{schedule_algorithm, Schedule};
-use crate::units::{div_ceil, sat, Rate};
+use crate::units::{div, div_ceil, sat, Rate};
 
 /// The largest [`Rate::scale`] GCRA accepts: its state is one u64 of scaled time, and
 /// an epoch-anchored clock (2^51 us in 2041) times 4096 stays below 2^64 until 2112.
@@ -54,7 +54,9 @@ impl Gcra {
         }
         let tau = u128::from(burst) * u128::from(rate.interval_ticks());
         if tau > 1 << 62 {
-            return Err(format!("burst {burst} at rate {rate} spans too long a time"));
+            return Err(format!(
+                "burst {burst} at rate {rate} spans too long a time"
+            ));
         }
         Ok(Gcra {
             rate,
@@ -115,7 +117,7 @@ impl Schedule for Gcra {
     fn remaining(&self, s: &GcraState, now: u64) -> u64 {
         let now = self.ticks(now);
         let base = u128::from(s.tat).max(now);
-        sat((now + self.tau).saturating_sub(base) / self.interval)
+        sat(div((now + self.tau).saturating_sub(base), self.interval))
     }
 
     fn reset_after(&self, s: &GcraState, now: u64) -> u64 {

@@ -2,7 +2,7 @@
 
 use super::token_bucket::{bucket_units, ceil_us, clamp_i64};
 use crate::algorithm::{schedule_algorithm, Schedule};
-use crate::units::{sat, Rate};
+use crate::units::{div, sat, Rate};
 
 /// A leaky bucket (meter) of `capacity` draining at `rate`, continuously: fractions
 /// of a unit are kept (in units of `1/interval_ticks`), never truncated away. A request
@@ -95,7 +95,10 @@ impl Schedule for LeakyBucket {
     }
 
     fn remaining(&self, s: &LeakyBucketState, now: u64) -> u64 {
-        sat(((self.cap - self.level_at(s, now)).max(0) / self.per_unit) as u128)
+        sat(div(
+            (self.cap - self.level_at(s, now)).max(0) as u128,
+            self.per_unit as u128,
+        ))
     }
 
     fn reset_after(&self, s: &LeakyBucketState, now: u64) -> u64 {

@@ -3,7 +3,7 @@
 
 use crate::algorithm::{check_cost, fits, Algorithm, Mode};
 use crate::decision::{CheckError, Decision};
-use crate::units::{sat, Rate};
+use crate::units::{div_ceil, idiv, sat, Rate};
 
 /// How `limit-req` treats admitted requests above the rate (nginx `delay=`/`nodelay`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -103,7 +103,7 @@ impl LimitReq {
     /// Excess at `ms` (>= last_ms) before adding a request, clamped at -1000.
     fn drained(&self, s: &LimitReqState, ms: u64) -> i128 {
         let elapsed = i128::from(ms.saturating_sub(s.last_ms));
-        (i128::from(s.excess) - self.rate_milli * elapsed / 1000).max(i128::from(FRESH))
+        (i128::from(s.excess) - idiv(self.rate_milli * elapsed, 1000)).max(i128::from(FRESH))
     }
 
     /// The first ms (>= last_ms) at which the drained excess is <= `target`.
@@ -113,13 +113,13 @@ impl LimitReq {
             return s.last_ms;
         }
         // floor(rate*ms/1000) >= over  <=>  ms >= ceil(1000*over/rate)
-        let ms = (1000 * over as u128).div_ceil(self.rate_milli as u128);
+        let ms = div_ceil(1000 * over as u128, self.rate_milli as u128);
         s.last_ms.saturating_add(sat(ms))
     }
 
     fn delay_ms(&self, excess: i128) -> u64 {
         if excess > self.delay_milli {
-            sat(((excess - self.delay_milli) * 1000 / self.rate_milli) as u128)
+            sat(idiv((excess - self.delay_milli) * 1000, self.rate_milli) as u128)
         } else {
             0
         }

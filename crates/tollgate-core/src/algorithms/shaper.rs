@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use super::gcra::MAX_GCRA_SCALE;
 use crate::algorithm::{check_cost, fits, Algorithm, Mode};
 use crate::decision::{CheckError, Decision};
-use crate::units::{sat, Rate};
+use crate::units::{div_ceil, sat, Rate};
 
 /// Releases admitted requests one by one at `rate`: a request of cost `c` is scheduled
 /// at `s = max(t, last_s + c*T)` and carries `wait = s - t`. A request that must wait
@@ -67,7 +67,7 @@ impl Shaper {
     }
 
     fn release_us(&self, ticks: u128) -> u64 {
-        sat(ticks.div_ceil(self.scale))
+        sat(div_ceil(ticks, self.scale))
     }
 
     fn remaining(&self, s: &ShaperState, now: u64) -> u64 {

@@ -73,7 +73,9 @@ impl SlidingLog {
 
     fn give_back(&self, s: &mut SlidingLogState, now: u64, mut cost: u64) {
         while cost > 0 {
-            let Some(back) = s.entries.back_mut() else { break };
+            let Some(back) = s.entries.back_mut() else {
+                break;
+            };
             if !self.counts(back.0, now) {
                 break;
             }
@@ -144,9 +146,9 @@ impl Schedule for SlidingLog {
     }
 
     fn reset_after(&self, s: &SlidingLogState, now: u64) -> u64 {
-        s.entries
-            .back()
-            .map_or(0, |&(ts, _)| ts.saturating_add(self.window).saturating_sub(now))
+        s.entries.back().map_or(0, |&(ts, _)| {
+            ts.saturating_add(self.window).saturating_sub(now)
+        })
     }
 }
 

@@ -1,7 +1,7 @@
 //! Sliding window counters: K sub-window buckets, or the weighted two-window estimate.
 
 use crate::algorithm::{schedule_algorithm, Schedule};
-use crate::units::sat;
+use crate::units::{idiv, sat};
 
 /// The most buckets a sliding window may have (each key keeps one counter per bucket).
 pub const MAX_BUCKETS: u64 = 3600;
@@ -290,7 +290,7 @@ impl Schedule for SlidingWindowWeighted {
             let room = i128::from(self.limit) - i128::from(curr) - i128::from(cost);
             if room >= 0 && prev > 0 {
                 // prev*(window - elapsed) <= room*window  <=>  elapsed >= window - floor(room*window/prev)
-                let elapsed = window - room * window / i128::from(prev);
+                let elapsed = window - idiv(room * window, i128::from(prev));
                 if elapsed < window {
                     return w * self.window + elapsed as u64;
                 }
@@ -313,7 +313,7 @@ impl Schedule for SlidingWindowWeighted {
         if s.win > now / self.window {
             return 0;
         }
-        sat((self.headroom(s, now).max(0) / i128::from(self.window)) as u128)
+        sat(idiv(self.headroom(s, now).max(0), i128::from(self.window)) as u128)
     }
 
     fn reset_after(&self, s: &WeightedState, now: u64) -> u64 {

@@ -87,7 +87,9 @@ impl Smooth {
                     return Err("warmup must be longer than 0".into());
                 }
                 if !(cold_factor.is_finite() && cold_factor >= 1.0) {
-                    return Err(format!("cold-factor must be at least 1 (got {cold_factor})"));
+                    return Err(format!(
+                        "cold-factor must be at least 1 (got {cold_factor})"
+                    ));
                 }
                 let warmup = warmup_us as f64;
                 let cold_interval = stable_interval * cold_factor;
@@ -138,7 +140,8 @@ impl Smooth {
                 let mut micros: i64 = 0;
                 if above > 0.0 {
                     let take_above = above.min(to_take);
-                    let length = self.permits_to_time(above) + self.permits_to_time(above - take_above);
+                    let length =
+                        self.permits_to_time(above) + self.permits_to_time(above - take_above);
                     micros = (take_above * length / 2.0) as i64;
                     to_take -= take_above;
                 }

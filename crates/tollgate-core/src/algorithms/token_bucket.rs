@@ -1,7 +1,7 @@
 //! Token bucket: starts full, refills continuously, a request takes `cost` tokens.
 
 use crate::algorithm::{schedule_algorithm, Schedule};
-use crate::units::{sat, Rate};
+use crate::units::{div, div_ceil, sat, Rate};
 
 /// A token bucket of `capacity` tokens refilled at `rate`, continuously: fractions of
 /// a token are kept (in units of `1/interval_ticks` token), never truncated away.
@@ -75,7 +75,9 @@ pub(crate) fn bucket_units(rate: Rate, capacity: u64) -> Result<(i128, i128, i12
     let per_token = i128::from(rate.interval_ticks());
     let cap = i128::from(capacity) * per_token;
     if cap > 1 << 62 {
-        return Err(format!("capacity {capacity} at rate {rate} spans too long a time"));
+        return Err(format!(
+            "capacity {capacity} at rate {rate} spans too long a time"
+        ));
     }
     Ok((per_token, rate.scale().into(), cap))
 }
@@ -89,7 +91,7 @@ pub(crate) fn ceil_us(a: i128, b: i128) -> u64 {
     if a <= 0 {
         0
     } else {
-        sat((a as u128).div_ceil(b as u128))
+        sat(div_ceil(a as u128, b as u128))
     }
 }
 
@@ -125,7 +127,10 @@ impl Schedule for TokenBucket {
     }
 
     fn remaining(&self, s: &TokenBucketState, now: u64) -> u64 {
-        sat((self.level_at(s, now).max(0) / self.per_token) as u128)
+        sat(div(
+            self.level_at(s, now).max(0) as u128,
+            self.per_token as u128,
+        ))
     }
 
     fn reset_after(&self, s: &TokenBucketState, now: u64) -> u64 {
