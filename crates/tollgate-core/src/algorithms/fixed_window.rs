@@ -37,12 +37,7 @@ pub struct FixedWindowState {
 impl FixedWindow {
     /// `limit` (>= 1) per `window_us` (>= 1).
     pub fn new(limit: u64, window_us: u64, align: Align) -> Result<Self, String> {
-        if limit == 0 {
-            return Err("limit must be at least 1".into());
-        }
-        if window_us == 0 {
-            return Err("window must be at least 1us".into());
-        }
+        super::check_limit_window(limit, window_us)?;
         Ok(FixedWindow {
             limit,
             window: window_us,

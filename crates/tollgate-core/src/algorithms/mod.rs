@@ -24,3 +24,14 @@ pub use sliding_window::{
 };
 pub use smooth::{Smooth, SmoothKind, SmoothState};
 pub use token_bucket::{TokenBucket, TokenBucketState};
+
+/// The validation every window-counting algorithm shares.
+pub(crate) fn check_limit_window(limit: u64, window_us: u64) -> Result<(), String> {
+    if limit == 0 {
+        return Err("limit must be at least 1".into());
+    }
+    if window_us == 0 {
+        return Err("window must be at least 1us".into());
+    }
+    Ok(())
+}

@@ -26,12 +26,7 @@ pub struct SlidingLogState {
 impl SlidingLog {
     /// `limit` (>= 1) per sliding `window_us` (>= 1).
     pub fn new(limit: u64, window_us: u64) -> Result<Self, String> {
-        if limit == 0 {
-            return Err("limit must be at least 1".into());
-        }
-        if window_us == 0 {
-            return Err("window must be at least 1us".into());
-        }
+        super::check_limit_window(limit, window_us)?;
         Ok(SlidingLog {
             limit,
             window: window_us,

@@ -27,6 +27,8 @@ pub struct SlidingWindow {
 pub struct SlidingWindowState {
     /// Index (time / width) of the newest bucket written.
     pub newest: u64,
+    /// The sum of `counts`.
+    pub total: u64,
     /// One counter per bucket, as a ring.
     pub counts: Box<[u64]>,
 }
@@ -89,8 +91,18 @@ impl SlidingWindow {
             .map(move |b| (b, s.counts[self.slot(b)]))
     }
 
+    /// The sum over the window ending with bucket `end` (>= newest): the running
+    /// total less the buckets that have left by then.
     fn sum(&self, s: &SlidingWindowState, end: u64) -> u64 {
-        self.window_buckets(s, end).map(|(_, c)| c).sum()
+        if s.counts.is_empty() || end >= s.newest + self.buckets {
+            return 0;
+        }
+        let first_kept = (end + 1).saturating_sub(self.buckets);
+        let first_held = (s.newest + 1).saturating_sub(self.buckets);
+        let gone: u64 = (first_held..first_kept)
+            .map(|b| s.counts[self.slot(b)])
+            .sum();
+        s.total - gone
     }
 
     fn give_back(&self, s: &mut SlidingWindowState, now: u64, mut cost: u64) {
@@ -103,6 +115,7 @@ impl SlidingWindow {
             let slot = self.slot(b);
             let take = cost.min(s.counts[slot]);
             s.counts[slot] -= take;
+            s.total -= take;
             cost -= take;
             if b == 0 {
                 break;
@@ -155,12 +168,14 @@ impl Schedule for SlidingWindow {
             let stale = (b - s.newest).min(self.buckets);
             for k in 0..stale {
                 let slot = self.slot(b - k);
+                s.total -= s.counts[slot];
                 s.counts[slot] = 0;
             }
             s.newest = b;
         }
         let slot = self.slot(b);
         s.counts[slot] += cost;
+        s.total += cost;
     }
 
     fn remaining(&self, s: &SlidingWindowState, now: u64) -> u64 {
@@ -214,12 +229,7 @@ pub struct WeightedState {
 impl SlidingWindowWeighted {
     /// `limit` (>= 1) per `window_us` (>= 1).
     pub fn new(limit: u64, window_us: u64) -> Result<Self, String> {
-        if limit == 0 {
-            return Err("limit must be at least 1".into());
-        }
-        if window_us == 0 {
-            return Err("window must be at least 1us".into());
-        }
+        super::check_limit_window(limit, window_us)?;
         Ok(SlidingWindowWeighted {
             limit,
             window: window_us,
