@@ -21,8 +21,9 @@ pub enum Mode {
 /// A rate-limiting algorithm: a deterministic state machine over time.
 ///
 /// `Self` holds the (immutable, validated) parameters; `State` is one key's state.
-/// Every method takes `now` in microseconds of the caller's clock. A `now` earlier
-/// than a previous one is treated as "no time passed", never as time travel.
+/// Every method takes `now` in microseconds of the caller's clock, below
+/// [`crate::MAX_TIME_US`]. A `now` earlier than a previous one is treated as "no time
+/// passed", never as time travel.
 pub trait Algorithm {
     /// One key's state.
     type State: Clone + std::fmt::Debug + Send + Sync;

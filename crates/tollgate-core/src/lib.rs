@@ -62,4 +62,4 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::{CheckError, Decision};
 pub use policy::{Algo, Op, Policy, PolicyState};
 pub use spec::{SpecError, ALGORITHMS};
-pub use units::{fmt_duration, parse_duration, Rate, MAX_COUNT, MAX_DURATION_US};
+pub use units::{fmt_duration, parse_duration, Rate, MAX_COUNT, MAX_DURATION_US, MAX_TIME_US};

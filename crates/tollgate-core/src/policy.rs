@@ -7,6 +7,7 @@ use crate::algorithm::{Algorithm, Mode};
 use crate::algorithms::*;
 use crate::decision::{CheckError, Decision};
 use crate::spec::{self, SpecError};
+use crate::units::MAX_TIME_US;
 
 /// Try (reject) or acquire (wait, bounded by the policy's `max-wait`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -151,6 +152,7 @@ impl Policy {
 
     /// The state of a key created at `now` (us).
     pub fn init(&self, now: u64) -> PolicyState {
+        let now = now.min(MAX_TIME_US);
         init_state!(self, now; FixedWindow, SlidingLog, SlidingWindow, SlidingWindowWeighted,
             LeakyBucket, Gcra, TokenBucket, SmoothBursty, SmoothWarmup, LimitReq, Shaper, Concurrency)
     }
@@ -181,6 +183,7 @@ impl Policy {
         op: Op,
     ) -> Result<Decision, CheckError> {
         let mode = self.mode(op);
+        let now = now.min(MAX_TIME_US);
         let d = dispatch!(self, state, now, |a, s| a.check(s, now, cost, mode))?;
         Ok(self.shadowed(d))
     }
@@ -195,6 +198,7 @@ impl Policy {
         hold_us: Option<u64>,
         op: Op,
     ) -> Result<Decision, CheckError> {
+        let now = now.min(MAX_TIME_US);
         if let (Algo::Concurrency(a), PolicyState::Concurrency(s)) = (&self.algo, &mut *state) {
             let d = a.check_hold(s, now, cost, hold_us, self.mode(op))?;
             return Ok(self.shadowed(d));
@@ -211,7 +215,13 @@ impl Policy {
 
     /// Gives back `cost` units admitted earlier; never beyond full capacity.
     pub fn refund(&self, state: &mut PolicyState, now: u64, cost: u64) {
+        let now = now.min(MAX_TIME_US);
         dispatch!(self, state, now, |a, s| a.refund(s, now, cost))
+    }
+
+    /// Forgets a key's state: it becomes as new at `now`.
+    pub fn reset(&self, state: &mut PolicyState, now: u64) {
+        *state = self.init(now);
     }
 
     /// The headline limit ([`Decision::limit`]).

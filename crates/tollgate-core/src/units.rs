@@ -17,6 +17,12 @@ const UNITS: &[(&str, u64)] = &[
 /// the algorithms form inside 128-bit arithmetic with room to spare.
 pub const MAX_DURATION_US: u64 = 1 << 50;
 
+/// The latest time any algorithm is asked about: 2^62 us (about 146,000 years after
+/// the clock's origin). [`crate::Policy`] clamps later times to it, which keeps every
+/// `time + window` sum far from overflow; direct users of an [`crate::Algorithm`]
+/// must stay below it.
+pub const MAX_TIME_US: u64 = 1 << 62;
+
 /// The largest count (limit, burst, capacity, queue, requests per period) a spec may
 /// name: 2^40, about 10^12.
 pub const MAX_COUNT: u64 = 1 << 40;

@@ -258,3 +258,72 @@ impl FilterAllowed for Result<Decision, CheckError> {
         self.ok().filter(|d| d.allowed).ok_or(())
     }
 }
+
+/// Extreme parameters for every algorithm: the largest counts and durations a spec
+/// accepts, and the smallest.
+fn extreme_spec() -> impl Strategy<Value = String> {
+    let count = prop::sample::select(&[1u64, 2, 1 << 40][..]);
+    let dur = prop::sample::select(&["1us", "1125899906842624us", "3us"][..]);
+    let rate = prop::sample::select(
+        &[
+            "1/1us",
+            "1099511627776/1us",
+            "1/1125899906842624us",
+            "1099511627776/d",
+            "4096/1us",
+        ][..],
+    );
+    prop_oneof![
+        (count.clone(), dur.clone())
+            .prop_map(|(l, w)| format!("fixed-window:limit={l},window={w}")),
+        (count.clone(), dur.clone())
+            .prop_map(|(l, w)| format!("fixed-window:limit={l},window={w},align=first")),
+        (count.clone(), dur.clone()).prop_map(|(l, w)| format!("sliding-log:limit={l},window={w}")),
+        (count.clone(), dur.clone())
+            .prop_map(|(l, w)| format!("sliding-window:limit={l},window={w}")),
+        count
+            .clone()
+            .prop_map(|l| format!("sliding-window:limit={l},window=1125899906842624us,buckets=2")),
+        (rate.clone(), count.clone())
+            .prop_map(|(r, c)| format!("leaky-bucket:rate={r},capacity={c}")),
+        (rate.clone(), count.clone())
+            .prop_map(|(r, c)| format!("token-bucket:rate={r},capacity={c}")),
+        (rate.clone(), count.clone()).prop_map(|(r, c)| format!("gcra:rate={r},burst={c}")),
+        (rate.clone(), dur.clone())
+            .prop_map(|(r, b)| format!("smooth-bursty:rate={r},max-burst={b}")),
+        (rate.clone(), dur.clone()).prop_map(|(r, w)| format!("smooth-warmup:rate={r},warmup={w}")),
+        (rate.clone(), count.clone()).prop_map(|(r, b)| format!("limit-req:rate={r},burst={b}")),
+        (rate.clone(), count.clone()).prop_map(|(r, q)| format!("shaper:rate={r},queue={q}")),
+        count.prop_map(|l| format!("concurrency:limit={l}")),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// Huge costs, rates, durations and times never panic or wrap (tests build with
+    /// overflow checks on): every call returns a decision or an error.
+    #[test]
+    fn extremes_never_panic(
+        spec in extreme_spec(),
+        steps in prop::collection::vec(
+            (prop::sample::select(&[0u64, 1, 999, 1 << 32, 1 << 52, u64::MAX / 2, u64::MAX][..]),
+             prop::sample::select(&[1u64, 2, 1 << 40, u64::MAX][..]),
+             0..4u8),
+            1..20),
+    ) {
+        // Specs the parser rejects (e.g. GCRA's exact-tick bound) are fine: skip them.
+        let Ok(p) = spec.parse::<Policy>() else { return Ok(()) };
+        let mut s = p.init(0);
+        let mut t = 0u64;
+        for (gap, cost, what) in steps {
+            t = t.saturating_add(gap);
+            match what {
+                0 => { let _ = p.check(&mut s, t, cost, Op::Try); }
+                1 => { let _ = p.check(&mut s, t, cost, Op::Acquire); }
+                2 => { let _ = p.peek(&s, t, cost); }
+                _ => p.refund(&mut s, t, cost),
+            }
+        }
+    }
+}

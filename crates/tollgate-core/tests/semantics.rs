@@ -319,7 +319,10 @@ fn huge_costs_and_times_saturate_instead_of_panicking() {
     }
     let mut k = key("gcra:rate=1000000/s,burst=1099511627776");
     assert!(k.try_at(u64::MAX / 2, 1099511627776).allowed);
-    assert!(k.try_at(u64::MAX, 1).allowed);
+    // Times past MAX_TIME_US are clamped to it: still the same instant, burst spent.
+    let d = k.try_at(u64::MAX, 1);
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after_us(), Some(1));
 }
 
 #[test]
@@ -347,6 +350,10 @@ fn peek_changes_nothing_and_refund_gives_back() {
     assert_eq!(k.count(0, 3), 2);
     k.policy.refund(&mut k.state, 0, 1);
     assert!(k.ok(0));
+    // Reset forgets everything.
+    assert!(!k.ok(0));
+    k.policy.reset(&mut k.state, 0);
+    assert_eq!(k.count(0, 3), 2);
     // Never beyond full capacity.
     let mut k = key("gcra:rate=10/s,burst=2");
     k.policy.refund(&mut k.state, 0, 5);

@@ -150,7 +150,11 @@ impl Algorithm for LimitReq {
         if self.drained(s, ms) + add > self.burst_milli {
             ms = self.ms_when_drained_to(s, self.burst_milli - add);
         }
-        let at = if ms == now / 1000 { now } else { ms * 1000 };
+        let at = if ms == now / 1000 {
+            now
+        } else {
+            ms.saturating_mul(1000)
+        };
         let excess = self.drained(s, ms) + add;
         let delay = self.delay_ms(excess) * 1000;
         let to_admit = at - now;

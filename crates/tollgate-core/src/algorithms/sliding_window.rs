@@ -250,7 +250,7 @@ impl SlidingWindowWeighted {
     fn counts_at(&self, s: &WeightedState, w: u64) -> (u64, u64) {
         if w == s.win {
             (s.prev, s.curr)
-        } else if w == s.win + 1 {
+        } else if w == s.win.saturating_add(1) {
             (s.curr, 0)
         } else {
             (0, 0)
@@ -270,7 +270,7 @@ impl SlidingWindowWeighted {
     }
 
     fn give_back(&self, s: &mut WeightedState, now: u64, cost: u64) {
-        if now / self.window <= s.win + 1 {
+        if now / self.window <= s.win.saturating_add(1) {
             s.curr -= cost.min(s.curr);
         }
     }
@@ -305,7 +305,11 @@ impl Schedule for SlidingWindowWeighted {
                     return w * self.window + elapsed as u64;
                 }
             }
-            at = (w + 1).saturating_mul(self.window);
+            match (w + 1).checked_mul(self.window) {
+                Some(next) => at = next,
+                // The end of time: nothing fits before it.
+                None => return u64::MAX,
+            }
         }
     }
 
@@ -328,9 +332,9 @@ impl Schedule for SlidingWindowWeighted {
 
     fn reset_after(&self, s: &WeightedState, now: u64) -> u64 {
         let until = if s.curr > 0 {
-            s.win + 2
+            s.win.saturating_add(2)
         } else if s.prev > 0 {
-            s.win + 1
+            s.win.saturating_add(1)
         } else {
             return 0;
         };
