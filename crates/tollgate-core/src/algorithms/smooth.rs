@@ -249,11 +249,12 @@ impl Algorithm for Smooth {
     fn refund(&self, s: &mut SmoothState, now: u64, cost: u64) {
         self.resync(s, now);
         let price = cost as f64 * self.stable_interval;
-        let debt = (s.next_free - now.min(s.next_free)) as f64;
-        if debt > 0.0 {
-            let back = price.min(debt);
-            s.next_free -= back as u64;
-            let left = (price - back) / self.stable_interval;
+        let debt = s.next_free.saturating_sub(now);
+        if debt > 0 {
+            // `as u64` saturates, so `back` never exceeds the debt.
+            let back = (price as u64).min(debt);
+            s.next_free -= back;
+            let left = (price - back as f64).max(0.0) / self.stable_interval;
             s.stored = self.max_permits.min(s.stored + left);
         } else {
             s.stored = self.max_permits.min(s.stored + cost as f64);
