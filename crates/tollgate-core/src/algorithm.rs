@@ -51,6 +51,20 @@ pub trait Algorithm {
 
     /// The headline limit reported in every [`Decision::limit`].
     fn limit(&self) -> u64;
+
+    /// Unit requests a try would admit in a row at `now` (see [`Decision::remaining`]).
+    fn remaining(&self, state: &Self::State, now: u64) -> u64;
+
+    /// Time from `now` until the state is fully replenished.
+    fn reset_after(&self, state: &Self::State, now: u64) -> u64;
+
+    /// Whether the state is fully replenished at `now`, so that a store may drop it
+    /// and start the key afresh later (see each algorithm for the fine print).
+    fn idle(&self, state: &Self::State, now: u64) -> bool;
+
+    /// When the key was last active, in us: the order of least-recently-used
+    /// eviction. Read from the state's own timestamps, so it costs no memory.
+    fn last_active(&self, state: &Self::State) -> u64;
 }
 
 /// The algorithms whose semantics are "admit at the earliest instant the request
@@ -71,6 +85,8 @@ pub(crate) trait Schedule {
     fn remaining(&self, s: &Self::State, now: u64) -> u64;
     /// Time from `now` until the state is as good as new.
     fn reset_after(&self, s: &Self::State, now: u64) -> u64;
+    /// When the key was last active (see [`Algorithm::last_active`]).
+    fn last_active(&self, s: &Self::State) -> u64;
     /// Drops what can no longer matter at `now` (expired log entries). Optional.
     fn expire(&self, _s: &mut Self::State, _now: u64) {}
     /// The headline limit.
@@ -149,6 +165,18 @@ macro_rules! schedule_algorithm {
             }
             fn limit(&self) -> u64 {
                 $crate::algorithm::Schedule::headline(self)
+            }
+            fn remaining(&self, state: &Self::State, now: u64) -> u64 {
+                $crate::algorithm::Schedule::remaining(self, state, now)
+            }
+            fn reset_after(&self, state: &Self::State, now: u64) -> u64 {
+                $crate::algorithm::Schedule::reset_after(self, state, now)
+            }
+            fn idle(&self, state: &Self::State, now: u64) -> bool {
+                $crate::algorithm::Schedule::reset_after(self, state, now) == 0
+            }
+            fn last_active(&self, state: &Self::State) -> u64 {
+                $crate::algorithm::Schedule::last_active(self, state)
             }
         }
     };

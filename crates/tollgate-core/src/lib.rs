@@ -54,6 +54,7 @@ pub mod algorithms;
 mod clock;
 mod decision;
 mod policy;
+mod rules;
 mod spec;
 mod units;
 
@@ -61,5 +62,6 @@ pub use algorithm::{Algorithm, Mode};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::{CheckError, Decision};
 pub use policy::{Algo, Op, Policy, PolicyState};
+pub use rules::{RuleDecision, RuleSet};
 pub use spec::{SpecError, ALGORITHMS};
 pub use units::{fmt_duration, parse_duration, Rate, MAX_COUNT, MAX_DURATION_US, MAX_TIME_US};

@@ -76,6 +76,22 @@ macro_rules! dispatch {
     };
 }
 
+/// Like `dispatch!` on a shared state; `$default` when the state belongs to another
+/// algorithm.
+macro_rules! dispatch_ref {
+    ($self:ident, $state:ident, $default:expr, |$a:ident, $s:ident| $body:expr) => {
+        dispatch_ref!(@arms $self, $state, $default, |$a, $s| $body;
+            FixedWindow, SlidingLog, SlidingWindow, SlidingWindowWeighted, LeakyBucket, Gcra,
+            TokenBucket, SmoothBursty, SmoothWarmup, LimitReq, Shaper, Concurrency)
+    };
+    (@arms $self:ident, $state:ident, $default:expr, |$a:ident, $s:ident| $body:expr; $($v:ident),*) => {
+        match (&$self.algo, $state) {
+            $((Algo::$v($a), PolicyState::$v($s)) => $body,)*
+            _ => $default,
+        }
+    };
+}
+
 macro_rules! init_state {
     ($self:ident, $now:expr; $($v:ident),*) => {
         match &$self.algo { $(Algo::$v(a) => PolicyState::$v(a.init($now)),)* }
@@ -157,7 +173,8 @@ impl Policy {
             LeakyBucket, Gcra, TokenBucket, SmoothBursty, SmoothWarmup, LimitReq, Shaper, Concurrency)
     }
 
-    fn mode(&self, op: Op) -> Mode {
+    /// The [`Mode`] an `op` means under this policy (acquire bounded by `max-wait`).
+    pub fn mode(&self, op: Op) -> Mode {
         match op {
             Op::Try => Mode::Try,
             Op::Acquire => Mode::Acquire {
@@ -166,7 +183,9 @@ impl Policy {
         }
     }
 
-    fn shadowed(&self, mut d: Decision) -> Decision {
+    /// Applies shadow mode to a decision of this policy's algorithm: a reject becomes
+    /// an admission flagged `shadow_rejected`.
+    pub fn shadowed(&self, mut d: Decision) -> Decision {
         if self.shadow && !d.allowed {
             d.allowed = true;
             d.shadow_rejected = true;
@@ -182,10 +201,21 @@ impl Policy {
         cost: u64,
         op: Op,
     ) -> Result<Decision, CheckError> {
-        let mode = self.mode(op);
-        let now = now.min(MAX_TIME_US);
-        let d = dispatch!(self, state, now, |a, s| a.check(s, now, cost, mode))?;
+        let d = self.check_mode(state, now, cost, self.mode(op))?;
         Ok(self.shadowed(d))
+    }
+
+    /// The algorithm's own decision for `mode`, without this policy's `max-wait` and
+    /// shadow mode: the building block of rule sets and stores.
+    pub fn check_mode(
+        &self,
+        state: &mut PolicyState,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Decision, CheckError> {
+        let now = now.min(MAX_TIME_US);
+        dispatch!(self, state, now, |a, s| a.check(s, now, cost, mode))
     }
 
     /// Like [`Policy::check`]; for `concurrency`, an admitted request holds its permits
@@ -217,6 +247,30 @@ impl Policy {
     pub fn refund(&self, state: &mut PolicyState, now: u64, cost: u64) {
         let now = now.min(MAX_TIME_US);
         dispatch!(self, state, now, |a, s| a.refund(s, now, cost))
+    }
+
+    /// Unit requests a try would admit in a row at `now`, changing nothing.
+    pub fn remaining(&self, state: &PolicyState, now: u64) -> u64 {
+        let now = now.min(MAX_TIME_US);
+        dispatch_ref!(self, state, self.limit(), |a, s| a.remaining(s, now))
+    }
+
+    /// Time from `now` until `state` is fully replenished, in us.
+    pub fn reset_after(&self, state: &PolicyState, now: u64) -> u64 {
+        let now = now.min(MAX_TIME_US);
+        dispatch_ref!(self, state, 0, |a, s| a.reset_after(s, now))
+    }
+
+    /// Whether `state` is fully replenished at `now` (a store may drop it).
+    pub fn idle(&self, state: &PolicyState, now: u64) -> bool {
+        let now = now.min(MAX_TIME_US);
+        // A state of another algorithm decides nothing under this policy.
+        dispatch_ref!(self, state, true, |a, s| a.idle(s, now))
+    }
+
+    /// When the key was last active, in us (for least-recently-used eviction).
+    pub fn last_active(&self, state: &PolicyState) -> u64 {
+        dispatch_ref!(self, state, 0, |a, s| a.last_active(s))
     }
 
     /// Forgets a key's state: it becomes as new at `now`.

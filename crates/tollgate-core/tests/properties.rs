@@ -170,6 +170,8 @@ proptest! {
             t += gap;
             let op = if acquire { Op::Acquire } else { Op::Try };
             let Ok(d) = p.check(&mut s, t, cost, op) else { continue };
+            prop_assert_eq!(p.remaining(&s, t), d.remaining, "{}: Policy::remaining disagrees", spec);
+            prop_assert_eq!(p.reset_after(&s, t), d.reset_after_us(), "{}: Policy::reset_after disagrees", spec);
             let mut probe = s.clone();
             for i in 0..d.remaining {
                 let next = p.check(&mut probe, t, 1, Op::Try).unwrap();

@@ -85,28 +85,28 @@ impl Concurrency {
                 s.last_admit = at;
                 Ok(Decision::admitted(
                     self.limit,
-                    self.remaining(s, now),
-                    self.reset_after(s, now),
+                    self.remaining_at(s, now),
+                    self.reset_at(s, now),
                     at - now,
                 ))
             }
             _ => Ok(Decision::rejected(
                 self.limit,
-                self.remaining(s, now),
-                self.reset_after(s, now),
+                self.remaining_at(s, now),
+                self.reset_at(s, now),
                 at.map(|at| at - now),
             )),
         }
     }
 
-    fn remaining(&self, s: &ConcurrencyState, now: u64) -> u64 {
+    fn remaining_at(&self, s: &ConcurrencyState, now: u64) -> u64 {
         if s.last_admit > now {
             return 0;
         }
         self.limit.saturating_sub(self.in_flight(s, now))
     }
 
-    fn reset_after(&self, s: &ConcurrencyState, now: u64) -> u64 {
+    fn reset_at(&self, s: &ConcurrencyState, now: u64) -> u64 {
         s.timed
             .iter()
             .map(|&(r, _)| r.saturating_sub(now))
@@ -139,5 +139,22 @@ impl Algorithm for Concurrency {
 
     fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// No permit held.
+    fn idle(&self, s: &ConcurrencyState, now: u64) -> bool {
+        s.open == 0 && s.timed.iter().all(|&(r, _)| r <= now)
+    }
+
+    fn remaining(&self, s: &ConcurrencyState, now: u64) -> u64 {
+        self.remaining_at(s, now)
+    }
+
+    fn reset_after(&self, s: &ConcurrencyState, now: u64) -> u64 {
+        self.reset_at(s, now)
+    }
+
+    fn last_active(&self, s: &ConcurrencyState) -> u64 {
+        s.last_admit
     }
 }

@@ -87,6 +87,10 @@ impl Schedule for FixedWindow {
         self.limit
     }
 
+    fn last_active(&self, s: &FixedWindowState) -> u64 {
+        s.start
+    }
+
     fn earliest(&self, s: &FixedWindowState, now: u64, cost: u64) -> u64 {
         if !self.live(s, now) {
             return now;

@@ -98,6 +98,11 @@ impl Schedule for Gcra {
         GcraState::default()
     }
 
+    /// The TAT, which is at least the last admission's arrival.
+    fn last_active(&self, s: &GcraState) -> u64 {
+        sat(div(u128::from(s.tat), self.scale))
+    }
+
     fn capacity(&self) -> u64 {
         self.burst
     }

@@ -78,6 +78,10 @@ impl Schedule for LeakyBucket {
         self.capacity
     }
 
+    fn last_active(&self, s: &LeakyBucketState) -> u64 {
+        s.last
+    }
+
     fn earliest(&self, s: &LeakyBucketState, now: u64, cost: u64) -> u64 {
         let over = self.level_at(s, now) + i128::from(cost) * self.per_unit - self.cap;
         now.saturating_add(ceil_us(over, self.per_us))

@@ -170,15 +170,15 @@ impl Algorithm for LimitReq {
             };
             Ok(Decision::admitted(
                 self.limit(),
-                self.remaining(s, now),
-                self.reset_after(s, now),
+                self.remaining_at(s, now),
+                self.reset_at(s, now),
                 total,
             ))
         } else {
             Ok(Decision::rejected(
                 self.limit(),
-                self.remaining(s, now),
-                self.reset_after(s, now),
+                self.remaining_at(s, now),
+                self.reset_at(s, now),
                 Some(to_admit.max(1)),
             ))
         }
@@ -197,10 +197,26 @@ impl Algorithm for LimitReq {
     fn limit(&self) -> u64 {
         self.burst + 1
     }
+
+    fn idle(&self, s: &LimitReqState, now: u64) -> bool {
+        self.reset_at(s, now) == 0
+    }
+
+    fn remaining(&self, s: &LimitReqState, now: u64) -> u64 {
+        self.remaining_at(s, now)
+    }
+
+    fn reset_after(&self, s: &LimitReqState, now: u64) -> u64 {
+        self.reset_at(s, now)
+    }
+
+    fn last_active(&self, s: &LimitReqState) -> u64 {
+        s.last_ms.saturating_mul(1000)
+    }
 }
 
 impl LimitReq {
-    fn remaining(&self, s: &LimitReqState, now: u64) -> u64 {
+    fn remaining_at(&self, s: &LimitReqState, now: u64) -> u64 {
         let ms = now / 1000;
         if s.last_ms > ms {
             return 0;
@@ -213,7 +229,7 @@ impl LimitReq {
         }
     }
 
-    fn reset_after(&self, s: &LimitReqState, now: u64) -> u64 {
+    fn reset_at(&self, s: &LimitReqState, now: u64) -> u64 {
         let ms = self.ms_when_drained_to(s, i128::from(FRESH));
         ms.saturating_mul(1000).saturating_sub(now)
     }

@@ -70,12 +70,12 @@ impl Shaper {
         sat(div_ceil(ticks, self.scale))
     }
 
-    fn remaining(&self, s: &ShaperState, now: u64) -> u64 {
+    fn remaining_at(&self, s: &ShaperState, now: u64) -> u64 {
         let immediate = self.release_us(self.schedule(s, now, 1)) <= now;
         self.queue.saturating_sub(s.pending.len() as u64) + u64::from(immediate)
     }
 
-    fn reset_after(&self, s: &ShaperState, now: u64) -> u64 {
+    fn reset_at(&self, s: &ShaperState, now: u64) -> u64 {
         s.last.map_or(0, |last| {
             self.release_us(u128::from(last) + self.interval)
                 .saturating_sub(now)
@@ -120,8 +120,8 @@ impl Algorithm for Shaper {
         if let Some(retry) = retry {
             return Ok(Decision::rejected(
                 self.limit(),
-                self.remaining(s, now),
-                self.reset_after(s, now),
+                self.remaining_at(s, now),
+                self.reset_at(s, now),
                 Some(retry),
             ));
         }
@@ -131,8 +131,8 @@ impl Algorithm for Shaper {
         }
         Ok(Decision::admitted(
             self.limit(),
-            self.remaining(s, now),
-            self.reset_after(s, now),
+            self.remaining_at(s, now),
+            self.reset_at(s, now),
             wait,
         ))
     }
@@ -144,5 +144,23 @@ impl Algorithm for Shaper {
     /// `queue + 1`: one request released at once, `queue` more waiting.
     fn limit(&self) -> u64 {
         self.queue.saturating_add(1)
+    }
+
+    /// Nothing queued and a unit request would be released at once. (A costlier
+    /// request after such a pause is no longer spaced from the one before it.)
+    fn idle(&self, s: &ShaperState, now: u64) -> bool {
+        s.pending.back().is_none_or(|&r| r <= now) && self.reset_at(s, now) == 0
+    }
+
+    fn remaining(&self, s: &ShaperState, now: u64) -> u64 {
+        self.remaining_at(s, now)
+    }
+
+    fn reset_after(&self, s: &ShaperState, now: u64) -> u64 {
+        self.reset_at(s, now)
+    }
+
+    fn last_active(&self, s: &ShaperState) -> u64 {
+        s.last.map_or(0, |last| self.release_us(u128::from(last)))
     }
 }

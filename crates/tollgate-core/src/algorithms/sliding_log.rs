@@ -96,6 +96,10 @@ impl Schedule for SlidingLog {
         self.limit
     }
 
+    fn last_active(&self, s: &SlidingLogState) -> u64 {
+        s.entries.back().map_or(0, |&(ts, _)| ts)
+    }
+
     fn expire(&self, s: &mut SlidingLogState, now: u64) {
         while let Some(&(ts, c)) = s.entries.front() {
             if self.counts(ts, now) {

@@ -71,6 +71,10 @@ impl SlidingWindow {
         self.buckets
     }
 
+    fn last_active_of(&self, s: &SlidingWindowState) -> u64 {
+        s.newest.saturating_mul(self.width)
+    }
+
     fn slot(&self, b: u64) -> usize {
         (b % self.buckets) as usize
     }
@@ -134,6 +138,10 @@ impl Schedule for SlidingWindow {
 
     fn capacity(&self) -> u64 {
         self.limit
+    }
+
+    fn last_active(&self, s: &Self::State) -> u64 {
+        self.last_active_of(s)
     }
 
     fn earliest(&self, s: &SlidingWindowState, now: u64, cost: u64) -> u64 {
@@ -246,6 +254,10 @@ impl SlidingWindowWeighted {
         self.window
     }
 
+    fn last_active_of(&self, s: &WeightedState) -> u64 {
+        s.win.saturating_mul(self.window)
+    }
+
     /// (prev, curr) as seen from window `w` >= `s.win`.
     fn counts_at(&self, s: &WeightedState, w: u64) -> (u64, u64) {
         if w == s.win {
@@ -285,6 +297,10 @@ impl Schedule for SlidingWindowWeighted {
 
     fn capacity(&self) -> u64 {
         self.limit
+    }
+
+    fn last_active(&self, s: &Self::State) -> u64 {
+        self.last_active_of(s)
     }
 
     fn earliest(&self, s: &WeightedState, now: u64, cost: u64) -> u64 {

@@ -188,7 +188,7 @@ impl Smooth {
         count.min(COUNT_CAP)
     }
 
-    fn reset_after(&self, s: &SmoothState, now: u64) -> u64 {
+    fn reset_at(&self, s: &SmoothState, now: u64) -> u64 {
         let mut s = *s;
         let start = s.next_free.max(now);
         self.resync(&mut s, start);
@@ -198,7 +198,7 @@ impl Smooth {
 
     /// `us` is the wait of an admitted request, or the retry-after of a rejected one.
     fn decision(&self, s: &SmoothState, now: u64, allowed: bool, us: u64) -> Decision {
-        let (remaining, reset) = (self.admissible(s, now), self.reset_after(s, now));
+        let (remaining, reset) = (self.admissible(s, now), self.reset_at(s, now));
         if allowed {
             Decision::admitted(self.limit, remaining, reset, us)
         } else {
@@ -265,5 +265,23 @@ impl Algorithm for Smooth {
     /// (`floor(maxPermits) + 1` for bursty: the stored ones plus one paid forward).
     fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// All permits stored and no debt. A bursty key dropped then starts again with no
+    /// stored permits, as a new Guava limiter does: stricter, never looser.
+    fn idle(&self, s: &SmoothState, now: u64) -> bool {
+        self.reset_at(s, now) == 0
+    }
+
+    fn remaining(&self, s: &SmoothState, now: u64) -> u64 {
+        self.admissible(s, now)
+    }
+
+    fn reset_after(&self, s: &SmoothState, now: u64) -> u64 {
+        self.reset_at(s, now)
+    }
+
+    fn last_active(&self, s: &SmoothState) -> u64 {
+        s.next_free
     }
 }

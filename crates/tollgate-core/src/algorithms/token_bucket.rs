@@ -109,6 +109,10 @@ impl Schedule for TokenBucket {
         self.capacity
     }
 
+    fn last_active(&self, s: &TokenBucketState) -> u64 {
+        s.last
+    }
+
     fn earliest(&self, s: &TokenBucketState, now: u64, cost: u64) -> u64 {
         let need = i128::from(cost) * self.per_token;
         now.saturating_add(ceil_us(need - self.level_at(s, now), self.per_us))

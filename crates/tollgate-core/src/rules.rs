@@ -1,0 +1,227 @@
+//! Rule sets: several policies on one key (100/s AND 5000/m AND 100000/d), admitted
+//! all-or-nothing.
+
+use crate::algorithm::Mode;
+use crate::decision::{CheckError, Decision};
+use crate::policy::{Op, Policy, PolicyState};
+
+/// Several policies on one key. A request is admitted only if every policy admits it;
+/// a reject by any policy consumes nothing from the others (as nginx does with several
+/// `limit_req` zones); the wait is the largest of the policies' waits.
+///
+/// ```
+/// use tollgate_core::{Op, Policy, RuleSet};
+/// let rules = RuleSet::parse(&["gcra:rate=10/s,burst=2", "fixed-window:limit=3,window=1m"]).unwrap();
+/// let mut state = rules.init(0);
+/// assert!(rules.check(&mut state, 0, 1, Op::Try).unwrap().decision.allowed);
+/// assert!(rules.check(&mut state, 0, 1, Op::Try).unwrap().decision.allowed);
+/// // The burst is spent: GCRA rejects, and the minute window is not charged for it.
+/// let d = rules.check(&mut state, 0, 1, Op::Try).unwrap();
+/// assert!(!d.decision.allowed);
+/// assert_eq!(d.policies[1].remaining, 1);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleSet {
+    policies: Vec<Policy>,
+}
+
+/// The decision of a rule set: the overall one, and each policy's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleDecision {
+    /// Overall: allowed iff every policy allows; `limit` and `remaining` of the binding
+    /// policy; the largest `reset_after`, `retry_after` and `wait`.
+    pub decision: Decision,
+    /// Index of the binding policy: the one with the least `remaining`.
+    pub binding: usize,
+    /// Each policy's decision, in order. On an overall reject, policies that would
+    /// have admitted report their unchanged state.
+    pub policies: Vec<Decision>,
+}
+
+impl RuleSet {
+    /// A rule set of `policies` (at least one).
+    pub fn new(policies: Vec<Policy>) -> Result<Self, String> {
+        if policies.is_empty() {
+            return Err("a rule set needs at least one policy".into());
+        }
+        Ok(RuleSet { policies })
+    }
+
+    /// Parses each spec (see [`Policy::parse`]).
+    pub fn parse<S: AsRef<str>>(specs: &[S]) -> Result<Self, String> {
+        let policies = specs
+            .iter()
+            .map(|s| Policy::parse(s.as_ref()).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        RuleSet::new(policies)
+    }
+
+    /// The policies, in order.
+    pub fn policies(&self) -> &[Policy] {
+        &self.policies
+    }
+
+    /// The states of a key created at `now`, one per policy.
+    pub fn init(&self, now: u64) -> Vec<PolicyState> {
+        self.policies.iter().map(|p| p.init(now)).collect()
+    }
+
+    /// Decides a request of `cost` at `now` against every policy and applies it to all
+    /// of them, or to none. `states` holds one state per policy, in order (see
+    /// [`RuleSet::init`]). Under acquire every policy is charged at the common
+    /// admission instant (the latest of their earliest), and each policy's `max-wait`
+    /// bounds the wait.
+    pub fn check(
+        &self,
+        states: &mut [PolicyState],
+        now: u64,
+        cost: u64,
+        op: Op,
+    ) -> Result<RuleDecision, CheckError> {
+        if let [policy] = self.policies.as_slice() {
+            let d = policy.check(&mut states[0], now, cost, op)?;
+            return Ok(RuleDecision {
+                decision: d,
+                binding: 0,
+                policies: vec![d],
+            });
+        }
+        let mut trial: Vec<PolicyState> = states.to_vec();
+        let mut decisions = Vec::with_capacity(self.policies.len());
+        let mut at = now;
+        for (p, s) in self.policies.iter().zip(trial.iter_mut()) {
+            let d = match op {
+                Op::Try => p.check(s, now, cost, Op::Try)?,
+                Op::Acquire => {
+                    // Where would this policy alone admit? (max-wait is checked below,
+                    // against the common instant.)
+                    let d = p.shadowed(p.check_mode(s, now, cost, UNBOUNDED)?);
+                    if d.allowed && !d.shadow_rejected {
+                        at = at.max(now + d.wait_us());
+                    }
+                    d
+                }
+            };
+            decisions.push(d);
+        }
+        let rejected = decisions.iter().any(|d| !d.allowed);
+        let too_long = op == Op::Acquire
+            && self
+                .policies
+                .iter()
+                .any(|p| p.max_wait_us().is_some_and(|m| at - now > m));
+        if rejected || too_long {
+            let retry = if rejected {
+                decisions
+                    .iter()
+                    .filter(|d| !d.allowed)
+                    .map(|d| d.retry_after_us())
+                    .try_fold(0u64, |acc, r| r.map(|r| acc.max(r)))
+            } else {
+                Some(at - now)
+            };
+            // Nothing was charged: each policy reports its own verdict on its
+            // unchanged state.
+            let policies = self
+                .policies
+                .iter()
+                .zip(states.iter())
+                .zip(&decisions)
+                .map(|((p, s), d)| Decision {
+                    remaining: p.remaining(s, now),
+                    reset_after: std::time::Duration::from_micros(p.reset_after(s, now)),
+                    wait: std::time::Duration::ZERO,
+                    ..*d
+                })
+                .collect();
+            return Ok(self.combine(policies, false, retry));
+        }
+        if op == Op::Acquire {
+            // Charge every policy at the common admission instant.
+            trial = states.to_vec();
+            decisions.clear();
+            for (p, s) in self.policies.iter().zip(trial.iter_mut()) {
+                let mut d = p.check_mode(s, at, cost, UNBOUNDED)?;
+                d.wait += std::time::Duration::from_micros(at - now);
+                decisions.push(p.shadowed(d));
+            }
+        }
+        states.clone_from_slice(&trial);
+        Ok(self.combine(decisions, true, None))
+    }
+
+    /// The decision a try of `cost` would get now, changing nothing.
+    pub fn peek(
+        &self,
+        states: &[PolicyState],
+        now: u64,
+        cost: u64,
+    ) -> Result<RuleDecision, CheckError> {
+        let mut copy = states.to_vec();
+        self.check(&mut copy, now, cost, Op::Try)
+    }
+
+    /// Gives back `cost` units to every policy.
+    pub fn refund(&self, states: &mut [PolicyState], now: u64, cost: u64) {
+        for (p, s) in self.policies.iter().zip(states.iter_mut()) {
+            p.refund(s, now, cost);
+        }
+    }
+
+    /// Whether every policy's state is fully replenished.
+    pub fn idle(&self, states: &[PolicyState], now: u64) -> bool {
+        states.len() == self.policies.len()
+            && self
+                .policies
+                .iter()
+                .zip(states)
+                .all(|(p, s)| p.idle(s, now))
+    }
+
+    /// The latest activity of any policy's state.
+    pub fn last_active(&self, states: &[PolicyState]) -> u64 {
+        self.policies
+            .iter()
+            .zip(states)
+            .map(|(p, s)| p.last_active(s))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn combine(&self, policies: Vec<Decision>, allowed: bool, retry: Option<u64>) -> RuleDecision {
+        let binding = policies
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, d)| d.remaining)
+            .map_or(0, |(i, _)| i);
+        let b = policies[binding];
+        let decision = Decision {
+            allowed,
+            limit: b.limit,
+            remaining: b.remaining,
+            reset_after: policies
+                .iter()
+                .map(|d| d.reset_after)
+                .max()
+                .unwrap_or_default(),
+            retry_after: if allowed {
+                None
+            } else {
+                retry.map(std::time::Duration::from_micros)
+            },
+            wait: if allowed {
+                policies.iter().map(|d| d.wait).max().unwrap_or_default()
+            } else {
+                std::time::Duration::ZERO
+            },
+            shadow_rejected: allowed && policies.iter().any(|d| d.shadow_rejected),
+        };
+        RuleDecision {
+            decision,
+            binding,
+            policies,
+        }
+    }
+}
+
+const UNBOUNDED: Mode = Mode::Acquire { max_wait_us: None };
