@@ -273,6 +273,71 @@ impl Policy {
         dispatch_ref!(self, state, 0, |a, s| a.last_active(s))
     }
 
+    /// Carries a key's `state`, kept under the `old` policy, over to this policy at
+    /// `now` (a policy changed at run time). What carries over:
+    ///
+    /// * GCRA to GCRA: the TAT (converted between tick units), so a key keeps its debt;
+    /// * the same algorithm with the same time units (window, bucket width, or rate for
+    ///   the buckets and the shaper): the state as is, e.g. a fixed window keeps its
+    ///   count under a new limit;
+    /// * `sliding-log`, `limit-req` and `concurrency`: always (timestamps, excess and
+    ///   held permits keep their meaning);
+    /// * smooth limiters: as Guava's `setRate` does (stored permits scaled to the new
+    ///   maximum, the next free ticket kept);
+    /// * anything else: a fresh state.
+    pub fn carry_over(&self, old: &Policy, state: PolicyState, now: u64) -> PolicyState {
+        let now = now.min(MAX_TIME_US);
+        match (&old.algo, &self.algo, state) {
+            (Algo::Gcra(o), Algo::Gcra(n), PolicyState::Gcra(s)) => {
+                let (os, ns) = (u128::from(o.rate().scale()), u128::from(n.rate().scale()));
+                let tat = u128::from(s.tat).div_ceil(os) * ns;
+                PolicyState::Gcra(GcraState {
+                    tat: u64::try_from(tat).unwrap_or(u64::MAX),
+                })
+            }
+            (Algo::SlidingLog(_), Algo::SlidingLog(_), s @ PolicyState::SlidingLog(_))
+            | (Algo::LimitReq(_), Algo::LimitReq(_), s @ PolicyState::LimitReq(_))
+            | (Algo::Concurrency(_), Algo::Concurrency(_), s @ PolicyState::Concurrency(_)) => s,
+            (Algo::FixedWindow(o), Algo::FixedWindow(n), s @ PolicyState::FixedWindow(_))
+                if o.window_us() == n.window_us() && o.align() == n.align() =>
+            {
+                s
+            }
+            (Algo::SlidingWindow(o), Algo::SlidingWindow(n), s @ PolicyState::SlidingWindow(_))
+                if o.window_us() == n.window_us() && o.buckets() == n.buckets() =>
+            {
+                s
+            }
+            (
+                Algo::SlidingWindowWeighted(o),
+                Algo::SlidingWindowWeighted(n),
+                s @ PolicyState::SlidingWindowWeighted(_),
+            ) if o.window_us() == n.window_us() => s,
+            (Algo::TokenBucket(o), Algo::TokenBucket(n), s @ PolicyState::TokenBucket(_))
+                if o.rate() == n.rate() =>
+            {
+                s
+            }
+            (Algo::LeakyBucket(o), Algo::LeakyBucket(n), s @ PolicyState::LeakyBucket(_))
+                if o.rate() == n.rate() =>
+            {
+                s
+            }
+            (Algo::Shaper(o), Algo::Shaper(n), s @ PolicyState::Shaper(_))
+                if o.rate() == n.rate() =>
+            {
+                s
+            }
+            (Algo::SmoothBursty(o), Algo::SmoothBursty(n), PolicyState::SmoothBursty(s)) => {
+                PolicyState::SmoothBursty(n.carry_over(o, s, now))
+            }
+            (Algo::SmoothWarmup(o), Algo::SmoothWarmup(n), PolicyState::SmoothWarmup(s)) => {
+                PolicyState::SmoothWarmup(n.carry_over(o, s, now))
+            }
+            _ => self.init(now),
+        }
+    }
+
     /// Forgets a key's state: it becomes as new at `now`.
     pub fn reset(&self, state: &mut PolicyState, now: u64) {
         *state = self.init(now);

@@ -168,6 +168,32 @@ impl RuleSet {
         }
     }
 
+    /// Carries a key's states, kept under the `old` rule set, over to this one at
+    /// `now`: each new policy takes the state of the first unused old policy of the
+    /// same algorithm (see [`Policy::carry_over`]), or starts fresh.
+    pub fn carry_over(
+        &self,
+        old: &RuleSet,
+        states: Vec<PolicyState>,
+        now: u64,
+    ) -> Vec<PolicyState> {
+        let mut old_states: Vec<Option<(&Policy, PolicyState)>> =
+            old.policies.iter().zip(states).map(Some).collect();
+        self.policies
+            .iter()
+            .map(|p| {
+                let found = old_states
+                    .iter_mut()
+                    .find(|o| o.as_ref().is_some_and(|(op, _)| op.name() == p.name()))
+                    .and_then(Option::take);
+                match found {
+                    Some((op, s)) => p.carry_over(op, s, now),
+                    None => p.init(now),
+                }
+            })
+            .collect()
+    }
+
     /// Whether every policy's state is fully replenished.
     pub fn idle(&self, states: &[PolicyState], now: u64) -> bool {
         states.len() == self.policies.len()
@@ -225,3 +251,11 @@ impl RuleSet {
 }
 
 const UNBOUNDED: Mode = Mode::Acquire { max_wait_us: None };
+
+impl From<Policy> for RuleSet {
+    fn from(policy: Policy) -> Self {
+        RuleSet {
+            policies: vec![policy],
+        }
+    }
+}

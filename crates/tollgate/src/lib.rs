@@ -1,9 +1,14 @@
 //! # tollgate
 //!
-//! Rate limiting for Rust services. This crate is what applications import; today it
-//! re-exports the pure engine, [`tollgate_core`]: every algorithm, the policy spec
-//! language, [`Decision`] and the clocks. Keyed in-memory and Redis stores, waiting,
-//! and the tower layer build on it.
+//! Rate limiting for Rust services: every classic algorithm with exact, documented
+//! semantics (see [`tollgate_core`], re-exported here), as
+//!
+//! * [`Limiter`]: one shared limit (GCRA lock-free on one `AtomicU64`);
+//! * [`KeyedLimiter`]: one limit per key, for millions of keys in bounded memory;
+//!
+//! each for a single [`Policy`] or an all-or-nothing [`RuleSet`], with try
+//! (`check`), wait (`acquire().await`, `acquire_blocking`), `peek`, `refund`, `reset`
+//! and run-time reconfiguration.
 //!
 //! ```
 //! use tollgate::{Clock, ManualClock, Op, Policy};
@@ -20,4 +25,13 @@
 
 #![warn(missing_docs)]
 
+mod clock;
+mod config;
+mod keyed;
+mod limiter;
+mod wait;
+
+pub use clock::TokioClock;
+pub use keyed::{KeyedError, KeyedLimiter, KeyedOptions, KeyedStats, OnFull};
+pub use limiter::Limiter;
 pub use tollgate_core::*;

@@ -128,8 +128,10 @@ impl Schedule for SlidingLog {
         unreachable!("cost <= limit, so the whole window leaving always makes room")
     }
 
-    fn admit(&self, s: &mut SlidingLogState, _now: u64, at: u64, cost: u64) {
-        self.expire(s, at);
+    fn admit(&self, s: &mut SlidingLogState, now: u64, at: u64, cost: u64) {
+        // Expire as of the arrival, not the admission: entries that leave the window
+        // before a reservation still count until then (a refund may cancel it).
+        self.expire(s, now);
         match s.entries.back_mut() {
             Some(back) if back.0 == at => back.1 += cost,
             _ => s.entries.push_back((at, cost)),

@@ -124,6 +124,22 @@ impl Smooth {
         self.max_permits
     }
 
+    /// Guava's `setRate` on a live limiter: resync under the old rate, then scale the
+    /// stored permits to the new maximum (bursty) or, from an empty maximum, start full
+    /// (warming up).
+    pub fn carry_over(&self, old: &Smooth, mut s: SmoothState, now: u64) -> SmoothState {
+        old.resync(&mut s, now);
+        s.stored = if old.max_permits == 0.0 {
+            match self.kind {
+                SmoothKind::Bursty { .. } => 0.0,
+                SmoothKind::WarmingUp { .. } => self.max_permits,
+            }
+        } else {
+            s.stored * self.max_permits / old.max_permits
+        };
+        s
+    }
+
     fn resync(&self, s: &mut SmoothState, now: u64) {
         if now > s.next_free {
             let new_permits = (now - s.next_free) as f64 / self.cool_down;

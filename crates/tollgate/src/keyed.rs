@@ -1,0 +1,536 @@
+//! [`KeyedLimiter`]: one limit per key, for millions of keys, in bounded memory.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+use hashbrown::HashTable;
+use tollgate_core::algorithms::{Gcra, GcraState};
+use tollgate_core::{
+    Algorithm, CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
+};
+
+use crate::config::{gcra_step, single, Config};
+use crate::wait::{block, sleep_or_refund, RefundOnDrop};
+
+/// What a full keyed limiter does with a new key (after dropping idle ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFull {
+    /// Evict the least recently active keys to make room (nginx's choice). An evicted
+    /// key starts afresh if it returns: its limit resets.
+    #[default]
+    EvictLeastRecent,
+    /// Refuse new keys ([`KeyedError::TooManyKeys`]); known keys are unaffected.
+    RefuseNew,
+}
+
+/// How a [`KeyedLimiter`] keeps its keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyedOptions {
+    /// The most keys held at once (default 1,000,000). Enforced per shard: each of the
+    /// `S` shards holds at most `max_keys / S` (rounded up).
+    pub max_keys: usize,
+    /// What happens to a new key when the limiter is full.
+    pub on_full: OnFull,
+}
+
+impl Default for KeyedOptions {
+    fn default() -> Self {
+        KeyedOptions {
+            max_keys: 1_000_000,
+            on_full: OnFull::EvictLeastRecent,
+        }
+    }
+}
+
+/// Why a keyed check could not be decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeyedError {
+    /// The policy can never admit this cost.
+    #[error(transparent)]
+    Check(#[from] CheckError),
+    /// The limiter is full and configured with [`OnFull::RefuseNew`].
+    #[error("too many keys: the limiter holds its maximum of {max} keys and refuses new ones")]
+    TooManyKeys {
+        /// The configured maximum.
+        max: usize,
+    },
+}
+
+/// Counters of a keyed limiter's memory management.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyedStats {
+    /// Keys held now.
+    pub keys: usize,
+    /// Fully replenished keys dropped by sweeps (they decided nothing).
+    pub dropped_idle: u64,
+    /// Live keys evicted to make room ([`OnFull::EvictLeastRecent`]).
+    pub evicted: u64,
+    /// New keys refused ([`OnFull::RefuseNew`]).
+    pub refused: u64,
+}
+
+/// A sweep runs when a shard has doubled since the last one (and holds at least this
+/// many keys), or when it is full.
+const MIN_SWEEP: usize = 256;
+/// Entries sampled to find the least recently active eighth of a full shard.
+const EVICT_SAMPLE: usize = 64;
+/// A shard full of live keys that refuses new ones sweeps at most this often (us).
+const REFUSE_SWEEP_INTERVAL_US: u64 = 10_000;
+
+#[repr(align(128))]
+struct Padded<T>(T);
+
+struct Shard<K> {
+    /// The configuration the entries below are kept for.
+    config: Arc<Config>,
+    version: u64,
+    /// GCRA fast path: one u64 TAT per key.
+    words: HashTable<(K, u64)>,
+    /// Every other configuration: one state per policy.
+    states: HashTable<(K, Vec<PolicyState>)>,
+    swept_len: usize,
+    next_refuse_sweep: u64,
+}
+
+impl<K> Shard<K> {
+    fn len(&self) -> usize {
+        self.words.len() + self.states.len()
+    }
+}
+
+struct Inner<K, C> {
+    clock: C,
+    config: ArcSwap<Config>,
+    version: AtomicU64,
+    shards: Box<[Padded<Mutex<Shard<K>>>]>,
+    shard_shift: u32,
+    hasher: foldhash::fast::RandomState,
+    per_shard: usize,
+    options: KeyedOptions,
+    dropped_idle: AtomicU64,
+    evicted: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// One limit per key: any `Hash + Eq` key, including compound keys such as
+/// `(route, user_id)`. `Send + Sync`, cheap to clone (every clone shares the state).
+///
+/// Keys live in a sharded hash map. A single GCRA policy keeps one u64 per key (16 bytes
+/// per entry with a u64 key); other policies and rule sets keep their states per key.
+/// Memory is bounded by [`KeyedOptions::max_keys`]: fully replenished keys (which decide
+/// nothing) are dropped by a sweep of one shard at a time, when that shard has doubled
+/// or is full; if it is still full, the least recently active eighth of the shard is
+/// evicted, or new keys are refused ([`OnFull`]).
+///
+/// ```
+/// use tollgate::{KeyedLimiter, Policy};
+/// let limiter: KeyedLimiter<String> = KeyedLimiter::new("gcra:rate=1/s,burst=2".parse::<Policy>()?);
+/// assert!(limiter.check("alice")?.allowed);
+/// assert!(limiter.check("alice")?.allowed);
+/// assert!(!limiter.check("alice")?.allowed);
+/// assert!(limiter.check("bob")?.allowed); // every key has its own limit
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KeyedLimiter<K, C: Clock = MonotonicClock> {
+    inner: Arc<Inner<K, C>>,
+}
+
+impl<K, C: Clock> Clone for KeyedLimiter<K, C> {
+    fn clone(&self) -> Self {
+        KeyedLimiter {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K, C: Clock> std::fmt::Debug for KeyedLimiter<K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            .field("rules", &self.inner.config.load().rules)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Hash + Eq> KeyedLimiter<K, MonotonicClock> {
+    /// A keyed limiter for `rules` with default options, on the monotonic clock.
+    pub fn new(rules: impl Into<RuleSet>) -> Self {
+        Self::with_options(rules, KeyedOptions::default(), MonotonicClock::new())
+    }
+}
+
+impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
+    /// A keyed limiter for `rules` with `options` on `clock`.
+    pub fn with_options(rules: impl Into<RuleSet>, options: KeyedOptions, clock: C) -> Self {
+        let max_keys = options.max_keys.max(1);
+        // About 4096 keys per shard, between 1 and 64 shards (a power of two).
+        let wanted = (max_keys / 4096).clamp(1, 64);
+        let shards = 1usize << (usize::BITS - 1 - wanted.leading_zeros());
+        let per_shard = max_keys.div_ceil(shards);
+        let config = Arc::new(Config::new(rules.into()));
+        let shard_vec = (0..shards)
+            .map(|_| {
+                Padded(Mutex::new(Shard {
+                    config: config.clone(),
+                    version: 0,
+                    words: HashTable::new(),
+                    states: HashTable::new(),
+                    swept_len: 0,
+                    next_refuse_sweep: 0,
+                }))
+            })
+            .collect();
+        KeyedLimiter {
+            inner: Arc::new(Inner {
+                clock,
+                config: ArcSwap::new(config),
+                version: AtomicU64::new(0),
+                shards: shard_vec,
+                shard_shift: 64 - shards.trailing_zeros(),
+                hasher: foldhash::fast::RandomState::default(),
+                per_shard,
+                options: KeyedOptions {
+                    max_keys,
+                    ..options
+                },
+                dropped_idle: AtomicU64::new(0),
+                evicted: AtomicU64::new(0),
+                refused: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.inner.clock
+    }
+
+    /// The rule set in force.
+    pub fn rules(&self) -> RuleSet {
+        self.inner.config.load().rules.clone()
+    }
+
+    /// Tries one unit for `key` now.
+    pub fn check<Q>(&self, key: &Q) -> Result<Decision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check_n(key, 1)
+    }
+
+    /// Tries `cost` units for `key` now.
+    #[inline]
+    pub fn check_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide(key, cost, Op::Try, false).map(|d| d.decision)
+    }
+
+    /// Like [`KeyedLimiter::check_n`] with `op`, reporting every policy of the rule set.
+    pub fn check_rules<Q>(&self, key: &Q, cost: u64, op: Op) -> Result<RuleDecision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide(key, cost, op, false)
+    }
+
+    /// The decision a try of `cost` would get now for `key`, changing nothing (an
+    /// unknown key is not stored).
+    pub fn peek<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide(key, cost, Op::Try, true).map(|d| d.decision)
+    }
+
+    /// Gives back `cost` units admitted earlier for `key`.
+    pub fn refund<Q>(&self, key: &Q, cost: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.inner.clock.now_us();
+        let hash = self.inner.hasher.hash_one(key);
+        let mut shard = self.shard(hash, now);
+        let config = shard.config.clone();
+        if let Some((_, policy)) = &config.gcra {
+            if let Some((_, tat)) = shard.words.find_mut(hash, |(k, _)| k.borrow() == key) {
+                let mut s = PolicyState::Gcra(GcraState { tat: *tat });
+                policy.refund(&mut s, now, cost);
+                if let PolicyState::Gcra(g) = s {
+                    *tat = g.tat;
+                }
+            }
+        } else if let Some((_, states)) = shard.states.find_mut(hash, |(k, _)| k.borrow() == key) {
+            config.rules.refund(states, now, cost);
+        }
+    }
+
+    /// Forgets `key`'s state.
+    pub fn reset<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let now = self.inner.clock.now_us();
+        let hash = self.inner.hasher.hash_one(key);
+        let mut shard = self.shard(hash, now);
+        if let Ok(e) = shard.words.find_entry(hash, |(k, _)| k.borrow() == key) {
+            e.remove();
+        }
+        if let Ok(e) = shard.states.find_entry(hash, |(k, _)| k.borrow() == key) {
+            e.remove();
+        }
+    }
+
+    /// Keys held now.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(&s.0).len()).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Memory-management counters.
+    pub fn stats(&self) -> KeyedStats {
+        KeyedStats {
+            keys: self.len(),
+            dropped_idle: self.inner.dropped_idle.load(Ordering::Relaxed),
+            evicted: self.inner.evicted.load(Ordering::Relaxed),
+            refused: self.inner.refused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Replaces the policy or rule set at run time, for every key and clone. Each
+    /// key's state carries over where it keeps its meaning ([`RuleSet::carry_over`]);
+    /// shards convert lazily, on their next use.
+    pub fn set_rules(&self, rules: impl Into<RuleSet>) {
+        let config = Arc::new(Config::new(rules.into()));
+        // Publish the config before the version, so a shard that sees the new version
+        // also sees the new config.
+        self.inner.config.store(config);
+        self.inner.version.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Locks the shard of `hash`, bringing it to the current configuration.
+    fn shard(&self, hash: u64, now: u64) -> MutexGuard<'_, Shard<K>> {
+        let idx = (hash.checked_shr(self.inner.shard_shift).unwrap_or(0)) as usize;
+        let mut shard = lock(&self.inner.shards[idx].0);
+        let version = self.inner.version.load(Ordering::Acquire);
+        if shard.version != version {
+            let config = self.inner.config.load_full();
+            migrate(&mut shard, config, version, now, &self.inner.hasher);
+        }
+        shard
+    }
+
+    #[inline]
+    fn decide<Q>(&self, key: &Q, cost: u64, op: Op, peek: bool) -> Result<RuleDecision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.inner.clock.now_us();
+        let hash = self.inner.hasher.hash_one(key);
+        let mut shard = self.shard(hash, now);
+        let config = shard.config.clone();
+        if let Some((gcra, policy)) = &config.gcra {
+            if let Some((_, tat)) = shard.words.find_mut(hash, |(k, _)| k.borrow() == key) {
+                let (new, d) = gcra_step(gcra, policy, *tat, now, cost, op)?;
+                if !peek {
+                    *tat = new;
+                }
+                return Ok(single(d));
+            }
+            let (new, d) = gcra_step(gcra, policy, 0, now, cost, op)?;
+            if !peek && new != 0 {
+                self.make_room(&mut shard, now, gcra)?;
+                let hasher = &self.inner.hasher;
+                shard
+                    .words
+                    .insert_unique(hash, (key.to_owned(), new), |(k, _)| hasher.hash_one(k));
+            }
+            return Ok(single(d));
+        }
+        let rules = &config.rules;
+        if let Some((_, states)) = shard.states.find_mut(hash, |(k, _)| k.borrow() == key) {
+            return Ok(if peek {
+                rules.peek(states, now, cost)?
+            } else {
+                rules.check(states, now, cost, op)?
+            });
+        }
+        let mut states = rules.init(now);
+        let d = if peek {
+            rules.peek(&states, now, cost)?
+        } else {
+            rules.check(&mut states, now, cost, op)?
+        };
+        if !peek && !rules.idle(&states, now) {
+            self.make_room_states(&mut shard, now, rules)?;
+            let hasher = &self.inner.hasher;
+            shard
+                .states
+                .insert_unique(hash, (key.to_owned(), states), |(k, _)| hasher.hash_one(k));
+        }
+        Ok(d)
+    }
+
+    fn make_room(&self, shard: &mut Shard<K>, now: u64, gcra: &Gcra) -> Result<(), KeyedError> {
+        let idle = |tat: &u64| gcra.idle(&GcraState { tat: *tat }, now);
+        let active = |tat: &u64| gcra.last_active(&GcraState { tat: *tat });
+        let words = std::mem::take(&mut shard.words);
+        let (words, r) = self.room_in(shard, words, now, idle, active);
+        shard.words = words;
+        r
+    }
+
+    fn make_room_states(
+        &self,
+        shard: &mut Shard<K>,
+        now: u64,
+        rules: &RuleSet,
+    ) -> Result<(), KeyedError> {
+        let idle = |s: &Vec<PolicyState>| rules.idle(s, now);
+        let active = |s: &Vec<PolicyState>| rules.last_active(s);
+        let states = std::mem::take(&mut shard.states);
+        let (states, r) = self.room_in(shard, states, now, idle, active);
+        shard.states = states;
+        r
+    }
+
+    /// Makes room for one more key in `table` (the shard's table in use).
+    fn room_in<S>(
+        &self,
+        shard: &mut Shard<K>,
+        mut table: HashTable<(K, S)>,
+        now: u64,
+        idle: impl Fn(&S) -> bool,
+        last_active: impl Fn(&S) -> u64,
+    ) -> (HashTable<(K, S)>, Result<(), KeyedError>) {
+        let len = table.len();
+        let full = len >= self.inner.per_shard;
+        let grown = len >= MIN_SWEEP && len >= 2 * shard.swept_len;
+        let refusing = self.inner.options.on_full == OnFull::RefuseNew;
+        if grown || (full && (!refusing || now >= shard.next_refuse_sweep)) {
+            table.retain(|(_, s)| !idle(s));
+            let dropped = len - table.len();
+            self.inner
+                .dropped_idle
+                .fetch_add(dropped as u64, Ordering::Relaxed);
+            shard.swept_len = table.len();
+        }
+        if table.len() < self.inner.per_shard {
+            return (table, Ok(()));
+        }
+        if refusing {
+            shard.next_refuse_sweep = now.saturating_add(REFUSE_SWEEP_INTERVAL_US);
+            self.inner.refused.fetch_add(1, Ordering::Relaxed);
+            let max = self.inner.options.max_keys;
+            return (table, Err(KeyedError::TooManyKeys { max }));
+        }
+        // Entries sit at hash-determined places, so the first few are a fair sample.
+        let mut sample: Vec<u64> = table
+            .iter()
+            .take(EVICT_SAMPLE)
+            .map(|(_, s)| last_active(s))
+            .collect();
+        sample.sort_unstable();
+        let cutoff = sample[(sample.len() / 8).min(sample.len() - 1)];
+        let target = (table.len() / 8).max(1);
+        let mut evicted = 0;
+        table.retain(|(_, s)| {
+            let evict = evicted < target && last_active(s) <= cutoff;
+            evicted += usize::from(evict);
+            !evict
+        });
+        self.inner
+            .evicted
+            .fetch_add(evicted as u64, Ordering::Relaxed);
+        shard.swept_len = table.len();
+        (table, Ok(()))
+    }
+
+    /// Waits for `cost` units for `key` (see [`crate::Limiter::acquire`]: FIFO per
+    /// key, bounded by `max-wait`, and the same cancel safety: a dropped future gives
+    /// its reservation back).
+    pub async fn acquire<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let d = self.decide(key, cost, Op::Acquire, false)?.decision;
+        if d.allowed && !d.wait.is_zero() {
+            let guard = RefundOnDrop::new(|| self.refund(key, cost));
+            sleep_or_refund(d.wait, guard).await;
+        }
+        Ok(d)
+    }
+
+    /// [`KeyedLimiter::acquire`] for synchronous code: blocks the thread for the wait.
+    pub fn acquire_blocking<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let d = self.decide(key, cost, Op::Acquire, false)?.decision;
+        if d.allowed {
+            block(d.wait);
+        }
+        Ok(d)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Updates are whole assignments: a panic elsewhere leaves no torn state.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Converts a shard's entries to `config`, carrying each key's state over.
+fn migrate<K: Hash + Eq>(
+    shard: &mut Shard<K>,
+    config: Arc<Config>,
+    version: u64,
+    now: u64,
+    hasher: &foldhash::fast::RandomState,
+) {
+    let old = std::mem::replace(&mut shard.config, config.clone());
+    let mut entries: Vec<(K, Vec<PolicyState>)> = shard
+        .words
+        .drain()
+        .map(|(k, tat)| (k, vec![PolicyState::Gcra(GcraState { tat })]))
+        .chain(shard.states.drain())
+        .collect();
+    for (_, states) in entries.iter_mut() {
+        *states = config
+            .rules
+            .carry_over(&old.rules, std::mem::take(states), now);
+    }
+    for (k, states) in entries {
+        let hash = hasher.hash_one(&k);
+        match (&config.gcra, states.first()) {
+            (Some(_), Some(PolicyState::Gcra(g))) => {
+                shard
+                    .words
+                    .insert_unique(hash, (k, g.tat), |(k, _)| hasher.hash_one(k));
+            }
+            (Some(_), _) => {}
+            (None, _) => {
+                shard
+                    .states
+                    .insert_unique(hash, (k, states), |(k, _)| hasher.hash_one(k));
+            }
+        }
+    }
+    shard.version = version;
+}

@@ -1,0 +1,182 @@
+//! `Limiter`: the direct limiter, against the core's reference decisions.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::{Clock, Limiter, ManualClock, Op, Policy, RuleSet, TokioClock};
+
+fn manual() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new())
+}
+
+proptest! {
+    /// The limiter (lock-free GCRA, or mutex + rule set) decides exactly as the pure
+    /// core does, for try and acquire.
+    #[test]
+    fn limiter_matches_the_core(
+        spec in prop::sample::select(&[
+            "gcra:rate=3/s,burst=2", "gcra:rate=10/s,burst=5,max-wait=300ms",
+            "token-bucket:rate=7/m,capacity=3", "sliding-log:limit=3,window=1s",
+            "limit-req:rate=10/s,burst=2", "fixed-window:limit=2,window=500ms",
+        ][..]),
+        trace in prop::collection::vec((0..400_000u64, 1..3u64, any::<bool>()), 1..100),
+    ) {
+        let policy: Policy = spec.parse().unwrap();
+        let clock = manual();
+        let limiter = Limiter::with_clock(policy.clone(), clock.clone());
+        let mut state = policy.init(0);
+        for (gap, cost, acquire) in trace {
+            clock.advance(Duration::from_micros(gap));
+            let now = clock.now_us();
+            let op = if acquire { Op::Acquire } else { Op::Try };
+            let expected = policy.check(&mut state, now, cost, op);
+            let got = limiter.check_rules(cost, op).map(|d| d.decision);
+            prop_assert_eq!(got, expected);
+        }
+    }
+}
+
+#[test]
+fn clones_share_one_limit() {
+    let clock = manual();
+    let a = Limiter::with_clock(
+        "gcra:rate=1/s,burst=3".parse::<Policy>().unwrap(),
+        clock.clone(),
+    );
+    let b = a.clone();
+    assert!(a.check().unwrap().allowed);
+    assert!(b.check().unwrap().allowed);
+    assert!(a.check().unwrap().allowed);
+    assert!(!b.check().unwrap().allowed);
+}
+
+#[test]
+fn peek_refund_and_reset() {
+    for spec in ["gcra:rate=1/s,burst=2", "token-bucket:rate=1/s,capacity=2"] {
+        let limiter = Limiter::with_clock(spec.parse::<Policy>().unwrap(), manual());
+        assert_eq!(limiter.peek(1).unwrap().remaining, 1);
+        assert!(limiter.check_n(2).unwrap().allowed);
+        assert!(!limiter.peek(1).unwrap().allowed);
+        limiter.refund(1);
+        assert!(limiter.check().unwrap().allowed, "{spec}");
+        assert!(!limiter.check().unwrap().allowed, "{spec}");
+        limiter.reset();
+        assert!(limiter.check_n(2).unwrap().allowed, "{spec}");
+    }
+}
+
+#[test]
+fn reconfiguration_carries_state_where_it_has_a_meaning() {
+    let clock = manual();
+    let limiter = Limiter::with_clock(
+        "gcra:rate=1/s,burst=2".parse::<Policy>().unwrap(),
+        clock.clone(),
+    );
+    assert!(limiter.check_n(2).unwrap().allowed);
+    // GCRA to GCRA: the TAT (debt) carries over, now with a larger burst.
+    limiter.set_rules("gcra:rate=1/s,burst=3".parse::<Policy>().unwrap());
+    assert!(limiter.check().unwrap().allowed);
+    assert!(!limiter.check().unwrap().allowed);
+    // To another algorithm: fresh.
+    limiter.set_rules("fixed-window:limit=1,window=1s".parse::<Policy>().unwrap());
+    assert!(limiter.check().unwrap().allowed);
+    assert!(!limiter.check().unwrap().allowed);
+    // Same window, new limit: the count carries over.
+    limiter.set_rules("fixed-window:limit=2,window=1s".parse::<Policy>().unwrap());
+    assert!(limiter.check().unwrap().allowed);
+    assert!(!limiter.check().unwrap().allowed);
+    // Back to GCRA from a rule set: a fresh TAT (nothing to carry).
+    limiter.set_rules(RuleSet::parse(&["gcra:rate=1/s,burst=1"]).unwrap());
+    assert!(limiter.check().unwrap().allowed);
+    assert_eq!(
+        limiter.rules().policies()[0].to_string(),
+        "gcra:rate=1/s,burst=1"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_waits_in_fifo_order_on_tokio_time() {
+    let limiter = Limiter::with_clock(
+        "gcra:rate=10/s,burst=1".parse::<Policy>().unwrap(),
+        TokioClock::new(),
+    );
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..4u64 {
+        let l = limiter.clone();
+        tasks.push(tokio::spawn(async move {
+            // Arrive in order, 1 ms apart.
+            tokio::time::sleep(Duration::from_millis(i)).await;
+            l.acquire(1).await.unwrap();
+            tokio::time::Instant::now() - start
+        }));
+    }
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.unwrap());
+    }
+    assert_eq!(done, [0, 100, 200, 300].map(Duration::from_millis));
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_respects_max_wait_and_reserves_nothing_on_reject() {
+    let limiter = Limiter::with_clock(
+        "gcra:rate=10/s,burst=1,max-wait=150ms"
+            .parse::<Policy>()
+            .unwrap(),
+        TokioClock::new(),
+    );
+    // Three arrive together: waits of 0 and 100 ms; the third's 200 ms exceeds max-wait.
+    let (a, b, c) = tokio::join!(limiter.acquire(1), limiter.acquire(1), limiter.acquire(1));
+    assert!(a.unwrap().allowed);
+    let b = b.unwrap();
+    assert!(b.allowed && b.wait == Duration::from_millis(100));
+    let c = c.unwrap();
+    assert!(!c.allowed);
+    assert_eq!(c.retry_after, Some(Duration::from_millis(200)));
+    // The rejected acquire reserved nothing: at 100 ms the next slot is at 200 ms.
+    let d = limiter.acquire(1).await.unwrap();
+    assert_eq!(d.wait, Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_acquire_gives_its_reservation_back() {
+    for spec in ["gcra:rate=10/s,burst=1", "sliding-log:limit=1,window=100ms"] {
+        let limiter = Limiter::with_clock(spec.parse::<Policy>().unwrap(), TokioClock::new());
+        limiter.acquire(1).await.unwrap();
+        // Reserve the slot at 100 ms, then give up after 10 ms.
+        let waiting = tokio::time::timeout(Duration::from_millis(10), limiter.acquire(1)).await;
+        assert!(waiting.is_err(), "{spec}: still waiting");
+        // The slot was given back: the next waiter gets it at 100 ms, not 200 ms.
+        let d = limiter.acquire(1).await.unwrap();
+        assert_eq!(d.wait, Duration::from_millis(90), "{spec}");
+    }
+}
+
+#[test]
+fn acquire_blocking_sleeps_for_the_wait() {
+    let limiter = Limiter::new("gcra:rate=50/s,burst=1".parse::<Policy>().unwrap());
+    limiter.acquire_blocking(1).unwrap();
+    let d = limiter.acquire_blocking(1).unwrap();
+    assert!(d.allowed);
+    assert!(
+        d.wait > Duration::from_millis(15) && d.wait <= Duration::from_millis(20),
+        "{d:?}"
+    );
+    // After blocking for the wait, the limiter's clock has passed the reservation.
+    assert!(limiter.peek(1).unwrap().retry_after.unwrap_or_default() <= Duration::from_millis(20));
+}
+
+#[test]
+fn rule_sets_decide_all_or_nothing() {
+    let limiter = Limiter::with_clock(
+        RuleSet::parse(&["gcra:rate=10/s,burst=2", "fixed-window:limit=3,window=1m"]).unwrap(),
+        manual(),
+    );
+    assert!(limiter.check().unwrap().allowed);
+    assert!(limiter.check().unwrap().allowed);
+    let d = limiter.check_rules(1, Op::Try).unwrap();
+    assert!(!d.decision.allowed);
+    assert_eq!(d.policies[1].remaining, 1, "the window was not charged");
+}
