@@ -1,0 +1,179 @@
+//! `KeyedLimiter`: per-key limits, bounded memory, reconfiguration.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::{
+    Clock, KeyedError, KeyedLimiter, KeyedOptions, ManualClock, OnFull, Op, Policy, PolicyState,
+    RuleSet,
+};
+
+fn keyed<K: std::hash::Hash + Eq>(
+    spec: &str,
+    options: KeyedOptions,
+) -> (KeyedLimiter<K, Arc<ManualClock>>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new());
+    let rules: RuleSet = spec.parse::<Policy>().unwrap().into();
+    (
+        KeyedLimiter::with_options(rules, options, clock.clone()),
+        clock,
+    )
+}
+
+proptest! {
+    /// Each key decides exactly as the pure core does for that key alone.
+    #[test]
+    fn keyed_matches_the_core_per_key(
+        spec in prop::sample::select(&["gcra:rate=3/s,burst=2", "sliding-window:limit=3,window=1s,buckets=4", "limit-req:rate=5/s,burst=1"][..]),
+        trace in prop::collection::vec((0..300_000u64, 0..4u8, 1..3u64, any::<bool>()), 1..150),
+    ) {
+        let (limiter, clock) = keyed::<u8>(spec, KeyedOptions::default());
+        let policy: Policy = spec.parse().unwrap();
+        let mut states: std::collections::HashMap<u8, PolicyState> = Default::default();
+        for (gap, key, cost, acquire) in trace {
+            clock.advance(Duration::from_micros(gap));
+            let now = clock.now_us();
+            let op = if acquire { Op::Acquire } else { Op::Try };
+            let state = states.entry(key).or_insert_with(|| policy.init(now));
+            let expected = policy.check(state, now, cost, op).map_err(KeyedError::from);
+            prop_assert_eq!(limiter.check_rules(&key, cost, op).map(|d| d.decision), expected);
+        }
+    }
+}
+
+#[test]
+fn compound_and_borrowed_keys() {
+    let (limiter, _) = keyed::<(String, u64)>("gcra:rate=1/s,burst=1", KeyedOptions::default());
+    assert!(limiter.check(&("GET /a".to_string(), 7)).unwrap().allowed);
+    assert!(!limiter.check(&("GET /a".to_string(), 7)).unwrap().allowed);
+    assert!(limiter.check(&("GET /a".to_string(), 8)).unwrap().allowed);
+    let (strings, _) = keyed::<String>("token-bucket:rate=1/s,capacity=1", KeyedOptions::default());
+    assert!(strings.check("alice").unwrap().allowed);
+    assert!(!strings.check("alice").unwrap().allowed);
+    assert_eq!(strings.len(), 1);
+    strings.reset("alice");
+    assert!(strings.check("alice").unwrap().allowed);
+}
+
+#[test]
+fn peek_does_not_store_a_key_and_refund_gives_back() {
+    let (limiter, _) = keyed::<u64>("gcra:rate=1/s,burst=2", KeyedOptions::default());
+    assert!(limiter.peek(&1, 1).unwrap().allowed);
+    assert!(limiter.is_empty());
+    assert!(limiter.check_n(&1, 2).unwrap().allowed);
+    assert!(!limiter.check(&1).unwrap().allowed);
+    limiter.refund(&1, 1);
+    assert!(limiter.check(&1).unwrap().allowed);
+}
+
+#[test]
+fn full_limiter_evicts_the_least_recently_active_keys() {
+    let options = KeyedOptions {
+        max_keys: 1000,
+        on_full: OnFull::EvictLeastRecent,
+    };
+    let (limiter, clock) = keyed::<u64>("gcra:rate=1/m,burst=3", options);
+    for k in 0..10_000u64 {
+        clock.advance(Duration::from_micros(10));
+        assert!(limiter.check(&k).unwrap().allowed);
+        // Key 1_000_000 is used all along: it is never the least recently active.
+        if k % 50 == 0 {
+            limiter.check(&1_000_000).unwrap();
+        }
+    }
+    let stats = limiter.stats();
+    assert!(stats.keys <= 1000, "{stats:?}");
+    assert!(stats.evicted >= 9000 - 1000, "{stats:?}");
+    assert_eq!(stats.dropped_idle, 0, "nothing was idle: {stats:?}");
+    // The hot key kept its state: its burst of 3 is spent, so it is still limited.
+    assert!(!limiter.check(&1_000_000).unwrap().allowed);
+    // The most recent keys are still known (their burst is partly used).
+    assert_eq!(limiter.peek(&9_999, 1).unwrap().remaining, 1);
+}
+
+#[test]
+fn full_limiter_can_refuse_new_keys_instead() {
+    let options = KeyedOptions {
+        max_keys: 100,
+        on_full: OnFull::RefuseNew,
+    };
+    let (limiter, clock) = keyed::<u64>("fixed-window:limit=2,window=1s", options);
+    for k in 0..100 {
+        assert!(limiter.check(&k).unwrap().allowed);
+    }
+    assert_eq!(
+        limiter.check(&100),
+        Err(KeyedError::TooManyKeys { max: 100 })
+    );
+    assert!(
+        limiter.check(&5).unwrap().allowed,
+        "known keys are unaffected"
+    );
+    assert!(!limiter.check(&5).unwrap().allowed);
+    assert_eq!(limiter.stats().refused, 1);
+    // Once the windows have ended, the old keys are idle and make room.
+    clock.advance(Duration::from_secs(1));
+    assert!(limiter.check(&100).unwrap().allowed);
+    assert!(limiter.stats().dropped_idle >= 1);
+}
+
+#[test]
+fn idle_keys_are_swept_as_the_map_grows() {
+    let (limiter, clock) = keyed::<u64>("gcra:rate=10/s,burst=1", KeyedOptions::default());
+    for k in 0..40_000u64 {
+        limiter.check(&k).unwrap();
+    }
+    assert_eq!(limiter.len(), 40_000);
+    // All are idle 100 ms later; new keys trigger sweeps shard by shard as each one
+    // doubles (no pass over the whole map, no cleanup thread).
+    clock.advance(Duration::from_millis(100));
+    for k in 40_000..100_000u64 {
+        limiter.check(&k).unwrap();
+    }
+    let stats = limiter.stats();
+    assert!(stats.dropped_idle >= 40_000, "{stats:?}");
+    assert!(stats.keys <= 60_000, "{stats:?}");
+}
+
+#[test]
+fn reconfiguration_migrates_every_key_lazily() {
+    let (limiter, _) = keyed::<u64>("gcra:rate=1/s,burst=2", KeyedOptions::default());
+    for k in 0..100 {
+        limiter.check_n(&k, 2).unwrap();
+    }
+    // GCRA -> GCRA: debts carry over.
+    limiter.set_rules("gcra:rate=1/s,burst=3".parse::<Policy>().unwrap());
+    assert!(limiter.check(&7).unwrap().allowed);
+    assert!(!limiter.check(&7).unwrap().allowed);
+    // GCRA -> a rule set: fresh states for every key (other algorithms).
+    limiter.set_rules(
+        RuleSet::parse(&["sliding-log:limit=1,window=1s", "gcra:rate=1/s,burst=5"]).unwrap(),
+    );
+    assert!(limiter.check(&7).unwrap().allowed);
+    assert!(!limiter.check(&7).unwrap().allowed);
+    assert_eq!(limiter.rules().policies().len(), 2);
+    assert_eq!(limiter.len(), 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_acquire_is_fifo_per_key() {
+    let limiter: KeyedLimiter<String, tollgate::TokioClock> = KeyedLimiter::with_options(
+        "gcra:rate=10/s,burst=1".parse::<Policy>().unwrap(),
+        KeyedOptions::default(),
+        tollgate::TokioClock::new(),
+    );
+    let start = tokio::time::Instant::now();
+    let (a, b, c) = tokio::join!(
+        limiter.acquire("k", 1),
+        limiter.acquire("k", 1),
+        limiter.acquire("other", 1)
+    );
+    assert_eq!(a.unwrap().wait, Duration::ZERO);
+    assert_eq!(b.unwrap().wait, Duration::from_millis(100));
+    assert_eq!(c.unwrap().wait, Duration::ZERO);
+    assert_eq!(
+        tokio::time::Instant::now() - start,
+        Duration::from_millis(100)
+    );
+}
