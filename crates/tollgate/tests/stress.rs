@@ -102,7 +102,8 @@ fn real_clock_never_exceeds_burst_plus_elapsed_rate() {
 fn acquire_blocking_from_two_threads_is_paced() {
     // 2 threads x 20 blocking acquires at 1000/s, burst 1: 40 admissions need >= 39 ms.
     let limiter = Limiter::new("gcra:rate=1000/s,burst=1".parse::<Policy>().unwrap());
-    let start = std::time::Instant::now();
+    let clock = MonotonicClock::new();
+    let start = clock.now_us();
     let threads: Vec<_> = (0..2)
         .map(|_| {
             let l = limiter.clone();
