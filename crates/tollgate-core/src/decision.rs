@@ -4,47 +4,50 @@ use std::time::Duration;
 
 /// The outcome of one check (try, acquire or peek) of one policy.
 ///
-/// All durations are whole microseconds, measured from the request's arrival.
+/// Durations are whole microseconds from the request's arrival (the `_us` fields);
+/// the methods without the suffix give them as [`Duration`]s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     /// Whether the request is admitted. A policy with `shadow=true` always admits; see
     /// [`Decision::shadow_rejected`].
     pub allowed: bool,
+    /// True when the policy rejected the request but runs in shadow mode, so
+    /// `allowed` is true and nothing was consumed.
+    pub shadow_rejected: bool,
     /// The policy's headline limit: the most unit-cost requests an idle, fully
     /// replenished key admits at one instant (for `concurrency`, the permits; for
-    /// `shaper`, the queue length).
+    /// `shaper`, the queue length plus one).
     pub limit: u64,
     /// Unit-cost requests that would still be admitted right now, after this decision.
     pub remaining: u64,
     /// Time until the key's state is fully replenished (as if never used).
-    pub reset_after: Duration,
+    pub reset_after_us: u64,
     /// On a reject: the earliest time from now at which the same request could be
     /// admitted; `None` if no amount of waiting is known to help (e.g. a concurrency
     /// limit held by permits with no known release time).
-    pub retry_after: Option<Duration>,
+    pub retry_after_us: Option<u64>,
     /// Time from arrival to admission: the wait of an admitted `acquire`, the delay of
     /// `limit-req`, the schedule of `shaper`. Zero on a reject.
-    pub wait: Duration,
-    /// True when the policy rejected the request but runs in shadow mode, so
-    /// `allowed` is true and nothing was consumed.
-    pub shadow_rejected: bool,
+    pub wait_us: u64,
 }
 
 impl Decision {
     /// An admitted request.
+    #[inline]
     pub fn admitted(limit: u64, remaining: u64, reset_after_us: u64, wait_us: u64) -> Self {
         Decision {
             allowed: true,
+            shadow_rejected: false,
             limit,
             remaining,
-            reset_after: Duration::from_micros(reset_after_us),
-            retry_after: None,
-            wait: Duration::from_micros(wait_us),
-            shadow_rejected: false,
+            reset_after_us,
+            retry_after_us: None,
+            wait_us,
         }
     }
 
     /// A rejected request.
+    #[inline]
     pub fn rejected(
         limit: u64,
         remaining: u64,
@@ -53,33 +56,29 @@ impl Decision {
     ) -> Self {
         Decision {
             allowed: false,
+            shadow_rejected: false,
             limit,
             remaining,
-            reset_after: Duration::from_micros(reset_after_us),
-            retry_after: retry_after_us.map(Duration::from_micros),
-            wait: Duration::ZERO,
-            shadow_rejected: false,
+            reset_after_us,
+            retry_after_us,
+            wait_us: 0,
         }
     }
 
-    /// `wait` in whole microseconds.
-    pub fn wait_us(&self) -> u64 {
-        duration_us(self.wait)
+    /// `wait_us` as a [`Duration`].
+    pub fn wait(&self) -> Duration {
+        Duration::from_micros(self.wait_us)
     }
 
-    /// `retry_after` in whole microseconds.
-    pub fn retry_after_us(&self) -> Option<u64> {
-        self.retry_after.map(duration_us)
+    /// `retry_after_us` as a [`Duration`].
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after_us.map(Duration::from_micros)
     }
 
-    /// `reset_after` in whole microseconds.
-    pub fn reset_after_us(&self) -> u64 {
-        duration_us(self.reset_after)
+    /// `reset_after_us` as a [`Duration`].
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_micros(self.reset_after_us)
     }
-}
-
-fn duration_us(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Why a check could not be decided at all.

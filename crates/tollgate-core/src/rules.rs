@@ -97,7 +97,7 @@ impl RuleSet {
                     // against the common instant.)
                     let d = p.shadowed(p.check_mode(s, now, cost, UNBOUNDED)?);
                     if d.allowed && !d.shadow_rejected {
-                        at = at.max(now + d.wait_us());
+                        at = at.max(now + d.wait_us);
                     }
                     d
                 }
@@ -115,7 +115,7 @@ impl RuleSet {
                 decisions
                     .iter()
                     .filter(|d| !d.allowed)
-                    .map(|d| d.retry_after_us())
+                    .map(|d| d.retry_after_us)
                     .try_fold(0u64, |acc, r| r.map(|r| acc.max(r)))
             } else {
                 Some(at - now)
@@ -129,8 +129,8 @@ impl RuleSet {
                 .zip(&decisions)
                 .map(|((p, s), d)| Decision {
                     remaining: p.remaining(s, now),
-                    reset_after: std::time::Duration::from_micros(p.reset_after(s, now)),
-                    wait: std::time::Duration::ZERO,
+                    reset_after_us: p.reset_after(s, now),
+                    wait_us: 0,
                     ..*d
                 })
                 .collect();
@@ -142,7 +142,7 @@ impl RuleSet {
             decisions.clear();
             for (p, s) in self.policies.iter().zip(trial.iter_mut()) {
                 let mut d = p.check_mode(s, at, cost, UNBOUNDED)?;
-                d.wait += std::time::Duration::from_micros(at - now);
+                d.wait_us += at - now;
                 decisions.push(p.shadowed(d));
             }
         }
@@ -225,20 +225,12 @@ impl RuleSet {
             allowed,
             limit: b.limit,
             remaining: b.remaining,
-            reset_after: policies
-                .iter()
-                .map(|d| d.reset_after)
-                .max()
-                .unwrap_or_default(),
-            retry_after: if allowed {
-                None
+            reset_after_us: policies.iter().map(|d| d.reset_after_us).max().unwrap_or(0),
+            retry_after_us: if allowed { None } else { retry },
+            wait_us: if allowed {
+                policies.iter().map(|d| d.wait_us).max().unwrap_or(0)
             } else {
-                retry.map(std::time::Duration::from_micros)
-            },
-            wait: if allowed {
-                policies.iter().map(|d| d.wait).max().unwrap_or_default()
-            } else {
-                std::time::Duration::ZERO
+                0
             },
             shadow_rejected: allowed && policies.iter().any(|d| d.shadow_rejected),
         };

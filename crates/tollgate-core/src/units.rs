@@ -200,6 +200,54 @@ pub(crate) fn div_ceil(a: u128, b: u128) -> u128 {
     }
 }
 
+/// Exact division by a divisor fixed in advance (an emission interval), without the
+/// cost of a hardware divide on the hot path: a float reciprocal gives the quotient to
+/// within one or two, and integer multiplications correct it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Divisor {
+    d: u64,
+    inv: f64,
+}
+
+impl PartialEq for Divisor {
+    fn eq(&self, other: &Self) -> bool {
+        self.d == other.d
+    }
+}
+
+impl Eq for Divisor {}
+
+impl Divisor {
+    pub fn new(d: u64) -> Self {
+        assert!(d > 0, "division by zero");
+        Divisor {
+            d,
+            inv: 1.0 / d as f64,
+        }
+    }
+
+    /// `x / d`, exactly.
+    #[inline]
+    pub fn div(&self, x: u128) -> u128 {
+        if x < u128::from(self.d) {
+            return 0;
+        }
+        if x >> 63 != 0 {
+            return x / u128::from(self.d);
+        }
+        let x = x as u64;
+        let mut q = (x as f64 * self.inv) as u64;
+        // The estimate is off by at most a few units either way.
+        while q > 0 && q.saturating_mul(self.d) > x {
+            q -= 1;
+        }
+        while (q + 1).saturating_mul(self.d) <= x {
+            q += 1;
+        }
+        u128::from(q)
+    }
+}
+
 /// `a / b` truncated toward zero, as C and Rust do, with a 64-bit fast path.
 #[inline]
 pub(crate) fn idiv(a: i128, b: i128) -> i128 {
@@ -236,6 +284,35 @@ mod tests {
         assert_eq!(fmt_duration(90_000_000), "90s");
         assert_eq!(fmt_duration(1_500_000), "1500ms");
         assert_eq!(fmt_duration(0), "0us");
+    }
+
+    #[test]
+    fn divisor_is_exact() {
+        for d in [
+            1u64,
+            3,
+            7,
+            1_000_000,
+            333_333,
+            86_400_000_000,
+            (1 << 40) + 1,
+        ] {
+            let div = Divisor::new(d);
+            for x in [
+                0u64,
+                1,
+                d - 1,
+                d,
+                d + 1,
+                2 * d - 1,
+                12_345_678_901,
+                (1 << 62) - 1,
+                1 << 62,
+            ] {
+                assert_eq!(div.div(u128::from(x)), u128::from(x / d), "{x} / {d}");
+            }
+            assert_eq!(div.div(u128::MAX), u128::MAX / u128::from(d));
+        }
     }
 
     #[test]

@@ -39,7 +39,7 @@ fn smooth_limiters_match_guava_to_the_microsecond() {
         };
         let d = policy.check(state, t, cost, op).unwrap();
         assert_eq!(
-            (d.allowed, d.wait_us()),
+            (d.allowed, d.wait_us),
             (allowed, wait),
             "vector {} ({spec} t={t} cost={cost} {op:?}): tollgate {:?}",
             i + 2,
@@ -77,7 +77,7 @@ fn limit_req_matches_nginx_to_the_millisecond() {
                 (p, s)
             });
         let d = policy.check(state, t, 1, Op::Try).unwrap();
-        let ours = (d.allowed, d.allowed.then(|| d.wait_us()));
+        let ours = (d.allowed, d.allowed.then(|| d.wait_us));
         assert_eq!(
             ours,
             (allowed, wait),

@@ -119,7 +119,7 @@ proptest! {
         let p = policy(&spec);
         let mut admitted: Vec<(u64, u64)> = run(&p, &trace, true)
             .into_iter()
-            .filter_map(|(t, c, d)| d.ok().filter(|d| d.allowed).map(|d| (t + d.wait_us(), c)))
+            .filter_map(|(t, c, d)| d.ok().filter(|d| d.allowed).map(|d| (t + d.wait_us, c)))
             .collect();
         admitted.sort();
         for &(t, _) in &admitted {
@@ -136,7 +136,7 @@ proptest! {
         let mut per_window = std::collections::HashMap::new();
         for (t, c, d) in run(&p, &trace, true) {
             if let Ok(d) = d.filter_allowed() {
-                *per_window.entry((t + d.wait_us()) / 1_000_000).or_insert(0) += c;
+                *per_window.entry((t + d.wait_us) / 1_000_000).or_insert(0) += c;
             }
         }
         prop_assert!(per_window.values().all(|&n| n <= limit), "{per_window:?}");
@@ -171,7 +171,7 @@ proptest! {
             let op = if acquire { Op::Acquire } else { Op::Try };
             let Ok(d) = p.check(&mut s, t, cost, op) else { continue };
             prop_assert_eq!(p.remaining(&s, t), d.remaining, "{}: Policy::remaining disagrees", spec);
-            prop_assert_eq!(p.reset_after(&s, t), d.reset_after_us(), "{}: Policy::reset_after disagrees", spec);
+            prop_assert_eq!(p.reset_after(&s, t), d.reset_after_us, "{}: Policy::reset_after disagrees", spec);
             let mut probe = s.clone();
             for i in 0..d.remaining {
                 let next = p.check(&mut probe, t, 1, Op::Try).unwrap();
@@ -204,12 +204,12 @@ proptest! {
             t += gap;
             let Ok(d) = p.check(&mut s, t, cost, Op::Acquire) else { continue };
             if d.allowed {
-                prop_assert!(d.wait_us() <= max_wait, "{spec}: waited {} > {max_wait}", d.wait_us());
-                let admission = t + d.wait_us();
+                prop_assert!(d.wait_us <= max_wait, "{spec}: waited {} > {max_wait}", d.wait_us);
+                let admission = t + d.wait_us;
                 prop_assert!(!fifo || admission >= last_admission, "{spec}: admitted at {admission} before an earlier request's {last_admission}");
                 last_admission = admission;
             } else {
-                prop_assert!(d.retry_after.is_some());
+                prop_assert!(d.retry_after().is_some());
             }
         }
     }
@@ -229,7 +229,7 @@ proptest! {
         for &(gap, cost, _) in &trace {
             t += gap;
             let Ok(d) = p.check(&mut s, t, cost, Op::Try) else { continue };
-            if let (false, Some(r)) = (d.allowed, d.retry_after_us()) {
+            if let (false, Some(r)) = (d.allowed, d.retry_after_us) {
                 prop_assert!(r > 0);
                 prop_assert!(p.peek(&s, t + r, cost).unwrap().allowed, "{spec}: not admitted at t+retry_after ({t}+{r})");
                 if !spec.starts_with("limit-req") {

@@ -20,7 +20,7 @@ fn a_reject_by_one_policy_charges_none() {
     for _ in 0..5 {
         let d = rules.check(&mut st, 0, 1, Op::Try).unwrap();
         assert!(!d.decision.allowed);
-        assert_eq!(d.decision.retry_after_us(), Some(S));
+        assert_eq!(d.decision.retry_after_us, Some(S));
         assert_eq!(
             d.policies[0].remaining, 2,
             "the minute window is not charged"
@@ -44,7 +44,7 @@ fn a_reject_by_one_policy_charges_none() {
     let d = rules.check(&mut st, 3 * S, 1, Op::Try).unwrap();
     assert!(!d.decision.allowed);
     assert_eq!(d.binding, 0);
-    assert_eq!(d.decision.retry_after_us(), Some(57 * S));
+    assert_eq!(d.decision.retry_after_us, Some(57 * S));
 }
 
 #[test]
@@ -55,9 +55,9 @@ fn overall_decision_reports_the_binding_policy_and_the_largest_wait() {
     rules.check(&mut st, 0, 1, Op::Try).unwrap();
     let d = rules.check(&mut st, 0, 1, Op::Try).unwrap();
     // excess 1000 in both: delays 100ms and 500ms; the overall wait is the larger.
-    assert_eq!(d.policies[0].wait_us(), 100_000);
-    assert_eq!(d.policies[1].wait_us(), 500_000);
-    assert_eq!(d.decision.wait_us(), 500_000);
+    assert_eq!(d.policies[0].wait_us, 100_000);
+    assert_eq!(d.policies[1].wait_us, 500_000);
+    assert_eq!(d.decision.wait_us, 500_000);
     assert_eq!(d.decision.remaining, 4);
 }
 
@@ -70,16 +70,16 @@ fn acquire_charges_every_policy_at_the_common_instant() {
             .check(&mut st, 0, 1, Op::Acquire)
             .unwrap()
             .decision
-            .wait_us(),
+            .wait_us,
         0
     );
     let d = rules.check(&mut st, 0, 1, Op::Acquire).unwrap();
     assert!(d.decision.allowed);
-    assert_eq!(d.decision.wait_us(), S);
+    assert_eq!(d.decision.wait_us, S);
     // The 10/s policy was charged at 1 s, not at its own earliest (100 ms).
     let d = rules.check(&mut st, 0, 1, Op::Acquire).unwrap();
-    assert_eq!(d.decision.wait_us(), 2 * S);
-    assert_eq!(d.policies[0].wait_us(), 2 * S);
+    assert_eq!(d.decision.wait_us, 2 * S);
+    assert_eq!(d.policies[0].wait_us, 2 * S);
 
     let bounded = RuleSet::parse(&[
         "gcra:rate=10/s,burst=1,max-wait=500ms",
@@ -93,7 +93,7 @@ fn acquire_charges_every_policy_at_the_common_instant() {
         !d.decision.allowed,
         "1 s exceeds the first policy's max-wait"
     );
-    assert_eq!(d.decision.retry_after_us(), Some(S));
+    assert_eq!(d.decision.retry_after_us, Some(S));
     assert_eq!(
         st,
         {
@@ -137,7 +137,7 @@ proptest! {
             let op = if acquire { Op::Acquire } else { Op::Try };
             let d = rules.check(&mut st, t, cost, op).unwrap().decision;
             if d.allowed {
-                admitted.push((t + d.wait_us(), cost));
+                admitted.push((t + d.wait_us, cost));
             }
         }
         admitted.sort();

@@ -41,9 +41,9 @@ fn gcra_admits_exactly_the_burst_at_one_instant() {
     assert_eq!(k.count(0, 6), 5);
     let d = k.try_at(0, 1);
     assert!(!d.allowed);
-    assert_eq!(d.retry_after_us(), Some(100 * MS));
+    assert_eq!(d.retry_after_us, Some(100 * MS));
     assert_eq!(d.remaining, 0);
-    assert_eq!(d.reset_after_us(), 500 * MS);
+    assert_eq!(d.reset_after_us, 500 * MS);
     assert!(k.ok(100 * MS));
 }
 
@@ -60,14 +60,14 @@ fn gcra_awkward_rate_never_drifts() {
     // 3/s: T = 333333.33us. Reservations land on the exact multiples, rounded up to the
     // microsecond, and after 3000 of them the schedule is still exactly 1000 s long.
     let mut k = key("gcra:rate=3/s,burst=1");
-    let waits: Vec<u64> = (0..4).map(|_| k.acquire(0, 1).wait_us()).collect();
+    let waits: Vec<u64> = (0..4).map(|_| k.acquire(0, 1).wait_us).collect();
     assert_eq!(waits, [0, 333_334, 666_667, 1_000_000]);
     let mut last = 0;
     for _ in 4..3000 {
-        last = k.acquire(0, 1).wait_us();
+        last = k.acquire(0, 1).wait_us;
     }
     assert_eq!(last, 999_666_667);
-    assert_eq!(k.acquire(0, 1).wait_us(), 1_000 * S);
+    assert_eq!(k.acquire(0, 1).wait_us, 1_000 * S);
     // A late arrival restarts the schedule from its own arrival, as GCRA must.
     let mut k = key("gcra:rate=3/s,burst=1");
     assert!(k.ok(0));
@@ -86,7 +86,7 @@ fn fixed_window_lets_two_limits_through_a_boundary_and_sliding_log_does_not() {
     assert_eq!(sl.count(990 * MS, 100), 100);
     assert_eq!(sl.count(1010 * MS, 100), 0);
     let d = sl.try_at(1010 * MS, 1);
-    assert_eq!(d.retry_after_us(), Some(980 * MS));
+    assert_eq!(d.retry_after_us, Some(980 * MS));
     assert!(sl.ok(1990 * MS));
 }
 
@@ -109,7 +109,7 @@ fn limit_req_without_burst_rejects_a_request_sooner_than_one_interval() {
     assert!(k.ok(0));
     let d = k.try_at(500 * MS, 1);
     assert!(!d.allowed);
-    assert_eq!(d.retry_after_us(), Some(500 * MS));
+    assert_eq!(d.retry_after_us, Some(500 * MS));
     assert!(k.ok(1000 * MS));
 }
 
@@ -119,7 +119,7 @@ fn limit_req_burst_and_delay_follow_nginx() {
     let mut k = key("limit-req:rate=10/s,burst=5");
     let waits: Vec<u64> = (0..7)
         .map(|_| k.try_at(0, 1))
-        .map(|d| if d.allowed { d.wait_us() } else { u64::MAX })
+        .map(|d| if d.allowed { d.wait_us } else { u64::MAX })
         .collect();
     // excess 0,1000,...,5000 -> delay excess*1000/10000 ms = 0,100,...,500 ms; 7th rejected.
     assert_eq!(
@@ -129,11 +129,11 @@ fn limit_req_burst_and_delay_follow_nginx() {
     let mut k = key("limit-req:rate=10/s,burst=5,nodelay");
     assert!((0..6).all(|_| {
         let d = k.try_at(0, 1);
-        d.allowed && d.wait_us() == 0
+        d.allowed && d.wait_us == 0
     }));
     assert!(!k.ok(0));
     let mut k = key("limit-req:rate=10/s,burst=5,delay=2");
-    let waits: Vec<u64> = (0..6).map(|_| k.try_at(0, 1).wait_us()).collect();
+    let waits: Vec<u64> = (0..6).map(|_| k.try_at(0, 1).wait_us).collect();
     assert_eq!(waits, [0, 0, 0, 100_000, 200_000, 300_000]);
 }
 
@@ -170,7 +170,7 @@ fn sliding_window_buckets_and_weighted() {
     assert_eq!(k.count(100 * MS, 4), 4);
     // Bucket [0,250ms) leaves the window when the bucket starting at 1s begins.
     let d = k.try_at(999 * MS, 1);
-    assert_eq!(d.retry_after_us(), Some(MS));
+    assert_eq!(d.retry_after_us, Some(MS));
     assert!(k.ok(1000 * MS));
 
     let mut w = key("sliding-window:limit=10,window=1s,mode=weighted");
@@ -179,19 +179,19 @@ fn sliding_window_buckets_and_weighted() {
     assert_eq!(w.count(1250 * MS, 3), 2);
     let d = w.try_at(1250 * MS, 1);
     // 10*(1s - e) + 3*1s <= 10*1s  <=>  e >= 300ms
-    assert_eq!(d.retry_after_us(), Some(50 * MS));
+    assert_eq!(d.retry_after_us, Some(50 * MS));
 }
 
 #[test]
 fn smooth_bursty_pays_the_previous_debt() {
     let mut k = key("smooth-bursty:rate=2/s");
     // Guava: the first acquire of 10 permits is free, the next waits 5 s.
-    assert_eq!(k.acquire(0, 10).wait_us(), 0);
-    assert_eq!(k.acquire(0, 1).wait_us(), 5 * S);
+    assert_eq!(k.acquire(0, 10).wait_us, 0);
+    assert_eq!(k.acquire(0, 1).wait_us, 5 * S);
     // try with timeout 0 fails while nextFree > now.
     let d = k.try_at(S, 1);
     assert!(!d.allowed);
-    assert_eq!(d.retry_after_us(), Some(4_500 * MS));
+    assert_eq!(d.retry_after_us, Some(4_500 * MS));
 }
 
 #[test]
@@ -202,8 +202,8 @@ fn smooth_warmup_starts_cold() {
     let mut t = 0;
     for _ in 0..8 {
         let d = k.acquire(t, 1);
-        waits.push(d.wait_us());
-        t += d.wait_us();
+        waits.push(d.wait_us);
+        t += d.wait_us;
     }
     assert_eq!(waits[0], 0);
     assert!(
@@ -222,18 +222,18 @@ fn shaper_schedules_and_bounds_the_queue() {
     let mut k = key("shaper:rate=10/s,queue=2");
     let d: Vec<(bool, u64)> = (0..4)
         .map(|_| k.try_at(0, 1))
-        .map(|d| (d.allowed, d.wait_us()))
+        .map(|d| (d.allowed, d.wait_us))
         .collect();
     assert_eq!(
         d,
         [(true, 0), (true, 100 * MS), (true, 200 * MS), (false, 0)]
     );
     let d = k.try_at(0, 1);
-    assert_eq!(d.retry_after_us(), Some(100 * MS));
+    assert_eq!(d.retry_after_us, Some(100 * MS));
     // At 100ms the first queued request is released: a place is free again.
     let d = k.try_at(100 * MS, 1);
     assert!(d.allowed);
-    assert_eq!(d.wait_us(), 200 * MS);
+    assert_eq!(d.wait_us, 200 * MS);
 }
 
 #[test]
@@ -245,20 +245,20 @@ fn concurrency_holds_and_releases() {
     assert!(hold(&mut s, 10, 50).allowed);
     let d = hold(&mut s, 20, 10);
     assert!(!d.allowed);
-    assert_eq!(d.retry_after_us(), Some(40));
+    assert_eq!(d.retry_after_us, Some(40));
     assert!(hold(&mut s, 60, 10).allowed);
     // Acquire waits for the earliest release.
     let d = policy
         .check_hold(&mut s, 61, 1, Some(5), Op::Acquire)
         .unwrap();
     assert!(d.allowed);
-    assert_eq!(d.wait_us(), 9);
+    assert_eq!(d.wait_us, 9);
     // Open permits are released by refund.
     let mut s = policy.init(0);
     assert!(policy.check(&mut s, 0, 2, Op::Try).unwrap().allowed);
     assert!(!policy.check(&mut s, 0, 1, Op::Try).unwrap().allowed);
     assert_eq!(
-        policy.check(&mut s, 0, 1, Op::Try).unwrap().retry_after,
+        policy.check(&mut s, 0, 1, Op::Try).unwrap().retry_after(),
         None
     );
     policy.refund(&mut s, 0, 1);
@@ -322,20 +322,20 @@ fn huge_costs_and_times_saturate_instead_of_panicking() {
     // Times past MAX_TIME_US are clamped to it: still the same instant, burst spent.
     let d = k.try_at(u64::MAX, 1);
     assert!(!d.allowed);
-    assert_eq!(d.retry_after_us(), Some(1));
+    assert_eq!(d.retry_after_us, Some(1));
 }
 
 #[test]
 fn acquire_reserves_in_fifo_order_and_respects_max_wait() {
     let mut k = key("gcra:rate=10/s,burst=1,max-wait=250ms");
-    assert_eq!(k.acquire(0, 1).wait_us(), 0);
-    assert_eq!(k.acquire(0, 1).wait_us(), 100 * MS);
-    assert_eq!(k.acquire(0, 1).wait_us(), 200 * MS);
+    assert_eq!(k.acquire(0, 1).wait_us, 0);
+    assert_eq!(k.acquire(0, 1).wait_us, 100 * MS);
+    assert_eq!(k.acquire(0, 1).wait_us, 200 * MS);
     let d = k.acquire(0, 1);
     assert!(!d.allowed, "300ms > max-wait");
-    assert_eq!(d.retry_after_us(), Some(300 * MS));
+    assert_eq!(d.retry_after_us, Some(300 * MS));
     // The rejected acquire reserved nothing.
-    assert_eq!(k.acquire(50 * MS, 1).wait_us(), 250 * MS);
+    assert_eq!(k.acquire(50 * MS, 1).wait_us, 250 * MS);
     // A try cannot overtake the reservations.
     assert!(!k.ok(299 * MS));
 }

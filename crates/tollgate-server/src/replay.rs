@@ -151,8 +151,8 @@ fn columns_of(
     decision: Result<Decision, CheckError>,
 ) -> (bool, u64, Option<u64>) {
     match decision {
-        Ok(d) if d.allowed => (true, d.remaining, Some(d.wait_us())),
-        Ok(d) => (false, d.remaining, d.retry_after_us()),
+        Ok(d) if d.allowed => (true, d.remaining, Some(d.wait_us)),
+        Ok(d) => (false, d.remaining, d.retry_after_us),
         Err(_) => {
             let remaining = policy.peek(state, t, 1).map_or(0, |d| d.remaining);
             (false, remaining, None)

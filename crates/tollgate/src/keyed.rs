@@ -470,9 +470,9 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let d = self.decide(key, cost, Op::Acquire, false)?.decision;
-        if d.allowed && !d.wait.is_zero() {
+        if d.allowed && d.wait_us > 0 {
             let guard = RefundOnDrop::new(|| self.refund(key, cost));
-            sleep_or_refund(d.wait, guard).await;
+            sleep_or_refund(d.wait(), guard).await;
         }
         Ok(d)
     }
@@ -485,7 +485,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     {
         let d = self.decide(key, cost, Op::Acquire, false)?.decision;
         if d.allowed {
-            block(d.wait);
+            block(d.wait());
         }
         Ok(d)
     }

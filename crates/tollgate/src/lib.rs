@@ -19,7 +19,7 @@
 //! assert!(policy.check(&mut state, clock.now_us(), 2, Op::Try)?.allowed);
 //! let d = policy.check(&mut state, clock.now_us(), 1, Op::Try)?;
 //! assert!(!d.allowed);
-//! assert_eq!(d.retry_after, Some(std::time::Duration::from_millis(200)));
+//! assert_eq!(d.retry_after(), Some(std::time::Duration::from_millis(200)));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

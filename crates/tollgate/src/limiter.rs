@@ -29,7 +29,7 @@ use crate::wait::{block, sleep_or_refund, RefundOnDrop};
 /// assert!(limiter.check()?.allowed);
 /// let d = limiter.check()?;
 /// assert!(!d.allowed);
-/// assert_eq!(d.retry_after, Some(Duration::from_millis(100)));
+/// assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
 /// clock.advance(Duration::from_millis(100));
 /// assert!(limiter.check()?.allowed);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -252,9 +252,9 @@ impl<C: Clock> Limiter<C> {
     /// places, and a later arrival may take the freed slot.
     pub async fn acquire(&self, cost: u64) -> Result<Decision, CheckError> {
         let d = self.decide(cost, Op::Acquire)?;
-        if d.allowed && !d.wait.is_zero() {
+        if d.allowed && d.wait_us > 0 {
             let guard = RefundOnDrop::new(|| self.refund(cost));
-            sleep_or_refund(d.wait, guard).await;
+            sleep_or_refund(d.wait(), guard).await;
         }
         Ok(d)
     }
@@ -263,7 +263,7 @@ impl<C: Clock> Limiter<C> {
     pub fn acquire_blocking(&self, cost: u64) -> Result<Decision, CheckError> {
         let d = self.decide(cost, Op::Acquire)?;
         if d.allowed {
-            block(d.wait);
+            block(d.wait());
         }
         Ok(d)
     }

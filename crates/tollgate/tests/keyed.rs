@@ -169,9 +169,9 @@ async fn keyed_acquire_is_fifo_per_key() {
         limiter.acquire("k", 1),
         limiter.acquire("other", 1)
     );
-    assert_eq!(a.unwrap().wait, Duration::ZERO);
-    assert_eq!(b.unwrap().wait, Duration::from_millis(100));
-    assert_eq!(c.unwrap().wait, Duration::ZERO);
+    assert_eq!(a.unwrap().wait(), Duration::ZERO);
+    assert_eq!(b.unwrap().wait(), Duration::from_millis(100));
+    assert_eq!(c.unwrap().wait(), Duration::ZERO);
     assert_eq!(
         tokio::time::Instant::now() - start,
         Duration::from_millis(100)

@@ -131,13 +131,13 @@ async fn acquire_respects_max_wait_and_reserves_nothing_on_reject() {
     let (a, b, c) = tokio::join!(limiter.acquire(1), limiter.acquire(1), limiter.acquire(1));
     assert!(a.unwrap().allowed);
     let b = b.unwrap();
-    assert!(b.allowed && b.wait == Duration::from_millis(100));
+    assert!(b.allowed && b.wait() == Duration::from_millis(100));
     let c = c.unwrap();
     assert!(!c.allowed);
-    assert_eq!(c.retry_after, Some(Duration::from_millis(200)));
+    assert_eq!(c.retry_after(), Some(Duration::from_millis(200)));
     // The rejected acquire reserved nothing: at 100 ms the next slot is at 200 ms.
     let d = limiter.acquire(1).await.unwrap();
-    assert_eq!(d.wait, Duration::from_millis(100));
+    assert_eq!(d.wait(), Duration::from_millis(100));
 }
 
 #[tokio::test(start_paused = true)]
@@ -150,7 +150,7 @@ async fn a_dropped_acquire_gives_its_reservation_back() {
         assert!(waiting.is_err(), "{spec}: still waiting");
         // The slot was given back: the next waiter gets it at 100 ms, not 200 ms.
         let d = limiter.acquire(1).await.unwrap();
-        assert_eq!(d.wait, Duration::from_millis(90), "{spec}");
+        assert_eq!(d.wait(), Duration::from_millis(90), "{spec}");
     }
 }
 
@@ -161,11 +161,13 @@ fn acquire_blocking_sleeps_for_the_wait() {
     let d = limiter.acquire_blocking(1).unwrap();
     assert!(d.allowed);
     assert!(
-        d.wait > Duration::from_millis(15) && d.wait <= Duration::from_millis(20),
+        d.wait() > Duration::from_millis(15) && d.wait() <= Duration::from_millis(20),
         "{d:?}"
     );
     // After blocking for the wait, the limiter's clock has passed the reservation.
-    assert!(limiter.peek(1).unwrap().retry_after.unwrap_or_default() <= Duration::from_millis(20));
+    assert!(
+        limiter.peek(1).unwrap().retry_after().unwrap_or_default() <= Duration::from_millis(20)
+    );
 }
 
 #[test]

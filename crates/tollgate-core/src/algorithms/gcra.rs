@@ -1,7 +1,7 @@
 //! GCRA, the generic cell rate algorithm, in its "virtual scheduling" form.
 
 use crate::algorithm::{schedule_algorithm, Schedule};
-use crate::units::{div, div_ceil, sat, Rate};
+use crate::units::{div, div_ceil, sat, Divisor, Rate};
 
 /// The largest [`Rate::scale`] GCRA accepts: its state is one u64 of scaled time, and
 /// an epoch-anchored clock (2^51 us in 2041) times 4096 stays below 2^64 until 2112.
@@ -25,6 +25,7 @@ pub struct Gcra {
     burst: u64,
     scale: u128,
     interval: u128,
+    per_interval: Divisor,
     tau: u128,
 }
 
@@ -63,6 +64,7 @@ impl Gcra {
             burst,
             scale: rate.scale().into(),
             interval: rate.interval_ticks().into(),
+            per_interval: Divisor::new(rate.interval_ticks()),
             tau,
         })
     }
@@ -122,7 +124,7 @@ impl Schedule for Gcra {
     fn remaining(&self, s: &GcraState, now: u64) -> u64 {
         let now = self.ticks(now);
         let base = u128::from(s.tat).max(now);
-        sat(div((now + self.tau).saturating_sub(base), self.interval))
+        sat(self.per_interval.div((now + self.tau).saturating_sub(base)))
     }
 
     fn reset_after(&self, s: &GcraState, now: u64) -> u64 {
