@@ -77,7 +77,7 @@ fn limit_req_matches_nginx_to_the_millisecond() {
                 (p, s)
             });
         let d = policy.check(state, t, 1, Op::Try).unwrap();
-        let ours = (d.allowed, d.allowed.then(|| d.wait_us));
+        let ours = (d.allowed, d.allowed.then_some(d.wait_us));
         assert_eq!(
             ours,
             (allowed, wait),

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // benchmarks time themselves with Instant
 //! tollgate's limiters next to governor's, in one run.
 //!
 //! `cargo bench -p tollgate --bench limiters`
