@@ -96,6 +96,7 @@ pub(crate) trait Schedule {
 }
 
 /// Try and acquire for a [`Schedule`].
+#[inline]
 pub(crate) fn check_schedule<A: Schedule>(
     alg: &A,
     s: &mut A::State,
@@ -126,6 +127,7 @@ pub(crate) fn check_schedule<A: Schedule>(
 }
 
 /// Whether a request whose earliest admission is `wait` from now is admitted.
+#[inline]
 pub(crate) fn fits(wait: u64, mode: Mode) -> bool {
     match mode {
         Mode::Try => wait == 0,
@@ -133,6 +135,7 @@ pub(crate) fn fits(wait: u64, mode: Mode) -> bool {
     }
 }
 
+#[inline]
 pub(crate) fn check_cost(cost: u64, capacity: u64) -> Result<(), CheckError> {
     if cost == 0 {
         return Err(CheckError::ZeroCost);
@@ -148,9 +151,11 @@ macro_rules! schedule_algorithm {
     ($ty:ty, $state:ty) => {
         impl $crate::algorithm::Algorithm for $ty {
             type State = $state;
+            #[inline]
             fn init(&self, _now: u64) -> Self::State {
                 $crate::algorithm::Schedule::fresh(self)
             }
+            #[inline]
             fn check(
                 &self,
                 state: &mut Self::State,

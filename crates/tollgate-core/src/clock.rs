@@ -17,12 +17,14 @@ pub trait Clock: Send + Sync {
     fn now_ns(&self) -> u64;
 
     /// Microseconds since this clock's origin: the unit every algorithm works in.
+    #[inline]
     fn now_us(&self) -> u64 {
         self.now_ns() / 1_000
     }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
+    #[inline]
     fn now_ns(&self) -> u64 {
         (**self).now_ns()
     }
@@ -69,6 +71,7 @@ impl Default for MonotonicClock {
 }
 
 impl Clock for MonotonicClock {
+    #[inline]
     fn now_ns(&self) -> u64 {
         let elapsed = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.epoch_ns_at_origin.saturating_add(elapsed)
@@ -116,6 +119,7 @@ impl ManualClock {
 }
 
 impl Clock for ManualClock {
+    #[inline]
     fn now_ns(&self) -> u64 {
         self.ns.load(Ordering::SeqCst)
     }

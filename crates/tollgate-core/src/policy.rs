@@ -174,6 +174,7 @@ impl Policy {
     }
 
     /// The [`Mode`] an `op` means under this policy (acquire bounded by `max-wait`).
+    #[inline]
     pub fn mode(&self, op: Op) -> Mode {
         match op {
             Op::Try => Mode::Try,
@@ -185,6 +186,7 @@ impl Policy {
 
     /// Applies shadow mode to a decision of this policy's algorithm: a reject becomes
     /// an admission flagged `shadow_rejected`.
+    #[inline]
     pub fn shadowed(&self, mut d: Decision) -> Decision {
         if self.shadow && !d.allowed {
             d.allowed = true;

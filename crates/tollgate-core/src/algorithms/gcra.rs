@@ -79,6 +79,7 @@ impl Gcra {
         self.burst
     }
 
+    #[inline]
     fn ticks(&self, us: u64) -> u128 {
         u128::from(us) * self.scale
     }
@@ -105,10 +106,12 @@ impl Schedule for Gcra {
         sat(div(u128::from(s.tat), self.scale))
     }
 
+    #[inline]
     fn capacity(&self) -> u64 {
         self.burst
     }
 
+    #[inline]
     fn earliest(&self, s: &GcraState, now: u64, cost: u64) -> u64 {
         let new = u128::from(s.tat).max(self.ticks(now)) + u128::from(cost) * self.interval;
         sat(div_ceil(new.saturating_sub(self.tau), self.scale))
@@ -116,17 +119,20 @@ impl Schedule for Gcra {
 
     /// `tat = max(tat, t) + c*T` with `t` the arrival, not the (rounded-up) admission,
     /// so reservations never drift.
+    #[inline]
     fn admit(&self, s: &mut GcraState, now: u64, _at: u64, cost: u64) {
         let new = u128::from(s.tat).max(self.ticks(now)) + u128::from(cost) * self.interval;
         s.tat = sat(new);
     }
 
+    #[inline]
     fn remaining(&self, s: &GcraState, now: u64) -> u64 {
         let now = self.ticks(now);
         let base = u128::from(s.tat).max(now);
         sat(self.per_interval.div((now + self.tau).saturating_sub(base)))
     }
 
+    #[inline]
     fn reset_after(&self, s: &GcraState, now: u64) -> u64 {
         sat(div_ceil(
             u128::from(s.tat).saturating_sub(self.ticks(now)),
