@@ -226,6 +226,34 @@ impl Divisor {
         }
     }
 
+    /// A divisor whose reciprocal is already known.
+    #[inline(always)]
+    pub fn with_inverse(d: u64, inv: f64) -> Self {
+        Divisor { d, inv }
+    }
+
+    /// `1/d`.
+    pub fn inverse(&self) -> f64 {
+        self.inv
+    }
+
+    /// `x / d`, exactly, for `x < 2^63`.
+    #[inline(always)]
+    pub fn div_u64(&self, x: u64) -> u64 {
+        if x < self.d {
+            return 0;
+        }
+        let mut q = (x as f64 * self.inv) as u64;
+        // The estimate is off by at most a few units either way.
+        while q > 0 && q.saturating_mul(self.d) > x {
+            q -= 1;
+        }
+        while (q + 1).saturating_mul(self.d) <= x {
+            q += 1;
+        }
+        q
+    }
+
     /// `x / d`, exactly.
     #[inline]
     pub fn div(&self, x: u128) -> u128 {
@@ -235,16 +263,7 @@ impl Divisor {
         if x >> 63 != 0 {
             return x / u128::from(self.d);
         }
-        let x = x as u64;
-        let mut q = (x as f64 * self.inv) as u64;
-        // The estimate is off by at most a few units either way.
-        while q > 0 && q.saturating_mul(self.d) > x {
-            q -= 1;
-        }
-        while (q + 1).saturating_mul(self.d) <= x {
-            q += 1;
-        }
-        u128::from(q)
+        u128::from(self.div_u64(x as u64))
     }
 }
 

@@ -329,3 +329,31 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// The lock-free hot path (`Gcra::decide` on a bare word) is the same arithmetic as
+    /// the general `Algorithm::check`.
+    #[test]
+    fn gcra_fast_path_equals_check(
+        r in rate(),
+        burst in 1..6u64,
+        max_wait in prop::option::of(0..2_000_000u64),
+        trace in trace(500_000, 6, 80),
+    ) {
+        use tollgate_core::algorithms::{Gcra, GcraState};
+        use tollgate_core::{Algorithm, Mode, Rate};
+        let g = Gcra::new(Rate::parse(r).unwrap(), burst).unwrap();
+        let (mut word, mut state, mut t) = (0u64, GcraState::default(), 0u64);
+        for (gap, cost, acquire) in trace {
+            t += gap;
+            let mode = if acquire { Mode::Acquire { max_wait_us: max_wait } } else { Mode::Try };
+            let fast = g.decide(word, t, cost, mode);
+            let slow = g.check(&mut state, t, cost, mode);
+            prop_assert_eq!(fast.map(|(_, d)| d), slow);
+            if let Ok((w, _)) = fast { word = w; }
+            prop_assert_eq!(word, state.tat);
+        }
+    }
+}

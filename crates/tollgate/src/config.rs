@@ -1,8 +1,8 @@
 //! What a limiter decides with: its rule set, and the GCRA fast path when the rule set
 //! is a single GCRA policy (whose whole state is one u64, updated lock-free).
 
-use tollgate_core::algorithms::{Gcra, GcraState};
-use tollgate_core::{Algo, Algorithm, CheckError, Decision, Op, Policy, RuleDecision, RuleSet};
+use tollgate_core::algorithms::Gcra;
+use tollgate_core::{Algo, CheckError, Decision, Op, Policy, RuleDecision, RuleSet};
 
 /// A limiter's current configuration.
 #[derive(Debug)]
@@ -36,14 +36,8 @@ pub(crate) fn gcra_step(
     cost: u64,
     op: Op,
 ) -> Result<(u64, Decision), CheckError> {
-    let mut s = GcraState { tat };
-    let d = gcra.check(
-        &mut s,
-        now.min(tollgate_core::MAX_TIME_US),
-        cost,
-        policy.mode(op),
-    )?;
-    Ok((s.tat, policy.shadowed(d)))
+    let (tat, d) = gcra.decide(tat, now, cost, policy.mode(op))?;
+    Ok((tat, policy.shadowed(d)))
 }
 
 /// A rule-set decision in the shape single-policy callers expect.

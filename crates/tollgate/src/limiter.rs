@@ -1,23 +1,24 @@
 //! [`Limiter`]: one shared limit (a direct limiter, governor's `RateLimiter::direct`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
-use tollgate_core::algorithms::GcraState;
+use tollgate_core::algorithms::{GcraParams, GcraState};
 use tollgate_core::{
-    CheckError, Clock, Decision, MonotonicClock, Op, Policy, PolicyState, RuleDecision, RuleSet,
+    CheckError, Clock, Decision, Mode, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
 };
 
-use crate::config::{gcra_step, single, Config};
+use crate::config::{single, Config};
 use crate::wait::{block, sleep_or_refund, RefundOnDrop};
 
 /// One limit shared by every clone (state behind an `Arc`): `Send + Sync`, cheap to
 /// clone, for any policy or rule set.
 ///
-/// A single GCRA policy keeps its whole state in one `AtomicU64`, updated by
-/// compare-and-swap with no lock; every other policy (and every rule set) keeps its
-/// state behind a mutex held only for the arithmetic.
+/// A single GCRA policy (with a whole-microsecond interval) keeps its whole state in
+/// one `AtomicU64`, updated by compare-and-swap with no lock, and its parameters in a
+/// few atomics beside it, so a check reads no shared pointer. Every other policy, and
+/// every rule set, keeps its state behind a mutex held only for the arithmetic.
 ///
 /// ```
 /// use tollgate::{Limiter, ManualClock};
@@ -41,10 +42,75 @@ pub struct Limiter<C: Clock = MonotonicClock> {
 struct Inner<C> {
     clock: C,
     config: ArcSwap<Config>,
-    /// The GCRA fast path's state (used iff `config.gcra` is set).
+    /// A seqlock over `fast`: odd while a reconfiguration rewrites it.
+    seq: AtomicU64,
+    /// The fast path's parameters (see [`FastWords`]); all zero without a fast path.
+    fast: [AtomicU64; FAST_WORDS],
+    /// The fast path's state: GCRA's TAT.
     tat: AtomicU64,
     /// Every other configuration's state, one per policy.
     states: Mutex<Vec<PolicyState>>,
+}
+
+const FAST_WORDS: usize = 6;
+
+/// The fast path's parameters: GCRA's four words, then max-wait (`u64::MAX`: none)
+/// and shadow (0/1). Copied out of the seqlock by value, so a check never sees half
+/// of a reconfiguration.
+#[derive(Clone, Copy)]
+struct FastWords([u64; FAST_WORDS]);
+
+impl FastWords {
+    fn of(config: &Config) -> Self {
+        match config
+            .gcra
+            .as_ref()
+            .and_then(|(g, p)| Some((g.params()?, p)))
+        {
+            Some((g, p)) => FastWords([
+                g.interval,
+                g.tau,
+                g.burst,
+                g.inverse,
+                p.max_wait_us().unwrap_or(u64::MAX),
+                u64::from(p.shadow()),
+            ]),
+            None => FastWords([0; FAST_WORDS]),
+        }
+    }
+
+    fn is_set(&self) -> bool {
+        self.0[0] != 0
+    }
+
+    #[inline(always)]
+    fn params(&self) -> GcraParams {
+        GcraParams {
+            interval: self.0[0],
+            tau: self.0[1],
+            burst: self.0[2],
+            inverse: self.0[3],
+        }
+    }
+
+    #[inline(always)]
+    fn mode(&self, op: Op) -> Mode {
+        match op {
+            Op::Try => Mode::Try,
+            Op::Acquire => Mode::Acquire {
+                max_wait_us: (self.0[4] != u64::MAX).then_some(self.0[4]),
+            },
+        }
+    }
+
+    #[inline(always)]
+    fn shadowed(&self, mut d: Decision) -> Decision {
+        if self.0[5] != 0 && !d.allowed {
+            d.allowed = true;
+            d.shadow_rejected = true;
+        }
+        d
+    }
 }
 
 impl<C: Clock> Clone for Limiter<C> {
@@ -64,7 +130,8 @@ impl<C: Clock> std::fmt::Debug for Limiter<C> {
 }
 
 impl Limiter<MonotonicClock> {
-    /// A limiter for `rules` (a [`Policy`] or a [`RuleSet`]) on the monotonic clock.
+    /// A limiter for `rules` (a [`tollgate_core::Policy`] or a [`RuleSet`]) on the
+    /// monotonic clock.
     pub fn new(rules: impl Into<RuleSet>) -> Self {
         Self::with_clock(rules, MonotonicClock::new())
     }
@@ -74,13 +141,19 @@ impl<C: Clock> Limiter<C> {
     /// A limiter for `rules` on `clock`.
     pub fn with_clock(rules: impl Into<RuleSet>, clock: C) -> Self {
         let rules = rules.into();
-        let now = clock.now_us();
-        let states = rules.init(now);
         let config = Config::new(rules);
+        let words = FastWords::of(&config);
+        let states = if words.is_set() {
+            Vec::new()
+        } else {
+            config.rules.init(clock.now_us())
+        };
         Limiter {
             inner: Arc::new(Inner {
                 clock,
                 config: ArcSwap::from_pointee(config),
+                seq: AtomicU64::new(0),
+                fast: words.0.map(AtomicU64::new),
                 tat: AtomicU64::new(0),
                 states: Mutex::new(states),
             }),
@@ -98,8 +171,9 @@ impl<C: Clock> Limiter<C> {
     }
 
     /// Tries one unit now.
+    #[inline]
     pub fn check(&self) -> Result<Decision, CheckError> {
-        self.check_n(1)
+        self.decide(1, Op::Try)
     }
 
     /// Tries `cost` units now.
@@ -111,44 +185,70 @@ impl<C: Clock> Limiter<C> {
     /// Like [`Limiter::check_n`] with `op`, reporting every policy of the rule set.
     pub fn check_rules(&self, cost: u64, op: Op) -> Result<RuleDecision, CheckError> {
         let now = self.inner.clock.now_us();
-        let config = self.inner.config.load();
-        if let Some((gcra, policy)) = &config.gcra {
-            return self.gcra(gcra, policy, now, cost, op).map(single);
+        if let Some(words) = self.fast() {
+            return self.gcra(words, now, cost, op).map(single);
         }
-        drop(config);
         let mut states = self.states();
+        // Read under the lock: a reconfiguration swaps config and states together.
         let config = self.inner.config.load();
         config.rules.check(&mut states, now, cost, op)
     }
 
-    #[inline]
+    #[inline(always)]
     fn decide(&self, cost: u64, op: Op) -> Result<Decision, CheckError> {
         let now = self.inner.clock.now_us();
-        let config = self.inner.config.load();
-        if let Some((gcra, policy)) = &config.gcra {
-            return self.gcra(gcra, policy, now, cost, op);
+        if let Some(words) = self.fast() {
+            return self.gcra(words, now, cost, op);
         }
-        drop(config);
+        self.decide_locked(now, cost, op)
+    }
+
+    fn decide_locked(&self, now: u64, cost: u64, op: Op) -> Result<Decision, CheckError> {
         let mut states = self.states();
-        // Read under the lock: a reconfiguration swaps config and states together.
         let config = self.inner.config.load();
         Ok(config.rules.check(&mut states, now, cost, op)?.decision)
     }
 
-    #[inline]
-    fn gcra(
-        &self,
-        gcra: &tollgate_core::algorithms::Gcra,
-        policy: &Policy,
-        now: u64,
-        cost: u64,
-        op: Op,
-    ) -> Result<Decision, CheckError> {
+    /// The fast path's words, read consistently (a seqlock), if the configuration has
+    /// one.
+    #[inline(always)]
+    fn fast(&self) -> Option<FastWords> {
+        let inner = &*self.inner;
+        loop {
+            let seq = inner.seq.load(Ordering::Acquire);
+            if seq & 1 == 0 {
+                let words = FastWords(std::array::from_fn(|i| {
+                    inner.fast[i].load(Ordering::Relaxed)
+                }));
+                fence(Ordering::Acquire);
+                if inner.seq.load(Ordering::Relaxed) == seq {
+                    return words.is_set().then_some(words);
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Publishes a configuration's fast-path words (with the states lock held).
+    fn publish(&self, words: FastWords) {
+        let inner = &*self.inner;
+        inner.seq.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (slot, w) in inner.fast.iter().zip(words.0) {
+            slot.store(w, Ordering::Relaxed);
+        }
+        inner.seq.fetch_add(1, Ordering::Release);
+    }
+
+    /// One lock-free GCRA decision: a compare-and-swap on the TAT word.
+    #[inline(always)]
+    fn gcra(&self, words: FastWords, now: u64, cost: u64, op: Op) -> Result<Decision, CheckError> {
+        let (params, mode) = (words.params(), words.mode(op));
         let mut tat = self.inner.tat.load(Ordering::Acquire);
         loop {
-            let (new, d) = gcra_step(gcra, policy, tat, now, cost, op)?;
+            let (new, d) = params.decide(tat, now, cost, mode)?;
             if new == tat {
-                return Ok(d);
+                return Ok(words.shadowed(d));
             }
             match self.inner.tat.compare_exchange_weak(
                 tat,
@@ -156,7 +256,7 @@ impl<C: Clock> Limiter<C> {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Ok(d),
+                Ok(_) => return Ok(words.shadowed(d)),
                 Err(actual) => tat = actual,
             }
         }
@@ -171,10 +271,10 @@ impl<C: Clock> Limiter<C> {
     /// The decision a try of `cost` would get now, changing nothing.
     pub fn peek(&self, cost: u64) -> Result<Decision, CheckError> {
         let now = self.inner.clock.now_us();
-        let config = self.inner.config.load();
-        if let Some((gcra, policy)) = &config.gcra {
+        if let Some(words) = self.fast() {
             let tat = self.inner.tat.load(Ordering::Acquire);
-            return gcra_step(gcra, policy, tat, now, cost, Op::Try).map(|(_, d)| d);
+            let (_, d) = words.params().decide(tat, now, cost, Mode::Try)?;
+            return Ok(words.shadowed(d));
         }
         let states = self.states();
         let config = self.inner.config.load();
@@ -184,18 +284,14 @@ impl<C: Clock> Limiter<C> {
     /// Gives back `cost` units admitted earlier (never beyond full capacity).
     pub fn refund(&self, cost: u64) {
         let now = self.inner.clock.now_us();
-        let config = self.inner.config.load();
-        if let Some((_, policy)) = &config.gcra {
+        if let Some(words) = self.fast() {
+            // tat = max(tat - c*T, now), and nothing when already replenished.
+            let back = cost.saturating_mul(words.params().interval);
             let _ = self
                 .inner
                 .tat
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                    let mut s = PolicyState::Gcra(GcraState { tat });
-                    policy.refund(&mut s, now, cost);
-                    match s {
-                        PolicyState::Gcra(g) => Some(g.tat),
-                        _ => None,
-                    }
+                    (tat > now).then(|| tat.saturating_sub(back).max(now))
                 });
             return;
         }
@@ -209,7 +305,11 @@ impl<C: Clock> Limiter<C> {
         let now = self.inner.clock.now_us();
         let mut states = self.states();
         let config = self.inner.config.load();
-        *states = config.rules.init(now);
+        *states = if self.fast().is_some() {
+            Vec::new()
+        } else {
+            config.rules.init(now)
+        };
         self.inner.tat.store(0, Ordering::Release);
     }
 
@@ -222,15 +322,16 @@ impl<C: Clock> Limiter<C> {
         let now = self.inner.clock.now_us();
         let mut states = self.states();
         let old = self.inner.config.load_full();
-        let current = match &old.gcra {
-            Some(_) => vec![PolicyState::Gcra(GcraState {
+        let current = match old.gcra {
+            Some(_) if states.is_empty() => vec![PolicyState::Gcra(GcraState {
                 tat: self.inner.tat.load(Ordering::Acquire),
             })],
-            None => std::mem::take(&mut *states),
+            _ => std::mem::take(&mut *states),
         };
         let mut carried = rules.carry_over(&old.rules, current, now);
         let config = Config::new(rules);
-        if config.gcra.is_some() {
+        let words = FastWords::of(&config);
+        if words.is_set() {
             if let Some(PolicyState::Gcra(g)) = carried.first() {
                 self.inner.tat.store(g.tat, Ordering::Release);
             }
@@ -238,6 +339,7 @@ impl<C: Clock> Limiter<C> {
         }
         *states = carried;
         self.inner.config.store(Arc::new(config));
+        self.publish(words);
     }
 
     /// Waits for `cost` units: reserves the earliest instant at which they fit, behind

@@ -1,6 +1,7 @@
 //! GCRA, the generic cell rate algorithm, in its "virtual scheduling" form.
 
-use crate::algorithm::{schedule_algorithm, Schedule};
+use crate::algorithm::{check_cost, fits, schedule_algorithm, Algorithm, Mode, Schedule};
+use crate::decision::{CheckError, Decision};
 use crate::units::{div, div_ceil, sat, Divisor, Rate};
 
 /// The largest [`Rate::scale`] GCRA accepts: its state is one u64 of scaled time, and
@@ -84,6 +85,38 @@ impl Gcra {
         u128::from(us) * self.scale
     }
 
+    /// One decision on a bare TAT word: the new word (unchanged on a reject) and the
+    /// decision. The same arithmetic as [`Algorithm::check`]; for a whole-microsecond
+    /// interval it runs [`GcraParams::decide`], the lock-free limiters' hot path.
+    #[inline]
+    pub fn decide(
+        &self,
+        tat: u64,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<(u64, Decision), CheckError> {
+        match self.params() {
+            Some(p) => p.decide(tat, now, cost, mode),
+            None => {
+                let mut s = GcraState { tat };
+                let d = self.check(&mut s, now, cost, mode)?;
+                Ok((s.tat, d))
+            }
+        }
+    }
+
+    /// The parameters as plain words, for a whole-microsecond interval (`None`
+    /// otherwise): what a lock-free limiter copies next to its state.
+    pub fn params(&self) -> Option<GcraParams> {
+        (self.scale == 1).then(|| GcraParams {
+            interval: self.interval as u64,
+            tau: self.tau as u64,
+            burst: self.burst,
+            inverse: self.per_interval.inverse().to_bits(),
+        })
+    }
+
     fn give_back(&self, s: &mut GcraState, now: u64, cost: u64) {
         let now = self.ticks(now);
         let tat = u128::from(s.tat);
@@ -142,3 +175,45 @@ impl Schedule for Gcra {
 }
 
 schedule_algorithm!(Gcra, GcraState);
+
+/// GCRA's parameters for a whole-microsecond interval, as four plain words (so that a
+/// lock-free limiter can keep them in atomics beside its state and change them at run
+/// time). Built by [`Gcra::params`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcraParams {
+    /// T, in us.
+    pub interval: u64,
+    /// tau = burst * T, in us.
+    pub tau: u64,
+    /// The burst.
+    pub burst: u64,
+    /// `1/T` as f64 bits (fast exact division).
+    pub inverse: u64,
+}
+
+impl GcraParams {
+    /// One decision on a bare TAT word (see [`Gcra::decide`]).
+    #[inline(always)]
+    pub fn decide(
+        &self,
+        tat: u64,
+        now: u64,
+        cost: u64,
+        mode: Mode,
+    ) -> Result<(u64, Decision), CheckError> {
+        check_cost(cost, self.burst)?;
+        // interval, tau <= 2^62 and now <= 2^62, so none of these sums overflow.
+        let now = now.min(crate::MAX_TIME_US);
+        let base = tat.max(now);
+        let new = base + cost * self.interval;
+        let wait = new.saturating_sub(self.tau).saturating_sub(now);
+        let per = Divisor::with_inverse(self.interval, f64::from_bits(self.inverse));
+        if fits(wait, mode) {
+            let remaining = per.div_u64((now + self.tau).saturating_sub(new));
+            Ok((new, Decision::admitted(self.burst, remaining, new - now, wait)))
+        } else {
+            let remaining = per.div_u64((now + self.tau).saturating_sub(base));
+            Ok((tat, Decision::rejected(self.burst, remaining, base - now, Some(wait))))
+        }
+    }
+}
