@@ -39,26 +39,31 @@ impl<C: Clock + ?Sized> Clock for &C {
 /// The default clock: monotonic, anchored at the Unix epoch.
 ///
 /// It reads the wall clock once, when it is created, and from then on only advances
-/// with [`std::time::Instant`]. So clock-aligned windows (`fixed-window` with
-/// `align=clock`, `sliding-window`) start on wall-clock multiples of their length —
-/// a `1m` window starts on the minute, as Envoy's ratelimit does — while a later
-/// wall-clock jump changes nothing.
-#[derive(Debug, Clone, Copy)]
+/// with a monotonic counter (the CPU's invariant TSC through the `quanta` crate, as
+/// governor's default clock does, or the OS monotonic clock where there is none). So
+/// clock-aligned windows (`fixed-window` with `align=clock`, `sliding-window`) start on
+/// wall-clock multiples of their length — a `1m` window starts on the minute, as
+/// Envoy's ratelimit does — while a later wall-clock jump changes nothing.
+#[derive(Debug, Clone)]
 pub struct MonotonicClock {
-    origin: std::time::Instant,
+    counter: quanta::Clock,
+    origin: u64,
     epoch_ns_at_origin: u64,
 }
 
 impl MonotonicClock {
     /// A clock anchored at the current wall-clock time.
-    #[allow(clippy::disallowed_methods)] // the one place that reads the system clocks
+    #[allow(clippy::disallowed_methods)] // the one place that reads the wall clock
     pub fn new() -> Self {
+        let counter = quanta::Clock::new();
+        let origin = counter.raw();
         let epoch_ns_at_origin = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
             .unwrap_or(0);
         MonotonicClock {
-            origin: std::time::Instant::now(),
+            counter,
+            origin,
             epoch_ns_at_origin,
         }
     }
@@ -73,7 +78,7 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     #[inline]
     fn now_ns(&self) -> u64 {
-        let elapsed = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let elapsed = self.counter.delta_as_nanos(self.origin, self.counter.raw());
         self.epoch_ns_at_origin.saturating_add(elapsed)
     }
 }

@@ -210,10 +210,16 @@ impl GcraParams {
         let per = Divisor::with_inverse(self.interval, f64::from_bits(self.inverse));
         if fits(wait, mode) {
             let remaining = per.div_u64((now + self.tau).saturating_sub(new));
-            Ok((new, Decision::admitted(self.burst, remaining, new - now, wait)))
+            Ok((
+                new,
+                Decision::admitted(self.burst, remaining, new - now, wait),
+            ))
         } else {
             let remaining = per.div_u64((now + self.tau).saturating_sub(base));
-            Ok((tat, Decision::rejected(self.burst, remaining, base - now, Some(wait))))
+            Ok((
+                tat,
+                Decision::rejected(self.burst, remaining, base - now, Some(wait)),
+            ))
         }
     }
 }
