@@ -150,6 +150,35 @@ impl RuleSet {
         Ok(self.combine(decisions, true, None))
     }
 
+    /// Like [`RuleSet::check`], returning only the overall decision (and, for a single
+    /// policy, allocating nothing).
+    #[inline]
+    pub fn decide(
+        &self,
+        states: &mut [PolicyState],
+        now: u64,
+        cost: u64,
+        op: Op,
+    ) -> Result<Decision, CheckError> {
+        match self.policies.as_slice() {
+            [policy] => policy.check(&mut states[0], now, cost, op),
+            _ => Ok(self.check(states, now, cost, op)?.decision),
+        }
+    }
+
+    /// Like [`RuleSet::peek`], returning only the overall decision.
+    pub fn peek_decision(
+        &self,
+        states: &[PolicyState],
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, CheckError> {
+        match self.policies.as_slice() {
+            [policy] => policy.peek(&states[0], now, cost),
+            _ => Ok(self.peek(states, now, cost)?.decision),
+        }
+    }
+
     /// The decision a try of `cost` would get now, changing nothing.
     pub fn peek(
         &self,

@@ -1,43 +1,78 @@
 //! What a limiter decides with: its rule set, and the GCRA fast path when the rule set
-//! is a single GCRA policy (whose whole state is one u64, updated lock-free).
+//! is a single GCRA policy with a whole-microsecond interval (whose whole state is one
+//! u64, decided by plain 64-bit arithmetic).
 
-use tollgate_core::algorithms::Gcra;
-use tollgate_core::{Algo, CheckError, Decision, Op, Policy, RuleDecision, RuleSet};
+use tollgate_core::algorithms::GcraParams;
+use tollgate_core::{Algo, CheckError, Decision, Mode, Op, RuleDecision, RuleSet};
 
 /// A limiter's current configuration.
 #[derive(Debug)]
 pub(crate) struct Config {
     pub rules: RuleSet,
-    /// Set iff the rule set is one GCRA policy.
-    pub gcra: Option<(Gcra, Policy)>,
+    /// Set iff the rule set is one GCRA policy with a whole-microsecond interval.
+    pub fast: Option<FastGcra>,
+}
+
+/// The GCRA fast path: parameters, max-wait and shadow mode, all plain words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FastGcra {
+    pub params: GcraParams,
+    pub max_wait_us: Option<u64>,
+    pub shadow: bool,
+}
+
+impl FastGcra {
+    /// One decision on a bare TAT word: the new word (unchanged on a reject) and the
+    /// decision, with max-wait and shadow mode applied.
+    #[inline(always)]
+    pub fn decide(
+        &self,
+        tat: u64,
+        now: u64,
+        cost: u64,
+        op: Op,
+    ) -> Result<(u64, Decision), CheckError> {
+        let mode = match op {
+            Op::Try => Mode::Try,
+            Op::Acquire => Mode::Acquire {
+                max_wait_us: self.max_wait_us,
+            },
+        };
+        let (new, mut d) = self.params.decide(tat, now, cost, mode)?;
+        if self.shadow && !d.allowed {
+            d.allowed = true;
+            d.shadow_rejected = true;
+        }
+        Ok((new, d))
+    }
+
+    /// `tat` after giving back `cost` units at `now`: `max(tat - c*T, now)`, and
+    /// unchanged when already replenished.
+    #[inline]
+    pub fn refunded(&self, tat: u64, now: u64, cost: u64) -> u64 {
+        if tat <= now {
+            return tat;
+        }
+        tat.saturating_sub(cost.saturating_mul(self.params.interval))
+            .max(now)
+    }
 }
 
 impl Config {
     pub fn new(rules: RuleSet) -> Self {
-        let gcra = match rules.policies() {
+        let fast = match rules.policies() {
             [p] => match p.algo() {
-                Algo::Gcra(g) => Some((g.clone(), p.clone())),
+                Algo::Gcra(g) => g.params().map(|params| FastGcra {
+                    params,
+                    max_wait_us: p.max_wait_us(),
+                    shadow: p.shadow(),
+                }),
                 _ => None,
             },
             _ => None,
         };
-        Config { rules, gcra }
+        Config { rules, fast }
     }
-}
-
-/// One GCRA decision on a TAT word: the new word (unchanged on a reject) and the
-/// decision, with the policy's max-wait and shadow mode applied.
-#[inline]
-pub(crate) fn gcra_step(
-    gcra: &Gcra,
-    policy: &Policy,
-    tat: u64,
-    now: u64,
-    cost: u64,
-    op: Op,
-) -> Result<(u64, Decision), CheckError> {
-    let (tat, d) = gcra.decide(tat, now, cost, policy.mode(op))?;
-    Ok((tat, policy.shadowed(d)))
 }
 
 /// A rule-set decision in the shape single-policy callers expect.

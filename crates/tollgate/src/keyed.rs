@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
 use hashbrown::HashTable;
-use tollgate_core::algorithms::{Gcra, GcraState};
+use tollgate_core::algorithms::GcraState;
 use tollgate_core::{
-    Algorithm, CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
+    CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
 };
 
-use crate::config::{gcra_step, single, Config};
+use crate::config::{single, Config};
 use crate::wait::{block, sleep_or_refund, RefundOnDrop};
 
 /// What a full keyed limiter does with a new key (after dropping idle ones).
@@ -72,6 +72,39 @@ pub struct KeyedStats {
     pub refused: u64,
 }
 
+/// What a keyed decision is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Decide and apply; the overall decision is enough.
+    Apply,
+    /// Decide and apply; report every policy.
+    Detailed,
+    /// Decide only.
+    Peek,
+}
+
+/// A decision, with every policy's when asked for.
+enum Outcome {
+    One(Decision),
+    Rules(RuleDecision),
+}
+
+impl Outcome {
+    fn decision(self) -> Decision {
+        match self {
+            Outcome::One(d) => d,
+            Outcome::Rules(r) => r.decision,
+        }
+    }
+
+    fn detailed(self) -> RuleDecision {
+        match self {
+            Outcome::One(d) => single(d),
+            Outcome::Rules(r) => r,
+        }
+    }
+}
+
 /// A sweep runs when a shard has doubled since the last one (and holds at least this
 /// many keys), or when it is full.
 const MIN_SWEEP: usize = 256;
@@ -91,8 +124,16 @@ struct Shard<K> {
     words: HashTable<(K, u64)>,
     /// Every other configuration: one state per policy.
     states: HashTable<(K, Vec<PolicyState>)>,
-    swept_len: usize,
-    next_refuse_sweep: u64,
+    sweep: Sweep,
+}
+
+/// When a shard last swept.
+#[derive(Default)]
+struct Sweep {
+    /// Keys left by the last sweep: the next runs when the shard has doubled.
+    len: usize,
+    /// While refusing new keys, no sweep before this time (us).
+    not_before: u64,
 }
 
 impl<K> Shard<K> {
@@ -178,8 +219,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
                     version: 0,
                     words: HashTable::new(),
                     states: HashTable::new(),
-                    swept_len: 0,
-                    next_refuse_sweep: 0,
+                    sweep: Sweep::default(),
                 }))
             })
             .collect();
@@ -229,7 +269,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost, Op::Try, false).map(|d| d.decision)
+        self.decide(key, cost, Op::Try, Mode::Apply)
+            .map(Outcome::decision)
     }
 
     /// Like [`KeyedLimiter::check_n`] with `op`, reporting every policy of the rule set.
@@ -238,7 +279,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost, op, false)
+        self.decide(key, cost, op, Mode::Detailed)
+            .map(Outcome::detailed)
     }
 
     /// The decision a try of `cost` would get now for `key`, changing nothing (an
@@ -248,7 +290,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost, Op::Try, true).map(|d| d.decision)
+        self.decide(key, cost, Op::Try, Mode::Peek)
+            .map(Outcome::decision)
     }
 
     /// Gives back `cost` units admitted earlier for `key`.
@@ -260,16 +303,17 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
         let mut shard = self.shard(hash, now);
-        let config = shard.config.clone();
-        if let Some((_, policy)) = &config.gcra {
-            if let Some((_, tat)) = shard.words.find_mut(hash, |(k, _)| k.borrow() == key) {
-                let mut s = PolicyState::Gcra(GcraState { tat: *tat });
-                policy.refund(&mut s, now, cost);
-                if let PolicyState::Gcra(g) = s {
-                    *tat = g.tat;
-                }
+        let Shard {
+            config,
+            words,
+            states,
+            ..
+        } = &mut *shard;
+        if let Some(fast) = config.fast {
+            if let Some((_, tat)) = words.find_mut(hash, |(k, _)| k.borrow() == key) {
+                *tat = fast.refunded(*tat, now, cost);
             }
-        } else if let Some((_, states)) = shard.states.find_mut(hash, |(k, _)| k.borrow() == key) {
+        } else if let Some((_, states)) = states.find_mut(hash, |(k, _)| k.borrow() == key) {
             config.rules.refund(states, now, cost);
         }
     }
@@ -335,7 +379,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     #[inline]
-    fn decide<Q>(&self, key: &Q, cost: u64, op: Op, peek: bool) -> Result<RuleDecision, KeyedError>
+    fn decide<Q>(&self, key: &Q, cost: u64, op: Op, mode: Mode) -> Result<Outcome, KeyedError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -343,101 +387,87 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
         let mut shard = self.shard(hash, now);
-        let config = shard.config.clone();
-        if let Some((gcra, policy)) = &config.gcra {
-            if let Some((_, tat)) = shard.words.find_mut(hash, |(k, _)| k.borrow() == key) {
-                let (new, d) = gcra_step(gcra, policy, *tat, now, cost, op)?;
+        let Shard {
+            config,
+            words,
+            states,
+            sweep,
+            ..
+        } = &mut *shard;
+        let hasher = &self.inner.hasher;
+        let peek = mode == Mode::Peek;
+        if let Some(fast) = config.fast {
+            if let Some((_, tat)) = words.find_mut(hash, |(k, _)| k.borrow() == key) {
+                let (new, d) = fast.decide(*tat, now, cost, op)?;
                 if !peek {
                     *tat = new;
                 }
-                return Ok(single(d));
+                return Ok(Outcome::One(d));
             }
-            let (new, d) = gcra_step(gcra, policy, 0, now, cost, op)?;
+            let (new, d) = fast.decide(0, now, cost, op)?;
             if !peek && new != 0 {
-                self.make_room(&mut shard, now, gcra)?;
-                let hasher = &self.inner.hasher;
-                shard
-                    .words
-                    .insert_unique(hash, (key.to_owned(), new), |(k, _)| hasher.hash_one(k));
+                self.make_room(words, sweep, now, |&tat| tat <= now, |&tat| tat)?;
+                words.insert_unique(hash, (key.to_owned(), new), |(k, _)| hasher.hash_one(k));
             }
-            return Ok(single(d));
+            return Ok(Outcome::One(d));
         }
         let rules = &config.rules;
-        if let Some((_, states)) = shard.states.find_mut(hash, |(k, _)| k.borrow() == key) {
-            return Ok(if peek {
-                rules.peek(states, now, cost)?
-            } else {
-                rules.check(states, now, cost, op)?
-            });
-        }
-        let mut states = rules.init(now);
-        let d = if peek {
-            rules.peek(&states, now, cost)?
-        } else {
-            rules.check(&mut states, now, cost, op)?
+        let run = |st: &mut Vec<PolicyState>| -> Result<Outcome, CheckError> {
+            Ok(match mode {
+                Mode::Peek => Outcome::One(rules.peek_decision(st, now, cost)?),
+                Mode::Apply => Outcome::One(rules.decide(st, now, cost, op)?),
+                Mode::Detailed => Outcome::Rules(rules.check(st, now, cost, op)?),
+            })
         };
-        if !peek && !rules.idle(&states, now) {
-            self.make_room_states(&mut shard, now, rules)?;
-            let hasher = &self.inner.hasher;
-            shard
-                .states
-                .insert_unique(hash, (key.to_owned(), states), |(k, _)| hasher.hash_one(k));
+        if let Some((_, st)) = states.find_mut(hash, |(k, _)| k.borrow() == key) {
+            return Ok(run(st)?);
+        }
+        let mut fresh = rules.init(now);
+        let d = run(&mut fresh)?;
+        if !peek && !rules.idle(&fresh, now) {
+            self.make_room(
+                states,
+                sweep,
+                now,
+                |s| rules.idle(s, now),
+                |s| rules.last_active(s),
+            )?;
+            states.insert_unique(hash, (key.to_owned(), fresh), |(k, _)| hasher.hash_one(k));
         }
         Ok(d)
     }
 
-    fn make_room(&self, shard: &mut Shard<K>, now: u64, gcra: &Gcra) -> Result<(), KeyedError> {
-        let idle = |tat: &u64| gcra.idle(&GcraState { tat: *tat }, now);
-        let active = |tat: &u64| gcra.last_active(&GcraState { tat: *tat });
-        let words = std::mem::take(&mut shard.words);
-        let (words, r) = self.room_in(shard, words, now, idle, active);
-        shard.words = words;
-        r
-    }
-
-    fn make_room_states(
+    /// Makes room for one more key in `table` (the shard's table in use): sweeps idle
+    /// keys when the shard has doubled or is full; then, if still full, evicts the
+    /// least recently active eighth or refuses.
+    fn make_room<S>(
         &self,
-        shard: &mut Shard<K>,
-        now: u64,
-        rules: &RuleSet,
-    ) -> Result<(), KeyedError> {
-        let idle = |s: &Vec<PolicyState>| rules.idle(s, now);
-        let active = |s: &Vec<PolicyState>| rules.last_active(s);
-        let states = std::mem::take(&mut shard.states);
-        let (states, r) = self.room_in(shard, states, now, idle, active);
-        shard.states = states;
-        r
-    }
-
-    /// Makes room for one more key in `table` (the shard's table in use).
-    fn room_in<S>(
-        &self,
-        shard: &mut Shard<K>,
-        mut table: HashTable<(K, S)>,
+        table: &mut HashTable<(K, S)>,
+        sweep: &mut Sweep,
         now: u64,
         idle: impl Fn(&S) -> bool,
         last_active: impl Fn(&S) -> u64,
-    ) -> (HashTable<(K, S)>, Result<(), KeyedError>) {
+    ) -> Result<(), KeyedError> {
         let len = table.len();
         let full = len >= self.inner.per_shard;
-        let grown = len >= MIN_SWEEP && len >= 2 * shard.swept_len;
+        let grown = len >= MIN_SWEEP && len >= 2 * sweep.len;
         let refusing = self.inner.options.on_full == OnFull::RefuseNew;
-        if grown || (full && (!refusing || now >= shard.next_refuse_sweep)) {
+        if grown || (full && (!refusing || now >= sweep.not_before)) {
             table.retain(|(_, s)| !idle(s));
             let dropped = len - table.len();
             self.inner
                 .dropped_idle
                 .fetch_add(dropped as u64, Ordering::Relaxed);
-            shard.swept_len = table.len();
+            sweep.len = table.len();
         }
         if table.len() < self.inner.per_shard {
-            return (table, Ok(()));
+            return Ok(());
         }
         if refusing {
-            shard.next_refuse_sweep = now.saturating_add(REFUSE_SWEEP_INTERVAL_US);
+            sweep.not_before = now.saturating_add(REFUSE_SWEEP_INTERVAL_US);
             self.inner.refused.fetch_add(1, Ordering::Relaxed);
             let max = self.inner.options.max_keys;
-            return (table, Err(KeyedError::TooManyKeys { max }));
+            return Err(KeyedError::TooManyKeys { max });
         }
         // Entries sit at hash-determined places, so the first few are a fair sample.
         let mut sample: Vec<u64> = table
@@ -457,8 +487,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         self.inner
             .evicted
             .fetch_add(evicted as u64, Ordering::Relaxed);
-        shard.swept_len = table.len();
-        (table, Ok(()))
+        sweep.len = table.len();
+        Ok(())
     }
 
     /// Waits for `cost` units for `key` (see [`crate::Limiter::acquire`]: FIFO per
@@ -469,7 +499,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let d = self.decide(key, cost, Op::Acquire, false)?.decision;
+        let d = self.decide(key, cost, Op::Acquire, Mode::Apply)?.decision();
         if d.allowed && d.wait_us > 0 {
             let guard = RefundOnDrop::new(|| self.refund(key, cost));
             sleep_or_refund(d.wait(), guard).await;
@@ -483,7 +513,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let d = self.decide(key, cost, Op::Acquire, false)?.decision;
+        let d = self.decide(key, cost, Op::Acquire, Mode::Apply)?.decision();
         if d.allowed {
             block(d.wait());
         }
@@ -518,7 +548,7 @@ fn migrate<K: Hash + Eq>(
     }
     for (k, states) in entries {
         let hash = hasher.hash_one(&k);
-        match (&config.gcra, states.first()) {
+        match (&config.fast, states.first()) {
             (Some(_), Some(PolicyState::Gcra(g))) => {
                 shard
                     .words

@@ -62,18 +62,14 @@ struct FastWords([u64; FAST_WORDS]);
 
 impl FastWords {
     fn of(config: &Config) -> Self {
-        match config
-            .gcra
-            .as_ref()
-            .and_then(|(g, p)| Some((g.params()?, p)))
-        {
-            Some((g, p)) => FastWords([
-                g.interval,
-                g.tau,
-                g.burst,
-                g.inverse,
-                p.max_wait_us().unwrap_or(u64::MAX),
-                u64::from(p.shadow()),
+        match config.fast {
+            Some(f) => FastWords([
+                f.params.interval,
+                f.params.tau,
+                f.params.burst,
+                f.params.inverse,
+                f.max_wait_us.unwrap_or(u64::MAX),
+                u64::from(f.shadow),
             ]),
             None => FastWords([0; FAST_WORDS]),
         }
@@ -206,7 +202,7 @@ impl<C: Clock> Limiter<C> {
     fn decide_locked(&self, now: u64, cost: u64, op: Op) -> Result<Decision, CheckError> {
         let mut states = self.states();
         let config = self.inner.config.load();
-        Ok(config.rules.check(&mut states, now, cost, op)?.decision)
+        config.rules.decide(&mut states, now, cost, op)
     }
 
     /// The fast path's words, read consistently (a seqlock), if the configuration has
@@ -278,7 +274,7 @@ impl<C: Clock> Limiter<C> {
         }
         let states = self.states();
         let config = self.inner.config.load();
-        Ok(config.rules.peek(&states, now, cost)?.decision)
+        config.rules.peek_decision(&states, now, cost)
     }
 
     /// Gives back `cost` units admitted earlier (never beyond full capacity).
@@ -322,7 +318,7 @@ impl<C: Clock> Limiter<C> {
         let now = self.inner.clock.now_us();
         let mut states = self.states();
         let old = self.inner.config.load_full();
-        let current = match old.gcra {
+        let current = match old.fast {
             Some(_) if states.is_empty() => vec![PolicyState::Gcra(GcraState {
                 tat: self.inner.tat.load(Ordering::Acquire),
             })],
