@@ -22,14 +22,20 @@ fn rss_bytes() -> u64 {
 fn main() {
     let mut args = std::env::args().skip(1);
     let which = args.next().unwrap_or_else(|| "tollgate".into());
-    let n: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
+    let n: u64 = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
     let before = rss_bytes();
     let after = match which.as_str() {
         "tollgate" => {
             let policy: Policy = "gcra:rate=1000/s,burst=50".parse().unwrap();
             let limiter: KeyedLimiter<u64, _> = KeyedLimiter::with_options(
                 policy,
-                KeyedOptions { max_keys: n as usize * 2, ..Default::default() },
+                KeyedOptions {
+                    max_keys: n as usize * 2,
+                    ..Default::default()
+                },
                 // A frozen clock keeps every key live (none is swept as idle).
                 std::sync::Arc::new(tollgate::ManualClock::new()),
             );
@@ -51,5 +57,8 @@ fn main() {
         }
         other => panic!("unknown limiter {other} (tollgate or governor)"),
     };
-    println!("{which}: {n} keys, {:.1} bytes/key", (after - before) as f64 / n as f64);
+    println!(
+        "{which}: {n} keys, {:.1} bytes/key",
+        (after - before) as f64 / n as f64
+    );
 }

@@ -5,6 +5,8 @@
 //!
 //! * [`Limiter`]: one shared limit (GCRA lock-free on one `AtomicU64`);
 //! * [`KeyedLimiter`]: one limit per key, for millions of keys in bounded memory;
+//! * [`ConcurrencyLimiter`] and [`KeyedConcurrencyLimiter`]: permits held while work
+//!   runs, released on drop;
 //!
 //! each for a single [`Policy`] or an all-or-nothing [`RuleSet`], with try
 //! (`check`), wait (`acquire().await`, `acquire_blocking`), `peek`, `refund`, `reset`
@@ -26,12 +28,17 @@
 #![warn(missing_docs)]
 
 mod clock;
+mod concurrency;
 mod config;
 mod keyed;
 mod limiter;
 mod wait;
 
 pub use clock::TokioClock;
+pub use concurrency::{
+    ConcurrencyError, ConcurrencyLimiter, ConcurrencyPermit, KeyedConcurrencyLimiter,
+    KeyedConcurrencyPermit,
+};
 pub use keyed::{KeyedError, KeyedLimiter, KeyedOptions, KeyedStats, OnFull};
 pub use limiter::Limiter;
 pub use tollgate_core::*;
