@@ -133,20 +133,26 @@ fn keyed_string(c: &mut Criterion) {
     g.finish();
 }
 
-/// Time per check with 2 threads checking at once (total wall time / total checks).
-fn two_threads(iters: u64, check: impl Fn() + Send + Sync) -> Duration {
+/// Time per check with 2 threads checking at once (total wall time / total checks);
+/// `check` gets the thread's index and the iteration.
+fn two_threads_indexed(iters: u64, check: impl Fn(u64, u64) + Send + Sync) -> Duration {
     let per_thread = iters.div_ceil(2);
     let start = Instant::now();
     std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| {
-                for _ in 0..per_thread {
-                    check();
+        for t in 0..2 {
+            let check = &check;
+            s.spawn(move || {
+                for i in 0..per_thread {
+                    check(t, i);
                 }
             });
         }
     });
     start.elapsed()
+}
+
+fn two_threads(iters: u64, check: impl Fn() + Send + Sync) -> Duration {
+    two_threads_indexed(iters, |_, _| check())
 }
 
 fn contention(c: &mut Criterion) {
@@ -187,13 +193,18 @@ fn contention(c: &mut Criterion) {
             })
         })
     });
-    // Disjoint keys: each thread its own key range.
-    let counter = std::sync::atomic::AtomicU64::new(0);
+    // Disjoint keys: each thread cycles through its own 5000 keys.
     g.bench_function("tollgate/disjoint-keys", |b| {
         b.iter_custom(|n| {
-            two_threads(n, || {
-                let k = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10_000;
-                black_box(keyed.check(&k).unwrap());
+            two_threads_indexed(n, |t, i| {
+                black_box(keyed.check(&(t * 5_000 + i % 5_000)).unwrap());
+            })
+        })
+    });
+    g.bench_function("governor/disjoint-keys", |b| {
+        b.iter_custom(|n| {
+            two_threads_indexed(n, |t, i| {
+                let _ = black_box(gov_keyed.check_key(&(t * 5_000 + i % 5_000)));
             })
         })
     });

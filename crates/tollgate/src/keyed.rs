@@ -3,7 +3,7 @@
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use arc_swap::ArcSwap;
 use hashbrown::HashTable;
@@ -12,7 +12,7 @@ use tollgate_core::{
     CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
 };
 
-use crate::config::{single, Config};
+use crate::config::{single, Config, FastGcra};
 use crate::wait::{block, sleep_or_refund, RefundOnDrop};
 
 /// What a full keyed limiter does with a new key (after dropping idle ones).
@@ -120,8 +120,9 @@ struct Shard<K> {
     /// The configuration the entries below are kept for.
     config: Arc<Config>,
     version: u64,
-    /// GCRA fast path: one u64 TAT per key.
-    words: HashTable<(K, u64)>,
+    /// GCRA fast path: one TAT per key, updated by compare-and-swap under the shard's
+    /// read lock.
+    words: HashTable<(K, AtomicU64)>,
     /// Every other configuration: one state per policy.
     states: HashTable<(K, Vec<PolicyState>)>,
     sweep: Sweep,
@@ -146,7 +147,7 @@ struct Inner<K, C> {
     clock: C,
     config: ArcSwap<Config>,
     version: AtomicU64,
-    shards: Box<[Padded<Mutex<Shard<K>>>]>,
+    shards: Box<[Padded<RwLock<Shard<K>>>]>,
     shard_shift: u32,
     hasher: foldhash::fast::RandomState,
     per_shard: usize,
@@ -214,7 +215,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let config = Arc::new(Config::new(rules.into()));
         let shard_vec = (0..shards)
             .map(|_| {
-                Padded(Mutex::new(Shard {
+                Padded(RwLock::new(Shard {
                     config: config.clone(),
                     version: 0,
                     words: HashTable::new(),
@@ -311,7 +312,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         } = &mut *shard;
         if let Some(fast) = config.fast {
             if let Some((_, tat)) = words.find_mut(hash, |(k, _)| k.borrow() == key) {
-                *tat = fast.refunded(*tat, now, cost);
+                let t = tat.get_mut();
+                *t = fast.refunded(*t, now, cost);
             }
         } else if let Some((_, states)) = states.find_mut(hash, |(k, _)| k.borrow() == key) {
             config.rules.refund(states, now, cost);
@@ -337,7 +339,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
 
     /// Keys held now.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(&s.0).len()).sum()
+        self.inner.shards.iter().map(|s| read(&s.0).len()).sum()
     }
 
     /// Whether no key is held.
@@ -366,16 +368,32 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         self.inner.version.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Locks the shard of `hash`, bringing it to the current configuration.
-    fn shard(&self, hash: u64, now: u64) -> MutexGuard<'_, Shard<K>> {
-        let idx = (hash.checked_shr(self.inner.shard_shift).unwrap_or(0)) as usize;
-        let mut shard = lock(&self.inner.shards[idx].0);
+    fn shard_index(&self, hash: u64) -> usize {
+        (hash.checked_shr(self.inner.shard_shift).unwrap_or(0)) as usize
+    }
+
+    /// Write-locks the shard of `hash`, bringing it to the current configuration.
+    fn shard(&self, hash: u64, now: u64) -> RwLockWriteGuard<'_, Shard<K>> {
+        let mut shard = write(&self.inner.shards[self.shard_index(hash)].0);
         let version = self.inner.version.load(Ordering::Acquire);
         if shard.version != version {
             let config = self.inner.config.load_full();
             migrate(&mut shard, config, version, now, &self.inner.hasher);
         }
         shard
+    }
+
+    /// Read-locks the shard of `hash`, once it is at the current configuration.
+    #[inline]
+    fn shard_read(&self, hash: u64, now: u64) -> RwLockReadGuard<'_, Shard<K>> {
+        loop {
+            let shard = read(&self.inner.shards[self.shard_index(hash)].0);
+            if shard.version == self.inner.version.load(Ordering::Acquire) {
+                return shard;
+            }
+            drop(shard);
+            drop(self.shard(hash, now));
+        }
     }
 
     #[inline]
@@ -386,6 +404,20 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     {
         let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
+        let peek = mode == Mode::Peek;
+        // The GCRA fast path for a known key: a read lock and one compare-and-swap.
+        {
+            let shard = self.shard_read(hash, now);
+            if let Some(fast) = shard.config.fast {
+                if let Some((_, tat)) = shard.words.find(hash, |(k, _)| k.borrow() == key) {
+                    return Ok(Outcome::One(decide_word(&fast, tat, now, cost, op, peek)?));
+                }
+                let (new, d) = fast.decide(0, now, cost, op)?;
+                if peek || new == 0 {
+                    return Ok(Outcome::One(d));
+                }
+            }
+        }
         let mut shard = self.shard(hash, now);
         let Shard {
             config,
@@ -395,19 +427,18 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             ..
         } = &mut *shard;
         let hasher = &self.inner.hasher;
-        let peek = mode == Mode::Peek;
         if let Some(fast) = config.fast {
-            if let Some((_, tat)) = words.find_mut(hash, |(k, _)| k.borrow() == key) {
-                let (new, d) = fast.decide(*tat, now, cost, op)?;
-                if !peek {
-                    *tat = new;
-                }
-                return Ok(Outcome::One(d));
+            if let Some((_, tat)) = words.find(hash, |(k, _)| k.borrow() == key) {
+                // Inserted by another thread since the read lock.
+                return Ok(Outcome::One(decide_word(&fast, tat, now, cost, op, peek)?));
             }
             let (new, d) = fast.decide(0, now, cost, op)?;
             if !peek && new != 0 {
-                self.make_room(words, sweep, now, |&tat| tat <= now, |&tat| tat)?;
-                words.insert_unique(hash, (key.to_owned(), new), |(k, _)| hasher.hash_one(k));
+                let load = |t: &AtomicU64| t.load(Ordering::Relaxed);
+                self.make_room(words, sweep, now, |t| load(t) <= now, load)?;
+                words.insert_unique(hash, (key.to_owned(), AtomicU64::new(new)), |(k, _)| {
+                    hasher.hash_one(k)
+                });
             }
             return Ok(Outcome::One(d));
         }
@@ -521,9 +552,37 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Updates are whole assignments: a panic elsewhere leaves no torn state.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+// Updates are whole assignments: a panic elsewhere leaves no torn state, so a
+// poisoned lock is still usable.
+fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One GCRA decision on a key's TAT word: a compare-and-swap loop (a load for peek).
+#[inline(always)]
+fn decide_word(
+    fast: &FastGcra,
+    tat: &AtomicU64,
+    now: u64,
+    cost: u64,
+    op: Op,
+    peek: bool,
+) -> Result<Decision, CheckError> {
+    let mut current = tat.load(Ordering::Acquire);
+    loop {
+        let (new, d) = fast.decide(current, now, cost, op)?;
+        if peek || new == current {
+            return Ok(d);
+        }
+        match tat.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Ok(d),
+            Err(actual) => current = actual,
+        }
+    }
 }
 
 /// Converts a shard's entries to `config`, carrying each key's state over.
@@ -538,7 +597,10 @@ fn migrate<K: Hash + Eq>(
     let mut entries: Vec<(K, Vec<PolicyState>)> = shard
         .words
         .drain()
-        .map(|(k, tat)| (k, vec![PolicyState::Gcra(GcraState { tat })]))
+        .map(|(k, tat)| {
+            let tat = tat.into_inner();
+            (k, vec![PolicyState::Gcra(GcraState { tat })])
+        })
         .chain(shard.states.drain())
         .collect();
     for (_, states) in entries.iter_mut() {
@@ -552,7 +614,9 @@ fn migrate<K: Hash + Eq>(
             (Some(_), Some(PolicyState::Gcra(g))) => {
                 shard
                     .words
-                    .insert_unique(hash, (k, g.tat), |(k, _)| hasher.hash_one(k));
+                    .insert_unique(hash, (k, AtomicU64::new(g.tat)), |(k, _)| {
+                        hasher.hash_one(k)
+                    });
             }
             (Some(_), _) => {}
             (None, _) => {
