@@ -7,6 +7,7 @@
 //! * [`KeyedLimiter`]: one limit per key, for millions of keys in bounded memory;
 //! * [`ConcurrencyLimiter`] and [`KeyedConcurrencyLimiter`]: permits held while work
 //!   runs, released on drop;
+//! * [`Paced`]: any `Stream` paced to a policy, with backpressure;
 //!
 //! each for a single [`Policy`] or an all-or-nothing [`RuleSet`], with try
 //! (`check`), wait (`acquire().await`, `acquire_blocking`), `peek`, `refund`, `reset`
@@ -32,6 +33,7 @@ mod concurrency;
 mod config;
 mod keyed;
 mod limiter;
+mod stream;
 mod wait;
 
 pub use clock::TokioClock;
@@ -41,4 +43,5 @@ pub use concurrency::{
 };
 pub use keyed::{KeyedError, KeyedLimiter, KeyedOptions, KeyedStats, OnFull};
 pub use limiter::Limiter;
+pub use stream::{Paced, TooCostly};
 pub use tollgate_core::*;

@@ -178,6 +178,13 @@ impl<C: Clock> Limiter<C> {
         self.decide(cost, Op::Try)
     }
 
+    /// Decides `cost` units with `op` (try, or acquire's reservation without the
+    /// sleep: the caller waits `wait` itself).
+    #[inline]
+    pub fn check_op(&self, cost: u64, op: Op) -> Result<Decision, CheckError> {
+        self.decide(cost, op)
+    }
+
     /// Like [`Limiter::check_n`] with `op`, reporting every policy of the rule set.
     pub fn check_rules(&self, cost: u64, op: Op) -> Result<RuleDecision, CheckError> {
         let now = self.inner.clock.now_us();
