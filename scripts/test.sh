@@ -12,5 +12,5 @@ fi
 # Property tests: 400 cases per property by default; PROPTEST_CASES=100000 for a soak.
 export PROPTEST_CASES="${PROPTEST_CASES:-400}"
 
-cargo test --workspace --all-targets --locked
-cargo test --workspace --doc --locked
+cargo test --workspace --all-targets --all-features --locked
+cargo test --workspace --doc --all-features --locked

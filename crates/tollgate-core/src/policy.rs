@@ -345,6 +345,35 @@ impl Policy {
         *state = self.init(now);
     }
 
+    /// The time the headline limit refers to, in us: the window of window-based
+    /// algorithms; for the others, how long an empty state takes to refill completely
+    /// (GCRA's `burst * T`, a bucket's `capacity * T`, Guava's max-burst or warm-up).
+    /// Zero for `concurrency`. Used for `RateLimit-Policy`'s `w`.
+    pub fn window_us(&self) -> u64 {
+        let per = |n: u64, r: crate::Rate| {
+            (u128::from(n) * u128::from(r.period_us)).div_ceil(u128::from(r.count))
+        };
+        let us = match &self.algo {
+            Algo::FixedWindow(a) => a.window_us().into(),
+            Algo::SlidingLog(a) => a.window_us().into(),
+            Algo::SlidingWindow(a) => a.window_us().into(),
+            Algo::SlidingWindowWeighted(a) => a.window_us().into(),
+            Algo::Gcra(a) => per(a.burst(), a.rate()),
+            Algo::TokenBucket(a) => per(a.capacity_tokens(), a.rate()),
+            Algo::LeakyBucket(a) => per(a.capacity_units(), a.rate()),
+            Algo::SmoothBursty(a) | Algo::SmoothWarmup(a) => match a.kind() {
+                SmoothKind::Bursty { max_burst_us } => max_burst_us.into(),
+                SmoothKind::WarmingUp { warmup_us, .. } => warmup_us.into(),
+            },
+            Algo::LimitReq(a) => {
+                (u128::from(a.burst() + 1) * 1_000_000_000).div_ceil(u128::from(a.rate_milli()))
+            }
+            Algo::Shaper(a) => per(a.queue() + 1, a.rate()),
+            Algo::Concurrency(_) => 0,
+        };
+        u64::try_from(us).unwrap_or(u64::MAX)
+    }
+
     /// The headline limit ([`Decision::limit`]).
     pub fn limit(&self) -> u64 {
         match &self.algo {

@@ -8,6 +8,8 @@
 //! * [`ConcurrencyLimiter`] and [`KeyedConcurrencyLimiter`]: permits held while work
 //!   runs, released on drop;
 //! * [`Paced`]: any `Stream` paced to a policy, with backpressure;
+//! * `tower::RateLimitLayer` (feature `tower`): per-key limits for http services,
+//!   429 with `Retry-After` and `RateLimit` headers, or wait;
 //!
 //! each for a single [`Policy`] or an all-or-nothing [`RuleSet`], with try
 //! (`check`), wait (`acquire().await`, `acquire_blocking`), `peek`, `refund`, `reset`
@@ -34,6 +36,8 @@ mod config;
 mod keyed;
 mod limiter;
 mod stream;
+#[cfg(feature = "tower")]
+pub mod tower;
 mod wait;
 
 pub use clock::TokioClock;

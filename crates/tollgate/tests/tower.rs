@@ -1,0 +1,102 @@
+//! The tower layer in a real axum server on port 0, driven by a real HTTP client.
+
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tollgate::tower::{OnLimit, RateLimitLayer};
+use tollgate::{Clock, KeyedLimiter, MonotonicClock, Policy};
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Empty<bytes::Bytes>>;
+
+/// Starts the app on 127.0.0.1:0; returns its base URL. The server task ends with
+/// the test's runtime.
+async fn serve(spec: &str, on_limit: OnLimit) -> String {
+    let limiter: KeyedLimiter<String> = KeyedLimiter::new(spec.parse::<Policy>().unwrap());
+    let layer = RateLimitLayer::new(limiter, |req: &axum::extract::Request| {
+        req.headers()
+            .get("x-user")?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    })
+    .on_limit(on_limit);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/")
+}
+
+/// A client that opens a new connection for every request.
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build_http()
+}
+
+async fn get_as(client: &HttpClient, url: &str, user: Option<&str>) -> http::Response<String> {
+    let mut req = http::Request::get(url);
+    if let Some(u) = user {
+        req = req.header("x-user", u);
+    }
+    let resp = client
+        .request(req.body(Empty::new()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = String::from_utf8(body.collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    http::Response::from_parts(parts, body)
+}
+
+#[tokio::test]
+async fn rejects_with_429_and_headers_and_shares_the_limit_across_connections() {
+    let url = serve("gcra:rate=1/m,burst=2", OnLimit::Reject).await;
+    let c = client();
+    let first = get_as(&c, &url, Some("alice")).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["ratelimit-policy"], "\"p0\";q=2;w=120");
+    assert_eq!(first.headers()["ratelimit"], "\"p0\";r=1;t=60");
+    // A new connection (and a new service clone in axum): the same limit.
+    assert_eq!(get_as(&client(), &url, Some("alice")).await.status(), 200);
+    let third = get_as(&client(), &url, Some("alice")).await;
+    assert_eq!(third.status(), 429);
+    assert_eq!(third.headers()["retry-after"], "60");
+    assert_eq!(third.headers()["ratelimit"], "\"p0\";r=0;t=120");
+    // Other keys, and requests without a key, are not affected.
+    assert_eq!(get_as(&c, &url, Some("bob")).await.status(), 200);
+    for _ in 0..5 {
+        assert_eq!(get_as(&c, &url, None).await.status(), 200);
+    }
+}
+
+#[tokio::test]
+async fn wait_mode_delays_instead_of_rejecting() {
+    let url = serve("gcra:rate=20/s,burst=1,max-wait=1s", OnLimit::Wait).await;
+    let clock = MonotonicClock::new();
+    let start = clock.now_us();
+    let c = client();
+    let (a, b, d) = tokio::join!(
+        get_as(&c, &url, Some("carol")),
+        get_as(&c, &url, Some("carol")),
+        get_as(&c, &url, Some("carol"))
+    );
+    assert!([a.status(), b.status(), d.status()]
+        .iter()
+        .all(|s| *s == 200));
+    let elapsed = Duration::from_micros(clock.now_us() - start);
+    assert!(
+        elapsed >= Duration::from_millis(95),
+        "three requests at 20/s took {elapsed:?}"
+    );
+
+    // Past max-wait, wait mode rejects too.
+    let url = serve("gcra:rate=1/m,burst=1,max-wait=100ms", OnLimit::Wait).await;
+    assert_eq!(get_as(&c, &url, Some("dave")).await.status(), 200);
+    assert_eq!(get_as(&c, &url, Some("dave")).await.status(), 429);
+}
