@@ -203,3 +203,111 @@ fn rate_limit_headers(headers: &mut HeaderMap, d: &RuleDecision, rules: &RuleSet
 fn seconds(us: u64) -> u64 {
     us.div_ceil(1_000_000)
 }
+
+/// The error [`ErrorLayer`]'s services return for a request over the limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rate limited: retry after {retry_after_us:?} us")]
+pub struct RateLimited {
+    /// When the same request could pass (`None`: not known to ever pass).
+    pub retry_after_us: Option<u64>,
+    /// The overall decision.
+    pub decision: tollgate_core::Decision,
+}
+
+/// The error type of [`ErrorLayer`]'s services: tower's usual boxed error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// [`RateLimitLayer`] for services that are not http: a request over the limit gets
+/// the error [`RateLimited`] (boxed, as tower layers do) instead of a 429, or waits
+/// with [`OnLimit::Wait`].
+pub struct ErrorLayer<K, F, C: Clock> {
+    layer: RateLimitLayer<K, F, C>,
+}
+
+impl<K, F, C: Clock> Clone for ErrorLayer<K, F, C> {
+    fn clone(&self) -> Self {
+        ErrorLayer {
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<K, F, C: Clock> ErrorLayer<K, F, C> {
+    /// Limits with `limiter`, keyed by `key(&request)` (`None`: not limited).
+    pub fn new(limiter: KeyedLimiter<K, C>, key: F) -> Self {
+        ErrorLayer {
+            layer: RateLimitLayer::new(limiter, key),
+        }
+    }
+
+    /// Rejects with an error (the default) or waits.
+    pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
+        self.layer = self.layer.on_limit(on_limit);
+        self
+    }
+}
+
+impl<S, K, F, C: Clock> Layer<S> for ErrorLayer<K, F, C> {
+    type Service = ErrorService<S, K, F, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ErrorService(self.layer.layer(inner))
+    }
+}
+
+/// The service made by [`ErrorLayer`]. `Clone`; clones share the limit.
+pub struct ErrorService<S, K, F, C: Clock>(RateLimit<S, K, F, C>);
+
+impl<S: Clone, K, F, C: Clock> Clone for ErrorService<S, K, F, C> {
+    fn clone(&self) -> Self {
+        ErrorService(self.0.clone())
+    }
+}
+
+impl<S, K, F, C, Req> Service<Req> for ErrorService<S, K, F, C>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    F: Fn(&Req) -> Option<K> + Send + Sync + 'static,
+    C: Clock + 'static,
+    Req: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.0.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let svc = &mut self.0;
+        let clone = svc.inner.clone();
+        let mut inner = std::mem::replace(&mut svc.inner, clone);
+        let Some(key) = (svc.key)(&req) else {
+            return Box::pin(async move { inner.call(req).await.map_err(Into::into) });
+        };
+        let limiter = svc.limiter.clone();
+        let op = match svc.on_limit {
+            OnLimit::Reject => Op::Try,
+            OnLimit::Wait => Op::Acquire,
+        };
+        Box::pin(async move {
+            let d = limiter.check_rules(&key, 1, op)?.decision;
+            if !d.allowed {
+                return Err(RateLimited {
+                    retry_after_us: d.retry_after_us,
+                    decision: d,
+                }
+                .into());
+            }
+            if d.wait_us > 0 {
+                let refund = crate::wait::RefundOnDrop::new(|| limiter.refund(&key, 1));
+                crate::wait::sleep_or_refund(d.wait(), refund).await;
+            }
+            inner.call(req).await.map_err(Into::into)
+        })
+    }
+}

@@ -100,3 +100,44 @@ async fn wait_mode_delays_instead_of_rejecting() {
     assert_eq!(get_as(&c, &url, Some("dave")).await.status(), 200);
     assert_eq!(get_as(&c, &url, Some("dave")).await.status(), 429);
 }
+
+#[tokio::test]
+async fn non_http_services_get_an_error() {
+    use tollgate::tower::{ErrorLayer, RateLimited};
+    use tower::{service_fn, Layer, Service, ServiceExt};
+
+    let limiter: KeyedLimiter<u32> =
+        KeyedLimiter::new("fixed-window:limit=2,window=1m".parse::<Policy>().unwrap());
+    let layer = ErrorLayer::new(limiter, |req: &(u32, &'static str)| Some(req.0));
+    let echo =
+        service_fn(
+            |req: (u32, &'static str)| async move { Ok::<_, std::convert::Infallible>(req.1) },
+        );
+    let mut svc = layer.layer(echo);
+    assert_eq!(
+        svc.ready().await.unwrap().call((1, "a")).await.unwrap(),
+        "a"
+    );
+    let mut other_clone = svc.clone();
+    assert_eq!(
+        other_clone
+            .ready()
+            .await
+            .unwrap()
+            .call((1, "b"))
+            .await
+            .unwrap(),
+        "b"
+    );
+    let err = svc.ready().await.unwrap().call((1, "c")).await.unwrap_err();
+    let limited = err
+        .downcast_ref::<RateLimited>()
+        .expect("a RateLimited error");
+    assert!(limited
+        .retry_after_us
+        .is_some_and(|r| r > 0 && r <= 60_000_000));
+    assert_eq!(
+        svc.ready().await.unwrap().call((2, "d")).await.unwrap(),
+        "d"
+    );
+}
