@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwap;
 use tollgate_core::algorithms::{GcraParams, GcraState};
 use tollgate_core::{
-    CheckError, Clock, Decision, Mode, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
+    CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
 };
 
-use crate::config::{single, Config};
+use crate::config::{single, Config, FastGcra};
 use crate::wait::{block, sleep_or_refund, RefundOnDrop};
 
 /// One limit shared by every clone (state behind an `Arc`): `Send + Sync`, cheap to
@@ -79,33 +79,19 @@ impl FastWords {
         self.0[0] != 0
     }
 
+    /// The configuration the words encode.
     #[inline(always)]
-    fn params(&self) -> GcraParams {
-        GcraParams {
-            interval: self.0[0],
-            tau: self.0[1],
-            burst: self.0[2],
-            inverse: self.0[3],
-        }
-    }
-
-    #[inline(always)]
-    fn mode(&self, op: Op) -> Mode {
-        match op {
-            Op::Try => Mode::Try,
-            Op::Acquire => Mode::Acquire {
-                max_wait_us: (self.0[4] != u64::MAX).then_some(self.0[4]),
+    fn gcra(&self) -> FastGcra {
+        FastGcra {
+            params: GcraParams {
+                interval: self.0[0],
+                tau: self.0[1],
+                burst: self.0[2],
+                inverse: self.0[3],
             },
+            max_wait_us: (self.0[4] != u64::MAX).then_some(self.0[4]),
+            shadow: self.0[5] != 0,
         }
-    }
-
-    #[inline(always)]
-    fn shadowed(&self, mut d: Decision) -> Decision {
-        if self.0[5] != 0 && !d.allowed {
-            d.allowed = true;
-            d.shadow_rejected = true;
-        }
-        d
     }
 }
 
@@ -246,12 +232,12 @@ impl<C: Clock> Limiter<C> {
     /// One lock-free GCRA decision: a compare-and-swap on the TAT word.
     #[inline(always)]
     fn gcra(&self, words: FastWords, now: u64, cost: u64, op: Op) -> Result<Decision, CheckError> {
-        let (params, mode) = (words.params(), words.mode(op));
+        let fast = words.gcra();
         let mut tat = self.inner.tat.load(Ordering::Acquire);
         loop {
-            let (new, d) = params.decide(tat, now, cost, mode)?;
+            let (new, d) = fast.decide(tat, now, cost, op)?;
             if new == tat {
-                return Ok(words.shadowed(d));
+                return Ok(d);
             }
             match self.inner.tat.compare_exchange_weak(
                 tat,
@@ -259,7 +245,7 @@ impl<C: Clock> Limiter<C> {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Ok(words.shadowed(d)),
+                Ok(_) => return Ok(d),
                 Err(actual) => tat = actual,
             }
         }
@@ -276,8 +262,7 @@ impl<C: Clock> Limiter<C> {
         let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
             let tat = self.inner.tat.load(Ordering::Acquire);
-            let (_, d) = words.params().decide(tat, now, cost, Mode::Try)?;
-            return Ok(words.shadowed(d));
+            return Ok(words.gcra().decide(tat, now, cost, Op::Try)?.1);
         }
         let states = self.states();
         let config = self.inner.config.load();
@@ -288,13 +273,12 @@ impl<C: Clock> Limiter<C> {
     pub fn refund(&self, cost: u64) {
         let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
-            // tat = max(tat - c*T, now), and nothing when already replenished.
-            let back = cost.saturating_mul(words.params().interval);
+            let fast = words.gcra();
             let _ = self
                 .inner
                 .tat
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                    (tat > now).then(|| tat.saturating_sub(back).max(now))
+                    Some(fast.refunded(tat, now, cost))
                 });
             return;
         }
