@@ -18,6 +18,12 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the rate-limit decision service (HTTP/JSON API) on the memory store. With no
+    /// rules it serves a built-in example rule set.
+    Serve(ServeArgs),
+    /// Validate a main config or rule file (or a directory of rule files) without
+    /// starting anything.
+    CheckConfig(CheckConfigArgs),
     /// Replay a request trace (CSV `t_us,key,cost[,op][,hold_us]`) through a policy on a
     /// virtual clock and print one decision per request
     /// (`t_us,key,cost,allowed,remaining,wait_us`).
@@ -56,10 +62,61 @@ struct ReplayArgs {
     output: Option<PathBuf>,
 }
 
+#[derive(Debug, Parser)]
+struct ServeArgs {
+    /// The main configuration file (YAML).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// A rule file or directory (Envoy ratelimit config documents); repeatable.
+    /// Overrides the config file's `rules`.
+    #[arg(long = "rules")]
+    rules: Vec<PathBuf>,
+    /// The HTTP listen address [default: 127.0.0.1:8080].
+    #[arg(long)]
+    http: Option<std::net::SocketAddr>,
+    /// Where counters live (the Redis store arrives with Redis support).
+    #[arg(long, value_enum, default_value = "memory")]
+    store: StoreArg,
+}
+
+#[derive(Debug, Parser)]
+struct CheckConfigArgs {
+    /// Rule files or directories to validate.
+    #[arg(long = "rules")]
+    rules: Vec<PathBuf>,
+    /// A main configuration file to validate (with the rule files it names).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Replay(args) => replay(args),
+        Command::Serve(args) => {
+            let StoreArg::Memory = args.store;
+            let settings =
+                crate::serve::Settings::resolve(args.config.as_deref(), &args.rules, args.http)?;
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(crate::serve::serve(settings))
+        }
+        Command::CheckConfig(args) => {
+            if args.config.is_none() && args.rules.is_empty() {
+                anyhow::bail!("check-config needs --config FILE and/or --rules PATH");
+            }
+            let settings =
+                crate::serve::Settings::resolve(args.config.as_deref(), &args.rules, None)?;
+            let mut domains: Vec<_> = settings
+                .rules
+                .domains()
+                .map(|(d, s)| format!("{d} ({s})"))
+                .collect();
+            domains.sort();
+            println!("ok: {} domain(s): {}", domains.len(), domains.join(", "));
+            Ok(())
+        }
     }
 }
 

@@ -2,7 +2,11 @@
 //! module.
 
 mod cli;
+mod http;
 mod replay;
+mod rules;
+mod serve;
+mod service;
 
 use std::process::ExitCode;
 

@@ -1,0 +1,394 @@
+//! The HTTP/JSON API: `/v1/check`, `/v1/acquire`, `/v1/config`, `/v1/reset`, Envoy
+//! ratelimit's `/json`, `/healthz`, `/readyz`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tollgate::Op;
+
+use crate::service::{CheckResult, Code, DecisionService, DescriptorRequest};
+
+/// The largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The longest `/v1/acquire` waits, whatever the policy's max-wait.
+pub const MAX_ACQUIRE_WAIT: Duration = Duration::from_secs(30);
+
+/// The router over a decision service.
+pub fn router(service: Arc<DecisionService>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/acquire", post(acquire))
+        .route("/v1/reset", post(reset))
+        .route("/v1/config", get(config))
+        .route("/json", post(envoy_json))
+        .route("/healthz", get(|| async { "OK\n" }))
+        .route("/readyz", get(|| async { "OK\n" }))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(service)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckBody {
+    domain: String,
+    descriptors: Vec<DescriptorBody>,
+    #[serde(default, alias = "hits_addend")]
+    cost: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptorBody {
+    entries: Vec<EntryBody>,
+    #[serde(default, alias = "hits_addend")]
+    cost: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryBody {
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+impl CheckBody {
+    fn descriptors(&self) -> Vec<DescriptorRequest> {
+        self.descriptors
+            .iter()
+            .map(|d| DescriptorRequest {
+                entries: d
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.clone(), e.value.clone()))
+                    .collect(),
+                hits: d.cost,
+            })
+            .collect()
+    }
+}
+
+/// A 400 naming what is wrong with the request.
+fn bad_request(message: impl std::fmt::Display) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(json!({ "error": message.to_string() })),
+    )
+        .into_response()
+}
+
+/// 400 (413 for a body over the limit, 415 without a JSON content type) with a JSON
+/// error naming the problem.
+fn rejected(e: JsonRejection) -> Response {
+    let status = match e.status() {
+        // axum says 422 for well-formed JSON of the wrong shape; a bad body is a 400.
+        StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
+        s => s,
+    };
+    (status, Json(json!({ "error": e.body_text() }))).into_response()
+}
+
+async fn check(
+    State(service): State<Arc<DecisionService>>,
+    body: Result<Json<CheckBody>, JsonRejection>,
+) -> Response {
+    let body = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return rejected(e),
+    };
+    match service.check(
+        &body.domain,
+        &body.descriptors(),
+        body.cost.unwrap_or(1),
+        Op::Try,
+    ) {
+        Ok(result) => respond(&result),
+        Err(e) => bad_request(e),
+    }
+}
+
+async fn acquire(
+    State(service): State<Arc<DecisionService>>,
+    body: Result<Json<CheckBody>, JsonRejection>,
+) -> Response {
+    let body = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return rejected(e),
+    };
+    let descriptors = body.descriptors();
+    let hits = body.cost.unwrap_or(1);
+    let result = match service.check(&body.domain, &descriptors, hits, Op::Acquire) {
+        Ok(r) => r,
+        Err(e) => return bad_request(e),
+    };
+    let wait = Duration::from_micros(result.wait_us());
+    if result.overall == Code::Ok && wait > MAX_ACQUIRE_WAIT {
+        // Beyond the server's bound: give the reservations back and reject.
+        service.refund(&body.domain, &descriptors, hits);
+        let mut response = respond(&result);
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        return response;
+    }
+    if result.overall == Code::Ok && !wait.is_zero() {
+        // If the client goes away, axum drops this future: refund then.
+        let mut guard = Refund {
+            service: &service,
+            domain: &body.domain,
+            descriptors: &descriptors,
+            hits,
+            armed: true,
+        };
+        tokio::time::sleep(wait).await;
+        guard.armed = false;
+    }
+    respond(&result)
+}
+
+struct Refund<'a> {
+    service: &'a DecisionService,
+    domain: &'a str,
+    descriptors: &'a [DescriptorRequest],
+    hits: u64,
+    armed: bool,
+}
+
+impl Drop for Refund<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.service
+                .refund(self.domain, self.descriptors, self.hits);
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetBody {
+    domain: String,
+    entries: Vec<EntryBody>,
+}
+
+async fn reset(
+    State(service): State<Arc<DecisionService>>,
+    body: Result<Json<ResetBody>, JsonRejection>,
+) -> Response {
+    let body = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return rejected(e),
+    };
+    let entries: Vec<_> = body.entries.into_iter().map(|e| (e.key, e.value)).collect();
+    if service.reset(&body.domain, &entries) {
+        Json(json!({ "reset": true })).into_response()
+    } else {
+        (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": "no rule matches this descriptor" })),
+        )
+            .into_response()
+    }
+}
+
+async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
+    let rules = service.rules();
+    let mut domains: Vec<_> = rules.domains().collect();
+    domains.sort();
+    let domains: Vec<Value> = domains
+        .into_iter()
+        .map(|(domain, source)| {
+            let limits: Vec<Value> = rules
+                .limits(domain)
+                .iter()
+                .map(|l| {
+                    json!({
+                        "descriptor": l.path,
+                        "name": l.name,
+                        "policies": l.rules.as_ref().map(|r| r.policies().iter().map(|p| p.to_string()).collect::<Vec<_>>()),
+                        "unlimited": l.rules.is_none(),
+                        "shadow_mode": l.shadow,
+                        "replaces": l.replaces,
+                    })
+                })
+                .collect();
+            json!({ "domain": domain, "source": source, "limits": limits })
+        })
+        .collect();
+    Json(json!({ "domains": domains }))
+}
+
+/// The tollgate JSON answer: 200 or 429, `Retry-After` and RateLimit headers from the
+/// binding decision.
+fn respond(result: &CheckResult) -> Response {
+    let statuses: Vec<Value> = result
+        .statuses
+        .iter()
+        .map(|s| {
+            let mut v = json!({ "code": code(s.code) });
+            if let Some(l) = &s.limit {
+                v["limit"] = json!({
+                    "descriptor": l.path,
+                    "name": l.name,
+                    "policies": l.rules.as_ref().map(|r| r.policies().iter().map(|p| p.to_string()).collect::<Vec<_>>()),
+                    "unlimited": l.rules.is_none(),
+                });
+            }
+            if let Some(d) = &s.decision {
+                v["limit_remaining"] = json!(d.remaining);
+                v["reset_after_ms"] = json!(d.reset_after_us.div_ceil(1000));
+                if let Some(r) = d.retry_after_us {
+                    v["retry_after_ms"] = json!(r.div_ceil(1000));
+                }
+                if d.wait_us > 0 {
+                    v["wait_ms"] = json!(d.wait_us.div_ceil(1000));
+                }
+            }
+            if s.shadow_rejected {
+                v["shadow_rejected"] = json!(true);
+            }
+            v
+        })
+        .collect();
+    let body = json!({ "overall_code": code(result.overall), "statuses": statuses });
+    let status = match result.overall {
+        Code::Ok => StatusCode::OK,
+        Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+    };
+    let mut response = (status, Json(body)).into_response();
+    headers(response.headers_mut(), result);
+    response
+}
+
+fn code(c: Code) -> &'static str {
+    match c {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
+    }
+}
+
+/// `Retry-After` (whole seconds, rounded up) on OVER_LIMIT, and the IETF draft's
+/// `RateLimit-Policy` / `RateLimit` for the binding decision.
+fn headers(headers: &mut HeaderMap, result: &CheckResult) {
+    let Some((limit, d)) = result.binding() else {
+        return;
+    };
+    let secs = |us: u64| us.div_ceil(1_000_000);
+    if result.overall == Code::OverLimit {
+        if let Some(r) = d.retry_after_us {
+            headers.insert("retry-after", HeaderValue::from(secs(r)));
+        }
+    }
+    let name = limit.name.clone().unwrap_or_else(|| "default".into());
+    let window = limit
+        .rules
+        .as_ref()
+        .and_then(|r| r.policies().first().map(|p| secs(p.window_us())))
+        .unwrap_or(0);
+    let policy = format!("\"{name}\";q={};w={window}", d.limit);
+    let current = format!("\"{name}\";r={};t={}", d.remaining, secs(d.reset_after_us));
+    for (k, v) in [("ratelimit-policy", policy), ("ratelimit", current)] {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            headers.insert(k, v);
+        }
+    }
+}
+
+// --- Envoy ratelimit's /json: the proto3 JSON form of RateLimitRequest/Response. ---
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EnvoyRequest {
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<EnvoyDescriptor>,
+    #[serde(default, alias = "hits_addend")]
+    hits_addend: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EnvoyDescriptor {
+    #[serde(default)]
+    entries: Vec<EntryBody>,
+    #[serde(default, alias = "hits_addend")]
+    hits_addend: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EnvoyResponse {
+    overall_code: &'static str,
+    statuses: Vec<Value>,
+}
+
+async fn envoy_json(
+    State(service): State<Arc<DecisionService>>,
+    body: Result<Json<EnvoyRequest>, JsonRejection>,
+) -> Response {
+    let body = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return rejected(e),
+    };
+    let descriptors: Vec<DescriptorRequest> = body
+        .descriptors
+        .iter()
+        .map(|d| DescriptorRequest {
+            entries: d
+                .entries
+                .iter()
+                .map(|e| (e.key.clone(), e.value.clone()))
+                .collect(),
+            hits: d.hits_addend,
+        })
+        .collect();
+    let result = match service.check(
+        &body.domain,
+        &descriptors,
+        body.hits_addend.unwrap_or(1),
+        Op::Try,
+    ) {
+        Ok(r) => r,
+        Err(e) => return bad_request(e),
+    };
+    let statuses = result
+        .statuses
+        .iter()
+        .map(|s| {
+            let mut v = json!({ "code": code(s.code) });
+            if let (Some(l), Some(d)) = (&s.limit, &s.decision) {
+                let (unit, per_unit) = match l.envoy {
+                    Some((unit, n)) => (unit.envoy_name(), n),
+                    None => ("UNKNOWN", d.limit),
+                };
+                let mut limit = json!({ "requestsPerUnit": per_unit, "unit": unit });
+                if let Some(name) = &l.name {
+                    limit["name"] = json!(name);
+                }
+                v["currentLimit"] = limit;
+                v["limitRemaining"] = json!(d.remaining);
+                let reset = d.reset_after_us;
+                v["durationUntilReset"] =
+                    json!(format!("{}.{:06}s", reset / 1_000_000, reset % 1_000_000));
+            }
+            v
+        })
+        .collect();
+    let status = match result.overall {
+        Code::Ok => StatusCode::OK,
+        Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+    };
+    (
+        status,
+        Json(EnvoyResponse {
+            overall_code: code(result.overall),
+            statuses,
+        }),
+    )
+        .into_response()
+}

@@ -1,0 +1,432 @@
+//! Rule files: Envoy ratelimit config documents (`domain` + nested `descriptors`),
+//! loaded unchanged, with tollgate's `policies:` extension; and descriptor matching.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use tollgate::{KeyedLimiter, KeyedOptions, Policy, RuleSet};
+
+/// A rule file or directory that does not load, naming the file, line and field.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The YAML is malformed or a field is invalid; the message carries line and column.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// The file (or `<built-in>`).
+        path: String,
+        /// What is wrong, with its location.
+        message: String,
+    },
+}
+
+// --- The document, as written (Envoy's schema plus `policies`). ---
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<DescriptorDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptorDoc {
+    key: String,
+    #[serde(default)]
+    value: Option<String>,
+    #[serde(default)]
+    rate_limit: Option<RateLimitDoc>,
+    #[serde(default)]
+    policies: Option<Vec<SpecDoc>>,
+    #[serde(default)]
+    shadow_mode: bool,
+    /// Accepted for compatibility (Envoy's per-descriptor metrics); no effect.
+    #[serde(default)]
+    #[allow(dead_code)]
+    detailed_metric: bool,
+    #[serde(default)]
+    descriptors: Vec<DescriptorDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitDoc {
+    #[serde(default)]
+    unit: Option<Unit>,
+    #[serde(default)]
+    requests_per_unit: Option<u64>,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    replaces: Vec<ReplacesDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplacesDoc {
+    name: String,
+}
+
+/// Envoy's units: a clock-aligned fixed window of one unit (month = 30 days, year =
+/// 365 days, as Envoy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unit {
+    /// One second.
+    #[serde(alias = "SECOND")]
+    Second,
+    /// One minute.
+    #[serde(alias = "MINUTE")]
+    Minute,
+    /// One hour.
+    #[serde(alias = "HOUR")]
+    Hour,
+    /// One day.
+    #[serde(alias = "DAY")]
+    Day,
+    /// 30 days.
+    #[serde(alias = "MONTH")]
+    Month,
+    /// 365 days.
+    #[serde(alias = "YEAR")]
+    Year,
+}
+
+impl Unit {
+    fn window(self) -> &'static str {
+        match self {
+            Unit::Second => "1s",
+            Unit::Minute => "1m",
+            Unit::Hour => "1h",
+            Unit::Day => "1d",
+            Unit::Month => "30d",
+            Unit::Year => "365d",
+        }
+    }
+
+    /// The name Envoy's API uses.
+    pub fn envoy_name(self) -> &'static str {
+        match self {
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
+        }
+    }
+}
+
+/// A policy spec, parsed while the YAML is read so that its error carries a location.
+#[derive(Debug)]
+struct SpecDoc(Policy);
+
+impl<'de> Deserialize<'de> for SpecDoc {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse::<Policy>()
+            .map(SpecDoc)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+// --- The loaded form. ---
+
+/// A limit attached to a descriptor node: its rule set and the per-key limiter that
+/// keeps its counters (one counter per distinct descriptor value).
+#[derive(Debug)]
+pub struct Limit {
+    /// Where it was defined: `domain/key=value/key2`.
+    pub path: String,
+    /// Envoy's `rate_limit.name`, if given.
+    pub name: Option<String>,
+    /// Names of limits this one replaces when both apply.
+    pub replaces: Vec<String>,
+    /// Report, never reject.
+    pub shadow: bool,
+    /// `None` for `unlimited: true`.
+    pub rules: Option<RuleSet>,
+    /// Envoy's unit and requests per unit, when written that way (for Envoy's API).
+    pub envoy: Option<(Unit, u64)>,
+    /// The counters.
+    pub limiter: Option<KeyedLimiter<String>>,
+}
+
+#[derive(Debug)]
+enum ValueMatch {
+    Exact(String),
+    Prefix(String),
+}
+
+#[derive(Debug)]
+struct Node {
+    key: String,
+    value: Option<ValueMatch>,
+    limit: Option<Arc<Limit>>,
+    children: Vec<Node>,
+}
+
+/// All loaded rules, by domain.
+#[derive(Debug, Default)]
+pub struct Rules {
+    domains: HashMap<String, Vec<Node>>,
+    /// Where each domain came from (for errors and `/v1/config`).
+    sources: HashMap<String, String>,
+}
+
+/// The example rule set compiled into the binary.
+pub const BUILT_IN: &str = include_str!("../config/example-rules.yaml");
+
+impl Rules {
+    /// Loads rule files: each path is a YAML file or a directory of them (`.yaml`,
+    /// `.yml`, in name order). Two documents may not define the same domain.
+    pub fn load(paths: &[PathBuf], options: KeyedOptions) -> Result<Self, RulesError> {
+        let mut files = Vec::new();
+        for path in paths {
+            if path.is_dir() {
+                let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+                    .map_err(|source| RulesError::Io {
+                        path: path.clone(),
+                        source,
+                    })?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| {
+                        matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+                    })
+                    .collect();
+                entries.sort();
+                files.extend(entries);
+            } else {
+                files.push(path.clone());
+            }
+        }
+        let mut rules = Rules::default();
+        for file in files {
+            let text = std::fs::read_to_string(&file).map_err(|source| RulesError::Io {
+                path: file.clone(),
+                source,
+            })?;
+            rules.add(&text, &file.display().to_string(), options)?;
+        }
+        Ok(rules)
+    }
+
+    /// The built-in example rules.
+    pub fn built_in(options: KeyedOptions) -> Self {
+        let mut rules = Rules::default();
+        rules
+            .add(BUILT_IN, "<built-in>", options)
+            .expect("the built-in rules are valid");
+        rules
+    }
+
+    /// Adds one document's text, from `source` (a path, for errors).
+    pub fn add(
+        &mut self,
+        text: &str,
+        source: &str,
+        options: KeyedOptions,
+    ) -> Result<(), RulesError> {
+        let invalid = |message: String| RulesError::Invalid {
+            path: source.to_string(),
+            message,
+        };
+        let doc: Document = serde_yaml_ng::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        if doc.domain.trim().is_empty() {
+            return Err(invalid("domain: must not be empty".into()));
+        }
+        if let Some(other) = self.sources.get(&doc.domain) {
+            return Err(invalid(format!(
+                "domain '{}' is already defined in {other}",
+                doc.domain
+            )));
+        }
+        let nodes = doc
+            .descriptors
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| build(d, &doc.domain, &format!("descriptors[{i}]"), options))
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(invalid)?;
+        self.sources.insert(doc.domain.clone(), source.to_string());
+        self.domains.insert(doc.domain, nodes);
+        Ok(())
+    }
+
+    /// The domains loaded, with their sources.
+    pub fn domains(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.sources.iter().map(|(d, s)| (d.as_str(), s.as_str()))
+    }
+
+    /// Every limit of a domain, depth first.
+    pub fn limits(&self, domain: &str) -> Vec<Arc<Limit>> {
+        fn walk(nodes: &[Node], out: &mut Vec<Arc<Limit>>) {
+            for n in nodes {
+                out.extend(n.limit.clone());
+                walk(&n.children, out);
+            }
+        }
+        let mut out = Vec::new();
+        if let Some(nodes) = self.domains.get(domain) {
+            walk(nodes, &mut out);
+        }
+        out
+    }
+
+    /// The limit for a descriptor (its entries in order), as Envoy matches it: each
+    /// entry must match a node at its depth (an exact value first, then a `*`
+    /// wildcard, then a node without a value), and the limit is that of the node the
+    /// last entry matches. Also returns the counter key: the domain and every
+    /// entry's key and value.
+    pub fn find(&self, domain: &str, entries: &[(String, String)]) -> Option<(Arc<Limit>, String)> {
+        let mut nodes = self.domains.get(domain)?;
+        let mut found = None;
+        for (i, (key, value)) in entries.iter().enumerate() {
+            let node = nodes
+                .iter()
+                .find(|n| n.key == *key && matches!(&n.value, Some(ValueMatch::Exact(v)) if v == value))
+                .or_else(|| {
+                    nodes.iter().find(|n| {
+                        n.key == *key && matches!(&n.value, Some(ValueMatch::Prefix(p)) if value.starts_with(p.as_str()))
+                    })
+                })
+                .or_else(|| nodes.iter().find(|n| n.key == *key && n.value.is_none()))?;
+            if i == entries.len() - 1 {
+                found = node.limit.clone();
+            }
+            nodes = &node.children;
+        }
+        let limit = found?;
+        let mut counter = String::with_capacity(64);
+        counter.push_str(domain);
+        for (k, v) in entries {
+            counter.push('\u{1f}');
+            counter.push_str(k);
+            counter.push('=');
+            counter.push_str(v);
+        }
+        Some((limit, counter))
+    }
+}
+
+fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Result<Node, String> {
+    if d.key.trim().is_empty() {
+        return Err(format!("{at}.key: must not be empty"));
+    }
+    let node_path = match &d.value {
+        Some(v) => format!("{path}/{}={v}", d.key),
+        None => format!("{path}/{}", d.key),
+    };
+    let limit = match (d.rate_limit, d.policies) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "{at}: give either rate_limit or policies, not both"
+            ))
+        }
+        (None, None) => None,
+        (None, Some(specs)) => {
+            if specs.is_empty() {
+                return Err(format!("{at}.policies: needs at least one policy spec"));
+            }
+            let rules = RuleSet::new(specs.into_iter().map(|s| s.0).collect())
+                .map_err(|e| format!("{at}.policies: {e}"))?;
+            Some(limit_of(
+                node_path.clone(),
+                None,
+                vec![],
+                d.shadow_mode,
+                Some(rules),
+                None,
+                options,
+            ))
+        }
+        (Some(rl), None) => {
+            let replaces = rl.replaces.into_iter().map(|r| r.name).collect();
+            if rl.unlimited {
+                Some(limit_of(
+                    node_path.clone(),
+                    rl.name,
+                    replaces,
+                    d.shadow_mode,
+                    None,
+                    None,
+                    options,
+                ))
+            } else {
+                let unit = rl.unit.ok_or_else(|| {
+                    format!(
+                        "{at}.rate_limit.unit: missing (second, minute, hour, day, month or year)"
+                    )
+                })?;
+                let n = rl
+                    .requests_per_unit
+                    .ok_or_else(|| format!("{at}.rate_limit.requests_per_unit: missing"))?;
+                let spec = format!("fixed-window:limit={n},window={}", unit.window());
+                let policy: Policy = spec
+                    .parse()
+                    .map_err(|e| format!("{at}.rate_limit.requests_per_unit: {e}"))?;
+                Some(limit_of(
+                    node_path.clone(),
+                    rl.name,
+                    replaces,
+                    d.shadow_mode,
+                    Some(policy.into()),
+                    Some((unit, n)),
+                    options,
+                ))
+            }
+        }
+    };
+    let value = d.value.map(|v| match v.strip_suffix('*') {
+        Some(prefix) => ValueMatch::Prefix(prefix.to_string()),
+        None => ValueMatch::Exact(v),
+    });
+    let children = d
+        .descriptors
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| build(c, &node_path, &format!("{at}.descriptors[{i}]"), options))
+        .collect::<Result<_, _>>()?;
+    Ok(Node {
+        key: d.key,
+        value,
+        limit,
+        children,
+    })
+}
+
+fn limit_of(
+    path: String,
+    name: Option<String>,
+    replaces: Vec<String>,
+    shadow: bool,
+    rules: Option<RuleSet>,
+    envoy: Option<(Unit, u64)>,
+    options: KeyedOptions,
+) -> Arc<Limit> {
+    let limiter = rules
+        .clone()
+        .map(|r| KeyedLimiter::with_options(r, options, tollgate::MonotonicClock::new()));
+    Arc::new(Limit {
+        path,
+        name,
+        replaces,
+        shadow,
+        rules,
+        envoy,
+        limiter,
+    })
+}

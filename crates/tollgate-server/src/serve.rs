@@ -1,0 +1,221 @@
+//! `tollgate serve`: load the configuration, bind the listeners, serve until SIGTERM
+//! or Ctrl-C, then drain.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use serde::Deserialize;
+use tollgate::{KeyedOptions, OnFull};
+
+use crate::rules::Rules;
+use crate::service::DecisionService;
+
+/// The default HTTP listener (Envoy's ratelimit service uses 8080 too).
+pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
+
+/// The main configuration file (YAML). Every field is optional; flags override it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MainConfig {
+    /// Listeners.
+    #[serde(default)]
+    pub listen: Listen,
+    /// Rule files or directories.
+    #[serde(default)]
+    pub rules: Vec<PathBuf>,
+    /// Where counters live.
+    #[serde(default)]
+    pub store: Store,
+    /// Memory bounds.
+    #[serde(default)]
+    pub keys: Keys,
+}
+
+/// `listen:` addresses.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listen {
+    /// The HTTP/JSON API address.
+    pub http: Option<SocketAddr>,
+}
+
+/// `store:` (only the in-memory store is built so far).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Store {
+    /// `memory`.
+    #[serde(default)]
+    pub kind: StoreKind,
+}
+
+/// The store kinds.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// In this process.
+    #[default]
+    Memory,
+}
+
+/// `keys:` memory bounds per rule.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Keys {
+    /// The most counters one rule keeps (default 1,000,000).
+    #[serde(default = "default_max_keys")]
+    pub max: usize,
+    /// `evict` (least recently active, the default) or `refuse` new keys when full.
+    #[serde(default)]
+    pub on_full: OnFullDoc,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Keys {
+            max: default_max_keys(),
+            on_full: OnFullDoc::Evict,
+        }
+    }
+}
+
+fn default_max_keys() -> usize {
+    1_000_000
+}
+
+/// `keys.on_full`.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFullDoc {
+    /// Evict the least recently active keys.
+    #[default]
+    Evict,
+    /// Refuse new keys (their requests are over the limit).
+    Refuse,
+}
+
+impl MainConfig {
+    /// Reads and validates a main configuration file.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let config: MainConfig = serde_yaml_ng::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        // Rule paths are relative to the config file.
+        let base = path.parent().unwrap_or(Path::new("."));
+        Ok(MainConfig {
+            rules: config.rules.iter().map(|r| base.join(r)).collect(),
+            ..config
+        })
+    }
+
+    /// The keyed-limiter options.
+    pub fn key_options(&self) -> KeyedOptions {
+        KeyedOptions {
+            max_keys: self.keys.max,
+            on_full: match self.keys.on_full {
+                OnFullDoc::Evict => OnFull::EvictLeastRecent,
+                OnFullDoc::Refuse => OnFull::RefuseNew,
+            },
+        }
+    }
+}
+
+/// What `serve` runs with, after flags are applied to the file.
+pub struct Settings {
+    /// The HTTP address.
+    pub http: SocketAddr,
+    /// The rules.
+    pub rules: Rules,
+    /// Where the rules came from.
+    pub rules_source: String,
+}
+
+impl Settings {
+    /// Loads everything, binding nothing: errors surface before any port is taken.
+    pub fn resolve(
+        config: Option<&Path>,
+        rules: &[PathBuf],
+        http: Option<SocketAddr>,
+    ) -> anyhow::Result<Self> {
+        let main = match config {
+            Some(p) => MainConfig::load(p)?,
+            None => MainConfig::default(),
+        };
+        // The only store so far; the match fails to compile when another is added.
+        let StoreKind::Memory = main.store.kind;
+        let paths = if rules.is_empty() {
+            main.rules.clone()
+        } else {
+            rules.to_vec()
+        };
+        let options = main.key_options();
+        let (rules, rules_source) = if paths.is_empty() {
+            (
+                Rules::built_in(options),
+                "the built-in example rules".to_string(),
+            )
+        } else {
+            let list = paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            (Rules::load(&paths, options)?, list)
+        };
+        let http = http
+            .or(main.listen.http)
+            .unwrap_or_else(|| DEFAULT_HTTP.parse().expect("valid default"));
+        Ok(Settings {
+            http,
+            rules,
+            rules_source,
+        })
+    }
+}
+
+/// Serves until a shutdown signal.
+pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(settings.http)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.http))?;
+    let addr = listener.local_addr()?;
+    let service = Arc::new(DecisionService::new(settings.rules));
+    let mut domains: Vec<String> = service
+        .rules()
+        .domains()
+        .map(|(d, _)| d.to_string())
+        .collect();
+    domains.sort();
+    println!(
+        "tollgate serve: HTTP on http://{addr} (memory store) with {}",
+        settings.rules_source
+    );
+    println!("  domains: {}", domains.join(", "));
+    println!("  try: curl -s http://{addr}/v1/check -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
+    println!("  rules in force: curl -s http://{addr}/v1/config");
+    axum::serve(listener, crate::http::router(service))
+        .with_graceful_shutdown(shutdown())
+        .await?;
+    println!("tollgate serve: stopped");
+    Ok(())
+}
+
+async fn shutdown() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

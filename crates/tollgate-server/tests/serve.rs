@@ -1,0 +1,324 @@
+//! `tollgate serve` as a real process on port 0, driven by a real HTTP client.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rules_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rules")
+}
+
+/// Starts `tollgate serve ARGS --http 127.0.0.1:0` and reads its address.
+fn start(args: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("serve")
+        .args(args)
+        .args(["--http", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_string();
+    Server {
+        child,
+        base: format!("http://{addr}"),
+    }
+}
+
+async fn post(server: &Server, path: &str, body: &str) -> (u16, http::HeaderMap, Value) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let req = http::Request::post(format!("{}{path}", server.base))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, headers, value)
+}
+
+fn check_body(domain: &str, descriptors: &[&[(&str, &str)]]) -> String {
+    let descriptors: Vec<Value> = descriptors
+        .iter()
+        .map(|entries| json!({ "entries": entries.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>() }))
+        .collect();
+    json!({ "domain": domain, "descriptors": descriptors }).to_string()
+}
+
+async fn check(
+    server: &Server,
+    domain: &str,
+    descriptors: &[&[(&str, &str)]],
+) -> (u16, http::HeaderMap, Value) {
+    post(server, "/v1/check", &check_body(domain, descriptors)).await
+}
+
+#[tokio::test]
+async fn built_in_rules_limit_with_429_and_headers() {
+    let server = start(&[]);
+    for i in 0..5 {
+        let (status, headers, body) = check(&server, "example", &[&[("path", "/login")]]).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["statuses"][0]["limit_remaining"], 4 - i);
+        assert_eq!(headers["ratelimit-policy"], "\"login\";q=5;w=60");
+    }
+    let (status, headers, body) = check(&server, "example", &[&[("path", "/login")]]).await;
+    assert_eq!(status, 429);
+    assert_eq!(body["overall_code"], "OVER_LIMIT");
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    // Other descriptors are unaffected; an unlimited one is always OK; an unknown one
+    // has no limit.
+    assert_eq!(
+        check(&server, "example", &[&[("path", "/static/app.js")]])
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        check(&server, "example", &[&[("remote_address", "10.0.0.1")]])
+            .await
+            .0,
+        200
+    );
+    let (status, _, body) = check(&server, "example", &[&[("nothing", "here")]]).await;
+    assert_eq!(
+        (status, body["statuses"][0].get("limit").is_none()),
+        (200, true)
+    );
+}
+
+#[tokio::test]
+async fn envoy_documents_load_unchanged_and_behave_as_envoy() {
+    let dir = rules_dir().join("envoy-examples.yaml");
+    let server = start(&["--rules", dir.to_str().unwrap()]);
+    let over = |n: u16| n == 429;
+    // Exact value: 3 per second.
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(check(&server, "envoy", &[&[("database", "users")]]).await.0);
+    }
+    assert_eq!(codes, [200, 200, 200, 429]);
+    // Key only: one counter per value.
+    for ip in ["1.1.1.1", "2.2.2.2"] {
+        assert_eq!(
+            check(&server, "envoy", &[&[("remote_address", ip)]])
+                .await
+                .0,
+            200
+        );
+        assert_eq!(
+            check(&server, "envoy", &[&[("remote_address", ip)]])
+                .await
+                .0,
+            200
+        );
+        assert!(over(
+            check(&server, "envoy", &[&[("remote_address", ip)]])
+                .await
+                .0
+        ));
+    }
+    // Nested: the limit of the node the last entry matches.
+    let nested: &[(&str, &str)] = &[("remote_address", "3.3.3.3"), ("path", "/expensive")];
+    assert_eq!(check(&server, "envoy", &[nested]).await.0, 200);
+    assert!(over(check(&server, "envoy", &[nested]).await.0));
+    // An entry path with no node for its last entry has no limit.
+    let unmatched: &[(&str, &str)] = &[("remote_address", "3.3.3.3"), ("path", "/cheap")];
+    for _ in 0..3 {
+        assert_eq!(check(&server, "envoy", &[unmatched]).await.0, 200);
+    }
+    // Wildcard: /api/* shares... one counter per value (the value is part of the key).
+    assert_eq!(
+        check(&server, "envoy", &[&[("path", "/api/a")]]).await.0,
+        200
+    );
+    assert_eq!(
+        check(&server, "envoy", &[&[("path", "/api/a")]]).await.0,
+        200
+    );
+    assert!(over(
+        check(&server, "envoy", &[&[("path", "/api/a")]]).await.0
+    ));
+    assert_eq!(
+        check(&server, "envoy", &[&[("path", "/api/b")]]).await.0,
+        200
+    );
+    // Unlimited.
+    for _ in 0..10 {
+        assert_eq!(
+            check(&server, "envoy", &[&[("user", "admin")]]).await.0,
+            200
+        );
+    }
+    // Replaces: with "premium" in the same request, "standard" is skipped.
+    let both: &[&[(&str, &str)]] = &[&[("plan", "standard")], &[("customer", "vip")]];
+    for _ in 0..3 {
+        assert_eq!(check(&server, "envoy", both).await.0, 200);
+    }
+    assert!(over(check(&server, "envoy", both).await.0));
+    // Shadow mode: over the limit but OK, flagged.
+    check(&server, "envoy", &[&[("experiment", "x")]]).await;
+    let (status, _, body) = check(&server, "envoy", &[&[("experiment", "x")]]).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["statuses"][0]["shadow_rejected"], true);
+    // A rule set: gcra burst 2 rejects the third without charging the hourly window.
+    let key: &[(&str, &str)] = &[("api_key", "k")];
+    assert_eq!(check(&server, "envoy", &[key]).await.0, 200);
+    assert_eq!(check(&server, "envoy", &[key]).await.0, 200);
+    let (status, _, body) = check(&server, "envoy", &[key]).await;
+    assert_eq!(status, 429, "{body}");
+}
+
+#[tokio::test]
+async fn envoy_json_endpoint_and_hits_addend() {
+    let server = start(&[
+        "--rules",
+        rules_dir().join("envoy-examples.yaml").to_str().unwrap(),
+    ]);
+    let body = json!({"domain": "envoy", "descriptors": [{"entries": [{"key": "database", "value": "users"}]}], "hitsAddend": 2});
+    let (status, _, v) = post(&server, "/json", &body.to_string()).await;
+    assert_eq!(status, 200);
+    assert_eq!(v["overallCode"], "OK");
+    assert_eq!(
+        v["statuses"][0]["currentLimit"],
+        json!({"requestsPerUnit": 3, "unit": "SECOND"})
+    );
+    assert_eq!(v["statuses"][0]["limitRemaining"], 1);
+    // A per-descriptor hits_addend of 0 looks without counting.
+    let peek = json!({"domain": "envoy", "descriptors": [{"entries": [{"key": "database", "value": "users"}], "hits_addend": 0}]});
+    let (_, _, v) = post(&server, "/json", &peek.to_string()).await;
+    assert_eq!(
+        v["statuses"][0]["limitRemaining"], 0,
+        "a unit would leave 0"
+    );
+    let (status, _, v) = post(&server, "/json", &body.to_string()).await;
+    assert_eq!(
+        (status, v["overallCode"].as_str()),
+        (429, Some("OVER_LIMIT"))
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_400_naming_the_problem() {
+    let server = start(&[]);
+    let (status, _, v) = post(&server, "/v1/check", "{not json").await;
+    assert_eq!(status, 400);
+    assert!(v["error"].as_str().unwrap().contains("line 1"), "{v}");
+    let (status, _, v) = post(
+        &server,
+        "/v1/check",
+        r#"{"domain":"example","descriptors":[{"entries":[]}]}"#,
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(v["error"], "descriptors[0].entries: must not be empty");
+    let (status, _, v) = post(
+        &server,
+        "/v1/check",
+        r#"{"domain":"example","descriptors":[],"extra":1}"#,
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `extra`"),
+        "{v}"
+    );
+    let huge = format!(
+        r#"{{"domain":"example","descriptors":[{{"entries":[{{"key":"k","value":"{}"}}]}}]}}"#,
+        "x".repeat(100_000)
+    );
+    assert_eq!(post(&server, "/v1/check", &huge).await.0, 413);
+    // The server is still up and deciding.
+    assert_eq!(
+        check(&server, "example", &[&[("api_key", "z")]]).await.0,
+        200
+    );
+}
+
+#[tokio::test]
+async fn acquire_waits_for_the_slot() {
+    let server = start(&[]);
+    let body = check_body("example", &[&[("tenant", "t1"), ("user", "u1")]]);
+    // tenant/user is a shadow-mode sliding log: never waits. api_key is gcra 10/s burst 20.
+    for _ in 0..20 {
+        assert_eq!(
+            post(
+                &server,
+                "/v1/check",
+                &check_body("example", &[&[("api_key", "w")]])
+            )
+            .await
+            .0,
+            200
+        );
+    }
+    let clock = tollgate::MonotonicClock::new();
+    let start_us = tollgate::Clock::now_us(&clock);
+    let (status, _, v) = post(
+        &server,
+        "/v1/acquire",
+        &check_body("example", &[&[("api_key", "w")]]),
+    )
+    .await;
+    let waited = tollgate::Clock::now_us(&clock) - start_us;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["statuses"][0]["wait_ms"].as_u64().unwrap() > 0);
+    assert!(waited >= 50_000, "waited {waited}us");
+    assert_eq!(post(&server, "/v1/check", &body).await.0, 200);
+}
+
+#[test]
+fn check_config_names_file_line_and_field() {
+    let bad = rules_dir().join("bad.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check-config", "--rules", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml"), "{err}");
+    assert!(err.contains("line 5"), "{err}");
+    assert!(err.contains("unknown parameter 'brust'"), "{err}");
+    let good = rules_dir().join("envoy-examples.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check-config", "--rules", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
