@@ -74,6 +74,9 @@ struct ServeArgs {
     /// The HTTP listen address [default: 127.0.0.1:8080].
     #[arg(long)]
     http: Option<std::net::SocketAddr>,
+    /// The Envoy RLS gRPC listen address [default: 127.0.0.1:8081].
+    #[arg(long)]
+    grpc: Option<std::net::SocketAddr>,
     /// Where counters live (the Redis store arrives with Redis support).
     #[arg(long, value_enum, default_value = "memory")]
     store: StoreArg,
@@ -95,8 +98,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay(args) => replay(args),
         Command::Serve(args) => {
             let StoreArg::Memory = args.store;
-            let settings =
-                crate::serve::Settings::resolve(args.config.as_deref(), &args.rules, args.http)?;
+            let settings = crate::serve::Settings::resolve(
+                args.config.as_deref(),
+                &args.rules,
+                args.http,
+                args.grpc,
+            )?;
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?
@@ -107,7 +114,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 anyhow::bail!("check-config needs --config FILE and/or --rules PATH");
             }
             let settings =
-                crate::serve::Settings::resolve(args.config.as_deref(), &args.rules, None)?;
+                crate::serve::Settings::resolve(args.config.as_deref(), &args.rules, None, None)?;
             let mut domains: Vec<_> = settings
                 .rules
                 .domains()

@@ -71,6 +71,7 @@ impl CheckBody {
                     .map(|e| (e.key.clone(), e.value.clone()))
                     .collect(),
                 hits: d.cost,
+                limit_override: None,
             })
             .collect()
     }
@@ -272,16 +273,18 @@ fn code(c: Code) -> &'static str {
     }
 }
 
-/// `Retry-After` (whole seconds, rounded up) on OVER_LIMIT, and the IETF draft's
-/// `RateLimit-Policy` / `RateLimit` for the binding decision.
-fn headers(headers: &mut HeaderMap, result: &CheckResult) {
+/// The response headers for a result: `Retry-After` (whole seconds, rounded up) on
+/// OVER_LIMIT, and the IETF draft's `RateLimit-Policy` / `RateLimit` for the binding
+/// decision. Shared by the HTTP API and gRPC's `response_headers_to_add`.
+pub fn rate_limit_headers(result: &CheckResult) -> Vec<(&'static str, String)> {
     let Some((limit, d)) = result.binding() else {
-        return;
+        return Vec::new();
     };
     let secs = |us: u64| us.div_ceil(1_000_000);
+    let mut out = Vec::with_capacity(3);
     if result.overall == Code::OverLimit {
         if let Some(r) = d.retry_after_us {
-            headers.insert("retry-after", HeaderValue::from(secs(r)));
+            out.push(("retry-after", secs(r).to_string()));
         }
     }
     let name = limit.name.clone().unwrap_or_else(|| "default".into());
@@ -290,9 +293,19 @@ fn headers(headers: &mut HeaderMap, result: &CheckResult) {
         .as_ref()
         .and_then(|r| r.policies().first().map(|p| secs(p.window_us())))
         .unwrap_or(0);
-    let policy = format!("\"{name}\";q={};w={window}", d.limit);
-    let current = format!("\"{name}\";r={};t={}", d.remaining, secs(d.reset_after_us));
-    for (k, v) in [("ratelimit-policy", policy), ("ratelimit", current)] {
+    out.push((
+        "ratelimit-policy",
+        format!("\"{name}\";q={};w={window}", d.limit),
+    ));
+    out.push((
+        "ratelimit",
+        format!("\"{name}\";r={};t={}", d.remaining, secs(d.reset_after_us)),
+    ));
+    out
+}
+
+fn headers(headers: &mut HeaderMap, result: &CheckResult) {
+    for (k, v) in rate_limit_headers(result) {
         if let Ok(v) = HeaderValue::from_str(&v) {
             headers.insert(k, v);
         }
@@ -345,6 +358,7 @@ async fn envoy_json(
                 .map(|e| (e.key.clone(), e.value.clone()))
                 .collect(),
             hits: d.hits_addend,
+            limit_override: None,
         })
         .collect();
     let result = match service.check(

@@ -2,6 +2,7 @@
 //! module.
 
 mod cli;
+mod grpc;
 mod http;
 mod replay;
 mod rules;

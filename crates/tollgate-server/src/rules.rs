@@ -82,7 +82,7 @@ struct ReplacesDoc {
 
 /// Envoy's units: a clock-aligned fixed window of one unit (month = 30 days, year =
 /// 365 days, as Envoy).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Unit {
     /// One second.
@@ -97,6 +97,9 @@ pub enum Unit {
     /// One day.
     #[serde(alias = "DAY")]
     Day,
+    /// Seven days.
+    #[serde(alias = "WEEK")]
+    Week,
     /// 30 days.
     #[serde(alias = "MONTH")]
     Month,
@@ -106,12 +109,14 @@ pub enum Unit {
 }
 
 impl Unit {
-    fn window(self) -> &'static str {
+    /// The window as a duration spec.
+    pub fn window(self) -> &'static str {
         match self {
             Unit::Second => "1s",
             Unit::Minute => "1m",
             Unit::Hour => "1h",
             Unit::Day => "1d",
+            Unit::Week => "7d",
             Unit::Month => "30d",
             Unit::Year => "365d",
         }
@@ -124,6 +129,7 @@ impl Unit {
             Unit::Minute => "MINUTE",
             Unit::Hour => "HOUR",
             Unit::Day => "DAY",
+            Unit::Week => "WEEK",
             Unit::Month => "MONTH",
             Unit::Year => "YEAR",
         }
@@ -309,17 +315,42 @@ impl Rules {
             }
             nodes = &node.children;
         }
-        let limit = found?;
-        let mut counter = String::with_capacity(64);
-        counter.push_str(domain);
-        for (k, v) in entries {
-            counter.push('\u{1f}');
-            counter.push_str(k);
-            counter.push('=');
-            counter.push_str(v);
-        }
-        Some((limit, counter))
+        Some((found?, counter_key(domain, entries)))
     }
+
+    /// Whether a domain is loaded.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+}
+
+/// The counter of a descriptor: its domain and every entry's key and value.
+pub fn counter_key(domain: &str, entries: &[(String, String)]) -> String {
+    let mut counter = String::with_capacity(64);
+    counter.push_str(domain);
+    for (k, v) in entries {
+        counter.push('\u{1f}');
+        counter.push_str(k);
+        counter.push('=');
+        counter.push_str(v);
+    }
+    counter
+}
+
+/// A limit for a request's own override (Envoy's per-descriptor `limit`): a
+/// clock-aligned fixed window of `n` per `unit`.
+pub fn override_limit(unit: Unit, n: u64, options: KeyedOptions) -> Result<Arc<Limit>, String> {
+    let spec = format!("fixed-window:limit={n},window={}", unit.window());
+    let policy: Policy = spec.parse().map_err(|e| format!("limit override: {e}"))?;
+    Ok(limit_of(
+        format!("override/{n}/{}", unit.envoy_name()),
+        None,
+        vec![],
+        false,
+        Some(policy.into()),
+        Some((unit, n)),
+        options,
+    ))
 }
 
 fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Result<Node, String> {

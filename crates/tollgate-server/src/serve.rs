@@ -14,6 +14,8 @@ use crate::service::DecisionService;
 
 /// The default HTTP listener (Envoy's ratelimit service uses 8080 too).
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
+/// The default gRPC listener (Envoy's ratelimit service uses 8081 too).
+pub const DEFAULT_GRPC: &str = "127.0.0.1:8081";
 
 /// The main configuration file (YAML). Every field is optional; flags override it.
 #[derive(Debug, Default, Deserialize)]
@@ -39,6 +41,8 @@ pub struct MainConfig {
 pub struct Listen {
     /// The HTTP/JSON API address.
     pub http: Option<SocketAddr>,
+    /// The Envoy RLS gRPC address.
+    pub grpc: Option<SocketAddr>,
 }
 
 /// `store:` (only the in-memory store is built so far).
@@ -126,6 +130,10 @@ impl MainConfig {
 pub struct Settings {
     /// The HTTP address.
     pub http: SocketAddr,
+    /// The gRPC address.
+    pub grpc: SocketAddr,
+    /// Counter bounds.
+    pub options: KeyedOptions,
     /// The rules.
     pub rules: Rules,
     /// Where the rules came from.
@@ -138,6 +146,7 @@ impl Settings {
         config: Option<&Path>,
         rules: &[PathBuf],
         http: Option<SocketAddr>,
+        grpc: Option<SocketAddr>,
     ) -> anyhow::Result<Self> {
         let main = match config {
             Some(p) => MainConfig::load(p)?,
@@ -167,8 +176,13 @@ impl Settings {
         let http = http
             .or(main.listen.http)
             .unwrap_or_else(|| DEFAULT_HTTP.parse().expect("valid default"));
+        let grpc = grpc
+            .or(main.listen.grpc)
+            .unwrap_or_else(|| DEFAULT_GRPC.parse().expect("valid default"));
         Ok(Settings {
             http,
+            grpc,
+            options,
             rules,
             rules_source,
         })
@@ -177,11 +191,14 @@ impl Settings {
 
 /// Serves until a shutdown signal.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(settings.http)
+    let http_listener = tokio::net::TcpListener::bind(settings.http)
         .await
-        .with_context(|| format!("cannot listen on {}", settings.http))?;
-    let addr = listener.local_addr()?;
-    let service = Arc::new(DecisionService::new(settings.rules));
+        .with_context(|| format!("cannot listen on {} (HTTP)", settings.http))?;
+    let grpc_listener = tokio::net::TcpListener::bind(settings.grpc)
+        .await
+        .with_context(|| format!("cannot listen on {} (gRPC)", settings.grpc))?;
+    let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
+    let service = Arc::new(DecisionService::new(settings.rules, settings.options));
     let mut domains: Vec<String> = service
         .rules()
         .domains()
@@ -189,15 +206,31 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .collect();
     domains.sort();
     println!(
-        "tollgate serve: HTTP on http://{addr} (memory store) with {}",
+        "tollgate serve: HTTP on http://{http} and Envoy RLS gRPC on {grpc} (memory store) with {}",
         settings.rules_source
     );
     println!("  domains: {}", domains.join(", "));
-    println!("  try: curl -s http://{addr}/v1/check -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
-    println!("  rules in force: curl -s http://{addr}/v1/config");
-    axum::serve(listener, crate::http::router(service))
-        .with_graceful_shutdown(shutdown())
-        .await?;
+    println!("  try: curl -s http://{http}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
+    println!("  rules in force: curl -s http://{http}/v1/config");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let http_server = axum::serve(http_listener, crate::http::router(service.clone()))
+        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(crate::grpc::Grpc::server(service))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc_listener),
+            stopped(stop_rx),
+        );
+    let (h, g) = tokio::join!(http_server, grpc_server);
+    h?;
+    g?;
     println!("tollgate serve: stopped");
     Ok(())
 }

@@ -1,13 +1,13 @@
 //! The decision service: descriptors in, a decision per descriptor out (Envoy's
 //! ratelimit semantics), over the loaded rules. Transport-free: HTTP and gRPC wrap it.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use tollgate::{CheckError, Decision, KeyedError, Op};
 
-use crate::rules::{Limit, Rules};
+use crate::rules::{counter_key, override_limit, Limit, Rules, Unit};
 
 /// One descriptor of a request: its entries, in order, and its own hits (cost).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +16,9 @@ pub struct DescriptorRequest {
     pub entries: Vec<(String, String)>,
     /// This descriptor's hits: `None` = the request's; `Some(0)` = look, don't count.
     pub hits: Option<u64>,
+    /// The request's own limit for this descriptor (Envoy's per-descriptor `limit`),
+    /// used instead of the configured one.
+    pub limit_override: Option<(Unit, u64)>,
 }
 
 /// Envoy's codes.
@@ -88,16 +91,52 @@ pub enum RequestError {
     EmptyDescriptor(usize),
 }
 
+/// At most this many distinct limit overrides keep counters.
+pub const MAX_OVERRIDES: usize = 1024;
+
 /// The rules in force, swappable at run time.
 pub struct DecisionService {
     rules: ArcSwap<Rules>,
+    overrides: Mutex<HashMap<(Unit, u64), Arc<Limit>>>,
+    options: tollgate::KeyedOptions,
 }
 
 impl DecisionService {
-    /// A service over `rules`.
-    pub fn new(rules: Rules) -> Self {
+    /// A service over `rules`; `options` bound the counters of limit overrides.
+    pub fn new(rules: Rules, options: tollgate::KeyedOptions) -> Self {
         DecisionService {
             rules: ArcSwap::from_pointee(rules),
+            overrides: Mutex::new(HashMap::new()),
+            options,
+        }
+    }
+
+    /// The limit for a request's own override, created on first use.
+    fn override_for(&self, unit: Unit, n: u64) -> Option<Arc<Limit>> {
+        let mut map = self.overrides.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = map.get(&(unit, n)) {
+            return Some(l.clone());
+        }
+        if map.len() >= MAX_OVERRIDES {
+            return None;
+        }
+        let limit = override_limit(unit, n, self.options).ok()?;
+        map.insert((unit, n), limit.clone());
+        Some(limit)
+    }
+
+    /// The limit and counter that apply to a descriptor.
+    fn limit_for(
+        &self,
+        rules: &Rules,
+        domain: &str,
+        d: &DescriptorRequest,
+    ) -> Option<(Arc<Limit>, String)> {
+        match d.limit_override {
+            Some((unit, n)) if rules.has_domain(domain) => {
+                Some((self.override_for(unit, n)?, counter_key(domain, &d.entries)))
+            }
+            _ => rules.find(domain, &d.entries),
         }
     }
 
@@ -126,7 +165,7 @@ impl DecisionService {
         let rules = self.rules.load();
         let found: Vec<_> = descriptors
             .iter()
-            .map(|d| rules.find(domain, &d.entries))
+            .map(|d| self.limit_for(&rules, domain, d))
             .collect();
         let replaced: HashSet<&str> = found
             .iter()
@@ -186,7 +225,7 @@ impl DecisionService {
     pub fn refund(&self, domain: &str, descriptors: &[DescriptorRequest], hits: u64) {
         let rules = self.rules.load();
         for d in descriptors {
-            if let Some((limit, key)) = rules.find(domain, &d.entries) {
+            if let Some((limit, key)) = self.limit_for(&rules, domain, d) {
                 if let Some(limiter) = &limit.limiter {
                     limiter.refund(key.as_str(), d.hits.unwrap_or(hits.max(1)));
                 }

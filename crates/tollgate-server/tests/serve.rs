@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 struct Server {
     child: Child,
     base: String,
+    grpc: String,
 }
 
 impl Drop for Server {
@@ -29,7 +30,7 @@ fn start(args: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("serve")
         .args(args)
-        .args(["--http", "127.0.0.1:0"])
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -38,15 +39,19 @@ fn start(args: &[&str]) -> Server {
     BufReader::new(child.stdout.as_mut().unwrap())
         .read_line(&mut first)
         .unwrap();
-    let addr = first
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {first:?}"))
-        .to_string();
+    let after = |marker: &str| {
+        first
+            .split(marker)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no {marker} address in {first:?}"))
+            .to_string()
+    };
+    let (http, grpc) = (after("http://"), after("gRPC on "));
     Server {
         child,
-        base: format!("http://{addr}"),
+        base: format!("http://{http}"),
+        grpc: format!("http://{grpc}"),
     }
 }
 
@@ -121,7 +126,7 @@ async fn envoy_documents_load_unchanged_and_behave_as_envoy() {
     let dir = rules_dir().join("envoy-examples.yaml");
     let server = start(&["--rules", dir.to_str().unwrap()]);
     let over = |n: u16| n == 429;
-    // Exact value: 3 per second.
+    // Exact value: 3 per hour.
     let mut codes = Vec::new();
     for _ in 0..4 {
         codes.push(check(&server, "envoy", &[&[("database", "users")]]).await.0);
@@ -210,7 +215,7 @@ async fn envoy_json_endpoint_and_hits_addend() {
     assert_eq!(v["overallCode"], "OK");
     assert_eq!(
         v["statuses"][0]["currentLimit"],
-        json!({"requestsPerUnit": 3, "unit": "SECOND"})
+        json!({"requestsPerUnit": 3, "unit": "HOUR"})
     );
     assert_eq!(v["statuses"][0]["limitRemaining"], 1);
     // A per-descriptor hits_addend of 0 looks without counting.
@@ -321,4 +326,111 @@ fn check_config_names_file_line_and_field() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[tokio::test]
+async fn envoy_rls_grpc_is_wire_compatible() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    let server = start(&[
+        "--rules",
+        rules_dir().join("envoy-examples.yaml").to_str().unwrap(),
+    ]);
+    let mut client = RateLimitServiceClient::connect(server.grpc.clone())
+        .await
+        .unwrap();
+    let descriptor = |key: &str, value: &str| RateLimitDescriptor {
+        entries: vec![Entry {
+            key: key.into(),
+            value: value.into(),
+        }],
+        ..Default::default()
+    };
+    let request = |descriptors: Vec<RateLimitDescriptor>, hits: u32| RateLimitRequest {
+        domain: "envoy".into(),
+        descriptors,
+        hits_addend: hits,
+    };
+    // hits_addend 2 against 3 per hour.
+    let r = client
+        .should_rate_limit(request(vec![descriptor("database", "users")], 2))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 1, "OK");
+    let s = &r.statuses[0];
+    let limit = s.current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (3, 3), "3 per HOUR");
+    assert_eq!(s.limit_remaining, 1);
+    assert!(s.duration_until_reset.as_ref().unwrap().seconds <= 3600);
+    assert!(r
+        .response_headers_to_add
+        .iter()
+        .any(|h| h.key == "ratelimit" && h.value.contains("r=1")));
+    // A per-descriptor hits_addend of 0 checks without counting.
+    let mut peek = descriptor("database", "users");
+    peek.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let r = client
+        .should_rate_limit(request(vec![peek], 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (1, 0));
+    // Unset hits_addend means 1: the third unit is admitted, the fourth is not.
+    let r = client
+        .should_rate_limit(request(vec![descriptor("database", "users")], 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 1);
+    let r = client
+        .should_rate_limit(request(vec![descriptor("database", "users")], 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.overall_code, r.statuses[0].code), (2, 2), "OVER_LIMIT");
+    assert!(r
+        .response_headers_to_add
+        .iter()
+        .any(|h| h.key == "retry-after"));
+    // The request's own limit override applies instead of the configuration.
+    let mut over = descriptor("anything", "x");
+    over.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 2,
+    });
+    let r = client
+        .should_rate_limit(request(vec![over.clone()], 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 1);
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().map(|l| l.unit),
+        Some(2),
+        "MINUTE: {r:?}"
+    );
+    let r = client
+        .should_rate_limit(request(vec![over], 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 2);
+    // A bad request is INVALID_ARGUMENT, and the server keeps serving.
+    let err = client
+        .should_rate_limit(RateLimitRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let r = client
+        .should_rate_limit(request(vec![descriptor("user", "admin")], 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 1);
 }
