@@ -21,14 +21,81 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The longest `/v1/acquire` waits, whatever the policy's max-wait.
 pub const MAX_ACQUIRE_WAIT: Duration = Duration::from_secs(30);
 
+/// Who may call admin endpoints.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    /// A bearer token every admin call must carry, if set.
+    pub token: Option<String>,
+    /// Whether the HTTP listener is on a loopback address (admin allowed without a
+    /// token only then).
+    pub loopback: bool,
+}
+
+impl Admin {
+    fn allows(&self, headers: &HeaderMap) -> Result<(), Response> {
+        match &self.token {
+            Some(token) => {
+                let given = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "));
+                if given == Some(token.as_str()) {
+                    Ok(())
+                } else {
+                    Err((StatusCode::UNAUTHORIZED, Json(json!({ "error": "admin endpoint: missing or wrong bearer token" }))).into_response())
+                }
+            }
+            None if self.loopback => Ok(()),
+            None => Err((
+                StatusCode::FORBIDDEN,
+                Json(json!({ "error": "admin endpoints are off on a non-loopback listener without admin.token" })),
+            )
+                .into_response()),
+        }
+    }
+}
+
 /// The router over a decision service.
-pub fn router(service: Arc<DecisionService>) -> Router {
+pub fn router(service: Arc<DecisionService>, admin: Admin) -> Router {
+    let admin = Arc::new(admin);
+    let reset_admin = admin.clone();
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/acquire", post(acquire))
-        .route("/v1/reset", post(reset))
+        .route(
+            "/v1/reset",
+            post(
+                move |state: State<Arc<DecisionService>>,
+                      headers: HeaderMap,
+                      body: Result<Json<ResetBody>, JsonRejection>| async move {
+                    match reset_admin.allows(&headers) {
+                        Ok(()) => reset(state, body).await,
+                        Err(r) => r,
+                    }
+                },
+            ),
+        )
+        .route(
+            "/v1/reload",
+            post(
+                move |State(service): State<Arc<DecisionService>>, headers: HeaderMap| async move {
+                    if let Err(r) = admin.allows(&headers) {
+                        return r;
+                    }
+                    match service.reload() {
+                        Ok(()) => Json(json!({ "reloaded": true })).into_response(),
+                        Err(e) => (
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            Json(json!({ "error": e.to_string() })),
+                        )
+                            .into_response(),
+                    }
+                },
+            ),
+        )
         .route("/v1/config", get(config))
         .route("/json", post(envoy_json))
+        .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "OK\n" }))
         .route("/readyz", get(|| async { "OK\n" }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -195,6 +262,17 @@ async fn reset(
         )
             .into_response()
     }
+}
+
+async fn metrics(State(service): State<Arc<DecisionService>>) -> Response {
+    (
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        service.render_metrics(),
+    )
+        .into_response()
 }
 
 async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {

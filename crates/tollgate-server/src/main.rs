@@ -4,6 +4,7 @@
 mod cli;
 mod grpc;
 mod http;
+mod metrics;
 mod replay;
 mod rules;
 mod serve;

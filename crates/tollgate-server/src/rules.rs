@@ -171,6 +171,18 @@ pub struct Limit {
     pub limiter: Option<KeyedLimiter<String>>,
 }
 
+impl Limit {
+    /// Whether two limits are defined alike (so one's counters serve the other).
+    pub fn same_definition(&self, other: &Limit) -> bool {
+        self.path == other.path
+            && self.name == other.name
+            && self.replaces == other.replaces
+            && self.shadow == other.shadow
+            && self.rules == other.rules
+            && self.envoy == other.envoy
+    }
+}
+
 #[derive(Debug)]
 enum ValueMatch {
     Exact(String),
@@ -275,6 +287,34 @@ impl Rules {
     /// The domains loaded, with their sources.
     pub fn domains(&self) -> impl Iterator<Item = (&str, &str)> {
         self.sources.iter().map(|(d, s)| (d.as_str(), s.as_str()))
+    }
+
+    /// Takes over the limits of `old` whose definition is unchanged (same descriptor
+    /// path, policies, name, replaces, shadow mode), with their counters: a reload
+    /// keeps the state of unchanged rules.
+    pub fn adopt(&mut self, old: &Rules) {
+        let mut previous: HashMap<String, Arc<Limit>> = HashMap::new();
+        for domain in old.domains.keys() {
+            for l in old.limits(domain) {
+                previous.insert(l.path.clone(), l);
+            }
+        }
+        fn walk(nodes: &mut [Node], previous: &HashMap<String, Arc<Limit>>) {
+            for n in nodes {
+                if let Some(limit) = &n.limit {
+                    if let Some(old) = previous
+                        .get(&limit.path)
+                        .filter(|o| o.same_definition(limit))
+                    {
+                        n.limit = Some(old.clone());
+                    }
+                }
+                walk(&mut n.children, previous);
+            }
+        }
+        for nodes in self.domains.values_mut() {
+            walk(nodes, &previous);
+        }
     }
 
     /// Every limit of a domain, depth first.

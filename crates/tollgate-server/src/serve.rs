@@ -33,6 +33,19 @@ pub struct MainConfig {
     /// Memory bounds.
     #[serde(default)]
     pub keys: Keys,
+    /// Admin endpoints.
+    #[serde(default)]
+    pub admin: Admin,
+}
+
+/// `admin:`. Admin endpoints (`/v1/reset`, `/v1/reload`) need `Authorization: Bearer
+/// TOKEN` when a token is set (here or in `TOLLGATE_ADMIN_TOKEN`); without one they
+/// answer only on a loopback listener.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    /// The bearer token.
+    pub token: Option<String>,
 }
 
 /// `listen:` addresses.
@@ -138,6 +151,10 @@ pub struct Settings {
     pub rules: Rules,
     /// Where the rules came from.
     pub rules_source: String,
+    /// The rule files (empty: built-in), for reloads.
+    pub rule_paths: Vec<PathBuf>,
+    /// The bearer token that guards admin endpoints, if any.
+    pub admin_token: Option<String>,
 }
 
 impl Settings {
@@ -179,12 +196,18 @@ impl Settings {
         let grpc = grpc
             .or(main.listen.grpc)
             .unwrap_or_else(|| DEFAULT_GRPC.parse().expect("valid default"));
+        let admin_token = std::env::var("TOLLGATE_ADMIN_TOKEN")
+            .ok()
+            .or(main.admin.token.clone())
+            .filter(|t| !t.is_empty());
         Ok(Settings {
             http,
             grpc,
             options,
             rules,
             rules_source,
+            rule_paths: paths,
+            admin_token,
         })
     }
 }
@@ -198,7 +221,15 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {} (gRPC)", settings.grpc))?;
     let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
-    let service = Arc::new(DecisionService::new(settings.rules, settings.options));
+    let service = Arc::new(DecisionService::new(
+        settings.rules,
+        settings.rule_paths.clone(),
+        settings.options,
+    ));
+    let admin = crate::http::Admin {
+        token: settings.admin_token.clone(),
+        loopback: http.ip().is_loopback(),
+    };
     let mut domains: Vec<String> = service
         .rules()
         .domains()
@@ -220,7 +251,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let http_server = axum::serve(http_listener, crate::http::router(service.clone()))
+    tokio::spawn(watch_rules(service.clone(), stop_rx.clone()));
+    let http_server = axum::serve(http_listener, crate::http::router(service.clone(), admin))
         .with_graceful_shutdown(stopped(stop_rx.clone()));
     let grpc_server = tonic::transport::Server::builder()
         .add_service(crate::grpc::Grpc::server(service))
@@ -233,6 +265,64 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     g?;
     println!("tollgate serve: stopped");
     Ok(())
+}
+
+/// Reloads the rules on SIGHUP and when a rule file changes (checked every second).
+async fn watch_rules(service: Arc<DecisionService>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    if service.sources().is_empty() {
+        return;
+    }
+    let stamp = |service: &DecisionService| -> Vec<(PathBuf, Option<std::time::SystemTime>)> {
+        let mut files = Vec::new();
+        for p in service.sources() {
+            match std::fs::read_dir(p) {
+                Ok(entries) => files.extend(entries.filter_map(|e| e.ok().map(|e| e.path()))),
+                Err(_) => files.push(p.clone()),
+            }
+        }
+        files.sort();
+        files
+            .into_iter()
+            .map(|f| {
+                let modified = std::fs::metadata(&f).and_then(|m| m.modified()).ok();
+                (f, modified)
+            })
+            .collect()
+    };
+    let mut last = stamp(&service);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let hangup = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hangup = std::future::pending::<()>();
+        let reason = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            _ = hangup => "SIGHUP",
+            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
+                let now = stamp(&service);
+                if now == last {
+                    continue;
+                }
+                last = now;
+                "a rule file changed"
+            }
+        };
+        match service.reload() {
+            Ok(()) => eprintln!("tollgate serve: rules reloaded ({reason})"),
+            Err(e) => {
+                eprintln!("tollgate serve: reload rejected, the previous rules stay in force: {e}")
+            }
+        }
+    }
 }
 
 async fn shutdown() {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use tollgate::{CheckError, Decision, KeyedError, Op};
 
+use crate::metrics::{Metrics, Outcome};
 use crate::rules::{counter_key, override_limit, Limit, Rules, Unit};
 
 /// One descriptor of a request: its entries, in order, and its own hits (cost).
@@ -99,16 +100,67 @@ pub struct DecisionService {
     rules: ArcSwap<Rules>,
     overrides: Mutex<HashMap<(Unit, u64), Arc<Limit>>>,
     options: tollgate::KeyedOptions,
+    metrics: Metrics,
+    clock: tollgate::MonotonicClock,
+    /// The rule files a reload reads again (none for the built-in rules).
+    sources: Vec<std::path::PathBuf>,
 }
 
 impl DecisionService {
-    /// A service over `rules`; `options` bound the counters of limit overrides.
-    pub fn new(rules: Rules, options: tollgate::KeyedOptions) -> Self {
+    /// A service over `rules` (loaded from `sources`, which a reload reads again);
+    /// `options` bound every rule's counters.
+    pub fn new(
+        rules: Rules,
+        sources: Vec<std::path::PathBuf>,
+        options: tollgate::KeyedOptions,
+    ) -> Self {
         DecisionService {
+            sources,
             rules: ArcSwap::from_pointee(rules),
             overrides: Mutex::new(HashMap::new()),
             options,
+            metrics: Metrics::default(),
+            clock: tollgate::MonotonicClock::new(),
         }
+    }
+
+    /// The rule files a reload reads.
+    pub fn sources(&self) -> &[std::path::PathBuf] {
+        &self.sources
+    }
+
+    /// Reads the rule files again. A bad file changes nothing (the old rules stay in
+    /// force); limits whose definition did not change keep their counters. Counted in
+    /// the metrics either way.
+    pub fn reload(&self) -> Result<(), crate::rules::RulesError> {
+        if self.sources.is_empty() {
+            return Ok(());
+        }
+        match Rules::load(&self.sources, self.options) {
+            Ok(mut rules) => {
+                rules.adopt(&self.rules.load());
+                self.rules.store(Arc::new(rules));
+                self.metrics.reload(true);
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.reload(false);
+                Err(e)
+            }
+        }
+    }
+
+    /// The metrics text, with the current counter counts.
+    pub fn render_metrics(&self) -> String {
+        let rules = self.rules.load();
+        for (domain, _) in rules.domains() {
+            for limit in rules.limits(domain) {
+                if let Some(l) = &limit.limiter {
+                    self.metrics.keys(domain, &limit.path, l.len());
+                }
+            }
+        }
+        self.metrics.render()
     }
 
     /// The limit for a request's own override, created on first use.
@@ -162,6 +214,7 @@ impl DecisionService {
         if let Some(i) = descriptors.iter().position(|d| d.entries.is_empty()) {
             return Err(RequestError::EmptyDescriptor(i));
         }
+        let started = tollgate::Clock::now_ns(&self.clock);
         let rules = self.rules.load();
         let found: Vec<_> = descriptors
             .iter()
@@ -213,11 +266,23 @@ impl DecisionService {
                 }
             })
             .collect();
+        for s in &statuses {
+            if let (Some(limit), Some(d)) = (&s.limit, &s.decision) {
+                let outcome = match (s.shadow_rejected, d.allowed) {
+                    (true, _) => Outcome::ShadowRejected,
+                    (false, true) => Outcome::Allowed,
+                    (false, false) => Outcome::Rejected,
+                };
+                self.metrics.decision(domain, &limit.path, outcome);
+            }
+        }
         let overall = if statuses.iter().any(|s| s.code == Code::OverLimit) {
             Code::OverLimit
         } else {
             Code::Ok
         };
+        let elapsed = tollgate::Clock::now_ns(&self.clock).saturating_sub(started);
+        self.metrics.latency(elapsed as f64 / 1e9);
         Ok(CheckResult { overall, statuses })
     }
 

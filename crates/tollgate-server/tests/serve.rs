@@ -27,7 +27,12 @@ fn rules_dir() -> std::path::PathBuf {
 
 /// Starts `tollgate serve ARGS --http 127.0.0.1:0` and reads its address.
 fn start(args: &[&str]) -> Server {
+    start_with_env(args, &[])
+}
+
+fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .envs(env.iter().copied())
         .arg("serve")
         .args(args)
         .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
@@ -56,9 +61,25 @@ fn start(args: &[&str]) -> Server {
 }
 
 async fn post(server: &Server, path: &str, body: &str) -> (u16, http::HeaderMap, Value) {
+    request(server, "POST", path, body, None).await
+}
+
+async fn request(
+    server: &Server,
+    method: &str,
+    path: &str,
+    body: &str,
+    token: Option<&str>,
+) -> (u16, http::HeaderMap, Value) {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
-    let req = http::Request::post(format!("{}{path}", server.base))
-        .header("content-type", "application/json")
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", server.base))
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req
         .body(Full::new(bytes::Bytes::from(body.to_string())))
         .unwrap();
     let resp = client.request(req).await.unwrap();
@@ -433,4 +454,140 @@ async fn envoy_rls_grpc_is_wire_compatible() {
         .unwrap()
         .into_inner();
     assert_eq!(r.overall_code, 1);
+}
+
+#[tokio::test]
+async fn hot_reload_keeps_unchanged_rules_and_rejects_bad_files() {
+    let dir = std::env::temp_dir().join(format!("tollgate-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rules.yaml");
+    let v1 = "domain: live\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    std::fs::write(&file, v1).unwrap();
+    let server = start(&["--rules", dir.to_str().unwrap()]);
+    let user: &[(&str, &str)] = &[("user", "u")];
+    assert_eq!(check(&server, "live", &[user]).await.0, 200);
+    assert_eq!(check(&server, "live", &[user]).await.0, 429);
+
+    // A new rule appears; the unchanged one keeps its counter (still over the limit).
+    let v2 = format!("{v1}  - key: team\n    policies: [\"fixed-window:limit=1,window=1h\"]\n");
+    std::fs::write(&file, &v2).unwrap();
+    let mut reloaded = false;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let (_, _, cfg) = request(&server, "GET", "/v1/config", "", None).await;
+        if cfg["domains"][0]["limits"]
+            .as_array()
+            .map_or(0, |l| l.len())
+            == 2
+        {
+            reloaded = true;
+            break;
+        }
+    }
+    assert!(reloaded, "the file change was picked up");
+    assert_eq!(
+        check(&server, "live", &[user]).await.0,
+        429,
+        "state of the unchanged rule kept"
+    );
+    assert_eq!(check(&server, "live", &[&[("team", "t")]]).await.0, 200);
+
+    // A bad file is rejected; the previous rules stay in force.
+    std::fs::write(
+        &file,
+        "domain: live\ndescriptors:\n  - key: user\n    policies: [\"nope\"]\n",
+    )
+    .unwrap();
+    let (status, _, v) = request(&server, "POST", "/v1/reload", "", None).await;
+    assert_eq!(status, 422);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown algorithm 'nope'"),
+        "{v}"
+    );
+    assert_eq!(check(&server, "live", &[user]).await.0, 429);
+    assert_eq!(check(&server, "live", &[&[("team", "t")]]).await.0, 429);
+
+    // SIGHUP reloads too (the good file again).
+    std::fs::write(&file, &v2).unwrap();
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (_, _, metrics) = request(&server, "GET", "/metrics", "", None).await;
+    let text = metrics.as_str().unwrap().to_string();
+    assert!(
+        text.contains("tollgate_config_reloads_total{result=\"failed\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tollgate_config_reloads_total{result=\"ok\"}"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn metrics_count_decisions_and_keys() {
+    let server = start(&[]);
+    check(&server, "example", &[&[("path", "/login")]]).await;
+    check(&server, "example", &[&[("api_key", "a")]]).await;
+    check(&server, "example", &[&[("api_key", "b")]]).await;
+    let (status, _, v) = request(&server, "GET", "/metrics", "", None).await;
+    assert_eq!(status, 200);
+    let text = v.as_str().unwrap();
+    assert!(text.contains("tollgate_decisions_total{domain=\"example\",rule=\"example/path=/login\",outcome=\"allowed\"} 1"), "{text}");
+    assert!(
+        text.contains("tollgate_keys{domain=\"example\",rule=\"example/api_key\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tollgate_decision_duration_seconds_count 3"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn admin_endpoints_need_the_token_when_one_is_set() {
+    let reset = r#"{"domain":"example","entries":[{"key":"path","value":"/login"}]}"#;
+    let open = start(&[]);
+    assert_eq!(
+        request(&open, "POST", "/v1/reset", reset, None).await.0,
+        200,
+        "loopback, no token"
+    );
+    let guarded = start_with_env(&[], &[("TOLLGATE_ADMIN_TOKEN", "s3cret")]);
+    assert_eq!(
+        request(&guarded, "POST", "/v1/reset", reset, None).await.0,
+        401
+    );
+    assert_eq!(
+        request(&guarded, "POST", "/v1/reset", reset, Some("wrong"))
+            .await
+            .0,
+        401
+    );
+    for _ in 0..5 {
+        check(&guarded, "example", &[&[("path", "/login")]]).await;
+    }
+    assert_eq!(
+        check(&guarded, "example", &[&[("path", "/login")]]).await.0,
+        429
+    );
+    assert_eq!(
+        request(&guarded, "POST", "/v1/reset", reset, Some("s3cret"))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        check(&guarded, "example", &[&[("path", "/login")]]).await.0,
+        200,
+        "reset forgot the counter"
+    );
 }

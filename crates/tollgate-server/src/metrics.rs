@@ -1,0 +1,112 @@
+//! Prometheus metrics (text format at `GET /metrics`).
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The service's metrics.
+pub struct Metrics {
+    registry: Registry,
+    decisions: Family<Labels, Counter>,
+    latency: Histogram,
+    reloads: Family<Labels, Counter>,
+    keys: Family<Labels, Gauge>,
+}
+
+/// A decision's outcome, as counted.
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome {
+    /// Admitted.
+    Allowed,
+    /// Rejected.
+    Rejected,
+    /// Rejected by a rule in shadow mode, so admitted.
+    ShadowRejected,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("tollgate");
+        let decisions = Family::<Labels, Counter>::default();
+        registry.register(
+            "decisions",
+            "Decisions by domain, rule (descriptor path) and outcome",
+            decisions.clone(),
+        );
+        let latency = Histogram::new(exponential_buckets(1e-6, 2.0, 20));
+        registry.register(
+            "decision_duration_seconds",
+            "Time to decide one request (all its descriptors)",
+            latency.clone(),
+        );
+        let reloads = Family::<Labels, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Rule reloads by result (ok, failed)",
+            reloads.clone(),
+        );
+        let keys = Family::<Labels, Gauge>::default();
+        registry.register("keys", "Counters held, by domain and rule", keys.clone());
+        Metrics {
+            registry,
+            decisions,
+            latency,
+            reloads,
+            keys,
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts one descriptor's decision.
+    pub fn decision(&self, domain: &str, rule: &str, outcome: Outcome) {
+        let outcome = match outcome {
+            Outcome::Allowed => "allowed",
+            Outcome::Rejected => "rejected",
+            Outcome::ShadowRejected => "shadow_rejected",
+        };
+        self.decisions
+            .get_or_create(&vec![
+                ("domain", domain.to_string()),
+                ("rule", rule.to_string()),
+                ("outcome", outcome.to_string()),
+            ])
+            .inc();
+    }
+
+    /// Records how long a request took to decide.
+    pub fn latency(&self, seconds: f64) {
+        self.latency.observe(seconds);
+    }
+
+    /// Counts a reload.
+    pub fn reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.reloads
+            .get_or_create(&vec![("result", result.to_string())])
+            .inc();
+    }
+
+    /// Sets the number of counters a rule holds.
+    pub fn keys(&self, domain: &str, rule: &str, n: usize) {
+        self.keys
+            .get_or_create(&vec![
+                ("domain", domain.to_string()),
+                ("rule", rule.to_string()),
+            ])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
