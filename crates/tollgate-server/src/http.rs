@@ -32,7 +32,8 @@ pub struct Admin {
 }
 
 impl Admin {
-    fn allows(&self, headers: &HeaderMap) -> Result<(), Response> {
+    /// The response refusing an admin call, or `None` when it may proceed.
+    fn refusal(&self, headers: &HeaderMap) -> Option<Response> {
         match &self.token {
             Some(token) => {
                 let given = headers
@@ -40,13 +41,13 @@ impl Admin {
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.strip_prefix("Bearer "));
                 if given == Some(token.as_str()) {
-                    Ok(())
+                    None
                 } else {
-                    Err((StatusCode::UNAUTHORIZED, Json(json!({ "error": "admin endpoint: missing or wrong bearer token" }))).into_response())
+                    Some((StatusCode::UNAUTHORIZED, Json(json!({ "error": "admin endpoint: missing or wrong bearer token" }))).into_response())
                 }
             }
-            None if self.loopback => Ok(()),
-            None => Err((
+            None if self.loopback => None,
+            None => Some((
                 StatusCode::FORBIDDEN,
                 Json(json!({ "error": "admin endpoints are off on a non-loopback listener without admin.token" })),
             )
