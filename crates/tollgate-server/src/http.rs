@@ -69,9 +69,9 @@ pub fn router(service: Arc<DecisionService>, admin: Admin) -> Router {
                 move |state: State<Arc<DecisionService>>,
                       headers: HeaderMap,
                       body: Result<Json<ResetBody>, JsonRejection>| async move {
-                    match reset_admin.allows(&headers) {
-                        Ok(()) => reset(state, body).await,
-                        Err(r) => r,
+                    match reset_admin.refusal(&headers) {
+                        None => reset(state, body).await,
+                        Some(r) => r,
                     }
                 },
             ),
@@ -80,7 +80,7 @@ pub fn router(service: Arc<DecisionService>, admin: Admin) -> Router {
             "/v1/reload",
             post(
                 move |State(service): State<Arc<DecisionService>>, headers: HeaderMap| async move {
-                    if let Err(r) = admin.allows(&headers) {
+                    if let Some(r) = admin.refusal(&headers) {
                         return r;
                     }
                     match service.reload() {
