@@ -102,6 +102,13 @@ impl RateLimitService for Grpc {
                     } as i32,
                     ..Default::default()
                 };
+                if s.limit
+                    .as_ref()
+                    .is_some_and(|l| l.rules.is_none() && !l.deny)
+                {
+                    // Unlimited: OK with the most remaining there is, as Envoy's service.
+                    status.limit_remaining = u32::MAX;
+                }
                 if let (Some(limit), Some(d)) = (&s.limit, &s.decision) {
                     let (unit, per_unit) = match limit.envoy {
                         Some((unit, n)) => (pb_unit(unit), n),

@@ -291,7 +291,8 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
                         "descriptor": l.path,
                         "name": l.name,
                         "policies": l.rules.as_ref().map(|r| r.policies().iter().map(|p| p.to_string()).collect::<Vec<_>>()),
-                        "unlimited": l.rules.is_none(),
+                        "unlimited": l.rules.is_none() && !l.deny,
+                        "blocked": l.deny,
                         "shadow_mode": l.shadow,
                         "replaces": l.replaces,
                     })
@@ -316,7 +317,8 @@ fn respond(result: &CheckResult) -> Response {
                     "descriptor": l.path,
                     "name": l.name,
                     "policies": l.rules.as_ref().map(|r| r.policies().iter().map(|p| p.to_string()).collect::<Vec<_>>()),
-                    "unlimited": l.rules.is_none(),
+                    "unlimited": l.rules.is_none() && !l.deny,
+                        "blocked": l.deny,
                 });
             }
             if let Some(d) = &s.decision {
@@ -454,6 +456,12 @@ async fn envoy_json(
         .iter()
         .map(|s| {
             let mut v = json!({ "code": code(s.code) });
+            if s.limit
+                .as_ref()
+                .is_some_and(|l| l.rules.is_none() && !l.deny)
+            {
+                v["limitRemaining"] = json!(u32::MAX);
+            }
             if let (Some(l), Some(d)) = (&s.limit, &s.decision) {
                 let (unit, per_unit) = match l.envoy {
                     Some((unit, n)) => (unit.envoy_name(), n),

@@ -163,8 +163,10 @@ pub struct Limit {
     pub replaces: Vec<String>,
     /// Report, never reject.
     pub shadow: bool,
-    /// `None` for `unlimited: true`.
+    /// `None` for `unlimited: true` and for `requests_per_unit: 0`.
     pub rules: Option<RuleSet>,
+    /// `requests_per_unit: 0` (Envoy's block list): every request is over the limit.
+    pub deny: bool,
     /// Envoy's unit and requests per unit, when written that way (for Envoy's API).
     pub envoy: Option<(Unit, u64)>,
     /// The counters.
@@ -180,6 +182,7 @@ impl Limit {
             && self.shadow == other.shadow
             && self.rules == other.rules
             && self.envoy == other.envoy
+            && self.deny == other.deny
     }
 }
 
@@ -445,6 +448,32 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
                 let n = rl
                     .requests_per_unit
                     .ok_or_else(|| format!("{at}.rate_limit.requests_per_unit: missing"))?;
+                if n == 0 {
+                    // Envoy's block list: nothing is ever admitted.
+                    let mut limit = limit_of(
+                        node_path.clone(),
+                        rl.name,
+                        replaces,
+                        d.shadow_mode,
+                        None,
+                        Some((unit, 0)),
+                        options,
+                    );
+                    Arc::get_mut(&mut limit).expect("new").deny = true;
+                    return Ok(Node {
+                        key: d.key,
+                        value: d.value.map(value_match),
+                        limit: Some(limit),
+                        children: d
+                            .descriptors
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, c)| {
+                                build(c, &node_path, &format!("{at}.descriptors[{i}]"), options)
+                            })
+                            .collect::<Result<_, _>>()?,
+                    });
+                }
                 let spec = format!("fixed-window:limit={n},window={}", unit.window());
                 let policy: Policy = spec
                     .parse()
@@ -461,10 +490,7 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
             }
         }
     };
-    let value = d.value.map(|v| match v.strip_suffix('*') {
-        Some(prefix) => ValueMatch::Prefix(prefix.to_string()),
-        None => ValueMatch::Exact(v),
-    });
+    let value = d.value.map(value_match);
     let children = d
         .descriptors
         .into_iter()
@@ -477,6 +503,14 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
         limit,
         children,
     })
+}
+
+/// A value to match: a trailing `*` makes it a prefix.
+fn value_match(v: String) -> ValueMatch {
+    match v.strip_suffix('*') {
+        Some(prefix) => ValueMatch::Prefix(prefix.to_string()),
+        None => ValueMatch::Exact(v),
+    }
 }
 
 fn limit_of(
@@ -497,6 +531,7 @@ fn limit_of(
         replaces,
         shadow,
         rules,
+        deny: false,
         envoy,
         limiter,
     })

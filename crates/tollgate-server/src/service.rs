@@ -236,6 +236,19 @@ impl DecisionService {
                 if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) {
                     return ok(None);
                 }
+                if limit.deny {
+                    let decision = Decision::rejected(0, 0, 0, None);
+                    return DescriptorStatus {
+                        code: if limit.shadow {
+                            Code::Ok
+                        } else {
+                            Code::OverLimit
+                        },
+                        limit: Some(limit.clone()),
+                        decision: Some(decision),
+                        shadow_rejected: limit.shadow,
+                    };
+                }
                 let Some(limiter) = &limit.limiter else {
                     return ok(Some(limit.clone()));
                 };

@@ -591,3 +591,184 @@ async fn admin_endpoints_need_the_token_when_one_is_set() {
         "reset forgot the counter"
     );
 }
+
+/// Sends one descriptor over gRPC with `hits`; returns (overall code, remaining,
+/// requests_per_unit).
+async fn rls(
+    client: &mut envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>,
+    domain: &str,
+    descriptors: &[&[(&str, &str)]],
+    hits: u32,
+) -> (i32, Vec<u32>, Vec<u32>) {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let request = RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| Entry {
+                        key: (*k).into(),
+                        value: (*v).into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: hits,
+    };
+    let r = client
+        .should_rate_limit(request)
+        .await
+        .unwrap()
+        .into_inner();
+    (
+        r.overall_code,
+        r.statuses.iter().map(|s| s.limit_remaining).collect(),
+        r.statuses
+            .iter()
+            .map(|s| s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit))
+            .collect(),
+    )
+}
+
+#[tokio::test]
+async fn the_envoy_documentation_examples_behave_as_documented() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    const OK: i32 = 1;
+    const OVER: i32 = 2;
+    let dir = rules_dir().join("envoy-docs");
+    let server = start(&["--rules", dir.to_str().unwrap()]);
+    let mut c = RateLimitServiceClient::connect(server.grpc.clone())
+        .await
+        .unwrap();
+
+    // 1: exact values, 500 per second.
+    let (code, remaining, per_unit) =
+        rls(&mut c, "mongo_cps", &[&[("database", "users")]], 1).await;
+    assert_eq!((code, remaining, per_unit), (OK, vec![499], vec![500]));
+
+    // 2: five marketing messages per number per day; the overall per-number limit
+    // counts separately; another number has its own counters.
+    let marketing: &[(&str, &str)] = &[("message_type", "marketing"), ("to_number", "2061111111")];
+    let number: &[(&str, &str)] = &[("to_number", "2061111111")];
+    assert_eq!(
+        rls(&mut c, "messaging", &[marketing, number], 5).await.0,
+        OK
+    );
+    let (code, remaining, _) = rls(&mut c, "messaging", &[marketing, number], 1).await;
+    assert_eq!(
+        (code, remaining),
+        (OVER, vec![0, 94]),
+        "the logical OR of both decisions"
+    );
+    let other: &[(&str, &str)] = &[("message_type", "marketing"), ("to_number", "2062222222")];
+    assert_eq!(rls(&mut c, "messaging", &[other], 1).await.0, OK);
+
+    // 3: the value match comes before the bare key; 0 requests per unit blocks.
+    assert_eq!(
+        rls(
+            &mut c,
+            "edge_proxy_per_ip",
+            &[&[("remote_address", "50.0.0.1")]],
+            1
+        )
+        .await
+        .0,
+        OK
+    );
+    assert_eq!(
+        rls(
+            &mut c,
+            "edge_proxy_per_ip",
+            &[&[("remote_address", "50.0.0.5")]],
+            1
+        )
+        .await
+        .0,
+        OVER
+    );
+
+    // 4: a two-entry descriptor matches only the nested configuration.
+    let two: &[(&str, &str)] = &[("key", "value"), ("subkey", "subvalue")];
+    let (_, _, per_unit) = rls(&mut c, "example4_flat", &[two], 1).await;
+    assert_eq!(per_unit, vec![0], "no limit applies");
+    let (_, _, per_unit) = rls(&mut c, "example4_nested", &[two], 1).await;
+    assert_eq!(per_unit, vec![300]);
+
+    // 5: unlimited answers OK with the largest remaining.
+    let (code, remaining, _) = rls(&mut c, "internal", &[&[("ldap", "x")]], 1000).await;
+    assert_eq!((code, remaining), (OK, vec![u32::MAX]));
+    assert_eq!(
+        rls(&mut c, "internal", &[&[("azure", "x")]], 100).await.0,
+        OK
+    );
+    assert_eq!(
+        rls(&mut c, "internal", &[&[("azure", "x")]], 1).await.0,
+        OVER
+    );
+
+    // 6: user-a is never limited (shadow mode); user-b is.
+    let a: &[(&str, &str)] = &[("service", "auth-service"), ("user", "user-a")];
+    let b: &[(&str, &str)] = &[("service", "auth-service"), ("user", "user-b")];
+    assert_eq!(rls(&mut c, "example6", &[a], 30).await.0, OK);
+    assert_eq!(rls(&mut c, "example6", &[a], 1).await.0, OK);
+    assert_eq!(
+        rls(&mut c, "example6", &[b], 30).await.0,
+        OVER,
+        "30 > 20 per second"
+    );
+
+    // 7: with both descriptors, the replaced 5/s limit does not apply (10/s does);
+    // with the first alone, 5/s applies.
+    let one: &[(&str, &str)] = &[("key_1", "value_1"), ("user", "bkthomps")];
+    let two: &[(&str, &str)] = &[("key_2", "value_2"), ("user", "bkthomps")];
+    let (code, _, per_unit) = rls(&mut c, "example7", &[one, two], 8).await;
+    assert_eq!(
+        (code, per_unit),
+        (OK, vec![0, 10]),
+        "specific_limit was replaced"
+    );
+    assert_eq!(
+        rls(&mut c, "example7", &[one], 6).await.0,
+        OVER,
+        "alone, 5/s applies"
+    );
+
+    // 8: key1=value1 has 20/min, other values 10/min each.
+    assert_eq!(
+        rls(&mut c, "example8", &[&[("key1", "value1")]], 1).await.2,
+        vec![20]
+    );
+    assert_eq!(
+        rls(&mut c, "example8", &[&[("key1", "other")]], 1).await.2,
+        vec![10]
+    );
+
+    // 9: value* matches value_1 and value_2, each with its own 20/min.
+    assert_eq!(
+        rls(&mut c, "example9", &[&[("key1", "value_1")]], 20)
+            .await
+            .0,
+        OK
+    );
+    assert_eq!(
+        rls(&mut c, "example9", &[&[("key1", "value_1")]], 1)
+            .await
+            .0,
+        OVER
+    );
+    assert_eq!(
+        rls(&mut c, "example9", &[&[("key1", "value_2")]], 1)
+            .await
+            .0,
+        OK
+    );
+    assert_eq!(
+        rls(&mut c, "example9", &[&[("key1", "nope")]], 1).await.2,
+        vec![0]
+    );
+}
