@@ -21,6 +21,9 @@ enum Command {
     /// Run the rate-limit decision service (HTTP/JSON API) on the memory store. With no
     /// rules it serves a built-in example rule set.
     Serve(ServeArgs),
+    /// Load generators and reference servers for measuring a running service.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Validate a main config or rule file (or a directory of rule files) without
     /// starting anything.
     CheckConfig(CheckConfigArgs),
@@ -82,6 +85,49 @@ struct ServeArgs {
     store: StoreArg,
 }
 
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Load a service's HTTP API (`POST /v1/check`, keep-alive).
+    Http(LoadArgs),
+    /// Load a service's Envoy RLS gRPC API (`ShouldRateLimit`).
+    Grpc(LoadArgs),
+    /// Serve 200 to every request: the HTTP stack's ceiling, to compare against.
+    Ceiling {
+        /// The listen address.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        listen: std::net::SocketAddr,
+    },
+}
+
+#[derive(Debug, Parser)]
+struct LoadArgs {
+    /// The service's address (host:port of its HTTP or gRPC listener).
+    #[arg(long)]
+    target: String,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Distinct descriptor values (keys).
+    #[arg(long, default_value_t = 1000)]
+    keys: u64,
+    /// How long to run (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
+    duration: std::time::Duration,
+    /// Total requests per second to aim for (default: as fast as possible).
+    #[arg(long)]
+    rate: Option<u64>,
+    /// The domain to ask about.
+    #[arg(long, default_value = "example")]
+    domain: String,
+    /// The descriptor key; its values are k0..k{keys-1}.
+    #[arg(long, default_value = "api_key")]
+    key: String,
+}
+
+fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    tollgate::parse_duration(s).map(std::time::Duration::from_micros)
+}
+
 #[derive(Debug, Parser)]
 struct CheckConfigArgs {
     /// Rule files or directories to validate.
@@ -108,6 +154,33 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 .enable_all()
                 .build()?
                 .block_on(crate::serve::serve(settings))
+        }
+        Command::Bench(bench) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let (protocol, args) = match bench {
+                BenchCommand::Ceiling { listen } => {
+                    return runtime.block_on(crate::bench::ceiling(listen))
+                }
+                BenchCommand::Http(a) => (crate::bench::Protocol::Http, a),
+                BenchCommand::Grpc(a) => (crate::bench::Protocol::Grpc, a),
+            };
+            if args.concurrency == 0 {
+                anyhow::bail!("--concurrency must be at least 1");
+            }
+            let spec = crate::bench::LoadSpec {
+                target: args.target,
+                concurrency: args.concurrency,
+                keys: args.keys,
+                duration: args.duration,
+                rate: args.rate,
+                domain: args.domain,
+                key: args.key,
+            };
+            let totals = runtime.block_on(crate::bench::run(protocol, spec))?;
+            println!("{totals}");
+            Ok(())
         }
         Command::CheckConfig(args) => {
             if args.config.is_none() && args.rules.is_empty() {

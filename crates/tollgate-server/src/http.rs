@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tollgate::Op;
 
+use crate::rules::Limit;
 use crate::service::{CheckResult, Code, DecisionService, DescriptorRequest};
 
 /// The largest request body accepted.
@@ -129,15 +130,12 @@ struct EntryBody {
 }
 
 impl CheckBody {
-    fn descriptors(&self) -> Vec<DescriptorRequest> {
-        self.descriptors
-            .iter()
+    /// The descriptors, moved out of the body.
+    fn take_descriptors(&mut self) -> Vec<DescriptorRequest> {
+        std::mem::take(&mut self.descriptors)
+            .into_iter()
             .map(|d| DescriptorRequest {
-                entries: d
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.clone(), e.value.clone()))
-                    .collect(),
+                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
                 hits: d.cost,
                 limit_override: None,
             })
@@ -169,16 +167,12 @@ async fn check(
     State(service): State<Arc<DecisionService>>,
     body: Result<Json<CheckBody>, JsonRejection>,
 ) -> Response {
-    let body = match body {
+    let mut body = match body {
         Ok(Json(b)) => b,
         Err(e) => return rejected(e),
     };
-    match service.check(
-        &body.domain,
-        &body.descriptors(),
-        body.cost.unwrap_or(1),
-        Op::Try,
-    ) {
+    let descriptors = body.take_descriptors();
+    match service.check(&body.domain, &descriptors, body.cost.unwrap_or(1), Op::Try) {
         Ok(result) => respond(&result),
         Err(e) => bad_request(e),
     }
@@ -188,11 +182,11 @@ async fn acquire(
     State(service): State<Arc<DecisionService>>,
     body: Result<Json<CheckBody>, JsonRejection>,
 ) -> Response {
-    let body = match body {
+    let mut body = match body {
         Ok(Json(b)) => b,
         Err(e) => return rejected(e),
     };
-    let descriptors = body.descriptors();
+    let descriptors = body.take_descriptors();
     let hits = body.cost.unwrap_or(1);
     let result = match service.check(&body.domain, &descriptors, hits, Op::Acquire) {
         Ok(r) => r,
@@ -287,15 +281,10 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
                 .limits(domain)
                 .iter()
                 .map(|l| {
-                    json!({
-                        "descriptor": l.path,
-                        "name": l.name,
-                        "policies": l.rules.as_ref().map(|r| r.policies().iter().map(|p| p.to_string()).collect::<Vec<_>>()),
-                        "unlimited": l.rules.is_none() && !l.deny,
-                        "blocked": l.deny,
-                        "shadow_mode": l.shadow,
-                        "replaces": l.replaces,
-                    })
+                    let mut v = serde_json::to_value(limit_out(l)).unwrap_or_default();
+                    v["shadow_mode"] = json!(l.shadow);
+                    v["replaces"] = json!(l.replaces);
+                    v
                 })
                 .collect();
             json!({ "domain": domain, "source": source, "limits": limits })
@@ -306,38 +295,69 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
 
 /// The tollgate JSON answer: 200 or 429, `Retry-After` and RateLimit headers from the
 /// binding decision.
+#[derive(Serialize)]
+struct CheckOut<'a> {
+    overall_code: &'static str,
+    statuses: Vec<StatusOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct StatusOut<'a> {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<LimitOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit_remaining: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reset_after_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wait_ms: Option<u64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    shadow_rejected: bool,
+}
+
+#[derive(Serialize)]
+struct LimitOut<'a> {
+    descriptor: &'a str,
+    name: Option<&'a str>,
+    policies: Option<&'a [String]>,
+    unlimited: bool,
+    blocked: bool,
+}
+
+fn limit_out(l: &Limit) -> LimitOut<'_> {
+    LimitOut {
+        descriptor: &l.path,
+        name: l.name.as_deref(),
+        policies: l.specs.as_deref(),
+        unlimited: l.rules.is_none() && !l.deny,
+        blocked: l.deny,
+    }
+}
+
+/// The tollgate JSON answer: 200 or 429, `Retry-After` and RateLimit headers from the
+/// binding decision.
 fn respond(result: &CheckResult) -> Response {
-    let statuses: Vec<Value> = result
+    let ms = |us: u64| us.div_ceil(1000);
+    let statuses = result
         .statuses
         .iter()
-        .map(|s| {
-            let mut v = json!({ "code": code(s.code) });
-            if let Some(l) = &s.limit {
-                v["limit"] = json!({
-                    "descriptor": l.path,
-                    "name": l.name,
-                    "policies": l.rules.as_ref().map(|r| r.policies().iter().map(|p| p.to_string()).collect::<Vec<_>>()),
-                    "unlimited": l.rules.is_none() && !l.deny,
-                        "blocked": l.deny,
-                });
-            }
-            if let Some(d) = &s.decision {
-                v["limit_remaining"] = json!(d.remaining);
-                v["reset_after_ms"] = json!(d.reset_after_us.div_ceil(1000));
-                if let Some(r) = d.retry_after_us {
-                    v["retry_after_ms"] = json!(r.div_ceil(1000));
-                }
-                if d.wait_us > 0 {
-                    v["wait_ms"] = json!(d.wait_us.div_ceil(1000));
-                }
-            }
-            if s.shadow_rejected {
-                v["shadow_rejected"] = json!(true);
-            }
-            v
+        .map(|s| StatusOut {
+            code: code(s.code),
+            limit: s.limit.as_deref().map(limit_out),
+            limit_remaining: s.decision.map(|d| d.remaining),
+            reset_after_ms: s.decision.map(|d| ms(d.reset_after_us)),
+            retry_after_ms: s.decision.and_then(|d| d.retry_after_us).map(ms),
+            wait_ms: s.decision.map(|d| d.wait_us).filter(|&w| w > 0).map(ms),
+            shadow_rejected: s.shadow_rejected,
         })
         .collect();
-    let body = json!({ "overall_code": code(result.overall), "statuses": statuses });
+    let body = CheckOut {
+        overall_code: code(result.overall),
+        statuses,
+    };
     let status = match result.overall {
         Code::Ok => StatusCode::OK,
         Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,

@@ -1,6 +1,7 @@
 //! The `tollgate` binary. Parsing and dispatch only; each command lives in its own
 //! module.
 
+mod bench;
 mod cli;
 mod grpc;
 mod http;

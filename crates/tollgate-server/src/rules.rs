@@ -165,6 +165,8 @@ pub struct Limit {
     pub shadow: bool,
     /// `None` for `unlimited: true` and for `requests_per_unit: 0`.
     pub rules: Option<RuleSet>,
+    /// The rule set's policies as specs (for responses, computed once).
+    pub specs: Option<Vec<String>>,
     /// `requests_per_unit: 0` (Envoy's block list): every request is over the limit.
     pub deny: bool,
     /// Envoy's unit and requests per unit, when written that way (for Envoy's API).
@@ -530,6 +532,9 @@ fn limit_of(
         name,
         replaces,
         shadow,
+        specs: rules
+            .as_ref()
+            .map(|r| r.policies().iter().map(ToString::to_string).collect()),
         rules,
         deny: false,
         envoy,

@@ -1,0 +1,225 @@
+//! `tollgate bench http|grpc`: a load generator against a running service, and
+//! `tollgate bench ceiling`: a server that answers 200 to everything (the HTTP stack's
+//! ceiling on this machine, for comparison in the same run).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use tollgate::{Clock, MonotonicClock};
+
+/// What to load.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    /// `host:port` of the service (HTTP or gRPC listener).
+    pub target: String,
+    /// Concurrent callers.
+    pub concurrency: usize,
+    /// Distinct descriptor values.
+    pub keys: u64,
+    /// How long.
+    pub duration: Duration,
+    /// Total requests per second to aim for (`None`: as fast as possible).
+    pub rate: Option<u64>,
+    /// The domain and descriptor key to use.
+    pub domain: String,
+    /// The descriptor key; values are `k0`..`k{keys-1}`.
+    pub key: String,
+}
+
+/// Totals of a run.
+#[derive(Debug)]
+pub struct Totals {
+    /// Requests completed per second.
+    pub per_second: f64,
+    /// Median latency, us.
+    pub p50_us: u64,
+    /// 99th percentile latency, us.
+    pub p99_us: u64,
+    /// Transport failures and unexpected statuses.
+    pub errors: u64,
+}
+
+impl std::fmt::Display for Totals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "req/s: {:.0} p50_us: {} p99_us: {} errors: {}",
+            self.per_second, self.p50_us, self.p99_us, self.errors
+        )
+    }
+}
+
+/// The protocol to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// `POST /v1/check` over HTTP/1.1 keep-alive.
+    Http,
+    /// `ShouldRateLimit` over HTTP/2.
+    Grpc,
+}
+
+/// Runs the load; progress once a second on stderr.
+pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
+    let clock = MonotonicClock::new();
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    // One HTTP/2 connection per 8 callers: a single connection serializes on its
+    // one reader/writer task.
+    let mut grpc_channels = Vec::new();
+    if protocol == Protocol::Grpc {
+        for _ in 0..spec.concurrency.div_ceil(8) {
+            grpc_channels.push(
+                tonic::transport::Endpoint::from_shared(format!("http://{}", spec.target))?
+                    .connect()
+                    .await?,
+            );
+        }
+    }
+    let http_client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_max_idle_per_host(spec.concurrency)
+            .build_http::<Full<Bytes>>();
+    let per_worker_interval = spec
+        .rate
+        .filter(|&r| r > 0)
+        .map(|r| Duration::from_secs_f64(spec.concurrency as f64 / r as f64));
+    let start = clock.now_us();
+    let mut workers = Vec::new();
+    for w in 0..spec.concurrency {
+        let (spec, done, errors, stop) = (spec.clone(), done.clone(), errors.clone(), stop.clone());
+        let grpc_channel = grpc_channels.get(w / 8).cloned();
+        let (http_client, clock) = (http_client.clone(), clock.clone());
+        workers.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+            let mut ticker = per_worker_interval.map(|every| {
+                let mut t = tokio::time::interval(every);
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                t
+            });
+            let mut grpc = grpc_channel.map(
+                envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new,
+            );
+            let mut n = w as u64;
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(t) = ticker.as_mut() {
+                    t.tick().await;
+                }
+                n = n.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let value = format!("k{}", (n >> 33) % spec.keys.max(1));
+                let sent = clock.now_us();
+                let ok = match grpc.as_mut() {
+                    Some(client) => grpc_call(client, &spec, &value).await,
+                    None => http_call(&http_client, &spec, &value).await,
+                };
+                let latency = clock.now_us().saturating_sub(sent).max(1);
+                if ok {
+                    let _ = hist.record(latency);
+                } else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            hist
+        }));
+    }
+    let deadline = start + u64::try_from(spec.duration.as_micros()).unwrap_or(u64::MAX);
+    let mut last = 0;
+    while clock.now_us() < deadline {
+        tokio::time::sleep(Duration::from_secs(1).min(Duration::from_micros(
+            deadline.saturating_sub(clock.now_us()),
+        )))
+        .await;
+        let now_done = done.load(Ordering::Relaxed);
+        eprintln!(
+            "[{:>4.1}s] {} req/s, {} errors",
+            (clock.now_us() - start) as f64 / 1e6,
+            now_done - last,
+            errors.load(Ordering::Relaxed)
+        );
+        last = now_done;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = (clock.now_us() - start) as f64 / 1e6;
+    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    for w in workers {
+        all.add(w.await?)?;
+    }
+    let requests = done.load(Ordering::Relaxed);
+    eprintln!("{requests} requests in {elapsed:.1}s");
+    Ok(Totals {
+        per_second: requests as f64 / elapsed,
+        p50_us: all.value_at_quantile(0.5),
+        p99_us: all.value_at_quantile(0.99),
+        errors: errors.load(Ordering::Relaxed),
+    })
+}
+
+async fn http_call(
+    client: &hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        Full<Bytes>,
+    >,
+    spec: &LoadSpec,
+    value: &str,
+) -> bool {
+    let body = format!(
+        r#"{{"domain":"{}","descriptors":[{{"entries":[{{"key":"{}","value":"{value}"}}]}}]}}"#,
+        spec.domain, spec.key
+    );
+    let request = match http::Request::post(format!("http://{}/v1/check", spec.target))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+    {
+        Ok(r) => r,
+        Err(_) => return false,
+    };
+    match client.request(request).await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let drained = response.into_body().collect().await.is_ok();
+            drained && (status == 200 || status == 429)
+        }
+        Err(_) => false,
+    }
+}
+
+async fn grpc_call(
+    client: &mut envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>,
+    spec: &LoadSpec,
+    value: &str,
+) -> bool {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let request = RateLimitRequest {
+        domain: spec.domain.clone(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: spec.key.clone(),
+                value: value.to_string(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    client.should_rate_limit(request).await.is_ok()
+}
+
+/// A server answering 200 with a small body to every request: the ceiling of the
+/// HTTP stack (tokio + hyper via axum) on this machine.
+pub async fn ceiling(listen: SocketAddr) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    println!(
+        "tollgate bench ceiling: 200 to everything on http://{}",
+        listener.local_addr()?
+    );
+    let app = axum::Router::new().fallback(|| async { "{\"overall_code\":\"OK\"}" });
+    axum::serve(listener, app).await?;
+    Ok(())
+}

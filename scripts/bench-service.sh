@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Measures `tollgate serve` against the HTTP stack's ceiling (a server answering 200 to
+# everything) in one run, on loopback: max throughput (3 alternating rounds; medians),
+# then p99 at half of tollgate's max load, for HTTP and gRPC.
+# Usage: scripts/bench-service.sh [concurrency] [seconds]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+conc=${1:-32}
+secs=${2:-8}
+cargo build --release -q -p tollgate-server
+bin=target/release/tollgate
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+http=$(port); grpc=$(port); ceil=$(port)
+"$bin" serve --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" >/dev/null 2>&1 & serve_pid=$!
+"$bin" bench ceiling --listen "127.0.0.1:$ceil" >/dev/null 2>&1 & ceil_pid=$!
+trap 'kill $serve_pid $ceil_pid 2>/dev/null || true' EXIT
+sleep 1
+run() { "$bin" bench "$@" --concurrency "$conc" --duration "${secs}s" 2>/dev/null | tail -1; }
+field() { echo "$1" | sed -E "s#.*$2: ([0-9.]+).*#\1#"; }
+median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
+c_rps=(); t_rps=(); g_rps=()
+for round in 1 2 3; do
+  c=$(run http --target "127.0.0.1:$ceil"); c_rps+=("$(field "$c" 'req/s')")
+  t=$(run http --target "127.0.0.1:$http"); t_rps+=("$(field "$t" 'req/s')")
+  g=$(run grpc --target "127.0.0.1:$grpc"); g_rps+=("$(field "$g" 'req/s')")
+  echo "round $round: ceiling [$c] | tollgate http [$t] | tollgate grpc [$g]" >&2
+done
+cm=$(median "${c_rps[@]}"); tm=$(median "${t_rps[@]}"); gm=$(median "${g_rps[@]}")
+half=$(python3 -c "print(int($tm/2))"); ghalf=$(python3 -c "print(int($gm/2))")
+th=$(run http --target "127.0.0.1:$http" --rate "$half")
+gh=$(run grpc --target "127.0.0.1:$grpc" --rate "$ghalf")
+echo "concurrency $conc, ${secs}s runs, medians of 3"
+echo "ceiling (200 to everything), HTTP max req/s: $cm"
+echo "tollgate HTTP /v1/check max req/s: $tm (ratio $(python3 -c "print(round($tm/$cm,2))"))"
+echo "tollgate gRPC ShouldRateLimit max req/s: $gm"
+echo "tollgate HTTP at $half req/s: $th"
+echo "tollgate gRPC at $ghalf req/s: $gh"
