@@ -21,6 +21,9 @@ enum Command {
     /// Run the rate-limit decision service (HTTP/JSON API) on the memory store. With no
     /// rules it serves a built-in example rule set.
     Serve(ServeArgs),
+    /// Run generated traffic through policies on a virtual clock: a summary table,
+    /// and optionally a chart (SVG/PNG), CSV decisions or JSON.
+    Simulate(SimulateArgs),
     /// Load generators and reference servers for measuring a running service.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -83,6 +86,40 @@ struct ServeArgs {
     /// Where counters live (the Redis store arrives with Redis support).
     #[arg(long, value_enum, default_value = "memory")]
     store: StoreArg,
+}
+
+#[derive(Debug, Parser)]
+struct SimulateArgs {
+    /// steady, burst, boundary, poisson, sine, ramp or trace:FILE.
+    #[arg(long, default_value = "poisson")]
+    pattern: crate::simulate::Pattern,
+    /// Average requests per second.
+    #[arg(long, default_value_t = 100.0)]
+    rate: f64,
+    /// How long (virtual time).
+    #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
+    duration: std::time::Duration,
+    /// Burst size (burst and boundary patterns).
+    #[arg(long, default_value_t = 100)]
+    burst: u64,
+    /// Seed of the traffic generator.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Distinct keys the requests spread over.
+    #[arg(long, default_value_t = 1)]
+    keys: u64,
+    /// A policy spec; repeat to compare several.
+    #[arg(long = "policy", required = true)]
+    policies: Vec<String>,
+    /// Write a chart (.svg or .png).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Write every decision as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Print the summaries as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -155,6 +192,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 .build()?
                 .block_on(crate::serve::serve(settings))
         }
+        Command::Simulate(args) => simulate(args),
         Command::Bench(bench) => {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -238,5 +276,57 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
     }
     io::stdout().flush()?;
+    Ok(())
+}
+
+fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
+    use crate::simulate;
+    let policies = args
+        .policies
+        .iter()
+        .map(|p| Policy::parse(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let scenario = simulate::Scenario {
+        pattern: args.pattern,
+        rate: args.rate,
+        duration_us: u64::try_from(args.duration.as_micros()).unwrap_or(u64::MAX),
+        burst: args.burst,
+        seed: args.seed,
+        keys: args.keys,
+    };
+    let arrivals = simulate::traffic(&scenario)?;
+    let duration_us = arrivals
+        .last()
+        .map_or(scenario.duration_us, |a| a.0.max(scenario.duration_us));
+    let runs: Vec<_> = policies
+        .iter()
+        .map(|p| {
+            let mut progress = simulate::progress_printer(arrivals.len(), p.to_string());
+            let (fates, summary) = simulate::run(p, &arrivals, &mut progress);
+            (summary, fates)
+        })
+        .collect();
+    if let Some(path) = &args.csv {
+        simulate::write_csv(path, &runs)?;
+    }
+    if let Some(path) = &args.out {
+        let title = format!(
+            "{} traffic, {} req/s avg, {} s, seed {}",
+            match &scenario.pattern {
+                simulate::Pattern::Trace(p) => p.display().to_string(),
+                p => format!("{p:?}").to_lowercase(),
+            },
+            scenario.rate,
+            duration_us as f64 / 1e6,
+            scenario.seed
+        );
+        crate::chart::draw(path, &title, &runs, duration_us)?;
+    }
+    let summaries: Vec<_> = runs.into_iter().map(|(s, _)| s).collect();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summaries)?);
+    } else {
+        print!("{}", simulate::table(&summaries, simulate::use_color()));
+    }
     Ok(())
 }

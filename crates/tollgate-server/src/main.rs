@@ -2,6 +2,7 @@
 //! module.
 
 mod bench;
+mod chart;
 mod cli;
 mod grpc;
 mod http;
@@ -10,6 +11,7 @@ mod replay;
 mod rules;
 mod serve;
 mod service;
+mod simulate;
 
 use std::process::ExitCode;
 

@@ -1,0 +1,209 @@
+//! Charts for `tollgate simulate`: one panel per policy over time — offered, admitted,
+//! rejected and delayed requests per time bucket, the limit line, the worst window
+//! marked, and the mean wait on a second axis. SVG or PNG (plotters; the PNG's text
+//! uses an embedded Liberation Sans, so no system font is needed).
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::simulate::{Fate, Summary};
+
+/// The font for PNG text (SIL OFL 1.1, see assets/LiberationSans-OFL.txt).
+static FONT: &[u8] = include_bytes!("../assets/LiberationSans-Regular.ttf");
+
+/// Chart width in pixels; each panel is `PANEL_HEIGHT` tall.
+pub const WIDTH: u32 = 1200;
+/// Height of one policy's panel.
+pub const PANEL_HEIGHT: u32 = 300;
+/// Height of the title band.
+pub const TITLE_HEIGHT: u32 = 50;
+
+/// Draws the chart to `path` (`.svg` or `.png`).
+pub fn draw(
+    path: &Path,
+    title: &str,
+    runs: &[(Summary, Vec<Fate>)],
+    duration_us: u64,
+) -> anyhow::Result<()> {
+    let height = TITLE_HEIGHT + PANEL_HEIGHT * runs.len().max(1) as u32;
+    // Both backends measure text with it. Registering twice is harmless.
+    let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("svg") => {
+            let root = SVGBackend::new(path, (WIDTH, height)).into_drawing_area();
+            draw_on(&root, title, runs, duration_us)?;
+            root.present()
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        Some("png") => {
+            let root = BitMapBackend::new(path, (WIDTH, height)).into_drawing_area();
+            draw_on(&root, title, runs, duration_us)?;
+            root.present()
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        _ => bail!("--out must end in .svg or .png: {}", path.display()),
+    }
+    Ok(())
+}
+
+fn draw_on<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    runs: &[(Summary, Vec<Fate>)],
+    duration_us: u64,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(err)?;
+    let (head, body) = root.split_vertically(TITLE_HEIGHT);
+    head.titled(title, ("sans-serif", 22)).map_err(err)?;
+    let panels = body.split_evenly((runs.len().max(1), 1));
+    let seconds = duration_us.max(1) as f64 / 1e6;
+    let bucket_us = (duration_us / 120).max(1_000);
+    let buckets = (duration_us / bucket_us + 1) as usize;
+    for (panel, (summary, fates)) in panels.iter().zip(runs) {
+        let mut offered = vec![0u64; buckets];
+        let mut admitted = vec![0u64; buckets];
+        let mut rejected = vec![0u64; buckets];
+        let mut delayed = vec![0u64; buckets];
+        let mut wait_sum = vec![0u64; buckets];
+        for f in fates {
+            let b = ((f.t / bucket_us) as usize).min(buckets - 1);
+            offered[b] += 1;
+            if f.allowed {
+                let a = (((f.t + f.wait) / bucket_us) as usize).min(buckets - 1);
+                admitted[a] += 1;
+                if f.wait > 0 {
+                    delayed[b] += 1;
+                    wait_sum[b] += f.wait;
+                }
+            } else {
+                rejected[b] += 1;
+            }
+        }
+        let limit_line = summary.limit as f64 * bucket_us as f64 / summary.window_us.max(1) as f64;
+        let ymax = (offered.iter().copied().max().unwrap_or(1) as f64).max(limit_line) * 1.15 + 1.0;
+        let waits: Vec<f64> = wait_sum
+            .iter()
+            .zip(&delayed)
+            .map(|(&w, &n)| {
+                if n == 0 {
+                    0.0
+                } else {
+                    w as f64 / n as f64 / 1000.0
+                }
+            })
+            .collect();
+        let wmax = waits.iter().copied().fold(0.0, f64::max);
+        let x = |b: usize| b as f64 * bucket_us as f64 / 1e6;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(&summary.policy, ("sans-serif", 17))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(60)
+            .right_y_label_area_size(if wmax > 0.0 { 60 } else { 10 })
+            .build_cartesian_2d(0f64..seconds, 0f64..ymax)
+            .map_err(err)?
+            .set_secondary_coord(0f64..seconds, 0f64..(wmax * 1.15).max(1.0));
+        chart
+            .configure_mesh()
+            .x_desc("time (s)")
+            .y_desc(format!(
+                "requests per {}",
+                tollgate::fmt_duration(bucket_us)
+            ))
+            .label_style(("sans-serif", 13))
+            .axis_desc_style(("sans-serif", 14))
+            .draw()
+            .map_err(err)?;
+        if wmax > 0.0 {
+            chart
+                .configure_secondary_axes()
+                .y_desc("mean wait (ms)")
+                .label_style(("sans-serif", 13))
+                .axis_desc_style(("sans-serif", 14))
+                .draw()
+                .map_err(err)?;
+        }
+        // The worst window, shaded.
+        let (ws, we) = (
+            summary.worst_window_start_us as f64 / 1e6,
+            (summary.worst_window_start_us + summary.window_us) as f64 / 1e6,
+        );
+        let over = summary.over_limit;
+        let shade = if over { RED.mix(0.15) } else { BLUE.mix(0.08) };
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(ws, 0.0), (we.min(seconds), ymax)],
+                shade.filled(),
+            )))
+            .map_err(err)?
+            .label(format!(
+                "worst window: {} in {} (limit {})",
+                summary.worst_window,
+                tollgate::fmt_duration(summary.window_us),
+                summary.limit
+            ))
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], shade.filled()));
+        let series: [(&str, &Vec<u64>, RGBColor); 4] = [
+            ("offered", &offered, RGBColor(140, 140, 140)),
+            ("admitted", &admitted, RGBColor(30, 150, 60)),
+            ("rejected", &rejected, RGBColor(210, 40, 40)),
+            ("delayed", &delayed, RGBColor(230, 140, 20)),
+        ];
+        for (name, data, color) in series {
+            if name == "delayed" && data.iter().all(|&n| n == 0) {
+                continue;
+            }
+            chart
+                .draw_series(LineSeries::new(
+                    data.iter().enumerate().map(|(b, &n)| (x(b), n as f64)),
+                    color.stroke_width(2),
+                ))
+                .map_err(err)?
+                .label(name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(0.0, limit_line), (seconds, limit_line)],
+                6,
+                4,
+                BLUE.stroke_width(1),
+            ))
+            .map_err(err)?
+            .label("limit per bucket")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], BLUE));
+        if wmax > 0.0 {
+            chart
+                .draw_secondary_series(LineSeries::new(
+                    waits.iter().enumerate().map(|(b, &w)| (x(b), w)),
+                    RGBColor(120, 60, 170).stroke_width(1),
+                ))
+                .map_err(err)?
+                .label("mean wait (ms, right axis)")
+                .legend(|(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 15, y)], RGBColor(120, 60, 170))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+fn err<E: std::error::Error + Send + Sync + 'static>(e: DrawingAreaErrorKind<E>) -> anyhow::Error {
+    anyhow::anyhow!("drawing the chart: {e}")
+}
