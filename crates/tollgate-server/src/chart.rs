@@ -63,7 +63,12 @@ where
     head.titled(title, ("sans-serif", 22)).map_err(err)?;
     let panels = body.split_evenly((runs.len().max(1), 1));
     let seconds = duration_us.max(1) as f64 / 1e6;
-    let bucket_us = (duration_us / 120).max(1_000);
+    // A round bucket (1, 2 or 5 times a power of ten, in us) near duration/120.
+    let target = (duration_us / 120).max(1_000);
+    let bucket_us = (0..12)
+        .flat_map(|e| [1u64, 2, 5].map(|m| m * 10u64.pow(e)))
+        .find(|&b| b >= target)
+        .unwrap_or(target);
     let buckets = (duration_us / bucket_us + 1) as usize;
     for (panel, (summary, fates)) in panels.iter().zip(runs) {
         let mut offered = vec![0u64; buckets];

@@ -336,8 +336,14 @@ pub fn table(summaries: &[Summary], color: bool) -> String {
             s
         }
     };
+    let w = summaries
+        .iter()
+        .map(|s| s.policy.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
     let mut out = format!(
-        "{:<44} {:>9} {:>9} {:>9} {:>8}  {:<34} {:>10} {:>10}\n",
+        "{:<w$} {:>9} {:>9} {:>9} {:>8}  {:<34} {:>10} {:>10}\n",
         "policy",
         "offered",
         "admitted",
@@ -354,17 +360,19 @@ pub fn table(summaries: &[Summary], color: bool) -> String {
             tollgate::fmt_duration(s.window_us),
             s.limit
         );
+        let worst = format!("{worst:<34}");
         let worst = if s.over_limit {
             paint("31", worst)
         } else {
             paint("32", worst)
         };
+        // Colour codes take no room on screen: pad the plain text, then paint.
         out.push_str(&format!(
-            "{:<44} {:>9} {:>9} {:>9} {:>8}  {:<34} {:>10} {:>10}\n",
+            "{:<w$} {:>9} {} {} {:>8}  {} {:>10} {:>10}\n",
             s.policy,
             s.offered,
-            paint("32", s.admitted.to_string()),
-            paint("31", s.rejected.to_string()),
+            paint("32", format!("{:>9}", s.admitted)),
+            paint("31", format!("{:>9}", s.rejected)),
             s.delayed,
             worst,
             format!("{:.1}ms", s.mean_wait_us as f64 / 1000.0),

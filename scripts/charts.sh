@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Regenerates the charts of the README's algorithm guide (docs/charts/*.png).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q -p tollgate-server
+t=target/release/tollgate
+mkdir -p docs/charts
+$t simulate --pattern boundary --burst 100 --duration 6s \
+  --policy 'fixed-window:limit=100,window=1s' \
+  --policy 'sliding-log:limit=100,window=1s' \
+  --policy 'sliding-window:limit=100,window=1s,buckets=10' \
+  --policy 'sliding-window:limit=100,window=1s,mode=weighted' \
+  --out docs/charts/windows.png
+$t simulate --pattern burst --burst 60 --rate 40 --duration 6s \
+  --policy 'gcra:rate=20/s,burst=20' \
+  --policy 'token-bucket:rate=20/s,capacity=20' \
+  --policy 'leaky-bucket:rate=20/s,capacity=20' \
+  --out docs/charts/buckets.png
+$t simulate --pattern ramp --rate 60 --duration 8s \
+  --policy 'smooth-bursty:rate=20/s' \
+  --policy 'smooth-warmup:rate=20/s,warmup=3s' \
+  --out docs/charts/guava.png
+$t simulate --pattern burst --burst 30 --rate 15 --duration 8s \
+  --policy 'limit-req:rate=10/s,burst=20' \
+  --policy 'limit-req:rate=10/s,burst=20,nodelay' \
+  --policy 'shaper:rate=10/s,queue=20' \
+  --out docs/charts/delay.png
