@@ -25,3 +25,7 @@ $t simulate --pattern burst --burst 30 --rate 15 --duration 8s \
   --policy 'limit-req:rate=10/s,burst=20,nodelay' \
   --policy 'shaper:rate=10/s,queue=20' \
   --out docs/charts/delay.png
+$t simulate --pattern poisson --rate 40 --duration 6s --hold 100ms \
+  --policy 'concurrency:limit=4' \
+  --policy 'concurrency:limit=8' \
+  --out docs/charts/concurrency.png

@@ -175,9 +175,15 @@ where
                     PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
                 });
         }
+        // A concurrency limit bounds requests in flight, not per time: no rate line.
+        let rate_limited = !summary.policy.starts_with("concurrency");
         chart
             .draw_series(DashedLineSeries::new(
-                vec![(0.0, limit_line), (seconds, limit_line)],
+                if rate_limited {
+                    vec![(0.0, limit_line), (seconds, limit_line)]
+                } else {
+                    vec![]
+                },
                 6,
                 4,
                 BLUE.stroke_width(1),

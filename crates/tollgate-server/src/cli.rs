@@ -108,6 +108,9 @@ struct SimulateArgs {
     /// Distinct keys the requests spread over.
     #[arg(long, default_value_t = 1)]
     keys: u64,
+    /// How long each admitted request holds its `concurrency` permits (e.g. 100ms).
+    #[arg(long, value_parser = parse_duration_arg)]
+    hold: Option<std::time::Duration>,
     /// A policy spec; repeat to compare several.
     #[arg(long = "policy", required = true)]
     policies: Vec<String>,
@@ -293,6 +296,9 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         burst: args.burst,
         seed: args.seed,
         keys: args.keys,
+        hold_us: args
+            .hold
+            .map(|h| u64::try_from(h.as_micros()).unwrap_or(u64::MAX)),
     };
     let arrivals = simulate::traffic(&scenario)?;
     let duration_us = arrivals
@@ -302,7 +308,7 @@ fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| {
             let mut progress = simulate::progress_printer(arrivals.len(), p.to_string());
-            let (fates, summary) = simulate::run(p, &arrivals, &mut progress);
+            let (fates, summary) = simulate::run(p, &arrivals, scenario.hold_us, &mut progress);
             (summary, fates)
         })
         .collect();

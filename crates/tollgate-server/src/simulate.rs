@@ -66,6 +66,8 @@ pub struct Scenario {
     pub seed: u64,
     /// Distinct keys the requests spread over.
     pub keys: u64,
+    /// How long each admitted request holds a `concurrency` permit, us.
+    pub hold_us: Option<u64>,
 }
 
 /// One arrival: time (us), key, cost.
@@ -239,10 +241,12 @@ pub struct Summary {
     pub p99_wait_us: u64,
 }
 
-/// Runs `arrivals` through `policy` (one state per key, created at 0).
+/// Runs `arrivals` through `policy` (one state per key, created at 0); admitted
+/// requests hold `concurrency` permits for `hold_us` (none: until the end).
 pub fn run(
     policy: &Policy,
     arrivals: &[Arrival],
+    hold_us: Option<u64>,
     progress: &mut dyn FnMut(usize),
 ) -> (Vec<Fate>, Summary) {
     let mut states: HashMap<u64, PolicyState> = HashMap::new();
@@ -252,7 +256,7 @@ pub fn run(
             progress(i);
         }
         let state = states.entry(key).or_insert_with(|| policy.init(0));
-        let (allowed, wait) = match policy.check(state, t, cost, Op::Try) {
+        let (allowed, wait) = match policy.check_hold(state, t, cost, hold_us, Op::Try) {
             Ok(d) => (d.allowed && !d.shadow_rejected, d.wait_us),
             Err(_) => (false, 0),
         };

@@ -178,3 +178,25 @@ fn bad_options_get_clear_errors() {
     assert_eq!(code, 2);
     assert!(err.contains("/nonexistent.csv"), "{err}");
 }
+
+#[test]
+fn concurrency_permits_are_held_for_the_hold_time() {
+    // 10 requests 50 ms apart, each holding 120 ms: at most 3 overlap.
+    let v = json(&[
+        "--pattern",
+        "steady",
+        "--rate",
+        "20",
+        "--duration",
+        "500ms",
+        "--hold",
+        "120ms",
+        "--policy",
+        "concurrency:limit=2",
+        "--policy",
+        "concurrency:limit=3",
+    ]);
+    assert_eq!(v[0]["offered"], 10);
+    assert!(v[0]["rejected"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v[1]["rejected"], 0, "{v}");
+}
