@@ -21,6 +21,8 @@ enum Command {
     /// Run the rate-limit decision service (HTTP/JSON API) on the memory store. With no
     /// rules it serves a built-in example rule set.
     Serve(ServeArgs),
+    /// Run the limiting reverse proxy from the `proxy:` section of a config file.
+    Proxy(ProxyArgs),
     /// Run generated traffic through policies on a virtual clock: a summary table,
     /// and optionally a chart (SVG/PNG), CSV decisions or JSON.
     Simulate(SimulateArgs),
@@ -86,6 +88,16 @@ struct ServeArgs {
     /// Where counters live (the Redis store arrives with Redis support).
     #[arg(long, value_enum, default_value = "memory")]
     store: StoreArg,
+}
+
+#[derive(Debug, Parser)]
+struct ProxyArgs {
+    /// The main configuration file with a `proxy:` section.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The listen address [default: the config's, else 127.0.0.1:8000].
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Parser)]
@@ -196,6 +208,19 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 .block_on(crate::serve::serve(settings))
         }
         Command::Simulate(args) => simulate(args),
+        Command::Proxy(args) => {
+            let Some(path) = args.config else {
+                anyhow::bail!(
+                    "tollgate proxy needs --config FILE with a proxy: section, e.g.\n\
+                     proxy:\n  listen: 127.0.0.1:8000\n  routes:\n    - name: api\n      match: {{ path_prefix: /api/ }}\n      upstream: http://127.0.0.1:9000\n      key: client_ip\n      policies: [\"limit-req:rate=10/s,burst=5,nodelay\"]"
+                );
+            };
+            let (config, options) = crate::proxy::load(&path)?;
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(crate::proxy::run(config, options, args.listen))
+        }
         Command::Bench(bench) => {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -7,6 +7,7 @@ mod cli;
 mod grpc;
 mod http;
 mod metrics;
+mod proxy;
 mod replay;
 mod rules;
 mod serve;

@@ -36,6 +36,9 @@ pub struct MainConfig {
     /// Admin endpoints.
     #[serde(default)]
     pub admin: Admin,
+    /// The limiting reverse proxy (`tollgate proxy`).
+    #[serde(default)]
+    pub proxy: Option<crate::proxy::ProxyConfig>,
 }
 
 /// `admin:`. Admin endpoints (`/v1/reset`, `/v1/reload`) need `Authorization: Bearer
@@ -245,7 +248,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     println!("  rules in force: curl -s http://{http}/v1/config");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        shutdown().await;
+        shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -325,7 +328,8 @@ async fn watch_rules(service: Arc<DecisionService>, mut stop: tokio::sync::watch
     }
 }
 
-async fn shutdown() {
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -1,0 +1,535 @@
+//! `tollgate proxy`: a limiting reverse proxy (nginx `limit_req` / `limit_conn`
+//! semantics) configured by the `proxy:` section of the main config.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use ipnet::IpNet;
+use serde::Deserialize;
+use tollgate::{
+    ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit, KeyedLimiter, KeyedOptions,
+    Policy, RuleSet,
+};
+
+/// The `proxy:` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Listen address (default 127.0.0.1:8000).
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    /// Peers whose `X-Forwarded-For` is believed.
+    #[serde(default)]
+    pub trusted_proxies: Vec<IpNet>,
+    /// Routes, first match wins.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// One route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Its name (metrics, logs).
+    pub name: String,
+    /// What it matches.
+    #[serde(rename = "match", default)]
+    pub matcher: MatchConfig,
+    /// Where matching requests go (`http://host:port`).
+    pub upstream: String,
+    /// The limiting key: `client_ip`, `header:NAME`, `cookie:NAME`, `path`, or several
+    /// joined with `+`.
+    #[serde(default = "default_key")]
+    pub key: String,
+    /// Policy specs for the key (several = all-or-nothing).
+    #[serde(default)]
+    pub policies: Vec<String>,
+    /// Concurrent requests per key (nginx `limit_conn`).
+    #[serde(default)]
+    pub limit_conn: Option<u32>,
+    /// Key values with their own policies.
+    #[serde(default)]
+    pub tiers: Vec<TierConfig>,
+    /// Status on reject (default 429).
+    #[serde(default = "default_status")]
+    pub status: u16,
+    /// Which rate-limit headers to send: ietf, legacy, both or none.
+    #[serde(default)]
+    pub headers: HeaderStyle,
+    /// Decide, log and count, never reject.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn default_key() -> String {
+    "client_ip".into()
+}
+
+fn default_status() -> u16 {
+    429
+}
+
+/// `match:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatchConfig {
+    /// Path prefix.
+    pub path_prefix: Option<String>,
+    /// Exact path.
+    pub path: Option<String>,
+    /// Host header.
+    pub host: Option<String>,
+}
+
+/// A tier: key values with their own policies.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierConfig {
+    /// Its name.
+    pub name: String,
+    /// The key values in it.
+    pub values: Vec<String>,
+    /// Its policies.
+    pub policies: Vec<String>,
+}
+
+/// Rate-limit header styles.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (IETF draft).
+    Ietf,
+    /// `X-RateLimit-Limit/Remaining/Reset`.
+    Legacy,
+    /// Both.
+    #[default]
+    Both,
+    /// None.
+    None,
+}
+
+#[derive(Debug, Clone)]
+enum KeyPart {
+    ClientIp,
+    Header(HeaderName),
+    Cookie(String),
+    Path,
+}
+
+struct Limits {
+    /// "default", or the tier's name (shown as the RateLimit policy name).
+    name: String,
+    limiter: KeyedLimiter<String>,
+    window_s: u64,
+}
+
+struct Route {
+    name: String,
+    matcher: MatchConfig,
+    upstream: Uri,
+    key: Vec<KeyPart>,
+    default: Option<Limits>,
+    tiers: Vec<(Vec<String>, Limits)>,
+    conns: Option<KeyedConcurrencyLimiter<String>>,
+    status: StatusCode,
+    headers: HeaderStyle,
+    dry_run: bool,
+}
+
+struct Proxy {
+    routes: Vec<Route>,
+    trusted: Vec<IpNet>,
+    client: Client<HttpConnector, Body>,
+}
+
+fn limits(
+    name: &str,
+    specs: &[String],
+    at: &str,
+    options: KeyedOptions,
+) -> anyhow::Result<Option<Limits>> {
+    if specs.is_empty() {
+        return Ok(None);
+    }
+    let rules = RuleSet::parse(specs).map_err(|e| anyhow::anyhow!("{at}.policies: {e}"))?;
+    let window_s = rules
+        .policies()
+        .iter()
+        .map(Policy::window_us)
+        .max()
+        .unwrap_or(0)
+        .div_ceil(1_000_000);
+    Ok(Some(Limits {
+        name: name.to_string(),
+        limiter: KeyedLimiter::with_options(rules, options, tollgate::MonotonicClock::new()),
+        window_s,
+    }))
+}
+
+fn key_parts(spec: &str, at: &str) -> anyhow::Result<Vec<KeyPart>> {
+    spec.split('+')
+        .map(|part| {
+            let part = part.trim();
+            Ok(match part.split_once(':') {
+                None if part == "client_ip" => KeyPart::ClientIp,
+                None if part == "path" => KeyPart::Path,
+                Some(("header", name)) => KeyPart::Header(
+                    HeaderName::from_bytes(name.trim().as_bytes())
+                        .map_err(|_| anyhow::anyhow!("{at}.key: '{name}' is not a header name"))?,
+                ),
+                Some(("cookie", name)) if !name.trim().is_empty() => KeyPart::Cookie(name.trim().to_string()),
+                _ => anyhow::bail!(
+                    "{at}.key: unknown part '{part}' (expected client_ip, header:NAME, cookie:NAME or path, joined with +)"
+                ),
+            })
+        })
+        .collect()
+}
+
+impl Proxy {
+    fn new(config: ProxyConfig, options: KeyedOptions) -> anyhow::Result<Self> {
+        if config.routes.is_empty() {
+            anyhow::bail!("proxy.routes: at least one route is needed");
+        }
+        let routes = config
+            .routes
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let at = format!("proxy.routes[{i}]");
+                let upstream: Uri = r
+                    .upstream
+                    .parse()
+                    .ok()
+                    .filter(|u: &Uri| u.scheme_str() == Some("http") && u.authority().is_some())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "{at}.upstream: '{}' is not an http://host:port URL",
+                            r.upstream
+                        )
+                    })?;
+                let status = StatusCode::from_u16(r.status)
+                    .ok()
+                    .filter(|s| s.is_client_error() || s.is_server_error())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("{at}.status: {} is not a 4xx or 5xx status", r.status)
+                    })?;
+                let tiers =
+                    r.tiers
+                        .iter()
+                        .enumerate()
+                        .map(|(t, tier)| {
+                            let at = format!("{at}.tiers[{t}]");
+                            let l = limits(&tier.name, &tier.policies, &at, options)?.ok_or_else(
+                                || anyhow::anyhow!("{at}.policies: needs at least one policy"),
+                            )?;
+                            Ok((tier.values.clone(), l))
+                        })
+                        .collect::<anyhow::Result<_>>()?;
+                Ok(Route {
+                    key: key_parts(&r.key, &at)?,
+                    default: limits("default", &r.policies, &at, options)?,
+                    tiers,
+                    conns: r
+                        .limit_conn
+                        .map(|n| KeyedConcurrencyLimiter::new(n, options.max_keys)),
+                    name: r.name,
+                    matcher: r.matcher,
+                    upstream,
+                    status,
+                    headers: r.headers,
+                    dry_run: r.dry_run,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Proxy {
+            routes,
+            trusted: config.trusted_proxies,
+            client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
+        })
+    }
+
+    fn route(&self, req: &Request) -> Option<&Route> {
+        let path = req.uri().path();
+        let host = req
+            .headers()
+            .get("host")
+            .and_then(|h| h.to_str().ok())
+            .map(|h| h.split(':').next().unwrap_or(h));
+        self.routes.iter().find(|r| {
+            r.matcher.path.as_deref().is_none_or(|p| p == path)
+                && r.matcher
+                    .path_prefix
+                    .as_deref()
+                    .is_none_or(|p| path.starts_with(p))
+                && r.matcher.host.as_deref().is_none_or(|h| Some(h) == host)
+        })
+    }
+
+    /// The client's address: the peer, or the rightmost untrusted `X-Forwarded-For`
+    /// hop when the peer is a trusted proxy (nginx's `real_ip_recursive`).
+    fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.trusted.iter().any(|n| n.contains(&peer)) {
+            return peer;
+        }
+        let hops: Vec<IpAddr> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|h| h.trim().parse().ok())
+            .collect();
+        hops.into_iter()
+            .rev()
+            .find(|ip| !self.trusted.iter().any(|n| n.contains(ip)))
+            .unwrap_or(peer)
+    }
+}
+
+fn key_of(route: &Route, proxy: &Proxy, peer: IpAddr, req: &Request) -> String {
+    let mut parts = Vec::with_capacity(route.key.len());
+    for part in &route.key {
+        let v = match part {
+            KeyPart::ClientIp => proxy.client_ip(peer, req.headers()).to_string(),
+            KeyPart::Path => req.uri().path().to_string(),
+            KeyPart::Header(h) => req
+                .headers()
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string(),
+            KeyPart::Cookie(name) => req
+                .headers()
+                .get_all("cookie")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(';'))
+                .filter_map(|c| c.trim().split_once('='))
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.to_string())
+                .unwrap_or_default(),
+        };
+        if v.is_empty() {
+            // As nginx: a request whose key is empty is not limited.
+            return String::new();
+        }
+        parts.push(v);
+    }
+    parts.join("+")
+}
+
+/// Hop-by-hop headers (RFC 9110 section 7.6.1), never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all("connection")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for h in HOP_BY_HOP {
+        headers.remove(*h);
+    }
+    for h in named {
+        headers.remove(h);
+    }
+}
+
+async fn handle(
+    State(proxy): State<Arc<Proxy>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    mut req: Request,
+) -> Response {
+    let Some(route) = proxy.route(&req) else {
+        return problem(StatusCode::NOT_FOUND, "no route matches this request", None);
+    };
+    let key = key_of(route, &proxy, peer.ip(), &req);
+    let mut headers_out = HeaderMap::new();
+    let mut _permit: Option<KeyedConcurrencyPermit<String>> = None;
+    if !key.is_empty() {
+        let limits = route
+            .tiers
+            .iter()
+            .find(|(values, _)| values.contains(&key))
+            .map(|(_, l)| l)
+            .or(route.default.as_ref());
+        if let Some(l) = limits {
+            let d = match l.limiter.check_n(key.as_str(), 1) {
+                Ok(d) => d,
+                Err(_) => tollgate::Decision::rejected(0, 0, 0, None),
+            };
+            rate_headers(&mut headers_out, route.headers, &d, l);
+            if !d.allowed && !route.dry_run {
+                let mut r = problem(route.status, "rate limit exceeded", d.retry_after_us);
+                r.headers_mut().extend(headers_out);
+                return r;
+            }
+            if d.allowed && d.wait_us > 0 && !route.dry_run {
+                // limit_req without nodelay: the request is held, not rejected.
+                tokio::time::sleep(Duration::from_micros(d.wait_us)).await;
+            }
+        }
+        if let Some(conns) = &route.conns {
+            match conns.try_acquire(key.as_str(), 1) {
+                Ok(p) => _permit = Some(p),
+                Err(ConcurrencyError::Busy { .. }) | Err(ConcurrencyError::TooManyKeys { .. })
+                    if !route.dry_run =>
+                {
+                    return problem(route.status, "too many concurrent requests", None);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    // Forward.
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    let base = route.upstream.to_string();
+    let uri: Uri = match format!("{}{}", base.trim_end_matches('/'), path_and_query).parse() {
+        Ok(u) => u,
+        Err(_) => return problem(StatusCode::BAD_REQUEST, "bad request path", None),
+    };
+    *req.uri_mut() = uri;
+    strip_hop_by_hop(req.headers_mut());
+    let client_ip = proxy.client_ip(peer.ip(), req.headers()).to_string();
+    let xff = match req
+        .headers()
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(prev) if proxy.trusted.iter().any(|n| n.contains(&peer.ip())) => {
+            format!("{prev}, {}", peer.ip())
+        }
+        _ => peer.ip().to_string(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        req.headers_mut().insert("x-forwarded-for", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&format!("for={client_ip}")) {
+        req.headers_mut().append("forwarded", v);
+    }
+    match tokio::time::timeout(Duration::from_secs(30), proxy.client.request(req)).await {
+        Ok(Ok(resp)) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            parts.headers.extend(headers_out);
+            Response::from_parts(parts, Body::new(body))
+        }
+        Ok(Err(_)) => problem(
+            StatusCode::BAD_GATEWAY,
+            &format!("upstream {} unreachable", route.name),
+            None,
+        ),
+        Err(_) => problem(
+            StatusCode::GATEWAY_TIMEOUT,
+            &format!("upstream {} timed out", route.name),
+            None,
+        ),
+    }
+}
+
+fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &tollgate::Decision, l: &Limits) {
+    let (name, window_s) = (&l.name, l.window_s);
+    let reset_s = d.reset_after_us.div_ceil(1_000_000);
+    let mut add = |k: &'static str, v: String| {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            headers.insert(k, v);
+        }
+    };
+    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        add(
+            "ratelimit-policy",
+            format!("\"{name}\";q={};w={window_s}", d.limit),
+        );
+        add(
+            "ratelimit",
+            format!("\"{name}\";r={};t={reset_s}", d.remaining),
+        );
+    }
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        add("x-ratelimit-limit", d.limit.to_string());
+        add("x-ratelimit-remaining", d.remaining.to_string());
+        add("x-ratelimit-reset", reset_s.to_string());
+    }
+}
+
+/// A small problem+json response (RFC 9457).
+fn problem(status: StatusCode, detail: &str, retry_after_us: Option<u64>) -> Response {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut r = (status, body.to_string()).into_response();
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/problem+json"),
+    );
+    if let Some(us) = retry_after_us {
+        r.headers_mut()
+            .insert("retry-after", HeaderValue::from(us.div_ceil(1_000_000)));
+    }
+    r
+}
+
+/// Loads the `proxy:` section of a main config.
+pub fn load(path: &std::path::Path) -> anyhow::Result<(ProxyConfig, KeyedOptions)> {
+    let mut main = crate::serve::MainConfig::load(path)?;
+    let options = main.key_options();
+    let proxy = main.proxy.take().ok_or_else(|| {
+        anyhow::anyhow!(
+            "{}: no proxy: section (listen, trusted_proxies, routes: [...])",
+            path.display()
+        )
+    })?;
+    Ok((proxy, options))
+}
+
+/// Runs the proxy until SIGTERM or Ctrl-C.
+pub async fn run(
+    config: ProxyConfig,
+    options: KeyedOptions,
+    listen: Option<SocketAddr>,
+) -> anyhow::Result<()> {
+    let addr = listen
+        .or(config.listen)
+        .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
+    let proxy = Arc::new(Proxy::new(config, options)?);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    println!(
+        "tollgate proxy: listening on http://{} ({} route(s))",
+        listener.local_addr()?,
+        proxy.routes.len()
+    );
+    let app = axum::Router::new().fallback(handle).with_state(proxy);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(crate::serve::shutdown_signal())
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,277 @@
+//! `tollgate proxy` as a real process in front of a real upstream, driven by a real
+//! HTTP client.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use axum::routing::{any, get};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+struct Proxy {
+    child: Child,
+    base: String,
+    _dir: TempDir,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// An upstream on port 0: `/echo` returns the request body and headers it saw;
+/// `/slow` answers after 300 ms; everything else says "up".
+async fn upstream() -> String {
+    let app = axum::Router::new()
+        .route(
+            "/api/echo",
+            any(
+                |headers: axum::http::HeaderMap, body: axum::body::Bytes| async move {
+                    let xff = headers
+                        .get("x-forwarded-for")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string();
+                    ([("x-seen-forwarded-for", xff)], body)
+                },
+            ),
+        )
+        .route(
+            "/api/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                "slow"
+            }),
+        )
+        .fallback(|| async { "up" })
+        .layer(axum::extract::DefaultBodyLimit::disable());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+fn start(config: &str) -> Proxy {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-proxy-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tollgate.yaml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "proxy",
+            "--config",
+            path.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    Proxy {
+        child,
+        base: format!("http://{addr}"),
+        _dir: TempDir(dir),
+    }
+}
+
+async fn send(
+    proxy: &Proxy,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> http::Response<Vec<u8>> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", proxy.base));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client
+        .request(req.body(Full::new(bytes::Bytes::from(body))).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = resp.into_parts();
+    http::Response::from_parts(parts, body.collect().await.unwrap().to_bytes().to_vec())
+}
+
+async fn get_as(proxy: &Proxy, path: &str, key: Option<&str>) -> http::Response<Vec<u8>> {
+    let headers: Vec<(&str, &str)> = key.map(|k| vec![("x-api-key", k)]).unwrap_or_default();
+    send(proxy, "GET", path, &headers, Vec::new()).await
+}
+
+fn config(upstream: &str, route_extra: &str) -> String {
+    format!(
+        "proxy:\n  routes:\n    - name: api\n      match: {{ path_prefix: /api/ }}\n      upstream: {upstream}\n      key: header:X-Api-Key\n{route_extra}"
+    )
+}
+
+#[tokio::test]
+async fn limits_per_key_with_tiers_headers_and_problem_json() {
+    let up = upstream().await;
+    let proxy = start(&config(
+        &up,
+        "      policies: [\"limit-req:rate=1/m,burst=1,nodelay\"]\n      tiers:\n        - name: vip\n          values: [\"vip-key\"]\n          policies: [\"limit-req:rate=1/m,burst=4,nodelay\"]\n",
+    ));
+    let ok = get_as(&proxy, "/api/x", Some("alice")).await;
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.body(), b"up");
+    assert_eq!(ok.headers()["x-ratelimit-limit"], "2");
+    assert_eq!(ok.headers()["x-ratelimit-remaining"], "1");
+    // nginx keeps 1/m as 16 milli-requests per second: fully drained after 63 s.
+    assert_eq!(ok.headers()["ratelimit"], "\"default\";r=1;t=63");
+    assert_eq!(get_as(&proxy, "/api/x", Some("alice")).await.status(), 200);
+    let limited = get_as(&proxy, "/api/x", Some("alice")).await;
+    assert_eq!(limited.status(), 429);
+    assert_eq!(
+        limited.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert!(limited.headers().contains_key("retry-after"));
+    let problem: serde_json::Value = serde_json::from_slice(limited.body()).unwrap();
+    assert_eq!(problem["status"], 429);
+    // Another key, a VIP key (5 at once) and an empty key (never limited).
+    assert_eq!(get_as(&proxy, "/api/x", Some("bob")).await.status(), 200);
+    for _ in 0..5 {
+        let r = get_as(&proxy, "/api/x", Some("vip-key")).await;
+        assert_eq!(r.status(), 200);
+        assert!(r.headers()["ratelimit-policy"]
+            .to_str()
+            .unwrap()
+            .starts_with("\"vip\""));
+    }
+    assert_eq!(
+        get_as(&proxy, "/api/x", Some("vip-key")).await.status(),
+        429
+    );
+    for _ in 0..5 {
+        assert_eq!(get_as(&proxy, "/api/x", None).await.status(), 200);
+    }
+    // No route: 404.
+    assert_eq!(get_as(&proxy, "/other", Some("alice")).await.status(), 404);
+}
+
+#[tokio::test]
+async fn dry_run_never_rejects_and_delays_are_held() {
+    let up = upstream().await;
+    let dry = start(&config(
+        &up,
+        "      policies: [\"fixed-window:limit=1,window=1h\"]\n      dry_run: true\n",
+    ));
+    for _ in 0..3 {
+        let r = get_as(&dry, "/api/x", Some("k")).await;
+        assert_eq!(r.status(), 200);
+    }
+    let delayed = start(&config(
+        &up,
+        "      policies: [\"limit-req:rate=10/s,burst=2\"]\n      status: 503\n",
+    ));
+    let clock = tollgate::MonotonicClock::new();
+    let t0 = tollgate::Clock::now_us(&clock);
+    assert_eq!(get_as(&delayed, "/api/x", Some("d")).await.status(), 200);
+    assert_eq!(get_as(&delayed, "/api/x", Some("d")).await.status(), 200);
+    let elapsed = tollgate::Clock::now_us(&clock) - t0;
+    assert!(
+        elapsed >= 90_000,
+        "the second request was held for its delay: {elapsed}us"
+    );
+    // Burst 2 at 10/s, four at once: excess 0, 1000 and 2000 pass (the later ones
+    // held), the fourth exceeds the burst and gets the configured status.
+    let (a, b, c, d) = tokio::join!(
+        get_as(&delayed, "/api/x", Some("e")),
+        get_as(&delayed, "/api/x", Some("e")),
+        get_as(&delayed, "/api/x", Some("e")),
+        get_as(&delayed, "/api/x", Some("e"))
+    );
+    let mut codes = [
+        a.status().as_u16(),
+        b.status().as_u16(),
+        c.status().as_u16(),
+        d.status().as_u16(),
+    ];
+    codes.sort();
+    assert_eq!(codes, [200, 200, 200, 503]);
+}
+
+#[tokio::test]
+async fn limit_conn_bounds_concurrent_requests_per_key() {
+    let up = upstream().await;
+    let proxy = start(&config(&up, "      limit_conn: 1\n"));
+    let (a, b) = tokio::join!(
+        get_as(&proxy, "/api/slow", Some("c")),
+        get_as(&proxy, "/api/slow", Some("c"))
+    );
+    let mut codes = [a.status().as_u16(), b.status().as_u16()];
+    codes.sort();
+    assert_eq!(codes, [200, 429]);
+    // Another key is not affected, and once done the key may go again.
+    let (x, y) = tokio::join!(
+        get_as(&proxy, "/api/slow", Some("c")),
+        get_as(&proxy, "/api/slow", Some("other"))
+    );
+    assert_eq!((x.status().as_u16(), y.status().as_u16()), (200, 200));
+}
+
+#[tokio::test]
+async fn bodies_stream_through_byte_identical_and_forwarding_headers_are_set() {
+    let up = upstream().await;
+    let proxy = start(&config(&up, ""));
+    let body: Vec<u8> = (0..5_000_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    let r = send(
+        &proxy,
+        "POST",
+        "/api/echo",
+        &[("x-api-key", "k"), ("x-forwarded-for", "203.0.113.9")],
+        body.clone(),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.body() == &body, "5 MB echoed byte-identical");
+    // The peer (127.0.0.1) is not a trusted proxy: its claimed X-Forwarded-For is
+    // replaced by the peer address.
+    assert_eq!(r.headers()["x-seen-forwarded-for"], "127.0.0.1");
+}
+
+#[tokio::test]
+async fn upstream_down_is_a_502_and_no_config_is_a_clear_error() {
+    let proxy = start(&config("http://127.0.0.1:9", ""));
+    let r = get_as(&proxy, "/api/x", Some("k")).await;
+    assert_eq!(r.status(), 502);
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("proxy")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs --config FILE with a proxy: section")
+    );
+}
