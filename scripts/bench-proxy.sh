@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# tollgate proxy next to nginx (Debian's, 2 workers) in one run: both proxy to the same
+# upstream (`tollgate bench ceiling`) with equivalent limit_req configs, driven by wrk
+# on loopback, under the limit (every request passes) and over it (most rejected).
+# Usage: scripts/bench-proxy.sh [seconds] [connections]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+conns=${2:-64}
+command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+command -v nginx >/dev/null || { apt-get update -qq && apt-get install -y -qq nginx >/dev/null; }
+cargo build --release -q -p tollgate-server
+bin=target/release/tollgate
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+up=$(port); tg=$(port); ng=$(port)
+work=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+"$bin" bench ceiling --listen "127.0.0.1:$up" >/dev/null 2>&1 & pids+=($!)
+
+run_pair() { # $1 = label, $2 = nginx rate, $3 = tollgate rate
+  cat > "$work/nginx.conf" <<NGINX
+worker_processes 2;
+pid $work/nginx.pid;
+error_log $work/error.log crit;
+daemon off;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  limit_req_zone \$http_x_api_key zone=z:10m rate=$2;
+  limit_req_status 429;
+  upstream up { server 127.0.0.1:$up; keepalive 128; }
+  server {
+    listen 127.0.0.1:$ng;
+    location /api/ {
+      limit_req zone=z burst=100 nodelay;
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+}
+NGINX
+  cat > "$work/tollgate.yaml" <<YAML
+proxy:
+  routes:
+    - name: api
+      match: { path_prefix: /api/ }
+      upstream: http://127.0.0.1:$up
+      key: header:X-Api-Key
+      policies: ["limit-req:rate=$3,burst=100,nodelay"]
+      status: 429
+      headers: none
+YAML
+  nginx -p "$work" -c "$work/nginx.conf" & local ngpid=$!
+  "$bin" proxy --config "$work/tollgate.yaml" --listen "127.0.0.1:$tg" >/dev/null 2>&1 & local tgpid=$!
+  pids+=($ngpid $tgpid)
+  sleep 1
+  for target in "nginx $ng" "tollgate $tg"; do
+    set -- $target
+    out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -H 'X-Api-Key: k1' "http://127.0.0.1:$2/api/x")
+    rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+    p99=$(echo "$out" | awk '$1=="99%" {print $2}')
+    non2xx=$(echo "$out" | awk '/Non-2xx/ {print $5}')
+    echo "$label $1: req/s $rps p99 $p99 non-2xx ${non2xx:-0}"
+  done
+  kill $ngpid $tgpid 2>/dev/null || true
+  wait $ngpid $tgpid 2>/dev/null || true
+}
+label="under-limit" run_pair x "1000000r/s" "1000000/s"
+label="over-limit" run_pair x "10r/s" "10/s"
