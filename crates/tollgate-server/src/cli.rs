@@ -216,10 +216,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 );
             };
             let (config, options) = crate::proxy::load(&path)?;
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?
-                .block_on(crate::proxy::run(config, options, args.listen))
+            crate::proxy::run(config, options, args.listen)
         }
         Command::Bench(bench) => {
             let runtime = tokio::runtime::Builder::new_multi_thread()

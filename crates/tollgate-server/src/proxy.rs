@@ -139,14 +139,29 @@ struct Route {
     tiers: Vec<(Vec<String>, Limits)>,
     conns: Option<KeyedConcurrencyLimiter<String>>,
     status: StatusCode,
+    /// The problem+json body of a rate-limit reject, built once.
+    reject_body: bytes::Bytes,
     headers: HeaderStyle,
     dry_run: bool,
 }
 
-struct Proxy {
+/// The routes and their limiters: shared by every worker thread.
+struct Shared {
     routes: Vec<Route>,
     trusted: Vec<IpNet>,
+}
+
+/// One worker thread's view: the shared routes and its own upstream connection pool.
+struct Proxy {
+    shared: Arc<Shared>,
     client: Client<HttpConnector, Body>,
+}
+
+impl std::ops::Deref for Proxy {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 fn limits(
@@ -193,7 +208,7 @@ fn key_parts(spec: &str, at: &str) -> anyhow::Result<Vec<KeyPart>> {
         .collect()
 }
 
-impl Proxy {
+impl Shared {
     fn new(config: ProxyConfig, options: KeyedOptions) -> anyhow::Result<Self> {
         if config.routes.is_empty() {
             anyhow::bail!("proxy.routes: at least one route is needed");
@@ -244,15 +259,15 @@ impl Proxy {
                     matcher: r.matcher,
                     upstream,
                     status,
+                    reject_body: problem_body(status, "rate limit exceeded"),
                     headers: r.headers,
                     dry_run: r.dry_run,
                 })
             })
             .collect::<anyhow::Result<_>>()?;
-        Ok(Proxy {
+        Ok(Shared {
             routes,
             trusted: config.trusted_proxies,
-            client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
         })
     }
 
@@ -377,7 +392,8 @@ async fn handle(
             };
             rate_headers(&mut headers_out, route.headers, &d, l);
             if !d.allowed && !route.dry_run {
-                let mut r = problem(route.status, "rate limit exceeded", d.retry_after_us);
+                let mut r =
+                    problem_response(route.status, route.reject_body.clone(), d.retry_after_us);
                 r.headers_mut().extend(headers_out);
                 return r;
             }
@@ -475,13 +491,26 @@ fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &tollgate::Decis
 
 /// A small problem+json response (RFC 9457).
 fn problem(status: StatusCode, detail: &str, retry_after_us: Option<u64>) -> Response {
-    let body = serde_json::json!({
+    problem_response(status, problem_body(status, detail), retry_after_us)
+}
+
+fn problem_body(status: StatusCode, detail: &str) -> bytes::Bytes {
+    serde_json::json!({
         "type": "about:blank",
         "title": status.canonical_reason().unwrap_or("error"),
         "status": status.as_u16(),
         "detail": detail,
-    });
-    let mut r = (status, body.to_string()).into_response();
+    })
+    .to_string()
+    .into()
+}
+
+fn problem_response(
+    status: StatusCode,
+    body: bytes::Bytes,
+    retry_after_us: Option<u64>,
+) -> Response {
+    let mut r = (status, body).into_response();
     r.headers_mut().insert(
         "content-type",
         HeaderValue::from_static("application/problem+json"),
@@ -506,8 +535,10 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<(ProxyConfig, KeyedOptions
     Ok((proxy, options))
 }
 
-/// Runs the proxy until SIGTERM or Ctrl-C.
-pub async fn run(
+/// Runs the proxy until SIGTERM or Ctrl-C: one single-threaded runtime per CPU, each
+/// accepting on its own `SO_REUSEPORT` socket with its own upstream pool (as nginx's
+/// workers), sharing the routes and their limiters.
+pub fn run(
     config: ProxyConfig,
     options: KeyedOptions,
     listen: Option<SocketAddr>,
@@ -515,21 +546,74 @@ pub async fn run(
     let addr = listen
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
-    let proxy = Arc::new(Proxy::new(config, options)?);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
+    let shared = Arc::new(Shared::new(config, options)?);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The first worker binds (resolving port 0) and reports the address.
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel::<anyhow::Result<SocketAddr>>();
+    let mut threads = Vec::new();
+    let spawn =
+        |addr: SocketAddr, report: Option<std::sync::mpsc::Sender<anyhow::Result<SocketAddr>>>| {
+            let shared = shared.clone();
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(async move {
+                    let listener = match bind(addr) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            if let Some(r) = &report {
+                                let _ = r.send(Err(anyhow::anyhow!("{e:#}")));
+                            }
+                            return Err(e);
+                        }
+                    };
+                    if let Some(r) = report {
+                        let _ = r.send(Ok(listener.local_addr()?));
+                    }
+                    let proxy = Arc::new(Proxy {
+                        shared,
+                        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
+                    });
+                    let app = axum::Router::new().fallback(handle).with_state(proxy);
+                    axum::serve(
+                        listener,
+                        app.into_make_service_with_connect_info::<SocketAddr>(),
+                    )
+                    .with_graceful_shutdown(crate::serve::shutdown_signal())
+                    .await?;
+                    Ok(())
+                })
+            })
+        };
+    threads.push(spawn(addr, Some(bound_tx)));
+    let bound = bound_rx
+        .recv()
+        .map_err(|_| anyhow::anyhow!("the proxy's first worker died"))??;
+    for _ in 1..workers {
+        threads.push(spawn(bound, None));
+    }
     println!(
-        "tollgate proxy: listening on http://{} ({} route(s))",
-        listener.local_addr()?,
-        proxy.routes.len()
+        "tollgate proxy: listening on http://{bound} ({} route(s), {workers} worker(s))",
+        shared.routes.len()
     );
-    let app = axum::Router::new().fallback(handle).with_state(proxy);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(crate::serve::shutdown_signal())
-    .await?;
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow::anyhow!("a proxy worker panicked"))??;
+    }
     Ok(())
+}
+
+fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    #[cfg(unix)]
+    socket.set_reuseport(true)?;
+    socket
+        .bind(addr)
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    Ok(socket.listen(1024)?)
 }
