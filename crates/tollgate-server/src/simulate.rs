@@ -70,6 +70,9 @@ pub struct Scenario {
     pub hold_us: Option<u64>,
 }
 
+/// The most requests one simulation generates.
+pub const MAX_REQUESTS: usize = 20_000_000;
+
 /// One arrival: time (us), key, cost.
 pub type Arrival = (u64, u64, u64);
 
@@ -109,7 +112,8 @@ pub fn traffic(s: &Scenario) -> anyhow::Result<Vec<Arrival>> {
     let mut times: Vec<u64> = Vec::new();
     let d = s.duration_us as f64;
     let gap = 1e6 / s.rate;
-    let cap = 50_000_000usize;
+    // Each request costs about 60 bytes per policy in memory: bound the traffic.
+    let cap = MAX_REQUESTS;
     match s.pattern {
         Pattern::Steady => {
             let mut t = 0.0;
