@@ -9,6 +9,20 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
+# The proxy's differential test drives real nginx on a frozen clock (libfaketime).
+need() { # package, a file it installs
+    [ -e "$2" ] && return 0
+    if command -v apt-get >/dev/null 2>&1; then
+        echo "scripts/test.sh: installing $1 (needed by the tests)" >&2
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1") >/dev/null
+    fi
+    [ -e "$2" ] || { echo "scripts/test.sh: $1 is required ($2)" >&2; exit 1; }
+}
+need nginx /usr/sbin/nginx
+# Debian's package may start its own nginx on port 80: the tests run their own.
+(service nginx stop || true) >/dev/null 2>&1
+need faketime /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+
 # Property tests: 400 cases per property by default; PROPTEST_CASES=100000 for a soak.
 export PROPTEST_CASES="${PROPTEST_CASES:-400}"
 

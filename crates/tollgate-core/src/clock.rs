@@ -39,31 +39,44 @@ impl<C: Clock + ?Sized> Clock for &C {
 /// The default clock: monotonic, anchored at the Unix epoch.
 ///
 /// It reads the wall clock once, when it is created, and from then on only advances
-/// with a monotonic counter (the CPU's invariant TSC through the `quanta` crate, as
-/// governor's default clock does, or the OS monotonic clock where there is none). So
-/// clock-aligned windows (`fixed-window` with `align=clock`, `sliding-window`) start on
-/// wall-clock multiples of their length — a `1m` window starts on the minute, as
-/// Envoy's ratelimit does — while a later wall-clock jump changes nothing.
+/// with a monotonic counter: the CPU's invariant TSC through the `quanta` crate (as
+/// governor's default clock), or, with `TOLLGATE_CLOCK=os` in the environment when the
+/// clock is created, the OS monotonic clock (`std::time::Instant`; slower to read, but
+/// what tools such as libfaketime can control). So clock-aligned windows
+/// (`fixed-window` with `align=clock`, `sliding-window`) start on wall-clock multiples
+/// of their length — a `1m` window starts on the minute, as Envoy's ratelimit does —
+/// while a later wall-clock jump changes nothing.
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
-    counter: quanta::Clock,
-    origin: u64,
+    source: Source,
     epoch_ns_at_origin: u64,
+}
+
+#[derive(Debug, Clone)]
+enum Source {
+    Tsc { counter: quanta::Clock, origin: u64 },
+    Os { origin: std::time::Instant },
 }
 
 impl MonotonicClock {
     /// A clock anchored at the current wall-clock time.
-    #[allow(clippy::disallowed_methods)] // the one place that reads the wall clock
+    #[allow(clippy::disallowed_methods)] // the one place that reads the system clocks
     pub fn new() -> Self {
-        let counter = quanta::Clock::new();
-        let origin = counter.raw();
+        let source = if std::env::var_os("TOLLGATE_CLOCK").is_some_and(|v| v == "os") {
+            Source::Os {
+                origin: std::time::Instant::now(),
+            }
+        } else {
+            let counter = quanta::Clock::new();
+            let origin = counter.raw();
+            Source::Tsc { counter, origin }
+        };
         let epoch_ns_at_origin = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
             .unwrap_or(0);
         MonotonicClock {
-            counter,
-            origin,
+            source,
             epoch_ns_at_origin,
         }
     }
@@ -78,7 +91,10 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     #[inline]
     fn now_ns(&self) -> u64 {
-        let elapsed = self.counter.delta_as_nanos(self.origin, self.counter.raw());
+        let elapsed = match &self.source {
+            Source::Tsc { counter, origin } => counter.delta_as_nanos(*origin, counter.raw()),
+            Source::Os { origin } => u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        };
         self.epoch_ns_at_origin.saturating_add(elapsed)
     }
 }
