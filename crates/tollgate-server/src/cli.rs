@@ -215,8 +215,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                      proxy:\n  listen: 127.0.0.1:8000\n  routes:\n    - name: api\n      match: {{ path_prefix: /api/ }}\n      upstream: http://127.0.0.1:9000\n      key: client_ip\n      policies: [\"limit-req:rate=10/s,burst=5,nodelay\"]"
                 );
             };
-            let (config, options) = crate::proxy::load(&path)?;
-            crate::proxy::run(config, options, args.listen)
+            crate::proxy::run(&path, args.listen)
         }
         Command::Bench(bench) => {
             let runtime = tokio::runtime::Builder::new_multi_thread()

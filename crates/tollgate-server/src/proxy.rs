@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
@@ -34,7 +35,7 @@ pub struct ProxyConfig {
 }
 
 /// One route.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// Its name (metrics, logs).
@@ -77,7 +78,7 @@ fn default_status() -> u16 {
 }
 
 /// `match:`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MatchConfig {
     /// Path prefix.
@@ -89,7 +90,7 @@ pub struct MatchConfig {
 }
 
 /// A tier: key values with their own policies.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TierConfig {
     /// Its name.
@@ -131,6 +132,8 @@ struct Limits {
 }
 
 struct Route {
+    /// As configured: a reload keeps a route (and its counters) whose config is equal.
+    config: RouteConfig,
     name: String,
     matcher: MatchConfig,
     upstream: Uri,
@@ -147,21 +150,14 @@ struct Route {
 
 /// The routes and their limiters: shared by every worker thread.
 struct Shared {
-    routes: Vec<Route>,
+    routes: Vec<Arc<Route>>,
     trusted: Vec<IpNet>,
 }
 
 /// One worker thread's view: the shared routes and its own upstream connection pool.
 struct Proxy {
-    shared: Arc<Shared>,
+    shared: Arc<ArcSwap<Shared>>,
     client: Client<HttpConnector, Body>,
-}
-
-impl std::ops::Deref for Proxy {
-    type Target = Shared;
-    fn deref(&self) -> &Shared {
-        &self.shared
-    }
 }
 
 fn limits(
@@ -209,7 +205,13 @@ fn key_parts(spec: &str, at: &str) -> anyhow::Result<Vec<KeyPart>> {
 }
 
 impl Shared {
-    fn new(config: ProxyConfig, options: KeyedOptions) -> anyhow::Result<Self> {
+    /// Builds the routes; routes whose config equals one of `old`'s are taken over
+    /// with their counters (a reload).
+    fn new(
+        config: ProxyConfig,
+        options: KeyedOptions,
+        old: Option<&Shared>,
+    ) -> anyhow::Result<Self> {
         if config.routes.is_empty() {
             anyhow::bail!("proxy.routes: at least one route is needed");
         }
@@ -218,7 +220,11 @@ impl Shared {
             .into_iter()
             .enumerate()
             .map(|(i, r)| {
+                if let Some(same) = old.and_then(|o| o.routes.iter().find(|x| x.config == r)) {
+                    return Ok(same.clone());
+                }
                 let at = format!("proxy.routes[{i}]");
+                let route_config = r.clone();
                 let upstream: Uri = r
                     .upstream
                     .parse()
@@ -248,7 +254,8 @@ impl Shared {
                             Ok((tier.values.clone(), l))
                         })
                         .collect::<anyhow::Result<_>>()?;
-                Ok(Route {
+                Ok(Arc::new(Route {
+                    config: route_config,
                     key: key_parts(&r.key, &at)?,
                     default: limits("default", &r.policies, &at, options)?,
                     tiers,
@@ -262,7 +269,7 @@ impl Shared {
                     reject_body: problem_body(status, "rate limit exceeded"),
                     headers: r.headers,
                     dry_run: r.dry_run,
-                })
+                }))
             })
             .collect::<anyhow::Result<_>>()?;
         Ok(Shared {
@@ -271,7 +278,7 @@ impl Shared {
         })
     }
 
-    fn route(&self, req: &Request) -> Option<&Route> {
+    fn route(&self, req: &Request) -> Option<&Arc<Route>> {
         let path = req.uri().path();
         let host = req
             .headers()
@@ -308,11 +315,11 @@ impl Shared {
     }
 }
 
-fn key_of(route: &Route, proxy: &Proxy, peer: IpAddr, req: &Request) -> String {
+fn key_of(route: &Route, shared: &Shared, peer: IpAddr, req: &Request) -> String {
     let mut parts = Vec::with_capacity(route.key.len());
     for part in &route.key {
         let v = match part {
-            KeyPart::ClientIp => proxy.client_ip(peer, req.headers()).to_string(),
+            KeyPart::ClientIp => shared.client_ip(peer, req.headers()).to_string(),
             KeyPart::Path => req.uri().path().to_string(),
             KeyPart::Header(h) => req
                 .headers()
@@ -372,10 +379,11 @@ async fn handle(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     mut req: Request,
 ) -> Response {
-    let Some(route) = proxy.route(&req) else {
+    let shared = proxy.shared.load_full();
+    let Some(route) = shared.route(&req) else {
         return problem(StatusCode::NOT_FOUND, "no route matches this request", None);
     };
-    let key = key_of(route, &proxy, peer.ip(), &req);
+    let key = key_of(route, &shared, peer.ip(), &req);
     let mut headers_out = HeaderMap::new();
     let mut _permit: Option<KeyedConcurrencyPermit<String>> = None;
     if !key.is_empty() {
@@ -427,13 +435,13 @@ async fn handle(
     };
     *req.uri_mut() = uri;
     strip_hop_by_hop(req.headers_mut());
-    let client_ip = proxy.client_ip(peer.ip(), req.headers()).to_string();
+    let client_ip = shared.client_ip(peer.ip(), req.headers()).to_string();
     let xff = match req
         .headers()
         .get("x-forwarded-for")
         .and_then(|v| v.to_str().ok())
     {
-        Some(prev) if proxy.trusted.iter().any(|n| n.contains(&peer.ip())) => {
+        Some(prev) if shared.trusted.iter().any(|n| n.contains(&peer.ip())) => {
             format!("{prev}, {}", peer.ip())
         }
         _ => peer.ip().to_string(),
@@ -538,15 +546,16 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<(ProxyConfig, KeyedOptions
 /// Runs the proxy until SIGTERM or Ctrl-C: one single-threaded runtime per CPU, each
 /// accepting on its own `SO_REUSEPORT` socket with its own upstream pool (as nginx's
 /// workers), sharing the routes and their limiters.
-pub fn run(
-    config: ProxyConfig,
-    options: KeyedOptions,
-    listen: Option<SocketAddr>,
-) -> anyhow::Result<()> {
+pub fn run(path: &std::path::Path, listen: Option<SocketAddr>) -> anyhow::Result<()> {
+    let (config, options) = load(path)?;
     let addr = listen
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
-    let shared = Arc::new(Shared::new(config, options)?);
+    let shared = Arc::new(ArcSwap::from_pointee(Shared::new(config, options, None)?));
+    let reloader = {
+        let (shared, path) = (shared.clone(), path.to_path_buf());
+        std::thread::spawn(move || watch(&path, &shared))
+    };
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The first worker binds (resolving port 0) and reports the address.
     let (bound_tx, bound_rx) = std::sync::mpsc::channel::<anyhow::Result<SocketAddr>>();
@@ -595,13 +604,66 @@ pub fn run(
     }
     println!(
         "tollgate proxy: listening on http://{bound} ({} route(s), {workers} worker(s))",
-        shared.routes.len()
+        shared.load().routes.len()
     );
     for t in threads {
         t.join()
             .map_err(|_| anyhow::anyhow!("a proxy worker panicked"))??;
     }
+    drop(reloader); // it ends with the process
     Ok(())
+}
+
+/// Reloads the `proxy:` section on SIGHUP and when the file changes (checked every
+/// second). A bad file is rejected with a logged error and the old routes stay;
+/// unchanged routes keep their counters.
+fn watch(path: &std::path::Path, shared: &ArcSwap<Shared>) {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    runtime.block_on(async {
+        let stamp = || std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let mut last = stamp();
+        #[cfg(unix)]
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        loop {
+            #[cfg(unix)]
+            let hangup = async {
+                match hup.as_mut() {
+                    Some(h) => {
+                        h.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let hangup = std::future::pending::<()>();
+            tokio::select! {
+                _ = hangup => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                    let now = stamp();
+                    if now == last {
+                        continue;
+                    }
+                    last = now;
+                }
+            }
+            let reloaded = load(path)
+                .and_then(|(config, options)| Shared::new(config, options, Some(&shared.load())));
+            match reloaded {
+                Ok(new) => {
+                    shared.store(Arc::new(new));
+                    eprintln!("tollgate proxy: configuration reloaded");
+                }
+                Err(e) => eprintln!(
+                    "tollgate proxy: reload rejected, the previous routes stay in force: {e:#}"
+                ),
+            }
+        }
+    });
 }
 
 fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {

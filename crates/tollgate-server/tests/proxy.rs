@@ -13,6 +13,7 @@ use hyper_util::rt::TokioExecutor;
 struct Proxy {
     child: Child,
     base: String,
+    config: std::path::PathBuf,
     _dir: TempDir,
 }
 
@@ -98,6 +99,7 @@ fn start(config: &str) -> Proxy {
     Proxy {
         child,
         base: format!("http://{addr}"),
+        config: path,
         _dir: TempDir(dir),
     }
 }
@@ -274,4 +276,40 @@ async fn upstream_down_is_a_502_and_no_config_is_a_clear_error() {
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("needs --config FILE with a proxy: section")
     );
+}
+
+#[tokio::test]
+async fn the_proxy_section_reloads_keeping_unchanged_routes() {
+    let up = upstream().await;
+    let v1 = config(
+        &up,
+        "      policies: [\"fixed-window:limit=1,window=1h\"]\n",
+    );
+    let proxy = start(&v1);
+    assert_eq!(get_as(&proxy, "/api/x", Some("k")).await.status(), 200);
+    assert_eq!(get_as(&proxy, "/api/x", Some("k")).await.status(), 429);
+    // Add a route; the unchanged one keeps its counter.
+    let v2 = format!(
+        "{v1}    - name: open\n      match: {{ path_prefix: /open/ }}\n      upstream: {up}\n"
+    );
+    std::fs::write(&proxy.config, &v2).unwrap();
+    let mut reloaded = false;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if get_as(&proxy, "/open/x", None).await.status() == 200 {
+            reloaded = true;
+            break;
+        }
+    }
+    assert!(reloaded, "the new route appeared");
+    assert_eq!(
+        get_as(&proxy, "/api/x", Some("k")).await.status(),
+        429,
+        "counter kept"
+    );
+    // A bad file is rejected: both routes stay.
+    std::fs::write(&proxy.config, "proxy:\n  routes: []\n").unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(get_as(&proxy, "/open/x", None).await.status(), 200);
+    assert_eq!(get_as(&proxy, "/api/x", Some("k")).await.status(), 429);
 }
