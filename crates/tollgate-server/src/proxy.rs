@@ -344,6 +344,9 @@ fn key_of(route: &Route, shared: &Shared, peer: IpAddr, req: &Request) -> String
         }
         parts.push(v);
     }
+    if parts.len() == 1 {
+        return parts.pop().unwrap_or_default();
+    }
     parts.join("+")
 }
 
