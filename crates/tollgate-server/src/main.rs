@@ -8,6 +8,7 @@ mod grpc;
 mod http;
 mod metrics;
 mod proxy;
+mod reload;
 mod replay;
 mod rules;
 mod serve;

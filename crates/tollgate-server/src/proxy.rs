@@ -627,46 +627,24 @@ fn watch(path: &std::path::Path, shared: &ArcSwap<Shared>) {
     else {
         return;
     };
-    runtime.block_on(async {
-        let stamp = || std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        let mut last = stamp();
-        #[cfg(unix)]
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        loop {
-            #[cfg(unix)]
-            let hangup = async {
-                match hup.as_mut() {
-                    Some(h) => {
-                        h.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            #[cfg(not(unix))]
-            let hangup = std::future::pending::<()>();
-            tokio::select! {
-                _ = hangup => {}
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                    let now = stamp();
-                    if now == last {
-                        continue;
-                    }
-                    last = now;
-                }
+    let reload = |reason: &str| {
+        let reloaded = load(path)
+            .and_then(|(config, options)| Shared::new(config, options, Some(&shared.load())));
+        match reloaded {
+            Ok(new) => {
+                shared.store(Arc::new(new));
+                eprintln!("tollgate proxy: configuration reloaded ({reason})");
             }
-            let reloaded = load(path)
-                .and_then(|(config, options)| Shared::new(config, options, Some(&shared.load())));
-            match reloaded {
-                Ok(new) => {
-                    shared.store(Arc::new(new));
-                    eprintln!("tollgate proxy: configuration reloaded");
-                }
-                Err(e) => eprintln!(
-                    "tollgate proxy: reload rejected, the previous routes stay in force: {e:#}"
-                ),
-            }
+            Err(e) => eprintln!(
+                "tollgate proxy: reload rejected, the previous routes stay in force: {e:#}"
+            ),
         }
-    });
+    };
+    runtime.block_on(crate::reload::watch(
+        vec![path.to_path_buf()],
+        reload,
+        std::future::pending::<()>(),
+    ));
 }
 
 fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {

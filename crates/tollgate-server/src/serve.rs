@@ -275,57 +275,17 @@ async fn watch_rules(service: Arc<DecisionService>, mut stop: tokio::sync::watch
     if service.sources().is_empty() {
         return;
     }
-    let stamp = |service: &DecisionService| -> Vec<(PathBuf, Option<std::time::SystemTime>)> {
-        let mut files = Vec::new();
-        for p in service.sources() {
-            match std::fs::read_dir(p) {
-                Ok(entries) => files.extend(entries.filter_map(|e| e.ok().map(|e| e.path()))),
-                Err(_) => files.push(p.clone()),
-            }
+    let paths = service.sources().to_vec();
+    let reload = |reason: &str| match service.reload() {
+        Ok(()) => eprintln!("tollgate serve: rules reloaded ({reason})"),
+        Err(e) => {
+            eprintln!("tollgate serve: reload rejected, the previous rules stay in force: {e}")
         }
-        files.sort();
-        files
-            .into_iter()
-            .map(|f| {
-                let modified = std::fs::metadata(&f).and_then(|m| m.modified()).ok();
-                (f, modified)
-            })
-            .collect()
     };
-    let mut last = stamp(&service);
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    loop {
-        #[cfg(unix)]
-        let hangup = async {
-            match hup.as_mut() {
-                Some(h) => {
-                    h.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let hangup = std::future::pending::<()>();
-        let reason = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            _ = hangup => "SIGHUP",
-            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
-                let now = stamp(&service);
-                if now == last {
-                    continue;
-                }
-                last = now;
-                "a rule file changed"
-            }
-        };
-        match service.reload() {
-            Ok(()) => eprintln!("tollgate serve: rules reloaded ({reason})"),
-            Err(e) => {
-                eprintln!("tollgate serve: reload rejected, the previous rules stay in force: {e}")
-            }
-        }
-    }
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    crate::reload::watch(paths, reload, stopped).await;
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -1,0 +1,69 @@
+//! What triggers a reload, for `serve` and `proxy` alike: SIGHUP, or a change in the
+//! watched files' modification times (checked every second).
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// The files under `paths` (a directory's entries, or the file itself) with their
+/// modification times, in order: what a change is detected against.
+pub fn stamp(paths: &[PathBuf]) -> Vec<(PathBuf, Option<SystemTime>)> {
+    let mut files = Vec::new();
+    for p in paths {
+        match std::fs::read_dir(p) {
+            Ok(entries) => files.extend(entries.filter_map(|e| e.ok().map(|e| e.path()))),
+            Err(_) => files.push(p.clone()),
+        }
+    }
+    files.sort();
+    files
+        .into_iter()
+        .map(|f| {
+            let modified = modified(&f);
+            (f, modified)
+        })
+        .collect()
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Calls `reload(reason)` on SIGHUP and whenever a file under `paths` changes, until
+/// `stop` resolves.
+pub async fn watch(
+    paths: Vec<PathBuf>,
+    mut reload: impl FnMut(&str),
+    stop: impl Future<Output = ()>,
+) {
+    let mut last = stamp(&paths);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    tokio::pin!(stop);
+    loop {
+        #[cfg(unix)]
+        let hangup = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hangup = std::future::pending::<()>();
+        let reason = tokio::select! {
+            _ = &mut stop => return,
+            _ = hangup => "SIGHUP",
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                let now = stamp(&paths);
+                if now == last {
+                    continue;
+                }
+                last = now;
+                "a file changed"
+            }
+        };
+        reload(reason);
+    }
+}
