@@ -460,7 +460,9 @@ async fn handle(
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             parts.headers.extend(headers_out);
-            Response::from_parts(parts, Body::new(body))
+            // limit_conn's permit is held until the response body has been sent, as
+            // nginx counts a connection until the request is finished.
+            Response::from_parts(parts, Body::new(Held { body, _permit }))
         }
         Ok(Err(_)) => problem(
             StatusCode::BAD_GATEWAY,
@@ -497,6 +499,32 @@ fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &tollgate::Decis
         add("x-ratelimit-limit", d.limit.to_string());
         add("x-ratelimit-remaining", d.remaining.to_string());
         add("x-ratelimit-reset", reset_s.to_string());
+    }
+}
+
+/// A response body that holds a `limit_conn` permit until it ends (or is dropped).
+struct Held {
+    body: hyper::body::Incoming,
+    _permit: Option<KeyedConcurrencyPermit<String>>,
+}
+
+impl http_body::Body for Held {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

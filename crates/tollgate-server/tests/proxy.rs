@@ -50,6 +50,23 @@ async fn upstream() -> String {
             ),
         )
         .route(
+            "/api/stream",
+            get(|| async {
+                // Headers at once, then 4 chunks 100 ms apart.
+                let chunks = futures::stream::unfold(0u32, |i| async move {
+                    if i == 4 {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Some((
+                        Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'x'; 1000])),
+                        i + 1,
+                    ))
+                });
+                axum::body::Body::from_stream(chunks)
+            }),
+        )
+        .route(
             "/api/slow",
             get(|| async {
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -312,4 +329,18 @@ async fn the_proxy_section_reloads_keeping_unchanged_routes() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(get_as(&proxy, "/open/x", None).await.status(), 200);
     assert_eq!(get_as(&proxy, "/api/x", Some("k")).await.status(), 429);
+}
+
+#[tokio::test]
+async fn limit_conn_holds_the_permit_until_the_response_body_ends() {
+    let up = upstream().await;
+    let proxy = std::sync::Arc::new(start(&config(&up, "      limit_conn: 1\n")));
+    let p = proxy.clone();
+    let first = tokio::spawn(async move { get_as(&p, "/api/stream", Some("s")).await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The first response's headers are long sent, but its body is still streaming.
+    assert_eq!(get_as(&proxy, "/api/x", Some("s")).await.status(), 429);
+    let first = first.await.unwrap();
+    assert_eq!((first.status().as_u16(), first.body().len()), (200, 4000));
+    assert_eq!(get_as(&proxy, "/api/x", Some("s")).await.status(), 200);
 }
