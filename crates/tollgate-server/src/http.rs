@@ -129,13 +129,18 @@ struct EntryBody {
     value: String,
 }
 
+/// Request entries as `(key, value)` pairs, moved out of the body.
+fn pairs(entries: Vec<EntryBody>) -> Vec<(String, String)> {
+    entries.into_iter().map(|e| (e.key, e.value)).collect()
+}
+
 impl CheckBody {
     /// The descriptors, moved out of the body.
     fn take_descriptors(&mut self) -> Vec<DescriptorRequest> {
         std::mem::take(&mut self.descriptors)
             .into_iter()
             .map(|d| DescriptorRequest {
-                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                entries: pairs(d.entries),
                 hits: d.cost,
                 limit_override: None,
             })
@@ -247,7 +252,7 @@ async fn reset(
         Ok(Json(b)) => b,
         Err(e) => return rejected(e),
     };
-    let entries: Vec<_> = body.entries.into_iter().map(|e| (e.key, e.value)).collect();
+    let entries = pairs(body.entries);
     if service.reset(&body.domain, &entries) {
         Json(json!({ "reset": true })).into_response()
     } else {
@@ -445,19 +450,14 @@ async fn envoy_json(
     State(service): State<Arc<DecisionService>>,
     body: Result<Json<EnvoyRequest>, JsonRejection>,
 ) -> Response {
-    let body = match body {
+    let mut body = match body {
         Ok(Json(b)) => b,
         Err(e) => return rejected(e),
     };
-    let descriptors: Vec<DescriptorRequest> = body
-        .descriptors
-        .iter()
+    let descriptors: Vec<DescriptorRequest> = std::mem::take(&mut body.descriptors)
+        .into_iter()
         .map(|d| DescriptorRequest {
-            entries: d
-                .entries
-                .iter()
-                .map(|e| (e.key.clone(), e.value.clone()))
-                .collect(),
+            entries: pairs(d.entries),
             hits: d.hits_addend,
             limit_override: None,
         })
