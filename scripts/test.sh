@@ -22,6 +22,13 @@ need nginx /usr/sbin/nginx
 # Debian's package may start its own nginx on port 80: the tests run their own.
 (service nginx stop || true) >/dev/null 2>&1
 need faketime /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+# The Redis store's tests start their own redis-server processes (a standalone
+# server and a 3-master Cluster made with redis-cli --cluster) on free loopback
+# ports, and stop them by PID.
+need redis-server /usr/bin/redis-server
+need redis-tools /usr/bin/redis-cli
+# Debian's package starts a redis-server on 6379: the tests run their own.
+(service redis-server stop || true) >/dev/null 2>&1
 
 # Property tests: 400 cases per property by default; PROPTEST_CASES=100000 for a soak.
 export PROPTEST_CASES="${PROPTEST_CASES:-400}"

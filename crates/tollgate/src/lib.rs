@@ -10,6 +10,8 @@
 //! * [`Paced`]: any `Stream` paced to a policy, with backpressure;
 //! * `tower::RateLimitLayer` (feature `tower`): per-key limits for http services,
 //!   429 with `Retry-After` and `RateLimit` headers, or wait;
+//! * `redis::RedisLimiter` (feature `redis`): the same decisions kept in Redis or
+//!   Redis Cluster, so that many instances share one limit;
 //!
 //! each for a single [`Policy`] or an all-or-nothing [`RuleSet`], with try
 //! (`check`), wait (`acquire().await`, `acquire_blocking`), `peek`, `refund`, `reset`
@@ -35,6 +37,8 @@ mod concurrency;
 mod config;
 mod keyed;
 mod limiter;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod stream;
 #[cfg(feature = "tower")]
 pub mod tower;

@@ -124,6 +124,19 @@ impl Smooth {
         self.max_permits
     }
 
+    /// Guava's derived doubles, in the order a Redis script takes them:
+    /// `[stableIntervalMicros, maxPermits, thresholdPermits, slope, coolDownIntervalMicros]`
+    /// (`threshold` and `slope` are 0 for bursty).
+    pub fn guava_params(&self) -> [f64; 5] {
+        [
+            self.stable_interval,
+            self.max_permits,
+            self.threshold,
+            self.slope,
+            self.cool_down,
+        ]
+    }
+
     /// Guava's `setRate` on a live limiter: resync under the old rate, then scale the
     /// stored permits to the new maximum (bursty) or, from an empty maximum, start full
     /// (warming up).

@@ -1,0 +1,49 @@
+-- gcra (code 1). Params: scale, interval, tau (interval and tau in 1/scale us ticks).
+-- State: the TAT as "us frac" (tat = us*scale + frac, 0 <= frac < scale), so that
+-- an epoch-anchored time times the scale never has to fit a double.
+-- new = max(tat, now) + cost*T; admitted iff now >= new - tau; then tat = new.
+
+-- (us, frac) with frac brought into [0, scale).
+local function ticks_norm(u, f, scale)
+  local q = idiv(f, scale)
+  return u + q, f - q * scale
+end
+
+-- max(tat, now) + cost*interval, as (us, frac).
+local function gcra_next(p, s, now, cost)
+  local u, f = s.u, s.f
+  if u < now then u, f = now, 0 end
+  return ticks_norm(u, f + cost * p.interval, p.scale)
+end
+
+ALGOS[1] = {
+  params = function(a) return { scale = a[1], interval = a[2], tau = a[3] } end,
+  load = function(p, key)
+    local v = load_fields(key)
+    if not v then return { u = 0, f = 0 } end
+    return { u = v[1], f = v[2] }
+  end,
+  encode = function(p, s) return int(s.u) .. ' ' .. int(s.f) end,
+  save = function(p, key, s, ttl_ms) save_string(key, int(s.u) .. ' ' .. int(s.f), ttl_ms) end,
+  earliest = function(p, s, now, cost)
+    local u, f = gcra_next(p, s, now, cost)
+    u, f = ticks_norm(u, f - p.tau, p.scale)
+    if f > 0 then u = u + 1 end
+    return u
+  end,
+  admit = function(p, s, now, at, cost)
+    s.u, s.f = gcra_next(p, s, now, cost)
+  end,
+  refund = function(p, s, now, cost)
+    if s.u > now or (s.u == now and s.f > 0) then
+      local u, f = ticks_norm(s.u, s.f - cost * p.interval, p.scale)
+      if u < now then u, f = now, 0 end
+      s.u, s.f = u, f
+    end
+  end,
+  reset_after = function(p, s, now)
+    local u = s.u
+    if s.f > 0 then u = u + 1 end
+    return math.max(u - now, 0)
+  end,
+}

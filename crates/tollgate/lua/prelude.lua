@@ -1,0 +1,84 @@
+-- tollgate: shared helpers of the decision script (see check.lua for KEYS and ARGV).
+--
+-- Lua numbers are doubles: integers are exact below 2^53. Every quantity the
+-- algorithms keep is an integer in microseconds (or a scaled unit) below that bound
+-- (the Rust side refuses policies whose constants could exceed it), and divisions go
+-- through `idiv`, which corrects the rounding of `/` so that it is exact.
+
+local floor = math.floor
+
+-- floor(a / b) for integers |a| < 2^53, b > 0.
+local function idiv(a, b)
+  local q = floor(a / b)
+  local r = a - q * b
+  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end
+  return q
+end
+
+-- ceil(a / b) for integers |a| < 2^53, b > 0.
+local function cdiv(a, b)
+  return -idiv(-a, b)
+end
+
+-- An integer as Redis and the Rust side read it (tostring would print 1e+15).
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- A double, exactly (17 significant digits round-trip).
+local function dbl(x)
+  return string.format('%.17g', x)
+end
+
+-- Java's (long) cast of a double: truncation toward zero.
+local function trunc(x)
+  if x >= 0 then return floor(x) else return -floor(-x) end
+end
+
+-- The numbers of a space-separated state string.
+local function fields(str)
+  local out = {}
+  for w in string.gmatch(str, '%S+') do out[#out + 1] = tonumber(w) end
+  return out
+end
+
+-- Whether an earliest admission `wait` us away is admitted: try admits only at once,
+-- acquire within max-wait (nil: unbounded).
+local function fits(wait, acquire, max_wait)
+  if not acquire then return wait == 0 end
+  return max_wait == nil or wait <= max_wait
+end
+
+-- Algorithms by wire code. Each has:
+--   load(p, key, created) -> state    (a missing key is the state of a new key)
+--   encode(p, s) -> string            (what the Rust side parses; '' for a new key)
+--   save(p, key, s, ttl_ms)           (writes the state with its time to live)
+--   check(p, s, now, cost, acquire, max_wait) -> admitted, wait   (mutates s when admitted)
+--   refund(p, s, now, cost)
+--   reset_after(p, s, now) -> us until the state is fully replenished (its TTL)
+local ALGOS = {}
+
+-- The string-valued states: one key holding space-separated numbers.
+local function load_fields(key)
+  local v = redis.call('GET', key)
+  if not v then return nil end
+  return fields(v)
+end
+
+local function save_string(key, str, ttl_ms)
+  redis.call('SET', key, str, 'PX', ttl_ms)
+end
+
+-- Admission at the earliest instant a request fits: the shared try/acquire logic of
+-- the algorithms that define earliest(p, s, now, cost) and admit(p, s, now, at, cost).
+local function check_schedule(alg, p, s, now, cost, acquire, max_wait)
+  if alg.expire then alg.expire(p, s, now) end
+  local at = alg.earliest(p, s, now, cost)
+  if at < now then at = now end
+  local wait = at - now
+  if fits(wait, acquire, max_wait) then
+    alg.admit(p, s, now, at, cost)
+    return true, wait
+  end
+  return false, wait
+end

@@ -1,0 +1,275 @@
+-- The window counters: fixed-window (4), sliding-log (5), sliding-window with K
+-- buckets (6) and the weighted sliding window (7).
+
+-- fixed-window. Params: limit, window, align (0 clock, 1 first).
+-- State: "start count": `count` admitted in the window starting at `start` (us).
+local function fw_live(p, s, now) return s.count > 0 and now < s.start + p.window end
+
+ALGOS[4] = {
+  params = function(a) return { limit = a[1], window = a[2], first = a[3] == 1 } end,
+  load = function(p, key)
+    local v = load_fields(key)
+    if not v then return { start = 0, count = 0 } end
+    return { start = v[1], count = v[2] }
+  end,
+  encode = function(p, s) return int(s.start) .. ' ' .. int(s.count) end,
+  save = function(p, key, s, ttl_ms) save_string(key, int(s.start) .. ' ' .. int(s.count), ttl_ms) end,
+  earliest = function(p, s, now, cost)
+    if not fw_live(p, s, now) then return now end
+    if s.count + cost <= p.limit then return math.max(now, s.start) end
+    return s.start + p.window
+  end,
+  admit = function(p, s, now, at, cost)
+    if fw_live(p, s, at) and at >= s.start then
+      s.count = s.count + cost
+    else
+      if p.first then s.start = at else s.start = at - (at - idiv(at, p.window) * p.window) end
+      s.count = cost
+    end
+  end,
+  refund = function(p, s, now, cost)
+    if fw_live(p, s, now) then s.count = s.count - math.min(cost, s.count) end
+  end,
+  reset_after = function(p, s, now)
+    if fw_live(p, s, now) then return s.start + p.window - now end
+    return 0
+  end,
+}
+
+-- sliding-log. Params: limit, window.
+-- State: a sorted set, one member per admission: score = its time (us), member =
+-- "time:nonce:cost" (the per-call nonce makes every member unique). An entry counts
+-- at `at` while time + window > at.
+ALGOS[5] = {
+  params = function(a) return { limit = a[1], window = a[2] } end,
+  load = function(p, key)
+    local s = { entries = {}, added = {}, removed = {}, key = key }
+    local raw = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+    for i = 1, #raw, 2 do
+      local member = raw[i]
+      local ts, cost = string.match(member, '^(%d+):[^:]*:(%d+)$')
+      s.entries[#s.entries + 1] = { tonumber(ts), tonumber(cost), member }
+    end
+    return s
+  end,
+  encode = function(p, s)
+    local out = {}
+    for i, e in ipairs(s.entries) do out[i] = int(e[1]) .. ' ' .. int(e[2]) end
+    return table.concat(out, ' ')
+  end,
+  save = function(p, key, s, ttl_ms)
+    for _, m in ipairs(s.removed) do redis.call('ZREM', key, m) end
+    for _, e in ipairs(s.added) do redis.call('ZADD', key, e[1], e[3]) end
+    if #s.entries > 0 then redis.call('PEXPIRE', key, ttl_ms) else redis.call('DEL', key) end
+  end,
+  -- Drops the entries that no longer count at `now`.
+  expire = function(p, s, now)
+    local drop = 0
+    while drop < #s.entries and s.entries[drop + 1][1] + p.window <= now do drop = drop + 1 end
+    if drop == 0 then return end
+    for i = 1, drop do s.removed[#s.removed + 1] = s.entries[i][3] end
+    local kept = {}
+    for i = drop + 1, #s.entries do kept[#kept + 1] = s.entries[i] end
+    s.entries = kept
+  end,
+  earliest = function(p, s, now, cost)
+    -- Never ahead of an earlier admission (a reservation may lie in the future).
+    local at = now
+    local n = #s.entries
+    if n > 0 and s.entries[n][1] > at then at = s.entries[n][1] end
+    local sum = 0
+    for _, e in ipairs(s.entries) do
+      if e[1] + p.window > at then sum = sum + e[2] end
+    end
+    if sum + cost <= p.limit then return at end
+    local must_leave = sum + cost - p.limit
+    local left = 0
+    for _, e in ipairs(s.entries) do
+      if e[1] + p.window > at then
+        left = left + e[2]
+        if left >= must_leave then return e[1] + p.window end
+      end
+    end
+    return at
+  end,
+  admit = function(p, s, now, at, cost)
+    local e = { at, cost, int(at) .. ':' .. s.nonce .. ':' .. int(cost) }
+    s.entries[#s.entries + 1] = e
+    s.added[#s.added + 1] = e
+  end,
+  -- Takes back from the newest entries that still count.
+  refund = function(p, s, now, cost)
+    while cost > 0 and #s.entries > 0 do
+      local e = s.entries[#s.entries]
+      if e[1] + p.window <= now then break end
+      local take = math.min(cost, e[2])
+      cost = cost - take
+      s.removed[#s.removed + 1] = e[3]
+      s.entries[#s.entries] = nil
+      if e[2] > take then
+        local rest = { e[1], e[2] - take, int(e[1]) .. ':' .. s.nonce .. 'r:' .. int(e[2] - take) }
+        s.entries[#s.entries + 1] = rest
+        s.added[#s.added + 1] = rest
+        break
+      end
+    end
+  end,
+  reset_after = function(p, s, now)
+    local n = #s.entries
+    if n == 0 then return 0 end
+    return math.max(s.entries[n][1] + p.window - now, 0)
+  end,
+}
+
+-- sliding-window with K buckets. Params: limit, window, buckets (K), width (window/K).
+-- State: "newest total c_0 ... c_(K-1)": counts[b % K] holds bucket b for b in
+-- (newest - K, newest]; missing until the first admission.
+local function sw_slot(p, b) return b - idiv(b, p.buckets) * p.buckets + 1 end
+
+-- The sum over the window ending with bucket `end_b` (>= newest).
+local function sw_sum(p, s, end_b)
+  if not s.counts or end_b >= s.newest + p.buckets then return 0 end
+  local first_kept = math.max(end_b + 1 - p.buckets, 0)
+  local first_held = math.max(s.newest + 1 - p.buckets, 0)
+  local gone = 0
+  for b = first_held, first_kept - 1 do gone = gone + s.counts[sw_slot(p, b)] end
+  return s.total - gone
+end
+
+ALGOS[6] = {
+  params = function(a) return { limit = a[1], window = a[2], buckets = a[3], width = a[4] } end,
+  load = function(p, key)
+    local v = load_fields(key)
+    if not v then return { newest = 0, total = 0 } end
+    local counts = {}
+    for i = 1, p.buckets do counts[i] = v[i + 2] or 0 end
+    return { newest = v[1], total = v[2], counts = counts }
+  end,
+  encode = function(p, s)
+    if not s.counts then return '' end
+    local out = { int(s.newest), int(s.total) }
+    for i = 1, p.buckets do out[i + 2] = int(s.counts[i]) end
+    return table.concat(out, ' ')
+  end,
+  save = function(p, key, s, ttl_ms)
+    if not s.counts then redis.call('DEL', key) return end
+    save_string(key, ALGOS[6].encode(p, s), ttl_ms)
+  end,
+  earliest = function(p, s, now, cost)
+    local at = now
+    local end_b = idiv(now, p.width)
+    if s.counts and s.newest > end_b then
+      end_b = s.newest
+      at = end_b * p.width
+    end
+    local sum = sw_sum(p, s, end_b)
+    if sum + cost <= p.limit then return at end
+    local must_leave = sum + cost - p.limit
+    local left = 0
+    local first = math.max(end_b + 1 - p.buckets, s.newest + 1 - p.buckets, 0)
+    for b = first, math.min(end_b, s.newest) do
+      left = left + s.counts[sw_slot(p, b)]
+      if left >= must_leave then return (b + p.buckets) * p.width end
+    end
+    return at
+  end,
+  admit = function(p, s, now, at, cost)
+    local b = idiv(at, p.width)
+    if not s.counts then
+      s.counts = {}
+      for i = 1, p.buckets do s.counts[i] = 0 end
+      s.newest = b
+    end
+    if b > s.newest then
+      local stale = math.min(b - s.newest, p.buckets)
+      for k = 0, stale - 1 do
+        local slot = sw_slot(p, b - k)
+        s.total = s.total - s.counts[slot]
+        s.counts[slot] = 0
+      end
+      s.newest = b
+    end
+    local slot = sw_slot(p, b)
+    s.counts[slot] = s.counts[slot] + cost
+    s.total = s.total + cost
+  end,
+  refund = function(p, s, now, cost)
+    if not s.counts then return end
+    local oldest = math.max(idiv(now, p.width) + 1 - p.buckets, 0)
+    local b = s.newest
+    while cost > 0 and b >= oldest and b + p.buckets > s.newest do
+      local slot = sw_slot(p, b)
+      local take = math.min(cost, s.counts[slot])
+      s.counts[slot] = s.counts[slot] - take
+      s.total = s.total - take
+      cost = cost - take
+      if b == 0 then break end
+      b = b - 1
+    end
+  end,
+  reset_after = function(p, s, now)
+    if not s.counts then return 0 end
+    local end_b = math.max(idiv(now, p.width), s.newest)
+    local first = math.max(end_b + 1 - p.buckets, s.newest + 1 - p.buckets, 0)
+    for b = math.min(end_b, s.newest), first, -1 do
+      if s.counts[sw_slot(p, b)] > 0 then return math.max((b + p.buckets) * p.width - now, 0) end
+    end
+    return 0
+  end,
+}
+
+-- sliding-window, weighted. Params: limit, window.
+-- State: "win prev curr": counts of window `win` (index time/window) and the one before.
+local function wt_counts(s, w)
+  if w == s.win then return s.prev, s.curr end
+  if w == s.win + 1 then return s.curr, 0 end
+  return 0, 0
+end
+
+-- limit*window - prev*(window - elapsed) - curr*window.
+local function wt_headroom(p, s, at)
+  local w = idiv(at, p.window)
+  local prev, curr = wt_counts(s, w)
+  local elapsed = at - w * p.window
+  return p.limit * p.window - prev * (p.window - elapsed) - curr * p.window
+end
+
+ALGOS[7] = {
+  params = function(a) return { limit = a[1], window = a[2] } end,
+  load = function(p, key)
+    local v = load_fields(key)
+    if not v then return { win = 0, prev = 0, curr = 0 } end
+    return { win = v[1], prev = v[2], curr = v[3] }
+  end,
+  encode = function(p, s) return int(s.win) .. ' ' .. int(s.prev) .. ' ' .. int(s.curr) end,
+  save = function(p, key, s, ttl_ms)
+    save_string(key, int(s.win) .. ' ' .. int(s.prev) .. ' ' .. int(s.curr), ttl_ms)
+  end,
+  earliest = function(p, s, now, cost)
+    local at = math.max(now, s.win * p.window)
+    while true do
+      if wt_headroom(p, s, at) >= cost * p.window then return at end
+      local w = idiv(at, p.window)
+      local prev, curr = wt_counts(s, w)
+      local room = p.limit - curr - cost
+      if room >= 0 and prev > 0 then
+        local elapsed = p.window - idiv(room * p.window, prev)
+        if elapsed < p.window then return w * p.window + elapsed end
+      end
+      at = (w + 1) * p.window
+    end
+  end,
+  admit = function(p, s, now, at, cost)
+    local w = idiv(at, p.window)
+    local prev, curr = wt_counts(s, w)
+    s.win, s.prev, s.curr = w, prev, curr + cost
+  end,
+  refund = function(p, s, now, cost)
+    if idiv(now, p.window) <= s.win + 1 then s.curr = s.curr - math.min(cost, s.curr) end
+  end,
+  reset_after = function(p, s, now)
+    local til
+    if s.curr > 0 then til = s.win + 2 elseif s.prev > 0 then til = s.win + 1 else return 0 end
+    return math.max(til * p.window - now, 0)
+  end,
+}

@@ -1,0 +1,496 @@
+//! [`RedisLimiter`]: per-key limits shared through Redis, with a failure policy and
+//! an optional local negative cache.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tollgate_core::{Clock, Decision, MonotonicClock, Op, RuleDecision, RuleSet};
+
+use super::script::Wire;
+use super::store::RedisStore;
+use super::StoreError;
+use crate::KeyedLimiter;
+
+/// What a [`RedisLimiter`] decides while Redis is unreachable or slow.
+#[derive(Debug, Clone, Default)]
+pub enum OnError {
+    /// Return the error to the caller (the default: the caller decides).
+    #[default]
+    Error,
+    /// Admit every request (availability over the limit).
+    FailOpen,
+    /// Reject every request (the limit over availability).
+    FailClosed,
+    /// Decide with an in-memory limiter of these rules, typically this instance's
+    /// share of the global limit (e.g. a quarter of it with four instances).
+    Local(RuleSet),
+}
+
+/// Options of a [`RedisLimiter`].
+#[derive(Debug, Clone)]
+pub struct RedisLimiterOptions {
+    /// The failure policy.
+    pub on_error: OnError,
+    /// While Redis is failing, how often one call tries it again (the others take the
+    /// failure policy at once, without waiting for a timeout). Default 500 ms.
+    pub probe_interval: Duration,
+    /// Once Redis rejects a key until some instant, reject it locally until then
+    /// without a round trip. Never rejects what Redis would admit: under every
+    /// algorithm the script runs, other clients' traffic can only move that instant
+    /// later. The one exception is a refund made by another instance, which frees
+    /// room this instance only sees once the cached instant has passed (stricter, not
+    /// looser). A refund through this limiter clears the key's entry. Default off.
+    pub negative_cache: bool,
+    /// The most keys the negative cache holds (it is cleared when full). Default 100k.
+    pub negative_cache_keys: usize,
+}
+
+impl Default for RedisLimiterOptions {
+    fn default() -> Self {
+        RedisLimiterOptions {
+            on_error: OnError::Error,
+            probe_interval: Duration::from_millis(500),
+            negative_cache: false,
+            negative_cache_keys: 100_000,
+        }
+    }
+}
+
+/// Counters of a [`RedisLimiter`] (for metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedisStats {
+    /// Decisions made by Redis.
+    pub redis_decisions: u64,
+    /// Calls that failed with a transient Redis error (or timeout).
+    pub redis_errors: u64,
+    /// Decisions made by the failure policy.
+    pub fallback_decisions: u64,
+    /// Rejects answered by the negative cache.
+    pub negative_cache_hits: u64,
+    /// Times Redis became unreachable (healthy to failing).
+    pub outages: u64,
+    /// Times Redis came back (failing to healthy).
+    pub recoveries: u64,
+    /// Whether Redis is failing now.
+    pub failing: bool,
+}
+
+struct Compiled {
+    rules: RuleSet,
+    wire: Wire,
+    local: Option<KeyedLimiter<String>>,
+}
+
+struct Cached {
+    /// The reject as Redis gave it, at `at` (local monotonic us).
+    decision: Decision,
+    at: u64,
+    cost: u64,
+}
+
+struct Inner {
+    store: RedisStore,
+    name: String,
+    opts: RedisLimiterOptions,
+    compiled: ArcSwap<Compiled>,
+    clock: MonotonicClock,
+    failing: AtomicBool,
+    /// Local time (us) after which a failing limiter tries Redis again.
+    next_probe: AtomicU64,
+    negative: Mutex<HashMap<String, Cached>>,
+    stats: [AtomicU64; 6],
+}
+
+const DECISIONS: usize = 0;
+const ERRORS: usize = 1;
+const FALLBACKS: usize = 2;
+const HITS: usize = 3;
+const OUTAGES: usize = 4;
+const RECOVERIES: usize = 5;
+
+/// Per-key limits kept in Redis: every instance that uses the same Redis, limiter name
+/// and rules shares one limit per key.
+///
+/// Cheap to clone (an `Arc` inside). Keys are strings; each key's policies live in one
+/// Cluster slot. See [`crate::redis`] for an example.
+#[derive(Clone)]
+pub struct RedisLimiter {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("name", &self.inner.name)
+            .field("rules", &self.inner.compiled.load().rules)
+            .finish()
+    }
+}
+
+impl RedisLimiter {
+    /// A limiter named `name` (part of every Redis key; no `{` or `}`) on `store`.
+    pub fn new(
+        store: RedisStore,
+        name: &str,
+        rules: impl Into<RuleSet>,
+    ) -> Result<RedisLimiter, StoreError> {
+        RedisLimiter::with_options(store, name, rules, RedisLimiterOptions::default())
+    }
+
+    /// [`RedisLimiter::new`] with options.
+    pub fn with_options(
+        store: RedisStore,
+        name: &str,
+        rules: impl Into<RuleSet>,
+        opts: RedisLimiterOptions,
+    ) -> Result<RedisLimiter, StoreError> {
+        if name.contains(['{', '}']) {
+            return Err(StoreError::Config(format!(
+                "limiter name {name:?} must not contain '{{' or '}}'"
+            )));
+        }
+        let compiled = compile(rules.into(), &opts)?;
+        Ok(RedisLimiter {
+            inner: Arc::new(Inner {
+                store,
+                name: name.into(),
+                opts,
+                compiled: ArcSwap::from_pointee(compiled),
+                clock: MonotonicClock::new(),
+                failing: AtomicBool::new(false),
+                next_probe: AtomicU64::new(0),
+                negative: Mutex::new(HashMap::new()),
+                stats: Default::default(),
+            }),
+        })
+    }
+
+    /// The rules.
+    pub fn rules(&self) -> RuleSet {
+        self.inner.compiled.load().rules.clone()
+    }
+
+    /// Replaces the rules. Each policy keeps the state Redis holds for it when its
+    /// algorithm is unchanged (the state is read under the new parameters, as the
+    /// memory store's carry-over does for most algorithms); a policy whose algorithm
+    /// changed starts afresh. The negative cache is cleared.
+    pub fn set_rules(&self, rules: impl Into<RuleSet>) -> Result<(), StoreError> {
+        let compiled = compile(rules.into(), &self.inner.opts)?;
+        self.inner.compiled.store(Arc::new(compiled));
+        lock(&self.inner.negative).clear();
+        Ok(())
+    }
+
+    /// The store.
+    pub fn store(&self) -> &RedisStore {
+        &self.inner.store
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> RedisStats {
+        let s = |i: usize| self.inner.stats[i].load(Ordering::Relaxed);
+        RedisStats {
+            redis_decisions: s(DECISIONS),
+            redis_errors: s(ERRORS),
+            fallback_decisions: s(FALLBACKS),
+            negative_cache_hits: s(HITS),
+            outages: s(OUTAGES),
+            recoveries: s(RECOVERIES),
+            failing: self.inner.failing.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Tries a request of `cost` for `key` now: the overall decision.
+    pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, StoreError> {
+        Ok(self.check_rules(key, cost, Op::Try).await?.decision)
+    }
+
+    /// Decides a request of `cost` for `key` (try, or acquire: reserve the earliest
+    /// admission, returned as `wait`, without waiting for it), with each policy's
+    /// decision. Time is Redis's. When Redis fails, the failure policy decides.
+    pub async fn check_rules(
+        &self,
+        key: &str,
+        cost: u64,
+        op: Op,
+    ) -> Result<RuleDecision, StoreError> {
+        let compiled = self.inner.compiled.load_full();
+        if op == Op::Try && self.inner.opts.negative_cache {
+            if let Some(d) = self.cached(key, cost) {
+                return Ok(single(d));
+            }
+        }
+        if self.inner.failing.load(Ordering::Relaxed) && !self.probe_due() {
+            return self.fallback(&compiled, key, cost, op, None);
+        }
+        let result = self
+            .inner
+            .store
+            .decide(
+                &self.inner.name,
+                key,
+                &compiled.rules,
+                &compiled.wire,
+                None,
+                None,
+                cost,
+                op,
+            )
+            .await;
+        match result {
+            Ok((d, _)) => {
+                self.healthy();
+                self.inner.stats[DECISIONS].fetch_add(1, Ordering::Relaxed);
+                if op == Op::Try && self.inner.opts.negative_cache && !d.decision.allowed {
+                    self.remember(key, cost, d.decision);
+                }
+                Ok(d)
+            }
+            Err(e) if e.is_transient() => {
+                self.inner.stats[ERRORS].fetch_add(1, Ordering::Relaxed);
+                self.failed(&e);
+                self.fallback(&compiled, key, cost, op, Some(e))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Decides at a time the caller gives (us since the Unix epoch, or a trace's
+    /// virtual time), for a key that, when it has no state, was created at `created`:
+    /// what `tollgate replay --store redis` runs. No failure policy, no cache.
+    pub async fn check_at(
+        &self,
+        key: &str,
+        now: u64,
+        created: u64,
+        cost: u64,
+        op: Op,
+    ) -> Result<RuleDecision, StoreError> {
+        let compiled = self.inner.compiled.load_full();
+        let (d, _) = self
+            .inner
+            .store
+            .decide(
+                &self.inner.name,
+                key,
+                &compiled.rules,
+                &compiled.wire,
+                Some(now),
+                Some(created),
+                cost,
+                op,
+            )
+            .await?;
+        Ok(d)
+    }
+
+    /// Acquires `cost` for `key`: reserves the earliest admission in Redis (FIFO per
+    /// key across every instance) and waits for it. Rejected at once when the wait
+    /// would exceed a policy's `max-wait`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits gives the reservation back (a refund sent
+    /// to Redis from a spawned task), so the capacity is not lost.
+    pub async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, StoreError> {
+        let d = self.check_rules(key, cost, Op::Acquire).await?.decision;
+        if d.allowed && d.wait_us > 0 {
+            let this = self.clone();
+            let owned = key.to_owned();
+            let guard = crate::wait::RefundOnDrop::new(move || {
+                let (this, key) = (this.clone(), owned.clone());
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        let _ = this.refund(&key, cost).await;
+                    });
+                }
+            });
+            crate::wait::sleep_or_refund(d.wait(), guard).await;
+        }
+        Ok(d)
+    }
+
+    /// The decision a try of `cost` would get now, changing nothing.
+    pub async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, StoreError> {
+        let compiled = self.inner.compiled.load_full();
+        let (rules, wire) = (&compiled.rules, &compiled.wire);
+        wire.check_cost(rules, cost)?;
+        let keys = self.inner.store.keys(&self.inner.name, key, wire);
+        let reply = self
+            .inner
+            .store
+            .call("peek", &keys, rules, wire, None, None, cost, false)
+            .await?;
+        Ok(rules.peek(&reply.states, reply.now, cost)?)
+    }
+
+    /// Gives back `cost` units admitted earlier to every policy of `key`.
+    pub async fn refund(&self, key: &str, cost: u64) -> Result<(), StoreError> {
+        let compiled = self.inner.compiled.load_full();
+        let keys = self.inner.store.keys(&self.inner.name, key, &compiled.wire);
+        lock(&self.inner.negative).remove(key);
+        self.inner
+            .store
+            .call(
+                "refund",
+                &keys,
+                &compiled.rules,
+                &compiled.wire,
+                None,
+                None,
+                cost,
+                false,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets `key`'s state in Redis.
+    pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
+        let compiled = self.inner.compiled.load_full();
+        let keys = self.inner.store.keys(&self.inner.name, key, &compiled.wire);
+        lock(&self.inner.negative).remove(key);
+        self.inner.store.delete(&keys).await
+    }
+
+    fn probe_due(&self) -> bool {
+        let now = self.inner.clock.now_us();
+        let due = self.inner.next_probe.load(Ordering::Relaxed);
+        // One caller wins the probe; the others take the failure policy.
+        now >= due
+            && self
+                .inner
+                .next_probe
+                .compare_exchange(
+                    due,
+                    now + self.inner.opts.probe_interval.as_micros() as u64,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    fn healthy(&self) {
+        if self.inner.failing.swap(false, Ordering::Relaxed) {
+            self.inner.stats[RECOVERIES].fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(limiter = %self.inner.name, "redis is back: decisions are global again");
+        }
+    }
+
+    fn failed(&self, e: &StoreError) {
+        let probe = self.inner.clock.now_us() + self.inner.opts.probe_interval.as_micros() as u64;
+        self.inner.next_probe.store(probe, Ordering::Relaxed);
+        if !self.inner.failing.swap(true, Ordering::Relaxed) {
+            self.inner.stats[OUTAGES].fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                limiter = %self.inner.name,
+                error = %e,
+                policy = ?self.inner.opts.on_error,
+                "redis is failing: the failure policy decides until it answers again"
+            );
+        }
+    }
+
+    fn fallback(
+        &self,
+        compiled: &Compiled,
+        key: &str,
+        cost: u64,
+        op: Op,
+        err: Option<StoreError>,
+    ) -> Result<RuleDecision, StoreError> {
+        let limit = compiled.rules.policies()[0].limit();
+        let fixed = |allowed: bool| {
+            let mut d = Decision::admitted(limit, 0, 0, 0);
+            if !allowed {
+                d = Decision::rejected(
+                    limit,
+                    0,
+                    0,
+                    Some(self.inner.opts.probe_interval.as_micros() as u64),
+                );
+            }
+            Ok(single(d))
+        };
+        let d = match (&self.inner.opts.on_error, &compiled.local) {
+            (OnError::FailOpen, _) => fixed(true),
+            (OnError::FailClosed, _) => fixed(false),
+            (OnError::Local(_), Some(local)) => {
+                local.check_rules(key, cost, op).map_err(|e| match e {
+                    crate::KeyedError::Check(c) => StoreError::Check(c),
+                    other => StoreError::Unsupported(other.to_string()),
+                })
+            }
+            _ => {
+                return Err(err.unwrap_or_else(|| {
+                    StoreError::Unsupported("redis is failing (waiting for the next probe)".into())
+                }))
+            }
+        };
+        self.inner.stats[FALLBACKS].fetch_add(1, Ordering::Relaxed);
+        d
+    }
+
+    fn cached(&self, key: &str, cost: u64) -> Option<Decision> {
+        let now = self.inner.clock.now_us();
+        let mut map = lock(&self.inner.negative);
+        let c = map.get(key)?;
+        let elapsed = now.saturating_sub(c.at);
+        let retry = c.decision.retry_after_us?;
+        if elapsed >= retry {
+            map.remove(key);
+            return None;
+        }
+        if cost < c.cost {
+            return None;
+        }
+        self.inner.stats[HITS].fetch_add(1, Ordering::Relaxed);
+        Some(Decision {
+            retry_after_us: Some(retry - elapsed),
+            reset_after_us: c.decision.reset_after_us.saturating_sub(elapsed),
+            ..c.decision
+        })
+    }
+
+    fn remember(&self, key: &str, cost: u64, d: Decision) {
+        if d.retry_after_us.is_none() {
+            return;
+        }
+        let mut map = lock(&self.inner.negative);
+        if map.len() >= self.inner.opts.negative_cache_keys {
+            map.clear();
+        }
+        map.insert(
+            key.to_owned(),
+            Cached {
+                decision: d,
+                at: self.inner.clock.now_us(),
+                cost,
+            },
+        );
+    }
+}
+
+fn compile(rules: RuleSet, opts: &RedisLimiterOptions) -> Result<Compiled, StoreError> {
+    let wire = Wire::new(&rules)?;
+    let local = match &opts.on_error {
+        OnError::Local(local) => Some(KeyedLimiter::new(local.clone())),
+        _ => None,
+    };
+    Ok(Compiled { rules, wire, local })
+}
+
+fn single(d: Decision) -> RuleDecision {
+    RuleDecision {
+        decision: d,
+        binding: 0,
+        policies: vec![d],
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

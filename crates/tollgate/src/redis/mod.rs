@@ -1,0 +1,64 @@
+//! The Redis store (feature `redis`): the same algorithms and the same decisions as the
+//! memory store, kept in Redis or Redis Cluster so that many instances share one limit.
+//!
+//! Each decision is one atomic Lua script call (`crates/tollgate/lua/*.lua`) that reads
+//! a key's states, decides against every policy of its rule set, and writes them back
+//! with a time to live. Time comes from Redis `TIME`, so clients with skewed clocks
+//! agree. The script returns the states it started from and the Rust core derives
+//! the full [`Decision`](tollgate_core::Decision) from them, so the numbers a client
+//! sees (remaining, reset, retry-after) come from the very code the memory store runs.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tollgate::redis::StoreError> {
+//! use tollgate::redis::{RedisLimiter, RedisStore};
+//! use tollgate::RuleSet;
+//!
+//! let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+//! let rules = RuleSet::parse(&["gcra:rate=10/s,burst=5", "fixed-window:limit=1000,window=1d"])
+//!     .map_err(tollgate::redis::StoreError::Config)?;
+//! let limiter = RedisLimiter::new(store, "api", rules)?;
+//! let d = limiter.check("user-42", 1).await?;
+//! println!("allowed: {}, remaining: {}", d.allowed, d.remaining);
+//! # Ok(()) }
+//! ```
+
+mod limiter;
+mod script;
+mod store;
+
+pub use limiter::{OnError, RedisLimiter, RedisLimiterOptions, RedisStats};
+pub use store::{RedisOptions, RedisStore};
+
+use std::time::Duration;
+
+/// Why a Redis-backed decision failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The request itself is invalid (cost 0, or more than the policy can ever admit).
+    #[error(transparent)]
+    Check(#[from] tollgate_core::CheckError),
+    /// The policy or cost cannot be kept exactly by the Redis scripts.
+    #[error("not supported by the Redis store: {0}")]
+    Unsupported(String),
+    /// A bad URL, prefix or limiter name.
+    #[error("redis store configuration: {0}")]
+    Config(String),
+    /// Redis answered with an error, or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Redis did not answer in time.
+    #[error("redis: no answer within {0:?}")]
+    Timeout(Duration),
+    /// Redis answered something the script never sends.
+    #[error("redis: unexpected reply: {0}")]
+    Protocol(String),
+}
+
+impl StoreError {
+    /// Whether the failure is Redis's (unreachable, slow, failing): the kind a
+    /// failure policy (fail open, fail closed, local limiter) applies to. Errors in
+    /// the request or the configuration are not transient.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Redis(_) | StoreError::Timeout(_))
+    }
+}

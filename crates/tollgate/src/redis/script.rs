@@ -1,0 +1,318 @@
+//! The Lua decision script and the wire between it and Rust: how a policy becomes
+//! script arguments, and how a state string the script returns becomes a
+//! [`PolicyState`] again.
+
+use std::collections::VecDeque;
+
+use tollgate_core::algorithms::*;
+use tollgate_core::{Algo, Mode, Policy, PolicyState, RuleSet};
+
+use super::StoreError;
+
+/// The whole script: helpers, one file per algorithm family, then the driver
+/// (`check.lua`, which documents KEYS and ARGV).
+pub(crate) const SCRIPT: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/buckets.lua"),
+    include_str!("../../lua/windows.lua"),
+    include_str!("../../lua/limit_req.lua"),
+    include_str!("../../lua/smooth.lua"),
+    include_str!("../../lua/shaper.lua"),
+    include_str!("../../lua/check.lua"),
+);
+
+/// Integers the script handles stay below this (doubles are exact below 2^53; the
+/// margin leaves room for the sums of two of them).
+const LUA_EXACT: u128 = 1 << 52;
+
+/// A rule set as script arguments, prepared once.
+#[derive(Debug, Clone)]
+pub(crate) struct Wire {
+    /// Per-policy key suffixes (`:{index}.{code}`): a changed algorithm starts afresh.
+    pub suffixes: Vec<String>,
+    /// `n` then each policy's code, shadow, max-wait, m and parameters.
+    pub args: Vec<String>,
+    /// Each policy's largest cost the script can take exactly.
+    max_costs: Vec<u64>,
+}
+
+impl Wire {
+    /// Encodes `rules`, or says which policy the Redis store cannot keep.
+    pub fn new(rules: &RuleSet) -> Result<Wire, StoreError> {
+        let mut args = vec![rules.policies().len().to_string()];
+        let mut suffixes = Vec::new();
+        let mut max_costs = Vec::new();
+        for (i, p) in rules.policies().iter().enumerate() {
+            let (code, params, max_cost) = encode(p)?;
+            suffixes.push(format!(":{i}.{code}"));
+            args.push(code.to_string());
+            args.push(if p.shadow() { "1" } else { "0" }.into());
+            args.push(p.max_wait_us().map_or(String::new(), |m| m.to_string()));
+            args.push(params.len().to_string());
+            args.extend(params);
+            max_costs.push(max_cost);
+        }
+        Ok(Wire {
+            suffixes,
+            args,
+            max_costs,
+        })
+    }
+
+    /// Refuses a cost no policy can admit (as the memory store does) or one too large
+    /// for the script's exact arithmetic.
+    pub fn check_cost(&self, rules: &RuleSet, cost: u64) -> Result<(), StoreError> {
+        for (p, &max) in rules.policies().iter().zip(&self.max_costs) {
+            // The algorithm's own answer on a new state: InsufficientCapacity or ZeroCost.
+            p.check_mode(&mut p.init(0), 0, cost, Mode::Try)?;
+            if cost > max {
+                return Err(StoreError::Unsupported(format!(
+                    "cost {cost} is too large for {} in the Redis store (at most {max})",
+                    p.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bounded(what: &str, p: &Policy, v: u128) -> Result<String, StoreError> {
+    if v >= LUA_EXACT {
+        return Err(StoreError::Unsupported(format!(
+            "{p}: {what} ({v}) is beyond the exact integer range of the Redis scripts (2^52)"
+        )));
+    }
+    Ok(v.to_string())
+}
+
+/// (code, parameters, largest cost) of one policy; see the `.lua` files.
+fn encode(p: &Policy) -> Result<(u8, Vec<String>, u64), StoreError> {
+    let big = |what: &str, v: u128| bounded(what, p, v);
+    let exact_costs = |per: u128| (LUA_EXACT / per.max(1)).min(u128::from(u64::MAX)) as u64;
+    Ok(match p.algo() {
+        Algo::Gcra(a) => {
+            let r = a.rate();
+            let tau = u128::from(a.burst()) * u128::from(r.interval_ticks());
+            let params = vec![
+                r.scale().to_string(),
+                r.interval_ticks().to_string(),
+                big("burst * interval", tau)?,
+            ];
+            (1, params, u64::MAX)
+        }
+        Algo::TokenBucket(a) => {
+            let r = a.rate();
+            let cap = u128::from(a.capacity_tokens()) * u128::from(r.interval_ticks());
+            let params = vec![
+                r.interval_ticks().to_string(),
+                r.scale().to_string(),
+                big("capacity * interval", cap)?,
+            ];
+            (2, params, u64::MAX)
+        }
+        Algo::LeakyBucket(a) => {
+            let r = a.rate();
+            let cap = u128::from(a.capacity_units()) * u128::from(r.interval_ticks());
+            let params = vec![
+                r.interval_ticks().to_string(),
+                r.scale().to_string(),
+                big("capacity * interval", cap)?,
+            ];
+            (3, params, u64::MAX)
+        }
+        Algo::FixedWindow(a) => {
+            let first = matches!(a.align(), Align::First);
+            let params = vec![
+                big("limit", a.limit_per_window().into())?,
+                big("window", a.window_us().into())?,
+                u8::from(first).to_string(),
+            ];
+            (4, params, u64::MAX)
+        }
+        Algo::SlidingLog(a) => {
+            let params = vec![
+                big("limit", a.limit_per_window().into())?,
+                big("window", a.window_us().into())?,
+            ];
+            (5, params, u64::MAX)
+        }
+        Algo::SlidingWindow(a) => {
+            let params = vec![
+                big("limit", a.limit_per_window().into())?,
+                big("window", a.window_us().into())?,
+                a.buckets().to_string(),
+                (a.window_us() / a.buckets()).to_string(),
+            ];
+            (6, params, u64::MAX)
+        }
+        Algo::SlidingWindowWeighted(a) => {
+            let lw = u128::from(a.limit_per_window()) * u128::from(a.window_us());
+            big("limit * window", lw)?;
+            let params = vec![
+                a.limit_per_window().to_string(),
+                a.window_us().to_string(),
+            ];
+            (7, params, u64::MAX)
+        }
+        Algo::SmoothBursty(a) | Algo::SmoothWarmup(a) => {
+            let code = if matches!(a.kind(), SmoothKind::Bursty { .. }) {
+                8
+            } else {
+                9
+            };
+            // `{:?}` prints the shortest string that parses back to the same double.
+            let g = a.guava_params();
+            let params = g.iter().map(|x| format!("{x:?}")).collect();
+            // A cost's price in us must stay an exact integer in a double.
+            let max = (LUA_EXACT as f64 / g[0].max(1.0)) as u64;
+            (code, params, max)
+        }
+        Algo::LimitReq(a) => {
+            let delay = match a.delay() {
+                Delay::All => 0i128,
+                Delay::After(n) => i128::from(n) * 1000,
+                Delay::Never => -1,
+            };
+            let params = vec![
+                a.rate_milli().to_string(),
+                big("burst * 1000", u128::from(a.burst()) * 1000)?,
+                delay.to_string(),
+            ];
+            (10, params, u64::MAX)
+        }
+        Algo::Shaper(a) => {
+            let r = a.rate();
+            let params = vec![
+                r.scale().to_string(),
+                r.interval_ticks().to_string(),
+                a.queue().to_string(),
+            ];
+            (11, params, exact_costs(r.interval_ticks().into()))
+        }
+        Algo::Concurrency(_) => {
+            return Err(StoreError::Unsupported(format!(
+                "{p}: concurrency limits in Redis are held by RedisConcurrencyLimiter (permits with leases), not by the decision script"
+            )))
+        }
+    })
+}
+
+fn nums<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, StoreError> {
+    s.split_ascii_whitespace()
+        .map(|w| {
+            w.parse()
+                .map_err(|_| StoreError::Protocol(format!("bad number {w:?} in state {s:?}")))
+        })
+        .collect()
+}
+
+fn exactly<const N: usize, T: Copy>(v: Vec<T>, s: &str) -> Result<[T; N], StoreError> {
+    v.try_into()
+        .map_err(|_| StoreError::Protocol(format!("state {s:?} should have {N} numbers")))
+}
+
+/// Ticks `us * scale + frac` as the core keeps them.
+fn ticks(us: u64, frac: u64, scale: u64) -> u64 {
+    u64::try_from(u128::from(us) * u128::from(scale) + u128::from(frac)).unwrap_or(u64::MAX)
+}
+
+/// The state the script returned for `p` (`""`: a key without state, created at
+/// `created`).
+pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicyState, StoreError> {
+    if s.is_empty() {
+        return Ok(p.init(created));
+    }
+    Ok(match p.algo() {
+        Algo::Gcra(a) => {
+            let [us, frac] = exactly(nums(s)?, s)?;
+            PolicyState::Gcra(GcraState {
+                tat: ticks(us, frac, a.rate().scale()),
+            })
+        }
+        Algo::TokenBucket(_) => {
+            let [tokens, last] = exactly::<2, i64>(nums(s)?, s)?;
+            PolicyState::TokenBucket(TokenBucketState {
+                tokens,
+                last: last as u64,
+            })
+        }
+        Algo::LeakyBucket(_) => {
+            let [level, last] = exactly::<2, i64>(nums(s)?, s)?;
+            PolicyState::LeakyBucket(LeakyBucketState {
+                level,
+                last: last as u64,
+            })
+        }
+        Algo::FixedWindow(_) => {
+            let [start, count] = exactly(nums(s)?, s)?;
+            PolicyState::FixedWindow(FixedWindowState { start, count })
+        }
+        Algo::SlidingLog(_) => {
+            let v: Vec<u64> = nums(s)?;
+            let mut entries: VecDeque<(u64, u64)> = VecDeque::with_capacity(v.len() / 2);
+            let mut total = 0;
+            // One member per admission in Redis; the core merges equal times.
+            for pair in v.chunks_exact(2) {
+                let (ts, c) = (pair[0], pair[1]);
+                total += c;
+                match entries.back_mut() {
+                    Some(back) if back.0 == ts => back.1 += c,
+                    _ => entries.push_back((ts, c)),
+                }
+            }
+            PolicyState::SlidingLog(SlidingLogState { entries, total })
+        }
+        Algo::SlidingWindow(a) => {
+            let v: Vec<u64> = nums(s)?;
+            if v.len() as u64 != a.buckets() + 2 {
+                return Err(StoreError::Protocol(format!(
+                    "sliding-window state should have {} numbers",
+                    a.buckets() + 2
+                )));
+            }
+            PolicyState::SlidingWindow(SlidingWindowState {
+                newest: v[0],
+                total: v[1],
+                counts: v[2..].into(),
+            })
+        }
+        Algo::SlidingWindowWeighted(_) => {
+            let [win, prev, curr] = exactly(nums(s)?, s)?;
+            PolicyState::SlidingWindowWeighted(WeightedState { win, prev, curr })
+        }
+        Algo::SmoothBursty(_) | Algo::SmoothWarmup(_) => {
+            let (stored, next) = s
+                .split_once(' ')
+                .ok_or_else(|| StoreError::Protocol(format!("bad smooth state {s:?}")))?;
+            let state = SmoothState {
+                stored: stored
+                    .parse()
+                    .map_err(|_| StoreError::Protocol(format!("bad stored permits {stored:?}")))?,
+                next_free: exactly::<1, u64>(nums(next)?, s)?[0],
+            };
+            match p.algo() {
+                Algo::SmoothBursty(_) => PolicyState::SmoothBursty(state),
+                _ => PolicyState::SmoothWarmup(state),
+            }
+        }
+        Algo::LimitReq(_) => {
+            let [last_ms, excess] = exactly::<2, i64>(nums(s)?, s)?;
+            PolicyState::LimitReq(LimitReqState {
+                last_ms: last_ms as u64,
+                excess,
+            })
+        }
+        Algo::Shaper(a) => {
+            let v: Vec<u64> = nums(s)?;
+            if v.len() < 2 {
+                return Err(StoreError::Protocol(format!("bad shaper state {s:?}")));
+            }
+            PolicyState::Shaper(ShaperState {
+                last: Some(ticks(v[0], v[1], a.rate().scale())),
+                pending: v[2..].iter().copied().collect(),
+            })
+        }
+        Algo::Concurrency(_) => unreachable!("refused by Wire::new"),
+    })
+}

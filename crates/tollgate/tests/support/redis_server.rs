@@ -1,0 +1,158 @@
+//! Real Redis servers for tests: a standalone server or a 3-master Cluster, started
+//! from the `redis-server` binary on free loopback ports and stopped by PID on drop.
+//! `scripts/test.sh` installs Redis when it is missing.
+#![allow(dead_code, clippy::disallowed_methods)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Running redis-server processes.
+pub struct RedisServers {
+    children: Vec<Child>,
+    pub ports: Vec<u16>,
+    dir: PathBuf,
+}
+
+impl RedisServers {
+    /// One standalone server.
+    pub fn standalone() -> RedisServers {
+        let mut s = RedisServers::spawn(1, false);
+        s.wait_ready();
+        s
+    }
+
+    /// A Cluster of three masters (no replicas), slots assigned.
+    pub fn cluster() -> RedisServers {
+        let mut s = RedisServers::spawn(3, true);
+        s.wait_ready();
+        let nodes: Vec<String> = s.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        // Wait until every node agrees the cluster is up.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for port in s.ports.clone() {
+            loop {
+                let info = Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "cluster", "info"])
+                    .output()
+                    .unwrap();
+                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster did not come up");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        s
+    }
+
+    fn spawn(n: usize, cluster: bool) -> RedisServers {
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-redis-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut children = Vec::new();
+        let mut ports = Vec::new();
+        for i in 0..n {
+            let port = free_port();
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            if cluster {
+                cmd.args(["--cluster-enabled", "yes", "--cluster-config-file"])
+                    .arg(format!("nodes-{i}-{port}.conf"));
+            }
+            children.push(
+                cmd.spawn()
+                    .expect("redis-server (scripts/test.sh installs it)"),
+            );
+            ports.push(port);
+        }
+        RedisServers {
+            children,
+            ports,
+            dir,
+        }
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for &port in &self.ports {
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(Instant::now() < deadline, "redis-server did not start");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// The URL tollgate connects with.
+    pub fn url(&self) -> String {
+        if self.ports.len() == 1 {
+            format!("redis://127.0.0.1:{}/", self.ports[0])
+        } else {
+            let nodes: Vec<String> = self
+                .ports
+                .iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .collect();
+            format!("redis+cluster://{}", nodes.join(","))
+        }
+    }
+
+    /// Stops server `i` (kill by PID).
+    pub fn stop(&mut self, i: usize) {
+        let _ = self.children[i].kill();
+        let _ = self.children[i].wait();
+    }
+
+    /// Starts server `i` again on its port.
+    pub fn restart(&mut self, i: usize) {
+        let port = self.ports[i];
+        self.children[i] = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.wait_ready();
+    }
+}
+
+impl Drop for RedisServers {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
