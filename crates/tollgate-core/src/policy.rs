@@ -340,6 +340,69 @@ impl Policy {
         }
     }
 
+    /// This policy's share for one of `n` instances that split a global limit: every
+    /// rate divided by `n` exactly, every count (burst, capacity, limit, queue)
+    /// divided by `n` rounded down (at least 1; `limit-req`'s burst and delay may be
+    /// 0), so that `n` shares together never admit more than the whole.
+    ///
+    /// ```
+    /// use tollgate_core::Policy;
+    /// let p: Policy = "gcra:rate=100/s,burst=20".parse().unwrap();
+    /// // 100 per 4 s is 25/s, kept as an exact fraction.
+    /// assert_eq!(p.share(4).unwrap().to_string(), "gcra:rate=100/4s,burst=5");
+    /// ```
+    pub fn share(&self, n: u64) -> Result<Policy, String> {
+        if n <= 1 {
+            return Ok(self.clone());
+        }
+        let part = |x: u64| (x / n).max(1);
+        let rate = |r: crate::Rate| {
+            let period = r
+                .period_us
+                .checked_mul(n)
+                .ok_or_else(|| format!("rate {r} divided by {n} is too slow"))?;
+            crate::Rate::new(r.count, period)
+        };
+        let algo = match &self.algo {
+            Algo::FixedWindow(a) => Algo::FixedWindow(FixedWindow::new(
+                part(a.limit_per_window()),
+                a.window_us(),
+                a.align(),
+            )?),
+            Algo::SlidingLog(a) => {
+                Algo::SlidingLog(SlidingLog::new(part(a.limit_per_window()), a.window_us())?)
+            }
+            Algo::SlidingWindow(a) => Algo::SlidingWindow(SlidingWindow::new(
+                part(a.limit_per_window()),
+                a.window_us(),
+                a.buckets(),
+            )?),
+            Algo::SlidingWindowWeighted(a) => Algo::SlidingWindowWeighted(
+                SlidingWindowWeighted::new(part(a.limit_per_window()), a.window_us())?,
+            ),
+            Algo::LeakyBucket(a) => {
+                Algo::LeakyBucket(LeakyBucket::new(rate(a.rate())?, part(a.capacity_units()))?)
+            }
+            Algo::Gcra(a) => Algo::Gcra(Gcra::new(rate(a.rate())?, part(a.burst()))?),
+            Algo::TokenBucket(a) => Algo::TokenBucket(TokenBucket::new(
+                rate(a.rate())?,
+                part(a.capacity_tokens()),
+            )?),
+            Algo::SmoothBursty(a) => Algo::SmoothBursty(Smooth::new(rate(a.rate())?, a.kind())?),
+            Algo::SmoothWarmup(a) => Algo::SmoothWarmup(Smooth::new(rate(a.rate())?, a.kind())?),
+            Algo::LimitReq(a) => {
+                let delay = match a.delay() {
+                    Delay::After(k) => Delay::After(k / n),
+                    d => d,
+                };
+                Algo::LimitReq(LimitReq::new(rate(a.rate())?, a.burst() / n, delay)?)
+            }
+            Algo::Shaper(a) => Algo::Shaper(Shaper::new(rate(a.rate())?, a.queue() / n)?),
+            Algo::Concurrency(a) => Algo::Concurrency(Concurrency::new(part(a.limit()))?),
+        };
+        Ok(Policy::from_parts(algo, self.max_wait_us, self.shadow))
+    }
+
     /// Forgets a key's state: it becomes as new at `now`.
     pub fn reset(&self, state: &mut PolicyState, now: u64) {
         *state = self.init(now);

@@ -190,6 +190,16 @@ impl RuleSet {
         self.check(&mut copy, now, cost, Op::Try)
     }
 
+    /// Each policy's [`Policy::share`] for one of `n` instances.
+    pub fn share(&self, n: u64) -> Result<RuleSet, String> {
+        let policies = self
+            .policies
+            .iter()
+            .map(|p| p.share(n))
+            .collect::<Result<_, _>>()?;
+        RuleSet::new(policies)
+    }
+
     /// Gives back `cost` units to every policy.
     pub fn refund(&self, states: &mut [PolicyState], now: u64, cost: u64) {
         for (p, s) in self.policies.iter().zip(states.iter_mut()) {

@@ -47,6 +47,7 @@ enum OpArg {
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum StoreArg {
     Memory,
+    Redis,
 }
 
 #[derive(Debug, Parser)]
@@ -58,9 +59,14 @@ struct ReplayArgs {
     /// acquire (wait up to the policy's max-wait).
     #[arg(long, value_enum, default_value = "try")]
     op: OpArg,
-    /// Where state is kept (the Redis store arrives with Redis support).
+    /// Where state is kept: memory, or redis (the Redis scripts, with the trace time
+    /// passed in: the decisions must be identical).
     #[arg(long, value_enum, default_value = "memory")]
     store: StoreArg,
+    /// The Redis URL for --store redis (`redis://host:port/db` or
+    /// `redis+cluster://host:port,host:port`).
+    #[arg(long, default_value = "redis://127.0.0.1:6379/")]
+    redis_url: String,
     /// Read the trace from this file instead of standard input.
     #[arg(long, short)]
     input: Option<PathBuf>,
@@ -85,9 +91,10 @@ struct ServeArgs {
     /// The Envoy RLS gRPC listen address [default: 127.0.0.1:8081].
     #[arg(long)]
     grpc: Option<std::net::SocketAddr>,
-    /// Where counters live (the Redis store arrives with Redis support).
-    #[arg(long, value_enum, default_value = "memory")]
-    store: StoreArg,
+    /// Where counters live: memory, redis://host:port/db or
+    /// redis+cluster://host:port,host:port. Overrides the config file's store.
+    #[arg(long)]
+    store: Option<String>,
 }
 
 #[derive(Debug, Parser)]
@@ -195,12 +202,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Replay(args) => replay(args),
         Command::Serve(args) => {
-            let StoreArg::Memory = args.store;
             let settings = crate::serve::Settings::resolve(
                 args.config.as_deref(),
                 &args.rules,
                 args.http,
                 args.grpc,
+                args.store.as_deref(),
             )?;
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -248,8 +255,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             if args.config.is_none() && args.rules.is_empty() {
                 anyhow::bail!("check-config needs --config FILE and/or --rules PATH");
             }
-            let settings =
-                crate::serve::Settings::resolve(args.config.as_deref(), &args.rules, None, None)?;
+            let settings = crate::serve::Settings::resolve(
+                args.config.as_deref(),
+                &args.rules,
+                None,
+                None,
+                None,
+            )?;
             let mut domains: Vec<_> = settings
                 .rules
                 .domains()
@@ -264,7 +276,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let policy = Policy::parse(&args.policy)?;
-    let StoreArg::Memory = args.store;
+    let store = match args.store {
+        StoreArg::Memory => crate::replay::ReplayStore::Memory,
+        StoreArg::Redis => crate::replay::ReplayStore::Redis(args.redis_url.clone()),
+    };
     let op = match args.op {
         OpArg::Try => Op::Try,
         OpArg::Acquire => Op::Acquire,
@@ -281,7 +296,7 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             let tmp = path.with_extension("partial");
             let file =
                 File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-            let result = crate::replay::replay(&policy, op, input, BufWriter::new(file));
+            let result = crate::replay::replay_on(&policy, op, &store, input, BufWriter::new(file));
             if let Err(e) = result {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(e.into());
@@ -291,9 +306,10 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
         None => {
             let stdout = io::stdout().lock();
-            crate::replay::replay(
+            crate::replay::replay_on(
                 &policy,
                 op,
+                &store,
                 input,
                 BufWriter::with_capacity(1 << 16, stdout),
             )?;

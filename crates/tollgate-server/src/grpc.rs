@@ -90,7 +90,11 @@ impl RateLimitService for Grpc {
         let result = self
             .service
             .check(&req.domain, &descriptors, hits, Op::Try)
-            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+            .await
+            .map_err(|e| match e {
+                crate::service::RequestError::Unavailable(m) => tonic::Status::unavailable(m),
+                e => tonic::Status::invalid_argument(e.to_string()),
+            })?;
         let statuses = result
             .statuses
             .iter()

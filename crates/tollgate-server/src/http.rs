@@ -99,7 +99,7 @@ pub fn router(service: Arc<DecisionService>, admin: Admin) -> Router {
         .route("/json", post(envoy_json))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "OK\n" }))
-        .route("/readyz", get(|| async { "OK\n" }))
+        .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(service)
 }
@@ -149,6 +149,18 @@ impl CheckBody {
 }
 
 /// A 400 naming what is wrong with the request.
+/// 400 for a bad request, 503 when the store cannot decide now.
+fn request_error(e: crate::service::RequestError) -> Response {
+    match e {
+        crate::service::RequestError::Unavailable(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+        e => bad_request(e),
+    }
+}
+
 fn bad_request(message: impl std::fmt::Display) -> Response {
     (
         StatusCode::BAD_REQUEST,
@@ -177,9 +189,12 @@ async fn check(
         Err(e) => return rejected(e),
     };
     let descriptors = body.take_descriptors();
-    match service.check(&body.domain, &descriptors, body.cost.unwrap_or(1), Op::Try) {
+    match service
+        .check(&body.domain, &descriptors, body.cost.unwrap_or(1), Op::Try)
+        .await
+    {
         Ok(result) => respond(&result),
-        Err(e) => bad_request(e),
+        Err(e) => request_error(e),
     }
 }
 
@@ -193,14 +208,17 @@ async fn acquire(
     };
     let descriptors = body.take_descriptors();
     let hits = body.cost.unwrap_or(1);
-    let result = match service.check(&body.domain, &descriptors, hits, Op::Acquire) {
+    let result = match service
+        .check(&body.domain, &descriptors, hits, Op::Acquire)
+        .await
+    {
         Ok(r) => r,
-        Err(e) => return bad_request(e),
+        Err(e) => return request_error(e),
     };
     let wait = Duration::from_micros(result.wait_us());
     if result.overall == Code::Ok && wait > MAX_ACQUIRE_WAIT {
         // Beyond the server's bound: give the reservations back and reject.
-        service.refund(&body.domain, &descriptors, hits);
+        service.refund(&body.domain, &descriptors, hits).await;
         let mut response = respond(&result);
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         return response;
@@ -208,9 +226,9 @@ async fn acquire(
     if result.overall == Code::Ok && !wait.is_zero() {
         // If the client goes away, axum drops this future: refund then.
         let mut guard = Refund {
-            service: &service,
-            domain: &body.domain,
-            descriptors: &descriptors,
+            service: service.clone(),
+            domain: body.domain.clone(),
+            descriptors: descriptors.clone(),
             hits,
             armed: true,
         };
@@ -220,19 +238,23 @@ async fn acquire(
     respond(&result)
 }
 
-struct Refund<'a> {
-    service: &'a DecisionService,
-    domain: &'a str,
-    descriptors: &'a [DescriptorRequest],
+struct Refund {
+    service: Arc<DecisionService>,
+    domain: String,
+    descriptors: Vec<DescriptorRequest>,
     hits: u64,
     armed: bool,
 }
 
-impl Drop for Refund<'_> {
+impl Drop for Refund {
     fn drop(&mut self) {
         if self.armed {
-            self.service
-                .refund(self.domain, self.descriptors, self.hits);
+            let service = self.service.clone();
+            let domain = std::mem::take(&mut self.domain);
+            let descriptors = std::mem::take(&mut self.descriptors);
+            let hits = self.hits;
+            // A refund may need Redis: send it from a task of its own.
+            tokio::spawn(async move { service.refund(&domain, &descriptors, hits).await });
         }
     }
 }
@@ -253,14 +275,26 @@ async fn reset(
         Err(e) => return rejected(e),
     };
     let entries = pairs(body.entries);
-    if service.reset(&body.domain, &entries) {
-        Json(json!({ "reset": true })).into_response()
-    } else {
-        (
+    match service.reset(&body.domain, &entries).await {
+        Ok(true) => Json(json!({ "reset": true })).into_response(),
+        Err(e) => request_error(crate::service::RequestError::Unavailable(e)),
+        Ok(false) => (
             StatusCode::NOT_FOUND,
             Json(json!({ "error": "no rule matches this descriptor" })),
         )
-            .into_response()
+            .into_response(),
+    }
+}
+
+/// Ready when the store answers (always, for the memory store).
+async fn readyz(State(service): State<Arc<DecisionService>>) -> Response {
+    match service.ready().await {
+        Ok(()) => "OK\n".into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("store unavailable: {e}\n"),
+        )
+            .into_response(),
     }
 }
 
@@ -462,14 +496,17 @@ async fn envoy_json(
             limit_override: None,
         })
         .collect();
-    let result = match service.check(
-        &body.domain,
-        &descriptors,
-        body.hits_addend.unwrap_or(1),
-        Op::Try,
-    ) {
+    let result = match service
+        .check(
+            &body.domain,
+            &descriptors,
+            body.hits_addend.unwrap_or(1),
+            Op::Try,
+        )
+        .await
+    {
         Ok(r) => r,
-        Err(e) => return bad_request(e),
+        Err(e) => return request_error(e),
     };
     let statuses = result
         .statuses

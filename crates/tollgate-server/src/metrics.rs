@@ -20,6 +20,8 @@ pub struct Metrics {
     latency: Histogram,
     reloads: Family<Labels, Counter>,
     keys: Family<Labels, Gauge>,
+    /// The Redis store's counters (monotonic sums over its limiters), by event.
+    redis: Family<Labels, Gauge>,
 }
 
 /// A decision's outcome, as counted.
@@ -57,7 +59,14 @@ impl Default for Metrics {
         );
         let keys = Family::<Labels, Gauge>::default();
         registry.register("keys", "Counters held, by domain and rule", keys.clone());
+        let redis = Family::<Labels, Gauge>::default();
+        registry.register(
+            "redis_events",
+            "Redis store events since start: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries; failing is 1 while Redis fails",
+            redis.clone(),
+        );
         Metrics {
+            redis,
             registry,
             decisions,
             by_rule: Default::default(),
@@ -118,6 +127,24 @@ impl Metrics {
                 ("rule", rule.to_string()),
             ])
             .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the Redis store's counters.
+    pub fn redis(&self, s: &tollgate::redis::RedisStats) {
+        let events = [
+            ("decisions", s.redis_decisions),
+            ("errors", s.redis_errors),
+            ("fallback_decisions", s.fallback_decisions),
+            ("negative_cache_hits", s.negative_cache_hits),
+            ("outages", s.outages),
+            ("recoveries", s.recoveries),
+            ("failing", u64::from(s.failing)),
+        ];
+        for (event, n) in events {
+            self.redis
+                .get_or_create(&vec![("event", event.to_string())])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// The text exposition.

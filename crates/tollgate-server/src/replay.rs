@@ -28,6 +28,9 @@ pub enum ReplayError {
     /// Reading or writing failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The store failed (e.g. Redis unreachable).
+    #[error("store: {0}")]
+    Store(String),
     /// The CSV layer failed (e.g. invalid UTF-8 or a wrong number of fields).
     #[error("{0}")]
     Csv(#[from] csv::Error),
@@ -57,21 +60,181 @@ impl Columns {
     }
 }
 
-/// Replays the CSV trace in `input` through `policy`, writing one decision per row to
-/// `output`. `op` applies to rows without an `op` column value.
+/// Where a replay keeps its state.
+#[derive(Debug, Clone)]
+pub enum ReplayStore {
+    /// In this process (the core, directly).
+    Memory,
+    /// In Redis (a `redis://` or `redis+cluster://` URL), through the same scripts as
+    /// the Redis store, with the trace time passed in.
+    Redis(String),
+}
+
+/// One decision as the output columns: (allowed, remaining, wait_us).
+type Row = (bool, u64, Option<u64>);
+
+/// Decides rows, keeping the state of each key.
+trait Backend {
+    fn decide(
+        &mut self,
+        key: &str,
+        t: u64,
+        cost: u64,
+        hold: Option<u64>,
+        op: Op,
+    ) -> Result<Row, String>;
+}
+
+struct Memory<'a> {
+    policy: &'a Policy,
+    keys: HashMap<String, PolicyState>,
+}
+
+impl Backend for Memory<'_> {
+    fn decide(
+        &mut self,
+        key: &str,
+        t: u64,
+        cost: u64,
+        hold: Option<u64>,
+        op: Op,
+    ) -> Result<Row, String> {
+        let policy = self.policy;
+        let state = match self.keys.get_mut(key) {
+            Some(s) => s,
+            None => self
+                .keys
+                .entry(key.to_string())
+                .or_insert_with(|| policy.init(0)),
+        };
+        let decision = policy.check_hold(state, t, cost, hold, op);
+        Ok(columns_of(policy, state, t, decision))
+    }
+}
+
+struct Redis {
+    runtime: tokio::runtime::Runtime,
+    limiter: tollgate::redis::RedisLimiter,
+    keys: std::collections::HashSet<String>,
+}
+
+impl Redis {
+    fn connect(policy: &Policy, url: &str) -> Result<Redis, ReplayError> {
+        let store_err = |e: tollgate::redis::StoreError| ReplayError::Store(e.to_string());
+        if matches!(policy.algo(), tollgate::Algo::Concurrency(_)) {
+            return Err(ReplayError::Store(
+                "concurrency: --store redis replays rate policies (concurrency permits in Redis are leases held by live processes)".into(),
+            ));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let opts = tollgate::redis::RedisOptions {
+            // Trace time is virtual: keys must outlive the replay, not the trace.
+            ttl_margin: std::time::Duration::from_secs(600),
+            timeout: std::time::Duration::from_secs(5),
+            ..Default::default()
+        };
+        let store = runtime
+            .block_on(tollgate::redis::RedisStore::connect_with(url, opts))
+            .map_err(store_err)?;
+        runtime.block_on(store.ping()).map_err(store_err)?;
+        // A name of its own: a replay starts from empty state and touches nothing else.
+        let name = format!(
+            "replay-{}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::UNIX_EPOCH
+                .elapsed()
+                .map_or(0, |d| d.as_nanos() as u64)
+        );
+        let limiter =
+            tollgate::redis::RedisLimiter::new(store, &name, policy.clone()).map_err(store_err)?;
+        Ok(Redis {
+            runtime,
+            limiter,
+            keys: Default::default(),
+        })
+    }
+}
+
+impl Backend for Redis {
+    fn decide(
+        &mut self,
+        key: &str,
+        t: u64,
+        cost: u64,
+        _hold: Option<u64>,
+        op: Op,
+    ) -> Result<Row, String> {
+        if !self.keys.contains(key) {
+            self.keys.insert(key.to_owned());
+        }
+        let limiter = &self.limiter;
+        self.runtime.block_on(async {
+            match limiter.check_at(key, t, 0, cost, op).await {
+                Ok(d) => {
+                    let d = d.decision;
+                    Ok(if d.allowed {
+                        (true, d.remaining, Some(d.wait_us))
+                    } else {
+                        (false, d.remaining, d.retry_after_us)
+                    })
+                }
+                Err(tollgate::redis::StoreError::Check(_)) => {
+                    let peek = limiter.peek_at(key, t, 0, 1).await;
+                    Ok((false, peek.map_or(0, |d| d.decision.remaining), None))
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        // Leave nothing behind (the TTLs would, later).
+        let limiter = &self.limiter;
+        let keys = std::mem::take(&mut self.keys);
+        self.runtime.block_on(async {
+            for k in keys {
+                let _ = limiter.reset(&k).await;
+            }
+        });
+    }
+}
+
+/// Replays the CSV trace in `input` through `policy` on the memory store, writing one
+/// decision per row to `output`. `op` applies to rows without an `op` column value.
 pub fn replay(
     policy: &Policy,
     op: Op,
     input: impl Read,
     output: impl Write,
 ) -> Result<u64, ReplayError> {
+    replay_on(policy, op, &ReplayStore::Memory, input, output)
+}
+
+/// [`replay`] on a chosen store.
+pub fn replay_on(
+    policy: &Policy,
+    op: Op,
+    store: &ReplayStore,
+    input: impl Read,
+    output: impl Write,
+) -> Result<u64, ReplayError> {
+    let mut backend: Box<dyn Backend> = match store {
+        ReplayStore::Memory => Box::new(Memory {
+            policy,
+            keys: HashMap::new(),
+        }),
+        ReplayStore::Redis(url) => Box::new(Redis::connect(policy, url)?),
+    };
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(true)
         .from_reader(input);
     let cols = Columns::from_header(reader.headers()?)?;
     let mut writer = csv::Writer::from_writer(output);
     writer.write_record(["t_us", "key", "cost", "allowed", "remaining", "wait_us"])?;
-    let mut keys: HashMap<String, PolicyState> = HashMap::new();
     let mut record = csv::StringRecord::new();
     let mut last_t = 0u64;
     let mut rows = 0u64;
@@ -120,14 +283,9 @@ pub fn replay(
             })?),
         };
         last_t = t;
-        let state = match keys.get_mut(key) {
-            Some(s) => s,
-            None => keys
-                .entry(key.to_string())
-                .or_insert_with(|| policy.init(0)),
-        };
-        let decision = policy.check_hold(state, t, cost, hold, row_op);
-        let (allowed, remaining, wait) = columns_of(policy, state, t, decision);
+        let (allowed, remaining, wait) = backend
+            .decide(key, t, cost, hold, row_op)
+            .map_err(|e| ReplayError::Store(format!("line {line}: {e}")))?;
         writer.write_record([
             field(cols.t),
             key,

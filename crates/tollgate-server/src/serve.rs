@@ -61,13 +61,52 @@ pub struct Listen {
     pub grpc: Option<SocketAddr>,
 }
 
-/// `store:` (only the in-memory store is built so far).
-#[derive(Debug, Default, Deserialize)]
+/// `store:` where counters live.
+#[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Store {
-    /// `memory`.
+    /// `memory` (default) or `redis`.
     #[serde(default)]
     pub kind: StoreKind,
+    /// For `redis`: `redis://host:port/db` or `redis+cluster://host:port,host:port`.
+    pub url: Option<String>,
+    /// The longest one decision may wait for Redis (default 250ms).
+    #[serde(default, deserialize_with = "duration_opt")]
+    pub timeout: Option<u64>,
+    /// What decides while Redis fails: `error` (default: 503 / gRPC UNAVAILABLE, so
+    /// the caller's own failure mode applies), `fail-open`, `fail-closed`, or `local`
+    /// (an in-memory limiter with `1/local_share` of each limit).
+    #[serde(default)]
+    pub on_error: OnErrorDoc,
+    /// For `on_error: local`: how many instances share the limit (default 1).
+    pub local_share: Option<u64>,
+    /// Reject keys Redis rejected until their retry time without asking it again.
+    #[serde(default)]
+    pub negative_cache: bool,
+    /// Prefix of every Redis key (default `tollgate`).
+    pub prefix: Option<String>,
+}
+
+/// `store.on_error`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnErrorDoc {
+    /// Report the failure.
+    #[default]
+    Error,
+    /// Admit.
+    FailOpen,
+    /// Reject.
+    FailClosed,
+    /// Decide locally with a share of the limit.
+    Local,
+}
+
+fn duration_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let s = String::deserialize(d)?;
+    tollgate::parse_duration(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 /// The store kinds.
@@ -77,6 +116,45 @@ pub enum StoreKind {
     /// In this process.
     #[default]
     Memory,
+    /// In Redis or Redis Cluster (`url`).
+    Redis,
+}
+
+impl Store {
+    /// The store a `--store` flag names: `memory`, or a Redis URL (the file's other
+    /// `store:` settings still apply).
+    pub fn with_flag(mut self, flag: Option<&str>) -> anyhow::Result<Store> {
+        match flag {
+            None => {}
+            Some("memory") => self.kind = StoreKind::Memory,
+            Some(url) if url.starts_with("redis://") || url.starts_with("redis+cluster://") => {
+                self.kind = StoreKind::Redis;
+                self.url = Some(url.to_string());
+            }
+            Some(other) => anyhow::bail!(
+                "--store {other}: expected memory, redis://host:port or redis+cluster://host:port,host:port"
+            ),
+        }
+        if self.kind == StoreKind::Redis && self.url.is_none() {
+            anyhow::bail!("store: kind redis needs url (redis://host:port or redis+cluster://...)");
+        }
+        if self.local_share == Some(0) {
+            anyhow::bail!("store.local_share: must be at least 1");
+        }
+        Ok(self)
+    }
+
+    /// A short description for the start-up banner.
+    pub fn describe(&self) -> String {
+        match self.kind {
+            StoreKind::Memory => "memory store".into(),
+            StoreKind::Redis => format!(
+                "redis store at {}, on error: {:?}",
+                self.url.as_deref().unwrap_or(""),
+                self.on_error
+            ),
+        }
+    }
 }
 
 /// `keys:` memory bounds per rule.
@@ -158,6 +236,8 @@ pub struct Settings {
     pub rule_paths: Vec<PathBuf>,
     /// The bearer token that guards admin endpoints, if any.
     pub admin_token: Option<String>,
+    /// Where counters live.
+    pub store: Store,
 }
 
 impl Settings {
@@ -167,13 +247,13 @@ impl Settings {
         rules: &[PathBuf],
         http: Option<SocketAddr>,
         grpc: Option<SocketAddr>,
+        store: Option<&str>,
     ) -> anyhow::Result<Self> {
         let main = match config {
             Some(p) => MainConfig::load(p)?,
             None => MainConfig::default(),
         };
-        // The only store so far; the match fails to compile when another is added.
-        let StoreKind::Memory = main.store.kind;
+        let store = main.store.clone().with_flag(store)?;
         let paths = if rules.is_empty() {
             main.rules.clone()
         } else {
@@ -211,6 +291,7 @@ impl Settings {
             rules_source,
             rule_paths: paths,
             admin_token,
+            store,
         })
     }
 }
@@ -224,11 +305,15 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {} (gRPC)", settings.grpc))?;
     let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
-    let service = Arc::new(DecisionService::new(
+    let mut service = DecisionService::new(
         settings.rules,
         settings.rule_paths.clone(),
         settings.options,
-    ));
+    );
+    if settings.store.kind == StoreKind::Redis {
+        service = service.with_redis(&settings.store).await?;
+    }
+    let service = Arc::new(service);
     let admin = crate::http::Admin {
         token: settings.admin_token.clone(),
         loopback: http.ip().is_loopback(),
@@ -240,7 +325,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .collect();
     domains.sort();
     println!(
-        "tollgate serve: HTTP on http://{http} and Envoy RLS gRPC on {grpc} (memory store) with {}",
+        "tollgate serve: HTTP on http://{http} and Envoy RLS gRPC on {grpc} ({}) with {}",
+        settings.store.describe(),
         settings.rules_source
     );
     println!("  domains: {}", domains.join(", "));

@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use tollgate::redis::{OnError, RedisLimiter, RedisLimiterOptions, RedisStore, StoreError};
 use tollgate::{CheckError, Decision, KeyedError, Op};
 
 use crate::metrics::{Metrics, Outcome};
@@ -90,6 +91,9 @@ pub enum RequestError {
     /// A descriptor has no entries.
     #[error("descriptors[{0}].entries: must not be empty")]
     EmptyDescriptor(usize),
+    /// The store cannot decide now (Redis unreachable and `on_error: error`).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// At most this many distinct limit overrides keep counters.
@@ -104,6 +108,60 @@ pub struct DecisionService {
     clock: tollgate::MonotonicClock,
     /// The rule files a reload reads again (none for the built-in rules).
     sources: Vec<std::path::PathBuf>,
+    /// When counters live in Redis.
+    redis: Option<RedisCounters>,
+}
+
+/// Counters kept in Redis: one [`RedisLimiter`] per limit definition, made on first use.
+struct RedisCounters {
+    store: RedisStore,
+    options: RedisLimiterOptions,
+    local_share: u64,
+    /// By limit path and rules, so that a reloaded definition gets a limiter of its own.
+    limiters: Mutex<HashMap<(String, String), RedisLimiter>>,
+}
+
+impl RedisCounters {
+    fn limiter(
+        &self,
+        limit: &Limit,
+        rules: &tollgate::RuleSet,
+    ) -> Result<RedisLimiter, StoreError> {
+        let id = (limit.path.clone(), format!("{rules:?}"));
+        let mut map = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = map.get(&id) {
+            return Ok(l.clone());
+        }
+        let mut options = self.options.clone();
+        if let OnError::Local(_) = options.on_error {
+            options.on_error = OnError::Local(
+                rules
+                    .share(self.local_share)
+                    .map_err(StoreError::Unsupported)?,
+            );
+        }
+        // The limit's path names its counters; braces would move the hash tag.
+        let name = limit.path.replace(['{', '}'], "_");
+        let l = RedisLimiter::with_options(self.store.clone(), &name, rules.clone(), options)?;
+        map.insert(id, l.clone());
+        Ok(l)
+    }
+
+    fn stats(&self) -> tollgate::redis::RedisStats {
+        let map = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sum = tollgate::redis::RedisStats::default();
+        for l in map.values() {
+            let s = l.stats();
+            sum.redis_decisions += s.redis_decisions;
+            sum.redis_errors += s.redis_errors;
+            sum.fallback_decisions += s.fallback_decisions;
+            sum.negative_cache_hits += s.negative_cache_hits;
+            sum.outages += s.outages;
+            sum.recoveries += s.recoveries;
+            sum.failing |= s.failing;
+        }
+        sum
+    }
 }
 
 impl DecisionService {
@@ -121,6 +179,59 @@ impl DecisionService {
             options,
             metrics: Metrics::default(),
             clock: tollgate::MonotonicClock::new(),
+            redis: None,
+        }
+    }
+
+    /// Keeps counters in Redis as `store` says (connects now; a single node may still
+    /// be down, a Cluster must answer).
+    pub async fn with_redis(mut self, store: &crate::serve::Store) -> anyhow::Result<Self> {
+        let url = store.url.as_deref().unwrap_or_default();
+        let mut opts = tollgate::redis::RedisOptions::default();
+        if let Some(t) = store.timeout {
+            opts.timeout = std::time::Duration::from_micros(t);
+        }
+        if let Some(p) = &store.prefix {
+            opts.prefix = p.clone();
+        }
+        let redis = RedisStore::connect_with(url, opts).await?;
+        use crate::serve::OnErrorDoc;
+        let options = RedisLimiterOptions {
+            on_error: match store.on_error {
+                OnErrorDoc::Error => OnError::Error,
+                OnErrorDoc::FailOpen => OnError::FailOpen,
+                OnErrorDoc::FailClosed => OnError::FailClosed,
+                // The rules are filled in per limit.
+                OnErrorDoc::Local => OnError::Local(
+                    tollgate::RuleSet::parse(&["gcra:rate=1/s,burst=1"]).expect("valid"),
+                ),
+            },
+            negative_cache: store.negative_cache,
+            ..Default::default()
+        };
+        // Every limit must be one the Redis scripts can keep: refuse at start-up.
+        for (domain, _) in self.rules.load().domains() {
+            for limit in self.rules.load().limits(domain) {
+                if let Some(rules) = &limit.rules {
+                    tollgate::redis::RedisLimiter::new(redis.clone(), "probe", rules.clone())
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", limit.path))?;
+                }
+            }
+        }
+        self.redis = Some(RedisCounters {
+            store: redis,
+            options,
+            local_share: store.local_share.unwrap_or(1),
+            limiters: Mutex::new(HashMap::new()),
+        });
+        Ok(self)
+    }
+
+    /// Whether the service can decide: with Redis, whether it answers.
+    pub async fn ready(&self) -> Result<(), String> {
+        match &self.redis {
+            None => Ok(()),
+            Some(r) => r.store.ping().await.map_err(|e| e.to_string()),
         }
     }
 
@@ -159,6 +270,9 @@ impl DecisionService {
                     self.metrics.keys(domain, &limit.path, l.len());
                 }
             }
+        }
+        if let Some(r) = &self.redis {
+            self.metrics.redis(&r.stats());
         }
         self.metrics.render()
     }
@@ -201,7 +315,7 @@ impl DecisionService {
     /// cost (Envoy's `hits_addend`: unset or 0 means 1); a descriptor's own `Some(0)`
     /// checks without counting. Each descriptor is counted on its own, as Envoy does;
     /// a descriptor whose limit another matched limit `replaces` is skipped.
-    pub fn check(
+    pub async fn check(
         &self,
         domain: &str,
         descriptors: &[DescriptorRequest],
@@ -215,7 +329,7 @@ impl DecisionService {
             return Err(RequestError::EmptyDescriptor(i));
         }
         let started = tollgate::Clock::now_ns(&self.clock);
-        let rules = self.rules.load();
+        let rules = self.rules.load_full();
         let found: Vec<_> = descriptors
             .iter()
             .map(|d| self.limit_for(&rules, domain, d))
@@ -226,59 +340,69 @@ impl DecisionService {
             .flat_map(|(l, _)| l.replaces.iter().map(String::as_str))
             .collect();
         let request_hits = hits.max(1);
-        let statuses: Vec<DescriptorStatus> = descriptors
-            .iter()
-            .zip(&found)
-            .map(|(d, f)| {
-                let Some((limit, key)) = f else {
-                    return ok(None);
-                };
-                if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) {
-                    return ok(None);
-                }
-                if limit.deny {
-                    let decision = Decision::rejected(0, 0, 0, None);
-                    return DescriptorStatus {
-                        code: if limit.shadow {
-                            Code::Ok
-                        } else {
-                            Code::OverLimit
-                        },
-                        limit: Some(limit.clone()),
-                        decision: Some(decision),
-                        shadow_rejected: limit.shadow,
-                    };
-                }
-                let Some(limiter) = &limit.limiter else {
-                    return ok(Some(limit.clone()));
-                };
-                let outcome = match d.hits.unwrap_or(request_hits) {
-                    0 => limiter.peek(key.as_str(), 1),
-                    n => limiter.check_rules(key.as_str(), n, op).map(|r| r.decision),
-                };
-                let decision = match outcome {
-                    Ok(d) => d,
-                    // A cost that can never fit, or a full limiter refusing keys.
-                    Err(KeyedError::Check(CheckError::InsufficientCapacity {
-                        capacity, ..
-                    })) => Decision::rejected(capacity, 0, 0, None),
-                    Err(_) => Decision::rejected(0, 0, 0, None),
-                };
-                let shadow_rejected =
-                    decision.shadow_rejected || (!decision.allowed && limit.shadow);
-                let code = if decision.allowed || shadow_rejected {
-                    Code::Ok
-                } else {
-                    Code::OverLimit
-                };
-                DescriptorStatus {
-                    code,
+        let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(descriptors.len());
+        for (d, f) in descriptors.iter().zip(&found) {
+            let Some((limit, key)) = f else {
+                statuses.push(ok(None));
+                continue;
+            };
+            if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) {
+                statuses.push(ok(None));
+                continue;
+            }
+            if limit.deny {
+                let decision = Decision::rejected(0, 0, 0, None);
+                statuses.push(DescriptorStatus {
+                    code: if limit.shadow {
+                        Code::Ok
+                    } else {
+                        Code::OverLimit
+                    },
                     limit: Some(limit.clone()),
                     decision: Some(decision),
-                    shadow_rejected,
+                    shadow_rejected: limit.shadow,
+                });
+                continue;
+            }
+            let cost = d.hits.unwrap_or(request_hits);
+            let decision = match (&self.redis, &limit.rules) {
+                (Some(redis), Some(rules)) => {
+                    self.decide_redis(redis, limit, rules, key, cost, op)
+                        .await?
                 }
-            })
-            .collect();
+                _ => {
+                    let Some(limiter) = &limit.limiter else {
+                        statuses.push(ok(Some(limit.clone())));
+                        continue;
+                    };
+                    let outcome = match cost {
+                        0 => limiter.peek(key.as_str(), 1),
+                        n => limiter.check_rules(key.as_str(), n, op).map(|r| r.decision),
+                    };
+                    match outcome {
+                        Ok(d) => d,
+                        // A cost that can never fit, or a full limiter refusing keys.
+                        Err(KeyedError::Check(CheckError::InsufficientCapacity {
+                            capacity,
+                            ..
+                        })) => Decision::rejected(capacity, 0, 0, None),
+                        Err(_) => Decision::rejected(0, 0, 0, None),
+                    }
+                }
+            };
+            let shadow_rejected = decision.shadow_rejected || (!decision.allowed && limit.shadow);
+            let code = if decision.allowed || shadow_rejected {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            };
+            statuses.push(DescriptorStatus {
+                code,
+                limit: Some(limit.clone()),
+                decision: Some(decision),
+                shadow_rejected,
+            });
+        }
         for s in &statuses {
             if let (Some(limit), Some(d)) = (&s.limit, &s.decision) {
                 let outcome = match (s.shadow_rejected, d.allowed) {
@@ -299,28 +423,74 @@ impl DecisionService {
         Ok(CheckResult { overall, statuses })
     }
 
+    /// One descriptor's decision from Redis (or from the failure policy).
+    async fn decide_redis(
+        &self,
+        redis: &RedisCounters,
+        limit: &Limit,
+        rules: &tollgate::RuleSet,
+        key: &str,
+        cost: u64,
+        op: Op,
+    ) -> Result<Decision, RequestError> {
+        let limiter = redis
+            .limiter(limit, rules)
+            .map_err(|e| RequestError::Unavailable(e.to_string()))?;
+        let outcome = match cost {
+            0 => limiter.peek(key, 1).await,
+            n => limiter.check_rules(key, n, op).await,
+        };
+        match outcome {
+            Ok(r) => Ok(r.decision),
+            Err(StoreError::Check(CheckError::InsufficientCapacity { capacity, .. })) => {
+                Ok(Decision::rejected(capacity, 0, 0, None))
+            }
+            Err(StoreError::Check(_)) => Ok(Decision::rejected(0, 0, 0, None)),
+            Err(e) => Err(RequestError::Unavailable(e.to_string())),
+        }
+    }
+
     /// Gives back what a request counted (an acquire whose caller went away).
-    pub fn refund(&self, domain: &str, descriptors: &[DescriptorRequest], hits: u64) {
-        let rules = self.rules.load();
+    pub async fn refund(&self, domain: &str, descriptors: &[DescriptorRequest], hits: u64) {
+        let rules = self.rules.load_full();
         for d in descriptors {
             if let Some((limit, key)) = self.limit_for(&rules, domain, d) {
-                if let Some(limiter) = &limit.limiter {
-                    limiter.refund(key.as_str(), d.hits.unwrap_or(hits.max(1)));
+                let cost = d.hits.unwrap_or(hits.max(1));
+                match (&self.redis, &limit.rules) {
+                    (Some(redis), Some(r)) => {
+                        if let Ok(l) = redis.limiter(&limit, r) {
+                            let _ = l.refund(&key, cost).await;
+                        }
+                    }
+                    _ => {
+                        if let Some(limiter) = &limit.limiter {
+                            limiter.refund(key.as_str(), cost);
+                        }
+                    }
                 }
             }
         }
     }
 
     /// Forgets the counters of one descriptor.
-    pub fn reset(&self, domain: &str, entries: &[(String, String)]) -> bool {
-        match self.rules.load().find(domain, entries) {
+    pub async fn reset(&self, domain: &str, entries: &[(String, String)]) -> Result<bool, String> {
+        let found = self.rules.load().find(domain, entries);
+        match found {
             Some((limit, key)) => {
-                if let Some(l) = &limit.limiter {
-                    l.reset(key.as_str());
+                match (&self.redis, &limit.rules) {
+                    (Some(redis), Some(r)) => {
+                        let l = redis.limiter(&limit, r).map_err(|e| e.to_string())?;
+                        l.reset(&key).await.map_err(|e| e.to_string())?;
+                    }
+                    _ => {
+                        if let Some(l) = &limit.limiter {
+                            l.reset(key.as_str());
+                        }
+                    }
                 }
-                true
+                Ok(true)
             }
-            None => false,
+            None => Ok(false),
         }
     }
 }

@@ -315,6 +315,16 @@ impl RedisLimiter {
 
     /// The decision a try of `cost` would get now, changing nothing.
     pub async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, StoreError> {
+        self.peek_inner(key, None, None, cost).await
+    }
+
+    async fn peek_inner(
+        &self,
+        key: &str,
+        now: Option<u64>,
+        created: Option<u64>,
+        cost: u64,
+    ) -> Result<RuleDecision, StoreError> {
         let compiled = self.inner.compiled.load_full();
         let (rules, wire) = (&compiled.rules, &compiled.wire);
         wire.check_cost(rules, cost)?;
@@ -322,9 +332,20 @@ impl RedisLimiter {
         let reply = self
             .inner
             .store
-            .call("peek", &keys, rules, wire, None, None, cost, false)
+            .call("peek", &keys, rules, wire, now, created, cost, false)
             .await?;
         Ok(rules.peek(&reply.states, reply.now, cost)?)
+    }
+
+    /// [`RedisLimiter::peek`] at a time the caller gives (see [`RedisLimiter::check_at`]).
+    pub async fn peek_at(
+        &self,
+        key: &str,
+        now: u64,
+        created: u64,
+        cost: u64,
+    ) -> Result<RuleDecision, StoreError> {
+        self.peek_inner(key, Some(now), Some(created), cost).await
     }
 
     /// Gives back `cost` units admitted earlier to every policy of `key`.

@@ -1,0 +1,263 @@
+//! `tollgate serve` and `tollgate replay` on the Redis store: real redis-server
+//! processes, real `tollgate` processes, a real HTTP client.
+
+#[path = "../../tollgate/tests/support/redis_server.rs"]
+mod redis_server;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use redis_server::RedisServers;
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const RULES: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n  - key: paced\n    policies: [\"gcra:rate=10/s,burst=2\", \"sliding-log:limit=4,window=1m\"]\n";
+
+/// Writes a config (store section `store`) and rules into a fresh directory.
+fn config(store: &str) -> tempdir::Dir {
+    let dir = tempdir::Dir::new();
+    std::fs::write(dir.path.join("rules.yaml"), RULES).unwrap();
+    std::fs::write(
+        dir.path.join("tollgate.yaml"),
+        format!("rules: [rules.yaml]\nstore:\n{store}"),
+    )
+    .unwrap();
+    dir
+}
+
+mod tempdir {
+    pub struct Dir {
+        pub path: std::path::PathBuf,
+    }
+    impl Dir {
+        pub fn new() -> Dir {
+            let path = std::env::temp_dir().join(format!(
+                "tollgate-serve-redis-{}-{}",
+                std::process::id(),
+                super::redis_server::free_port()
+            ));
+            std::fs::create_dir_all(&path).unwrap();
+            Dir { path }
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+fn start(config: &std::path::Path) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("redis store"), "{first}");
+    let http = first
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_string();
+    Server {
+        child,
+        base: format!("http://{http}"),
+    }
+}
+
+async fn send(server: &Server, method: &str, path: &str, body: &str) -> (u16, String) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", server.base))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body.to_string())))
+        .unwrap();
+    let res = client.request(req).await.unwrap();
+    let status = res.status().as_u16();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn check(server: &Server, key: &str, value: &str) -> (u16, String) {
+    let body = format!(
+        r#"{{"domain":"shared","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
+    );
+    send(server, "POST", "/v1/check", &body).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_share_one_limit_in_redis() {
+    let redis = RedisServers::standalone();
+    let dir = config(&format!("  kind: redis\n  url: {}\n", redis.url()));
+    let a = start(&dir.path.join("tollgate.yaml"));
+    let b = start(&dir.path.join("tollgate.yaml"));
+    let mut admitted = 0;
+    for i in 0..12 {
+        let server = if i % 2 == 0 { &a } else { &b };
+        let (status, body) = check(server, "user", "alice").await;
+        assert!(status == 200 || status == 429, "{status} {body}");
+        if status == 200 {
+            admitted += 1;
+        }
+    }
+    // 5 per minute, whichever instance is asked.
+    assert_eq!(admitted, 5);
+    // A rule set (GCRA burst 2 and a log of 4 per minute) decided in one script call.
+    let codes: Vec<u16> = {
+        let mut v = Vec::new();
+        for i in 0..4 {
+            v.push(
+                check(if i % 2 == 0 { &a } else { &b }, "paced", "p")
+                    .await
+                    .0,
+            );
+        }
+        v
+    };
+    assert_eq!(codes, [200, 200, 429, 429]);
+    assert_eq!(send(&a, "GET", "/readyz", "").await.0, 200);
+    // Another user is untouched.
+    assert_eq!(check(&b, "user", "bob").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_applies_the_failure_policy_and_recovers() {
+    let mut redis = RedisServers::standalone();
+    let url = redis.url();
+    let closed = config(&format!(
+        "  kind: redis\n  url: {url}\n  timeout: 200ms\n  on_error: fail-closed\n"
+    ));
+    let open = config(&format!(
+        "  kind: redis\n  url: {url}\n  timeout: 200ms\n  on_error: fail-open\n"
+    ));
+    let local = config(&format!(
+        "  kind: redis\n  url: {url}\n  timeout: 200ms\n  on_error: local\n  local_share: 5\n"
+    ));
+    let (c, o, l) = (
+        start(&closed.path.join("tollgate.yaml")),
+        start(&open.path.join("tollgate.yaml")),
+        start(&local.path.join("tollgate.yaml")),
+    );
+    assert_eq!(check(&c, "user", "u1").await.0, 200);
+    redis.stop(0);
+    let clock = tollgate::MonotonicClock::new();
+    let started = tollgate::Clock::now_us(&clock);
+    // Fail closed: rejected; fail open: admitted; local: one fifth of 5/min = 1/min.
+    for _ in 0..3 {
+        assert_eq!(check(&c, "user", "u2").await.0, 429);
+        assert_eq!(check(&o, "user", "u2").await.0, 200);
+    }
+    assert_eq!(check(&l, "user", "u3").await.0, 200);
+    assert_eq!(check(&l, "user", "u3").await.0, 429);
+    // No call waited much longer than the timeout (200 ms), however many were made.
+    let elapsed = tollgate::Clock::now_us(&clock) - started;
+    assert!(elapsed < 3_000_000, "the outage calls took {elapsed}us");
+    assert_eq!(send(&c, "GET", "/readyz", "").await.0, 503);
+    let (_, metrics) = send(&c, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("tollgate_redis_events{event=\"outages\"} 1"),
+        "{metrics}"
+    );
+
+    redis.restart(0);
+    // Recovery: the next probe (every 500 ms) finds Redis again.
+    let mut recovered_after = None;
+    for i in 0..60 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if check(&c, "user", "u4").await.0 == 200 {
+            recovered_after = Some(i * 100);
+            break;
+        }
+    }
+    let ms = recovered_after.expect("no recovery within 6 s");
+    assert!(ms <= 2_000, "recovered only after {ms} ms");
+    assert_eq!(send(&c, "GET", "/readyz", "").await.0, 200);
+    let (_, metrics) = send(&c, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("tollgate_redis_events{event=\"recoveries\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// DESIGN §4: `--store redis` prints identical decisions to `--store memory`.
+#[test]
+fn replay_on_redis_prints_what_memory_prints() {
+    let redis = RedisServers::standalone();
+    let cluster = RedisServers::cluster();
+    let mut trace = String::from("t_us,key,cost,op\n");
+    let mut t = 0u64;
+    for i in 0..400u64 {
+        t += (i * 7919) % 170_000;
+        let op = if i % 5 == 0 { "acquire" } else { "try" };
+        trace.push_str(&format!("{t},k{},{},{op}\n", i % 3, 1 + i % 2));
+    }
+    let policies = [
+        "gcra:rate=3/s,burst=4",
+        "token-bucket:rate=7/m,capacity=3",
+        "leaky-bucket:rate=5/s,capacity=2",
+        "fixed-window:limit=4,window=1s",
+        "sliding-log:limit=4,window=1s",
+        "sliding-window:limit=5,window=1s,buckets=4",
+        "sliding-window:limit=5,window=1s,mode=weighted",
+        "smooth-bursty:rate=4/s",
+        "smooth-warmup:rate=4/s,warmup=2s",
+        "limit-req:rate=3/s,burst=2",
+        "limit-req:rate=3/s,burst=2,nodelay",
+        "shaper:rate=5/s,queue=3",
+    ];
+    let run = |policy: &str, store: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["replay", "--policy", policy])
+            .args(store)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(trace.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{policy} {store:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for policy in policies {
+        let memory = run(policy, &[]);
+        assert_eq!(memory.lines().count(), 401);
+        for url in [redis.url(), cluster.url()] {
+            let on_redis = run(policy, &["--store", "redis", "--redis-url", &url]);
+            assert_eq!(memory, on_redis, "{policy} on {url}");
+        }
+    }
+}
