@@ -1,4 +1,5 @@
-//! `tollgate bench http|grpc`: a load generator against a running service, and
+//! `tollgate bench http|grpc|redis`: a load generator against a running service (or
+//! the Redis store's script), and
 //! `tollgate bench ceiling`: a server that answers 200 to everything (the HTTP stack's
 //! ceiling on this machine, for comparison in the same run).
 
@@ -29,6 +30,17 @@ pub struct LoadSpec {
     pub domain: String,
     /// The descriptor key; values are `k0`..`k{keys-1}`.
     pub key: String,
+    /// For Redis: the policy and the number of connections.
+    pub redis: Option<RedisLoad>,
+}
+
+/// What `tollgate bench redis` loads.
+#[derive(Debug, Clone)]
+pub struct RedisLoad {
+    /// The policy (or rule set) checked.
+    pub rules: tollgate::RuleSet,
+    /// Connections the callers share (each pipelines its callers' commands).
+    pub connections: usize,
 }
 
 /// Totals of a run.
@@ -42,14 +54,16 @@ pub struct Totals {
     pub p99_us: u64,
     /// Transport failures and unexpected statuses.
     pub errors: u64,
+    /// What was counted: `req/s` or `checks/s`.
+    pub unit: &'static str,
 }
 
 impl std::fmt::Display for Totals {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "req/s: {:.0} p50_us: {} p99_us: {} errors: {}",
-            self.per_second, self.p50_us, self.p99_us, self.errors
+            "{}: {:.0} p50_us: {} p99_us: {} errors: {}",
+            self.unit, self.per_second, self.p50_us, self.p99_us, self.errors
         )
     }
 }
@@ -61,6 +75,8 @@ pub enum Protocol {
     Http,
     /// `ShouldRateLimit` over HTTP/2.
     Grpc,
+    /// The Redis store's decision script, through `RedisLimiter::check`.
+    Redis,
 }
 
 /// Runs the load; progress once a second on stderr.
@@ -85,6 +101,25 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .pool_max_idle_per_host(spec.concurrency)
             .build_http::<Full<Bytes>>();
+    let mut redis_limiters = Vec::new();
+    if let (Protocol::Redis, Some(load)) = (protocol, &spec.redis) {
+        for _ in 0..load.connections.max(1) {
+            let store = tollgate::redis::RedisStore::connect_with(
+                &spec.target,
+                tollgate::redis::RedisOptions {
+                    timeout: Duration::from_secs(2),
+                    ..Default::default()
+                },
+            )
+            .await?;
+            store.ping().await?;
+            redis_limiters.push(tollgate::redis::RedisLimiter::new(
+                store,
+                "bench",
+                load.rules.clone(),
+            )?);
+        }
+    }
     let per_worker_interval = spec
         .rate
         .filter(|&r| r > 0)
@@ -94,6 +129,8 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
     for w in 0..spec.concurrency {
         let (spec, done, errors, stop) = (spec.clone(), done.clone(), errors.clone(), stop.clone());
         let grpc_channel = grpc_channels.get(w / 8).cloned();
+        let redis =
+            (!redis_limiters.is_empty()).then(|| redis_limiters[w % redis_limiters.len()].clone());
         let (http_client, clock) = (http_client.clone(), clock.clone());
         workers.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
@@ -113,9 +150,10 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
                 n = n.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 let value = format!("k{}", (n >> 33) % spec.keys.max(1));
                 let sent = clock.now_us();
-                let ok = match grpc.as_mut() {
-                    Some(client) => grpc_call(client, &spec, &value).await,
-                    None => http_call(&http_client, &spec, &value).await,
+                let ok = match (grpc.as_mut(), &redis) {
+                    (_, Some(limiter)) => limiter.check(&value, 1).await.is_ok(),
+                    (Some(client), _) => grpc_call(client, &spec, &value).await,
+                    (None, None) => http_call(&http_client, &spec, &value).await,
                 };
                 let latency = clock.now_us().saturating_sub(sent).max(1);
                 if ok {
@@ -157,6 +195,11 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
         p50_us: all.value_at_quantile(0.5),
         p99_us: all.value_at_quantile(0.99),
         errors: errors.load(Ordering::Relaxed),
+        unit: if protocol == Protocol::Redis {
+            "checks/s"
+        } else {
+            "req/s"
+        },
     })
 }
 

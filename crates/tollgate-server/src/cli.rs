@@ -150,12 +150,44 @@ enum BenchCommand {
     Http(LoadArgs),
     /// Load a service's Envoy RLS gRPC API (`ShouldRateLimit`).
     Grpc(LoadArgs),
+    /// Drive the Redis store's decision script: K keys, N concurrent callers over a
+    /// few pipelined connections. Ends with `checks/s: .. p50_us: .. p99_us: .. errors: ..`.
+    Redis(RedisBenchArgs),
+    /// Print the redis-benchmark arguments that run the same script call as
+    /// `bench redis` (for the ceiling: `redis-benchmark ... $(tollgate bench redis-call ...)`).
+    RedisCall {
+        /// The policy spec.
+        #[arg(long)]
+        policy: String,
+    },
     /// Serve 200 to every request: the HTTP stack's ceiling, to compare against.
     Ceiling {
         /// The listen address.
         #[arg(long, default_value = "127.0.0.1:9090")]
         listen: std::net::SocketAddr,
     },
+}
+
+#[derive(Debug, Parser)]
+struct RedisBenchArgs {
+    /// `redis://host:port` or `redis+cluster://host:port,host:port`.
+    #[arg(long, default_value = "redis://127.0.0.1:6379/")]
+    redis_url: String,
+    /// The policy spec checked (repeat for a rule set).
+    #[arg(long, required = true)]
+    policy: Vec<String>,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Connections the callers share.
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 10000)]
+    keys: u64,
+    /// How long to run (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
+    duration: std::time::Duration,
 }
 
 #[derive(Debug, Parser)]
@@ -232,6 +264,51 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 BenchCommand::Ceiling { listen } => {
                     return runtime.block_on(crate::bench::ceiling(listen))
                 }
+                BenchCommand::RedisCall { policy } => {
+                    let rules = tollgate::RuleSet::parse(&[policy]).map_err(anyhow::Error::msg)?;
+                    return runtime.block_on(async {
+                        let store =
+                            tollgate::redis::RedisStore::connect("redis://127.0.0.1:1/").await?;
+                        let limiter = tollgate::redis::RedisLimiter::new(store, "bench", rules)?;
+                        let (keys, argv) = limiter.script_call("k__rand_int__", 1);
+                        let sha = tollgate::redis::script_sha1();
+                        let quote = |a: &str| {
+                            if a.is_empty() {
+                                "''".to_string()
+                            } else {
+                                a.to_string()
+                            }
+                        };
+                        let mut out = vec!["EVALSHA".to_string(), sha, keys.len().to_string()];
+                        out.extend(keys.iter().map(|k| quote(k)));
+                        out.extend(argv.iter().map(|a| quote(a)));
+                        println!("{}", out.join(" "));
+                        Ok(())
+                    });
+                }
+                BenchCommand::Redis(a) => {
+                    if a.concurrency == 0 {
+                        anyhow::bail!("--concurrency must be at least 1");
+                    }
+                    let rules = tollgate::RuleSet::parse(&a.policy).map_err(anyhow::Error::msg)?;
+                    let spec = crate::bench::LoadSpec {
+                        target: a.redis_url,
+                        concurrency: a.concurrency,
+                        keys: a.keys,
+                        duration: a.duration,
+                        rate: None,
+                        domain: String::new(),
+                        key: String::new(),
+                        redis: Some(crate::bench::RedisLoad {
+                            rules,
+                            connections: a.connections,
+                        }),
+                    };
+                    let totals =
+                        runtime.block_on(crate::bench::run(crate::bench::Protocol::Redis, spec))?;
+                    println!("{totals}");
+                    return Ok(());
+                }
                 BenchCommand::Http(a) => (crate::bench::Protocol::Http, a),
                 BenchCommand::Grpc(a) => (crate::bench::Protocol::Grpc, a),
             };
@@ -246,6 +323,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 rate: args.rate,
                 domain: args.domain,
                 key: args.key,
+                redis: None,
             };
             let totals = runtime.block_on(crate::bench::run(protocol, spec))?;
             println!("{totals}");

@@ -42,3 +42,145 @@ fn gcra_burst_then_reject_with_redis_time() {
         let _ = Op::Try;
     });
 }
+
+/// Run as a child process by `four_processes_share_one_global_limit` (a no-op in a
+/// normal test run): hammers two keys for the given time and prints what it was
+/// admitted.
+#[test]
+fn hammer_child_process() {
+    let Ok(url) = std::env::var("TOLLGATE_HAMMER_URL") else {
+        return;
+    };
+    let ms: u64 = std::env::var("TOLLGATE_HAMMER_MS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (exact, paced) = rt().block_on(async {
+        // Four processes of a debug build on two cores: allow slow answers.
+        let opts = tollgate::redis::RedisOptions {
+            timeout: std::time::Duration::from_secs(5),
+            ..Default::default()
+        };
+        let store = RedisStore::connect_with(&url, opts).await.unwrap();
+        let window = RedisLimiter::new(
+            store.clone(),
+            "global",
+            RuleSet::parse(&["fixed-window:limit=500,window=1h"]).unwrap(),
+        )
+        .unwrap();
+        let gcra = RedisLimiter::new(
+            store,
+            "global",
+            RuleSet::parse(&["gcra:rate=100/s,burst=10"]).unwrap(),
+        )
+        .unwrap();
+        let clock = tollgate::MonotonicClock::new();
+        let end = tollgate::Clock::now_us(&clock) + ms * 1000;
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (window, gcra) = (window.clone(), gcra.clone());
+            let clock = clock.clone();
+            tasks.push(tokio::spawn(async move {
+                let (mut a, mut b) = (0u64, 0u64);
+                while tollgate::Clock::now_us(&clock) < end {
+                    a += u64::from(window.check("one-key", 1).await.unwrap().allowed);
+                    b += u64::from(gcra.check("paced-key", 1).await.unwrap().allowed);
+                }
+                (a, b)
+            }));
+        }
+        let mut sum = (0, 0);
+        for t in tasks {
+            let (a, b) = t.await.unwrap();
+            sum = (sum.0 + a, sum.1 + b);
+        }
+        sum
+    });
+    println!("ADMITTED {exact} {paced}");
+}
+
+#[test]
+fn four_processes_share_one_global_limit() {
+    let servers = RedisServers::standalone();
+    let ms = 2500u64;
+    let clock = tollgate::MonotonicClock::new();
+    let started = tollgate::Clock::now_us(&clock);
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "hammer_child_process",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("TOLLGATE_HAMMER_URL", servers.url())
+                .env("TOLLGATE_HAMMER_MS", ms.to_string())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let (mut exact, mut paced, mut reported) = (0u64, 0u64, 0);
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find_map(|l| l.split("ADMITTED").nth(1))
+            .unwrap_or_else(|| panic!("no report from a child: {text}"));
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        exact += v[0];
+        paced += v[1];
+        reported += 1;
+    }
+    let elapsed_s = (tollgate::Clock::now_us(&clock) - started) as f64 / 1e6;
+    assert_eq!(reported, 4);
+    // Every process hammered far past 500: exactly 500 got through in the hour window.
+    assert_eq!(exact, 500);
+    // GCRA 100/s with burst 10: never more than burst + rate * elapsed, all processes
+    // together (and, as they hammered throughout, not far below it).
+    let bound = 10.0 + 100.0 * elapsed_s;
+    assert!((paced as f64) <= bound, "{paced} admitted > {bound}");
+    assert!(
+        paced as f64 >= 100.0 * (ms as f64 / 1e3) * 0.8,
+        "only {paced} admitted"
+    );
+}
+
+#[test]
+fn negative_cache_rejects_locally_until_the_retry_time() {
+    let servers = RedisServers::standalone();
+    rt().block_on(async {
+        let store = RedisStore::connect(&servers.url()).await.unwrap();
+        let opts = tollgate::redis::RedisLimiterOptions {
+            negative_cache: true,
+            ..Default::default()
+        };
+        let rules = RuleSet::parse(&["gcra:rate=5/s,burst=1"]).unwrap();
+        let limiter = RedisLimiter::with_options(store, "neg", rules, opts).unwrap();
+        assert!(limiter.check("k", 1).await.unwrap().allowed);
+        let first = limiter.check("k", 1).await.unwrap();
+        assert!(!first.allowed);
+        let before = limiter.stats();
+        let cached = limiter.check("k", 1).await.unwrap();
+        assert!(!cached.allowed);
+        assert!(cached.retry_after_us.unwrap() <= first.retry_after_us.unwrap());
+        let after = limiter.stats();
+        assert_eq!(after.negative_cache_hits, before.negative_cache_hits + 1);
+        assert_eq!(
+            after.redis_decisions, before.redis_decisions,
+            "no round trip"
+        );
+        // Once the retry time has passed, Redis decides (and admits) again.
+        tokio::time::sleep(std::time::Duration::from_micros(
+            first.retry_after_us.unwrap() + 5_000,
+        ))
+        .await;
+        assert!(limiter.check("k", 1).await.unwrap().allowed);
+        assert_eq!(limiter.stats().redis_decisions, after.redis_decisions + 1);
+    });
+}

@@ -313,6 +313,32 @@ impl RedisLimiter {
         Ok(d)
     }
 
+    /// The KEYS and ARGV of the script call that tries `cost` for `key` (for tools
+    /// that drive the script themselves, e.g. `redis-benchmark` as a ceiling; the
+    /// nonce is fixed).
+    pub fn script_call(&self, key: &str, cost: u64) -> (Vec<String>, Vec<String>) {
+        let compiled = self.inner.compiled.load();
+        let keys = self.inner.store.keys(&self.inner.name, key, &compiled.wire);
+        let margin = self
+            .inner
+            .store
+            .options()
+            .ttl_margin
+            .as_millis()
+            .to_string();
+        let mut argv: Vec<String> = vec![
+            "check".into(),
+            String::new(),
+            String::new(),
+            cost.to_string(),
+            "0".into(),
+            margin,
+            "bench".into(),
+        ];
+        argv.extend(compiled.wire.args.iter().cloned());
+        (keys, argv)
+    }
+
     /// The decision a try of `cost` would get now, changing nothing.
     pub async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, StoreError> {
         self.peek_inner(key, None, None, cost).await

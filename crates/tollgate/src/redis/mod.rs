@@ -31,6 +31,16 @@ pub use store::{RedisOptions, RedisStore};
 
 use std::time::Duration;
 
+/// The decision script's source (what `EVALSHA` runs; `SCRIPT LOAD` it to get its SHA1).
+pub fn script_source() -> &'static str {
+    script::SCRIPT
+}
+
+/// The SHA1 `EVALSHA` calls the script by.
+pub fn script_sha1() -> String {
+    ::redis::Script::new(script::SCRIPT).get_hash().to_string()
+}
+
 /// Why a Redis-backed decision failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
