@@ -173,6 +173,9 @@ pub struct Limit {
     pub envoy: Option<(Unit, u64)>,
     /// The counters.
     pub limiter: Option<KeyedLimiter<String>>,
+    /// The counters when they live in Redis: made on first use, and kept with the
+    /// limit across reloads that leave its definition unchanged.
+    pub redis: std::sync::OnceLock<tollgate::redis::RedisLimiter>,
 }
 
 impl Limit {
@@ -539,5 +542,6 @@ fn limit_of(
         deny: false,
         envoy,
         limiter,
+        redis: std::sync::OnceLock::new(),
     })
 }

@@ -112,45 +112,59 @@ pub struct DecisionService {
     redis: Option<RedisCounters>,
 }
 
-/// Counters kept in Redis: one [`RedisLimiter`] per limit definition, made on first use.
+/// Counters kept in Redis: one [`RedisLimiter`] per limit definition, made on first use
+/// and kept in the limit itself ([`Limit::redis`]).
 struct RedisCounters {
     store: RedisStore,
-    options: RedisLimiterOptions,
+    on_error: crate::serve::OnErrorDoc,
     local_share: u64,
-    /// By limit path and rules, so that a reloaded definition gets a limiter of its own.
-    limiters: Mutex<HashMap<(String, String), RedisLimiter>>,
+    negative_cache: bool,
+    /// Every limiter made, for the metrics' sums (a reloaded definition's limiter
+    /// stays: its counts are part of the totals).
+    made: Mutex<Vec<RedisLimiter>>,
 }
 
 impl RedisCounters {
-    fn limiter(
-        &self,
-        limit: &Limit,
-        rules: &tollgate::RuleSet,
-    ) -> Result<RedisLimiter, StoreError> {
-        let id = (limit.path.clone(), format!("{rules:?}"));
-        let mut map = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(l) = map.get(&id) {
-            return Ok(l.clone());
+    fn limiter<'a>(&self, limit: &'a Limit) -> Result<&'a RedisLimiter, StoreError> {
+        if let Some(l) = limit.redis.get() {
+            return Ok(l);
         }
-        let mut options = self.options.clone();
-        if let OnError::Local(_) = options.on_error {
-            options.on_error = OnError::Local(
+        let rules = limit
+            .rules
+            .clone()
+            .ok_or_else(|| StoreError::Unsupported(format!("{}: no rules to count", limit.path)))?;
+        use crate::serve::OnErrorDoc;
+        let on_error = match self.on_error {
+            OnErrorDoc::Error => OnError::Error,
+            OnErrorDoc::FailOpen => OnError::FailOpen,
+            OnErrorDoc::FailClosed => OnError::FailClosed,
+            OnErrorDoc::Local => OnError::Local(
                 rules
                     .share(self.local_share)
                     .map_err(StoreError::Unsupported)?,
-            );
-        }
+            ),
+        };
+        let options = RedisLimiterOptions {
+            on_error,
+            negative_cache: self.negative_cache,
+            ..Default::default()
+        };
         // The limit's path names its counters; braces would move the hash tag.
         let name = limit.path.replace(['{', '}'], "_");
-        let l = RedisLimiter::with_options(self.store.clone(), &name, rules.clone(), options)?;
-        map.insert(id, l.clone());
-        Ok(l)
+        let made = RedisLimiter::with_options(self.store.clone(), &name, rules, options)?;
+        if limit.redis.set(made.clone()).is_ok() {
+            self.made
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(made);
+        }
+        Ok(limit.redis.get().expect("set above"))
     }
 
     fn stats(&self) -> tollgate::redis::RedisStats {
-        let map = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
+        let made = self.made.lock().unwrap_or_else(|e| e.into_inner());
         let mut sum = tollgate::redis::RedisStats::default();
-        for l in map.values() {
+        for l in made.iter() {
             let s = l.stats();
             sum.redis_decisions += s.redis_decisions;
             sum.redis_errors += s.redis_errors;
@@ -194,36 +208,26 @@ impl DecisionService {
         if let Some(p) = &store.prefix {
             opts.prefix = p.clone();
         }
-        let redis = RedisStore::connect_with(url, opts).await?;
-        use crate::serve::OnErrorDoc;
-        let options = RedisLimiterOptions {
-            on_error: match store.on_error {
-                OnErrorDoc::Error => OnError::Error,
-                OnErrorDoc::FailOpen => OnError::FailOpen,
-                OnErrorDoc::FailClosed => OnError::FailClosed,
-                // The rules are filled in per limit.
-                OnErrorDoc::Local => OnError::Local(
-                    tollgate::RuleSet::parse(&["gcra:rate=1/s,burst=1"]).expect("valid"),
-                ),
-            },
+        let redis = RedisCounters {
+            store: RedisStore::connect_with(url, opts).await?,
+            on_error: store.on_error,
+            local_share: store.local_share.unwrap_or(1),
             negative_cache: store.negative_cache,
-            ..Default::default()
+            made: Mutex::new(Vec::new()),
         };
-        // Every limit must be one the Redis scripts can keep: refuse at start-up.
-        for (domain, _) in self.rules.load().domains() {
-            for limit in self.rules.load().limits(domain) {
-                if let Some(rules) = &limit.rules {
-                    tollgate::redis::RedisLimiter::new(redis.clone(), "probe", rules.clone())
+        // Every limit must be one the Redis scripts can keep: refuse at start-up (the
+        // limiters made here are the ones used).
+        let rules = self.rules.load_full();
+        for (domain, _) in rules.domains() {
+            for limit in rules.limits(domain) {
+                if limit.rules.is_some() {
+                    redis
+                        .limiter(&limit)
                         .map_err(|e| anyhow::anyhow!("{}: {e}", limit.path))?;
                 }
             }
         }
-        self.redis = Some(RedisCounters {
-            store: redis,
-            options,
-            local_share: store.local_share.unwrap_or(1),
-            limiters: Mutex::new(HashMap::new()),
-        });
+        self.redis = Some(redis);
         Ok(self)
     }
 
@@ -366,10 +370,7 @@ impl DecisionService {
             }
             let cost = d.hits.unwrap_or(request_hits);
             let decision = match (&self.redis, &limit.rules) {
-                (Some(redis), Some(rules)) => {
-                    self.decide_redis(redis, limit, rules, key, cost, op)
-                        .await?
-                }
+                (Some(redis), Some(_)) => self.decide_redis(redis, limit, key, cost, op).await?,
                 _ => {
                     let Some(limiter) = &limit.limiter else {
                         statuses.push(ok(Some(limit.clone())));
@@ -428,13 +429,12 @@ impl DecisionService {
         &self,
         redis: &RedisCounters,
         limit: &Limit,
-        rules: &tollgate::RuleSet,
         key: &str,
         cost: u64,
         op: Op,
     ) -> Result<Decision, RequestError> {
         let limiter = redis
-            .limiter(limit, rules)
+            .limiter(limit)
             .map_err(|e| RequestError::Unavailable(e.to_string()))?;
         let outcome = match cost {
             0 => limiter.peek(key, 1).await,
@@ -457,8 +457,8 @@ impl DecisionService {
             if let Some((limit, key)) = self.limit_for(&rules, domain, d) {
                 let cost = d.hits.unwrap_or(hits.max(1));
                 match (&self.redis, &limit.rules) {
-                    (Some(redis), Some(r)) => {
-                        if let Ok(l) = redis.limiter(&limit, r) {
+                    (Some(redis), Some(_)) => {
+                        if let Ok(l) = redis.limiter(&limit) {
                             let _ = l.refund(&key, cost).await;
                         }
                     }
@@ -478,8 +478,8 @@ impl DecisionService {
         match found {
             Some((limit, key)) => {
                 match (&self.redis, &limit.rules) {
-                    (Some(redis), Some(r)) => {
-                        let l = redis.limiter(&limit, r).map_err(|e| e.to_string())?;
+                    (Some(redis), Some(_)) => {
+                        let l = redis.limiter(&limit).map_err(|e| e.to_string())?;
                         l.reset(&key).await.map_err(|e| e.to_string())?;
                     }
                     _ => {

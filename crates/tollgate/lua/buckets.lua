@@ -5,10 +5,6 @@
 
 local function bucket_params(a) return { per_unit = a[1], per_us = a[2], cap = a[3] } end
 
-local function bucket_save(p, key, s, ttl_ms)
-  save_string(key, int(s.level) .. ' ' .. int(s.last), ttl_ms)
-end
-
 local function bucket_encode(p, s) return int(s.level) .. ' ' .. int(s.last) end
 
 -- ceil(a / b) us, or 0 for a <= 0.
@@ -37,7 +33,6 @@ ALGOS[2] = {
     return { level = v[1], last = v[2] }
   end,
   encode = bucket_encode,
-  save = bucket_save,
   earliest = function(p, s, now, cost)
     return now + ceil_us(cost * p.per_unit - tokens_at(p, s, now), p.per_us)
   end,
@@ -71,7 +66,6 @@ ALGOS[3] = {
     return { level = v[1], last = v[2] }
   end,
   encode = bucket_encode,
-  save = bucket_save,
   earliest = function(p, s, now, cost)
     return now + ceil_us(level_at(p, s, now) + cost * p.per_unit - p.cap, p.per_us)
   end,

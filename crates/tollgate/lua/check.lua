@@ -76,7 +76,7 @@ end
 -- Writes a state with a time to live of its time to replenish plus the margin.
 local function save(pol, s)
   local ttl_ms = floor(pol.alg.reset_after(pol.p, s, now) / 1000) + 1 + margin_ms
-  pol.alg.save(pol.p, pol.key, s, int(ttl_ms))
+  save_encoded(pol.alg, pol.p, pol.key, s, int(ttl_ms))
 end
 
 local function reply(admitted, encoded)

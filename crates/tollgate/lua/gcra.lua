@@ -24,7 +24,6 @@ ALGOS[1] = {
     return { u = v[1], f = v[2] }
   end,
   encode = function(p, s) return int(s.u) .. ' ' .. int(s.f) end,
-  save = function(p, key, s, ttl_ms) save_string(key, int(s.u) .. ' ' .. int(s.f), ttl_ms) end,
   earliest = function(p, s, now, cost)
     local u, f = gcra_next(p, s, now, cost)
     u, f = ticks_norm(u, f - p.tau, p.scale)

@@ -27,7 +27,6 @@ ALGOS[10] = {
     return { last = v[1], excess = v[2] }
   end,
   encode = function(p, s) return int(s.last) .. ' ' .. int(s.excess) end,
-  save = function(p, key, s, ttl_ms) save_string(key, int(s.last) .. ' ' .. int(s.excess), ttl_ms) end,
   check = function(p, s, now, cost, acquire, max_wait)
     local add = cost * 1000
     local now_ms = idiv(now, 1000)

@@ -51,22 +51,27 @@ end
 
 -- Algorithms by wire code. Each has:
 --   load(p, key, created) -> state    (a missing key is the state of a new key)
---   encode(p, s) -> string            (what the Rust side parses; '' for a new key)
---   save(p, key, s, ttl_ms)           (writes the state with its time to live)
+--   encode(p, s) -> string            (what the Rust side parses, and what is stored;
+--                                      '' for a state that is as new: the key is deleted)
+--   save(p, key, s, ttl_ms)           (optional: states that are not one string)
 --   check(p, s, now, cost, acquire, max_wait) -> admitted, wait   (mutates s when admitted)
 --   refund(p, s, now, cost)
 --   reset_after(p, s, now) -> us until the state is fully replenished (its TTL)
 local ALGOS = {}
 
--- The string-valued states: one key holding space-separated numbers.
+-- Most states are one key holding space-separated numbers.
 local function load_fields(key)
   local v = redis.call('GET', key)
   if not v then return nil end
   return fields(v)
 end
 
-local function save_string(key, str, ttl_ms)
-  redis.call('SET', key, str, 'PX', ttl_ms)
+-- Writes a state as its encoding with a time to live, or deletes the key when the
+-- state is as new.
+local function save_encoded(alg, p, key, s, ttl_ms)
+  if alg.save then return alg.save(p, key, s, ttl_ms) end
+  local str = alg.encode(p, s)
+  if str == '' then redis.call('DEL', key) else redis.call('SET', key, str, 'PX', ttl_ms) end
 end
 
 -- Admission at the earliest instant a request fits: the shared try/acquire logic of

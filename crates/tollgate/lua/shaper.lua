@@ -33,10 +33,6 @@ ALGOS[11] = {
     for _, r in ipairs(s.pending) do out[#out + 1] = int(r) end
     return table.concat(out, ' ')
   end,
-  save = function(p, key, s, ttl_ms)
-    if not s.u then redis.call('DEL', key) return end
-    save_string(key, ALGOS[11].encode(p, s), ttl_ms)
-  end,
   check = function(p, s, now, cost, acquire, max_wait)
     local kept = {}
     for _, r in ipairs(s.pending) do if r > now then kept[#kept + 1] = r end end

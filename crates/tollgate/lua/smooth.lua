@@ -55,9 +55,6 @@ local function smooth(warmup)
       return { stored = tonumber(stored), next_free = tonumber(next_free) }
     end,
     encode = function(p, s) return dbl(s.stored) .. ' ' .. int(s.next_free) end,
-    save = function(p, key, s, ttl_ms)
-      save_string(key, dbl(s.stored) .. ' ' .. int(s.next_free), ttl_ms)
-    end,
     -- tryAcquire(permits, timeout): admitted iff next_free - timeout <= now.
     check = function(p, s, now, cost, acquire, max_wait)
       local timeout = 0

@@ -13,7 +13,6 @@ ALGOS[4] = {
     return { start = v[1], count = v[2] }
   end,
   encode = function(p, s) return int(s.start) .. ' ' .. int(s.count) end,
-  save = function(p, key, s, ttl_ms) save_string(key, int(s.start) .. ' ' .. int(s.count), ttl_ms) end,
   earliest = function(p, s, now, cost)
     if not fw_live(p, s, now) then return now end
     if s.count + cost <= p.limit then return math.max(now, s.start) end
@@ -151,10 +150,6 @@ ALGOS[6] = {
     for i = 1, p.buckets do out[i + 2] = int(s.counts[i]) end
     return table.concat(out, ' ')
   end,
-  save = function(p, key, s, ttl_ms)
-    if not s.counts then redis.call('DEL', key) return end
-    save_string(key, ALGOS[6].encode(p, s), ttl_ms)
-  end,
   earliest = function(p, s, now, cost)
     local at = now
     local end_b = idiv(now, p.width)
@@ -242,9 +237,6 @@ ALGOS[7] = {
     return { win = v[1], prev = v[2], curr = v[3] }
   end,
   encode = function(p, s) return int(s.win) .. ' ' .. int(s.prev) .. ' ' .. int(s.curr) end,
-  save = function(p, key, s, ttl_ms)
-    save_string(key, int(s.win) .. ' ' .. int(s.prev) .. ' ' .. int(s.curr), ttl_ms)
-  end,
   earliest = function(p, s, now, cost)
     local at = math.max(now, s.win * p.window)
     while true do

@@ -226,22 +226,8 @@ impl RedisLimiter {
         if self.inner.failing.load(Ordering::Relaxed) && !self.probe_due() {
             return self.fallback(&compiled, key, cost, op, None);
         }
-        let result = self
-            .inner
-            .store
-            .decide(
-                &self.inner.name,
-                key,
-                &compiled.rules,
-                &compiled.wire,
-                None,
-                None,
-                cost,
-                op,
-            )
-            .await;
-        match result {
-            Ok((d, _)) => {
+        match self.decide(&compiled, key, None, None, cost, op).await {
+            Ok(d) => {
                 self.healthy();
                 self.inner.stats[DECISIONS].fetch_add(1, Ordering::Relaxed);
                 if op == Op::Try && self.inner.opts.negative_cache && !d.decision.allowed {
@@ -270,21 +256,24 @@ impl RedisLimiter {
         op: Op,
     ) -> Result<RuleDecision, StoreError> {
         let compiled = self.inner.compiled.load_full();
-        let (d, _) = self
-            .inner
-            .store
-            .decide(
-                &self.inner.name,
-                key,
-                &compiled.rules,
-                &compiled.wire,
-                Some(now),
-                Some(created),
-                cost,
-                op,
-            )
-            .await?;
-        Ok(d)
+        self.decide(&compiled, key, Some(now), Some(created), cost, op)
+            .await
+    }
+
+    /// One decision by Redis (see [`RedisStore::decide`]).
+    async fn decide(
+        &self,
+        compiled: &Compiled,
+        key: &str,
+        now: Option<u64>,
+        created: Option<u64>,
+        cost: u64,
+        op: Op,
+    ) -> Result<RuleDecision, StoreError> {
+        let Compiled { rules, wire, .. } = compiled;
+        (self.inner.store)
+            .decide(&self.inner.name, key, rules, wire, now, created, cost, op)
+            .await
     }
 
     /// Acquires `cost` for `key`: reserves the earliest admission in Redis (FIFO per
@@ -450,21 +439,11 @@ impl RedisLimiter {
         err: Option<StoreError>,
     ) -> Result<RuleDecision, StoreError> {
         let limit = compiled.rules.policies()[0].limit();
-        let fixed = |allowed: bool| {
-            let mut d = Decision::admitted(limit, 0, 0, 0);
-            if !allowed {
-                d = Decision::rejected(
-                    limit,
-                    0,
-                    0,
-                    Some(self.inner.opts.probe_interval.as_micros() as u64),
-                );
-            }
-            Ok(single(d))
-        };
+        let probe_us = self.inner.opts.probe_interval.as_micros() as u64;
         let d = match (&self.inner.opts.on_error, &compiled.local) {
-            (OnError::FailOpen, _) => fixed(true),
-            (OnError::FailClosed, _) => fixed(false),
+            (OnError::FailOpen, _) => Ok(single(Decision::admitted(limit, 0, 0, 0))),
+            // Retry when Redis is next asked.
+            (OnError::FailClosed, _) => Ok(single(Decision::rejected(limit, 0, 0, Some(probe_us)))),
             (OnError::Local(_), Some(local)) => {
                 local.check_rules(key, cost, op).map_err(|e| match e {
                     crate::KeyedError::Check(c) => StoreError::Check(c),

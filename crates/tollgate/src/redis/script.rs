@@ -101,25 +101,20 @@ fn encode(p: &Policy) -> Result<(u8, Vec<String>, u64), StoreError> {
             ];
             (1, params, u64::MAX)
         }
-        Algo::TokenBucket(a) => {
-            let r = a.rate();
-            let cap = u128::from(a.capacity_tokens()) * u128::from(r.interval_ticks());
+        // The two buckets share their units (see buckets.lua).
+        Algo::TokenBucket(_) | Algo::LeakyBucket(_) => {
+            let (code, r, capacity) = match p.algo() {
+                Algo::TokenBucket(a) => (2, a.rate(), a.capacity_tokens()),
+                Algo::LeakyBucket(a) => (3, a.rate(), a.capacity_units()),
+                _ => unreachable!(),
+            };
+            let cap = u128::from(capacity) * u128::from(r.interval_ticks());
             let params = vec![
                 r.interval_ticks().to_string(),
                 r.scale().to_string(),
                 big("capacity * interval", cap)?,
             ];
-            (2, params, u64::MAX)
-        }
-        Algo::LeakyBucket(a) => {
-            let r = a.rate();
-            let cap = u128::from(a.capacity_units()) * u128::from(r.interval_ticks());
-            let params = vec![
-                r.interval_ticks().to_string(),
-                r.scale().to_string(),
-                big("capacity * interval", cap)?,
-            ];
-            (3, params, u64::MAX)
+            (code, params, u64::MAX)
         }
         Algo::FixedWindow(a) => {
             let first = matches!(a.align(), Align::First);

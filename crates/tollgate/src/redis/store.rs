@@ -40,6 +40,35 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
+/// Either connection, so that every command and the script are sent one way.
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// A connection to Redis (one node, or a Cluster) that decides requests with one
 /// atomic script call each.
 ///
@@ -137,18 +166,22 @@ impl RedisStore {
         &self.opts
     }
 
+    /// Runs `call` on a clone of the connection, bounded by the timeout.
+    async fn timed<T, F>(&self, call: impl FnOnce(Conn) -> F) -> Result<T, StoreError>
+    where
+        F: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        tokio::time::timeout(self.opts.timeout, call(self.conn.clone()))
+            .await
+            .map_err(|_| StoreError::Timeout(self.opts.timeout))?
+            .map_err(StoreError::from)
+    }
+
     /// Whether Redis answers a `PING` within the timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let cmd = redis::cmd("PING");
-        let call = async {
-            match self.conn.clone() {
-                Conn::Single(mut c) => cmd.query_async::<String>(&mut c).await,
-                Conn::Cluster(mut c) => cmd.query_async::<String>(&mut c).await,
-            }
-        };
-        tokio::time::timeout(self.opts.timeout, call)
-            .await
-            .map_err(|_| StoreError::Timeout(self.opts.timeout))??;
+        self.timed(|mut c| async move { cmd.query_async::<String>(&mut c).await })
+            .await?;
         Ok(())
     }
 
@@ -194,15 +227,10 @@ impl RedisStore {
         for a in &wire.args {
             inv.arg(a);
         }
-        let call = async {
-            match self.conn.clone() {
-                Conn::Single(mut c) => invoke(&inv, &mut c).await,
-                Conn::Cluster(mut c) => invoke(&inv, &mut c).await,
-            }
-        };
-        let value = tokio::time::timeout(self.opts.timeout, call)
-            .await
-            .map_err(|_| StoreError::Timeout(self.opts.timeout))??;
+        let inv = &inv;
+        let value = self
+            .timed(|mut c| async move { inv.invoke_async::<Value>(&mut c).await })
+            .await?;
         parse_reply(value, rules, created)
     }
 
@@ -212,15 +240,8 @@ impl RedisStore {
         for k in keys {
             cmd.arg(k);
         }
-        let call = async {
-            match self.conn.clone() {
-                Conn::Single(mut c) => cmd.query_async::<i64>(&mut c).await,
-                Conn::Cluster(mut c) => cmd.query_async::<i64>(&mut c).await,
-            }
-        };
-        tokio::time::timeout(self.opts.timeout, call)
-            .await
-            .map_err(|_| StoreError::Timeout(self.opts.timeout))??;
+        self.timed(|mut c| async move { cmd.query_async::<i64>(&mut c).await })
+            .await?;
         Ok(())
     }
 
@@ -236,7 +257,7 @@ impl RedisStore {
         created: Option<u64>,
         cost: u64,
         op: Op,
-    ) -> Result<(RuleDecision, u64), StoreError> {
+    ) -> Result<RuleDecision, StoreError> {
         wire.check_cost(rules, cost)?;
         let keys = self.keys(name, key, wire);
         let acquire = op == Op::Acquire;
@@ -258,15 +279,8 @@ impl RedisStore {
                 reply.admitted
             )));
         }
-        Ok((d, reply.now))
+        Ok(d)
     }
-}
-
-async fn invoke<C: ConnectionLike + Send>(
-    inv: &redis::ScriptInvocation<'_>,
-    conn: &mut C,
-) -> redis::RedisResult<Value> {
-    inv.invoke_async(conn).await
 }
 
 fn parse_reply(value: Value, rules: &RuleSet, created: Option<u64>) -> Result<Reply, StoreError> {
