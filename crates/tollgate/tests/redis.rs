@@ -43,6 +43,9 @@ fn gcra_burst_then_reject_with_redis_time() {
     });
 }
 
+/// How long each child of `four_processes_share_one_global_limit` hammers.
+const HAMMER_MS: u64 = 2500;
+
 /// Run as a child process by `four_processes_share_one_global_limit` (a no-op in a
 /// normal test run): hammers two keys for the given time and prints what it was
 /// admitted.
@@ -51,10 +54,7 @@ fn hammer_child_process() {
     let Ok(url) = std::env::var("TOLLGATE_HAMMER_URL") else {
         return;
     };
-    let ms: u64 = std::env::var("TOLLGATE_HAMMER_MS")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let ms = HAMMER_MS;
     let (exact, paced) = rt().block_on(async {
         // Four processes of a debug build on two cores: allow slow answers.
         let opts = tollgate::redis::RedisOptions {
@@ -102,41 +102,19 @@ fn hammer_child_process() {
 #[test]
 fn four_processes_share_one_global_limit() {
     let servers = RedisServers::standalone();
-    let ms = 2500u64;
+    let ms = HAMMER_MS;
     let clock = tollgate::MonotonicClock::new();
     let started = tollgate::Clock::now_us(&clock);
-    let children: Vec<_> = (0..4)
-        .map(|_| {
-            std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "hammer_child_process",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env("TOLLGATE_HAMMER_URL", servers.url())
-                .env("TOLLGATE_HAMMER_MS", ms.to_string())
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let (mut exact, mut paced, mut reported) = (0u64, 0u64, 0);
-    for c in children {
-        let out = c.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text
-            .lines()
-            .find_map(|l| l.split("ADMITTED").nth(1))
-            .unwrap_or_else(|| panic!("no report from a child: {text}"));
-        let v: Vec<u64> = line
-            .split_whitespace()
-            .map(|n| n.parse().unwrap())
-            .collect();
-        exact += v[0];
-        paced += v[1];
-        reported += 1;
-    }
+    let reports = redis_server::run_children(
+        "hammer_child_process",
+        4,
+        "TOLLGATE_HAMMER_URL",
+        &servers.url(),
+        "ADMITTED",
+    );
+    let reported = reports.len();
+    let exact: i64 = reports.iter().map(|v| v[0]).sum();
+    let paced: i64 = reports.iter().map(|v| v[1]).sum();
     let elapsed_s = (tollgate::Clock::now_us(&clock) - started) as f64 / 1e6;
     assert_eq!(reported, 4);
     // Every process hammered far past 500: exactly 500 got through in the hour window.

@@ -2,13 +2,13 @@
 //! an optional local negative cache.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tollgate_core::{Clock, Decision, MonotonicClock, Op, RuleDecision, RuleSet};
+use tollgate_core::{Clock, Decision, Op, RuleDecision, RuleSet};
 
+use super::health::{Event, Health};
 use super::script::Wire;
 use super::store::RedisStore;
 use super::StoreError;
@@ -93,23 +93,11 @@ struct Cached {
 
 struct Inner {
     store: RedisStore,
-    name: String,
     opts: RedisLimiterOptions,
     compiled: ArcSwap<Compiled>,
-    clock: MonotonicClock,
-    failing: AtomicBool,
-    /// Local time (us) after which a failing limiter tries Redis again.
-    next_probe: AtomicU64,
+    health: Health,
     negative: Mutex<HashMap<String, Cached>>,
-    stats: [AtomicU64; 6],
 }
-
-const DECISIONS: usize = 0;
-const ERRORS: usize = 1;
-const FALLBACKS: usize = 2;
-const HITS: usize = 3;
-const OUTAGES: usize = 4;
-const RECOVERIES: usize = 5;
 
 /// Per-key limits kept in Redis: every instance that uses the same Redis, limiter name
 /// and rules shares one limit per key.
@@ -124,7 +112,7 @@ pub struct RedisLimiter {
 impl std::fmt::Debug for RedisLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field("name", &self.inner.name)
+            .field("name", &self.inner.health.name())
             .field("rules", &self.inner.compiled.load().rules)
             .finish()
     }
@@ -156,14 +144,10 @@ impl RedisLimiter {
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
                 store,
-                name: name.into(),
+                health: Health::new(name, opts.probe_interval),
                 opts,
                 compiled: ArcSwap::from_pointee(compiled),
-                clock: MonotonicClock::new(),
-                failing: AtomicBool::new(false),
-                next_probe: AtomicU64::new(0),
                 negative: Mutex::new(HashMap::new()),
-                stats: Default::default(),
             }),
         })
     }
@@ -191,16 +175,7 @@ impl RedisLimiter {
 
     /// The counters.
     pub fn stats(&self) -> RedisStats {
-        let s = |i: usize| self.inner.stats[i].load(Ordering::Relaxed);
-        RedisStats {
-            redis_decisions: s(DECISIONS),
-            redis_errors: s(ERRORS),
-            fallback_decisions: s(FALLBACKS),
-            negative_cache_hits: s(HITS),
-            outages: s(OUTAGES),
-            recoveries: s(RECOVERIES),
-            failing: self.inner.failing.load(Ordering::Relaxed),
-        }
+        self.inner.health.stats()
     }
 
     /// Tries a request of `cost` for `key` now: the overall decision.
@@ -223,21 +198,21 @@ impl RedisLimiter {
                 return Ok(single(d));
             }
         }
-        if self.inner.failing.load(Ordering::Relaxed) && !self.probe_due() {
+        let health = &self.inner.health;
+        if !health.should_try() {
             return self.fallback(&compiled, key, cost, op, None);
         }
         match self.decide(&compiled, key, None, None, cost, op).await {
             Ok(d) => {
-                self.healthy();
-                self.inner.stats[DECISIONS].fetch_add(1, Ordering::Relaxed);
+                health.healthy();
+                health.count(Event::Decision);
                 if op == Op::Try && self.inner.opts.negative_cache && !d.decision.allowed {
                     self.remember(key, cost, d.decision);
                 }
                 Ok(d)
             }
             Err(e) if e.is_transient() => {
-                self.inner.stats[ERRORS].fetch_add(1, Ordering::Relaxed);
-                self.failed(&e);
+                health.failed(&e, &self.inner.opts.on_error);
                 self.fallback(&compiled, key, cost, op, Some(e))
             }
             Err(e) => Err(e),
@@ -272,7 +247,16 @@ impl RedisLimiter {
     ) -> Result<RuleDecision, StoreError> {
         let Compiled { rules, wire, .. } = compiled;
         (self.inner.store)
-            .decide(&self.inner.name, key, rules, wire, now, created, cost, op)
+            .decide(
+                self.inner.health.name(),
+                key,
+                rules,
+                wire,
+                now,
+                created,
+                cost,
+                op,
+            )
             .await
     }
 
@@ -307,7 +291,10 @@ impl RedisLimiter {
     /// nonce is fixed).
     pub fn script_call(&self, key: &str, cost: u64) -> (Vec<String>, Vec<String>) {
         let compiled = self.inner.compiled.load();
-        let keys = self.inner.store.keys(&self.inner.name, key, &compiled.wire);
+        let keys = self
+            .inner
+            .store
+            .keys(self.inner.health.name(), key, &compiled.wire.suffixes);
         let margin = self
             .inner
             .store
@@ -343,7 +330,10 @@ impl RedisLimiter {
         let compiled = self.inner.compiled.load_full();
         let (rules, wire) = (&compiled.rules, &compiled.wire);
         wire.check_cost(rules, cost)?;
-        let keys = self.inner.store.keys(&self.inner.name, key, wire);
+        let keys = self
+            .inner
+            .store
+            .keys(self.inner.health.name(), key, &wire.suffixes);
         let reply = self
             .inner
             .store
@@ -366,7 +356,10 @@ impl RedisLimiter {
     /// Gives back `cost` units admitted earlier to every policy of `key`.
     pub async fn refund(&self, key: &str, cost: u64) -> Result<(), StoreError> {
         let compiled = self.inner.compiled.load_full();
-        let keys = self.inner.store.keys(&self.inner.name, key, &compiled.wire);
+        let keys = self
+            .inner
+            .store
+            .keys(self.inner.health.name(), key, &compiled.wire.suffixes);
         lock(&self.inner.negative).remove(key);
         self.inner
             .store
@@ -387,47 +380,12 @@ impl RedisLimiter {
     /// Forgets `key`'s state in Redis.
     pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
         let compiled = self.inner.compiled.load_full();
-        let keys = self.inner.store.keys(&self.inner.name, key, &compiled.wire);
+        let keys = self
+            .inner
+            .store
+            .keys(self.inner.health.name(), key, &compiled.wire.suffixes);
         lock(&self.inner.negative).remove(key);
         self.inner.store.delete(&keys).await
-    }
-
-    fn probe_due(&self) -> bool {
-        let now = self.inner.clock.now_us();
-        let due = self.inner.next_probe.load(Ordering::Relaxed);
-        // One caller wins the probe; the others take the failure policy.
-        now >= due
-            && self
-                .inner
-                .next_probe
-                .compare_exchange(
-                    due,
-                    now + self.inner.opts.probe_interval.as_micros() as u64,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-    }
-
-    fn healthy(&self) {
-        if self.inner.failing.swap(false, Ordering::Relaxed) {
-            self.inner.stats[RECOVERIES].fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(limiter = %self.inner.name, "redis is back: decisions are global again");
-        }
-    }
-
-    fn failed(&self, e: &StoreError) {
-        let probe = self.inner.clock.now_us() + self.inner.opts.probe_interval.as_micros() as u64;
-        self.inner.next_probe.store(probe, Ordering::Relaxed);
-        if !self.inner.failing.swap(true, Ordering::Relaxed) {
-            self.inner.stats[OUTAGES].fetch_add(1, Ordering::Relaxed);
-            tracing::error!(
-                limiter = %self.inner.name,
-                error = %e,
-                policy = ?self.inner.opts.on_error,
-                "redis is failing: the failure policy decides until it answers again"
-            );
-        }
     }
 
     fn fallback(
@@ -456,12 +414,12 @@ impl RedisLimiter {
                 }))
             }
         };
-        self.inner.stats[FALLBACKS].fetch_add(1, Ordering::Relaxed);
+        self.inner.health.count(Event::Fallback);
         d
     }
 
     fn cached(&self, key: &str, cost: u64) -> Option<Decision> {
-        let now = self.inner.clock.now_us();
+        let now = self.inner.health.clock.now_us();
         let mut map = lock(&self.inner.negative);
         let c = map.get(key)?;
         let elapsed = now.saturating_sub(c.at);
@@ -473,7 +431,7 @@ impl RedisLimiter {
         if cost < c.cost {
             return None;
         }
-        self.inner.stats[HITS].fetch_add(1, Ordering::Relaxed);
+        self.inner.health.count(Event::CacheHit);
         Some(Decision {
             retry_after_us: Some(retry - elapsed),
             reset_after_us: c.decision.reset_after_us.saturating_sub(elapsed),
@@ -493,7 +451,7 @@ impl RedisLimiter {
             key.to_owned(),
             Cached {
                 decision: d,
-                at: self.inner.clock.now_us(),
+                at: self.inner.health.clock.now_us(),
                 cost,
             },
         );

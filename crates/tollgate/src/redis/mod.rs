@@ -8,6 +8,9 @@
 //! the full [`Decision`](tollgate_core::Decision) from them, so the numbers a client
 //! sees (remaining, reset, retry-after) come from the very code the memory store runs.
 //!
+//! The `concurrency` algorithm has a design of its own, [`RedisConcurrencyLimiter`]:
+//! permits are leases that their holder renews and that expire when it dies.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), tollgate::redis::StoreError> {
 //! use tollgate::redis::{RedisLimiter, RedisStore};
@@ -22,10 +25,13 @@
 //! # Ok(()) }
 //! ```
 
+mod concurrency;
+mod health;
 mod limiter;
 mod script;
 mod store;
 
+pub use concurrency::{PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit};
 pub use limiter::{OnError, RedisLimiter, RedisLimiterOptions, RedisStats};
 pub use store::{RedisOptions, RedisStore};
 

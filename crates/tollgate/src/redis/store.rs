@@ -187,7 +187,7 @@ impl RedisStore {
 
     /// The Redis keys of `key`'s states under a limiter `name`: one per policy, all
     /// with one hash tag (one Cluster slot).
-    pub(crate) fn keys(&self, name: &str, key: &str, wire: &Wire) -> Vec<String> {
+    pub(crate) fn keys(&self, name: &str, key: &str, suffixes: &[String]) -> Vec<String> {
         let base = if key.is_empty() || key.contains(['{', '}']) {
             // The tag is a hash of the key; the key itself follows, so that keys stay
             // distinct.
@@ -195,7 +195,7 @@ impl RedisStore {
         } else {
             format!("{}:{name}:{{{key}}}", self.opts.prefix)
         };
-        wire.suffixes.iter().map(|s| format!("{base}{s}")).collect()
+        suffixes.iter().map(|s| format!("{base}{s}")).collect()
     }
 
     /// One script call. `now`: `None` takes Redis's `TIME`; `created`: when a key
@@ -212,26 +212,38 @@ impl RedisStore {
         cost: u64,
         acquire: bool,
     ) -> Result<Reply, StoreError> {
-        let mut inv = self.script.prepare_invoke();
+        let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
+        let mut args = vec![
+            op.to_owned(),
+            opt(now),
+            opt(created),
+            cost.to_string(),
+            if acquire { "1" } else { "0" }.to_owned(),
+            self.opts.ttl_margin.as_millis().to_string(),
+            nonce(),
+        ];
+        args.extend(wire.args.iter().cloned());
+        let value = self.eval(&self.script, keys, &args).await?;
+        parse_reply(value, rules, created)
+    }
+
+    /// Runs `script` (EVALSHA, loading it on NOSCRIPT) within the timeout.
+    pub(crate) async fn eval(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Value, StoreError> {
+        let mut inv = script.prepare_invoke();
         for k in keys {
             inv.key(k);
         }
-        let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
-        inv.arg(op)
-            .arg(opt(now))
-            .arg(opt(created))
-            .arg(cost)
-            .arg(if acquire { "1" } else { "0" })
-            .arg(self.opts.ttl_margin.as_millis() as u64)
-            .arg(nonce());
-        for a in &wire.args {
+        for a in args {
             inv.arg(a);
         }
         let inv = &inv;
-        let value = self
-            .timed(|mut c| async move { inv.invoke_async::<Value>(&mut c).await })
-            .await?;
-        parse_reply(value, rules, created)
+        self.timed(|mut c| async move { inv.invoke_async::<Value>(&mut c).await })
+            .await
     }
 
     /// Deletes `keys`.
@@ -259,7 +271,7 @@ impl RedisStore {
         op: Op,
     ) -> Result<RuleDecision, StoreError> {
         wire.check_cost(rules, cost)?;
-        let keys = self.keys(name, key, wire);
+        let keys = self.keys(name, key, &wire.suffixes);
         let acquire = op == Op::Acquire;
         let mut reply = self
             .call("check", &keys, rules, wire, now, created, cost, acquire)
@@ -328,7 +340,7 @@ fn fnv1a(s: &str) -> u64 {
 
 /// A nonce unique to this call: sliding-log members never collide, even for two
 /// callers admitted at the same microsecond.
-fn nonce() -> String {
+pub(crate) fn nonce() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     static PROCESS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();

@@ -156,3 +156,33 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Runs `n` copies of this test binary's test `child` (a test that is a no-op unless
+/// `env_var` is set, here to `value`) at once, and returns the numbers each printed
+/// after `tag` on a line of its stdout.
+pub fn run_children(child: &str, n: usize, env_var: &str, value: &str, tag: &str) -> Vec<Vec<i64>> {
+    let children: Vec<_> = (0..n)
+        .map(|_| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", child, "--nocapture", "--test-threads=1"])
+                .env(env_var, value)
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text
+                .lines()
+                .find_map(|l| l.split(tag).nth(1))
+                .unwrap_or_else(|| panic!("no report from a child: {text}"));
+            line.split_whitespace()
+                .map(|n| n.parse().unwrap())
+                .collect()
+        })
+        .collect()
+}
