@@ -1,5 +1,6 @@
 //! The Redis store against real redis-server processes (a standalone server and a
 //! 3-master Cluster).
+#![allow(clippy::disallowed_methods)] // tests time real servers
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
@@ -161,4 +162,261 @@ fn negative_cache_rejects_locally_until_the_retry_time() {
         assert!(limiter.check("k", 1).await.unwrap().allowed);
         assert_eq!(limiter.stats().redis_decisions, after.redis_decisions + 1);
     });
+}
+
+/// What a hammering task saw: (ms since the start, Redis decided (admit) or the
+/// failure policy did (reject), how long the call took in ms).
+type Trace = Vec<(u64, bool, u64)>;
+
+/// Hammers `key` from `tasks` tasks until `end_ms` after `start`, recording every
+/// decision.
+async fn hammer(
+    limiter: &RedisLimiter,
+    key: &str,
+    tasks: usize,
+    start: std::time::Instant,
+    end_ms: u64,
+) -> Trace {
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (limiter, key) = (limiter.clone(), key.to_owned());
+        handles.push(tokio::spawn(async move {
+            let mut trace = Trace::new();
+            while (start.elapsed().as_millis() as u64) < end_ms {
+                let t0 = start.elapsed();
+                let d = limiter
+                    .check(&key, 1)
+                    .await
+                    .expect("the failure policy answers");
+                let took = (start.elapsed() - t0).as_millis() as u64;
+                trace.push((t0.as_millis() as u64, d.allowed, took));
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            trace
+        }));
+    }
+    let mut all = Trace::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    all.sort();
+    all
+}
+
+/// Redis is killed under load and restarted: every call is answered within the
+/// timeout by the failure policy (fail-closed here: a reject) while it is down, and
+/// Redis decides again within one probe interval of its return.
+#[test]
+fn redis_killed_mid_load_then_restarted() {
+    use std::time::Duration;
+    let mut servers = RedisServers::standalone();
+    let rt = rt();
+    let limiter = rt.block_on(async {
+        let opts = tollgate::redis::RedisOptions {
+            timeout: Duration::from_millis(200),
+            ..Default::default()
+        };
+        let store = RedisStore::connect_with(&servers.url(), opts)
+            .await
+            .unwrap();
+        let opts = tollgate::redis::RedisLimiterOptions {
+            on_error: tollgate::redis::OnError::FailClosed,
+            probe_interval: Duration::from_millis(250),
+            ..Default::default()
+        };
+        // Redis admits everything: an admit means Redis decided, a reject the policy.
+        let rules = RuleSet::parse(&["fixed-window:limit=1000000,window=1h"]).unwrap();
+        RedisLimiter::with_options(store, "fault", rules, opts).unwrap()
+    });
+    let start = std::time::Instant::now();
+    let load = {
+        let limiter = limiter.clone();
+        std::thread::spawn(move || rt.block_on(hammer(&limiter, "k", 8, start, 3000)))
+    };
+    let ms = || start.elapsed().as_millis() as u64;
+    std::thread::sleep(Duration::from_millis(800));
+    let killed = ms();
+    servers.stop(0);
+    std::thread::sleep(Duration::from_millis(1000));
+    servers.restart(0);
+    let back = ms();
+    let trace = load.join().unwrap();
+    let before = trace.iter().filter(|e| e.0 < killed).count();
+    let first_reject = trace.iter().find(|e| !e.1).expect("the outage was seen").0;
+    let last_reject = trace.iter().rev().find(|e| !e.1).unwrap().0;
+    let recovered = trace.iter().find(|e| e.1 && e.0 > back).unwrap().0;
+    let slowest = trace.iter().map(|e| e.2).max().unwrap();
+    let stats = limiter.stats();
+    println!(
+        "{} calls; killed at {killed} ms, back at {back} ms; rejected (fail-closed) from \
+         {first_reject} to {last_reject} ms; Redis decided again at {recovered} ms \
+         ({} ms after its return); slowest call {slowest} ms; {stats:?}",
+        trace.len(),
+        recovered - back
+    );
+    // Redis decided (admitted) everything before the kill; the failure policy
+    // rejected from the kill on; Redis decided everything after its return.
+    assert!(before > 100 && trace.iter().take(before).all(|e| e.1));
+    assert!(first_reject >= killed, "{first_reject} < {killed}");
+    assert!(trace.iter().filter(|e| e.0 > last_reject).all(|e| e.1));
+    assert!(trace
+        .iter()
+        .filter(|e| e.0 >= killed + 50 && e.0 < back)
+        .all(|e| !e.1));
+    // No call waits much longer than the 200 ms timeout.
+    assert!(slowest <= 400, "a call took {slowest} ms");
+    assert_eq!((stats.outages, stats.recoveries), (1, 1));
+    // One probe per 250 ms reaches Redis: back within that (plus slack for a loaded
+    // two-core machine).
+    assert!(
+        recovered - back <= 400,
+        "recovered {} ms after",
+        recovered - back
+    );
+}
+
+/// One key's Cluster slot moves to another master while the key is hammered: the
+/// client follows ASK during the migration and MOVED after it, and the limit stays
+/// exact (the state moves with the key).
+#[test]
+fn cluster_slot_migration_under_load_keeps_the_limit_exact() {
+    use std::time::Duration;
+    let servers = RedisServers::cluster();
+    let node = |port: u16| {
+        redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    };
+    let mut conns: Vec<_> = servers.ports.iter().map(|&p| node(p)).collect();
+    let ids: Vec<String> = conns
+        .iter_mut()
+        .map(|c| redis::cmd("CLUSTER").arg("MYID").query(c).unwrap())
+        .collect();
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg("moving")
+        .query(&mut conns[0])
+        .unwrap();
+    let owner = (0..3)
+        .find(|&i| {
+            let n: i64 = redis::cmd("CLUSTER")
+                .arg("COUNTKEYSINSLOT")
+                .arg(slot)
+                .query(&mut conns[i])
+                .unwrap_or(-1);
+            n >= 0 && {
+                // The owner answers for the slot without redirecting.
+                let r: redis::RedisResult<Option<String>> =
+                    redis::cmd("GET").arg("{moving}probe").query(&mut conns[i]);
+                r.is_ok()
+            }
+        })
+        .unwrap();
+    let target = (owner + 1) % 3;
+
+    let rt = rt();
+    let limiter = rt.block_on(async {
+        let store = RedisStore::connect(&servers.url()).await.unwrap();
+        let rules = RuleSet::parse(&[
+            "fixed-window:limit=500,window=1h",
+            "gcra:rate=100000/s,burst=100000",
+        ])
+        .unwrap();
+        RedisLimiter::new(store, "mig", rules).unwrap()
+    });
+    let errors = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let load = {
+        let (limiter, errors) = (limiter.clone(), errors.clone());
+        std::thread::spawn(move || {
+            rt.block_on(async move {
+                let mut tasks = Vec::new();
+                for _ in 0..4 {
+                    let (limiter, errors) = (limiter.clone(), errors.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let start = std::time::Instant::now();
+                        let mut admitted = 0u64;
+                        while start.elapsed() < Duration::from_millis(2500) {
+                            match limiter.check("moving", 1).await {
+                                Ok(d) => admitted += u64::from(d.allowed),
+                                Err(e) => {
+                                    if errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                                        % 50
+                                        == 0
+                                    {
+                                        eprintln!("ERR {:?} {e}", start.elapsed());
+                                    }
+                                }
+                            }
+                            // ~1 call per ms per task: 500 admits take ~150 ms of the run.
+                            tokio::time::sleep(Duration::from_millis(3)).await;
+                        }
+                        admitted
+                    }));
+                }
+                let mut sum = 0;
+                for t in tasks {
+                    sum += t.await.unwrap();
+                }
+                sum
+            })
+        })
+    };
+    let setslot = |c: &mut redis::Connection, how: &str, id: &str| {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(how)
+            .arg(id)
+            .query(c)
+            .unwrap();
+    };
+    // As `redis-cli --cluster reshard` moves a slot: importing, migrating, the keys,
+    // then the slot's new owner announced to every node.
+    std::thread::sleep(Duration::from_millis(400));
+    setslot(&mut conns[target], "IMPORTING", &ids[owner]);
+    setslot(&mut conns[owner], "MIGRATING", &ids[target]);
+    // Calls meanwhile run on the owner (the keys are still there) or get ASK.
+    std::thread::sleep(Duration::from_millis(100));
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut conns[owner])
+        .unwrap();
+    assert!(
+        keys.iter().any(|k| k.ends_with(":0.4")),
+        "the window's state lives in the slot: {keys:?}"
+    );
+    let _: () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(servers.ports[target])
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query(&mut conns[owner])
+        .unwrap();
+    // The keys live on the target now; the owner answers ASK (and the target TRYAGAIN
+    // while a policy's key is missing there) until the slot is handed over.
+    std::thread::sleep(Duration::from_millis(20));
+    for c in conns.iter_mut() {
+        setslot(c, "NODE", &ids[target]);
+    }
+    let admitted = load.join().unwrap();
+    let errors = errors.load(std::sync::atomic::Ordering::Relaxed);
+    println!("admitted {admitted}, errors {errors}");
+    let moved: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut conns[target])
+        .unwrap();
+    assert!(
+        moved.iter().any(|k| k.ends_with(":0.4")),
+        "the window's state moved to the target: {moved:?}"
+    );
+    assert_eq!(admitted, 500, "exact across the move");
+    assert_eq!(errors, 0, "ASK and MOVED were followed");
 }
