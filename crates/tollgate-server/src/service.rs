@@ -161,6 +161,24 @@ impl RedisCounters {
         Ok(limit.redis.get().expect("set above"))
     }
 
+    /// Makes the limiter of every limit of `rules` (kept in the limit, so these are
+    /// the ones used): a limit the Redis scripts cannot keep is refused, at start-up
+    /// and on reload alike.
+    fn prepare(&self, rules: &Rules) -> Result<(), crate::rules::RulesError> {
+        for (domain, _) in rules.domains() {
+            for limit in rules.limits(domain) {
+                if limit.rules.is_some() {
+                    self.limiter(&limit)
+                        .map_err(|e| crate::rules::RulesError::Invalid {
+                            path: limit.path.clone(),
+                            message: format!("with store redis: {e}"),
+                        })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn stats(&self) -> tollgate::redis::RedisStats {
         let made = self.made.lock().unwrap_or_else(|e| e.into_inner());
         let mut sum = tollgate::redis::RedisStats::default();
@@ -215,18 +233,7 @@ impl DecisionService {
             negative_cache: store.negative_cache,
             made: Mutex::new(Vec::new()),
         };
-        // Every limit must be one the Redis scripts can keep: refuse at start-up (the
-        // limiters made here are the ones used).
-        let rules = self.rules.load_full();
-        for (domain, _) in rules.domains() {
-            for limit in rules.limits(domain) {
-                if limit.rules.is_some() {
-                    redis
-                        .limiter(&limit)
-                        .map_err(|e| anyhow::anyhow!("{}: {e}", limit.path))?;
-                }
-            }
-        }
+        redis.prepare(&self.rules.load())?;
         self.redis = Some(redis);
         Ok(self)
     }
@@ -254,6 +261,12 @@ impl DecisionService {
         match Rules::load(&self.sources, self.options) {
             Ok(mut rules) => {
                 rules.adopt(&self.rules.load());
+                if let Some(redis) = &self.redis {
+                    if let Err(e) = redis.prepare(&rules) {
+                        self.metrics.reload(false);
+                        return Err(e);
+                    }
+                }
                 self.rules.store(Arc::new(rules));
                 self.metrics.reload(true);
                 Ok(())

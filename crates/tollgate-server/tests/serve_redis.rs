@@ -261,3 +261,28 @@ fn replay_on_redis_prints_what_memory_prints() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_refuses_a_policy_the_redis_store_cannot_keep() {
+    let redis = RedisServers::standalone();
+    let dir = config(&format!("  kind: redis\n  url: {}\n", redis.url()));
+    let server = start(&dir.path.join("tollgate.yaml"));
+    assert_eq!(check(&server, "user", "carol").await.0, 200);
+    // A concurrency policy is not a decision the script keeps (it is a lease).
+    std::fs::write(
+        dir.path.join("rules.yaml"),
+        "domain: shared\ndescriptors:\n  - key: user\n    policies: [\"concurrency:limit=3\"]\n",
+    )
+    .unwrap();
+    let (status, body) = send(&server, "POST", "/v1/reload", "").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("with store redis") && body.contains("concurrency"),
+        "{body}"
+    );
+    // The old rules stay in force, with their counts.
+    for _ in 0..4 {
+        assert_eq!(check(&server, "user", "carol").await.0, 200);
+    }
+    assert_eq!(check(&server, "user", "carol").await.0, 429);
+}
