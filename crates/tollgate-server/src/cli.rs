@@ -105,6 +105,11 @@ struct ProxyArgs {
     /// The listen address [default: the config's, else 127.0.0.1:8000].
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+    /// Where counters live: memory, redis://host:port/db or
+    /// redis+cluster://host:port,host:port (proxies on one Redis share their limits).
+    /// Overrides the config file's store.
+    #[arg(long)]
+    store: Option<String>,
 }
 
 #[derive(Debug, Parser)]
@@ -254,7 +259,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                      proxy:\n  listen: 127.0.0.1:8000\n  routes:\n    - name: api\n      match: {{ path_prefix: /api/ }}\n      upstream: http://127.0.0.1:9000\n      key: client_ip\n      policies: [\"limit-req:rate=10/s,burst=5,nodelay\"]"
                 );
             };
-            crate::proxy::run(&path, args.listen)
+            crate::proxy::run(&path, args.listen, args.store.as_deref())
         }
         Command::Bench(bench) => {
             let runtime = tokio::runtime::Builder::new_multi_thread()

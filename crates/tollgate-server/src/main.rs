@@ -18,6 +18,15 @@ mod simulate;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Library events (Redis outages and recoveries, lost leases) to stderr; RUST_LOG
+    // filters (default: warnings and errors).
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
     let cli = <cli::Cli as clap::Parser>::parse();
     match cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

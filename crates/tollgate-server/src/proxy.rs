@@ -15,10 +15,17 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use ipnet::IpNet;
 use serde::Deserialize;
+use tollgate::redis::{
+    PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisLimiter,
+    RedisLimiterOptions, RedisPermit, RedisStore,
+};
 use tollgate::{
     ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit, KeyedLimiter, KeyedOptions,
     Policy, RuleSet,
 };
+
+/// Counters in Redis: the connection and the `store:` settings (failure policy, ...).
+type RedisBackend = (RedisStore, crate::serve::Store);
 
 /// The `proxy:` section.
 #[derive(Debug, Deserialize)]
@@ -127,8 +134,32 @@ enum KeyPart {
 struct Limits {
     /// "default", or the tier's name (shown as the RateLimit policy name).
     name: String,
-    limiter: KeyedLimiter<String>,
+    counter: Counter,
     window_s: u64,
+}
+
+/// Where a route's rate counters live.
+enum Counter {
+    Memory(KeyedLimiter<String>),
+    Redis(RedisLimiter),
+}
+
+/// Where a route's `limit_conn` permits live.
+enum Conns {
+    Memory(KeyedConcurrencyLimiter<String>),
+    Redis(RedisConcurrencyLimiter),
+}
+
+/// A held `limit_conn` permit.
+enum ConnPermit {
+    Memory(#[allow(dead_code)] KeyedConcurrencyPermit<String>),
+    Redis(#[allow(dead_code)] RedisPermit),
+}
+
+/// The Redis name of a route's counters: `proxy.ROUTE.PART` (no braces: they would
+/// move the hash tag).
+fn redis_name(route: &str, part: &str) -> String {
+    format!("proxy.{route}.{part}").replace(['{', '}'], "_")
 }
 
 struct Route {
@@ -140,7 +171,7 @@ struct Route {
     key: Vec<KeyPart>,
     default: Option<Limits>,
     tiers: Vec<(Vec<String>, Limits)>,
-    conns: Option<KeyedConcurrencyLimiter<String>>,
+    conns: Option<Conns>,
     status: StatusCode,
     /// The problem+json body of a rate-limit reject, built once.
     reject_body: bytes::Bytes,
@@ -161,10 +192,11 @@ struct Proxy {
 }
 
 fn limits(
-    name: &str,
+    (route, name): (&str, &str),
     specs: &[String],
     at: &str,
     options: KeyedOptions,
+    redis: Option<&RedisBackend>,
 ) -> anyhow::Result<Option<Limits>> {
     if specs.is_empty() {
         return Ok(None);
@@ -177,11 +209,56 @@ fn limits(
         .max()
         .unwrap_or(0)
         .div_ceil(1_000_000);
+    let counter = match redis {
+        None => Counter::Memory(KeyedLimiter::with_options(
+            rules,
+            options,
+            tollgate::MonotonicClock::new(),
+        )),
+        Some((store, config)) => {
+            let opts = RedisLimiterOptions {
+                on_error: config.on_error(&rules)?,
+                negative_cache: config.negative_cache,
+                ..Default::default()
+            };
+            let name = redis_name(route, name);
+            Counter::Redis(
+                RedisLimiter::with_options(store.clone(), &name, rules, opts)
+                    .map_err(|e| anyhow::anyhow!("{at}.policies (store redis): {e}"))?,
+            )
+        }
+    };
     Ok(Some(Limits {
         name: name.to_string(),
-        limiter: KeyedLimiter::with_options(rules, options, tollgate::MonotonicClock::new()),
+        counter,
         window_s,
     }))
+}
+
+fn conns(
+    route: &str,
+    limit: u32,
+    options: KeyedOptions,
+    redis: Option<&RedisBackend>,
+) -> anyhow::Result<Conns> {
+    let Some((store, config)) = redis else {
+        return Ok(Conns::Memory(KeyedConcurrencyLimiter::new(
+            limit,
+            options.max_keys,
+        )));
+    };
+    let rules = RuleSet::parse(&[format!("concurrency:limit={limit}")])
+        .map_err(|e| anyhow::anyhow!("limit_conn: {e}"))?;
+    let opts = RedisConcurrencyOptions {
+        on_error: config.on_error(&rules)?,
+        ..Default::default()
+    };
+    Ok(Conns::Redis(RedisConcurrencyLimiter::with_options(
+        store.clone(),
+        &redis_name(route, "conn"),
+        limit,
+        opts,
+    )?))
 }
 
 fn key_parts(spec: &str, at: &str) -> anyhow::Result<Vec<KeyPart>> {
@@ -211,6 +288,7 @@ impl Shared {
         config: ProxyConfig,
         options: KeyedOptions,
         old: Option<&Shared>,
+        redis: Option<&RedisBackend>,
     ) -> anyhow::Result<Self> {
         if config.routes.is_empty() {
             anyhow::bail!("proxy.routes: at least one route is needed");
@@ -242,26 +320,29 @@ impl Shared {
                     .ok_or_else(|| {
                         anyhow::anyhow!("{at}.status: {} is not a 4xx or 5xx status", r.status)
                     })?;
-                let tiers =
-                    r.tiers
-                        .iter()
-                        .enumerate()
-                        .map(|(t, tier)| {
-                            let at = format!("{at}.tiers[{t}]");
-                            let l = limits(&tier.name, &tier.policies, &at, options)?.ok_or_else(
-                                || anyhow::anyhow!("{at}.policies: needs at least one policy"),
-                            )?;
-                            Ok((tier.values.clone(), l))
-                        })
-                        .collect::<anyhow::Result<_>>()?;
+                let tiers = r
+                    .tiers
+                    .iter()
+                    .enumerate()
+                    .map(|(t, tier)| {
+                        let at = format!("{at}.tiers[{t}]");
+                        let l = limits((&r.name, &tier.name), &tier.policies, &at, options, redis)?
+                            .ok_or_else(|| {
+                                anyhow::anyhow!("{at}.policies: needs at least one policy")
+                            })?;
+                        Ok((tier.values.clone(), l))
+                    })
+                    .collect::<anyhow::Result<_>>()?;
                 Ok(Arc::new(Route {
                     config: route_config,
                     key: key_parts(&r.key, &at)?,
-                    default: limits("default", &r.policies, &at, options)?,
+                    default: limits((&r.name, "default"), &r.policies, &at, options, redis)?,
                     tiers,
                     conns: r
                         .limit_conn
-                        .map(|n| KeyedConcurrencyLimiter::new(n, options.max_keys)),
+                        .map(|n| conns(&r.name, n, options, redis))
+                        .transpose()
+                        .map_err(|e| anyhow::anyhow!("{at}.limit_conn: {e:#}"))?,
                     name: r.name,
                     matcher: r.matcher,
                     upstream,
@@ -388,7 +469,7 @@ async fn handle(
     };
     let key = key_of(route, &shared, peer.ip(), &req);
     let mut headers_out = HeaderMap::new();
-    let mut _permit: Option<KeyedConcurrencyPermit<String>> = None;
+    let mut _permit: Option<ConnPermit> = None;
     if !key.is_empty() {
         let limits = route
             .tiers
@@ -397,10 +478,16 @@ async fn handle(
             .map(|(_, l)| l)
             .or(route.default.as_ref());
         if let Some(l) = limits {
-            let d = match l.limiter.check_n(key.as_str(), 1) {
-                Ok(d) => d,
-                Err(_) => tollgate::Decision::rejected(0, 0, 0, None),
-            };
+            let d = match &l.counter {
+                Counter::Memory(limiter) => limiter.check_n(key.as_str(), 1),
+                Counter::Redis(limiter) => match limiter.check(&key, 1).await {
+                    Ok(d) => Ok(d),
+                    // Redis failed under `on_error: error`: say so (a dry run forwards).
+                    Err(_) if route.dry_run => Ok(tollgate::Decision::admitted(0, 0, 0, 0)),
+                    Err(e) => return store_unavailable(&e),
+                },
+            }
+            .unwrap_or_else(|_| tollgate::Decision::rejected(0, 0, 0, None));
             rate_headers(&mut headers_out, route.headers, &d, l);
             if !d.allowed && !route.dry_run {
                 let mut r =
@@ -413,16 +500,24 @@ async fn handle(
                 tokio::time::sleep(Duration::from_micros(d.wait_us)).await;
             }
         }
-        if let Some(conns) = &route.conns {
-            match conns.try_acquire(key.as_str(), 1) {
-                Ok(p) => _permit = Some(p),
+        let busy = || problem(route.status, "too many concurrent requests", None);
+        match &route.conns {
+            None => {}
+            Some(Conns::Memory(conns)) => match conns.try_acquire(key.as_str(), 1) {
+                Ok(p) => _permit = Some(ConnPermit::Memory(p)),
                 Err(ConcurrencyError::Busy { .. }) | Err(ConcurrencyError::TooManyKeys { .. })
                     if !route.dry_run =>
                 {
-                    return problem(route.status, "too many concurrent requests", None);
+                    return busy();
                 }
                 Err(_) => {}
-            }
+            },
+            Some(Conns::Redis(conns)) => match conns.try_acquire(&key, 1).await {
+                Ok(p) => _permit = Some(ConnPermit::Redis(p)),
+                Err(_) if route.dry_run => {}
+                Err(PermitError::Denied(_)) => return busy(),
+                Err(PermitError::Store(e)) => return store_unavailable(&e),
+            },
         }
     }
     // Forward.
@@ -505,7 +600,7 @@ fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &tollgate::Decis
 /// A response body that holds a `limit_conn` permit until it ends (or is dropped).
 struct Held {
     body: hyper::body::Incoming,
-    _permit: Option<KeyedConcurrencyPermit<String>>,
+    _permit: Option<ConnPermit>,
 }
 
 impl http_body::Body for Held {
@@ -526,6 +621,17 @@ impl http_body::Body for Held {
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
     }
+}
+
+/// 503 when the Redis store failed and its failure policy is `error`.
+fn store_unavailable(e: &dyn std::fmt::Display) -> Response {
+    // The limiter logs the outage itself, once; this is per request.
+    tracing::debug!(error = %e, "tollgate proxy: rate-limit store unavailable");
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "rate limit store unavailable",
+        None,
+    )
 }
 
 /// A small problem+json response (RFC 9457).
@@ -562,7 +668,9 @@ fn problem_response(
 }
 
 /// Loads the `proxy:` section of a main config.
-pub fn load(path: &std::path::Path) -> anyhow::Result<(ProxyConfig, KeyedOptions)> {
+pub fn load(
+    path: &std::path::Path,
+) -> anyhow::Result<(ProxyConfig, KeyedOptions, crate::serve::Store)> {
     let mut main = crate::serve::MainConfig::load(path)?;
     let options = main.key_options();
     let proxy = main.proxy.take().ok_or_else(|| {
@@ -571,21 +679,44 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<(ProxyConfig, KeyedOptions
             path.display()
         )
     })?;
-    Ok((proxy, options))
+    Ok((proxy, options, main.store))
 }
 
 /// Runs the proxy until SIGTERM or Ctrl-C: one single-threaded runtime per CPU, each
 /// accepting on its own `SO_REUSEPORT` socket with its own upstream pool (as nginx's
 /// workers), sharing the routes and their limiters.
-pub fn run(path: &std::path::Path, listen: Option<SocketAddr>) -> anyhow::Result<()> {
-    let (config, options) = load(path)?;
+pub fn run(
+    path: &std::path::Path,
+    listen: Option<SocketAddr>,
+    store_flag: Option<&str>,
+) -> anyhow::Result<()> {
+    let (config, options, store) = load(path)?;
+    let store = store.with_flag(store_flag)?;
     let addr = listen
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
-    let shared = Arc::new(ArcSwap::from_pointee(Shared::new(config, options, None)?));
+    // The Redis connection lives on a runtime of its own, alive as long as the proxy
+    // (a Cluster connection's driver task runs there).
+    let redis_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("tollgate-redis")
+        .enable_all()
+        .build()?;
+    let redis: Option<RedisBackend> = match store.kind {
+        crate::serve::StoreKind::Memory => None,
+        crate::serve::StoreKind::Redis => {
+            Some((redis_runtime.block_on(store.connect())?, store.clone()))
+        }
+    };
+    let shared = Arc::new(ArcSwap::from_pointee(Shared::new(
+        config,
+        options,
+        None,
+        redis.as_ref(),
+    )?));
     let reloader = {
-        let (shared, path) = (shared.clone(), path.to_path_buf());
-        std::thread::spawn(move || watch(&path, &shared))
+        let (shared, path, redis) = (shared.clone(), path.to_path_buf(), redis.clone());
+        std::thread::spawn(move || watch(&path, &shared, redis.as_ref()))
     };
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The first worker binds (resolving port 0) and reports the address.
@@ -634,21 +765,24 @@ pub fn run(path: &std::path::Path, listen: Option<SocketAddr>) -> anyhow::Result
         threads.push(spawn(bound, None));
     }
     println!(
-        "tollgate proxy: listening on http://{bound} ({} route(s), {workers} worker(s))",
-        shared.load().routes.len()
+        "tollgate proxy: listening on http://{bound} ({} route(s), {workers} worker(s), {})",
+        shared.load().routes.len(),
+        store.describe()
     );
     for t in threads {
         t.join()
             .map_err(|_| anyhow::anyhow!("a proxy worker panicked"))??;
     }
     drop(reloader); // it ends with the process
+    drop(redis_runtime);
     Ok(())
 }
 
 /// Reloads the `proxy:` section on SIGHUP and when the file changes (checked every
 /// second). A bad file is rejected with a logged error and the old routes stay;
-/// unchanged routes keep their counters.
-fn watch(path: &std::path::Path, shared: &ArcSwap<Shared>) {
+/// unchanged routes keep their counters. The store stays the one the proxy started
+/// with (a changed `store:` section takes a restart).
+fn watch(path: &std::path::Path, shared: &ArcSwap<Shared>, redis: Option<&RedisBackend>) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -656,8 +790,9 @@ fn watch(path: &std::path::Path, shared: &ArcSwap<Shared>) {
         return;
     };
     let reload = |reason: &str| {
-        let reloaded = load(path)
-            .and_then(|(config, options)| Shared::new(config, options, Some(&shared.load())));
+        let reloaded = load(path).and_then(|(config, options, _)| {
+            Shared::new(config, options, Some(&shared.load()), redis)
+        });
         match reloaded {
             Ok(new) => {
                 shared.store(Arc::new(new));

@@ -144,6 +144,37 @@ impl Store {
         Ok(self)
     }
 
+    /// Connects to the configured Redis (a single node lazily; a Cluster must answer).
+    pub async fn connect(&self) -> anyhow::Result<tollgate::redis::RedisStore> {
+        let url = self.url.as_deref().unwrap_or_default();
+        let mut opts = tollgate::redis::RedisOptions::default();
+        if let Some(t) = self.timeout {
+            opts.timeout = std::time::Duration::from_micros(t);
+        }
+        if let Some(p) = &self.prefix {
+            opts.prefix = p.clone();
+        }
+        Ok(tollgate::redis::RedisStore::connect_with(url, opts).await?)
+    }
+
+    /// The failure policy of a limit of `rules` (`local`: its `1/local_share`).
+    pub fn on_error(
+        &self,
+        rules: &tollgate::RuleSet,
+    ) -> Result<tollgate::redis::OnError, tollgate::redis::StoreError> {
+        use tollgate::redis::{OnError, StoreError};
+        Ok(match self.on_error {
+            OnErrorDoc::Error => OnError::Error,
+            OnErrorDoc::FailOpen => OnError::FailOpen,
+            OnErrorDoc::FailClosed => OnError::FailClosed,
+            OnErrorDoc::Local => OnError::Local(
+                rules
+                    .share(self.local_share.unwrap_or(1))
+                    .map_err(StoreError::Unsupported)?,
+            ),
+        })
+    }
+
     /// A short description for the start-up banner.
     pub fn describe(&self) -> String {
         match self.kind {

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use tollgate::redis::{OnError, RedisLimiter, RedisLimiterOptions, RedisStore, StoreError};
+use tollgate::redis::{RedisLimiter, RedisLimiterOptions, RedisStore, StoreError};
 use tollgate::{CheckError, Decision, KeyedError, Op};
 
 use crate::metrics::{Metrics, Outcome};
@@ -116,9 +116,7 @@ pub struct DecisionService {
 /// and kept in the limit itself ([`Limit::redis`]).
 struct RedisCounters {
     store: RedisStore,
-    on_error: crate::serve::OnErrorDoc,
-    local_share: u64,
-    negative_cache: bool,
+    config: crate::serve::Store,
     /// Every limiter made, for the metrics' sums (a reloaded definition's limiter
     /// stays: its counts are part of the totals).
     made: Mutex<Vec<RedisLimiter>>,
@@ -133,20 +131,9 @@ impl RedisCounters {
             .rules
             .clone()
             .ok_or_else(|| StoreError::Unsupported(format!("{}: no rules to count", limit.path)))?;
-        use crate::serve::OnErrorDoc;
-        let on_error = match self.on_error {
-            OnErrorDoc::Error => OnError::Error,
-            OnErrorDoc::FailOpen => OnError::FailOpen,
-            OnErrorDoc::FailClosed => OnError::FailClosed,
-            OnErrorDoc::Local => OnError::Local(
-                rules
-                    .share(self.local_share)
-                    .map_err(StoreError::Unsupported)?,
-            ),
-        };
         let options = RedisLimiterOptions {
-            on_error,
-            negative_cache: self.negative_cache,
+            on_error: self.config.on_error(&rules)?,
+            negative_cache: self.config.negative_cache,
             ..Default::default()
         };
         // The limit's path names its counters; braces would move the hash tag.
@@ -218,19 +205,9 @@ impl DecisionService {
     /// Keeps counters in Redis as `store` says (connects now; a single node may still
     /// be down, a Cluster must answer).
     pub async fn with_redis(mut self, store: &crate::serve::Store) -> anyhow::Result<Self> {
-        let url = store.url.as_deref().unwrap_or_default();
-        let mut opts = tollgate::redis::RedisOptions::default();
-        if let Some(t) = store.timeout {
-            opts.timeout = std::time::Duration::from_micros(t);
-        }
-        if let Some(p) = &store.prefix {
-            opts.prefix = p.clone();
-        }
         let redis = RedisCounters {
-            store: RedisStore::connect_with(url, opts).await?,
-            on_error: store.on_error,
-            local_share: store.local_share.unwrap_or(1),
-            negative_cache: store.negative_cache,
+            store: store.connect().await?,
+            config: store.clone(),
             made: Mutex::new(Vec::new()),
         };
         redis.prepare(&self.rules.load())?;

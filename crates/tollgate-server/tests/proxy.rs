@@ -344,3 +344,52 @@ async fn limit_conn_holds_the_permit_until_the_response_body_ends() {
     assert_eq!((first.status().as_u16(), first.body().len()), (200, 4000));
     assert_eq!(get_as(&proxy, "/api/x", Some("s")).await.status(), 200);
 }
+
+#[path = "../../tollgate/tests/support/redis_server.rs"]
+mod redis_server;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
+    let mut redis = redis_server::RedisServers::standalone();
+    let up = upstream().await;
+    let cfg = format!(
+        "store:\n  kind: redis\n  url: {}\n  timeout: 200ms\n{}",
+        redis.url(),
+        config(
+            &up,
+            "      policies: [\"limit-req:rate=1/m,burst=2,nodelay\"]\n      limit_conn: 1\n"
+        )
+    );
+    let (a, b) = (start(&cfg), start(&cfg));
+    let mut codes = Vec::new();
+    for i in 0..6 {
+        let p = if i % 2 == 0 { &a } else { &b };
+        codes.push(get_as(p, "/api/x", Some("k")).await.status().as_u16());
+    }
+    // 1 + burst 2 for the key, whichever proxy is asked (limit_req: nodelay).
+    assert_eq!(codes, [200, 200, 200, 429, 429, 429]);
+    // One request in flight per key across both proxies.
+    let (x, y) = tokio::join!(
+        get_as(&a, "/api/slow", Some("c")),
+        get_as(&b, "/api/slow", Some("c"))
+    );
+    let mut conn_codes = [x.status().as_u16(), y.status().as_u16()];
+    conn_codes.sort();
+    assert_eq!(conn_codes, [200, 429]);
+    let busy = String::from_utf8_lossy(if x.status() == 429 {
+        x.body()
+    } else {
+        y.body()
+    })
+    .into_owned();
+    assert!(busy.contains("too many concurrent requests"), "{busy}");
+    // The permit came back when the response ended (released in one round trip from
+    // a spawned task): the key may go again.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(get_as(&b, "/api/slow", Some("c")).await.status(), 200);
+    // Redis down under `on_error: error` (the default): 503 naming the store.
+    redis.stop(0);
+    let down = get_as(&a, "/api/x", Some("other")).await;
+    assert_eq!(down.status(), 503);
+    assert!(String::from_utf8_lossy(down.body()).contains("rate limit store unavailable"));
+}
