@@ -697,15 +697,16 @@ pub fn run(
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
     // The Redis connection lives on a runtime of its own, alive as long as the proxy
     // (a Cluster connection's driver task runs there).
-    let redis_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("tollgate-redis")
-        .enable_all()
-        .build()?;
-    let redis: Option<RedisBackend> = match store.kind {
-        crate::serve::StoreKind::Memory => None,
+    let (redis_runtime, redis): (_, Option<RedisBackend>) = match store.kind {
+        crate::serve::StoreKind::Memory => (None, None),
         crate::serve::StoreKind::Redis => {
-            Some((redis_runtime.block_on(store.connect())?, store.clone()))
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("tollgate-redis")
+                .enable_all()
+                .build()?;
+            let connected = runtime.block_on(store.connect())?;
+            (Some(runtime), Some((connected, store.clone())))
         }
     };
     let shared = Arc::new(ArcSwap::from_pointee(Shared::new(

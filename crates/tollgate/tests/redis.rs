@@ -5,17 +5,9 @@
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
-use redis_server::RedisServers;
+use redis_server::{rt, RedisServers};
 use tollgate::redis::{RedisLimiter, RedisStore};
 use tollgate::{Op, RuleSet};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn gcra_burst_then_reject_with_redis_time() {

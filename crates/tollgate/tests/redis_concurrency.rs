@@ -10,20 +10,12 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redis_server::RedisServers;
+use redis_server::{rt, RedisServers};
 use tollgate::redis::{
     OnError, PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisOptions,
     RedisStore,
 };
 use tollgate::{ConcurrencyError, RuleSet};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn busy(r: Result<tollgate::redis::RedisPermit, PermitError>) -> bool {
     matches!(r, Err(PermitError::Denied(ConcurrencyError::Busy { .. })))

@@ -291,10 +291,7 @@ impl RedisLimiter {
     /// nonce is fixed).
     pub fn script_call(&self, key: &str, cost: u64) -> (Vec<String>, Vec<String>) {
         let compiled = self.inner.compiled.load();
-        let keys = self
-            .inner
-            .store
-            .keys(self.inner.health.name(), key, &compiled.wire.suffixes);
+        let keys = self.keys(key, &compiled.wire);
         let margin = self
             .inner
             .store
@@ -330,10 +327,7 @@ impl RedisLimiter {
         let compiled = self.inner.compiled.load_full();
         let (rules, wire) = (&compiled.rules, &compiled.wire);
         wire.check_cost(rules, cost)?;
-        let keys = self
-            .inner
-            .store
-            .keys(self.inner.health.name(), key, &wire.suffixes);
+        let keys = self.keys(key, wire);
         let reply = self
             .inner
             .store
@@ -356,10 +350,7 @@ impl RedisLimiter {
     /// Gives back `cost` units admitted earlier to every policy of `key`.
     pub async fn refund(&self, key: &str, cost: u64) -> Result<(), StoreError> {
         let compiled = self.inner.compiled.load_full();
-        let keys = self
-            .inner
-            .store
-            .keys(self.inner.health.name(), key, &compiled.wire.suffixes);
+        let keys = self.keys(key, &compiled.wire);
         lock(&self.inner.negative).remove(key);
         self.inner
             .store
@@ -380,12 +371,14 @@ impl RedisLimiter {
     /// Forgets `key`'s state in Redis.
     pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
         let compiled = self.inner.compiled.load_full();
-        let keys = self
-            .inner
-            .store
-            .keys(self.inner.health.name(), key, &compiled.wire.suffixes);
+        let keys = self.keys(key, &compiled.wire);
         lock(&self.inner.negative).remove(key);
         self.inner.store.delete(&keys).await
+    }
+
+    /// The Redis keys of `key`'s states.
+    fn keys(&self, key: &str, wire: &Wire) -> Vec<String> {
+        (self.inner.store).keys(self.inner.health.name(), key, &wire.suffixes)
     }
 
     fn fallback(

@@ -186,3 +186,12 @@ pub fn run_children(child: &str, n: usize, env_var: &str, value: &str, tag: &str
         })
         .collect()
 }
+
+/// A two-worker tokio runtime, as the tests' clients use.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
