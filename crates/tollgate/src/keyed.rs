@@ -7,6 +7,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use arc_swap::ArcSwap;
 use hashbrown::HashTable;
+
+use crate::words::Words;
 use tollgate_core::algorithms::GcraState;
 use tollgate_core::{
     CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
@@ -90,6 +92,7 @@ enum Outcome {
 }
 
 impl Outcome {
+    #[inline(always)]
     fn decision(self) -> Decision {
         match self {
             Outcome::One(d) => d,
@@ -122,7 +125,7 @@ struct Shard<K> {
     version: u64,
     /// GCRA fast path: one TAT per key, updated by compare-and-swap under the shard's
     /// read lock.
-    words: HashTable<(K, AtomicU64)>,
+    words: Words<K>,
     /// Every other configuration: one state per policy.
     states: HashTable<(K, Vec<PolicyState>)>,
     sweep: Sweep,
@@ -148,7 +151,10 @@ struct Inner<K, C> {
     config: ArcSwap<Config>,
     version: AtomicU64,
     shards: Box<[Padded<RwLock<Shard<K>>>]>,
-    shard_shift: u32,
+    /// `shards - 1`: a shard is picked by hash bits 32.. (hashbrown takes its bucket
+    /// from the low bits and its tag from the top seven, which must stay varied
+    /// within a shard).
+    shard_mask: usize,
     hasher: foldhash::fast::RandomState,
     per_shard: usize,
     options: KeyedOptions,
@@ -160,8 +166,10 @@ struct Inner<K, C> {
 /// One limit per key: any `Hash + Eq` key, including compound keys such as
 /// `(route, user_id)`. `Send + Sync`, cheap to clone (every clone shares the state).
 ///
-/// Keys live in a sharded hash map. A single GCRA policy keeps one u64 per key (16 bytes
-/// per entry with a u64 key); other policies and rule sets keep their states per key.
+/// Keys live in a sharded hash map. A single GCRA policy keeps one u64 per key; for
+/// plain keys (at most 16 bytes, owning no memory) each key sits beside its word in one
+/// flat array, so a check reads one cache line and an entry is 16 bytes for a u64 key
+/// (the array is 53-80 % full); other policies and rule sets keep their states per key.
 /// Memory is bounded by [`KeyedOptions::max_keys`]: fully replenished keys (which decide
 /// nothing) are dropped by a sweep of one shard at a time, when that shard has doubled
 /// or is full; if it is still full, the least recently active eighth of the shard is
@@ -218,7 +226,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
                 Padded(RwLock::new(Shard {
                     config: config.clone(),
                     version: 0,
-                    words: HashTable::new(),
+                    words: Words::default(),
                     states: HashTable::new(),
                     sweep: Sweep::default(),
                 }))
@@ -230,7 +238,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
                 config: ArcSwap::new(config),
                 version: AtomicU64::new(0),
                 shards: shard_vec,
-                shard_shift: 64 - shards.trailing_zeros(),
+                shard_mask: shards - 1,
                 hasher: foldhash::fast::RandomState::default(),
                 per_shard,
                 options: KeyedOptions {
@@ -311,9 +319,9 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             ..
         } = &mut *shard;
         if let Some(fast) = config.fast {
-            if let Some((_, tat)) = words.find_mut(hash, |(k, _)| k.borrow() == key) {
-                let t = tat.get_mut();
-                *t = fast.refunded(*t, now, cost);
+            if let Some(tat) = words.find(hash, |k| k.borrow() == key) {
+                let t = tat.load(Ordering::Relaxed);
+                tat.store(fast.refunded(t, now, cost), Ordering::Relaxed);
             }
         } else if let Some((_, states)) = states.find_mut(hash, |(k, _)| k.borrow() == key) {
             config.rules.refund(states, now, cost);
@@ -329,9 +337,10 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
         let mut shard = self.shard(hash, now);
-        if let Ok(e) = shard.words.find_entry(hash, |(k, _)| k.borrow() == key) {
-            e.remove();
-        }
+        let hasher = &self.inner.hasher;
+        shard
+            .words
+            .remove(hash, |k| k.borrow() == key, |k| hasher.hash_one(k));
         if let Ok(e) = shard.states.find_entry(hash, |(k, _)| k.borrow() == key) {
             e.remove();
         }
@@ -369,7 +378,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     fn shard_index(&self, hash: u64) -> usize {
-        (hash.checked_shr(self.inner.shard_shift).unwrap_or(0)) as usize
+        (hash >> 32) as usize & self.inner.shard_mask
     }
 
     /// Write-locks the shard of `hash`, bringing it to the current configuration.
@@ -409,7 +418,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         {
             let shard = self.shard_read(hash, now);
             if let Some(fast) = shard.config.fast {
-                if let Some((_, tat)) = shard.words.find(hash, |(k, _)| k.borrow() == key) {
+                if let Some(tat) = shard.words.find(hash, |k| k.borrow() == key) {
                     return Ok(Outcome::One(decide_word(&fast, tat, now, cost, op, peek)?));
                 }
                 let (new, d) = fast.decide(0, now, cost, op)?;
@@ -428,7 +437,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         } = &mut *shard;
         let hasher = &self.inner.hasher;
         if let Some(fast) = config.fast {
-            if let Some((_, tat)) = words.find(hash, |(k, _)| k.borrow() == key) {
+            if let Some(tat) = words.find(hash, |k| k.borrow() == key) {
                 // Inserted by another thread since the read lock.
                 return Ok(Outcome::One(decide_word(&fast, tat, now, cost, op, peek)?));
             }
@@ -436,9 +445,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             if !peek && new != 0 {
                 let load = |t: &AtomicU64| t.load(Ordering::Relaxed);
                 self.make_room(words, sweep, now, |t| load(t) <= now, load)?;
-                words.insert_unique(hash, (key.to_owned(), AtomicU64::new(new)), |(k, _)| {
-                    hasher.hash_one(k)
-                });
+                words.insert_unique(hash, key.to_owned(), new, |k| hasher.hash_one(k));
             }
             return Ok(Outcome::One(d));
         }
@@ -473,18 +480,19 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     /// least recently active eighth or refuses.
     fn make_room<S>(
         &self,
-        table: &mut HashTable<(K, S)>,
+        table: &mut impl SweepTable<K, S>,
         sweep: &mut Sweep,
         now: u64,
         idle: impl Fn(&S) -> bool,
         last_active: impl Fn(&S) -> u64,
     ) -> Result<(), KeyedError> {
+        let hasher = &self.inner.hasher;
         let len = table.len();
         let full = len >= self.inner.per_shard;
         let grown = len >= MIN_SWEEP && len >= 2 * sweep.len;
         let refusing = self.inner.options.on_full == OnFull::RefuseNew;
         if grown || (full && (!refusing || now >= sweep.not_before)) {
-            table.retain(|(_, s)| !idle(s));
+            table.keep(|s| !idle(s), hasher);
             let dropped = len - table.len();
             self.inner
                 .dropped_idle
@@ -501,20 +509,19 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             return Err(KeyedError::TooManyKeys { max });
         }
         // Entries sit at hash-determined places, so the first few are a fair sample.
-        let mut sample: Vec<u64> = table
-            .iter()
-            .take(EVICT_SAMPLE)
-            .map(|(_, s)| last_active(s))
-            .collect();
+        let mut sample: Vec<u64> = table.first(EVICT_SAMPLE).map(&last_active).collect();
         sample.sort_unstable();
         let cutoff = sample[(sample.len() / 8).min(sample.len() - 1)];
         let target = (table.len() / 8).max(1);
         let mut evicted = 0;
-        table.retain(|(_, s)| {
-            let evict = evicted < target && last_active(s) <= cutoff;
-            evicted += usize::from(evict);
-            !evict
-        });
+        table.keep(
+            |s| {
+                let evict = evicted < target && last_active(s) <= cutoff;
+                evicted += usize::from(evict);
+                !evict
+            },
+            hasher,
+        );
         self.inner
             .evicted
             .fetch_add(evicted as u64, Ordering::Relaxed);
@@ -549,6 +556,51 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             block(d.wait());
         }
         Ok(d)
+    }
+}
+
+/// What a sweep needs of a shard's table (the GCRA words or the states).
+trait SweepTable<K, S> {
+    fn len(&self) -> usize;
+    /// Keeps the entries whose state `keep` says yes to.
+    fn keep(&mut self, keep: impl FnMut(&S) -> bool, hasher: &foldhash::fast::RandomState);
+    /// The states of the first `n` entries (slots follow the hash: a fair sample).
+    fn first<'a>(&'a self, n: usize) -> impl Iterator<Item = &'a S>
+    where
+        S: 'a;
+}
+
+impl<K, S> SweepTable<K, S> for HashTable<(K, S)> {
+    fn len(&self) -> usize {
+        HashTable::len(self)
+    }
+
+    fn keep(&mut self, mut keep: impl FnMut(&S) -> bool, _: &foldhash::fast::RandomState) {
+        self.retain(|(_, s)| keep(s));
+    }
+
+    fn first<'a>(&'a self, n: usize) -> impl Iterator<Item = &'a S>
+    where
+        S: 'a,
+    {
+        self.iter().take(n).map(|(_, s)| s)
+    }
+}
+
+impl<K: Hash> SweepTable<K, AtomicU64> for Words<K> {
+    fn len(&self) -> usize {
+        Words::len(self)
+    }
+
+    fn keep(&mut self, keep: impl FnMut(&AtomicU64) -> bool, hasher: &foldhash::fast::RandomState) {
+        self.retain(keep, |k| hasher.hash_one(k));
+    }
+
+    fn first<'a>(&'a self, n: usize) -> impl Iterator<Item = &'a AtomicU64>
+    where
+        AtomicU64: 'a,
+    {
+        self.sample(n)
     }
 }
 
@@ -597,10 +649,8 @@ fn migrate<K: Hash + Eq>(
     let mut entries: Vec<(K, Vec<PolicyState>)> = shard
         .words
         .drain()
-        .map(|(k, tat)| {
-            let tat = tat.into_inner();
-            (k, vec![PolicyState::Gcra(GcraState { tat })])
-        })
+        .into_iter()
+        .map(|(k, tat)| (k, vec![PolicyState::Gcra(GcraState { tat })]))
         .chain(shard.states.drain())
         .collect();
     for (_, states) in entries.iter_mut() {
@@ -614,9 +664,7 @@ fn migrate<K: Hash + Eq>(
             (Some(_), Some(PolicyState::Gcra(g))) => {
                 shard
                     .words
-                    .insert_unique(hash, (k, AtomicU64::new(g.tat)), |(k, _)| {
-                        hasher.hash_one(k)
-                    });
+                    .insert_unique(hash, k, g.tat, |k| hasher.hash_one(k));
             }
             (Some(_), _) => {}
             (None, _) => {

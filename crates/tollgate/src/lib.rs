@@ -43,6 +43,7 @@ mod stream;
 #[cfg(feature = "tower")]
 pub mod tower;
 mod wait;
+mod words;
 
 pub use clock::TokioClock;
 pub use concurrency::{

@@ -1,0 +1,417 @@
+//! The keyed GCRA fast path's table: each key beside its TAT word in one flat array
+//! (open addressing, linear probing), so that a lookup reads the key and its state
+//! from the same cache line — one memory access where a control-byte table (hashbrown,
+//! governor's DashMap) needs two — and a slot costs the key plus 8 bytes, nothing
+//! more (16 bytes for a u64 key).
+//!
+//! An empty slot is marked by [`EMPTY`] in its word (a TAT never comes near it). The
+//! table grows by half when it is 80 % full, so the fill stays between 53 % and
+//! 80 %. A slot's home is `hash * capacity >> 64` (any capacity, not only powers of
+//! two), and removals re-place the rest of the cluster so no tombstones are left.
+//!
+//! Words are read and compare-and-swapped under the shard's read lock; inserts,
+//! removals and growth happen under its write lock (`&mut self`).
+//!
+//! [`Words`] picks the flat table for plain keys and hashbrown for keys that own
+//! memory (whose comparison would chase a pointer per probed slot).
+
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The word of an empty slot.
+pub(crate) const EMPTY: u64 = u64::MAX;
+
+struct Slot<K> {
+    word: AtomicU64,
+    key: MaybeUninit<K>,
+}
+
+impl<K> Slot<K> {
+    fn empty() -> Self {
+        Slot {
+            word: AtomicU64::new(EMPTY),
+            key: MaybeUninit::uninit(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.word.load(Ordering::Relaxed) == EMPTY
+    }
+
+    /// The key of an occupied slot.
+    fn key(&self) -> &K {
+        debug_assert!(!self.is_empty());
+        // SAFETY: a slot's key is initialised exactly while its word is not EMPTY
+        // (both are written together under `&mut`, see `put` and `take`).
+        unsafe { self.key.assume_init_ref() }
+    }
+}
+
+/// A map from keys to one `AtomicU64` each (see the module doc).
+pub(crate) struct WordTable<K> {
+    slots: Box<[Slot<K>]>,
+    len: usize,
+}
+
+impl<K> Default for WordTable<K> {
+    fn default() -> Self {
+        WordTable {
+            slots: Box::new([]),
+            len: 0,
+        }
+    }
+}
+
+impl<K> Drop for WordTable<K> {
+    fn drop(&mut self) {
+        if std::mem::needs_drop::<K>() {
+            for slot in self.slots.iter_mut().filter(|s| !s.is_empty()) {
+                // SAFETY: occupied, so initialised; dropped once, with the table.
+                unsafe { slot.key.assume_init_drop() };
+            }
+        }
+    }
+}
+
+impl<K> WordTable<K> {
+    /// Keys held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline(always)]
+    fn home(&self, hash: u64) -> usize {
+        ((u128::from(hash) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    #[inline(always)]
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.slots.len() {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    /// The word of the key `eq` picks out among those hashing to `hash`.
+    #[inline]
+    pub fn find(&self, hash: u64, eq: impl Fn(&K) -> bool) -> Option<&AtomicU64> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mut i = self.home(hash);
+        loop {
+            let slot = &self.slots[i];
+            if slot.is_empty() {
+                return None;
+            }
+            if eq(slot.key()) {
+                return Some(&slot.word);
+            }
+            i = self.next(i);
+        }
+    }
+
+    /// Inserts a key known to be absent, growing the table first when it is 80 %
+    /// full; `hasher` hashes the keys that move.
+    pub fn insert_unique(&mut self, hash: u64, key: K, word: u64, hasher: impl Fn(&K) -> u64) {
+        debug_assert_ne!(word, EMPTY);
+        if (self.len + 1) * 5 > self.slots.len() * 4 {
+            let grown = (self.slots.len() + self.slots.len() / 2).max(16);
+            self.rebuild(grown, &hasher);
+        }
+        self.put(hash, key, word);
+    }
+
+    /// Places an entry at the first empty slot from its home (the table has room).
+    fn put(&mut self, hash: u64, key: K, word: u64) {
+        let mut i = self.home(hash);
+        while !self.slots[i].is_empty() {
+            i = self.next(i);
+        }
+        let slot = &mut self.slots[i];
+        slot.key = MaybeUninit::new(key);
+        *slot.word.get_mut() = word;
+        self.len += 1;
+    }
+
+    /// Empties slot `i` (occupied), returning its entry.
+    fn take(&mut self, i: usize) -> (K, u64) {
+        let slot = &mut self.slots[i];
+        let word = std::mem::replace(slot.word.get_mut(), EMPTY);
+        // SAFETY: the slot was occupied (initialised key); its word now says empty,
+        // so the key is read out exactly once.
+        let key = unsafe { slot.key.assume_init_read() };
+        self.len -= 1;
+        (key, word)
+    }
+
+    /// Moves every entry into a table of `capacity` slots.
+    fn rebuild(&mut self, capacity: usize, hasher: &impl Fn(&K) -> u64) {
+        let old = std::mem::replace(
+            &mut self.slots,
+            (0..capacity).map(|_| Slot::empty()).collect(),
+        );
+        self.len = 0;
+        for mut slot in Vec::from(old) {
+            let word = *slot.word.get_mut();
+            if word != EMPTY {
+                // SAFETY: occupied; the old slot is forgotten after this move.
+                let key = unsafe { slot.key.assume_init_read() };
+                self.put(hasher(&key), key, word);
+            }
+        }
+    }
+
+    /// Removes the key `eq` picks out, if present.
+    pub fn remove(
+        &mut self,
+        hash: u64,
+        eq: impl Fn(&K) -> bool,
+        hasher: impl Fn(&K) -> u64,
+    ) -> Option<u64> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mut i = self.home(hash);
+        loop {
+            if self.slots[i].is_empty() {
+                return None;
+            }
+            if eq(self.slots[i].key()) {
+                let (_, word) = self.take(i);
+                self.close_gap(i, &hasher);
+                return Some(word);
+            }
+            i = self.next(i);
+        }
+    }
+
+    /// After slot `gap` was emptied, moves back the entries of the cluster after it
+    /// that could no longer be found (their probe from home would stop at the gap).
+    fn close_gap(&mut self, mut gap: usize, hasher: &impl Fn(&K) -> u64) {
+        let mut i = self.next(gap);
+        while !self.slots[i].is_empty() {
+            let home = self.home(hasher(self.slots[i].key()));
+            // Cyclic distances from home: the entry may move to the gap iff the gap
+            // lies on its probe path (between its home and its slot).
+            let n = self.slots.len();
+            let dist = |from: usize, to: usize| (to + n - from) % n;
+            if dist(home, gap) < dist(home, i) {
+                let (key, word) = self.take(i);
+                let slot = &mut self.slots[gap];
+                slot.key = MaybeUninit::new(key);
+                *slot.word.get_mut() = word;
+                self.len += 1;
+                gap = i;
+            }
+            i = self.next(i);
+        }
+    }
+
+    /// Keeps the entries `keep` says yes to; the survivors are placed again from
+    /// their homes, as into a fresh table of the same size.
+    pub fn retain(&mut self, mut keep: impl FnMut(&AtomicU64) -> bool, hasher: impl Fn(&K) -> u64) {
+        let before = self.len;
+        let mut survivors = Vec::new();
+        for i in 0..self.slots.len() {
+            if !self.slots[i].is_empty() {
+                let survives = keep(&self.slots[i].word);
+                let entry = self.take(i);
+                if survives {
+                    survivors.push(entry);
+                }
+            }
+        }
+        debug_assert_eq!(self.len, 0, "{before} entries taken out");
+        for (key, word) in survivors {
+            self.put(hasher(&key), key, word);
+        }
+    }
+
+    /// The words of the first `n` entries in slot order (a sample: slots follow the
+    /// hash, so the first are a fair draw).
+    pub fn sample(&self, n: usize) -> impl Iterator<Item = &AtomicU64> {
+        self.slots
+            .iter()
+            .filter(|s| !s.is_empty())
+            .take(n)
+            .map(|s| &s.word)
+    }
+
+    /// Takes every entry out.
+    pub fn drain(&mut self) -> Vec<(K, u64)> {
+        let mut out = Vec::with_capacity(self.len);
+        for i in 0..self.slots.len() {
+            if !self.slots[i].is_empty() {
+                out.push(self.take(i));
+            }
+        }
+        self.slots = Box::new([]);
+        out
+    }
+}
+
+/// The fast path's table for a key type: the flat [`WordTable`] for plain keys
+/// (at most 16 bytes, owning no memory: integers, addresses, small tuples), whose
+/// comparison is a register compare; hashbrown for keys that own memory (`String`),
+/// whose tag bytes spare a pointer chase per probed slot.
+pub(crate) enum Words<K> {
+    Flat(WordTable<K>),
+    Tagged(hashbrown::HashTable<(K, AtomicU64)>),
+}
+
+impl<K> Default for Words<K> {
+    fn default() -> Self {
+        if std::mem::size_of::<K>() <= 16 && !std::mem::needs_drop::<K>() {
+            Words::Flat(WordTable::default())
+        } else {
+            Words::Tagged(hashbrown::HashTable::new())
+        }
+    }
+}
+
+impl<K> Words<K> {
+    pub fn len(&self) -> usize {
+        match self {
+            Words::Flat(t) => t.len(),
+            Words::Tagged(t) => t.len(),
+        }
+    }
+
+    #[inline]
+    pub fn find(&self, hash: u64, eq: impl Fn(&K) -> bool) -> Option<&AtomicU64> {
+        match self {
+            Words::Flat(t) => t.find(hash, eq),
+            Words::Tagged(t) => t.find(hash, |(k, _)| eq(k)).map(|(_, w)| w),
+        }
+    }
+
+    pub fn insert_unique(&mut self, hash: u64, key: K, word: u64, hasher: impl Fn(&K) -> u64) {
+        match self {
+            Words::Flat(t) => t.insert_unique(hash, key, word, hasher),
+            Words::Tagged(t) => {
+                t.insert_unique(hash, (key, AtomicU64::new(word)), |(k, _)| hasher(k));
+            }
+        }
+    }
+
+    pub fn remove(&mut self, hash: u64, eq: impl Fn(&K) -> bool, hasher: impl Fn(&K) -> u64) {
+        match self {
+            Words::Flat(t) => {
+                t.remove(hash, eq, hasher);
+            }
+            Words::Tagged(t) => {
+                if let Ok(e) = t.find_entry(hash, |(k, _)| eq(k)) {
+                    e.remove();
+                }
+            }
+        }
+    }
+
+    pub fn retain(&mut self, mut keep: impl FnMut(&AtomicU64) -> bool, hasher: impl Fn(&K) -> u64) {
+        match self {
+            Words::Flat(t) => t.retain(keep, hasher),
+            Words::Tagged(t) => t.retain(|(_, w)| keep(w)),
+        }
+    }
+
+    /// The words of the first `n` entries (slots follow the hash: a fair sample).
+    pub fn sample(&self, n: usize) -> Box<dyn Iterator<Item = &AtomicU64> + '_> {
+        match self {
+            Words::Flat(t) => Box::new(t.sample(n)),
+            Words::Tagged(t) => Box::new(t.iter().take(n).map(|(_, w)| w)),
+        }
+    }
+
+    pub fn drain(&mut self) -> Vec<(K, u64)> {
+        match self {
+            Words::Flat(t) => t.drain(),
+            Words::Tagged(t) => t.drain().map(|(k, w)| (k, w.into_inner())).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    /// A deliberately poor hash (few distinct homes) so clusters, wrap-around and
+    /// gap closing are exercised.
+    fn hash(k: &u64) -> u64 {
+        (k % 7).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k % 3)
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u64, u64),
+        Remove(u64),
+        Retain(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u64..64, 0u64..1000).prop_map(|(k, w)| Op::Insert(k, w)),
+            2 => (0u64..64).prop_map(Op::Remove),
+            1 => (1u64..5).prop_map(Op::Retain),
+        ]
+    }
+
+    proptest! {
+        /// The table agrees with a HashMap after any sequence of inserts, removals
+        /// and retains, and every key is found from its home.
+        #[test]
+        fn behaves_as_a_map(ops in proptest::collection::vec(op(), 1..300)) {
+            let mut table: WordTable<u64> = WordTable::default();
+            let mut model: HashMap<u64, u64> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Insert(k, w) => {
+                        if let Some(word) = table.find(hash(&k), |x| *x == k) {
+                            word.store(w, Ordering::Relaxed);
+                        } else {
+                            table.insert_unique(hash(&k), k, w, hash);
+                        }
+                        model.insert(k, w);
+                    }
+                    Op::Remove(k) => {
+                        prop_assert_eq!(table.remove(hash(&k), |x| *x == k, hash), model.remove(&k));
+                    }
+                    Op::Retain(m) => {
+                        table.retain(|w| w.load(Ordering::Relaxed) % m != 0, hash);
+                        model.retain(|_, w| *w % m != 0);
+                    }
+                }
+                prop_assert_eq!(table.len(), model.len());
+                for k in 0..64u64 {
+                    let found = table.find(hash(&k), |x| *x == k).map(|w| w.load(Ordering::Relaxed));
+                    prop_assert_eq!(found, model.get(&k).copied());
+                }
+            }
+            let mut drained = table.drain();
+            drained.sort();
+            let mut expected: Vec<_> = model.into_iter().collect();
+            expected.sort();
+            prop_assert_eq!(drained, expected);
+        }
+    }
+
+    #[test]
+    fn keys_with_destructors_are_dropped_once() {
+        let rc = std::rc::Rc::new(());
+        let mut table: WordTable<(u64, std::rc::Rc<()>)> = WordTable::default();
+        let h = |k: &(u64, std::rc::Rc<()>)| hash(&k.0);
+        for k in 0..100 {
+            table.insert_unique(hash(&k), (k, rc.clone()), k, h);
+        }
+        for k in 0..50 {
+            table.remove(hash(&k), |x| x.0 == k, h);
+        }
+        table.retain(|w| w.load(Ordering::Relaxed) % 2 == 0, h);
+        assert_eq!(std::rc::Rc::strong_count(&rc), 1 + 25);
+        drop(table);
+        assert_eq!(std::rc::Rc::strong_count(&rc), 1);
+    }
+}
