@@ -81,7 +81,11 @@ impl<K> WordTable<K> {
 
     #[inline(always)]
     fn home(&self, hash: u64) -> usize {
-        ((u128::from(hash) * self.slots.len() as u128) >> 64) as usize
+        // Fibonacci hashing first: fast hashes of nearby integers (sequential ids)
+        // differ little in their top bits, which alone pick the home here; the
+        // multiply carries every bit into them.
+        let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        ((u128::from(mixed) * self.slots.len() as u128) >> 64) as usize
     }
 
     #[inline(always)]
@@ -209,21 +213,24 @@ impl<K> WordTable<K> {
         }
     }
 
-    /// Keeps the entries `keep` says yes to; the survivors are placed again from
-    /// their homes, as into a fresh table of the same size.
+    /// Keeps the entries `keep` says yes to. When some go, the survivors are placed
+    /// again from their homes, as into a fresh table of the same size.
     pub fn retain(&mut self, mut keep: impl FnMut(&AtomicU64) -> bool, hasher: impl Fn(&K) -> u64) {
         let before = self.len;
-        let mut survivors = Vec::new();
         for i in 0..self.slots.len() {
-            if !self.slots[i].is_empty() {
-                let survives = keep(&self.slots[i].word);
-                let entry = self.take(i);
-                if survives {
-                    survivors.push(entry);
-                }
+            if !self.slots[i].is_empty() && !keep(&self.slots[i].word) {
+                drop(self.take(i));
             }
         }
-        debug_assert_eq!(self.len, 0, "{before} entries taken out");
+        if self.len == before {
+            return;
+        }
+        let survivors: Vec<(K, u64)> = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].is_empty())
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|i| self.take(i))
+            .collect();
         for (key, word) in survivors {
             self.put(hasher(&key), key, word);
         }
