@@ -167,7 +167,7 @@ struct Inner<K, C> {
 /// `(route, user_id)`. `Send + Sync`, cheap to clone (every clone shares the state).
 ///
 /// Keys live in a sharded hash map. A single GCRA policy keeps one u64 per key; for
-/// plain keys (at most 16 bytes, owning no memory) each key sits beside its word in one
+/// plain keys (at most 32 bytes, owning no memory: integers, IP addresses, small tuples) each key sits beside its word in one
 /// flat array, so a check reads one cache line and an entry is 16 bytes for a u64 key
 /// (the array is 53-80 % full); other policies and rule sets keep their states per key.
 /// Memory is bounded by [`KeyedOptions::max_keys`]: fully replenished keys (which decide

@@ -260,7 +260,7 @@ impl<K> WordTable<K> {
 }
 
 /// The fast path's table for a key type: the flat [`WordTable`] for plain keys
-/// (at most 16 bytes, owning no memory: integers, addresses, small tuples), whose
+/// (at most 32 bytes, owning no memory: integers, IP addresses, small tuples), whose
 /// comparison is a register compare; hashbrown for keys that own memory (`String`),
 /// whose tag bytes spare a pointer chase per probed slot.
 pub(crate) enum Words<K> {
@@ -270,7 +270,7 @@ pub(crate) enum Words<K> {
 
 impl<K> Default for Words<K> {
     fn default() -> Self {
-        if std::mem::size_of::<K>() <= 16 && !std::mem::needs_drop::<K>() {
+        if std::mem::size_of::<K>() <= 32 && !std::mem::needs_drop::<K>() {
             Words::Flat(WordTable::default())
         } else {
             Words::Tagged(hashbrown::HashTable::new())
@@ -403,6 +403,15 @@ mod tests {
             expected.sort();
             prop_assert_eq!(drained, expected);
         }
+    }
+
+    #[test]
+    fn plain_keys_get_the_flat_table_and_owning_keys_hashbrown() {
+        assert!(matches!(Words::<u64>::default(), Words::Flat(_)));
+        assert!(matches!(Words::<std::net::IpAddr>::default(), Words::Flat(_)));
+        assert!(matches!(Words::<(u64, u32)>::default(), Words::Flat(_)));
+        assert!(matches!(Words::<String>::default(), Words::Tagged(_)));
+        assert!(matches!(Words::<[u64; 5]>::default(), Words::Tagged(_)));
     }
 
     #[test]
