@@ -6,8 +6,9 @@
 //!
 //! An empty slot is marked by [`EMPTY`] in its word (a TAT never comes near it). The
 //! table grows by half when it is 80 % full, so the fill stays between 53 % and
-//! 80 %. A slot's home is `hash * capacity >> 64` (any capacity, not only powers of
-//! two), and removals re-place the rest of the cluster so no tombstones are left.
+//! 80 %. A slot's home is `mix(hash) * capacity >> 64` (any capacity, not only powers
+//! of two; `mix` is a Fibonacci multiply), and removals re-place the rest of the
+//! cluster so no tombstones are left.
 //!
 //! Words are read and compare-and-swapped under the shard's read lock; inserts,
 //! removals and growth happen under its write lock (`&mut self`).
@@ -408,7 +409,10 @@ mod tests {
     #[test]
     fn plain_keys_get_the_flat_table_and_owning_keys_hashbrown() {
         assert!(matches!(Words::<u64>::default(), Words::Flat(_)));
-        assert!(matches!(Words::<std::net::IpAddr>::default(), Words::Flat(_)));
+        assert!(matches!(
+            Words::<std::net::IpAddr>::default(),
+            Words::Flat(_)
+        ));
         assert!(matches!(Words::<(u64, u32)>::default(), Words::Flat(_)));
         assert!(matches!(Words::<String>::default(), Words::Tagged(_)));
         assert!(matches!(Words::<[u64; 5]>::default(), Words::Tagged(_)));
