@@ -2,11 +2,14 @@
 # tollgate proxy next to nginx (Debian's, 2 workers) in one run: both proxy to the same
 # upstream (`tollgate bench ceiling`) with equivalent limit_req configs, driven by wrk
 # on loopback, under the limit (every request passes) and over it (most rejected).
-# Usage: scripts/bench-proxy.sh [seconds] [connections]
+# With `redis` as the third argument, tollgate also runs on the Redis store (a
+# redis-server started here), without and with the negative cache.
+# Usage: scripts/bench-proxy.sh [seconds] [connections] [redis]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
 conns=${2:-64}
+with_redis=${3:-}
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 command -v nginx >/dev/null || { apt-get update -qq && apt-get install -y -qq nginx >/dev/null; }
 cargo build --release -q -p tollgate-server
@@ -18,6 +21,13 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 "$bin" bench ceiling --listen "127.0.0.1:$up" >/dev/null 2>&1 & pids+=($!)
+stores=(":")
+if [ "$with_redis" = redis ]; then
+  command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+  rp=$(port)
+  (cd "$work" && exec redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1) & pids+=($!)
+  stores+=("redis:  kind: redis\n  url: redis://127.0.0.1:$rp/" "redis+negative-cache:  kind: redis\n  url: redis://127.0.0.1:$rp/\n  negative_cache: true")
+fi
 
 run_pair() { # $1 = label, $2 = nginx rate, $3 = tollgate rate
   cat > "$work/nginx.conf" <<NGINX
@@ -42,7 +52,13 @@ http {
   }
 }
 NGINX
-  cat > "$work/tollgate.yaml" <<YAML
+  nginx -p "$work" -c "$work/nginx.conf" & local ngpid=$!
+  pids+=($ngpid)
+  sleep 1
+  measure "nginx" "$ng"
+  for store in "${stores[@]}"; do
+    local name=${store%%:*} section=${store#*:}
+    { [ -n "$section" ] && printf 'store:\n%b\n' "$section"; cat <<YAML
 proxy:
   routes:
     - name: api
@@ -53,20 +69,23 @@ proxy:
       status: 429
       headers: none
 YAML
-  nginx -p "$work" -c "$work/nginx.conf" & local ngpid=$!
-  "$bin" proxy --config "$work/tollgate.yaml" --listen "127.0.0.1:$tg" >/dev/null 2>&1 & local tgpid=$!
-  pids+=($ngpid $tgpid)
-  sleep 1
-  for target in "nginx $ng" "tollgate $tg"; do
-    set -- $target
-    out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -H 'X-Api-Key: k1' "http://127.0.0.1:$2/api/x")
-    rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
-    p99=$(echo "$out" | awk '$1=="99%" {print $2}')
-    non2xx=$(echo "$out" | awk '/Non-2xx/ {print $5}')
-    echo "$label $1: req/s $rps p99 $p99 non-2xx ${non2xx:-0}"
+    } > "$work/tollgate.yaml"
+    "$bin" proxy --config "$work/tollgate.yaml" --listen "127.0.0.1:$tg" >/dev/null 2>&1 & local tgpid=$!
+    pids+=($tgpid)
+    sleep 1
+    measure "tollgate${name:+ ($name)}" "$tg"
+    kill $tgpid 2>/dev/null || true
+    wait $tgpid 2>/dev/null || true
   done
-  kill $ngpid $tgpid 2>/dev/null || true
-  wait $ngpid $tgpid 2>/dev/null || true
+  kill $ngpid 2>/dev/null || true
+  wait $ngpid 2>/dev/null || true
+}
+measure() { # $1 = name, $2 = port
+  out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -H 'X-Api-Key: k1' "http://127.0.0.1:$2/api/x")
+  rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+  p99=$(echo "$out" | awk '$1=="99%" {print $2}')
+  non2xx=$(echo "$out" | awk '/Non-2xx/ {print $5}')
+  echo "$label $1: req/s $rps p99 $p99 non-2xx ${non2xx:-0}"
 }
 label="under-limit" run_pair x "1000000r/s" "1000000/s"
 label="over-limit" run_pair x "10r/s" "10/s"
