@@ -94,6 +94,7 @@ fn hammer_child_process() {
 
 #[test]
 fn four_processes_share_one_global_limit() {
+    let _serial = redis_server::timing_sensitive();
     let servers = RedisServers::standalone();
     let ms = HAMMER_MS;
     let clock = tollgate::MonotonicClock::new();
@@ -200,6 +201,7 @@ async fn hammer(
 /// Redis decides again within one probe interval of its return.
 #[test]
 fn redis_killed_mid_load_then_restarted() {
+    let _serial = redis_server::timing_sensitive();
     use std::time::Duration;
     let mut servers = RedisServers::standalone();
     let rt = rt();
@@ -272,6 +274,7 @@ fn redis_killed_mid_load_then_restarted() {
 /// exact (the state moves with the key).
 #[test]
 fn cluster_slot_migration_under_load_keeps_the_limit_exact() {
+    let _serial = redis_server::timing_sensitive();
     use std::time::Duration;
     let servers = RedisServers::cluster();
     let node = |port: u16| {

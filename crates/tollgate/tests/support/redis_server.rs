@@ -195,3 +195,11 @@ pub fn rt() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// Held by the tests whose assertions involve time (child processes hammering, a
+/// server killed under load), so that they do not run beside one another in one
+/// test binary on a two-core machine.
+pub fn timing_sensitive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
