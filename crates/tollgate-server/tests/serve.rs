@@ -1,25 +1,12 @@
 //! `tollgate serve` as a real process on port 0, driven by a real HTTP client.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+#[path = "support/serve.rs"]
+mod serve_process;
 
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use std::process::Command;
+
 use serde_json::{json, Value};
-
-struct Server {
-    child: Child,
-    base: String,
-    grpc: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use serve_process::{request, Server};
 
 fn rules_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rules")
@@ -27,68 +14,15 @@ fn rules_dir() -> std::path::PathBuf {
 
 /// Starts `tollgate serve ARGS --http 127.0.0.1:0` and reads its address.
 fn start(args: &[&str]) -> Server {
-    start_with_env(args, &[])
+    serve_process::start(args, &[])
 }
 
 fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .envs(env.iter().copied())
-        .arg("serve")
-        .args(args)
-        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let after = |marker: &str| {
-        first
-            .split(marker)
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no {marker} address in {first:?}"))
-            .to_string()
-    };
-    let (http, grpc) = (after("http://"), after("gRPC on "));
-    Server {
-        child,
-        base: format!("http://{http}"),
-        grpc: format!("http://{grpc}"),
-    }
+    serve_process::start(args, env)
 }
 
 async fn post(server: &Server, path: &str, body: &str) -> (u16, http::HeaderMap, Value) {
     request(server, "POST", path, body, None).await
-}
-
-async fn request(
-    server: &Server,
-    method: &str,
-    path: &str,
-    body: &str,
-    token: Option<&str>,
-) -> (u16, http::HeaderMap, Value) {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
-    let mut req = http::Request::builder()
-        .method(method)
-        .uri(format!("{}{path}", server.base))
-        .header("content-type", "application/json");
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let req = req
-        .body(Full::new(bytes::Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, headers, value)
 }
 
 fn check_body(domain: &str, descriptors: &[&[(&str, &str)]]) -> String {
@@ -501,7 +435,7 @@ async fn hot_reload_keeps_unchanged_rules_and_rejects_bad_files() {
 
     // SIGHUP reloads too (the good file again).
     std::fs::write(&file, &v2).unwrap();
-    let pid = server.child.id().to_string();
+    let pid = server.pid().to_string();
     assert!(Command::new("kill")
         .args(["-HUP", &pid])
         .status()

@@ -3,27 +3,15 @@
 
 #[path = "../../tollgate/tests/support/redis_server.rs"]
 mod redis_server;
+#[path = "support/serve.rs"]
+mod serve_process;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use redis_server::RedisServers;
-
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use serve_process::{request, Server};
 
 const RULES: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n  - key: paced\n    policies: [\"gcra:rate=10/s,burst=2\", \"sliding-log:limit=4,window=1m\"]\n";
 
@@ -62,44 +50,19 @@ mod tempdir {
 }
 
 fn start(config: &std::path::Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    assert!(first.contains("redis store"), "{first}");
-    let http = first
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {first:?}"))
-        .to_string();
-    Server {
-        child,
-        base: format!("http://{http}"),
-    }
+    let server = serve_process::start(&["--config", config.to_str().unwrap()], &[]);
+    assert!(server.banner.contains("redis store"), "{}", server.banner);
+    server
 }
 
+/// A request: status and the body as text.
 async fn send(server: &Server, method: &str, path: &str, body: &str) -> (u16, String) {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
-    let req = http::Request::builder()
-        .method(method)
-        .uri(format!("{}{path}", server.base))
-        .header("content-type", "application/json")
-        .body(Full::new(bytes::Bytes::from(body.to_string())))
-        .unwrap();
-    let res = client.request(req).await.unwrap();
-    let status = res.status().as_u16();
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    let (status, _, value) = request(server, method, path, body, None).await;
+    let text = match value {
+        serde_json::Value::String(s) => s,
+        v => v.to_string(),
+    };
+    (status, text)
 }
 
 async fn check(server: &Server, key: &str, value: &str) -> (u16, String) {
