@@ -37,6 +37,14 @@ pub struct ProxyConfig {
     /// Peers whose `X-Forwarded-For` is believed.
     #[serde(default)]
     pub trusted_proxies: Vec<IpNet>,
+    /// How long connecting to an upstream may take (default 5s; applied at start);
+    /// past it the request gets a 504, as nginx's `proxy_connect_timeout`.
+    #[serde(default, deserialize_with = "crate::serve::duration_opt")]
+    pub connect_timeout: Option<u64>,
+    /// How long an upstream may take to send its response headers (default 30s);
+    /// past it the request gets a 504.
+    #[serde(default, deserialize_with = "crate::serve::duration_opt")]
+    pub upstream_timeout: Option<u64>,
     /// Routes, first match wins.
     pub routes: Vec<RouteConfig>,
 }
@@ -183,6 +191,7 @@ struct Route {
 struct Shared {
     routes: Vec<Arc<Route>>,
     trusted: Vec<IpNet>,
+    upstream_timeout: Duration,
 }
 
 /// One worker thread's view: the shared routes and its own upstream connection pool.
@@ -356,6 +365,7 @@ impl Shared {
         Ok(Shared {
             routes,
             trusted: config.trusted_proxies,
+            upstream_timeout: Duration::from_micros(config.upstream_timeout.unwrap_or(30_000_000)),
         })
     }
 
@@ -550,7 +560,7 @@ async fn handle(
     if let Ok(v) = HeaderValue::from_str(&format!("for={client_ip}")) {
         req.headers_mut().append("forwarded", v);
     }
-    match tokio::time::timeout(Duration::from_secs(30), proxy.client.request(req)).await {
+    match tokio::time::timeout(shared.upstream_timeout, proxy.client.request(req)).await {
         Ok(Ok(resp)) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
@@ -559,6 +569,11 @@ async fn handle(
             // nginx counts a connection until the request is finished.
             Response::from_parts(parts, Body::new(Held { body, _permit }))
         }
+        Ok(Err(e)) if timed_out(&e) => problem(
+            StatusCode::GATEWAY_TIMEOUT,
+            &format!("upstream {} timed out (connect)", route.name),
+            None,
+        ),
         Ok(Err(_)) => problem(
             StatusCode::BAD_GATEWAY,
             &format!("upstream {} unreachable", route.name),
@@ -570,6 +585,20 @@ async fn handle(
             None,
         ),
     }
+}
+
+/// Whether an upstream request failed because connecting took too long.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &tollgate::Decision, l: &Limits) {
@@ -692,6 +721,7 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let (config, options, store) = load(path)?;
     let store = store.with_flag(store_flag)?;
+    let connect_timeout = Duration::from_micros(config.connect_timeout.unwrap_or(5_000_000));
     let addr = listen
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
@@ -745,7 +775,11 @@ pub fn run(
                     }
                     let proxy = Arc::new(Proxy {
                         shared,
-                        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build_http(),
+                        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build({
+                            let mut connector = HttpConnector::new();
+                            connector.set_connect_timeout(Some(connect_timeout));
+                            connector
+                        }),
                     });
                     let app = axum::Router::new().fallback(handle).with_state(proxy);
                     axum::serve(

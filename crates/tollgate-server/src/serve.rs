@@ -102,7 +102,10 @@ pub enum OnErrorDoc {
     Local,
 }
 
-fn duration_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+/// A duration (`250ms`, `5s`, ...) in microseconds.
+pub(crate) fn duration_opt<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u64>, D::Error> {
     let s = String::deserialize(d)?;
     tollgate::parse_duration(&s)
         .map(Some)

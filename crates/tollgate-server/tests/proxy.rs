@@ -296,6 +296,54 @@ async fn upstream_down_is_a_502_and_no_config_is_a_clear_error() {
 }
 
 #[tokio::test]
+async fn slow_upstreams_get_a_504_after_the_configured_timeouts() {
+    // Answers after 300 ms: past an upstream_timeout of 100 ms.
+    let up = upstream().await;
+    let slow = start(&config(&up, "").replace("proxy:\n", "proxy:\n  upstream_timeout: 100ms\n"));
+    let t = std::time::Instant::now();
+    let r = get_as(&slow, "/api/slow", Some("k")).await;
+    assert_eq!(r.status(), 504);
+    assert!(String::from_utf8_lossy(r.body()).contains("timed out"));
+    assert!(
+        t.elapsed() < Duration::from_millis(290),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(get_as(&slow, "/api/x", Some("k")).await.status(), 200);
+
+    // Never accepts: once its backlog is full, connecting hangs (SYNs are dropped).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    while let Ok(Ok(s)) = tokio::time::timeout(
+        Duration::from_millis(200),
+        tokio::net::TcpStream::connect(addr),
+    )
+    .await
+    {
+        fillers.push(s);
+        assert!(fillers.len() < 64, "the backlog never filled");
+    }
+    let blackhole = start(
+        &config(&format!("http://{addr}"), "")
+            .replace("proxy:\n", "proxy:\n  connect_timeout: 300ms\n"),
+    );
+    let t = std::time::Instant::now();
+    let r = get_as(&blackhole, "/api/x", Some("k")).await;
+    assert_eq!(r.status(), 504, "{}", String::from_utf8_lossy(r.body()));
+    assert!(String::from_utf8_lossy(r.body()).contains("timed out (connect)"));
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    drop(listener);
+}
+
+#[tokio::test]
 async fn the_proxy_section_reloads_keeping_unchanged_routes() {
     let up = upstream().await;
     let v1 = config(
