@@ -296,6 +296,7 @@ async fn upstream_down_is_a_502_and_no_config_is_a_clear_error() {
 }
 
 #[tokio::test]
+#[allow(clippy::disallowed_methods)] // times a real proxy
 async fn slow_upstreams_get_a_504_after_the_configured_timeouts() {
     // Answers after 300 ms: past an upstream_timeout of 100 ms.
     let up = upstream().await;
