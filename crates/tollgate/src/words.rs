@@ -101,6 +101,12 @@ impl<K> WordTable<K> {
     /// The word of the key `eq` picks out among those hashing to `hash`.
     #[inline]
     pub fn find(&self, hash: u64, eq: impl Fn(&K) -> bool) -> Option<&AtomicU64> {
+        self.position(hash, eq).map(|i| &self.slots[i].word)
+    }
+
+    /// The slot of the key `eq` picks out: probed from its home to the first empty slot.
+    #[inline(always)]
+    fn position(&self, hash: u64, eq: impl Fn(&K) -> bool) -> Option<usize> {
         if self.slots.is_empty() {
             return None;
         }
@@ -111,7 +117,7 @@ impl<K> WordTable<K> {
                 return None;
             }
             if eq(slot.key()) {
-                return Some(&slot.word);
+                return Some(i);
             }
             i = self.next(i);
         }
@@ -134,6 +140,11 @@ impl<K> WordTable<K> {
         while !self.slots[i].is_empty() {
             i = self.next(i);
         }
+        self.fill(i, key, word);
+    }
+
+    /// Occupies the empty slot `i`.
+    fn fill(&mut self, i: usize, key: K, word: u64) {
         let slot = &mut self.slots[i];
         slot.key = MaybeUninit::new(key);
         *slot.word.get_mut() = word;
@@ -175,21 +186,10 @@ impl<K> WordTable<K> {
         eq: impl Fn(&K) -> bool,
         hasher: impl Fn(&K) -> u64,
     ) -> Option<u64> {
-        if self.slots.is_empty() {
-            return None;
-        }
-        let mut i = self.home(hash);
-        loop {
-            if self.slots[i].is_empty() {
-                return None;
-            }
-            if eq(self.slots[i].key()) {
-                let (_, word) = self.take(i);
-                self.close_gap(i, &hasher);
-                return Some(word);
-            }
-            i = self.next(i);
-        }
+        let i = self.position(hash, eq)?;
+        let (_, word) = self.take(i);
+        self.close_gap(i, &hasher);
+        Some(word)
     }
 
     /// After slot `gap` was emptied, moves back the entries of the cluster after it
@@ -204,10 +204,7 @@ impl<K> WordTable<K> {
             let dist = |from: usize, to: usize| (to + n - from) % n;
             if dist(home, gap) < dist(home, i) {
                 let (key, word) = self.take(i);
-                let slot = &mut self.slots[gap];
-                slot.key = MaybeUninit::new(key);
-                *slot.word.get_mut() = word;
-                self.len += 1;
+                self.fill(gap, key, word);
                 gap = i;
             }
             i = self.next(i);
@@ -226,15 +223,20 @@ impl<K> WordTable<K> {
         if self.len == before {
             return;
         }
-        let survivors: Vec<(K, u64)> = (0..self.slots.len())
-            .filter(|&i| !self.slots[i].is_empty())
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|i| self.take(i))
-            .collect();
-        for (key, word) in survivors {
+        for (key, word) in self.take_all() {
             self.put(hasher(&key), key, word);
         }
+    }
+
+    /// Takes every entry out, leaving the slots empty.
+    fn take_all(&mut self) -> Vec<(K, u64)> {
+        let mut out = Vec::with_capacity(self.len);
+        for i in 0..self.slots.len() {
+            if !self.slots[i].is_empty() {
+                out.push(self.take(i));
+            }
+        }
+        out
     }
 
     /// The words of the first `n` entries in slot order (a sample: slots follow the
@@ -249,12 +251,7 @@ impl<K> WordTable<K> {
 
     /// Takes every entry out.
     pub fn drain(&mut self) -> Vec<(K, u64)> {
-        let mut out = Vec::with_capacity(self.len);
-        for i in 0..self.slots.len() {
-            if !self.slots[i].is_empty() {
-                out.push(self.take(i));
-            }
-        }
+        let out = self.take_all();
         self.slots = Box::new([]);
         out
     }
