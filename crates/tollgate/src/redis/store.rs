@@ -242,24 +242,20 @@ impl RedisStore {
             inv.arg(a);
         }
         let inv = &inv;
-        let conn = &self.conn;
         // A slot being resharded answers TRYAGAIN to a script whose keys are split
         // between the two nodes (and ASK/MOVED once the client's retries are spent):
         // try again until it settles, within the one timeout.
-        let attempts = async move {
+        self.timed(|mut c| async move {
             loop {
-                match inv.invoke_async::<Value>(&mut conn.clone()).await {
+                match inv.invoke_async::<Value>(&mut c).await {
                     Err(e) if e.is_cluster_error() => {
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
                     r => return r,
                 }
             }
-        };
-        tokio::time::timeout(self.opts.timeout, attempts)
-            .await
-            .map_err(|_| StoreError::Timeout(self.opts.timeout))?
-            .map_err(StoreError::from)
+        })
+        .await
     }
 
     /// Deletes `keys`.
