@@ -16,8 +16,8 @@ use hyper_util::client::legacy::Client;
 use ipnet::IpNet;
 use serde::Deserialize;
 use tollgate::redis::{
-    PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisLimiter,
-    RedisLimiterOptions, RedisPermit, RedisStore,
+    PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisLimiter, RedisPermit,
+    RedisStore,
 };
 use tollgate::{
     ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit, KeyedLimiter, KeyedOptions,
@@ -225,11 +225,7 @@ fn limits(
             tollgate::MonotonicClock::new(),
         )),
         Some((store, config)) => {
-            let opts = RedisLimiterOptions {
-                on_error: config.on_error(&rules)?,
-                negative_cache: config.negative_cache,
-                ..Default::default()
-            };
+            let opts = config.limiter_options(&rules)?;
             let name = redis_name(route, name);
             Counter::Redis(
                 RedisLimiter::with_options(store.clone(), &name, rules, opts)

@@ -160,6 +160,18 @@ impl Store {
         Ok(tollgate::redis::RedisStore::connect_with(url, opts).await?)
     }
 
+    /// The options of the Redis limiter of `rules`: failure policy and negative cache.
+    pub fn limiter_options(
+        &self,
+        rules: &tollgate::RuleSet,
+    ) -> Result<tollgate::redis::RedisLimiterOptions, tollgate::redis::StoreError> {
+        Ok(tollgate::redis::RedisLimiterOptions {
+            on_error: self.on_error(rules)?,
+            negative_cache: self.negative_cache,
+            ..Default::default()
+        })
+    }
+
     /// The failure policy of a limit of `rules` (`local`: its `1/local_share`).
     pub fn on_error(
         &self,

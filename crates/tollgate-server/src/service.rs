@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use tollgate::redis::{RedisLimiter, RedisLimiterOptions, RedisStore, StoreError};
+use tollgate::redis::{RedisLimiter, RedisStore, StoreError};
 use tollgate::{CheckError, Decision, KeyedError, Op};
 
 use crate::metrics::{Metrics, Outcome};
@@ -131,11 +131,7 @@ impl RedisCounters {
             .rules
             .clone()
             .ok_or_else(|| StoreError::Unsupported(format!("{}: no rules to count", limit.path)))?;
-        let options = RedisLimiterOptions {
-            on_error: self.config.on_error(&rules)?,
-            negative_cache: self.config.negative_cache,
-            ..Default::default()
-        };
+        let options = self.config.limiter_options(&rules)?;
         // The limit's path names its counters; braces would move the hash tag.
         let name = limit.path.replace(['{', '}'], "_");
         let made = RedisLimiter::with_options(self.store.clone(), &name, rules, options)?;
