@@ -1,6 +1,7 @@
 //! [`KeyedLimiter`]: one limit per key, for millions of keys, in bounded memory.
 
 use std::borrow::Borrow;
+use std::cell::UnsafeCell;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -8,6 +9,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use arc_swap::ArcSwap;
 use hashbrown::HashTable;
 
+use crate::gate::{Gate, Shut};
 use crate::words::Words;
 use tollgate_core::algorithms::GcraState;
 use tollgate_core::{
@@ -119,16 +121,71 @@ const REFUSE_SWEEP_INTERVAL_US: u64 = 10_000;
 #[repr(align(128))]
 struct Padded<T>(T);
 
-struct Shard<K> {
-    /// The configuration the entries below are kept for.
+/// One shard: its lock, and the part the GCRA fast path reads.
+///
+/// `fast` is read with the lock held (read or write), or, for flat words (plain
+/// keys), inside `gate.read` without the lock: that is the lock-free check. It is
+/// changed only with the write lock held: a key goes into an empty flat slot while
+/// readers probe ([`Words::insert_shared`]); anything else (growth, removal, sweeps,
+/// migration) also shuts the gate ([`ShardCell::fast_mut`]).
+struct ShardCell<K> {
+    lock: RwLock<Shard<K>>,
+    gate: Gate,
+    fast: UnsafeCell<FastShard<K>>,
+}
+
+// SAFETY: `fast` is shared and changed only as the type's doc says: readers hold the
+// lock or are inside the gate, writers hold the write lock and shut the gate to
+// change more than atomics and empty slots.
+unsafe impl<K: Send + Sync> Sync for ShardCell<K> {}
+
+/// What the fast path reads of a shard.
+struct FastShard<K> {
+    /// The configuration the shard's entries are kept for.
     config: Arc<Config>,
     version: u64,
-    /// GCRA fast path: one TAT per key, updated by compare-and-swap under the shard's
-    /// read lock.
+    /// GCRA fast path: one TAT per key, updated by compare-and-swap.
     words: Words<K>,
-    /// Every other configuration: one state per policy.
+}
+
+/// The rest of a shard, behind its lock.
+struct Shard<K> {
+    /// Every configuration but a single GCRA policy: one state per policy.
     states: HashTable<(K, Vec<PolicyState>)>,
     sweep: Sweep,
+}
+
+/// The fast part of a shard, exclusively (the gate shut for flat words).
+struct FastMut<'a, K> {
+    fast: &'a mut FastShard<K>,
+    _shut: Option<Shut<'a>>,
+}
+
+impl<K> ShardCell<K> {
+    /// The fast part, shared.
+    ///
+    /// # Safety
+    /// The caller holds `lock`, or is inside `gate.read` and the words are flat.
+    #[inline(always)]
+    unsafe fn fast(&self) -> &FastShard<K> {
+        // SAFETY: no `FastMut` exists meanwhile: it needs the write lock and, for
+        // flat words, a shut gate.
+        unsafe { &*self.fast.get() }
+    }
+
+    /// The fast part, exclusively: shuts the gate (flat words) until the result drops.
+    ///
+    /// # Safety
+    /// The caller holds `lock` for writing and no reference from [`Self::fast`].
+    unsafe fn fast_mut(&self) -> FastMut<'_, K> {
+        let shut = Words::<K>::FLAT.then(|| self.gate.shut());
+        FastMut {
+            // SAFETY: other lock holders are excluded by the write lock, gate readers
+            // by the shut gate (hashbrown words have none).
+            fast: unsafe { &mut *self.fast.get() },
+            _shut: shut,
+        }
+    }
 }
 
 /// When a shard last swept.
@@ -140,17 +197,11 @@ struct Sweep {
     not_before: u64,
 }
 
-impl<K> Shard<K> {
-    fn len(&self) -> usize {
-        self.words.len() + self.states.len()
-    }
-}
-
 struct Inner<K, C> {
     clock: C,
     config: ArcSwap<Config>,
     version: AtomicU64,
-    shards: Box<[Padded<RwLock<Shard<K>>>]>,
+    shards: Box<[Padded<ShardCell<K>>]>,
     /// `shards - 1`: a shard is picked by hash bits 32.. (hashbrown takes its bucket
     /// from the low bits and its tag from the top seven, which must stay varied
     /// within a shard).
@@ -223,13 +274,18 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let config = Arc::new(Config::new(rules.into()));
         let shard_vec = (0..shards)
             .map(|_| {
-                Padded(RwLock::new(Shard {
-                    config: config.clone(),
-                    version: 0,
-                    words: Words::default(),
-                    states: HashTable::new(),
-                    sweep: Sweep::default(),
-                }))
+                Padded(ShardCell {
+                    lock: RwLock::new(Shard {
+                        states: HashTable::new(),
+                        sweep: Sweep::default(),
+                    }),
+                    gate: Gate::new(),
+                    fast: UnsafeCell::new(FastShard {
+                        config: config.clone(),
+                        version: 0,
+                        words: Words::default(),
+                    }),
+                })
             })
             .collect();
         KeyedLimiter {
@@ -311,20 +367,26 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     {
         let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
-        let mut shard = self.shard(hash, now);
-        let Shard {
-            config,
-            words,
-            states,
-            ..
-        } = &mut *shard;
-        if let Some(fast) = config.fast {
-            if let Some(tat) = words.find(hash, |k| k.borrow() == key) {
-                let t = tat.load(Ordering::Relaxed);
-                tat.store(fast.refunded(t, now, cost), Ordering::Relaxed);
+        // Checks compare-and-swap the word without the lock: so does a refund.
+        let refund_word = |f: &FastShard<K>| {
+            let fast = f.config.fast?;
+            if let Some(tat) = f.words.find(hash, |k| k.borrow() == key) {
+                let _ = tat.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                    Some(fast.refunded(t, now, cost))
+                });
             }
-        } else if let Some((_, states)) = states.find_mut(hash, |(k, _)| k.borrow() == key) {
-            config.rules.refund(states, now, cost);
+            Some(())
+        };
+        if self.quick(hash, refund_word).is_some() {
+            return;
+        }
+        let (cell, mut shard) = self.shard(hash, now);
+        // SAFETY: the write lock is held.
+        let f = unsafe { cell.fast() };
+        if refund_word(f).is_none() {
+            if let Some((_, states)) = shard.states.find_mut(hash, |(k, _)| k.borrow() == key) {
+                f.config.rules.refund(states, now, cost);
+            }
         }
     }
 
@@ -336,11 +398,21 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     {
         let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
-        let mut shard = self.shard(hash, now);
+        let (cell, mut shard) = self.shard(hash, now);
         let hasher = &self.inner.hasher;
-        shard
+        // SAFETY: the write lock is held.
+        let present = unsafe { cell.fast() }
             .words
-            .remove(hash, |k| k.borrow() == key, |k| hasher.hash_one(k));
+            .find(hash, |k| k.borrow() == key);
+        // Shutting readers out costs a process-wide barrier: only for a key held.
+        if present.is_some() {
+            // SAFETY: the write lock is held; the shared reference is not used again.
+            unsafe { cell.fast_mut() }.fast.words.remove(
+                hash,
+                |k| k.borrow() == key,
+                |k| hasher.hash_one(k),
+            );
+        }
         if let Ok(e) = shard.states.find_entry(hash, |(k, _)| k.borrow() == key) {
             e.remove();
         }
@@ -348,7 +420,15 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
 
     /// Keys held now.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| read(&s.0).len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|cell| {
+                let shard = read(&cell.0.lock);
+                // SAFETY: the read lock is held.
+                unsafe { cell.0.fast() }.words.len() + shard.states.len()
+            })
+            .sum()
     }
 
     /// Whether no key is held.
@@ -382,26 +462,42 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// Write-locks the shard of `hash`, bringing it to the current configuration.
-    fn shard(&self, hash: u64, now: u64) -> RwLockWriteGuard<'_, Shard<K>> {
-        let mut shard = write(&self.inner.shards[self.shard_index(hash)].0);
+    fn shard(&self, hash: u64, now: u64) -> (&ShardCell<K>, RwLockWriteGuard<'_, Shard<K>>) {
+        let cell = &self.inner.shards[self.shard_index(hash)].0;
+        let mut shard = write(&cell.lock);
         let version = self.inner.version.load(Ordering::Acquire);
-        if shard.version != version {
+        // SAFETY: the write lock is held.
+        if unsafe { cell.fast() }.version != version {
             let config = self.inner.config.load_full();
-            migrate(&mut shard, config, version, now, &self.inner.hasher);
+            // SAFETY: the write lock is held and the shared reference above is gone.
+            let fast = unsafe { cell.fast_mut() };
+            migrate(
+                &mut shard,
+                fast.fast,
+                config,
+                version,
+                now,
+                &self.inner.hasher,
+            );
         }
-        shard
+        (cell, shard)
     }
 
-    /// Read-locks the shard of `hash`, once it is at the current configuration.
-    #[inline]
-    fn shard_read(&self, hash: u64, now: u64) -> RwLockReadGuard<'_, Shard<K>> {
-        loop {
-            let shard = read(&self.inner.shards[self.shard_index(hash)].0);
-            if shard.version == self.inner.version.load(Ordering::Acquire) {
-                return shard;
-            }
-            drop(shard);
-            drop(self.shard(hash, now));
+    /// Runs `f` on the fast part of the shard of `hash` when that shard is at the
+    /// current configuration: without a lock for flat words (inside the gate), under
+    /// the read lock otherwise. `None` when it could not run or `f` said `None`.
+    #[inline(always)]
+    fn quick<R>(&self, hash: u64, f: impl FnOnce(&FastShard<K>) -> Option<R>) -> Option<R> {
+        let cell = &self.inner.shards[self.shard_index(hash)].0;
+        let version = self.inner.version.load(Ordering::Acquire);
+        let run = |fast: &FastShard<K>| (fast.version == version).then(|| f(fast)).flatten();
+        if Words::<K>::FLAT {
+            // SAFETY: inside the gate, and the words are flat.
+            cell.gate.read(|| run(unsafe { cell.fast() })).flatten()
+        } else {
+            let _shard = read(&cell.lock);
+            // SAFETY: the read lock is held.
+            run(unsafe { cell.fast() })
         }
     }
 
@@ -414,42 +510,53 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
         let peek = mode == Mode::Peek;
-        // The GCRA fast path for a known key: a read lock and one compare-and-swap.
-        {
-            let shard = self.shard_read(hash, now);
-            if let Some(fast) = shard.config.fast {
-                if let Some(tat) = shard.words.find(hash, |k| k.borrow() == key) {
-                    return Ok(Outcome::One(decide_word(&fast, tat, now, cost, op, peek)?));
-                }
-                let (new, d) = fast.decide(0, now, cost, op)?;
-                if peek || new == 0 {
-                    return Ok(Outcome::One(d));
-                }
+        // The GCRA fast path for a known key: one compare-and-swap, and no lock for
+        // plain keys (or a read lock).
+        let known = |f: &FastShard<K>| -> Option<Result<Outcome, KeyedError>> {
+            let fast = f.config.fast?;
+            if let Some(tat) = f.words.find(hash, |k| k.borrow() == key) {
+                let d = decide_word(&fast, tat, now, cost, op, peek);
+                return Some(d.map(Outcome::One).map_err(KeyedError::from));
             }
+            match fast.decide(0, now, cost, op) {
+                Err(e) => Some(Err(e.into())),
+                // Nothing to store for a peek, or for a reject of a fresh key.
+                Ok((new, d)) if peek || new == 0 => Some(Ok(Outcome::One(d))),
+                Ok(_) => None,
+            }
+        };
+        if let Some(done) = self.quick(hash, known) {
+            return done;
         }
-        let mut shard = self.shard(hash, now);
-        let Shard {
-            config,
-            words,
-            states,
-            sweep,
-            ..
-        } = &mut *shard;
+        let (cell, mut shard) = self.shard(hash, now);
+        let Shard { states, sweep } = &mut *shard;
         let hasher = &self.inner.hasher;
-        if let Some(fast) = config.fast {
-            if let Some(tat) = words.find(hash, |k| k.borrow() == key) {
-                // Inserted by another thread since the read lock.
+        // SAFETY: the write lock is held (`f` is not used after a `fast_mut`).
+        let f = unsafe { cell.fast() };
+        if let Some(fast) = f.config.fast {
+            if let Some(tat) = f.words.find(hash, |k| k.borrow() == key) {
+                // Inserted by another thread meanwhile.
                 return Ok(Outcome::One(decide_word(&fast, tat, now, cost, op, peek)?));
             }
             let (new, d) = fast.decide(0, now, cost, op)?;
             if !peek && new != 0 {
-                let load = |t: &AtomicU64| t.load(Ordering::Relaxed);
-                self.make_room(words, sweep, now, |t| load(t) <= now, load)?;
-                words.insert_unique(hash, key.to_owned(), new, |k| hasher.hash_one(k));
+                if self.room_needed(f.words.len(), sweep) {
+                    let load = |t: &AtomicU64| t.load(Ordering::Relaxed);
+                    // SAFETY: the write lock is held; `f` is not used again.
+                    let words = &mut unsafe { cell.fast_mut() }.fast.words;
+                    self.make_room(words, sweep, now, |t| load(t) <= now, load)?;
+                }
+                // SAFETY: the write lock is held: no other writer.
+                let shared = unsafe { cell.fast().words.insert_shared(hash, key.to_owned(), new) };
+                if let Err(key) = shared {
+                    // SAFETY: as above; the shared reference is gone.
+                    let words = &mut unsafe { cell.fast_mut() }.fast.words;
+                    words.insert_unique(hash, key, new, |k| hasher.hash_one(k));
+                }
             }
             return Ok(Outcome::One(d));
         }
-        let rules = &config.rules;
+        let rules = &f.config.rules;
         let run = |st: &mut Vec<PolicyState>| -> Result<Outcome, CheckError> {
             Ok(match mode {
                 Mode::Peek => Outcome::One(rules.peek_decision(st, now, cost)?),
@@ -475,6 +582,12 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         Ok(d)
     }
 
+    /// Whether [`Self::make_room`] has work with `len` keys in the shard's table: it
+    /// has doubled since the last sweep, or it is full.
+    fn room_needed(&self, len: usize, sweep: &Sweep) -> bool {
+        len >= self.inner.per_shard || (len >= MIN_SWEEP && len >= 2 * sweep.len)
+    }
+
     /// Makes room for one more key in `table` (the shard's table in use): sweeps idle
     /// keys when the shard has doubled or is full; then, if still full, evicts the
     /// least recently active eighth or refuses.
@@ -488,6 +601,9 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     ) -> Result<(), KeyedError> {
         let hasher = &self.inner.hasher;
         let len = table.len();
+        if !self.room_needed(len, sweep) {
+            return Ok(());
+        }
         let full = len >= self.inner.per_shard;
         let grown = len >= MIN_SWEEP && len >= 2 * sweep.len;
         let refusing = self.inner.options.on_full == OnFull::RefuseNew;
@@ -640,13 +756,14 @@ fn decide_word(
 /// Converts a shard's entries to `config`, carrying each key's state over.
 fn migrate<K: Hash + Eq>(
     shard: &mut Shard<K>,
+    fast: &mut FastShard<K>,
     config: Arc<Config>,
     version: u64,
     now: u64,
     hasher: &foldhash::fast::RandomState,
 ) {
-    let old = std::mem::replace(&mut shard.config, config.clone());
-    let mut entries: Vec<(K, Vec<PolicyState>)> = shard
+    let old = std::mem::replace(&mut fast.config, config.clone());
+    let mut entries: Vec<(K, Vec<PolicyState>)> = fast
         .words
         .drain()
         .into_iter()
@@ -662,8 +779,7 @@ fn migrate<K: Hash + Eq>(
         let hash = hasher.hash_one(&k);
         match (&config.fast, states.first()) {
             (Some(_), Some(PolicyState::Gcra(g))) => {
-                shard
-                    .words
+                fast.words
                     .insert_unique(hash, k, g.tat, |k| hasher.hash_one(k));
             }
             (Some(_), _) => {}
@@ -674,5 +790,5 @@ fn migrate<K: Hash + Eq>(
             }
         }
     }
-    shard.version = version;
+    fast.version = version;
 }

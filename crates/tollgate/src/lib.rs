@@ -35,6 +35,7 @@
 mod clock;
 mod concurrency;
 mod config;
+mod gate;
 mod keyed;
 mod limiter;
 #[cfg(feature = "redis")]

@@ -10,55 +10,69 @@
 //! of two; `mix` is a Fibonacci multiply), and removals re-place the rest of the
 //! cluster so no tombstones are left.
 //!
-//! Words are read and compare-and-swapped under the shard's read lock; inserts,
-//! removals and growth happen under its write lock (`&mut self`).
+//! Words are read and compare-and-swapped by readers that hold no lock (see
+//! `gate.rs`). A key is put in an empty slot while they probe ([`WordTable::insert_shared`]:
+//! the key is written before its word is published, and a reader reads a key only
+//! after seeing its slot's word); anything that moves entries (removal, growth,
+//! sweeps) takes `&mut self`, which the caller gets by shutting readers out.
 //!
 //! [`Words`] picks the flat table for plain keys and hashbrown for keys that own
 //! memory (whose comparison would chase a pointer per probed slot).
 
+use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// The word of an empty slot.
 pub(crate) const EMPTY: u64 = u64::MAX;
 
 struct Slot<K> {
     word: AtomicU64,
-    key: MaybeUninit<K>,
+    key: UnsafeCell<MaybeUninit<K>>,
 }
 
 impl<K> Slot<K> {
     fn empty() -> Self {
         Slot {
             word: AtomicU64::new(EMPTY),
-            key: MaybeUninit::uninit(),
+            key: UnsafeCell::new(MaybeUninit::uninit()),
         }
     }
 
+    /// Acquire: a reader that sees the word of a slot being filled also sees its key.
     fn is_empty(&self) -> bool {
-        self.word.load(Ordering::Relaxed) == EMPTY
+        self.word.load(Ordering::Acquire) == EMPTY
     }
 
-    /// The key of an occupied slot.
+    /// The key of a slot this thread has seen occupied.
     fn key(&self) -> &K {
-        debug_assert!(!self.is_empty());
-        // SAFETY: a slot's key is initialised exactly while its word is not EMPTY
-        // (both are written together under `&mut`, see `put` and `take`).
-        unsafe { self.key.assume_init_ref() }
+        // SAFETY: a key is written before its word leaves EMPTY (Release, see `fill`
+        // and `insert_shared`) and changes only under `&mut` (`take`), so a slot seen
+        // occupied holds an initialised key that nobody writes while it is borrowed.
+        unsafe { (*self.key.get()).assume_init_ref() }
+    }
+
+    /// The key of an occupied slot, mutably.
+    fn key_mut(&mut self) -> &mut MaybeUninit<K> {
+        self.key.get_mut()
     }
 }
 
 /// A map from keys to one `AtomicU64` each (see the module doc).
 pub(crate) struct WordTable<K> {
     slots: Box<[Slot<K>]>,
-    len: usize,
+    len: AtomicUsize,
 }
+
+// SAFETY: shared access reads keys (K: Sync) and, in `insert_shared`, moves a key in
+// from the calling thread (K: Send); everything else shared is atomic.
+unsafe impl<K: Send + Sync> Sync for WordTable<K> {}
 
 impl<K> Default for WordTable<K> {
     fn default() -> Self {
         WordTable {
             slots: Box::new([]),
-            len: 0,
+            len: AtomicUsize::new(0),
         }
     }
 }
@@ -68,7 +82,7 @@ impl<K> Drop for WordTable<K> {
         if std::mem::needs_drop::<K>() {
             for slot in self.slots.iter_mut().filter(|s| !s.is_empty()) {
                 // SAFETY: occupied, so initialised; dropped once, with the table.
-                unsafe { slot.key.assume_init_drop() };
+                unsafe { slot.key_mut().assume_init_drop() };
             }
         }
     }
@@ -77,7 +91,12 @@ impl<K> Drop for WordTable<K> {
 impl<K> WordTable<K> {
     /// Keys held.
     pub fn len(&self) -> usize {
-        self.len
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether one more key fits without growing (at most 80 % full).
+    fn has_room(&self) -> bool {
+        (self.len() + 1) * 5 <= self.slots.len() * 4
     }
 
     #[inline(always)]
@@ -127,28 +146,56 @@ impl<K> WordTable<K> {
     /// full; `hasher` hashes the keys that move.
     pub fn insert_unique(&mut self, hash: u64, key: K, word: u64, hasher: impl Fn(&K) -> u64) {
         debug_assert_ne!(word, EMPTY);
-        if (self.len + 1) * 5 > self.slots.len() * 4 {
+        if !self.has_room() {
             let grown = (self.slots.len() + self.slots.len() / 2).max(16);
             self.rebuild(grown, &hasher);
         }
         self.put(hash, key, word);
     }
 
-    /// Places an entry at the first empty slot from its home (the table has room).
-    fn put(&mut self, hash: u64, key: K, word: u64) {
+    /// Inserts a key known to be absent while readers may probe, or gives it back
+    /// when the table would have to grow (the caller then shuts readers out and uses
+    /// [`WordTable::insert_unique`]).
+    ///
+    /// # Safety
+    /// No other thread inserts, removes or moves entries meanwhile (callers hold the
+    /// shard's write lock); readers may run.
+    pub unsafe fn insert_shared(&self, hash: u64, key: K, word: u64) -> Result<(), K> {
+        debug_assert_ne!(word, EMPTY);
+        if !self.has_room() {
+            return Err(key);
+        }
+        let i = self.vacancy(hash);
+        let slot = &self.slots[i];
+        // SAFETY: the slot is empty, so no reader reads its key (they stop at an
+        // empty word), and the caller guarantees no other writer.
+        unsafe { (*slot.key.get()).write(key) };
+        slot.word.store(word, Ordering::Release);
+        self.len.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The first empty slot from the home of `hash` (the table has room).
+    fn vacancy(&self, hash: u64) -> usize {
         let mut i = self.home(hash);
         while !self.slots[i].is_empty() {
             i = self.next(i);
         }
+        i
+    }
+
+    /// Places an entry at the first empty slot from its home (the table has room).
+    fn put(&mut self, hash: u64, key: K, word: u64) {
+        let i = self.vacancy(hash);
         self.fill(i, key, word);
     }
 
     /// Occupies the empty slot `i`.
     fn fill(&mut self, i: usize, key: K, word: u64) {
         let slot = &mut self.slots[i];
-        slot.key = MaybeUninit::new(key);
+        slot.key_mut().write(key);
         *slot.word.get_mut() = word;
-        self.len += 1;
+        *self.len.get_mut() += 1;
     }
 
     /// Empties slot `i` (occupied), returning its entry.
@@ -157,8 +204,8 @@ impl<K> WordTable<K> {
         let word = std::mem::replace(slot.word.get_mut(), EMPTY);
         // SAFETY: the slot was occupied (initialised key); its word now says empty,
         // so the key is read out exactly once.
-        let key = unsafe { slot.key.assume_init_read() };
-        self.len -= 1;
+        let key = unsafe { slot.key_mut().assume_init_read() };
+        *self.len.get_mut() -= 1;
         (key, word)
     }
 
@@ -168,12 +215,12 @@ impl<K> WordTable<K> {
             &mut self.slots,
             (0..capacity).map(|_| Slot::empty()).collect(),
         );
-        self.len = 0;
+        *self.len.get_mut() = 0;
         for mut slot in Vec::from(old) {
             let word = *slot.word.get_mut();
             if word != EMPTY {
                 // SAFETY: occupied; the old slot is forgotten after this move.
-                let key = unsafe { slot.key.assume_init_read() };
+                let key = unsafe { slot.key_mut().assume_init_read() };
                 self.put(hasher(&key), key, word);
             }
         }
@@ -214,13 +261,13 @@ impl<K> WordTable<K> {
     /// Keeps the entries `keep` says yes to. When some go, the survivors are placed
     /// again from their homes, as into a fresh table of the same size.
     pub fn retain(&mut self, mut keep: impl FnMut(&AtomicU64) -> bool, hasher: impl Fn(&K) -> u64) {
-        let before = self.len;
+        let before = self.len();
         for i in 0..self.slots.len() {
             if !self.slots[i].is_empty() && !keep(&self.slots[i].word) {
                 drop(self.take(i));
             }
         }
-        if self.len == before {
+        if self.len() == before {
             return;
         }
         for (key, word) in self.take_all() {
@@ -230,7 +277,7 @@ impl<K> WordTable<K> {
 
     /// Takes every entry out, leaving the slots empty.
     fn take_all(&mut self) -> Vec<(K, u64)> {
-        let mut out = Vec::with_capacity(self.len);
+        let mut out = Vec::with_capacity(self.len());
         for i in 0..self.slots.len() {
             if !self.slots[i].is_empty() {
                 out.push(self.take(i));
@@ -268,7 +315,7 @@ pub(crate) enum Words<K> {
 
 impl<K> Default for Words<K> {
     fn default() -> Self {
-        if std::mem::size_of::<K>() <= 32 && !std::mem::needs_drop::<K>() {
+        if Self::FLAT {
             Words::Flat(WordTable::default())
         } else {
             Words::Tagged(hashbrown::HashTable::new())
@@ -277,6 +324,9 @@ impl<K> Default for Words<K> {
 }
 
 impl<K> Words<K> {
+    /// Whether keys of type `K` get the flat table (readable without a lock).
+    pub const FLAT: bool = std::mem::size_of::<K>() <= 32 && !std::mem::needs_drop::<K>();
+
     pub fn len(&self) -> usize {
         match self {
             Words::Flat(t) => t.len(),
@@ -298,6 +348,19 @@ impl<K> Words<K> {
             Words::Tagged(t) => {
                 t.insert_unique(hash, (key, AtomicU64::new(word)), |(k, _)| hasher(k));
             }
+        }
+    }
+
+    /// [`WordTable::insert_shared`] for the flat table; the hashbrown table always
+    /// gives the key back (it moves entries on insert).
+    ///
+    /// # Safety
+    /// As [`WordTable::insert_shared`].
+    pub unsafe fn insert_shared(&self, hash: u64, key: K, word: u64) -> Result<(), K> {
+        match self {
+            // SAFETY: forwarded from the caller.
+            Words::Flat(t) => unsafe { t.insert_shared(hash, key, word) },
+            Words::Tagged(_) => Err(key),
         }
     }
 

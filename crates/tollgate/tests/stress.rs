@@ -114,3 +114,88 @@ fn acquire_blocking_from_two_threads_is_paced() {
     let elapsed = Duration::from_micros(clock.now_us() - start);
     assert!(elapsed >= Duration::from_millis(39), "{elapsed:?}");
 }
+
+/// Checks on hot keys run without a lock while another thread moves entries under
+/// them: new keys grow the tables, resets of other keys shift entries back, sweeps
+/// and rule changes rebuild the shards. No admitted check may be lost in a move: each
+/// hot key admits exactly its burst plus one per hour the clock is moved on (the burst
+/// is spent first and the clock moves less than a burst in all, so no credit is
+/// capped however slowly the checkers run).
+#[test]
+fn checks_stay_exact_while_entries_move() {
+    // Each run gives the race a few hundred chances; repeat for more.
+    for _ in 0..8 {
+        exact_while_entries_move();
+    }
+}
+
+fn exact_while_entries_move() {
+    const HOT: u64 = 16;
+    const BURST: u64 = 1000;
+    const ROUNDS: u64 = 300;
+    const HOURS_PER_ROUND: u64 = 3;
+    let spec = format!("gcra:rate=1/h,burst={BURST}");
+    let clock = Arc::new(ManualClock::new());
+    let keyed: KeyedLimiter<u64, _> = KeyedLimiter::with_options(
+        spec.parse::<Policy>().unwrap(),
+        // Few shards, so the movers and the hot keys share tables.
+        KeyedOptions {
+            max_keys: 8192,
+            ..Default::default()
+        },
+        clock.clone(),
+    );
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
+    for k in 0..HOT {
+        while keyed.check(&k).unwrap().allowed {
+            admitted[k as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checkers: Vec<_> = (0..2)
+        .map(|_| {
+            let (keyed, admitted, done) = (keyed.clone(), admitted.clone(), done.clone());
+            std::thread::spawn(move || loop {
+                // Read before the round: a round that starts after the movers are
+                // done and admits nothing means every key's credit is used.
+                let finished = done.load(Ordering::Acquire);
+                let mut any = false;
+                for k in 0..HOT {
+                    if keyed.check(&k).unwrap().allowed {
+                        admitted[k as usize].fetch_add(1, Ordering::Relaxed);
+                        any = true;
+                    }
+                }
+                if finished && !any {
+                    break;
+                }
+            })
+        })
+        .collect();
+    let policy: Policy = spec.parse().unwrap();
+    let mut cold = 1_000u64;
+    for round in 0..ROUNDS {
+        // Cold keys stay under max_keys (no eviction) while the tables grow.
+        for _ in 0..100 {
+            keyed.check(&cold).unwrap();
+            cold += 1;
+        }
+        // Removals shift the hot keys' neighbours (and sometimes the hot keys).
+        for k in (cold - 100..cold).step_by(2) {
+            keyed.reset(&k);
+        }
+        if round % 20 == 19 {
+            // The same policy again: every shard migrates, carrying each TAT over.
+            keyed.set_rules(policy.clone());
+        }
+        clock.advance(Duration::from_secs(HOURS_PER_ROUND * 3600));
+    }
+    done.store(true, Ordering::Release);
+    for c in checkers {
+        c.join().unwrap();
+    }
+    for (k, n) in admitted.iter().enumerate() {
+        let expected = BURST + ROUNDS * HOURS_PER_ROUND;
+        assert_eq!(n.load(Ordering::Relaxed), expected, "hot key {k}");
+    }
+}

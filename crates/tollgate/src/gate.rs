@@ -1,0 +1,292 @@
+//! [`Gate`]: a reader side that writes nothing shared, for the keyed GCRA fast path.
+//!
+//! A read lock costs two atomic read-modify-writes on a word every reader shares; at a
+//! million keys they also keep the processor from overlapping one check's cache miss
+//! with the next (measured: a table lookup at 1M keys took 60 ns under a `RwLock`
+//! read lock, 33 ns without). Here a reader only announces itself in its own thread's
+//! slot (a plain store), checks that the gate is open, works, and clears its slot.
+//! A writer that must move what readers look at *shuts* the gate: it closes it, makes
+//! every thread's earlier stores visible with one process-wide barrier (Linux
+//! `membarrier`, the "asymmetric fence" of liburcu and folly), then waits for the
+//! readers it sees inside to leave. Readers that find the gate shut take their slow
+//! path (the shard's lock, which the writer holds).
+//!
+//! Where `membarrier` is missing or refused, readers pay a full fence instead: the
+//! same guarantees, at about a read lock's price.
+//!
+//! A reader slot per thread is taken from a global list on the thread's first read and
+//! given back when the thread exits; the list only grows to the most threads that
+//! read at once.
+
+use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU8};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
+
+/// Lets readers in without shared writes; see the module doc.
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    shut: AtomicBool,
+}
+
+/// One thread's announcement: the address of the gate it is inside, or 0.
+#[repr(align(128))]
+struct ReaderSlot {
+    inside: AtomicUsize,
+    taken: AtomicBool,
+    next: AtomicPtr<ReaderSlot>,
+}
+
+/// Every reader slot ever made (they are never freed, only reused).
+static SLOTS: AtomicPtr<ReaderSlot> = AtomicPtr::new(std::ptr::null_mut());
+
+fn slots() -> impl Iterator<Item = &'static ReaderSlot> {
+    let mut p = SLOTS.load(Acquire);
+    std::iter::from_fn(move || {
+        // SAFETY: slots are leaked boxes, published once complete and never freed.
+        let slot = unsafe { p.as_ref()? };
+        p = slot.next.load(Acquire);
+        Some(slot)
+    })
+}
+
+/// A free slot, or a new one pushed on the list.
+fn claim() -> &'static ReaderSlot {
+    if let Some(free) = slots().find(|s| {
+        !s.taken.load(Relaxed)
+            && s.taken
+                .compare_exchange(false, true, Acquire, Relaxed)
+                .is_ok()
+    }) {
+        return free;
+    }
+    let slot: &'static ReaderSlot = Box::leak(Box::new(ReaderSlot {
+        inside: AtomicUsize::new(0),
+        taken: AtomicBool::new(true),
+        next: AtomicPtr::new(std::ptr::null_mut()),
+    }));
+    let mut head = SLOTS.load(Acquire);
+    loop {
+        slot.next.store(head, Relaxed);
+        let new = slot as *const ReaderSlot as *mut ReaderSlot;
+        match SLOTS.compare_exchange_weak(head, new, AcqRel, Acquire) {
+            Ok(_) => return slot,
+            Err(now) => head = now,
+        }
+    }
+}
+
+/// This thread's hold on its slot, given back when the thread exits.
+struct Claim(&'static ReaderSlot);
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.0.taken.store(false, Release);
+    }
+}
+
+thread_local! {
+    static SLOT: Claim = Claim(claim());
+}
+
+/// Whether the process-wide barrier is available: 0 not asked yet, 1 yes, 2 no.
+static ASYMMETRIC: AtomicU8 = AtomicU8::new(0);
+
+/// Registers the process for `membarrier` (once); later gates reuse the answer.
+fn init_barrier() {
+    if ASYMMETRIC.load(Acquire) == 0 {
+        ASYMMETRIC.store(if register() { 1 } else { 2 }, Release);
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn register() -> bool {
+    // SAFETY: a syscall with integer arguments; no memory is passed.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            libc::MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+            0,
+            0,
+        ) == 0
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn register() -> bool {
+    false
+}
+
+/// The writer's half: every running thread of the process passes a full barrier.
+fn heavy_barrier() {
+    #[cfg(target_os = "linux")]
+    if ASYMMETRIC.load(Acquire) == 1 {
+        // SAFETY: as in `register`.
+        let done = unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                libc::MEMBARRIER_CMD_PRIVATE_EXPEDITED,
+                0,
+                0,
+            ) == 0
+        };
+        assert!(done, "membarrier failed after a successful registration");
+        return;
+    }
+    fence(SeqCst);
+}
+
+/// The reader's half: only the compiler may not reorder when writers use membarrier.
+#[inline(always)]
+fn light_barrier() {
+    if ASYMMETRIC.load(Relaxed) == 1 {
+        compiler_fence(SeqCst);
+    } else {
+        fence(SeqCst);
+    }
+}
+
+/// Clears the reader's slot when its work ends (also on unwinding).
+struct Inside(&'static ReaderSlot);
+
+impl Drop for Inside {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // Release: the reader's accesses happen before a writer that sees the slot
+        // cleared moves anything.
+        self.0.inside.store(0, Release);
+    }
+}
+
+impl Gate {
+    /// An open gate.
+    pub fn new() -> Self {
+        init_barrier();
+        Gate::default()
+    }
+
+    /// Runs `read` with no writer moving things under it; `None` (without running
+    /// it) when the gate is shut, the thread is exiting, or the thread is already
+    /// inside a gate.
+    #[inline]
+    pub fn read<R>(&self, read: impl FnOnce() -> R) -> Option<R> {
+        let slot = SLOT.try_with(|c| c.0).ok()?;
+        if slot.inside.load(Relaxed) != 0 {
+            // Already inside a gate (a key's Eq or Hash checking another limiter):
+            // one slot announces one gate, so this read takes the slow path.
+            return None;
+        }
+        slot.inside.store(self as *const Gate as usize, Relaxed);
+        let inside = Inside(slot);
+        light_barrier();
+        // Acquire: a reader that finds the gate open sees what the last writer did.
+        if self.shut.load(Acquire) {
+            return None;
+        }
+        let out = read();
+        drop(inside);
+        Some(out)
+    }
+
+    /// Shuts the gate and waits until no reader is inside; it opens again when the
+    /// returned guard drops. Callers serialise among themselves (the shard's lock).
+    pub fn shut(&self) -> Shut<'_> {
+        self.shut.store(true, Relaxed);
+        heavy_barrier();
+        let me = self as *const Gate as usize;
+        for slot in slots() {
+            let mut spins = 0u32;
+            while slot.inside.load(Acquire) == me {
+                // Read sections are a few instructions long; a reader found inside
+                // is running or about to be rescheduled.
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        Shut(self)
+    }
+}
+
+/// A shut gate (see [`Gate::shut`]).
+pub(crate) struct Shut<'a>(&'a Gate);
+
+impl Drop for Shut<'_> {
+    fn drop(&mut self) {
+        self.0.shut.store(false, Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_shut_gate_turns_readers_away_and_reopens() {
+        let gate = Gate::new();
+        assert_eq!(gate.read(|| 1), Some(1));
+        let shut = gate.shut();
+        assert_eq!(gate.read(|| 1), None);
+        drop(shut);
+        assert_eq!(gate.read(|| 2), Some(2));
+    }
+
+    /// A writer that shuts the gate never overlaps a reader: readers check that the
+    /// two halves of a pair are equal; the writer changes them one at a time.
+    #[test]
+    fn writers_never_overlap_readers() {
+        let gate = Arc::new(Gate::new());
+        let pair = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (gate, pair, stop) = (gate.clone(), pair.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let (mut seen, mut turned_away) = (0u64, 0u64);
+                    while !stop.load(Relaxed) {
+                        match gate.read(|| {
+                            let a = pair.0.load(Relaxed);
+                            std::hint::spin_loop();
+                            let b = pair.1.load(Relaxed);
+                            (a, b)
+                        }) {
+                            Some((a, b)) => {
+                                assert_eq!(a, b, "a reader saw a writer's half-done change");
+                                seen += 1;
+                            }
+                            None => turned_away += 1,
+                        }
+                    }
+                    (seen, turned_away)
+                })
+            })
+            .collect();
+        for i in 1..=2000u64 {
+            let _shut = gate.shut();
+            pair.0.store(i, Relaxed);
+            std::hint::spin_loop();
+            pair.1.store(i, Relaxed);
+        }
+        stop.store(true, Relaxed);
+        for r in readers {
+            let (seen, _) = r.join().unwrap();
+            assert!(seen > 0);
+        }
+    }
+
+    #[test]
+    fn slots_are_reused_after_threads_exit() {
+        let gate = Gate::new();
+        for _ in 0..50 {
+            std::thread::scope(|s| {
+                s.spawn(|| gate.read(|| ()));
+            });
+        }
+        // Other tests' threads may hold slots at the same time; 50 sequential threads
+        // must not have made 50 more.
+        assert!(slots().count() < 40, "{} slots", slots().count());
+    }
+}
