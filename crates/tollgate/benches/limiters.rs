@@ -4,7 +4,9 @@
 //! `cargo bench -p tollgate --bench limiters`
 //!
 //! Both sides use their fake clocks (an atomic read), GCRA at 1000/s with a burst of
-//! 50, and keys drawn from a fixed pseudo-random sequence.
+//! 50, and keys drawn from a fixed pseudo-random sequence. Every loop consumes the
+//! admit bit only (`Decision::allowed`, governor's `is_ok()`): handing the whole
+//! 56-byte `Decision` to `black_box` costs tollgate about 5 ns more per check.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -161,7 +163,7 @@ fn contention(c: &mut Criterion) {
     g.bench_function("tollgate/direct", |b| {
         b.iter_custom(|n| {
             two_threads(n, || {
-                black_box(limiter.check().unwrap());
+                black_box(limiter.check().unwrap().allowed);
             })
         })
     });
@@ -169,7 +171,7 @@ fn contention(c: &mut Criterion) {
     g.bench_function("governor/direct", |b| {
         b.iter_custom(|n| {
             two_threads(n, || {
-                let _ = black_box(gov.check());
+                black_box(gov.check().is_ok());
             })
         })
     });
@@ -181,7 +183,7 @@ fn contention(c: &mut Criterion) {
     g.bench_function("tollgate/one-key", |b| {
         b.iter_custom(|n| {
             two_threads(n, || {
-                black_box(keyed.check(&7).unwrap());
+                black_box(keyed.check(&7).unwrap().allowed);
             })
         })
     });
@@ -189,7 +191,7 @@ fn contention(c: &mut Criterion) {
     g.bench_function("governor/one-key", |b| {
         b.iter_custom(|n| {
             two_threads(n, || {
-                let _ = black_box(gov_keyed.check_key(&7u64));
+                black_box(gov_keyed.check_key(&7u64).is_ok());
             })
         })
     });
@@ -197,14 +199,14 @@ fn contention(c: &mut Criterion) {
     g.bench_function("tollgate/disjoint-keys", |b| {
         b.iter_custom(|n| {
             two_threads_indexed(n, |t, i| {
-                black_box(keyed.check(&(t * 5_000 + i % 5_000)).unwrap());
+                black_box(keyed.check(&(t * 5_000 + i % 5_000)).unwrap().allowed);
             })
         })
     });
     g.bench_function("governor/disjoint-keys", |b| {
         b.iter_custom(|n| {
             two_threads_indexed(n, |t, i| {
-                let _ = black_box(gov_keyed.check_key(&(t * 5_000 + i % 5_000)));
+                black_box(gov_keyed.check_key(&(t * 5_000 + i % 5_000)).is_ok());
             })
         })
     });
@@ -225,7 +227,7 @@ fn first_touch(c: &mut Criterion) {
             );
             let start = Instant::now();
             for k in 0..n {
-                black_box(limiter.check(&k).unwrap());
+                black_box(limiter.check(&k).unwrap().allowed);
             }
             start.elapsed()
         })
@@ -235,7 +237,7 @@ fn first_touch(c: &mut Criterion) {
             let gov = RateLimiter::dashmap_with_clock(quota(), FakeRelativeClock::default());
             let start = Instant::now();
             for k in 0..n {
-                let _ = black_box(gov.check_key(&k));
+                black_box(gov.check_key(&k).is_ok());
             }
             start.elapsed()
         })
