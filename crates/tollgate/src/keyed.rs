@@ -218,9 +218,13 @@ struct Inner<K, C> {
 /// `(route, user_id)`. `Send + Sync`, cheap to clone (every clone shares the state).
 ///
 /// Keys live in a sharded hash map. A single GCRA policy keeps one u64 per key; for
-/// plain keys (at most 32 bytes, owning no memory: integers, IP addresses, small tuples) each key sits beside its word in one
-/// flat array, so a check reads one cache line and an entry is 16 bytes for a u64 key
-/// (the array is 53-80 % full); other policies and rule sets keep their states per key.
+/// plain keys (at most 32 bytes, owning no memory: integers, IP addresses, small
+/// tuples) each key sits beside its word in one flat array, so a check reads one cache
+/// line, takes no lock (one compare-and-swap on the word; threads writing nothing
+/// shared otherwise) and an entry is 16 bytes for a u64 key (the array is 53-80 %
+/// full). Other keys (`String`) take the shard's read lock for the same
+/// compare-and-swap; other policies and rule sets keep their states per key under the
+/// shard's lock.
 /// Memory is bounded by [`KeyedOptions::max_keys`]: fully replenished keys (which decide
 /// nothing) are dropped by a sweep of one shard at a time, when that shard has doubled
 /// or is full; if it is still full, the least recently active eighth of the shard is
