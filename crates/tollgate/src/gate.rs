@@ -11,8 +11,10 @@
 //! readers it sees inside to leave. Readers that find the gate shut take their slow
 //! path (the shard's lock, which the writer holds).
 //!
-//! Where `membarrier` is missing or refused, readers pay a full fence instead: the
-//! same guarantees, at about a read lock's price.
+//! Where `membarrier` is missing or refused, or `TOLLGATE_MEMBARRIER=0` is set in the
+//! environment (say, where a writer's barrier interrupting every core costs more than
+//! readers' fences), readers pay a full fence instead: the same guarantees, at about a
+//! read lock's price.
 //!
 //! A reader slot per thread is taken from a global list on the thread's first read and
 //! given back when the thread exits; the list only grows to the most threads that
@@ -93,7 +95,8 @@ static ASYMMETRIC: AtomicU8 = AtomicU8::new(0);
 /// Registers the process for `membarrier` (once); later gates reuse the answer.
 fn init_barrier() {
     if ASYMMETRIC.load(Acquire) == 0 {
-        ASYMMETRIC.store(if register() { 1 } else { 2 }, Release);
+        let wanted = std::env::var_os("TOLLGATE_MEMBARRIER").is_none_or(|v| v != "0");
+        ASYMMETRIC.store(if wanted && register() { 1 } else { 2 }, Release);
     }
 }
 

@@ -394,7 +394,9 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         }
     }
 
-    /// Forgets `key`'s state.
+    /// Forgets `key`'s state: its next decision is a new key's. (A plain key under a
+    /// single GCRA policy stays counted in [`Self::len`], fully replenished, until a
+    /// sweep drops it.)
     pub fn reset<Q>(&self, key: &Q)
     where
         K: Borrow<Q>,
@@ -404,13 +406,19 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let hash = self.inner.hasher.hash_one(key);
         let (cell, mut shard) = self.shard(hash, now);
         let hasher = &self.inner.hasher;
-        // SAFETY: the write lock is held.
-        let present = unsafe { cell.fast() }
-            .words
-            .find(hash, |k| k.borrow() == key);
-        // Shutting readers out costs a process-wide barrier: only for a key held.
-        if present.is_some() {
-            // SAFETY: the write lock is held; the shared reference is not used again.
+        if Words::<K>::FLAT {
+            // A flat word is not removed (that moves entries, which shuts readers
+            // out): it is set fully replenished, deciding exactly as a new key, and
+            // the next sweep drops it as idle.
+            // SAFETY: the write lock is held.
+            if let Some(tat) = unsafe { cell.fast() }
+                .words
+                .find(hash, |k| k.borrow() == key)
+            {
+                tat.store(0, Ordering::Release);
+            }
+        } else {
+            // SAFETY: the write lock is held; hashbrown words have no gate readers.
             unsafe { cell.fast_mut() }.fast.words.remove(
                 hash,
                 |k| k.borrow() == key,

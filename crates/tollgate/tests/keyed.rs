@@ -56,6 +56,36 @@ fn compound_and_borrowed_keys() {
     assert!(strings.check("alice").unwrap().allowed);
 }
 
+/// Every key type and policy path: a reset key decides as a new one.
+#[test]
+fn reset_makes_a_key_new_again() {
+    for spec in ["gcra:rate=1/h,burst=3", "token-bucket:rate=1/h,capacity=3"] {
+        let (flat, clock) = keyed::<u64>(spec, KeyedOptions::default());
+        let (strings, _) = keyed::<String>(spec, KeyedOptions::default());
+        for _ in 0..3 {
+            assert!(flat.check(&9).unwrap().allowed);
+            assert!(strings.check("nine").unwrap().allowed);
+        }
+        assert!(!flat.check(&9).unwrap().allowed);
+        assert!(!strings.check("nine").unwrap().allowed);
+        flat.reset(&9);
+        strings.reset("nine");
+        flat.reset(&10); // unknown keys: nothing to forget
+        assert_eq!(
+            flat.peek(&9, 1).unwrap(),
+            flat.peek(&11, 1).unwrap(),
+            "{spec}"
+        );
+        clock.advance(Duration::from_secs(1));
+        for _ in 0..3 {
+            assert!(flat.check(&9).unwrap().allowed, "{spec}");
+            assert!(strings.check("nine").unwrap().allowed, "{spec}");
+        }
+        assert!(!flat.check(&9).unwrap().allowed);
+        assert!(!strings.check("nine").unwrap().allowed);
+    }
+}
+
 #[test]
 fn peek_does_not_store_a_key_and_refund_gives_back() {
     let (limiter, _) = keyed::<u64>("gcra:rate=1/s,burst=2", KeyedOptions::default());
