@@ -4,7 +4,8 @@
 //! semantics (see [`tollgate_core`], re-exported here), as
 //!
 //! * [`Limiter`]: one shared limit (GCRA lock-free on one `AtomicU64`);
-//! * [`KeyedLimiter`]: one limit per key, for millions of keys in bounded memory;
+//! * [`KeyedLimiter`]: one limit per key, for millions of keys in bounded memory
+//!   (GCRA on plain keys: no lock, one compare-and-swap);
 //! * [`ConcurrencyLimiter`] and [`KeyedConcurrencyLimiter`]: permits held while work
 //!   runs, released on drop;
 //! * [`Paced`]: any `Stream` paced to a policy, with backpressure;
