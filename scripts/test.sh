@@ -35,3 +35,7 @@ export PROPTEST_CASES="${PROPTEST_CASES:-400}"
 
 cargo test --workspace --all-targets --all-features --locked
 cargo test --workspace --doc --all-features --locked
+# The keyed fast path's gate, model-checked with loom (all interleavings of a reader
+# and a writer; own target directory, since the cfg rebuilds every dependency).
+RUSTFLAGS="--cfg tollgate_loom" CARGO_TARGET_DIR=target/loom \
+    cargo test -p tollgate --lib --release --locked gate::model
