@@ -284,7 +284,8 @@ mod tests {
                 let (gate, pair, stop) = (gate.clone(), pair.clone(), stop.clone());
                 std::thread::spawn(move || {
                     let (mut seen, mut turned_away) = (0u64, 0u64);
-                    while !stop.load(Relaxed) {
+                    // At least one read each: after the writer is done the gate stays open.
+                    while !stop.load(Relaxed) || seen == 0 {
                         match gate.read(|| {
                             let a = pair.0.load(Relaxed);
                             std::hint::spin_loop();
