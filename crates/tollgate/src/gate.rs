@@ -137,17 +137,16 @@ fn init_barrier() {
     }
 }
 
+/// `membarrier(cmd)`: whether it succeeded.
+#[cfg(target_os = "linux")]
+fn membarrier(cmd: libc::c_int) -> bool {
+    // SAFETY: a syscall with integer arguments; no memory is passed.
+    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) == 0 }
+}
+
 #[cfg(target_os = "linux")]
 fn register() -> bool {
-    // SAFETY: a syscall with integer arguments; no memory is passed.
-    unsafe {
-        libc::syscall(
-            libc::SYS_membarrier,
-            libc::MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
-            0,
-            0,
-        ) == 0
-    }
+    membarrier(libc::MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED)
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -159,15 +158,7 @@ fn register() -> bool {
 fn heavy_barrier() {
     #[cfg(target_os = "linux")]
     if ASYMMETRIC.load(Acquire) == 1 {
-        // SAFETY: as in `register`.
-        let done = unsafe {
-            libc::syscall(
-                libc::SYS_membarrier,
-                libc::MEMBARRIER_CMD_PRIVATE_EXPEDITED,
-                0,
-                0,
-            ) == 0
-        };
+        let done = membarrier(libc::MEMBARRIER_CMD_PRIVATE_EXPEDITED);
         assert!(done, "membarrier failed after a successful registration");
         return;
     }
