@@ -524,19 +524,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let peek = mode == Mode::Peek;
         // The GCRA fast path for a known key: one compare-and-swap, and no lock for
         // plain keys (or a read lock).
-        let known = |f: &FastShard<K>| -> Option<Result<Outcome, KeyedError>> {
-            let fast = f.config.fast?;
-            if let Some(tat) = f.words.find(hash, |k| k.borrow() == key) {
-                let d = decide_word(&fast, tat, now, cost, op, peek);
-                return Some(d.map(Outcome::One).map_err(KeyedError::from));
-            }
-            match fast.decide(0, now, cost, op) {
-                Err(e) => Some(Err(e.into())),
-                // Nothing to store for a peek, or for a reject of a fresh key.
-                Ok((new, d)) if peek || new == 0 => Some(Ok(Outcome::One(d))),
-                Ok(_) => None,
-            }
-        };
+        let known = |f: &FastShard<K>| decide_known(f, key, hash, now, cost, op, peek);
         if let Some(done) = self.quick(hash, known) {
             return done;
         }
@@ -545,26 +533,25 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let hasher = &self.inner.hasher;
         // SAFETY: the write lock is held (`f` is not used after a `fast_mut`).
         let f = unsafe { cell.fast() };
+        // The key may have been inserted by another thread meanwhile.
+        if let Some(done) = decide_known(f, key, hash, now, cost, op, peek) {
+            return done;
+        }
         if let Some(fast) = f.config.fast {
-            if let Some(tat) = f.words.find(hash, |k| k.borrow() == key) {
-                // Inserted by another thread meanwhile.
-                return Ok(Outcome::One(decide_word(&fast, tat, now, cost, op, peek)?));
-            }
+            // `known` said: a new key, admitted or reserving, to store.
             let (new, d) = fast.decide(0, now, cost, op)?;
-            if !peek && new != 0 {
-                if self.room_needed(f.words.len(), sweep) {
-                    let load = |t: &AtomicU64| t.load(Ordering::Relaxed);
-                    // SAFETY: the write lock is held; `f` is not used again.
-                    let words = &mut unsafe { cell.fast_mut() }.fast.words;
-                    self.make_room(words, sweep, now, |t| load(t) <= now, load)?;
-                }
-                // SAFETY: the write lock is held: no other writer.
-                let shared = unsafe { cell.fast().words.insert_shared(hash, key.to_owned(), new) };
-                if let Err(key) = shared {
-                    // SAFETY: as above; the shared reference is gone.
-                    let words = &mut unsafe { cell.fast_mut() }.fast.words;
-                    words.insert_unique(hash, key, new, |k| hasher.hash_one(k));
-                }
+            if self.room_needed(f.words.len(), sweep) {
+                let load = |t: &AtomicU64| t.load(Ordering::Relaxed);
+                // SAFETY: the write lock is held; `f` is not used again.
+                let words = &mut unsafe { cell.fast_mut() }.fast.words;
+                self.make_room(words, sweep, now, |t| load(t) <= now, load)?;
+            }
+            // SAFETY: the write lock is held: no other writer.
+            let shared = unsafe { cell.fast().words.insert_shared(hash, key.to_owned(), new) };
+            if let Err(key) = shared {
+                // SAFETY: as above; the shared reference is gone.
+                let words = &mut unsafe { cell.fast_mut() }.fast.words;
+                words.insert_unique(hash, key, new, |k| hasher.hash_one(k));
             }
             return Ok(Outcome::One(d));
         }
@@ -740,6 +727,35 @@ fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The GCRA fast path's decision on a shard's fast part: `None` when it cannot decide
+/// there (not a single GCRA policy) or the key is new and must be stored.
+#[inline(always)]
+fn decide_known<K, Q>(
+    f: &FastShard<K>,
+    key: &Q,
+    hash: u64,
+    now: u64,
+    cost: u64,
+    op: Op,
+    peek: bool,
+) -> Option<Result<Outcome, KeyedError>>
+where
+    K: Borrow<Q>,
+    Q: Eq + ?Sized,
+{
+    let fast = f.config.fast?;
+    if let Some(tat) = f.words.find(hash, |k| k.borrow() == key) {
+        let d = decide_word(&fast, tat, now, cost, op, peek);
+        return Some(d.map(Outcome::One).map_err(KeyedError::from));
+    }
+    match fast.decide(0, now, cost, op) {
+        Err(e) => Some(Err(e.into())),
+        // Nothing to store for a peek, or for a reject of a fresh key.
+        Ok((new, d)) if peek || new == 0 => Some(Ok(Outcome::One(d))),
+        Ok(_) => None,
+    }
 }
 
 /// One GCRA decision on a key's TAT word: a compare-and-swap loop (a load for peek).
