@@ -41,6 +41,10 @@ pub struct RedisLoad {
     pub rules: tollgate::RuleSet,
     /// Connections the callers share (each pipelines its callers' commands).
     pub connections: usize,
+    /// The most checks per call (1: no batching).
+    pub batch: usize,
+    /// How the decision code is called.
+    pub calls: tollgate::redis::RedisCalls,
 }
 
 /// Totals of a run.
@@ -108,6 +112,8 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
                 &spec.target,
                 tollgate::redis::RedisOptions {
                     timeout: Duration::from_secs(2),
+                    batch: load.batch,
+                    calls: load.calls,
                     ..Default::default()
                 },
             )

@@ -158,12 +158,17 @@ enum BenchCommand {
     /// Drive the Redis store's decision script: K keys, N concurrent callers over a
     /// few pipelined connections. Ends with `checks/s: .. p50_us: .. p99_us: .. errors: ..`.
     Redis(RedisBenchArgs),
-    /// Print the redis-benchmark arguments that run the same script call as
-    /// `bench redis` (for the ceiling: `redis-benchmark ... $(tollgate bench redis-call ...)`).
+    /// Print the redis-benchmark arguments that run the same decision call as
+    /// `bench redis` with batching off (`FCALL`; `EVALSHA` with --eval), for
+    /// `redis-benchmark ... $(tollgate bench redis-call ...)`. Load the code first (one
+    /// `bench redis` run does).
     RedisCall {
         /// The policy spec.
         #[arg(long)]
         policy: String,
+        /// Print the `EVALSHA` form instead of `FCALL`.
+        #[arg(long)]
+        eval: bool,
     },
     /// Serve 200 to every request: the HTTP stack's ceiling, to compare against.
     Ceiling {
@@ -193,6 +198,23 @@ struct RedisBenchArgs {
     /// How long to run (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
     duration: std::time::Duration,
+    /// The most checks per Redis call (automatic batching); 1 turns batching off.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// How the decision code is called: auto (Functions where Redis has them),
+    /// functions, eval.
+    #[arg(long, default_value = "auto", value_parser = parse_calls)]
+    calls: tollgate::redis::RedisCalls,
+}
+
+fn parse_calls(s: &str) -> Result<tollgate::redis::RedisCalls, String> {
+    use tollgate::redis::RedisCalls;
+    match s {
+        "auto" => Ok(RedisCalls::Auto),
+        "functions" => Ok(RedisCalls::Functions),
+        "eval" => Ok(RedisCalls::Eval),
+        _ => Err(format!("{s:?}: expected auto, functions or eval")),
+    }
 }
 
 #[derive(Debug, Parser)]
@@ -269,24 +291,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 BenchCommand::Ceiling { listen } => {
                     return runtime.block_on(crate::bench::ceiling(listen))
                 }
-                BenchCommand::RedisCall { policy } => {
+                BenchCommand::RedisCall { policy, eval } => {
                     let rules = tollgate::RuleSet::parse(&[policy]).map_err(anyhow::Error::msg)?;
                     return runtime.block_on(async {
                         let store =
                             tollgate::redis::RedisStore::connect("redis://127.0.0.1:1/").await?;
                         let limiter = tollgate::redis::RedisLimiter::new(store, "bench", rules)?;
-                        let (keys, argv) = limiter.script_call("k__rand_int__", 1);
-                        let sha = tollgate::redis::script_sha1();
-                        let quote = |a: &str| {
+                        let call = limiter.script_call("k__rand_int__", 1);
+                        let mut out = if eval {
+                            vec!["EVALSHA".to_string(), tollgate::redis::script_sha1()]
+                        } else {
+                            let (_, function) = tollgate::redis::function_library();
+                            vec!["FCALL".to_string(), function.to_string()]
+                        };
+                        out.extend(call.into_iter().map(|a| {
                             if a.is_empty() {
                                 "''".to_string()
                             } else {
-                                a.to_string()
+                                a
                             }
-                        };
-                        let mut out = vec!["EVALSHA".to_string(), sha, keys.len().to_string()];
-                        out.extend(keys.iter().map(|k| quote(k)));
-                        out.extend(argv.iter().map(|a| quote(a)));
+                        }));
                         println!("{}", out.join(" "));
                         Ok(())
                     });
@@ -307,6 +331,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                         redis: Some(crate::bench::RedisLoad {
                             rules,
                             connections: a.connections,
+                            batch: a.batch,
+                            calls: a.calls,
                         }),
                     };
                     let totals =

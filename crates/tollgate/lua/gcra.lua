@@ -1,6 +1,7 @@
 -- gcra (code 1). Params: scale, interval, tau (interval and tau in 1/scale us ticks).
 -- State: the TAT as "us frac" (tat = us*scale + frac, 0 <= frac < scale), so that
--- an epoch-anchored time times the scale never has to fit a double.
+-- an epoch-anchored time times the scale never has to fit a double; "us" alone when
+-- frac is 0 (always, for a rate whose interval is whole microseconds).
 -- new = max(tat, now) + cost*T; admitted iff now >= new - tau; then tat = new.
 
 -- (us, frac) with frac brought into [0, scale).
@@ -19,11 +20,16 @@ end
 ALGOS[1] = {
   params = function(a) return { scale = a[1], interval = a[2], tau = a[3] } end,
   load = function(p, key)
-    local v = load_fields(key)
+    local v = redis.call('GET', key)
     if not v then return { u = 0, f = 0 } end
-    return { u = v[1], f = v[2] }
+    local sp = string.find(v, ' ', 1, true)
+    if not sp then return { u = tonumber(v), f = 0, raw = v } end
+    return { u = tonumber(string.sub(v, 1, sp - 1)), f = tonumber(string.sub(v, sp + 1)), raw = v }
   end,
-  encode = function(p, s) return int(s.u) .. ' ' .. int(s.f) end,
+  encode = function(p, s)
+    if s.f == 0 then return int(s.u) end
+    return int(s.u) .. ' ' .. int(s.f)
+  end,
   earliest = function(p, s, now, cost)
     local u, f = gcra_next(p, s, now, cost)
     u, f = ticks_norm(u, f - p.tau, p.scale)

@@ -5,7 +5,9 @@
 -- (the Rust side refuses policies whose constants could exceed it), and divisions go
 -- through `idiv`, which corrects the rounding of `/` so that it is exact.
 
-local floor = math.floor
+-- Redis 7.0 loads a Functions library with only the `redis` API in scope (the standard
+-- libraries are there once a function runs), so `floor` is bound by the first call.
+local floor
 
 -- floor(a / b) for integers |a| < 2^53, b > 0.
 local function idiv(a, b)

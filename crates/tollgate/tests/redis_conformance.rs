@@ -1,7 +1,12 @@
 //! One conformance suite for every store: random rule sets and request traces
 //! (proptest) replayed through the memory store (the core, as `tollgate replay` runs
-//! it) and through the Redis scripts on a standalone server and on a 3-master Cluster,
-//! with the trace time passed in. Every decision must be identical, field by field.
+//! it) and through the Redis decision code on a standalone server (as Redis Functions
+//! and as an `EVALSHA` script) and on a 3-master Cluster, with the trace time passed
+//! in. Every decision must be identical, field by field.
+//!
+//! Batching is on (the default). Events go out in groups submitted concurrently; with
+//! one call in flight a group after the first rides one call in trace order, so the
+//! driver's many-checks-per-call path is what decides them.
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
@@ -11,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis_server::RedisServers;
-use tollgate::redis::{RedisLimiter, RedisOptions, RedisStore};
+use tollgate::redis::{RedisCalls, RedisLimiter, RedisOptions, RedisStore};
 use tollgate::{Op, PolicyState, RuleSet};
 
 /// A policy spec with random (often awkward) parameters.
@@ -90,11 +95,12 @@ fn event() -> impl Strategy<Value = Event> {
         })
 }
 
-fn case() -> impl Strategy<Value = (Vec<String>, bool, Vec<Event>)> {
+fn case() -> impl Strategy<Value = (Vec<String>, bool, Vec<Event>, usize)> {
     (
         prop::collection::vec(spec(), 1..4),
         any::<bool>(),
         prop::collection::vec(event(), 1..40),
+        1usize..6,
     )
 }
 
@@ -106,12 +112,16 @@ async fn conform(
     specs: &[String],
     epoch: bool,
     events: &[Event],
+    group: usize,
 ) -> Result<(), TestCaseError> {
     let rules = RuleSet::parse(specs).map_err(TestCaseError::fail)?;
     let name = format!("conf{}", CASE.fetch_add(1, Ordering::Relaxed));
     let limiters: Vec<(&str, RedisLimiter)> = stores
         .iter()
-        .map(|(label, s)| {
+        .enumerate()
+        .map(|(i, (label, s))| {
+            // Stores on one server keep apart by name.
+            let name = format!("{name}s{i}");
             (
                 *label,
                 RedisLimiter::new(s.clone(), &name, rules.clone()).unwrap(),
@@ -122,26 +132,47 @@ async fn conform(
     let mut memory: Vec<Vec<PolicyState>> = vec![rules.init(0), rules.init(0)];
     // Times near today's epoch-anchored microseconds exercise the large numbers.
     let mut t: u64 = if epoch { 1_763_000_000_000_000 } else { 0 };
-    for (i, e) in events.iter().enumerate() {
+    let mut timed = Vec::with_capacity(events.len());
+    for e in events {
         t += e.gap_us;
-        let op = if e.acquire { Op::Acquire } else { Op::Try };
-        let key = format!("k{}", e.key);
-        let want = rules.check(&mut memory[e.key as usize], t, e.cost, op);
+        timed.push((t, e));
+    }
+    for (gi, group) in timed.chunks(group).enumerate() {
+        let want: Vec<_> = group
+            .iter()
+            .map(|(t, e)| {
+                let op = if e.acquire { Op::Acquire } else { Op::Try };
+                rules.check(&mut memory[e.key as usize], *t, e.cost, op)
+            })
+            .collect();
         for (label, limiter) in &limiters {
-            let got = limiter.check_at(&key, t, 0, e.cost, op).await;
-            match (&want, got) {
-                (Ok(w), Ok(g)) => prop_assert_eq!(
-                    w,
-                    &g,
-                    "{} differs at event {} (t={}, {:?}) for {:?}",
-                    label,
-                    i,
-                    t,
-                    e,
-                    specs
-                ),
-                (Err(w), Err(tollgate::redis::StoreError::Check(g))) => prop_assert_eq!(w, &g),
-                (w, g) => prop_assert!(false, "{label} at event {i}: memory {w:?}, redis {g:?}"),
+            let got = futures::future::join_all(group.iter().map(|(t, e)| {
+                let op = if e.acquire { Op::Acquire } else { Op::Try };
+                let key = format!("k{}", e.key);
+                async move { limiter.check_at(&key, *t, 0, e.cost, op).await }
+            }))
+            .await;
+            for (i, (want, got)) in want.iter().zip(got).enumerate() {
+                let (t, e) = group[i];
+                match (want, got) {
+                    (Ok(w), Ok(g)) => prop_assert_eq!(
+                        w,
+                        &g,
+                        "{} differs at event {} of group {} (t={}, {:?}) for {:?}",
+                        label,
+                        i,
+                        gi,
+                        t,
+                        e,
+                        specs
+                    ),
+                    (Err(w), Err(tollgate::redis::StoreError::Check(g))) => {
+                        prop_assert_eq!(w, &g)
+                    }
+                    (w, g) => {
+                        prop_assert!(false, "{label} at event {i}: memory {w:?}, redis {g:?}")
+                    }
+                }
             }
         }
     }
@@ -157,34 +188,48 @@ fn memory_redis_and_cluster_decide_identically() {
         .build()
         .unwrap();
     // Replayed traces set their own time: keys must outlive the run, not the trace.
+    // One call in flight: a group's later checks queue behind the first and ride the
+    // next call together, in order.
     let opts = RedisOptions {
         ttl_margin: std::time::Duration::from_secs(3600),
         timeout: std::time::Duration::from_secs(5),
+        in_flight: 1,
         ..RedisOptions::default()
     };
+    let eval = RedisOptions {
+        calls: RedisCalls::Eval,
+        ..opts.clone()
+    };
+    let functions = RedisOptions {
+        calls: RedisCalls::Functions,
+        ..opts.clone()
+    };
     let stores = rt.block_on(async {
-        vec![
-            (
-                "redis",
-                RedisStore::connect_with(&single.url(), opts.clone())
-                    .await
-                    .unwrap(),
-            ),
-            (
-                "cluster",
-                RedisStore::connect_with(&cluster.url(), opts)
-                    .await
-                    .unwrap(),
-            ),
-        ]
+        let connect = |url: String, opts: RedisOptions| async move {
+            RedisStore::connect_with(&url, opts).await.unwrap()
+        };
+        let stores = vec![
+            ("redis functions", connect(single.url(), functions).await),
+            ("redis evalsha", connect(single.url(), eval).await),
+            ("cluster", connect(cluster.url(), opts).await),
+        ];
+        assert!(!stores[0].1.uses_eval() && stores[1].1.uses_eval());
+        stores
     });
     let mut runner = TestRunner::new(Config {
         failure_persistence: None,
         ..Config::default()
     });
     runner
-        .run(&case(), |(specs, epoch, events)| {
-            rt.block_on(conform(&stores, &specs, epoch, &events))
+        .run(&case(), |(specs, epoch, events, group)| {
+            rt.block_on(conform(&stores, &specs, epoch, &events, group))
         })
         .unwrap();
+    for (label, store) in &stores {
+        let s = store.call_stats();
+        assert!(
+            s.checks > s.calls,
+            "{label}: batching never happened ({s:?})"
+        );
+    }
 }

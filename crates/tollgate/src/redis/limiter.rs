@@ -8,6 +8,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tollgate_core::{Clock, Decision, Op, RuleDecision, RuleSet};
 
+use super::call::{CallOp, CheckCall};
 use super::health::{Event, Health};
 use super::script::Wire;
 use super::store::RedisStore;
@@ -80,7 +81,7 @@ pub struct RedisStats {
 
 struct Compiled {
     rules: RuleSet,
-    wire: Wire,
+    wire: Arc<Wire>,
     local: Option<KeyedLimiter<String>>,
 }
 
@@ -286,30 +287,29 @@ impl RedisLimiter {
         Ok(d)
     }
 
-    /// The KEYS and ARGV of the script call that tries `cost` for `key` (for tools
-    /// that drive the script themselves, e.g. `redis-benchmark` as a ceiling; the
-    /// nonce is fixed).
-    pub fn script_call(&self, key: &str, cost: u64) -> (Vec<String>, Vec<String>) {
+    /// The KEYS and ARGV of a call that tries `cost` for `key` (after `FCALL NAME` or
+    /// `EVALSHA SHA1`), for tools that drive the decision code themselves, e.g.
+    /// `redis-benchmark` as a ceiling (the nonce is fixed).
+    pub fn script_call(&self, key: &str, cost: u64) -> Vec<String> {
         let compiled = self.inner.compiled.load();
-        let keys = self.keys(key, &compiled.wire);
-        let margin = self
-            .inner
-            .store
-            .options()
-            .ttl_margin
-            .as_millis()
-            .to_string();
-        let mut argv: Vec<String> = vec![
-            "check".into(),
-            String::new(),
-            String::new(),
-            cost.to_string(),
-            "0".into(),
-            margin,
-            "bench".into(),
-        ];
-        argv.extend(compiled.wire.args.iter().cloned());
-        (keys, argv)
+        let check = CheckCall {
+            op: CallOp::Try,
+            keys: self.keys(key, &compiled.wire),
+            wire: compiled.wire.clone(),
+            now: None,
+            created: None,
+            cost,
+        };
+        let mut cmd = ::redis::cmd("FCALL");
+        let margin = self.inner.store.options().ttl_margin.as_millis() as u64;
+        super::call::push_call(&mut cmd, &[&check], margin, "bench");
+        cmd.args_iter()
+            .skip(1)
+            .map(|a| match a {
+                ::redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            })
+            .collect()
     }
 
     /// The decision a try of `cost` would get now, changing nothing.
@@ -327,12 +327,15 @@ impl RedisLimiter {
         let compiled = self.inner.compiled.load_full();
         let (rules, wire) = (&compiled.rules, &compiled.wire);
         wire.check_cost(rules, cost)?;
-        let keys = self.keys(key, wire);
-        let reply = self
-            .inner
-            .store
-            .call("peek", &keys, rules, wire, now, created, cost, false)
-            .await?;
+        let check = CheckCall {
+            op: CallOp::Peek,
+            keys: self.keys(key, wire),
+            wire: wire.clone(),
+            now,
+            created,
+            cost,
+        };
+        let reply = self.inner.store.call(check, rules).await?;
         Ok(rules.peek(&reply.states, reply.now, cost)?)
     }
 
@@ -350,21 +353,16 @@ impl RedisLimiter {
     /// Gives back `cost` units admitted earlier to every policy of `key`.
     pub async fn refund(&self, key: &str, cost: u64) -> Result<(), StoreError> {
         let compiled = self.inner.compiled.load_full();
-        let keys = self.keys(key, &compiled.wire);
         lock(&self.inner.negative).remove(key);
-        self.inner
-            .store
-            .call(
-                "refund",
-                &keys,
-                &compiled.rules,
-                &compiled.wire,
-                None,
-                None,
-                cost,
-                false,
-            )
-            .await?;
+        let check = CheckCall {
+            op: CallOp::Refund,
+            keys: self.keys(key, &compiled.wire),
+            wire: compiled.wire.clone(),
+            now: None,
+            created: None,
+            cost,
+        };
+        self.inner.store.call(check, &compiled.rules).await?;
         Ok(())
     }
 
@@ -452,7 +450,7 @@ impl RedisLimiter {
 }
 
 fn compile(rules: RuleSet, opts: &RedisLimiterOptions) -> Result<Compiled, StoreError> {
-    let wire = Wire::new(&rules)?;
+    let wire = Arc::new(Wire::new(&rules)?);
     let local = match &opts.on_error {
         OnError::Local(local) => Some(KeyedLimiter::new(local.clone())),
         _ => None,

@@ -25,6 +25,8 @@
 //! # Ok(()) }
 //! ```
 
+mod batch;
+mod call;
 mod concurrency;
 mod health;
 mod limiter;
@@ -33,22 +35,31 @@ mod store;
 
 pub use concurrency::{PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit};
 pub use limiter::{OnError, RedisLimiter, RedisLimiterOptions, RedisStats};
-pub use store::{RedisOptions, RedisStore};
+pub use store::{CallStats, RedisCalls, RedisOptions, RedisStore};
 
 use std::time::Duration;
 
-/// The decision script's source (what `EVALSHA` runs; `SCRIPT LOAD` it to get its SHA1).
+/// The decision script's source as `EVALSHA` runs it (`SCRIPT LOAD` it to get its SHA1).
 pub fn script_source() -> &'static str {
-    script::SCRIPT
+    script::EVAL_SCRIPT
 }
 
 /// The SHA1 `EVALSHA` calls the script by.
 pub fn script_sha1() -> String {
-    ::redis::Script::new(script::SCRIPT).get_hash().to_string()
+    ::redis::Script::new(script::EVAL_SCRIPT)
+        .get_hash()
+        .to_string()
+}
+
+/// The decision code as a Redis Functions library (`FUNCTION LOAD` it), and the name
+/// of the function `FCALL` calls.
+pub fn function_library() -> (&'static str, &'static str) {
+    let lib = script::library();
+    (&lib.source, &lib.function)
 }
 
 /// Why a Redis-backed decision failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The request itself is invalid (cost 0, or more than the policy can ever admit).
     #[error(transparent)]

@@ -9,18 +9,53 @@ use tollgate_core::{Algo, Mode, Policy, PolicyState, RuleSet};
 
 use super::StoreError;
 
-/// The whole script: helpers, one file per algorithm family, then the driver
-/// (`check.lua`, which documents KEYS and ARGV).
-pub(crate) const SCRIPT: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/buckets.lua"),
-    include_str!("../../lua/windows.lua"),
-    include_str!("../../lua/limit_req.lua"),
-    include_str!("../../lua/smooth.lua"),
-    include_str!("../../lua/shaper.lua"),
-    include_str!("../../lua/check.lua"),
-);
+/// The decision driver and every algorithm (`check.lua` documents KEYS and ARGV),
+/// followed by `$tail`.
+macro_rules! driver {
+    ($($tail:expr),*) => {
+        concat!(
+            include_str!("../../lua/prelude.lua"),
+            include_str!("../../lua/gcra.lua"),
+            include_str!("../../lua/buckets.lua"),
+            include_str!("../../lua/windows.lua"),
+            include_str!("../../lua/limit_req.lua"),
+            include_str!("../../lua/smooth.lua"),
+            include_str!("../../lua/shaper.lua"),
+            include_str!("../../lua/check.lua"),
+            $($tail),*
+        )
+    };
+}
+
+const BODY: &str = driver!();
+
+/// The driver as one `EVALSHA` script (Redis < 7, or Functions turned off).
+pub(crate) const EVAL_SCRIPT: &str = driver!(include_str!("../../lua/eval.lua"));
+
+/// The driver as a Redis Functions library, named by a hash of its code so that
+/// instances of different tollgate versions on one Redis each call their own.
+pub(crate) struct Library {
+    /// `FUNCTION LOAD`'s argument.
+    pub source: String,
+    /// The function that decides (`FCALL`).
+    pub function: String,
+    /// The read-only function for batches of peeks (`FCALL_RO`).
+    pub function_ro: String,
+}
+
+pub(crate) fn library() -> &'static Library {
+    static LIBRARY: std::sync::OnceLock<Library> = std::sync::OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let hash = redis::Script::new(BODY).get_hash().to_string();
+        let version = &hash[..12];
+        let register = include_str!("../../lua/functions.lua").replace("VERSION", version);
+        Library {
+            source: format!("#!lua name=tollgate_{version}\n{BODY}{register}"),
+            function: format!("tollgate_{version}"),
+            function_ro: format!("tollgate_{version}_ro"),
+        }
+    })
+}
 
 /// Integers the script handles stay below this (doubles are exact below 2^53; the
 /// margin leaves room for the sums of two of them).
@@ -31,7 +66,8 @@ const LUA_EXACT: u128 = 1 << 52;
 pub(crate) struct Wire {
     /// Per-policy key suffixes (`:{index}.{code}`): a changed algorithm starts afresh.
     pub suffixes: Vec<String>,
-    /// `n` then each policy's code, shadow, max-wait, m and parameters.
+    /// The rule set as `check.lua` reads it: `n`, then each policy's code, shadow,
+    /// max-wait, m and parameters.
     pub args: Vec<String>,
     /// Each policy's largest cost the script can take exactly.
     max_costs: Vec<u64>,
@@ -220,7 +256,13 @@ pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicySta
     }
     Ok(match p.algo() {
         Algo::Gcra(a) => {
-            let [us, frac] = exactly(nums(s)?, s)?;
+            // "us" or "us frac" (see gcra.lua).
+            let v: Vec<u64> = nums(s)?;
+            let (us, frac) = match v[..] {
+                [us] => (us, 0),
+                [us, frac] => (us, frac),
+                _ => return Err(StoreError::Protocol(format!("bad gcra state {s:?}"))),
+            };
             PolicyState::Gcra(GcraState {
                 tat: ticks(us, frac, a.rate().scale()),
             })

@@ -1,5 +1,7 @@
-//! [`RedisStore`]: a connection (single node or Cluster) and the decision script.
+//! [`RedisStore`]: a connection (single node or Cluster), how decisions are sent on it
+//! (Redis Functions or `EVALSHA`, batched or not), and the decision itself.
 
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,7 +10,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
 use tollgate_core::{Op, PolicyState, RuleDecision, RuleSet};
 
-use super::script::{parse_state, Wire, SCRIPT};
+use super::batch::Batcher;
+use super::call::{push_call, split_reply, CallOp, CheckCall, CheckReply};
+use super::script::{library, parse_state, Wire, EVAL_SCRIPT};
 use super::StoreError;
 
 /// How a [`RedisStore`] talks to Redis.
@@ -22,6 +26,37 @@ pub struct RedisOptions {
     pub ttl_margin: Duration,
     /// Prefix of every key (default `tollgate`); must not contain `{` or `}`.
     pub prefix: String,
+    /// How the decision code is called. Default [`RedisCalls::Auto`].
+    pub calls: RedisCalls,
+    /// The most checks decided by one call (automatic batching; see
+    /// [`RedisStore`]). 1 sends each check as its own call. Default 64.
+    pub batch: usize,
+    /// With batching, how many calls may be outstanding at once on the connection;
+    /// checks arriving meanwhile wait for the next call. Default 2.
+    pub in_flight: usize,
+}
+
+/// Counters of a [`RedisStore`]'s decision calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallStats {
+    /// Calls sent (`FCALL` or `EVALSHA`), including failed ones.
+    pub calls: u64,
+    /// Checks (try, acquire, peek, refund) those calls carried.
+    pub checks: u64,
+}
+
+/// How a [`RedisStore`] calls its decision code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RedisCalls {
+    /// Redis Functions where the server has them (Redis >= 7), `EVALSHA` otherwise.
+    #[default]
+    Auto,
+    /// Redis Functions: the library is loaded once per node (`FUNCTION LOAD`) and each
+    /// call runs only the algorithms it names (`FCALL`; `FCALL_RO` for peeks).
+    Functions,
+    /// `EVALSHA` of one script that defines every algorithm on each call (loaded with
+    /// `SCRIPT LOAD` when Redis does not know it).
+    Eval,
 }
 
 impl Default for RedisOptions {
@@ -30,6 +65,9 @@ impl Default for RedisOptions {
             timeout: Duration::from_millis(250),
             ttl_margin: Duration::from_secs(1),
             prefix: "tollgate".into(),
+            calls: RedisCalls::Auto,
+            batch: 64,
+            in_flight: 2,
         }
     }
 }
@@ -69,22 +107,24 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// A connection to Redis (one node, or a Cluster) that decides requests with one
-/// atomic script call each.
+/// A connection to Redis (one node, or a Cluster) that decides requests atomically with
+/// tollgate's decision code, loaded once per node as a Redis Functions library (Redis
+/// >= 7; `EVALSHA` of one script otherwise, see [`RedisCalls`]).
 ///
-/// Cheap to clone: clones share the connection. Calls from concurrent tasks go out
-/// together on it (the client pipelines them), so a few connections carry many callers.
-/// The script is sent by `EVALSHA` and loaded again when Redis answers `NOSCRIPT`
-/// (after a restart or a `SCRIPT FLUSH`).
+/// Cheap to clone: clones share the connection. Concurrent checks are batched: while
+/// calls are outstanding, the checks that arrive queue up and go out together as one
+/// call (per Cluster slot), each decided atomically, in order, exactly as alone;
+/// a lone check is sent at once. [`RedisOptions::batch`] sets the size (1: off).
+/// The code is loaded again when Redis answers that it lacks it (after a restart
+/// without persistence, `FUNCTION FLUSH` or `SCRIPT FLUSH`).
 ///
 /// URLs: `redis://host:port/db` for one node; `redis+cluster://host:port,host:port`
 /// for a Cluster (any reachable nodes; the rest are discovered, `MOVED` and `ASK` are
 /// followed).
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: Conn,
-    script: Arc<Script>,
-    opts: Arc<RedisOptions>,
+    caller: Arc<Caller>,
+    batcher: Option<Arc<Batcher>>,
     url: Arc<str>,
 }
 
@@ -92,13 +132,126 @@ impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("url", &self.url)
-            .field("opts", &self.opts)
+            .field("opts", &self.caller.opts)
             .finish()
     }
 }
 
-/// What one script call answered: Redis's time, the verdict the script applied, and
-/// each policy's state before the call.
+const MODE_FUNCTIONS: u8 = 0;
+const MODE_EVAL: u8 = 1;
+
+/// The connection and how decision calls are sent on it (shared with the batching task).
+pub(crate) struct Caller {
+    conn: Conn,
+    opts: RedisOptions,
+    /// `MODE_FUNCTIONS` or `MODE_EVAL`; `Auto` starts with Functions and moves to
+    /// `EVALSHA` for good when the server does not know `FCALL`.
+    mode: AtomicU8,
+    eval: Script,
+    /// Decision calls sent and checks they carried (batching's effect).
+    calls: AtomicU64,
+    checks: AtomicU64,
+}
+
+impl Caller {
+    /// Runs `call` on a clone of the connection, bounded by the timeout.
+    async fn timed<T, F>(&self, call: impl FnOnce(Conn) -> F) -> Result<T, StoreError>
+    where
+        F: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        tokio::time::timeout(self.opts.timeout, call(self.conn.clone()))
+            .await
+            .map_err(|_| StoreError::Timeout(self.opts.timeout))?
+    }
+
+    /// One call of the decision driver for `checks` (all in one Cluster slot).
+    pub async fn send(&self, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.checks
+            .fetch_add(checks.len() as u64, Ordering::Relaxed);
+        let value = self.timed(|conn| self.call(conn, checks)).await?;
+        split_reply(value, checks)
+    }
+
+    async fn call(&self, mut conn: Conn, checks: &[&CheckCall]) -> Result<Value, StoreError> {
+        let nonce = nonce();
+        let margin = self.opts.ttl_margin.as_millis() as u64;
+        let read_only = checks.iter().all(|c| c.op == CallOp::Peek);
+        let mut loaded = false;
+        loop {
+            let functions = self.mode.load(Ordering::Relaxed) == MODE_FUNCTIONS;
+            let lib = library();
+            let mut cmd = if functions {
+                let mut cmd = redis::cmd(if read_only { "FCALL_RO" } else { "FCALL" });
+                cmd.arg(if read_only {
+                    &lib.function_ro
+                } else {
+                    &lib.function
+                });
+                cmd
+            } else {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(self.eval.get_hash());
+                cmd
+            };
+            push_call(&mut cmd, checks, margin, &nonce);
+            let err = match cmd.query_async::<Value>(&mut conn).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let text = err.to_string().to_ascii_lowercase();
+            if err.is_cluster_error() {
+                // A slot being resharded answers TRYAGAIN to a call whose keys are split
+                // between two nodes (and ASK/MOVED once the client's retries are spent):
+                // try again until it settles, within the one timeout.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            } else if functions && text.contains("unknown command") && self.auto() {
+                self.use_eval();
+            } else if functions && text.contains("function not found") && !loaded {
+                loaded = true;
+                let load = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&lib.source)
+                    .query_async::<Value>(&mut conn)
+                    .await;
+                match load {
+                    Err(e)
+                        if e.to_string().to_ascii_lowercase().contains("unknown")
+                            && self.auto() =>
+                    {
+                        self.use_eval()
+                    }
+                    r => drop(r?),
+                }
+            } else if !functions
+                && err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                && !loaded
+            {
+                loaded = true;
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(EVAL_SCRIPT)
+                    .query_async::<Value>(&mut conn)
+                    .await?;
+            } else {
+                return Err(err.into());
+            }
+        }
+    }
+
+    fn auto(&self) -> bool {
+        self.opts.calls == RedisCalls::Auto
+    }
+
+    fn use_eval(&self) {
+        tracing::info!("tollgate: this Redis has no Functions (Redis < 7): deciding with EVALSHA");
+        self.mode.store(MODE_EVAL, Ordering::Relaxed);
+    }
+}
+
+/// What one check's call answered: the time it was decided at, the verdict the driver
+/// applied, and each policy's state before the call.
 pub(crate) struct Reply {
     pub now: u64,
     pub admitted: bool,
@@ -153,17 +306,47 @@ impl RedisStore {
                 .set_max_delay(Duration::from_millis(100));
             Conn::Single(ConnectionManager::new_lazy_with_config(client, config)?)
         };
-        Ok(RedisStore {
+        let cluster = matches!(conn, Conn::Cluster(_));
+        let mode = match opts.calls {
+            RedisCalls::Eval => MODE_EVAL,
+            RedisCalls::Auto | RedisCalls::Functions => MODE_FUNCTIONS,
+        };
+        let (batch, in_flight) = (opts.batch, opts.in_flight);
+        let caller = Arc::new(Caller {
             conn,
-            script: Arc::new(Script::new(SCRIPT)),
-            opts: Arc::new(opts),
+            opts,
+            mode: AtomicU8::new(mode),
+            eval: Script::new(EVAL_SCRIPT),
+            calls: AtomicU64::new(0),
+            checks: AtomicU64::new(0),
+        });
+        let batcher = (batch > 1)
+            .then(|| Arc::new(Batcher::start(caller.clone(), batch, in_flight, cluster)));
+        Ok(RedisStore {
+            caller,
+            batcher,
             url: url.into(),
         })
     }
 
     /// The options.
     pub fn options(&self) -> &RedisOptions {
-        &self.opts
+        &self.caller.opts
+    }
+
+    /// Whether decisions are sent by `EVALSHA` (configured, or `Auto` found a Redis
+    /// without Functions) rather than `FCALL`.
+    pub fn uses_eval(&self) -> bool {
+        self.caller.mode.load(Ordering::Relaxed) == MODE_EVAL
+    }
+
+    /// Decision calls sent so far, and the checks they carried (more checks than
+    /// calls: batching at work).
+    pub fn call_stats(&self) -> CallStats {
+        CallStats {
+            calls: self.caller.calls.load(Ordering::Relaxed),
+            checks: self.caller.checks.load(Ordering::Relaxed),
+        }
     }
 
     /// Runs `call` on a clone of the connection, bounded by the timeout.
@@ -171,10 +354,9 @@ impl RedisStore {
     where
         F: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        tokio::time::timeout(self.opts.timeout, call(self.conn.clone()))
+        (self.caller)
+            .timed(|c| async move { call(c).await.map_err(StoreError::from) })
             .await
-            .map_err(|_| StoreError::Timeout(self.opts.timeout))?
-            .map_err(StoreError::from)
     }
 
     /// Whether Redis answers a `PING` within the timeout.
@@ -191,40 +373,53 @@ impl RedisStore {
         let base = if key.is_empty() || key.contains(['{', '}']) {
             // The tag is a hash of the key; the key itself follows, so that keys stay
             // distinct.
-            format!("{}:{name}:{{#{:016x}}}{key}", self.opts.prefix, fnv1a(key))
+            format!(
+                "{}:{name}:{{#{:016x}}}{key}",
+                self.caller.opts.prefix,
+                fnv1a(key)
+            )
         } else {
-            format!("{}:{name}:{{{key}}}", self.opts.prefix)
+            format!("{}:{name}:{{{key}}}", self.caller.opts.prefix)
         };
         suffixes.iter().map(|s| format!("{base}{s}")).collect()
     }
 
-    /// One script call. `now`: `None` takes Redis's `TIME`; `created`: when a key
-    /// without state was created (`None`: now).
-    #[allow(clippy::too_many_arguments)]
+    /// One check by the decision driver, batched with others when batching is on.
     pub(crate) async fn call(
         &self,
-        op: &str,
-        keys: &[String],
+        check: CheckCall,
         rules: &RuleSet,
-        wire: &Wire,
-        now: Option<u64>,
-        created: Option<u64>,
-        cost: u64,
-        acquire: bool,
     ) -> Result<Reply, StoreError> {
-        let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
-        let mut args = vec![
-            op.to_owned(),
-            opt(now),
-            opt(created),
-            cost.to_string(),
-            if acquire { "1" } else { "0" }.to_owned(),
-            self.opts.ttl_margin.as_millis().to_string(),
-            nonce(),
-        ];
-        args.extend(wire.args.iter().cloned());
-        let value = self.eval(&self.script, keys, &args).await?;
-        parse_reply(value, rules, created)
+        let created = check.created;
+        let reply = match &self.batcher {
+            Some(b) => {
+                let timeout = self.caller.opts.timeout;
+                tokio::time::timeout(timeout, b.submit(check))
+                    .await
+                    .map_err(|_| StoreError::Timeout(timeout))??
+            }
+            None => self.caller.send(&[&check]).await?.remove(0),
+        };
+        let created = created.unwrap_or(reply.now);
+        let bad = |what: &str| StoreError::Protocol(format!("script reply: {what}"));
+        let states = rules
+            .policies()
+            .iter()
+            .zip(&reply.states)
+            .map(|(p, v)| match v {
+                Value::BulkString(b) => {
+                    let s = std::str::from_utf8(b).map_err(|_| bad("state is not UTF-8"))?;
+                    parse_state(p, s, created)
+                }
+                Value::Nil => Ok(p.init(created)),
+                _ => Err(bad("state is not a string")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Reply {
+            now: reply.now,
+            admitted: reply.admitted,
+            states,
+        })
     }
 
     /// Runs `script` (EVALSHA, loading it on NOSCRIPT) within the timeout.
@@ -276,18 +471,26 @@ impl RedisStore {
         name: &str,
         key: &str,
         rules: &RuleSet,
-        wire: &Wire,
+        wire: &Arc<Wire>,
         now: Option<u64>,
         created: Option<u64>,
         cost: u64,
         op: Op,
     ) -> Result<RuleDecision, StoreError> {
         wire.check_cost(rules, cost)?;
-        let keys = self.keys(name, key, &wire.suffixes);
-        let acquire = op == Op::Acquire;
-        let mut reply = self
-            .call("check", &keys, rules, wire, now, created, cost, acquire)
-            .await?;
+        let check = CheckCall {
+            op: if op == Op::Acquire {
+                CallOp::Acquire
+            } else {
+                CallOp::Try
+            },
+            keys: self.keys(name, key, &wire.suffixes),
+            wire: wire.clone(),
+            now,
+            created,
+            cost,
+        };
+        let mut reply = self.call(check, rules).await?;
         // The script applied its verdict; the core derives the numbers from the
         // states it started from, with the same code as the memory store.
         let d = rules.check(&mut reply.states, reply.now, cost, op)?;
@@ -305,41 +508,6 @@ impl RedisStore {
         }
         Ok(d)
     }
-}
-
-fn parse_reply(value: Value, rules: &RuleSet, created: Option<u64>) -> Result<Reply, StoreError> {
-    let bad = |what: &str| StoreError::Protocol(format!("script reply: {what}"));
-    let Value::Array(items) = value else {
-        return Err(bad("not an array"));
-    };
-    let int = |v: &Value| match v {
-        Value::Int(i) => Ok(*i),
-        _ => Err(bad("expected an integer")),
-    };
-    if items.len() != rules.policies().len() + 2 {
-        return Err(bad("wrong number of states"));
-    }
-    let now = u64::try_from(int(&items[0])?).map_err(|_| bad("negative time"))?;
-    let admitted = int(&items[1])? == 1;
-    let created = created.unwrap_or(now);
-    let states = rules
-        .policies()
-        .iter()
-        .zip(&items[2..])
-        .map(|(p, v)| match v {
-            Value::BulkString(b) => {
-                let s = std::str::from_utf8(b).map_err(|_| bad("state is not UTF-8"))?;
-                parse_state(p, s, created)
-            }
-            Value::Nil => Ok(p.init(created)),
-            _ => Err(bad("state is not a string")),
-        })
-        .collect::<Result<_, _>>()?;
-    Ok(Reply {
-        now,
-        admitted,
-        states,
-    })
 }
 
 /// 64-bit FNV-1a: a hash tag for keys that cannot be their own (stable across
