@@ -297,16 +297,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                         let store =
                             tollgate::redis::RedisStore::connect("redis://127.0.0.1:1/").await?;
                         let limiter = tollgate::redis::RedisLimiter::new(store, "bench", rules)?;
-                        let call = limiter.script_call("k__rand_int__", 1);
-                        let mut out = if eval {
-                            vec!["EVALSHA".to_string(), tollgate::redis::script_sha1()]
-                        } else {
-                            let (_, function) = tollgate::redis::function_library();
-                            vec!["FCALL".to_string(), function.to_string()]
-                        };
+                        let mut out = Vec::new();
+                        let call = limiter.script_call("k__rand_int__", 1, eval);
+                        // Shell words (the bench script evaluates them).
                         out.extend(call.into_iter().map(|a| {
-                            if a.is_empty() {
-                                "''".to_string()
+                            if a.is_empty() || a.contains(' ') {
+                                format!("'{a}'")
                             } else {
                                 a
                             }

@@ -5,64 +5,87 @@
 --
 -- KEYS     the state keys of every check in order: check i has one key per policy of
 --          its rule set. The keys of one call share one Redis Cluster slot.
--- ARGV[1]  margin (ms) added to each key's time to live: the time until its state is
---          fully replenished
--- ARGV[2]  a nonce unique to this call (sliding-log members: nonce.check.policy)
--- ARGV[3]  R, the number of rule sets; then per rule set: n, the number of policies,
---          then per policy: code, shadow ('1'/'0'), max-wait in us ('' = unbounded),
---          m, m parameters (see each algorithm's file for its code and parameters)
--- then     C, the number of checks; then per check:
---          op ('t' try, 'a' acquire, 'p' peek, 'r' refund), rule set index (1-based),
---          now in us since the Unix epoch or '' for Redis TIME (so that clients with
---          skewed clocks agree; replay passes its trace time), the creation time of a
---          key without state ('' = now), cost (>= 1; checked by the caller)
+-- ARGV[1]  a nonce unique to this call (sliding-log members: nonce.check.policy)
+-- ARGV[2]  C, the number of checks; then per check, 4 arguments:
+--          op ('t' try, 'a' acquire, 'p' peek, 'r' refund); its rule set's index r;
+--          '' to decide at Redis TIME (so that clients with skewed clocks agree) or
+--          "now created" in us (replay passes its trace time, and the creation time of
+--          a key without state); cost (>= 1; checked by the caller)
+-- then     the rule sets, rule set r at ARGV[2 + 4C + r], each one string:
+--          "margin n code shadow max_wait m p_1 .. p_m code ..." (margin: ms added to
+--          each key's time to live, which is otherwise the time until its state is
+--          fully replenished; n policies; shadow 1/0; max_wait in us or '-' for
+--          unbounded; m parameters, see each algorithm's file)
 --
--- Returns {now, reply_1, ..., reply_C}: now is Redis TIME ('' when no check asked for
--- it); reply_i = {admitted (1/0), state_1, ..., state_n}, each policy's state as it was
--- before this check ('' for a new key), from which the caller derives the full
--- decision (remaining, reset, retry, wait) with the same core code as the memory
--- store. For a refund the states are those after it.
+-- Returns one flat array {now, reply_1, ..., reply_C}: now is Redis TIME ('' when no
+-- check asked for it); reply_i is admitted (1/0) then state_1, ..., state_n, each
+-- policy's state as it was before this check ('' for a new key), from which the caller
+-- derives the full decision (remaining, reset, retry, wait) with the same core code as
+-- the memory store. For a refund the states are those after it.
 
-local function parse_rule_sets(args, i)
-  local sets = {}
-  local count = tonumber(args[i])
-  i = i + 1
-  for r = 1, count do
-    local n = tonumber(args[i])
-    i = i + 1
-    local pols = {}
-    for k = 1, n do
-      local alg = ALGOS[tonumber(args[i])]
-      if not alg then error('tollgate: unknown algorithm code ' .. args[i]) end
-      local max_wait = nil
-      if args[i + 2] ~= '' then max_wait = tonumber(args[i + 2]) end
-      local m = tonumber(args[i + 3])
-      local a = {}
-      for j = 1, m do a[j] = tonumber(args[i + 3 + j]) end
-      pols[k] = { alg = alg, p = alg.params(a), shadow = args[i + 1] == '1', max_wait = max_wait }
-      i = i + 4 + m
-    end
-    sets[r] = pols
+local function parse_rule_set(str)
+  local a = {}
+  for w in string.gmatch(str, '%S+') do a[#a + 1] = w end
+  local pols = { margin = tonumber(a[1]) }
+  local i = 3
+  for k = 1, tonumber(a[2]) do
+    local alg = ALGOS[tonumber(a[i])]
+    if not alg then error('tollgate: unknown algorithm code ' .. a[i]) end
+    local max_wait = nil
+    if a[i + 2] ~= '-' then max_wait = tonumber(a[i + 2]) end
+    local m = tonumber(a[i + 3])
+    local params = {}
+    for j = 1, m do params[j] = tonumber(a[i + 3 + j]) end
+    pols[k] = { alg = alg, p = alg.params(params), shadow = a[i + 1] == '1', max_wait = max_wait }
+    i = i + 4 + m
   end
-  return sets, i
+  -- A single policy with a fast path for tries: called straight from the batch loop.
+  if #pols == 1 then pols.try_fast = pols[1].alg.try_fast end
+  return pols
+end
+
+-- Parsed rule sets by their string. Loaded as Functions, the library keeps this table
+-- between calls, so a rule set is parsed once per node (a cache: decisions never
+-- depend on it); as an EVALSHA script it starts empty on every call.
+local RULE_SETS = {}
+local RULE_SETS_LEN = 0
+
+local function rule_set(str)
+  local pols = RULE_SETS[str]
+  if pols then return pols end
+  pols = parse_rule_set(str)
+  if RULE_SETS_LEN >= 1000 then
+    RULE_SETS = {}
+    RULE_SETS_LEN = 0
+  end
+  RULE_SETS[str] = pols
+  RULE_SETS_LEN = RULE_SETS_LEN + 1
+  return pols
 end
 
 -- The states of one check's policies (keys[base + k] holds policy k's).
-local function load_all(pols, keys, base, created, nonce)
+-- Loads policy k's state; `nonce`..`check` names the check (built only when needed).
+local function load_one(pol, keys, base, k, created, nonce, check)
+  local s = pol.alg.load(pol.p, keys[base + k], created)
+  if pol.alg.nonce then s.nonce = nonce .. '.' .. check .. '.' .. k end
+  return s
+end
+
+local function load_all(pols, keys, base, created, nonce, check)
   local states = {}
-  for k, pol in ipairs(pols) do
-    local s = pol.alg.load(pol.p, keys[base + k], created)
-    s.nonce = nonce .. '.' .. k
-    states[k] = s
-  end
+  for k, pol in ipairs(pols) do states[k] = load_one(pol, keys, base, k, created, nonce, check) end
   return states
 end
 
 -- What the caller parses: the stored string when the state was one (cheaper than
--- encoding it again), else the algorithm's encoding.
+-- encoding it again), else the algorithm's encoding, always as a string.
 local function encode_all(pols, states)
   local out = {}
-  for k, pol in ipairs(pols) do out[k] = states[k].raw or pol.alg.encode(pol.p, states[k]) end
+  for k, pol in ipairs(pols) do
+    local e = states[k].raw or pol.alg.encode(pol.p, states[k])
+    if type(e) == 'number' then e = int(e) end
+    out[k] = e
+  end
   return out
 end
 
@@ -74,27 +97,40 @@ end
 -- Writes a state with a time to live of its time to replenish plus the margin.
 local function save(pol, key, s, now, margin_ms)
   local ttl_ms = floor(pol.alg.reset_after(pol.p, s, now) / 1000) + 1 + margin_ms
-  save_encoded(pol.alg, pol.p, key, s, int(ttl_ms))
+  save_encoded(pol.alg, pol.p, key, s, ttl_ms)
 end
 
-local function reply(admitted, encoded)
-  local out = { admitted and 1 or 0 }
-  for k = 1, #encoded do out[k + 1] = encoded[k] end
-  return out
+-- Appends one check's reply to `out`.
+local function reply(out, admitted, encoded)
+  out[#out + 1] = admitted and 1 or 0
+  for k = 1, #encoded do out[#out + 1] = encoded[k] end
 end
 
--- One check: op, its policies, its keys from keys[base + 1].
-local function run_check(op, pols, keys, base, now, created, cost, margin_ms, nonce)
+-- One check (op, its policies, its keys from keys[base + 1]); its reply goes to `out`.
+local function run_check(out, op, pols, keys, base, now, created, cost, margin_ms, nonce, check)
   local n = #pols
-  local states = load_all(pols, keys, base, created, nonce)
-  if op == 'p' then return reply(true, encode_all(pols, states)) end
+  if n == 1 and op == 't' then
+    -- The common case, without the tables of the general path below.
+    local pol = pols[1]
+    local key = keys[base + 1]
+    local s = load_one(pol, keys, base, 1, created, nonce, check)
+    local before = s.raw or pol.alg.encode(pol.p, s)
+    if type(before) == 'number' then before = int(before) end
+    local ok = decide(pol, s, now, cost, false, nil)
+    if ok then save(pol, key, s, now, margin_ms) end
+    out[#out + 1] = (ok or pol.shadow) and 1 or 0
+    out[#out + 1] = before
+    return
+  end
+  local states = load_all(pols, keys, base, created, nonce, check)
+  if op == 'p' then return reply(out, true, encode_all(pols, states)) end
   if op == 'r' then
     for k, pol in ipairs(pols) do
       states[k].raw = nil
       pol.alg.refund(pol.p, states[k], now, cost)
       save(pol, keys[base + k], states[k], now, margin_ms)
     end
-    return reply(true, encode_all(pols, states))
+    return reply(out, true, encode_all(pols, states))
   end
   local before = encode_all(pols, states)
   local acquire = op == 'a'
@@ -102,7 +138,7 @@ local function run_check(op, pols, keys, base, now, created, cost, margin_ms, no
     local pol = pols[1]
     local ok = decide(pol, states[1], now, cost, acquire, pol.max_wait)
     if ok then save(pol, keys[base + 1], states[1], now, margin_ms) end
-    return reply(ok or pol.shadow, before)
+    return reply(out, ok or pol.shadow, before)
   end
   if not acquire then
     -- Every policy decides on its own state; all are written only if none rejects
@@ -115,7 +151,7 @@ local function run_check(op, pols, keys, base, now, created, cost, margin_ms, no
     if all then
       for k, pol in ipairs(pols) do save(pol, keys[base + k], states[k], now, margin_ms) end
     end
-    return reply(all, before)
+    return reply(out, all, before)
   end
   -- Acquire: the common admission instant is the latest of the policies' earliest; if
   -- it is within every policy's max-wait, every policy is charged at that instant.
@@ -132,44 +168,84 @@ local function run_check(op, pols, keys, base, now, created, cost, margin_ms, no
   for _, pol in ipairs(pols) do
     if pol.max_wait ~= nil and at - now > pol.max_wait then rejected = true end
   end
-  if rejected then return reply(false, before) end
-  states = load_all(pols, keys, base, created, nonce)
+  if rejected then return reply(out, false, before) end
+  states = load_all(pols, keys, base, created, nonce, check)
   for k, pol in ipairs(pols) do
     decide(pol, states[k], at, cost, true, nil)
     save(pol, keys[base + k], states[k], now, margin_ms)
   end
-  return reply(true, before)
+  return reply(out, true, before)
 end
 
 -- The whole call (see the top of this file). `read_only`: peeks only (FCALL_RO).
+-- Decides at Redis TIME ('') or at "now created" (replay).
+local function times(at)
+  if at == '' then
+    local t = redis.call('TIME')
+    local now = t[1] * 1000000 + t[2]
+    return now, now
+  end
+  local sp = string.find(at, ' ', 1, true)
+  return tonumber(string.sub(at, 1, sp - 1)), tonumber(string.sub(at, sp + 1))
+end
+
+-- One try with short arguments, the common call when checks are not batched:
+-- ARGV = {rule set, cost, '' or "now created", [nonce]}; returns {now, reply} as
+-- run_batch does for one check.
+local function run_try(keys, args)
+  floor = math.floor
+  local pols = RULE_SETS[args[1]] or rule_set(args[1])
+  local cost = tonumber(args[2])
+  local now, created = times(args[3])
+  if pols.try_fast then
+    local pol = pols[1]
+    local admitted, before = pols.try_fast(pol.p, keys[1], now, cost, pols.margin, pol.shadow)
+    if admitted then return { now, admitted, before } end
+  end
+  local out = { now }
+  run_check(out, 't', pols, keys, 0, now, created, cost, pols.margin, args[4] or '', 1)
+  return out
+end
+
 local function run_batch(keys, args, read_only)
   floor = math.floor
-  local margin_ms = tonumber(args[1])
-  local nonce = args[2]
-  local sets, i = parse_rule_sets(args, 3)
+  local nonce = args[1]
+  local count = tonumber(args[2])
+  local sets_at = 2 + 4 * count
   local time = nil
   local out = { '' }
   local base = 0
-  for c = 1, tonumber(args[i]) do
-    local op, pols = args[i + 1], sets[tonumber(args[i + 2])]
+  local i = 3
+  for c = 1, count do
+    local op = args[i]
+    local pols = rule_set(args[sets_at + tonumber(args[i + 1])])
     if read_only and op ~= 'p' then error('tollgate: only peeks are read-only') end
-    local now
-    if args[i + 3] == '' then
+    local now, created
+    local at = args[i + 2]
+    if at == '' then
       if not time then
         local t = redis.call('TIME')
-        time = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        time = t[1] * 1000000 + t[2]
         out[1] = time
       end
-      now = time
+      now, created = time, time
     else
-      now = tonumber(args[i + 3])
+      local sp = string.find(at, ' ', 1, true)
+      now, created = tonumber(string.sub(at, 1, sp - 1)), tonumber(string.sub(at, sp + 1))
     end
-    local created = now
-    if args[i + 4] ~= '' then created = tonumber(args[i + 4]) end
-    local cost = tonumber(args[i + 5])
-    out[c + 1] = run_check(op, pols, keys, base, now, created, cost, margin_ms, nonce .. '.' .. c)
+    local cost = tonumber(args[i + 3])
+    local admitted, before
+    if op == 't' and pols.try_fast then
+      admitted, before = pols.try_fast(pols[1].p, keys[base + 1], now, cost, pols.margin, pols[1].shadow)
+    end
+    if admitted then
+      out[#out + 1] = admitted
+      out[#out + 1] = before
+    else
+      run_check(out, op, pols, keys, base, now, created, cost, pols.margin, nonce, c)
+    end
     base = base + #pols
-    i = i + 5
+    i = i + 4
   end
   return out
 end

@@ -6,6 +6,10 @@ redis.register_function{
   callback = function(keys, args) return run_batch(keys, args, false) end,
 }
 redis.register_function{
+  function_name = 'tollgate_VERSION_try',
+  callback = run_try,
+}
+redis.register_function{
   function_name = 'tollgate_VERSION_ro',
   callback = function(keys, args) return run_batch(keys, args, true) end,
   flags = { 'no-writes' },

@@ -21,14 +21,51 @@ ALGOS[1] = {
   params = function(a) return { scale = a[1], interval = a[2], tau = a[3] } end,
   load = function(p, key)
     local v = redis.call('GET', key)
-    if not v then return { u = 0, f = 0 } end
+    if not v then return { u = 0, f = 0, raw = '' } end
     local sp = string.find(v, ' ', 1, true)
     if not sp then return { u = tonumber(v), f = 0, raw = v } end
     return { u = tonumber(string.sub(v, 1, sp - 1)), f = tonumber(string.sub(v, sp + 1)), raw = v }
   end,
   encode = function(p, s)
-    if s.f == 0 then return int(s.u) end
+    if s.f == 0 then return s.u end
     return int(s.u) .. ' ' .. int(s.f)
+  end,
+  -- A try on a state whose TAT is whole microseconds (always, for an interval of whole
+  -- microseconds), decided and saved with no tables; the general path below gives the
+  -- same decision. Returns admitted (1/0) and the state before, or nil when it does
+  -- not apply.
+  try_fast = function(p, key, now, cost, margin_ms, shadow)
+    if p.scale ~= 1 then return nil end
+    local v = redis.call('GET', key)
+    local tat = now
+    if v then
+      tat = tonumber(v) -- nil for "us frac"
+      if not tat then return nil end
+      if tat < now then tat = now end
+    else
+      v = ''
+    end
+    local new = tat + cost * p.interval
+    if new - p.tau <= now then
+      redis.call('SET', key, new, 'PX', floor((new - now) / 1000) + 1 + margin_ms)
+      return 1, v
+    end
+    return shadow and 1 or 0, v
+  end,
+  check = function(p, s, now, cost, acquire, max_wait)
+    if p.scale ~= 1 or s.f ~= 0 then return check_schedule(ALGOS[1], p, s, now, cost, acquire, max_wait) end
+    -- Whole-microsecond intervals (every state's frac is 0): the arithmetic of
+    -- earliest/admit below without the fractions.
+    local new = s.u
+    if new < now then new = now end
+    new = new + cost * p.interval
+    local wait = new - p.tau - now
+    if wait < 0 then wait = 0 end
+    if fits(wait, acquire, max_wait) then
+      s.u = new
+      return true, wait
+    end
+    return false, wait
   end,
   earliest = function(p, s, now, cost)
     local u, f = gcra_next(p, s, now, cost)

@@ -52,9 +52,11 @@ local function fits(wait, acquire, max_wait)
 end
 
 -- Algorithms by wire code. Each has:
---   load(p, key, created) -> state    (a missing key is the state of a new key)
---   encode(p, s) -> string            (what the Rust side parses, and what is stored;
+--   load(p, key, created) -> state    (a missing key is the state of a new key; `raw`:
+--                                      the stored string, when the state is one)
+--   encode(p, s) -> string or number (what the Rust side parses, and what is stored;
 --                                      '' for a state that is as new: the key is deleted)
+--   nonce                             (optional: true if the state needs s.nonce)
 --   save(p, key, s, ttl_ms)           (optional: states that are not one string)
 --   check(p, s, now, cost, acquire, max_wait) -> admitted, wait   (mutates s when admitted)
 --   refund(p, s, now, cost)

@@ -40,6 +40,7 @@ ALGOS[4] = {
 -- "time:nonce:cost" (the per-call nonce makes every member unique). An entry counts
 -- at `at` while time + window > at.
 ALGOS[5] = {
+  nonce = true,
   params = function(a) return { limit = a[1], window = a[2] } end,
   load = function(p, key)
     local s = { entries = {}, added = {}, removed = {}, key = key }

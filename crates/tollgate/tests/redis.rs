@@ -6,7 +6,7 @@
 mod redis_server;
 
 use redis_server::{rt, RedisServers};
-use tollgate::redis::{RedisLimiter, RedisStore};
+use tollgate::redis::{RedisCalls, RedisLimiter, RedisOptions, RedisStore};
 use tollgate::{Op, RuleSet};
 
 #[test]
@@ -33,6 +33,66 @@ fn gcra_burst_then_reject_with_redis_time() {
         // Another key is untouched.
         assert!(limiter.check("other", 1).await.unwrap().allowed);
         let _ = Op::Try;
+    });
+}
+
+#[test]
+fn the_decision_code_is_loaded_again_when_redis_lost_it_and_evalsha_serves_a_redis_without_functions(
+) {
+    let rules = RuleSet::parse(&["gcra:rate=1/m,burst=3"]).unwrap();
+    let servers = RedisServers::standalone();
+    rt().block_on(async {
+        for (calls, flush) in [
+            (RedisCalls::Auto, ["FUNCTION", "FLUSH"]),
+            (RedisCalls::Eval, ["SCRIPT", "FLUSH"]),
+        ] {
+            let opts = RedisOptions {
+                calls,
+                ..RedisOptions::default()
+            };
+            let store = RedisStore::connect_with(&servers.url(), opts)
+                .await
+                .unwrap();
+            let name = format!("{calls:?}");
+            let limiter = RedisLimiter::new(store.clone(), &name, rules.clone()).unwrap();
+            assert_eq!(limiter.check("k", 1).await.unwrap().remaining, 2);
+            if calls == RedisCalls::Auto {
+                assert!(!store.uses_eval());
+                assert!(servers.cli(0, &["FUNCTION", "LIST"]).contains("tollgate_"));
+            }
+            assert_eq!(servers.cli(0, &flush).trim(), "OK");
+            // Loaded again by the next call; the key's state is untouched.
+            assert_eq!(limiter.check("k", 1).await.unwrap().remaining, 1);
+            // A peek (FCALL_RO) sees the same state: one left, so a try would leave 0.
+            let peek = limiter.peek("k", 1).await.unwrap().decision;
+            assert!(peek.allowed && peek.remaining == 0, "{peek:?}");
+        }
+    });
+    // A Redis without FCALL (as before Redis 7): Auto falls back to EVALSHA for good.
+    let old = RedisServers::standalone_with(&[
+        "--rename-command",
+        "FCALL",
+        "",
+        "--rename-command",
+        "FCALL_RO",
+        "",
+    ]);
+    rt().block_on(async {
+        let store = RedisStore::connect(&old.url()).await.unwrap();
+        let limiter = RedisLimiter::new(store.clone(), "old", rules.clone()).unwrap();
+        for remaining in [2, 1, 0] {
+            assert_eq!(limiter.check("k", 1).await.unwrap().remaining, remaining);
+        }
+        assert!(!limiter.check("k", 1).await.unwrap().allowed);
+        assert!(store.uses_eval());
+        // Functions demanded of such a Redis is an error, not a silent fallback.
+        let opts = RedisOptions {
+            calls: RedisCalls::Functions,
+            ..RedisOptions::default()
+        };
+        let strict = RedisStore::connect_with(&old.url(), opts).await.unwrap();
+        let limiter = RedisLimiter::new(strict, "strict", rules).unwrap();
+        assert!(limiter.check("k", 1).await.is_err());
     });
 }
 

@@ -52,8 +52,8 @@ pub(crate) struct CheckReply {
 }
 
 /// Appends the KEYS count, the KEYS and the ARGV of one call deciding `checks` to `cmd`
-/// (after the function name or script SHA1).
-pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], margin_ms: u64, nonce: &str) {
+/// (after the function name or script SHA1); see `check.lua`.
+pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], nonce: &str) {
     let nkeys: usize = checks.iter().map(|c| c.keys.len()).sum();
     cmd.arg(nkeys);
     for c in checks {
@@ -61,37 +61,51 @@ pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], margin_ms: u64, no
             cmd.arg(k.as_str());
         }
     }
-    cmd.arg(margin_ms).arg(nonce);
-    // Each distinct rule set once; checks refer to it by index (limiters are few, so a
-    // linear search beats hashing).
+    cmd.arg(nonce).arg(checks.len());
+    // Each distinct rule set once, after the checks, which refer to it by index
+    // (limiters are few, so a linear search beats hashing).
     let mut sets: Vec<&Arc<Wire>> = Vec::new();
-    let index: Vec<usize> = checks
-        .iter()
-        .map(
-            |c| match sets.iter().position(|w| Arc::ptr_eq(w, &c.wire)) {
-                Some(i) => i + 1,
-                None => {
-                    sets.push(&c.wire);
-                    sets.len()
-                }
-            },
-        )
-        .collect();
-    cmd.arg(sets.len());
+    for c in checks {
+        let index = match sets.iter().position(|w| Arc::ptr_eq(w, &c.wire)) {
+            Some(i) => i + 1,
+            None => {
+                sets.push(&c.wire);
+                sets.len()
+            }
+        };
+        cmd.arg(c.op.code()).arg(index);
+        push_times(cmd, c);
+        cmd.arg(c.cost);
+    }
     for w in &sets {
-        for a in &w.args {
-            cmd.arg(a.as_str());
+        cmd.arg(w.encoded.as_str());
+    }
+}
+
+/// Appends the KEYS count, the KEYS and the short ARGV of the one-try function
+/// (`run_try` in `check.lua`): rule set, cost, times, and a nonce only when a policy
+/// needs one.
+pub(crate) fn push_try(cmd: &mut Cmd, check: &CheckCall, nonce: &str) {
+    cmd.arg(check.keys.len());
+    for k in &check.keys {
+        cmd.arg(k.as_str());
+    }
+    cmd.arg(check.wire.encoded.as_str()).arg(check.cost);
+    push_times(cmd, check);
+    if check.wire.needs_nonce {
+        cmd.arg(nonce);
+    }
+}
+
+/// `''` to decide at Redis `TIME`, or `"now created"`.
+fn push_times(cmd: &mut Cmd, check: &CheckCall) {
+    match (check.now, check.created) {
+        (None, None) => cmd.arg(""),
+        (now, created) => {
+            let now = now.expect("a check with a creation time has a time");
+            cmd.arg(format!("{now} {}", created.unwrap_or(now)))
         }
-    }
-    cmd.arg(checks.len());
-    let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
-    for (c, i) in checks.iter().zip(index) {
-        cmd.arg(c.op.code())
-            .arg(i)
-            .arg(opt(c.now))
-            .arg(opt(c.created))
-            .arg(c.cost);
-    }
+    };
 }
 
 /// Splits a call's reply into its checks' parts, in order.
@@ -103,32 +117,31 @@ pub(crate) fn split_reply(
     let Value::Array(items) = value else {
         return Err(bad("not an array"));
     };
-    if items.len() != checks.len() + 1 {
-        return Err(bad("wrong number of checks"));
-    }
     let mut items = items.into_iter();
     let time = match items.next() {
         Some(Value::Int(t)) => Some(u64::try_from(t).map_err(|_| bad("negative time"))?),
         _ => None,
     };
-    checks
-        .iter()
-        .zip(items)
-        .map(|(c, item)| {
-            let Value::Array(mut parts) = item else {
-                return Err(bad("a check's reply is not an array"));
-            };
-            if parts.len() != c.keys.len() + 1 {
-                return Err(bad("wrong number of states"));
-            }
-            let admitted = matches!(parts[0], Value::Int(1));
-            parts.remove(0);
-            let now = c.now.or(time).ok_or_else(|| bad("no time"))?;
-            Ok(CheckReply {
-                now,
-                admitted,
-                states: parts,
-            })
-        })
-        .collect()
+    // Flat: per check, admitted then one state per policy.
+    let mut replies = Vec::with_capacity(checks.len());
+    for c in checks {
+        let admitted = match items.next() {
+            Some(Value::Int(a)) => a == 1,
+            _ => return Err(bad("expected a check's verdict")),
+        };
+        let states: Vec<Value> = items.by_ref().take(c.keys.len()).collect();
+        if states.len() != c.keys.len() {
+            return Err(bad("too few states"));
+        }
+        let now = c.now.or(time).ok_or_else(|| bad("no time"))?;
+        replies.push(CheckReply {
+            now,
+            admitted,
+            states,
+        });
+    }
+    if items.next().is_some() {
+        return Err(bad("too many states"));
+    }
+    Ok(replies)
 }

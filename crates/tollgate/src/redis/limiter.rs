@@ -141,7 +141,7 @@ impl RedisLimiter {
                 "limiter name {name:?} must not contain '{{' or '}}'"
             )));
         }
-        let compiled = compile(rules.into(), &opts)?;
+        let compiled = compile(rules.into(), &opts, &store)?;
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
                 store,
@@ -163,7 +163,7 @@ impl RedisLimiter {
     /// memory store's carry-over does for most algorithms); a policy whose algorithm
     /// changed starts afresh. The negative cache is cleared.
     pub fn set_rules(&self, rules: impl Into<RuleSet>) -> Result<(), StoreError> {
-        let compiled = compile(rules.into(), &self.inner.opts)?;
+        let compiled = compile(rules.into(), &self.inner.opts, &self.inner.store)?;
         self.inner.compiled.store(Arc::new(compiled));
         lock(&self.inner.negative).clear();
         Ok(())
@@ -287,10 +287,11 @@ impl RedisLimiter {
         Ok(d)
     }
 
-    /// The KEYS and ARGV of a call that tries `cost` for `key` (after `FCALL NAME` or
-    /// `EVALSHA SHA1`), for tools that drive the decision code themselves, e.g.
-    /// `redis-benchmark` as a ceiling (the nonce is fixed).
-    pub fn script_call(&self, key: &str, cost: u64) -> Vec<String> {
+    /// The command an unbatched try of `cost` for `key` sends (`FCALL` of the one-try
+    /// function, or with `eval` the `EVALSHA` form), as words, for tools that drive the
+    /// decision code themselves, e.g. `redis-benchmark` as a ceiling (the nonce is
+    /// fixed).
+    pub fn script_call(&self, key: &str, cost: u64, eval: bool) -> Vec<String> {
         let compiled = self.inner.compiled.load();
         let check = CheckCall {
             op: CallOp::Try,
@@ -300,11 +301,18 @@ impl RedisLimiter {
             created: None,
             cost,
         };
-        let mut cmd = ::redis::cmd("FCALL");
-        let margin = self.inner.store.options().ttl_margin.as_millis() as u64;
-        super::call::push_call(&mut cmd, &[&check], margin, "bench");
+        let cmd = if eval {
+            let mut cmd = ::redis::cmd("EVALSHA");
+            cmd.arg(super::script_sha1());
+            super::call::push_call(&mut cmd, &[&check], "bench");
+            cmd
+        } else {
+            let mut cmd = ::redis::cmd("FCALL");
+            cmd.arg(&super::script::library().function_try);
+            super::call::push_try(&mut cmd, &check, "bench");
+            cmd
+        };
         cmd.args_iter()
-            .skip(1)
             .map(|a| match a {
                 ::redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
                 _ => String::new(),
@@ -449,8 +457,12 @@ impl RedisLimiter {
     }
 }
 
-fn compile(rules: RuleSet, opts: &RedisLimiterOptions) -> Result<Compiled, StoreError> {
-    let wire = Arc::new(Wire::new(&rules)?);
+fn compile(
+    rules: RuleSet,
+    opts: &RedisLimiterOptions,
+    store: &RedisStore,
+) -> Result<Compiled, StoreError> {
+    let wire = Arc::new(Wire::new(&rules, store.options().ttl_margin)?);
     let local = match &opts.on_error {
         OnError::Local(local) => Some(KeyedLimiter::new(local.clone())),
         _ => None,

@@ -51,11 +51,10 @@ pub fn script_sha1() -> String {
         .to_string()
 }
 
-/// The decision code as a Redis Functions library (`FUNCTION LOAD` it), and the name
-/// of the function `FCALL` calls.
-pub fn function_library() -> (&'static str, &'static str) {
-    let lib = script::library();
-    (&lib.source, &lib.function)
+/// The decision code as a Redis Functions library, as `FUNCTION LOAD` takes it (a
+/// store loads it by itself when Redis lacks it; this is for loading it ahead).
+pub fn function_library() -> &'static str {
+    &script::library().source
 }
 
 /// Why a Redis-backed decision failed.

@@ -3,6 +3,7 @@
 //! [`PolicyState`] again.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use tollgate_core::algorithms::*;
 use tollgate_core::{Algo, Mode, Policy, PolicyState, RuleSet};
@@ -37,8 +38,10 @@ pub(crate) const EVAL_SCRIPT: &str = driver!(include_str!("../../lua/eval.lua"))
 pub(crate) struct Library {
     /// `FUNCTION LOAD`'s argument.
     pub source: String,
-    /// The function that decides (`FCALL`).
+    /// The function that decides a batch (`FCALL`).
     pub function: String,
+    /// The function that decides one try, with shorter arguments.
+    pub function_try: String,
     /// The read-only function for batches of peeks (`FCALL_RO`).
     pub function_ro: String,
 }
@@ -52,6 +55,7 @@ pub(crate) fn library() -> &'static Library {
         Library {
             source: format!("#!lua name=tollgate_{version}\n{BODY}{register}"),
             function: format!("tollgate_{version}"),
+            function_try: format!("tollgate_{version}_try"),
             function_ro: format!("tollgate_{version}_ro"),
         }
     })
@@ -66,32 +70,39 @@ const LUA_EXACT: u128 = 1 << 52;
 pub(crate) struct Wire {
     /// Per-policy key suffixes (`:{index}.{code}`): a changed algorithm starts afresh.
     pub suffixes: Vec<String>,
-    /// The rule set as `check.lua` reads it: `n`, then each policy's code, shadow,
-    /// max-wait, m and parameters.
-    pub args: Vec<String>,
+    /// The rule set as `check.lua` reads it, one string: the TTL margin (ms), `n`,
+    /// then each policy's code, shadow, max-wait (`-`: unbounded), m and parameters.
+    pub encoded: String,
+    /// Whether a policy needs a per-call nonce (sliding-log members).
+    pub needs_nonce: bool,
     /// Each policy's largest cost the script can take exactly.
     max_costs: Vec<u64>,
 }
 
 impl Wire {
-    /// Encodes `rules`, or says which policy the Redis store cannot keep.
-    pub fn new(rules: &RuleSet) -> Result<Wire, StoreError> {
-        let mut args = vec![rules.policies().len().to_string()];
+    /// Encodes `rules` with a TTL margin, or says which policy the Redis store cannot
+    /// keep.
+    pub fn new(rules: &RuleSet, ttl_margin: Duration) -> Result<Wire, StoreError> {
+        let mut words = vec![
+            ttl_margin.as_millis().to_string(),
+            rules.policies().len().to_string(),
+        ];
         let mut suffixes = Vec::new();
         let mut max_costs = Vec::new();
         for (i, p) in rules.policies().iter().enumerate() {
             let (code, params, max_cost) = encode(p)?;
             suffixes.push(format!(":{i}.{code}"));
-            args.push(code.to_string());
-            args.push(if p.shadow() { "1" } else { "0" }.into());
-            args.push(p.max_wait_us().map_or(String::new(), |m| m.to_string()));
-            args.push(params.len().to_string());
-            args.extend(params);
+            words.push(code.to_string());
+            words.push(if p.shadow() { "1" } else { "0" }.into());
+            words.push(p.max_wait_us().map_or("-".into(), |m| m.to_string()));
+            words.push(params.len().to_string());
+            words.extend(params);
             max_costs.push(max_cost);
         }
         Ok(Wire {
             suffixes,
-            args,
+            encoded: words.join(" "),
+            needs_nonce: (rules.policies().iter()).any(|p| matches!(p.algo(), Algo::SlidingLog(_))),
             max_costs,
         })
     }

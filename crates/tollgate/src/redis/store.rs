@@ -11,7 +11,7 @@ use redis::{Script, Value};
 use tollgate_core::{Op, PolicyState, RuleDecision, RuleSet};
 
 use super::batch::Batcher;
-use super::call::{push_call, split_reply, CallOp, CheckCall, CheckReply};
+use super::call::{push_call, push_try, split_reply, CallOp, CheckCall, CheckReply};
 use super::script::{library, parse_state, Wire, EVAL_SCRIPT};
 use super::StoreError;
 
@@ -175,26 +175,34 @@ impl Caller {
 
     async fn call(&self, mut conn: Conn, checks: &[&CheckCall]) -> Result<Value, StoreError> {
         let nonce = nonce();
-        let margin = self.opts.ttl_margin.as_millis() as u64;
         let read_only = checks.iter().all(|c| c.op == CallOp::Peek);
         let mut loaded = false;
         loop {
             let functions = self.mode.load(Ordering::Relaxed) == MODE_FUNCTIONS;
             let lib = library();
-            let mut cmd = if functions {
-                let mut cmd = redis::cmd(if read_only { "FCALL_RO" } else { "FCALL" });
-                cmd.arg(if read_only {
-                    &lib.function_ro
+            let single_try = checks.len() == 1 && checks[0].op == CallOp::Try;
+            let mut cmd = if !functions {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(self.eval.get_hash());
+                cmd
+            } else if read_only {
+                let mut cmd = redis::cmd("FCALL_RO");
+                cmd.arg(&lib.function_ro);
+                cmd
+            } else {
+                let mut cmd = redis::cmd("FCALL");
+                cmd.arg(if single_try {
+                    &lib.function_try
                 } else {
                     &lib.function
                 });
                 cmd
-            } else {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(self.eval.get_hash());
-                cmd
             };
-            push_call(&mut cmd, checks, margin, &nonce);
+            if functions && single_try {
+                push_try(&mut cmd, checks[0], &nonce);
+            } else {
+                push_call(&mut cmd, checks, &nonce);
+            }
             let err = match cmd.query_async::<Value>(&mut conn).await {
                 Ok(v) => return Ok(v),
                 Err(e) => e,

@@ -18,14 +18,29 @@ pub struct RedisServers {
 impl RedisServers {
     /// One standalone server.
     pub fn standalone() -> RedisServers {
-        let mut s = RedisServers::spawn(1, false);
+        RedisServers::standalone_with(&[])
+    }
+
+    /// One standalone server with extra `redis-server` arguments.
+    pub fn standalone_with(extra: &[&str]) -> RedisServers {
+        let mut s = RedisServers::spawn(1, false, extra);
         s.wait_ready();
         s
     }
 
+    /// `redis-cli -p PORT args...` against server `i`: its output.
+    pub fn cli(&self, i: usize, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.ports[i].to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// A Cluster of three masters (no replicas), slots assigned.
     pub fn cluster() -> RedisServers {
-        let mut s = RedisServers::spawn(3, true);
+        let mut s = RedisServers::spawn(3, true, &[]);
         s.wait_ready();
         let nodes: Vec<String> = s.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
@@ -57,7 +72,7 @@ impl RedisServers {
         s
     }
 
-    fn spawn(n: usize, cluster: bool) -> RedisServers {
+    fn spawn(n: usize, cluster: bool, extra: &[&str]) -> RedisServers {
         let dir = std::env::temp_dir().join(format!(
             "tollgate-redis-{}-{}",
             std::process::id(),
@@ -73,6 +88,7 @@ impl RedisServers {
                 .args(["--save", "", "--appendonly", "no"])
                 .arg("--dir")
                 .arg(&dir)
+                .args(extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
             if cluster {
