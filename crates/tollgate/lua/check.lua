@@ -189,6 +189,11 @@ local function times(at)
   return tonumber(string.sub(at, 1, sp - 1)), tonumber(string.sub(at, sp + 1))
 end
 
+-- The time to live (ms) of a fast-path state that is fully replenished at `tat`.
+local function fast_ttl(tat, now, margin_ms)
+  return floor((tat - now) / 1000) + 1 + margin_ms
+end
+
 -- One try with short arguments, the common call when checks are not batched:
 -- ARGV = {rule set, cost, '' or "now created", [nonce]}; returns {now, reply} as
 -- run_batch does for one check.
@@ -199,12 +204,45 @@ local function run_try(keys, args)
   local now, created = times(args[3])
   if pols.try_fast then
     local pol = pols[1]
-    local admitted, before = pols.try_fast(pol.p, keys[1], now, cost, pols.margin, pol.shadow)
-    if admitted then return { now, admitted, before } end
+    local v = redis.call('GET', keys[1])
+    local admitted, new = pols.try_fast(pol.p, v, now, cost, pol.shadow)
+    if admitted then
+      if new then redis.call('SET', keys[1], new, 'PX', fast_ttl(new, now, pols.margin)) end
+      return { now, admitted, v or '' }
+    end
   end
   local out = { now }
   run_check(out, 't', pols, keys, 0, now, created, cost, pols.margin, args[4] or '', 1)
   return out
+end
+
+-- A batch's fast-path states: read together with one MGET, decided in order against
+-- the values this call has written, and each written once at the end (or before a
+-- check of the general path, which reads Redis itself). The same decisions, in the
+-- same order, as one call per check.
+local function fast_reads(keys, args, count, sets_at)
+  local list, seen = {}, {}
+  local i, base = 3, 0
+  for c = 1, count do
+    local pols = rule_set(args[sets_at + tonumber(args[i + 1])])
+    local key = keys[base + 1]
+    if args[i] == 't' and pols.try_fast and not seen[key] then
+      seen[key] = true
+      list[#list + 1] = key
+    end
+    base = base + #pols
+    i = i + 4
+  end
+  local cache = {}
+  if #list > 0 then
+    local values = redis.call('MGET', unpack(list))
+    for k, key in ipairs(list) do cache[key] = values[k] end -- false: no state
+  end
+  return cache
+end
+
+local function write_pending(pending)
+  for key, w in pairs(pending) do redis.call('SET', key, w[1], 'PX', w[2]) end
 end
 
 local function run_batch(keys, args, read_only)
@@ -212,6 +250,9 @@ local function run_batch(keys, args, read_only)
   local nonce = args[1]
   local count = tonumber(args[2])
   local sets_at = 2 + 4 * count
+  local cache = {}
+  if not read_only then cache = fast_reads(keys, args, count, sets_at) end
+  local pending = {}
   local time = nil
   local out = { '' }
   local base = 0
@@ -234,18 +275,31 @@ local function run_batch(keys, args, read_only)
       now, created = tonumber(string.sub(at, 1, sp - 1)), tonumber(string.sub(at, sp + 1))
     end
     local cost = tonumber(args[i + 3])
-    local admitted, before
+    local admitted, new
+    local key = keys[base + 1]
+    local v
     if op == 't' and pols.try_fast then
-      admitted, before = pols.try_fast(pols[1].p, keys[base + 1], now, cost, pols.margin, pols[1].shadow)
+      v = cache[key]
+      if v == nil then v = redis.call('GET', key) or false end
+      admitted, new = pols.try_fast(pols[1].p, v or nil, now, cost, pols[1].shadow)
     end
     if admitted then
+      if new then
+        cache[key] = new
+        pending[key] = { new, fast_ttl(new, now, pols.margin) }
+      end
+      if not v then v = '' elseif type(v) == 'number' then v = int(v) end
       out[#out + 1] = admitted
-      out[#out + 1] = before
+      out[#out + 1] = v
     else
+      -- The general path reads and writes Redis: bring it up to date first.
+      write_pending(pending)
+      pending, cache = {}, {}
       run_check(out, op, pols, keys, base, now, created, cost, pols.margin, nonce, c)
     end
     base = base + #pols
     i = i + 4
   end
+  write_pending(pending)
   return out
 end

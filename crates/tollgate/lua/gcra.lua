@@ -30,27 +30,21 @@ ALGOS[1] = {
     if s.f == 0 then return s.u end
     return int(s.u) .. ' ' .. int(s.f)
   end,
-  -- A try on a state whose TAT is whole microseconds (always, for an interval of whole
-  -- microseconds), decided and saved with no tables; the general path below gives the
-  -- same decision. Returns admitted (1/0) and the state before, or nil when it does
-  -- not apply.
-  try_fast = function(p, key, now, cost, margin_ms, shadow)
+  -- A try on the stored value `v` (nil: no state) when the TAT is whole microseconds
+  -- (always, for an interval of whole microseconds), with no tables; the general path
+  -- below gives the same decision. Returns admitted (1/0) and the TAT to store (nil:
+  -- nothing changes), or nil when it does not apply.
+  try_fast = function(p, v, now, cost, shadow)
     if p.scale ~= 1 then return nil end
-    local v = redis.call('GET', key)
     local tat = now
     if v then
       tat = tonumber(v) -- nil for "us frac"
       if not tat then return nil end
       if tat < now then tat = now end
-    else
-      v = ''
     end
     local new = tat + cost * p.interval
-    if new - p.tau <= now then
-      redis.call('SET', key, new, 'PX', floor((new - now) / 1000) + 1 + margin_ms)
-      return 1, v
-    end
-    return shadow and 1 or 0, v
+    if new - p.tau <= now then return 1, new end
+    return shadow and 1 or 0, nil
   end,
   check = function(p, s, now, cost, acquire, max_wait)
     if p.scale ~= 1 or s.f ~= 0 then return check_schedule(ALGOS[1], p, s, now, cost, acquire, max_wait) end
