@@ -1,69 +1,94 @@
 #!/usr/bin/env bash
-# Measures the Redis store against its ceiling in one run, on loopback: tollgate's
-# checks (`tollgate bench redis`: N callers over C pipelined connections) beside
-# redis-benchmark driving the same script call (EVALSHA, same keys) with the same
-# connection count and pipeline depth N/C. 3 alternating rounds; medians.
-# With `cluster`: a 3-master Redis Cluster; C connections per master on both sides
-# (redis-benchmark --cluster, the key's hash tag one per master), depth N/(3C).
-# Usage: scripts/bench-redis.sh [callers] [connections] [seconds] [policy] [single|cluster]
+# The Redis store measured side by side on one redis-server of our own (loopback):
+#
+# 1. What one decision costs Redis, per algorithm: redis-benchmark drives tollgate's
+#    unbatched call (`tollgate bench redis-call`: FCALL of the one-try function) and a
+#    minimal redis_rate-shaped GCRA script (scripts/lua/gcra-reference.lua) the same
+#    way (-c 50 -P 16, 10k random keys); Redis's own accounting (INFO commandstats,
+#    usec_per_call) gives the server time per call. Also the EVALSHA form of tollgate.
+# 2. Checks/s on one Redis core: `tollgate bench redis` unbatched (--batch 1) and
+#    batched (--batch 64), next to redis-benchmark -P 16 of a plain INCR.
+#
+# Usage: scripts/bench-redis.sh [seconds] [callers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-callers=${1:-64}
-conns=${2:-2}
-secs=${3:-8}
-policy=${4:-gcra:rate=100/s,burst=10}
-mode=${5:-single}
+secs=${1:-5}
+callers=${2:-256}
 keys=10000
 command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null; }
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 dir=$(mktemp -d)
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$dir"' EXIT
-start_redis() { # port [cluster args...]
-  local p=$1; shift
-  (cd "$dir" && exec redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no "$@" >/dev/null 2>&1) & pids+=($!)
+port=$(free_port)
+(cd "$dir" && exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1) &
+pid=$!
+trap 'kill "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
+until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
+url="redis://127.0.0.1:$port/"
+cli() { redis-cli -p "$port" "$@"; }
+
+# One run of redis-benchmark on a command (shell words); prints calls/s and us/call.
+server_cost() {
+  local n=$1; shift
+  cli config resetstat >/dev/null
+  local rps
+  rps=$(eval "redis-benchmark -p $port -c 50 -P 16 -r $keys -n $n -q --csv $*" | tail -1 | awk -F'","' '{print $2}' | tr -d '"')
+  local us
+  us=$(cli info commandstats | grep -oE '^cmdstat_(fcall|evalsha):[^ ]*' | sed -E 's/.*usec_per_call=([0-9.]+).*/\1/' | head -1)
+  echo "$rps $us"
 }
-if [ "$mode" = cluster ]; then
-  ports=($(free_port) $(free_port) $(free_port))
-  for p in "${ports[@]}"; do start_redis "$p" --cluster-enabled yes --cluster-config-file "nodes-$p.conf"; done
-  sleep 0.5
-  redis-cli --cluster create $(printf '127.0.0.1:%s ' "${ports[@]}") --cluster-replicas 0 --cluster-yes >/dev/null
-  until redis-cli -p "${ports[0]}" cluster info | grep -q cluster_state:ok; do sleep 0.1; done
-  sleep 1
-  port=${ports[0]}
-  url="redis+cluster://$(printf '127.0.0.1:%s,' "${ports[@]}" | sed 's/,$//')"
-  depth=$(( callers / (conns * 3) )); [ "$depth" -ge 1 ] || depth=1
-  bench_args="--cluster -c $(( conns * 3 ))"
-else
-  port=$(free_port)
-  start_redis "$port"
-  sleep 0.5
-  url="redis://127.0.0.1:$port/"
-  depth=$(( callers / conns ))
-  bench_args="-c $conns"
-fi
-# Load the script (the SHA1 is what tollgate's EVALSHA uses).
-"$bin" bench redis --redis-url "$url" --policy "$policy" --duration 1s --concurrency 1 --connections 1 >/dev/null 2>&1
-call=$("$bin" bench redis-call --policy "$policy")
-# In a cluster redis-benchmark routes by a "{tag}" it picks per master.
-[ "$mode" = cluster ] && call=$(echo "$call" | sed -E 's/\{k__rand_int__\}/{tag}k__rand_int__/')
+
+ref=$(cli script load "$(cat scripts/lua/gcra-reference.lua)")
+policies=(
+  "gcra:rate=100/s,burst=10"
+  "gcra:rate=3/s,burst=10"
+  "token-bucket:rate=100/s,capacity=10"
+  "leaky-bucket:rate=100/s,capacity=10"
+  "fixed-window:limit=100,window=1s"
+  "sliding-window:limit=100,window=1s,buckets=10"
+  "sliding-window:limit=100,window=1s,mode=weighted"
+  "sliding-log:limit=100,window=1s"
+  "smooth-bursty:rate=100/s"
+  "smooth-warmup:rate=100/s,warmup=10s"
+  "limit-req:rate=100/s,burst=10,nodelay"
+  "shaper:rate=100/s,queue=10"
+)
+# Load the code (a first call does), then measure.
+"$bin" bench redis --redis-url "$url" --policy "${policies[0]}" --duration 1s --concurrency 1 --connections 1 >/dev/null 2>&1
+"$bin" bench redis --redis-url "$url" --policy "${policies[0]}" --duration 1s --concurrency 1 --connections 1 --calls eval >/dev/null 2>&1
+n=300000
+echo "== server time per call (redis-benchmark -c 50 -P 16, $keys keys; INFO commandstats) =="
+printf '%-52s %12s %10s %8s\n' "call" "calls/s" "us/call" "x ref"
+read -r rps us < <(server_cost $n EVALSHA "$ref" 1 'ref:{k__rand_int__}' 10 100 1 1)
+ref_us=$us
+printf '%-52s %12s %10s %8s\n' "reference GCRA script (EVALSHA)" "$rps" "$us" "1.00"
+for p in "${policies[@]}"; do
+  read -r rps us < <(server_cost $n "$("$bin" bench redis-call --policy "$p")")
+  printf '%-52s %12s %10s %8s\n' "$p" "$rps" "$us" "$(python3 -c "print('%.2f' % ($us / $ref_us))")"
+done
+read -r rps us < <(server_cost $n "$("$bin" bench redis-call --policy "${policies[0]}" --eval)")
+printf '%-52s %12s %10s %8s\n' "${policies[0]} as EVALSHA" "$rps" "$us" "$(python3 -c "print('%.2f' % ($us / $ref_us))")"
+
+echo
+echo "== checks/s on one Redis core ($callers callers, 2 connections, ${secs}s, 3 rounds, medians) =="
 field() { echo "$1" | sed -E "s#.*$2: ([0-9.]+).*#\1#"; }
 median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
-t_rps=(); r_rps=(); t_p99=()
+incr=(); one=(); many=(); one_p99=(); many_p99=()
 for round in 1 2 3; do
-  t=$("$bin" bench redis --redis-url "$url" --policy "$policy" \
-      --concurrency "$callers" --connections "$conns" --keys "$keys" --duration "${secs}s" 2>/dev/null | tail -1)
-  t_rps+=("$(field "$t" 'checks/s')"); t_p99+=("$(field "$t" 'p99_us')")
-  # As many calls as tollgate made in the same time, roughly: redis-benchmark runs a count.
-  n=$(python3 -c "print(int(float('${t_rps[-1]}') * $secs))")
-  r=$(eval "redis-benchmark -p $port $bench_args -P $depth -r $keys -n $n -q --csv $call" | tail -1)
-  rps=$(echo "$r" | awk -F'","' '{print $2}' | tr -d '"')
-  r_rps+=("$rps")
-  echo "round $round: tollgate [$t] | redis-benchmark EVALSHA [$r]" >&2
+  r=$(redis-benchmark -p "$port" -c 50 -P 16 -r "$keys" -n 3000000 -q --csv INCR 'k__rand_int__' | tail -1 | awk -F'","' '{print $2}' | tr -d '"')
+  incr+=("$r")
+  for b in 1 64; do
+    t=$("$bin" bench redis --redis-url "$url" --policy "${policies[0]}" --concurrency "$callers" \
+        --connections 2 --keys "$keys" --duration "${secs}s" --batch "$b" 2>/dev/null | tail -1)
+    echo "round $round batch $b: $t" >&2
+    if [ "$b" = 1 ]; then one+=("$(field "$t" 'checks/s')"); one_p99+=("$(field "$t" 'p99_us')")
+    else many+=("$(field "$t" 'checks/s')"); many_p99+=("$(field "$t" 'p99_us')"); fi
+  done
+  echo "round $round INCR: $r" >&2
 done
-tm=$(median "${t_rps[@]}"); rm=$(median "${r_rps[@]}"); tp=$(median "${t_p99[@]}")
-echo "redis-benchmark ($mode, same script, $bench_args -P $depth): $rm calls/s"
-echo "tollgate bench redis ($mode, $callers callers, $conns connections): $tm checks/s, p99 ${tp}us"
-python3 -c "print('ratio tollgate / ceiling: %.2f' % ($tm / $rm))"
+i=$(median "${incr[@]}"); u=$(median "${one[@]}"); b=$(median "${many[@]}")
+echo "redis-benchmark INCR -c 50 -P 16:     $i calls/s"
+echo "tollgate unbatched (--batch 1):      $u checks/s, p99 $(median "${one_p99[@]}")us"
+echo "tollgate batched (--batch 64):       $b checks/s, p99 $(median "${many_p99[@]}")us"
+python3 -c "print('batched / unbatched: %.2f   batched / INCR: %.2f' % ($b / $u, $b / $i))"

@@ -11,11 +11,11 @@
 --          '' to decide at Redis TIME (so that clients with skewed clocks agree) or
 --          "now created" in us (replay passes its trace time, and the creation time of
 --          a key without state); cost (>= 1; checked by the caller)
--- then     the rule sets, rule set r at ARGV[2 + 4C + r], each one string:
---          "margin n code shadow max_wait m p_1 .. p_m code ..." (margin: ms added to
---          each key's time to live, which is otherwise the time until its state is
---          fully replenished; n policies; shadow 1/0; max_wait in us or '-' for
---          unbounded; m parameters, see each algorithm's file)
+-- then     the rule sets, in order, each one string (as EVALSHA: a word count, then
+--          the words): "margin n code shadow max_wait m p_1 .. p_m code ..."
+--          (margin: ms added to each key's time to live, which is otherwise the time
+--          until its state is fully replenished; n policies; shadow 1/0; max_wait in
+--          us or '-' for unbounded; m parameters, see each algorithm's file)
 --
 -- Returns one flat array {now, reply_1, ..., reply_C}: now is Redis TIME ('' when no
 -- check asked for it); reply_i is admitted (1/0) then state_1, ..., state_n, each
@@ -23,12 +23,13 @@
 -- derives the full decision (remaining, reset, retry, wait) with the same core code as
 -- the memory store. For a refund the states are those after it.
 
-local function parse_rule_set(str)
-  local a = {}
-  for w in string.gmatch(str, '%S+') do a[#a + 1] = w end
-  local pols = { margin = tonumber(a[1]) }
-  local i = 3
-  for k = 1, tonumber(a[2]) do
+-- The rule set whose words start at a[i]: margin, n, then per policy code, shadow,
+-- max_wait, m and m parameters.
+local function parse_rule_set(a, i)
+  local pols = { margin = tonumber(a[i]) }
+  local n = tonumber(a[i + 1])
+  i = i + 2
+  for k = 1, n do
     local alg = ALGOS[tonumber(a[i])]
     if not alg then error('tollgate: unknown algorithm code ' .. a[i]) end
     local max_wait = nil
@@ -40,20 +41,22 @@ local function parse_rule_set(str)
     i = i + 4 + m
   end
   -- A single policy with a fast path for tries: called straight from the batch loop.
-  if #pols == 1 then pols.try_fast = pols[1].alg.try_fast end
+  if n == 1 then pols.try_fast = pols[1].alg.try_fast end
   return pols
 end
 
 -- Parsed rule sets by their string. Loaded as Functions, the library keeps this table
 -- between calls, so a rule set is parsed once per node (a cache: decisions never
--- depend on it); as an EVALSHA script it starts empty on every call.
+-- depend on it).
 local RULE_SETS = {}
 local RULE_SETS_LEN = 0
 
 local function rule_set(str)
   local pols = RULE_SETS[str]
   if pols then return pols end
-  pols = parse_rule_set(str)
+  local words = {}
+  for w in string.gmatch(str, '%S+') do words[#words + 1] = w end
+  pols = parse_rule_set(words, 1)
   if RULE_SETS_LEN >= 1000 then
     RULE_SETS = {}
     RULE_SETS_LEN = 0
@@ -61,6 +64,14 @@ local function rule_set(str)
   RULE_SETS[str] = pols
   RULE_SETS_LEN = RULE_SETS_LEN + 1
   return pols
+end
+
+-- The rule set at args[i] and the index after it: one string (Functions), or
+-- `inline` (EVALSHA, which would parse a string on every call) a word count and the
+-- words.
+local function rules_at(args, i, inline)
+  if not inline then return rule_set(args[i]), i + 1 end
+  return parse_rule_set(args, i + 1), i + 1 + tonumber(args[i])
 end
 
 -- The states of one check's policies (keys[base + k] holds policy k's).
@@ -197,11 +208,12 @@ end
 -- One try with short arguments, the common call when checks are not batched:
 -- ARGV = {rule set, cost, '' or "now created", [nonce]}; returns {now, reply} as
 -- run_batch does for one check.
-local function run_try(keys, args)
+local function run_try(keys, args, inline)
   floor = math.floor
-  local pols = RULE_SETS[args[1]] or rule_set(args[1])
-  local cost = tonumber(args[2])
-  local now, created = times(args[3])
+  local pols, i = RULE_SETS[args[1]], 2
+  if not pols then pols, i = rules_at(args, 1, inline) end
+  local cost = tonumber(args[i])
+  local now, created = times(args[i + 1])
   if pols.try_fast then
     local pol = pols[1]
     local v = redis.call('GET', keys[1])
@@ -212,7 +224,7 @@ local function run_try(keys, args)
     end
   end
   local out = { now }
-  run_check(out, 't', pols, keys, 0, now, created, cost, pols.margin, args[4] or '', 1)
+  run_check(out, 't', pols, keys, 0, now, created, cost, pols.margin, args[i + 2] or '', 1)
   return out
 end
 
@@ -220,11 +232,11 @@ end
 -- the values this call has written, and each written once at the end (or before a
 -- check of the general path, which reads Redis itself). The same decisions, in the
 -- same order, as one call per check.
-local function fast_reads(keys, args, count, sets_at)
+local function fast_reads(keys, args, count, sets)
   local list, seen = {}, {}
   local i, base = 3, 0
   for c = 1, count do
-    local pols = rule_set(args[sets_at + tonumber(args[i + 1])])
+    local pols = sets[tonumber(args[i + 1])]
     local key = keys[base + 1]
     if args[i] == 't' and pols.try_fast and not seen[key] then
       seen[key] = true
@@ -245,13 +257,15 @@ local function write_pending(pending)
   for key, w in pairs(pending) do redis.call('SET', key, w[1], 'PX', w[2]) end
 end
 
-local function run_batch(keys, args, read_only)
+local function run_batch(keys, args, read_only, inline)
   floor = math.floor
   local nonce = args[1]
   local count = tonumber(args[2])
-  local sets_at = 2 + 4 * count
+  local sets = {}
+  local j = 3 + 4 * count
+  while j <= #args do sets[#sets + 1], j = rules_at(args, j, inline) end
   local cache = {}
-  if not read_only then cache = fast_reads(keys, args, count, sets_at) end
+  if not read_only then cache = fast_reads(keys, args, count, sets) end
   local pending = {}
   local time = nil
   local out = { '' }
@@ -259,7 +273,7 @@ local function run_batch(keys, args, read_only)
   local i = 3
   for c = 1, count do
     local op = args[i]
-    local pols = rule_set(args[sets_at + tonumber(args[i + 1])])
+    local pols = sets[tonumber(args[i + 1])]
     if read_only and op ~= 'p' then error('tollgate: only peeks are read-only') end
     local now, created
     local at = args[i + 2]

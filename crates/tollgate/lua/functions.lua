@@ -3,14 +3,14 @@
 -- that instances running different tollgate versions each call their own code.
 redis.register_function{
   function_name = 'tollgate_VERSION',
-  callback = function(keys, args) return run_batch(keys, args, false) end,
+  callback = function(keys, args) return run_batch(keys, args, false, false) end,
 }
 redis.register_function{
   function_name = 'tollgate_VERSION_try',
-  callback = run_try,
+  callback = function(keys, args) return run_try(keys, args, false) end,
 }
 redis.register_function{
   function_name = 'tollgate_VERSION_ro',
-  callback = function(keys, args) return run_batch(keys, args, true) end,
+  callback = function(keys, args) return run_batch(keys, args, true, false) end,
   flags = { 'no-writes' },
 }

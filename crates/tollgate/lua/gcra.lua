@@ -4,12 +4,6 @@
 -- frac is 0 (always, for a rate whose interval is whole microseconds).
 -- new = max(tat, now) + cost*T; admitted iff now >= new - tau; then tat = new.
 
--- (us, frac) with frac brought into [0, scale).
-local function ticks_norm(u, f, scale)
-  local q = idiv(f, scale)
-  return u + q, f - q * scale
-end
-
 -- max(tat, now) + cost*interval, as (us, frac).
 local function gcra_next(p, s, now, cost)
   local u, f = s.u, s.f

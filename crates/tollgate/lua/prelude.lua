@@ -17,6 +17,13 @@ local function idiv(a, b)
   return q
 end
 
+-- (us, frac) with frac brought into [0, scale): times kept as us plus a fraction in
+-- 1/scale us (gcra, shaper).
+local function ticks_norm(u, f, scale)
+  local q = idiv(f, scale)
+  return u + q, f - q * scale
+end
+
 -- ceil(a / b) for integers |a| < 2^53, b > 0.
 local function cdiv(a, b)
   return -idiv(-a, b)

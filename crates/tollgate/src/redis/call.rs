@@ -52,14 +52,18 @@ pub(crate) struct CheckReply {
 }
 
 /// Appends the KEYS count, the KEYS and the ARGV of one call deciding `checks` to `cmd`
-/// (after the function name or script SHA1); see `check.lua`.
-pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], nonce: &str) {
+/// (after the function name or script SHA1); see `check.lua`. `form`: the EVALSHA
+/// script's first argument (`eval.lua`), `None` for a function.
+pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], nonce: &str, form: Option<&str>) {
     let nkeys: usize = checks.iter().map(|c| c.keys.len()).sum();
     cmd.arg(nkeys);
     for c in checks {
         for k in &c.keys {
             cmd.arg(k.as_str());
         }
+    }
+    if let Some(form) = form {
+        cmd.arg(form);
     }
     cmd.arg(nonce).arg(checks.len());
     // Each distinct rule set once, after the checks, which refer to it by index
@@ -78,19 +82,36 @@ pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], nonce: &str) {
         cmd.arg(c.cost);
     }
     for w in &sets {
-        cmd.arg(w.encoded.as_str());
+        push_rule_set(cmd, w, form.is_some());
+    }
+}
+
+/// A rule set as one string (a function caches its parse by it), or `inline` as a word
+/// count and the words (an `EVALSHA` script parses on every call).
+fn push_rule_set(cmd: &mut Cmd, wire: &Wire, inline: bool) {
+    if inline {
+        cmd.arg(wire.words.len());
+        for w in &wire.words {
+            cmd.arg(w.as_str());
+        }
+    } else {
+        cmd.arg(wire.encoded.as_str());
     }
 }
 
 /// Appends the KEYS count, the KEYS and the short ARGV of the one-try function
 /// (`run_try` in `check.lua`): rule set, cost, times, and a nonce only when a policy
 /// needs one.
-pub(crate) fn push_try(cmd: &mut Cmd, check: &CheckCall, nonce: &str) {
+pub(crate) fn push_try(cmd: &mut Cmd, check: &CheckCall, nonce: &str, form: Option<&str>) {
     cmd.arg(check.keys.len());
     for k in &check.keys {
         cmd.arg(k.as_str());
     }
-    cmd.arg(check.wire.encoded.as_str()).arg(check.cost);
+    if let Some(form) = form {
+        cmd.arg(form);
+    }
+    push_rule_set(cmd, &check.wire, form.is_some());
+    cmd.arg(check.cost);
     push_times(cmd, check);
     if check.wire.needs_nonce {
         cmd.arg(nonce);

@@ -303,13 +303,13 @@ impl RedisLimiter {
         };
         let cmd = if eval {
             let mut cmd = ::redis::cmd("EVALSHA");
-            cmd.arg(super::script_sha1());
-            super::call::push_call(&mut cmd, &[&check], "bench");
+            cmd.arg(&super::script::eval_script(compiled.wire.families).sha1);
+            super::call::push_try(&mut cmd, &check, "bench", Some("t"));
             cmd
         } else {
             let mut cmd = ::redis::cmd("FCALL");
             cmd.arg(&super::script::library().function_try);
-            super::call::push_try(&mut cmd, &check, "bench");
+            super::call::push_try(&mut cmd, &check, "bench", None);
             cmd
         };
         cmd.args_iter()

@@ -39,18 +39,6 @@ pub use store::{CallStats, RedisCalls, RedisOptions, RedisStore};
 
 use std::time::Duration;
 
-/// The decision script's source as `EVALSHA` runs it (`SCRIPT LOAD` it to get its SHA1).
-pub fn script_source() -> &'static str {
-    script::EVAL_SCRIPT
-}
-
-/// The SHA1 `EVALSHA` calls the script by.
-pub fn script_sha1() -> String {
-    ::redis::Script::new(script::EVAL_SCRIPT)
-        .get_hash()
-        .to_string()
-}
-
 /// The decision code as a Redis Functions library, as `FUNCTION LOAD` takes it (a
 /// store loads it by itself when Redis lacks it; this is for loading it ahead).
 pub fn function_library() -> &'static str {

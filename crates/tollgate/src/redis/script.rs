@@ -3,6 +3,7 @@
 //! [`PolicyState`] again.
 
 use std::collections::VecDeque;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tollgate_core::algorithms::*;
@@ -10,28 +11,49 @@ use tollgate_core::{Algo, Mode, Policy, PolicyState, RuleSet};
 
 use super::StoreError;
 
-/// The decision driver and every algorithm (`check.lua` documents KEYS and ARGV),
-/// followed by `$tail`.
-macro_rules! driver {
-    ($($tail:expr),*) => {
-        concat!(
-            include_str!("../../lua/prelude.lua"),
-            include_str!("../../lua/gcra.lua"),
-            include_str!("../../lua/buckets.lua"),
-            include_str!("../../lua/windows.lua"),
-            include_str!("../../lua/limit_req.lua"),
-            include_str!("../../lua/smooth.lua"),
-            include_str!("../../lua/shaper.lua"),
-            include_str!("../../lua/check.lua"),
-            $($tail),*
-        )
-    };
+/// The algorithm files, each with the bit that names it in a [`Wire::families`] mask.
+const FAMILIES: [(u8, &str); 6] = [
+    (1, include_str!("../../lua/gcra.lua")),
+    (2, include_str!("../../lua/buckets.lua")),
+    (4, include_str!("../../lua/windows.lua")),
+    (8, include_str!("../../lua/limit_req.lua")),
+    (16, include_str!("../../lua/smooth.lua")),
+    (32, include_str!("../../lua/shaper.lua")),
+];
+const ALL_FAMILIES: u8 = 63;
+const PRELUDE: &str = include_str!("../../lua/prelude.lua");
+const DRIVER: &str = include_str!("../../lua/check.lua");
+
+/// The driver with the algorithm files in `mask`.
+fn body(mask: u8) -> String {
+    let mut s = String::from(PRELUDE);
+    for (bit, src) in FAMILIES {
+        if mask & bit != 0 {
+            s.push_str(src);
+        }
+    }
+    s.push_str(DRIVER);
+    s
 }
 
-const BODY: &str = driver!();
+/// The driver as an `EVALSHA` script (Redis < 7, or Functions turned off) with only
+/// the algorithms of `mask`: a script defines everything it holds on every call, so
+/// a call carries only what its policies use.
+pub(crate) struct EvalScript {
+    pub source: String,
+    pub sha1: String,
+}
 
-/// The driver as one `EVALSHA` script (Redis < 7, or Functions turned off).
-pub(crate) const EVAL_SCRIPT: &str = driver!(include_str!("../../lua/eval.lua"));
+pub(crate) fn eval_script(mask: u8) -> &'static EvalScript {
+    static SCRIPTS: [OnceLock<EvalScript>; 64] = [const { OnceLock::new() }; 64];
+    SCRIPTS[usize::from(mask & ALL_FAMILIES)].get_or_init(|| {
+        let source = body(mask) + include_str!("../../lua/eval.lua");
+        EvalScript {
+            sha1: redis::Script::new(&source).get_hash().to_string(),
+            source,
+        }
+    })
+}
 
 /// The driver as a Redis Functions library, named by a hash of its code so that
 /// instances of different tollgate versions on one Redis each call their own.
@@ -47,13 +69,14 @@ pub(crate) struct Library {
 }
 
 pub(crate) fn library() -> &'static Library {
-    static LIBRARY: std::sync::OnceLock<Library> = std::sync::OnceLock::new();
+    static LIBRARY: OnceLock<Library> = OnceLock::new();
     LIBRARY.get_or_init(|| {
-        let hash = redis::Script::new(BODY).get_hash().to_string();
+        let body = body(ALL_FAMILIES);
+        let hash = redis::Script::new(&body).get_hash().to_string();
         let version = &hash[..12];
         let register = include_str!("../../lua/functions.lua").replace("VERSION", version);
         Library {
-            source: format!("#!lua name=tollgate_{version}\n{BODY}{register}"),
+            source: format!("#!lua name=tollgate_{version}\n{body}{register}"),
             function: format!("tollgate_{version}"),
             function_try: format!("tollgate_{version}_try"),
             function_ro: format!("tollgate_{version}_ro"),
@@ -73,8 +96,12 @@ pub(crate) struct Wire {
     /// The rule set as `check.lua` reads it, one string: the TTL margin (ms), `n`,
     /// then each policy's code, shadow, max-wait (`-`: unbounded), m and parameters.
     pub encoded: String,
+    /// The same as words (what an `EVALSHA` call sends, after their count).
+    pub words: Vec<String>,
     /// Whether a policy needs a per-call nonce (sliding-log members).
     pub needs_nonce: bool,
+    /// The algorithm files the policies use (bits of `FAMILIES`).
+    pub families: u8,
     /// Each policy's largest cost the script can take exactly.
     max_costs: Vec<u64>,
 }
@@ -89,8 +116,10 @@ impl Wire {
         ];
         let mut suffixes = Vec::new();
         let mut max_costs = Vec::new();
+        let mut families = 0;
         for (i, p) in rules.policies().iter().enumerate() {
             let (code, params, max_cost) = encode(p)?;
+            families |= family(code);
             suffixes.push(format!(":{i}.{code}"));
             words.push(code.to_string());
             words.push(if p.shadow() { "1" } else { "0" }.into());
@@ -102,7 +131,9 @@ impl Wire {
         Ok(Wire {
             suffixes,
             encoded: words.join(" "),
+            words,
             needs_nonce: (rules.policies().iter()).any(|p| matches!(p.algo(), Algo::SlidingLog(_))),
+            families,
             max_costs,
         })
     }
@@ -121,6 +152,18 @@ impl Wire {
             }
         }
         Ok(())
+    }
+}
+
+/// The bit of the algorithm file that holds wire code `code` (see the `.lua` files).
+fn family(code: u8) -> u8 {
+    match code {
+        1 => 1,
+        2 | 3 => 2,
+        4..=7 => 4,
+        10 => 8,
+        8 | 9 => 16,
+        _ => 32,
     }
 }
 

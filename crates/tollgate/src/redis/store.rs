@@ -12,7 +12,7 @@ use tollgate_core::{Op, PolicyState, RuleDecision, RuleSet};
 
 use super::batch::Batcher;
 use super::call::{push_call, push_try, split_reply, CallOp, CheckCall, CheckReply};
-use super::script::{library, parse_state, Wire, EVAL_SCRIPT};
+use super::script::{eval_script, library, parse_state, Wire};
 use super::StoreError;
 
 /// How a [`RedisStore`] talks to Redis.
@@ -147,7 +147,6 @@ pub(crate) struct Caller {
     /// `MODE_FUNCTIONS` or `MODE_EVAL`; `Auto` starts with Functions and moves to
     /// `EVALSHA` for good when the server does not know `FCALL`.
     mode: AtomicU8,
-    eval: Script,
     /// Decision calls sent and checks they carried (batching's effect).
     calls: AtomicU64,
     checks: AtomicU64,
@@ -176,6 +175,7 @@ impl Caller {
     async fn call(&self, mut conn: Conn, checks: &[&CheckCall]) -> Result<Value, StoreError> {
         let nonce = nonce();
         let read_only = checks.iter().all(|c| c.op == CallOp::Peek);
+        let families = checks.iter().fold(0, |m, c| m | c.wire.families);
         let mut loaded = false;
         loop {
             let functions = self.mode.load(Ordering::Relaxed) == MODE_FUNCTIONS;
@@ -183,7 +183,7 @@ impl Caller {
             let single_try = checks.len() == 1 && checks[0].op == CallOp::Try;
             let mut cmd = if !functions {
                 let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(self.eval.get_hash());
+                cmd.arg(&eval_script(families).sha1);
                 cmd
             } else if read_only {
                 let mut cmd = redis::cmd("FCALL_RO");
@@ -198,10 +198,11 @@ impl Caller {
                 });
                 cmd
             };
-            if functions && single_try {
-                push_try(&mut cmd, checks[0], &nonce);
+            let form = (!functions).then_some(if single_try { "t" } else { "b" });
+            if single_try {
+                push_try(&mut cmd, checks[0], &nonce, form);
             } else {
-                push_call(&mut cmd, checks, &nonce);
+                push_call(&mut cmd, checks, &nonce, form);
             }
             let err = match cmd.query_async::<Value>(&mut conn).await {
                 Ok(v) => return Ok(v),
@@ -239,7 +240,7 @@ impl Caller {
                 loaded = true;
                 redis::cmd("SCRIPT")
                     .arg("LOAD")
-                    .arg(EVAL_SCRIPT)
+                    .arg(&eval_script(families).source)
                     .query_async::<Value>(&mut conn)
                     .await?;
             } else {
@@ -324,7 +325,6 @@ impl RedisStore {
             conn,
             opts,
             mode: AtomicU8::new(mode),
-            eval: Script::new(EVAL_SCRIPT),
             calls: AtomicU64::new(0),
             checks: AtomicU64::new(0),
         });
