@@ -119,7 +119,8 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
             )
             .await?;
             store.ping().await?;
-            redis_limiters.push(tollgate::redis::RedisLimiter::new(
+            // Through the one limiter interface, as serve and proxy use it.
+            redis_limiters.push(tollgate::AnyLimiter::redis(
                 store,
                 "bench",
                 load.rules.clone(),
@@ -157,7 +158,9 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
                 let value = format!("k{}", (n >> 33) % spec.keys.max(1));
                 let sent = clock.now_us();
                 let ok = match (grpc.as_mut(), &redis) {
-                    (_, Some(limiter)) => limiter.check(&value, 1).await.is_ok(),
+                    (_, Some(limiter)) => {
+                        tollgate::RateLimiter::check(limiter, &value, 1).await.is_ok()
+                    }
                     (Some(client), _) => grpc_call(client, &spec, &value).await,
                     (None, None) => http_call(&http_client, &spec, &value).await,
                 };

@@ -20,8 +20,8 @@ use tollgate::redis::{
     RedisStore,
 };
 use tollgate::{
-    ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit, KeyedLimiter, KeyedOptions,
-    Policy, RuleSet,
+    AnyLimiter, ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit, KeyedLimiter,
+    KeyedOptions, Policy, RateLimiter, RuleSet,
 };
 
 /// Counters in Redis: the connection and the `store:` settings (failure policy, ...).
@@ -142,14 +142,9 @@ enum KeyPart {
 struct Limits {
     /// "default", or the tier's name (shown as the RateLimit policy name).
     name: String,
-    counter: Counter,
+    /// The route's rate counters, in memory or in Redis.
+    counter: AnyLimiter,
     window_s: u64,
-}
-
-/// Where a route's rate counters live.
-enum Counter {
-    Memory(KeyedLimiter<String>),
-    Redis(RedisLimiter),
 }
 
 /// Where a route's `limit_conn` permits live.
@@ -219,7 +214,7 @@ fn limits(
         .unwrap_or(0)
         .div_ceil(1_000_000);
     let counter = match redis {
-        None => Counter::Memory(KeyedLimiter::with_options(
+        None => AnyLimiter::Memory(KeyedLimiter::with_options(
             rules,
             options,
             tollgate::MonotonicClock::new(),
@@ -227,7 +222,7 @@ fn limits(
         Some((store, config)) => {
             let opts = config.limiter_options(&rules)?;
             let name = redis_name(route, name);
-            Counter::Redis(
+            AnyLimiter::Redis(
                 RedisLimiter::with_options(store.clone(), &name, rules, opts)
                     .map_err(|e| anyhow::anyhow!("{at}.policies (store redis): {e}"))?,
             )
@@ -484,16 +479,16 @@ async fn handle(
             .map(|(_, l)| l)
             .or(route.default.as_ref());
         if let Some(l) = limits {
-            let d = match &l.counter {
-                Counter::Memory(limiter) => limiter.check_n(key.as_str(), 1),
-                Counter::Redis(limiter) => match limiter.check(&key, 1).await {
-                    Ok(d) => Ok(d),
-                    // Redis failed under `on_error: error`: say so (a dry run forwards).
-                    Err(_) if route.dry_run => Ok(tollgate::Decision::admitted(0, 0, 0, 0)),
-                    Err(e) => return store_unavailable(&e),
-                },
-            }
-            .unwrap_or_else(|_| tollgate::Decision::rejected(0, 0, 0, None));
+            let d = match l.counter.check(&key, 1).await {
+                Ok(d) => d,
+                // Redis failed under `on_error: error`: say so (a dry run forwards).
+                Err(e) if e.is_transient() && route.dry_run => {
+                    tollgate::Decision::admitted(0, 0, 0, 0)
+                }
+                Err(e) if e.is_transient() => return store_unavailable(&e),
+                // A full limiter refusing new keys.
+                Err(_) => tollgate::Decision::rejected(0, 0, 0, None),
+            };
             rate_headers(&mut headers_out, route.headers, &d, l);
             if !d.allowed && !route.dry_run {
                 let mut r =

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use tollgate::redis::{RedisLimiter, RedisStore, StoreError};
-use tollgate::{CheckError, Decision, KeyedError, Op};
+use tollgate::{CheckError, Decision, LimitError, Op, RateLimiter};
 
 use crate::metrics::{Metrics, Outcome};
 use crate::rules::{counter_key, override_limit, Limit, Rules, Unit};
@@ -355,26 +355,12 @@ impl DecisionService {
                 continue;
             }
             let cost = d.hits.unwrap_or(request_hits);
-            let decision = match (&self.redis, &limit.rules) {
-                (Some(redis), Some(_)) => self.decide_redis(redis, limit, key, cost, op).await?,
-                _ => {
-                    let Some(limiter) = &limit.limiter else {
-                        statuses.push(ok(Some(limit.clone())));
-                        continue;
-                    };
-                    let outcome = match cost {
-                        0 => limiter.peek(key.as_str(), 1),
-                        n => limiter.check_rules(key.as_str(), n, op).map(|r| r.decision),
-                    };
-                    match outcome {
-                        Ok(d) => d,
-                        // A cost that can never fit, or a full limiter refusing keys.
-                        Err(KeyedError::Check(CheckError::InsufficientCapacity {
-                            capacity,
-                            ..
-                        })) => Decision::rejected(capacity, 0, 0, None),
-                        Err(_) => Decision::rejected(0, 0, 0, None),
-                    }
+            let decision = match self.store_of(limit)? {
+                Some(StoreOf::Memory(l)) => decide(l, key, cost, op).await?,
+                Some(StoreOf::Redis(l)) => decide(l, key, cost, op).await?,
+                None => {
+                    statuses.push(ok(Some(limit.clone())));
+                    continue;
                 }
             };
             let shadow_rejected = decision.shadow_rejected || (!decision.allowed && limit.shadow);
@@ -410,30 +396,18 @@ impl DecisionService {
         Ok(CheckResult { overall, statuses })
     }
 
-    /// One descriptor's decision from Redis (or from the failure policy).
-    async fn decide_redis(
-        &self,
-        redis: &RedisCounters,
-        limit: &Limit,
-        key: &str,
-        cost: u64,
-        op: Op,
-    ) -> Result<Decision, RequestError> {
-        let limiter = redis
-            .limiter(limit)
-            .map_err(|e| RequestError::Unavailable(e.to_string()))?;
-        let outcome = match cost {
-            0 => limiter.peek(key, 1).await,
-            n => limiter.check_rules(key, n, op).await,
-        };
-        match outcome {
-            Ok(r) => Ok(r.decision),
-            Err(StoreError::Check(CheckError::InsufficientCapacity { capacity, .. })) => {
-                Ok(Decision::rejected(capacity, 0, 0, None))
-            }
-            Err(StoreError::Check(_)) => Ok(Decision::rejected(0, 0, 0, None)),
-            Err(e) => Err(RequestError::Unavailable(e.to_string())),
-        }
+    /// Where `limit` keeps its counts: its Redis limiter (made on first use) when the
+    /// service runs on Redis, else its memory limiter; `None` for a limit that counts
+    /// nothing (`unlimited`).
+    fn store_of<'a>(&self, limit: &'a Limit) -> Result<Option<StoreOf<'a>>, RequestError> {
+        Ok(match (&self.redis, &limit.rules) {
+            (Some(redis), Some(_)) => Some(StoreOf::Redis(
+                redis
+                    .limiter(limit)
+                    .map_err(|e| RequestError::Unavailable(e.to_string()))?,
+            )),
+            _ => limit.limiter.as_ref().map(StoreOf::Memory),
+        })
     }
 
     /// Gives back what a request counted (an acquire whose caller went away).
@@ -442,42 +416,59 @@ impl DecisionService {
         for d in descriptors {
             if let Some((limit, key)) = self.limit_for(&rules, domain, d) {
                 let cost = d.hits.unwrap_or(hits.max(1));
-                match (&self.redis, &limit.rules) {
-                    (Some(redis), Some(_)) => {
-                        if let Ok(l) = redis.limiter(&limit) {
-                            let _ = l.refund(&key, cost).await;
-                        }
-                    }
-                    _ => {
-                        if let Some(limiter) = &limit.limiter {
-                            limiter.refund(key.as_str(), cost);
-                        }
-                    }
-                }
+                let _ = match self.store_of(&limit) {
+                    Ok(Some(StoreOf::Memory(l))) => RateLimiter::refund(l, &key, cost).await,
+                    Ok(Some(StoreOf::Redis(l))) => RateLimiter::refund(l, &key, cost).await,
+                    _ => Ok(()),
+                };
             }
         }
     }
 
     /// Forgets the counters of one descriptor.
     pub async fn reset(&self, domain: &str, entries: &[(String, String)]) -> Result<bool, String> {
-        let found = self.rules.load().find(domain, entries);
-        match found {
-            Some((limit, key)) => {
-                match (&self.redis, &limit.rules) {
-                    (Some(redis), Some(_)) => {
-                        let l = redis.limiter(&limit).map_err(|e| e.to_string())?;
-                        l.reset(&key).await.map_err(|e| e.to_string())?;
-                    }
-                    _ => {
-                        if let Some(l) = &limit.limiter {
-                            l.reset(key.as_str());
-                        }
-                    }
-                }
-                Ok(true)
-            }
-            None => Ok(false),
+        let Some((limit, key)) = self.rules.load().find(domain, entries) else {
+            return Ok(false);
+        };
+        let done = match self.store_of(&limit).map_err(|e| e.to_string())? {
+            Some(StoreOf::Memory(l)) => RateLimiter::reset(l, &key).await,
+            Some(StoreOf::Redis(l)) => RateLimiter::reset(l, &key).await,
+            None => Ok(()),
+        };
+        done.map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+}
+
+/// A limit's limiter, on the store the service runs on.
+enum StoreOf<'a> {
+    Memory(&'a tollgate::KeyedLimiter<String>),
+    Redis(&'a RedisLimiter),
+}
+
+/// One descriptor's decision from any store (hits 0: a look that counts nothing). A
+/// request that can never fit is a reject; a store that cannot answer (Redis down
+/// under `on_error: error`) fails the request.
+async fn decide(
+    limiter: &impl RateLimiter,
+    key: &str,
+    cost: u64,
+    op: Op,
+) -> Result<Decision, RequestError> {
+    let outcome = match cost {
+        0 => limiter.peek(key, 1).await,
+        n => limiter.check_rules(key, n, op).await,
+    };
+    match outcome {
+        Ok(r) => Ok(r.decision),
+        Err(LimitError::Check(CheckError::InsufficientCapacity { capacity, .. })) => {
+            Ok(Decision::rejected(capacity, 0, 0, None))
         }
+        // A cost of 0 never gets here; a full limiter refusing new keys rejects.
+        Err(LimitError::Check(_) | LimitError::TooManyKeys { .. }) => {
+            Ok(Decision::rejected(0, 0, 0, None))
+        }
+        Err(e) => Err(RequestError::Unavailable(e.to_string())),
     }
 }
 

@@ -85,6 +85,8 @@ enum Mode {
     Detailed,
     /// Decide only.
     Peek,
+    /// Decide only; report every policy.
+    PeekDetailed,
 }
 
 /// A decision, with every policy's when asked for.
@@ -363,6 +365,16 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             .map(Outcome::decision)
     }
 
+    /// Like [`KeyedLimiter::peek`], reporting every policy of the rule set.
+    pub fn peek_rules<Q>(&self, key: &Q, cost: u64) -> Result<RuleDecision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide(key, cost, Op::Try, Mode::PeekDetailed)
+            .map(Outcome::detailed)
+    }
+
     /// Gives back `cost` units admitted earlier for `key`.
     pub fn refund<Q>(&self, key: &Q, cost: u64)
     where
@@ -521,7 +533,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     {
         let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
-        let peek = mode == Mode::Peek;
+        let peek = matches!(mode, Mode::Peek | Mode::PeekDetailed);
         // The GCRA fast path for a known key: one compare-and-swap, and no lock for
         // plain keys (or a read lock).
         let known = |f: &FastShard<K>| decide_known(f, key, hash, now, cost, op, peek);
@@ -559,6 +571,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let run = |st: &mut Vec<PolicyState>| -> Result<Outcome, CheckError> {
             Ok(match mode {
                 Mode::Peek => Outcome::One(rules.peek_decision(st, now, cost)?),
+                Mode::PeekDetailed => Outcome::Rules(rules.peek(st, now, cost)?),
                 Mode::Apply => Outcome::One(rules.decide(st, now, cost, op)?),
                 Mode::Detailed => Outcome::Rules(rules.check(st, now, cost, op)?),
             })

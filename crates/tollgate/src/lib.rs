@@ -13,6 +13,8 @@
 //!   429 with `Retry-After` and `RateLimit` headers, or wait;
 //! * `redis::RedisLimiter` (feature `redis`): the same decisions kept in Redis or
 //!   Redis Cluster, so that many instances share one limit;
+//! * [`RateLimiter`]: the one async interface over every store (memory, Redis), and
+//!   [`AnyLimiter`], a limiter whose store is chosen at run time;
 //!
 //! each for a single [`Policy`] or an all-or-nothing [`RuleSet`], with try
 //! (`check`), wait (`acquire().await`, `acquire_blocking`), `peek`, `refund`, `reset`
@@ -39,6 +41,7 @@ mod config;
 mod gate;
 mod keyed;
 mod limiter;
+mod rate_limiter;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod stream;
@@ -54,5 +57,6 @@ pub use concurrency::{
 };
 pub use keyed::{KeyedError, KeyedLimiter, KeyedOptions, KeyedStats, OnFull};
 pub use limiter::Limiter;
+pub use rate_limiter::{AnyLimiter, LimitError, RateLimiter};
 pub use stream::{Paced, TooCostly};
 pub use tollgate_core::*;

@@ -13,7 +13,7 @@ use super::health::{Event, Health};
 use super::script::Wire;
 use super::store::RedisStore;
 use super::StoreError;
-use crate::KeyedLimiter;
+use crate::{KeyedLimiter, LimitError};
 
 /// What a [`RedisLimiter`] decides while Redis is unreachable or slow.
 #[derive(Debug, Clone, Default)]
@@ -454,6 +454,41 @@ impl RedisLimiter {
                 cost,
             },
         );
+    }
+}
+
+/// The Redis store behind the one limiter interface (see [`crate::RateLimiter`]).
+impl crate::RateLimiter for RedisLimiter {
+    async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, LimitError> {
+        Ok(RedisLimiter::check_rules(self, key, cost, op).await?)
+    }
+
+    async fn check(&self, key: &str, cost: u64) -> Result<Decision, LimitError> {
+        Ok(RedisLimiter::check(self, key, cost).await?)
+    }
+
+    async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, LimitError> {
+        Ok(RedisLimiter::peek(self, key, cost).await?)
+    }
+
+    async fn refund(&self, key: &str, cost: u64) -> Result<(), LimitError> {
+        Ok(RedisLimiter::refund(self, key, cost).await?)
+    }
+
+    async fn reset(&self, key: &str) -> Result<(), LimitError> {
+        Ok(RedisLimiter::reset(self, key).await?)
+    }
+
+    async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, LimitError> {
+        Ok(RedisLimiter::acquire(self, key, cost).await?)
+    }
+
+    fn rules(&self) -> RuleSet {
+        RedisLimiter::rules(self)
+    }
+
+    fn set_rules(&self, rules: RuleSet) -> Result<(), LimitError> {
+        Ok(RedisLimiter::set_rules(self, rules)?)
     }
 }
 

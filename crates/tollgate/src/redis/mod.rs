@@ -68,6 +68,21 @@ pub enum StoreError {
     Protocol(String),
 }
 
+impl From<StoreError> for crate::LimitError {
+    fn from(e: StoreError) -> Self {
+        use crate::LimitError;
+        match e {
+            StoreError::Check(c) => LimitError::Check(c),
+            StoreError::Unsupported(s) => LimitError::Unsupported(s),
+            StoreError::Config(s) => LimitError::Config(s),
+            e @ (StoreError::Redis(_) | StoreError::Timeout(_)) => {
+                LimitError::Unavailable(e.to_string())
+            }
+            StoreError::Protocol(s) => LimitError::Store(s),
+        }
+    }
+}
+
 impl StoreError {
     /// Whether the failure is Redis's (unreachable, slow, failing): the kind a
     /// failure policy (fail open, fail closed, local limiter) applies to. Errors in

@@ -1,0 +1,119 @@
+//! One behaviour suite for the one limiter interface: the same generic code, run
+//! against the memory store and against real Redis (Functions, EVALSHA, Cluster),
+//! through `AnyLimiter` as a server would hold it.
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use redis_server::{rt, RedisServers};
+use tollgate::redis::{RedisCalls, RedisOptions, RedisStore};
+use tollgate::{AnyLimiter, CheckError, LimitError, Op, RateLimiter, RuleSet};
+
+/// What every store must do alike (a slow rate, so that nothing refills mid-test).
+async fn behaves(limiter: &impl RateLimiter, store: &str) {
+    let key = format!("user-{store}");
+    // Burst of 3, then a reject with a retry time of one interval (20 s).
+    for left in [2, 1, 0] {
+        let d = limiter.check(&key, 1).await.unwrap();
+        assert!(d.allowed, "{store}");
+        assert_eq!(d.remaining, left, "{store}");
+    }
+    let d = limiter.check(&key, 1).await.unwrap();
+    assert!(!d.allowed, "{store}");
+    let retry = d.retry_after_us.unwrap();
+    assert!(
+        retry > 19_000_000 && retry <= 20_000_000,
+        "{store}: {retry}"
+    );
+    // Peek changes nothing; the rule decision names each policy.
+    let p = limiter.peek(&key, 1).await.unwrap();
+    assert!(
+        !p.decision.allowed && p.policies.len() == 2,
+        "{store}: {p:?}"
+    );
+    // A refund gives a unit back.
+    limiter.refund(&key, 1).await.unwrap();
+    let d = limiter.check(&key, 1).await.unwrap();
+    assert!(d.allowed && d.remaining == 0, "{store}: {d:?}");
+    // Reset forgets the key.
+    limiter.reset(&key).await.unwrap();
+    assert_eq!(
+        limiter.check(&key, 1).await.unwrap().remaining,
+        2,
+        "{store}"
+    );
+    // Acquire beyond max-wait rejects at once and reserves nothing.
+    limiter.check(&key, 2).await.unwrap();
+    let d = limiter.acquire(&key, 1).await.unwrap();
+    assert!(!d.allowed, "{store}: max-wait is 1s, the wait 20s");
+    let d = limiter.check_rules(&key, 1, Op::Try).await.unwrap();
+    assert!(!d.decision.allowed, "{store}");
+    // A cost no policy can ever admit is an error, the same everywhere.
+    let e = limiter.check(&key, 4).await.unwrap_err();
+    assert_eq!(
+        e,
+        LimitError::Check(CheckError::InsufficientCapacity {
+            cost: 4,
+            capacity: 3
+        }),
+        "{store}"
+    );
+    assert!(!e.is_transient());
+    // New rules: the key's state carries over (GCRA to GCRA).
+    let wider = RuleSet::parse(&[
+        "gcra:rate=3/m,burst=5,max-wait=1s",
+        "fixed-window:limit=100,window=1h",
+    ])
+    .unwrap();
+    limiter.set_rules(wider.clone()).unwrap();
+    assert_eq!(limiter.rules(), wider);
+    assert!(limiter.check(&key, 1).await.unwrap().allowed, "{store}");
+}
+
+fn rules() -> RuleSet {
+    RuleSet::parse(&[
+        "gcra:rate=3/m,burst=3,max-wait=1s",
+        "fixed-window:limit=100,window=1h",
+    ])
+    .unwrap()
+}
+
+#[test]
+fn every_store_behaves_alike_behind_the_one_interface() {
+    let single = RedisServers::standalone();
+    let cluster = RedisServers::cluster();
+    rt().block_on(async {
+        behaves(&AnyLimiter::memory(rules()), "memory").await;
+        for (label, url, calls) in [
+            ("functions", single.url(), RedisCalls::Functions),
+            ("evalsha", single.url(), RedisCalls::Eval),
+            ("cluster", cluster.url(), RedisCalls::Auto),
+        ] {
+            let opts = RedisOptions {
+                calls,
+                ..RedisOptions::default()
+            };
+            let store = RedisStore::connect_with(&url, opts).await.unwrap();
+            let limiter = AnyLimiter::redis(store, label, rules()).unwrap();
+            behaves(&limiter, label).await;
+        }
+    });
+}
+
+#[test]
+fn an_unreachable_redis_is_a_transient_error() {
+    let port = redis_server::free_port();
+    rt().block_on(async {
+        let opts = RedisOptions {
+            timeout: std::time::Duration::from_millis(200),
+            ..RedisOptions::default()
+        };
+        let store = RedisStore::connect_with(&format!("redis://127.0.0.1:{port}/"), opts)
+            .await
+            .unwrap();
+        let limiter = AnyLimiter::redis(store, "down", rules()).unwrap();
+        let e = limiter.check("k", 1).await.unwrap_err();
+        assert!(e.is_transient(), "{e:?}");
+        assert!(matches!(e, LimitError::Unavailable(_)), "{e:?}");
+    });
+}
