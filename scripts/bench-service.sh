@@ -2,18 +2,30 @@
 # Measures `tollgate serve` against the HTTP stack's ceiling (a server answering 200 to
 # everything) in one run, on loopback: max throughput (3 alternating rounds; medians),
 # then p99 at half of tollgate's max load, for HTTP and gRPC.
-# Usage: scripts/bench-service.sh [concurrency] [seconds]
+# With `redis` as the third argument, a second `serve` on the Redis store (a
+# redis-server started here; batching on, the default) runs beside the memory one,
+# alternating rounds, and the ratio of their HTTP max req/s is printed.
+# Usage: scripts/bench-service.sh [concurrency] [seconds] [redis]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 conc=${1:-32}
 secs=${2:-8}
+with_redis=${3:-}
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 http=$(port); grpc=$(port); ceil=$(port)
 "$bin" serve --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" >/dev/null 2>&1 & serve_pid=$!
 "$bin" bench ceiling --listen "127.0.0.1:$ceil" >/dev/null 2>&1 & ceil_pid=$!
-trap 'kill $serve_pid $ceil_pid 2>/dev/null || true' EXIT
+pids=($serve_pid $ceil_pid)
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+if [ "$with_redis" = redis ]; then
+  command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+  rp=$(port); rhttp=$(port); rgrpc=$(port)
+  redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & pids+=($!)
+  sleep 0.5
+  "$bin" serve --http "127.0.0.1:$rhttp" --grpc "127.0.0.1:$rgrpc" --store "redis://127.0.0.1:$rp/" >/dev/null 2>&1 & pids+=($!)
+fi
 sleep 1
 run() { "$bin" bench "$@" --concurrency "$conc" --duration "${secs}s" 2>/dev/null | tail -1; }
 field() { echo "$1" | sed -E "s#.*$2: ([0-9.]+).*#\1#"; }
@@ -35,3 +47,13 @@ echo "tollgate HTTP /v1/check max req/s: $tm (ratio $(python3 -c "print(round($t
 echo "tollgate gRPC ShouldRateLimit max req/s: $gm"
 echo "tollgate HTTP at $half req/s: $th"
 echo "tollgate gRPC at $ghalf req/s: $gh"
+if [ "$with_redis" = redis ]; then
+  m=(); r=()
+  for round in 1 2 3; do
+    a=$(run http --target "127.0.0.1:$http"); m+=("$(field "$a" 'req/s')")
+    b=$(run http --target "127.0.0.1:$rhttp"); r+=("$(field "$b" 'req/s')")
+    echo "round $round: memory [$a] | redis [$b]" >&2
+  done
+  mm=$(median "${m[@]}"); rm=$(median "${r[@]}")
+  echo "HTTP /v1/check max req/s, memory store: $mm; Redis store: $rm (ratio $(python3 -c "print(round($rm/$mm,2))"))"
+fi

@@ -85,6 +85,26 @@ pub struct Store {
     pub negative_cache: bool,
     /// Prefix of every Redis key (default `tollgate`).
     pub prefix: Option<String>,
+    /// The most checks decided by one Redis call (automatic batching of concurrent
+    /// checks; default 64; 1 sends each check alone).
+    pub batch: Option<usize>,
+    /// How the decision code is called: `auto` (default: Redis Functions where Redis
+    /// has them, Redis >= 7, else `EVALSHA`), `functions` or `eval`.
+    #[serde(default)]
+    pub calls: CallsDoc,
+}
+
+/// `store.calls`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallsDoc {
+    /// Functions where Redis has them, `EVALSHA` otherwise.
+    #[default]
+    Auto,
+    /// Redis Functions only (Redis >= 7).
+    Functions,
+    /// `EVALSHA` only.
+    Eval,
 }
 
 /// `store.on_error`.
@@ -157,6 +177,18 @@ impl Store {
         if let Some(p) = &self.prefix {
             opts.prefix = p.clone();
         }
+        if let Some(b) = self.batch {
+            anyhow::ensure!(
+                b >= 1,
+                "store.batch: must be at least 1 (1 turns batching off)"
+            );
+            opts.batch = b;
+        }
+        opts.calls = match self.calls {
+            CallsDoc::Auto => tollgate::redis::RedisCalls::Auto,
+            CallsDoc::Functions => tollgate::redis::RedisCalls::Functions,
+            CallsDoc::Eval => tollgate::redis::RedisCalls::Eval,
+        };
         Ok(tollgate::redis::RedisStore::connect_with(url, opts).await?)
     }
 
