@@ -5,7 +5,8 @@
 #    unbatched call (`tollgate bench redis-call`: FCALL of the one-try function) and a
 #    minimal redis_rate-shaped GCRA script (scripts/lua/gcra-reference.lua) the same
 #    way (-c 50 -P 16, 10k random keys); Redis's own accounting (INFO commandstats,
-#    usec_per_call) gives the server time per call. Also the EVALSHA form of tollgate.
+#    usec_per_call) gives the server time per call (GCRA and the reference alternate
+#    5 times: medians and the median ratio). Also the EVALSHA form of tollgate.
 # 2. Checks/s on one Redis core: `tollgate bench redis` unbatched (--batch 1) and
 #    batched (--batch 64), next to redis-benchmark -P 16 of a plain INCR.
 #
@@ -60,10 +61,20 @@ policies=(
 n=300000
 echo "== server time per call (redis-benchmark -c 50 -P 16, $keys keys; INFO commandstats) =="
 printf '%-52s %12s %10s %8s\n' "call" "calls/s" "us/call" "x ref"
-read -r rps us < <(server_cost $n EVALSHA "$ref" 1 'ref:{k__rand_int__}' 10 100 1 1)
-ref_us=$us
-printf '%-52s %12s %10s %8s\n' "reference GCRA script (EVALSHA)" "$rps" "$us" "1.00"
-for p in "${policies[@]}"; do
+# The reference and tollgate's GCRA alternate 5 times; the medians are compared.
+refs=(); gcras=(); ratios=()
+gcra_call=$("$bin" bench redis-call --policy "${policies[0]}")
+for round in 1 2 3 4 5; do
+  read -r _ r < <(server_cost $n EVALSHA "$ref" 1 'ref:{k__rand_int__}' 10 100 1 1)
+  read -r _ g < <(server_cost $n "$gcra_call")
+  refs+=("$r"); gcras+=("$g"); ratios+=("$(python3 -c "print('%.3f' % ($g / $r))")")
+  echo "round $round: reference $r us, tollgate gcra $g us" >&2
+done
+median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
+ref_us=$(median "${refs[@]}")
+printf '%-52s %12s %10s %8s\n' "reference GCRA script (EVALSHA), median of 5" "" "$ref_us" "1.00"
+printf '%-52s %12s %10s %8s\n' "${policies[0]}, median of 5" "" "$(median "${gcras[@]}")" "$(median "${ratios[@]}")"
+for p in "${policies[@]:1}"; do
   read -r rps us < <(server_cost $n "$("$bin" bench redis-call --policy "$p")")
   printf '%-52s %12s %10s %8s\n' "$p" "$rps" "$us" "$(python3 -c "print('%.2f' % ($us / $ref_us))")"
 done
@@ -73,7 +84,6 @@ printf '%-52s %12s %10s %8s\n' "${policies[0]} as EVALSHA" "$rps" "$us" "$(pytho
 echo
 echo "== checks/s on one Redis core ($callers callers, 2 connections, ${secs}s, 3 rounds, medians) =="
 field() { echo "$1" | sed -E "s#.*$2: ([0-9.]+).*#\1#"; }
-median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
 incr=(); one=(); many=(); one_p99=(); many_p99=()
 for round in 1 2 3; do
   r=$(redis-benchmark -p "$port" -c 50 -P 16 -r "$keys" -n 3000000 -q --csv INCR 'k__rand_int__' | tail -1 | awk -F'","' '{print $2}' | tr -d '"')

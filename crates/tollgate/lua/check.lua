@@ -213,13 +213,23 @@ local function run_try(keys, args, inline)
   local pols, i = RULE_SETS[args[1]], 2
   if not pols then pols, i = rules_at(args, 1, inline) end
   local cost = tonumber(args[i])
-  local now, created = times(args[i + 1])
-  if pols.try_fast then
+  local now, created
+  if args[i + 1] == '' then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+    created = now
+  else
+    now, created = times(args[i + 1])
+  end
+  local fast = pols.try_fast
+  if fast then
     local pol = pols[1]
     local v = redis.call('GET', keys[1])
-    local admitted, new = pols.try_fast(pol.p, v, now, cost, pol.shadow)
+    local admitted, new = fast(pol.p, v, now, cost, pol.shadow)
     if admitted then
-      if new then redis.call('SET', keys[1], new, 'PX', fast_ttl(new, now, pols.margin)) end
+      if new then
+        redis.call('SET', keys[1], new, 'PX', floor((new - now) / 1000) + 1 + pols.margin)
+      end
       return { now, admitted, v or '' }
     end
   end
