@@ -1,12 +1,16 @@
 //! The Redis store (feature `redis`): the same algorithms and the same decisions as the
 //! memory store, kept in Redis or Redis Cluster so that many instances share one limit.
 //!
-//! Each decision is one atomic Lua script call (`crates/tollgate/lua/*.lua`) that reads
-//! a key's states, decides against every policy of its rule set, and writes them back
-//! with a time to live. Time comes from Redis `TIME`, so clients with skewed clocks
-//! agree. The script returns the states it started from and the Rust core derives
-//! the full [`Decision`](tollgate_core::Decision) from them, so the numbers a client
-//! sees (remaining, reset, retry-after) come from the very code the memory store runs.
+//! Each decision is atomic in Redis: the decision code (`crates/tollgate/lua/*.lua`)
+//! is loaded once per node as a Redis Functions library (Redis >= 7; `EVALSHA`
+//! otherwise, see [`RedisCalls`]); it reads a key's states, decides against every
+//! policy of its rule set, and writes them back with a time to live. Concurrent checks
+//! are batched into one call per node (per Cluster slot), each still decided alone and
+//! in order. Time comes from Redis `TIME`, so clients with skewed clocks agree. The
+//! code returns the states it started from and the Rust core derives the full
+//! [`Decision`](tollgate_core::Decision) from them, so the numbers a client sees
+//! (remaining, reset, retry-after) come from the very code the memory store runs.
+//! [`RedisLimiter`] implements [`crate::RateLimiter`], the interface every store shares.
 //!
 //! The `concurrency` algorithm has a design of its own, [`RedisConcurrencyLimiter`]:
 //! permits are leases that their holder renews and that expire when it dies.
