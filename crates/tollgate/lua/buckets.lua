@@ -45,6 +45,18 @@ ALGOS[2] = {
     s.level = math.min(tokens_at(p, s, now) + cost * p.per_unit, p.cap)
     s.last = now
   end,
+  -- Leases (lease.lua): the tokens there now; charged as if `n` were taken at the
+  -- deadline (the refill until then capped at the capacity, as time would).
+  lease_avail = function(p, s, now)
+    local t = tokens_at(p, s, now)
+    if t <= 0 then return 0 end
+    return idiv(t, p.per_unit)
+  end,
+  lease_charge = function(p, s, now, n, deadline)
+    s.level = tokens_at(p, s, deadline) - n * p.per_unit
+    s.last = deadline
+  end,
+  lease_return = function(p, s, now, units) ALGOS[2].refund(p, s, now, units) end,
   reset_after = function(p, s, now) return ceil_us(p.cap - tokens_at(p, s, now), p.per_us) end,
 }
 
@@ -77,5 +89,16 @@ ALGOS[3] = {
     s.level = math.max(level_at(p, s, now) - cost * p.per_unit, 0)
     s.last = now
   end,
+  -- Leases: the room there now; charged as if `n` were added at the deadline.
+  lease_avail = function(p, s, now)
+    local room = p.cap - level_at(p, s, now)
+    if room <= 0 then return 0 end
+    return idiv(room, p.per_unit)
+  end,
+  lease_charge = function(p, s, now, n, deadline)
+    s.level = level_at(p, s, deadline) + n * p.per_unit
+    s.last = deadline
+  end,
+  lease_return = function(p, s, now, units) ALGOS[3].refund(p, s, now, units) end,
   reset_after = function(p, s, now) return ceil_us(level_at(p, s, now), p.per_us) end,
 }

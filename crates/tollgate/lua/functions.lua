@@ -10,6 +10,10 @@ redis.register_function{
   callback = function(keys, args) return run_try(keys, args, false) end,
 }
 redis.register_function{
+  function_name = 'tollgate_VERSION_lease',
+  callback = function(keys, args) return run_lease(keys, args, false) end,
+}
+redis.register_function{
   function_name = 'tollgate_VERSION_ro',
   callback = function(keys, args) return run_batch(keys, args, true, false) end,
   flags = { 'no-writes' },

@@ -71,6 +71,20 @@ ALGOS[1] = {
       s.u, s.f = u, f
     end
   end,
+  -- Leases (lease.lua): the units that fit now, and the state charged as if `n` were
+  -- admitted at the deadline (a slice may be spent any time up to it).
+  lease_avail = function(p, s, now)
+    local d = p.tau
+    if s.u > now or (s.u == now and s.f > 0) then d = (now - s.u) * p.scale - s.f + p.tau end
+    if d < 0 then return 0 end
+    return idiv(d, p.interval)
+  end,
+  lease_charge = function(p, s, now, n, deadline)
+    local u, f = s.u, s.f
+    if u < deadline then u, f = deadline, 0 end
+    s.u, s.f = ticks_norm(u, f + n * p.interval, p.scale)
+  end,
+  lease_return = function(p, s, now, units) ALGOS[1].refund(p, s, now, units) end,
   reset_after = function(p, s, now)
     local u = s.u
     if s.f > 0 then u = u + 1 end

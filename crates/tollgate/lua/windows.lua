@@ -29,6 +29,28 @@ ALGOS[4] = {
   refund = function(p, s, now, cost)
     if fw_live(p, s, now) then s.count = s.count - math.min(cost, s.count) end
   end,
+  -- Leases (lease.lua): a slice is taken from the window that holds `now` and never
+  -- outlives it; one reserved into a later window (acquire) leaves nothing to lease.
+  lease_avail = function(p, s, now)
+    if not fw_live(p, s, now) then return p.limit end
+    if now < s.start then return 0 end
+    return math.max(p.limit - s.count, 0)
+  end,
+  lease_deadline = function(p, s, now, deadline)
+    local start = now
+    if fw_live(p, s, now) then
+      start = s.start
+    elseif not p.first then
+      start = now - (now - idiv(now, p.window) * p.window)
+    end
+    return math.min(deadline, start + p.window)
+  end,
+  lease_charge = function(p, s, now, n, deadline) ALGOS[4].admit(p, s, now, now, n) end,
+  -- Only into the window the slice was charged to (`charged`: that state).
+  lease_return = function(p, s, now, units, charged)
+    local c = fields(charged)
+    if c[1] == s.start then ALGOS[4].refund(p, s, now, units) end
+  end,
   reset_after = function(p, s, now)
     if fw_live(p, s, now) then return s.start + p.window - now end
     return 0

@@ -33,11 +33,13 @@ mod batch;
 mod call;
 mod concurrency;
 mod health;
+mod lease;
 mod limiter;
 mod script;
 mod store;
 
 pub use concurrency::{PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit};
+pub use lease::{LeaseOptions, LeaseStats, LeasedLimiter};
 pub use limiter::{OnError, RedisLimiter, RedisLimiterOptions, RedisStats};
 pub use store::{CallStats, RedisCalls, RedisOptions, RedisStore};
 

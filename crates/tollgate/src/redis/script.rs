@@ -22,7 +22,10 @@ const FAMILIES: [(u8, &str); 6] = [
 ];
 const ALL_FAMILIES: u8 = 63;
 const PRELUDE: &str = include_str!("../../lua/prelude.lua");
-const DRIVER: &str = include_str!("../../lua/check.lua");
+const DRIVER: &str = concat!(
+    include_str!("../../lua/check.lua"),
+    include_str!("../../lua/lease.lua")
+);
 
 /// The driver with the algorithm files in `mask`.
 fn body(mask: u8) -> String {
@@ -64,6 +67,8 @@ pub(crate) struct Library {
     pub function: String,
     /// The function that decides one try, with shorter arguments.
     pub function_try: String,
+    /// The function that ends and takes leases (`lease.lua`).
+    pub function_lease: String,
     /// The read-only function for batches of peeks (`FCALL_RO`).
     pub function_ro: String,
 }
@@ -79,6 +84,7 @@ pub(crate) fn library() -> &'static Library {
             source: format!("#!lua name=tollgate_{version}\n{body}{register}"),
             function: format!("tollgate_{version}"),
             function_try: format!("tollgate_{version}_try"),
+            function_lease: format!("tollgate_{version}_lease"),
             function_ro: format!("tollgate_{version}_ro"),
         }
     })
@@ -300,6 +306,46 @@ fn exactly<const N: usize, T: Copy>(v: Vec<T>, s: &str) -> Result<[T; N], StoreE
 /// Ticks `us * scale + frac` as the core keeps them.
 fn ticks(us: u64, frac: u64, scale: u64) -> u64 {
     u64::try_from(u128::from(us) * u128::from(scale) + u128::from(frac)).unwrap_or(u64::MAX)
+}
+
+/// Whether `p` can be leased exactly (see `lease.lua`), or why not.
+pub(crate) fn leasable(p: &Policy) -> Result<(), String> {
+    if p.shadow() {
+        return Err(format!(
+            "{p}: a shadow policy cannot be leased (a lease charges every policy it admits for)"
+        ));
+    }
+    match p.algo() {
+        Algo::Gcra(_) | Algo::TokenBucket(_) | Algo::LeakyBucket(_) | Algo::FixedWindow(_) => Ok(()),
+        _ => Err(format!(
+            "{p}: {} cannot be leased exactly (leases keep gcra, token-bucket, leaky-bucket and fixed-window)",
+            p.name()
+        )),
+    }
+}
+
+/// `state` as the Lua code stores it for `p` (the inverse of [`parse_state`]), for the
+/// algorithms a lease keeps.
+pub(crate) fn encode_state(p: &Policy, state: &PolicyState) -> Result<String, StoreError> {
+    Ok(match (p.algo(), state) {
+        (Algo::Gcra(a), PolicyState::Gcra(g)) => {
+            let scale = a.rate().scale();
+            let (us, frac) = (g.tat / scale, g.tat % scale);
+            if frac == 0 {
+                us.to_string()
+            } else {
+                format!("{us} {frac}")
+            }
+        }
+        (Algo::TokenBucket(_), PolicyState::TokenBucket(t)) => format!("{} {}", t.tokens, t.last),
+        (Algo::LeakyBucket(_), PolicyState::LeakyBucket(l)) => format!("{} {}", l.level, l.last),
+        (Algo::FixedWindow(_), PolicyState::FixedWindow(w)) => format!("{} {}", w.start, w.count),
+        _ => {
+            return Err(StoreError::Unsupported(format!(
+                "{p}: no lease encoding for this state"
+            )))
+        }
+    })
 }
 
 /// The state the script returned for `p` (`""`: a key without state, created at

@@ -137,6 +137,15 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// The entry points of the decision code (`functions.lua`, `eval.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Try,
+    Batch,
+    ReadOnly,
+    Lease,
+}
+
 const MODE_FUNCTIONS: u8 = 0;
 const MODE_EVAL: u8 = 1;
 
@@ -172,38 +181,69 @@ impl Caller {
         split_reply(value, checks)
     }
 
-    async fn call(&self, mut conn: Conn, checks: &[&CheckCall]) -> Result<Value, StoreError> {
+    async fn call(&self, conn: Conn, checks: &[&CheckCall]) -> Result<Value, StoreError> {
         let nonce = nonce();
-        let read_only = checks.iter().all(|c| c.op == CallOp::Peek);
         let families = checks.iter().fold(0, |m, c| m | c.wire.families);
+        let entry = if checks.iter().all(|c| c.op == CallOp::Peek) {
+            Entry::ReadOnly
+        } else if checks.len() == 1 && checks[0].op == CallOp::Try {
+            Entry::Try
+        } else {
+            Entry::Batch
+        };
+        self.invoke(conn, families, entry, &|cmd, form| match entry {
+            Entry::Try => push_try(cmd, checks[0], &nonce, form),
+            _ => push_call(cmd, checks, &nonce, form),
+        })
+        .await
+    }
+
+    /// One lease call (`lease.lua`), within the timeout; `push` appends its KEYS count,
+    /// KEYS and ARGV after the function name or the EVALSHA form.
+    pub async fn lease(
+        &self,
+        families: u8,
+        push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
+    ) -> Result<Value, StoreError> {
+        self.timed(|conn| self.invoke(conn, families, Entry::Lease, push))
+            .await
+    }
+
+    /// Sends a call to one entry point of the decision code, by `FCALL` or `EVALSHA`,
+    /// loading the code when Redis lacks it and moving to `EVALSHA` for good when `Auto`
+    /// finds no Functions.
+    async fn invoke(
+        &self,
+        mut conn: Conn,
+        families: u8,
+        entry: Entry,
+        push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
+    ) -> Result<Value, StoreError> {
         let mut loaded = false;
         loop {
             let functions = self.mode.load(Ordering::Relaxed) == MODE_FUNCTIONS;
             let lib = library();
-            let single_try = checks.len() == 1 && checks[0].op == CallOp::Try;
-            let mut cmd = if !functions {
+            let mut cmd = if functions {
+                let (command, function) = match entry {
+                    Entry::ReadOnly => ("FCALL_RO", &lib.function_ro),
+                    Entry::Try => ("FCALL", &lib.function_try),
+                    Entry::Batch => ("FCALL", &lib.function),
+                    Entry::Lease => ("FCALL", &lib.function_lease),
+                };
+                let mut cmd = redis::cmd(command);
+                cmd.arg(function);
+                cmd
+            } else {
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(&eval_script(families).sha1);
                 cmd
-            } else if read_only {
-                let mut cmd = redis::cmd("FCALL_RO");
-                cmd.arg(&lib.function_ro);
-                cmd
-            } else {
-                let mut cmd = redis::cmd("FCALL");
-                cmd.arg(if single_try {
-                    &lib.function_try
-                } else {
-                    &lib.function
-                });
-                cmd
             };
-            let form = (!functions).then_some(if single_try { "t" } else { "b" });
-            if single_try {
-                push_try(&mut cmd, checks[0], &nonce, form);
-            } else {
-                push_call(&mut cmd, checks, &nonce, form);
-            }
+            let form = match entry {
+                Entry::Try => "t",
+                Entry::Lease => "l",
+                Entry::Batch | Entry::ReadOnly => "b",
+            };
+            push(&mut cmd, (!functions).then_some(form));
             let err = match cmd.query_async::<Value>(&mut conn).await {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
@@ -346,6 +386,11 @@ impl RedisStore {
     /// without Functions) rather than `FCALL`.
     pub fn uses_eval(&self) -> bool {
         self.caller.mode.load(Ordering::Relaxed) == MODE_EVAL
+    }
+
+    /// The connection and call machinery (for the lease client).
+    pub(crate) fn caller(&self) -> &Caller {
+        &self.caller
     }
 
     /// Decision calls sent so far, and the checks they carried (more checks than

@@ -1,0 +1,602 @@
+//! [`LeasedLimiter`]: hot keys decided locally from slices of their budget leased from
+//! Redis, never admitting more than the unleased algorithm would.
+//!
+//! A lease gives this instance `n` admissions of a key that it may decide locally until
+//! a deadline, with the key's states as they were (the snapshot). Redis charges the key
+//! as if the `n` admissions happened at the deadline (`lua/lease.lua` says why), so
+//! every other instance is decided against a budget that already counts the whole
+//! slice. Locally, each request is decided by the exact algorithm (the core, as the
+//! memory store runs it) on the snapshot plus this instance's own admissions, and only
+//! while slice units remain. The next lease call ends the previous one: if nobody else
+//! touched the key meanwhile, the local states replace Redis's (the key is left as if
+//! there had been no lease: a single instance decides exactly like the unleased
+//! algorithm); otherwise the unspent units are refunded if the lease's deadline has
+//! not passed by Redis's clock (after it, refills may have absorbed them: they stay
+//! charged and come back as the key refills).
+//!
+//! The cost is under-admission, never over-admission: while a slice is out, other
+//! instances see the key charged up to the slice's deadline; a holder that dies keeps
+//! its slice charged until the key refills.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::Value;
+use tollgate_core::{Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet};
+
+use super::script::{encode_state, leasable, parse_state, Wire};
+use super::store::RedisStore;
+use super::StoreError;
+use crate::LimitError;
+
+/// How a [`LeasedLimiter`] leases.
+#[derive(Debug, Clone)]
+pub struct LeaseOptions {
+    /// How long a slice may be spent after it is granted. Shorter wastes less of the
+    /// budget when the key is not saturated (Redis counts a slice as spent at its
+    /// deadline); longer asks Redis less often. Default 50 ms.
+    pub duration: Duration,
+    /// The most admissions one lease takes; the slice grows (doubling) toward it while
+    /// this instance uses its slices up, and shrinks to what it used when it does not.
+    /// At most the smallest limit of the rule set (a slice must fit at once). Default:
+    /// a quarter of that limit, at least 1.
+    pub max_slice: Option<u64>,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            duration: Duration::from_millis(50),
+            max_slice: None,
+        }
+    }
+}
+
+/// Counters of a [`LeasedLimiter`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseStats {
+    /// Leases granted.
+    pub leases_taken: u64,
+    /// Admissions granted in those leases.
+    pub units_taken: u64,
+    /// Leases ended by this instance (at the next lease, by a sweep, or on release).
+    pub leases_returned: u64,
+    /// Admissions left unspent when leases ended (given back when nobody else decided
+    /// the key since, or when the lease's deadline had not passed; else they come back
+    /// as the key refills).
+    pub units_returned: u64,
+    /// Leases whose deadline passed with admissions unspent.
+    pub leases_expired: u64,
+    /// Requests decided locally, without a round trip.
+    pub local_decisions: u64,
+    /// Lease calls to Redis.
+    pub redis_calls: u64,
+}
+
+/// One key's lease, as this instance holds it.
+struct Held {
+    /// Admissions of the slice not spent yet.
+    left: u64,
+    /// Local time (us) from which the slice must not be spent.
+    deadline: u64,
+    /// The deadline by Redis's time (its unspent part may be refunded until then).
+    redis_deadline: u64,
+    /// Redis time minus local time, as a lower bound (local decisions never run ahead).
+    offset: i64,
+    /// The key's states from the snapshot, with this instance's admissions applied.
+    states: Vec<PolicyState>,
+    /// The states the lease left in Redis (to tell whether anyone decided since).
+    charged: Vec<String>,
+    /// The size asked for and granted, and whether the slice ran out before its
+    /// deadline.
+    want: u64,
+    granted: u64,
+    ran_out: bool,
+}
+
+/// What this instance knows of one key.
+#[derive(Default)]
+struct Key {
+    held: Option<Held>,
+    /// After a lease was denied: until when (local us) a try of at least this cost is
+    /// rejected without asking (other instances can only make that instant later).
+    blocked: Option<(u64, u64)>,
+    /// The slice size asked for last.
+    want: u64,
+}
+
+type Cell = Arc<tokio::sync::Mutex<Key>>;
+
+struct Inner {
+    store: RedisStore,
+    name: String,
+    rules: RuleSet,
+    wire: Arc<Wire>,
+    keys: Mutex<HashMap<String, Cell>>,
+    /// The same limit without leases (the same keys), for what is not leased.
+    unleased: super::RedisLimiter,
+    duration_us: u64,
+    max_slice: u64,
+    clock: MonotonicClock,
+    stats: [AtomicU64; 7],
+}
+
+/// Per-key limits kept in Redis, with hot keys decided locally from leased slices (see
+/// the module documentation). Shares its keys with a [`RedisLimiter`](super::RedisLimiter)
+/// of the same name and rules, so leased and unleased instances keep one limit.
+///
+/// Cheap to clone. Keys are strings. Only `try` is leased: `acquire`, `peek` go to
+/// Redis as [`RedisLimiter`](super::RedisLimiter) does.
+#[derive(Clone)]
+pub struct LeasedLimiter {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LeasedLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeasedLimiter")
+            .field("name", &self.inner.name)
+            .field("rules", &self.inner.rules)
+            .finish()
+    }
+}
+
+enum Stat {
+    Taken = 0,
+    UnitsTaken = 1,
+    Returned = 2,
+    UnitsReturned = 3,
+    Expired = 4,
+    Local = 5,
+    Calls = 6,
+}
+
+/// What a lease call answered.
+enum Answer {
+    Granted {
+        now: u64,
+        granted: u64,
+        deadline: u64,
+        snapshots: Vec<String>,
+        charged: Vec<String>,
+    },
+    Denied {
+        retry_us: u64,
+    },
+}
+
+impl LeasedLimiter {
+    /// A leased limiter named `name` on `store`. Refuses rules a lease cannot keep
+    /// exactly (algorithms other than gcra, token-bucket, leaky-bucket and
+    /// fixed-window; shadow policies) and a slice larger than the smallest limit.
+    pub fn new(
+        store: RedisStore,
+        name: &str,
+        rules: impl Into<RuleSet>,
+        opts: LeaseOptions,
+    ) -> Result<LeasedLimiter, StoreError> {
+        let rules = rules.into();
+        // Checks the name, and the rules against the store.
+        let unleased = super::RedisLimiter::new(store.clone(), name, rules.clone())?;
+        for p in rules.policies() {
+            leasable(p).map_err(StoreError::Unsupported)?;
+        }
+        let burst = smallest_limit(&rules);
+        let max_slice = opts.max_slice.unwrap_or((burst / 4).max(1));
+        if max_slice == 0 || max_slice > burst {
+            return Err(StoreError::Config(format!(
+                "lease slice {max_slice} must be between 1 and the smallest limit of the rules ({burst}): a slice must fit at once"
+            )));
+        }
+        let duration_us = u64::try_from(opts.duration.as_micros()).unwrap_or(u64::MAX);
+        if duration_us == 0 {
+            return Err(StoreError::Config("lease duration must be positive".into()));
+        }
+        let wire = Arc::new(Wire::new(&rules, store.options().ttl_margin)?);
+        Ok(LeasedLimiter {
+            inner: Arc::new(Inner {
+                unleased,
+                store,
+                name: name.to_owned(),
+                rules,
+                wire,
+                keys: Mutex::new(HashMap::new()),
+                duration_us,
+                max_slice,
+                clock: MonotonicClock::new(),
+                stats: Default::default(),
+            }),
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> LeaseStats {
+        let s = |i: Stat| self.inner.stats[i as usize].load(Ordering::Relaxed);
+        LeaseStats {
+            leases_taken: s(Stat::Taken),
+            units_taken: s(Stat::UnitsTaken),
+            leases_returned: s(Stat::Returned),
+            units_returned: s(Stat::UnitsReturned),
+            leases_expired: s(Stat::Expired),
+            local_decisions: s(Stat::Local),
+            redis_calls: s(Stat::Calls),
+        }
+    }
+
+    /// The rules.
+    pub fn rules(&self) -> &RuleSet {
+        &self.inner.rules
+    }
+
+    fn count(&self, stat: Stat, n: u64) {
+        self.inner.stats[stat as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn cell(&self, key: &str) -> Cell {
+        let mut keys = self.inner.keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.entry(key.to_owned()).or_default().clone()
+    }
+
+    /// Tries `cost` for `key` now: locally from the key's slice while it lasts, else
+    /// with a new lease (which ends the previous one).
+    pub async fn check_rules(&self, key: &str, cost: u64) -> Result<RuleDecision, StoreError> {
+        self.decide(key, cost, None).await
+    }
+
+    /// [`LeasedLimiter::check_rules`] at a time the caller gives (us; the same time
+    /// base for Redis and local decisions, as `tollgate replay` and tests use).
+    pub async fn check_at(
+        &self,
+        key: &str,
+        now: u64,
+        cost: u64,
+    ) -> Result<RuleDecision, StoreError> {
+        self.decide(key, cost, Some(now)).await
+    }
+
+    async fn decide(
+        &self,
+        key: &str,
+        cost: u64,
+        at: Option<u64>,
+    ) -> Result<RuleDecision, StoreError> {
+        self.inner.wire.check_cost(&self.inner.rules, cost)?;
+        let rules = &self.inner.rules;
+        let cell = self.cell(key);
+        let mut entry = cell.lock().await;
+        let Key {
+            held,
+            blocked,
+            want,
+        } = &mut *entry;
+        let local_now = at.unwrap_or_else(|| self.inner.clock.now_us());
+        if let Some(h) = held.as_mut() {
+            if local_now < h.deadline && h.left >= cost {
+                let now = redis_time(local_now, h.offset);
+                let d = rules.check(&mut h.states, now, cost, Op::Try)?;
+                if d.decision.allowed {
+                    h.left -= cost;
+                }
+                self.count(Stat::Local, 1);
+                return Ok(d);
+            }
+            h.ran_out = local_now < h.deadline;
+        }
+        match *blocked {
+            Some((until, c)) if local_now < until && cost >= c => {
+                self.count(Stat::Local, 1);
+                return Ok(self.rejected(until - local_now));
+            }
+            _ => *blocked = None,
+        }
+        // A new lease: it ends the one held (if any) in the same call. Slow start:
+        // double while slices run out early, else what the last one used.
+        *want = match held.as_ref() {
+            Some(h) if h.ran_out => (h.want * 2).min(self.inner.max_slice),
+            Some(h) => (h.granted - h.left).clamp(1, self.inner.max_slice),
+            None => (*want).clamp(1, self.inner.max_slice),
+        }
+        .max(cost);
+        let sent = self.inner.clock.now_us();
+        let answer = self.call(key, held.as_ref(), *want, cost, at).await?;
+        if let Some(h) = held.take() {
+            self.ended(&h, local_now);
+        }
+        match answer {
+            Answer::Denied { retry_us } => {
+                *blocked = Some((at.unwrap_or(sent).saturating_add(retry_us), cost));
+                Ok(self.rejected(retry_us))
+            }
+            Answer::Granted {
+                now,
+                granted,
+                deadline,
+                snapshots,
+                charged,
+            } => {
+                self.count(Stat::Taken, 1);
+                self.count(Stat::UnitsTaken, granted);
+                let received = self.inner.clock.now_us();
+                let states = rules
+                    .policies()
+                    .iter()
+                    .zip(&snapshots)
+                    .map(|(p, s)| parse_state(p, s, now))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let (offset, local_deadline) = match at {
+                    Some(_) => (0, deadline),
+                    // Redis granted at `now`, after `sent` and before `received`: the
+                    // slice ends by the local clock no later than by Redis's, and local
+                    // decisions never see a later time than Redis would.
+                    None => (
+                        now as i64 - received as i64,
+                        sent.saturating_add(deadline.saturating_sub(now)),
+                    ),
+                };
+                let mut h = Held {
+                    left: granted,
+                    deadline: local_deadline,
+                    redis_deadline: deadline,
+                    offset,
+                    states,
+                    charged,
+                    want: *want,
+                    granted,
+                    ran_out: false,
+                };
+                let d = rules.check(&mut h.states, now, cost, Op::Try)?;
+                if d.decision.allowed {
+                    h.left = h.left.saturating_sub(cost);
+                }
+                *held = Some(h);
+                Ok(d)
+            }
+        }
+    }
+
+    /// A reject with nothing left until `retry_us` from now.
+    fn rejected(&self, retry_us: u64) -> RuleDecision {
+        let rules = &self.inner.rules;
+        let limit = smallest_limit(rules);
+        let d = Decision::rejected(limit, 0, retry_us, Some(retry_us));
+        RuleDecision {
+            decision: d,
+            binding: 0,
+            policies: vec![d; rules.policies().len()],
+        }
+    }
+
+    /// Counts a lease ended by a call.
+    fn ended(&self, h: &Held, local_now: u64) {
+        self.count(Stat::Returned, 1);
+        self.count(Stat::UnitsReturned, h.left);
+        if h.left > 0 && local_now >= h.deadline {
+            self.count(Stat::Expired, 1);
+        }
+    }
+
+    /// Ends every lease this instance holds (e.g. at shutdown), giving unspent
+    /// admissions back. Keys being decided meanwhile are skipped.
+    pub async fn release_all(&self) -> Result<(), StoreError> {
+        self.sweep(true).await
+    }
+
+    /// Ends the leases whose deadline has passed (their unspent admissions go back)
+    /// and forgets the keys that hold none; run it periodically for keys that went
+    /// quiet (`tollgate serve` does).
+    pub async fn release_expired(&self) -> Result<(), StoreError> {
+        self.sweep(false).await
+    }
+
+    async fn sweep(&self, all: bool) -> Result<(), StoreError> {
+        let cells: Vec<(String, Cell)> = {
+            let keys = self.inner.keys.lock().unwrap_or_else(|e| e.into_inner());
+            keys.iter().map(|(k, c)| (k.clone(), c.clone())).collect()
+        };
+        let now = self.inner.clock.now_us();
+        for (key, cell) in cells {
+            let Ok(mut entry) = cell.try_lock() else {
+                continue;
+            };
+            let due = match entry.held.as_ref() {
+                Some(h) => all || now >= h.deadline,
+                None => entry.blocked.is_none_or(|(until, _)| now >= until),
+            };
+            if !due {
+                continue;
+            }
+            if let Some(h) = entry.held.as_ref() {
+                self.call(&key, Some(h), 0, 0, None).await?;
+            }
+            if let Some(h) = entry.held.take() {
+                self.ended(&h, now);
+            }
+            drop(entry);
+            let mut keys = self.inner.keys.lock().unwrap_or_else(|e| e.into_inner());
+            // Forget the key unless someone took its cell meanwhile.
+            if keys.get(&key).is_some_and(|c| Arc::strong_count(c) <= 2) {
+                keys.remove(&key);
+            }
+        }
+        Ok(())
+    }
+
+    /// One lease call: ends `held` (if any) and asks for `want` (at least `need`).
+    async fn call(
+        &self,
+        key: &str,
+        held: Option<&Held>,
+        want: u64,
+        need: u64,
+        at: Option<u64>,
+    ) -> Result<Answer, StoreError> {
+        self.count(Stat::Calls, 1);
+        let inner = &self.inner;
+        let keys = inner.store.keys(&inner.name, key, &inner.wire.suffixes);
+        let mine: Vec<String> = match held {
+            Some(h) => (inner.rules.policies().iter())
+                .zip(&h.states)
+                .map(|(p, s)| encode_state(p, s))
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+        let unspent = held.map_or(0, |h| h.left);
+        let times = at.map_or(String::new(), |t| format!("{t} {t}"));
+        let wire = &inner.wire;
+        let push = |cmd: &mut redis::Cmd, form: Option<&str>| {
+            cmd.arg(keys.len());
+            for k in &keys {
+                cmd.arg(k.as_str());
+            }
+            if let Some(form) = form {
+                cmd.arg(form);
+                cmd.arg(wire.words.len());
+                for w in &wire.words {
+                    cmd.arg(w.as_str());
+                }
+            } else {
+                cmd.arg(wire.encoded.as_str());
+            }
+            cmd.arg(want)
+                .arg(need)
+                .arg(inner.duration_us)
+                .arg(unspent)
+                .arg(held.map_or(0, |h| h.redis_deadline))
+                .arg(times.as_str());
+            match held {
+                Some(h) => {
+                    for (charged, mine) in h.charged.iter().zip(&mine) {
+                        cmd.arg(charged.as_str()).arg(mine.as_str());
+                    }
+                }
+                None => {
+                    for _ in &keys {
+                        cmd.arg("").arg("");
+                    }
+                }
+            }
+        };
+        let value = inner.store.caller().lease(wire.families, &push).await?;
+        parse_answer(value, keys.len())
+    }
+}
+
+/// The smallest headline limit of `rules`: the most one slice can hold.
+fn smallest_limit(rules: &RuleSet) -> u64 {
+    rules
+        .policies()
+        .iter()
+        .map(|p| p.limit())
+        .min()
+        .unwrap_or(1)
+}
+
+fn redis_time(local: u64, offset: i64) -> u64 {
+    (local as i64).saturating_add(offset).max(0) as u64
+}
+
+fn parse_answer(value: Value, n: usize) -> Result<Answer, StoreError> {
+    let bad = |what: &str| StoreError::Protocol(format!("lease reply: {what}"));
+    let Value::Array(items) = value else {
+        return Err(bad("not an array"));
+    };
+    let int = |v: &Value| match v {
+        Value::Int(i) => u64::try_from(*i).map_err(|_| bad("negative number")),
+        _ => Err(bad("expected an integer")),
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).map_err(|_| bad("not UTF-8")),
+        _ => Err(bad("expected a state string")),
+    };
+    if items.len() < 3 {
+        return Err(bad("too short"));
+    }
+    let now = int(&items[0])?;
+    let granted = int(&items[1])?;
+    if granted == 0 {
+        return Ok(Answer::Denied {
+            retry_us: int(&items[2])?,
+        });
+    }
+    if items.len() != 3 + 2 * n {
+        return Err(bad("wrong number of states"));
+    }
+    let mut snapshots = Vec::with_capacity(n);
+    let mut charged = Vec::with_capacity(n);
+    for pair in items[3..].chunks(2) {
+        snapshots.push(text(&pair[0])?);
+        charged.push(text(&pair[1])?);
+    }
+    Ok(Answer::Granted {
+        now,
+        granted,
+        deadline: int(&items[2])?,
+        snapshots,
+        charged,
+    })
+}
+
+/// The leased store behind the one limiter interface: tries are leased; acquire,
+/// peek, refund and reset go to Redis (a held slice of the key is ended first).
+impl crate::RateLimiter for LeasedLimiter {
+    async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, LimitError> {
+        match op {
+            Op::Try => Ok(LeasedLimiter::check_rules(self, key, cost).await?),
+            _ => {
+                self.end(key).await?;
+                Ok(self.unleased().check_rules(key, cost, op).await?)
+            }
+        }
+    }
+
+    async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, LimitError> {
+        Ok(self.unleased().peek(key, cost).await?)
+    }
+
+    async fn refund(&self, key: &str, cost: u64) -> Result<(), LimitError> {
+        self.end(key).await?;
+        Ok(self.unleased().refund(key, cost).await?)
+    }
+
+    async fn reset(&self, key: &str) -> Result<(), LimitError> {
+        let cell = self.cell(key);
+        *cell.lock().await = Key::default();
+        Ok(self.unleased().reset(key).await?)
+    }
+
+    async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, LimitError> {
+        self.end(key).await?;
+        Ok(self.unleased().acquire(key, cost).await?)
+    }
+
+    fn rules(&self) -> RuleSet {
+        self.inner.rules.clone()
+    }
+
+    fn set_rules(&self, _rules: RuleSet) -> Result<(), LimitError> {
+        Err(LimitError::Unsupported(
+            "a leased limiter keeps its rules; make a new one".into(),
+        ))
+    }
+}
+
+impl LeasedLimiter {
+    fn unleased(&self) -> &super::RedisLimiter {
+        &self.inner.unleased
+    }
+
+    /// Ends `key`'s lease, if this instance holds one.
+    async fn end(&self, key: &str) -> Result<(), StoreError> {
+        let cell = self.cell(key);
+        let mut entry = cell.lock().await;
+        entry.blocked = None;
+        if let Some(h) = entry.held.as_ref() {
+            self.call(key, Some(h), 0, 0, None).await?;
+            let h = entry.held.take().expect("checked above");
+            self.ended(&h, self.inner.clock.now_us());
+        }
+        Ok(())
+    }
+}
