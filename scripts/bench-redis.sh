@@ -9,6 +9,7 @@
 #    5 times: medians and the median ratio). Also the EVALSHA form of tollgate.
 # 2. Checks/s on one Redis core: `tollgate bench redis` unbatched (--batch 1) and
 #    batched (--batch 64), next to redis-benchmark -P 16 of a plain INCR.
+# 3. One hot key hammered by 4 client processes, unleased (batched) and leased.
 #
 # Usage: scripts/bench-redis.sh [seconds] [callers]
 set -euo pipefail
@@ -102,3 +103,23 @@ echo "redis-benchmark INCR -c 50 -P 16:     $i calls/s"
 echo "tollgate unbatched (--batch 1):      $u checks/s, p99 $(median "${one_p99[@]}")us"
 echo "tollgate batched (--batch 64):       $b checks/s, p99 $(median "${many_p99[@]}")us"
 python3 -c "print('batched / unbatched: %.2f   batched / INCR: %.2f' % ($b / $u, $b / $i))"
+
+echo
+echo "== one hot key, 4 client processes (gcra:rate=1000/s,burst=100, 16 callers each, ${secs}s) =="
+hot() { # extra args
+  local outs=() pids=()
+  for i in 1 2 3 4; do
+    outs+=("$dir/hot$i")
+    "$bin" bench redis --redis-url "$url" --policy "gcra:rate=1000/s,burst=100" --keys 1 \
+      --concurrency 16 --connections 1 --duration "${secs}s" "$@" > "$dir/hot$i" 2>/dev/null & pids+=($!)
+  done
+  wait "${pids[@]}"
+  cat "${outs[@]}" | grep checks/s | sed -E 's#.*checks/s: ([0-9.]+).*#\1#' \
+    | python3 -c 'import sys; print(int(sum(float(x) for x in sys.stdin)))'
+}
+cli flushall >/dev/null
+unleased=$(hot)
+leased=$(hot --lease 50ms)
+echo "unleased (batched): $unleased checks/s"
+echo "leased (--lease 50ms): $leased checks/s"
+python3 -c "print('leased / unleased: %.1f' % ($leased / $unleased))"

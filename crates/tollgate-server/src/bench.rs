@@ -45,6 +45,8 @@ pub struct RedisLoad {
     pub batch: usize,
     /// How the decision code is called.
     pub calls: tollgate::redis::RedisCalls,
+    /// Decide through leased slices (hot keys) instead of one call per check.
+    pub lease: Option<tollgate::redis::LeaseOptions>,
 }
 
 /// Totals of a run.
@@ -120,11 +122,15 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
             .await?;
             store.ping().await?;
             // Through the one limiter interface, as serve and proxy use it.
-            redis_limiters.push(tollgate::AnyLimiter::redis(
-                store,
-                "bench",
-                load.rules.clone(),
-            )?);
+            redis_limiters.push(match &load.lease {
+                None => tollgate::AnyLimiter::redis(store, "bench", load.rules.clone())?,
+                Some(opts) => tollgate::AnyLimiter::Leased(tollgate::redis::LeasedLimiter::new(
+                    store,
+                    "bench",
+                    load.rules.clone(),
+                    opts.clone(),
+                )?),
+            });
         }
     }
     let per_worker_interval = spec

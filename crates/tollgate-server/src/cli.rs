@@ -205,6 +205,10 @@ struct RedisBenchArgs {
     /// functions, eval.
     #[arg(long, default_value = "auto", value_parser = parse_calls)]
     calls: tollgate::redis::RedisCalls,
+    /// Decide through leased slices of each key's budget, spendable for this long
+    /// (e.g. 50ms); the slice grows up to a quarter of the smallest limit.
+    #[arg(long, value_parser = parse_duration_arg)]
+    lease: Option<std::time::Duration>,
 }
 
 fn parse_calls(s: &str) -> Result<tollgate::redis::RedisCalls, String> {
@@ -329,6 +333,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                             connections: a.connections,
                             batch: a.batch,
                             calls: a.calls,
+                            lease: a.lease.map(|duration| tollgate::redis::LeaseOptions {
+                                duration,
+                                ..Default::default()
+                            }),
                         }),
                     };
                     let totals =

@@ -196,6 +196,9 @@ pub enum AnyLimiter {
     /// Counts kept in Redis, shared by every instance using the same Redis and name.
     #[cfg(feature = "redis")]
     Redis(crate::redis::RedisLimiter),
+    /// Counts kept in Redis, hot keys decided locally from leased slices.
+    #[cfg(feature = "redis")]
+    Leased(crate::redis::LeasedLimiter),
 }
 
 impl AnyLimiter {
@@ -225,6 +228,8 @@ macro_rules! each_store {
             AnyLimiter::Memory($l) => $body,
             #[cfg(feature = "redis")]
             AnyLimiter::Redis($l) => $body,
+            #[cfg(feature = "redis")]
+            AnyLimiter::Leased($l) => $body,
         }
     };
 }
