@@ -147,6 +147,23 @@ impl Metrics {
         }
     }
 
+    /// Lease counters of the leased limiters, as more `redis_events`.
+    pub fn leases(&self, s: &tollgate::redis::LeaseStats) {
+        let events = [
+            ("leases_taken", s.leases_taken),
+            ("lease_units_taken", s.units_taken),
+            ("leases_returned", s.leases_returned),
+            ("lease_units_unspent", s.units_returned),
+            ("leases_expired", s.leases_expired),
+            ("lease_local_decisions", s.local_decisions),
+        ];
+        for (event, n) in events {
+            self.redis
+                .get_or_create(&vec![("event", event.to_string())])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -16,8 +16,7 @@ use hyper_util::client::legacy::Client;
 use ipnet::IpNet;
 use serde::Deserialize;
 use tollgate::redis::{
-    PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisLimiter, RedisPermit,
-    RedisStore,
+    PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit, RedisStore,
 };
 use tollgate::{
     AnyLimiter, ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit, KeyedLimiter,
@@ -219,14 +218,9 @@ fn limits(
             options,
             tollgate::MonotonicClock::new(),
         )),
-        Some((store, config)) => {
-            let opts = config.limiter_options(&rules)?;
-            let name = redis_name(route, name);
-            AnyLimiter::Redis(
-                RedisLimiter::with_options(store.clone(), &name, rules, opts)
-                    .map_err(|e| anyhow::anyhow!("{at}.policies (store redis): {e}"))?,
-            )
-        }
+        Some((store, config)) => config
+            .limiter(store, &redis_name(route, name), rules)
+            .map_err(|e| anyhow::anyhow!("{at}.policies (store redis): {e}"))?,
     };
     Ok(Some(Limits {
         name: name.to_string(),

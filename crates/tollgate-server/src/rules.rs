@@ -175,7 +175,7 @@ pub struct Limit {
     pub limiter: Option<KeyedLimiter<String>>,
     /// The counters when they live in Redis: made on first use, and kept with the
     /// limit across reloads that leave its definition unchanged.
-    pub redis: std::sync::OnceLock<tollgate::redis::RedisLimiter>,
+    pub redis: std::sync::OnceLock<tollgate::AnyLimiter>,
 }
 
 impl Limit {

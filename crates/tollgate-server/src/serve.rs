@@ -92,6 +92,20 @@ pub struct Store {
     /// has them, Redis >= 7, else `EVALSHA`), `functions` or `eval`.
     #[serde(default)]
     pub calls: CallsDoc,
+    /// Leased quotas for every limit (hot keys decided locally from slices of their
+    /// budget, never over the limit); absent: one Redis call per check.
+    pub lease: Option<LeaseDoc>,
+}
+
+/// `store.lease`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseDoc {
+    /// How long a slice may be spent (default 50ms).
+    #[serde(default, deserialize_with = "duration_opt")]
+    pub duration: Option<u64>,
+    /// The most admissions one lease takes (default: a quarter of the limit's burst).
+    pub max_slice: Option<u64>,
 }
 
 /// `store.calls`.
@@ -190,6 +204,43 @@ impl Store {
             CallsDoc::Eval => tollgate::redis::RedisCalls::Eval,
         };
         Ok(tollgate::redis::RedisStore::connect_with(url, opts).await?)
+    }
+
+    /// The Redis limiter of `rules` named `name` on `store`: leased when `lease:` is
+    /// set (an error names what a lease cannot keep), else with the failure policy and
+    /// negative cache.
+    pub fn limiter(
+        &self,
+        store: &tollgate::redis::RedisStore,
+        name: &str,
+        rules: tollgate::RuleSet,
+    ) -> Result<tollgate::AnyLimiter, tollgate::redis::StoreError> {
+        Ok(match &self.lease {
+            Some(lease) => {
+                let mut opts = tollgate::redis::LeaseOptions {
+                    max_slice: lease.max_slice,
+                    ..Default::default()
+                };
+                if let Some(us) = lease.duration {
+                    opts.duration = std::time::Duration::from_micros(us);
+                }
+                tollgate::AnyLimiter::Leased(tollgate::redis::LeasedLimiter::new(
+                    store.clone(),
+                    name,
+                    rules,
+                    opts,
+                )?)
+            }
+            None => {
+                let opts = self.limiter_options(&rules)?;
+                tollgate::AnyLimiter::Redis(tollgate::redis::RedisLimiter::with_options(
+                    store.clone(),
+                    name,
+                    rules,
+                    opts,
+                )?)
+            }
+        })
     }
 
     /// The options of the Redis limiter of `rules`: failure policy and negative cache.

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use tollgate::redis::{RedisLimiter, RedisStore, StoreError};
-use tollgate::{CheckError, Decision, LimitError, Op, RateLimiter};
+use tollgate::redis::{RedisStore, StoreError};
+use tollgate::{AnyLimiter, CheckError, Decision, LimitError, Op, RateLimiter};
 
 use crate::metrics::{Metrics, Outcome};
 use crate::rules::{counter_key, override_limit, Limit, Rules, Unit};
@@ -112,18 +112,18 @@ pub struct DecisionService {
     redis: Option<RedisCounters>,
 }
 
-/// Counters kept in Redis: one [`RedisLimiter`] per limit definition, made on first use
+/// Counters kept in Redis: one Redis (or leased) limiter per limit definition, made on first use
 /// and kept in the limit itself ([`Limit::redis`]).
 struct RedisCounters {
     store: RedisStore,
     config: crate::serve::Store,
     /// Every limiter made, for the metrics' sums (a reloaded definition's limiter
     /// stays: its counts are part of the totals).
-    made: Mutex<Vec<RedisLimiter>>,
+    made: Mutex<Vec<AnyLimiter>>,
 }
 
 impl RedisCounters {
-    fn limiter<'a>(&self, limit: &'a Limit) -> Result<&'a RedisLimiter, StoreError> {
+    fn limiter<'a>(&self, limit: &'a Limit) -> Result<&'a AnyLimiter, StoreError> {
         if let Some(l) = limit.redis.get() {
             return Ok(l);
         }
@@ -131,10 +131,9 @@ impl RedisCounters {
             .rules
             .clone()
             .ok_or_else(|| StoreError::Unsupported(format!("{}: no rules to count", limit.path)))?;
-        let options = self.config.limiter_options(&rules)?;
         // The limit's path names its counters; braces would move the hash tag.
         let name = limit.path.replace(['{', '}'], "_");
-        let made = RedisLimiter::with_options(self.store.clone(), &name, rules, options)?;
+        let made = self.config.limiter(&self.store, &name, rules)?;
         if limit.redis.set(made.clone()).is_ok() {
             self.made
                 .lock()
@@ -162,20 +161,36 @@ impl RedisCounters {
         Ok(())
     }
 
-    fn stats(&self) -> tollgate::redis::RedisStats {
+    fn stats(&self) -> (tollgate::redis::RedisStats, tollgate::redis::LeaseStats) {
         let made = self.made.lock().unwrap_or_else(|e| e.into_inner());
         let mut sum = tollgate::redis::RedisStats::default();
+        let mut leases = tollgate::redis::LeaseStats::default();
         for l in made.iter() {
-            let s = l.stats();
-            sum.redis_decisions += s.redis_decisions;
-            sum.redis_errors += s.redis_errors;
-            sum.fallback_decisions += s.fallback_decisions;
-            sum.negative_cache_hits += s.negative_cache_hits;
-            sum.outages += s.outages;
-            sum.recoveries += s.recoveries;
-            sum.failing |= s.failing;
+            match l {
+                AnyLimiter::Redis(l) => {
+                    let s = l.stats();
+                    sum.redis_decisions += s.redis_decisions;
+                    sum.redis_errors += s.redis_errors;
+                    sum.fallback_decisions += s.fallback_decisions;
+                    sum.negative_cache_hits += s.negative_cache_hits;
+                    sum.outages += s.outages;
+                    sum.recoveries += s.recoveries;
+                    sum.failing |= s.failing;
+                }
+                AnyLimiter::Leased(l) => {
+                    let s = l.stats();
+                    leases.leases_taken += s.leases_taken;
+                    leases.units_taken += s.units_taken;
+                    leases.leases_returned += s.leases_returned;
+                    leases.units_returned += s.units_returned;
+                    leases.leases_expired += s.leases_expired;
+                    leases.local_decisions += s.local_decisions;
+                    leases.redis_calls += s.redis_calls;
+                }
+                AnyLimiter::Memory(_) => {}
+            }
         }
-        sum
+        (sum, leases)
     }
 }
 
@@ -262,7 +277,9 @@ impl DecisionService {
             }
         }
         if let Some(r) = &self.redis {
-            self.metrics.redis(&r.stats());
+            let (redis, leases) = r.stats();
+            self.metrics.redis(&redis);
+            self.metrics.leases(&leases);
         }
         self.metrics.render()
     }
@@ -443,7 +460,7 @@ impl DecisionService {
 /// A limit's limiter, on the store the service runs on.
 enum StoreOf<'a> {
     Memory(&'a tollgate::KeyedLimiter<String>),
-    Redis(&'a RedisLimiter),
+    Redis(&'a AnyLimiter),
 }
 
 /// One descriptor's decision from any store (hits 0: a look that counts nothing). A

@@ -249,3 +249,45 @@ async fn reload_refuses_a_policy_the_redis_store_cannot_keep() {
     }
     assert_eq!(check(&server, "user", "carol").await.0, 429);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_servers_share_one_limit_and_refuse_rules_a_lease_cannot_keep() {
+    let redis = RedisServers::standalone();
+    let store = format!(
+        "  kind: redis\n  url: {}\n  lease:\n    duration: 200ms\n",
+        redis.url()
+    );
+    // RULES has a sliding-log limit: a lease cannot keep it, and start-up says which.
+    let bad = config(&store);
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--config"])
+        .arg(bad.path.join("tollgate.yaml"))
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("shared/paced") && err.contains("sliding-log cannot be leased"),
+        "{err}"
+    );
+    // Leasable limits: two servers alternating on one key stay within 5 a minute.
+    let dir = config(&store);
+    std::fs::write(
+        dir.path.join("rules.yaml"),
+        "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
+    )
+    .unwrap();
+    let a = start(&dir.path.join("tollgate.yaml"));
+    let b = start(&dir.path.join("tollgate.yaml"));
+    let mut admitted = 0;
+    for i in 0..12 {
+        let server = if i % 2 == 0 { &a } else { &b };
+        let (status, body) = check(server, "user", "alice").await;
+        assert!(status == 200 || status == 429, "{status} {body}");
+        admitted += u32::from(status == 200);
+    }
+    assert_eq!(admitted, 5);
+    let metrics = send(&a, "GET", "/metrics", "").await.1;
+    assert!(metrics.contains("leases_taken"), "{metrics}");
+}

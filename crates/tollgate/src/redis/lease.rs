@@ -195,7 +195,7 @@ impl LeasedLimiter {
             return Err(StoreError::Config("lease duration must be positive".into()));
         }
         let wire = Arc::new(Wire::new(&rules, store.options().ttl_margin)?);
-        Ok(LeasedLimiter {
+        let limiter = LeasedLimiter {
             inner: Arc::new(Inner {
                 unleased,
                 store,
@@ -208,7 +208,28 @@ impl LeasedLimiter {
                 clock: MonotonicClock::new(),
                 stats: Default::default(),
             }),
-        })
+        };
+        limiter.start_sweeper();
+        Ok(limiter)
+    }
+
+    /// On a Tokio runtime, a task that ends expired leases and forgets idle keys every
+    /// `max(4 x duration, 1 s)` while the limiter lives (without one, call
+    /// [`LeasedLimiter::release_expired`] yourself).
+    fn start_sweeper(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let every = Duration::from_micros(self.inner.duration_us.saturating_mul(4))
+            .max(Duration::from_secs(1));
+        let weak = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let _ = LeasedLimiter { inner }.release_expired().await;
+            }
+        });
     }
 
     /// The counters.
@@ -383,9 +404,9 @@ impl LeasedLimiter {
         self.sweep(true).await
     }
 
-    /// Ends the leases whose deadline has passed (their unspent admissions go back)
-    /// and forgets the keys that hold none; run it periodically for keys that went
-    /// quiet (`tollgate serve` does).
+    /// Ends the leases whose deadline has passed (their unspent admissions go back
+    /// where that is safe) and forgets the keys that hold none; a background task runs
+    /// it when the limiter is made on a Tokio runtime.
     pub async fn release_expired(&self) -> Result<(), StoreError> {
         self.sweep(false).await
     }
