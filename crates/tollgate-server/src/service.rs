@@ -167,26 +167,8 @@ impl RedisCounters {
         let mut leases = tollgate::redis::LeaseStats::default();
         for l in made.iter() {
             match l {
-                AnyLimiter::Redis(l) => {
-                    let s = l.stats();
-                    sum.redis_decisions += s.redis_decisions;
-                    sum.redis_errors += s.redis_errors;
-                    sum.fallback_decisions += s.fallback_decisions;
-                    sum.negative_cache_hits += s.negative_cache_hits;
-                    sum.outages += s.outages;
-                    sum.recoveries += s.recoveries;
-                    sum.failing |= s.failing;
-                }
-                AnyLimiter::Leased(l) => {
-                    let s = l.stats();
-                    leases.leases_taken += s.leases_taken;
-                    leases.units_taken += s.units_taken;
-                    leases.leases_returned += s.leases_returned;
-                    leases.units_returned += s.units_returned;
-                    leases.leases_expired += s.leases_expired;
-                    leases.local_decisions += s.local_decisions;
-                    leases.redis_calls += s.redis_calls;
-                }
+                AnyLimiter::Redis(l) => sum += l.stats(),
+                AnyLimiter::Leased(l) => leases += l.stats(),
                 AnyLimiter::Memory(_) => {}
             }
         }

@@ -72,23 +72,26 @@ async fn check(server: &Server, key: &str, value: &str) -> (u16, String) {
     send(server, "POST", "/v1/check", &body).await
 }
 
+/// `n` checks of user/alice alternating between `a` and `b`: how many were admitted.
+async fn alternate(a: &Server, b: &Server, n: usize) -> usize {
+    let mut admitted = 0;
+    for i in 0..n {
+        let server = if i % 2 == 0 { a } else { b };
+        let (status, body) = check(server, "user", "alice").await;
+        assert!(status == 200 || status == 429, "{status} {body}");
+        admitted += usize::from(status == 200);
+    }
+    admitted
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_share_one_limit_in_redis() {
     let redis = RedisServers::standalone();
     let dir = config(&format!("  kind: redis\n  url: {}\n", redis.url()));
     let a = start(&dir.path.join("tollgate.yaml"));
     let b = start(&dir.path.join("tollgate.yaml"));
-    let mut admitted = 0;
-    for i in 0..12 {
-        let server = if i % 2 == 0 { &a } else { &b };
-        let (status, body) = check(server, "user", "alice").await;
-        assert!(status == 200 || status == 429, "{status} {body}");
-        if status == 200 {
-            admitted += 1;
-        }
-    }
     // 5 per minute, whichever instance is asked.
-    assert_eq!(admitted, 5);
+    assert_eq!(alternate(&a, &b, 12).await, 5);
     // A rule set (GCRA burst 2 and a log of 4 per minute) decided in one script call.
     let codes: Vec<u16> = {
         let mut v = Vec::new();
@@ -280,14 +283,7 @@ async fn leased_servers_share_one_limit_and_refuse_rules_a_lease_cannot_keep() {
     .unwrap();
     let a = start(&dir.path.join("tollgate.yaml"));
     let b = start(&dir.path.join("tollgate.yaml"));
-    let mut admitted = 0;
-    for i in 0..12 {
-        let server = if i % 2 == 0 { &a } else { &b };
-        let (status, body) = check(server, "user", "alice").await;
-        assert!(status == 200 || status == 429, "{status} {body}");
-        admitted += u32::from(status == 200);
-    }
-    assert_eq!(admitted, 5);
+    assert_eq!(alternate(&a, &b, 12).await, 5);
     let metrics = send(&a, "GET", "/metrics", "").await.1;
     assert!(metrics.contains("leases_taken"), "{metrics}");
 }

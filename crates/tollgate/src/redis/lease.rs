@@ -75,6 +75,19 @@ pub struct LeaseStats {
     pub redis_calls: u64,
 }
 
+/// Sums counters (e.g. of every leased limit of a service).
+impl std::ops::AddAssign for LeaseStats {
+    fn add_assign(&mut self, o: LeaseStats) {
+        self.leases_taken += o.leases_taken;
+        self.units_taken += o.units_taken;
+        self.leases_returned += o.leases_returned;
+        self.units_returned += o.units_returned;
+        self.leases_expired += o.leases_expired;
+        self.local_decisions += o.local_decisions;
+        self.redis_calls += o.redis_calls;
+    }
+}
+
 /// One key's lease, as this instance holds it.
 struct Held {
     /// Admissions of the slice not spent yet.

@@ -79,6 +79,19 @@ pub struct RedisStats {
     pub failing: bool,
 }
 
+/// Sums counters (e.g. of every Redis limit of a service); `failing` if any is.
+impl std::ops::AddAssign for RedisStats {
+    fn add_assign(&mut self, o: RedisStats) {
+        self.redis_decisions += o.redis_decisions;
+        self.redis_errors += o.redis_errors;
+        self.fallback_decisions += o.fallback_decisions;
+        self.negative_cache_hits += o.negative_cache_hits;
+        self.outages += o.outages;
+        self.recoveries += o.recoveries;
+        self.failing |= o.failing;
+    }
+}
+
 struct Compiled {
     rules: RuleSet,
     wire: Arc<Wire>,
