@@ -11,7 +11,90 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use tollgate_core::{Clock, Op, RuleDecision, RuleSet};
 use tower::{Layer, Service};
 
-use crate::{KeyedError, KeyedLimiter};
+use crate::{KeyedLimiter, LimitError, RateLimiter};
+
+/// What the layer asks of a limiter for keys of type `K`: implemented by
+/// [`KeyedLimiter`] (any key type, decided in memory) and by [`Shared`] (any
+/// [`RateLimiter`], e.g. an [`AnyLimiter`](crate::AnyLimiter) on Redis, with string keys).
+pub trait LayerLimiter<K>: Clone + Send + Sync + 'static {
+    /// Decides one unit for `key` (try, or acquire: reserve and report the wait).
+    fn decide(
+        &self,
+        key: &K,
+        op: Op,
+    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send;
+    /// Gives back the unit of a wait that was abandoned (the request went away).
+    fn give_back(&self, key: &K);
+    /// The rules (for the `RateLimit-Policy` header).
+    fn rules(&self) -> RuleSet;
+}
+
+impl<K, C> LayerLimiter<K> for KeyedLimiter<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock + 'static,
+{
+    fn decide(
+        &self,
+        key: &K,
+        op: Op,
+    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send {
+        std::future::ready(self.check_rules(key, 1, op).map_err(LimitError::from))
+    }
+
+    fn give_back(&self, key: &K) {
+        self.refund(key, 1);
+    }
+
+    fn rules(&self) -> RuleSet {
+        KeyedLimiter::rules(self)
+    }
+}
+
+/// Any [`RateLimiter`] for the layer, keyed by strings: e.g. limits kept in Redis and
+/// shared by every instance of the service.
+///
+/// ```
+/// use tollgate::tower::{RateLimitLayer, Shared};
+/// use tollgate::{AnyLimiter, RuleSet};
+///
+/// // AnyLimiter::redis(store, "api", rules)? for limits shared through Redis.
+/// let limiter = AnyLimiter::memory(RuleSet::parse(&["gcra:rate=10/s,burst=20"]).unwrap());
+/// let layer = RateLimitLayer::new(Shared(limiter), |req: &http::Request<()>| {
+///     req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
+/// });
+/// # let _ = layer;
+/// ```
+#[derive(Debug, Clone)]
+pub struct Shared<L>(pub L);
+
+impl<L, K> LayerLimiter<K> for Shared<L>
+where
+    L: RateLimiter + Clone + 'static,
+    K: AsRef<str> + Clone + Send + Sync + 'static,
+{
+    fn decide(
+        &self,
+        key: &K,
+        op: Op,
+    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send {
+        let (limiter, key) = (self.0.clone(), key.clone());
+        async move { limiter.check_rules(key.as_ref(), 1, op).await }
+    }
+
+    fn give_back(&self, key: &K) {
+        let (limiter, key) = (self.0.clone(), key.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = limiter.refund(key.as_ref(), 1).await;
+            });
+        }
+    }
+
+    fn rules(&self) -> RuleSet {
+        self.0.rules()
+    }
+}
 
 /// What the layer does with a request over the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -27,12 +110,15 @@ pub enum OnLimit {
 
 /// Limits requests per key, the key extracted by a closure (peer IP, a header, the
 /// path, or any compound): `None` means "not limited". Every clone of the layer and
-/// of the services it makes shares one [`KeyedLimiter`], so the limit holds across
-/// connections (axum clones the service per connection).
+/// of the services it makes shares one limiter ([`KeyedLimiter`] in memory, or any
+/// [`RateLimiter`] wrapped in [`Shared`]), so the limit holds across connections
+/// (axum clones the service per connection).
 ///
 /// Admitted responses carry `RateLimit-Policy` and `RateLimit` headers (IETF httpapi
 /// draft, structured fields): `RateLimit-Policy: "p0";q=LIMIT;w=WINDOW_S` per policy
-/// and `RateLimit: "pN";r=REMAINING;t=RESET_S` for the binding one.
+/// and `RateLimit: "pN";r=REMAINING;t=RESET_S` for the binding one. A store that cannot
+/// answer (a transient [`LimitError`], e.g. Redis down with no failure policy) gets
+/// `503 Service Unavailable`.
 ///
 /// ```
 /// use tollgate::tower::{OnLimit, RateLimitLayer};
@@ -45,25 +131,16 @@ pub enum OnLimit {
 /// .on_limit(OnLimit::Reject);
 /// # let _ = layer;
 /// ```
-pub struct RateLimitLayer<K, F, C: Clock> {
-    limiter: KeyedLimiter<K, C>,
+#[derive(Clone)]
+pub struct RateLimitLayer<L, F> {
+    limiter: L,
     key: Arc<F>,
     on_limit: OnLimit,
 }
 
-impl<K, F, C: Clock> Clone for RateLimitLayer<K, F, C> {
-    fn clone(&self) -> Self {
-        RateLimitLayer {
-            limiter: self.limiter.clone(),
-            key: self.key.clone(),
-            on_limit: self.on_limit,
-        }
-    }
-}
-
-impl<K, F, C: Clock> RateLimitLayer<K, F, C> {
+impl<L, F> RateLimitLayer<L, F> {
     /// Limits with `limiter`, keyed by `key(&request)`.
-    pub fn new(limiter: KeyedLimiter<K, C>, key: F) -> Self {
+    pub fn new(limiter: L, key: F) -> Self {
         RateLimitLayer {
             limiter,
             key: Arc::new(key),
@@ -78,8 +155,8 @@ impl<K, F, C: Clock> RateLimitLayer<K, F, C> {
     }
 }
 
-impl<S, K, F, C: Clock> Layer<S> for RateLimitLayer<K, F, C> {
-    type Service = RateLimit<S, K, F, C>;
+impl<S, L: Clone, F> Layer<S> for RateLimitLayer<L, F> {
+    type Service = RateLimit<S, L, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit {
@@ -92,31 +169,21 @@ impl<S, K, F, C: Clock> Layer<S> for RateLimitLayer<K, F, C> {
 }
 
 /// The service made by [`RateLimitLayer`]. `Clone`; clones share the limit.
-pub struct RateLimit<S, K, F, C: Clock> {
+#[derive(Clone)]
+pub struct RateLimit<S, L, F> {
     inner: S,
-    limiter: KeyedLimiter<K, C>,
+    limiter: L,
     key: Arc<F>,
     on_limit: OnLimit,
 }
 
-impl<S: Clone, K, F, C: Clock> Clone for RateLimit<S, K, F, C> {
-    fn clone(&self) -> Self {
-        RateLimit {
-            inner: self.inner.clone(),
-            limiter: self.limiter.clone(),
-            key: self.key.clone(),
-            on_limit: self.on_limit,
-        }
-    }
-}
-
-impl<S, K, F, C, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, F, C>
+impl<S, L, F, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, L, F>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    L: LayerLimiter<K>,
+    K: Send + Sync + 'static,
     F: Fn(&Request<ReqBody>) -> Option<K> + Send + Sync + 'static,
-    C: Clock + 'static,
     ReqBody: Send + 'static,
     ResBody: Default + Send + 'static,
 {
@@ -142,19 +209,18 @@ where
                 OnLimit::Reject => Op::Try,
                 OnLimit::Wait => Op::Acquire,
             };
-            let decision = match limiter.check_rules(&key, 1, op) {
+            let decision = match limiter.decide(&key, op).await {
                 Ok(d) => d,
+                Err(e) if e.is_transient() => return Ok(unavailable()),
                 // A full limiter refusing new keys, or a policy that never admits a
                 // unit: over the limit either way.
-                Err(KeyedError::TooManyKeys { .. }) | Err(KeyedError::Check(_)) => {
-                    return Ok(too_many(None, &limiter.rules()));
-                }
+                Err(_) => return Ok(too_many(None, &limiter.rules())),
             };
             if !decision.decision.allowed {
                 return Ok(too_many(Some(&decision), &limiter.rules()));
             }
             if op == Op::Acquire && decision.decision.wait_us > 0 {
-                let refund = crate::wait::RefundOnDrop::new(|| limiter.refund(&key, 1));
+                let refund = crate::wait::RefundOnDrop::new(|| limiter.give_back(&key));
                 crate::wait::sleep_or_refund(decision.decision.wait(), refund).await;
             }
             let mut response = inner.call(req).await?;
@@ -162,6 +228,13 @@ where
             Ok(response)
         })
     }
+}
+
+/// A 503: the limiter's store cannot answer.
+fn unavailable<B: Default>() -> Response<B> {
+    let mut response = Response::new(B::default());
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    response
 }
 
 /// A 429 with `Retry-After` (whole seconds, rounded up) and the RateLimit headers.
@@ -219,22 +292,15 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// [`RateLimitLayer`] for services that are not http: a request over the limit gets
 /// the error [`RateLimited`] (boxed, as tower layers do) instead of a 429, or waits
-/// with [`OnLimit::Wait`].
-pub struct ErrorLayer<K, F, C: Clock> {
-    layer: RateLimitLayer<K, F, C>,
+/// with [`OnLimit::Wait`]; a store that cannot answer gets its [`LimitError`].
+#[derive(Clone)]
+pub struct ErrorLayer<L, F> {
+    layer: RateLimitLayer<L, F>,
 }
 
-impl<K, F, C: Clock> Clone for ErrorLayer<K, F, C> {
-    fn clone(&self) -> Self {
-        ErrorLayer {
-            layer: self.layer.clone(),
-        }
-    }
-}
-
-impl<K, F, C: Clock> ErrorLayer<K, F, C> {
+impl<L, F> ErrorLayer<L, F> {
     /// Limits with `limiter`, keyed by `key(&request)` (`None`: not limited).
-    pub fn new(limiter: KeyedLimiter<K, C>, key: F) -> Self {
+    pub fn new(limiter: L, key: F) -> Self {
         ErrorLayer {
             layer: RateLimitLayer::new(limiter, key),
         }
@@ -247,8 +313,8 @@ impl<K, F, C: Clock> ErrorLayer<K, F, C> {
     }
 }
 
-impl<S, K, F, C: Clock> Layer<S> for ErrorLayer<K, F, C> {
-    type Service = ErrorService<S, K, F, C>;
+impl<S, L: Clone, F> Layer<S> for ErrorLayer<L, F> {
+    type Service = ErrorService<S, L, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
         ErrorService(self.layer.layer(inner))
@@ -256,22 +322,17 @@ impl<S, K, F, C: Clock> Layer<S> for ErrorLayer<K, F, C> {
 }
 
 /// The service made by [`ErrorLayer`]. `Clone`; clones share the limit.
-pub struct ErrorService<S, K, F, C: Clock>(RateLimit<S, K, F, C>);
+#[derive(Clone)]
+pub struct ErrorService<S, L, F>(RateLimit<S, L, F>);
 
-impl<S: Clone, K, F, C: Clock> Clone for ErrorService<S, K, F, C> {
-    fn clone(&self) -> Self {
-        ErrorService(self.0.clone())
-    }
-}
-
-impl<S, K, F, C, Req> Service<Req> for ErrorService<S, K, F, C>
+impl<S, L, F, K, Req> Service<Req> for ErrorService<S, L, F>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    L: LayerLimiter<K>,
+    K: Send + Sync + 'static,
     F: Fn(&Req) -> Option<K> + Send + Sync + 'static,
-    C: Clock + 'static,
     Req: Send + 'static,
 {
     type Response = S::Response;
@@ -295,7 +356,7 @@ where
             OnLimit::Wait => Op::Acquire,
         };
         Box::pin(async move {
-            let d = limiter.check_rules(&key, 1, op)?.decision;
+            let d = limiter.decide(&key, op).await?.decision;
             if !d.allowed {
                 return Err(RateLimited {
                     retry_after_us: d.retry_after_us,
@@ -304,7 +365,7 @@ where
                 .into());
             }
             if d.wait_us > 0 {
-                let refund = crate::wait::RefundOnDrop::new(|| limiter.refund(&key, 1));
+                let refund = crate::wait::RefundOnDrop::new(|| limiter.give_back(&key));
                 crate::wait::sleep_or_refund(d.wait(), refund).await;
             }
             inner.call(req).await.map_err(Into::into)

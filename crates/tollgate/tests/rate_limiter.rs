@@ -1,6 +1,6 @@
 //! One behaviour suite for the one limiter interface: the same generic code, run
 //! against the memory store and against real Redis (Functions, EVALSHA, Cluster),
-//! through `AnyLimiter` as a server would hold it.
+//! through `AnyLimiter` as a server would hold it; and the tower layer over it.
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
@@ -115,5 +115,56 @@ fn an_unreachable_redis_is_a_transient_error() {
         let e = limiter.check("k", 1).await.unwrap_err();
         assert!(e.is_transient(), "{e:?}");
         assert!(matches!(e, LimitError::Unavailable(_)), "{e:?}");
+    });
+}
+
+/// The tower layer over limits kept in Redis: a real axum server, a real client.
+#[test]
+fn the_tower_layer_limits_through_redis_and_answers_503_while_redis_is_down() {
+    use axum::routing::get;
+    use http_body_util::Empty;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tollgate::tower::{RateLimitLayer, Shared};
+
+    let mut redis = RedisServers::standalone();
+    rt().block_on(async {
+        let opts = RedisOptions {
+            timeout: std::time::Duration::from_millis(200),
+            ..RedisOptions::default()
+        };
+        let store = RedisStore::connect_with(&redis.url(), opts).await.unwrap();
+        let rules = RuleSet::parse(&["gcra:rate=1/m,burst=2"]).unwrap();
+        let limiter = AnyLimiter::redis(store, "tower", rules).unwrap();
+        let layer = RateLimitLayer::new(Shared(limiter), |req: &axum::extract::Request| {
+            req.headers()
+                .get("x-user")?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        });
+        let app = axum::Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let client: Client<_, Empty<bytes::Bytes>> =
+            Client::builder(TokioExecutor::new()).build_http();
+        let status = |user: &'static str| {
+            let req = http::Request::get(&url)
+                .header("x-user", user)
+                .body(Empty::new())
+                .unwrap();
+            let f = client.request(req);
+            async move { f.await.unwrap().status().as_u16() }
+        };
+        assert_eq!(
+            [status("a").await, status("a").await, status("a").await],
+            [200, 200, 429]
+        );
+        assert_eq!(status("b").await, 200);
+        redis.stop(0);
+        assert_eq!(status("c").await, 503);
     });
 }
