@@ -62,8 +62,19 @@ fn a_single_instance_with_leases_decides_as_the_exact_algorithm() {
     let single = RedisServers::standalone();
     let cluster = RedisServers::cluster();
     let rt = rt();
-    let stores =
-        rt.block_on(async { vec![replay_store(&single).await, replay_store(&cluster).await] });
+    // Functions, EVALSHA, Cluster.
+    let stores = rt.block_on(async {
+        let eval = tollgate::redis::RedisOptions {
+            ttl_margin: Duration::from_secs(3600),
+            calls: tollgate::redis::RedisCalls::Eval,
+            ..Default::default()
+        };
+        vec![
+            replay_store(&single).await,
+            RedisStore::connect_with(&single.url(), eval).await.unwrap(),
+            replay_store(&cluster).await,
+        ]
+    });
     let n = std::sync::atomic::AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {
         failure_persistence: None,
