@@ -200,9 +200,9 @@ local function times(at)
   return tonumber(string.sub(at, 1, sp - 1)), tonumber(string.sub(at, sp + 1))
 end
 
--- The time to live (ms) of a fast-path state that is fully replenished at `tat`.
-local function fast_ttl(tat, now, margin_ms)
-  return floor((tat - now) / 1000) + 1 + margin_ms
+-- The time to live (ms) of a fast-path state that is fully replenished at `full`.
+local function fast_ttl(full, now, margin_ms)
+  return floor((full - now) / 1000) + 1 + margin_ms
 end
 
 -- One try with short arguments, the common call when checks are not batched:
@@ -225,10 +225,10 @@ local function run_try(keys, args, inline)
   if fast then
     local pol = pols[1]
     local v = redis.call('GET', keys[1])
-    local admitted, new = fast(pol.p, v, now, cost, pol.shadow)
+    local admitted, new, full = fast(pol.p, v, now, cost, pol.shadow)
     if admitted then
       if new then
-        redis.call('SET', keys[1], new, 'PX', floor((new - now) / 1000) + 1 + pols.margin)
+        redis.call('SET', keys[1], new, 'PX', floor((full - now) / 1000) + 1 + pols.margin)
       end
       return { now, admitted, v or '' }
     end
@@ -299,18 +299,18 @@ local function run_batch(keys, args, read_only, inline)
       now, created = tonumber(string.sub(at, 1, sp - 1)), tonumber(string.sub(at, sp + 1))
     end
     local cost = tonumber(args[i + 3])
-    local admitted, new
+    local admitted, new, full
     local key = keys[base + 1]
     local v
     if op == 't' and pols.try_fast then
       v = cache[key]
       if v == nil then v = redis.call('GET', key) or false end
-      admitted, new = pols.try_fast(pols[1].p, v or nil, now, cost, pols[1].shadow)
+      admitted, new, full = pols.try_fast(pols[1].p, v or nil, now, cost, pols[1].shadow)
     end
     if admitted then
       if new then
         cache[key] = new
-        pending[key] = { new, fast_ttl(new, now, pols.margin) }
+        pending[key] = { new, fast_ttl(full, now, pols.margin) }
       end
       if not v then v = '' elseif type(v) == 'number' then v = int(v) end
       out[#out + 1] = admitted

@@ -26,8 +26,9 @@ ALGOS[1] = {
   end,
   -- A try on the stored value `v` (nil: no state) when the TAT is whole microseconds
   -- (always, for an interval of whole microseconds), with no tables; the general path
-  -- below gives the same decision. Returns admitted (1/0) and the TAT to store (nil:
-  -- nothing changes), or nil when it does not apply.
+  -- below gives the same decision. Returns admitted (1/0), the value to store (nil:
+  -- nothing changes) and when that state is fully replenished (its TTL), or nil when
+  -- it does not apply.
   try_fast = function(p, v, now, cost, shadow)
     if p.scale ~= 1 then return nil end
     local tat = now
@@ -37,7 +38,7 @@ ALGOS[1] = {
       if tat < now then tat = now end
     end
     local new = tat + cost * p.interval
-    if new - p.tau <= now then return 1, new end
+    if new - p.tau <= now then return 1, new, new end
     return shadow and 1 or 0, nil
   end,
   check = function(p, s, now, cost, acquire, max_wait)

@@ -29,6 +29,27 @@ ALGOS[4] = {
   refund = function(p, s, now, cost)
     if fw_live(p, s, now) then s.count = s.count - math.min(cost, s.count) end
   end,
+  -- A try on the stored value `v` (nil: no state) with no tables, as gcra's try_fast
+  -- (the same decision as earliest/admit above); nil for a window reserved ahead.
+  try_fast = function(p, v, now, cost, shadow)
+    local start, count = 0, 0
+    if v then
+      local sp = string.find(v, ' ', 1, true)
+      if not sp then return nil end
+      start, count = tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
+    end
+    if count > 0 and now < start + p.window then
+      if now < start then return nil end
+    elseif p.first then
+      start, count = now, 0
+    else
+      start, count = now - (now - idiv(now, p.window) * p.window), 0
+    end
+    if count + cost <= p.limit then
+      return 1, int(start) .. ' ' .. int(count + cost), start + p.window
+    end
+    return shadow and 1 or 0, nil
+  end,
   -- Leases (lease.lua): a slice is taken from the window that holds `now` and never
   -- outlives it; one reserved into a later window (acquire) leaves nothing to lease.
   lease_avail = function(p, s, now)
