@@ -42,6 +42,10 @@ local function parse_rule_set(a, i)
   end
   -- A single policy with a fast path for tries: called straight from the batch loop.
   if n == 1 then pols.try_fast = pols[1].alg.try_fast end
+  -- Several, each with one: a one-try call decides them all without tables.
+  local all = n > 1
+  for k = 1, n do all = all and pols[k].alg.try_fast ~= nil end
+  pols.all_fast = all
   return pols
 end
 
@@ -205,6 +209,29 @@ local function fast_ttl(full, now, margin_ms)
   return floor((full - now) / 1000) + 1 + margin_ms
 end
 
+-- A try of a rule set whose policies all have fast paths: their states read with one
+-- MGET, each decided without writing, all written only if none rejects (a shadow
+-- policy's reject does not count), as the general path does. nil when a state needs
+-- the general path.
+local function try_all_fast(pols, keys, now, cost)
+  local vs = redis.call('MGET', unpack(keys))
+  local news, fulls, all = {}, {}, 1
+  for k, pol in ipairs(pols) do
+    local admitted, new, full = pol.alg.try_fast(pol.p, vs[k] or nil, now, cost, pol.shadow)
+    if admitted == nil then return nil end
+    if admitted == 0 then all = 0 end
+    news[k], fulls[k] = new, full
+  end
+  local out = { now, all }
+  for k = 1, #pols do
+    if all == 1 and news[k] then
+      redis.call('SET', keys[k], news[k], 'PX', floor((fulls[k] - now) / 1000) + 1 + pols.margin)
+    end
+    out[k + 2] = vs[k] or ''
+  end
+  return out
+end
+
 -- One try with short arguments, the common call when checks are not batched:
 -- ARGV = {rule set, cost, '' or "now created", [nonce]}; returns {now, reply} as
 -- run_batch does for one check.
@@ -232,6 +259,10 @@ local function run_try(keys, args, inline)
       end
       return { now, admitted, v or '' }
     end
+  end
+  if pols.all_fast then
+    local out = try_all_fast(pols, keys, now, cost)
+    if out then return out end
   end
   local out = { now }
   run_check(out, 't', pols, keys, 0, now, created, cost, pols.margin, args[i + 2] or '', 1)

@@ -188,12 +188,13 @@ fn memory_redis_and_cluster_decide_identically() {
         .build()
         .unwrap();
     // Replayed traces set their own time: keys must outlive the run, not the trace.
-    // One call in flight: a group's later checks queue behind the first and ride the
-    // next call together, in order.
+    // One call in flight and every check queued: a group's later checks queue behind
+    // the first and ride the next call together, in order.
     let opts = RedisOptions {
         ttl_margin: std::time::Duration::from_secs(3600),
         timeout: std::time::Duration::from_secs(5),
         in_flight: 1,
+        direct_calls: 0,
         ..RedisOptions::default()
     };
     let eval = RedisOptions {

@@ -1,17 +1,19 @@
 //! Automatic batching: checks waiting for the same Redis node go out as one call of the
-//! decision driver, as soon as a call slot is free.
+//! decision driver.
 //!
-//! A check joins a queue; one driver task takes everything queued (up to the batch
-//! size) whenever fewer than `in_flight` calls are outstanding, and sends it as one call
-//! per Cluster slot. An idle store sends a lone check at once (no timer, no added
-//! latency); under load the checks that arrive while calls are out ride the next call
-//! together, so Redis runs the driver's setup once for many checks and the client makes
-//! one round trip for them. Each check is still decided atomically and in queue order
-//! (the driver decides a call's checks one after another inside one script).
+//! A check that finds nobody waiting and fewer than `direct_calls` lone calls out is sent at
+//! once by its own task (no timer, no hand-off). Otherwise it joins a queue; `in_flight`
+//! driver tasks each take everything queued (up to the batch size) as soon as their
+//! previous call is answered, and send it as one call per Cluster slot. So under load
+//! the checks that arrive while calls are out ride the next call together: Redis runs
+//! the driver's setup once for many checks and the client makes one round trip for
+//! them. Each check is still decided atomically and in queue order (the driver decides
+//! a call's checks one after another inside one script).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::call::{CheckCall, CheckReply};
 use super::store::Caller;
@@ -27,26 +29,57 @@ struct Pending {
 pub(crate) struct Batcher {
     queue: mpsc::UnboundedSender<Pending>,
     cluster: bool,
+    caller: Arc<Caller>,
+    /// Calls sent straight from callers' tasks, outstanding at once.
+    direct: Semaphore,
+    /// Checks queued and not yet taken by the driver.
+    queued: Arc<AtomicUsize>,
 }
 
 impl Batcher {
-    /// Starts the driver task on the current Tokio runtime. `max`: checks per call;
-    /// `in_flight`: calls outstanding at once.
-    pub fn start(caller: Arc<Caller>, max: usize, in_flight: usize, cluster: bool) -> Batcher {
+    /// Starts the driver tasks on the current Tokio runtime. `max`: checks per call;
+    /// `in_flight`: queued calls outstanding at once (one driver each); `direct`: lone
+    /// calls sent from callers' tasks at once, at most.
+    pub fn start(
+        caller: Arc<Caller>,
+        max: usize,
+        in_flight: usize,
+        direct: usize,
+        cluster: bool,
+    ) -> Batcher {
         let (queue, rx) = mpsc::unbounded_channel();
-        let slots = Arc::new(Semaphore::new(in_flight.max(1)));
-        tokio::spawn(drive(caller, rx, max.max(1), slots, cluster));
-        Batcher { queue, cluster }
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        let queued = Arc::new(AtomicUsize::new(0));
+        for _ in 0..in_flight.max(1) {
+            let (caller, rx, queued) = (caller.clone(), rx.clone(), queued.clone());
+            tokio::spawn(drive(caller, rx, max.max(1), queued, cluster));
+        }
+        Batcher {
+            queue,
+            cluster,
+            caller,
+            direct: Semaphore::new(direct),
+            queued,
+        }
     }
 
-    /// Queues `check` and waits for its part of the reply (the caller bounds the wait).
+    /// Sends `check` at once from the caller's own task when fewer than `direct_calls` such
+    /// calls are out and nothing waits (no hand-off to another task: an idle or lightly loaded store pays
+    /// nothing for batching); else queues it for the next call and waits for its part
+    /// of the reply (the caller bounds the wait).
     pub async fn submit(&self, check: CheckCall) -> Result<CheckReply, StoreError> {
+        if self.queued.load(Ordering::Acquire) == 0 {
+            if let Ok(_permit) = self.direct.try_acquire() {
+                return Ok(self.caller.send(&[&check]).await?.remove(0));
+            }
+        }
         let slot = if self.cluster {
             slot(check.keys.first().map_or("", String::as_str))
         } else {
             0
         };
         let (done, answer) = oneshot::channel();
+        self.queued.fetch_add(1, Ordering::AcqRel);
         self.queue
             .send(Pending { check, slot, done })
             .map_err(|_| StoreError::Protocol("the batching task has stopped".into()))?;
@@ -56,40 +89,42 @@ impl Batcher {
     }
 }
 
+/// One of `in_flight` drivers: takes what is queued (after the other driver's take, in
+/// order), sends it, hands each check its part, and takes again.
 async fn drive(
     caller: Arc<Caller>,
-    mut rx: mpsc::UnboundedReceiver<Pending>,
+    rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Pending>>>,
     max: usize,
-    slots: Arc<Semaphore>,
+    queued: Arc<AtomicUsize>,
     cluster: bool,
 ) {
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let mut batch = Vec::with_capacity(max.min(64));
-        if rx.recv_many(&mut batch, max).await == 0 {
+        if rx.lock().await.recv_many(&mut batch, max).await == 0 {
             return; // every store handle is gone
         }
-        if !cluster {
-            tokio::spawn(send(caller.clone(), batch, Arc::new(permit)));
-            continue;
+        queued.fetch_sub(batch.len(), Ordering::AcqRel);
+        if cluster {
+            // One call per slot (a script's keys must share one); the calls go out
+            // together, this driver sending the last.
+            batch.sort_by_key(|p| p.slot);
+            loop {
+                let last = batch.last().map_or(0, |p| p.slot);
+                let n = batch.iter().rev().take_while(|p| p.slot == last).count();
+                let group = batch.split_off(batch.len() - n);
+                if batch.is_empty() {
+                    batch = group;
+                    break;
+                }
+                tokio::spawn(send(caller.clone(), group));
+            }
         }
-        // One call per slot (a script's keys must share one); the calls go out together.
-        batch.sort_by_key(|p| p.slot);
-        let permit = Arc::new(permit);
-        while !batch.is_empty() {
-            let first = batch[0].slot;
-            let n = batch.iter().take_while(|p| p.slot == first).count();
-            let rest = batch.split_off(n);
-            tokio::spawn(send(caller.clone(), batch, permit.clone()));
-            batch = rest;
-        }
+        send(caller.clone(), batch).await;
     }
 }
 
-/// Sends one call and hands each check its part; the permit is held until then.
-async fn send(caller: Arc<Caller>, batch: Vec<Pending>, _permit: Arc<OwnedSemaphorePermit>) {
+/// Sends one call and hands each check its part.
+async fn send(caller: Arc<Caller>, batch: Vec<Pending>) {
     let checks: Vec<&CheckCall> = batch.iter().map(|p| &p.check).collect();
     match caller.send(&checks).await {
         Ok(replies) => {

@@ -31,9 +31,14 @@ pub struct RedisOptions {
     /// The most checks decided by one call (automatic batching; see
     /// [`RedisStore`]). 1 sends each check as its own call. Default 64.
     pub batch: usize,
-    /// With batching, how many calls may be outstanding at once on the connection;
-    /// checks arriving meanwhile wait for the next call. Default 2.
+    /// With batching, how many batched calls may be outstanding at once on the
+    /// connection; checks arriving meanwhile wait for the next call. Default 2.
     pub in_flight: usize,
+    /// With batching, a check that finds no other waiting is sent at once from its own
+    /// task (no hand-off to the batching task) while fewer than this many such calls
+    /// are out; past that, checks queue and ride batches. 0 queues every check.
+    /// Default 8.
+    pub direct_calls: usize,
 }
 
 /// Counters of a [`RedisStore`]'s decision calls.
@@ -68,6 +73,7 @@ impl Default for RedisOptions {
             calls: RedisCalls::Auto,
             batch: 64,
             in_flight: 2,
+            direct_calls: 8,
         }
     }
 }
@@ -360,7 +366,7 @@ impl RedisStore {
             RedisCalls::Eval => MODE_EVAL,
             RedisCalls::Auto | RedisCalls::Functions => MODE_FUNCTIONS,
         };
-        let (batch, in_flight) = (opts.batch, opts.in_flight);
+        let (batch, in_flight, direct) = (opts.batch, opts.in_flight, opts.direct_calls);
         let caller = Arc::new(Caller {
             conn,
             opts,
@@ -368,8 +374,15 @@ impl RedisStore {
             calls: AtomicU64::new(0),
             checks: AtomicU64::new(0),
         });
-        let batcher = (batch > 1)
-            .then(|| Arc::new(Batcher::start(caller.clone(), batch, in_flight, cluster)));
+        let batcher = (batch > 1).then(|| {
+            Arc::new(Batcher::start(
+                caller.clone(),
+                batch,
+                in_flight,
+                direct,
+                cluster,
+            ))
+        });
         Ok(RedisStore {
             caller,
             batcher,

@@ -81,8 +81,16 @@ impl RedisServers {
         std::fs::create_dir_all(&dir).unwrap();
         let mut children = Vec::new();
         let mut ports = Vec::new();
-        for i in 0..n {
-            let port = free_port();
+        // Distinct ports: each listener is held until all are chosen.
+        let held: Vec<TcpListener> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let chosen: Vec<u16> = held
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        drop(held);
+        for (i, port) in chosen.into_iter().enumerate() {
             let mut cmd = Command::new("redis-server");
             cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no"])
