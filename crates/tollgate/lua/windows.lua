@@ -246,6 +246,21 @@ ALGOS[6] = {
       b = b - 1
     end
   end,
+  -- Leases (lease.lua): a slice is charged to the bucket that holds `now` and never
+  -- outlives it, so its admissions count in the very bucket they fall in; a bucket
+  -- reserved ahead (acquire) leaves nothing to lease.
+  lease_avail = function(p, s, now)
+    local b = idiv(now, p.width)
+    if s.counts and s.newest > b then return 0 end
+    return math.max(p.limit - sw_sum(p, s, b), 0)
+  end,
+  lease_deadline = function(p, s, now, deadline)
+    return math.min(deadline, (idiv(now, p.width) + 1) * p.width)
+  end,
+  lease_charge = function(p, s, now, n, deadline) ALGOS[6].admit(p, s, now, now, n) end,
+  lease_return = function(p, s, now, units)
+    if s.counts and s.newest == idiv(now, p.width) then ALGOS[6].refund(p, s, now, units) end
+  end,
   reset_after = function(p, s, now)
     if not s.counts then return 0 end
     local end_b = math.max(idiv(now, p.width), s.newest)
@@ -302,6 +317,20 @@ ALGOS[7] = {
   end,
   refund = function(p, s, now, cost)
     if idiv(now, p.window) <= s.win + 1 then s.curr = s.curr - math.min(cost, s.curr) end
+  end,
+  -- Leases: as the bucketed window, with the window as the bucket.
+  lease_avail = function(p, s, now)
+    if s.win > idiv(now, p.window) then return 0 end
+    local room = wt_headroom(p, s, now)
+    if room <= 0 then return 0 end
+    return idiv(room, p.window)
+  end,
+  lease_deadline = function(p, s, now, deadline)
+    return math.min(deadline, (idiv(now, p.window) + 1) * p.window)
+  end,
+  lease_charge = function(p, s, now, n, deadline) ALGOS[7].admit(p, s, now, now, n) end,
+  lease_return = function(p, s, now, units)
+    if s.win == idiv(now, p.window) then s.curr = s.curr - math.min(units, s.curr) end
   end,
   reset_after = function(p, s, now)
     local til

@@ -26,11 +26,16 @@ fn spec() -> impl Strategy<Value = String> {
         Just("5/3s")
     ];
     let window = prop_oneof![Just("1s"), Just("250ms"), Just("3s")];
-    (rate, window, 1u64..12, 0u8..4).prop_map(|(rate, window, n, which)| match which {
+    (rate, window, 1u64..12, 0u8..6).prop_map(|(rate, window, n, which)| match which {
         0 => format!("gcra:rate={rate},burst={n}"),
         1 => format!("token-bucket:rate={rate},capacity={n}"),
         2 => format!("leaky-bucket:rate={rate},capacity={n}"),
-        _ => format!("fixed-window:limit={n},window={window}"),
+        3 => format!("fixed-window:limit={n},window={window}"),
+        4 => format!(
+            "sliding-window:limit={n},window={window},buckets={}",
+            [1, 2, 5][n as usize % 3]
+        ),
+        _ => format!("sliding-window:limit={n},window={window},mode=weighted"),
     })
 }
 

@@ -182,8 +182,8 @@ enum Answer {
 
 impl LeasedLimiter {
     /// A leased limiter named `name` on `store`. Refuses rules a lease cannot keep
-    /// exactly (algorithms other than gcra, token-bucket, leaky-bucket and
-    /// fixed-window; shadow policies) and a slice larger than the smallest limit.
+    /// exactly (algorithms other than gcra, token-bucket, leaky-bucket, fixed-window
+    /// and sliding-window; shadow policies) and a slice larger than the smallest limit.
     pub fn new(
         store: RedisStore,
         name: &str,

@@ -316,9 +316,14 @@ pub(crate) fn leasable(p: &Policy) -> Result<(), String> {
         ));
     }
     match p.algo() {
-        Algo::Gcra(_) | Algo::TokenBucket(_) | Algo::LeakyBucket(_) | Algo::FixedWindow(_) => Ok(()),
+        Algo::Gcra(_)
+        | Algo::TokenBucket(_)
+        | Algo::LeakyBucket(_)
+        | Algo::FixedWindow(_)
+        | Algo::SlidingWindow(_)
+        | Algo::SlidingWindowWeighted(_) => Ok(()),
         _ => Err(format!(
-            "{p}: {} cannot be leased exactly (leases keep gcra, token-bucket, leaky-bucket and fixed-window)",
+            "{p}: {} cannot be leased exactly (leases keep gcra, token-bucket, leaky-bucket, fixed-window and sliding-window)",
             p.name()
         )),
     }
@@ -340,6 +345,13 @@ pub(crate) fn encode_state(p: &Policy, state: &PolicyState) -> Result<String, St
         (Algo::TokenBucket(_), PolicyState::TokenBucket(t)) => format!("{} {}", t.tokens, t.last),
         (Algo::LeakyBucket(_), PolicyState::LeakyBucket(l)) => format!("{} {}", l.level, l.last),
         (Algo::FixedWindow(_), PolicyState::FixedWindow(w)) => format!("{} {}", w.start, w.count),
+        (Algo::SlidingWindow(_), PolicyState::SlidingWindow(w)) => {
+            let counts = w.counts.iter().map(u64::to_string).collect::<Vec<_>>();
+            format!("{} {} {}", w.newest, w.total, counts.join(" "))
+        }
+        (Algo::SlidingWindowWeighted(_), PolicyState::SlidingWindowWeighted(w)) => {
+            format!("{} {} {}", w.win, w.prev, w.curr)
+        }
         _ => {
             return Err(StoreError::Unsupported(format!(
                 "{p}: no lease encoding for this state"
