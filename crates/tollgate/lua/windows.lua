@@ -1,6 +1,10 @@
 -- The window counters: fixed-window (4), sliding-log (5), sliding-window with K
 -- buckets (6) and the weighted sliding window (7).
 
+-- The end of the period of length `width` (clock-aligned) that holds `now`: a leased
+-- slice never outlives the window or bucket it was charged to.
+local function period_end(now, width) return (idiv(now, width) + 1) * width end
+
 -- fixed-window. Params: limit, window, align (0 clock, 1 first).
 -- State: "start count": `count` admitted in the window starting at `start` (us).
 local function fw_live(p, s, now) return s.count > 0 and now < s.start + p.window end
@@ -255,7 +259,7 @@ ALGOS[6] = {
     return math.max(p.limit - sw_sum(p, s, b), 0)
   end,
   lease_deadline = function(p, s, now, deadline)
-    return math.min(deadline, (idiv(now, p.width) + 1) * p.width)
+    return math.min(deadline, period_end(now, p.width))
   end,
   lease_charge = function(p, s, now, n, deadline) ALGOS[6].admit(p, s, now, now, n) end,
   lease_return = function(p, s, now, units)
@@ -326,7 +330,7 @@ ALGOS[7] = {
     return idiv(room, p.window)
   end,
   lease_deadline = function(p, s, now, deadline)
-    return math.min(deadline, (idiv(now, p.window) + 1) * p.window)
+    return math.min(deadline, period_end(now, p.window))
   end,
   lease_charge = function(p, s, now, n, deadline) ALGOS[7].admit(p, s, now, now, n) end,
   lease_return = function(p, s, now, units)
