@@ -140,11 +140,7 @@ impl Metrics {
             ("recoveries", s.recoveries),
             ("failing", u64::from(s.failing)),
         ];
-        for (event, n) in events {
-            self.redis
-                .get_or_create(&vec![("event", event.to_string())])
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
+        self.redis_events(&events);
     }
 
     /// Lease counters of the leased limiters, as more `redis_events`.
@@ -157,7 +153,12 @@ impl Metrics {
             ("leases_expired", s.leases_expired),
             ("lease_local_decisions", s.local_decisions),
         ];
-        for (event, n) in events {
+        self.redis_events(&events);
+    }
+
+    /// Sets `redis_events` for each `(event, count)`.
+    fn redis_events(&self, events: &[(&str, u64)]) {
+        for &(event, n) in events {
             self.redis
                 .get_or_create(&vec![("event", event.to_string())])
                 .set(i64::try_from(n).unwrap_or(i64::MAX));

@@ -225,7 +225,7 @@ local function try_all_fast(pols, keys, now, cost)
   local out = { now, all }
   for k = 1, #pols do
     if all == 1 and news[k] then
-      redis.call('SET', keys[k], news[k], 'PX', floor((fulls[k] - now) / 1000) + 1 + pols.margin)
+      redis.call('SET', keys[k], news[k], 'PX', fast_ttl(fulls[k], now, pols.margin))
     end
     out[k + 2] = vs[k] or ''
   end
@@ -255,7 +255,7 @@ local function run_try(keys, args, inline)
     local admitted, new, full = fast(pol.p, v, now, cost, pol.shadow)
     if admitted then
       if new then
-        redis.call('SET', keys[1], new, 'PX', floor((full - now) / 1000) + 1 + pols.margin)
+        redis.call('SET', keys[1], new, 'PX', fast_ttl(full, now, pols.margin))
       end
       return { now, admitted, v or '' }
     end
@@ -326,8 +326,7 @@ local function run_batch(keys, args, read_only, inline)
       end
       now, created = time, time
     else
-      local sp = string.find(at, ' ', 1, true)
-      now, created = tonumber(string.sub(at, 1, sp - 1)), tonumber(string.sub(at, sp + 1))
+      now, created = times(at)
     end
     local cost = tonumber(args[i + 3])
     local admitted, new, full

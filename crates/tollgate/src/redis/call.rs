@@ -78,7 +78,7 @@ pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], nonce: &str, form:
             }
         };
         cmd.arg(c.op.code()).arg(index);
-        push_times(cmd, c);
+        push_times(cmd, c.now, c.created);
         cmd.arg(c.cost);
     }
     for w in &sets {
@@ -103,24 +103,30 @@ fn push_rule_set(cmd: &mut Cmd, wire: &Wire, inline: bool) {
 /// (`run_try` in `check.lua`): rule set, cost, times, and a nonce only when a policy
 /// needs one.
 pub(crate) fn push_try(cmd: &mut Cmd, check: &CheckCall, nonce: &str, form: Option<&str>) {
-    cmd.arg(check.keys.len());
-    for k in &check.keys {
-        cmd.arg(k.as_str());
-    }
-    if let Some(form) = form {
-        cmd.arg(form);
-    }
-    push_rule_set(cmd, &check.wire, form.is_some());
+    push_one(cmd, &check.keys, &check.wire, form);
     cmd.arg(check.cost);
-    push_times(cmd, check);
+    push_times(cmd, check.now, check.created);
     if check.wire.needs_nonce {
         cmd.arg(nonce);
     }
 }
 
+/// The start of a call about one key's rule set (the one-try and lease entry points):
+/// the KEYS count, the KEYS, the EVALSHA form (if any) and the rule set.
+pub(crate) fn push_one(cmd: &mut Cmd, keys: &[String], wire: &Wire, form: Option<&str>) {
+    cmd.arg(keys.len());
+    for k in keys {
+        cmd.arg(k.as_str());
+    }
+    if let Some(form) = form {
+        cmd.arg(form);
+    }
+    push_rule_set(cmd, wire, form.is_some());
+}
+
 /// `''` to decide at Redis `TIME`, or `"now created"`.
-fn push_times(cmd: &mut Cmd, check: &CheckCall) {
-    match (check.now, check.created) {
+pub(crate) fn push_times(cmd: &mut Cmd, now: Option<u64>, created: Option<u64>) {
+    match (now, created) {
         (None, None) => cmd.arg(""),
         (now, created) => {
             let now = now.expect("a check with a creation time has a time");

@@ -26,6 +26,7 @@ use std::time::Duration;
 use redis::Value;
 use tollgate_core::{Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet};
 
+use super::call::{push_one, push_times};
 use super::script::{encode_state, leasable, parse_state, Wire};
 use super::store::RedisStore;
 use super::StoreError;
@@ -477,28 +478,15 @@ impl LeasedLimiter {
             None => Vec::new(),
         };
         let unspent = held.map_or(0, |h| h.left);
-        let times = at.map_or(String::new(), |t| format!("{t} {t}"));
         let wire = &inner.wire;
         let push = |cmd: &mut redis::Cmd, form: Option<&str>| {
-            cmd.arg(keys.len());
-            for k in &keys {
-                cmd.arg(k.as_str());
-            }
-            if let Some(form) = form {
-                cmd.arg(form);
-                cmd.arg(wire.words.len());
-                for w in &wire.words {
-                    cmd.arg(w.as_str());
-                }
-            } else {
-                cmd.arg(wire.encoded.as_str());
-            }
+            push_one(cmd, &keys, wire, form);
             cmd.arg(want)
                 .arg(need)
                 .arg(inner.duration_us)
                 .arg(unspent)
-                .arg(held.map_or(0, |h| h.redis_deadline))
-                .arg(times.as_str());
+                .arg(held.map_or(0, |h| h.redis_deadline));
+            push_times(cmd, at, at);
             match held {
                 Some(h) => {
                     for (charged, mine) in h.charged.iter().zip(&mine) {

@@ -259,18 +259,15 @@ impl RedisLimiter {
         cost: u64,
         op: Op,
     ) -> Result<RuleDecision, StoreError> {
-        let Compiled { rules, wire, .. } = compiled;
-        (self.inner.store)
-            .decide(
-                self.inner.health.name(),
-                key,
-                rules,
-                wire,
-                now,
-                created,
-                cost,
-                op,
-            )
+        let call_op = if op == Op::Acquire {
+            CallOp::Acquire
+        } else {
+            CallOp::Try
+        };
+        let check = self.check_call(compiled, call_op, key, now, created, cost);
+        self.inner
+            .store
+            .decide(key, check, &compiled.rules, op)
             .await
     }
 
@@ -300,20 +297,34 @@ impl RedisLimiter {
         Ok(d)
     }
 
+    /// The call of `op` for `key` under `compiled` (`now`/`created`: `None` for Redis's
+    /// time).
+    fn check_call(
+        &self,
+        compiled: &Compiled,
+        op: CallOp,
+        key: &str,
+        now: Option<u64>,
+        created: Option<u64>,
+        cost: u64,
+    ) -> CheckCall {
+        CheckCall {
+            op,
+            keys: self.keys(key, &compiled.wire),
+            wire: compiled.wire.clone(),
+            now,
+            created,
+            cost,
+        }
+    }
+
     /// The command an unbatched try of `cost` for `key` sends (`FCALL` of the one-try
     /// function, or with `eval` the `EVALSHA` form), as words, for tools that drive the
     /// decision code themselves, e.g. `redis-benchmark` as a ceiling (the nonce is
     /// fixed).
     pub fn script_call(&self, key: &str, cost: u64, eval: bool) -> Vec<String> {
         let compiled = self.inner.compiled.load();
-        let check = CheckCall {
-            op: CallOp::Try,
-            keys: self.keys(key, &compiled.wire),
-            wire: compiled.wire.clone(),
-            now: None,
-            created: None,
-            cost,
-        };
+        let check = self.check_call(&compiled, CallOp::Try, key, None, None, cost);
         let cmd = if eval {
             let mut cmd = ::redis::cmd("EVALSHA");
             cmd.arg(&super::script::eval_script(compiled.wire.families).sha1);
@@ -346,18 +357,10 @@ impl RedisLimiter {
         cost: u64,
     ) -> Result<RuleDecision, StoreError> {
         let compiled = self.inner.compiled.load_full();
-        let (rules, wire) = (&compiled.rules, &compiled.wire);
-        wire.check_cost(rules, cost)?;
-        let check = CheckCall {
-            op: CallOp::Peek,
-            keys: self.keys(key, wire),
-            wire: wire.clone(),
-            now,
-            created,
-            cost,
-        };
-        let reply = self.inner.store.call(check, rules).await?;
-        Ok(rules.peek(&reply.states, reply.now, cost)?)
+        compiled.wire.check_cost(&compiled.rules, cost)?;
+        let check = self.check_call(&compiled, CallOp::Peek, key, now, created, cost);
+        let reply = self.inner.store.call(check, &compiled.rules).await?;
+        Ok(compiled.rules.peek(&reply.states, reply.now, cost)?)
     }
 
     /// [`RedisLimiter::peek`] at a time the caller gives (see [`RedisLimiter::check_at`]).
@@ -375,14 +378,7 @@ impl RedisLimiter {
     pub async fn refund(&self, key: &str, cost: u64) -> Result<(), StoreError> {
         let compiled = self.inner.compiled.load_full();
         lock(&self.inner.negative).remove(key);
-        let check = CheckCall {
-            op: CallOp::Refund,
-            keys: self.keys(key, &compiled.wire),
-            wire: compiled.wire.clone(),
-            now: None,
-            created: None,
-            cost,
-        };
+        let check = self.check_call(&compiled, CallOp::Refund, key, None, None, cost);
         self.inner.store.call(check, &compiled.rules).await?;
         Ok(())
     }

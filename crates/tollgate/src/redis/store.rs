@@ -12,7 +12,7 @@ use tollgate_core::{Op, PolicyState, RuleDecision, RuleSet};
 
 use super::batch::Batcher;
 use super::call::{push_call, push_try, split_reply, CallOp, CheckCall, CheckReply};
-use super::script::{eval_script, library, parse_state, Wire};
+use super::script::{eval_script, library, parse_state};
 use super::StoreError;
 
 /// How a [`RedisStore`] talks to Redis.
@@ -530,32 +530,17 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Decides a request against `rules` for `key` atomically in Redis.
-    #[allow(clippy::too_many_arguments)]
+    /// Decides `check` (a try or an acquire of `key`) against `rules` atomically in
+    /// Redis.
     pub(crate) async fn decide(
         &self,
-        name: &str,
         key: &str,
+        check: CheckCall,
         rules: &RuleSet,
-        wire: &Arc<Wire>,
-        now: Option<u64>,
-        created: Option<u64>,
-        cost: u64,
         op: Op,
     ) -> Result<RuleDecision, StoreError> {
-        wire.check_cost(rules, cost)?;
-        let check = CheckCall {
-            op: if op == Op::Acquire {
-                CallOp::Acquire
-            } else {
-                CallOp::Try
-            },
-            keys: self.keys(name, key, &wire.suffixes),
-            wire: wire.clone(),
-            now,
-            created,
-            cost,
-        };
+        check.wire.check_cost(rules, check.cost)?;
+        let cost = check.cost;
         let mut reply = self.call(check, rules).await?;
         // The script applied its verdict; the core derives the numbers from the
         // states it started from, with the same code as the memory store.
