@@ -209,27 +209,41 @@ local function fast_ttl(full, now, margin_ms)
   return floor((full - now) / 1000) + 1 + margin_ms
 end
 
--- A try of a rule set whose policies all have fast paths: their states read with one
--- MGET, each decided without writing, all written only if none rejects (a shadow
--- policy's reject does not count), as the general path does. nil when a state needs
--- the general path.
-local function try_all_fast(pols, keys, now, cost)
-  local vs = redis.call('MGET', unpack(keys))
-  local news, fulls, all = {}, {}, 1
+-- Scratch of batch_fast, reused by every check (no tables per check).
+local BEFORE, NEWS, FULLS = {}, {}, {}
+
+-- A try decided by its policies' fast paths (no tables of states) on the values in
+-- `cache` (read from Redis when missing; false: no state): admitted (1/0) and the
+-- values before (BEFORE[1..n], valid until the next call); the new values are staged
+-- in `cache`, their times to live in `pending`, when every policy admits
+-- (all-or-nothing, a shadow policy's reject not counting, as the general path).
+-- nil when a state needs the general path (nothing staged).
+local function batch_fast(pols, keys, base, cache, pending, now, cost)
+  local all = 1
   for k, pol in ipairs(pols) do
-    local admitted, new, full = pol.alg.try_fast(pol.p, vs[k] or nil, now, cost, pol.shadow)
+    local key = keys[base + k]
+    local v = cache[key]
+    if v == nil then v = redis.call('GET', key) or false end
+    local admitted, new, full = pol.alg.try_fast(pol.p, v or nil, now, cost, pol.shadow)
     if admitted == nil then return nil end
     if admitted == 0 then all = 0 end
-    news[k], fulls[k] = new, full
+    BEFORE[k], NEWS[k], FULLS[k] = v, new, full
   end
-  local out = { now, all }
-  for k = 1, #pols do
-    if all == 1 and news[k] then
-      redis.call('SET', keys[k], news[k], 'PX', fast_ttl(fulls[k], now, pols.margin))
+  if all == 1 then
+    for k = 1, #pols do
+      if NEWS[k] then
+        local key = keys[base + k]
+        cache[key] = NEWS[k]
+        pending[key] = fast_ttl(FULLS[k], now, pols.margin)
+      end
     end
-    out[k + 2] = vs[k] or ''
   end
-  return out
+  return all, BEFORE
+end
+
+-- Writes the staged states (`cache`) of the keys in `pending` with their times to live.
+local function write_pending(pending, cache)
+  for key, ttl in pairs(pending) do redis.call('SET', key, cache[key], 'PX', ttl) end
 end
 
 -- One try with short arguments, the common call when checks are not batched:
@@ -261,8 +275,17 @@ local function run_try(keys, args, inline)
     end
   end
   if pols.all_fast then
-    local out = try_all_fast(pols, keys, now, cost)
-    if out then return out end
+    -- Several policies, each with a fast path: their states read with one MGET.
+    local cache, pending = {}, {}
+    local vs = redis.call('MGET', unpack(keys))
+    for k, key in ipairs(keys) do cache[key] = vs[k] end
+    local admitted, before = batch_fast(pols, keys, 0, cache, pending, now, cost)
+    if admitted then
+      write_pending(pending, cache)
+      local out = { now, admitted }
+      for k = 1, #pols do out[k + 2] = before[k] or '' end
+      return out
+    end
   end
   local out = { now }
   run_check(out, 't', pols, keys, 0, now, created, cost, pols.margin, args[i + 2] or '', 1)
@@ -278,10 +301,14 @@ local function fast_reads(keys, args, count, sets)
   local i, base = 3, 0
   for c = 1, count do
     local pols = sets[tonumber(args[i + 1])]
-    local key = keys[base + 1]
-    if args[i] == 't' and pols.try_fast and not seen[key] then
-      seen[key] = true
-      list[#list + 1] = key
+    if args[i] == 't' and (pols.try_fast or pols.all_fast) then
+      for k = 1, #pols do
+        local key = keys[base + k]
+        if not seen[key] then
+          seen[key] = true
+          list[#list + 1] = key
+        end
+      end
     end
     base = base + #pols
     i = i + 4
@@ -292,10 +319,6 @@ local function fast_reads(keys, args, count, sets)
     for k, key in ipairs(list) do cache[key] = values[k] end -- false: no state
   end
   return cache
-end
-
-local function write_pending(pending)
-  for key, w in pairs(pending) do redis.call('SET', key, w[1], 'PX', w[2]) end
 end
 
 local function run_batch(keys, args, read_only, inline)
@@ -329,31 +352,26 @@ local function run_batch(keys, args, read_only, inline)
       now, created = times(at)
     end
     local cost = tonumber(args[i + 3])
-    local admitted, new, full
-    local key = keys[base + 1]
-    local v
-    if op == 't' and pols.try_fast then
-      v = cache[key]
-      if v == nil then v = redis.call('GET', key) or false end
-      admitted, new, full = pols.try_fast(pols[1].p, v or nil, now, cost, pols[1].shadow)
+    local admitted, before
+    if op == 't' and (pols.try_fast or pols.all_fast) then
+      admitted, before = batch_fast(pols, keys, base, cache, pending, now, cost)
     end
     if admitted then
-      if new then
-        cache[key] = new
-        pending[key] = { new, fast_ttl(full, now, pols.margin) }
-      end
-      if not v then v = '' elseif type(v) == 'number' then v = int(v) end
       out[#out + 1] = admitted
-      out[#out + 1] = v
+      for k = 1, #pols do
+        local v = before[k]
+        if not v then v = '' elseif type(v) == 'number' then v = int(v) end
+        out[#out + 1] = v
+      end
     else
       -- The general path reads and writes Redis: bring it up to date first.
-      write_pending(pending)
+      write_pending(pending, cache)
       pending, cache = {}, {}
       run_check(out, op, pols, keys, base, now, created, cost, pols.margin, nonce, c)
     end
     base = base + #pols
     i = i + 4
   end
-  write_pending(pending)
+  write_pending(pending, cache)
   return out
 end
