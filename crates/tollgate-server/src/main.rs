@@ -17,6 +17,11 @@ mod simulate;
 
 use std::process::ExitCode;
 
+// A server allocates small buffers per request from several threads; glibc's malloc
+// measured ~14% of serve's CPU on Redis (perf), mimalloc less than half of that.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // Library events (Redis outages and recoveries, lost leases) to stderr; RUST_LOG
     // filters (default: warnings and errors).
