@@ -68,6 +68,11 @@ pub enum KeyedError {
 pub struct KeyedStats {
     /// Keys held now.
     pub keys: usize,
+    /// Keys stored since the limiter was made (a key that was dropped and comes back
+    /// counts again): with a steady set of keys this stops growing once each is in.
+    pub inserted: u64,
+    /// Sweeps of a shard for idle keys (before its table grows, or when it is full).
+    pub sweeps: u64,
     /// Fully replenished keys dropped by sweeps (they decided nothing).
     pub dropped_idle: u64,
     /// Live keys evicted to make room ([`OnFull::EvictLeastRecent`]).
@@ -112,8 +117,7 @@ impl Outcome {
     }
 }
 
-/// A sweep runs when a shard has doubled since the last one (and holds at least this
-/// many keys), or when it is full.
+/// A shard's table grows without a sweep below this many keys.
 const MIN_SWEEP: usize = 256;
 /// Entries sampled to find the least recently active eighth of a full shard.
 const EVICT_SAMPLE: usize = 64;
@@ -193,8 +197,9 @@ impl<K> ShardCell<K> {
 /// When a shard last swept.
 #[derive(Default)]
 struct Sweep {
-    /// Keys left by the last sweep: the next runs when the shard has doubled.
-    len: usize,
+    /// The time of the last sweep (us): the next one, before the table grows, drops the
+    /// keys that were already idle then (none asked for during a whole fill).
+    at: u64,
     /// While refusing new keys, no sweep before this time (us).
     not_before: u64,
 }
@@ -211,6 +216,8 @@ struct Inner<K, C> {
     hasher: foldhash::fast::RandomState,
     per_shard: usize,
     options: KeyedOptions,
+    inserted: AtomicU64,
+    sweeps: AtomicU64,
     dropped_idle: AtomicU64,
     evicted: AtomicU64,
     refused: AtomicU64,
@@ -228,9 +235,11 @@ struct Inner<K, C> {
 /// compare-and-swap; other policies and rule sets keep their states per key under the
 /// shard's lock.
 /// Memory is bounded by [`KeyedOptions::max_keys`]: fully replenished keys (which decide
-/// nothing) are dropped by a sweep of one shard at a time, when that shard has doubled
-/// or is full; if it is still full, the least recently active eighth of the shard is
-/// evicted, or new keys are refused ([`OnFull`]).
+/// nothing) are dropped by a sweep of one shard at a time, before its table grows
+/// (only keys already idle at the previous sweep: a key that replenishes between
+/// requests but comes back stays) or when it is full (every idle key); if it is still
+/// full, the least recently active eighth of the shard is evicted, or new keys are
+/// refused ([`OnFull`]).
 ///
 /// ```
 /// use tollgate::{KeyedLimiter, Policy};
@@ -307,6 +316,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
                     max_keys,
                     ..options
                 },
+                inserted: AtomicU64::new(0),
+                sweeps: AtomicU64::new(0),
                 dropped_idle: AtomicU64::new(0),
                 evicted: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
@@ -464,6 +475,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     pub fn stats(&self) -> KeyedStats {
         KeyedStats {
             keys: self.len(),
+            inserted: self.inner.inserted.load(Ordering::Relaxed),
+            sweeps: self.inner.sweeps.load(Ordering::Relaxed),
             dropped_idle: self.inner.dropped_idle.load(Ordering::Relaxed),
             evicted: self.inner.evicted.load(Ordering::Relaxed),
             refused: self.inner.refused.load(Ordering::Relaxed),
@@ -552,11 +565,12 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         if let Some(fast) = f.config.fast {
             // `known` said: a new key, admitted or reserving, to store.
             let (new, d) = fast.decide(0, now, cost, op)?;
-            if self.room_needed(f.words.len(), sweep) {
+            self.inner.inserted.fetch_add(1, Ordering::Relaxed);
+            if self.room_needed(&f.words) {
                 let load = |t: &AtomicU64| t.load(Ordering::Relaxed);
                 // SAFETY: the write lock is held; `f` is not used again.
                 let words = &mut unsafe { cell.fast_mut() }.fast.words;
-                self.make_room(words, sweep, now, |t| load(t) <= now, load)?;
+                self.make_room(words, sweep, now, |t, at| load(t) <= at, load)?;
             }
             // SAFETY: the write lock is held: no other writer.
             let shared = unsafe { cell.fast().words.insert_shared(hash, key.to_owned(), new) };
@@ -582,11 +596,12 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let mut fresh = rules.init(now);
         let d = run(&mut fresh)?;
         if !peek && !rules.idle(&fresh, now) {
+            self.inner.inserted.fetch_add(1, Ordering::Relaxed);
             self.make_room(
                 states,
                 sweep,
                 now,
-                |s| rules.idle(s, now),
+                |s, at| rules.idle(s, at),
                 |s| rules.last_active(s),
             )?;
             states.insert_unique(hash, (key.to_owned(), fresh), |(k, _)| hasher.hash_one(k));
@@ -594,38 +609,48 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         Ok(d)
     }
 
-    /// Whether [`Self::make_room`] has work with `len` keys in the shard's table: it
-    /// has doubled since the last sweep, or it is full.
-    fn room_needed(&self, len: usize, sweep: &Sweep) -> bool {
-        len >= self.inner.per_shard || (len >= MIN_SWEEP && len >= 2 * sweep.len)
+    /// Whether [`Self::make_room`] has work on `table`: the shard is full, or its
+    /// table would have to grow for one more key.
+    fn room_needed<S>(&self, table: &impl SweepTable<K, S>) -> bool {
+        let len = table.len();
+        len >= self.inner.per_shard || (len >= MIN_SWEEP && table.at_capacity())
     }
 
-    /// Makes room for one more key in `table` (the shard's table in use): sweeps idle
-    /// keys when the shard has doubled or is full; then, if still full, evicts the
-    /// least recently active eighth or refuses.
+    /// Makes room for one more key in `table` (the shard's table in use).
+    ///
+    /// Before the table grows, keys that were already idle at the last sweep go: none
+    /// was asked for during the whole time the table took to fill, while a key that
+    /// replenishes between requests but comes back stays (dropping it on every sweep
+    /// only to store it again is churn). If that frees less than a quarter, the table
+    /// grows, so sweeps stay amortized. When the shard is full, every idle key goes;
+    /// then, if it is still full, the least recently active eighth is evicted, or the
+    /// new key refused.
     fn make_room<S>(
         &self,
         table: &mut impl SweepTable<K, S>,
         sweep: &mut Sweep,
         now: u64,
-        idle: impl Fn(&S) -> bool,
+        idle: impl Fn(&S, u64) -> bool,
         last_active: impl Fn(&S) -> u64,
     ) -> Result<(), KeyedError> {
         let hasher = &self.inner.hasher;
-        let len = table.len();
-        if !self.room_needed(len, sweep) {
+        if !self.room_needed(table) {
             return Ok(());
         }
+        let len = table.len();
         let full = len >= self.inner.per_shard;
-        let grown = len >= MIN_SWEEP && len >= 2 * sweep.len;
         let refusing = self.inner.options.on_full == OnFull::RefuseNew;
-        if grown || (full && (!refusing || now >= sweep.not_before)) {
-            table.keep(|s| !idle(s), hasher);
-            let dropped = len - table.len();
-            self.inner
-                .dropped_idle
-                .fetch_add(dropped as u64, Ordering::Relaxed);
-            sweep.len = table.len();
+        if !full {
+            // Idle now too: a state updated after `since` is never judged there alone.
+            let since = sweep.at;
+            self.sweep(table, sweep, now, |s| idle(s, since) && idle(s, now));
+            if table.len() * 4 > len * 3 {
+                table.grow(hasher);
+            }
+            return Ok(());
+        }
+        if !refusing || now >= sweep.not_before {
+            self.sweep(table, sweep, now, |s| idle(s, now));
         }
         if table.len() < self.inner.per_shard {
             return Ok(());
@@ -653,8 +678,24 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         self.inner
             .evicted
             .fetch_add(evicted as u64, Ordering::Relaxed);
-        sweep.len = table.len();
         Ok(())
+    }
+
+    /// Drops the keys whose state `idle` says is idle, counting them.
+    fn sweep<S>(
+        &self,
+        table: &mut impl SweepTable<K, S>,
+        sweep: &mut Sweep,
+        now: u64,
+        idle: impl Fn(&S) -> bool,
+    ) {
+        let len = table.len();
+        table.keep(|s| !idle(s), &self.inner.hasher);
+        sweep.at = now;
+        self.inner.sweeps.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .dropped_idle
+            .fetch_add((len - table.len()) as u64, Ordering::Relaxed);
     }
 
     /// Waits for `cost` units for `key` (see [`crate::Limiter::acquire`]: FIFO per
@@ -690,6 +731,10 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
 /// What a sweep needs of a shard's table (the GCRA words or the states).
 trait SweepTable<K, S> {
     fn len(&self) -> usize;
+    /// Whether one more key would make the table grow.
+    fn at_capacity(&self) -> bool;
+    /// Grows the table by about half (no entry is lost).
+    fn grow(&mut self, hasher: &foldhash::fast::RandomState);
     /// Keeps the entries whose state `keep` says yes to.
     fn keep(&mut self, keep: impl FnMut(&S) -> bool, hasher: &foldhash::fast::RandomState);
     /// The states of the first `n` entries (slots follow the hash: a fair sample).
@@ -698,9 +743,17 @@ trait SweepTable<K, S> {
         S: 'a;
 }
 
-impl<K, S> SweepTable<K, S> for HashTable<(K, S)> {
+impl<K: Hash, S> SweepTable<K, S> for HashTable<(K, S)> {
     fn len(&self) -> usize {
         HashTable::len(self)
+    }
+
+    fn at_capacity(&self) -> bool {
+        HashTable::len(self) == self.capacity()
+    }
+
+    fn grow(&mut self, hasher: &foldhash::fast::RandomState) {
+        self.reserve(HashTable::len(self) / 2 + 1, |(k, _)| hasher.hash_one(k));
     }
 
     fn keep(&mut self, mut keep: impl FnMut(&S) -> bool, _: &foldhash::fast::RandomState) {
@@ -718,6 +771,14 @@ impl<K, S> SweepTable<K, S> for HashTable<(K, S)> {
 impl<K: Hash> SweepTable<K, AtomicU64> for Words<K> {
     fn len(&self) -> usize {
         Words::len(self)
+    }
+
+    fn at_capacity(&self) -> bool {
+        Words::at_capacity(self)
+    }
+
+    fn grow(&mut self, hasher: &foldhash::fast::RandomState) {
+        Words::grow(self, |k| hasher.hash_one(k));
     }
 
     fn keep(&mut self, keep: impl FnMut(&AtomicU64) -> bool, hasher: &foldhash::fast::RandomState) {

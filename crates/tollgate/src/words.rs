@@ -95,7 +95,7 @@ impl<K> WordTable<K> {
     }
 
     /// Whether one more key fits without growing (at most 80 % full).
-    fn has_room(&self) -> bool {
+    pub fn has_room(&self) -> bool {
         (self.len() + 1) * 5 <= self.slots.len() * 4
     }
 
@@ -147,10 +147,15 @@ impl<K> WordTable<K> {
     pub fn insert_unique(&mut self, hash: u64, key: K, word: u64, hasher: impl Fn(&K) -> u64) {
         debug_assert_ne!(word, EMPTY);
         if !self.has_room() {
-            let grown = (self.slots.len() + self.slots.len() / 2).max(16);
-            self.rebuild(grown, &hasher);
+            self.grow(hasher);
         }
         self.put(hash, key, word);
+    }
+
+    /// Grows the table by half (at least 16 slots); `hasher` hashes the keys that move.
+    pub fn grow(&mut self, hasher: impl Fn(&K) -> u64) {
+        let grown = (self.slots.len() + self.slots.len() / 2).max(16);
+        self.rebuild(grown, &hasher);
     }
 
     /// Inserts a key known to be absent while readers may probe, or gives it back
@@ -331,6 +336,22 @@ impl<K> Words<K> {
         match self {
             Words::Flat(t) => t.len(),
             Words::Tagged(t) => t.len(),
+        }
+    }
+
+    /// Whether one more key would make the table grow.
+    pub fn at_capacity(&self) -> bool {
+        match self {
+            Words::Flat(t) => !t.has_room(),
+            Words::Tagged(t) => t.len() == t.capacity(),
+        }
+    }
+
+    /// Grows the table by about half; `hasher` hashes the keys that move.
+    pub fn grow(&mut self, hasher: impl Fn(&K) -> u64) {
+        match self {
+            Words::Flat(t) => t.grow(hasher),
+            Words::Tagged(t) => t.reserve(t.len() / 2 + 1, |(k, _)| hasher(k)),
         }
     }
 

@@ -155,8 +155,8 @@ fn idle_keys_are_swept_as_the_map_grows() {
         limiter.check(&k).unwrap();
     }
     assert_eq!(limiter.len(), 40_000);
-    // All are idle 100 ms later; new keys trigger sweeps shard by shard as each one
-    // doubles (no pass over the whole map, no cleanup thread).
+    // All are idle 100 ms later; new keys trigger sweeps shard by shard where each
+    // one's table would grow (no pass over the whole map, no cleanup thread).
     clock.advance(Duration::from_millis(100));
     for k in 40_000..100_000u64 {
         limiter.check(&k).unwrap();
@@ -164,6 +164,50 @@ fn idle_keys_are_swept_as_the_map_grows() {
     let stats = limiter.stats();
     assert!(stats.dropped_idle >= 40_000, "{stats:?}");
     assert!(stats.keys <= 60_000, "{stats:?}");
+}
+
+/// 10k keys drawn at random, one check per microsecond: each key comes back about
+/// every 10 ms, long after its 1 ms interval has replenished it (the normal state of a
+/// per-user limit whose users stay under it). Once every key is in, none is dropped
+/// and stored again, and no shard sweeps: `inserted` and `sweeps` stop moving.
+fn replenishing_keys_are_not_stored_again<K: std::hash::Hash + Eq + Clone>(
+    spec: &str,
+    key: impl Fn(u64) -> K,
+) {
+    // 8 shards of up to 5000 keys: ~1250 keys each, enough to sweep.
+    let options = KeyedOptions {
+        max_keys: 40_000,
+        ..Default::default()
+    };
+    let (limiter, clock) = keyed::<K>(spec, options);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut run = |checks: usize| {
+        for _ in 0..checks {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            clock.advance(Duration::from_micros(1));
+            assert!(limiter.check(&key(x % 10_000)).unwrap().allowed);
+        }
+        limiter.stats()
+    };
+    let warm = run(300_000);
+    assert_eq!(warm.keys, 10_000, "{warm:?}");
+    let after = run(500_000);
+    assert_eq!(after.keys, 10_000, "{after:?}");
+    assert_eq!(
+        after.inserted, warm.inserted,
+        "keys stored again: {warm:?} -> {after:?}"
+    );
+    assert_eq!(after.sweeps, warm.sweeps, "{warm:?} -> {after:?}");
+}
+
+#[test]
+fn keys_that_replenish_between_requests_stay_in_the_table() {
+    // The GCRA words (flat for u64, hashbrown for String) and the general states.
+    replenishing_keys_are_not_stored_again("gcra:rate=1000/s,burst=50", |k| k);
+    replenishing_keys_are_not_stored_again("gcra:rate=1000/s,burst=50", |k| format!("user-{k}"));
+    replenishing_keys_are_not_stored_again("token-bucket:rate=1000/s,capacity=50", |k| k);
 }
 
 #[test]
