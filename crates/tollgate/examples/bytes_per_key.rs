@@ -32,8 +32,10 @@ fn main() {
             let policy: Policy = "gcra:rate=1000/s,burst=50".parse().unwrap();
             let limiter: KeyedLimiter<u64, _> = KeyedLimiter::with_options(
                 policy,
+                // The default bound (1M keys, 64 shards), raised to twice the keys
+                // where that is more (each shard's share must hold its keys).
                 KeyedOptions {
-                    max_keys: n as usize * 2,
+                    max_keys: (n as usize * 2).max(KeyedOptions::default().max_keys),
                     ..Default::default()
                 },
                 // A frozen clock keeps every key live (none is swept as idle).

@@ -197,9 +197,9 @@ impl<K> ShardCell<K> {
 /// When a shard last swept.
 #[derive(Default)]
 struct Sweep {
-    /// The time of the last sweep (us): the next one, before the table grows, drops the
-    /// keys that were already idle then (none asked for during a whole fill).
-    at: u64,
+    /// When the shard's table last grew (us; 0 for a new shard): a sweep before it
+    /// grows again drops the keys that were already idle then and not asked for since.
+    grown_at: u64,
     /// While refusing new keys, no sweep before this time (us).
     not_before: u64,
 }
@@ -353,6 +353,47 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     {
         self.decide(key, cost, Op::Try, Mode::Apply)
             .map(Outcome::decision)
+    }
+
+    /// Tries one unit for `key` now and says only whether it is admitted: the same
+    /// decision as [`KeyedLimiter::check`]`(key)?.allowed`, with the same effect on the
+    /// key's state.
+    ///
+    /// For a single GCRA policy, a key already held is decided from its word alone, with
+    /// none of the arithmetic of `remaining`, `reset_after` and `retry_after`: the check
+    /// is then little more than the memory access that finds the key, and a loop of
+    /// checks over many keys lets one key's cache miss overlap the next one's (governor's
+    /// `check_key(..).is_ok()` is the like of it). Use [`KeyedLimiter::check`] when the
+    /// caller reports headers or waits.
+    ///
+    /// ```
+    /// use tollgate::{KeyedLimiter, Policy};
+    /// let limiter: KeyedLimiter<u64> = KeyedLimiter::new("gcra:rate=1/s,burst=2".parse::<Policy>()?);
+    /// assert!(limiter.allow(&7)?);
+    /// assert!(limiter.allow(&7)?);
+    /// assert!(!limiter.allow(&7)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn allow<Q>(&self, key: &Q) -> Result<bool, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.inner.clock.now_us();
+        let hash = self.inner.hasher.hash_one(key);
+        let known = |f: &FastShard<K>| {
+            let fast = f.config.fast?;
+            let tat = f.words.find(hash, |k| k.borrow() == key)?;
+            Some(admit_word(&fast, tat, now))
+        };
+        if let Some(admitted) = self.quick(hash, known) {
+            return Ok(admitted);
+        }
+        Ok(self
+            .decide(key, 1, Op::Try, Mode::Apply)?
+            .decision()
+            .allowed)
     }
 
     /// Like [`KeyedLimiter::check_n`] with `op`, reporting every policy of the rule set.
@@ -618,11 +659,12 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
 
     /// Makes room for one more key in `table` (the shard's table in use).
     ///
-    /// Before the table grows, keys that were already idle at the last sweep go: none
+    /// Before the table grows, keys that were already idle when it last grew go: none
     /// was asked for during the whole time the table took to fill, while a key that
     /// replenishes between requests but comes back stays (dropping it on every sweep
     /// only to store it again is churn). If that frees less than a quarter, the table
-    /// grows, so sweeps stay amortized. When the shard is full, every idle key goes;
+    /// grows, so sweeps stay amortized; if not, the next sweep looks back further (to
+    /// the same growth), so a table smaller than the keys in use soon grows. When the shard is full, every idle key goes;
     /// then, if it is still full, the least recently active eighth is evicted, or the
     /// new key refused.
     fn make_room<S>(
@@ -642,15 +684,16 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let refusing = self.inner.options.on_full == OnFull::RefuseNew;
         if !full {
             // Idle now too: a state updated after `since` is never judged there alone.
-            let since = sweep.at;
-            self.sweep(table, sweep, now, |s| idle(s, since) && idle(s, now));
+            let since = sweep.grown_at;
+            self.sweep(table, |s| idle(s, since) && idle(s, now));
             if table.len() * 4 > len * 3 {
                 table.grow(hasher);
+                sweep.grown_at = now;
             }
             return Ok(());
         }
         if !refusing || now >= sweep.not_before {
-            self.sweep(table, sweep, now, |s| idle(s, now));
+            self.sweep(table, |s| idle(s, now));
         }
         if table.len() < self.inner.per_shard {
             return Ok(());
@@ -682,16 +725,9 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// Drops the keys whose state `idle` says is idle, counting them.
-    fn sweep<S>(
-        &self,
-        table: &mut impl SweepTable<K, S>,
-        sweep: &mut Sweep,
-        now: u64,
-        idle: impl Fn(&S) -> bool,
-    ) {
+    fn sweep<S>(&self, table: &mut impl SweepTable<K, S>, idle: impl Fn(&S) -> bool) {
         let len = table.len();
         table.keep(|s| !idle(s), &self.inner.hasher);
-        sweep.at = now;
         self.inner.sweeps.fetch_add(1, Ordering::Relaxed);
         self.inner
             .dropped_idle
@@ -829,6 +865,21 @@ where
         // Nothing to store for a peek, or for a reject of a fresh key.
         Ok((new, d)) if peek || new == 0 => Some(Ok(Outcome::One(d))),
         Ok(_) => None,
+    }
+}
+
+/// A try of one unit on a key's TAT word, the admit bit only (shadow mode admits).
+#[inline(always)]
+fn admit_word(fast: &FastGcra, tat: &AtomicU64, now: u64) -> bool {
+    let mut current = tat.load(Ordering::Acquire);
+    loop {
+        let Some(new) = fast.params.admit_one(current, now) else {
+            return fast.shadow;
+        };
+        match tat.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return true,
+            Err(actual) => current = actual,
+        }
     }
 }
 

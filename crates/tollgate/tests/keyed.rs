@@ -22,6 +22,23 @@ fn keyed<K: std::hash::Hash + Eq>(
 }
 
 proptest! {
+    /// `allow` decides as `check(..).allowed` and leaves the same states: two limiters
+    /// on one clock, one asked with each, agree on every request.
+    #[test]
+    fn allow_is_the_admit_bit_of_check(
+        spec in prop::sample::select(&["gcra:rate=1000/s,burst=3", "gcra:rate=3/s,burst=2", "gcra:rate=10/s,burst=1,shadow=true", "fixed-window:limit=2,window=1s"][..]),
+        trace in prop::collection::vec((prop_oneof![Just(0u64), 0..3_000u64, 0..400_000u64], 0..4u64), 1..200),
+    ) {
+        let (by_allow, clock) = keyed::<u64>(spec, KeyedOptions::default());
+        let rules: RuleSet = spec.parse::<Policy>().unwrap().into();
+        let by_check = KeyedLimiter::with_options(rules, KeyedOptions::default(), clock.clone());
+        for (gap, key) in trace {
+            clock.advance(Duration::from_micros(gap));
+            let expected = by_check.check(&key).unwrap().allowed;
+            prop_assert_eq!(by_allow.allow(&key).unwrap(), expected, "key {} at {}", key, clock.now_us());
+        }
+    }
+
     /// Each key decides exactly as the pure core does for that key alone.
     #[test]
     fn keyed_matches_the_core_per_key(

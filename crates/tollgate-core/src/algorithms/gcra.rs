@@ -192,6 +192,17 @@ pub struct GcraParams {
 }
 
 impl GcraParams {
+    /// A try of one unit on a bare TAT word, the admit bit only: the new word if
+    /// admitted, `None` on a reject. The same decision as [`GcraParams::decide`] in
+    /// [`Mode::Try`] with cost 1 (which always fits: the burst is at least 1), without
+    /// the division that `remaining` costs.
+    #[inline(always)]
+    pub fn admit_one(&self, tat: u64, now: u64) -> Option<u64> {
+        let now = now.min(crate::MAX_TIME_US);
+        let new = tat.max(now) + self.interval;
+        (new.saturating_sub(self.tau) <= now).then_some(new)
+    }
+
     /// One decision on a bare TAT word (see [`Gcra::decide`]).
     #[inline(always)]
     pub fn decide(
