@@ -34,9 +34,14 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, Zipf};
 use tollgate::{KeyedLimiter, KeyedOptions, MonotonicClock, Policy};
 
-/// Checks timed per side and round (and the length of the key sequence).
-const CHECKS: usize = 1 << 22;
+/// Checks timed per side and round (and the length of the key sequence): 4M, or a few
+/// under `cargo test`, which runs this once as a smoke test (without `--bench`).
+static CHECKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1 << 22);
 const ROUNDS: usize = 3;
+
+fn checks() -> usize {
+    CHECKS.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Popularity {
@@ -141,7 +146,7 @@ fn sequence(n: u32, popularity: Popularity) -> Vec<u32> {
     match popularity {
         Popularity::Uniform => {
             let mut x = 0x9E37_79B9_7F4A_7C15u64;
-            (0..CHECKS)
+            (0..checks())
                 .map(|_| {
                     x ^= x << 13;
                     x ^= x >> 7;
@@ -152,7 +157,7 @@ fn sequence(n: u32, popularity: Popularity) -> Vec<u32> {
         }
         Popularity::Zipf => {
             let zipf = Zipf::new(f64::from(n), 1.0).expect("valid Zipf parameters");
-            (0..CHECKS)
+            (0..checks())
                 .map(|_| (zipf.sample(&mut rng) as u32).clamp(1, n) - 1)
                 .collect()
         }
@@ -172,15 +177,16 @@ fn rss_bytes() -> u64 {
 
 /// ns per check of `check` over `seq` (each of `threads` threads from its own offset).
 fn time(seq: &[u32], threads: usize, check: &(impl Fn(u32) -> bool + Sync)) -> f64 {
-    let per_thread = CHECKS / threads;
+    let n = checks();
+    let per_thread = n / threads;
     let start = Instant::now();
     std::thread::scope(|s| {
         for t in 0..threads {
             s.spawn(move || {
-                let offset = t * (CHECKS / 2 + 12_345);
+                let offset = t * (n / 2 + 12_345);
                 let mut admitted = 0u32;
                 for i in 0..per_thread {
-                    admitted += u32::from(check(seq[(offset + i) % CHECKS]));
+                    admitted += u32::from(check(seq[(offset + i) % n]));
                 }
                 black_box(admitted);
             });
@@ -398,10 +404,17 @@ fn main() {
         return store_keys(&spec);
     }
     // `cargo bench` passes `--bench`; anything else is a filter on the row labels.
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
+    // Without it (`cargo test`), one small row with few checks shows the harness runs.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut filter: Vec<String> = args
+        .iter()
         .filter(|a| !a.starts_with("--"))
+        .cloned()
         .collect();
+    if !args.iter().any(|a| a == "--bench") {
+        CHECKS.store(1 << 12, std::sync::atomic::Ordering::Relaxed);
+        filter = vec!["10k u64 uniform live 1t".into()];
+    }
     println!(
         "| row | tollgate allow ns | tollgate check ns | governor ns | allow / governor | \
          bytes/key tollgate | bytes/key governor | load floor ns | allow / floor |"
