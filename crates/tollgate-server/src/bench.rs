@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use tollgate::{Clock, MonotonicClock};
@@ -279,5 +280,180 @@ pub async fn ceiling(listen: SocketAddr) -> anyhow::Result<()> {
     );
     let app = axum::Router::new().fallback(|| async { "{\"overall_code\":\"OK\"}" });
     axum::serve(listener, app).await?;
+    Ok(())
+}
+
+#[derive(Debug, Subcommand)]
+/// `tollgate bench` subcommands.
+pub enum BenchCommand {
+    /// Load a service's HTTP API (`POST /v1/check`, keep-alive).
+    Http(LoadArgs),
+    /// Load a service's Envoy RLS gRPC API (`ShouldRateLimit`).
+    Grpc(LoadArgs),
+    /// Drive the Redis store's decision script: K keys, N concurrent callers over a
+    /// few pipelined connections. Ends with `checks/s: .. p50_us: .. p99_us: .. errors: ..`.
+    Redis(RedisBenchArgs),
+    /// Print the redis-benchmark arguments that run the same decision call as
+    /// `bench redis` with batching off (`FCALL`; `EVALSHA` with --eval), for
+    /// `redis-benchmark ... $(tollgate bench redis-call ...)`. Load the code first (one
+    /// `bench redis` run does).
+    RedisCall {
+        /// The policy spec.
+        #[arg(long)]
+        policy: String,
+        /// Print the `EVALSHA` form instead of `FCALL`.
+        #[arg(long)]
+        eval: bool,
+    },
+    /// Serve 200 to every request: the HTTP stack's ceiling, to compare against.
+    Ceiling {
+        /// The listen address.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        listen: std::net::SocketAddr,
+    },
+}
+
+#[derive(Debug, Parser)]
+/// `tollgate bench redis` arguments.
+pub struct RedisBenchArgs {
+    /// `redis://host:port` or `redis+cluster://host:port,host:port`.
+    #[arg(long, default_value = "redis://127.0.0.1:6379/")]
+    pub redis_url: String,
+    /// The policy spec checked (repeat for a rule set).
+    #[arg(long, required = true)]
+    pub policy: Vec<String>,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Connections the callers share.
+    #[arg(long, default_value_t = 2)]
+    pub connections: usize,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 10000)]
+    pub keys: u64,
+    /// How long to run (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = crate::config::duration_arg)]
+    pub duration: std::time::Duration,
+    /// The most checks per Redis call (automatic batching); 1 turns batching off.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// How the decision code is called: auto (Functions where Redis has them),
+    /// functions, eval.
+    #[arg(long, default_value = "auto", value_parser = parse_calls)]
+    pub calls: tollgate::redis::RedisCalls,
+    /// Decide through leased slices of each key's budget, spendable for this long
+    /// (e.g. 50ms); the slice grows up to a quarter of the smallest limit.
+    #[arg(long, value_parser = crate::config::duration_arg)]
+    pub lease: Option<std::time::Duration>,
+}
+
+fn parse_calls(s: &str) -> Result<tollgate::redis::RedisCalls, String> {
+    use tollgate::redis::RedisCalls;
+    match s {
+        "auto" => Ok(RedisCalls::Auto),
+        "functions" => Ok(RedisCalls::Functions),
+        "eval" => Ok(RedisCalls::Eval),
+        _ => Err(format!("{s:?}: expected auto, functions or eval")),
+    }
+}
+
+#[derive(Debug, Parser)]
+/// `tollgate bench http|grpc` arguments.
+pub struct LoadArgs {
+    /// The service's address (host:port of its HTTP or gRPC listener).
+    #[arg(long)]
+    pub target: String,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Distinct descriptor values (keys).
+    #[arg(long, default_value_t = 1000)]
+    pub keys: u64,
+    /// How long to run (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = crate::config::duration_arg)]
+    pub duration: std::time::Duration,
+    /// Total requests per second to aim for (default: as fast as possible).
+    #[arg(long)]
+    pub rate: Option<u64>,
+    /// The domain to ask about.
+    #[arg(long, default_value = "example")]
+    pub domain: String,
+    /// The descriptor key; its values are k0..k{keys-1}.
+    #[arg(long, default_value = "api_key")]
+    pub key: String,
+}
+
+/// Runs a `tollgate bench` subcommand; prints its totals line.
+pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let (protocol, args) = match cmd {
+        BenchCommand::Ceiling { listen } => return runtime.block_on(ceiling(listen)),
+        BenchCommand::RedisCall { policy, eval } => {
+            let rules = tollgate::RuleSet::parse(&[policy]).map_err(anyhow::Error::msg)?;
+            return runtime.block_on(async {
+                let store = tollgate::redis::RedisStore::connect("redis://127.0.0.1:1/").await?;
+                let limiter = tollgate::redis::RedisLimiter::new(store, "bench", rules)?;
+                let mut out = Vec::new();
+                let call = limiter.script_call("k__rand_int__", 1, eval);
+                // Shell words (the bench script evaluates them).
+                out.extend(call.into_iter().map(|a| {
+                    if a.is_empty() || a.contains(' ') {
+                        format!("'{a}'")
+                    } else {
+                        a
+                    }
+                }));
+                println!("{}", out.join(" "));
+                Ok(())
+            });
+        }
+        BenchCommand::Redis(a) => {
+            if a.concurrency == 0 {
+                anyhow::bail!("--concurrency must be at least 1");
+            }
+            let rules = tollgate::RuleSet::parse(&a.policy).map_err(anyhow::Error::msg)?;
+            let spec = LoadSpec {
+                target: a.redis_url,
+                concurrency: a.concurrency,
+                keys: a.keys,
+                duration: a.duration,
+                rate: None,
+                domain: String::new(),
+                key: String::new(),
+                redis: Some(RedisLoad {
+                    rules,
+                    connections: a.connections,
+                    batch: a.batch,
+                    calls: a.calls,
+                    lease: a.lease.map(|duration| tollgate::redis::LeaseOptions {
+                        duration,
+                        ..Default::default()
+                    }),
+                }),
+            };
+            let totals = runtime.block_on(run(Protocol::Redis, spec))?;
+            println!("{totals}");
+            return Ok(());
+        }
+        BenchCommand::Http(a) => (Protocol::Http, a),
+        BenchCommand::Grpc(a) => (Protocol::Grpc, a),
+    };
+    if args.concurrency == 0 {
+        anyhow::bail!("--concurrency must be at least 1");
+    }
+    let spec = LoadSpec {
+        target: args.target,
+        concurrency: args.concurrency,
+        keys: args.keys,
+        duration: args.duration,
+        rate: args.rate,
+        domain: args.domain,
+        key: args.key,
+        redis: None,
+    };
+    let totals = runtime.block_on(run(protocol, spec))?;
+    println!("{totals}");
     Ok(())
 }

@@ -1,19 +1,5 @@
-//! The `tollgate` binary. Parsing and dispatch only; each command lives in its own
-//! module.
-
-mod bench;
-mod chart;
-mod cli;
-mod grpc;
-mod http;
-mod metrics;
-mod proxy;
-mod reload;
-mod replay;
-mod rules;
-mod serve;
-mod service;
-mod simulate;
+//! The `tollgate` binary: logging, the allocator, then the command line
+//! (`tollgate_server::cli`); each command lives in its own module of the library.
 
 use std::process::ExitCode;
 
@@ -32,8 +18,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    let cli = <cli::Cli as clap::Parser>::parse();
-    match cli::run(cli) {
+    let cli = <tollgate_server::cli::Cli as clap::Parser>::parse();
+    match tollgate_server::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tollgate: {e:#}");

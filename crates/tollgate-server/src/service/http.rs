@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tollgate::Op;
 
-use crate::rules::Limit;
+use crate::service::rules::Limit;
 use crate::service::{CheckResult, Code, DecisionService, DescriptorRequest};
 
 /// The largest request body accepted.

@@ -1,7 +1,10 @@
 //! `tollgate proxy`: a limiting reverse proxy (nginx `limit_req` / `limit_conn`
 //! semantics) configured by the `proxy:` section of the main config.
 
-use std::net::{IpAddr, SocketAddr};
+mod keys;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,10 +14,10 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use clap::Parser;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use ipnet::IpNet;
-use serde::Deserialize;
 use tollgate::redis::{
     PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit, RedisStore,
 };
@@ -23,120 +26,11 @@ use tollgate::{
     KeyedOptions, Policy, RateLimiter, RuleSet,
 };
 
+use crate::config::proxy::{HeaderStyle, MatchConfig, ProxyConfig, RouteConfig};
+use keys::KeyPart;
+
 /// Counters in Redis: the connection and the `store:` settings (failure policy, ...).
-type RedisBackend = (RedisStore, crate::serve::Store);
-
-/// The `proxy:` section.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProxyConfig {
-    /// Listen address (default 127.0.0.1:8000).
-    #[serde(default)]
-    pub listen: Option<SocketAddr>,
-    /// Peers whose `X-Forwarded-For` is believed.
-    #[serde(default)]
-    pub trusted_proxies: Vec<IpNet>,
-    /// How long connecting to an upstream may take (default 5s; applied at start);
-    /// past it the request gets a 504, as nginx's `proxy_connect_timeout`.
-    #[serde(default, deserialize_with = "crate::serve::duration_opt")]
-    pub connect_timeout: Option<u64>,
-    /// How long an upstream may take to send its response headers (default 30s);
-    /// past it the request gets a 504.
-    #[serde(default, deserialize_with = "crate::serve::duration_opt")]
-    pub upstream_timeout: Option<u64>,
-    /// Routes, first match wins.
-    pub routes: Vec<RouteConfig>,
-}
-
-/// One route.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RouteConfig {
-    /// Its name (metrics, logs).
-    pub name: String,
-    /// What it matches.
-    #[serde(rename = "match", default)]
-    pub matcher: MatchConfig,
-    /// Where matching requests go (`http://host:port`).
-    pub upstream: String,
-    /// The limiting key: `client_ip`, `header:NAME`, `cookie:NAME`, `path`, or several
-    /// joined with `+`.
-    #[serde(default = "default_key")]
-    pub key: String,
-    /// Policy specs for the key (several = all-or-nothing).
-    #[serde(default)]
-    pub policies: Vec<String>,
-    /// Concurrent requests per key (nginx `limit_conn`).
-    #[serde(default)]
-    pub limit_conn: Option<u32>,
-    /// Key values with their own policies.
-    #[serde(default)]
-    pub tiers: Vec<TierConfig>,
-    /// Status on reject (default 429).
-    #[serde(default = "default_status")]
-    pub status: u16,
-    /// Which rate-limit headers to send: ietf, legacy, both or none.
-    #[serde(default)]
-    pub headers: HeaderStyle,
-    /// Decide, log and count, never reject.
-    #[serde(default)]
-    pub dry_run: bool,
-}
-
-fn default_key() -> String {
-    "client_ip".into()
-}
-
-fn default_status() -> u16 {
-    429
-}
-
-/// `match:`.
-#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MatchConfig {
-    /// Path prefix.
-    pub path_prefix: Option<String>,
-    /// Exact path.
-    pub path: Option<String>,
-    /// Host header.
-    pub host: Option<String>,
-}
-
-/// A tier: key values with their own policies.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TierConfig {
-    /// Its name.
-    pub name: String,
-    /// The key values in it.
-    pub values: Vec<String>,
-    /// Its policies.
-    pub policies: Vec<String>,
-}
-
-/// Rate-limit header styles.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HeaderStyle {
-    /// `RateLimit-Policy` and `RateLimit` (IETF draft).
-    Ietf,
-    /// `X-RateLimit-Limit/Remaining/Reset`.
-    Legacy,
-    /// Both.
-    #[default]
-    Both,
-    /// None.
-    None,
-}
-
-#[derive(Debug, Clone)]
-enum KeyPart {
-    ClientIp,
-    Header(HeaderName),
-    Cookie(String),
-    Path,
-}
+type RedisBackend = (RedisStore, crate::config::store::Store);
 
 struct Limits {
     /// "default", or the tier's name (shown as the RateLimit policy name).
@@ -255,26 +149,6 @@ fn conns(
     )?))
 }
 
-fn key_parts(spec: &str, at: &str) -> anyhow::Result<Vec<KeyPart>> {
-    spec.split('+')
-        .map(|part| {
-            let part = part.trim();
-            Ok(match part.split_once(':') {
-                None if part == "client_ip" => KeyPart::ClientIp,
-                None if part == "path" => KeyPart::Path,
-                Some(("header", name)) => KeyPart::Header(
-                    HeaderName::from_bytes(name.trim().as_bytes())
-                        .map_err(|_| anyhow::anyhow!("{at}.key: '{name}' is not a header name"))?,
-                ),
-                Some(("cookie", name)) if !name.trim().is_empty() => KeyPart::Cookie(name.trim().to_string()),
-                _ => anyhow::bail!(
-                    "{at}.key: unknown part '{part}' (expected client_ip, header:NAME, cookie:NAME or path, joined with +)"
-                ),
-            })
-        })
-        .collect()
-}
-
 impl Shared {
     /// Builds the routes; routes whose config equals one of `old`'s are taken over
     /// with their counters (a reload).
@@ -329,7 +203,7 @@ impl Shared {
                     .collect::<anyhow::Result<_>>()?;
                 Ok(Arc::new(Route {
                     config: route_config,
-                    key: key_parts(&r.key, &at)?,
+                    key: keys::parse(&r.key, &at)?,
                     default: limits((&r.name, "default"), &r.policies, &at, options, redis)?,
                     tiers,
                     conns: r
@@ -370,63 +244,8 @@ impl Shared {
                 && r.matcher.host.as_deref().is_none_or(|h| Some(h) == host)
         })
     }
-
-    /// The client's address: the peer, or the rightmost untrusted `X-Forwarded-For`
-    /// hop when the peer is a trusted proxy (nginx's `real_ip_recursive`).
-    fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        if !self.trusted.iter().any(|n| n.contains(&peer)) {
-            return peer;
-        }
-        let hops: Vec<IpAddr> = headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|h| h.trim().parse().ok())
-            .collect();
-        hops.into_iter()
-            .rev()
-            .find(|ip| !self.trusted.iter().any(|n| n.contains(ip)))
-            .unwrap_or(peer)
-    }
 }
 
-fn key_of(route: &Route, shared: &Shared, peer: IpAddr, req: &Request) -> String {
-    let mut parts = Vec::with_capacity(route.key.len());
-    for part in &route.key {
-        let v = match part {
-            KeyPart::ClientIp => shared.client_ip(peer, req.headers()).to_string(),
-            KeyPart::Path => req.uri().path().to_string(),
-            KeyPart::Header(h) => req
-                .headers()
-                .get(h)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string(),
-            KeyPart::Cookie(name) => req
-                .headers()
-                .get_all("cookie")
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(';'))
-                .filter_map(|c| c.trim().split_once('='))
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.to_string())
-                .unwrap_or_default(),
-        };
-        if v.is_empty() {
-            // As nginx: a request whose key is empty is not limited.
-            return String::new();
-        }
-        parts.push(v);
-    }
-    if parts.len() == 1 {
-        return parts.pop().unwrap_or_default();
-    }
-    parts.join("+")
-}
-
-/// Hop-by-hop headers (RFC 9110 section 7.6.1), never forwarded.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
@@ -462,7 +281,13 @@ async fn handle(
     let Some(route) = shared.route(&req) else {
         return problem(StatusCode::NOT_FOUND, "no route matches this request", None);
     };
-    let key = key_of(route, &shared, peer.ip(), &req);
+    let key = keys::key(
+        &route.key,
+        &shared.trusted,
+        peer.ip(),
+        req.uri().path(),
+        req.headers(),
+    );
     let mut headers_out = HeaderMap::new();
     let mut _permit: Option<ConnPermit> = None;
     if !key.is_empty() {
@@ -528,7 +353,7 @@ async fn handle(
     };
     *req.uri_mut() = uri;
     strip_hop_by_hop(req.headers_mut());
-    let client_ip = shared.client_ip(peer.ip(), req.headers()).to_string();
+    let client_ip = keys::client_ip(&shared.trusted, peer.ip(), req.headers()).to_string();
     let xff = match req
         .headers()
         .get("x-forwarded-for")
@@ -684,8 +509,8 @@ fn problem_response(
 /// Loads the `proxy:` section of a main config.
 pub fn load(
     path: &std::path::Path,
-) -> anyhow::Result<(ProxyConfig, KeyedOptions, crate::serve::Store)> {
-    let mut main = crate::serve::MainConfig::load(path)?;
+) -> anyhow::Result<(ProxyConfig, KeyedOptions, crate::config::store::Store)> {
+    let mut main = crate::config::MainConfig::load(path)?;
     let options = main.key_options();
     let proxy = main.proxy.take().ok_or_else(|| {
         anyhow::anyhow!(
@@ -713,8 +538,8 @@ pub fn run(
     // The Redis connection lives on a runtime of its own, alive as long as the proxy
     // (a Cluster connection's driver task runs there).
     let (redis_runtime, redis): (_, Option<RedisBackend>) = match store.kind {
-        crate::serve::StoreKind::Memory => (None, None),
-        crate::serve::StoreKind::Redis => {
+        crate::config::store::StoreKind::Memory => (None, None),
+        crate::config::store::StoreKind::Redis => {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
                 .thread_name("tollgate-redis")
@@ -771,7 +596,7 @@ pub fn run(
                         listener,
                         app.into_make_service_with_connect_info::<SocketAddr>(),
                     )
-                    .with_graceful_shutdown(crate::serve::shutdown_signal())
+                    .with_graceful_shutdown(crate::lifecycle::shutdown_signal())
                     .await?;
                     Ok(())
                 })
@@ -823,7 +648,7 @@ fn watch(path: &std::path::Path, shared: &ArcSwap<Shared>, redis: Option<&RedisB
             ),
         }
     };
-    runtime.block_on(crate::reload::watch(
+    runtime.block_on(crate::lifecycle::watch(
         vec![path.to_path_buf()],
         reload,
         std::future::pending::<()>(),
@@ -842,4 +667,31 @@ fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
         .bind(addr)
         .with_context(|| format!("cannot listen on {addr}"))?;
     Ok(socket.listen(1024)?)
+}
+
+#[derive(Debug, Parser)]
+/// `tollgate proxy` arguments.
+pub struct ProxyArgs {
+    /// The main configuration file with a `proxy:` section.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The listen address [default: the config's, else 127.0.0.1:8000].
+    #[arg(long)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Where counters live: memory, redis://host:port/db or
+    /// redis+cluster://host:port,host:port (proxies on one Redis share their limits).
+    /// Overrides the config file's store.
+    #[arg(long)]
+    pub store: Option<String>,
+}
+
+/// `tollgate proxy`: needs a config file with a `proxy:` section.
+pub fn command(args: ProxyArgs) -> anyhow::Result<()> {
+    let Some(path) = args.config else {
+        anyhow::bail!(
+            "tollgate proxy needs --config FILE with a proxy: section, e.g.\n\
+             proxy:\n  listen: 127.0.0.1:8000\n  routes:\n    - name: api\n      match: {{ path_prefix: /api/ }}\n      upstream: http://127.0.0.1:9000\n      key: client_ip\n      policies: [\"limit-req:rate=10/s,burst=5,nodelay\"]"
+        );
+    };
+    run(&path, args.listen, args.store.as_deref())
 }

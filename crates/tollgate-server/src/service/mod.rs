@@ -1,5 +1,13 @@
-//! The decision service: descriptors in, a decision per descriptor out (Envoy's
-//! ratelimit semantics), over the loaded rules. Transport-free: HTTP and gRPC wrap it.
+//! The decision service (`tollgate serve`): descriptors in, a decision per descriptor
+//! out (Envoy's ratelimit semantics), over the loaded rules. [`DecisionService`] is
+//! transport-free; [`http`] and [`grpc`] wrap it, [`rules`] loads the descriptor rules,
+//! [`metrics`] counts, and [`serve`] runs the whole with its listeners.
+
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+pub mod rules;
+pub mod serve;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -8,8 +16,8 @@ use arc_swap::ArcSwap;
 use tollgate::redis::{RedisStore, StoreError};
 use tollgate::{AnyLimiter, CheckError, Decision, LimitError, Op, RateLimiter};
 
-use crate::metrics::{Metrics, Outcome};
-use crate::rules::{counter_key, override_limit, Limit, Rules, Unit};
+use crate::service::metrics::{Metrics, Outcome};
+use crate::service::rules::{counter_key, override_limit, Limit, Rules, Unit};
 
 /// One descriptor of a request: its entries, in order, and its own hits (cost).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +124,7 @@ pub struct DecisionService {
 /// and kept in the limit itself ([`Limit::redis`]).
 struct RedisCounters {
     store: RedisStore,
-    config: crate::serve::Store,
+    config: crate::config::store::Store,
     /// Every limiter made, for the metrics' sums (a reloaded definition's limiter
     /// stays: its counts are part of the totals).
     made: Mutex<Vec<AnyLimiter>>,
@@ -146,15 +154,16 @@ impl RedisCounters {
     /// Makes the limiter of every limit of `rules` (kept in the limit, so these are
     /// the ones used): a limit the Redis scripts cannot keep is refused, at start-up
     /// and on reload alike.
-    fn prepare(&self, rules: &Rules) -> Result<(), crate::rules::RulesError> {
+    fn prepare(&self, rules: &Rules) -> Result<(), crate::service::rules::RulesError> {
         for (domain, _) in rules.domains() {
             for limit in rules.limits(domain) {
                 if limit.rules.is_some() {
-                    self.limiter(&limit)
-                        .map_err(|e| crate::rules::RulesError::Invalid {
+                    self.limiter(&limit).map_err(|e| {
+                        crate::service::rules::RulesError::Invalid {
                             path: limit.path.clone(),
                             message: format!("with store redis: {e}"),
-                        })?;
+                        }
+                    })?;
                 }
             }
         }
@@ -197,7 +206,7 @@ impl DecisionService {
 
     /// Keeps counters in Redis as `store` says (connects now; a single node may still
     /// be down, a Cluster must answer).
-    pub async fn with_redis(mut self, store: &crate::serve::Store) -> anyhow::Result<Self> {
+    pub async fn with_redis(mut self, store: &crate::config::store::Store) -> anyhow::Result<Self> {
         let redis = RedisCounters {
             store: store.connect().await?,
             config: store.clone(),
@@ -224,7 +233,7 @@ impl DecisionService {
     /// Reads the rule files again. A bad file changes nothing (the old rules stay in
     /// force); limits whose definition did not change keep their counters. Counted in
     /// the metrics either way.
-    pub fn reload(&self) -> Result<(), crate::rules::RulesError> {
+    pub fn reload(&self) -> Result<(), crate::service::rules::RulesError> {
         if self.sources.is_empty() {
             return Ok(());
         }

@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tollgate::Op;
 
-use crate::rules::Unit;
+use crate::service::rules::Unit;
 use crate::service::{Code, DecisionService, DescriptorRequest};
 
 /// The gRPC service.
@@ -129,7 +129,7 @@ impl RateLimitService for Grpc {
                 status
             })
             .collect();
-        let response_headers_to_add = crate::http::rate_limit_headers(&result)
+        let response_headers_to_add = crate::service::http::rate_limit_headers(&result)
             .into_iter()
             .map(|(key, value)| HeaderValue {
                 key: key.to_string(),

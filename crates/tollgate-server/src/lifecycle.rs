@@ -1,5 +1,6 @@
-//! What triggers a reload, for `serve` and `proxy` alike: SIGHUP, or a change in the
-//! watched files' modification times (checked every second).
+//! A server's life, for `serve` and `proxy` alike: what triggers a reload (SIGHUP, or
+//! a change in the watched files' modification times, checked every second) and what
+//! stops it (SIGTERM or Ctrl-C).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -66,4 +67,23 @@ pub async fn watch(
         };
         reload(reason);
     }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }

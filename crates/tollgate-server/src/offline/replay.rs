@@ -4,7 +4,12 @@
 //! runs in memory proportional to its number of distinct keys.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
 
 use tollgate::{CheckError, Decision, Op, Policy, PolicyState};
 
@@ -332,4 +337,96 @@ fn row_error(e: &csv::Error) -> ReplayError {
             _ => e.to_string(),
         },
     }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+/// `--op`.
+pub enum OpArg {
+    /// Reject what does not fit now.
+    Try,
+    /// Wait up to the policy's max-wait.
+    Acquire,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+/// `--store`.
+pub enum StoreArg {
+    /// In this process.
+    Memory,
+    /// The Redis scripts, at the trace's time.
+    Redis,
+}
+
+#[derive(Debug, Parser)]
+/// `tollgate replay` arguments.
+pub struct ReplayArgs {
+    /// The policy spec, e.g. 'gcra:rate=10/s,burst=5'.
+    #[arg(long)]
+    pub policy: String,
+    /// What each request does when the trace has no `op` column: try (reject) or
+    /// acquire (wait up to the policy's max-wait).
+    #[arg(long, value_enum, default_value = "try")]
+    pub op: OpArg,
+    /// Where state is kept: memory, or redis (the Redis scripts, with the trace time
+    /// passed in: the decisions must be identical).
+    #[arg(long, value_enum, default_value = "memory")]
+    pub store: StoreArg,
+    /// The Redis URL for --store redis (`redis://host:port/db` or
+    /// `redis+cluster://host:port,host:port`).
+    #[arg(long, default_value = "redis://127.0.0.1:6379/")]
+    pub redis_url: String,
+    /// Read the trace from this file instead of standard input.
+    #[arg(long, short)]
+    pub input: Option<PathBuf>,
+    /// Write decisions to this file instead of standard output. The file appears only
+    /// when the whole trace replayed without error.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+}
+
+/// `tollgate replay`: the trace from a file or standard input, decisions to a file (which
+/// appears only when the whole trace replayed) or standard output.
+pub fn command(args: ReplayArgs) -> anyhow::Result<()> {
+    let policy = Policy::parse(&args.policy)?;
+    let store = match args.store {
+        StoreArg::Memory => ReplayStore::Memory,
+        StoreArg::Redis => ReplayStore::Redis(args.redis_url.clone()),
+    };
+    let op = match args.op {
+        OpArg::Try => Op::Try,
+        OpArg::Acquire => Op::Acquire,
+    };
+    let input: Box<dyn io::Read> = match &args.input {
+        Some(path) => Box::new(BufReader::new(
+            File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
+        )),
+        None => Box::new(io::stdin().lock()),
+    };
+    match &args.output {
+        Some(path) => {
+            // Write beside the target and rename, so a failed replay leaves no half file.
+            let tmp = path.with_extension("partial");
+            let file =
+                File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+            let result = replay_on(&policy, op, &store, input, BufWriter::new(file));
+            if let Err(e) = result {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e.into());
+            }
+            std::fs::rename(&tmp, path)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        None => {
+            let stdout = io::stdout().lock();
+            replay_on(
+                &policy,
+                op,
+                &store,
+                input,
+                BufWriter::with_capacity(1 << 16, stdout),
+            )?;
+        }
+    }
+    io::stdout().flush()?;
+    Ok(())
 }

@@ -214,7 +214,7 @@ pub struct Rules {
 }
 
 /// The example rule set compiled into the binary.
-pub const BUILT_IN: &str = include_str!("../config/example-rules.yaml");
+pub const BUILT_IN: &str = include_str!("../../config/example-rules.yaml");
 
 impl Rules {
     /// Loads rule files: each path is a YAML file or a directory of them (`.yaml`,
@@ -544,4 +544,104 @@ fn limit_of(
         limiter,
         redis: std::sync::OnceLock::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn rules(text: &str) -> Result<Rules, RulesError> {
+        let mut r = Rules::default();
+        r.add(text, "test.yaml", KeyedOptions::default())?;
+        Ok(r)
+    }
+
+    #[test]
+    fn descriptors_match_exact_values_before_wildcards_before_any_value() {
+        let r = rules(
+            "domain: d
+descriptors:
+  - key: path
+    value: /login
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: /static/*
+    rate_limit: {unlimited: true}
+  - key: path
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: tenant
+    descriptors:
+      - key: user
+        policies: ['gcra:rate=1/s,burst=2']
+",
+        )
+        .unwrap();
+        let path_of = |v: &str| {
+            r.find("d", &entries(&[("path", v)]))
+                .unwrap()
+                .0
+                .path
+                .clone()
+        };
+        assert_eq!(path_of("/login"), "d/path=/login");
+        assert_eq!(path_of("/static/app.js"), "d/path=/static/*");
+        assert_eq!(path_of("/other"), "d/path");
+        assert!(r
+            .find("d", &entries(&[("path", "/static/x")]))
+            .unwrap()
+            .0
+            .rules
+            .is_none());
+        // A nested limit needs the whole chain; the parent alone has none here.
+        let (limit, counter) = r
+            .find("d", &entries(&[("tenant", "t1"), ("user", "u1")]))
+            .unwrap();
+        assert_eq!(
+            limit.specs.as_deref(),
+            Some(&["gcra:rate=1/s,burst=2".to_string()][..])
+        );
+        assert_eq!(
+            counter,
+            counter_key("d", &entries(&[("tenant", "t1"), ("user", "u1")]))
+        );
+        assert!(r.find("d", &entries(&[("tenant", "t1")])).is_none());
+        assert!(r.find("d", &entries(&[("user", "u1")])).is_none());
+        assert!(r.find("other", &entries(&[("path", "/login")])).is_none());
+    }
+
+    #[test]
+    fn bad_documents_are_refused_with_the_place_named() {
+        let e = rules("domain: ''\ndescriptors: []\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("test.yaml: domain: must not be empty"), "{e}");
+        let e = rules("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("test.yaml") && e.contains("fortnight"), "{e}");
+        let e = rules("domain: d\ndescriptors:\n  - key: k\n    policies: ['gcra:rate=0/s']\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("test.yaml") && e.contains("rate"), "{e}");
+        let mut r = rules("domain: d\ndescriptors: []\n").unwrap();
+        let e = r
+            .add(
+                "domain: d\ndescriptors: []\n",
+                "two.yaml",
+                KeyedOptions::default(),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("domain 'd' is already defined in test.yaml"),
+            "{e}"
+        );
+    }
 }

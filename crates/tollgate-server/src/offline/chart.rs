@@ -9,10 +9,10 @@ use anyhow::{bail, Context};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::simulate::{Fate, Summary};
+use crate::offline::simulate::{Fate, Summary};
 
 /// The font for PNG text (SIL OFL 1.1, see assets/LiberationSans-OFL.txt).
-static FONT: &[u8] = include_bytes!("../assets/LiberationSans-Regular.ttf");
+static FONT: &[u8] = include_bytes!("../../assets/LiberationSans-Regular.ttf");
 
 /// Chart width in pixels; each panel is `PANEL_HEIGHT` tall.
 pub const WIDTH: u32 = 1200;

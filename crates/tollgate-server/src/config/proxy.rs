@@ -1,0 +1,111 @@
+//! `proxy:` the limiting reverse proxy's section: listen address, trusted proxies,
+//! timeouts and routes (match, upstream, key, policies, tiers, headers).
+
+use std::net::SocketAddr;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+/// The `proxy:` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Listen address (default 127.0.0.1:8000).
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    /// Peers whose `X-Forwarded-For` is believed.
+    #[serde(default)]
+    pub trusted_proxies: Vec<IpNet>,
+    /// How long connecting to an upstream may take (default 5s; applied at start);
+    /// past it the request gets a 504, as nginx's `proxy_connect_timeout`.
+    #[serde(default, deserialize_with = "super::duration_opt")]
+    pub connect_timeout: Option<u64>,
+    /// How long an upstream may take to send its response headers (default 30s);
+    /// past it the request gets a 504.
+    #[serde(default, deserialize_with = "super::duration_opt")]
+    pub upstream_timeout: Option<u64>,
+    /// Routes, first match wins.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// One route.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Its name (metrics, logs).
+    pub name: String,
+    /// What it matches.
+    #[serde(rename = "match", default)]
+    pub matcher: MatchConfig,
+    /// Where matching requests go (`http://host:port`).
+    pub upstream: String,
+    /// The limiting key: `client_ip`, `header:NAME`, `cookie:NAME`, `path`, or several
+    /// joined with `+`.
+    #[serde(default = "default_key")]
+    pub key: String,
+    /// Policy specs for the key (several = all-or-nothing).
+    #[serde(default)]
+    pub policies: Vec<String>,
+    /// Concurrent requests per key (nginx `limit_conn`).
+    #[serde(default)]
+    pub limit_conn: Option<u32>,
+    /// Key values with their own policies.
+    #[serde(default)]
+    pub tiers: Vec<TierConfig>,
+    /// Status on reject (default 429).
+    #[serde(default = "default_status")]
+    pub status: u16,
+    /// Which rate-limit headers to send: ietf, legacy, both or none.
+    #[serde(default)]
+    pub headers: HeaderStyle,
+    /// Decide, log and count, never reject.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn default_key() -> String {
+    "client_ip".into()
+}
+
+fn default_status() -> u16 {
+    429
+}
+
+/// `match:`.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatchConfig {
+    /// Path prefix.
+    pub path_prefix: Option<String>,
+    /// Exact path.
+    pub path: Option<String>,
+    /// Host header.
+    pub host: Option<String>,
+}
+
+/// A tier: key values with their own policies.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierConfig {
+    /// Its name.
+    pub name: String,
+    /// The key values in it.
+    pub values: Vec<String>,
+    /// Its policies.
+    pub policies: Vec<String>,
+}
+
+/// Rate-limit header styles.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (IETF draft).
+    Ietf,
+    /// `X-RateLimit-Limit/Remaining/Reset`.
+    Legacy,
+    /// Both.
+    #[default]
+    Both,
+    /// None.
+    None,
+}

@@ -1,0 +1,221 @@
+//! `store:` where counters live (memory, Redis or Redis Cluster), and how the commands
+//! connect to it and build limiters on it.
+
+use serde::Deserialize;
+
+use super::duration_opt;
+
+/// `store:` where counters live.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Store {
+    /// `memory` (default) or `redis`.
+    #[serde(default)]
+    pub kind: StoreKind,
+    /// For `redis`: `redis://host:port/db` or `redis+cluster://host:port,host:port`.
+    pub url: Option<String>,
+    /// The longest one decision may wait for Redis (default 250ms).
+    #[serde(default, deserialize_with = "duration_opt")]
+    pub timeout: Option<u64>,
+    /// What decides while Redis fails: `error` (default: 503 / gRPC UNAVAILABLE, so
+    /// the caller's own failure mode applies), `fail-open`, `fail-closed`, or `local`
+    /// (an in-memory limiter with `1/local_share` of each limit).
+    #[serde(default)]
+    pub on_error: OnErrorDoc,
+    /// For `on_error: local`: how many instances share the limit (default 1).
+    pub local_share: Option<u64>,
+    /// Reject keys Redis rejected until their retry time without asking it again.
+    #[serde(default)]
+    pub negative_cache: bool,
+    /// Prefix of every Redis key (default `tollgate`).
+    pub prefix: Option<String>,
+    /// The most checks decided by one Redis call (automatic batching of concurrent
+    /// checks; default 64; 1 sends each check alone).
+    pub batch: Option<usize>,
+    /// How the decision code is called: `auto` (default: Redis Functions where Redis
+    /// has them, Redis >= 7, else `EVALSHA`), `functions` or `eval`.
+    #[serde(default)]
+    pub calls: CallsDoc,
+    /// Leased quotas for every limit (hot keys decided locally from slices of their
+    /// budget, never over the limit); absent: one Redis call per check.
+    pub lease: Option<LeaseDoc>,
+}
+
+/// `store.lease`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseDoc {
+    /// How long a slice may be spent (default 50ms).
+    #[serde(default, deserialize_with = "duration_opt")]
+    pub duration: Option<u64>,
+    /// The most admissions one lease takes (default: a quarter of the limit's burst).
+    pub max_slice: Option<u64>,
+}
+
+/// `store.calls`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallsDoc {
+    /// Functions where Redis has them, `EVALSHA` otherwise.
+    #[default]
+    Auto,
+    /// Redis Functions only (Redis >= 7).
+    Functions,
+    /// `EVALSHA` only.
+    Eval,
+}
+
+/// `store.on_error`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnErrorDoc {
+    /// Report the failure.
+    #[default]
+    Error,
+    /// Admit.
+    FailOpen,
+    /// Reject.
+    FailClosed,
+    /// Decide locally with a share of the limit.
+    Local,
+}
+
+/// The store kinds.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// In this process.
+    #[default]
+    Memory,
+    /// In Redis or Redis Cluster (`url`).
+    Redis,
+}
+
+impl Store {
+    /// The store a `--store` flag names: `memory`, or a Redis URL (the file's other
+    /// `store:` settings still apply).
+    pub fn with_flag(mut self, flag: Option<&str>) -> anyhow::Result<Store> {
+        match flag {
+            None => {}
+            Some("memory") => self.kind = StoreKind::Memory,
+            Some(url) if url.starts_with("redis://") || url.starts_with("redis+cluster://") => {
+                self.kind = StoreKind::Redis;
+                self.url = Some(url.to_string());
+            }
+            Some(other) => anyhow::bail!(
+                "--store {other}: expected memory, redis://host:port or redis+cluster://host:port,host:port"
+            ),
+        }
+        if self.kind == StoreKind::Redis && self.url.is_none() {
+            anyhow::bail!("store: kind redis needs url (redis://host:port or redis+cluster://...)");
+        }
+        if self.local_share == Some(0) {
+            anyhow::bail!("store.local_share: must be at least 1");
+        }
+        Ok(self)
+    }
+
+    /// Connects to the configured Redis (a single node lazily; a Cluster must answer).
+    pub async fn connect(&self) -> anyhow::Result<tollgate::redis::RedisStore> {
+        let url = self.url.as_deref().unwrap_or_default();
+        let mut opts = tollgate::redis::RedisOptions::default();
+        if let Some(t) = self.timeout {
+            opts.timeout = std::time::Duration::from_micros(t);
+        }
+        if let Some(p) = &self.prefix {
+            opts.prefix = p.clone();
+        }
+        if let Some(b) = self.batch {
+            anyhow::ensure!(
+                b >= 1,
+                "store.batch: must be at least 1 (1 turns batching off)"
+            );
+            opts.batch = b;
+        }
+        opts.calls = match self.calls {
+            CallsDoc::Auto => tollgate::redis::RedisCalls::Auto,
+            CallsDoc::Functions => tollgate::redis::RedisCalls::Functions,
+            CallsDoc::Eval => tollgate::redis::RedisCalls::Eval,
+        };
+        Ok(tollgate::redis::RedisStore::connect_with(url, opts).await?)
+    }
+
+    /// The Redis limiter of `rules` named `name` on `store`: leased when `lease:` is
+    /// set (an error names what a lease cannot keep), else with the failure policy and
+    /// negative cache.
+    pub fn limiter(
+        &self,
+        store: &tollgate::redis::RedisStore,
+        name: &str,
+        rules: tollgate::RuleSet,
+    ) -> Result<tollgate::AnyLimiter, tollgate::redis::StoreError> {
+        Ok(match &self.lease {
+            Some(lease) => {
+                let mut opts = tollgate::redis::LeaseOptions {
+                    max_slice: lease.max_slice,
+                    ..Default::default()
+                };
+                if let Some(us) = lease.duration {
+                    opts.duration = std::time::Duration::from_micros(us);
+                }
+                tollgate::AnyLimiter::Leased(tollgate::redis::LeasedLimiter::new(
+                    store.clone(),
+                    name,
+                    rules,
+                    opts,
+                )?)
+            }
+            None => {
+                let opts = self.limiter_options(&rules)?;
+                tollgate::AnyLimiter::Redis(tollgate::redis::RedisLimiter::with_options(
+                    store.clone(),
+                    name,
+                    rules,
+                    opts,
+                )?)
+            }
+        })
+    }
+
+    /// The options of the Redis limiter of `rules`: failure policy and negative cache.
+    pub fn limiter_options(
+        &self,
+        rules: &tollgate::RuleSet,
+    ) -> Result<tollgate::redis::RedisLimiterOptions, tollgate::redis::StoreError> {
+        Ok(tollgate::redis::RedisLimiterOptions {
+            on_error: self.on_error(rules)?,
+            negative_cache: self.negative_cache,
+            ..Default::default()
+        })
+    }
+
+    /// The failure policy of a limit of `rules` (`local`: its `1/local_share`).
+    pub fn on_error(
+        &self,
+        rules: &tollgate::RuleSet,
+    ) -> Result<tollgate::redis::OnError, tollgate::redis::StoreError> {
+        use tollgate::redis::{OnError, StoreError};
+        Ok(match self.on_error {
+            OnErrorDoc::Error => OnError::Error,
+            OnErrorDoc::FailOpen => OnError::FailOpen,
+            OnErrorDoc::FailClosed => OnError::FailClosed,
+            OnErrorDoc::Local => OnError::Local(
+                rules
+                    .share(self.local_share.unwrap_or(1))
+                    .map_err(StoreError::Unsupported)?,
+            ),
+        })
+    }
+
+    /// A short description for the start-up banner.
+    pub fn describe(&self) -> String {
+        match self.kind {
+            StoreKind::Memory => "memory store".into(),
+            StoreKind::Redis => format!(
+                "redis store at {}, on error: {:?}",
+                self.url.as_deref().unwrap_or(""),
+                self.on_error
+            ),
+        }
+    }
+}

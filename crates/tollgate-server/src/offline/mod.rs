@@ -1,0 +1,7 @@
+//! The tools that run without a server: [`replay`] (a trace through a policy on a
+//! virtual clock), [`simulate`] (generated traffic through several policies) and the
+//! [`chart`] that draws a simulation.
+
+pub mod chart;
+pub mod replay;
+pub mod simulate;

@@ -1,0 +1,238 @@
+//! `tollgate serve`: resolve the settings (file, then flags), bind the listeners, serve
+//! until SIGTERM or Ctrl-C, then drain.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use tollgate::KeyedOptions;
+
+use super::rules::Rules;
+use super::DecisionService;
+use crate::config::store::{Store, StoreKind};
+use crate::config::{MainConfig, DEFAULT_GRPC, DEFAULT_HTTP};
+use crate::lifecycle::shutdown_signal;
+
+/// What `serve` runs with, after flags are applied to the file.
+pub struct Settings {
+    /// The HTTP address.
+    pub http: SocketAddr,
+    /// The gRPC address.
+    pub grpc: SocketAddr,
+    /// Counter bounds.
+    pub options: KeyedOptions,
+    /// The rules.
+    pub rules: Rules,
+    /// Where the rules came from.
+    pub rules_source: String,
+    /// The rule files (empty: built-in), for reloads.
+    pub rule_paths: Vec<PathBuf>,
+    /// The bearer token that guards admin endpoints, if any.
+    pub admin_token: Option<String>,
+    /// Where counters live.
+    pub store: Store,
+}
+
+impl Settings {
+    /// Loads everything, binding nothing: errors surface before any port is taken.
+    pub fn resolve(
+        config: Option<&Path>,
+        rules: &[PathBuf],
+        http: Option<SocketAddr>,
+        grpc: Option<SocketAddr>,
+        store: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let main = match config {
+            Some(p) => MainConfig::load(p)?,
+            None => MainConfig::default(),
+        };
+        let store = main.store.clone().with_flag(store)?;
+        let paths = if rules.is_empty() {
+            main.rules.clone()
+        } else {
+            rules.to_vec()
+        };
+        let options = main.key_options();
+        let (rules, rules_source) = if paths.is_empty() {
+            (
+                Rules::built_in(options),
+                "the built-in example rules".to_string(),
+            )
+        } else {
+            let list = paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            (Rules::load(&paths, options)?, list)
+        };
+        let http = http
+            .or(main.listen.http)
+            .unwrap_or_else(|| DEFAULT_HTTP.parse().expect("valid default"));
+        let grpc = grpc
+            .or(main.listen.grpc)
+            .unwrap_or_else(|| DEFAULT_GRPC.parse().expect("valid default"));
+        let admin_token = std::env::var("TOLLGATE_ADMIN_TOKEN")
+            .ok()
+            .or(main.admin.token.clone())
+            .filter(|t| !t.is_empty());
+        Ok(Settings {
+            http,
+            grpc,
+            options,
+            rules,
+            rules_source,
+            rule_paths: paths,
+            admin_token,
+            store,
+        })
+    }
+}
+
+/// Serves until a shutdown signal.
+pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let http_listener = tokio::net::TcpListener::bind(settings.http)
+        .await
+        .with_context(|| format!("cannot listen on {} (HTTP)", settings.http))?;
+    let grpc_listener = tokio::net::TcpListener::bind(settings.grpc)
+        .await
+        .with_context(|| format!("cannot listen on {} (gRPC)", settings.grpc))?;
+    let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
+    let mut service = DecisionService::new(
+        settings.rules,
+        settings.rule_paths.clone(),
+        settings.options,
+    );
+    if settings.store.kind == StoreKind::Redis {
+        service = service.with_redis(&settings.store).await?;
+    }
+    let service = Arc::new(service);
+    let admin = crate::service::http::Admin {
+        token: settings.admin_token.clone(),
+        loopback: http.ip().is_loopback(),
+    };
+    let mut domains: Vec<String> = service
+        .rules()
+        .domains()
+        .map(|(d, _)| d.to_string())
+        .collect();
+    domains.sort();
+    println!(
+        "tollgate serve: HTTP on http://{http} and Envoy RLS gRPC on {grpc} ({}) with {}",
+        settings.store.describe(),
+        settings.rules_source
+    );
+    println!("  domains: {}", domains.join(", "));
+    println!("  try: curl -s http://{http}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
+    println!("  rules in force: curl -s http://{http}/v1/config");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    tokio::spawn(watch_rules(service.clone(), stop_rx.clone()));
+    let http_server = axum::serve(
+        http_listener,
+        crate::service::http::router(service.clone(), admin),
+    )
+    .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(crate::service::grpc::Grpc::server(service))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc_listener),
+            stopped(stop_rx),
+        );
+    let (h, g) = tokio::join!(http_server, grpc_server);
+    h?;
+    g?;
+    println!("tollgate serve: stopped");
+    Ok(())
+}
+
+/// Reloads the rules on SIGHUP and when a rule file changes (checked every second).
+async fn watch_rules(service: Arc<DecisionService>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    if service.sources().is_empty() {
+        return;
+    }
+    let paths = service.sources().to_vec();
+    let reload = |reason: &str| match service.reload() {
+        Ok(()) => eprintln!("tollgate serve: rules reloaded ({reason})"),
+        Err(e) => {
+            eprintln!("tollgate serve: reload rejected, the previous rules stay in force: {e}")
+        }
+    };
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    crate::lifecycle::watch(paths, reload, stopped).await;
+}
+
+#[derive(Debug, Parser)]
+/// `tollgate serve` arguments.
+pub struct ServeArgs {
+    /// The main configuration file (YAML).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A rule file or directory (Envoy ratelimit config documents); repeatable.
+    /// Overrides the config file's `rules`.
+    #[arg(long = "rules")]
+    pub rules: Vec<PathBuf>,
+    /// The HTTP listen address [default: 127.0.0.1:8080].
+    #[arg(long)]
+    pub http: Option<std::net::SocketAddr>,
+    /// The Envoy RLS gRPC listen address [default: 127.0.0.1:8081].
+    #[arg(long)]
+    pub grpc: Option<std::net::SocketAddr>,
+    /// Where counters live: memory, redis://host:port/db or
+    /// redis+cluster://host:port,host:port. Overrides the config file's store.
+    #[arg(long)]
+    pub store: Option<String>,
+}
+
+/// `tollgate serve`: settings resolved before any port is bound, then [`serve`] on a
+/// multi-threaded runtime.
+pub fn command(args: ServeArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(
+        args.config.as_deref(),
+        &args.rules,
+        args.http,
+        args.grpc,
+        args.store.as_deref(),
+    )?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve(settings))
+}
+
+#[derive(Debug, Parser)]
+/// `tollgate check-config` arguments.
+pub struct CheckConfigArgs {
+    /// Rule files or directories to validate.
+    #[arg(long = "rules")]
+    pub rules: Vec<PathBuf>,
+    /// A main configuration file to validate (with the rule files it names).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// `tollgate check-config`: loads the config and rules as `serve` would, binding nothing.
+pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<()> {
+    if args.config.is_none() && args.rules.is_empty() {
+        anyhow::bail!("check-config needs --config FILE and/or --rules PATH");
+    }
+    let settings = Settings::resolve(args.config.as_deref(), &args.rules, None, None, None)?;
+    let mut domains: Vec<_> = settings
+        .rules
+        .domains()
+        .map(|(d, s)| format!("{d} ({s})"))
+        .collect();
+    domains.sort();
+    println!("ok: {} domain(s): {}", domains.len(), domains.join(", "));
+    Ok(())
+}
