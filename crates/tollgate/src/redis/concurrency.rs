@@ -232,6 +232,7 @@ impl RedisConcurrencyLimiter {
         let id = nonce();
         let mut leave = Leave::new(self.inner.clone(), keys.clone(), id.clone());
         loop {
+            let sent = health.clock.now_us();
             match self
                 .inner
                 .call(&keys, "acquire", &id, n, timeout.is_some())
@@ -263,7 +264,7 @@ impl RedisConcurrencyLimiter {
                     }
                 }
                 Err(e) if e.is_transient() => {
-                    health.failed(&e, &self.inner.opts.on_error);
+                    health.failed(&e, &self.inner.opts.on_error, sent);
                     let waited = Duration::from_micros(health.clock.now_us() - start);
                     let left = timeout.map(|t| t.saturating_sub(waited));
                     return self.fallback(key, n, left, Some(e)).await;

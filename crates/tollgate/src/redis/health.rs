@@ -27,6 +27,9 @@ pub(crate) struct Health {
     failing: AtomicBool,
     /// Local time (us) after which a failing limiter tries Redis again.
     next_probe: AtomicU64,
+    /// Local time (us) of the last recovery: a call sent before it that fails late
+    /// (it waited out its timeout on the connection Redis dropped) is not a new outage.
+    recovered_at: AtomicU64,
     stats: [AtomicU64; 6],
 }
 
@@ -38,6 +41,7 @@ impl Health {
             clock: MonotonicClock::new(),
             failing: AtomicBool::new(false),
             next_probe: AtomicU64::new(0),
+            recovered_at: AtomicU64::new(0),
             stats: Default::default(),
         }
     }
@@ -86,15 +90,21 @@ impl Health {
     /// Redis answered.
     pub fn healthy(&self) {
         if self.failing.swap(false, Ordering::Relaxed) {
+            self.recovered_at
+                .store(self.clock.now_us(), Ordering::Relaxed);
             self.count(Event::Recovery);
             tracing::warn!(limiter = %self.name, "redis is back: decisions are global again");
         }
     }
 
-    /// Redis failed with `e` (transient): the failure policy decides until a probe
-    /// succeeds.
-    pub fn failed(&self, e: &StoreError, policy: &OnError) {
+    /// Redis failed with `e` (transient) a call sent at `sent` (local us): the failure
+    /// policy decides until a probe succeeds. A call sent before the last recovery
+    /// counts as an error only: Redis has answered since.
+    pub fn failed(&self, e: &StoreError, policy: &OnError, sent: u64) {
         self.count(Event::Error);
+        if sent < self.recovered_at.load(Ordering::Relaxed) {
+            return;
+        }
         let probe = self.clock.now_us() + self.probe_interval.as_micros() as u64;
         self.next_probe.store(probe, Ordering::Relaxed);
         if !self.failing.swap(true, Ordering::Relaxed) {

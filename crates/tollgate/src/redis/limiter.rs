@@ -216,6 +216,7 @@ impl RedisLimiter {
         if !health.should_try() {
             return self.fallback(&compiled, key, cost, op, None);
         }
+        let sent = health.clock.now_us();
         match self.decide(&compiled, key, None, None, cost, op).await {
             Ok(d) => {
                 health.healthy();
@@ -226,7 +227,7 @@ impl RedisLimiter {
                 Ok(d)
             }
             Err(e) if e.is_transient() => {
-                health.failed(&e, &self.inner.opts.on_error);
+                health.failed(&e, &self.inner.opts.on_error, sent);
                 self.fallback(&compiled, key, cost, op, Some(e))
             }
             Err(e) => Err(e),
