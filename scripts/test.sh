@@ -19,16 +19,14 @@ need() { # package, a file it installs
     [ -e "$2" ] || { echo "scripts/test.sh: $1 is required ($2)" >&2; exit 1; }
 }
 need nginx /usr/sbin/nginx
-# Debian's package may start its own nginx on port 80: the tests run their own.
-(service nginx stop || true) >/dev/null 2>&1
 need faketime /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
 # The Redis store's tests start their own redis-server processes (a standalone
 # server and a 3-master Cluster made with redis-cli --cluster) on free loopback
 # ports, and stop them by PID.
 need redis-server /usr/bin/redis-server
 need redis-tools /usr/bin/redis-cli
-# Debian's package starts a redis-server on 6379: the tests run their own.
-(service redis-server stop || true) >/dev/null 2>&1
+# Servers already running on this machine (a packaged nginx on port 80, redis-server on
+# 6379) are left alone: the tests run their own on free loopback ports.
 
 # Property tests: 400 cases per property by default; PROPTEST_CASES=100000 for a soak.
 export PROPTEST_CASES="${PROPTEST_CASES:-400}"
