@@ -38,6 +38,18 @@ pub struct RuleDecision {
     pub policies: Vec<Decision>,
 }
 
+impl From<Decision> for RuleDecision {
+    /// The rule decision of a single policy (also what a caller reports for a decision
+    /// made without the policies, e.g. a rule that denies everything).
+    fn from(decision: Decision) -> Self {
+        RuleDecision {
+            decision,
+            binding: 0,
+            policies: vec![decision],
+        }
+    }
+}
+
 impl RuleSet {
     /// A rule set of `policies` (at least one).
     pub fn new(policies: Vec<Policy>) -> Result<Self, String> {

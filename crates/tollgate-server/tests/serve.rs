@@ -55,6 +55,14 @@ async fn built_in_rules_limit_with_429_and_headers() {
     assert_eq!(body["overall_code"], "OVER_LIMIT");
     let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
+    // A rule set (the built-in api_key: GCRA 10/s burst 20 and 1000 per hour): every
+    // policy listed, the binding one current (the GCRA has fewer left).
+    let (_, headers, _) = check(&server, "example", &[&[("api_key", "h1")]]).await;
+    assert_eq!(
+        headers["ratelimit-policy"],
+        "\"default.0\";q=20;w=2, \"default.1\";q=1000;w=3600"
+    );
+    assert_eq!(headers["ratelimit"], "\"default.0\";r=19;t=1");
     // Other descriptors are unaffected; an unlimited one is always OK; an unknown one
     // has no limit.
     assert_eq!(

@@ -77,9 +77,5 @@ impl Config {
 
 /// A rule-set decision in the shape single-policy callers expect.
 pub(crate) fn single(d: Decision) -> RuleDecision {
-    RuleDecision {
-        decision: d,
-        binding: 0,
-        policies: vec![d],
-    }
+    RuleDecision::from(d)
 }

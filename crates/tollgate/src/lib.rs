@@ -39,6 +39,7 @@ mod clock;
 mod concurrency;
 mod config;
 mod gate;
+pub mod headers;
 mod keyed;
 mod limiter;
 mod rate_limiter;

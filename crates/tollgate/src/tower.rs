@@ -11,6 +11,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use tollgate_core::{Clock, Op, RuleDecision, RuleSet};
 use tower::{Layer, Service};
 
+use crate::headers::RateLimitHeaders;
 use crate::{KeyedLimiter, LimitError, RateLimiter};
 
 /// What the layer asks of a limiter for keys of type `K`: implemented by
@@ -115,8 +116,10 @@ pub enum OnLimit {
 /// (axum clones the service per connection).
 ///
 /// Admitted responses carry `RateLimit-Policy` and `RateLimit` headers (IETF httpapi
-/// draft, structured fields): `RateLimit-Policy: "p0";q=LIMIT;w=WINDOW_S` per policy
-/// and `RateLimit: "pN";r=REMAINING;t=RESET_S` for the binding one. A store that cannot
+/// draft, structured fields, written by [`crate::headers`]; the layer's limit is called
+/// `default`): `RateLimit-Policy: "default";q=LIMIT;w=WINDOW_S` (`"default.0"`,
+/// `"default.1"`, ... for a rule set) and `RateLimit: "default";r=REMAINING;t=RESET_S`
+/// for the binding policy. A store that cannot
 /// answer (a transient [`LimitError`], e.g. Redis down with no failure policy) gets
 /// `503 Service Unavailable`.
 ///
@@ -237,44 +240,25 @@ fn unavailable<B: Default>() -> Response<B> {
     response
 }
 
-/// A 429 with `Retry-After` (whole seconds, rounded up) and the RateLimit headers.
+/// A 429 with `Retry-After` and the RateLimit headers ([`crate::headers`]).
 fn too_many<B: Default>(decision: Option<&RuleDecision>, rules: &RuleSet) -> Response<B> {
     let mut response = Response::new(B::default());
     *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    let headers = response.headers_mut();
     if let Some(d) = decision {
-        if let Some(retry) = d.decision.retry_after_us {
-            headers.insert(http::header::RETRY_AFTER, HeaderValue::from(seconds(retry)));
-        }
-        rate_limit_headers(headers, d, rules);
+        rate_limit_headers(response.headers_mut(), d, rules);
     }
     response
 }
 
+/// The layer's headers ([`crate::headers`]; its limit is called `default`): the IETF
+/// fields, and `Retry-After` on a reject.
 fn rate_limit_headers(headers: &mut HeaderMap, d: &RuleDecision, rules: &RuleSet) {
-    let policy = rules
-        .policies()
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("\"p{i}\";q={};w={}", p.limit(), seconds(p.window_us())))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let current = format!(
-        "\"p{}\";r={};t={}",
-        d.binding,
-        d.decision.remaining,
-        seconds(d.decision.reset_after_us)
-    );
-    for (name, value) in [("ratelimit-policy", policy), ("ratelimit", current)] {
+    let h = RateLimitHeaders::new("default", rules, d);
+    for (name, value) in h.ietf().into_iter().chain(h.retry_after_header()) {
         if let Ok(v) = HeaderValue::from_str(&value) {
             headers.insert(name, v);
         }
     }
-}
-
-/// Microseconds as whole seconds, rounded up (a client must not retry early).
-fn seconds(us: u64) -> u64 {
-    us.div_ceil(1_000_000)
 }
 
 /// The error [`ErrorLayer`]'s services return for a request over the limit.

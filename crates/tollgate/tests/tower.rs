@@ -60,14 +60,14 @@ async fn rejects_with_429_and_headers_and_shares_the_limit_across_connections() 
     let c = client();
     let first = get_as(&c, &url, Some("alice")).await;
     assert_eq!(first.status(), 200);
-    assert_eq!(first.headers()["ratelimit-policy"], "\"p0\";q=2;w=120");
-    assert_eq!(first.headers()["ratelimit"], "\"p0\";r=1;t=60");
+    assert_eq!(first.headers()["ratelimit-policy"], "\"default\";q=2;w=120");
+    assert_eq!(first.headers()["ratelimit"], "\"default\";r=1;t=60");
     // A new connection (and a new service clone in axum): the same limit.
     assert_eq!(get_as(&client(), &url, Some("alice")).await.status(), 200);
     let third = get_as(&client(), &url, Some("alice")).await;
     assert_eq!(third.status(), 429);
     assert_eq!(third.headers()["retry-after"], "60");
-    assert_eq!(third.headers()["ratelimit"], "\"p0\";r=0;t=120");
+    assert_eq!(third.headers()["ratelimit"], "\"default\";r=0;t=120");
     // Other keys, and requests without a key, are not affected.
     assert_eq!(get_as(&c, &url, Some("bob")).await.status(), 200);
     for _ in 0..5 {

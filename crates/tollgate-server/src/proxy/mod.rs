@@ -23,7 +23,7 @@ use tollgate::redis::{
 };
 use tollgate::{
     AnyLimiter, ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit, KeyedLimiter,
-    KeyedOptions, Policy, RateLimiter, RuleSet,
+    KeyedOptions, Op, RateLimiter, RuleDecision, RuleSet,
 };
 
 use crate::config::proxy::{HeaderStyle, MatchConfig, ProxyConfig, RouteConfig};
@@ -37,7 +37,8 @@ struct Limits {
     name: String,
     /// The route's rate counters, in memory or in Redis.
     counter: AnyLimiter,
-    window_s: u64,
+    /// Their rules (for the headers).
+    rules: RuleSet,
 }
 
 /// Where a route's `limit_conn` permits live.
@@ -99,27 +100,20 @@ fn limits(
         return Ok(None);
     }
     let rules = RuleSet::parse(specs).map_err(|e| anyhow::anyhow!("{at}.policies: {e}"))?;
-    let window_s = rules
-        .policies()
-        .iter()
-        .map(Policy::window_us)
-        .max()
-        .unwrap_or(0)
-        .div_ceil(1_000_000);
     let counter = match redis {
         None => AnyLimiter::Memory(KeyedLimiter::with_options(
-            rules,
+            rules.clone(),
             options,
             tollgate::MonotonicClock::new(),
         )),
         Some((store, config)) => config
-            .limiter(store, &redis_name(route, name), rules)
+            .limiter(store, &redis_name(route, name), rules.clone())
             .map_err(|e| anyhow::anyhow!("{at}.policies (store redis): {e}"))?,
     };
     Ok(Some(Limits {
         name: name.to_string(),
         counter,
-        window_s,
+        rules,
     }))
 }
 
@@ -298,17 +292,18 @@ async fn handle(
             .map(|(_, l)| l)
             .or(route.default.as_ref());
         if let Some(l) = limits {
-            let d = match l.counter.check(&key, 1).await {
+            let rd = match l.counter.check_rules(&key, 1, Op::Try).await {
                 Ok(d) => d,
                 // Redis failed under `on_error: error`: say so (a dry run forwards).
                 Err(e) if e.is_transient() && route.dry_run => {
-                    tollgate::Decision::admitted(0, 0, 0, 0)
+                    RuleDecision::from(tollgate::Decision::admitted(0, 0, 0, 0))
                 }
                 Err(e) if e.is_transient() => return store_unavailable(&e),
                 // A full limiter refusing new keys.
-                Err(_) => tollgate::Decision::rejected(0, 0, 0, None),
+                Err(_) => RuleDecision::from(tollgate::Decision::rejected(0, 0, 0, None)),
             };
-            rate_headers(&mut headers_out, route.headers, &d, l);
+            rate_headers(&mut headers_out, route.headers, &rd, l);
+            let d = rd.decision;
             if !d.allowed && !route.dry_run {
                 let mut r =
                     problem_response(route.status, route.reject_body.clone(), d.retry_after_us);
@@ -411,28 +406,20 @@ fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &tollgate::Decision, l: &Limits) {
-    let (name, window_s) = (&l.name, l.window_s);
-    let reset_s = d.reset_after_us.div_ceil(1_000_000);
-    let mut add = |k: &'static str, v: String| {
+/// The route's rate-limit headers in its style ([`tollgate::headers`], their one
+/// writer; the limit is named after the tier, or `default`).
+fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &RuleDecision, l: &Limits) {
+    let h = tollgate::headers::RateLimitHeaders::new(&l.name, &l.rules, d);
+    let ietf = matches!(style, HeaderStyle::Ietf | HeaderStyle::Both).then(|| h.ietf());
+    let legacy = matches!(style, HeaderStyle::Legacy | HeaderStyle::Both).then(|| h.legacy());
+    let fields = ietf
+        .into_iter()
+        .flatten()
+        .chain(legacy.into_iter().flatten());
+    for (k, v) in fields {
         if let Ok(v) = HeaderValue::from_str(&v) {
             headers.insert(k, v);
         }
-    };
-    if matches!(style, HeaderStyle::Ietf | HeaderStyle::Both) {
-        add(
-            "ratelimit-policy",
-            format!("\"{name}\";q={};w={window_s}", d.limit),
-        );
-        add(
-            "ratelimit",
-            format!("\"{name}\";r={};t={reset_s}", d.remaining),
-        );
-    }
-    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        add("x-ratelimit-limit", d.limit.to_string());
-        add("x-ratelimit-remaining", d.remaining.to_string());
-        add("x-ratelimit-reset", reset_s.to_string());
     }
 }
 

@@ -113,7 +113,7 @@ impl RateLimitService for Grpc {
                     // Unlimited: OK with the most remaining there is, as Envoy's service.
                     status.limit_remaining = u32::MAX;
                 }
-                if let (Some(limit), Some(d)) = (&s.limit, &s.decision) {
+                if let (Some(limit), Some(d)) = (&s.limit, s.decision()) {
                     let (unit, per_unit) = match limit.envoy {
                         Some((unit, n)) => (pb_unit(unit), n),
                         None => (PbUnit::Unknown, d.limit),

@@ -386,10 +386,10 @@ fn respond(result: &CheckResult) -> Response {
         .map(|s| StatusOut {
             code: code(s.code),
             limit: s.limit.as_deref().map(limit_out),
-            limit_remaining: s.decision.map(|d| d.remaining),
-            reset_after_ms: s.decision.map(|d| ms(d.reset_after_us)),
-            retry_after_ms: s.decision.and_then(|d| d.retry_after_us).map(ms),
-            wait_ms: s.decision.map(|d| d.wait_us).filter(|&w| w > 0).map(ms),
+            limit_remaining: s.decision().map(|d| d.remaining),
+            reset_after_ms: s.decision().map(|d| ms(d.reset_after_us)),
+            retry_after_ms: s.decision().and_then(|d| d.retry_after_us).map(ms),
+            wait_ms: s.decision().map(|d| d.wait_us).filter(|&w| w > 0).map(ms),
             shadow_rejected: s.shadow_rejected,
         })
         .collect();
@@ -413,35 +413,24 @@ fn code(c: Code) -> &'static str {
     }
 }
 
-/// The response headers for a result: `Retry-After` (whole seconds, rounded up) on
-/// OVER_LIMIT, and the IETF draft's `RateLimit-Policy` / `RateLimit` for the binding
-/// decision. Shared by the HTTP API and gRPC's `response_headers_to_add`.
+/// The response headers for a result ([`tollgate::headers`]: their one writer):
+/// `RateLimit-Policy` / `RateLimit` for the binding descriptor's rule, named after its
+/// limit (`default` when unnamed), and `Retry-After` on OVER_LIMIT. None for a rule
+/// without policies (`requests_per_unit: 0` denies with no quota to state). Shared by
+/// the HTTP API and gRPC's `response_headers_to_add`.
 pub fn rate_limit_headers(result: &CheckResult) -> Vec<(&'static str, String)> {
     let Some((limit, d)) = result.binding() else {
         return Vec::new();
     };
-    let secs = |us: u64| us.div_ceil(1_000_000);
-    let mut out = Vec::with_capacity(3);
-    if result.overall == Code::OverLimit {
-        if let Some(r) = d.retry_after_us {
-            out.push(("retry-after", secs(r).to_string()));
-        }
-    }
-    let name = limit.name.clone().unwrap_or_else(|| "default".into());
-    let window = limit
-        .rules
-        .as_ref()
-        .and_then(|r| r.policies().first().map(|p| secs(p.window_us())))
-        .unwrap_or(0);
-    out.push((
-        "ratelimit-policy",
-        format!("\"{name}\";q={};w={window}", d.limit),
-    ));
-    out.push((
-        "ratelimit",
-        format!("\"{name}\";r={};t={}", d.remaining, secs(d.reset_after_us)),
-    ));
-    out
+    let Some(rules) = &limit.rules else {
+        return Vec::new();
+    };
+    let name = limit.name.as_deref().unwrap_or("default");
+    let h = tollgate::headers::RateLimitHeaders::new(name, rules, d);
+    let retry = h
+        .retry_after_header()
+        .filter(|_| result.overall == Code::OverLimit);
+    retry.into_iter().chain(h.ietf()).collect()
 }
 
 fn headers(headers: &mut HeaderMap, result: &CheckResult) {
@@ -519,7 +508,7 @@ async fn envoy_json(
             {
                 v["limitRemaining"] = json!(u32::MAX);
             }
-            if let (Some(l), Some(d)) = (&s.limit, &s.decision) {
+            if let (Some(l), Some(d)) = (&s.limit, s.decision()) {
                 let (unit, per_unit) = match l.envoy {
                     Some((unit, n)) => (unit.envoy_name(), n),
                     None => ("UNKNOWN", d.limit),

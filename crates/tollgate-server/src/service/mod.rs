@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use tollgate::redis::{RedisStore, StoreError};
-use tollgate::{AnyLimiter, CheckError, Decision, LimitError, Op, RateLimiter};
+use tollgate::{AnyLimiter, CheckError, Decision, LimitError, Op, RateLimiter, RuleDecision};
 
 use crate::service::metrics::{Metrics, Outcome};
 use crate::service::rules::{counter_key, override_limit, Limit, Rules, Unit};
@@ -47,8 +47,8 @@ pub struct DescriptorStatus {
     pub code: Code,
     /// The limit that applied, if any.
     pub limit: Option<Arc<Limit>>,
-    /// The decision, when a limited (not unlimited) rule applied.
-    pub decision: Option<Decision>,
+    /// The decision, with every policy's, when a limited (not unlimited) rule applied.
+    pub rule_decision: Option<RuleDecision>,
     /// Rejected by a rule in shadow mode: reported, not enforced.
     pub shadow_rejected: bool,
 }
@@ -62,19 +62,26 @@ pub struct CheckResult {
     pub statuses: Vec<DescriptorStatus>,
 }
 
+impl DescriptorStatus {
+    /// The overall decision of the rule that applied, if limited.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.rule_decision.as_ref().map(|r| &r.decision)
+    }
+}
+
 impl CheckResult {
     /// The decision that binds the response: the rejected one with the longest
     /// retry, or the admitted one with the least remaining.
-    pub fn binding(&self) -> Option<(&Arc<Limit>, &Decision)> {
+    pub fn binding(&self) -> Option<(&Arc<Limit>, &RuleDecision)> {
         let limited = self
             .statuses
             .iter()
-            .filter_map(|s| Some((s.limit.as_ref()?, s.decision.as_ref()?)));
+            .filter_map(|s| Some((s.limit.as_ref()?, s.rule_decision.as_ref()?)));
         match self.overall {
             Code::OverLimit => limited
-                .filter(|(_, d)| !d.allowed)
-                .max_by_key(|(_, d)| d.retry_after_us.unwrap_or(u64::MAX)),
-            Code::Ok => limited.min_by_key(|(_, d)| d.remaining),
+                .filter(|(_, d)| !d.decision.allowed)
+                .max_by_key(|(_, d)| d.decision.retry_after_us.unwrap_or(u64::MAX)),
+            Code::Ok => limited.min_by_key(|(_, d)| d.decision.remaining),
         }
     }
 
@@ -82,7 +89,7 @@ impl CheckResult {
     pub fn wait_us(&self) -> u64 {
         self.statuses
             .iter()
-            .filter_map(|s| s.decision)
+            .filter_map(|s| s.decision())
             .filter(|d| d.allowed)
             .map(|d| d.wait_us)
             .max()
@@ -349,7 +356,7 @@ impl DecisionService {
                 continue;
             }
             if limit.deny {
-                let decision = Decision::rejected(0, 0, 0, None);
+                let decision = RuleDecision::from(Decision::rejected(0, 0, 0, None));
                 statuses.push(DescriptorStatus {
                     code: if limit.shadow {
                         Code::Ok
@@ -357,7 +364,7 @@ impl DecisionService {
                         Code::OverLimit
                     },
                     limit: Some(limit.clone()),
-                    decision: Some(decision),
+                    rule_decision: Some(decision),
                     shadow_rejected: limit.shadow,
                 });
                 continue;
@@ -371,8 +378,9 @@ impl DecisionService {
                     continue;
                 }
             };
-            let shadow_rejected = decision.shadow_rejected || (!decision.allowed && limit.shadow);
-            let code = if decision.allowed || shadow_rejected {
+            let d = &decision.decision;
+            let shadow_rejected = d.shadow_rejected || (!d.allowed && limit.shadow);
+            let code = if d.allowed || shadow_rejected {
                 Code::Ok
             } else {
                 Code::OverLimit
@@ -380,12 +388,12 @@ impl DecisionService {
             statuses.push(DescriptorStatus {
                 code,
                 limit: Some(limit.clone()),
-                decision: Some(decision),
+                rule_decision: Some(decision),
                 shadow_rejected,
             });
         }
         for s in &statuses {
-            if let (Some(limit), Some(d)) = (&s.limit, &s.decision) {
+            if let (Some(limit), Some(d)) = (&s.limit, s.decision()) {
                 let outcome = match (s.shadow_rejected, d.allowed) {
                     (true, _) => Outcome::ShadowRejected,
                     (false, true) => Outcome::Allowed,
@@ -462,19 +470,19 @@ async fn decide(
     key: &str,
     cost: u64,
     op: Op,
-) -> Result<Decision, RequestError> {
+) -> Result<RuleDecision, RequestError> {
     let outcome = match cost {
         0 => limiter.peek(key, 1).await,
         n => limiter.check_rules(key, n, op).await,
     };
     match outcome {
-        Ok(r) => Ok(r.decision),
+        Ok(r) => Ok(r),
         Err(LimitError::Check(CheckError::InsufficientCapacity { capacity, .. })) => {
-            Ok(Decision::rejected(capacity, 0, 0, None))
+            Ok(RuleDecision::from(Decision::rejected(capacity, 0, 0, None)))
         }
         // A cost of 0 never gets here; a full limiter refusing new keys rejects.
         Err(LimitError::Check(_) | LimitError::TooManyKeys { .. }) => {
-            Ok(Decision::rejected(0, 0, 0, None))
+            Ok(RuleDecision::from(Decision::rejected(0, 0, 0, None)))
         }
         Err(e) => Err(RequestError::Unavailable(e.to_string())),
     }
@@ -484,7 +492,7 @@ fn ok(limit: Option<Arc<Limit>>) -> DescriptorStatus {
     DescriptorStatus {
         code: Code::Ok,
         limit,
-        decision: None,
+        rule_decision: None,
         shadow_rejected: false,
     }
 }

@@ -1,0 +1,175 @@
+//! The rate-limit response headers, written in one place for every entry point: the
+//! tower layer, the service's HTTP API and its gRPC `response_headers_to_add`, and the
+//! proxy. Plain `(name, value)` strings, so no HTTP crate is needed to use them.
+//!
+//! What they mean (the IETF httpapi RateLimit header fields, structured-field form):
+//!
+//! - `RateLimit-Policy`: one item per policy of the rule set that decided, named after
+//!   the limit (`"NAME"` for a single policy; `"NAME.0"`, `"NAME.1"`, ... in rule-set
+//!   order for several), with `q` = the policy's headline limit (the most unit requests
+//!   an idle key admits at once) and `w` = the time that limit refers to, in whole
+//!   seconds rounded up ([`Policy::window_us`]: a window's length, or how long an empty
+//!   state takes to refill; left out for `concurrency`, which has none).
+//! - `RateLimit`: the binding policy's item (the one with the fewest requests left,
+//!   or the one that rejected) with `r` = requests it still admits now, after this one,
+//!   and `t` = seconds until it is whole again (rounded up).
+//! - `Retry-After` (on a reject only): whole seconds until the same request could pass,
+//!   rounded up, so a client never retries early; absent when no wait is known to help.
+//! - The legacy `X-RateLimit-Limit` / `-Remaining` / `-Reset` (binding policy's `q`, `r`
+//!   and `t`), for clients that predate the IETF fields.
+//!
+//! ```
+//! use tollgate::headers::RateLimitHeaders;
+//! use tollgate::{Op, Policy, PolicyState, RuleSet};
+//!
+//! let rules = RuleSet::parse(&["gcra:rate=10/s,burst=5", "fixed-window:limit=100,window=1m"])?;
+//! let mut states = rules.init(0);
+//! let d = rules.check(&mut states, 0, 1, Op::Try)?;
+//! let h = RateLimitHeaders::new("api", &rules, &d);
+//! assert_eq!(h.policy(), "\"api.0\";q=5;w=1, \"api.1\";q=100;w=60");
+//! assert_eq!(h.current(), "\"api.0\";r=4;t=1");
+//! assert_eq!(h.retry_after(), None);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use tollgate_core::{Policy, RuleDecision, RuleSet};
+
+/// The rate-limit headers of one decision (see the module doc for their meaning).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimitHeaders {
+    policy: String,
+    current: String,
+    retry_after_s: Option<u64>,
+    limit: u64,
+    remaining: u64,
+    reset_s: u64,
+}
+
+/// Microseconds as whole seconds, rounded up (a client must not act early).
+fn seconds(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+impl RateLimitHeaders {
+    /// The headers of `d`, a decision of `rules` for a limit called `name`.
+    pub fn new(name: &str, rules: &RuleSet, d: &RuleDecision) -> Self {
+        let policies = rules.policies();
+        let item = |i: usize| {
+            if policies.len() == 1 {
+                format!("\"{name}\"")
+            } else {
+                format!("\"{name}.{i}\"")
+            }
+        };
+        let policy = policies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Self::policy_item(&item(i), p))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let overall = &d.decision;
+        let binding = d.policies.get(d.binding).unwrap_or(overall);
+        let reset_s = seconds(binding.reset_after_us);
+        RateLimitHeaders {
+            policy,
+            current: format!("{};r={};t={reset_s}", item(d.binding), binding.remaining),
+            retry_after_s: (!overall.allowed)
+                .then_some(overall.retry_after_us)
+                .flatten()
+                .map(seconds),
+            limit: binding.limit,
+            remaining: binding.remaining,
+            reset_s,
+        }
+    }
+
+    fn policy_item(item: &str, p: &Policy) -> String {
+        match p.window_us() {
+            0 => format!("{item};q={}", p.limit()),
+            w => format!("{item};q={};w={}", p.limit(), seconds(w)),
+        }
+    }
+
+    /// The `RateLimit-Policy` value.
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+
+    /// The `RateLimit` value.
+    pub fn current(&self) -> &str {
+        &self.current
+    }
+
+    /// The `Retry-After` value in seconds, on a reject whose retry time is known.
+    pub fn retry_after(&self) -> Option<u64> {
+        self.retry_after_s
+    }
+
+    /// `RateLimit-Policy` and `RateLimit`, with lower-case names.
+    pub fn ietf(&self) -> [(&'static str, String); 2] {
+        [
+            ("ratelimit-policy", self.policy.clone()),
+            ("ratelimit", self.current.clone()),
+        ]
+    }
+
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`, with lower-case names.
+    pub fn legacy(&self) -> [(&'static str, String); 3] {
+        [
+            ("x-ratelimit-limit", self.limit.to_string()),
+            ("x-ratelimit-remaining", self.remaining.to_string()),
+            ("x-ratelimit-reset", self.reset_s.to_string()),
+        ]
+    }
+
+    /// `Retry-After`, on a reject whose retry time is known.
+    pub fn retry_after_header(&self) -> Option<(&'static str, String)> {
+        self.retry_after_s.map(|s| ("retry-after", s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::Op;
+
+    #[test]
+    fn a_single_policy_is_named_after_the_limit_and_a_reject_carries_retry_after() {
+        let rules = RuleSet::parse(&["fixed-window:limit=2,window=1m"]).unwrap();
+        let mut s = rules.init(0);
+        let d = rules.check(&mut s, 0, 1, Op::Try).unwrap();
+        let h = RateLimitHeaders::new("login", &rules, &d);
+        assert_eq!(h.policy(), "\"login\";q=2;w=60");
+        assert_eq!(h.current(), "\"login\";r=1;t=60");
+        assert_eq!(h.retry_after_header(), None);
+        rules.check(&mut s, 0, 1, Op::Try).unwrap();
+        let d = rules.check(&mut s, 500_000, 1, Op::Try).unwrap();
+        let h = RateLimitHeaders::new("login", &rules, &d);
+        // 59.5 s to wait: 60, rounded up.
+        assert_eq!(h.retry_after_header(), Some(("retry-after", "60".into())));
+        assert_eq!(
+            h.legacy(),
+            [
+                ("x-ratelimit-limit", "2".into()),
+                ("x-ratelimit-remaining", "0".into()),
+                ("x-ratelimit-reset", "60".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_rule_set_lists_every_policy_and_names_the_binding_one() {
+        let rules =
+            RuleSet::parse(&["gcra:rate=1/s,burst=10", "fixed-window:limit=2,window=1h"]).unwrap();
+        let mut s = rules.init(0);
+        let d = rules.check(&mut s, 0, 1, Op::Try).unwrap();
+        let h = RateLimitHeaders::new("api", &rules, &d);
+        assert_eq!(h.policy(), "\"api.0\";q=10;w=10, \"api.1\";q=2;w=3600");
+        // The hourly window has 1 left, the GCRA 9: the window binds.
+        assert_eq!(h.current(), "\"api.1\";r=1;t=3600");
+        let conc = RuleSet::parse(&["concurrency:limit=3"]).unwrap();
+        let mut s = conc.init(0);
+        let d = conc.check(&mut s, 0, 1, Op::Try).unwrap();
+        assert_eq!(RateLimitHeaders::new("c", &conc, &d).policy(), "\"c\";q=3");
+    }
+}
