@@ -48,6 +48,7 @@
 //! Guava's two limiters, which keep Guava's doubles to match it exactly.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod algorithm;
 pub mod algorithms;

@@ -34,6 +34,10 @@
 //! ```
 
 #![warn(missing_docs)]
+// Unsafe code lives in the keyed fast path only (words.rs, the flat key table; gate.rs,
+// its reader gate; keyed.rs, the shard that pairs them) and every block says why it is
+// sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod clock;
 mod concurrency;
