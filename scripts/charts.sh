@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the charts of the README's algorithm guide (docs/charts/*.png).
+# Regenerates the charts of the algorithm guide (docs/algorithms.md, docs/charts/*.png).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p tollgate-server

@@ -33,7 +33,7 @@ export PROPTEST_CASES="${PROPTEST_CASES:-400}"
 
 cargo test --workspace --all-targets --all-features --locked
 cargo test --workspace --doc --all-features --locked
-# The per-store example (README), run against a redis-server of its own, stopped by PID.
+# The per-store example (docs/redis.md), run against a redis-server of its own, stopped by PID.
 redis_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
 redis_pid=$!

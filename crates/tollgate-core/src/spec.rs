@@ -1,4 +1,4 @@
-//! The policy spec language: `ALGORITHM:key=value,key=value` (README: Policy specs).
+//! The policy spec language: `ALGORITHM:key=value,key=value` (docs/semantics.md).
 //!
 //! Parsing is where every error lives: a parsed [`Policy`](crate::Policy) is always
 //! valid, and prints back (`Display`) as a spec that parses to the same policy.

@@ -169,7 +169,7 @@ async fn redis_outage_applies_the_failure_policy_and_recovers() {
     );
 }
 
-/// `tollgate replay` (README): `--store redis` prints identical decisions to `--store memory`.
+/// `tollgate replay` (docs/cli.md): `--store redis` prints identical decisions to `--store memory`.
 #[test]
 fn replay_on_redis_prints_what_memory_prints() {
     let redis = RedisServers::standalone();

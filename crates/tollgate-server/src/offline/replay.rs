@@ -1,4 +1,4 @@
-//! `tollgate replay`: a request trace through a policy on a virtual clock (README: `tollgate replay`).
+//! `tollgate replay`: a request trace through a policy on a virtual clock (docs/cli.md: `tollgate replay`).
 //!
 //! Streams: one row in, one row out, state only per key, so a trace of any length
 //! runs in memory proportional to its number of distinct keys.
