@@ -181,14 +181,20 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Runs `n` copies of this test binary's test `child` (a test that is a no-op unless
-/// `env_var` is set, here to `value`) at once, and returns the numbers each printed
-/// after `tag` on a line of its stdout.
+/// Runs `n` copies of this test binary's test `child` (an `#[ignore]`d test that reads
+/// `env_var`, here set to `value`) at once, and returns the numbers each printed after
+/// `tag` on a line of its stdout.
 pub fn run_children(child: &str, n: usize, env_var: &str, value: &str, tag: &str) -> Vec<Vec<i64>> {
     let children: Vec<_> = (0..n)
         .map(|_| {
             Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", child, "--nocapture", "--test-threads=1"])
+                .args([
+                    "--exact",
+                    child,
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env(env_var, value)
                 .stdout(Stdio::piped())
                 .spawn()
