@@ -394,12 +394,9 @@ async fn limit_conn_holds_the_permit_until_the_response_body_ends() {
     assert_eq!(get_as(&proxy, "/api/x", Some("s")).await.status(), 200);
 }
 
-#[path = "../../tollgate/tests/support/redis_server.rs"]
-mod redis_server;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
-    let mut redis = redis_server::RedisServers::standalone();
+    let mut redis = tollgate_testkit::RedisServers::standalone();
     let up = upstream().await;
     let cfg = format!(
         "store:\n  kind: redis\n  url: {}\n  timeout: 200ms\n{}",

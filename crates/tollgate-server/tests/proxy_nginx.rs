@@ -4,11 +4,12 @@
 //! arrives at exactly the same instant for both, so every decision must agree.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tollgate_testkit::{free_port, Killed};
 
 const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 const BASE_S: u64 = 1_767_225_600; // 2026-01-01T00:00:00Z
@@ -35,23 +36,6 @@ const ZONES: &[(&str, &str, &str, &str)] = &[
         "limit-req:rate=7/m,burst=2,nodelay",
     ),
 ];
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn set_time(file: &std::path::Path, t_us: u64) {
     let secs = BASE_S + t_us / 1_000_000;

@@ -1,8 +1,7 @@
 //! `tollgate serve` and `tollgate replay` on the Redis store: real redis-server
 //! processes, real `tollgate` processes, a real HTTP client.
 
-#[path = "../../tollgate/tests/support/redis_server.rs"]
-mod redis_server;
+use tollgate_testkit as testkit;
 #[path = "support/serve.rs"]
 mod serve_process;
 
@@ -10,8 +9,8 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use redis_server::RedisServers;
 use serve_process::{request, Server};
+use testkit::RedisServers;
 
 const RULES: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n  - key: paced\n    policies: [\"gcra:rate=10/s,burst=2\", \"sliding-log:limit=4,window=1m\"]\n";
 
@@ -36,7 +35,7 @@ mod tempdir {
             let path = std::env::temp_dir().join(format!(
                 "tollgate-serve-redis-{}-{}",
                 std::process::id(),
-                super::redis_server::free_port()
+                super::testkit::free_port()
             ));
             std::fs::create_dir_all(&path).unwrap();
             Dir { path }

@@ -2,10 +2,9 @@
 //! against the memory store and against real Redis (Functions, EVALSHA, Cluster),
 //! through `AnyLimiter` as a server would hold it; and the tower layer over it.
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use tollgate_testkit as testkit;
 
-use redis_server::{rt, RedisServers};
+use testkit::{rt, RedisServers};
 use tollgate::redis::{RedisCalls, RedisOptions, RedisStore};
 use tollgate::{AnyLimiter, CheckError, LimitError, Op, RateLimiter, RuleSet};
 
@@ -102,7 +101,7 @@ fn every_store_behaves_alike_behind_the_one_interface() {
 
 #[test]
 fn an_unreachable_redis_is_a_transient_error() {
-    let port = redis_server::free_port();
+    let port = testkit::free_port();
     rt().block_on(async {
         let opts = RedisOptions {
             timeout: std::time::Duration::from_millis(200),

@@ -2,10 +2,9 @@
 //! 3-master Cluster).
 #![allow(clippy::disallowed_methods)] // tests time real servers
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use tollgate_testkit as testkit;
 
-use redis_server::{rt, RedisServers};
+use testkit::{rt, RedisServers};
 use tollgate::redis::{RedisCalls, RedisLimiter, RedisOptions, RedisStore};
 use tollgate::{Op, RuleSet};
 
@@ -153,12 +152,12 @@ fn hammer_child_process() {
 
 #[test]
 fn four_processes_share_one_global_limit() {
-    let _serial = redis_server::timing_sensitive();
+    let _serial = testkit::timing_sensitive();
     let servers = RedisServers::standalone();
     let ms = HAMMER_MS;
     let clock = tollgate::MonotonicClock::new();
     let started = tollgate::Clock::now_us(&clock);
-    let reports = redis_server::run_children(
+    let reports = testkit::run_children(
         "hammer_child_process",
         4,
         "TOLLGATE_HAMMER_URL",
@@ -260,7 +259,7 @@ async fn hammer(
 /// Redis decides again within one probe interval of its return.
 #[test]
 fn redis_killed_mid_load_then_restarted() {
-    let _serial = redis_server::timing_sensitive();
+    let _serial = testkit::timing_sensitive();
     use std::time::Duration;
     let mut servers = RedisServers::standalone();
     let rt = rt();
@@ -333,7 +332,7 @@ fn redis_killed_mid_load_then_restarted() {
 /// exact (the state moves with the key).
 #[test]
 fn cluster_slot_migration_under_load_keeps_the_limit_exact() {
-    let _serial = redis_server::timing_sensitive();
+    let _serial = testkit::timing_sensitive();
     use std::time::Duration;
     let servers = RedisServers::cluster();
     let node = |port: u16| {

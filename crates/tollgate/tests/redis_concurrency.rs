@@ -3,14 +3,13 @@
 //! limit, cancel safety, and the failure policy.
 #![allow(clippy::disallowed_methods)]
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use tollgate_testkit as testkit;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redis_server::{rt, RedisServers};
+use testkit::{rt, RedisServers};
 use tollgate::redis::{
     OnError, PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisOptions,
     RedisStore,
@@ -63,7 +62,7 @@ fn limits_and_releases_on_one_node_and_a_cluster() {
 
 #[test]
 fn waiters_are_served_first_come_first_served() {
-    let _serial = redis_server::timing_sensitive();
+    let _serial = testkit::timing_sensitive();
     let servers = RedisServers::standalone();
     rt().block_on(async {
         let store = RedisStore::connect(&servers.url()).await.unwrap();
@@ -97,7 +96,7 @@ fn waiters_are_served_first_come_first_served() {
 
 #[test]
 fn a_held_permit_renews_its_lease_and_a_dropped_waiter_leaves_the_queue() {
-    let _serial = redis_server::timing_sensitive();
+    let _serial = testkit::timing_sensitive();
     let servers = RedisServers::standalone();
     rt().block_on(async {
         let store = RedisStore::connect(&servers.url()).await.unwrap();
@@ -158,7 +157,7 @@ fn lease_holder_child_process() {
 
 #[test]
 fn a_killed_holder_gives_its_permit_back_after_the_lease() {
-    let _serial = redis_server::timing_sensitive();
+    let _serial = testkit::timing_sensitive();
     let servers = RedisServers::standalone();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -259,9 +258,9 @@ fn permit_hammer_child_process() {
 
 #[test]
 fn three_processes_never_exceed_the_limit() {
-    let _serial = redis_server::timing_sensitive();
+    let _serial = testkit::timing_sensitive();
     let servers = RedisServers::standalone();
-    let reports = redis_server::run_children(
+    let reports = testkit::run_children(
         "permit_hammer_child_process",
         3,
         "TOLLGATE_PERMIT_HAMMER_URL",
@@ -281,7 +280,7 @@ fn three_processes_never_exceed_the_limit() {
 
 #[test]
 fn failure_policy_applies_while_redis_is_down_and_redis_decides_again_after() {
-    let _serial = redis_server::timing_sensitive();
+    let _serial = testkit::timing_sensitive();
     let mut servers = RedisServers::standalone();
     rt().block_on(async {
         let opts = RedisOptions {

@@ -8,14 +8,13 @@
 //! one call in flight a group after the first rides one call in trace order, so the
 //! driver's many-checks-per-call path is what decides them.
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use tollgate_testkit as testkit;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use redis_server::RedisServers;
+use testkit::RedisServers;
 use tollgate::redis::{RedisCalls, RedisLimiter, RedisOptions, RedisStore};
 use tollgate::{Op, PolicyState, RuleSet};
 

@@ -4,8 +4,7 @@
 //! refused at construction.
 #![allow(clippy::disallowed_methods)] // children read the wall clock Redis TIME shares
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use tollgate_testkit as testkit;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -13,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use redis_server::{rt, RedisServers};
+use testkit::{rt, RedisServers};
 use tollgate::redis::{LeaseOptions, LeasedLimiter, RedisStore, StoreError};
 use tollgate::{Op, PolicyState, RuleSet};
 

@@ -1,16 +1,16 @@
 //! Real Redis servers for tests: a standalone server or a 3-master Cluster, started
 //! from the `redis-server` binary on free loopback ports and stopped by PID on drop.
-//! `scripts/test.sh` installs Redis when it is missing.
-#![allow(dead_code, clippy::disallowed_methods)]
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::process::{distinct_ports, free_port};
+
 /// Running redis-server processes.
 pub struct RedisServers {
     children: Vec<Child>,
+    /// Their ports, in start order.
     pub ports: Vec<u16>,
     dir: PathBuf,
 }
@@ -81,16 +81,7 @@ impl RedisServers {
         std::fs::create_dir_all(&dir).unwrap();
         let mut children = Vec::new();
         let mut ports = Vec::new();
-        // Distinct ports: each listener is held until all are chosen.
-        let held: Vec<TcpListener> = (0..n)
-            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let chosen: Vec<u16> = held
-            .iter()
-            .map(|l| l.local_addr().unwrap().port())
-            .collect();
-        drop(held);
-        for (i, port) in chosen.into_iter().enumerate() {
+        for (i, port) in distinct_ports(n).into_iter().enumerate() {
             let mut cmd = Command::new("redis-server");
             cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no"])
@@ -170,15 +161,6 @@ impl Drop for RedisServers {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A loopback port nobody listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Runs `n` copies of this test binary's test `child` (an `#[ignore]`d test that reads
