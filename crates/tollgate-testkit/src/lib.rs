@@ -13,5 +13,5 @@
 mod process;
 mod redis;
 
-pub use process::{distinct_ports, free_port, Killed};
+pub use process::{distinct_ports, free_port, release, Killed};
 pub use redis::{rt, run_children, timing_sensitive, RedisServers};

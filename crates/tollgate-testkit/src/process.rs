@@ -1,7 +1,9 @@
 //! Child processes and ports.
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::process::Child;
+use std::sync::Mutex;
 
 /// A child process killed (and reaped) when the guard drops, so that a failing test
 /// leaves nothing running.
@@ -14,18 +16,39 @@ impl Drop for Killed {
     }
 }
 
-/// A loopback port nobody listens on right now.
+/// Ports handed out in this process and not released: a server stopped for a while
+/// (a Redis restart test) keeps its port, so a test running beside it never gets it.
+static RESERVED: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+fn reserved() -> std::sync::MutexGuard<'static, BTreeSet<u16>> {
+    RESERVED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A loopback port nobody listens on right now, reserved for this process.
 pub fn free_port() -> u16 {
     distinct_ports(1)[0]
 }
 
 /// `n` loopback ports nobody listens on right now, all different (each listener is
-/// held until all are chosen).
+/// held until all are chosen) and none handed out before in this process unless
+/// [`release`]d.
 pub fn distinct_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a loopback port"))
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().expect("a bound address").port())
-        .collect()
+    let mut taken = reserved();
+    let mut held = Vec::with_capacity(n);
+    while held.len() < n {
+        let l = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let port = l.local_addr().expect("a bound address").port();
+        if taken.insert(port) {
+            held.push((port, l));
+        }
+    }
+    held.into_iter().map(|(port, _)| port).collect()
+}
+
+/// Gives `ports` back for later tests to use.
+pub fn release(ports: &[u16]) {
+    let mut taken = reserved();
+    for p in ports {
+        taken.remove(p);
+    }
 }

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{distinct_ports, free_port};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::process::{distinct_ports, release};
 
 /// Running redis-server processes.
 pub struct RedisServers {
@@ -73,10 +75,11 @@ impl RedisServers {
     }
 
     fn spawn(n: usize, cluster: bool, extra: &[&str]) -> RedisServers {
+        static MADE: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "tollgate-redis-{}-{}",
             std::process::id(),
-            free_port()
+            MADE.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let mut children = Vec::new();
@@ -140,15 +143,35 @@ impl RedisServers {
     /// Starts server `i` again on its port.
     pub fn restart(&mut self, i: usize) {
         let port = self.ports[i];
-        self.children[i] = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let spawn = || {
+            Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&self.dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        // A server that exits at once could not bind yet (the old socket lingering on
+        // a loaded machine): start it again until it stays up.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut child = spawn();
+        loop {
+            std::thread::sleep(Duration::from_millis(50));
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "redis-server on port {port} keeps exiting ({status})"
+                    );
+                    child = spawn();
+                }
+                _ => break,
+            }
+        }
+        self.children[i] = child;
         self.wait_ready();
     }
 }
@@ -160,6 +183,7 @@ impl Drop for RedisServers {
             let _ = c.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        release(&self.ports);
     }
 }
 
