@@ -65,3 +65,4 @@ pub use limiter::Limiter;
 pub use rate_limiter::{AnyLimiter, LimitError, RateLimiter};
 pub use stream::{Paced, TooCostly};
 pub use tollgate_core::*;
+pub use wait::RefundOnDrop;

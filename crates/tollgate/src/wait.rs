@@ -4,11 +4,22 @@ use std::time::Duration;
 
 /// Gives a reservation back if the waiter goes away before its time (a dropped
 /// future): the capacity is not lost, and waiters queued behind keep their places.
-pub(crate) struct RefundOnDrop<F: FnMut()> {
+/// The one refund-on-drop guard: the limiters, the tower layer and the server's
+/// `/v1/acquire` all wait behind it.
+///
+/// ```
+/// let refunded = std::cell::Cell::new(false);
+/// drop(tollgate::RefundOnDrop::new(|| refunded.set(true))); // the waiter went away
+/// assert!(refunded.get());
+/// let kept = tollgate::RefundOnDrop::new(|| unreachable!());
+/// kept.disarm(); // the wait completed: the reservation stands
+/// ```
+pub struct RefundOnDrop<F: FnOnce()> {
     refund: Option<F>,
 }
 
-impl<F: FnMut()> RefundOnDrop<F> {
+impl<F: FnOnce()> RefundOnDrop<F> {
+    /// A guard that calls `refund` when dropped armed.
     pub fn new(refund: F) -> Self {
         RefundOnDrop {
             refund: Some(refund),
@@ -21,16 +32,16 @@ impl<F: FnMut()> RefundOnDrop<F> {
     }
 }
 
-impl<F: FnMut()> Drop for RefundOnDrop<F> {
+impl<F: FnOnce()> Drop for RefundOnDrop<F> {
     fn drop(&mut self) {
-        if let Some(mut refund) = self.refund.take() {
+        if let Some(refund) = self.refund.take() {
             refund();
         }
     }
 }
 
 /// Sleeps `wait` on tokio's timer; dropping the future refunds through `guard`.
-pub(crate) async fn sleep_or_refund<F: FnMut()>(wait: Duration, guard: RefundOnDrop<F>) {
+pub(crate) async fn sleep_or_refund<F: FnOnce()>(wait: Duration, guard: RefundOnDrop<F>) {
     tokio::time::sleep(wait).await;
     guard.disarm();
 }

@@ -224,39 +224,16 @@ async fn acquire(
         return response;
     }
     if result.overall == Code::Ok && !wait.is_zero() {
-        // If the client goes away, axum drops this future: refund then.
-        let mut guard = Refund {
-            service: service.clone(),
-            domain: body.domain.clone(),
-            descriptors: descriptors.clone(),
-            hits,
-            armed: true,
-        };
+        // If the client goes away, axum drops this future: refund then (from a task
+        // of its own: a refund may need Redis).
+        let (svc, domain, descs) = (service.clone(), body.domain.clone(), descriptors.clone());
+        let guard = tollgate::RefundOnDrop::new(move || {
+            tokio::spawn(async move { svc.refund(&domain, &descs, hits).await });
+        });
         tokio::time::sleep(wait).await;
-        guard.armed = false;
+        guard.disarm();
     }
     respond(&result)
-}
-
-struct Refund {
-    service: Arc<DecisionService>,
-    domain: String,
-    descriptors: Vec<DescriptorRequest>,
-    hits: u64,
-    armed: bool,
-}
-
-impl Drop for Refund {
-    fn drop(&mut self) {
-        if self.armed {
-            let service = self.service.clone();
-            let domain = std::mem::take(&mut self.domain);
-            let descriptors = std::mem::take(&mut self.descriptors);
-            let hits = self.hits;
-            // A refund may need Redis: send it from a task of its own.
-            tokio::spawn(async move { service.refund(&domain, &descriptors, hits).await });
-        }
-    }
 }
 
 #[derive(Debug, Deserialize)]
