@@ -3,7 +3,7 @@
 //! u64, decided by plain 64-bit arithmetic).
 
 use tollgate_core::algorithms::GcraParams;
-use tollgate_core::{Algo, CheckError, Decision, Mode, Op, RuleDecision, RuleSet};
+use tollgate_core::{Algo, CheckError, Decision, Mode, Op, RuleSet};
 
 /// A limiter's current configuration.
 #[derive(Debug)]
@@ -73,9 +73,4 @@ impl Config {
         };
         Config { rules, fast }
     }
-}
-
-/// A rule-set decision in the shape single-policy callers expect.
-pub(crate) fn single(d: Decision) -> RuleDecision {
-    RuleDecision::from(d)
 }

@@ -16,7 +16,7 @@ use tollgate_core::{
     CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
 };
 
-use crate::config::{single, Config, FastGcra};
+use crate::config::{Config, FastGcra};
 use crate::wait::{block, sleep_or_refund, RefundOnDrop};
 
 /// What a full keyed limiter does with a new key (after dropping idle ones).
@@ -111,7 +111,7 @@ impl Outcome {
 
     fn detailed(self) -> RuleDecision {
         match self {
-            Outcome::One(d) => single(d),
+            Outcome::One(d) => RuleDecision::from(d),
             Outcome::Rules(r) => r,
         }
     }

@@ -9,7 +9,7 @@ use tollgate_core::{
     CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
 };
 
-use crate::config::{single, Config, FastGcra};
+use crate::config::{Config, FastGcra};
 use crate::wait::{block, sleep_or_refund, RefundOnDrop};
 
 /// One limit shared by every clone (state behind an `Arc`): `Send + Sync`, cheap to
@@ -175,7 +175,7 @@ impl<C: Clock> Limiter<C> {
     pub fn check_rules(&self, cost: u64, op: Op) -> Result<RuleDecision, CheckError> {
         let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
-            return self.gcra(words, now, cost, op).map(single);
+            return self.gcra(words, now, cost, op).map(RuleDecision::from);
         }
         let mut states = self.states();
         // Read under the lock: a reconfiguration swaps config and states together.

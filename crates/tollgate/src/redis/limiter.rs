@@ -209,7 +209,7 @@ impl RedisLimiter {
         let compiled = self.inner.compiled.load_full();
         if op == Op::Try && self.inner.opts.negative_cache {
             if let Some(d) = self.cached(key, cost) {
-                return Ok(single(d));
+                return Ok(RuleDecision::from(d));
             }
         }
         let health = &self.inner.health;
@@ -408,9 +408,14 @@ impl RedisLimiter {
         let limit = compiled.rules.policies()[0].limit();
         let probe_us = self.inner.opts.probe_interval.as_micros() as u64;
         let d = match (&self.inner.opts.on_error, &compiled.local) {
-            (OnError::FailOpen, _) => Ok(single(Decision::admitted(limit, 0, 0, 0))),
+            (OnError::FailOpen, _) => Ok(RuleDecision::from(Decision::admitted(limit, 0, 0, 0))),
             // Retry when Redis is next asked.
-            (OnError::FailClosed, _) => Ok(single(Decision::rejected(limit, 0, 0, Some(probe_us)))),
+            (OnError::FailClosed, _) => Ok(RuleDecision::from(Decision::rejected(
+                limit,
+                0,
+                0,
+                Some(probe_us),
+            ))),
             (OnError::Local(_), Some(local)) => {
                 local.check_rules(key, cost, op).map_err(|e| match e {
                     crate::KeyedError::Check(c) => StoreError::Check(c),
@@ -513,14 +518,6 @@ fn compile(
         _ => None,
     };
     Ok(Compiled { rules, wire, local })
-}
-
-fn single(d: Decision) -> RuleDecision {
-    RuleDecision {
-        decision: d,
-        binding: 0,
-        policies: vec![d],
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
