@@ -12,10 +12,21 @@ use std::time::Duration;
 use serve_process::{request, Server};
 use testkit::RedisServers;
 
-const RULES: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n  - key: paced\n    policies: [\"gcra:rate=10/s,burst=2\", \"sliding-log:limit=4,window=1m\"]\n";
+const RULES: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: { unit: day, requests_per_unit: 5 }\n  - key: paced\n    policies: [\"gcra:rate=10/s,burst=2\", \"sliding-log:limit=4,window=1m\"]\n";
 
 /// Writes a config (store section `store`) and rules into a fresh directory.
+///
+/// `user` counts 5 per UTC day in a fixed window: a test that counts on one
+/// window must not straddle its end, so near midnight this waits for the next day.
 fn config(store: &str) -> tempdir::Dir {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let left = 86_400 - now % 86_400;
+    if left < 120 {
+        std::thread::sleep(Duration::from_secs(left + 1));
+    }
     let dir = tempdir::Dir::new();
     std::fs::write(dir.path.join("rules.yaml"), RULES).unwrap();
     std::fs::write(
@@ -89,7 +100,7 @@ async fn two_servers_share_one_limit_in_redis() {
     let dir = config(&format!("  kind: redis\n  url: {}\n", redis.url()));
     let a = start(&dir.path.join("tollgate.yaml"));
     let b = start(&dir.path.join("tollgate.yaml"));
-    // 5 per minute, whichever instance is asked.
+    // 5 a day, whichever instance is asked.
     assert_eq!(alternate(&a, &b, 12).await, 5);
     // A rule set (GCRA burst 2 and a log of 4 per minute) decided in one script call.
     let codes: Vec<u16> = {
@@ -131,7 +142,7 @@ async fn redis_outage_applies_the_failure_policy_and_recovers() {
     redis.stop(0);
     let clock = tollgate::MonotonicClock::new();
     let started = tollgate::Clock::now_us(&clock);
-    // Fail closed: rejected; fail open: admitted; local: one fifth of 5/min = 1/min.
+    // Fail closed: rejected; fail open: admitted; local: one fifth of 5/day = 1/day.
     for _ in 0..3 {
         assert_eq!(check(&c, "user", "u2").await.0, 429);
         assert_eq!(check(&o, "user", "u2").await.0, 200);
@@ -273,11 +284,11 @@ async fn leased_servers_share_one_limit_and_refuse_rules_a_lease_cannot_keep() {
         err.contains("shared/paced") && err.contains("sliding-log cannot be leased"),
         "{err}"
     );
-    // Leasable limits: two servers alternating on one key stay within 5 a minute.
+    // Leasable limits: two servers alternating on one key stay within 5 a day.
     let dir = config(&store);
     std::fs::write(
         dir.path.join("rules.yaml"),
-        "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
+        "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: { unit: day, requests_per_unit: 5 }\n",
     )
     .unwrap();
     let a = start(&dir.path.join("tollgate.yaml"));
