@@ -1,12 +1,10 @@
 //! [`Policy`]: any algorithm plus the options every policy has, behind one type, as
 //! parsed from a spec. Stores and servers hold `Policy` + [`PolicyState`].
 
-use std::str::FromStr;
-
 use crate::algorithm::{Algorithm, Mode};
 use crate::algorithms::*;
 use crate::decision::{CheckError, Decision};
-use crate::spec::{self, SpecError};
+use crate::kind::AlgorithmKind;
 use crate::units::MAX_TIME_US;
 
 /// Try (reject) or acquire (wait, bounded by the policy's `max-wait`).
@@ -35,6 +33,26 @@ pub enum Algo {
     LimitReq(LimitReq),
     Shaper(Shaper),
     Concurrency(Concurrency),
+}
+
+impl Algo {
+    /// Which algorithm this is (its row of the algorithm table).
+    pub fn kind(&self) -> AlgorithmKind {
+        match self {
+            Algo::FixedWindow(_) => AlgorithmKind::FixedWindow,
+            Algo::SlidingLog(_) => AlgorithmKind::SlidingLog,
+            Algo::SlidingWindow(_) => AlgorithmKind::SlidingWindow,
+            Algo::SlidingWindowWeighted(_) => AlgorithmKind::SlidingWindowWeighted,
+            Algo::LeakyBucket(_) => AlgorithmKind::LeakyBucket,
+            Algo::Gcra(_) => AlgorithmKind::Gcra,
+            Algo::TokenBucket(_) => AlgorithmKind::TokenBucket,
+            Algo::SmoothBursty(_) => AlgorithmKind::SmoothBursty,
+            Algo::SmoothWarmup(_) => AlgorithmKind::SmoothWarmup,
+            Algo::LimitReq(_) => AlgorithmKind::LimitReq,
+            Algo::Shaper(_) => AlgorithmKind::Shaper,
+            Algo::Concurrency(_) => AlgorithmKind::Concurrency,
+        }
+    }
 }
 
 /// One key's state under a [`Policy`].
@@ -121,11 +139,6 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Parses a spec such as `gcra:rate=10/s,burst=5` (see the crate docs).
-    pub fn parse(spec: &str) -> Result<Self, SpecError> {
-        spec::parse(spec)
-    }
-
     pub(crate) fn from_parts(algo: Algo, max_wait_us: Option<u64>, shadow: bool) -> Self {
         Policy {
             algo,
@@ -452,12 +465,5 @@ impl Policy {
             Algo::Shaper(a) => a.limit(),
             Algo::Concurrency(a) => a.limit(),
         }
-    }
-}
-
-impl FromStr for Policy {
-    type Err = SpecError;
-    fn from_str(s: &str) -> Result<Self, SpecError> {
-        Policy::parse(s)
     }
 }

@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::algorithms::*;
+use crate::kind::{params_of, spec_names};
 use crate::policy::{Algo, Policy};
 use crate::units::{fmt_duration, parse_duration, Rate, MAX_COUNT};
 
@@ -19,39 +20,8 @@ pub struct SpecError {
     pub message: String,
 }
 
-/// The algorithm names, as written in specs.
-pub const ALGORITHMS: &[&str] = &[
-    "fixed-window",
-    "sliding-log",
-    "sliding-window",
-    "leaky-bucket",
-    "gcra",
-    "token-bucket",
-    "smooth-bursty",
-    "smooth-warmup",
-    "limit-req",
-    "shaper",
-    "concurrency",
-];
-
 /// Parameters every algorithm accepts.
 const COMMON: &[&str] = &["max-wait", "shadow"];
-
-fn params_of(algo: &str) -> &'static [&'static str] {
-    match algo {
-        "fixed-window" => &["limit", "window", "align"],
-        "sliding-log" => &["limit", "window"],
-        "sliding-window" => &["limit", "window", "buckets", "mode"],
-        "leaky-bucket" | "token-bucket" => &["rate", "capacity"],
-        "gcra" => &["rate", "burst"],
-        "smooth-bursty" => &["rate", "max-burst"],
-        "smooth-warmup" => &["rate", "warmup", "cold-factor"],
-        "limit-req" => &["rate", "burst", "nodelay", "delay"],
-        "shaper" => &["rate", "queue"],
-        "concurrency" => &["limit"],
-        _ => &[],
-    }
-}
 
 /// The `key=value` pairs of one spec, consumed as the algorithm reads them.
 struct Params<'a> {
@@ -69,9 +39,18 @@ impl<'a> Params<'a> {
                 Some((k, v)) => (k.trim(), Some(v.trim())),
                 None => (part, None),
             };
-            let known = params_of(algo).iter().chain(COMMON).any(|p| *p == key);
+            let known = params_of(algo)
+                .unwrap_or_default()
+                .iter()
+                .chain(COMMON)
+                .any(|p| *p == key);
             if !known {
-                let expected: Vec<&str> = params_of(algo).iter().chain(COMMON).copied().collect();
+                let expected: Vec<&str> = params_of(algo)
+                    .unwrap_or_default()
+                    .iter()
+                    .chain(COMMON)
+                    .copied()
+                    .collect();
                 return Err(format!(
                     "{algo}: unknown parameter '{key}' (expected one of: {})",
                     expected.join(", ")
@@ -162,22 +141,39 @@ impl<'a> Params<'a> {
     }
 }
 
-pub(crate) fn parse(spec: &str) -> Result<Policy, SpecError> {
-    parse_inner(spec).map_err(|message| SpecError {
-        spec: spec.to_string(),
-        message,
-    })
+impl Policy {
+    /// Parses a spec such as `gcra:rate=10/s,burst=5` (see the crate docs).
+    pub fn parse(spec: &str) -> Result<Self, SpecError> {
+        parse_inner(spec).map_err(|message| SpecError {
+            spec: spec.to_string(),
+            message,
+        })
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        Policy::parse(s)
+    }
 }
 
 fn parse_inner(spec: &str) -> Res<Policy> {
     let spec = spec.trim();
     let (name, body) = spec.split_once(':').unwrap_or((spec, ""));
     let name = name.trim();
-    let algo = ALGORITHMS.iter().copied().find(|a| *a == name).ok_or_else(|| {
+    let names = spec_names();
+    let algo = names.iter().copied().find(|a| *a == name).ok_or_else(|| {
         if name.is_empty() {
-            format!("missing algorithm (expected ALGORITHM:key=value,... with ALGORITHM one of: {})", ALGORITHMS.join(", "))
+            format!(
+                "missing algorithm (expected ALGORITHM:key=value,... with ALGORITHM one of: {})",
+                names.join(", ")
+            )
         } else {
-            format!("unknown algorithm '{name}' (expected one of: {})", ALGORITHMS.join(", "))
+            format!(
+                "unknown algorithm '{name}' (expected one of: {})",
+                names.join(", ")
+            )
         }
     })?;
     let p = Params::parse(algo, body)?;
@@ -276,7 +272,7 @@ fn parse_inner(spec: &str) -> Res<Policy> {
         }
         "shaper" => Algo::Shaper(p.build(Shaper::new(p.rate()?, p.count("queue", "100")?))?),
         "concurrency" => Algo::Concurrency(p.build(Concurrency::new(p.count("limit", "10")?))?),
-        _ => unreachable!("every name in ALGORITHMS is handled"),
+        _ => unreachable!("every spec name of the algorithm table is handled"),
     };
     let max_wait_us = match p.value("max-wait")? {
         Some(v) => Some(p.duration_of("max-wait", v)?),

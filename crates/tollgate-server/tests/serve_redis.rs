@@ -19,14 +19,7 @@ const RULES: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit
 /// `user` counts 5 per UTC day in a fixed window: a test that counts on one
 /// window must not straddle its end, so near midnight this waits for the next day.
 fn config(store: &str) -> tempdir::Dir {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let left = 86_400 - now % 86_400;
-    if left < 120 {
-        std::thread::sleep(Duration::from_secs(left + 1));
-    }
+    testkit::clear_of_window_end(Duration::from_secs(86_400), Duration::from_secs(120));
     let dir = tempdir::Dir::new();
     std::fs::write(dir.path.join("rules.yaml"), RULES).unwrap();
     std::fs::write(

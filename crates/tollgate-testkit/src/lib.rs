@@ -15,3 +15,18 @@ mod redis;
 
 pub use process::{distinct_ports, free_port, release, Killed};
 pub use redis::{rt, run_children, timing_sensitive, RedisServers};
+
+/// Sleeps past the end of the current clock-aligned window of `window` (windows start
+/// at multiples of it since the Unix epoch, as `fixed-window` and Envoy's units do)
+/// when less than `margin` of it is left, so that a test counting admissions in one
+/// window never straddles two.
+pub fn clear_of_window_end(window: std::time::Duration, margin: std::time::Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    let left = window.as_micros() - now % window.as_micros();
+    if left < margin.as_micros() {
+        std::thread::sleep(std::time::Duration::from_micros(left as u64 + 1_000));
+    }
+}

@@ -25,7 +25,7 @@ local function tokens_at(p, s, at)
   return s.level - (s.last - at) * p.per_us
 end
 
-ALGOS[2] = {
+ALGOS[CODE.TOKEN_BUCKET] = {
   params = bucket_params,
   load = function(p, key)
     local v = load_fields(key)
@@ -56,7 +56,7 @@ ALGOS[2] = {
     s.level = tokens_at(p, s, deadline) - n * p.per_unit
     s.last = deadline
   end,
-  lease_return = function(p, s, now, units) ALGOS[2].refund(p, s, now, units) end,
+  lease_return = function(p, s, now, units) ALGOS[CODE.TOKEN_BUCKET].refund(p, s, now, units) end,
   reset_after = function(p, s, now) return ceil_us(p.cap - tokens_at(p, s, now), p.per_us) end,
 }
 
@@ -70,7 +70,7 @@ local function level_at(p, s, at)
   return s.level + (s.last - at) * p.per_us
 end
 
-ALGOS[3] = {
+ALGOS[CODE.LEAKY_BUCKET] = {
   params = bucket_params,
   load = function(p, key)
     local v = load_fields(key)
@@ -99,6 +99,6 @@ ALGOS[3] = {
     s.level = level_at(p, s, deadline) + n * p.per_unit
     s.last = deadline
   end,
-  lease_return = function(p, s, now, units) ALGOS[3].refund(p, s, now, units) end,
+  lease_return = function(p, s, now, units) ALGOS[CODE.LEAKY_BUCKET].refund(p, s, now, units) end,
   reset_after = function(p, s, now) return ceil_us(level_at(p, s, now), p.per_us) end,
 }

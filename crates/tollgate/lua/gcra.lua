@@ -11,7 +11,7 @@ local function gcra_next(p, s, now, cost)
   return ticks_norm(u, f + cost * p.interval, p.scale)
 end
 
-ALGOS[1] = {
+ALGOS[CODE.GCRA] = {
   params = function(a) return { scale = a[1], interval = a[2], tau = a[3] } end,
   load = function(p, key)
     local v = redis.call('GET', key)
@@ -42,7 +42,7 @@ ALGOS[1] = {
     return shadow and 1 or 0, nil
   end,
   check = function(p, s, now, cost, acquire, max_wait)
-    if p.scale ~= 1 or s.f ~= 0 then return check_schedule(ALGOS[1], p, s, now, cost, acquire, max_wait) end
+    if p.scale ~= 1 or s.f ~= 0 then return check_schedule(ALGOS[CODE.GCRA], p, s, now, cost, acquire, max_wait) end
     -- Whole-microsecond intervals (every state's frac is 0): the arithmetic of
     -- earliest/admit below without the fractions.
     local new = s.u
@@ -85,7 +85,7 @@ ALGOS[1] = {
     if u < deadline then u, f = deadline, 0 end
     s.u, s.f = ticks_norm(u, f + n * p.interval, p.scale)
   end,
-  lease_return = function(p, s, now, units) ALGOS[1].refund(p, s, now, units) end,
+  lease_return = function(p, s, now, units) ALGOS[CODE.GCRA].refund(p, s, now, units) end,
   reset_after = function(p, s, now)
     local u = s.u
     if s.f > 0 then u = u + 1 end

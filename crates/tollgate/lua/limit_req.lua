@@ -19,7 +19,7 @@ local function lr_when_drained_to(p, s, target)
   return s.last + cdiv(1000 * over, p.rate_milli)
 end
 
-ALGOS[10] = {
+ALGOS[CODE.LIMIT_REQ] = {
   params = function(a) return { rate_milli = a[1], burst_milli = a[2], delay_milli = a[3] } end,
   load = function(p, key, created)
     local v = load_fields(key)

@@ -68,6 +68,23 @@ end
 --   check(p, s, now, cost, acquire, max_wait) -> admitted, wait   (mutates s when admitted)
 --   refund(p, s, now, cost)
 --   reset_after(p, s, now) -> us until the state is fully replenished (its TTL)
+-- The wire code of each algorithm, as the Rust side sends it (its algorithm table,
+-- crates/tollgate-core/src/kind.rs, is the source; a test checks this block).
+local CODE = {
+  GCRA = 1,
+  TOKEN_BUCKET = 2,
+  LEAKY_BUCKET = 3,
+  FIXED_WINDOW = 4,
+  SLIDING_LOG = 5,
+  SLIDING_WINDOW = 6,
+  SLIDING_WINDOW_WEIGHTED = 7,
+  SMOOTH_BURSTY = 8,
+  SMOOTH_WARMUP = 9,
+  LIMIT_REQ = 10,
+  SHAPER = 11,
+  CONCURRENCY = 12,
+}
+
 local ALGOS = {}
 
 -- Most states are one key holding space-separated numbers.

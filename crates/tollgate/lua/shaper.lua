@@ -17,7 +17,7 @@ local function sh_release(u, f)
   return u
 end
 
-ALGOS[11] = {
+ALGOS[CODE.SHAPER] = {
   params = function(a) return { scale = a[1], interval = a[2], queue = a[3] } end,
   load = function(p, key)
     local v = load_fields(key)

@@ -88,5 +88,5 @@ local function smooth(warmup)
   }
 end
 
-ALGOS[8] = smooth(false)
-ALGOS[9] = smooth(true)
+ALGOS[CODE.SMOOTH_BURSTY] = smooth(false)
+ALGOS[CODE.SMOOTH_WARMUP] = smooth(true)

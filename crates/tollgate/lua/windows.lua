@@ -9,7 +9,7 @@ local function period_end(now, width) return (idiv(now, width) + 1) * width end
 -- State: "start count": `count` admitted in the window starting at `start` (us).
 local function fw_live(p, s, now) return s.count > 0 and now < s.start + p.window end
 
-ALGOS[4] = {
+ALGOS[CODE.FIXED_WINDOW] = {
   params = function(a) return { limit = a[1], window = a[2], first = a[3] == 1 } end,
   load = function(p, key)
     local v = load_fields(key)
@@ -70,11 +70,11 @@ ALGOS[4] = {
     end
     return math.min(deadline, start + p.window)
   end,
-  lease_charge = function(p, s, now, n, deadline) ALGOS[4].admit(p, s, now, now, n) end,
+  lease_charge = function(p, s, now, n, deadline) ALGOS[CODE.FIXED_WINDOW].admit(p, s, now, now, n) end,
   -- Only into the window the slice was charged to (`charged`: that state).
   lease_return = function(p, s, now, units, charged)
     local c = fields(charged)
-    if c[1] == s.start then ALGOS[4].refund(p, s, now, units) end
+    if c[1] == s.start then ALGOS[CODE.FIXED_WINDOW].refund(p, s, now, units) end
   end,
   reset_after = function(p, s, now)
     if fw_live(p, s, now) then return s.start + p.window - now end
@@ -86,7 +86,7 @@ ALGOS[4] = {
 -- State: a sorted set, one member per admission: score = its time (us), member =
 -- "time:nonce:cost" (the per-call nonce makes every member unique). An entry counts
 -- at `at` while time + window > at.
-ALGOS[5] = {
+ALGOS[CODE.SLIDING_LOG] = {
   nonce = true,
   params = function(a) return { limit = a[1], window = a[2] } end,
   load = function(p, key)
@@ -183,7 +183,7 @@ local function sw_sum(p, s, end_b)
   return s.total - gone
 end
 
-ALGOS[6] = {
+ALGOS[CODE.SLIDING_WINDOW] = {
   params = function(a) return { limit = a[1], window = a[2], buckets = a[3], width = a[4] } end,
   load = function(p, key)
     local v = load_fields(key)
@@ -261,9 +261,9 @@ ALGOS[6] = {
   lease_deadline = function(p, s, now, deadline)
     return math.min(deadline, period_end(now, p.width))
   end,
-  lease_charge = function(p, s, now, n, deadline) ALGOS[6].admit(p, s, now, now, n) end,
+  lease_charge = function(p, s, now, n, deadline) ALGOS[CODE.SLIDING_WINDOW].admit(p, s, now, now, n) end,
   lease_return = function(p, s, now, units)
-    if s.counts and s.newest == idiv(now, p.width) then ALGOS[6].refund(p, s, now, units) end
+    if s.counts and s.newest == idiv(now, p.width) then ALGOS[CODE.SLIDING_WINDOW].refund(p, s, now, units) end
   end,
   reset_after = function(p, s, now)
     if not s.counts then return 0 end
@@ -292,7 +292,7 @@ local function wt_headroom(p, s, at)
   return p.limit * p.window - prev * (p.window - elapsed) - curr * p.window
 end
 
-ALGOS[7] = {
+ALGOS[CODE.SLIDING_WINDOW_WEIGHTED] = {
   params = function(a) return { limit = a[1], window = a[2] } end,
   load = function(p, key)
     local v = load_fields(key)
@@ -332,7 +332,7 @@ ALGOS[7] = {
   lease_deadline = function(p, s, now, deadline)
     return math.min(deadline, period_end(now, p.window))
   end,
-  lease_charge = function(p, s, now, n, deadline) ALGOS[7].admit(p, s, now, now, n) end,
+  lease_charge = function(p, s, now, n, deadline) ALGOS[CODE.SLIDING_WINDOW_WEIGHTED].admit(p, s, now, now, n) end,
   lease_return = function(p, s, now, units)
     if s.win == idiv(now, p.window) then s.curr = s.curr - math.min(units, s.curr) end
   end,

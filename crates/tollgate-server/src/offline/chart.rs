@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::offline::simulate::{Fate, Summary};
+use crate::offline::run::{Fate, Summary};
 
 /// The font for PNG text (SIL OFL 1.1, see assets/LiberationSans-OFL.txt).
 static FONT: &[u8] = include_bytes!("../../assets/LiberationSans-Regular.ttf");

@@ -1,7 +1,10 @@
 //! The tools that run without a server: [`replay`] (a trace through a policy on a
 //! virtual clock), [`simulate`] (generated traffic through several policies) and the
-//! [`chart`] that draws a simulation.
+//! [`chart`] that draws a simulation; a simulation offers [`traffic`] to each policy
+//! and reports each [`run`].
 
 pub mod chart;
 pub mod replay;
+pub mod run;
 pub mod simulate;
+pub mod traffic;

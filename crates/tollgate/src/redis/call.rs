@@ -172,3 +172,20 @@ pub(crate) fn split_reply(
     }
     Ok(replies)
 }
+
+/// A nonce unique to this call: sliding-log members never collide, even for two
+/// callers admitted at the same microsecond.
+pub(crate) fn nonce() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    static PROCESS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let process = *PROCESS.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        // A per-process random seed (std's RandomState) mixed with the process id.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    });
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{process:x}-{n:x}")
+}

@@ -8,9 +8,9 @@ use std::time::Duration;
 use redis::{Script, Value};
 use tollgate_core::{Algo, Clock, RuleSet};
 
-use super::health::{Event, Health};
-use super::limiter::{OnError, RedisStats};
-use super::store::{nonce, RedisStore};
+use super::call::nonce;
+use super::health::{Event, Health, OnError, RedisStats};
+use super::store::RedisStore;
 use super::StoreError;
 use crate::{ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit};
 

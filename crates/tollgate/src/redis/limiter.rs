@@ -9,26 +9,11 @@ use arc_swap::ArcSwap;
 use tollgate_core::{Clock, Decision, Op, RuleDecision, RuleSet};
 
 use super::call::{CallOp, CheckCall};
-use super::health::{Event, Health};
+use super::health::{Event, Health, OnError, RedisStats};
 use super::script::Wire;
 use super::store::RedisStore;
 use super::StoreError;
 use crate::{KeyedLimiter, LimitError};
-
-/// What a [`RedisLimiter`] decides while Redis is unreachable or slow.
-#[derive(Debug, Clone, Default)]
-pub enum OnError {
-    /// Return the error to the caller (the default: the caller decides).
-    #[default]
-    Error,
-    /// Admit every request (availability over the limit).
-    FailOpen,
-    /// Reject every request (the limit over availability).
-    FailClosed,
-    /// Decide with an in-memory limiter of these rules, typically this instance's
-    /// share of the global limit (e.g. a quarter of it with four instances).
-    Local(RuleSet),
-}
 
 /// Options of a [`RedisLimiter`].
 #[derive(Debug, Clone)]
@@ -57,38 +42,6 @@ impl Default for RedisLimiterOptions {
             negative_cache: false,
             negative_cache_keys: 100_000,
         }
-    }
-}
-
-/// Counters of a [`RedisLimiter`] (for metrics).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RedisStats {
-    /// Decisions made by Redis.
-    pub redis_decisions: u64,
-    /// Calls that failed with a transient Redis error (or timeout).
-    pub redis_errors: u64,
-    /// Decisions made by the failure policy.
-    pub fallback_decisions: u64,
-    /// Rejects answered by the negative cache.
-    pub negative_cache_hits: u64,
-    /// Times Redis became unreachable (healthy to failing).
-    pub outages: u64,
-    /// Times Redis came back (failing to healthy).
-    pub recoveries: u64,
-    /// Whether Redis is failing now.
-    pub failing: bool,
-}
-
-/// Sums counters (e.g. of every Redis limit of a service); `failing` if any is.
-impl std::ops::AddAssign for RedisStats {
-    fn add_assign(&mut self, o: RedisStats) {
-        self.redis_decisions += o.redis_decisions;
-        self.redis_errors += o.redis_errors;
-        self.fallback_decisions += o.fallback_decisions;
-        self.negative_cache_hits += o.negative_cache_hits;
-        self.outages += o.outages;
-        self.recoveries += o.recoveries;
-        self.failing |= o.failing;
     }
 }
 

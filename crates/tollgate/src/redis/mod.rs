@@ -31,17 +31,21 @@
 
 mod batch;
 mod call;
+mod caller;
 mod concurrency;
 mod health;
 mod lease;
 mod limiter;
+mod options;
 mod script;
 mod store;
 
 pub use concurrency::{PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit};
+pub use health::{OnError, RedisStats};
 pub use lease::{LeaseOptions, LeaseStats, LeasedLimiter};
-pub use limiter::{OnError, RedisLimiter, RedisLimiterOptions, RedisStats};
-pub use store::{CallStats, RedisCalls, RedisOptions, RedisStore};
+pub use limiter::{RedisLimiter, RedisLimiterOptions};
+pub use options::{CallStats, RedisCalls, RedisOptions};
+pub use store::RedisStore;
 
 use std::time::Duration;
 

@@ -7,20 +7,21 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use tollgate_core::algorithms::*;
-use tollgate_core::{Algo, Mode, Policy, PolicyState, RuleSet};
+use tollgate_core::{Algo, AlgorithmKind, Mode, Policy, PolicyState, RuleSet, ALGORITHM_TABLE};
 
 use super::StoreError;
 
-/// The algorithm files, each with the bit that names it in a [`Wire::families`] mask.
-const FAMILIES: [(u8, &str); 6] = [
-    (1, include_str!("../../lua/gcra.lua")),
-    (2, include_str!("../../lua/buckets.lua")),
-    (4, include_str!("../../lua/windows.lua")),
-    (8, include_str!("../../lua/limit_req.lua")),
-    (16, include_str!("../../lua/smooth.lua")),
-    (32, include_str!("../../lua/shaper.lua")),
+/// The algorithm files (the algorithm table's `lua_file`s); file `i` is bit `1 << i`
+/// of a [`Wire::families`] mask.
+const FAMILIES: [(&str, &str); 6] = [
+    ("gcra", include_str!("../../lua/gcra.lua")),
+    ("buckets", include_str!("../../lua/buckets.lua")),
+    ("windows", include_str!("../../lua/windows.lua")),
+    ("limit_req", include_str!("../../lua/limit_req.lua")),
+    ("smooth", include_str!("../../lua/smooth.lua")),
+    ("shaper", include_str!("../../lua/shaper.lua")),
 ];
-const ALL_FAMILIES: u8 = 63;
+const ALL_FAMILIES: u8 = (1 << FAMILIES.len()) - 1;
 const PRELUDE: &str = include_str!("../../lua/prelude.lua");
 const DRIVER: &str = concat!(
     include_str!("../../lua/check.lua"),
@@ -30,8 +31,8 @@ const DRIVER: &str = concat!(
 /// The driver with the algorithm files in `mask`.
 fn body(mask: u8) -> String {
     let mut s = String::from(PRELUDE);
-    for (bit, src) in FAMILIES {
-        if mask & bit != 0 {
+    for (i, (_, src)) in FAMILIES.iter().enumerate() {
+        if mask & (1 << i) != 0 {
             s.push_str(src);
         }
     }
@@ -124,8 +125,9 @@ impl Wire {
         let mut max_costs = Vec::new();
         let mut families = 0;
         for (i, p) in rules.policies().iter().enumerate() {
-            let (code, params, max_cost) = encode(p)?;
-            families |= family(code);
+            let (params, max_cost) = encode(p)?;
+            let code = p.algo().kind().wire_code();
+            families |= family(p.algo().kind());
             suffixes.push(format!(":{i}.{code}"));
             words.push(code.to_string());
             words.push(if p.shadow() { "1" } else { "0" }.into());
@@ -161,16 +163,11 @@ impl Wire {
     }
 }
 
-/// The bit of the algorithm file that holds wire code `code` (see the `.lua` files).
-fn family(code: u8) -> u8 {
-    match code {
-        1 => 1,
-        2 | 3 => 2,
-        4..=7 => 4,
-        10 => 8,
-        8 | 9 => 16,
-        _ => 32,
-    }
+/// The bit of the algorithm file that decides `kind` (the table's `lua_file`).
+fn family(kind: AlgorithmKind) -> u8 {
+    let file = kind.info().lua_file;
+    let i = FAMILIES.iter().position(|(name, _)| Some(*name) == file);
+    1 << i.expect("every algorithm the script decides has its file in FAMILIES")
 }
 
 fn bounded(what: &str, p: &Policy, v: u128) -> Result<String, StoreError> {
@@ -182,8 +179,8 @@ fn bounded(what: &str, p: &Policy, v: u128) -> Result<String, StoreError> {
     Ok(v.to_string())
 }
 
-/// (code, parameters, largest cost) of one policy; see the `.lua` files.
-fn encode(p: &Policy) -> Result<(u8, Vec<String>, u64), StoreError> {
+/// (parameters, largest cost) of one policy; see the `.lua` files.
+fn encode(p: &Policy) -> Result<(Vec<String>, u64), StoreError> {
     let big = |what: &str, v: u128| bounded(what, p, v);
     let exact_costs = |per: u128| (LUA_EXACT / per.max(1)).min(u128::from(u64::MAX)) as u64;
     Ok(match p.algo() {
@@ -195,13 +192,13 @@ fn encode(p: &Policy) -> Result<(u8, Vec<String>, u64), StoreError> {
                 r.interval_ticks().to_string(),
                 big("burst * interval", tau)?,
             ];
-            (1, params, u64::MAX)
+            (params, u64::MAX)
         }
         // The two buckets share their units (see buckets.lua).
         Algo::TokenBucket(_) | Algo::LeakyBucket(_) => {
-            let (code, r, capacity) = match p.algo() {
-                Algo::TokenBucket(a) => (2, a.rate(), a.capacity_tokens()),
-                Algo::LeakyBucket(a) => (3, a.rate(), a.capacity_units()),
+            let (r, capacity) = match p.algo() {
+                Algo::TokenBucket(a) => (a.rate(), a.capacity_tokens()),
+                Algo::LeakyBucket(a) => (a.rate(), a.capacity_units()),
                 _ => unreachable!(),
             };
             let cap = u128::from(capacity) * u128::from(r.interval_ticks());
@@ -210,7 +207,7 @@ fn encode(p: &Policy) -> Result<(u8, Vec<String>, u64), StoreError> {
                 r.scale().to_string(),
                 big("capacity * interval", cap)?,
             ];
-            (code, params, u64::MAX)
+            (params, u64::MAX)
         }
         Algo::FixedWindow(a) => {
             let first = matches!(a.align(), Align::First);
@@ -219,14 +216,14 @@ fn encode(p: &Policy) -> Result<(u8, Vec<String>, u64), StoreError> {
                 big("window", a.window_us().into())?,
                 u8::from(first).to_string(),
             ];
-            (4, params, u64::MAX)
+            (params, u64::MAX)
         }
         Algo::SlidingLog(a) => {
             let params = vec![
                 big("limit", a.limit_per_window().into())?,
                 big("window", a.window_us().into())?,
             ];
-            (5, params, u64::MAX)
+            (params, u64::MAX)
         }
         Algo::SlidingWindow(a) => {
             let params = vec![
@@ -235,7 +232,7 @@ fn encode(p: &Policy) -> Result<(u8, Vec<String>, u64), StoreError> {
                 a.buckets().to_string(),
                 (a.window_us() / a.buckets()).to_string(),
             ];
-            (6, params, u64::MAX)
+            (params, u64::MAX)
         }
         Algo::SlidingWindowWeighted(a) => {
             let lw = u128::from(a.limit_per_window()) * u128::from(a.window_us());
@@ -244,20 +241,15 @@ fn encode(p: &Policy) -> Result<(u8, Vec<String>, u64), StoreError> {
                 a.limit_per_window().to_string(),
                 a.window_us().to_string(),
             ];
-            (7, params, u64::MAX)
+            (params, u64::MAX)
         }
         Algo::SmoothBursty(a) | Algo::SmoothWarmup(a) => {
-            let code = if matches!(a.kind(), SmoothKind::Bursty { .. }) {
-                8
-            } else {
-                9
-            };
             // `{:?}` prints the shortest string that parses back to the same double.
             let g = a.guava_params();
             let params = g.iter().map(|x| format!("{x:?}")).collect();
             // A cost's price in us must stay an exact integer in a double.
             let max = (LUA_EXACT as f64 / g[0].max(1.0)) as u64;
-            (code, params, max)
+            (params, max)
         }
         Algo::LimitReq(a) => {
             let delay = match a.delay() {
@@ -270,7 +262,7 @@ fn encode(p: &Policy) -> Result<(u8, Vec<String>, u64), StoreError> {
                 big("burst * 1000", u128::from(a.burst()) * 1000)?,
                 delay.to_string(),
             ];
-            (10, params, u64::MAX)
+            (params, u64::MAX)
         }
         Algo::Shaper(a) => {
             let r = a.rate();
@@ -279,7 +271,7 @@ fn encode(p: &Policy) -> Result<(u8, Vec<String>, u64), StoreError> {
                 r.interval_ticks().to_string(),
                 a.queue().to_string(),
             ];
-            (11, params, exact_costs(r.interval_ticks().into()))
+            (params, exact_costs(r.interval_ticks().into()))
         }
         Algo::Concurrency(_) => {
             return Err(StoreError::Unsupported(format!(
@@ -315,18 +307,20 @@ pub(crate) fn leasable(p: &Policy) -> Result<(), String> {
             "{p}: a shadow policy cannot be leased (a lease charges every policy it admits for)"
         ));
     }
-    match p.algo() {
-        Algo::Gcra(_)
-        | Algo::TokenBucket(_)
-        | Algo::LeakyBucket(_)
-        | Algo::FixedWindow(_)
-        | Algo::SlidingWindow(_)
-        | Algo::SlidingWindowWeighted(_) => Ok(()),
-        _ => Err(format!(
-            "{p}: {} cannot be leased exactly (leases keep gcra, token-bucket, leaky-bucket, fixed-window and sliding-window)",
-            p.name()
-        )),
+    if p.algo().kind().info().leasable {
+        return Ok(());
     }
+    let mut keep: Vec<&str> = ALGORITHM_TABLE
+        .iter()
+        .filter(|r| r.leasable)
+        .map(|r| r.spec_name)
+        .collect();
+    keep.dedup();
+    Err(format!(
+        "{p}: {} cannot be leased exactly (leases keep {})",
+        p.name(),
+        keep.join(", ")
+    ))
 }
 
 /// `state` as the Lua code stores it for `p` (the inverse of [`parse_state`]), for the
@@ -464,4 +458,34 @@ pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicySta
         }
         Algo::Concurrency(_) => unreachable!("refused by Wire::new"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lua_code_names_follow_the_algorithm_table() {
+        assert!(
+            PRELUDE.contains(&tollgate_core::lua_codes()),
+            "lua/prelude.lua must name the wire codes exactly as the table does:\n{}",
+            tollgate_core::lua_codes()
+        );
+        for row in &ALGORITHM_TABLE {
+            let Some(file) = row.lua_file else { continue };
+            let (_, src) = FAMILIES.iter().find(|(name, _)| *name == file).unwrap();
+            assert!(
+                src.contains(&format!("ALGOS[CODE.{}]", row.lua_name)),
+                "{file}.lua should define ALGOS[CODE.{}]",
+                row.lua_name
+            );
+            assert_ne!(family(row.kind), 0);
+        }
+        // No bare wire code is left in the decision code.
+        let all = body(ALL_FAMILIES);
+        assert!(
+            !all.contains("ALGOS[1") && !all.contains("ALGOS[2"),
+            "a bare code"
+        );
+    }
 }

@@ -1,117 +1,21 @@
-//! [`RedisStore`]: a connection (single node or Cluster), how decisions are sent on it
-//! (Redis Functions or `EVALSHA`, batched or not), and the decision itself.
+//! [`RedisStore`]: connecting (single node or Cluster), the keys a limiter's key maps
+//! to, and the decision itself; how calls are sent lives in `caller.rs`, batching in
+//! `batch.rs`.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 use tollgate_core::{Op, PolicyState, RuleDecision, RuleSet};
 
 use super::batch::Batcher;
-use super::call::{push_call, push_try, split_reply, CallOp, CheckCall, CheckReply};
-use super::script::{eval_script, library, parse_state};
+use super::call::CheckCall;
+use super::caller::{Caller, Conn, MODE_EVAL, MODE_FUNCTIONS};
+use super::options::{CallStats, RedisCalls, RedisOptions};
+use super::script::parse_state;
 use super::StoreError;
-
-/// How a [`RedisStore`] talks to Redis.
-#[derive(Debug, Clone)]
-pub struct RedisOptions {
-    /// The longest a decision may take (connect, send, answer); past it the call
-    /// fails with [`StoreError::Timeout`]. Default 250 ms.
-    pub timeout: Duration,
-    /// Added to each key's time to live, which is otherwise the time until its state
-    /// is fully replenished. Default 1 s.
-    pub ttl_margin: Duration,
-    /// Prefix of every key (default `tollgate`); must not contain `{` or `}`.
-    pub prefix: String,
-    /// How the decision code is called. Default [`RedisCalls::Auto`].
-    pub calls: RedisCalls,
-    /// The most checks decided by one call (automatic batching; see
-    /// [`RedisStore`]). 1 sends each check as its own call. Default 64.
-    pub batch: usize,
-    /// With batching, how many batched calls may be outstanding at once on the
-    /// connection; checks arriving meanwhile wait for the next call. Default 2.
-    pub in_flight: usize,
-    /// With batching, a check that finds no other waiting is sent at once from its own
-    /// task (no hand-off to the batching task) while fewer than this many such calls
-    /// are out; past that, checks queue and ride batches. 0 queues every check.
-    /// Default 8.
-    pub direct_calls: usize,
-}
-
-/// Counters of a [`RedisStore`]'s decision calls.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CallStats {
-    /// Calls sent (`FCALL` or `EVALSHA`), including failed ones.
-    pub calls: u64,
-    /// Checks (try, acquire, peek, refund) those calls carried.
-    pub checks: u64,
-}
-
-/// How a [`RedisStore`] calls its decision code.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum RedisCalls {
-    /// Redis Functions where the server has them (Redis >= 7), `EVALSHA` otherwise.
-    #[default]
-    Auto,
-    /// Redis Functions: the library is loaded once per node (`FUNCTION LOAD`) and each
-    /// call runs only the algorithms it names (`FCALL`; `FCALL_RO` for peeks).
-    Functions,
-    /// `EVALSHA` of one script that defines every algorithm on each call (loaded with
-    /// `SCRIPT LOAD` when Redis does not know it).
-    Eval,
-}
-
-impl Default for RedisOptions {
-    fn default() -> Self {
-        RedisOptions {
-            timeout: Duration::from_millis(250),
-            ttl_margin: Duration::from_secs(1),
-            prefix: "tollgate".into(),
-            calls: RedisCalls::Auto,
-            batch: 64,
-            in_flight: 2,
-            direct_calls: 8,
-        }
-    }
-}
-
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-/// Either connection, so that every command and the script are sent one way.
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
 
 /// A connection to Redis (one node, or a Cluster) that decides requests atomically with
 /// tollgate's decision code, loaded once per node as a Redis Functions library (Redis
@@ -142,169 +46,6 @@ impl std::fmt::Debug for RedisStore {
             .finish()
     }
 }
-
-/// The entry points of the decision code (`functions.lua`, `eval.lua`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Entry {
-    Try,
-    Batch,
-    ReadOnly,
-    Lease,
-}
-
-const MODE_FUNCTIONS: u8 = 0;
-const MODE_EVAL: u8 = 1;
-
-/// The connection and how decision calls are sent on it (shared with the batching task).
-pub(crate) struct Caller {
-    conn: Conn,
-    opts: RedisOptions,
-    /// `MODE_FUNCTIONS` or `MODE_EVAL`; `Auto` starts with Functions and moves to
-    /// `EVALSHA` for good when the server does not know `FCALL`.
-    mode: AtomicU8,
-    /// Decision calls sent and checks they carried (batching's effect).
-    calls: AtomicU64,
-    checks: AtomicU64,
-}
-
-impl Caller {
-    /// Runs `call` on a clone of the connection, bounded by the timeout.
-    async fn timed<T, F>(&self, call: impl FnOnce(Conn) -> F) -> Result<T, StoreError>
-    where
-        F: std::future::Future<Output = Result<T, StoreError>>,
-    {
-        tokio::time::timeout(self.opts.timeout, call(self.conn.clone()))
-            .await
-            .map_err(|_| StoreError::Timeout(self.opts.timeout))?
-    }
-
-    /// One call of the decision driver for `checks` (all in one Cluster slot).
-    pub async fn send(&self, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, StoreError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.checks
-            .fetch_add(checks.len() as u64, Ordering::Relaxed);
-        let value = self.timed(|conn| self.call(conn, checks)).await?;
-        split_reply(value, checks)
-    }
-
-    async fn call(&self, conn: Conn, checks: &[&CheckCall]) -> Result<Value, StoreError> {
-        let nonce = nonce();
-        let families = checks.iter().fold(0, |m, c| m | c.wire.families);
-        let entry = if checks.iter().all(|c| c.op == CallOp::Peek) {
-            Entry::ReadOnly
-        } else if checks.len() == 1 && checks[0].op == CallOp::Try {
-            Entry::Try
-        } else {
-            Entry::Batch
-        };
-        self.invoke(conn, families, entry, &|cmd, form| match entry {
-            Entry::Try => push_try(cmd, checks[0], &nonce, form),
-            _ => push_call(cmd, checks, &nonce, form),
-        })
-        .await
-    }
-
-    /// One lease call (`lease.lua`), within the timeout; `push` appends its KEYS count,
-    /// KEYS and ARGV after the function name or the EVALSHA form.
-    pub async fn lease(
-        &self,
-        families: u8,
-        push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
-    ) -> Result<Value, StoreError> {
-        self.timed(|conn| self.invoke(conn, families, Entry::Lease, push))
-            .await
-    }
-
-    /// Sends a call to one entry point of the decision code, by `FCALL` or `EVALSHA`,
-    /// loading the code when Redis lacks it and moving to `EVALSHA` for good when `Auto`
-    /// finds no Functions.
-    async fn invoke(
-        &self,
-        mut conn: Conn,
-        families: u8,
-        entry: Entry,
-        push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
-    ) -> Result<Value, StoreError> {
-        let mut loaded = false;
-        loop {
-            let functions = self.mode.load(Ordering::Relaxed) == MODE_FUNCTIONS;
-            let lib = library();
-            let mut cmd = if functions {
-                let (command, function) = match entry {
-                    Entry::ReadOnly => ("FCALL_RO", &lib.function_ro),
-                    Entry::Try => ("FCALL", &lib.function_try),
-                    Entry::Batch => ("FCALL", &lib.function),
-                    Entry::Lease => ("FCALL", &lib.function_lease),
-                };
-                let mut cmd = redis::cmd(command);
-                cmd.arg(function);
-                cmd
-            } else {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(&eval_script(families).sha1);
-                cmd
-            };
-            let form = match entry {
-                Entry::Try => "t",
-                Entry::Lease => "l",
-                Entry::Batch | Entry::ReadOnly => "b",
-            };
-            push(&mut cmd, (!functions).then_some(form));
-            let err = match cmd.query_async::<Value>(&mut conn).await {
-                Ok(v) => return Ok(v),
-                Err(e) => e,
-            };
-            let text = err.to_string().to_ascii_lowercase();
-            if err.is_cluster_error() {
-                // A slot being resharded answers TRYAGAIN to a call whose keys are split
-                // between two nodes (and ASK/MOVED once the client's retries are spent):
-                // try again until it settles, within the one timeout.
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            } else if functions && text.contains("unknown command") && self.auto() {
-                self.use_eval();
-            } else if functions && text.contains("function not found") && !loaded {
-                loaded = true;
-                let load = redis::cmd("FUNCTION")
-                    .arg("LOAD")
-                    .arg("REPLACE")
-                    .arg(&lib.source)
-                    .query_async::<Value>(&mut conn)
-                    .await;
-                match load {
-                    Err(e)
-                        if e.to_string().to_ascii_lowercase().contains("unknown")
-                            && self.auto() =>
-                    {
-                        self.use_eval()
-                    }
-                    r => drop(r?),
-                }
-            } else if !functions
-                && err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                && !loaded
-            {
-                loaded = true;
-                redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(&eval_script(families).source)
-                    .query_async::<Value>(&mut conn)
-                    .await?;
-            } else {
-                return Err(err.into());
-            }
-        }
-    }
-
-    fn auto(&self) -> bool {
-        self.opts.calls == RedisCalls::Auto
-    }
-
-    fn use_eval(&self) {
-        tracing::info!("tollgate: this Redis has no Functions (Redis < 7): deciding with EVALSHA");
-        self.mode.store(MODE_EVAL, Ordering::Relaxed);
-    }
-}
-
 /// What one check's call answered: the time it was decided at, the verdict the driver
 /// applied, and each policy's state before the call.
 pub(crate) struct Reply {
@@ -567,21 +308,4 @@ fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf29ce484222325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
     })
-}
-
-/// A nonce unique to this call: sliding-log members never collide, even for two
-/// callers admitted at the same microsecond.
-pub(crate) fn nonce() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    static PROCESS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let process = *PROCESS.get_or_init(|| {
-        use std::hash::{BuildHasher, Hasher};
-        // A per-process random seed (std's RandomState) mixed with the process id.
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.finish()
-    });
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{process:x}-{n:x}")
 }

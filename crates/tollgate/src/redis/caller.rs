@@ -1,0 +1,212 @@
+//! The connection (one node or a Cluster) and how decision calls are sent on it:
+//! `FCALL` of the Functions library or `EVALSHA` of a script, loading the code when
+//! Redis lacks it. Shared by the store and its batching task.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::Value;
+
+use super::call::{nonce, push_call, push_try, split_reply, CallOp, CheckCall, CheckReply};
+use super::options::{RedisCalls, RedisOptions};
+use super::script::{eval_script, library};
+use super::StoreError;
+
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Either connection, so that every command and the script are sent one way.
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The entry points of the decision code (`functions.lua`, `eval.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Try,
+    Batch,
+    ReadOnly,
+    Lease,
+}
+
+pub(super) const MODE_FUNCTIONS: u8 = 0;
+pub(super) const MODE_EVAL: u8 = 1;
+
+/// The connection and how decision calls are sent on it (shared with the batching task).
+pub(crate) struct Caller {
+    pub(super) conn: Conn,
+    pub(super) opts: RedisOptions,
+    /// `MODE_FUNCTIONS` or `MODE_EVAL`; `Auto` starts with Functions and moves to
+    /// `EVALSHA` for good when the server does not know `FCALL`.
+    pub(super) mode: AtomicU8,
+    /// Decision calls sent and checks they carried (batching's effect).
+    pub(super) calls: AtomicU64,
+    pub(super) checks: AtomicU64,
+}
+
+impl Caller {
+    /// Runs `call` on a clone of the connection, bounded by the timeout.
+    pub(super) async fn timed<T, F>(&self, call: impl FnOnce(Conn) -> F) -> Result<T, StoreError>
+    where
+        F: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        tokio::time::timeout(self.opts.timeout, call(self.conn.clone()))
+            .await
+            .map_err(|_| StoreError::Timeout(self.opts.timeout))?
+    }
+
+    /// One call of the decision driver for `checks` (all in one Cluster slot).
+    pub async fn send(&self, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.checks
+            .fetch_add(checks.len() as u64, Ordering::Relaxed);
+        let value = self.timed(|conn| self.call(conn, checks)).await?;
+        split_reply(value, checks)
+    }
+
+    async fn call(&self, conn: Conn, checks: &[&CheckCall]) -> Result<Value, StoreError> {
+        let nonce = nonce();
+        let families = checks.iter().fold(0, |m, c| m | c.wire.families);
+        let entry = if checks.iter().all(|c| c.op == CallOp::Peek) {
+            Entry::ReadOnly
+        } else if checks.len() == 1 && checks[0].op == CallOp::Try {
+            Entry::Try
+        } else {
+            Entry::Batch
+        };
+        self.invoke(conn, families, entry, &|cmd, form| match entry {
+            Entry::Try => push_try(cmd, checks[0], &nonce, form),
+            _ => push_call(cmd, checks, &nonce, form),
+        })
+        .await
+    }
+
+    /// One lease call (`lease.lua`), within the timeout; `push` appends its KEYS count,
+    /// KEYS and ARGV after the function name or the EVALSHA form.
+    pub async fn lease(
+        &self,
+        families: u8,
+        push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
+    ) -> Result<Value, StoreError> {
+        self.timed(|conn| self.invoke(conn, families, Entry::Lease, push))
+            .await
+    }
+
+    /// Sends a call to one entry point of the decision code, by `FCALL` or `EVALSHA`,
+    /// loading the code when Redis lacks it and moving to `EVALSHA` for good when `Auto`
+    /// finds no Functions.
+    async fn invoke(
+        &self,
+        mut conn: Conn,
+        families: u8,
+        entry: Entry,
+        push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
+    ) -> Result<Value, StoreError> {
+        let mut loaded = false;
+        loop {
+            let functions = self.mode.load(Ordering::Relaxed) == MODE_FUNCTIONS;
+            let lib = library();
+            let mut cmd = if functions {
+                let (command, function) = match entry {
+                    Entry::ReadOnly => ("FCALL_RO", &lib.function_ro),
+                    Entry::Try => ("FCALL", &lib.function_try),
+                    Entry::Batch => ("FCALL", &lib.function),
+                    Entry::Lease => ("FCALL", &lib.function_lease),
+                };
+                let mut cmd = redis::cmd(command);
+                cmd.arg(function);
+                cmd
+            } else {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(&eval_script(families).sha1);
+                cmd
+            };
+            let form = match entry {
+                Entry::Try => "t",
+                Entry::Lease => "l",
+                Entry::Batch | Entry::ReadOnly => "b",
+            };
+            push(&mut cmd, (!functions).then_some(form));
+            let err = match cmd.query_async::<Value>(&mut conn).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let text = err.to_string().to_ascii_lowercase();
+            if err.is_cluster_error() {
+                // A slot being resharded answers TRYAGAIN to a call whose keys are split
+                // between two nodes (and ASK/MOVED once the client's retries are spent):
+                // try again until it settles, within the one timeout.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            } else if functions && text.contains("unknown command") && self.auto() {
+                self.use_eval();
+            } else if functions && text.contains("function not found") && !loaded {
+                loaded = true;
+                let load = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&lib.source)
+                    .query_async::<Value>(&mut conn)
+                    .await;
+                match load {
+                    Err(e)
+                        if e.to_string().to_ascii_lowercase().contains("unknown")
+                            && self.auto() =>
+                    {
+                        self.use_eval()
+                    }
+                    r => drop(r?),
+                }
+            } else if !functions
+                && err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                && !loaded
+            {
+                loaded = true;
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(&eval_script(families).source)
+                    .query_async::<Value>(&mut conn)
+                    .await?;
+            } else {
+                return Err(err.into());
+            }
+        }
+    }
+
+    fn auto(&self) -> bool {
+        self.opts.calls == RedisCalls::Auto
+    }
+
+    pub(super) fn use_eval(&self) {
+        tracing::info!("tollgate: this Redis has no Functions (Redis < 7): deciding with EVALSHA");
+        self.mode.store(MODE_EVAL, Ordering::Relaxed);
+    }
+}
