@@ -44,4 +44,4 @@ kill "$redis_pid"
 # The keyed fast path's gate, model-checked with loom (all interleavings of a reader
 # and a writer; own target directory, since the cfg rebuilds every dependency).
 RUSTFLAGS="--cfg tollgate_loom" CARGO_TARGET_DIR=target/loom \
-    cargo test -p tollgate --lib --release --locked gate::model
+    cargo test -p tollgate --lib --release --locked reader_gate::model

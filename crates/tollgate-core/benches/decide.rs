@@ -14,7 +14,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use governor::clock::{Clock as _, FakeRelativeClock};
 use governor::{Quota, RateLimiter};
 use tollgate_core::algorithms::Gcra;
-use tollgate_core::{Algorithm, Clock, ManualClock, Mode, Op, Policy, Rate};
+use tollgate_core::{Algorithm, CheckMode, Clock, ManualClock, Op, Policy, Rate};
 
 const SPECS: &[(&str, &str)] = &[
     ("fixed-window", "fixed-window:limit=50,window=100us"),
@@ -68,7 +68,11 @@ fn gcra_vs_governor(c: &mut Criterion) {
     group.bench_function("tollgate/gcra-decision", |b| {
         b.iter(|| {
             now += 1;
-            black_box(gcra.check(&mut state, now, 1, Mode::Try).unwrap().allowed)
+            black_box(
+                gcra.check(&mut state, now, 1, CheckMode::Try)
+                    .unwrap()
+                    .allowed,
+            )
         })
     });
 
@@ -79,7 +83,7 @@ fn gcra_vs_governor(c: &mut Criterion) {
         b.iter(|| {
             clock.advance(Duration::from_micros(1));
             black_box(
-                gcra.check(&mut state, clock.now_us(), 1, Mode::Try)
+                gcra.check(&mut state, clock.now_us(), 1, CheckMode::Try)
                     .unwrap()
                     .allowed,
             )

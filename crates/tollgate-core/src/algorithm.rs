@@ -5,7 +5,7 @@ use crate::decision::{CheckError, Decision};
 
 /// What a check asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub enum CheckMode {
     /// Admit now or reject. Never waits, except that `limit-req`'s delay and
     /// `shaper`'s schedule are part of their decision (carried in `Decision::wait`).
     Try,
@@ -37,12 +37,12 @@ pub trait Algorithm {
         state: &mut Self::State,
         now: u64,
         cost: u64,
-        mode: Mode,
+        mode: CheckMode,
     ) -> Result<Decision, CheckError>;
 
-    /// The decision a `Mode::Try` request would get now, changing nothing.
+    /// The decision a `CheckMode::Try` request would get now, changing nothing.
     fn peek(&self, state: &Self::State, now: u64, cost: u64) -> Result<Decision, CheckError> {
-        self.check(&mut state.clone(), now, cost, Mode::Try)
+        self.check(&mut state.clone(), now, cost, CheckMode::Try)
     }
 
     /// Gives back `cost` units admitted earlier (e.g. the downstream call failed).
@@ -102,7 +102,7 @@ pub(crate) fn check_schedule<A: Schedule>(
     s: &mut A::State,
     now: u64,
     cost: u64,
-    mode: Mode,
+    mode: CheckMode,
 ) -> Result<Decision, CheckError> {
     check_cost(cost, alg.capacity())?;
     alg.expire(s, now);
@@ -128,10 +128,10 @@ pub(crate) fn check_schedule<A: Schedule>(
 
 /// Whether a request whose earliest admission is `wait` from now is admitted.
 #[inline]
-pub(crate) fn fits(wait: u64, mode: Mode) -> bool {
+pub(crate) fn fits(wait: u64, mode: CheckMode) -> bool {
     match mode {
-        Mode::Try => wait == 0,
-        Mode::Acquire { max_wait_us } => max_wait_us.is_none_or(|m| wait <= m),
+        CheckMode::Try => wait == 0,
+        CheckMode::Acquire { max_wait_us } => max_wait_us.is_none_or(|m| wait <= m),
     }
 }
 
@@ -161,7 +161,7 @@ macro_rules! schedule_algorithm {
                 state: &mut Self::State,
                 now: u64,
                 cost: u64,
-                mode: $crate::algorithm::Mode,
+                mode: $crate::algorithm::CheckMode,
             ) -> Result<$crate::decision::Decision, $crate::decision::CheckError> {
                 $crate::algorithm::check_schedule(self, state, now, cost, mode)
             }

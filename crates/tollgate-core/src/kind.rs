@@ -40,7 +40,7 @@ pub enum AlgorithmKind {
 /// One row of [`ALGORITHM_TABLE`].
 #[derive(Debug)]
 pub struct AlgorithmInfo {
-    /// The algorithm.
+    /// The algorithm this row describes.
     pub kind: AlgorithmKind,
     /// Its name in a policy spec (two rows may share one: `sliding-window`).
     pub spec_name: &'static str,

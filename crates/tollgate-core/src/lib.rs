@@ -60,7 +60,7 @@ mod rules;
 mod spec;
 mod units;
 
-pub use algorithm::{Algorithm, Mode};
+pub use algorithm::{Algorithm, CheckMode};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::{CheckError, Decision};
 pub use kind::{lua_codes, params_of, spec_names, AlgorithmInfo, AlgorithmKind, ALGORITHM_TABLE};

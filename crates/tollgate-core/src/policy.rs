@@ -1,7 +1,7 @@
 //! [`Policy`]: any algorithm plus the options every policy has, behind one type, as
 //! parsed from a spec. Stores and servers hold `Policy` + [`PolicyState`].
 
-use crate::algorithm::{Algorithm, Mode};
+use crate::algorithm::{Algorithm, CheckMode};
 use crate::algorithms::*;
 use crate::decision::{CheckError, Decision};
 use crate::kind::AlgorithmKind;
@@ -19,19 +19,30 @@ pub enum Op {
 
 /// The algorithm of a [`Policy`], with its parameters.
 #[derive(Debug, Clone, PartialEq)]
-#[allow(missing_docs)]
 pub enum Algo {
+    /// `fixed-window`: a count per window.
     FixedWindow(FixedWindow),
+    /// `sliding-log`: a timestamp per admitted unit.
     SlidingLog(SlidingLog),
+    /// `sliding-window` with `buckets=K`: K sub-window counters.
     SlidingWindow(SlidingWindow),
+    /// `sliding-window` with `mode=weighted`: two window counters, the previous one weighted by overlap.
     SlidingWindowWeighted(SlidingWindowWeighted),
+    /// `leaky-bucket`: a level that drains continuously (the meter).
     LeakyBucket(LeakyBucket),
+    /// `gcra`: a theoretical arrival time.
     Gcra(Gcra),
+    /// `token-bucket`: tokens that refill continuously.
     TokenBucket(TokenBucket),
+    /// `smooth-bursty`: Guava's SmoothBursty.
     SmoothBursty(Smooth),
+    /// `smooth-warmup`: Guava's SmoothWarmingUp.
     SmoothWarmup(Smooth),
+    /// `limit-req`: nginx's excess in milli-requests.
     LimitReq(LimitReq),
+    /// `shaper`: a release schedule.
     Shaper(Shaper),
+    /// `concurrency`: permits in flight.
     Concurrency(Concurrency),
 }
 
@@ -57,19 +68,30 @@ impl Algo {
 
 /// One key's state under a [`Policy`].
 #[derive(Debug, Clone, PartialEq)]
-#[allow(missing_docs)]
 pub enum PolicyState {
+    /// The state of `fixed-window`: a count per window.
     FixedWindow(FixedWindowState),
+    /// The state of `sliding-log`: a timestamp per admitted unit.
     SlidingLog(SlidingLogState),
+    /// The state of `sliding-window` with `buckets=K`: K sub-window counters.
     SlidingWindow(SlidingWindowState),
+    /// The state of `sliding-window` with `mode=weighted`: two window counters, the previous one weighted by overlap.
     SlidingWindowWeighted(WeightedState),
+    /// The state of `leaky-bucket`: a level that drains continuously (the meter).
     LeakyBucket(LeakyBucketState),
+    /// The state of `gcra`: a theoretical arrival time.
     Gcra(GcraState),
+    /// The state of `token-bucket`: tokens that refill continuously.
     TokenBucket(TokenBucketState),
+    /// The state of `smooth-bursty`: Guava's SmoothBursty.
     SmoothBursty(SmoothState),
+    /// The state of `smooth-warmup`: Guava's SmoothWarmingUp.
     SmoothWarmup(SmoothState),
+    /// The state of `limit-req`: nginx's excess in milli-requests.
     LimitReq(LimitReqState),
+    /// The state of `shaper`: a release schedule.
     Shaper(ShaperState),
+    /// The state of `concurrency`: permits in flight.
     Concurrency(ConcurrencyState),
 }
 
@@ -186,12 +208,12 @@ impl Policy {
             LeakyBucket, Gcra, TokenBucket, SmoothBursty, SmoothWarmup, LimitReq, Shaper, Concurrency)
     }
 
-    /// The [`Mode`] an `op` means under this policy (acquire bounded by `max-wait`).
+    /// The [`CheckMode`] an `op` means under this policy (acquire bounded by `max-wait`).
     #[inline]
-    pub fn mode(&self, op: Op) -> Mode {
+    pub fn mode(&self, op: Op) -> CheckMode {
         match op {
-            Op::Try => Mode::Try,
-            Op::Acquire => Mode::Acquire {
+            Op::Try => CheckMode::Try,
+            Op::Acquire => CheckMode::Acquire {
                 max_wait_us: self.max_wait_us,
             },
         }
@@ -227,7 +249,7 @@ impl Policy {
         state: &mut PolicyState,
         now: u64,
         cost: u64,
-        mode: Mode,
+        mode: CheckMode,
     ) -> Result<Decision, CheckError> {
         let now = now.min(MAX_TIME_US);
         dispatch!(self, state, now, |a, s| a.check(s, now, cost, mode))

@@ -1,7 +1,7 @@
 //! Rule sets: several policies on one key (100/s AND 5000/m AND 100000/d), admitted
 //! all-or-nothing.
 
-use crate::algorithm::Mode;
+use crate::algorithm::CheckMode;
 use crate::decision::{CheckError, Decision};
 use crate::policy::{Op, Policy, PolicyState};
 
@@ -293,7 +293,7 @@ impl RuleSet {
     }
 }
 
-const UNBOUNDED: Mode = Mode::Acquire { max_wait_us: None };
+const UNBOUNDED: CheckMode = CheckMode::Acquire { max_wait_us: None };
 
 impl From<Policy> for RuleSet {
     fn from(policy: Policy) -> Self {

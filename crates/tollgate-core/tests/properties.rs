@@ -343,12 +343,12 @@ proptest! {
         trace in trace(500_000, 6, 80),
     ) {
         use tollgate_core::algorithms::{Gcra, GcraState};
-        use tollgate_core::{Algorithm, Mode, Rate};
+        use tollgate_core::{Algorithm, CheckMode, Rate};
         let g = Gcra::new(Rate::parse(r).unwrap(), burst).unwrap();
         let (mut word, mut state, mut t) = (0u64, GcraState::default(), 0u64);
         for (gap, cost, acquire) in trace {
             t += gap;
-            let mode = if acquire { Mode::Acquire { max_wait_us: max_wait } } else { Mode::Try };
+            let mode = if acquire { CheckMode::Acquire { max_wait_us: max_wait } } else { CheckMode::Try };
             let fast = g.decide(word, t, cost, mode);
             let slow = g.check(&mut state, t, cost, mode);
             prop_assert_eq!(fast.map(|(_, d)| d), slow);

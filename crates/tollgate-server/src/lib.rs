@@ -9,7 +9,7 @@
 //!   gRPC, metrics;
 //! - [`proxy`]: `tollgate proxy`: routes, keys, limits, forwarding;
 //! - [`offline`]: `tollgate replay` and `tollgate simulate`, and charts;
-//! - [`bench`]: `tollgate bench`, load generators;
+//! - [`bench`](mod@bench): `tollgate bench`, load generators;
 //! - [`config`]: the main configuration file (listeners, `store:`, `keys:`, `admin:`,
 //!   `proxy:`) and its validation;
 //! - [`lifecycle`]: what reloads a server (SIGHUP, changed files) and what stops it.

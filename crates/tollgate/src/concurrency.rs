@@ -15,7 +15,7 @@ pub enum ConcurrencyError {
     /// All permits are held (`try_acquire`), or were for the whole timeout.
     #[error("all {limit} permits are in use")]
     Busy {
-        /// The limit.
+        /// The limit: permits that may be held at once.
         limit: u32,
     },
     /// More permits were asked for than the limit: no amount of waiting helps.
@@ -23,13 +23,13 @@ pub enum ConcurrencyError {
     InsufficientCapacity {
         /// Permits asked for.
         asked: u32,
-        /// The limit.
+        /// The limit: permits that may be held at once.
         limit: u32,
     },
     /// A keyed limiter already tracks its maximum number of keys with permits held.
     #[error("too many keys: {max} keys already hold permits")]
     TooManyKeys {
-        /// The maximum.
+        /// The most keys that may hold permits at once.
         max: usize,
     },
 }
@@ -76,7 +76,7 @@ impl ConcurrencyLimiter {
         }
     }
 
-    /// The limit.
+    /// The limit: permits that may be held at once.
     pub fn limit(&self) -> u32 {
         self.limit
     }

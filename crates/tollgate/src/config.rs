@@ -3,7 +3,7 @@
 //! u64, decided by plain 64-bit arithmetic).
 
 use tollgate_core::algorithms::GcraParams;
-use tollgate_core::{Algo, CheckError, Decision, Mode, Op, RuleSet};
+use tollgate_core::{Algo, CheckError, CheckMode, Decision, Op, RuleSet};
 
 /// A limiter's current configuration.
 #[derive(Debug)]
@@ -33,8 +33,8 @@ impl FastGcra {
         op: Op,
     ) -> Result<(u64, Decision), CheckError> {
         let mode = match op {
-            Op::Try => Mode::Try,
-            Op::Acquire => Mode::Acquire {
+            Op::Try => CheckMode::Try,
+            Op::Acquire => CheckMode::Acquire {
                 max_wait_us: self.max_wait_us,
             },
         };

@@ -9,8 +9,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use arc_swap::ArcSwap;
 use hashbrown::HashTable;
 
-use crate::gate::{Gate, Shut};
-use crate::words::Words;
+use crate::reader_gate::{ReaderGate, Shut};
+use crate::tat_table::TatTable;
 use tollgate_core::algorithms::GcraState;
 use tollgate_core::{
     CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
@@ -83,7 +83,7 @@ pub struct KeyedStats {
 
 /// What a keyed decision is for.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
+enum Asked {
     /// Decide and apply; the overall decision is enough.
     Apply,
     /// Decide and apply; report every policy.
@@ -95,24 +95,24 @@ enum Mode {
 }
 
 /// A decision, with every policy's when asked for.
-enum Outcome {
+enum KeyedDecision {
     One(Decision),
     Rules(RuleDecision),
 }
 
-impl Outcome {
+impl KeyedDecision {
     #[inline(always)]
     fn decision(self) -> Decision {
         match self {
-            Outcome::One(d) => d,
-            Outcome::Rules(r) => r.decision,
+            KeyedDecision::One(d) => d,
+            KeyedDecision::Rules(r) => r.decision,
         }
     }
 
     fn detailed(self) -> RuleDecision {
         match self {
-            Outcome::One(d) => RuleDecision::from(d),
-            Outcome::Rules(r) => r,
+            KeyedDecision::One(d) => RuleDecision::from(d),
+            KeyedDecision::Rules(r) => r,
         }
     }
 }
@@ -132,11 +132,11 @@ struct Padded<T>(T);
 /// `fast` is read with the lock held (read or write), or, for flat words (plain
 /// keys), inside `gate.read` without the lock: that is the lock-free check. It is
 /// changed only with the write lock held: a key goes into an empty flat slot while
-/// readers probe ([`Words::insert_shared`]); anything else (growth, removal, sweeps,
+/// readers probe ([`TatTable::insert_shared`]); anything else (growth, removal, sweeps,
 /// migration) also shuts the gate ([`ShardCell::fast_mut`]).
 struct ShardCell<K> {
     lock: RwLock<Shard<K>>,
-    gate: Gate,
+    gate: ReaderGate,
     fast: UnsafeCell<FastShard<K>>,
 }
 
@@ -151,7 +151,7 @@ struct FastShard<K> {
     config: Arc<Config>,
     version: u64,
     /// GCRA fast path: one TAT per key, updated by compare-and-swap.
-    words: Words<K>,
+    tats: TatTable<K>,
 }
 
 /// The rest of a shard, behind its lock.
@@ -184,7 +184,7 @@ impl<K> ShardCell<K> {
     /// # Safety
     /// The caller holds `lock` for writing and no reference from [`Self::fast`].
     unsafe fn fast_mut(&self) -> FastMut<'_, K> {
-        let shut = Words::<K>::FLAT.then(|| self.gate.shut());
+        let shut = TatTable::<K>::FLAT.then(|| self.gate.shut());
         FastMut {
             // SAFETY: other lock holders are excluded by the write lock, gate readers
             // by the shut gate (hashbrown words have none).
@@ -294,11 +294,11 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
                         states: HashTable::new(),
                         sweep: Sweep::default(),
                     }),
-                    gate: Gate::new(),
+                    gate: ReaderGate::new(),
                     fast: UnsafeCell::new(FastShard {
                         config: config.clone(),
                         version: 0,
-                        words: Words::default(),
+                        tats: TatTable::default(),
                     }),
                 })
             })
@@ -325,7 +325,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         }
     }
 
-    /// The clock.
+    /// The clock decisions are read from (a `ManualClock` in tests).
     pub fn clock(&self) -> &C {
         &self.inner.clock
     }
@@ -351,8 +351,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost, Op::Try, Mode::Apply)
-            .map(Outcome::decision)
+        self.decide(key, cost, Op::Try, Asked::Apply)
+            .map(KeyedDecision::decision)
     }
 
     /// Tries one unit for `key` now and says only whether it is admitted: the same
@@ -384,14 +384,14 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let hash = self.inner.hasher.hash_one(key);
         let known = |f: &FastShard<K>| {
             let fast = f.config.fast?;
-            let tat = f.words.find(hash, |k| k.borrow() == key)?;
+            let tat = f.tats.find(hash, |k| k.borrow() == key)?;
             Some(admit_word(&fast, tat, now))
         };
         if let Some(admitted) = self.quick(hash, known) {
             return Ok(admitted);
         }
         Ok(self
-            .decide(key, 1, Op::Try, Mode::Apply)?
+            .decide(key, 1, Op::Try, Asked::Apply)?
             .decision()
             .allowed)
     }
@@ -402,8 +402,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost, op, Mode::Detailed)
-            .map(Outcome::detailed)
+        self.decide(key, cost, op, Asked::Detailed)
+            .map(KeyedDecision::detailed)
     }
 
     /// The decision a try of `cost` would get now for `key`, changing nothing (an
@@ -413,8 +413,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost, Op::Try, Mode::Peek)
-            .map(Outcome::decision)
+        self.decide(key, cost, Op::Try, Asked::Peek)
+            .map(KeyedDecision::decision)
     }
 
     /// Like [`KeyedLimiter::peek`], reporting every policy of the rule set.
@@ -423,8 +423,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, cost, Op::Try, Mode::PeekDetailed)
-            .map(Outcome::detailed)
+        self.decide(key, cost, Op::Try, Asked::PeekDetailed)
+            .map(KeyedDecision::detailed)
     }
 
     /// Gives back `cost` units admitted earlier for `key`.
@@ -438,7 +438,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         // Checks compare-and-swap the word without the lock: so does a refund.
         let refund_word = |f: &FastShard<K>| {
             let fast = f.config.fast?;
-            if let Some(tat) = f.words.find(hash, |k| k.borrow() == key) {
+            if let Some(tat) = f.tats.find(hash, |k| k.borrow() == key) {
                 let _ = tat.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
                     Some(fast.refunded(t, now, cost))
                 });
@@ -470,20 +470,20 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let hash = self.inner.hasher.hash_one(key);
         let (cell, mut shard) = self.shard(hash, now);
         let hasher = &self.inner.hasher;
-        if Words::<K>::FLAT {
+        if TatTable::<K>::FLAT {
             // A flat word is not removed (that moves entries, which shuts readers
             // out): it is set fully replenished, deciding exactly as a new key, and
             // the next sweep drops it as idle.
             // SAFETY: the write lock is held.
             if let Some(tat) = unsafe { cell.fast() }
-                .words
+                .tats
                 .find(hash, |k| k.borrow() == key)
             {
                 tat.store(0, Ordering::Release);
             }
         } else {
             // SAFETY: the write lock is held; hashbrown words have no gate readers.
-            unsafe { cell.fast_mut() }.fast.words.remove(
+            unsafe { cell.fast_mut() }.fast.tats.remove(
                 hash,
                 |k| k.borrow() == key,
                 |k| hasher.hash_one(k),
@@ -502,7 +502,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             .map(|cell| {
                 let shard = read(&cell.0.lock);
                 // SAFETY: the read lock is held.
-                unsafe { cell.0.fast() }.words.len() + shard.states.len()
+                unsafe { cell.0.fast() }.tats.len() + shard.states.len()
             })
             .sum()
     }
@@ -569,7 +569,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let cell = &self.inner.shards[self.shard_index(hash)].0;
         let version = self.inner.version.load(Ordering::Acquire);
         let run = |fast: &FastShard<K>| (fast.version == version).then(|| f(fast)).flatten();
-        if Words::<K>::FLAT {
+        if TatTable::<K>::FLAT {
             // SAFETY: inside the gate, and the words are flat.
             cell.gate.read(|| run(unsafe { cell.fast() })).flatten()
         } else {
@@ -580,14 +580,20 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     #[inline]
-    fn decide<Q>(&self, key: &Q, cost: u64, op: Op, mode: Mode) -> Result<Outcome, KeyedError>
+    fn decide<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        op: Op,
+        mode: Asked,
+    ) -> Result<KeyedDecision, KeyedError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
-        let peek = matches!(mode, Mode::Peek | Mode::PeekDetailed);
+        let peek = matches!(mode, Asked::Peek | Asked::PeekDetailed);
         // The GCRA fast path for a known key: one compare-and-swap, and no lock for
         // plain keys (or a read lock).
         let known = |f: &FastShard<K>| decide_known(f, key, hash, now, cost, op, peek);
@@ -607,28 +613,28 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             // `known` said: a new key, admitted or reserving, to store.
             let (new, d) = fast.decide(0, now, cost, op)?;
             self.inner.inserted.fetch_add(1, Ordering::Relaxed);
-            if self.room_needed(&f.words) {
+            if self.room_needed(&f.tats) {
                 let load = |t: &AtomicU64| t.load(Ordering::Relaxed);
                 // SAFETY: the write lock is held; `f` is not used again.
-                let words = &mut unsafe { cell.fast_mut() }.fast.words;
+                let words = &mut unsafe { cell.fast_mut() }.fast.tats;
                 self.make_room(words, sweep, now, |t, at| load(t) <= at, load)?;
             }
             // SAFETY: the write lock is held: no other writer.
-            let shared = unsafe { cell.fast().words.insert_shared(hash, key.to_owned(), new) };
+            let shared = unsafe { cell.fast().tats.insert_shared(hash, key.to_owned(), new) };
             if let Err(key) = shared {
                 // SAFETY: as above; the shared reference is gone.
-                let words = &mut unsafe { cell.fast_mut() }.fast.words;
+                let words = &mut unsafe { cell.fast_mut() }.fast.tats;
                 words.insert_unique(hash, key, new, |k| hasher.hash_one(k));
             }
-            return Ok(Outcome::One(d));
+            return Ok(KeyedDecision::One(d));
         }
         let rules = &f.config.rules;
-        let run = |st: &mut Vec<PolicyState>| -> Result<Outcome, CheckError> {
+        let run = |st: &mut Vec<PolicyState>| -> Result<KeyedDecision, CheckError> {
             Ok(match mode {
-                Mode::Peek => Outcome::One(rules.peek_decision(st, now, cost)?),
-                Mode::PeekDetailed => Outcome::Rules(rules.peek(st, now, cost)?),
-                Mode::Apply => Outcome::One(rules.decide(st, now, cost, op)?),
-                Mode::Detailed => Outcome::Rules(rules.check(st, now, cost, op)?),
+                Asked::Peek => KeyedDecision::One(rules.peek_decision(st, now, cost)?),
+                Asked::PeekDetailed => KeyedDecision::Rules(rules.peek(st, now, cost)?),
+                Asked::Apply => KeyedDecision::One(rules.decide(st, now, cost, op)?),
+                Asked::Detailed => KeyedDecision::Rules(rules.check(st, now, cost, op)?),
             })
         };
         if let Some((_, st)) = states.find_mut(hash, |(k, _)| k.borrow() == key) {
@@ -742,7 +748,9 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let d = self.decide(key, cost, Op::Acquire, Mode::Apply)?.decision();
+        let d = self
+            .decide(key, cost, Op::Acquire, Asked::Apply)?
+            .decision();
         if d.allowed && d.wait_us > 0 {
             let guard = RefundOnDrop::new(|| self.refund(key, cost));
             sleep_or_refund(d.wait(), guard).await;
@@ -756,7 +764,9 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let d = self.decide(key, cost, Op::Acquire, Mode::Apply)?.decision();
+        let d = self
+            .decide(key, cost, Op::Acquire, Asked::Apply)?
+            .decision();
         if d.allowed {
             block(d.wait());
         }
@@ -804,17 +814,17 @@ impl<K: Hash, S> SweepTable<K, S> for HashTable<(K, S)> {
     }
 }
 
-impl<K: Hash> SweepTable<K, AtomicU64> for Words<K> {
+impl<K: Hash> SweepTable<K, AtomicU64> for TatTable<K> {
     fn len(&self) -> usize {
-        Words::len(self)
+        TatTable::len(self)
     }
 
     fn at_capacity(&self) -> bool {
-        Words::at_capacity(self)
+        TatTable::at_capacity(self)
     }
 
     fn grow(&mut self, hasher: &foldhash::fast::RandomState) {
-        Words::grow(self, |k| hasher.hash_one(k));
+        TatTable::grow(self, |k| hasher.hash_one(k));
     }
 
     fn keep(&mut self, keep: impl FnMut(&AtomicU64) -> bool, hasher: &foldhash::fast::RandomState) {
@@ -850,20 +860,20 @@ fn decide_known<K, Q>(
     cost: u64,
     op: Op,
     peek: bool,
-) -> Option<Result<Outcome, KeyedError>>
+) -> Option<Result<KeyedDecision, KeyedError>>
 where
     K: Borrow<Q>,
     Q: Eq + ?Sized,
 {
     let fast = f.config.fast?;
-    if let Some(tat) = f.words.find(hash, |k| k.borrow() == key) {
+    if let Some(tat) = f.tats.find(hash, |k| k.borrow() == key) {
         let d = decide_word(&fast, tat, now, cost, op, peek);
-        return Some(d.map(Outcome::One).map_err(KeyedError::from));
+        return Some(d.map(KeyedDecision::One).map_err(KeyedError::from));
     }
     match fast.decide(0, now, cost, op) {
         Err(e) => Some(Err(e.into())),
         // Nothing to store for a peek, or for a reject of a fresh key.
-        Ok((new, d)) if peek || new == 0 => Some(Ok(Outcome::One(d))),
+        Ok((new, d)) if peek || new == 0 => Some(Ok(KeyedDecision::One(d))),
         Ok(_) => None,
     }
 }
@@ -917,7 +927,7 @@ fn migrate<K: Hash + Eq>(
 ) {
     let old = std::mem::replace(&mut fast.config, config.clone());
     let mut entries: Vec<(K, Vec<PolicyState>)> = fast
-        .words
+        .tats
         .drain()
         .into_iter()
         .map(|(k, tat)| (k, vec![PolicyState::Gcra(GcraState { tat })]))
@@ -932,7 +942,7 @@ fn migrate<K: Hash + Eq>(
         let hash = hasher.hash_one(&k);
         match (&config.fast, states.first()) {
             (Some(_), Some(PolicyState::Gcra(g))) => {
-                fast.words
+                fast.tats
                     .insert_unique(hash, k, g.tat, |k| hasher.hash_one(k));
             }
             (Some(_), _) => {}

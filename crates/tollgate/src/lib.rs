@@ -34,7 +34,7 @@
 //! ```
 
 #![warn(missing_docs)]
-// Unsafe code lives in the keyed fast path only (words.rs, the flat key table; gate.rs,
+// Unsafe code lives in the keyed fast path only (tat_table.rs, the flat key table; reader_gate.rs,
 // its reader gate; keyed.rs, the shard that pairs them) and every block says why it is
 // sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -42,18 +42,18 @@
 mod clock;
 mod concurrency;
 mod config;
-mod gate;
 pub mod headers;
 mod keyed;
 mod limiter;
 mod rate_limiter;
+mod reader_gate;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod stream;
+mod tat_table;
 #[cfg(feature = "tower")]
 pub mod tower;
 mod wait;
-mod words;
 
 pub use clock::TokioClock;
 pub use concurrency::{

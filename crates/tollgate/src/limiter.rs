@@ -142,7 +142,7 @@ impl<C: Clock> Limiter<C> {
         }
     }
 
-    /// The clock.
+    /// The clock decisions are read from (a `ManualClock` in tests).
     pub fn clock(&self) -> &C {
         &self.inner.clock
     }

@@ -13,7 +13,7 @@ use crate::Limiter;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("an item of cost {cost} can never be admitted by this policy")]
 pub struct TooCostly<T> {
-    /// The item.
+    /// The item, given back untouched.
     pub item: T,
     /// Its cost.
     pub cost: u64,

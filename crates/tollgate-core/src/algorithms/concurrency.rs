@@ -1,6 +1,6 @@
 //! Concurrency limiter: permits held while work runs.
 
-use crate::algorithm::{check_cost, fits, Algorithm, Mode};
+use crate::algorithm::{check_cost, fits, Algorithm, CheckMode};
 use crate::decision::{CheckError, Decision};
 
 /// Admits iff `in_flight + c <= limit`. A permit is held until it is released: by
@@ -71,7 +71,7 @@ impl Concurrency {
         now: u64,
         cost: u64,
         hold_us: Option<u64>,
-        mode: Mode,
+        mode: CheckMode,
     ) -> Result<Decision, CheckError> {
         check_cost(cost, self.limit)?;
         s.timed.retain(|&(r, _)| r > now);
@@ -127,7 +127,7 @@ impl Algorithm for Concurrency {
         s: &mut ConcurrencyState,
         now: u64,
         cost: u64,
-        mode: Mode,
+        mode: CheckMode,
     ) -> Result<Decision, CheckError> {
         self.check_hold(s, now, cost, None, mode)
     }

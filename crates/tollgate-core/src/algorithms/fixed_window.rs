@@ -55,7 +55,7 @@ impl FixedWindow {
         self.window
     }
 
-    /// The alignment.
+    /// Where windows start: on multiples of the window (clock) or at the first request.
     pub fn align(&self) -> Align {
         self.align
     }

@@ -1,6 +1,6 @@
 //! GCRA, the generic cell rate algorithm, in its "virtual scheduling" form.
 
-use crate::algorithm::{check_cost, fits, schedule_algorithm, Algorithm, Mode, Schedule};
+use crate::algorithm::{check_cost, fits, schedule_algorithm, Algorithm, CheckMode, Schedule};
 use crate::decision::{CheckError, Decision};
 use crate::units::{div, div_ceil, sat, Divisor, Rate};
 
@@ -14,10 +14,10 @@ pub const MAX_GCRA_SCALE: u64 = 4096;
 /// key admits exactly `burst` unit requests at one instant (the `redis_rate` variant).
 ///
 /// ```
-/// use tollgate_core::{Algorithm, Mode, algorithms::Gcra, Rate};
+/// use tollgate_core::{Algorithm, CheckMode, algorithms::Gcra, Rate};
 /// let gcra = Gcra::new(Rate::parse("10/s").unwrap(), 5).unwrap();
 /// let mut s = gcra.init(0);
-/// let admitted = (0..6).filter(|_| gcra.check(&mut s, 0, 1, Mode::Try).unwrap().allowed).count();
+/// let admitted = (0..6).filter(|_| gcra.check(&mut s, 0, 1, CheckMode::Try).unwrap().allowed).count();
 /// assert_eq!(admitted, 5);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,12 +70,12 @@ impl Gcra {
         })
     }
 
-    /// The rate.
+    /// The sustained rate: one unit per `period/count`.
     pub fn rate(&self) -> Rate {
         self.rate
     }
 
-    /// The burst.
+    /// The burst: unit requests an idle key admits at one instant.
     pub fn burst(&self) -> u64 {
         self.burst
     }
@@ -94,7 +94,7 @@ impl Gcra {
         tat: u64,
         now: u64,
         cost: u64,
-        mode: Mode,
+        mode: CheckMode,
     ) -> Result<(u64, Decision), CheckError> {
         match self.params() {
             Some(p) => p.decide(tat, now, cost, mode),
@@ -185,7 +185,7 @@ pub struct GcraParams {
     pub interval: u64,
     /// tau = burst * T, in us.
     pub tau: u64,
-    /// The burst.
+    /// The burst: unit requests an idle key admits at one instant.
     pub burst: u64,
     /// `1/T` as f64 bits (fast exact division).
     pub inverse: u64,
@@ -194,7 +194,7 @@ pub struct GcraParams {
 impl GcraParams {
     /// A try of one unit on a bare TAT word, the admit bit only: the new word if
     /// admitted, `None` on a reject. The same decision as [`GcraParams::decide`] in
-    /// [`Mode::Try`] with cost 1 (which always fits: the burst is at least 1), without
+    /// [`CheckMode::Try`] with cost 1 (which always fits: the burst is at least 1), without
     /// the division that `remaining` costs.
     #[inline(always)]
     pub fn admit_one(&self, tat: u64, now: u64) -> Option<u64> {
@@ -210,7 +210,7 @@ impl GcraParams {
         tat: u64,
         now: u64,
         cost: u64,
-        mode: Mode,
+        mode: CheckMode,
     ) -> Result<(u64, Decision), CheckError> {
         check_cost(cost, self.burst)?;
         // interval, tau <= 2^62 and now <= 2^62, so none of these sums overflow.

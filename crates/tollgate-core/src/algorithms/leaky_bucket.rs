@@ -44,7 +44,7 @@ impl LeakyBucket {
         self.rate
     }
 
-    /// The capacity.
+    /// The capacity in units of cost: the highest level the meter admits up to.
     pub fn capacity_units(&self) -> u64 {
         self.capacity
     }

@@ -1,7 +1,7 @@
 //! nginx `limit_req`: the leaky bucket of `ngx_http_limit_req_module`, with its integer
 //! accounting (milli-requests, a millisecond clock), burst, and delay.
 
-use crate::algorithm::{check_cost, fits, Algorithm, Mode};
+use crate::algorithm::{check_cost, fits, Algorithm, CheckMode};
 use crate::decision::{CheckError, Decision};
 use crate::units::{div_ceil, idiv, sat, Rate};
 
@@ -80,12 +80,12 @@ impl LimitReq {
         })
     }
 
-    /// The rate.
+    /// The rate as written (nginx keeps it in milli-requests per second, see `rate_milli`).
     pub fn rate(&self) -> Rate {
         self.rate
     }
 
-    /// The burst.
+    /// The burst: requests admitted beyond the rate before rejects start.
     pub fn burst(&self) -> u64 {
         self.burst
     }
@@ -141,7 +141,7 @@ impl Algorithm for LimitReq {
         s: &mut LimitReqState,
         now: u64,
         cost: u64,
-        mode: Mode,
+        mode: CheckMode,
     ) -> Result<Decision, CheckError> {
         check_cost(cost, self.burst + 1)?;
         let add = i128::from(cost) * 1000;
@@ -160,8 +160,8 @@ impl Algorithm for LimitReq {
         let to_admit = at - now;
         let total = to_admit.saturating_add(delay);
         let admitted = match mode {
-            Mode::Try => to_admit == 0,
-            Mode::Acquire { .. } => fits(total, mode),
+            CheckMode::Try => to_admit == 0,
+            CheckMode::Acquire { .. } => fits(total, mode),
         };
         if admitted {
             *s = LimitReqState {

@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 
 use super::gcra::MAX_GCRA_SCALE;
-use crate::algorithm::{check_cost, fits, Algorithm, Mode};
+use crate::algorithm::{check_cost, fits, Algorithm, CheckMode};
 use crate::decision::{CheckError, Decision};
 use crate::units::{div_ceil, sat, Rate};
 
@@ -95,7 +95,7 @@ impl Algorithm for Shaper {
         s: &mut ShaperState,
         now: u64,
         cost: u64,
-        mode: Mode,
+        mode: CheckMode,
     ) -> Result<Decision, CheckError> {
         check_cost(cost, u64::MAX)?;
         while s.pending.front().is_some_and(|&r| r <= now) {
@@ -106,13 +106,13 @@ impl Algorithm for Shaper {
         let wait = release.saturating_sub(now);
         let queued = s.pending.len() as u64;
         let retry = match mode {
-            Mode::Try if wait > 0 && queued >= self.queue => {
+            CheckMode::Try if wait > 0 && queued >= self.queue => {
                 // A place frees when enough earlier requests have been released, or
                 // the request needs none once its own release time has come.
                 let idx = (queued - self.queue) as usize;
                 Some(s.pending.get(idx).map_or(wait, |&r| (r - now).min(wait)))
             }
-            Mode::Acquire { max_wait_us } if !fits(wait, mode) => {
+            CheckMode::Acquire { max_wait_us } if !fits(wait, mode) => {
                 Some(wait - max_wait_us.unwrap_or(wait))
             }
             _ => None,

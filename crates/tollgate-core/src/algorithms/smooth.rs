@@ -5,7 +5,7 @@
 //! Java's), so decisions match Guava's to the microsecond. Golden vectors produced by
 //! the real Guava (`tools/guava-golden`) are replayed in the tests.
 
-use crate::algorithm::{check_cost, Algorithm, Mode};
+use crate::algorithm::{check_cost, Algorithm, CheckMode};
 use crate::decision::{CheckError, Decision};
 use crate::units::Rate;
 
@@ -109,7 +109,7 @@ impl Smooth {
         Ok(smooth)
     }
 
-    /// The rate.
+    /// The stable rate (permits per second once warm).
     pub fn rate(&self) -> Rate {
         self.rate
     }
@@ -256,13 +256,13 @@ impl Algorithm for Smooth {
         s: &mut SmoothState,
         now: u64,
         cost: u64,
-        mode: Mode,
+        mode: CheckMode,
     ) -> Result<Decision, CheckError> {
         check_cost(cost, u64::MAX)?;
         // tryAcquire(permits, timeout): canAcquire iff nextFree - timeout <= now.
         let timeout = match mode {
-            Mode::Try => Some(0),
-            Mode::Acquire { max_wait_us } => max_wait_us,
+            CheckMode::Try => Some(0),
+            CheckMode::Acquire { max_wait_us } => max_wait_us,
         };
         if let Some(t) = timeout.filter(|&t| s.next_free.saturating_sub(t) > now) {
             return Ok(self.decision(s, now, false, s.next_free - t - now));

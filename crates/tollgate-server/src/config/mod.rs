@@ -1,6 +1,6 @@
 //! The main configuration file (`--config FILE`, YAML) that `serve` and `proxy` read:
 //! its types, defaults and validation. Nothing here binds a port; the `store:`
-//! section also knows how to connect ([`store::Store::connect`]).
+//! section also knows how to connect ([`store::StoreConfig::connect`]).
 
 pub mod proxy;
 pub mod store;
@@ -29,7 +29,7 @@ pub struct MainConfig {
     pub rules: Vec<PathBuf>,
     /// Where counters live.
     #[serde(default)]
-    pub store: store::Store,
+    pub store: store::StoreConfig,
     /// Memory bounds.
     #[serde(default)]
     pub keys: Keys,

@@ -8,7 +8,7 @@ use super::duration_opt;
 /// `store:` where counters live.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Store {
+pub struct StoreConfig {
     /// `memory` (default) or `redis`.
     #[serde(default)]
     pub kind: StoreKind,
@@ -91,10 +91,10 @@ pub enum StoreKind {
     Redis,
 }
 
-impl Store {
+impl StoreConfig {
     /// The store a `--store` flag names: `memory`, or a Redis URL (the file's other
     /// `store:` settings still apply).
-    pub fn with_flag(mut self, flag: Option<&str>) -> anyhow::Result<Store> {
+    pub fn with_flag(mut self, flag: Option<&str>) -> anyhow::Result<StoreConfig> {
         match flag {
             None => {}
             Some("memory") => self.kind = StoreKind::Memory,

@@ -52,7 +52,7 @@ impl std::str::FromStr for Pattern {
 /// What to simulate.
 #[derive(Debug, Clone)]
 pub struct Scenario {
-    /// The traffic.
+    /// The shape of the arrivals (steady, burst, boundary, poisson, sine, ramp, trace).
     pub pattern: Pattern,
     /// Requests per second (average).
     pub rate: f64,

@@ -30,7 +30,7 @@ use crate::config::proxy::{HeaderStyle, MatchConfig, ProxyConfig, RouteConfig};
 use keys::KeyPart;
 
 /// Counters in Redis: the connection and the `store:` settings (failure policy, ...).
-type RedisBackend = (RedisStore, crate::config::store::Store);
+type RedisBackend = (RedisStore, crate::config::store::StoreConfig);
 
 struct Limits {
     /// "default", or the tier's name (shown as the RateLimit policy name).
@@ -496,7 +496,7 @@ fn problem_response(
 /// Loads the `proxy:` section of a main config.
 pub fn load(
     path: &std::path::Path,
-) -> anyhow::Result<(ProxyConfig, KeyedOptions, crate::config::store::Store)> {
+) -> anyhow::Result<(ProxyConfig, KeyedOptions, crate::config::store::StoreConfig)> {
     let mut main = crate::config::MainConfig::load(path)?;
     let options = main.key_options();
     let proxy = main.proxy.take().ok_or_else(|| {

@@ -27,7 +27,7 @@ pub struct Metrics {
 /// A decision's outcome, as counted.
 #[derive(Debug, Clone, Copy)]
 #[repr(usize)]
-pub enum Outcome {
+pub enum Verdict {
     /// Admitted.
     Allowed,
     /// Rejected.
@@ -79,7 +79,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Counts one descriptor's decision.
-    pub fn decision(&self, domain: &str, rule: &str, outcome: Outcome) {
+    pub fn decision(&self, domain: &str, rule: &str, outcome: Verdict) {
         let i = outcome as usize;
         if let Some(counters) = self
             .by_rule

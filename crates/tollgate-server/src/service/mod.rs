@@ -16,8 +16,8 @@ use arc_swap::ArcSwap;
 use tollgate::redis::{RedisStore, StoreError};
 use tollgate::{AnyLimiter, CheckError, Decision, LimitError, Op, RateLimiter, RuleDecision};
 
-use crate::service::metrics::{Metrics, Outcome};
-use crate::service::rules::{counter_key, override_limit, Limit, Rules, Unit};
+use crate::service::metrics::{Metrics, Verdict};
+use crate::service::rules::{counter_key, override_limit, DescriptorRules, Limit, Unit};
 
 /// One descriptor of a request: its entries, in order, and its own hits (cost).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +116,7 @@ pub const MAX_OVERRIDES: usize = 1024;
 
 /// The rules in force, swappable at run time.
 pub struct DecisionService {
-    rules: ArcSwap<Rules>,
+    rules: ArcSwap<DescriptorRules>,
     overrides: Mutex<HashMap<(Unit, u64), Arc<Limit>>>,
     options: tollgate::KeyedOptions,
     metrics: Metrics,
@@ -131,7 +131,7 @@ pub struct DecisionService {
 /// and kept in the limit itself ([`Limit::redis`]).
 struct RedisCounters {
     store: RedisStore,
-    config: crate::config::store::Store,
+    config: crate::config::store::StoreConfig,
     /// Every limiter made, for the metrics' sums (a reloaded definition's limiter
     /// stays: its counts are part of the totals).
     made: Mutex<Vec<AnyLimiter>>,
@@ -161,7 +161,7 @@ impl RedisCounters {
     /// Makes the limiter of every limit of `rules` (kept in the limit, so these are
     /// the ones used): a limit the Redis scripts cannot keep is refused, at start-up
     /// and on reload alike.
-    fn prepare(&self, rules: &Rules) -> Result<(), crate::service::rules::RulesError> {
+    fn prepare(&self, rules: &DescriptorRules) -> Result<(), crate::service::rules::RulesError> {
         for (domain, _) in rules.domains() {
             for limit in rules.limits(domain) {
                 if limit.rules.is_some() {
@@ -196,7 +196,7 @@ impl DecisionService {
     /// A service over `rules` (loaded from `sources`, which a reload reads again);
     /// `options` bound every rule's counters.
     pub fn new(
-        rules: Rules,
+        rules: DescriptorRules,
         sources: Vec<std::path::PathBuf>,
         options: tollgate::KeyedOptions,
     ) -> Self {
@@ -213,7 +213,10 @@ impl DecisionService {
 
     /// Keeps counters in Redis as `store` says (connects now; a single node may still
     /// be down, a Cluster must answer).
-    pub async fn with_redis(mut self, store: &crate::config::store::Store) -> anyhow::Result<Self> {
+    pub async fn with_redis(
+        mut self,
+        store: &crate::config::store::StoreConfig,
+    ) -> anyhow::Result<Self> {
         let redis = RedisCounters {
             store: store.connect().await?,
             config: store.clone(),
@@ -244,7 +247,7 @@ impl DecisionService {
         if self.sources.is_empty() {
             return Ok(());
         }
-        match Rules::load(&self.sources, self.options) {
+        match DescriptorRules::load(&self.sources, self.options) {
             Ok(mut rules) => {
                 rules.adopt(&self.rules.load());
                 if let Some(redis) = &self.redis {
@@ -299,7 +302,7 @@ impl DecisionService {
     /// The limit and counter that apply to a descriptor.
     fn limit_for(
         &self,
-        rules: &Rules,
+        rules: &DescriptorRules,
         domain: &str,
         d: &DescriptorRequest,
     ) -> Option<(Arc<Limit>, String)> {
@@ -312,7 +315,7 @@ impl DecisionService {
     }
 
     /// The rules in force.
-    pub fn rules(&self) -> Arc<Rules> {
+    pub fn rules(&self) -> Arc<DescriptorRules> {
         self.rules.load_full()
     }
 
@@ -395,9 +398,9 @@ impl DecisionService {
         for s in &statuses {
             if let (Some(limit), Some(d)) = (&s.limit, s.decision()) {
                 let outcome = match (s.shadow_rejected, d.allowed) {
-                    (true, _) => Outcome::ShadowRejected,
-                    (false, true) => Outcome::Allowed,
-                    (false, false) => Outcome::Rejected,
+                    (true, _) => Verdict::ShadowRejected,
+                    (false, true) => Verdict::Allowed,
+                    (false, false) => Verdict::Rejected,
                 };
                 self.metrics.decision(domain, &limit.path, outcome);
             }

@@ -14,7 +14,7 @@ pub enum RulesError {
     /// The file could not be read.
     #[error("{path}: {source}")]
     Io {
-        /// The file.
+        /// The rule file that failed.
         path: PathBuf,
         /// Why.
         source: std::io::Error,
@@ -171,7 +171,7 @@ pub struct Limit {
     pub deny: bool,
     /// Envoy's unit and requests per unit, when written that way (for Envoy's API).
     pub envoy: Option<(Unit, u64)>,
-    /// The counters.
+    /// The counters when they live in this process (memory store), one state per key.
     pub limiter: Option<KeyedLimiter<String>>,
     /// The counters when they live in Redis: made on first use, and kept with the
     /// limit across reloads that leave its definition unchanged.
@@ -207,7 +207,7 @@ struct Node {
 
 /// All loaded rules, by domain.
 #[derive(Debug, Default)]
-pub struct Rules {
+pub struct DescriptorRules {
     domains: HashMap<String, Vec<Node>>,
     /// Where each domain came from (for errors and `/v1/config`).
     sources: HashMap<String, String>,
@@ -216,7 +216,7 @@ pub struct Rules {
 /// The example rule set compiled into the binary.
 pub const BUILT_IN: &str = include_str!("../../config/example-rules.yaml");
 
-impl Rules {
+impl DescriptorRules {
     /// Loads rule files: each path is a YAML file or a directory of them (`.yaml`,
     /// `.yml`, in name order). Two documents may not define the same domain.
     pub fn load(paths: &[PathBuf], options: KeyedOptions) -> Result<Self, RulesError> {
@@ -239,7 +239,7 @@ impl Rules {
                 files.push(path.clone());
             }
         }
-        let mut rules = Rules::default();
+        let mut rules = DescriptorRules::default();
         for file in files {
             let text = std::fs::read_to_string(&file).map_err(|source| RulesError::Io {
                 path: file.clone(),
@@ -252,7 +252,7 @@ impl Rules {
 
     /// The built-in example rules.
     pub fn built_in(options: KeyedOptions) -> Self {
-        let mut rules = Rules::default();
+        let mut rules = DescriptorRules::default();
         rules
             .add(BUILT_IN, "<built-in>", options)
             .expect("the built-in rules are valid");
@@ -300,7 +300,7 @@ impl Rules {
     /// Takes over the limits of `old` whose definition is unchanged (same descriptor
     /// path, policies, name, replaces, shadow mode), with their counters: a reload
     /// keeps the state of unchanged rules.
-    pub fn adopt(&mut self, old: &Rules) {
+    pub fn adopt(&mut self, old: &DescriptorRules) {
         let mut previous: HashMap<String, Arc<Limit>> = HashMap::new();
         for domain in old.domains.keys() {
             for l in old.limits(domain) {
@@ -557,8 +557,8 @@ mod tests {
             .collect()
     }
 
-    fn rules(text: &str) -> Result<Rules, RulesError> {
-        let mut r = Rules::default();
+    fn rules(text: &str) -> Result<DescriptorRules, RulesError> {
+        let mut r = DescriptorRules::default();
         r.add(text, "test.yaml", KeyedOptions::default())?;
         Ok(r)
     }

@@ -9,9 +9,9 @@ use anyhow::Context;
 use clap::Parser;
 use tollgate::KeyedOptions;
 
-use super::rules::Rules;
+use super::rules::DescriptorRules;
 use super::DecisionService;
-use crate::config::store::{Store, StoreKind};
+use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::{MainConfig, DEFAULT_GRPC, DEFAULT_HTTP};
 use crate::lifecycle::shutdown_signal;
 
@@ -23,8 +23,8 @@ pub struct Settings {
     pub grpc: SocketAddr,
     /// Counter bounds.
     pub options: KeyedOptions,
-    /// The rules.
-    pub rules: Rules,
+    /// The descriptor rules of every domain, loaded and validated.
+    pub rules: DescriptorRules,
     /// Where the rules came from.
     pub rules_source: String,
     /// The rule files (empty: built-in), for reloads.
@@ -32,7 +32,7 @@ pub struct Settings {
     /// The bearer token that guards admin endpoints, if any.
     pub admin_token: Option<String>,
     /// Where counters live.
-    pub store: Store,
+    pub store: StoreConfig,
 }
 
 impl Settings {
@@ -57,7 +57,7 @@ impl Settings {
         let options = main.key_options();
         let (rules, rules_source) = if paths.is_empty() {
             (
-                Rules::built_in(options),
+                DescriptorRules::built_in(options),
                 "the built-in example rules".to_string(),
             )
         } else {
@@ -66,7 +66,7 @@ impl Settings {
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", ");
-            (Rules::load(&paths, options)?, list)
+            (DescriptorRules::load(&paths, options)?, list)
         };
         let http = http
             .or(main.listen.http)

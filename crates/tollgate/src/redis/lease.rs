@@ -246,7 +246,7 @@ impl LeasedLimiter {
         });
     }
 
-    /// The counters.
+    /// Its counters now: leases taken and returned, units taken, returned and expired, local decisions, Redis calls.
     pub fn stats(&self) -> LeaseStats {
         let s = |i: Stat| self.inner.stats[i as usize].load(Ordering::Relaxed);
         LeaseStats {
@@ -260,7 +260,7 @@ impl LeasedLimiter {
         }
     }
 
-    /// The rules.
+    /// The rule set the leases are taken for.
     pub fn rules(&self) -> &RuleSet {
         &self.inner.rules
     }

@@ -119,7 +119,7 @@ impl RedisLimiter {
         })
     }
 
-    /// The rules.
+    /// The rule set in force now (a copy; [`RedisLimiter::set_rules`] changes it).
     pub fn rules(&self) -> RuleSet {
         self.inner.compiled.load().rules.clone()
     }
@@ -135,12 +135,12 @@ impl RedisLimiter {
         Ok(())
     }
 
-    /// The store.
+    /// The store this limiter decides in.
     pub fn store(&self) -> &RedisStore {
         &self.inner.store
     }
 
-    /// The counters.
+    /// Its counters now: decisions, errors, fallbacks, negative-cache hits, outages.
     pub fn stats(&self) -> RedisStats {
         self.inner.health.stats()
     }

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-/// How a [`RedisStore`] talks to Redis.
+/// How a [`RedisStore`](super::RedisStore) talks to Redis.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
     /// The longest a decision may take (connect, send, answer); past it the call
-    /// fails with [`StoreError::Timeout`]. Default 250 ms.
+    /// fails with [`StoreError::Timeout`](super::StoreError::Timeout). Default 250 ms.
     pub timeout: Duration,
     /// Added to each key's time to live, which is otherwise the time until its state
     /// is fully replenished. Default 1 s.
@@ -17,7 +17,7 @@ pub struct RedisOptions {
     /// How the decision code is called. Default [`RedisCalls::Auto`].
     pub calls: RedisCalls,
     /// The most checks decided by one call (automatic batching; see
-    /// [`RedisStore`]). 1 sends each check as its own call. Default 64.
+    /// [`RedisStore`](super::RedisStore)). 1 sends each check as its own call. Default 64.
     pub batch: usize,
     /// With batching, how many batched calls may be outstanding at once on the
     /// connection; checks arriving meanwhile wait for the next call. Default 2.
@@ -29,7 +29,7 @@ pub struct RedisOptions {
     pub direct_calls: usize,
 }
 
-/// Counters of a [`RedisStore`]'s decision calls.
+/// Counters of a [`RedisStore`](super::RedisStore)'s decision calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallStats {
     /// Calls sent (`FCALL` or `EVALSHA`), including failed ones.
@@ -38,7 +38,7 @@ pub struct CallStats {
     pub checks: u64,
 }
 
-/// How a [`RedisStore`] calls its decision code.
+/// How a [`RedisStore`](super::RedisStore) calls its decision code.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum RedisCalls {
     /// Redis Functions where the server has them (Redis >= 7), `EVALSHA` otherwise.

@@ -7,7 +7,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use tollgate_core::algorithms::*;
-use tollgate_core::{Algo, AlgorithmKind, Mode, Policy, PolicyState, RuleSet, ALGORITHM_TABLE};
+use tollgate_core::{
+    Algo, AlgorithmKind, CheckMode, Policy, PolicyState, RuleSet, ALGORITHM_TABLE,
+};
 
 use super::StoreError;
 
@@ -151,7 +153,7 @@ impl Wire {
     pub fn check_cost(&self, rules: &RuleSet, cost: u64) -> Result<(), StoreError> {
         for (p, &max) in rules.policies().iter().zip(&self.max_costs) {
             // The algorithm's own answer on a new state: InsufficientCapacity or ZeroCost.
-            p.check_mode(&mut p.init(0), 0, cost, Mode::Try)?;
+            p.check_mode(&mut p.init(0), 0, cost, CheckMode::Try)?;
             if cost > max {
                 return Err(StoreError::Unsupported(format!(
                     "cost {cost} is too large for {} in the Redis store (at most {max})",

@@ -131,7 +131,7 @@ impl RedisStore {
         })
     }
 
-    /// The options.
+    /// The options it was connected with.
     pub fn options(&self) -> &RedisOptions {
         &self.caller.opts
     }

@@ -11,12 +11,12 @@
 //! cluster so no tombstones are left.
 //!
 //! Words are read and compare-and-swapped by readers that hold no lock (see
-//! `gate.rs`). A key is put in an empty slot while they probe ([`WordTable::insert_shared`]:
+//! `reader_gate.rs`). A key is put in an empty slot while they probe ([`FlatTatTable::insert_shared`]:
 //! the key is written before its word is published, and a reader reads a key only
 //! after seeing its slot's word); anything that moves entries (removal, growth,
 //! sweeps) takes `&mut self`, which the caller gets by shutting readers out.
 //!
-//! [`Words`] picks the flat table for plain keys and hashbrown for keys that own
+//! [`TatTable`] picks the flat table for plain keys and hashbrown for keys that own
 //! memory (whose comparison would chase a pointer per probed slot).
 
 use std::cell::UnsafeCell;
@@ -59,25 +59,25 @@ impl<K> Slot<K> {
 }
 
 /// A map from keys to one `AtomicU64` each (see the module doc).
-pub(crate) struct WordTable<K> {
+pub(crate) struct FlatTatTable<K> {
     slots: Box<[Slot<K>]>,
     len: AtomicUsize,
 }
 
 // SAFETY: shared access reads keys (K: Sync) and, in `insert_shared`, moves a key in
 // from the calling thread (K: Send); everything else shared is atomic.
-unsafe impl<K: Send + Sync> Sync for WordTable<K> {}
+unsafe impl<K: Send + Sync> Sync for FlatTatTable<K> {}
 
-impl<K> Default for WordTable<K> {
+impl<K> Default for FlatTatTable<K> {
     fn default() -> Self {
-        WordTable {
+        FlatTatTable {
             slots: Box::new([]),
             len: AtomicUsize::new(0),
         }
     }
 }
 
-impl<K> Drop for WordTable<K> {
+impl<K> Drop for FlatTatTable<K> {
     fn drop(&mut self) {
         if std::mem::needs_drop::<K>() {
             for slot in self.slots.iter_mut().filter(|s| !s.is_empty()) {
@@ -88,7 +88,7 @@ impl<K> Drop for WordTable<K> {
     }
 }
 
-impl<K> WordTable<K> {
+impl<K> FlatTatTable<K> {
     /// Keys held.
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
@@ -160,7 +160,7 @@ impl<K> WordTable<K> {
 
     /// Inserts a key known to be absent while readers may probe, or gives it back
     /// when the table would have to grow (the caller then shuts readers out and uses
-    /// [`WordTable::insert_unique`]).
+    /// [`FlatTatTable::insert_unique`]).
     ///
     /// # Safety
     /// No other thread inserts, removes or moves entries meanwhile (callers hold the
@@ -309,88 +309,88 @@ impl<K> WordTable<K> {
     }
 }
 
-/// The fast path's table for a key type: the flat [`WordTable`] for plain keys
+/// The fast path's table for a key type: the flat [`FlatTatTable`] for plain keys
 /// (at most 32 bytes, owning no memory: integers, IP addresses, small tuples), whose
 /// comparison is a register compare; hashbrown for keys that own memory (`String`),
 /// whose tag bytes spare a pointer chase per probed slot.
-pub(crate) enum Words<K> {
-    Flat(WordTable<K>),
+pub(crate) enum TatTable<K> {
+    Flat(FlatTatTable<K>),
     Tagged(hashbrown::HashTable<(K, AtomicU64)>),
 }
 
-impl<K> Default for Words<K> {
+impl<K> Default for TatTable<K> {
     fn default() -> Self {
         if Self::FLAT {
-            Words::Flat(WordTable::default())
+            TatTable::Flat(FlatTatTable::default())
         } else {
-            Words::Tagged(hashbrown::HashTable::new())
+            TatTable::Tagged(hashbrown::HashTable::new())
         }
     }
 }
 
-impl<K> Words<K> {
+impl<K> TatTable<K> {
     /// Whether keys of type `K` get the flat table (readable without a lock).
     pub const FLAT: bool = std::mem::size_of::<K>() <= 32 && !std::mem::needs_drop::<K>();
 
     pub fn len(&self) -> usize {
         match self {
-            Words::Flat(t) => t.len(),
-            Words::Tagged(t) => t.len(),
+            TatTable::Flat(t) => t.len(),
+            TatTable::Tagged(t) => t.len(),
         }
     }
 
     /// Whether one more key would make the table grow.
     pub fn at_capacity(&self) -> bool {
         match self {
-            Words::Flat(t) => !t.has_room(),
-            Words::Tagged(t) => t.len() == t.capacity(),
+            TatTable::Flat(t) => !t.has_room(),
+            TatTable::Tagged(t) => t.len() == t.capacity(),
         }
     }
 
     /// Grows the table by about half; `hasher` hashes the keys that move.
     pub fn grow(&mut self, hasher: impl Fn(&K) -> u64) {
         match self {
-            Words::Flat(t) => t.grow(hasher),
-            Words::Tagged(t) => t.reserve(t.len() / 2 + 1, |(k, _)| hasher(k)),
+            TatTable::Flat(t) => t.grow(hasher),
+            TatTable::Tagged(t) => t.reserve(t.len() / 2 + 1, |(k, _)| hasher(k)),
         }
     }
 
     #[inline]
     pub fn find(&self, hash: u64, eq: impl Fn(&K) -> bool) -> Option<&AtomicU64> {
         match self {
-            Words::Flat(t) => t.find(hash, eq),
-            Words::Tagged(t) => t.find(hash, |(k, _)| eq(k)).map(|(_, w)| w),
+            TatTable::Flat(t) => t.find(hash, eq),
+            TatTable::Tagged(t) => t.find(hash, |(k, _)| eq(k)).map(|(_, w)| w),
         }
     }
 
     pub fn insert_unique(&mut self, hash: u64, key: K, word: u64, hasher: impl Fn(&K) -> u64) {
         match self {
-            Words::Flat(t) => t.insert_unique(hash, key, word, hasher),
-            Words::Tagged(t) => {
+            TatTable::Flat(t) => t.insert_unique(hash, key, word, hasher),
+            TatTable::Tagged(t) => {
                 t.insert_unique(hash, (key, AtomicU64::new(word)), |(k, _)| hasher(k));
             }
         }
     }
 
-    /// [`WordTable::insert_shared`] for the flat table; the hashbrown table always
+    /// [`FlatTatTable::insert_shared`] for the flat table; the hashbrown table always
     /// gives the key back (it moves entries on insert).
     ///
     /// # Safety
-    /// As [`WordTable::insert_shared`].
+    /// As [`FlatTatTable::insert_shared`].
     pub unsafe fn insert_shared(&self, hash: u64, key: K, word: u64) -> Result<(), K> {
         match self {
             // SAFETY: forwarded from the caller.
-            Words::Flat(t) => unsafe { t.insert_shared(hash, key, word) },
-            Words::Tagged(_) => Err(key),
+            TatTable::Flat(t) => unsafe { t.insert_shared(hash, key, word) },
+            TatTable::Tagged(_) => Err(key),
         }
     }
 
     pub fn remove(&mut self, hash: u64, eq: impl Fn(&K) -> bool, hasher: impl Fn(&K) -> u64) {
         match self {
-            Words::Flat(t) => {
+            TatTable::Flat(t) => {
                 t.remove(hash, eq, hasher);
             }
-            Words::Tagged(t) => {
+            TatTable::Tagged(t) => {
                 if let Ok(e) = t.find_entry(hash, |(k, _)| eq(k)) {
                     e.remove();
                 }
@@ -400,23 +400,23 @@ impl<K> Words<K> {
 
     pub fn retain(&mut self, mut keep: impl FnMut(&AtomicU64) -> bool, hasher: impl Fn(&K) -> u64) {
         match self {
-            Words::Flat(t) => t.retain(keep, hasher),
-            Words::Tagged(t) => t.retain(|(_, w)| keep(w)),
+            TatTable::Flat(t) => t.retain(keep, hasher),
+            TatTable::Tagged(t) => t.retain(|(_, w)| keep(w)),
         }
     }
 
     /// The words of the first `n` entries (slots follow the hash: a fair sample).
     pub fn sample(&self, n: usize) -> Box<dyn Iterator<Item = &AtomicU64> + '_> {
         match self {
-            Words::Flat(t) => Box::new(t.sample(n)),
-            Words::Tagged(t) => Box::new(t.iter().take(n).map(|(_, w)| w)),
+            TatTable::Flat(t) => Box::new(t.sample(n)),
+            TatTable::Tagged(t) => Box::new(t.iter().take(n).map(|(_, w)| w)),
         }
     }
 
     pub fn drain(&mut self) -> Vec<(K, u64)> {
         match self {
-            Words::Flat(t) => t.drain(),
-            Words::Tagged(t) => t.drain().map(|(k, w)| (k, w.into_inner())).collect(),
+            TatTable::Flat(t) => t.drain(),
+            TatTable::Tagged(t) => t.drain().map(|(k, w)| (k, w.into_inner())).collect(),
         }
     }
 }
@@ -453,7 +453,7 @@ mod tests {
         /// and retains, and every key is found from its home.
         #[test]
         fn behaves_as_a_map(ops in proptest::collection::vec(op(), 1..300)) {
-            let mut table: WordTable<u64> = WordTable::default();
+            let mut table: FlatTatTable<u64> = FlatTatTable::default();
             let mut model: HashMap<u64, u64> = HashMap::new();
             for op in ops {
                 match op {
@@ -489,20 +489,26 @@ mod tests {
 
     #[test]
     fn plain_keys_get_the_flat_table_and_owning_keys_hashbrown() {
-        assert!(matches!(Words::<u64>::default(), Words::Flat(_)));
+        assert!(matches!(TatTable::<u64>::default(), TatTable::Flat(_)));
         assert!(matches!(
-            Words::<std::net::IpAddr>::default(),
-            Words::Flat(_)
+            TatTable::<std::net::IpAddr>::default(),
+            TatTable::Flat(_)
         ));
-        assert!(matches!(Words::<(u64, u32)>::default(), Words::Flat(_)));
-        assert!(matches!(Words::<String>::default(), Words::Tagged(_)));
-        assert!(matches!(Words::<[u64; 5]>::default(), Words::Tagged(_)));
+        assert!(matches!(
+            TatTable::<(u64, u32)>::default(),
+            TatTable::Flat(_)
+        ));
+        assert!(matches!(TatTable::<String>::default(), TatTable::Tagged(_)));
+        assert!(matches!(
+            TatTable::<[u64; 5]>::default(),
+            TatTable::Tagged(_)
+        ));
     }
 
     #[test]
     fn keys_with_destructors_are_dropped_once() {
         let rc = std::rc::Rc::new(());
-        let mut table: WordTable<(u64, std::rc::Rc<()>)> = WordTable::default();
+        let mut table: FlatTatTable<(u64, std::rc::Rc<()>)> = FlatTatTable::default();
         let h = |k: &(u64, std::rc::Rc<()>)| hash(&k.0);
         for k in 0..100 {
             table.insert_unique(hash(&k), (k, rc.clone()), k, h);

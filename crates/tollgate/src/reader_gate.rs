@@ -1,4 +1,4 @@
-//! [`Gate`]: a reader side that writes nothing shared, for the keyed GCRA fast path.
+//! [`ReaderGate`]: a reader side that writes nothing shared, for the keyed GCRA fast path.
 //!
 //! A read lock costs two atomic read-modify-writes on a word every reader shares; at a
 //! million keys they also keep the processor from overlapping one check's cache miss
@@ -21,7 +21,7 @@
 //! read at once.
 //!
 //! Model-checked with loom in its fence form (`RUSTFLAGS="--cfg tollgate_loom" cargo
-//! test -p tollgate --lib --release gate::model`; loom cannot model `membarrier`).
+//! test -p tollgate --lib --release reader_gate::model`; loom cannot model `membarrier`).
 
 use std::sync::atomic::Ordering::*;
 use std::sync::atomic::{compiler_fence, AtomicU8};
@@ -56,7 +56,7 @@ mod sync {
 
 /// Lets readers in without shared writes; see the module doc.
 #[derive(Debug)]
-pub(crate) struct Gate {
+pub(crate) struct ReaderGate {
     shut: AtomicBool,
 }
 
@@ -187,11 +187,11 @@ impl Drop for Inside {
     }
 }
 
-impl Gate {
+impl ReaderGate {
     /// An open gate.
     pub fn new() -> Self {
         init_barrier();
-        Gate {
+        ReaderGate {
             shut: AtomicBool::new(false),
         }
     }
@@ -207,7 +207,8 @@ impl Gate {
             // one slot announces one gate, so this read takes the slow path.
             return None;
         }
-        slot.inside.store(self as *const Gate as usize, Relaxed);
+        slot.inside
+            .store(self as *const ReaderGate as usize, Relaxed);
         let inside = Inside(slot);
         light_barrier();
         // Acquire: a reader that finds the gate open sees what the last writer did.
@@ -224,7 +225,7 @@ impl Gate {
     pub fn shut(&self) -> Shut<'_> {
         self.shut.store(true, Relaxed);
         heavy_barrier();
-        let me = self as *const Gate as usize;
+        let me = self as *const ReaderGate as usize;
         for slot in slots() {
             let mut spins = 0u32;
             while slot.inside.load(Acquire) == me {
@@ -238,8 +239,8 @@ impl Gate {
     }
 }
 
-/// A shut gate (see [`Gate::shut`]).
-pub(crate) struct Shut<'a>(&'a Gate);
+/// A shut gate (see [`ReaderGate::shut`]).
+pub(crate) struct Shut<'a>(&'a ReaderGate);
 
 impl Drop for Shut<'_> {
     fn drop(&mut self) {
@@ -255,7 +256,7 @@ mod tests {
 
     #[test]
     fn a_shut_gate_turns_readers_away_and_reopens() {
-        let gate = Gate::new();
+        let gate = ReaderGate::new();
         assert_eq!(gate.read(|| 1), Some(1));
         let shut = gate.shut();
         assert_eq!(gate.read(|| 1), None);
@@ -267,7 +268,7 @@ mod tests {
     /// two halves of a pair are equal; the writer changes them one at a time.
     #[test]
     fn writers_never_overlap_readers() {
-        let gate = Arc::new(Gate::new());
+        let gate = Arc::new(ReaderGate::new());
         let pair = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let stop = Arc::new(AtomicBool::new(false));
         let readers: Vec<_> = (0..3)
@@ -309,7 +310,7 @@ mod tests {
 
     #[test]
     fn slots_are_reused_after_threads_exit() {
-        let gate = Gate::new();
+        let gate = ReaderGate::new();
         for _ in 0..50 {
             std::thread::scope(|s| {
                 s.spawn(|| gate.read(|| ()));
@@ -336,7 +337,7 @@ mod model {
     #[test]
     fn a_writer_never_overlaps_a_reader() {
         loom::model(|| {
-            let gate = Arc::new(Gate::new());
+            let gate = Arc::new(ReaderGate::new());
             let data = Arc::new(Shared(UnsafeCell::new(0)));
             let (g, d) = (gate.clone(), data.clone());
             // SAFETY: inside the gate (loom reports an overlap with the writer).
