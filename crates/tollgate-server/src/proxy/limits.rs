@@ -1,0 +1,265 @@
+//! A route's limits and how a request meets them: the rate counters (`policies:`,
+//! per tier) with nginx `limit_req` semantics, the `limit_conn` permits, the
+//! rate-limit headers, and what a reject, a delay or a failed store answers.
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use tollgate::redis::{
+    PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit, RedisStore,
+};
+use tollgate::{
+    AnyLimiter, ConcurrencyError, Decision, KeyedConcurrencyLimiter, KeyedConcurrencyPermit,
+    KeyedLimiter, KeyedOptions, Op, RateLimiter, RuleDecision, RuleSet,
+};
+
+use super::problem::{problem, problem_body, problem_response, store_unavailable};
+use crate::config::proxy::{HeaderStyle, RouteConfig};
+use crate::config::store::StoreConfig;
+
+/// Counters in Redis: the connection and the `store:` settings (failure policy, ...).
+pub(super) type RedisBackend = (RedisStore, StoreConfig);
+
+/// One set of rate counters: a route's `policies:` or one tier's.
+struct Limits {
+    /// "default", or the tier's name (shown as the RateLimit policy name).
+    name: String,
+    /// The counters, in memory or in Redis.
+    counter: AnyLimiter,
+    /// Their rules (for the headers).
+    rules: RuleSet,
+}
+
+/// Where a route's `limit_conn` permits live.
+enum Conns {
+    Memory(KeyedConcurrencyLimiter<String>),
+    Redis(RedisConcurrencyLimiter),
+}
+
+/// A held `limit_conn` permit: released when dropped (with the response body).
+pub(super) enum ConnPermit {
+    Memory(#[allow(dead_code)] KeyedConcurrencyPermit<String>),
+    Redis(#[allow(dead_code)] RedisPermit),
+}
+
+/// Everything a route limits with, and how it answers.
+pub(super) struct RouteLimits {
+    default: Option<Limits>,
+    /// Key values with their own limits, checked before `default`.
+    tiers: Vec<(Vec<String>, Limits)>,
+    conns: Option<Conns>,
+    status: StatusCode,
+    /// The problem+json body of a rate-limit reject, built once.
+    reject_body: bytes::Bytes,
+    headers: HeaderStyle,
+    dry_run: bool,
+}
+
+/// What a request that passed its limits carries on: the rate-limit headers for its
+/// response and the `limit_conn` permit held until the response ends.
+pub(super) struct Passed {
+    pub headers: HeaderMap,
+    pub permit: Option<ConnPermit>,
+}
+
+/// The Redis name of a route's counters: `proxy.ROUTE.PART` (no braces: they would
+/// move the hash tag).
+fn redis_name(route: &str, part: &str) -> String {
+    format!("proxy.{route}.{part}").replace(['{', '}'], "_")
+}
+
+impl RouteLimits {
+    /// Builds route `r`'s limits (`at` names it in errors), on Redis when `redis`.
+    pub fn build(
+        r: &RouteConfig,
+        at: &str,
+        options: KeyedOptions,
+        redis: Option<&RedisBackend>,
+    ) -> anyhow::Result<RouteLimits> {
+        let status = StatusCode::from_u16(r.status)
+            .ok()
+            .filter(|s| s.is_client_error() || s.is_server_error())
+            .ok_or_else(|| {
+                anyhow::anyhow!("{at}.status: {} is not a 4xx or 5xx status", r.status)
+            })?;
+        let tiers = r
+            .tiers
+            .iter()
+            .enumerate()
+            .map(|(t, tier)| {
+                let at = format!("{at}.tiers[{t}]");
+                let l = Limits::build((&r.name, &tier.name), &tier.policies, &at, options, redis)?
+                    .ok_or_else(|| anyhow::anyhow!("{at}.policies: needs at least one policy"))?;
+                Ok((tier.values.clone(), l))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(RouteLimits {
+            default: Limits::build((&r.name, "default"), &r.policies, at, options, redis)?,
+            tiers,
+            conns: r
+                .limit_conn
+                .map(|n| Conns::build(&r.name, n, options, redis))
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("{at}.limit_conn: {e:#}"))?,
+            status,
+            reject_body: problem_body(status, "rate limit exceeded"),
+            headers: r.headers,
+            dry_run: r.dry_run,
+        })
+    }
+
+    /// Meets `key`'s limits: the rate counters first (a delay of `limit-req` without
+    /// `nodelay` is slept here), then a `limit_conn` permit. `Err` is the response
+    /// to send instead of forwarding (a dry run forwards everything).
+    pub async fn pass(&self, key: &str) -> Result<Passed, Response> {
+        let mut headers = HeaderMap::new();
+        if let Some(l) = self.limits_of(key) {
+            let d = self.check_rate(l, key, &mut headers).await?;
+            if d.allowed && d.wait_us > 0 && !self.dry_run {
+                // limit_req without nodelay: the request is held, not rejected.
+                tokio::time::sleep(Duration::from_micros(d.wait_us)).await;
+            }
+        }
+        let permit = self.take_conn(key).await?;
+        Ok(Passed { headers, permit })
+    }
+
+    /// The tier whose values hold `key`, else the route's own limits.
+    fn limits_of(&self, key: &str) -> Option<&Limits> {
+        self.tiers
+            .iter()
+            .find(|(values, _)| values.iter().any(|v| v == key))
+            .map(|(_, l)| l)
+            .or(self.default.as_ref())
+    }
+
+    /// One rate check of `key`; writes the headers; `Err` is the reject to send.
+    async fn check_rate(
+        &self,
+        l: &Limits,
+        key: &str,
+        headers: &mut HeaderMap,
+    ) -> Result<Decision, Response> {
+        let rd = match l.counter.check_rules(key, 1, Op::Try).await {
+            Ok(d) => d,
+            // Redis failed under `on_error: error`: say so (a dry run forwards).
+            Err(e) if e.is_transient() && self.dry_run => {
+                RuleDecision::from(Decision::admitted(0, 0, 0, 0))
+            }
+            Err(e) if e.is_transient() => return Err(store_unavailable(&e)),
+            // A full limiter refusing new keys.
+            Err(_) => RuleDecision::from(Decision::rejected(0, 0, 0, None)),
+        };
+        rate_headers(headers, self.headers, &rd, l);
+        let d = rd.decision;
+        if !d.allowed && !self.dry_run {
+            let mut r = problem_response(self.status, self.reject_body.clone(), d.retry_after_us);
+            r.headers_mut().extend(std::mem::take(headers));
+            return Err(r);
+        }
+        Ok(d)
+    }
+
+    /// A `limit_conn` permit for `key` (none without `limit_conn`, or when a dry run
+    /// finds none free); `Err` is the reject to send.
+    async fn take_conn(&self, key: &str) -> Result<Option<ConnPermit>, Response> {
+        let busy = || problem(self.status, "too many concurrent requests", None);
+        match &self.conns {
+            None => Ok(None),
+            Some(Conns::Memory(conns)) => match conns.try_acquire(key, 1) {
+                Ok(p) => Ok(Some(ConnPermit::Memory(p))),
+                Err(ConcurrencyError::Busy { .. }) | Err(ConcurrencyError::TooManyKeys { .. })
+                    if !self.dry_run =>
+                {
+                    Err(busy())
+                }
+                Err(_) => Ok(None),
+            },
+            Some(Conns::Redis(conns)) => match conns.try_acquire(key, 1).await {
+                Ok(p) => Ok(Some(ConnPermit::Redis(p))),
+                Err(_) if self.dry_run => Ok(None),
+                Err(PermitError::Denied(_)) => Err(busy()),
+                Err(PermitError::Store(e)) => Err(store_unavailable(&e)),
+            },
+        }
+    }
+}
+
+impl Limits {
+    /// The counters of `specs` for route `route`'s part `name` (`default` or a tier);
+    /// `None` when there are no specs.
+    fn build(
+        (route, name): (&str, &str),
+        specs: &[String],
+        at: &str,
+        options: KeyedOptions,
+        redis: Option<&RedisBackend>,
+    ) -> anyhow::Result<Option<Limits>> {
+        if specs.is_empty() {
+            return Ok(None);
+        }
+        let rules = RuleSet::parse(specs).map_err(|e| anyhow::anyhow!("{at}.policies: {e}"))?;
+        let counter = match redis {
+            None => AnyLimiter::Memory(KeyedLimiter::with_options(
+                rules.clone(),
+                options,
+                tollgate::MonotonicClock::new(),
+            )),
+            Some((store, config)) => config
+                .limiter(store, &redis_name(route, name), rules.clone())
+                .map_err(|e| anyhow::anyhow!("{at}.policies (store redis): {e}"))?,
+        };
+        Ok(Some(Limits {
+            name: name.to_string(),
+            counter,
+            rules,
+        }))
+    }
+}
+
+impl Conns {
+    /// `limit_conn: limit` for route `route`, in memory or in Redis.
+    fn build(
+        route: &str,
+        limit: u32,
+        options: KeyedOptions,
+        redis: Option<&RedisBackend>,
+    ) -> anyhow::Result<Conns> {
+        let Some((store, config)) = redis else {
+            return Ok(Conns::Memory(KeyedConcurrencyLimiter::new(
+                limit,
+                options.max_keys,
+            )));
+        };
+        let rules = RuleSet::parse(&[format!("concurrency:limit={limit}")])
+            .map_err(|e| anyhow::anyhow!("limit_conn: {e}"))?;
+        let opts = RedisConcurrencyOptions {
+            on_error: config.on_error(&rules)?,
+            ..Default::default()
+        };
+        Ok(Conns::Redis(RedisConcurrencyLimiter::with_options(
+            store.clone(),
+            &redis_name(route, "conn"),
+            limit,
+            opts,
+        )?))
+    }
+}
+
+/// The route's rate-limit headers in its style ([`tollgate::headers`], their one
+/// writer; the limit is named after the tier, or `default`).
+fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &RuleDecision, l: &Limits) {
+    let h = tollgate::headers::RateLimitHeaders::new(&l.name, &l.rules, d);
+    let ietf = matches!(style, HeaderStyle::Ietf | HeaderStyle::Both).then(|| h.ietf());
+    let legacy = matches!(style, HeaderStyle::Legacy | HeaderStyle::Both).then(|| h.legacy());
+    let fields = ietf
+        .into_iter()
+        .flatten()
+        .chain(legacy.into_iter().flatten());
+    for (k, v) in fields {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            headers.insert(k, v);
+        }
+    }
+}

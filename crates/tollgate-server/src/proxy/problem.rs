@@ -1,0 +1,52 @@
+//! The proxy's own responses: small problem+json bodies (RFC 9457), with
+//! `Retry-After` on a rate-limit reject.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// A problem+json response with `detail`.
+pub(super) fn problem(status: StatusCode, detail: &str, retry_after_us: Option<u64>) -> Response {
+    problem_response(status, problem_body(status, detail), retry_after_us)
+}
+
+/// The problem+json body for `status` and `detail` (built once per route for rejects).
+pub(super) fn problem_body(status: StatusCode, detail: &str) -> bytes::Bytes {
+    serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    })
+    .to_string()
+    .into()
+}
+
+/// A response of a prepared problem+json `body`, with `Retry-After` in whole seconds
+/// (rounded up) when `retry_after_us` is given.
+pub(super) fn problem_response(
+    status: StatusCode,
+    body: bytes::Bytes,
+    retry_after_us: Option<u64>,
+) -> Response {
+    let mut r = (status, body).into_response();
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/problem+json"),
+    );
+    if let Some(us) = retry_after_us {
+        r.headers_mut()
+            .insert("retry-after", HeaderValue::from(us.div_ceil(1_000_000)));
+    }
+    r
+}
+
+/// 503 when the Redis store failed and its failure policy is `error`.
+pub(super) fn store_unavailable(e: &dyn std::fmt::Display) -> Response {
+    // The limiter logs the outage itself, once; this is per request.
+    tracing::debug!(error = %e, "tollgate proxy: rate-limit store unavailable");
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "rate limit store unavailable",
+        None,
+    )
+}

@@ -1,0 +1,125 @@
+//! The route table: routes built from the `proxy:` section (validated, with their
+//! limits), which route a request takes, and what a reload keeps.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::Uri;
+use ipnet::IpNet;
+use tollgate::KeyedOptions;
+
+use super::keys::{self, KeyPart};
+use super::limits::{RedisBackend, RouteLimits};
+use crate::config::proxy::{MatchConfig, ProxyConfig, RouteConfig};
+
+/// One route, ready to serve.
+pub(super) struct Route {
+    /// As configured: a reload keeps a route (and its counters) whose config is equal.
+    config: RouteConfig,
+    /// The route's name (in errors, logs and Redis key names).
+    pub name: String,
+    matcher: MatchConfig,
+    /// Where requests go: `http://host:port`, maybe with a path prefix.
+    pub upstream: Uri,
+    /// What a request's limiting key is made of.
+    pub key: Vec<KeyPart>,
+    /// Its rate and concurrency limits.
+    pub limits: RouteLimits,
+}
+
+/// The routes and their limiters: shared by every worker thread, replaced whole on
+/// a reload.
+pub(super) struct RouteTable {
+    routes: Vec<Arc<Route>>,
+    /// Whose `X-Forwarded-For` is believed.
+    pub trusted: Vec<IpNet>,
+    /// The longest an upstream may take to answer.
+    pub upstream_timeout: Duration,
+}
+
+impl RouteTable {
+    /// Builds the routes; routes whose config equals one of `old`'s are taken over
+    /// with their counters (a reload).
+    pub fn new(
+        config: ProxyConfig,
+        options: KeyedOptions,
+        old: Option<&RouteTable>,
+        redis: Option<&RedisBackend>,
+    ) -> anyhow::Result<Self> {
+        if config.routes.is_empty() {
+            anyhow::bail!("proxy.routes: at least one route is needed");
+        }
+        let routes = config
+            .routes
+            .into_iter()
+            .enumerate()
+            .map(
+                |(i, r)| match old.and_then(|o| o.routes.iter().find(|x| x.config == r)) {
+                    Some(same) => Ok(same.clone()),
+                    None => {
+                        Route::build(r, &format!("proxy.routes[{i}]"), options, redis).map(Arc::new)
+                    }
+                },
+            )
+            .collect::<anyhow::Result<_>>()?;
+        Ok(RouteTable {
+            routes,
+            trusted: config.trusted_proxies,
+            upstream_timeout: Duration::from_micros(config.upstream_timeout.unwrap_or(30_000_000)),
+        })
+    }
+
+    /// How many routes there are.
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// The first route that matches `req` (path, path prefix, host without port).
+    pub fn route(&self, req: &Request) -> Option<&Arc<Route>> {
+        let path = req.uri().path();
+        let host = req
+            .headers()
+            .get("host")
+            .and_then(|h| h.to_str().ok())
+            .map(|h| h.split(':').next().unwrap_or(h));
+        self.routes.iter().find(|r| {
+            r.matcher.path.as_deref().is_none_or(|p| p == path)
+                && r.matcher
+                    .path_prefix
+                    .as_deref()
+                    .is_none_or(|p| path.starts_with(p))
+                && r.matcher.host.as_deref().is_none_or(|h| Some(h) == host)
+        })
+    }
+}
+
+impl Route {
+    /// Validates and builds route `r` (`at` names it in errors).
+    fn build(
+        r: RouteConfig,
+        at: &str,
+        options: KeyedOptions,
+        redis: Option<&RedisBackend>,
+    ) -> anyhow::Result<Route> {
+        let upstream: Uri = r
+            .upstream
+            .parse()
+            .ok()
+            .filter(|u: &Uri| u.scheme_str() == Some("http") && u.authority().is_some())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{at}.upstream: '{}' is not an http://host:port URL",
+                    r.upstream
+                )
+            })?;
+        Ok(Route {
+            key: keys::parse(&r.key, at)?,
+            limits: RouteLimits::build(&r, at, options, redis)?,
+            name: r.name.clone(),
+            matcher: r.matcher.clone(),
+            upstream,
+            config: r,
+        })
+    }
+}

@@ -1,0 +1,261 @@
+//! The proxy as a server: the request handler (route, key, limits, forward), the
+//! worker threads (one single-threaded runtime per CPU, as nginx's workers), reloads,
+//! and the `tollgate proxy` command.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use clap::Parser;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use tollgate::KeyedOptions;
+
+use super::forwarding::{forward, Upstream};
+use super::keys;
+use super::limits::{Passed, RedisBackend};
+use super::problem::problem;
+use super::routes::RouteTable;
+use crate::config::proxy::ProxyConfig;
+use crate::config::store::{StoreConfig, StoreKind};
+
+/// One worker thread's view: the shared routes and its own upstream connection pool.
+struct Proxy {
+    table: Arc<ArcSwap<RouteTable>>,
+    client: Upstream,
+}
+
+/// Every request: its route, its key, its limits, then the upstream. A request whose
+/// key is empty is not limited (as nginx).
+async fn handle(
+    State(proxy): State<Arc<Proxy>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+) -> Response {
+    let table = proxy.table.load_full();
+    let Some(route) = table.route(&req) else {
+        return problem(StatusCode::NOT_FOUND, "no route matches this request", None);
+    };
+    let key = keys::key(
+        &route.key,
+        &table.trusted,
+        peer.ip(),
+        req.uri().path(),
+        req.headers(),
+    );
+    let passed = if key.is_empty() {
+        Passed {
+            headers: Default::default(),
+            permit: None,
+        }
+    } else {
+        match route.limits.pass(&key).await {
+            Ok(passed) => passed,
+            Err(response) => return response,
+        }
+    };
+    forward(&proxy.client, &table, route, peer, req, passed).await
+}
+
+/// Loads the `proxy:` section of a main config.
+pub fn load(path: &std::path::Path) -> anyhow::Result<(ProxyConfig, KeyedOptions, StoreConfig)> {
+    let mut main = crate::config::MainConfig::load(path)?;
+    let options = main.key_options();
+    let proxy = main.proxy.take().ok_or_else(|| {
+        anyhow::anyhow!(
+            "{}: no proxy: section (listen, trusted_proxies, routes: [...])",
+            path.display()
+        )
+    })?;
+    Ok((proxy, options, main.store))
+}
+
+/// Runs the proxy until SIGTERM or Ctrl-C: one single-threaded runtime per CPU, each
+/// accepting on its own `SO_REUSEPORT` socket with its own upstream pool (as nginx's
+/// workers), sharing the routes and their limiters.
+pub fn run(
+    path: &std::path::Path,
+    listen: Option<SocketAddr>,
+    store_flag: Option<&str>,
+) -> anyhow::Result<()> {
+    let (config, options, store) = load(path)?;
+    let store = store.with_flag(store_flag)?;
+    let connect_timeout = Duration::from_micros(config.connect_timeout.unwrap_or(5_000_000));
+    let addr = listen
+        .or(config.listen)
+        .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
+    let (redis_runtime, redis) = connect(&store)?;
+    let table = Arc::new(ArcSwap::from_pointee(RouteTable::new(
+        config,
+        options,
+        None,
+        redis.as_ref(),
+    )?));
+    let reloader = {
+        let (table, path, redis) = (table.clone(), path.to_path_buf(), redis.clone());
+        std::thread::spawn(move || watch(&path, &table, redis.as_ref()))
+    };
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The first worker binds (resolving port 0) and reports the address.
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel::<anyhow::Result<SocketAddr>>();
+    let worker = |addr, report| spawn_worker(addr, report, table.clone(), connect_timeout);
+    let mut threads = vec![worker(addr, Some(bound_tx))];
+    let bound = bound_rx
+        .recv()
+        .map_err(|_| anyhow::anyhow!("the proxy's first worker died"))??;
+    for _ in 1..workers {
+        threads.push(worker(bound, None));
+    }
+    println!(
+        "tollgate proxy: listening on http://{bound} ({} route(s), {workers} worker(s), {})",
+        table.load().len(),
+        store.describe()
+    );
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow::anyhow!("a proxy worker panicked"))??;
+    }
+    drop(reloader); // it ends with the process
+    drop(redis_runtime);
+    Ok(())
+}
+
+/// The Redis connection when the store is Redis, on a runtime of its own that lives
+/// as long as the proxy (a Cluster connection's driver task runs there).
+fn connect(
+    store: &StoreConfig,
+) -> anyhow::Result<(Option<tokio::runtime::Runtime>, Option<RedisBackend>)> {
+    match store.kind {
+        StoreKind::Memory => Ok((None, None)),
+        StoreKind::Redis => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("tollgate-redis")
+                .enable_all()
+                .build()?;
+            let connected = runtime.block_on(store.connect())?;
+            Ok((Some(runtime), Some((connected, store.clone()))))
+        }
+    }
+}
+
+/// One worker thread: binds `addr` (reporting the bound address or the error on
+/// `report`), then serves until the shutdown signal.
+fn spawn_worker(
+    addr: SocketAddr,
+    report: Option<std::sync::mpsc::Sender<anyhow::Result<SocketAddr>>>,
+    table: Arc<ArcSwap<RouteTable>>,
+    connect_timeout: Duration,
+) -> std::thread::JoinHandle<anyhow::Result<()>> {
+    std::thread::spawn(move || -> anyhow::Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async move {
+            let listener = match bind(addr) {
+                Ok(l) => l,
+                Err(e) => {
+                    if let Some(r) = &report {
+                        let _ = r.send(Err(anyhow::anyhow!("{e:#}")));
+                    }
+                    return Err(e);
+                }
+            };
+            if let Some(r) = report {
+                let _ = r.send(Ok(listener.local_addr()?));
+            }
+            let mut connector = HttpConnector::new();
+            connector.set_connect_timeout(Some(connect_timeout));
+            let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+            let app = axum::Router::new()
+                .fallback(handle)
+                .with_state(Arc::new(Proxy { table, client }));
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(crate::lifecycle::shutdown_signal())
+            .await?;
+            Ok(())
+        })
+    })
+}
+
+/// Reloads the `proxy:` section on SIGHUP and when the file changes (checked every
+/// second). A bad file is rejected with a logged error and the old routes stay;
+/// unchanged routes keep their counters. The store stays the one the proxy started
+/// with (a changed `store:` section takes a restart).
+fn watch(path: &std::path::Path, table: &ArcSwap<RouteTable>, redis: Option<&RedisBackend>) {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    let reload = |reason: &str| {
+        let reloaded = load(path).and_then(|(config, options, _)| {
+            RouteTable::new(config, options, Some(&table.load()), redis)
+        });
+        match reloaded {
+            Ok(new) => {
+                table.store(Arc::new(new));
+                eprintln!("tollgate proxy: configuration reloaded ({reason})");
+            }
+            Err(e) => eprintln!(
+                "tollgate proxy: reload rejected, the previous routes stay in force: {e:#}"
+            ),
+        }
+    };
+    runtime.block_on(crate::lifecycle::watch(
+        vec![path.to_path_buf()],
+        reload,
+        std::future::pending::<()>(),
+    ));
+}
+
+fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    #[cfg(unix)]
+    socket.set_reuseport(true)?;
+    socket
+        .bind(addr)
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    Ok(socket.listen(1024)?)
+}
+
+#[derive(Debug, Parser)]
+/// `tollgate proxy` arguments.
+pub struct ProxyArgs {
+    /// The main configuration file with a `proxy:` section.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The listen address [default: the config's, else 127.0.0.1:8000].
+    #[arg(long)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Where counters live: memory, redis://host:port/db or
+    /// redis+cluster://host:port,host:port (proxies on one Redis share their limits).
+    /// Overrides the config file's store.
+    #[arg(long)]
+    pub store: Option<String>,
+}
+
+/// `tollgate proxy`: needs a config file with a `proxy:` section.
+pub fn command(args: ProxyArgs) -> anyhow::Result<()> {
+    let Some(path) = args.config else {
+        anyhow::bail!(
+            "tollgate proxy needs --config FILE with a proxy: section, e.g.\n\
+             proxy:\n  listen: 127.0.0.1:8000\n  routes:\n    - name: api\n      match: {{ path_prefix: /api/ }}\n      upstream: http://127.0.0.1:9000\n      key: client_ip\n      policies: [\"limit-req:rate=10/s,burst=5,nodelay\"]"
+        );
+    };
+    run(&path, args.listen, args.store.as_deref())
+}
