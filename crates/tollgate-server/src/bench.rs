@@ -86,131 +86,200 @@ pub enum Protocol {
     Redis,
 }
 
-/// Runs the load; progress once a second on stderr.
-pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
-    let clock = MonotonicClock::new();
-    let done = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    // One HTTP/2 connection per 8 callers: a single connection serializes on its
-    // one reader/writer task.
-    let mut grpc_channels = Vec::new();
-    if protocol == Protocol::Grpc {
-        for _ in 0..spec.concurrency.div_ceil(8) {
-            grpc_channels.push(
-                tonic::transport::Endpoint::from_shared(format!("http://{}", spec.target))?
-                    .connect()
-                    .await?,
-            );
+type RlsClient = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>;
+type HttpClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+>;
+
+/// How one caller reaches the target.
+enum Caller {
+    Http(HttpClient),
+    Grpc(RlsClient),
+    Redis(tollgate::AnyLimiter),
+}
+
+impl Caller {
+    /// One check of descriptor value `value`; whether it got an answer.
+    async fn call(&mut self, spec: &LoadSpec, value: &str) -> bool {
+        match self {
+            Caller::Http(client) => http_call(client, spec, value).await,
+            Caller::Grpc(client) => grpc_call(client, spec, value).await,
+            Caller::Redis(limiter) => tollgate::RateLimiter::check(limiter, value, 1)
+                .await
+                .is_ok(),
         }
     }
-    let http_client =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_max_idle_per_host(spec.concurrency)
-            .build_http::<Full<Bytes>>();
-    let mut redis_limiters = Vec::new();
-    if let (Protocol::Redis, Some(load)) = (protocol, &spec.redis) {
-        for _ in 0..load.connections.max(1) {
-            let store = tollgate::redis::RedisStore::connect_with(
-                &spec.target,
-                tollgate::redis::RedisOptions {
-                    timeout: Duration::from_secs(2),
-                    batch: load.batch,
-                    calls: load.calls,
-                    ..Default::default()
-                },
-            )
-            .await?;
-            store.ping().await?;
-            // Through the one limiter interface, as serve and proxy use it.
-            redis_limiters.push(match &load.lease {
-                None => tollgate::AnyLimiter::redis(store, "bench", load.rules.clone())?,
-                Some(opts) => tollgate::AnyLimiter::Leased(tollgate::redis::LeasedLimiter::new(
-                    store,
-                    "bench",
-                    load.rules.clone(),
-                    opts.clone(),
-                )?),
-            });
-        }
-    }
-    let per_worker_interval = spec
-        .rate
-        .filter(|&r| r > 0)
-        .map(|r| Duration::from_secs_f64(spec.concurrency as f64 / r as f64));
-    let start = clock.now_us();
-    let mut workers = Vec::new();
-    for w in 0..spec.concurrency {
-        let (spec, done, errors, stop) = (spec.clone(), done.clone(), errors.clone(), stop.clone());
-        let grpc_channel = grpc_channels.get(w / 8).cloned();
-        let redis =
-            (!redis_limiters.is_empty()).then(|| redis_limiters[w % redis_limiters.len()].clone());
-        let (http_client, clock) = (http_client.clone(), clock.clone());
-        workers.push(tokio::spawn(async move {
-            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
-            let mut ticker = per_worker_interval.map(|every| {
-                let mut t = tokio::time::interval(every);
-                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                t
-            });
-            let mut grpc = grpc_channel.map(
-                envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new,
-            );
-            let mut n = w as u64;
-            while !stop.load(Ordering::Relaxed) {
-                if let Some(t) = ticker.as_mut() {
-                    t.tick().await;
-                }
-                n = n.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                let value = format!("k{}", (n >> 33) % spec.keys.max(1));
-                let sent = clock.now_us();
-                let ok = match (grpc.as_mut(), &redis) {
-                    (_, Some(limiter)) => {
-                        tollgate::RateLimiter::check(limiter, &value, 1).await.is_ok()
-                    }
-                    (Some(client), _) => grpc_call(client, &spec, &value).await,
-                    (None, None) => http_call(&http_client, &spec, &value).await,
-                };
-                let latency = clock.now_us().saturating_sub(sent).max(1);
-                if ok {
-                    let _ = hist.record(latency);
-                } else {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                }
-                done.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Connections shared among the callers of a run.
+struct Connections {
+    http: HttpClient,
+    /// One HTTP/2 connection per 8 callers: a single connection serializes on its one
+    /// reader/writer task.
+    grpc: Vec<tonic::transport::Channel>,
+    /// Limiters, each on its own pipelined Redis connection.
+    redis: Vec<tollgate::AnyLimiter>,
+}
+
+impl Connections {
+    async fn open(protocol: Protocol, spec: &LoadSpec) -> anyhow::Result<Connections> {
+        let mut grpc = Vec::new();
+        if protocol == Protocol::Grpc {
+            for _ in 0..spec.concurrency.div_ceil(8) {
+                let endpoint =
+                    tonic::transport::Endpoint::from_shared(format!("http://{}", spec.target))?;
+                grpc.push(endpoint.connect().await?);
             }
-            hist
-        }));
+        }
+        let http =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_max_idle_per_host(spec.concurrency)
+                .build_http::<Full<Bytes>>();
+        let mut redis = Vec::new();
+        if let (Protocol::Redis, Some(load)) = (protocol, &spec.redis) {
+            for _ in 0..load.connections.max(1) {
+                redis.push(redis_limiter(&spec.target, load).await?);
+            }
+        }
+        anyhow::ensure!(
+            protocol != Protocol::Redis || !redis.is_empty(),
+            "a Redis load needs its rules (RedisLoad)"
+        );
+        Ok(Connections { http, grpc, redis })
     }
-    let deadline = start + u64::try_from(spec.duration.as_micros()).unwrap_or(u64::MAX);
+
+    /// Caller `w`'s way to the target.
+    fn caller(&self, protocol: Protocol, w: usize) -> Caller {
+        match protocol {
+            Protocol::Http => Caller::Http(self.http.clone()),
+            Protocol::Grpc => Caller::Grpc(RlsClient::new(self.grpc[w / 8].clone())),
+            Protocol::Redis => Caller::Redis(self.redis[w % self.redis.len()].clone()),
+        }
+    }
+}
+
+/// A limiter of `load`'s rules on a connection of its own, through the one limiter
+/// interface, as serve and proxy use it.
+async fn redis_limiter(url: &str, load: &RedisLoad) -> anyhow::Result<tollgate::AnyLimiter> {
+    let options = tollgate::redis::RedisOptions {
+        timeout: Duration::from_secs(2),
+        batch: load.batch,
+        calls: load.calls,
+        ..Default::default()
+    };
+    let store = tollgate::redis::RedisStore::connect_with(url, options).await?;
+    store.ping().await?;
+    Ok(match &load.lease {
+        None => tollgate::AnyLimiter::redis(store, "bench", load.rules.clone())?,
+        Some(opts) => tollgate::AnyLimiter::Leased(tollgate::redis::LeasedLimiter::new(
+            store,
+            "bench",
+            load.rules.clone(),
+            opts.clone(),
+        )?),
+    })
+}
+
+/// What every caller counts into.
+#[derive(Clone, Default)]
+struct Counters {
+    done: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")
+}
+
+/// Caller `w`: checks random keys (a seeded LCG) until told to stop, at most one per
+/// `every` when paced; the latencies of answered checks.
+async fn caller_loop(
+    w: usize,
+    mut caller: Caller,
+    spec: LoadSpec,
+    every: Option<Duration>,
+    counters: Counters,
+    clock: MonotonicClock,
+) -> Histogram<u64> {
+    let mut hist = histogram();
+    let mut ticker = every.map(|every| {
+        let mut t = tokio::time::interval(every);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    let mut n = w as u64;
+    while !counters.stop.load(Ordering::Relaxed) {
+        if let Some(t) = ticker.as_mut() {
+            t.tick().await;
+        }
+        n = n
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let value = format!("k{}", (n >> 33) % spec.keys.max(1));
+        let sent = clock.now_us();
+        let ok = caller.call(&spec, &value).await;
+        let latency = clock.now_us().saturating_sub(sent).max(1);
+        if ok {
+            let _ = hist.record(latency);
+        } else {
+            counters.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        counters.done.fetch_add(1, Ordering::Relaxed);
+    }
+    hist
+}
+
+/// Prints requests per second and errors once a second on stderr until `deadline`.
+async fn report_until(deadline: u64, start: u64, clock: &MonotonicClock, counters: &Counters) {
     let mut last = 0;
     while clock.now_us() < deadline {
-        tokio::time::sleep(Duration::from_secs(1).min(Duration::from_micros(
-            deadline.saturating_sub(clock.now_us()),
-        )))
-        .await;
-        let now_done = done.load(Ordering::Relaxed);
+        let left = Duration::from_micros(deadline.saturating_sub(clock.now_us()));
+        tokio::time::sleep(Duration::from_secs(1).min(left)).await;
+        let now_done = counters.done.load(Ordering::Relaxed);
         eprintln!(
             "[{:>4.1}s] {} req/s, {} errors",
             (clock.now_us() - start) as f64 / 1e6,
             now_done - last,
-            errors.load(Ordering::Relaxed)
+            counters.errors.load(Ordering::Relaxed)
         );
         last = now_done;
     }
-    stop.store(true, Ordering::Relaxed);
+}
+
+/// Runs the load; progress once a second on stderr.
+pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
+    let clock = MonotonicClock::new();
+    let counters = Counters::default();
+    let connections = Connections::open(protocol, &spec).await?;
+    let every = spec
+        .rate
+        .filter(|&r| r > 0)
+        .map(|r| Duration::from_secs_f64(spec.concurrency as f64 / r as f64));
+    let start = clock.now_us();
+    let workers: Vec<_> = (0..spec.concurrency)
+        .map(|w| {
+            let caller = connections.caller(protocol, w);
+            let (spec, counters, clock) = (spec.clone(), counters.clone(), clock.clone());
+            tokio::spawn(caller_loop(w, caller, spec, every, counters, clock))
+        })
+        .collect();
+    let deadline = start + u64::try_from(spec.duration.as_micros()).unwrap_or(u64::MAX);
+    report_until(deadline, start, &clock, &counters).await;
+    counters.stop.store(true, Ordering::Relaxed);
     let elapsed = (clock.now_us() - start) as f64 / 1e6;
-    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    let mut all = histogram();
     for w in workers {
         all.add(w.await?)?;
     }
-    let requests = done.load(Ordering::Relaxed);
+    let requests = counters.done.load(Ordering::Relaxed);
     eprintln!("{requests} requests in {elapsed:.1}s");
     Ok(Totals {
         per_second: requests as f64 / elapsed,
         p50_us: all.value_at_quantile(0.5),
         p99_us: all.value_at_quantile(0.99),
-        errors: errors.load(Ordering::Relaxed),
+        errors: counters.errors.load(Ordering::Relaxed),
         unit: if protocol == Protocol::Redis {
             "checks/s"
         } else {
@@ -219,14 +288,7 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
     })
 }
 
-async fn http_call(
-    client: &hyper_util::client::legacy::Client<
-        hyper_util::client::legacy::connect::HttpConnector,
-        Full<Bytes>,
-    >,
-    spec: &LoadSpec,
-    value: &str,
-) -> bool {
+async fn http_call(client: &HttpClient, spec: &LoadSpec, value: &str) -> bool {
     let body = format!(
         r#"{{"domain":"{}","descriptors":[{{"entries":[{{"key":"{}","value":"{value}"}}]}}]}}"#,
         spec.domain, spec.key
@@ -248,11 +310,7 @@ async fn http_call(
     }
 }
 
-async fn grpc_call(
-    client: &mut envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>,
-    spec: &LoadSpec,
-    value: &str,
-) -> bool {
+async fn grpc_call(client: &mut RlsClient, spec: &LoadSpec, value: &str) -> bool {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
