@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit as PbUnit, Code as PbCode, DescriptorStatus, RateLimit,
 };
@@ -16,7 +17,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tollgate::Op;
 
 use crate::service::rules::Unit;
-use crate::service::{Code, DecisionService, DescriptorRequest};
+use crate::service::{Code, DecisionService, DescriptorRequest, DescriptorStatus as ServiceStatus};
 
 /// The gRPC service.
 pub struct Grpc {
@@ -62,6 +63,60 @@ fn duration(us: u64) -> PbDuration {
     }
 }
 
+/// A request's descriptor as the service takes it.
+fn descriptor_request(d: &RateLimitDescriptor) -> DescriptorRequest {
+    DescriptorRequest {
+        entries: d
+            .entries
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect(),
+        hits: d.hits_addend.map(|h| h.value),
+        limit_override: d
+            .limit
+            .as_ref()
+            .and_then(|l| Some((unit_of(l.unit)?, u64::from(l.requests_per_unit)))),
+    }
+}
+
+fn pb_code(code: Code) -> i32 {
+    let code = match code {
+        Code::Ok => PbCode::Ok,
+        Code::OverLimit => PbCode::OverLimit,
+    };
+    code as i32
+}
+
+/// A descriptor's status as Envoy reads it: the limit in Envoy's terms (its unit, or
+/// the policy's headline limit with an unknown unit), remaining and time to reset.
+fn descriptor_status(s: &ServiceStatus) -> DescriptorStatus {
+    let mut status = DescriptorStatus {
+        code: pb_code(s.code),
+        ..Default::default()
+    };
+    if s.limit
+        .as_ref()
+        .is_some_and(|l| l.rules.is_none() && !l.deny)
+    {
+        // Unlimited: OK with the most remaining there is, as Envoy's service.
+        status.limit_remaining = u32::MAX;
+    }
+    if let (Some(limit), Some(d)) = (&s.limit, s.decision()) {
+        let (unit, per_unit) = match limit.envoy {
+            Some((unit, n)) => (pb_unit(unit), n),
+            None => (PbUnit::Unknown, d.limit),
+        };
+        status.current_limit = Some(RateLimit {
+            name: limit.name.clone().unwrap_or_default(),
+            requests_per_unit: u32::try_from(per_unit).unwrap_or(u32::MAX),
+            unit: unit as i32,
+        });
+        status.limit_remaining = u32::try_from(d.remaining).unwrap_or(u32::MAX);
+        status.duration_until_reset = Some(duration(d.reset_after_us));
+    }
+    status
+}
+
 #[tonic::async_trait]
 impl RateLimitService for Grpc {
     async fn should_rate_limit(
@@ -69,22 +124,8 @@ impl RateLimitService for Grpc {
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let req = request.into_inner();
-        let descriptors: Vec<DescriptorRequest> = req
-            .descriptors
-            .iter()
-            .map(|d| DescriptorRequest {
-                entries: d
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.clone(), e.value.clone()))
-                    .collect(),
-                hits: d.hits_addend.map(|h| h.value),
-                limit_override: d
-                    .limit
-                    .as_ref()
-                    .and_then(|l| Some((unit_of(l.unit)?, u64::from(l.requests_per_unit)))),
-            })
-            .collect();
+        let descriptors: Vec<DescriptorRequest> =
+            req.descriptors.iter().map(descriptor_request).collect();
         // hits_addend unset or 0 means 1, as Envoy.
         let hits = u64::from(req.hits_addend.max(1));
         let result = self
@@ -95,40 +136,6 @@ impl RateLimitService for Grpc {
                 crate::service::RequestError::Unavailable(m) => tonic::Status::unavailable(m),
                 e => tonic::Status::invalid_argument(e.to_string()),
             })?;
-        let statuses = result
-            .statuses
-            .iter()
-            .map(|s| {
-                let mut status = DescriptorStatus {
-                    code: match s.code {
-                        Code::Ok => PbCode::Ok,
-                        Code::OverLimit => PbCode::OverLimit,
-                    } as i32,
-                    ..Default::default()
-                };
-                if s.limit
-                    .as_ref()
-                    .is_some_and(|l| l.rules.is_none() && !l.deny)
-                {
-                    // Unlimited: OK with the most remaining there is, as Envoy's service.
-                    status.limit_remaining = u32::MAX;
-                }
-                if let (Some(limit), Some(d)) = (&s.limit, s.decision()) {
-                    let (unit, per_unit) = match limit.envoy {
-                        Some((unit, n)) => (pb_unit(unit), n),
-                        None => (PbUnit::Unknown, d.limit),
-                    };
-                    status.current_limit = Some(RateLimit {
-                        name: limit.name.clone().unwrap_or_default(),
-                        requests_per_unit: u32::try_from(per_unit).unwrap_or(u32::MAX),
-                        unit: unit as i32,
-                    });
-                    status.limit_remaining = u32::try_from(d.remaining).unwrap_or(u32::MAX);
-                    status.duration_until_reset = Some(duration(d.reset_after_us));
-                }
-                status
-            })
-            .collect();
         let response_headers_to_add = crate::service::http::rate_limit_headers(&result)
             .into_iter()
             .map(|(key, value)| HeaderValue {
@@ -138,11 +145,8 @@ impl RateLimitService for Grpc {
             })
             .collect();
         Ok(tonic::Response::new(RateLimitResponse {
-            overall_code: match result.overall {
-                Code::Ok => PbCode::Ok,
-                Code::OverLimit => PbCode::OverLimit,
-            } as i32,
-            statuses,
+            overall_code: pb_code(result.overall),
+            statuses: result.statuses.iter().map(descriptor_status).collect(),
             response_headers_to_add,
             ..Default::default()
         }))

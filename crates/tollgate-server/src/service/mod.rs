@@ -350,61 +350,19 @@ impl DecisionService {
         let request_hits = hits.max(1);
         let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(descriptors.len());
         for (d, f) in descriptors.iter().zip(&found) {
-            let Some((limit, key)) = f else {
-                statuses.push(ok(None));
-                continue;
-            };
-            if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) {
-                statuses.push(ok(None));
-                continue;
-            }
-            if limit.deny {
-                let decision = RuleDecision::from(Decision::rejected(0, 0, 0, None));
-                statuses.push(DescriptorStatus {
-                    code: if limit.shadow {
-                        Code::Ok
-                    } else {
-                        Code::OverLimit
-                    },
-                    limit: Some(limit.clone()),
-                    rule_decision: Some(decision),
-                    shadow_rejected: limit.shadow,
-                });
-                continue;
-            }
-            let cost = d.hits.unwrap_or(request_hits);
-            let decision = match self.store_of(limit)? {
-                Some(StoreOf::Memory(l)) => decide(l, key, cost, op).await?,
-                Some(StoreOf::Redis(l)) => decide(l, key, cost, op).await?,
-                None => {
-                    statuses.push(ok(Some(limit.clone())));
-                    continue;
+            let status = match f {
+                Some((limit, key))
+                    if !limit.name.as_deref().is_some_and(|n| replaced.contains(n)) =>
+                {
+                    let cost = d.hits.unwrap_or(request_hits);
+                    self.decide_one(limit, key, cost, op).await?
                 }
+                // No limit, or one another matched limit replaces.
+                _ => ok(None),
             };
-            let d = &decision.decision;
-            let shadow_rejected = d.shadow_rejected || (!d.allowed && limit.shadow);
-            let code = if d.allowed || shadow_rejected {
-                Code::Ok
-            } else {
-                Code::OverLimit
-            };
-            statuses.push(DescriptorStatus {
-                code,
-                limit: Some(limit.clone()),
-                rule_decision: Some(decision),
-                shadow_rejected,
-            });
+            statuses.push(status);
         }
-        for s in &statuses {
-            if let (Some(limit), Some(d)) = (&s.limit, s.decision()) {
-                let outcome = match (s.shadow_rejected, d.allowed) {
-                    (true, _) => Verdict::ShadowRejected,
-                    (false, true) => Verdict::Allowed,
-                    (false, false) => Verdict::Rejected,
-                };
-                self.metrics.decision(domain, &limit.path, outcome);
-            }
-        }
+        self.count(domain, &statuses);
         let overall = if statuses.iter().any(|s| s.code == Code::OverLimit) {
             Code::OverLimit
         } else {
@@ -413,6 +371,52 @@ impl DecisionService {
         let elapsed = tollgate::Clock::now_ns(&self.clock).saturating_sub(started);
         self.metrics.latency(elapsed as f64 / 1e9);
         Ok(CheckResult { overall, statuses })
+    }
+
+    /// One descriptor's status under `limit`, counting `cost` on `key`.
+    async fn decide_one(
+        &self,
+        limit: &Arc<Limit>,
+        key: &str,
+        cost: u64,
+        op: Op,
+    ) -> Result<DescriptorStatus, RequestError> {
+        let decision = if limit.deny {
+            RuleDecision::from(Decision::rejected(0, 0, 0, None))
+        } else {
+            match self.store_of(limit)? {
+                Some(StoreOf::Memory(l)) => decide(l, key, cost, op).await?,
+                Some(StoreOf::Redis(l)) => decide(l, key, cost, op).await?,
+                None => return Ok(ok(Some(limit.clone()))),
+            }
+        };
+        let d = &decision.decision;
+        let shadow_rejected = d.shadow_rejected || (!d.allowed && limit.shadow);
+        let code = if d.allowed || shadow_rejected {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        };
+        Ok(DescriptorStatus {
+            code,
+            limit: Some(limit.clone()),
+            rule_decision: Some(decision),
+            shadow_rejected,
+        })
+    }
+
+    /// Counts each decided descriptor's verdict in the metrics.
+    fn count(&self, domain: &str, statuses: &[DescriptorStatus]) {
+        for s in statuses {
+            if let (Some(limit), Some(d)) = (&s.limit, s.decision()) {
+                let verdict = match (s.shadow_rejected, d.allowed) {
+                    (true, _) => Verdict::ShadowRejected,
+                    (false, true) => Verdict::Allowed,
+                    (false, false) => Verdict::Rejected,
+                };
+                self.metrics.decision(domain, &limit.path, verdict);
+            }
+        }
     }
 
     /// Where `limit` keeps its counts: its Redis limiter (made on first use) when the
