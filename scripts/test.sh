@@ -31,6 +31,10 @@ need redis-tools /usr/bin/redis-cli
 # Property tests: 400 cases per property by default; PROPTEST_CASES=100000 for a soak.
 export PROPTEST_CASES="${PROPTEST_CASES:-400}"
 
+# Module imports point one way in every crate (no cycles).
+python3 scripts/import-graph.py
+# --all-features includes the server's external-servers: the tests that start
+# redis-server and nginx run too.
 cargo test --workspace --all-targets --all-features --locked
 cargo test --workspace --doc --all-features --locked
 # The per-store example (docs/redis.md), run against a redis-server of its own, stopped by PID.

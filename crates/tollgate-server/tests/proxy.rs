@@ -394,6 +394,10 @@ async fn limit_conn_holds_the_permit_until_the_response_body_ends() {
     assert_eq!(get_as(&proxy, "/api/x", Some("s")).await.status(), 200);
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
     let mut redis = tollgate_testkit::RedisServers::standalone();

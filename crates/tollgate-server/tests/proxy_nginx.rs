@@ -9,9 +9,8 @@ use std::process::{Command, Stdio};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate_testkit::{free_port, Killed};
+use tollgate_testkit::{free_port, FrozenClock, Killed, Nginx};
 
-const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 const BASE_S: u64 = 1_767_225_600; // 2026-01-01T00:00:00Z
 
 /// (nginx location + zone, nginx rate, limit_req options, tollgate spec)
@@ -37,34 +36,12 @@ const ZONES: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
-fn set_time(file: &std::path::Path, t_us: u64) {
-    let secs = BASE_S + t_us / 1_000_000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // 2026-01-01 is day 20454 since the epoch; the trace stays within January.
-    let day = days - 20_454 + 1;
-    let stamp = format!(
-        "2026-01-{day:02} {:02}:{:02}:{:02}.{:06}\n",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        t_us % 1_000_000
-    );
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, stamp).unwrap();
-    std::fs::rename(&tmp, file).unwrap();
-}
-
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts nginx on libfaketime: run scripts/test.sh, or cargo test --features external-servers"
+)]
 #[tokio::test]
 async fn tollgate_proxy_decides_exactly_as_nginx_limit_req() {
-    assert!(
-        std::path::Path::new(FAKETIME).exists(),
-        "libfaketime is missing: apt-get install faketime"
-    );
-    let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("nginx is missing: apt-get install nginx");
-
     // The upstream (real time): answers 200 to everything.
     let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let up = upstream.local_addr().unwrap();
@@ -76,9 +53,8 @@ async fn tollgate_proxy_decides_exactly_as_nginx_limit_req() {
 
     let dir = std::env::temp_dir().join(format!("tollgate-nginx-diff-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let time_file = dir.join("time");
-    set_time(&time_file, 0);
-    let (ng_port, tg_port) = (free_port(), free_port());
+    let clock = FrozenClock::new(&dir, BASE_S);
+    let tg_port = free_port();
 
     let zones: String = ZONES
         .iter()
@@ -90,11 +66,11 @@ async fn tollgate_proxy_decides_exactly_as_nginx_limit_req() {
             format!("    location /{z}/ {{ limit_req zone={z} {opts}; proxy_pass http://{up}; }}\n")
         })
         .collect();
-    let conf = format!(
-        "env FAKETIME_TIMESTAMP_FILE;\nenv FAKETIME_NO_CACHE;\ndaemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log crit;\nevents {{ worker_connections 256; }}\nhttp {{\n  access_log off;\n  limit_req_status 429;\n{zones}  server {{\n    listen 127.0.0.1:{ng_port};\n{locations}  }}\n}}\n",
-        d = dir.display()
+    let http = format!(
+        "  access_log off;\n  limit_req_status 429;\n{zones}  server {{\n    listen 127.0.0.1:{{port}};\n{locations}  }}\n"
     );
-    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+    let nginx = Nginx::start(&dir, &http, Some(&clock));
+    let ng_port = nginx.port;
     let routes: String = ZONES
         .iter()
         .map(|(z, _, _, spec)| {
@@ -107,23 +83,6 @@ async fn tollgate_proxy_decides_exactly_as_nginx_limit_req() {
     )
     .unwrap();
 
-    let faked = |cmd: &mut Command| {
-        cmd.env("LD_PRELOAD", FAKETIME)
-            .env("FAKETIME_TIMESTAMP_FILE", &time_file)
-            .env("FAKETIME_NO_CACHE", "1")
-            .env("TOLLGATE_CLOCK", "os")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-    };
-    let mut ng = Command::new(nginx);
-    ng.args([
-        "-p",
-        dir.to_str().unwrap(),
-        "-c",
-        dir.join("nginx.conf").to_str().unwrap(),
-    ]);
-    faked(&mut ng);
-    let _nginx = Killed(ng.spawn().unwrap());
     let mut tg = Command::new(env!("CARGO_BIN_EXE_tollgate"));
     tg.args([
         "proxy",
@@ -132,19 +91,14 @@ async fn tollgate_proxy_decides_exactly_as_nginx_limit_req() {
         "--listen",
         &format!("127.0.0.1:{tg_port}"),
     ]);
-    faked(&mut tg);
+    clock.apply(&mut tg);
+    tg.stdout(Stdio::piped()).stderr(Stdio::null());
     let mut tollgate = Killed(tg.spawn().unwrap());
     let mut line = String::new();
     BufReader::new(tollgate.0.stdout.as_mut().unwrap())
         .read_line(&mut line)
         .unwrap();
     assert!(line.contains("listening"), "{line}");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", ng_port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 
     let client = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
@@ -180,7 +134,7 @@ async fn tollgate_proxy_decides_exactly_as_nginx_limit_req() {
                 _ => x % 4_000_000,
             };
             let key = ["a", "b", "c"][(x >> 20) as usize % 3];
-            set_time(&time_file, t);
+            clock.set(t);
             let n = status(ng_port, zone, key).await;
             let g = status(tg_port, zone, key).await;
             assert_eq!(

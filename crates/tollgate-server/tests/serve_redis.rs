@@ -87,6 +87,10 @@ async fn alternate(a: &Server, b: &Server, n: usize) -> usize {
     admitted
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_share_one_limit_in_redis() {
     let redis = RedisServers::standalone();
@@ -113,6 +117,10 @@ async fn two_servers_share_one_limit_in_redis() {
     assert_eq!(check(&b, "user", "bob").await.0, 200);
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_outage_applies_the_failure_policy_and_recovers() {
     let mut redis = RedisServers::standalone();
@@ -172,6 +180,10 @@ async fn redis_outage_applies_the_failure_policy_and_recovers() {
     );
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
 /// `tollgate replay` (docs/cli.md): `--store redis` prints identical decisions to `--store memory`.
 #[test]
 fn replay_on_redis_prints_what_memory_prints() {
@@ -231,6 +243,10 @@ fn replay_on_redis_prints_what_memory_prints() {
     }
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_refuses_a_policy_the_redis_store_cannot_keep() {
     let redis = RedisServers::standalone();
@@ -256,6 +272,10 @@ async fn reload_refuses_a_policy_the_redis_store_cannot_keep() {
     assert_eq!(check(&server, "user", "carol").await.0, 429);
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leased_servers_share_one_limit_and_refuse_rules_a_lease_cannot_keep() {
     let redis = RedisServers::standalone();

@@ -3,16 +3,20 @@
 //! ([`free_port`], [`distinct_ports`]), and real Redis servers — a standalone server or
 //! a 3-master Cluster started from the `redis-server` binary and stopped by PID
 //! ([`RedisServers`]) — with the helpers the multi-process tests use
-//! ([`run_children`], [`timing_sensitive`], [`rt`]).
+//! ([`run_children`], [`timing_sensitive`], [`rt`]); real nginx ([`Nginx`]) on a clock
+//! the test steps ([`FrozenClock`], libfaketime).
 //!
-//! `scripts/test.sh` installs `redis-server` / `redis-tools` when they are missing.
+//! `scripts/test.sh` installs `redis-server` / `redis-tools`, `nginx` and `faketime`
+//! when they are missing.
 
 // Waiting for a server to come up is timed with the OS clock.
 #![allow(clippy::disallowed_methods)]
 
+mod nginx;
 mod process;
 mod redis;
 
+pub use nginx::{FrozenClock, Nginx, LIBFAKETIME};
 pub use process::{distinct_ports, free_port, release, Killed};
 pub use redis::{rt, run_children, timing_sensitive, RedisServers};
 

@@ -77,6 +77,10 @@ fn rules() -> RuleSet {
     .unwrap()
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn every_store_behaves_alike_behind_the_one_interface() {
     let single = RedisServers::standalone();
@@ -118,6 +122,10 @@ fn an_unreachable_redis_is_a_transient_error() {
 }
 
 /// The tower layer over limits kept in Redis: a real axum server, a real client.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn the_tower_layer_limits_through_redis_and_answers_503_while_redis_is_down() {
     use axum::routing::get;

@@ -8,6 +8,10 @@ use testkit::{rt, RedisServers};
 use tollgate::redis::{RedisCalls, RedisLimiter, RedisOptions, RedisStore};
 use tollgate::{Op, RuleSet};
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn gcra_burst_then_reject_with_redis_time() {
     let servers = RedisServers::standalone();
@@ -35,6 +39,10 @@ fn gcra_burst_then_reject_with_redis_time() {
     });
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn the_decision_code_is_loaded_again_when_redis_lost_it_and_evalsha_serves_a_redis_without_functions(
 ) {
@@ -150,6 +158,10 @@ fn hammer_child_process() {
     println!("ADMITTED {exact} {paced}");
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn four_processes_share_one_global_limit() {
     let _serial = testkit::timing_sensitive();
@@ -181,6 +193,10 @@ fn four_processes_share_one_global_limit() {
     );
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn negative_cache_rejects_locally_until_the_retry_time() {
     let servers = RedisServers::standalone();
@@ -257,6 +273,10 @@ async fn hammer(
 /// Redis is killed under load and restarted: every call is answered within the
 /// timeout by the failure policy (fail-closed here: a reject) while it is down, and
 /// Redis decides again within one probe interval of its return.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn redis_killed_mid_load_then_restarted() {
     let _serial = testkit::timing_sensitive();
@@ -330,6 +350,10 @@ fn redis_killed_mid_load_then_restarted() {
 /// One key's Cluster slot moves to another master while the key is hammered: the
 /// client follows ASK during the migration and MOVED after it, and the limit stays
 /// exact (the state moves with the key).
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn cluster_slot_migration_under_load_keeps_the_limit_exact() {
     let _serial = testkit::timing_sensitive();

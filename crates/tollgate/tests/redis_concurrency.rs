@@ -50,6 +50,10 @@ async fn limits_and_releases(url: &str) {
     }
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn limits_and_releases_on_one_node_and_a_cluster() {
     let single = RedisServers::standalone();
@@ -60,6 +64,10 @@ fn limits_and_releases_on_one_node_and_a_cluster() {
     });
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn waiters_are_served_first_come_first_served() {
     let _serial = testkit::timing_sensitive();
@@ -94,6 +102,10 @@ fn waiters_are_served_first_come_first_served() {
     });
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn a_held_permit_renews_its_lease_and_a_dropped_waiter_leaves_the_queue() {
     let _serial = testkit::timing_sensitive();
@@ -155,6 +167,10 @@ fn lease_holder_child_process() {
     });
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn a_killed_holder_gives_its_permit_back_after_the_lease() {
     let _serial = testkit::timing_sensitive();
@@ -256,6 +272,10 @@ fn permit_hammer_child_process() {
     println!("PERMITS {max} {grants}");
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn three_processes_never_exceed_the_limit() {
     let _serial = testkit::timing_sensitive();
@@ -278,6 +298,10 @@ fn three_processes_never_exceed_the_limit() {
     println!("{grants} grants in 1.5 s");
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn failure_policy_applies_while_redis_is_down_and_redis_decides_again_after() {
     let _serial = testkit::timing_sensitive();

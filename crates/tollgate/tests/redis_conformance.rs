@@ -178,6 +178,10 @@ async fn conform(
     Ok(())
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn memory_redis_and_cluster_decide_identically() {
     let single = RedisServers::standalone();

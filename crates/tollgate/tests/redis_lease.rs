@@ -61,6 +61,10 @@ async fn replay_store(servers: &RedisServers) -> RedisStore {
         .unwrap()
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn a_single_instance_with_leases_decides_as_the_exact_algorithm() {
     let single = RedisServers::standalone();
@@ -122,6 +126,10 @@ fn a_single_instance_with_leases_decides_as_the_exact_algorithm() {
         .unwrap();
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn instances_sharing_a_key_through_leases_never_admit_more_than_the_algorithm() {
     let single = RedisServers::standalone();
@@ -229,6 +237,10 @@ fn lease_hammer_child() {
     });
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn four_processes_on_one_hot_key_never_over_admit() {
     let servers = RedisServers::standalone();
@@ -296,6 +308,10 @@ fn four_processes_on_one_hot_key_never_over_admit() {
     );
 }
 
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
 #[test]
 fn leases_that_cannot_be_kept_are_refused() {
     let servers = RedisServers::standalone();
