@@ -176,19 +176,7 @@ impl Policy {
 
     /// The algorithm's spec name (`gcra`, `limit-req`, ...).
     pub fn name(&self) -> &'static str {
-        match self.algo {
-            Algo::FixedWindow(_) => "fixed-window",
-            Algo::SlidingLog(_) => "sliding-log",
-            Algo::SlidingWindow(_) | Algo::SlidingWindowWeighted(_) => "sliding-window",
-            Algo::LeakyBucket(_) => "leaky-bucket",
-            Algo::Gcra(_) => "gcra",
-            Algo::TokenBucket(_) => "token-bucket",
-            Algo::SmoothBursty(_) => "smooth-bursty",
-            Algo::SmoothWarmup(_) => "smooth-warmup",
-            Algo::LimitReq(_) => "limit-req",
-            Algo::Shaper(_) => "shaper",
-            Algo::Concurrency(_) => "concurrency",
-        }
+        self.algo.kind().spec_name()
     }
 
     /// The longest `acquire` may wait, in us (`None`: unbounded).

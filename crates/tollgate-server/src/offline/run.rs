@@ -128,11 +128,7 @@ fn summarize(policy: &Policy, fates: &[Fate]) -> Summary {
         window_us: window,
         worst_window_start_us: worst_start,
         limit: policy.limit(),
-        over_limit: worst > policy.limit()
-            && matches!(
-                policy.name(),
-                "fixed-window" | "sliding-log" | "sliding-window"
-            ),
+        over_limit: worst > policy.limit() && policy.algo().kind().info().per_window,
         mean_wait_us: if waits.is_empty() {
             0
         } else {

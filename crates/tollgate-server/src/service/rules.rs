@@ -401,6 +401,8 @@ pub fn override_limit(unit: Unit, n: u64, options: KeyedOptions) -> Result<Arc<L
     ))
 }
 
+/// One descriptor of a rule file (`at` names it in errors) with its children; `path`
+/// is its parent's descriptor path.
 fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Result<Node, String> {
     if d.key.trim().is_empty() {
         return Err(format!("{at}.key: must not be empty"));
@@ -422,7 +424,7 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
             }
             let rules = RuleSet::new(specs.into_iter().map(|s| s.0).collect())
                 .map_err(|e| format!("{at}.policies: {e}"))?;
-            Some(limit_of(
+            let limit = limit_of(
                 node_path.clone(),
                 None,
                 vec![],
@@ -430,72 +432,11 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
                 Some(rules),
                 None,
                 options,
-            ))
+            );
+            Some(limit)
         }
-        (Some(rl), None) => {
-            let replaces = rl.replaces.into_iter().map(|r| r.name).collect();
-            if rl.unlimited {
-                Some(limit_of(
-                    node_path.clone(),
-                    rl.name,
-                    replaces,
-                    d.shadow_mode,
-                    None,
-                    None,
-                    options,
-                ))
-            } else {
-                let unit = rl.unit.ok_or_else(|| {
-                    format!(
-                        "{at}.rate_limit.unit: missing (second, minute, hour, day, month or year)"
-                    )
-                })?;
-                let n = rl
-                    .requests_per_unit
-                    .ok_or_else(|| format!("{at}.rate_limit.requests_per_unit: missing"))?;
-                if n == 0 {
-                    // Envoy's block list: nothing is ever admitted.
-                    let mut limit = limit_of(
-                        node_path.clone(),
-                        rl.name,
-                        replaces,
-                        d.shadow_mode,
-                        None,
-                        Some((unit, 0)),
-                        options,
-                    );
-                    Arc::get_mut(&mut limit).expect("new").deny = true;
-                    return Ok(Node {
-                        key: d.key,
-                        value: d.value.map(value_match),
-                        limit: Some(limit),
-                        children: d
-                            .descriptors
-                            .into_iter()
-                            .enumerate()
-                            .map(|(i, c)| {
-                                build(c, &node_path, &format!("{at}.descriptors[{i}]"), options)
-                            })
-                            .collect::<Result<_, _>>()?,
-                    });
-                }
-                let spec = format!("fixed-window:limit={n},window={}", unit.window());
-                let policy: Policy = spec
-                    .parse()
-                    .map_err(|e| format!("{at}.rate_limit.requests_per_unit: {e}"))?;
-                Some(limit_of(
-                    node_path.clone(),
-                    rl.name,
-                    replaces,
-                    d.shadow_mode,
-                    Some(policy.into()),
-                    Some((unit, n)),
-                    options,
-                ))
-            }
-        }
+        (Some(rl), None) => Some(envoy_limit(rl, &node_path, d.shadow_mode, at, options)?),
     };
-    let value = d.value.map(value_match);
     let children = d
         .descriptors
         .into_iter()
@@ -504,10 +445,62 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
         .collect::<Result<_, _>>()?;
     Ok(Node {
         key: d.key,
-        value,
+        value: d.value.map(value_match),
         limit,
         children,
     })
+}
+
+/// An Envoy `rate_limit`: `unlimited`, a block list (`requests_per_unit: 0`), or a
+/// clock-aligned fixed window of one unit.
+fn envoy_limit(
+    rl: RateLimitDoc,
+    node_path: &str,
+    shadow: bool,
+    at: &str,
+    options: KeyedOptions,
+) -> Result<Arc<Limit>, String> {
+    let replaces = rl.replaces.into_iter().map(|r| r.name).collect();
+    let path = node_path.to_string();
+    if rl.unlimited {
+        return Ok(limit_of(
+            path, rl.name, replaces, shadow, None, None, options,
+        ));
+    }
+    let unit = rl.unit.ok_or_else(|| {
+        format!("{at}.rate_limit.unit: missing (second, minute, hour, day, month or year)")
+    })?;
+    let n = rl
+        .requests_per_unit
+        .ok_or_else(|| format!("{at}.rate_limit.requests_per_unit: missing"))?;
+    if n == 0 {
+        // Envoy's block list: nothing is ever admitted.
+        let mut limit = limit_of(
+            path,
+            rl.name,
+            replaces,
+            shadow,
+            None,
+            Some((unit, 0)),
+            options,
+        );
+        Arc::get_mut(&mut limit).expect("new").deny = true;
+        return Ok(limit);
+    }
+    let spec = format!("fixed-window:limit={n},window={}", unit.window());
+    let policy: Policy = spec
+        .parse()
+        .map_err(|e| format!("{at}.rate_limit.requests_per_unit: {e}"))?;
+    let rules = Some(policy.into());
+    Ok(limit_of(
+        path,
+        rl.name,
+        replaces,
+        shadow,
+        rules,
+        Some((unit, n)),
+        options,
+    ))
 }
 
 /// A value to match: a trailing `*` makes it a prefix.
