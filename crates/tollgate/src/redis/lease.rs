@@ -169,16 +169,18 @@ enum Stat {
 
 /// What a lease call answered.
 enum Answer {
-    Granted {
-        now: u64,
-        granted: u64,
-        deadline: u64,
-        snapshots: Vec<String>,
-        charged: Vec<String>,
-    },
-    Denied {
-        retry_us: u64,
-    },
+    Granted(Grant),
+    Denied { retry_us: u64 },
+}
+
+/// A slice Redis granted: at Redis time `now`, `granted` units until `deadline`, with
+/// each policy's state (`snapshots`) and what the slice charged (`charged`).
+struct Grant {
+    now: u64,
+    granted: u64,
+    deadline: u64,
+    snapshots: Vec<String>,
+    charged: Vec<String>,
 }
 
 impl LeasedLimiter {
@@ -344,43 +346,10 @@ impl LeasedLimiter {
                 *blocked = Some((at.unwrap_or(sent).saturating_add(retry_us), cost));
                 Ok(self.rejected(retry_us))
             }
-            Answer::Granted {
-                now,
-                granted,
-                deadline,
-                snapshots,
-                charged,
-            } => {
+            Answer::Granted(grant) => {
                 self.count(Stat::Taken, 1);
-                self.count(Stat::UnitsTaken, granted);
-                let received = self.inner.clock.now_us();
-                let states = rules
-                    .policies()
-                    .iter()
-                    .zip(&snapshots)
-                    .map(|(p, s)| parse_state(p, s, now))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let (offset, local_deadline) = match at {
-                    Some(_) => (0, deadline),
-                    // Redis granted at `now`, after `sent` and before `received`: the
-                    // slice ends by the local clock no later than by Redis's, and local
-                    // decisions never see a later time than Redis would.
-                    None => (
-                        now as i64 - received as i64,
-                        sent.saturating_add(deadline.saturating_sub(now)),
-                    ),
-                };
-                let mut h = Held {
-                    left: granted,
-                    deadline: local_deadline,
-                    redis_deadline: deadline,
-                    offset,
-                    states,
-                    charged,
-                    want: *want,
-                    granted,
-                    ran_out: false,
-                };
+                self.count(Stat::UnitsTaken, grant.granted);
+                let (mut h, now) = self.held(grant, at, sent, *want)?;
                 let d = rules.check(&mut h.states, now, cost, Op::Try)?;
                 if d.decision.allowed {
                     h.left = h.left.saturating_sub(cost);
@@ -389,6 +358,52 @@ impl LeasedLimiter {
                 Ok(d)
             }
         }
+    }
+
+    /// The slice `grant` as this instance holds it: its states, and its deadline and
+    /// clock offset in local time (`at`: replay time, which is Redis time; `sent`: the
+    /// local instant the call went out), with the Redis time it was granted at.
+    fn held(
+        &self,
+        grant: Grant,
+        at: Option<u64>,
+        sent: u64,
+        want: u64,
+    ) -> Result<(Held, u64), StoreError> {
+        let received = self.inner.clock.now_us();
+        let Grant {
+            now,
+            granted,
+            deadline,
+            snapshots,
+            charged,
+        } = grant;
+        let states = (self.inner.rules.policies().iter())
+            .zip(&snapshots)
+            .map(|(p, s)| parse_state(p, s, now))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (offset, local_deadline) = match at {
+            Some(_) => (0, deadline),
+            // Redis granted at `now`, after `sent` and before `received`: the slice
+            // ends by the local clock no later than by Redis's, and local decisions
+            // never see a later time than Redis would.
+            None => (
+                now as i64 - received as i64,
+                sent.saturating_add(deadline.saturating_sub(now)),
+            ),
+        };
+        let held = Held {
+            left: granted,
+            deadline: local_deadline,
+            redis_deadline: deadline,
+            offset,
+            states,
+            charged,
+            want,
+            granted,
+            ran_out: false,
+        };
+        Ok((held, now))
     }
 
     /// A reject with nothing left until `retry_us` from now.
@@ -551,13 +566,13 @@ fn parse_answer(value: Value, n: usize) -> Result<Answer, StoreError> {
         snapshots.push(text(&pair[0])?);
         charged.push(text(&pair[1])?);
     }
-    Ok(Answer::Granted {
+    Ok(Answer::Granted(Grant {
         now,
         granted,
         deadline: int(&items[2])?,
         snapshots,
         charged,
-    })
+    }))
 }
 
 /// The leased store behind the one limiter interface: tries are leased; acquire,
