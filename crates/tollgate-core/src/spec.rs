@@ -194,26 +194,7 @@ fn parse_inner(spec: &str) -> Res<Policy> {
             p.count("limit", "100")?,
             p.duration("window", "1s")?,
         ))?),
-        "sliding-window" => {
-            let (limit, window) = (p.count("limit", "100")?, p.duration("window", "1s")?);
-            match (p.value("buckets")?, p.value("mode")?) {
-                (Some(_), Some(_)) => {
-                    return Err(
-                        "sliding-window: give either buckets=K or mode=weighted, not both".into(),
-                    )
-                }
-                (Some(k), None) => {
-                    let k = p.count_of("buckets", k)?;
-                    Algo::SlidingWindow(p.build(SlidingWindow::new(limit, window, k))?)
-                }
-                (None, None) | (None, Some("weighted")) => {
-                    Algo::SlidingWindowWeighted(p.build(SlidingWindowWeighted::new(limit, window))?)
-                }
-                (None, Some(v)) => {
-                    return Err(p.bad("mode", v, "expected weighted (or buckets=K instead)"))
-                }
-            }
-        }
+        "sliding-window" => sliding_window(&p)?,
         "leaky-bucket" => {
             let rate = p.rate()?;
             let capacity = p.count_or("capacity", rate.count)?;
@@ -237,39 +218,8 @@ fn parse_inner(spec: &str) -> Res<Policy> {
             };
             Algo::SmoothBursty(p.build(Smooth::new(rate, SmoothKind::Bursty { max_burst_us }))?)
         }
-        "smooth-warmup" => {
-            let rate = p.rate()?;
-            let warmup_us = p.duration("warmup", "10s")?;
-            let cold_factor = match p.value("cold-factor")? {
-                Some(v) => v
-                    .parse::<f64>()
-                    .map_err(|_| p.bad("cold-factor", v, "expected a number such as 3 or 2.5"))?,
-                None => 3.0,
-            };
-            Algo::SmoothWarmup(p.build(Smooth::new(
-                rate,
-                SmoothKind::WarmingUp {
-                    warmup_us,
-                    cold_factor,
-                },
-            ))?)
-        }
-        "limit-req" => {
-            let rate = p.rate()?;
-            let burst = p.count_or("burst", 0)?;
-            let delay = match (p.flag("nodelay")?, p.value("delay")?) {
-                (true, Some(_)) => {
-                    return Err("limit-req: give either nodelay or delay=N, not both".into())
-                }
-                (true, None) => Delay::Never,
-                (false, Some(v)) => match p.count_of("delay", v)? {
-                    0 => Delay::All,
-                    n => Delay::After(n),
-                },
-                (false, None) => Delay::All,
-            };
-            Algo::LimitReq(p.build(LimitReq::new(rate, burst, delay))?)
-        }
+        "smooth-warmup" => smooth_warmup(&p)?,
+        "limit-req" => limit_req(&p)?,
         "shaper" => Algo::Shaper(p.build(Shaper::new(p.rate()?, p.count("queue", "100")?))?),
         "concurrency" => Algo::Concurrency(p.build(Concurrency::new(p.count("limit", "10")?))?),
         _ => unreachable!("every spec name of the algorithm table is handled"),
@@ -280,6 +230,61 @@ fn parse_inner(spec: &str) -> Res<Policy> {
     };
     let shadow = p.flag("shadow")?;
     Ok(Policy::from_parts(algo, max_wait_us, shadow))
+}
+
+/// `sliding-window`: `buckets=K` or `mode=weighted` (the default), not both.
+fn sliding_window(p: &Params) -> Res<Algo> {
+    let (limit, window) = (p.count("limit", "100")?, p.duration("window", "1s")?);
+    match (p.value("buckets")?, p.value("mode")?) {
+        (Some(_), Some(_)) => {
+            Err("sliding-window: give either buckets=K or mode=weighted, not both".into())
+        }
+        (Some(k), None) => {
+            let k = p.count_of("buckets", k)?;
+            Ok(Algo::SlidingWindow(
+                p.build(SlidingWindow::new(limit, window, k))?,
+            ))
+        }
+        (None, None) | (None, Some("weighted")) => Ok(Algo::SlidingWindowWeighted(
+            p.build(SlidingWindowWeighted::new(limit, window))?,
+        )),
+        (None, Some(v)) => Err(p.bad("mode", v, "expected weighted (or buckets=K instead)")),
+    }
+}
+
+/// `smooth-warmup`: Guava's warm-up period and cold factor.
+fn smooth_warmup(p: &Params) -> Res<Algo> {
+    let rate = p.rate()?;
+    let warmup_us = p.duration("warmup", "10s")?;
+    let cold_factor = match p.value("cold-factor")? {
+        Some(v) => v
+            .parse::<f64>()
+            .map_err(|_| p.bad("cold-factor", v, "expected a number such as 3 or 2.5"))?,
+        None => 3.0,
+    };
+    Ok(Algo::SmoothWarmup(p.build(Smooth::new(
+        rate,
+        SmoothKind::WarmingUp {
+            warmup_us,
+            cold_factor,
+        },
+    ))?))
+}
+
+/// `limit-req`: nginx's burst, and `nodelay` or `delay=N`, not both.
+fn limit_req(p: &Params) -> Res<Algo> {
+    let rate = p.rate()?;
+    let burst = p.count_or("burst", 0)?;
+    let delay = match (p.flag("nodelay")?, p.value("delay")?) {
+        (true, Some(_)) => return Err("limit-req: give either nodelay or delay=N, not both".into()),
+        (true, None) => Delay::Never,
+        (false, Some(v)) => match p.count_of("delay", v)? {
+            0 => Delay::All,
+            n => Delay::After(n),
+        },
+        (false, None) => Delay::All,
+    };
+    Ok(Algo::LimitReq(p.build(LimitReq::new(rate, burst, delay))?))
 }
 
 impl fmt::Display for Policy {

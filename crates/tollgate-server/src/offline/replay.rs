@@ -76,7 +76,7 @@ pub enum ReplayStore {
 }
 
 /// One decision as the output columns: (allowed, remaining, wait_us).
-type Row = (bool, u64, Option<u64>);
+type OutputRow = (bool, u64, Option<u64>);
 
 /// Decides rows, keeping the state of each key.
 trait Backend {
@@ -87,7 +87,7 @@ trait Backend {
         cost: u64,
         hold: Option<u64>,
         op: Op,
-    ) -> Result<Row, String>;
+    ) -> Result<OutputRow, String>;
 }
 
 struct Memory<'a> {
@@ -103,7 +103,7 @@ impl Backend for Memory<'_> {
         cost: u64,
         hold: Option<u64>,
         op: Op,
-    ) -> Result<Row, String> {
+    ) -> Result<OutputRow, String> {
         let policy = self.policy;
         let state = match self.keys.get_mut(key) {
             Some(s) => s,
@@ -170,7 +170,7 @@ impl Backend for Redis {
         cost: u64,
         _hold: Option<u64>,
         op: Op,
-    ) -> Result<Row, String> {
+    ) -> Result<OutputRow, String> {
         if !self.keys.contains(key) {
             self.keys.insert(key.to_owned());
         }
@@ -219,6 +219,69 @@ pub fn replay(
     replay_on(policy, op, &ReplayStore::Memory, input, output)
 }
 
+/// One trace row, checked.
+struct TraceRow<'a> {
+    t: u64,
+    key: &'a str,
+    cost: u64,
+    op: Op,
+    hold: Option<u64>,
+}
+
+impl<'a> TraceRow<'a> {
+    /// Reads `record` (`op`: the default when the row names none); `last_t` is the
+    /// previous row's time. The error says what is wrong with which field.
+    fn parse(
+        record: &'a csv::StringRecord,
+        cols: &Columns,
+        op: Op,
+        last_t: u64,
+    ) -> Result<TraceRow<'a>, String> {
+        let field = |i: usize| record.get(i).unwrap_or("").trim();
+        let t: u64 = field(cols.t).parse().map_err(|_| {
+            format!(
+                "t_us '{}' is not a whole number of microseconds",
+                field(cols.t)
+            )
+        })?;
+        if t < last_t {
+            return Err(format!("t_us {t} is earlier than the previous row's {last_t} (the trace must be in time order)"));
+        }
+        let key = field(cols.key);
+        if key.len() > MAX_KEY_BYTES {
+            return Err(format!(
+                "key is {} bytes long (at most {MAX_KEY_BYTES})",
+                key.len()
+            ));
+        }
+        let cost: u64 = field(cols.cost)
+            .parse()
+            .ok()
+            .filter(|&c| c >= 1)
+            .ok_or_else(|| format!("cost '{}' is not a whole number >= 1", field(cols.cost)))?;
+        let op = match cols.op.map(field) {
+            None | Some("") => op,
+            Some("try") => Op::Try,
+            Some("acquire") => Op::Acquire,
+            Some(other) => return Err(format!("op '{other}' is not try or acquire")),
+        };
+        let hold = match cols.hold.map(field) {
+            None | Some("") => None,
+            Some(h) => Some(
+                h.parse::<u64>()
+                    .map_err(|_| format!("hold_us '{h}' is not a whole number of microseconds"))?,
+            ),
+        };
+        Ok(TraceRow {
+            t,
+            key,
+            cost,
+            op,
+            hold,
+        })
+    }
+}
+
 /// [`replay`] on a chosen store.
 pub fn replay_on(
     policy: &Policy,
@@ -245,55 +308,16 @@ pub fn replay_on(
     let mut rows = 0u64;
     while reader.read_record(&mut record).map_err(|e| row_error(&e))? {
         let line = record.position().map_or(rows + 2, |p| p.line());
-        let bad = |message: String| ReplayError::Row { line, message };
-        let field = |i: usize| record.get(i).unwrap_or("").trim();
-        let t: u64 = field(cols.t).parse().map_err(|_| {
-            bad(format!(
-                "t_us '{}' is not a whole number of microseconds",
-                field(cols.t)
-            ))
-        })?;
-        if t < last_t {
-            return Err(bad(format!("t_us {t} is earlier than the previous row's {last_t} (the trace must be in time order)")));
-        }
-        let key = field(cols.key);
-        if key.len() > MAX_KEY_BYTES {
-            return Err(bad(format!(
-                "key is {} bytes long (at most {MAX_KEY_BYTES})",
-                key.len()
-            )));
-        }
-        let cost: u64 = field(cols.cost)
-            .parse()
-            .ok()
-            .filter(|&c| c >= 1)
-            .ok_or_else(|| {
-                bad(format!(
-                    "cost '{}' is not a whole number >= 1",
-                    field(cols.cost)
-                ))
-            })?;
-        let row_op = match cols.op.map(field) {
-            None | Some("") => op,
-            Some("try") => Op::Try,
-            Some("acquire") => Op::Acquire,
-            Some(other) => return Err(bad(format!("op '{other}' is not try or acquire"))),
-        };
-        let hold = match cols.hold.map(field) {
-            None | Some("") => None,
-            Some(h) => Some(h.parse::<u64>().map_err(|_| {
-                bad(format!(
-                    "hold_us '{h}' is not a whole number of microseconds"
-                ))
-            })?),
-        };
-        last_t = t;
+        let row = TraceRow::parse(&record, &cols, op, last_t)
+            .map_err(|message| ReplayError::Row { line, message })?;
+        last_t = row.t;
         let (allowed, remaining, wait) = backend
-            .decide(key, t, cost, hold, row_op)
+            .decide(row.key, row.t, row.cost, row.hold, row.op)
             .map_err(|e| ReplayError::Store(format!("line {line}: {e}")))?;
+        let field = |i: usize| record.get(i).unwrap_or("").trim();
         writer.write_record([
             field(cols.t),
-            key,
+            row.key,
             field(cols.cost),
             if allowed { "1" } else { "0" },
             &remaining.to_string(),
