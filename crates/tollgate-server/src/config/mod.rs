@@ -102,10 +102,15 @@ impl MainConfig {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
-        let config: MainConfig = serde_yaml_ng::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         // Rule paths are relative to the config file.
         let base = path.parent().unwrap_or(Path::new("."));
+        MainConfig::parse(&text, base).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    /// Parses and validates a main configuration's text; rule paths are taken
+    /// relative to `base`.
+    pub fn parse(text: &str, base: &Path) -> anyhow::Result<Self> {
+        let config: MainConfig = serde_yaml_ng::from_str(text)?;
         Ok(MainConfig {
             rules: config.rules.iter().map(|r| base.join(r)).collect(),
             ..config

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 
 /// One part of a route's key.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum KeyPart {
+pub enum KeyPart {
     /// The client's address ([`client_ip`]).
     ClientIp,
     /// A request header's value.
@@ -21,7 +21,7 @@ pub(crate) enum KeyPart {
 }
 
 /// Parses a route's `key:` (`at` names the route, for errors).
-pub(crate) fn parse(spec: &str, at: &str) -> anyhow::Result<Vec<KeyPart>> {
+pub fn parse(spec: &str, at: &str) -> anyhow::Result<Vec<KeyPart>> {
     spec.split('+')
         .map(|part| {
             let part = part.trim();
@@ -47,7 +47,7 @@ pub(crate) fn parse(spec: &str, at: &str) -> anyhow::Result<Vec<KeyPart>> {
 /// The client's address: the peer, or the rightmost `X-Forwarded-For` hop that is not
 /// a trusted proxy when the peer is one (nginx's `real_ip_recursive`). An untrusted
 /// peer's header is ignored, so a client cannot choose its own key.
-pub(crate) fn client_ip(trusted: &[IpNet], peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+pub fn client_ip(trusted: &[IpNet], peer: IpAddr, headers: &HeaderMap) -> IpAddr {
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(&peer) {
         return peer;
@@ -67,7 +67,7 @@ pub(crate) fn client_ip(trusted: &[IpNet], peer: IpAddr, headers: &HeaderMap) ->
 
 /// The key of a request: its parts' values joined with `+`, or empty when any part is
 /// empty (as nginx, a request whose key is empty is not limited).
-pub(crate) fn key(
+pub fn key(
     parts: &[KeyPart],
     trusted: &[IpNet],
     peer: IpAddr,

@@ -6,7 +6,7 @@
 //! permit, `forwarding` sends it upstream; `problem` writes the proxy's own answers.
 
 mod forwarding;
-mod keys;
+pub mod keys;
 mod limits;
 mod problem;
 mod routes;

@@ -25,6 +25,11 @@ pub struct Grpc {
 }
 
 impl Grpc {
+    /// The gRPC service over `service`, to call directly (tests, fuzzing).
+    pub fn new(service: Arc<DecisionService>) -> Grpc {
+        Grpc { service }
+    }
+
     /// The tonic server for `service`.
     pub fn server(service: Arc<DecisionService>) -> RateLimitServiceServer<Grpc> {
         RateLimitServiceServer::new(Grpc { service })
