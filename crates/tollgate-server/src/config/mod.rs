@@ -33,6 +33,9 @@ pub struct MainConfig {
     /// Memory bounds.
     #[serde(default)]
     pub keys: Keys,
+    /// Bounds on one decision request.
+    #[serde(default)]
+    pub requests: Requests,
     /// Admin endpoints.
     #[serde(default)]
     pub admin: Admin,
@@ -84,6 +87,38 @@ impl Default for Keys {
 
 fn default_max_keys() -> usize {
     1_000_000
+}
+
+/// `requests:` bounds on one decision request (HTTP or gRPC), so that a hostile client
+/// cannot make a request cost more than a few ordinary ones or store huge keys.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Requests {
+    /// The most descriptors one request may carry (default 256; Envoy sends a few).
+    #[serde(default = "default_max_descriptors")]
+    pub max_descriptors: usize,
+    /// The longest key one descriptor may make, in bytes: its domain and entries'
+    /// keys and values together (default 1024). Counters are kept per key, so this
+    /// bounds the memory a key can take.
+    #[serde(default = "default_max_key_bytes")]
+    pub max_key_bytes: usize,
+}
+
+impl Default for Requests {
+    fn default() -> Self {
+        Requests {
+            max_descriptors: default_max_descriptors(),
+            max_key_bytes: default_max_key_bytes(),
+        }
+    }
+}
+
+fn default_max_descriptors() -> usize {
+    256
+}
+
+fn default_max_key_bytes() -> usize {
+    1024
 }
 
 /// `keys.on_full`.

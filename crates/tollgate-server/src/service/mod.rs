@@ -106,6 +106,12 @@ pub enum RequestError {
     /// A descriptor has no entries.
     #[error("descriptors[{0}].entries: must not be empty")]
     EmptyDescriptor(usize),
+    /// More descriptors than `requests.max_descriptors`.
+    #[error("descriptors: {0} of them, at most {1} (requests.max_descriptors)")]
+    TooManyDescriptors(usize, usize),
+    /// A descriptor's key longer than `requests.max_key_bytes`.
+    #[error("descriptors[{0}]: its key is {1} bytes, at most {2} (requests.max_key_bytes)")]
+    KeyTooLong(usize, usize, usize),
     /// The store cannot decide now (Redis unreachable and `on_error: error`).
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -119,6 +125,7 @@ pub struct DecisionService {
     rules: ArcSwap<DescriptorRules>,
     overrides: Mutex<HashMap<(Unit, u64), Arc<Limit>>>,
     options: tollgate::KeyedOptions,
+    requests: crate::config::Requests,
     metrics: Metrics,
     clock: tollgate::MonotonicClock,
     /// The rule files a reload reads again (none for the built-in rules).
@@ -205,10 +212,17 @@ impl DecisionService {
             rules: ArcSwap::from_pointee(rules),
             overrides: Mutex::new(HashMap::new()),
             options,
+            requests: crate::config::Requests::default(),
             metrics: Metrics::default(),
             clock: tollgate::MonotonicClock::new(),
             redis: None,
         }
+    }
+
+    /// Bounds every request as `requests` says (default: [`crate::config::Requests`]).
+    pub fn with_request_limits(mut self, requests: crate::config::Requests) -> Self {
+        self.requests = requests;
+        self
     }
 
     /// Keeps counters in Redis as `store` says (connects now; a single node may still
@@ -333,9 +347,7 @@ impl DecisionService {
         if domain.is_empty() {
             return Err(RequestError::NoDomain);
         }
-        if let Some(i) = descriptors.iter().position(|d| d.entries.is_empty()) {
-            return Err(RequestError::EmptyDescriptor(i));
-        }
+        self.validate(domain, descriptors)?;
         let started = tollgate::Clock::now_ns(&self.clock);
         let rules = self.rules.load_full();
         let found: Vec<_> = descriptors
@@ -371,6 +383,35 @@ impl DecisionService {
         let elapsed = tollgate::Clock::now_ns(&self.clock).saturating_sub(started);
         self.metrics.latency(elapsed as f64 / 1e9);
         Ok(CheckResult { overall, statuses })
+    }
+
+    /// Refuses a request beyond `requests:` bounds, or with an empty descriptor.
+    fn validate(
+        &self,
+        domain: &str,
+        descriptors: &[DescriptorRequest],
+    ) -> Result<(), RequestError> {
+        let max = self.requests.max_descriptors;
+        if descriptors.len() > max {
+            return Err(RequestError::TooManyDescriptors(descriptors.len(), max));
+        }
+        for (i, d) in descriptors.iter().enumerate() {
+            if d.entries.is_empty() {
+                return Err(RequestError::EmptyDescriptor(i));
+            }
+            let bytes = domain.len()
+                + (d.entries.iter())
+                    .map(|(k, v)| k.len() + v.len() + 2)
+                    .sum::<usize>();
+            if bytes > self.requests.max_key_bytes {
+                return Err(RequestError::KeyTooLong(
+                    i,
+                    bytes,
+                    self.requests.max_key_bytes,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// One descriptor's status under `limit`, counting `cost` on `key`.

@@ -23,6 +23,8 @@ pub struct Settings {
     pub grpc: SocketAddr,
     /// Counter bounds.
     pub options: KeyedOptions,
+    /// Request bounds.
+    pub requests: crate::config::Requests,
     /// The descriptor rules of every domain, loaded and validated.
     pub rules: DescriptorRules,
     /// Where the rules came from.
@@ -82,6 +84,7 @@ impl Settings {
             http,
             grpc,
             options,
+            requests: main.requests,
             rules,
             rules_source,
             rule_paths: paths,
@@ -104,7 +107,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings.rules,
         settings.rule_paths.clone(),
         settings.options,
-    );
+    )
+    .with_request_limits(settings.requests);
     if settings.store.kind == StoreKind::Redis {
         service = service.with_redis(&settings.store).await?;
     }
