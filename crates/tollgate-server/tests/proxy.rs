@@ -443,3 +443,83 @@ async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
     assert_eq!(down.status(), 503);
     assert!(String::from_utf8_lossy(down.body()).contains("rate limit store unavailable"));
 }
+
+/// Writes `raw` on a new connection and reads what comes back until the proxy closes
+/// it or 3 s pass: the status codes of every response, in order.
+async fn raw_statuses(proxy: &Proxy, raw: &[u8]) -> Vec<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = proxy.base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(raw).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 65536];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, conn.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&seen)
+        .match_indices("HTTP/1.1 ")
+        .filter_map(|(i, _)| seen.get(i + 9..i + 12))
+        .filter_map(|code| std::str::from_utf8(code).ok()?.parse().ok())
+        .collect()
+}
+
+/// An upstream that answers every connection with bytes that are not HTTP.
+async fn garbage_upstream() -> String {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let _ = conn.write_all(b"\x00\x01garbage, not HTTP\r\n\r\n").await;
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_get_clear_statuses_and_the_proxy_stays_up() {
+    let up = upstream().await;
+    let proxy = start(&config(&up, ""));
+    // Conflicting Content-Length and Transfer-Encoding: refused, or framed by the
+    // chunked encoding alone (the body re-framed for the upstream: no desync).
+    let smuggle = b"POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: k\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    let codes = raw_statuses(&proxy, smuggle).await;
+    eprintln!("CL+TE: {codes:?}");
+    assert!(matches!(codes.first(), Some(400) | Some(200)), "{codes:?}");
+    // obs-fold (a header continued on the next line): 400.
+    let folded = b"GET /api/x HTTP/1.1\r\nHost: a\r\nX-Api-Key: k\r\n  folded\r\n\r\n";
+    assert_eq!(raw_statuses(&proxy, folded).await.first(), Some(&400));
+    // Two Host headers: a clear answer, not a crash.
+    let hosts = b"GET /api/x HTTP/1.1\r\nHost: a\r\nHost: b\r\nX-Api-Key: k\r\n\r\n";
+    let codes = raw_statuses(&proxy, hosts).await;
+    eprintln!("two Hosts: {codes:?}");
+    assert!(matches!(codes.first(), Some(400) | Some(200)), "{codes:?}");
+    // 500 headers, and one header of 1 MB: refused (431 or 400) or the connection
+    // closed, never forwarded.
+    let mut many = b"GET /api/x HTTP/1.1\r\nHost: a\r\n".to_vec();
+    for i in 0..500 {
+        many.extend_from_slice(format!("X-H{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    let codes = raw_statuses(&proxy, &many).await;
+    eprintln!("500 headers: {codes:?}");
+    assert!(codes.iter().all(|&c| c == 431 || c == 400), "{codes:?}");
+    let mut big = b"GET /api/x HTTP/1.1\r\nHost: a\r\nX-Api-Key: ".to_vec();
+    big.extend_from_slice(&vec![b'x'; 1 << 20]);
+    big.extend_from_slice(b"\r\n\r\n");
+    let codes = raw_statuses(&proxy, &big).await;
+    eprintln!("1 MB header: {codes:?}");
+    assert!(codes.iter().all(|&c| c == 431 || c == 400), "{codes:?}");
+    // Still up and limiting.
+    assert_eq!(get_as(&proxy, "/api/x", Some("k")).await.status(), 200);
+
+    // An upstream that answers garbage: 502, problem+json.
+    let bad = start(&config(&garbage_upstream().await, ""));
+    let r = get_as(&bad, "/api/x", Some("k")).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+}
