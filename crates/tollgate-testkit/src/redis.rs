@@ -140,6 +140,24 @@ impl RedisServers {
         let _ = self.children[i].wait();
     }
 
+    /// Freezes server `i` (SIGSTOP): its connections stay open, nothing answers.
+    pub fn pause(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// Thaws server `i` (SIGCONT): it runs what queued up meanwhile.
+    pub fn resume(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.children[i].id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     /// Starts server `i` again on its port.
     pub fn restart(&mut self, i: usize) {
         let port = self.ports[i];

@@ -497,3 +497,106 @@ fn cluster_slot_migration_under_load_keeps_the_limit_exact() {
     assert_eq!(admitted, 500, "exact across the move");
     assert_eq!(errors, 0, "ASK and MOVED were followed");
 }
+
+/// Redis frozen (SIGSTOP, then `DEBUG SLEEP`) under load: every call is answered
+/// within about the timeout by the failure policy (fail-closed: a reject), Redis decides
+/// again soon after it thaws, and a tight limit hammered meanwhile is never exceeded
+/// (a call that timed out may still be counted when Redis thaws: under-, never
+/// over-admission).
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
+#[test]
+fn redis_frozen_or_sleeping_answers_within_the_timeout_and_never_over_admits() {
+    let _serial = testkit::timing_sensitive();
+    use std::time::Duration;
+    let servers = RedisServers::standalone_with(&["--enable-debug-command", "yes"]);
+    let rt = rt();
+    let limiter = |rules: &str, name: &str| {
+        rt.block_on(async {
+            let opts = tollgate::redis::RedisOptions {
+                timeout: Duration::from_millis(200),
+                ..Default::default()
+            };
+            let store = RedisStore::connect_with(&servers.url(), opts)
+                .await
+                .unwrap();
+            let opts = tollgate::redis::RedisLimiterOptions {
+                on_error: tollgate::redis::OnError::FailClosed,
+                probe_interval: Duration::from_millis(250),
+                ..Default::default()
+            };
+            let rules = RuleSet::parse(&[rules]).unwrap();
+            RedisLimiter::with_options(store, name, rules, opts).unwrap()
+        })
+    };
+    // Admits everything: an admit means Redis decided, a reject the failure policy.
+    let open = limiter("fixed-window:limit=1000000,window=1h", "frozen-open");
+    let tight = limiter("sliding-log:limit=60,window=1h", "frozen-tight");
+    let start = std::time::Instant::now();
+    let load = {
+        let (open, tight) = (open.clone(), tight.clone());
+        std::thread::spawn(move || {
+            rt.block_on(async {
+                let tight = tokio::spawn(async move { hammer(&tight, "t", 2, start, 4200).await });
+                let open = hammer(&open, "k", 6, start, 4200).await;
+                (open, tight.await.unwrap())
+            })
+        })
+    };
+    let ms = || start.elapsed().as_millis() as u64;
+    std::thread::sleep(Duration::from_millis(700));
+    let paused = ms();
+    servers.pause(0);
+    std::thread::sleep(Duration::from_millis(1000));
+    servers.resume(0);
+    let resumed = ms();
+    std::thread::sleep(Duration::from_millis(900));
+    let slept = ms();
+    let cli = std::thread::spawn({
+        let port = servers.ports[0].to_string();
+        move || {
+            std::process::Command::new("redis-cli")
+                .args(["-p", &port, "DEBUG", "SLEEP", "1"])
+                .output()
+                .unwrap()
+        }
+    });
+    cli.join().unwrap();
+    let woke = ms();
+    let (trace, tight_trace) = load.join().unwrap();
+    let slowest = trace.iter().chain(&tight_trace).map(|e| e.2).max().unwrap();
+    let stats = open.stats();
+    let recovered = |after: u64| trace.iter().find(|e| e.1 && e.0 > after).unwrap().0 - after;
+    let admitted_tight = tight_trace.iter().filter(|e| e.1).count();
+    println!(
+        "{} calls; frozen {paused}..{resumed} ms, asleep {slept}..{woke} ms; decided again \
+         {} and {} ms after; slowest call {slowest} ms; tight limit: {admitted_tight} of \
+         {} admitted (limit 60); {stats:?}",
+        trace.len(),
+        recovered(resumed),
+        recovered(woke),
+        tight_trace.len()
+    );
+    // Calls that began after those in flight had timed out and ended before Redis
+    // answered again: every one is the failure policy's reject (the probe that was
+    // waiting when Redis thawed is answered by Redis, rightly).
+    for (from, to) in [(paused, resumed), (slept, woke)] {
+        let inside: Vec<_> = trace
+            .iter()
+            .filter(|e| e.0 >= from + 250 && e.0 + e.2 + 20 < to)
+            .collect();
+        let admits: Vec<_> = inside.iter().filter(|e| e.1).collect();
+        assert!(
+            !inside.is_empty() && admits.is_empty(),
+            "{from}..{to}: {} calls, admitted {admits:?}",
+            inside.len()
+        );
+    }
+    assert!(slowest <= 450, "a call took {slowest} ms");
+    assert!(recovered(resumed) <= 500 && recovered(woke) <= 500);
+    assert_eq!((stats.outages, stats.recoveries), (2, 2));
+    assert!(admitted_tight <= 60, "{admitted_tight} admitted, limit 60");
+    assert!(tight_trace.len() > 60, "the tight limit was pushed past 60");
+}
