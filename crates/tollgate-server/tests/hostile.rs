@@ -156,3 +156,65 @@ async fn abusive_requests_get_clear_errors_and_leave_other_keys_alone() {
     // Still up, and the bystander lost exactly its own one unit per check.
     assert_eq!(bystander(&server).await, before - 1);
 }
+
+/// The wall clock jumps (libfaketime moves `CLOCK_REALTIME`, as an operator or NTP
+/// step would; the monotonic clock runs on): an exhausted key is not released by a
+/// jump forward, a fresh key is not blocked by a jump back, and counts continue. Both
+/// clock sources (`TOLLGATE_CLOCK` unset: the TSC; `os`: `CLOCK_MONOTONIC`).
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "runs tollgate under libfaketime: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wall_clock_jumps_neither_release_nor_block_traffic() {
+    for source in ["tsc", "os"] {
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-clock-jump-{}-{source}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rules = dir.join("rules.yaml");
+        std::fs::write(
+            &rules,
+            "domain: example\ndescriptors:\n  - key: api_key\n    policies: [\"gcra:rate=3/h,burst=3\", \"fixed-window:limit=5,window=1d\"]\n",
+        )
+        .unwrap();
+        let clock = tollgate_testkit::FrozenClock::new(&dir, 1_767_225_600); // 2026-01-01
+        let day = 86_400_000_000;
+        clock.set(day);
+        let file = dir.join("frozen-time");
+        let mut env = vec![
+            ("LD_PRELOAD", tollgate_testkit::LIBFAKETIME),
+            ("FAKETIME_TIMESTAMP_FILE", file.to_str().unwrap()),
+            ("FAKETIME_NO_CACHE", "1"),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ];
+        if source == "os" {
+            env.push(("TOLLGATE_CLOCK", "os"));
+        }
+        let server = serve_process::start(&["--rules", rules.to_str().unwrap()], &env);
+        for _ in 0..3 {
+            assert_eq!(check(&server, "spent").await.0, 200, "{source}");
+        }
+        assert_eq!(check(&server, "spent").await.0, 429, "{source}");
+        // Two hours forward (GCRA would have refilled, a day window rolled over if
+        // they followed the wall clock): still exhausted.
+        clock.set(day + 2 * 3_600_000_000);
+        assert_eq!(
+            check(&server, "spent").await.0,
+            429,
+            "{source}: a jump forward released"
+        );
+        // A day back: a fresh key is admitted; the exhausted one stays exhausted.
+        clock.set(0);
+        let (status, v) = check(&server, "fresh").await;
+        assert_eq!(
+            status, 200,
+            "{source}: a jump back blocked a fresh key: {v}"
+        );
+        assert_eq!(v["statuses"][0]["limit_remaining"], 2, "{source}: {v}");
+        assert_eq!(check(&server, "spent").await.0, 429, "{source}");
+        drop(server);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
