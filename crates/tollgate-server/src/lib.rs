@@ -10,6 +10,8 @@
 //! - [`proxy`]: `tollgate proxy`: routes, keys, limits, forwarding;
 //! - [`offline`]: `tollgate replay` and `tollgate simulate`, and charts;
 //! - [`bench`](mod@bench): `tollgate bench`, load generators;
+//! - [`connections`]: accepting and serving client connections within the
+//!   `connections:` bounds (count, header, body and send timeouts);
 //! - [`config`]: the main configuration file (listeners, `store:`, `keys:`, `admin:`,
 //!   `proxy:`) and its validation;
 //! - [`lifecycle`]: what reloads a server (SIGHUP, changed files) and what stops it.
@@ -19,6 +21,7 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod lifecycle;
 pub mod offline;
 pub mod proxy;

@@ -218,3 +218,70 @@ async fn wall_clock_jumps_neither_release_nor_block_traffic() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+/// Admin endpoints on a listener that is not loopback: refused without a configured
+/// token (403), refused with a missing or wrong token (401), allowed with the right
+/// one; decisions unaffected. Runs in a private network namespace (`unshare -n`, root)
+/// whose loopback device also carries 192.0.2.1 (TEST-NET-1, a documentation address):
+/// a non-loopback listener that no traffic from outside the namespace can reach.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "needs root for a private network namespace: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[test]
+fn admin_endpoints_on_a_non_loopback_listener_need_a_token() {
+    let script = r#"
+set -u
+ip link set lo up && ip addr add 192.0.2.1/32 dev lo || { echo "NETNS-FAILED"; exit 1; }
+reset='{"domain":"example","entries":[{"key":"api_key","value":"k"}]}'
+check='{"domain":"example","descriptors":[{"entries":[{"key":"api_key","value":"k"}]}]}'
+code() { # path body [token]
+  curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "http://192.0.2.1:18080$1" \
+    -H 'content-type: application/json' ${3:+-H "authorization: Bearer $3"} -d "$2"
+}
+run() { # label, then env for the server
+  label=$1; shift
+  env "$@" "$BIN" serve --rules "$RULES" --http 192.0.2.1:18080 --grpc 127.0.0.1:18081 >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do curl -s -o /dev/null --max-time 1 http://192.0.2.1:18080/healthz && break; sleep 0.1; done
+  echo "$label check $(code /v1/check "$check")"
+  echo "$label reset-none $(code /v1/reset "$reset")"
+  echo "$label reset-wrong $(code /v1/reset "$reset" wrong)"
+  echo "$label reset-right $(code /v1/reset "$reset" s3cret)"
+  echo "$label reload-none $(code /v1/reload '')"
+  kill $pid; wait $pid 2>/dev/null
+}
+run open TOLLGATE_ADMIN_TOKEN=
+run guarded TOLLGATE_ADMIN_TOKEN=s3cret
+"#;
+    let out = std::process::Command::new("unshare")
+        .args(["-n", "bash", "-c", script])
+        .env("BIN", env!("CARGO_BIN_EXE_tollgate"))
+        .env(
+            "RULES",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/rules/hostile.yaml"),
+        )
+        .output()
+        .expect("unshare (util-linux) runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !stdout.contains("NETNS-FAILED"),
+        "no private network namespace (root needed): {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = [
+        "open check 200",
+        // No token configured on a non-loopback listener: admin is off.
+        "open reset-none 403",
+        "open reset-wrong 403",
+        "open reset-right 403",
+        "open reload-none 403",
+        "guarded check 200",
+        "guarded reset-none 401",
+        "guarded reset-wrong 401",
+        "guarded reset-right 200",
+        "guarded reload-none 401",
+    ];
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines, expected, "{stdout}");
+}

@@ -67,6 +67,17 @@ async fn upstream() -> String {
             }),
         )
         .route(
+            "/api/big",
+            get(|| async {
+                // 256 MiB in 64 KiB chunks, far more than socket buffers hold.
+                let chunk = bytes::Bytes::from(vec![b'b'; 64 * 1024]);
+                let chunks = futures::stream::iter(
+                    (0..4096).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+                );
+                axum::body::Body::from_stream(chunks)
+            }),
+        )
+        .route(
             "/api/slow",
             get(|| async {
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -522,4 +533,73 @@ async fn hostile_requests_get_clear_statuses_and_the_proxy_stays_up() {
     let r = get_as(&bad, "/api/x", Some("k")).await;
     assert_eq!(r.status(), 502);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
+}
+
+/// Slow and absent readers against the proxy's `connections:` bounds: headers a byte
+/// at a time are cut off at the header timeout, a stalled upload gets a 408 at the
+/// body timeout, and a client that stops reading a large download is dropped at the
+/// send timeout, its `limit_conn` permit returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_and_absent_readers_are_cut_off_and_release_their_permits() {
+    use tokio::io::AsyncWriteExt;
+    let up = upstream().await;
+    let proxy = start(&format!(
+        "connections: {{header_timeout: 1s, body_timeout: 1s, send_timeout: 1s}}\n{}",
+        config(&up, "      limit_conn: 1\n")
+    ));
+    let addr: std::net::SocketAddr = proxy.base.trim_start_matches("http://").parse().unwrap();
+    let byte = Duration::from_millis(100);
+    let (low, high) = (Duration::from_millis(900), Duration::from_secs(4));
+    let within = |ended: &tollgate_testkit::Ended, what: &str| {
+        let after = ended.after.unwrap_or_else(|| panic!("{what}: never ended"));
+        assert!(after >= low && after <= high, "{what}: {after:?}");
+    };
+
+    let head = b"GET /api/x HTTP/1.1\r\nHost: a\r\nX-Slow: ";
+    let slow_headers =
+        tollgate_testkit::dribble(addr, head, &[b'a'; 100], byte, Duration::from_secs(8)).await;
+    within(&slow_headers, "slow headers");
+    // The upload stalls after 10 bytes: 408 one body timeout later (between reads).
+    let head = b"POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: up\r\nContent-Length: 1000\r\n\r\n0123456789";
+    let stalled = tollgate_testkit::dribble(addr, head, &[], byte, Duration::from_secs(8)).await;
+    assert_eq!(stalled.statuses(), vec![408], "{stalled:?}");
+    // A steady upload slower than the bound in total but not between reads passes:
+    // 30 bytes over 3 s.
+    let head = b"POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: up2\r\nContent-Length: 30\r\nConnection: close\r\n\r\n";
+    let steady =
+        tollgate_testkit::dribble(addr, head, &[b's'; 30], byte, Duration::from_secs(8)).await;
+    assert_eq!(steady.statuses(), vec![200], "{steady:?}");
+
+    // A 256 MiB download under limit_conn 1, never read past the first bytes.
+    let fds_before = tollgate_testkit::open_fds(proxy.child.id());
+    let mut reader = tokio::net::TcpStream::connect(addr).await.unwrap();
+    reader
+        .write_all(b"GET /api/big HTTP/1.1\r\nHost: a\r\nX-Api-Key: hog\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Meanwhile the key's one connection is taken.
+    assert_eq!(get_as(&proxy, "/api/x", Some("hog")).await.status(), 429);
+    // After the send timeout the proxy has dropped it, and the permit with it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(get_as(&proxy, "/api/x", Some("hog")).await.status(), 200);
+    let ended = tollgate_testkit::read_until_closed(
+        &mut reader,
+        tokio::time::Instant::now(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(
+        ended.after.is_some(),
+        "the proxy kept the unread download open"
+    );
+    assert!(
+        ended.answer.len() < 256 << 20,
+        "all {} bytes were sent",
+        ended.answer.len()
+    );
+    drop(reader);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fds_after = tollgate_testkit::open_fds(proxy.child.id());
+    assert!(fds_after <= fds_before + 2, "{fds_before} -> {fds_after}");
 }

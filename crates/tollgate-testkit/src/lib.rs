@@ -4,7 +4,9 @@
 //! a 3-master Cluster started from the `redis-server` binary and stopped by PID
 //! ([`RedisServers`]) — with the helpers the multi-process tests use
 //! ([`run_children`], [`timing_sensitive`], [`rt`]); real nginx ([`Nginx`]) on a clock
-//! the test steps ([`FrozenClock`], libfaketime).
+//! the test steps ([`FrozenClock`], libfaketime); raw clients that misbehave on purpose
+//! ([`dribble`], [`idle`]) and a process's open files and memory ([`open_fds`],
+//! [`rss_kib`]).
 //!
 //! `scripts/test.sh` installs `redis-server` / `redis-tools`, `nginx` and `faketime`
 //! when they are missing.
@@ -12,10 +14,12 @@
 // Waiting for a server to come up is timed with the OS clock.
 #![allow(clippy::disallowed_methods)]
 
+mod clients;
 mod nginx;
 mod process;
 mod redis;
 
+pub use clients::{dribble, idle, open_fds, read_until_closed, rss_kib, Ended};
 pub use nginx::{FrozenClock, Nginx, LIBFAKETIME};
 pub use process::{distinct_ports, free_port, release, Killed};
 pub use redis::{rt, run_children, timing_sensitive, RedisServers};

@@ -36,6 +36,9 @@ pub struct MainConfig {
     /// Bounds on one decision request.
     #[serde(default)]
     pub requests: Requests,
+    /// Bounds on client connections (serve's HTTP and gRPC listeners, the proxy's).
+    #[serde(default)]
+    pub connections: Connections,
     /// Admin endpoints.
     #[serde(default)]
     pub admin: Admin,
@@ -121,6 +124,65 @@ fn default_max_key_bytes() -> usize {
     1024
 }
 
+/// `connections:` bounds on client connections, so that slow or idle clients cannot
+/// hold a server's sockets, tasks and memory: each listener holds at most `max`
+/// connections (past it, accepting waits for one to close: new clients queue in the
+/// kernel's backlog), and every phase in which the server waits on a client has a
+/// deadline. A reload keeps the bounds the server started with.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Connections {
+    /// The most client connections one listener holds at once (default 4096; `serve`
+    /// has two listeners, HTTP and gRPC; the proxy one, shared by its workers). Each
+    /// takes a file descriptor: the process's open-file limit must be above the sum
+    /// (the server warns at start when it is not).
+    #[serde(default = "default_max_connections")]
+    pub max: usize,
+    /// HTTP/1: how long a client may take to send a request's headers, counted from
+    /// the first wait for them, so it also closes a keep-alive connection idle that
+    /// long; HTTP/2 (gRPC): how long a new connection may take to send its first bytes
+    /// (default 30s; nginx's `client_header_timeout` is 60s).
+    #[serde(default = "default_header_timeout", deserialize_with = "duration_us")]
+    pub header_timeout: u64,
+    /// How long a request body may take (default 30s): in `serve`, the whole body (a
+    /// decision request is small) and, over gRPC, the whole call; in the proxy, the
+    /// longest wait between two reads, as nginx's `client_body_timeout`, so a large
+    /// upload at a steady pace passes. Past it: 408 (a gRPC call: DEADLINE_EXCEEDED).
+    #[serde(default = "default_body_timeout", deserialize_with = "duration_us")]
+    pub body_timeout: u64,
+    /// The longest a response write may stall on a client that does not read (default
+    /// 30s; nginx's `send_timeout`): past it the connection is closed.
+    #[serde(default = "default_send_timeout", deserialize_with = "duration_us")]
+    pub send_timeout: u64,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections {
+            max: default_max_connections(),
+            header_timeout: default_header_timeout(),
+            body_timeout: default_body_timeout(),
+            send_timeout: default_send_timeout(),
+        }
+    }
+}
+
+fn default_max_connections() -> usize {
+    4096
+}
+
+fn default_header_timeout() -> u64 {
+    30_000_000
+}
+
+fn default_body_timeout() -> u64 {
+    30_000_000
+}
+
+fn default_send_timeout() -> u64 {
+    30_000_000
+}
+
 /// `keys.on_full`.
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -146,6 +208,9 @@ impl MainConfig {
     /// relative to `base`.
     pub fn parse(text: &str, base: &Path) -> anyhow::Result<Self> {
         let config: MainConfig = serde_yaml_ng::from_str(text)?;
+        if config.connections.max == 0 {
+            anyhow::bail!("connections.max: must be at least 1");
+        }
         Ok(MainConfig {
             rules: config.rules.iter().map(|r| base.join(r)).collect(),
             ..config
@@ -172,6 +237,17 @@ pub(crate) fn duration_opt<'de, D: serde::Deserializer<'de>>(
     tollgate::parse_duration(&s)
         .map(Some)
         .map_err(serde::de::Error::custom)
+}
+
+/// A required duration (`250ms`, `5s`, ...) in microseconds; zero is refused (a
+/// bound of nothing would refuse every client).
+fn duration_us<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let s = String::deserialize(d)?;
+    match tollgate::parse_duration(&s) {
+        Ok(0) => Err(serde::de::Error::custom("a timeout must be longer than 0")),
+        Ok(us) => Ok(us),
+        Err(e) => Err(serde::de::Error::custom(e)),
+    }
 }
 
 /// A duration on the command line (`250ms`, `10s`; the policy spec's syntax).

@@ -58,6 +58,11 @@ pub(super) async fn forward(
             Response::from_parts(parts, Body::new(body))
         }
         Ok(Err(e)) if timed_out(&e) => failed(StatusCode::GATEWAY_TIMEOUT, "timed out (connect)"),
+        Ok(Err(e)) if crate::connections::is_body_timeout(&e) => problem(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body stalled longer than connections.body_timeout",
+            None,
+        ),
         Ok(Err(_)) => failed(StatusCode::BAD_GATEWAY, "unreachable"),
         Err(_) => failed(StatusCode::GATEWAY_TIMEOUT, "timed out"),
     }

@@ -24,6 +24,8 @@ use super::problem::problem;
 use super::routes::RouteTable;
 use crate::config::proxy::ProxyConfig;
 use crate::config::store::{StoreConfig, StoreKind};
+use crate::config::Connections;
+use crate::connections::{BodyTimeout, Slots};
 
 /// One worker thread's view: the shared routes and its own upstream connection pool.
 struct Proxy {
@@ -63,8 +65,20 @@ async fn handle(
     forward(&proxy.client, &table, route, peer, req, passed).await
 }
 
-/// Loads the `proxy:` section of a main config.
-pub fn load(path: &std::path::Path) -> anyhow::Result<(ProxyConfig, KeyedOptions, StoreConfig)> {
+/// What the proxy takes from a main config.
+pub struct ProxySettings {
+    /// The `proxy:` section.
+    pub proxy: ProxyConfig,
+    /// Counter bounds (`keys:`).
+    pub options: KeyedOptions,
+    /// Where counters live (`store:`).
+    pub store: StoreConfig,
+    /// Client connection bounds (`connections:`).
+    pub connections: Connections,
+}
+
+/// Loads the `proxy:` section of a main config, with the sections it uses.
+pub fn load(path: &std::path::Path) -> anyhow::Result<ProxySettings> {
     let mut main = crate::config::MainConfig::load(path)?;
     let options = main.key_options();
     let proxy = main.proxy.take().ok_or_else(|| {
@@ -73,7 +87,12 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<(ProxyConfig, KeyedOptions
             path.display()
         )
     })?;
-    Ok((proxy, options, main.store))
+    Ok(ProxySettings {
+        proxy,
+        options,
+        store: main.store,
+        connections: main.connections,
+    })
 }
 
 /// Runs the proxy until SIGTERM or Ctrl-C: one single-threaded runtime per CPU, each
@@ -84,8 +103,15 @@ pub fn run(
     listen: Option<SocketAddr>,
     store_flag: Option<&str>,
 ) -> anyhow::Result<()> {
-    let (config, options, store) = load(path)?;
+    let ProxySettings {
+        proxy: config,
+        options,
+        store,
+        connections,
+    } = load(path)?;
     let store = store.with_flag(store_flag)?;
+    crate::connections::warn_if_fd_limit_below(connections.max);
+    let slots = Slots::new(connections);
     let connect_timeout = Duration::from_micros(config.connect_timeout.unwrap_or(5_000_000));
     let addr = listen
         .or(config.listen)
@@ -104,7 +130,8 @@ pub fn run(
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The first worker binds (resolving port 0) and reports the address.
     let (bound_tx, bound_rx) = std::sync::mpsc::channel::<anyhow::Result<SocketAddr>>();
-    let worker = |addr, report| spawn_worker(addr, report, table.clone(), connect_timeout);
+    let worker =
+        |addr, report| spawn_worker(addr, report, table.clone(), slots.clone(), connect_timeout);
     let mut threads = vec![worker(addr, Some(bound_tx))];
     let bound = bound_rx
         .recv()
@@ -151,6 +178,7 @@ fn spawn_worker(
     addr: SocketAddr,
     report: Option<std::sync::mpsc::Sender<anyhow::Result<SocketAddr>>>,
     table: Arc<ArcSwap<RouteTable>>,
+    slots: Slots,
     connect_timeout: Duration,
 ) -> std::thread::JoinHandle<anyhow::Result<()>> {
     std::thread::spawn(move || -> anyhow::Result<()> {
@@ -176,12 +204,10 @@ fn spawn_worker(
             let app = axum::Router::new()
                 .fallback(handle)
                 .with_state(Arc::new(Proxy { table, client }));
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(crate::lifecycle::shutdown_signal())
-            .await?;
+            let body =
+                BodyTimeout::BetweenReads(Duration::from_micros(slots.bounds().body_timeout));
+            let stop = crate::lifecycle::shutdown_signal();
+            crate::connections::serve_http(listener, slots, app, body, stop).await;
             Ok(())
         })
     })
@@ -199,8 +225,8 @@ fn watch(path: &std::path::Path, table: &ArcSwap<RouteTable>, redis: Option<&Red
         return;
     };
     let reload = |reason: &str| {
-        let reloaded = load(path).and_then(|(config, options, _)| {
-            RouteTable::new(config, options, Some(&table.load()), redis)
+        let reloaded = load(path).and_then(|loaded| {
+            RouteTable::new(loaded.proxy, loaded.options, Some(&table.load()), redis)
         });
         match reloaded {
             Ok(new) => {

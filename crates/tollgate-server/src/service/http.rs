@@ -172,6 +172,13 @@ fn bad_request(message: impl std::fmt::Display) -> Response {
 /// 400 (413 for a body over the limit, 415 without a JSON content type) with a JSON
 /// error naming the problem.
 fn rejected(e: JsonRejection) -> Response {
+    if crate::connections::is_body_timeout(&e) {
+        return (
+            StatusCode::REQUEST_TIMEOUT,
+            Json(json!({ "error": "the request body did not arrive within connections.body_timeout" })),
+        )
+            .into_response();
+    }
     let status = match e.status() {
         // axum says 422 for well-formed JSON of the wrong shape; a bad body is a 400.
         StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
@@ -13,6 +14,7 @@ use super::rules::DescriptorRules;
 use super::DecisionService;
 use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::{MainConfig, DEFAULT_GRPC, DEFAULT_HTTP};
+use crate::connections::{BodyTimeout, Slots};
 use crate::lifecycle::shutdown_signal;
 
 /// What `serve` runs with, after flags are applied to the file.
@@ -25,6 +27,8 @@ pub struct Settings {
     pub options: KeyedOptions,
     /// Request bounds.
     pub requests: crate::config::Requests,
+    /// Connection bounds, per listener.
+    pub connections: crate::config::Connections,
     /// The descriptor rules of every domain, loaded and validated.
     pub rules: DescriptorRules,
     /// Where the rules came from.
@@ -85,6 +89,7 @@ impl Settings {
             grpc,
             options,
             requests: main.requests,
+            connections: main.connections,
             rules,
             rules_source,
             rule_paths: paths,
@@ -140,19 +145,24 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     tokio::spawn(watch_rules(service.clone(), stop_rx.clone()));
-    let http_server = axum::serve(
+    let bounds = settings.connections;
+    crate::connections::warn_if_fd_limit_below(2 * bounds.max);
+    let http_server = crate::connections::serve_http(
         http_listener,
+        Slots::new(bounds),
         crate::service::http::router(service.clone(), admin),
-    )
-    .with_graceful_shutdown(stopped(stop_rx.clone()));
+        BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
+        stopped(stop_rx.clone()),
+    );
     let grpc_server = tonic::transport::Server::builder()
+        // A call, body included, within body_timeout: DEADLINE_EXCEEDED past it.
+        .timeout(Duration::from_micros(bounds.body_timeout))
         .add_service(crate::service::grpc::Grpc::server(service))
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc_listener),
+            crate::connections::incoming(grpc_listener, Slots::new(bounds)),
             stopped(stop_rx),
         );
-    let (h, g) = tokio::join!(http_server, grpc_server);
-    h?;
+    let ((), g) = tokio::join!(http_server, grpc_server);
     g?;
     println!("tollgate serve: stopped");
     Ok(())

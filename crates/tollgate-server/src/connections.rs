@@ -1,0 +1,346 @@
+//! Accepting and serving client connections within the `connections:` bounds, for
+//! `serve` (HTTP and gRPC) and the proxy alike.
+//!
+//! A rate limiter sees hostile traffic first, and the cheapest attacks on a server are
+//! not requests but connections: thousands held idle, headers or bodies sent a byte a
+//! second (slowloris), responses never read. Each is bounded here:
+//!
+//! - at most [`Connections::max`] connections per listener: past it, accepting waits for
+//!   one to close (new clients wait in the kernel's backlog, as nginx's
+//!   `worker_connections`);
+//! - HTTP/1 headers (and a keep-alive connection's wait for its next request) within
+//!   `header_timeout` (hyper's header read timeout); a new connection's first bytes
+//!   (before hyper knows whether it speaks HTTP/1 or HTTP/2) within the same bound
+//!   ([`Bounded::first_read_within`]);
+//! - a request body within `body_timeout` ([`BodyTimeout`]);
+//! - a response write that stalls longer than `send_timeout` closes the connection
+//!   ([`Bounded`]).
+//!
+//! What it costs: one semaphore permit per connection and one branch per read and
+//! write; a timer is armed only while a write is stalled or a first read awaited.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tower::ServiceExt;
+
+use crate::config::Connections;
+
+/// How long a stopping server lets open requests finish (the longest `/v1/acquire`
+/// wait) before it closes their connections.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(30);
+
+/// The connection slots of one listener (shared by the proxy's worker threads): at
+/// most [`Connections::max`] connections are open at once.
+#[derive(Clone)]
+pub struct Slots {
+    permits: Arc<Semaphore>,
+    bounds: Connections,
+}
+
+impl Slots {
+    /// Slots for `bounds.max` connections.
+    pub fn new(bounds: Connections) -> Slots {
+        Slots {
+            permits: Arc::new(Semaphore::new(bounds.max.clamp(1, Semaphore::MAX_PERMITS))),
+            bounds,
+        }
+    }
+
+    /// The bounds these slots enforce.
+    pub fn bounds(&self) -> &Connections {
+        &self.bounds
+    }
+
+    /// How many connections are open now.
+    pub fn open(&self) -> usize {
+        self.bounds.max - self.permits.available_permits()
+    }
+
+    /// Accepts the next connection once a slot is free. Errors that concern one
+    /// connection (reset before accept) are skipped; running out of file descriptors
+    /// is logged and retried after a pause, as other connections close.
+    pub async fn accept(&self, listener: &TcpListener) -> (Bounded<TcpStream>, SocketAddr) {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the slots' semaphore is never closed");
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let send_timeout = Duration::from_micros(self.bounds.send_timeout);
+                    return (Bounded::new(stream, permit, send_timeout), peer);
+                }
+                Err(e) if per_connection(&e) => continue,
+                Err(e) => {
+                    tracing::error!("accept failed ({e}); retrying in 100ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+fn per_connection(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// A client connection that holds its slot until dropped, fails a write stalled
+/// longer than the send timeout, and optionally a first read that does not come in
+/// time.
+pub struct Bounded<S> {
+    inner: S,
+    _slot: OwnedSemaphorePermit,
+    send_timeout: Duration,
+    /// Armed while a write is pending; fires the send timeout.
+    stalled: Option<Pin<Box<Sleep>>>,
+    /// Armed until the first byte arrives, when asked for.
+    first_read: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> Bounded<S> {
+    fn new(inner: S, slot: OwnedSemaphorePermit, send_timeout: Duration) -> Self {
+        Bounded {
+            inner,
+            _slot: slot,
+            send_timeout,
+            stalled: None,
+            first_read: None,
+        }
+    }
+
+    /// Fails reads with `TimedOut` unless the first byte arrives within `limit` (for
+    /// HTTP/2, whose server waits for the connection preface without a bound).
+    pub fn first_read_within(mut self, limit: Duration) -> Self {
+        self.first_read = Some(Box::pin(tokio::time::sleep(limit)));
+        self
+    }
+
+    /// Wraps one write attempt: pending arms the send timeout, progress disarms it.
+    fn write_with<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        attempt: impl FnOnce(Pin<&mut S>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>>
+    where
+        S: Unpin,
+    {
+        match attempt(Pin::new(&mut self.inner), cx) {
+            Poll::Ready(r) => {
+                self.stalled = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let limit = self.send_timeout;
+                let stalled = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                match stalled.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client did not read its response within connections.send_timeout",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Bounded<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    this.first_read = None;
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => match this.first_read.as_mut().map(|s| s.as_mut().poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client sent nothing within connections.header_timeout",
+                ))),
+                _ => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Bounded<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.write_with(cx, |s, cx| s.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.write_with(cx, |s, cx| s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.write_with(cx, |s, cx| s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.write_with(cx, |s, cx| s.poll_shutdown(cx))
+    }
+}
+
+impl tonic::transport::server::Connected for Bounded<TcpStream> {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+/// How [`serve_http`] bounds a request body in time.
+#[derive(Debug, Clone, Copy)]
+pub enum BodyTimeout {
+    /// The whole body within the bound (decision requests: small bodies).
+    Whole(Duration),
+    /// At most the bound between two reads (the proxy: uploads of any size at a
+    /// steady pace).
+    BetweenReads(Duration),
+}
+
+/// Whether `error` (a body read's, anywhere in its chain) is a [`BodyTimeout`] firing.
+pub fn is_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut e = Some(error);
+    while let Some(err) = e {
+        if err.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        e = err.source();
+    }
+    false
+}
+
+/// Serves `app` (HTTP/1.1, and HTTP/2 with prior knowledge) on `listener` within
+/// `slots`' bounds until `stop` resolves; then stops accepting, lets open requests
+/// finish for up to [`DRAIN_GRACE`], and returns. Handlers see the peer as
+/// [`ConnectInfo<SocketAddr>`].
+pub async fn serve_http(
+    listener: TcpListener,
+    slots: Slots,
+    app: Router,
+    body: BodyTimeout,
+    stop: impl Future<Output = ()>,
+) {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_micros(slots.bounds.header_timeout));
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    // Before hyper's header timer runs, the protocol sniff waits for the first bytes
+    // without a bound of its own.
+    let first_read = Duration::from_micros(slots.bounds.header_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(stop);
+    loop {
+        let (io, peer) = tokio::select! {
+            accepted = slots.accept(&listener) => accepted,
+            _ = &mut stop => break,
+        };
+        let io = io.first_read_within(first_read);
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+            let mut req = req.map(|b| match body {
+                BodyTimeout::Whole(d) => Body::new(tower_http::timeout::DeadlineBody::new(d, b)),
+                BodyTimeout::BetweenReads(d) => {
+                    Body::new(tower_http::timeout::TimeoutBody::new(d, b))
+                }
+            });
+            req.extensions_mut().insert(ConnectInfo(peer));
+            app.clone().oneshot(req)
+        });
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection from {peer} ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(DRAIN_GRACE, graceful.shutdown()).await;
+}
+
+/// The connections accepted on `listener` within `slots`, as a stream for tonic's
+/// `serve_with_incoming_shutdown`; each must send its first bytes (the HTTP/2 preface)
+/// within `header_timeout`.
+pub fn incoming(
+    listener: TcpListener,
+    slots: Slots,
+) -> impl futures_util::Stream<Item = io::Result<Bounded<TcpStream>>> {
+    let first_read = Duration::from_micros(slots.bounds.header_timeout);
+    futures_util::stream::unfold((listener, slots), move |(listener, slots)| async move {
+        let (io, _) = slots.accept(&listener).await;
+        let io = io.first_read_within(first_read);
+        Some((Ok(io), (listener, slots)))
+    })
+}
+
+/// Warns when the process may not open `max` connections: its open-file limit
+/// (Linux: `/proc/self/limits`) is below `max` plus a margin for its own files.
+pub fn warn_if_fd_limit_below(max: usize) {
+    let Ok(limits) = std::fs::read_to_string("/proc/self/limits") else {
+        return;
+    };
+    let soft = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse::<usize>().ok());
+    if let Some(soft) = soft {
+        if soft < max + 64 {
+            eprintln!(
+                "tollgate: warning: the open-file limit ({soft}) is below connections.max \
+                 ({max}) plus 64; raise it (ulimit -n) or lower connections.max"
+            );
+        }
+    }
+}
