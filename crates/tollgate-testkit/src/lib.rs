@@ -6,7 +6,7 @@
 //! ([`run_children`], [`timing_sensitive`], [`rt`]); real nginx ([`Nginx`]) on a clock
 //! the test steps ([`FrozenClock`], libfaketime); raw clients that misbehave on purpose
 //! ([`dribble`], [`idle`]) and a process's open files and memory ([`open_fds`],
-//! [`rss_kib`]).
+//! [`rss_kib`]); a relay that adds latency on the way to a server ([`DelayRelay`]).
 //!
 //! `scripts/test.sh` installs `redis-server` / `redis-tools`, `nginx` and `faketime`
 //! when they are missing.
@@ -18,11 +18,13 @@ mod clients;
 mod nginx;
 mod process;
 mod redis;
+mod relay;
 
 pub use clients::{dribble, idle, open_fds, read_until_closed, rss_kib, Ended};
 pub use nginx::{FrozenClock, Nginx, LIBFAKETIME};
 pub use process::{distinct_ports, free_port, release, Killed};
 pub use redis::{rt, run_children, timing_sensitive, RedisServers};
+pub use relay::DelayRelay;
 
 /// Sleeps past the end of the current clock-aligned window of `window` (windows start
 /// at multiples of it since the Unix epoch, as `fixed-window` and Envoy's units do)

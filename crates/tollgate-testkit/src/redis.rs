@@ -15,6 +15,8 @@ pub struct RedisServers {
     /// Their ports, in start order.
     pub ports: Vec<u16>,
     dir: PathBuf,
+    /// Each server's arguments, to start it again the same way.
+    args: Vec<Vec<String>>,
 }
 
 impl RedisServers {
@@ -42,13 +44,20 @@ impl RedisServers {
 
     /// A Cluster of three masters (no replicas), slots assigned.
     pub fn cluster() -> RedisServers {
-        let mut s = RedisServers::spawn(3, true, &[]);
+        RedisServers::cluster_of(0, &[])
+    }
+
+    /// A Cluster of three masters with `replicas` replicas each (servers 0-2 are the
+    /// masters), slots assigned; `extra` goes to every `redis-server` (e.g. a short
+    /// `--cluster-node-timeout` for a quick failover).
+    pub fn cluster_of(replicas: usize, extra: &[&str]) -> RedisServers {
+        let mut s = RedisServers::spawn(3 * (1 + replicas), true, extra);
         s.wait_ready();
         let nodes: Vec<String> = s.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&nodes)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
         assert!(
@@ -71,6 +80,17 @@ impl RedisServers {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
+        // And every replica has its master's data (a replica that never synced
+        // cannot take over).
+        for i in 3..s.ports.len() {
+            while !s
+                .cli(i, &["info", "replication"])
+                .contains("master_link_status:up")
+            {
+                assert!(Instant::now() < deadline, "replica {i} did not sync");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         s
     }
 
@@ -84,30 +104,38 @@ impl RedisServers {
         std::fs::create_dir_all(&dir).unwrap();
         let mut children = Vec::new();
         let mut ports = Vec::new();
+        let mut all_args = Vec::new();
         for (i, port) in distinct_ports(n).into_iter().enumerate() {
-            let mut cmd = Command::new("redis-server");
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
+            // Defaults first: a later argument (in `extra`) wins.
+            let mut args: Vec<String> = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+            args.extend(["--port".into(), port.to_string()]);
+            args.extend(["--dir".into(), dir.display().to_string()]);
             if cluster {
-                cmd.args(["--cluster-enabled", "yes", "--cluster-config-file"])
-                    .arg(format!("nodes-{i}-{port}.conf"));
+                args.extend(["--cluster-enabled".into(), "yes".into()]);
+                args.extend([
+                    "--cluster-config-file".into(),
+                    format!("nodes-{i}-{port}.conf"),
+                ]);
             }
-            children.push(
-                cmd.spawn()
-                    .expect("redis-server (scripts/test.sh installs it)"),
-            );
+            args.extend(extra.iter().map(|a| a.to_string()));
+            children.push(spawn_server(&args));
             ports.push(port);
+            all_args.push(args);
         }
         RedisServers {
             children,
             ports,
             dir,
+            args: all_args,
         }
+    }
+
+    /// The process id of server `i`.
+    pub fn pid(&self, i: usize) -> u32 {
+        self.children[i].id()
     }
 
     fn wait_ready(&mut self) {
@@ -158,20 +186,12 @@ impl RedisServers {
         assert!(status.success(), "kill {signal} failed");
     }
 
-    /// Starts server `i` again on its port.
+    /// Starts server `i` again on its port, with the arguments it first had (so a
+    /// server with `--appendonly yes` reloads its data).
     pub fn restart(&mut self, i: usize) {
         let port = self.ports[i];
-        let spawn = || {
-            Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&self.dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
-        };
+        let args = self.args[i].clone();
+        let spawn = || spawn_server(&args);
         // A server that exits at once could not bind yet (the old socket lingering on
         // a loaded machine): start it again until it stays up.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -192,6 +212,15 @@ impl RedisServers {
         self.children[i] = child;
         self.wait_ready();
     }
+}
+
+fn spawn_server(args: &[String]) -> Child {
+    Command::new("redis-server")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (scripts/test.sh installs it)")
 }
 
 impl Drop for RedisServers {
