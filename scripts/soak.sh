@@ -3,7 +3,8 @@
 # with key churn (random keys among a million, past the 200k keys bound, so eviction
 # runs all the time) and a reload every 30 s (SIGHUP), on the memory store or on a
 # redis-server started here. Samples each process's RSS and open file descriptors
-# every 5 s into target/soak/samples.csv and checks that they stay flat: RSS at the
+# every 5 s into target/soak/STORE/samples.csv, charts them (soak.png beside it, drawn
+# by `tollgate plot`) and checks that they stay flat: RSS at the
 # end within 15 % of RSS at the half-way point (the first half fills the key tables),
 # descriptors at the end within 10 of the half-way count,
 # no transport errors (the limits' own 429s are expected), both processes alive.
@@ -18,7 +19,7 @@ cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-out=target/soak; rm -rf "$out"; mkdir -p "$out"
+out=target/soak/$store; rm -rf "$out"; mkdir -p "$out"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 store_yaml="  kind: memory"
@@ -84,6 +85,8 @@ while :; do
   sleep 5
 done
 wait $load1 $load2 $load3 || true
+"$bin" plot --csv "$out/samples.csv" --out "$out/soak.png" \
+  --title "tollgate soak: $minutes min, $store store (serve + proxy, key churn, reloads)"
 alive=1; kill -0 "$serve" 2>/dev/null && kill -0 "$proxy" 2>/dev/null || alive=0
 python3 - "$out" "$alive" <<'PY'
 import csv, re, sys

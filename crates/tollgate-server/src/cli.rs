@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::bench::BenchCommand;
+use crate::offline::plot::PlotArgs;
 use crate::offline::replay::ReplayArgs;
 use crate::offline::simulate::SimulateArgs;
 use crate::proxy::ProxyArgs;
@@ -37,6 +38,9 @@ enum Command {
     /// virtual clock and print one decision per request
     /// (`t_us,key,cost,allowed,remaining,wait_us`).
     Replay(ReplayArgs),
+    /// Chart a CSV of samples over time (first column x, the others series grouped by
+    /// unit suffix), e.g. the soak script's memory and open files.
+    Plot(PlotArgs),
 }
 
 /// Runs the command `cli` names.
@@ -48,5 +52,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Proxy(args) => crate::proxy::command(args),
         Command::Bench(cmd) => crate::bench::command(cmd),
         Command::CheckConfig(args) => crate::service::serve::check_config(args),
+        Command::Plot(args) => crate::offline::plot::command(args),
     }
 }

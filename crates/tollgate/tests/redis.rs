@@ -283,23 +283,13 @@ fn redis_killed_mid_load_then_restarted() {
     use std::time::Duration;
     let mut servers = RedisServers::standalone();
     let rt = rt();
-    let limiter = rt.block_on(async {
-        let opts = tollgate::redis::RedisOptions {
-            timeout: Duration::from_millis(200),
-            ..Default::default()
-        };
-        let store = RedisStore::connect_with(&servers.url(), opts)
-            .await
-            .unwrap();
-        let opts = tollgate::redis::RedisLimiterOptions {
-            on_error: tollgate::redis::OnError::FailClosed,
-            probe_interval: Duration::from_millis(250),
-            ..Default::default()
-        };
-        // Redis admits everything: an admit means Redis decided, a reject the policy.
-        let rules = RuleSet::parse(&["fixed-window:limit=1000000,window=1h"]).unwrap();
-        RedisLimiter::with_options(store, "fault", rules, opts).unwrap()
-    });
+    // Redis admits everything: an admit means Redis decided, a reject the policy.
+    let limiter = fault_limiter(
+        &rt,
+        &servers.url(),
+        "fault",
+        "fixed-window:limit=1000000,window=1h",
+    );
     let start = std::time::Instant::now();
     let load = {
         let limiter = limiter.clone();
@@ -513,27 +503,15 @@ fn redis_frozen_or_sleeping_answers_within_the_timeout_and_never_over_admits() {
     use std::time::Duration;
     let servers = RedisServers::standalone_with(&["--enable-debug-command", "yes"]);
     let rt = rt();
-    let limiter = |rules: &str, name: &str| {
-        rt.block_on(async {
-            let opts = tollgate::redis::RedisOptions {
-                timeout: Duration::from_millis(200),
-                ..Default::default()
-            };
-            let store = RedisStore::connect_with(&servers.url(), opts)
-                .await
-                .unwrap();
-            let opts = tollgate::redis::RedisLimiterOptions {
-                on_error: tollgate::redis::OnError::FailClosed,
-                probe_interval: Duration::from_millis(250),
-                ..Default::default()
-            };
-            let rules = RuleSet::parse(&[rules]).unwrap();
-            RedisLimiter::with_options(store, name, rules, opts).unwrap()
-        })
-    };
     // Admits everything: an admit means Redis decided, a reject the failure policy.
-    let open = limiter("fixed-window:limit=1000000,window=1h", "frozen-open");
-    let tight = limiter("sliding-log:limit=60,window=1h", "frozen-tight");
+    let url = servers.url();
+    let open = fault_limiter(
+        &rt,
+        &url,
+        "frozen-open",
+        "fixed-window:limit=1000000,window=1h",
+    );
+    let tight = fault_limiter(&rt, &url, "frozen-tight", "sliding-log:limit=60,window=1h");
     let start = std::time::Instant::now();
     let load = {
         let (open, tight) = (open.clone(), tight.clone());

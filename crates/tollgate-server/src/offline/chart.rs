@@ -1,7 +1,11 @@
-//! Charts for `tollgate simulate`: one panel per policy over time — offered, admitted,
-//! rejected and delayed requests per time bucket, the limit line, the worst window
-//! marked, and the mean wait on a second axis. SVG or PNG (plotters; the PNG's text
-//! uses an embedded Liberation Sans, so no system font is needed).
+//! Charts, SVG or PNG (plotters; the PNG's text uses an embedded Liberation Sans, so
+//! no system font is needed):
+//!
+//! - [`draw`], for `tollgate simulate`: one panel per policy over time — offered,
+//!   admitted, rejected and delayed requests per time bucket, the limit line, the
+//!   worst window marked, and the mean wait on a second axis;
+//! - [`draw_samples`], for `tollgate plot`: measured series over time (the soak
+//!   script's memory and open files), one panel per unit.
 
 use std::path::Path;
 
@@ -13,6 +17,32 @@ use crate::offline::run::{Fate, Summary};
 
 /// The font for PNG text (SIL OFL 1.1, see assets/LiberationSans-OFL.txt).
 static FONT: &[u8] = include_bytes!("../../assets/LiberationSans-Regular.ttf");
+
+/// Draws `paint(root, args...)` on an SVG or PNG backend, chosen by `path`'s
+/// extension, `WIDTH` x `height` pixels.
+macro_rules! render {
+    ($path:expr, $height:expr, $paint:ident ( $($arg:expr),* )) => {{
+        let path: &Path = $path;
+        // Both backends measure text with it. Registering twice is harmless.
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("svg") => {
+                let root = SVGBackend::new(path, (WIDTH, $height)).into_drawing_area();
+                $paint(&root, $($arg),*)?;
+                root.present()
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
+            Some("png") => {
+                let root = BitMapBackend::new(path, (WIDTH, $height)).into_drawing_area();
+                $paint(&root, $($arg),*)?;
+                root.present()
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
+            _ => bail!("--out must end in .svg or .png: {}", path.display()),
+        }
+        Ok(())
+    }};
+}
 
 /// Chart width in pixels; each panel is `PANEL_HEIGHT` tall.
 pub const WIDTH: u32 = 1200;
@@ -29,22 +59,84 @@ pub fn draw(
     duration_us: u64,
 ) -> anyhow::Result<()> {
     let height = TITLE_HEIGHT + PANEL_HEIGHT * runs.len().max(1) as u32;
-    // Both backends measure text with it. Registering twice is harmless.
-    let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("svg") => {
-            let root = SVGBackend::new(path, (WIDTH, height)).into_drawing_area();
-            draw_on(&root, title, runs, duration_us)?;
-            root.present()
-                .with_context(|| format!("cannot write {}", path.display()))?;
+    render!(path, height, draw_on(title, runs, duration_us))
+}
+
+/// One panel of [`draw_samples`]: a y-axis description and its named series of
+/// `(x, y)` points.
+pub struct Panel {
+    /// What the y axis measures, with its unit.
+    pub y_desc: String,
+    /// The series drawn in it, by name.
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+/// Draws measured series over time to `path` (`.svg` or `.png`), one panel each.
+pub fn draw_samples(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    panels: &[Panel],
+) -> anyhow::Result<()> {
+    let height = TITLE_HEIGHT + PANEL_HEIGHT * panels.len().max(1) as u32;
+    render!(path, height, draw_samples_on(title, x_desc, panels))
+}
+
+fn draw_samples_on<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    x_desc: &str,
+    panels: &[Panel],
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    const COLORS: [RGBColor; 4] = [
+        RGBColor(30, 110, 200),
+        RGBColor(210, 90, 30),
+        RGBColor(30, 150, 60),
+        RGBColor(120, 60, 170),
+    ];
+    root.fill(&WHITE).map_err(err)?;
+    let (head, body) = root.split_vertically(TITLE_HEIGHT);
+    head.titled(title, ("sans-serif", 22)).map_err(err)?;
+    let areas = body.split_evenly((panels.len().max(1), 1));
+    for (area, panel) in areas.iter().zip(panels) {
+        let points = panel.series.iter().flat_map(|(_, p)| p.iter());
+        let xmax = points.clone().map(|p| p.0).fold(1.0, f64::max);
+        // From zero, so that a flat line looks flat, with headroom for the legend.
+        let ymax = points.map(|p| p.1).fold(1.0, f64::max) * 1.3;
+        let mut chart = ChartBuilder::on(area)
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..xmax, 0f64..ymax)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc(&panel.y_desc)
+            .label_style(("sans-serif", 13))
+            .axis_desc_style(("sans-serif", 14))
+            .draw()
+            .map_err(err)?;
+        for ((name, data), color) in panel.series.iter().zip(COLORS.iter().cycle()) {
+            chart
+                .draw_series(LineSeries::new(data.iter().copied(), color.stroke_width(2)))
+                .map_err(err)?
+                .label(name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
+                });
         }
-        Some("png") => {
-            let root = BitMapBackend::new(path, (WIDTH, height)).into_drawing_area();
-            draw_on(&root, title, runs, duration_us)?;
-            root.present()
-                .with_context(|| format!("cannot write {}", path.display()))?;
-        }
-        _ => bail!("--out must end in .svg or .png: {}", path.display()),
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(err)?;
     }
     Ok(())
 }
