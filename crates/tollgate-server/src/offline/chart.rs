@@ -62,13 +62,16 @@ pub fn draw(
     render!(path, height, draw_on(title, runs, duration_us))
 }
 
-/// One panel of [`draw_samples`]: a y-axis description and its named series of
-/// `(x, y)` points.
+/// A named series of `(x, y)` points.
+pub type Series = (String, Vec<(f64, f64)>);
+
+/// One panel of [`draw_samples`]: a y-axis description and its series.
+#[derive(Debug)]
 pub struct Panel {
     /// What the y axis measures, with its unit.
     pub y_desc: String,
-    /// The series drawn in it, by name.
-    pub series: Vec<(String, Vec<(f64, f64)>)>,
+    /// The series drawn in it.
+    pub series: Vec<Series>,
 }
 
 /// Draws measured series over time to `path` (`.svg` or `.png`), one panel each.

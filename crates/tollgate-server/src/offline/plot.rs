@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Parser;
 
-use crate::offline::chart::{draw_samples, Panel};
+use crate::offline::chart::{draw_samples, Panel, Series};
 
 #[derive(Debug, Parser)]
 /// `tollgate plot` arguments.
@@ -52,7 +52,7 @@ pub fn panels(text: &str) -> anyhow::Result<(String, Vec<Panel>)> {
             column.push((x, number(j + 1)?));
         }
     }
-    let mut by_unit: BTreeMap<String, Vec<(String, Vec<(f64, f64)>)>> = BTreeMap::new();
+    let mut by_unit: BTreeMap<String, Vec<Series>> = BTreeMap::new();
     for (name, mut points) in header[1..].iter().zip(columns) {
         let (series, unit) = name.rsplit_once('_').unwrap_or((name.as_str(), ""));
         let (series, unit) = match series.rsplit_once('_') {
