@@ -117,6 +117,63 @@ async fn two_servers_share_one_limit_in_redis() {
     assert_eq!(check(&b, "user", "bob").await.0, 200);
 }
 
+/// Two instances whose wall clocks disagree by three hours (libfaketime shifts one's
+/// `CLOCK_REALTIME`) share one Redis: the decision scripts take time from Redis
+/// `TIME`, so they decide as one — the same admissions, and retry times that agree.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server and runs tollgate under libfaketime: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_skewed_clocks_on_one_redis_agree() {
+    let redis = RedisServers::standalone();
+    let dir = config(&format!("  kind: redis\n  url: {}\n", redis.url()));
+    let path = dir.path.join("tollgate.yaml");
+    let a = start(&path);
+    let b = serve_process::start(
+        &["--config", path.to_str().unwrap()],
+        &[
+            ("LD_PRELOAD", testkit::LIBFAKETIME),
+            ("FAKETIME", "-10800"),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    assert!(b.banner.contains("redis store"), "{}", b.banner);
+    // The skew is real: b's Date header is three hours behind a's.
+    let date = |h: &http::HeaderMap| h["date"].to_str().unwrap().to_string();
+    let (_, ha, _) = request(&a, "GET", "/healthz", "", None).await;
+    let (_, hb, _) = request(&b, "GET", "/healthz", "", None).await;
+    let hour = |d: &str| d.split(' ').nth(4).unwrap()[..2].parse::<i32>().unwrap();
+    assert_eq!(
+        (hour(&date(&ha)) - hour(&date(&hb))).rem_euclid(24),
+        3,
+        "{} vs {}",
+        date(&ha),
+        date(&hb)
+    );
+    assert_eq!(alternate(&a, &b, 12).await, 5);
+    let mut codes = Vec::new();
+    let mut retry = Vec::new();
+    for i in 0..4 {
+        let (status, _, v) = request(
+            if i % 2 == 0 { &a } else { &b },
+            "POST",
+            "/v1/check",
+            r#"{"domain":"shared","descriptors":[{"entries":[{"key":"paced","value":"skew"}]}]}"#,
+            None,
+        )
+        .await;
+        codes.push(status);
+        if let Some(ms) = v["statuses"][0]["retry_after_ms"].as_u64() {
+            retry.push(ms);
+        }
+    }
+    assert_eq!(codes, [200, 200, 429, 429]);
+    // Both rejects name the same instant (within the time between the two calls).
+    assert_eq!(retry.len(), 2, "{retry:?}");
+    assert!(retry[0].abs_diff(retry[1]) < 500, "{retry:?}");
+}
+
 #[cfg_attr(
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
