@@ -345,7 +345,10 @@ pub async fn serve_http(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_micros(slots.bounds.header_timeout));
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(slots.bounds.max_streams);
     let builder = Arc::new(builder);
     // Before hyper's header timer runs, the protocol sniff waits for the first bytes
     // without a bound of its own.

@@ -154,6 +154,10 @@ pub struct Connections {
     /// 30s; nginx's `send_timeout`): past it the connection is closed.
     #[serde(default = "default_send_timeout", deserialize_with = "duration_us")]
     pub send_timeout: u64,
+    /// The most HTTP/2 streams (gRPC calls) open at once on one connection (default
+    /// 1024); a client past it waits for a stream to end, as HTTP/2 says.
+    #[serde(default = "default_max_streams")]
+    pub max_streams: u32,
 }
 
 impl Default for Connections {
@@ -163,12 +167,17 @@ impl Default for Connections {
             header_timeout: default_header_timeout(),
             body_timeout: default_body_timeout(),
             send_timeout: default_send_timeout(),
+            max_streams: default_max_streams(),
         }
     }
 }
 
 fn default_max_connections() -> usize {
     4096
+}
+
+fn default_max_streams() -> u32 {
+    1024
 }
 
 fn default_header_timeout() -> u64 {
@@ -208,8 +217,8 @@ impl MainConfig {
     /// relative to `base`.
     pub fn parse(text: &str, base: &Path) -> anyhow::Result<Self> {
         let config: MainConfig = serde_yaml_ng::from_str(text)?;
-        if config.connections.max == 0 {
-            anyhow::bail!("connections.max: must be at least 1");
+        if config.connections.max == 0 || config.connections.max_streams == 0 {
+            anyhow::bail!("connections.max and connections.max_streams: must be at least 1");
         }
         Ok(MainConfig {
             rules: config.rules.iter().map(|r| base.join(r)).collect(),

@@ -12,4 +12,4 @@ mod problem;
 mod routes;
 pub mod server;
 
-pub use server::{command, load, run, ProxyArgs};
+pub use server::{app, command, load, run, ProxyArgs};

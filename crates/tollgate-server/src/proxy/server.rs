@@ -77,6 +77,29 @@ pub struct ProxySettings {
     pub connections: Connections,
 }
 
+/// One worker's request handling over the shared routes, with its own upstream
+/// connection pool. Handlers need the peer as `ConnectInfo<SocketAddr>`.
+fn router(table: Arc<ArcSwap<RouteTable>>, connect_timeout: Duration) -> axum::Router {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+    axum::Router::new()
+        .fallback(handle)
+        .with_state(Arc::new(Proxy { table, client }))
+}
+
+/// The proxy's request handling for `config` on the memory store, as one worker
+/// serves it, without a listener: for tests and fuzzing, which insert the peer's
+/// `ConnectInfo<SocketAddr>` themselves.
+pub fn app(config: ProxyConfig, options: KeyedOptions) -> anyhow::Result<axum::Router> {
+    let connect_timeout = Duration::from_micros(config.connect_timeout.unwrap_or(5_000_000));
+    let table = RouteTable::new(config, options, None, None)?;
+    Ok(router(
+        Arc::new(ArcSwap::from_pointee(table)),
+        connect_timeout,
+    ))
+}
+
 /// Loads the `proxy:` section of a main config, with the sections it uses.
 pub fn load(path: &std::path::Path) -> anyhow::Result<ProxySettings> {
     let mut main = crate::config::MainConfig::load(path)?;
@@ -198,12 +221,7 @@ fn spawn_worker(
             if let Some(r) = report {
                 let _ = r.send(Ok(listener.local_addr()?));
             }
-            let mut connector = HttpConnector::new();
-            connector.set_connect_timeout(Some(connect_timeout));
-            let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
-            let app = axum::Router::new()
-                .fallback(handle)
-                .with_state(Arc::new(Proxy { table, client }));
+            let app = router(table, connect_timeout);
             let body =
                 BodyTimeout::BetweenReads(Duration::from_micros(slots.bounds().body_timeout));
             let stop = crate::lifecycle::shutdown_signal();

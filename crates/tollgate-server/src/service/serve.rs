@@ -157,6 +157,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let grpc_server = tonic::transport::Server::builder()
         // A call, body included, within body_timeout: DEADLINE_EXCEEDED past it.
         .timeout(Duration::from_micros(bounds.body_timeout))
+        .max_concurrent_streams(bounds.max_streams)
         .add_service(crate::service::grpc::Grpc::server(service))
         .serve_with_incoming_shutdown(
             crate::connections::incoming(grpc_listener, Slots::new(bounds)),
