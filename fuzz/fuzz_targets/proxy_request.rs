@@ -35,7 +35,7 @@ proxy:
       match: { host: example.com }
       upstream: http://127.0.0.1:9/base
       key: cookie:session+path
-      policies: ["limit-req:rate=1/s,burst=2,delay=1"]
+      policies: ["limit-req:rate=1/s,burst=2,nodelay"]
     - name: exact
       match: { path: /login }
       upstream: http://127.0.0.1:9
