@@ -16,6 +16,16 @@ use crate::service::serve::{CheckConfigArgs, ServeArgs};
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The log lines' format on stderr: text (colours only on a terminal) or json (one
+    /// object per line). `RUST_LOG` filters them.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "TOLLGATE_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: crate::logging::LogFormat,
 }
 
 #[derive(Debug, Subcommand)]

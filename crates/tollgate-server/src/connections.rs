@@ -409,9 +409,9 @@ pub fn warn_if_fd_limit_below(max: usize) {
         .and_then(|v| v.parse::<usize>().ok());
     if let Some(soft) = soft {
         if soft < max + 64 {
-            eprintln!(
-                "tollgate: warning: the open-file limit ({soft}) is below connections.max \
-                 ({max}) plus 64; raise it (ulimit -n) or lower connections.max"
+            tracing::warn!(
+                "the open-file limit ({soft}) is below connections.max ({max}) plus 64; \
+                 raise it (ulimit -n) or lower connections.max"
             );
         }
     }

@@ -14,7 +14,8 @@
 //!   `connections:` bounds (count, header, body and send timeouts);
 //! - [`config`]: the main configuration file (listeners, `store:`, `keys:`, `admin:`,
 //!   `proxy:`) and its validation;
-//! - [`lifecycle`]: what reloads a server (SIGHUP, changed files) and what stops it.
+//! - [`lifecycle`]: what reloads a server (SIGHUP, changed files) and what stops it;
+//! - [`logging`]: where log lines go and their format (text or JSON).
 
 #![forbid(unsafe_code)]
 
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod config;
 pub mod connections;
 pub mod lifecycle;
+pub mod logging;
 pub mod offline;
 pub mod proxy;
 pub mod service;

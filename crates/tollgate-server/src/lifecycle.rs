@@ -30,16 +30,32 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// Calls `reload(reason)` on SIGHUP and whenever a file under `paths` changes, until
-/// `stop` resolves.
+/// The SIGHUPs a server has caught (none on platforms without signals).
+#[cfg(unix)]
+pub type Hangups = Option<tokio::signal::unix::Signal>;
+/// The SIGHUPs a server has caught (none on platforms without signals).
+#[cfg(not(unix))]
+pub type Hangups = Option<()>;
+
+/// SIGHUP, caught from now on: until this is called a SIGHUP ends the process (the
+/// default action), so a server calls it before it says it is up. Call within a tokio
+/// runtime.
+pub fn hangups() -> Hangups {
+    #[cfg(unix)]
+    return tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    #[cfg(not(unix))]
+    None
+}
+
+/// Calls `reload(reason)` on each SIGHUP of `hup` (from [`hangups`]) and whenever a
+/// file under `paths` changes, until `stop` resolves.
 pub async fn watch(
     paths: Vec<PathBuf>,
+    #[cfg_attr(not(unix), allow(unused_mut, unused_variables))] mut hup: Hangups,
     mut reload: impl FnMut(&str),
     stop: impl Future<Output = ()>,
 ) {
     let mut last = stamp(&paths);
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     tokio::pin!(stop);
     loop {
         #[cfg(unix)]

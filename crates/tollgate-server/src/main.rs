@@ -1,4 +1,4 @@
-//! The `tollgate` binary: logging, the allocator, then the command line
+//! The `tollgate` binary: the allocator, the command line, logging, then the command
 //! (`tollgate_server::cli`); each command lives in its own module of the library.
 
 use std::process::ExitCode;
@@ -9,19 +9,13 @@ use std::process::ExitCode;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    // Library events (Redis outages and recoveries, lost leases) to stderr; RUST_LOG
-    // filters (default: warnings and errors).
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
     let cli = <tollgate_server::cli::Cli as clap::Parser>::parse();
+    // Events (reloads, Redis outages and recoveries, lost leases) to stderr.
+    tollgate_server::logging::init(cli.log_format);
     match tollgate_server::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // The one line a failed command ends with, plain for a person or a script.
             eprintln!("tollgate: {e:#}");
             ExitCode::from(2)
         }

@@ -146,10 +146,13 @@ pub fn run(
         None,
         redis.as_ref(),
     )?));
+    let (catching_tx, catching) = std::sync::mpsc::channel::<()>();
     let reloader = {
         let (table, path, redis) = (table.clone(), path.to_path_buf(), redis.clone());
-        std::thread::spawn(move || watch(&path, &table, redis.as_ref()))
+        std::thread::spawn(move || watch(&path, &table, redis.as_ref(), catching_tx))
     };
+    // SIGHUP is caught before the proxy says it is up (else it would end the process).
+    let _ = catching.recv();
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The first worker binds (resolving port 0) and reports the address.
     let (bound_tx, bound_rx) = std::sync::mpsc::channel::<anyhow::Result<SocketAddr>>();
@@ -234,8 +237,14 @@ fn spawn_worker(
 /// Reloads the `proxy:` section on SIGHUP and when the file changes (checked every
 /// second). A bad file is rejected with a logged error and the old routes stay;
 /// unchanged routes keep their counters. The store stays the one the proxy started
-/// with (a changed `store:` section takes a restart).
-fn watch(path: &std::path::Path, table: &ArcSwap<RouteTable>, redis: Option<&RedisBackend>) {
+/// with (a changed `store:` section takes a restart). Says on `catching` once SIGHUP
+/// is caught.
+fn watch(
+    path: &std::path::Path,
+    table: &ArcSwap<RouteTable>,
+    redis: Option<&RedisBackend>,
+    catching: std::sync::mpsc::Sender<()>,
+) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -249,15 +258,20 @@ fn watch(path: &std::path::Path, table: &ArcSwap<RouteTable>, redis: Option<&Red
         match reloaded {
             Ok(new) => {
                 table.store(Arc::new(new));
-                eprintln!("tollgate proxy: configuration reloaded ({reason})");
+                tracing::info!(reason, "tollgate proxy: configuration reloaded ({reason})");
             }
-            Err(e) => eprintln!(
+            Err(e) => tracing::error!(
+                reason,
+                error = %format!("{e:#}"),
                 "tollgate proxy: reload rejected, the previous routes stay in force: {e:#}"
             ),
         }
     };
+    let hup = runtime.block_on(async { crate::lifecycle::hangups() });
+    let _ = catching.send(());
     runtime.block_on(crate::lifecycle::watch(
         vec![path.to_path_buf()],
+        hup,
         reload,
         std::future::pending::<()>(),
     ));

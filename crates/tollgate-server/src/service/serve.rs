@@ -1,6 +1,7 @@
 //! `tollgate serve`: resolve the settings (file, then flags), bind the listeners, serve
 //! until SIGTERM or Ctrl-C, then drain.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -128,6 +129,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .map(|(d, _)| d.to_string())
         .collect();
     domains.sort();
+    // Caught before the banner: a SIGHUP right after it must reload, not kill.
+    let hup = crate::lifecycle::hangups();
     println!(
         "tollgate serve: HTTP on http://{http} and Envoy RLS gRPC on {grpc} ({}) with {}",
         settings.store.describe(),
@@ -144,7 +147,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    tokio::spawn(watch_rules(service.clone(), stop_rx.clone()));
+    tokio::spawn(watch_rules(service.clone(), hup, stop_rx.clone()));
     let bounds = settings.connections;
     crate::connections::warn_if_fd_limit_below(2 * bounds.max);
     let http_server = crate::connections::serve_http(
@@ -165,26 +168,36 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         );
     let ((), g) = tokio::join!(http_server, grpc_server);
     g?;
-    println!("tollgate serve: stopped");
+    // Whoever read the banner may be gone (`| head -1`): not a reason to panic.
+    let _ = writeln!(std::io::stdout(), "tollgate serve: stopped");
     Ok(())
 }
 
 /// Reloads the rules on SIGHUP and when a rule file changes (checked every second).
-async fn watch_rules(service: Arc<DecisionService>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    if service.sources().is_empty() {
-        return;
-    }
+async fn watch_rules(
+    service: Arc<DecisionService>,
+    hup: crate::lifecycle::Hangups,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let paths = service.sources().to_vec();
     let reload = |reason: &str| match service.reload() {
-        Ok(()) => eprintln!("tollgate serve: rules reloaded ({reason})"),
-        Err(e) => {
-            eprintln!("tollgate serve: reload rejected, the previous rules stay in force: {e}")
+        _ if paths.is_empty() => {
+            tracing::info!(
+                reason,
+                "tollgate serve: the built-in rules are in force: nothing to reload"
+            )
         }
+        Ok(()) => tracing::info!(reason, "tollgate serve: rules reloaded ({reason})"),
+        Err(e) => tracing::error!(
+            reason,
+            error = %e,
+            "tollgate serve: reload rejected, the previous rules stay in force: {e}"
+        ),
     };
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
-    crate::lifecycle::watch(paths, reload, stopped).await;
+    crate::lifecycle::watch(paths.clone(), hup, reload, stopped).await;
 }
 
 #[derive(Debug, Parser)]
