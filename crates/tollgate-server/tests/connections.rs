@@ -4,6 +4,10 @@
 //! bound, the server stays up, and a bystander key's count moves only by its own
 //! checks.
 
+// Each test holds the serializing guard for its whole run on its own runtime: the
+// guard orders whole tests, not tasks within one.
+#![allow(clippy::await_holding_lock)]
+
 #[path = "support/serve.rs"]
 mod serve_process;
 
