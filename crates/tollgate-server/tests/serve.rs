@@ -703,3 +703,50 @@ async fn the_envoy_documentation_examples_behave_as_documented() {
         vec![0]
     );
 }
+
+/// Envoy ratelimit's `/healthcheck`: `OK` while serving; after SIGTERM, with
+/// `listen.drain_delay`, it fails (and `/readyz` too) while decisions are still
+/// answered for the delay, then the server stops.
+#[tokio::test]
+async fn healthcheck_fails_while_draining_then_the_server_stops() {
+    let dir = std::env::temp_dir().join(format!("tollgate-drain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("tollgate.yaml");
+    std::fs::write(&config, "listen:\n  drain_delay: 2s\n").unwrap();
+    let server = start(&["--config", config.to_str().unwrap()]);
+    let (status, _, body) = request(&server, "GET", "/healthcheck", "", None).await;
+    assert_eq!((status, body.as_str()), (200, Some("OK\n")));
+    let pid = server.pid().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (status, _, body) = request(&server, "GET", "/healthcheck", "", None).await;
+    assert_eq!((status, body.as_str()), (500, Some("draining\n")));
+    assert_eq!(request(&server, "GET", "/readyz", "", None).await.0, 503);
+    // Still deciding during the delay.
+    assert_eq!(
+        check(&server, "example", &[&[("path", "/login")]]).await.0,
+        200
+    );
+    // Then gone (a zombie until the test reaps it).
+    let state = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.split(") ").nth(1).unwrap_or("").starts_with('Z'))
+            .unwrap_or(true)
+    };
+    let mut exited = false;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if state() {
+            exited = true;
+            break;
+        }
+    }
+    assert!(
+        exited,
+        "still running 5 s after SIGTERM with a 2 s drain delay"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -65,6 +65,11 @@ pub struct Listen {
     pub http: Option<SocketAddr>,
     /// The Envoy RLS gRPC address.
     pub grpc: Option<SocketAddr>,
+    /// `serve`: how long, after SIGTERM or Ctrl-C, the server goes on serving with its
+    /// health checks (`/healthcheck`, `/readyz`) failing, so that load balancers move
+    /// traffic away first (default 0s: it stops accepting at once); then it drains.
+    #[serde(default, deserialize_with = "duration_opt")]
+    pub drain_delay: Option<u64>,
 }
 
 /// `keys:` memory bounds per rule.

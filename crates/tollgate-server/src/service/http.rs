@@ -1,5 +1,5 @@
 //! The HTTP/JSON API: `/v1/check`, `/v1/acquire`, `/v1/config`, `/v1/reset`, Envoy
-//! ratelimit's `/json`, `/healthz`, `/readyz`.
+//! ratelimit's `/json` and `/healthcheck`, `/healthz`, `/readyz`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,6 +100,7 @@ pub fn router(service: Arc<DecisionService>, admin: Admin) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "OK\n" }))
         .route("/readyz", get(readyz))
+        .route("/healthcheck", get(healthcheck))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(service)
 }
@@ -270,8 +271,21 @@ async fn reset(
     }
 }
 
-/// Ready when the store answers (always, for the memory store).
+/// Envoy ratelimit's health check: `OK` while serving, 500 once the server is
+/// draining (stopping), so that a load balancer stops sending before it is gone.
+async fn healthcheck(State(service): State<Arc<DecisionService>>) -> Response {
+    if service.draining() {
+        (StatusCode::INTERNAL_SERVER_ERROR, "draining\n").into_response()
+    } else {
+        "OK\n".into_response()
+    }
+}
+
+/// Ready when the store answers (always, for the memory store) and not draining.
 async fn readyz(State(service): State<Arc<DecisionService>>) -> Response {
+    if service.draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response();
+    }
     match service.ready().await {
         Ok(()) => "OK\n".into_response(),
         Err(e) => (

@@ -132,6 +132,9 @@ pub struct DecisionService {
     sources: Vec<std::path::PathBuf>,
     /// When counters live in Redis.
     redis: Option<RedisCounters>,
+    /// Set when the server starts to stop: health checks fail from then on, so a
+    /// load balancer moves traffic away while requests still in flight finish.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 /// Counters kept in Redis: one Redis (or leased) limiter per limit definition, made on first use
@@ -216,7 +219,19 @@ impl DecisionService {
             metrics: Metrics::default(),
             clock: tollgate::MonotonicClock::new(),
             redis: None,
+            draining: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Marks the service as stopping: [`DecisionService::draining`] is true from now on.
+    pub fn start_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the service is stopping (its health check fails).
+    pub fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Bounds every request as `requests` says (default: [`crate::config::Requests`]).

@@ -28,6 +28,8 @@ pub struct Settings {
     pub options: KeyedOptions,
     /// Request bounds.
     pub requests: crate::config::Requests,
+    /// How long to serve with failing health checks after a stop signal.
+    pub drain_delay: Duration,
     /// Connection bounds, per listener.
     pub connections: crate::config::Connections,
     /// The descriptor rules of every domain, loaded and validated.
@@ -91,6 +93,7 @@ impl Settings {
             options,
             requests: main.requests,
             connections: main.connections,
+            drain_delay: Duration::from_micros(main.listen.drain_delay.unwrap_or(0)),
             rules,
             rules_source,
             rule_paths: paths,
@@ -140,8 +143,16 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     println!("  try: curl -s http://{http}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
     println!("  rules in force: curl -s http://{http}/v1/config");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (draining, drain_delay) = (service.clone(), settings.drain_delay);
     tokio::spawn(async move {
         shutdown_signal().await;
+        draining.start_draining();
+        if !drain_delay.is_zero() {
+            tracing::info!(
+                "tollgate serve: draining: health checks fail, serving for {drain_delay:?} more"
+            );
+            tokio::time::sleep(drain_delay).await;
+        }
         let _ = stop_tx.send(true);
     });
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
