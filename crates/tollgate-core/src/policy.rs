@@ -261,11 +261,27 @@ impl Policy {
         self.check(state, now, cost, op)
     }
 
-    /// The decision a try of `cost` would get now, changing nothing (Envoy's
-    /// `hits_addend: 0`).
+    /// The decision a try of `cost` would get now, changing nothing. A cost of 0 is a
+    /// look at the state as it stands (Envoy's `hits_addend: 0`): admitted, with the
+    /// `remaining` and `reset_after` of now, as [`Policy::status`].
     pub fn peek(&self, state: &PolicyState, now: u64, cost: u64) -> Result<Decision, CheckError> {
+        if cost == 0 {
+            return Ok(self.status(state, now));
+        }
         let mut copy = state.clone();
         self.check(&mut copy, now, cost, Op::Try)
+    }
+
+    /// The state as it stands at `now`, as a decision that counts nothing: admitted,
+    /// `remaining` unit requests a try would admit in a row now, `reset_after` until
+    /// the state is whole.
+    pub fn status(&self, state: &PolicyState, now: u64) -> Decision {
+        Decision::admitted(
+            self.limit(),
+            self.remaining(state, now),
+            self.reset_after(state, now),
+            0,
+        )
     }
 
     /// Gives back `cost` units admitted earlier; never beyond full capacity.

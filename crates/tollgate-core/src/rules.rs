@@ -191,13 +191,20 @@ impl RuleSet {
         }
     }
 
-    /// The decision a try of `cost` would get now, changing nothing.
+    /// The decision a try of `cost` would get now, changing nothing; a cost of 0 is
+    /// each policy's [`Policy::status`] (admitted, counting nothing).
     pub fn peek(
         &self,
         states: &[PolicyState],
         now: u64,
         cost: u64,
     ) -> Result<RuleDecision, CheckError> {
+        if cost == 0 {
+            let policies = (self.policies.iter().zip(states))
+                .map(|(p, s)| p.status(s, now))
+                .collect();
+            return Ok(self.combine(policies, true, None));
+        }
         let mut copy = states.to_vec();
         self.check(&mut copy, now, cost, Op::Try)
     }

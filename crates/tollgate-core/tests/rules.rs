@@ -149,3 +149,46 @@ proptest! {
         }
     }
 }
+
+/// A peek of cost 0 looks at the state as it stands (Envoy's `hits_addend: 0`):
+/// admitted, counting nothing, with the remaining count of now — the limit on a fresh
+/// key, what is left after use, 0 (still admitted) when spent — for every algorithm the
+/// memory and Redis stores share, and for a rule set.
+#[test]
+fn a_peek_of_cost_zero_reports_the_state_as_it_stands() {
+    use tollgate_core::{Op, RuleSet};
+    for spec in [
+        "gcra:rate=3/m,burst=3",
+        "token-bucket:rate=3/m,capacity=3",
+        "leaky-bucket:rate=3/m,capacity=3",
+        "fixed-window:limit=3,window=1m",
+        "sliding-log:limit=3,window=1m",
+        "sliding-window:limit=3,window=1m,buckets=6",
+    ] {
+        let rules = RuleSet::parse(&[spec, "fixed-window:limit=100,window=1h"]).unwrap();
+        let mut states = rules.init(0);
+        let look = |states: &[tollgate_core::PolicyState]| rules.peek(states, 1_000, 0).unwrap();
+        let fresh = look(&states);
+        assert!(fresh.decision.allowed, "{spec}");
+        assert_eq!(fresh.decision.remaining, 3, "{spec}: fresh");
+        assert_eq!(fresh.policies[1].remaining, 100, "{spec}");
+        rules.check(&mut states, 1_000, 2, Op::Try).unwrap();
+        let before = states.clone();
+        let used = look(&states);
+        assert_eq!(used.decision.remaining, 1, "{spec}: 2 of 3 used");
+        assert_eq!(used.policies[1].remaining, 98, "{spec}");
+        assert_eq!(states, before, "{spec}: a look changed the state");
+        rules.check(&mut states, 1_000, 1, Op::Try).unwrap();
+        let spent = look(&states);
+        assert!(spent.decision.allowed && spent.decision.retry_after_us.is_none());
+        assert_eq!(spent.decision.remaining, 0, "{spec}: spent");
+        // It agrees with what a unit try reports after admitting: one more than that.
+        let mut copy = rules.init(0);
+        let admitted = rules.check(&mut copy, 1_000, 1, Op::Try).unwrap();
+        assert_eq!(
+            admitted.decision.remaining + 1,
+            fresh.decision.remaining,
+            "{spec}"
+        );
+    }
+}

@@ -181,12 +181,19 @@ async fn envoy_json_endpoint_and_hits_addend() {
         json!({"requestsPerUnit": 3, "unit": "HOUR"})
     );
     assert_eq!(v["statuses"][0]["limitRemaining"], 1);
-    // A per-descriptor hits_addend of 0 looks without counting.
+    // A per-descriptor hits_addend of 0 looks without counting: the remaining count as
+    // it stands (as envoyproxy/ratelimit's INCRBY 0), on a used key and on a fresh one.
     let peek = json!({"domain": "envoy", "descriptors": [{"entries": [{"key": "database", "value": "users"}], "hits_addend": 0}]});
-    let (_, _, v) = post(&server, "/json", &peek.to_string()).await;
+    for _ in 0..2 {
+        let (status, _, v) = post(&server, "/json", &peek.to_string()).await;
+        assert_eq!((status, v["overallCode"].as_str()), (200, Some("OK")));
+        assert_eq!(v["statuses"][0]["limitRemaining"], 1, "2 of 3 used: {v}");
+    }
+    let fresh = json!({"domain": "envoy", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.9.9.9"}], "hits_addend": 0}]});
+    let (_, _, v) = post(&server, "/json", &fresh.to_string()).await;
     assert_eq!(
-        v["statuses"][0]["limitRemaining"], 0,
-        "a unit would leave 0"
+        v["statuses"][0]["limitRemaining"], 2,
+        "a fresh key, 2 a minute: {v}"
     );
     let (status, _, v) = post(&server, "/json", &body.to_string()).await;
     assert_eq!(
@@ -332,7 +339,11 @@ async fn envoy_rls_grpc_is_wire_compatible() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (1, 0));
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (1, 1),
+        "the count as it stands: 2 of 3 used"
+    );
     // Unset hits_addend means 1: the third unit is admitted, the fourth is not.
     let r = client
         .should_rate_limit(request(vec![descriptor("database", "users")], 0))

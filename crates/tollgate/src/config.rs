@@ -46,6 +46,16 @@ impl FastGcra {
         Ok((new, d))
     }
 
+    /// A peek on a bare TAT word: [`FastGcra::decide`] changing nothing, or for a cost
+    /// of 0 the word as it stands (as `Policy::peek`).
+    #[inline]
+    pub fn peek(&self, tat: u64, now: u64, cost: u64) -> Result<(u64, Decision), CheckError> {
+        if cost == 0 {
+            return Ok((tat, self.params.status(tat, now)));
+        }
+        self.decide(tat, now, cost, Op::Try)
+    }
+
     /// `tat` after giving back `cost` units at `now`: `max(tat - c*T, now)`, and
     /// unchanged when already replenished.
     #[inline]

@@ -870,7 +870,12 @@ where
         let d = decide_word(&fast, tat, now, cost, op, peek);
         return Some(d.map(KeyedDecision::One).map_err(KeyedError::from));
     }
-    match fast.decide(0, now, cost, op) {
+    let fresh = if peek {
+        fast.peek(0, now, cost)
+    } else {
+        fast.decide(0, now, cost, op)
+    };
+    match fresh {
         Err(e) => Some(Err(e.into())),
         // Nothing to store for a peek, or for a reject of a fresh key.
         Ok((new, d)) if peek || new == 0 => Some(Ok(KeyedDecision::One(d))),
@@ -904,9 +909,12 @@ fn decide_word(
     peek: bool,
 ) -> Result<Decision, CheckError> {
     let mut current = tat.load(Ordering::Acquire);
+    if peek {
+        return Ok(fast.peek(current, now, cost)?.1);
+    }
     loop {
         let (new, d) = fast.decide(current, now, cost, op)?;
-        if peek || new == current {
+        if new == current {
             return Ok(d);
         }
         match tat.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire) {

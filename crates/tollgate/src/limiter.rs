@@ -257,12 +257,13 @@ impl<C: Clock> Limiter<C> {
         self.inner.states.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The decision a try of `cost` would get now, changing nothing.
+    /// The decision a try of `cost` would get now, changing nothing; a cost of 0 is the
+    /// state as it stands (admitted, `remaining` and `reset_after` of now).
     pub fn peek(&self, cost: u64) -> Result<Decision, CheckError> {
         let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
             let tat = self.inner.tat.load(Ordering::Acquire);
-            return Ok(words.gcra().decide(tat, now, cost, Op::Try)?.1);
+            return Ok(words.gcra().peek(tat, now, cost)?.1);
         }
         let states = self.states();
         let config = self.inner.config.load();

@@ -103,6 +103,34 @@ fn reset_makes_a_key_new_again() {
     }
 }
 
+/// A peek of cost 0 on the GCRA fast path (one GCRA policy: a TAT word per key) and
+/// on the general path reports the state as it stands, stores nothing, and agrees with
+/// the single-limit `Limiter`.
+#[test]
+fn a_peek_of_cost_zero_is_the_state_as_it_stands_on_every_path() {
+    for spec in ["gcra:rate=1/s,burst=3", "token-bucket:rate=1/s,capacity=3"] {
+        let (limiter, clock) = keyed::<u64>(spec, KeyedOptions::default());
+        let look = |k| {
+            let d = limiter.peek(&k, 0).unwrap();
+            assert!(d.allowed && d.retry_after_us.is_none(), "{spec}: {d:?}");
+            d.remaining
+        };
+        assert_eq!(look(1), 3, "{spec}: a new key");
+        assert!(limiter.is_empty(), "{spec}: a look stored a key");
+        limiter.check_n(&1, 2).unwrap();
+        assert_eq!(look(1), 1, "{spec}");
+        assert_eq!(look(1), 1, "{spec}: a look counts nothing");
+        limiter.check(&1).unwrap();
+        assert_eq!(look(1), 0, "{spec}: spent");
+        clock.advance(std::time::Duration::from_secs(1));
+        assert_eq!(look(1), 1, "{spec}: one back after 1 s");
+        let single = tollgate::Limiter::with_clock(spec.parse::<Policy>().unwrap(), clock.clone());
+        assert_eq!(single.peek(0).unwrap().remaining, 3, "{spec}");
+        single.check().unwrap();
+        assert_eq!(single.peek(0).unwrap().remaining, 2, "{spec}");
+    }
+}
+
 #[test]
 fn peek_does_not_store_a_key_and_refund_gives_back() {
     let (limiter, _) = keyed::<u64>("gcra:rate=1/s,burst=2", KeyedOptions::default());

@@ -30,6 +30,15 @@ async fn behaves(limiter: &impl RateLimiter, store: &str) {
         !p.decision.allowed && p.policies.len() == 2,
         "{store}: {p:?}"
     );
+    // A peek of cost 0 is the state as it stands: spent, yet admitted (it counts
+    // nothing); a fresh key shows its whole burst.
+    let p = limiter.peek(&key, 0).await.unwrap();
+    assert!(
+        p.decision.allowed && p.decision.remaining == 0,
+        "{store}: {p:?}"
+    );
+    let fresh = limiter.peek(&format!("fresh-{store}"), 0).await.unwrap();
+    assert_eq!(fresh.decision.remaining, 3, "{store}: {fresh:?}");
     // A refund gives a unit back.
     limiter.refund(&key, 1).await.unwrap();
     let d = limiter.check(&key, 1).await.unwrap();

@@ -203,6 +203,16 @@ impl GcraParams {
         (new.saturating_sub(self.tau) <= now).then_some(new)
     }
 
+    /// A bare TAT word as it stands at `now`, counting nothing (a peek of cost 0, see
+    /// `Policy::status`).
+    pub fn status(&self, tat: u64, now: u64) -> Decision {
+        let now = now.min(crate::MAX_TIME_US);
+        let base = tat.max(now);
+        let per = Divisor::with_inverse(self.interval, f64::from_bits(self.inverse));
+        let remaining = per.div_u64((now + self.tau).saturating_sub(base));
+        Decision::admitted(self.burst, remaining, base - now, 0)
+    }
+
     /// One decision on a bare TAT word (see [`Gcra::decide`]).
     #[inline(always)]
     pub fn decide(

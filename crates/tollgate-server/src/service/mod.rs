@@ -535,7 +535,7 @@ async fn decide(
     op: Op,
 ) -> Result<RuleDecision, RequestError> {
     let outcome = match cost {
-        0 => limiter.peek(key, 1).await,
+        0 => limiter.peek(key, 0).await,
         n => limiter.check_rules(key, n, op).await,
     };
     match outcome {

@@ -298,7 +298,8 @@ impl RedisLimiter {
             .collect()
     }
 
-    /// The decision a try of `cost` would get now, changing nothing.
+    /// The decision a try of `cost` would get now, changing nothing (cost 0: the
+    /// state as it stands, see `RuleSet::peek`).
     pub async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, StoreError> {
         self.peek_inner(key, None, None, cost).await
     }
@@ -311,8 +312,11 @@ impl RedisLimiter {
         cost: u64,
     ) -> Result<RuleDecision, StoreError> {
         let compiled = self.inner.compiled.load_full();
-        compiled.wire.check_cost(&compiled.rules, cost)?;
-        let check = self.check_call(&compiled, CallOp::Peek, key, now, created, cost);
+        // A cost of 0 looks at the states as they stand; the script only reads them.
+        if cost > 0 {
+            compiled.wire.check_cost(&compiled.rules, cost)?;
+        }
+        let check = self.check_call(&compiled, CallOp::Peek, key, now, created, cost.max(1));
         let reply = self.inner.store.call(check, &compiled.rules).await?;
         Ok(compiled.rules.peek(&reply.states, reply.now, cost)?)
     }
