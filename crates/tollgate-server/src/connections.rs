@@ -11,7 +11,7 @@
 //! - HTTP/1 headers (and a keep-alive connection's wait for its next request) within
 //!   `header_timeout` (hyper's header read timeout); a new connection's first bytes
 //!   (before hyper knows whether it speaks HTTP/1 or HTTP/2) within the same bound
-//!   ([`Bounded::first_read_within`]);
+//!   ([`Slots::accept`]);
 //! - a request body within `body_timeout` ([`BodyTimeout`]);
 //! - a response write that stalls longer than `send_timeout` closes the connection
 //!   ([`Bounded`]).
@@ -66,14 +66,11 @@ impl Slots {
         &self.bounds
     }
 
-    /// How many connections are open now.
-    pub fn open(&self) -> usize {
-        self.bounds.max - self.permits.available_permits()
-    }
-
-    /// Accepts the next connection once a slot is free. Errors that concern one
-    /// connection (reset before accept) are skipped; running out of file descriptors
-    /// is logged and retried after a pause, as other connections close.
+    /// Accepts the next connection once a slot is free; it must send its first bytes
+    /// within `header_timeout` (before hyper knows whether it speaks HTTP/1 or HTTP/2,
+    /// nothing else bounds that wait). Errors that concern one connection (reset before
+    /// accept) are skipped; running out of file descriptors is logged and retried
+    /// after a pause, as other connections close.
     pub async fn accept(&self, listener: &TcpListener) -> (Bounded<TcpStream>, SocketAddr) {
         let permit = self
             .permits
@@ -85,7 +82,9 @@ impl Slots {
             match listener.accept().await {
                 Ok((stream, peer)) => {
                     let send_timeout = Duration::from_micros(self.bounds.send_timeout);
-                    return (Bounded::new(stream, permit, send_timeout), peer);
+                    let first_read = Duration::from_micros(self.bounds.header_timeout);
+                    let io = Bounded::new(stream, permit, send_timeout, first_read);
+                    return (io, peer);
                 }
                 Err(e) if per_connection(&e) => continue,
                 Err(e) => {
@@ -106,35 +105,33 @@ fn per_connection(e: &io::Error) -> bool {
     )
 }
 
-/// A client connection that holds its slot until dropped, fails a write stalled
-/// longer than the send timeout, and optionally a first read that does not come in
-/// time.
+/// A client connection that holds its slot until dropped, and fails a write stalled
+/// longer than the send timeout and a first read that does not come in time.
 pub struct Bounded<S> {
     inner: S,
     _slot: OwnedSemaphorePermit,
     send_timeout: Duration,
     /// Armed while a write is pending; fires the send timeout.
     stalled: Option<Pin<Box<Sleep>>>,
-    /// Armed until the first byte arrives, when asked for.
+    /// Armed until the first byte arrives.
     first_read: Option<Pin<Box<Sleep>>>,
 }
 
 impl<S> Bounded<S> {
-    fn new(inner: S, slot: OwnedSemaphorePermit, send_timeout: Duration) -> Self {
+    /// Reads fail with `TimedOut` unless the first byte arrives within `first_read`.
+    fn new(
+        inner: S,
+        slot: OwnedSemaphorePermit,
+        send_timeout: Duration,
+        first_read: Duration,
+    ) -> Self {
         Bounded {
             inner,
             _slot: slot,
             send_timeout,
             stalled: None,
-            first_read: None,
+            first_read: Some(Box::pin(tokio::time::sleep(first_read))),
         }
-    }
-
-    /// Fails reads with `TimedOut` unless the first byte arrives within `limit` (for
-    /// HTTP/2, whose server waits for the connection preface without a bound).
-    pub fn first_read_within(mut self, limit: Duration) -> Self {
-        self.first_read = Some(Box::pin(tokio::time::sleep(limit)));
-        self
     }
 
     /// Wraps one write attempt: pending arms the send timeout, progress disarms it.
@@ -269,8 +266,14 @@ pub struct BodyTimedOut;
 
 impl std::fmt::Display for BodyTimedOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the request body did not arrive within connections.body_timeout")
+        f.write_str(BodyTimedOut::MESSAGE)
     }
+}
+
+impl BodyTimedOut {
+    /// What a client whose body timed out is told.
+    pub const MESSAGE: &'static str =
+        "the request body did not arrive within connections.body_timeout";
 }
 
 impl std::error::Error for BodyTimedOut {}
@@ -350,9 +353,6 @@ pub async fn serve_http(
         .timer(TokioTimer::new())
         .max_concurrent_streams(slots.bounds.max_streams);
     let builder = Arc::new(builder);
-    // Before hyper's header timer runs, the protocol sniff waits for the first bytes
-    // without a bound of its own.
-    let first_read = Duration::from_micros(slots.bounds.header_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(stop);
     loop {
@@ -360,7 +360,6 @@ pub async fn serve_http(
             accepted = slots.accept(&listener) => accepted,
             _ = &mut stop => break,
         };
-        let io = io.first_read_within(first_read);
         let app = app.clone();
         let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
             let mut req = req.map(|b| Body::new(StallBody::new(b, body)));
@@ -382,16 +381,14 @@ pub async fn serve_http(
 }
 
 /// The connections accepted on `listener` within `slots`, as a stream for tonic's
-/// `serve_with_incoming_shutdown`; each must send its first bytes (the HTTP/2 preface)
-/// within `header_timeout`.
+/// `serve_with_incoming_shutdown` (each must send its HTTP/2 preface within
+/// `header_timeout`, see [`Slots::accept`]).
 pub fn incoming(
     listener: TcpListener,
     slots: Slots,
 ) -> impl futures_util::Stream<Item = io::Result<Bounded<TcpStream>>> {
-    let first_read = Duration::from_micros(slots.bounds.header_timeout);
-    futures_util::stream::unfold((listener, slots), move |(listener, slots)| async move {
+    futures_util::stream::unfold((listener, slots), |(listener, slots)| async move {
         let (io, _) = slots.accept(&listener).await;
-        let io = io.first_read_within(first_read);
         Some((Ok(io), (listener, slots)))
     })
 }

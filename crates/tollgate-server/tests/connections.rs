@@ -64,14 +64,6 @@ async fn bystander(server: &Server) -> u64 {
     v["statuses"][0]["limit_remaining"].as_u64().unwrap()
 }
 
-fn within(ended: Option<Duration>, low: Duration, high: Duration, what: &str) {
-    let after = ended.unwrap_or_else(|| panic!("{what}: the server never ended it"));
-    assert!(
-        after >= low && after <= high,
-        "{what}: ended after {after:?}, expected within {low:?}..{high:?}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_slow_bodies_and_idle_connections_are_cut_off_at_their_bounds() {
     // Timed bounds: not beside another of these on a two-core machine.
@@ -116,14 +108,14 @@ async fn slow_headers_slow_bodies_and_idle_connections_are_cut_off_at_their_boun
         kept_alive
     );
 
-    within(slow_headers.after, low, high, "slow headers");
+    slow_headers.assert_ended_within(low, high, "slow headers");
     assert!(slow_headers.statuses().is_empty(), "{slow_headers:?}");
-    within(slow_body.after, low, high, "slow body");
+    slow_body.assert_ended_within(low, high, "slow body");
     assert_eq!(slow_body.statuses(), vec![408], "{slow_body:?}");
     assert!(String::from_utf8_lossy(&slow_body.answer).contains("connections.body_timeout"));
-    within(silent_http.after, low, high, "silent HTTP connection");
-    within(silent_grpc.after, low, high, "silent gRPC connection");
-    within(kept_alive.after, low, high, "idle keep-alive connection");
+    silent_http.assert_ended_within(low, high, "silent HTTP connection");
+    silent_grpc.assert_ended_within(low, high, "silent gRPC connection");
+    kept_alive.assert_ended_within(low, high, "idle keep-alive connection");
     assert_eq!(kept_alive.statuses(), vec![200], "{kept_alive:?}");
 
     // Up, and the bystander moved by its own check only.

@@ -458,24 +458,11 @@ async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
 /// Writes `raw` on a new connection and reads what comes back until the proxy closes
 /// it or 3 s pass: the status codes of every response, in order.
 async fn raw_statuses(proxy: &Proxy, raw: &[u8]) -> Vec<u16> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = proxy.base.trim_start_matches("http://");
-    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-    conn.write_all(raw).await.unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 65536];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, conn.read(&mut buf)).await {
-        if n == 0 {
-            break;
-        }
-        seen.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&seen)
-        .match_indices("HTTP/1.1 ")
-        .filter_map(|(i, _)| seen.get(i + 9..i + 12))
-        .filter_map(|code| std::str::from_utf8(code).ok()?.parse().ok())
-        .collect()
+    let addr = proxy.base.trim_start_matches("http://").parse().unwrap();
+    let limit = Duration::from_secs(3);
+    tollgate_testkit::dribble(addr, raw, &[], limit, limit)
+        .await
+        .statuses()
 }
 
 /// An upstream that answers every connection with bytes that are not HTTP.
@@ -550,15 +537,11 @@ async fn slow_clients_and_absent_readers_are_cut_off_and_release_their_permits()
     let addr: std::net::SocketAddr = proxy.base.trim_start_matches("http://").parse().unwrap();
     let byte = Duration::from_millis(100);
     let (low, high) = (Duration::from_millis(900), Duration::from_secs(4));
-    let within = |ended: &tollgate_testkit::Ended, what: &str| {
-        let after = ended.after.unwrap_or_else(|| panic!("{what}: never ended"));
-        assert!(after >= low && after <= high, "{what}: {after:?}");
-    };
 
     let head = b"GET /api/x HTTP/1.1\r\nHost: a\r\nX-Slow: ";
     let slow_headers =
         tollgate_testkit::dribble(addr, head, &[b'a'; 100], byte, Duration::from_secs(8)).await;
-    within(&slow_headers, "slow headers");
+    slow_headers.assert_ended_within(low, high, "slow headers");
     // The upload stalls after 10 bytes: 408 one body timeout later (between reads).
     let head = b"POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: up\r\nContent-Length: 1000\r\n\r\n0123456789";
     let stalled = tollgate_testkit::dribble(addr, head, &[], byte, Duration::from_secs(8)).await;

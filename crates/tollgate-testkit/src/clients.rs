@@ -27,6 +27,18 @@ impl Ended {
             .filter_map(|(i, _)| text.get(i + 9..i + 12)?.parse().ok())
             .collect()
     }
+
+    /// Asserts that the server ended the connection between `low` and `high` after
+    /// its start (`what` names the case in the failure).
+    pub fn assert_ended_within(&self, low: Duration, high: Duration, what: &str) {
+        let after = self
+            .after
+            .unwrap_or_else(|| panic!("{what}: the server never ended it"));
+        assert!(
+            after >= low && after <= high,
+            "{what}: ended after {after:?}, expected within {low:?}..{high:?}"
+        );
+    }
 }
 
 /// Connects to `addr`, writes `head` at once, then `trickle` one byte every `every`,

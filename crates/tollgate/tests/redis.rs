@@ -270,6 +270,29 @@ async fn hammer(
     all
 }
 
+/// On a thread of its own, hammers `open` on `open_key` from `open_tasks` tasks and
+/// `tight` on `tight_key` from `tight_tasks` tasks, until `end_ms` after `start`:
+/// the two traces, when joined.
+fn hammer_both(
+    rt: &std::sync::Arc<tokio::runtime::Runtime>,
+    (open, open_key, open_tasks): (&RedisLimiter, &'static str, usize),
+    (tight, tight_key, tight_tasks): (&RedisLimiter, &'static str, usize),
+    start: std::time::Instant,
+    end_ms: u64,
+) -> std::thread::JoinHandle<(Trace, Trace)> {
+    let (open, tight, rt) = (open.clone(), tight.clone(), rt.clone());
+    std::thread::spawn(move || {
+        rt.block_on(async {
+            let tight =
+                tokio::spawn(
+                    async move { hammer(&tight, tight_key, tight_tasks, start, end_ms).await },
+                );
+            let open = hammer(&open, open_key, open_tasks, start, end_ms).await;
+            (open, tight.await.unwrap())
+        })
+    })
+}
+
 /// Redis is killed under load and restarted: every call is answered within the
 /// timeout by the failure policy (fail-closed here: a reject) while it is down, and
 /// Redis decides again within one probe interval of its return.
@@ -515,16 +538,8 @@ fn redis_frozen_or_sleeping_answers_within_the_timeout_and_never_over_admits() {
     );
     let tight = fault_limiter(&rt, &url, "frozen-tight", "sliding-log:limit=60,window=1h");
     let start = std::time::Instant::now();
-    let load = {
-        let (open, tight) = (open.clone(), tight.clone());
-        std::thread::spawn(move || {
-            rt.block_on(async {
-                let tight = tokio::spawn(async move { hammer(&tight, "t", 2, start, 4200).await });
-                let open = hammer(&open, "k", 6, start, 4200).await;
-                (open, tight.await.unwrap())
-            })
-        })
-    };
+    let rt = std::sync::Arc::new(rt);
+    let load = hammer_both(&rt, (&open, "k", 6), (&tight, "t", 2), start, 4200);
     let ms = || start.elapsed().as_millis() as u64;
     std::thread::sleep(Duration::from_millis(700));
     let paused = ms();
@@ -628,16 +643,7 @@ fn redis_behind_added_latency_decides_slower_then_fails_by_policy_and_recovers()
     let tight = fault_limiter(&rt, &url, "slow-tight", "sliding-log:limit=60,window=1h");
     let start = std::time::Instant::now();
     let rt = std::sync::Arc::new(rt);
-    let load = {
-        let (open, tight, rt) = (open.clone(), tight.clone(), rt.clone());
-        std::thread::spawn(move || {
-            rt.block_on(async {
-                let tight = tokio::spawn(async move { hammer(&tight, "k", 2, start, 4500).await });
-                let open = hammer(&open, "k", 6, start, 4500).await;
-                (open, tight.await.unwrap())
-            })
-        })
-    };
+    let load = hammer_both(&rt, (&open, "k", 6), (&tight, "k", 2), start, 4500);
     let ms = || start.elapsed().as_millis() as u64;
     std::thread::sleep(Duration::from_millis(700));
     let slow = ms();
@@ -806,16 +812,7 @@ fn cluster_master_failover_to_its_replica_recovers_and_keeps_the_count() {
         .expect("a master holds the key");
     let start = std::time::Instant::now();
     let rt = std::sync::Arc::new(rt);
-    let load = {
-        let (open, tight, rt) = (open.clone(), tight.clone(), rt.clone());
-        std::thread::spawn(move || {
-            rt.block_on(async {
-                let tight = tokio::spawn(async move { hammer(&tight, "k", 1, start, 7000).await });
-                let open = hammer(&open, "k", 4, start, 7000).await;
-                (open, tight.await.unwrap())
-            })
-        })
-    };
+    let load = hammer_both(&rt, (&open, "k", 4), (&tight, "k", 1), start, 7000);
     std::thread::sleep(Duration::from_millis(700));
     let killed = start.elapsed().as_millis() as u64;
     servers.stop(master);

@@ -28,6 +28,13 @@ pub struct ProxyConfig {
     pub routes: Vec<RouteConfig>,
 }
 
+impl ProxyConfig {
+    /// `connect_timeout`, or its default of 5 s.
+    pub fn connect_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.connect_timeout.unwrap_or(5_000_000))
+    }
+}
+
 /// One route.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]

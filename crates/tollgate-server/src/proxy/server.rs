@@ -92,7 +92,7 @@ fn router(table: Arc<ArcSwap<RouteTable>>, connect_timeout: Duration) -> axum::R
 /// serves it, without a listener: for tests and fuzzing, which insert the peer's
 /// `ConnectInfo<SocketAddr>` themselves.
 pub fn app(config: ProxyConfig, options: KeyedOptions) -> anyhow::Result<axum::Router> {
-    let connect_timeout = Duration::from_micros(config.connect_timeout.unwrap_or(5_000_000));
+    let connect_timeout = config.connect_timeout();
     let table = RouteTable::new(config, options, None, None)?;
     Ok(router(
         Arc::new(ArcSwap::from_pointee(table)),
@@ -135,7 +135,7 @@ pub fn run(
     let store = store.with_flag(store_flag)?;
     crate::connections::warn_if_fd_limit_below(connections.max);
     let slots = Slots::new(connections);
-    let connect_timeout = Duration::from_micros(config.connect_timeout.unwrap_or(5_000_000));
+    let connect_timeout = config.connect_timeout();
     let addr = listen
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));

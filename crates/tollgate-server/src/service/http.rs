@@ -176,7 +176,7 @@ fn rejected(e: JsonRejection) -> Response {
     if crate::connections::is_body_timeout(&e) {
         return (
             StatusCode::REQUEST_TIMEOUT,
-            Json(json!({ "error": "the request body did not arrive within connections.body_timeout" })),
+            Json(json!({ "error": crate::connections::BodyTimedOut::MESSAGE })),
         )
             .into_response();
     }

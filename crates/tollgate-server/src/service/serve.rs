@@ -191,24 +191,28 @@ async fn watch_rules(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let paths = service.sources().to_vec();
-    let reload = |reason: &str| match service.reload() {
-        _ if paths.is_empty() => {
+    let built_in = paths.is_empty();
+    let reload = |reason: &str| {
+        if built_in {
             tracing::info!(
                 reason,
                 "tollgate serve: the built-in rules are in force: nothing to reload"
-            )
+            );
+            return;
         }
-        Ok(()) => tracing::info!(reason, "tollgate serve: rules reloaded ({reason})"),
-        Err(e) => tracing::error!(
-            reason,
-            error = %e,
-            "tollgate serve: reload rejected, the previous rules stay in force: {e}"
-        ),
+        match service.reload() {
+            Ok(()) => tracing::info!(reason, "tollgate serve: rules reloaded ({reason})"),
+            Err(e) => tracing::error!(
+                reason,
+                error = %e,
+                "tollgate serve: reload rejected, the previous rules stay in force: {e}"
+            ),
+        }
     };
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
-    crate::lifecycle::watch(paths.clone(), hup, reload, stopped).await;
+    crate::lifecycle::watch(paths, hup, reload, stopped).await;
 }
 
 #[derive(Debug, Parser)]
