@@ -42,6 +42,9 @@ pub struct MainConfig {
     /// Admin endpoints.
     #[serde(default)]
     pub admin: Admin,
+    /// How `serve` answers beyond its rules: headers, shadow mode, statistics.
+    #[serde(default)]
+    pub service: ServiceSettings,
     /// The limiting reverse proxy (`tollgate proxy`).
     #[serde(default)]
     pub proxy: Option<proxy::ProxyConfig>,
@@ -55,6 +58,106 @@ pub struct MainConfig {
 pub struct Admin {
     /// The bearer token.
     pub token: Option<String>,
+}
+
+/// `service:` how `serve` answers beyond its rules (fixed at start; a reload keeps
+/// them). Each has an envoyproxy/ratelimit setting it stands for (docs/envoy.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSettings {
+    /// The rate-limit headers in responses (default `ietf`).
+    #[serde(default)]
+    pub headers: Headers,
+    /// Global shadow mode: every request's overall code is OK, whatever its
+    /// descriptors say (they still report their own codes); counted in
+    /// `tollgate_global_shadow_mode_total` (Envoy's `SHADOW_MODE`).
+    #[serde(default)]
+    pub shadow_mode: bool,
+    /// Admitted hits past this share of a limit count as `near_limit` in
+    /// `tollgate_rate_limit_hits_total` (default 0.8; Envoy's `NEAR_LIMIT_RATIO`).
+    #[serde(default = "default_near_limit_ratio")]
+    pub near_limit_ratio: f32,
+    /// Rule documents naming a domain already loaded add their descriptors to it
+    /// instead of being refused (Envoy's `MERGE_DOMAIN_CONFIG`).
+    #[serde(default)]
+    pub merge_domains: bool,
+}
+
+impl Default for ServiceSettings {
+    fn default() -> Self {
+        ServiceSettings {
+            headers: Headers::default(),
+            shadow_mode: false,
+            near_limit_ratio: default_near_limit_ratio(),
+            merge_domains: false,
+        }
+    }
+}
+
+fn default_near_limit_ratio() -> f32 {
+    0.8
+}
+
+/// `service.headers`: which rate-limit headers `serve` adds (to `/v1/check` and
+/// `/v1/acquire` responses, and to gRPC's `response_headers_to_add`, which Envoy adds
+/// to the client's response, also shown in `/json`'s `responseHeadersToAdd`).
+/// `Retry-After` comes with every reject on the HTTP API, whatever this says.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Headers {
+    /// `ietf` (`RateLimit-Policy` and `RateLimit`, the default), `draft03` (the
+    /// `RateLimit-Limit` / `-Remaining` / `-Reset` trio envoyproxy/ratelimit adds with
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`), `both`, or `none`.
+    #[serde(default)]
+    pub style: HeaderStyle,
+    /// draft-03 header names (Envoy's `LIMIT_LIMIT_HEADER`, ...).
+    #[serde(default = "default_limit_header")]
+    pub limit: String,
+    /// See `limit` (`LIMIT_REMAINING_HEADER`).
+    #[serde(default = "default_remaining_header")]
+    pub remaining: String,
+    /// See `limit` (`LIMIT_RESET_HEADER`).
+    #[serde(default = "default_reset_header")]
+    pub reset: String,
+}
+
+impl Default for Headers {
+    fn default() -> Self {
+        Headers {
+            style: HeaderStyle::default(),
+            limit: default_limit_header(),
+            remaining: default_remaining_header(),
+            reset: default_reset_header(),
+        }
+    }
+}
+
+fn default_limit_header() -> String {
+    "RateLimit-Limit".into()
+}
+
+fn default_remaining_header() -> String {
+    "RateLimit-Remaining".into()
+}
+
+fn default_reset_header() -> String {
+    "RateLimit-Reset".into()
+}
+
+/// `service.headers.style`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (IETF httpapi, structured fields).
+    #[default]
+    Ietf,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (draft-03, as
+    /// envoyproxy/ratelimit writes them).
+    Draft03,
+    /// Both sets.
+    Both,
+    /// No rate-limit headers (envoyproxy/ratelimit's default).
+    None,
 }
 
 /// `listen:` addresses.
@@ -224,6 +327,20 @@ impl MainConfig {
         let config: MainConfig = serde_yaml_ng::from_str(text)?;
         if config.connections.max == 0 || config.connections.max_streams == 0 {
             anyhow::bail!("connections.max and connections.max_streams: must be at least 1");
+        }
+        let ratio = config.service.near_limit_ratio;
+        if !(0.0..=1.0).contains(&ratio) {
+            anyhow::bail!("service.near_limit_ratio: {ratio} is not between 0 and 1");
+        }
+        let h = &config.service.headers;
+        for (field, name) in [
+            ("limit", &h.limit),
+            ("remaining", &h.remaining),
+            ("reset", &h.reset),
+        ] {
+            if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                anyhow::bail!("service.headers.{field}: '{name}' is not a valid header name");
+            }
         }
         Ok(MainConfig {
             rules: config.rules.iter().map(|r| base.join(r)).collect(),

@@ -136,16 +136,21 @@ fn pairs(entries: Vec<EntryBody>) -> Vec<(String, String)> {
 }
 
 impl CheckBody {
-    /// The descriptors, moved out of the body.
-    fn take_descriptors(&mut self) -> Vec<DescriptorRequest> {
-        std::mem::take(&mut self.descriptors)
+    /// The descriptors, moved out of the body; one without entries is refused here
+    /// (Envoy's API answers it OK, matching nothing; tollgate's names the mistake).
+    fn take_descriptors(&mut self) -> Result<Vec<DescriptorRequest>, crate::service::RequestError> {
+        if let Some(i) = self.descriptors.iter().position(|d| d.entries.is_empty()) {
+            return Err(crate::service::RequestError::EmptyDescriptor(i));
+        }
+        Ok(std::mem::take(&mut self.descriptors)
             .into_iter()
             .map(|d| DescriptorRequest {
                 entries: pairs(d.entries),
                 hits: d.cost,
+                give_back: false,
                 limit_override: None,
             })
-            .collect()
+            .collect())
     }
 }
 
@@ -196,12 +201,15 @@ async fn check(
         Ok(Json(b)) => b,
         Err(e) => return rejected(e),
     };
-    let descriptors = body.take_descriptors();
+    let descriptors = match body.take_descriptors() {
+        Ok(d) => d,
+        Err(e) => return request_error(e),
+    };
     match service
         .check(&body.domain, &descriptors, body.cost.unwrap_or(1), Op::Try)
         .await
     {
-        Ok(result) => respond(&result),
+        Ok(result) => respond(&service.answers().headers, &result),
         Err(e) => request_error(e),
     }
 }
@@ -214,7 +222,10 @@ async fn acquire(
         Ok(Json(b)) => b,
         Err(e) => return rejected(e),
     };
-    let descriptors = body.take_descriptors();
+    let descriptors = match body.take_descriptors() {
+        Ok(d) => d,
+        Err(e) => return request_error(e),
+    };
     let hits = body.cost.unwrap_or(1);
     let result = match service
         .check(&body.domain, &descriptors, hits, Op::Acquire)
@@ -227,7 +238,7 @@ async fn acquire(
     if result.overall == Code::Ok && wait > MAX_ACQUIRE_WAIT {
         // Beyond the server's bound: give the reservations back and reject.
         service.refund(&body.domain, &descriptors, hits).await;
-        let mut response = respond(&result);
+        let mut response = respond(&service.answers().headers, &result);
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         return response;
     }
@@ -241,7 +252,7 @@ async fn acquire(
         tokio::time::sleep(wait).await;
         guard.disarm();
     }
-    respond(&result)
+    respond(&service.answers().headers, &result)
 }
 
 #[derive(Debug, Deserialize)]
@@ -374,9 +385,9 @@ fn limit_out(l: &Limit) -> LimitOut<'_> {
     }
 }
 
-/// The tollgate JSON answer: 200 or 429, `Retry-After` and RateLimit headers from the
-/// binding decision.
-fn respond(result: &CheckResult) -> Response {
+/// The tollgate JSON answer: 200 or 429, `Retry-After` and the rate-limit headers
+/// `service.headers` chooses, from the binding decision.
+fn respond(style: &crate::config::Headers, result: &CheckResult) -> Response {
     let ms = |us: u64| us.div_ceil(1000);
     let statuses = result
         .statuses
@@ -400,7 +411,7 @@ fn respond(result: &CheckResult) -> Response {
         Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
     };
     let mut response = (status, Json(body)).into_response();
-    headers(response.headers_mut(), result);
+    headers(response.headers_mut(), style, result);
     response
 }
 
@@ -411,29 +422,12 @@ fn code(c: Code) -> &'static str {
     }
 }
 
-/// The response headers for a result ([`tollgate::headers`]: their one writer):
-/// `RateLimit-Policy` / `RateLimit` for the binding descriptor's rule, named after its
-/// limit (`default` when unnamed), and `Retry-After` on OVER_LIMIT. None for a rule
-/// without policies (`requests_per_unit: 0` denies with no quota to state). Shared by
-/// the HTTP API and gRPC's `response_headers_to_add`.
-pub fn rate_limit_headers(result: &CheckResult) -> Vec<(&'static str, String)> {
-    let Some((limit, d)) = result.binding() else {
-        return Vec::new();
-    };
-    let Some(rules) = &limit.rules else {
-        return Vec::new();
-    };
-    let name = limit.name.as_deref().unwrap_or("default");
-    let h = tollgate::headers::RateLimitHeaders::new(name, rules, d);
-    let retry = h
-        .retry_after_header()
-        .filter(|_| result.overall == Code::OverLimit);
-    retry.into_iter().chain(h.ietf()).collect()
-}
-
-fn headers(headers: &mut HeaderMap, result: &CheckResult) {
-    for (k, v) in rate_limit_headers(result) {
-        if let Ok(v) = HeaderValue::from_str(&v) {
+fn headers(headers: &mut HeaderMap, style: &crate::config::Headers, result: &CheckResult) {
+    for (k, v) in crate::service::headers::response_headers(style, result, true) {
+        if let (Ok(k), Ok(v)) = (
+            axum::http::HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(&v),
+        ) {
             headers.insert(k, v);
         }
     }
@@ -441,99 +435,45 @@ fn headers(headers: &mut HeaderMap, result: &CheckResult) {
 
 // --- Envoy ratelimit's /json: the proto3 JSON form of RateLimitRequest/Response. ---
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct EnvoyRequest {
-    domain: String,
-    #[serde(default)]
-    descriptors: Vec<EnvoyDescriptor>,
-    #[serde(default, alias = "hits_addend")]
-    hits_addend: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct EnvoyDescriptor {
-    #[serde(default)]
-    entries: Vec<EntryBody>,
-    #[serde(default, alias = "hits_addend")]
-    hits_addend: Option<u64>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct EnvoyResponse {
-    overall_code: &'static str,
-    statuses: Vec<Value>,
-}
-
+/// envoyproxy/ratelimit's `/json`: a `RateLimitRequest` in proto3 JSON, answered
+/// with the `RateLimitResponse` in proto3 JSON, 200 (OK) or 429 (OVER_LIMIT); 400 for
+/// a body that is not such a request or that the service refuses (empty domain or
+/// descriptors), naming what is wrong; 503 when the store cannot decide now.
 async fn envoy_json(
     State(service): State<Arc<DecisionService>>,
-    body: Result<Json<EnvoyRequest>, JsonRejection>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let mut body = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return rejected(e),
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if crate::connections::is_body_timeout(&e) => {
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                Json(json!({ "error": crate::connections::BodyTimedOut::MESSAGE })),
+            )
+                .into_response()
+        }
+        Err(e) => return (e.status(), Json(json!({ "error": e.body_text() }))).into_response(),
     };
-    let descriptors: Vec<DescriptorRequest> = std::mem::take(&mut body.descriptors)
-        .into_iter()
-        .map(|d| DescriptorRequest {
-            entries: pairs(d.entries),
-            hits: d.hits_addend,
-            limit_override: None,
-        })
-        .collect();
-    let result = match service
-        .check(
-            &body.domain,
-            &descriptors,
-            body.hits_addend.unwrap_or(1),
-            Op::Try,
-        )
-        .await
-    {
+    let request = match crate::service::envoy::request_from_json(&body) {
         Ok(r) => r,
-        Err(e) => return request_error(e),
+        Err(e) => return bad_request(e),
     };
-    let statuses = result
-        .statuses
-        .iter()
-        .map(|s| {
-            let mut v = json!({ "code": code(s.code) });
-            if s.limit
-                .as_ref()
-                .is_some_and(|l| l.rules.is_none() && !l.deny)
+    match crate::service::envoy::should_rate_limit(&service, &request).await {
+        Ok(response) => {
+            let status = if response.overall_code
+                == envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit
+                    as i32
             {
-                v["limitRemaining"] = json!(u32::MAX);
-            }
-            if let (Some(l), Some(d)) = (&s.limit, s.decision()) {
-                let (unit, per_unit) = match l.envoy {
-                    Some((unit, n)) => (unit.envoy_name(), n),
-                    None => ("UNKNOWN", d.limit),
-                };
-                let mut limit = json!({ "requestsPerUnit": per_unit, "unit": unit });
-                if let Some(name) = &l.name {
-                    limit["name"] = json!(name);
-                }
-                v["currentLimit"] = limit;
-                v["limitRemaining"] = json!(d.remaining);
-                let reset = d.reset_after_us;
-                v["durationUntilReset"] =
-                    json!(format!("{}.{:06}s", reset / 1_000_000, reset % 1_000_000));
-            }
-            v
-        })
-        .collect();
-    let status = match result.overall {
-        Code::Ok => StatusCode::OK,
-        Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
-    };
-    (
-        status,
-        Json(EnvoyResponse {
-            overall_code: code(result.overall),
-            statuses,
-        }),
-    )
-        .into_response()
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (
+                status,
+                Json(crate::service::envoy::response_to_json(&response)),
+            )
+                .into_response()
+        }
+        Err(e) => request_error(e),
+    }
 }

@@ -9,14 +9,23 @@ use prometheus_client::registry::Registry;
 
 type Labels = Vec<(&'static str, String)>;
 
+/// The admitted hits of `h` that landed past the near-limit threshold
+/// (`floor(limit x ratio)`, in `f32` as envoyproxy/ratelimit computes it).
+fn near_limit_hits(h: Hits, ratio: f32) -> u64 {
+    let threshold = (h.limit as f32 * ratio).floor() as u64;
+    let used_after = h.limit.saturating_sub(h.remaining);
+    let used_before = used_after.saturating_sub(h.hits);
+    used_after.saturating_sub(threshold.max(used_before))
+}
+
 /// The service's metrics.
 pub struct Metrics {
     registry: Registry,
     decisions: Family<Labels, Counter>,
-    /// The decision counters of each rule (domain, rule), so that counting a decision
-    /// allocates nothing once a rule has been seen.
-    /// (A rule's path starts with its domain, so the path alone is the key.)
-    by_rule: std::sync::RwLock<std::collections::HashMap<String, [Counter; 3]>>,
+    hits: Family<Labels, Counter>,
+    global_shadow: Counter,
+    /// Envoy's `NEAR_LIMIT_RATIO`: hits past this share of a limit are near it.
+    near_limit_ratio: f32,
     latency: Histogram,
     reloads: Family<Labels, Counter>,
     keys: Family<Labels, Gauge>,
@@ -36,14 +45,61 @@ pub enum Verdict {
     ShadowRejected,
 }
 
+/// One rule's counters (or one value's, under `detailed_metric`): its decisions by
+/// outcome and envoyproxy/ratelimit's per-descriptor statistics, in hits. Held by the
+/// rule itself, so counting is a few atomic adds.
+#[derive(Debug)]
+pub struct RuleStats {
+    decisions: [Counter; 3],
+    total_hits: Counter,
+    over_limit: Counter,
+    near_limit: Counter,
+    within_limit: Counter,
+    shadow_mode: Counter,
+}
+
+/// What one descriptor's decision counts: its hits, and where its limit stood.
+#[derive(Debug, Clone, Copy)]
+pub struct Hits {
+    /// The descriptor's hits (its cost; 0 for a look).
+    pub hits: u64,
+    /// The decision's outcome.
+    pub verdict: Verdict,
+    /// The limit the decision reports (its headline: requests per unit for Envoy's
+    /// limits).
+    pub limit: u64,
+    /// What the limit still admits after this decision.
+    pub remaining: u64,
+}
+
 impl Default for Metrics {
     fn default() -> Self {
+        Metrics::new(0.8)
+    }
+}
+
+impl Metrics {
+    /// The metrics, with hits past `near_limit_ratio` (0 to 1) of a limit counted as
+    /// near it.
+    pub fn new(near_limit_ratio: f32) -> Self {
         let mut registry = Registry::with_prefix("tollgate");
         let decisions = Family::<Labels, Counter>::default();
         registry.register(
             "decisions",
             "Decisions by domain, rule (descriptor path) and outcome",
             decisions.clone(),
+        );
+        let hits = Family::<Labels, Counter>::default();
+        registry.register(
+            "rate_limit_hits",
+            "Hits by domain, rule and stat, as envoyproxy/ratelimit's per-descriptor statistics: total_hits, within_limit, near_limit (admitted past the near-limit ratio), over_limit, shadow_mode (over the limit, admitted by shadow mode)",
+            hits.clone(),
+        );
+        let global_shadow = Counter::default();
+        registry.register(
+            "global_shadow_mode",
+            "Requests over the limit answered OK by the global shadow mode",
+            global_shadow.clone(),
         );
         let latency = Histogram::new(exponential_buckets(1e-6, 2.0, 20));
         registry.register(
@@ -69,7 +125,9 @@ impl Default for Metrics {
             redis,
             registry,
             decisions,
-            by_rule: Default::default(),
+            hits,
+            global_shadow,
+            near_limit_ratio,
             latency,
             reloads,
             keys,
@@ -78,32 +136,57 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Counts one descriptor's decision.
-    pub fn decision(&self, domain: &str, rule: &str, outcome: Verdict) {
-        let i = outcome as usize;
-        if let Some(counters) = self
-            .by_rule
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(rule)
-        {
-            counters[i].inc();
-            return;
-        }
-        let counters = ["allowed", "rejected", "shadow_rejected"].map(|outcome| {
-            self.decisions
+    /// The counters of a rule (or of one value of it), made on first use: the same
+    /// labels always give the same counters, so a reloaded rule counts on.
+    pub fn rule_stats(&self, domain: &str, rule: &str) -> RuleStats {
+        let counter = |family: &Family<Labels, Counter>, label: &'static str, value: &str| {
+            family
                 .get_or_create(&vec![
                     ("domain", domain.to_string()),
                     ("rule", rule.to_string()),
-                    ("outcome", outcome.to_string()),
+                    (label, value.to_string()),
                 ])
                 .clone()
-        });
-        counters[i].inc();
-        self.by_rule
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(rule.to_string(), counters);
+        };
+        let hits = |stat| counter(&self.hits, "stat", stat);
+        RuleStats {
+            decisions: ["allowed", "rejected", "shadow_rejected"]
+                .map(|outcome| counter(&self.decisions, "outcome", outcome)),
+            total_hits: hits("total_hits"),
+            over_limit: hits("over_limit"),
+            near_limit: hits("near_limit"),
+            within_limit: hits("within_limit"),
+            shadow_mode: hits("shadow_mode"),
+        }
+    }
+
+    /// Counts one descriptor's decision on its rule's counters. Hits are counted as
+    /// envoyproxy/ratelimit counts them, except that a rejected request counts nothing
+    /// against its limit here (all or nothing), so all its hits are over the limit.
+    pub fn count(&self, stats: &RuleStats, h: Hits) {
+        stats.decisions[h.verdict as usize].inc();
+        stats.total_hits.inc_by(h.hits);
+        match h.verdict {
+            Verdict::Allowed => {
+                stats.within_limit.inc_by(h.hits);
+                let near = near_limit_hits(h, self.near_limit_ratio);
+                if near > 0 {
+                    stats.near_limit.inc_by(near);
+                }
+            }
+            Verdict::Rejected => {
+                stats.over_limit.inc_by(h.hits);
+            }
+            Verdict::ShadowRejected => {
+                stats.over_limit.inc_by(h.hits);
+                stats.shadow_mode.inc_by(h.hits);
+            }
+        }
+    }
+
+    /// Counts a request the global shadow mode answered OK.
+    pub fn global_shadow_mode(&self) {
+        self.global_shadow.inc();
     }
 
     /// Records how long a request took to decide.
@@ -171,5 +254,73 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admitted(hits: u64, limit: u64, remaining: u64) -> Hits {
+        Hits {
+            hits,
+            verdict: Verdict::Allowed,
+            limit,
+            remaining,
+        }
+    }
+
+    #[test]
+    fn near_limit_hits_are_those_past_the_threshold() {
+        // limit 5, ratio 0.8: the threshold is 4, so the 5th hit is near the limit.
+        assert_eq!(near_limit_hits(admitted(1, 5, 1), 0.8), 0);
+        assert_eq!(near_limit_hits(admitted(1, 5, 0), 0.8), 1);
+        // 3 hits taking the count from 2 to 5: the 5th only (the 4th is at the threshold).
+        assert_eq!(near_limit_hits(admitted(3, 5, 0), 0.8), 1);
+        // limit 10: threshold 8; 4 hits from 5 to 9: the 9th.
+        assert_eq!(near_limit_hits(admitted(4, 10, 1), 0.8), 1);
+        assert_eq!(near_limit_hits(admitted(0, 10, 0), 0.8), 0);
+        assert_eq!(near_limit_hits(admitted(2, 10, 0), 0.5), 2);
+    }
+
+    #[test]
+    fn hits_are_counted_by_stat_and_rejected_hits_are_all_over_the_limit() {
+        let m = Metrics::new(0.8);
+        let stats = m.rule_stats("d", "d/k");
+        m.count(&stats, admitted(4, 5, 1));
+        m.count(&stats, admitted(1, 5, 0));
+        m.count(
+            &stats,
+            Hits {
+                hits: 2,
+                verdict: Verdict::Rejected,
+                limit: 5,
+                remaining: 0,
+            },
+        );
+        m.count(
+            &stats,
+            Hits {
+                hits: 3,
+                verdict: Verdict::ShadowRejected,
+                limit: 5,
+                remaining: 0,
+            },
+        );
+        let text = m.render();
+        let value = |stat: &str| {
+            let prefix = format!(
+                "tollgate_rate_limit_hits_total{{domain=\"d\",rule=\"d/k\",stat=\"{stat}\"}} "
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .unwrap_or_else(|| panic!("{stat} in {text}"))
+                .to_string()
+        };
+        assert_eq!(value("total_hits"), "10");
+        assert_eq!(value("within_limit"), "5");
+        assert_eq!(value("near_limit"), "1");
+        assert_eq!(value("over_limit"), "5");
+        assert_eq!(value("shadow_mode"), "3");
     }
 }

@@ -3,7 +3,9 @@
 //! transport-free; [`http`] and [`grpc`] wrap it, [`rules`] loads the descriptor rules,
 //! [`metrics`] counts, and [`serve`] runs the whole with its listeners.
 
+pub mod envoy;
 pub mod grpc;
+pub mod headers;
 pub mod http;
 pub mod metrics;
 pub mod rules;
@@ -16,8 +18,8 @@ use arc_swap::ArcSwap;
 use tollgate::redis::{RedisStore, StoreError};
 use tollgate::{AnyLimiter, CheckError, Decision, LimitError, Op, RateLimiter, RuleDecision};
 
-use crate::service::metrics::{Metrics, Verdict};
-use crate::service::rules::{counter_key, override_limit, DescriptorRules, Limit, Unit};
+use crate::service::metrics::{Hits, Metrics, Verdict};
+use crate::service::rules::{counter_key, override_limit, DescriptorRules, Limit, Match, Unit};
 
 /// One descriptor of a request: its entries, in order, and its own hits (cost).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +28,10 @@ pub struct DescriptorRequest {
     pub entries: Vec<(String, String)>,
     /// This descriptor's hits: `None` = the request's; `Some(0)` = look, don't count.
     pub hits: Option<u64>,
+    /// Give the hits back instead of taking them (Envoy's `is_negative_hits`: a
+    /// refund of what an earlier request took, never past a full budget); the
+    /// status is then the count as it stands after.
+    pub give_back: bool,
     /// The request's own limit for this descriptor (Envoy's per-descriptor `limit`),
     /// used instead of the configured one.
     pub limit_override: Option<(Unit, u64)>,
@@ -45,6 +51,8 @@ pub enum Code {
 pub struct DescriptorStatus {
     /// OK or OVER_LIMIT (shadow-mode rejects are OK, flagged).
     pub code: Code,
+    /// The descriptor's hits, as counted.
+    pub hits: u64,
     /// The limit that applied, if any.
     pub limit: Option<Arc<Limit>>,
     /// The decision, with every policy's, when a limited (not unlimited) rule applied.
@@ -56,7 +64,8 @@ pub struct DescriptorStatus {
 /// The outcome of a request.
 #[derive(Debug, Clone)]
 pub struct CheckResult {
-    /// OVER_LIMIT if any descriptor is.
+    /// OVER_LIMIT if any descriptor is (a quota-mode descriptor only if every
+    /// quota-mode one is), unless the global shadow mode answers OK.
     pub overall: Code,
     /// One status per descriptor, in order.
     pub statuses: Vec<DescriptorStatus>,
@@ -103,7 +112,11 @@ pub enum RequestError {
     /// The request named no domain.
     #[error("domain: must not be empty")]
     NoDomain,
-    /// A descriptor has no entries.
+    /// The request carried no descriptor.
+    #[error("descriptors: must not be empty")]
+    NoDescriptors,
+    /// A descriptor has no entries (refused by tollgate's own API; Envoy's answers
+    /// such a descriptor OK, matching nothing).
     #[error("descriptors[{0}].entries: must not be empty")]
     EmptyDescriptor(usize),
     /// More descriptors than `requests.max_descriptors`.
@@ -120,10 +133,22 @@ pub enum RequestError {
 /// At most this many distinct limit overrides keep counters.
 pub const MAX_OVERRIDES: usize = 1024;
 
+/// How the service answers beyond the rules (the main config's `service:`).
+#[derive(Debug, Clone, Default)]
+pub struct Answers {
+    /// The rate-limit headers in responses.
+    pub headers: crate::config::Headers,
+    /// Global shadow mode: the overall code is always OK (descriptors still report
+    /// their own codes), as envoyproxy/ratelimit's `SHADOW_MODE`.
+    pub shadow_mode: bool,
+}
+
 /// The rules in force, swappable at run time.
 pub struct DecisionService {
     rules: ArcSwap<DescriptorRules>,
-    overrides: Mutex<HashMap<(Unit, u64), Arc<Limit>>>,
+    overrides: Mutex<HashMap<(String, Unit, u64), Arc<Limit>>>,
+    answers: Answers,
+    merge_domains: bool,
     options: tollgate::KeyedOptions,
     requests: crate::config::Requests,
     metrics: Metrics,
@@ -214,6 +239,8 @@ impl DecisionService {
             sources,
             rules: ArcSwap::from_pointee(rules),
             overrides: Mutex::new(HashMap::new()),
+            answers: Answers::default(),
+            merge_domains: false,
             options,
             requests: crate::config::Requests::default(),
             metrics: Metrics::default(),
@@ -232,6 +259,23 @@ impl DecisionService {
     /// Whether the service is stopping (its health check fails).
     pub fn draining(&self) -> bool {
         self.draining.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Answers as `service` says (headers, global shadow mode, near-limit ratio, and
+    /// whether a reload merges documents of one domain).
+    pub fn with_answers(mut self, service: &crate::config::ServiceSettings) -> Self {
+        self.answers = Answers {
+            headers: service.headers.clone(),
+            shadow_mode: service.shadow_mode,
+        };
+        self.merge_domains = service.merge_domains;
+        self.metrics = Metrics::new(service.near_limit_ratio);
+        self
+    }
+
+    /// How the service answers.
+    pub fn answers(&self) -> &Answers {
+        &self.answers
     }
 
     /// Bounds every request as `requests` says (default: [`crate::config::Requests`]).
@@ -276,7 +320,7 @@ impl DecisionService {
         if self.sources.is_empty() {
             return Ok(());
         }
-        match DescriptorRules::load(&self.sources, self.options) {
+        match DescriptorRules::load(&self.sources, self.options, self.merge_domains) {
             Ok(mut rules) => {
                 rules.adopt(&self.rules.load());
                 if let Some(redis) = &self.redis {
@@ -314,31 +358,35 @@ impl DecisionService {
         self.metrics.render()
     }
 
-    /// The limit for a request's own override, created on first use.
-    fn override_for(&self, unit: Unit, n: u64) -> Option<Arc<Limit>> {
+    /// The limit for a request's own override in `domain`, created on first use.
+    fn override_for(&self, domain: &str, unit: Unit, n: u64) -> Option<Arc<Limit>> {
         let mut map = self.overrides.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(l) = map.get(&(unit, n)) {
+        let key = (domain.to_string(), unit, n);
+        if let Some(l) = map.get(&key) {
             return Some(l.clone());
         }
         if map.len() >= MAX_OVERRIDES {
             return None;
         }
-        let limit = override_limit(unit, n, self.options).ok()?;
-        map.insert((unit, n), limit.clone());
+        let limit = override_limit(domain, unit, n, self.options).ok()?;
+        map.insert(key, limit.clone());
         Some(limit)
     }
 
-    /// The limit and counter that apply to a descriptor.
+    /// The limit and counter that apply to a descriptor: its own override when it
+    /// carries one (in a known domain, as Envoy), else the rule it matches.
     fn limit_for(
         &self,
         rules: &DescriptorRules,
         domain: &str,
         d: &DescriptorRequest,
-    ) -> Option<(Arc<Limit>, String)> {
+    ) -> Option<Match> {
         match d.limit_override {
-            Some((unit, n)) if rules.has_domain(domain) => {
-                Some((self.override_for(unit, n)?, counter_key(domain, &d.entries)))
-            }
+            Some((unit, n)) if rules.has_domain(domain) => Some(Match {
+                limit: self.override_for(domain, unit, n)?,
+                counter: counter_key(domain, &d.entries),
+                stat_name: None,
+            }),
             _ => rules.find(domain, &d.entries),
         }
     }
@@ -351,7 +399,8 @@ impl DecisionService {
     /// Decides every descriptor of a request for `domain`. `hits` is the request's
     /// cost (Envoy's `hits_addend`: unset or 0 means 1); a descriptor's own `Some(0)`
     /// checks without counting. Each descriptor is counted on its own, as Envoy does;
-    /// a descriptor whose limit another matched limit `replaces` is skipped.
+    /// a descriptor whose limit another matched limit `replaces` is skipped, and one
+    /// without entries matches nothing.
     pub async fn check(
         &self,
         domain: &str,
@@ -361,6 +410,9 @@ impl DecisionService {
     ) -> Result<CheckResult, RequestError> {
         if domain.is_empty() {
             return Err(RequestError::NoDomain);
+        }
+        if descriptors.is_empty() {
+            return Err(RequestError::NoDescriptors);
         }
         self.validate(domain, descriptors)?;
         let started = tollgate::Clock::now_ns(&self.clock);
@@ -372,35 +424,59 @@ impl DecisionService {
         let replaced: HashSet<&str> = found
             .iter()
             .flatten()
-            .flat_map(|(l, _)| l.replaces.iter().map(String::as_str))
+            .flat_map(|m| m.limit.replaces.iter().map(String::as_str))
             .collect();
         let request_hits = hits.max(1);
         let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(descriptors.len());
         for (d, f) in descriptors.iter().zip(&found) {
             let status = match f {
-                Some((limit, key))
-                    if !limit.name.as_deref().is_some_and(|n| replaced.contains(n)) =>
+                Some(m)
+                    if !m
+                        .limit
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| replaced.contains(n)) =>
                 {
                     let cost = d.hits.unwrap_or(request_hits);
-                    self.decide_one(limit, key, cost, op).await?
+                    if d.give_back && cost > 0 {
+                        self.give_back(&m.limit, &m.counter, cost).await;
+                    }
+                    let cost = if d.give_back { 0 } else { cost };
+                    let status = self.decide_one(&m.limit, &m.counter, cost, op).await?;
+                    self.count(domain, m, &status);
+                    status
                 }
                 // No limit, or one another matched limit replaces.
                 _ => ok(None),
             };
             statuses.push(status);
         }
-        self.count(domain, &statuses);
-        let overall = if statuses.iter().any(|s| s.code == Code::OverLimit) {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
+        let overall = self.overall(&statuses);
         let elapsed = tollgate::Clock::now_ns(&self.clock).saturating_sub(started);
         self.metrics.latency(elapsed as f64 / 1e9);
         Ok(CheckResult { overall, statuses })
     }
 
-    /// Refuses a request beyond `requests:` bounds, or with an empty descriptor.
+    /// The request's code: OVER_LIMIT when a descriptor outside quota mode is, or
+    /// when every quota-mode descriptor is (Envoy's `quota_mode`); then OK anyway
+    /// under the global shadow mode (counted).
+    fn overall(&self, statuses: &[DescriptorStatus]) -> Code {
+        let quota = |s: &&DescriptorStatus| s.limit.as_ref().is_some_and(|l| l.quota_mode);
+        let over = |s: &&DescriptorStatus| s.code == Code::OverLimit;
+        let quotas = statuses.iter().filter(quota).count();
+        let over_limit = statuses.iter().any(|s| over(&s) && !quota(&s))
+            || (quotas > 0 && statuses.iter().filter(quota).all(|s| over(&s)));
+        if !over_limit {
+            return Code::Ok;
+        }
+        if self.answers.shadow_mode {
+            self.metrics.global_shadow_mode();
+            return Code::Ok;
+        }
+        Code::OverLimit
+    }
+
+    /// Refuses a request beyond `requests:` bounds.
     fn validate(
         &self,
         domain: &str,
@@ -411,9 +487,6 @@ impl DecisionService {
             return Err(RequestError::TooManyDescriptors(descriptors.len(), max));
         }
         for (i, d) in descriptors.iter().enumerate() {
-            if d.entries.is_empty() {
-                return Err(RequestError::EmptyDescriptor(i));
-            }
             let bytes = domain.len()
                 + (d.entries.iter())
                     .map(|(k, v)| k.len() + v.len() + 2)
@@ -438,7 +511,15 @@ impl DecisionService {
         op: Op,
     ) -> Result<DescriptorStatus, RequestError> {
         let decision = if limit.deny {
-            RuleDecision::from(Decision::rejected(0, 0, 0, None))
+            // Nothing is ever admitted; a look (hits 0) finds nothing counted.
+            let reset = limit.envoy.map_or(0, |(unit, _)| {
+                unit.reset_after_us(tollgate::Clock::now_us(&self.clock))
+            });
+            if cost == 0 {
+                RuleDecision::from(Decision::admitted(0, 0, reset, 0))
+            } else {
+                RuleDecision::from(Decision::rejected(0, 0, reset, None))
+            }
         } else {
             match self.store_of(limit)? {
                 Some(StoreOf::Memory(l)) => decide(l, key, cost, op).await?,
@@ -455,23 +536,39 @@ impl DecisionService {
         };
         Ok(DescriptorStatus {
             code,
+            hits: cost,
             limit: Some(limit.clone()),
             rule_decision: Some(decision),
             shadow_rejected,
         })
     }
 
-    /// Counts each decided descriptor's verdict in the metrics.
-    fn count(&self, domain: &str, statuses: &[DescriptorStatus]) {
-        for s in statuses {
-            if let (Some(limit), Some(d)) = (&s.limit, s.decision()) {
-                let verdict = match (s.shadow_rejected, d.allowed) {
-                    (true, _) => Verdict::ShadowRejected,
-                    (false, true) => Verdict::Allowed,
-                    (false, false) => Verdict::Rejected,
-                };
-                self.metrics.decision(domain, &limit.path, verdict);
+    /// Counts a decided descriptor in its rule's statistics (or its value's, for a
+    /// rule with `detailed_metric` or `value_to_metric`).
+    fn count(&self, domain: &str, m: &Match, s: &DescriptorStatus) {
+        let Some(d) = s.decision() else {
+            return;
+        };
+        let verdict = match (s.shadow_rejected, d.allowed) {
+            (true, _) => Verdict::ShadowRejected,
+            (false, true) => Verdict::Allowed,
+            (false, false) => Verdict::Rejected,
+        };
+        let hits = Hits {
+            hits: s.hits,
+            verdict,
+            limit: d.limit,
+            remaining: d.remaining,
+        };
+        match &m.stat_name {
+            None => {
+                let stats =
+                    (m.limit.stats).get_or_init(|| self.metrics.rule_stats(domain, &m.limit.path));
+                self.metrics.count(stats, hits);
             }
+            Some(name) => self
+                .metrics
+                .count(&self.metrics.rule_stats(domain, name), hits),
         }
     }
 
@@ -493,20 +590,31 @@ impl DecisionService {
     pub async fn refund(&self, domain: &str, descriptors: &[DescriptorRequest], hits: u64) {
         let rules = self.rules.load_full();
         for d in descriptors {
-            if let Some((limit, key)) = self.limit_for(&rules, domain, d) {
-                let cost = d.hits.unwrap_or(hits.max(1));
-                let _ = match self.store_of(&limit) {
-                    Ok(Some(StoreOf::Memory(l))) => RateLimiter::refund(l, &key, cost).await,
-                    Ok(Some(StoreOf::Redis(l))) => RateLimiter::refund(l, &key, cost).await,
-                    _ => Ok(()),
-                };
+            if let Some(Match { limit, counter, .. }) = self.limit_for(&rules, domain, d) {
+                self.give_back(&limit, &counter, d.hits.unwrap_or(hits.max(1)))
+                    .await;
             }
         }
     }
 
+    /// Gives `cost` back to `counter` of `limit` (best effort: a store that cannot
+    /// answer keeps what it counted).
+    async fn give_back(&self, limit: &Limit, counter: &str, cost: u64) {
+        let _ = match self.store_of(limit) {
+            Ok(Some(StoreOf::Memory(l))) => RateLimiter::refund(l, counter, cost).await,
+            Ok(Some(StoreOf::Redis(l))) => RateLimiter::refund(l, counter, cost).await,
+            _ => Ok(()),
+        };
+    }
+
     /// Forgets the counters of one descriptor.
     pub async fn reset(&self, domain: &str, entries: &[(String, String)]) -> Result<bool, String> {
-        let Some((limit, key)) = self.rules.load().find(domain, entries) else {
+        let Some(Match {
+            limit,
+            counter: key,
+            ..
+        }) = self.rules.load().find(domain, entries)
+        else {
             return Ok(false);
         };
         let done = match self.store_of(&limit).map_err(|e| e.to_string())? {
@@ -554,6 +662,7 @@ async fn decide(
 fn ok(limit: Option<Arc<Limit>>) -> DescriptorStatus {
     DescriptorStatus {
         code: Code::Ok,
+        hits: 0,
         limit,
         rule_decision: None,
         shadow_rejected: false,

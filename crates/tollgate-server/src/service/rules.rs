@@ -51,10 +51,19 @@ struct DescriptorDoc {
     policies: Option<Vec<SpecDoc>>,
     #[serde(default)]
     shadow_mode: bool,
-    /// Accepted for compatibility (Envoy's per-descriptor metrics); no effect.
+    #[serde(default)]
+    quota_mode: bool,
+    #[serde(default)]
+    detailed_metric: bool,
+    #[serde(default)]
+    value_to_metric: bool,
+    #[serde(default)]
+    share_threshold: bool,
+    /// Envoy's per-descriptor metadata (returned in its dynamic metadata, which
+    /// tollgate does not send): accepted so that such files load; no effect.
     #[serde(default)]
     #[allow(dead_code)]
-    detailed_metric: bool,
+    metadata: Option<serde_yaml_ng::Value>,
     #[serde(default)]
     descriptors: Vec<DescriptorDoc>,
 }
@@ -122,6 +131,26 @@ impl Unit {
         }
     }
 
+    /// The unit's length in microseconds.
+    pub fn window_us(self) -> u64 {
+        let seconds: u64 = match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        };
+        seconds * 1_000_000
+    }
+
+    /// Time from `now_us` (since the Unix epoch) to the end of its clock-aligned
+    /// window of this unit.
+    pub fn reset_after_us(self, now_us: u64) -> u64 {
+        self.window_us() - now_us % self.window_us()
+    }
+
     /// The name Envoy's API uses.
     pub fn envoy_name(self) -> &'static str {
         match self {
@@ -163,6 +192,11 @@ pub struct Limit {
     pub replaces: Vec<String>,
     /// Report, never reject.
     pub shadow: bool,
+    /// Envoy's `quota_mode`: an over-limit here fails the request only when every
+    /// quota-mode descriptor of the request is over its limit.
+    pub quota_mode: bool,
+    /// Envoy's `detailed_metric`: statistics per request value, not per rule.
+    pub detailed_metric: bool,
     /// `None` for `unlimited: true` and for `requests_per_unit: 0`.
     pub rules: Option<RuleSet>,
     /// The rule set's policies as specs (for responses, computed once).
@@ -176,6 +210,8 @@ pub struct Limit {
     /// The counters when they live in Redis: made on first use, and kept with the
     /// limit across reloads that leave its definition unchanged.
     pub redis: std::sync::OnceLock<tollgate::AnyLimiter>,
+    /// Its statistics, attached by the service on first use.
+    pub stats: std::sync::OnceLock<crate::service::metrics::RuleStats>,
 }
 
 impl Limit {
@@ -185,16 +221,68 @@ impl Limit {
             && self.name == other.name
             && self.replaces == other.replaces
             && self.shadow == other.shadow
+            && self.quota_mode == other.quota_mode
+            && self.detailed_metric == other.detailed_metric
             && self.rules == other.rules
             && self.envoy == other.envoy
             && self.deny == other.deny
     }
 }
 
+/// How a rule's `value` matches a request value: exactly, or as a pattern in which
+/// each `*` stands for any run of characters (Envoy's wildcards: `files/*`,
+/// `user_*_admin`).
 #[derive(Debug)]
 enum ValueMatch {
     Exact(String),
-    Prefix(String),
+    /// The pattern as written and its literal parts between the `*`s.
+    Wildcard {
+        pattern: String,
+        parts: Vec<String>,
+    },
+}
+
+impl ValueMatch {
+    fn new(v: String) -> ValueMatch {
+        if v.contains('*') {
+            let parts = v.split('*').map(str::to_string).collect();
+            ValueMatch::Wildcard { pattern: v, parts }
+        } else {
+            ValueMatch::Exact(v)
+        }
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            ValueMatch::Exact(v) | ValueMatch::Wildcard { pattern: v, .. } => v,
+        }
+    }
+}
+
+/// Whether `value` fits a wildcard's parts: it starts with the first, ends with the
+/// last, and holds the middle ones in order between them, without overlap.
+fn wildcard_fits(parts: &[String], value: &str) -> bool {
+    let (first, rest) = match parts.split_first() {
+        Some(p) => p,
+        None => return false,
+    };
+    let Some(mut tail) = value.strip_prefix(first.as_str()) else {
+        return false;
+    };
+    let Some((last, middle)) = rest.split_last() else {
+        return tail.is_empty();
+    };
+    let Some(inner) = tail.strip_suffix(last.as_str()) else {
+        return false;
+    };
+    tail = inner;
+    for part in middle {
+        match tail.find(part.as_str()) {
+            Some(i) => tail = &tail[i + part.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 #[derive(Debug)]
@@ -202,7 +290,26 @@ struct Node {
     key: String,
     value: Option<ValueMatch>,
     limit: Option<Arc<Limit>>,
+    /// Envoy's `value_to_metric`: statistics name the request's value at this level.
+    value_to_metric: bool,
+    /// Envoy's `share_threshold` (wildcards only): every value this wildcard matches
+    /// counts against one counter.
+    share_threshold: bool,
     children: Vec<Node>,
+}
+
+/// What a descriptor matched: its limit, the counter it counts on, and, when the
+/// rule asks for statistics per value (`detailed_metric`, `value_to_metric`), the
+/// name they are kept under (else the limit's path).
+#[derive(Debug)]
+pub struct Match {
+    /// The limit that applies.
+    pub limit: Arc<Limit>,
+    /// The counter key: the domain and every entry (a shared wildcard's entries by
+    /// their pattern).
+    pub counter: String,
+    /// The statistics name when it differs from the limit's path.
+    pub stat_name: Option<String>,
 }
 
 /// All loaded rules, by domain.
@@ -211,6 +318,9 @@ pub struct DescriptorRules {
     domains: HashMap<String, Vec<Node>>,
     /// Where each domain came from (for errors and `/v1/config`).
     sources: HashMap<String, String>,
+    /// Envoy's `MERGE_DOMAIN_CONFIG`: documents naming a domain already loaded add
+    /// their descriptors to it (a duplicate descriptor is still an error).
+    merge_domains: bool,
 }
 
 /// The example rule set compiled into the binary.
@@ -218,8 +328,13 @@ pub const BUILT_IN: &str = include_str!("../../config/example-rules.yaml");
 
 impl DescriptorRules {
     /// Loads rule files: each path is a YAML file or a directory of them (`.yaml`,
-    /// `.yml`, in name order). Two documents may not define the same domain.
-    pub fn load(paths: &[PathBuf], options: KeyedOptions) -> Result<Self, RulesError> {
+    /// `.yml`, in name order). Two documents may not define the same domain unless
+    /// `merge_domains` (then the second adds its descriptors to the first's).
+    pub fn load(
+        paths: &[PathBuf],
+        options: KeyedOptions,
+        merge_domains: bool,
+    ) -> Result<Self, RulesError> {
         let mut files = Vec::new();
         for path in paths {
             if path.is_dir() {
@@ -239,7 +354,10 @@ impl DescriptorRules {
                 files.push(path.clone());
             }
         }
-        let mut rules = DescriptorRules::default();
+        let mut rules = DescriptorRules {
+            merge_domains,
+            ..DescriptorRules::default()
+        };
         for file in files {
             let text = std::fs::read_to_string(&file).map_err(|source| RulesError::Io {
                 path: file.clone(),
@@ -274,20 +392,33 @@ impl DescriptorRules {
         if doc.domain.trim().is_empty() {
             return Err(invalid("domain: must not be empty".into()));
         }
-        if let Some(other) = self.sources.get(&doc.domain) {
-            return Err(invalid(format!(
-                "domain '{}' is already defined in {other}",
-                doc.domain
-            )));
+        let merging = match self.sources.get(&doc.domain) {
+            Some(other) if !self.merge_domains => {
+                return Err(invalid(format!(
+                    "domain '{}' is already defined in {other}",
+                    doc.domain
+                )))
+            }
+            Some(_) => true,
+            None => false,
+        };
+        let existing = self.domains.get(&doc.domain).filter(|_| merging);
+        let mut added: Vec<Node> = Vec::with_capacity(doc.descriptors.len());
+        for (i, d) in doc.descriptors.into_iter().enumerate() {
+            let at = format!("descriptors[{i}]");
+            let node = build(d, &doc.domain, &at, options).map_err(invalid)?;
+            for siblings in existing.into_iter().chain([&added]) {
+                refuse_duplicate(siblings, &node, &at).map_err(invalid)?;
+            }
+            added.push(node);
         }
-        let nodes = doc
-            .descriptors
-            .into_iter()
-            .enumerate()
-            .map(|(i, d)| build(d, &doc.domain, &format!("descriptors[{i}]"), options))
-            .collect::<Result<Vec<_>, String>>()
-            .map_err(invalid)?;
-        self.sources.insert(doc.domain.clone(), source.to_string());
+        let mut nodes = self.domains.remove(&doc.domain).unwrap_or_default();
+        nodes.extend(added);
+        let source = match self.sources.get(&doc.domain) {
+            Some(first) => format!("{first}, {source}"),
+            None => source.to_string(),
+        };
+        self.sources.insert(doc.domain.clone(), source);
         self.domains.insert(doc.domain, nodes);
         Ok(())
     }
@@ -341,35 +472,79 @@ impl DescriptorRules {
     }
 
     /// The limit for a descriptor (its entries in order), as Envoy matches it: each
-    /// entry must match a node at its depth (an exact value first, then a `*`
-    /// wildcard, then a node without a value), and the limit is that of the node the
-    /// last entry matches. Also returns the counter key: the domain and every
-    /// entry's key and value.
-    pub fn find(&self, domain: &str, entries: &[(String, String)]) -> Option<(Arc<Limit>, String)> {
+    /// entry must match a node at its depth (an exact value first, then the first
+    /// wildcard that fits, then a node without a value), and the limit is that of the
+    /// node the last entry matches.
+    pub fn find(&self, domain: &str, entries: &[(String, String)]) -> Option<Match> {
         let mut nodes = self.domains.get(domain)?;
-        let mut found = None;
-        for (i, (key, value)) in entries.iter().enumerate() {
+        let mut matched: Vec<&Node> = Vec::with_capacity(entries.len());
+        for (key, value) in entries {
             let node = nodes
                 .iter()
                 .find(|n| n.key == *key && matches!(&n.value, Some(ValueMatch::Exact(v)) if v == value))
                 .or_else(|| {
                     nodes.iter().find(|n| {
-                        n.key == *key && matches!(&n.value, Some(ValueMatch::Prefix(p)) if value.starts_with(p.as_str()))
+                        n.key == *key && matches!(&n.value, Some(ValueMatch::Wildcard { parts, .. }) if wildcard_fits(parts, value))
                     })
                 })
                 .or_else(|| nodes.iter().find(|n| n.key == *key && n.value.is_none()))?;
-            if i == entries.len() - 1 {
-                found = node.limit.clone();
-            }
+            matched.push(node);
             nodes = &node.children;
         }
-        Some((found?, counter_key(domain, entries)))
+        let limit = matched.last()?.limit.clone()?;
+        let shared = matched.iter().any(|n| n.share_threshold);
+        let counter = if shared {
+            let entries: Vec<(String, String)> = (entries.iter().zip(&matched))
+                .map(|((k, v), n)| match (&n.value, n.share_threshold) {
+                    (Some(m), true) => (k.clone(), m.text().to_string()),
+                    _ => (k.clone(), v.clone()),
+                })
+                .collect();
+            counter_key(domain, &entries)
+        } else {
+            counter_key(domain, entries)
+        };
+        let stat_name = (limit.detailed_metric || matched.iter().any(|n| n.value_to_metric))
+            .then(|| stat_name(domain, entries, &matched, limit.detailed_metric));
+        Some(Match {
+            limit,
+            counter,
+            stat_name,
+        })
     }
 
     /// Whether a domain is loaded.
     pub fn has_domain(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)
     }
+}
+
+/// The statistics name of a matched descriptor, as Envoy builds it, in tollgate's
+/// path form (`domain/key=value/...`): with `detailed_metric`, every entry's request
+/// value; else each level's configured value, or the request's value where that level
+/// has `value_to_metric`. A shared wildcard is named by its pattern either way.
+fn stat_name(
+    domain: &str,
+    entries: &[(String, String)],
+    matched: &[&Node],
+    detailed: bool,
+) -> String {
+    let mut name = domain.to_string();
+    for ((key, value), node) in entries.iter().zip(matched) {
+        let shown = match &node.value {
+            Some(m) if node.share_threshold => Some(m.text()),
+            _ if detailed || node.value_to_metric => Some(value.as_str()),
+            Some(m) => Some(m.text()),
+            None => None,
+        };
+        name.push('/');
+        name.push_str(key);
+        if let Some(v) = shown.filter(|v| !v.is_empty()) {
+            name.push('=');
+            name.push_str(v);
+        }
+    }
+    name
 }
 
 /// The counter of a descriptor: its domain and every entry's key and value.
@@ -385,20 +560,34 @@ pub fn counter_key(domain: &str, entries: &[(String, String)]) -> String {
     counter
 }
 
-/// A limit for a request's own override (Envoy's per-descriptor `limit`): a
-/// clock-aligned fixed window of `n` per `unit`.
-pub fn override_limit(unit: Unit, n: u64, options: KeyedOptions) -> Result<Arc<Limit>, String> {
+/// A limit for a request's own override (Envoy's per-descriptor `limit`) in
+/// `domain`: a clock-aligned fixed window of `n` per `unit`, with no name, shadow or
+/// quota mode.
+pub fn override_limit(
+    domain: &str,
+    unit: Unit,
+    n: u64,
+    options: KeyedOptions,
+) -> Result<Arc<Limit>, String> {
     let spec = format!("fixed-window:limit={n},window={}", unit.window());
     let policy: Policy = spec.parse().map_err(|e| format!("limit override: {e}"))?;
     Ok(limit_of(
-        format!("override/{n}/{}", unit.envoy_name()),
-        None,
-        vec![],
-        false,
+        format!("{domain}/override/{n}/{}", unit.envoy_name()),
+        Traits::default(),
         Some(policy.into()),
         Some((unit, n)),
         options,
     ))
+}
+
+/// What a descriptor says about its limit besides how it counts.
+#[derive(Debug, Default)]
+struct Traits {
+    name: Option<String>,
+    replaces: Vec<String>,
+    shadow: bool,
+    quota_mode: bool,
+    detailed_metric: bool,
 }
 
 /// One descriptor of a rule file (`at` names it in errors) with its children; `path`
@@ -410,6 +599,17 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
     let node_path = match &d.value {
         Some(v) => format!("{path}/{}={v}", d.key),
         None => format!("{path}/{}", d.key),
+    };
+    if d.share_threshold && !d.value.as_deref().is_some_and(|v| v.contains('*')) {
+        return Err(format!(
+            "{at}.share_threshold: only for a wildcard value (one with '*')"
+        ));
+    }
+    let mut traits = Traits {
+        shadow: d.shadow_mode,
+        quota_mode: d.quota_mode,
+        detailed_metric: d.detailed_metric,
+        ..Traits::default()
     };
     let limit = match (d.rate_limit, d.policies) {
         (Some(_), Some(_)) => {
@@ -424,31 +624,50 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
             }
             let rules = RuleSet::new(specs.into_iter().map(|s| s.0).collect())
                 .map_err(|e| format!("{at}.policies: {e}"))?;
-            let limit = limit_of(
+            Some(limit_of(
                 node_path.clone(),
-                None,
-                vec![],
-                d.shadow_mode,
+                traits,
                 Some(rules),
                 None,
                 options,
-            );
-            Some(limit)
+            ))
         }
-        (Some(rl), None) => Some(envoy_limit(rl, &node_path, d.shadow_mode, at, options)?),
+        (Some(rl), None) => {
+            traits.replaces = rl.replaces.iter().map(|r| r.name.clone()).collect();
+            traits.name = rl.name.clone();
+            Some(envoy_limit(rl, &node_path, traits, at, options)?)
+        }
     };
-    let children = d
-        .descriptors
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| build(c, &node_path, &format!("{at}.descriptors[{i}]"), options))
-        .collect::<Result<_, _>>()?;
+    let mut children: Vec<Node> = Vec::with_capacity(d.descriptors.len());
+    for (i, c) in d.descriptors.into_iter().enumerate() {
+        let child = build(c, &node_path, &format!("{at}.descriptors[{i}]"), options)?;
+        refuse_duplicate(&children, &child, &format!("{at}.descriptors[{i}]"))?;
+        children.push(child);
+    }
     Ok(Node {
         key: d.key,
-        value: d.value.map(value_match),
+        value: d.value.map(ValueMatch::new),
         limit,
+        value_to_metric: d.value_to_metric,
+        share_threshold: d.share_threshold,
         children,
     })
+}
+
+/// Two descriptors of one list with the same key and value: Envoy refuses the file
+/// (which one applies would be a guess).
+fn refuse_duplicate(siblings: &[Node], node: &Node, at: &str) -> Result<(), String> {
+    let value = |n: &Node| n.value.as_ref().map(|v| v.text().to_string());
+    if siblings
+        .iter()
+        .any(|s| s.key == node.key && value(s) == value(node))
+    {
+        return Err(match value(node) {
+            Some(v) => format!("{at}: duplicate descriptor key '{}' value '{v}'", node.key),
+            None => format!("{at}: duplicate descriptor key '{}'", node.key),
+        });
+    }
+    Ok(())
 }
 
 /// An Envoy `rate_limit`: `unlimited`, a block list (`requests_per_unit: 0`), or a
@@ -456,34 +675,41 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
 fn envoy_limit(
     rl: RateLimitDoc,
     node_path: &str,
-    shadow: bool,
+    traits: Traits,
     at: &str,
     options: KeyedOptions,
 ) -> Result<Arc<Limit>, String> {
-    let replaces = rl.replaces.into_iter().map(|r| r.name).collect();
+    for (i, r) in rl.replaces.iter().enumerate() {
+        if r.name.is_empty() {
+            return Err(format!(
+                "{at}.rate_limit.replaces[{i}].name: must not be empty"
+            ));
+        }
+        if rl.name.as_ref() == Some(&r.name) {
+            return Err(format!(
+                "{at}.rate_limit.replaces[{i}]: a limit cannot replace itself ('{}')",
+                r.name
+            ));
+        }
+    }
     let path = node_path.to_string();
     if rl.unlimited {
-        return Ok(limit_of(
-            path, rl.name, replaces, shadow, None, None, options,
-        ));
+        if rl.unit.is_some() || rl.requests_per_unit.is_some() {
+            return Err(format!(
+                "{at}.rate_limit: unlimited takes no unit or requests_per_unit"
+            ));
+        }
+        return Ok(limit_of(path, traits, None, None, options));
     }
     let unit = rl.unit.ok_or_else(|| {
-        format!("{at}.rate_limit.unit: missing (second, minute, hour, day, month or year)")
+        format!("{at}.rate_limit.unit: missing (second, minute, hour, day, week, month or year)")
     })?;
     let n = rl
         .requests_per_unit
         .ok_or_else(|| format!("{at}.rate_limit.requests_per_unit: missing"))?;
     if n == 0 {
         // Envoy's block list: nothing is ever admitted.
-        let mut limit = limit_of(
-            path,
-            rl.name,
-            replaces,
-            shadow,
-            None,
-            Some((unit, 0)),
-            options,
-        );
+        let mut limit = limit_of(path, traits, None, Some((unit, 0)), options);
         Arc::get_mut(&mut limit).expect("new").deny = true;
         return Ok(limit);
     }
@@ -491,31 +717,18 @@ fn envoy_limit(
     let policy: Policy = spec
         .parse()
         .map_err(|e| format!("{at}.rate_limit.requests_per_unit: {e}"))?;
-    let rules = Some(policy.into());
     Ok(limit_of(
         path,
-        rl.name,
-        replaces,
-        shadow,
-        rules,
+        traits,
+        Some(policy.into()),
         Some((unit, n)),
         options,
     ))
 }
 
-/// A value to match: a trailing `*` makes it a prefix.
-fn value_match(v: String) -> ValueMatch {
-    match v.strip_suffix('*') {
-        Some(prefix) => ValueMatch::Prefix(prefix.to_string()),
-        None => ValueMatch::Exact(v),
-    }
-}
-
 fn limit_of(
     path: String,
-    name: Option<String>,
-    replaces: Vec<String>,
-    shadow: bool,
+    traits: Traits,
     rules: Option<RuleSet>,
     envoy: Option<(Unit, u64)>,
     options: KeyedOptions,
@@ -525,9 +738,11 @@ fn limit_of(
         .map(|r| KeyedLimiter::with_options(r, options, tollgate::MonotonicClock::new()));
     Arc::new(Limit {
         path,
-        name,
-        replaces,
-        shadow,
+        name: traits.name,
+        replaces: traits.replaces,
+        shadow: traits.shadow,
+        quota_mode: traits.quota_mode,
+        detailed_metric: traits.detailed_metric,
         specs: rules
             .as_ref()
             .map(|r| r.policies().iter().map(ToString::to_string).collect()),
@@ -536,6 +751,7 @@ fn limit_of(
         envoy,
         limiter,
         redis: std::sync::OnceLock::new(),
+        stats: std::sync::OnceLock::new(),
     })
 }
 
@@ -579,7 +795,7 @@ descriptors:
         let path_of = |v: &str| {
             r.find("d", &entries(&[("path", v)]))
                 .unwrap()
-                .0
+                .limit
                 .path
                 .clone()
         };
@@ -589,11 +805,11 @@ descriptors:
         assert!(r
             .find("d", &entries(&[("path", "/static/x")]))
             .unwrap()
-            .0
+            .limit
             .rules
             .is_none());
         // A nested limit needs the whole chain; the parent alone has none here.
-        let (limit, counter) = r
+        let Match { limit, counter, .. } = r
             .find("d", &entries(&[("tenant", "t1"), ("user", "u1")]))
             .unwrap();
         assert_eq!(
@@ -636,5 +852,148 @@ descriptors:
             e.contains("domain 'd' is already defined in test.yaml"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_wildcard_star_stands_for_any_run_of_characters_anywhere_in_the_value() {
+        let parts = |p: &str| p.split('*').map(str::to_string).collect::<Vec<_>>();
+        assert!(wildcard_fits(&parts("files/*"), "files/a.pdf"));
+        assert!(wildcard_fits(&parts("files/*"), "files/"));
+        assert!(!wildcard_fits(&parts("files/*"), "file"));
+        assert!(wildcard_fits(&parts("user_*_admin"), "user_42_admin"));
+        assert!(wildcard_fits(&parts("user_*_admin"), "user__admin"));
+        assert!(!wildcard_fits(&parts("user_*_admin"), "user_admin"));
+        assert!(wildcard_fits(&parts("a*b*c"), "aXbYc"));
+        assert!(wildcard_fits(&parts("a*b*c"), "abc"));
+        assert!(!wildcard_fits(&parts("a*b*c"), "acb"));
+        assert!(
+            !wildcard_fits(&parts("ab*ba"), "aba"),
+            "parts must not overlap"
+        );
+        assert!(wildcard_fits(&parts("*"), ""));
+    }
+
+    #[test]
+    fn a_shared_wildcard_counts_every_value_on_one_counter_and_names_stats_by_pattern() {
+        let r = rules(
+            "domain: d
+descriptors:
+  - key: file
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: file
+    value: docs/*
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: user
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+",
+        )
+        .unwrap();
+        let find = |k: &str, v: &str| r.find("d", &entries(&[(k, v)])).unwrap();
+        assert_eq!(
+            find("file", "files/a").counter,
+            find("file", "files/b").counter
+        );
+        assert_eq!(
+            find("file", "files/a").counter,
+            counter_key("d", &entries(&[("file", "files/*")]))
+        );
+        assert_ne!(
+            find("file", "docs/a").counter,
+            find("file", "docs/b").counter
+        );
+        assert_eq!(find("file", "files/a").stat_name, None);
+        assert_eq!(find("file", "docs/a").stat_name, None);
+        assert_eq!(find("user", "u1").stat_name.as_deref(), Some("d/user=u1"));
+        assert_eq!(find("path", "/x").stat_name.as_deref(), Some("d/path=/x"));
+        let e =
+            rules("domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            e.contains("share_threshold") && e.contains("wildcard"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn files_envoy_refuses_are_refused_with_the_place_named() {
+        let refused = |text: &str, expect: &str| {
+            let e = rules(text).unwrap_err().to_string();
+            assert!(e.contains(expect), "{expect} not in: {e}");
+        };
+        refused(
+            "domain: d\ndescriptors:\n  - key: k\n  - key: k\n",
+            "descriptors[1]: duplicate descriptor key 'k'",
+        );
+        refused(
+            "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - {key: a, value: b}\n      - {key: a, value: b}\n",
+            "descriptors[0].descriptors[1]: duplicate descriptor key 'a' value 'b'",
+        );
+        refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n",
+            "unlimited takes no unit",
+        );
+        refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: a, unit: second, requests_per_unit: 1, replaces: [{name: a}]}\n",
+            "cannot replace itself",
+        );
+        refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n",
+            "replaces[0].name: must not be empty",
+        );
+        refused(
+            "domain: d\ndescriptors:\n  - key: ''\n",
+            "descriptors[0].key: must not be empty",
+        );
+        refused(
+            "domain: d\ndescriptors:\n  - key: k\n    colour: red\n",
+            "colour",
+        );
+        // Envoy's own fields load (metadata has no effect here).
+        rules("domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    metadata: {a: {b: 1}}\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
+    }
+
+    #[test]
+    fn documents_of_one_domain_merge_only_when_asked_and_duplicates_still_fail() {
+        let one = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+        let two = "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+        let mut merged = DescriptorRules {
+            merge_domains: true,
+            ..DescriptorRules::default()
+        };
+        merged
+            .add(one, "one.yaml", KeyedOptions::default())
+            .unwrap();
+        merged
+            .add(two, "two.yaml", KeyedOptions::default())
+            .unwrap();
+        assert!(merged.find("d", &entries(&[("a", "x")])).is_some());
+        assert!(merged.find("d", &entries(&[("b", "x")])).is_some());
+        assert_eq!(
+            merged.domains().collect::<Vec<_>>(),
+            vec![("d", "one.yaml, two.yaml")]
+        );
+        let e = merged
+            .add(one, "three.yaml", KeyedOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("three.yaml") && e.contains("duplicate descriptor key 'a'"),
+            "{e}"
+        );
+        // The failed document changed nothing.
+        assert!(merged.find("d", &entries(&[("b", "x")])).is_some());
+        let mut strict = rules(one).unwrap();
+        let e = strict
+            .add(two, "two.yaml", KeyedOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already defined"), "{e}");
     }
 }

@@ -42,6 +42,8 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// Where counters live.
     pub store: StoreConfig,
+    /// How the service answers beyond its rules.
+    pub service: crate::config::ServiceSettings,
 }
 
 impl Settings {
@@ -75,7 +77,8 @@ impl Settings {
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", ");
-            (DescriptorRules::load(&paths, options)?, list)
+            let merge = main.service.merge_domains;
+            (DescriptorRules::load(&paths, options, merge)?, list)
         };
         let http = http
             .or(main.listen.http)
@@ -99,6 +102,7 @@ impl Settings {
             rule_paths: paths,
             admin_token,
             store,
+            service: main.service,
         })
     }
 }
@@ -117,7 +121,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings.rule_paths.clone(),
         settings.options,
     )
-    .with_request_limits(settings.requests);
+    .with_request_limits(settings.requests)
+    .with_answers(&settings.service);
     if settings.store.kind == StoreKind::Redis {
         service = service.with_redis(&settings.store).await?;
     }

@@ -1,0 +1,75 @@
+//! The rate-limit headers of a decision service answer, in the style the main
+//! config's `service.headers` chooses: the IETF fields (their one writer is
+//! [`tollgate::headers`]), the draft-03 trio envoyproxy/ratelimit writes, both, or
+//! none. Shared by the HTTP API and gRPC's `response_headers_to_add`.
+
+use crate::config::{HeaderStyle, Headers};
+use crate::service::{CheckResult, Code, DescriptorStatus};
+
+/// The headers for `result` under `style`; with `retry_after`, also `Retry-After` on
+/// OVER_LIMIT (the HTTP API always sends it; gRPC only with the IETF style).
+pub fn response_headers(
+    style: &Headers,
+    result: &CheckResult,
+    retry_after: bool,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let ietf = matches!(style.style, HeaderStyle::Ietf | HeaderStyle::Both);
+    if let Some(h) = ietf_headers(result) {
+        let retry = h
+            .retry_after_header()
+            .filter(|_| result.overall == Code::OverLimit && (retry_after || ietf));
+        out.extend(retry.map(|(k, v)| (k.to_string(), v)));
+        if ietf {
+            out.extend(h.ietf().map(|(k, v)| (k.to_string(), v)));
+        }
+    }
+    if matches!(style.style, HeaderStyle::Draft03 | HeaderStyle::Both) {
+        if let Some((limit, remaining, reset)) = draft03(result) {
+            out.push((style.limit.clone(), limit.to_string()));
+            out.push((style.remaining.clone(), remaining.to_string()));
+            out.push((style.reset.clone(), reset.to_string()));
+        }
+    }
+    out
+}
+
+/// The IETF headers of the binding descriptor's rule, named after its limit
+/// (`default` when unnamed). None for a rule without policies
+/// (`requests_per_unit: 0` denies with no quota to state).
+fn ietf_headers(result: &CheckResult) -> Option<tollgate::headers::RateLimitHeaders> {
+    let (limit, d) = result.binding()?;
+    let rules = limit.rules.as_ref()?;
+    let name = limit.name.as_deref().unwrap_or("default");
+    Some(tollgate::headers::RateLimitHeaders::new(name, rules, d))
+}
+
+/// envoyproxy/ratelimit's draft-03 values `(limit, remaining, reset seconds)`, from
+/// the descriptor it picks: the last one over the limit (outside quota mode), else
+/// the first with the fewest requests remaining among those with a limit. The limit
+/// is the requests per unit (a policy's headline limit for tollgate's `policies:`),
+/// the reset the whole seconds to the end of the unit's window (rounded up).
+pub fn draft03(result: &CheckResult) -> Option<(u64, u64, u64)> {
+    let mut chosen: Option<(&DescriptorStatus, u64)> = None;
+    for s in &result.statuses {
+        let Some(d) = s.decision() else { continue };
+        let remaining = if d.allowed {
+            d.remaining.min(u64::from(u32::MAX))
+        } else {
+            0
+        };
+        let quota = s.limit.as_ref().is_some_and(|l| l.quota_mode);
+        if s.code == Code::OverLimit && !quota {
+            chosen = Some((s, 0));
+        } else if chosen.is_none_or(|(_, least)| remaining < least) {
+            chosen = Some((s, remaining));
+        }
+    }
+    let (s, remaining) = chosen?;
+    let d = s.decision()?;
+    let limit = match s.limit.as_ref().and_then(|l| l.envoy) {
+        Some((_, per_unit)) => per_unit,
+        None => d.limit,
+    };
+    Some((limit, remaining, d.reset_after_us.div_ceil(1_000_000)))
+}
