@@ -1,5 +1,5 @@
 //! The HTTP/JSON API: `/v1/check`, `/v1/acquire`, `/v1/config`, `/v1/reset`, Envoy
-//! ratelimit's `/json` and `/healthcheck`, `/healthz`, `/readyz`.
+//! ratelimit's `/json`, `/healthcheck` and `/rlconfig`, `/healthz`, `/readyz`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,6 +96,12 @@ pub fn router(service: Arc<DecisionService>, admin: Admin) -> Router {
             ),
         )
         .route("/v1/config", get(config))
+        .route(
+            "/rlconfig",
+            get(
+                |State(service): State<Arc<DecisionService>>| async move { service.rules().dump() },
+            ),
+        )
         .route("/json", post(envoy_json))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "OK\n" }))

@@ -186,6 +186,9 @@ impl<'de> Deserialize<'de> for SpecDoc {
 pub struct Limit {
     /// Where it was defined: `domain/key=value/key2`.
     pub path: String,
+    /// The same in envoyproxy/ratelimit's form (its statistics and config dump
+    /// name descriptors so): `domain.key_value.key2`.
+    pub full_key: String,
     /// Envoy's `rate_limit.name`, if given.
     pub name: Option<String>,
     /// Names of limits this one replaces when both apply.
@@ -406,7 +409,7 @@ impl DescriptorRules {
         let mut added: Vec<Node> = Vec::with_capacity(doc.descriptors.len());
         for (i, d) in doc.descriptors.into_iter().enumerate() {
             let at = format!("descriptors[{i}]");
-            let node = build(d, &doc.domain, &at, options).map_err(invalid)?;
+            let node = build(d, &doc.domain, &doc.domain, &at, options).map_err(invalid)?;
             for siblings in existing.into_iter().chain([&added]) {
                 refuse_duplicate(siblings, &node, &at).map_err(invalid)?;
             }
@@ -454,6 +457,32 @@ impl DescriptorRules {
         for nodes in self.domains.values_mut() {
             walk(nodes, &previous);
         }
+    }
+
+    /// The rules in force as envoyproxy/ratelimit's config dump (`/rlconfig`) prints
+    /// them: one line per limit, `FULL_KEY: unit=UNIT requests_per_unit=N,
+    /// shadow_mode: B, quota_mode: B` (a tollgate `policies:` limit shows its specs
+    /// instead of unit and count), domains in name order, descriptors in file order.
+    pub fn dump(&self) -> String {
+        let mut domains: Vec<&str> = self.domains.keys().map(String::as_str).collect();
+        domains.sort_unstable();
+        let mut out = String::new();
+        for domain in domains {
+            for l in self.limits(domain) {
+                let counting = match (&l.envoy, &l.specs) {
+                    (Some((unit, n)), _) => {
+                        format!("unit={} requests_per_unit={n}", unit.envoy_name())
+                    }
+                    (None, Some(specs)) => format!("policies=[{}]", specs.join(", ")),
+                    (None, None) => "unit=UNKNOWN requests_per_unit=0 unlimited".to_string(),
+                };
+                out.push_str(&format!(
+                    "{}: {counting}, shadow_mode: {}, quota_mode: {}\n",
+                    l.full_key, l.shadow, l.quota_mode
+                ));
+            }
+        }
+        out
     }
 
     /// Every limit of a domain, depth first.
@@ -573,7 +602,10 @@ pub fn override_limit(
     let policy: Policy = spec.parse().map_err(|e| format!("limit override: {e}"))?;
     Ok(limit_of(
         format!("{domain}/override/{n}/{}", unit.envoy_name()),
-        Traits::default(),
+        Traits {
+            full_key: format!("{domain}.override_{n}_{}", unit.envoy_name()),
+            ..Traits::default()
+        },
         Some(policy.into()),
         Some((unit, n)),
         options,
@@ -583,6 +615,8 @@ pub fn override_limit(
 /// What a descriptor says about its limit besides how it counts.
 #[derive(Debug, Default)]
 struct Traits {
+    /// Envoy's name for the descriptor: `domain.key_value.key2`.
+    full_key: String,
     name: Option<String>,
     replaces: Vec<String>,
     shadow: bool,
@@ -591,14 +625,26 @@ struct Traits {
 }
 
 /// One descriptor of a rule file (`at` names it in errors) with its children; `path`
-/// is its parent's descriptor path.
-fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Result<Node, String> {
+/// is its parent's descriptor path and `parent_key` its parent's key in Envoy's form.
+fn build(
+    d: DescriptorDoc,
+    path: &str,
+    parent_key: &str,
+    at: &str,
+    options: KeyedOptions,
+) -> Result<Node, String> {
     if d.key.trim().is_empty() {
         return Err(format!("{at}.key: must not be empty"));
     }
-    let node_path = match &d.value {
-        Some(v) => format!("{path}/{}={v}", d.key),
-        None => format!("{path}/{}", d.key),
+    let (node_path, full_key) = match &d.value {
+        Some(v) => (
+            format!("{path}/{}={v}", d.key),
+            format!("{parent_key}.{}_{v}", d.key),
+        ),
+        None => (
+            format!("{path}/{}", d.key),
+            format!("{parent_key}.{}", d.key),
+        ),
     };
     if d.share_threshold && !d.value.as_deref().is_some_and(|v| v.contains('*')) {
         return Err(format!(
@@ -606,6 +652,7 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
         ));
     }
     let mut traits = Traits {
+        full_key: full_key.clone(),
         shadow: d.shadow_mode,
         quota_mode: d.quota_mode,
         detailed_metric: d.detailed_metric,
@@ -640,7 +687,8 @@ fn build(d: DescriptorDoc, path: &str, at: &str, options: KeyedOptions) -> Resul
     };
     let mut children: Vec<Node> = Vec::with_capacity(d.descriptors.len());
     for (i, c) in d.descriptors.into_iter().enumerate() {
-        let child = build(c, &node_path, &format!("{at}.descriptors[{i}]"), options)?;
+        let at = format!("{at}.descriptors[{i}]");
+        let child = build(c, &node_path, &full_key, &at, options)?;
         refuse_duplicate(&children, &child, &format!("{at}.descriptors[{i}]"))?;
         children.push(child);
     }
@@ -738,6 +786,7 @@ fn limit_of(
         .map(|r| KeyedLimiter::with_options(r, options, tollgate::MonotonicClock::new()));
     Arc::new(Limit {
         path,
+        full_key: traits.full_key,
         name: traits.name,
         replaces: traits.replaces,
         shadow: traits.shadow,
