@@ -1,0 +1,40 @@
+//! Wire compatibility checked by clients no one here wrote: Python's grpcio, with the
+//! stubs `xds-protos` generates from Envoy's published protos, calls
+//! `ShouldRateLimit`, and protobuf's own proto3 JSON writer and reader talk to `/json`
+//! (tests/python/envoy_clients.py). `scripts/test.sh` installs `grpcio` and
+//! `xds-protos` from the Python package index.
+
+#[path = "support/serve.rs"]
+mod serve_process;
+
+#[test]
+fn python_grpcio_and_protobuf_json_clients_get_envoys_answers() {
+    tollgate_testkit::clear_of_window_end(
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(5),
+    );
+    let dir = std::env::temp_dir().join(format!("tollgate-foreign-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("py.yaml");
+    std::fs::write(
+        &rules,
+        "domain: py\ndescriptors:\n  - key: user\n    rate_limit: {name: per_user, unit: minute, requests_per_unit: 3}\n",
+    )
+    .unwrap();
+    let server = serve_process::start(&["--rules", rules.to_str().unwrap()], &[]);
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/envoy_clients.py");
+    let grpc = server.grpc.trim_start_matches("http://");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .args([grpc, server.base.as_str()])
+        .output()
+        .expect("python3 runs (scripts/test.sh installs grpcio and xds-protos)");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("all checks passed"),
+        "the Python clients failed:\n{stdout}\n{stderr}"
+    );
+}
