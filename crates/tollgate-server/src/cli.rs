@@ -53,6 +53,21 @@ enum Command {
     Plot(PlotArgs),
 }
 
+impl Cli {
+    /// The log format and filter: the flag (or `TOLLGATE_LOG_FORMAT`), unless `serve
+    /// --envoy-env` finds Envoy's `LOG_FORMAT` / `LOG_LEVEL`.
+    pub fn log_settings(&self) -> (crate::logging::LogFormat, Option<String>) {
+        match &self.command {
+            Command::Serve(args) if args.envoy_env => {
+                let get = |name: &str| std::env::var(name).ok();
+                let (format, level) = crate::config::envoy_env::log_settings(&get);
+                (format.unwrap_or(self.log_format), level)
+            }
+            _ => (self.log_format, None),
+        }
+    }
+}
+
 /// Runs the command `cli` names.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {

@@ -19,10 +19,12 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the process's logger. Call once, before any event.
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("warn,tollgate=info,tollgate_server=info"));
+/// Installs the process's logger. Call once, before any event. `RUST_LOG` filters;
+/// without it, `default_filter` (or tollgate's own events from `info`).
+pub fn init(format: LogFormat, default_filter: Option<&str>) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(default_filter.unwrap_or("warn,tollgate=info,tollgate_server=info"))
+    });
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);

@@ -11,7 +11,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let cli = <tollgate_server::cli::Cli as clap::Parser>::parse();
     // Events (reloads, Redis outages and recoveries, lost leases) to stderr.
-    tollgate_server::logging::init(cli.log_format);
+    let (format, level) = cli.log_settings();
+    tollgate_server::logging::init(format, level.as_deref());
     match tollgate_server::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -442,10 +442,7 @@ descriptors:
         (1, 0),
         "whole seconds, as Envoy"
     );
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let now = (tollgate::Clock::now_us(&tollgate::MonotonicClock::new()) / 1_000_000) as i64;
     let r = call(&s.server, vec![d(&[("m", "a")])], 1).await;
     let expected = 60 - now % 60;
     assert!(
@@ -753,5 +750,42 @@ async fn documents_of_one_domain_merge_with_merge_domains() {
     assert!(
         !out.status.success() && err.contains("already defined"),
         "{err}"
+    );
+}
+
+#[tokio::test]
+async fn envoys_environment_settings_run_unchanged_with_envoy_env() {
+    inside_one_minute();
+    let dir = std::env::temp_dir().join(format!("tollgate-parity-env-{}", std::process::id()));
+    let rules = dir.join("srv/ratelimit/config");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(rules.join("parity.yaml"), THREE_A_MINUTE).unwrap();
+    let root = dir.join("srv");
+    let server = serve_process::start(
+        &["--envoy-env"],
+        &[
+            ("RUNTIME_ROOT", root.to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("SHADOW_MODE", "true"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("USE_STATSD", "false"),
+            ("LOG_FORMAT", "json"),
+        ],
+    );
+    let r = call(&server, vec![with_hits(d(&[("k", "a")]), 4)], 1).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        (r.overall_code, r.statuses[0].code),
+        (OK, OVER),
+        "SHADOW_MODE"
+    );
+    let keys: Vec<&str> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| h.key.as_str())
+        .collect();
+    assert_eq!(
+        keys,
+        ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]
     );
 }

@@ -2,6 +2,7 @@
 //! its types, defaults and validation. Nothing here binds a port; the `store:`
 //! section also knows how to connect ([`store::StoreConfig::connect`]).
 
+pub mod envoy_env;
 pub mod proxy;
 pub mod store;
 
@@ -346,6 +347,28 @@ impl MainConfig {
             rules: config.rules.iter().map(|r| base.join(r)).collect(),
             ..config
         })
+    }
+
+    /// Checks what the types alone cannot (also after `--envoy-env` changed it).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.connections.max == 0 || self.connections.max_streams == 0 {
+            anyhow::bail!("connections.max and connections.max_streams: must be at least 1");
+        }
+        let ratio = self.service.near_limit_ratio;
+        if !(0.0..=1.0).contains(&ratio) {
+            anyhow::bail!("service.near_limit_ratio: {ratio} is not between 0 and 1");
+        }
+        let h = &self.service.headers;
+        for (field, name) in [
+            ("limit", &h.limit),
+            ("remaining", &h.remaining),
+            ("reset", &h.reset),
+        ] {
+            if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                anyhow::bail!("service.headers.{field}: '{name}' is not a valid header name");
+            }
+        }
+        Ok(())
     }
 
     /// The keyed-limiter options.

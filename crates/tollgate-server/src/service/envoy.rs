@@ -1,5 +1,5 @@
 //! envoyproxy/ratelimit's wire forms over the decision service: the RLS v3 protobuf
-//! messages (gRPC, [`crate::service::grpc`]) and their proto3 JSON mapping (`POST
+//! messages (gRPC's `ShouldRateLimit`) and their proto3 JSON mapping (`POST
 //! /json`). Protocol types stay here: conversions in, [`should_rate_limit`], conversions
 //! out; both transports answer through it, so they answer alike.
 

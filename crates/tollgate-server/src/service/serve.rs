@@ -54,11 +54,19 @@ impl Settings {
         http: Option<SocketAddr>,
         grpc: Option<SocketAddr>,
         store: Option<&str>,
+        envoy_env: bool,
     ) -> anyhow::Result<Self> {
-        let main = match config {
+        let mut main = match config {
             Some(p) => MainConfig::load(p)?,
             None => MainConfig::default(),
         };
+        if envoy_env {
+            let get = |name: &str| std::env::var(name).ok();
+            if let Some(warning) = crate::config::envoy_env::apply(&get, &mut main)? {
+                tracing::warn!("{warning}");
+            }
+            main.validate()?;
+        }
         let store = main.store.clone().with_flag(store)?;
         let paths = if rules.is_empty() {
             main.rules.clone()
@@ -240,6 +248,11 @@ pub struct ServeArgs {
     /// redis+cluster://host:port,host:port. Overrides the config file's store.
     #[arg(long)]
     pub store: Option<String>,
+    /// Also read envoyproxy/ratelimit's environment settings (PORT, GRPC_PORT,
+    /// RUNTIME_ROOT, REDIS_URL, SHADOW_MODE, LOG_FORMAT, ...), mapped as docs/envoy.md
+    /// says: after the config file, before these flags.
+    #[arg(long)]
+    pub envoy_env: bool,
 }
 
 /// `tollgate serve`: settings resolved before any port is bound, then [`serve`] on a
@@ -251,6 +264,7 @@ pub fn command(args: ServeArgs) -> anyhow::Result<()> {
         args.http,
         args.grpc,
         args.store.as_deref(),
+        args.envoy_env,
     )?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -274,7 +288,7 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<()> {
     if args.config.is_none() && args.rules.is_empty() {
         anyhow::bail!("check-config needs --config FILE and/or --rules PATH");
     }
-    let settings = Settings::resolve(args.config.as_deref(), &args.rules, None, None, None)?;
+    let settings = Settings::resolve(args.config.as_deref(), &args.rules, None, None, None, false)?;
     let mut domains: Vec<_> = settings
         .rules
         .domains()

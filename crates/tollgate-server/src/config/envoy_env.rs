@@ -1,0 +1,343 @@
+//! `tollgate serve --envoy-env`: envoyproxy/ratelimit's environment settings, so that a
+//! deployment written for it (its Kubernetes manifest, its docker-compose file) runs
+//! tollgate unchanged. Each setting with a tollgate equivalent is applied to the main
+//! config with the meaning docs/envoy.md gives it (after the file, before the flags);
+//! one that would change what is served in a way tollgate cannot follow (TLS, unix
+//! sockets, xDS, memcached, Sentinel) is an error naming it; the rest are listed in a
+//! warning and ignored. Only variables that are set count: Envoy's defaults for unset
+//! ones are tollgate's where it matters (ports 8080/8081, the near-limit ratio 0.8,
+//! the header names).
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+
+use super::store::StoreKind;
+use super::{HeaderStyle, MainConfig};
+use crate::logging::LogFormat;
+
+/// Settings read and ignored (named in one warning when set): they tune parts
+/// tollgate does differently (statistics sinks, pools, jitter, tracing).
+const IGNORED: &[&str] = &[
+    "USE_STATSD",
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "USE_DOG_STATSD",
+    "USE_DOG_STATSD_MOGRIFIERS",
+    "STATS_FLUSH_INTERVAL",
+    "DISABLE_STATS",
+    "EXTRA_TAGS",
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_PATH",
+    "PROMETHEUS_MAPPER_YAML",
+    "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "RUNTIME_IGNOREDOTFILES",
+    "RUNTIME_WATCH_ROOT",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "REDIS_POOL_SIZE",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "RESPONSE_DYNAMIC_METADATA",
+    "TRACING_ENABLED",
+    "TRACING_SERVICE_NAME",
+    "TRACING_SERVICE_NAMESPACE",
+    "TRACING_SERVICE_INSTANCE_ID",
+    "TRACING_EXPORTER_PROTOCOL",
+    "TRACING_SAMPLING_RATE",
+];
+
+/// Settings tollgate cannot honour: serving without them would not be what the
+/// deployment asked for, so they are refused when set to anything but their default.
+const REFUSED: &[(&str, &str, &str)] = &[
+    ("GRPC_UDS", "", "gRPC on a unix socket"),
+    ("GRPC_SERVER_USE_TLS", "false", "TLS on the gRPC listener"),
+    ("REDIS_TLS", "false", "TLS to Redis"),
+    (
+        "REDIS_PERSECOND",
+        "false",
+        "a second Redis for per-second limits",
+    ),
+    ("CONFIG_TYPE", "FILE", "rules from an xDS server"),
+    ("BACKEND_TYPE", "redis", "the memcached backend"),
+    (
+        "QUOTA_MODE",
+        "false",
+        "global quota mode (quota_mode per descriptor is kept)",
+    ),
+];
+
+/// Applies the Envoy settings `get` finds to `main`; returns the warning to print
+/// (settings set but ignored), if any.
+pub fn apply(
+    get: &dyn Fn(&str) -> Option<String>,
+    main: &mut MainConfig,
+) -> anyhow::Result<Option<String>> {
+    for &(name, default, what) in REFUSED {
+        if let Some(v) = get(name).filter(|v| !v.eq_ignore_ascii_case(default)) {
+            bail!("--envoy-env: {name}={v}: {what} is not supported by tollgate");
+        }
+    }
+    let addr = |host: &str, port: &str| -> anyhow::Result<Option<std::net::SocketAddr>> {
+        let (h, p) = (get(host), get(port));
+        if h.is_none() && p.is_none() {
+            return Ok(None);
+        }
+        let h = h.unwrap_or_else(|| "0.0.0.0".into());
+        let p = p.unwrap_or_default();
+        format!("{h}:{p}").parse().map(Some).map_err(|_| {
+            anyhow::anyhow!("--envoy-env: {host}={h} {port}={p}: not an IP address and port")
+        })
+    };
+    if let Some(a) = addr("HOST", "PORT")? {
+        main.listen.http = Some(a);
+    }
+    if let Some(a) = addr("GRPC_HOST", "GRPC_PORT")? {
+        main.listen.grpc = Some(a);
+    }
+    if let Some(root) = get("RUNTIME_ROOT") {
+        let mut dir = PathBuf::from(root);
+        dir.push(get("RUNTIME_SUBDIRECTORY").unwrap_or_default());
+        dir.push(get("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
+        main.rules = vec![dir];
+    }
+    if let Some(url) = get("REDIS_URL") {
+        let socket = get("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
+        if !socket.eq_ignore_ascii_case("tcp") {
+            bail!("--envoy-env: REDIS_SOCKET_TYPE={socket}: tollgate reaches Redis over tcp only (set REDIS_SOCKET_TYPE=tcp)");
+        }
+        let auth = get("REDIS_AUTH").map(|a| match a.split_once(':') {
+            Some((user, pass)) => format!("{user}:{pass}@"),
+            None => format!(":{a}@"),
+        });
+        let auth = auth.unwrap_or_default();
+        let kind = get("REDIS_TYPE").unwrap_or_else(|| "SINGLE".into());
+        main.store.url = Some(match kind.to_ascii_uppercase().as_str() {
+            "SINGLE" => format!("redis://{auth}{url}"),
+            "CLUSTER" => format!("redis+cluster://{auth}{url}"),
+            _ => bail!("--envoy-env: REDIS_TYPE={kind}: tollgate speaks to a single Redis or a Cluster (SINGLE, CLUSTER)"),
+        });
+        main.store.kind = StoreKind::Redis;
+    }
+    if let Some(t) = get("REDIS_TIMEOUT") {
+        main.store.timeout = Some(go_duration_us(&t).ok_or_else(|| {
+            anyhow::anyhow!("--envoy-env: REDIS_TIMEOUT={t}: not a duration (e.g. 250ms, 10s)")
+        })?);
+    }
+    if get("LOCAL_CACHE_SIZE_IN_BYTES").is_some_and(|v| v != "0") {
+        main.store.negative_cache = true;
+    }
+    if let Some(p) = get("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
+        main.store.prefix = Some(p);
+    }
+    let flag = |name: &str| -> anyhow::Result<Option<bool>> {
+        get(name)
+            .map(|v| match v.to_ascii_lowercase().as_str() {
+                "true" | "1" | "t" => Ok(true),
+                "false" | "0" | "f" | "" => Ok(false),
+                _ => bail!("--envoy-env: {name}={v}: expected true or false"),
+            })
+            .transpose()
+    };
+    let service = &mut main.service;
+    if let Some(on) = flag("SHADOW_MODE")? {
+        service.shadow_mode = on;
+    }
+    if let Some(on) = flag("MERGE_DOMAIN_CONFIG")? {
+        service.merge_domains = on;
+    }
+    if let Some(r) = get("NEAR_LIMIT_RATIO") {
+        service.near_limit_ratio = r
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--envoy-env: NEAR_LIMIT_RATIO={r}: not a number"))?;
+    }
+    // Envoy's service adds no rate-limit headers unless asked.
+    service.headers.style = match flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+        Some(true) => HeaderStyle::Draft03,
+        _ => HeaderStyle::None,
+    };
+    for (name, field) in [
+        ("LIMIT_LIMIT_HEADER", &mut service.headers.limit),
+        ("LIMIT_REMAINING_HEADER", &mut service.headers.remaining),
+        ("LIMIT_RESET_HEADER", &mut service.headers.reset),
+    ] {
+        if let Some(v) = get(name) {
+            *field = v;
+        }
+    }
+    let ignored: Vec<&str> = IGNORED
+        .iter()
+        .copied()
+        .filter(|n| get(n).is_some())
+        .collect();
+    Ok((!ignored.is_empty()).then(|| {
+        format!(
+            "--envoy-env: ignored (tollgate does this its own way; see docs/envoy.md): {}",
+            ignored.join(", ")
+        )
+    }))
+}
+
+/// The log settings of Envoy's `LOG_FORMAT` (`json` or `text`) and `LOG_LEVEL` (as a
+/// `RUST_LOG` filter for tollgate's own events), when set.
+pub fn log_settings(get: &dyn Fn(&str) -> Option<String>) -> (Option<LogFormat>, Option<String>) {
+    let format = get("LOG_FORMAT").map(|f| match f.to_ascii_lowercase().as_str() {
+        "json" => LogFormat::Json,
+        _ => LogFormat::Text,
+    });
+    let level = get("LOG_LEVEL").map(|l| {
+        let level = match l.to_ascii_lowercase().as_str() {
+            "trace" => "trace",
+            "debug" => "debug",
+            "info" => "info",
+            "error" | "fatal" | "panic" => "error",
+            _ => "warn",
+        };
+        format!("warn,tollgate={level},tollgate_server={level}")
+    });
+    (format, level)
+}
+
+/// A Go duration (`10s`, `250ms`, `1m30s`, `1.5s`) in microseconds.
+fn go_duration_us(s: &str) -> Option<u64> {
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let n: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let us = match &rest[..unit_len] {
+            "ns" => 0.001,
+            "us" | "µs" => 1.0,
+            "ms" => 1e3,
+            "s" => 1e6,
+            "m" => 60e6,
+            "h" => 3600e6,
+            _ => return None,
+        };
+        total += n * us;
+        rest = &rest[unit_len..];
+    }
+    Some(total.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn envoy_settings_map_onto_the_main_config() {
+        let mut main = MainConfig::default();
+        let get = env(&[
+            ("PORT", "9080"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "9081"),
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "r1:7000,r2:7000"),
+            ("REDIS_AUTH", "user:secret"),
+            ("REDIS_TIMEOUT", "1m30s"),
+            ("SHADOW_MODE", "true"),
+            ("NEAR_LIMIT_RATIO", "0.9"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESET_HEADER", "X-Reset"),
+            ("USE_STATSD", "false"),
+        ]);
+        let warning = apply(&get, &mut main).unwrap();
+        assert_eq!(main.listen.http, Some("0.0.0.0:9080".parse().unwrap()));
+        assert_eq!(main.listen.grpc, Some("127.0.0.1:9081".parse().unwrap()));
+        assert_eq!(main.rules, vec![PathBuf::from("/data/ratelimit/config")]);
+        assert_eq!(main.store.kind, StoreKind::Redis);
+        assert_eq!(
+            main.store.url.as_deref(),
+            Some("redis+cluster://user:secret@r1:7000,r2:7000")
+        );
+        assert_eq!(main.store.timeout, Some(90_000_000));
+        assert!(main.service.shadow_mode);
+        assert_eq!(main.service.near_limit_ratio, 0.9);
+        assert_eq!(main.service.headers.style, HeaderStyle::Draft03);
+        assert_eq!(main.service.headers.reset, "X-Reset");
+        assert!(warning.unwrap().contains("USE_STATSD"));
+        // Without LIMIT_RESPONSE_HEADERS_ENABLED: no headers, as Envoy's default.
+        let mut main = MainConfig::default();
+        assert_eq!(apply(&env(&[]), &mut main).unwrap(), None);
+        assert_eq!(main.service.headers.style, HeaderStyle::None);
+    }
+
+    #[test]
+    fn settings_tollgate_cannot_follow_are_refused_by_name() {
+        for (pairs, expect) in [
+            (
+                vec![("GRPC_SERVER_USE_TLS", "true")],
+                "GRPC_SERVER_USE_TLS=true",
+            ),
+            (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
+            (
+                vec![("REDIS_URL", "/var/run/r.sock")],
+                "REDIS_SOCKET_TYPE=unix",
+            ),
+            (
+                vec![
+                    ("REDIS_SOCKET_TYPE", "tcp"),
+                    ("REDIS_URL", "r:1"),
+                    ("REDIS_TYPE", "SENTINEL"),
+                ],
+                "REDIS_TYPE=SENTINEL",
+            ),
+            (vec![("NEAR_LIMIT_RATIO", "most")], "NEAR_LIMIT_RATIO=most"),
+        ] {
+            let e = apply(&env(&pairs), &mut MainConfig::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(expect), "{expect} not in {e}");
+        }
+        // Their defaults, written out, are fine.
+        apply(
+            &env(&[("BACKEND_TYPE", "redis"), ("CONFIG_TYPE", "FILE")]),
+            &mut MainConfig::default(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        assert_eq!(go_duration_us("10s"), Some(10_000_000));
+        assert_eq!(go_duration_us("250ms"), Some(250_000));
+        assert_eq!(go_duration_us("1.5s"), Some(1_500_000));
+        assert_eq!(go_duration_us("1h2m"), Some(3_720_000_000));
+        assert_eq!(go_duration_us("soon"), None);
+        assert_eq!(go_duration_us(""), None);
+    }
+}
