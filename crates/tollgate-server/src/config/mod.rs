@@ -326,23 +326,7 @@ impl MainConfig {
     /// relative to `base`.
     pub fn parse(text: &str, base: &Path) -> anyhow::Result<Self> {
         let config: MainConfig = serde_yaml_ng::from_str(text)?;
-        if config.connections.max == 0 || config.connections.max_streams == 0 {
-            anyhow::bail!("connections.max and connections.max_streams: must be at least 1");
-        }
-        let ratio = config.service.near_limit_ratio;
-        if !(0.0..=1.0).contains(&ratio) {
-            anyhow::bail!("service.near_limit_ratio: {ratio} is not between 0 and 1");
-        }
-        let h = &config.service.headers;
-        for (field, name) in [
-            ("limit", &h.limit),
-            ("remaining", &h.remaining),
-            ("reset", &h.reset),
-        ] {
-            if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                anyhow::bail!("service.headers.{field}: '{name}' is not a valid header name");
-            }
-        }
+        config.validate()?;
         Ok(MainConfig {
             rules: config.rules.iter().map(|r| base.join(r)).collect(),
             ..config
