@@ -178,6 +178,13 @@ async fn descriptor_hits_addend_overrides_the_request_and_zero_looks_without_cou
         (OK, 3, Some(3)),
         "a fresh key: all 3 left"
     );
+    // A spent key: the request over the limit counted nothing, so a look reads OK
+    // with none left (where envoyproxy/ratelimit, having counted it, says OVER_LIMIT).
+    call(&s.server, vec![d(&[("k", "a")])], 1).await;
+    let r = call(&s.server, vec![d(&[("k", "a")])], 1).await;
+    assert_eq!(r.overall_code, OVER);
+    let r = call(&s.server, vec![with_hits(d(&[("k", "a")]), 0)], 1).await;
+    assert_eq!(summary(&r.statuses[0]), (OK, 0, Some(3)));
 }
 
 #[tokio::test]
