@@ -5,7 +5,17 @@
 # With `redis` as the third argument, a second `serve` on the Redis store (a
 # redis-server started here; batching on, the default) runs beside the memory one,
 # alternating rounds, and the ratio of their HTTP max req/s is printed.
-# Usage: scripts/bench-service.sh [concurrency] [seconds] [redis]
+# With `limitador` as the third argument, tollgate and limitador (Kuadrant's Rust
+# rate-limit server, memory storage) answer the same Envoy RLS gRPC load instead: one
+# descriptor key over 100,000 values, each value its own counter of 10^9 per minute
+# (so every call is a counted, admitted decision), no response headers on either
+# side, the same client (`tollgate bench grpc`), alternating rounds. Reported per
+# server: max req/s, p50/p99, server CPU per decision (from /proc/PID/stat), then p99
+# and CPU per decision at the same offered load (half the slower server's max).
+# limitador is built here from a checkout: LIMITADOR_SRC=/path/to/limitador (a clone
+# of github.com/Kuadrant/limitador; `cargo build --release -p limitador-server` runs
+# in it), or LIMITADOR_BIN=/path/to/limitador-server to use a built one.
+# Usage: scripts/bench-service.sh [concurrency] [seconds] [redis|limitador]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 conc=${1:-32}
@@ -14,6 +24,9 @@ with_redis=${3:-}
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+if [ "$with_redis" = limitador ]; then
+  exec scripts/bench-limitador.sh "$conc" "$secs"
+fi
 http=$(port); grpc=$(port); ceil=$(port)
 "$bin" serve --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" >/dev/null 2>&1 & serve_pid=$!
 "$bin" bench ceiling --listen "127.0.0.1:$ceil" >/dev/null 2>&1 & ceil_pid=$!

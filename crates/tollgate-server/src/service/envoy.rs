@@ -28,10 +28,13 @@ use crate::service::{
 /// `service.headers` says.
 pub async fn should_rate_limit(
     service: &DecisionService,
-    req: &RateLimitRequest,
+    req: RateLimitRequest,
 ) -> Result<RateLimitResponse, RequestError> {
-    let descriptors: Vec<DescriptorRequest> =
-        req.descriptors.iter().map(descriptor_request).collect();
+    let descriptors: Vec<DescriptorRequest> = req
+        .descriptors
+        .into_iter()
+        .map(descriptor_request)
+        .collect();
     let hits = u64::from(req.hits_addend.max(1));
     let result = service
         .check(&req.domain, &descriptors, hits, Op::Try)
@@ -85,14 +88,10 @@ fn duration(us: u64) -> PbDuration {
     }
 }
 
-/// A request's descriptor as the service takes it.
-fn descriptor_request(d: &RateLimitDescriptor) -> DescriptorRequest {
+/// A request's descriptor as the service takes it (its strings moved, not copied).
+fn descriptor_request(d: RateLimitDescriptor) -> DescriptorRequest {
     DescriptorRequest {
-        entries: d
-            .entries
-            .iter()
-            .map(|e| (e.key.clone(), e.value.clone()))
-            .collect(),
+        entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
         hits: d.hits_addend.map(|h| h.value),
         give_back: d.is_negative_hits,
         limit_override: d

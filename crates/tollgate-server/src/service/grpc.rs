@@ -34,7 +34,7 @@ impl RateLimitService for Grpc {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        crate::service::envoy::should_rate_limit(&self.service, request.get_ref())
+        crate::service::envoy::should_rate_limit(&self.service, request.into_inner())
             .await
             .map(tonic::Response::new)
             .map_err(|e| match e {

@@ -15,10 +15,11 @@ pub fn response_headers(
 ) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let ietf = matches!(style.style, HeaderStyle::Ietf | HeaderStyle::Both);
-    if let Some(h) = ietf_headers(result) {
-        let retry = h
-            .retry_after_header()
-            .filter(|_| result.overall == Code::OverLimit && (retry_after || ietf));
+    let retry = result.overall == Code::OverLimit && (retry_after || ietf);
+    // Built only when something of it is sent: formatting the policy list is most of
+    // a decision's own cost.
+    if let Some(h) = (ietf || retry).then(|| ietf_headers(result)).flatten() {
+        let retry = h.retry_after_header().filter(|_| retry);
         out.extend(retry.map(|(k, v)| (k.to_string(), v)));
         if ietf {
             out.extend(h.ietf().map(|(k, v)| (k.to_string(), v)));

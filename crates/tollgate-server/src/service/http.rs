@@ -464,7 +464,7 @@ async fn envoy_json(
         Ok(r) => r,
         Err(e) => return bad_request(e),
     };
-    match crate::service::envoy::should_rate_limit(&service, &request).await {
+    match crate::service::envoy::should_rate_limit(&service, request).await {
         Ok(response) => {
             let status = if response.overall_code
                 == envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit
