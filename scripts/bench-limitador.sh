@@ -2,6 +2,7 @@
 # tollgate serve against limitador on one Envoy RLS gRPC load, side by side in one run
 # (called by `scripts/bench-service.sh CONC SECS limitador`; see there for what is
 # measured). Needs LIMITADOR_SRC (a limitador checkout, built here) or LIMITADOR_BIN.
+# SERVE_THREADS=N runs serve with N runtime worker threads (TOKIO_WORKER_THREADS).
 # Usage: scripts/bench-limitador.sh [concurrency] [seconds] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
