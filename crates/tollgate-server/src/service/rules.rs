@@ -689,7 +689,7 @@ fn build(
     for (i, c) in d.descriptors.into_iter().enumerate() {
         let at = format!("{at}.descriptors[{i}]");
         let child = build(c, &node_path, &full_key, &at, options)?;
-        refuse_duplicate(&children, &child, &format!("{at}.descriptors[{i}]"))?;
+        refuse_duplicate(&children, &child, &at)?;
         children.push(child);
     }
     Ok(Node {
