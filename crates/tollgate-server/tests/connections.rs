@@ -185,19 +185,34 @@ async fn ten_thousand_idle_connections_are_bounded_and_reclaimed() {
     let (http, grpc) = (addr(&server.base), addr(&server.grpc));
     let (rss_before, fds_before) = (rss_kib(server.pid()), open_fds(server.pid()));
     let start = Instant::now();
-    let open = |addr, n| async move {
+    let pid = server.pid();
+    // Batches of 100, each once the server has accepted the one before: a client's
+    // connect completes before the server accepts, so racing ahead overflows the
+    // kernel's accept queue, and the retransmitted handshakes (1 s, 3 s, 7 s...) would
+    // stretch the opening past the header timeout on a slow machine.
+    let open = |addr, n, accepted_before| async move {
         let mut streams = Vec::with_capacity(n);
         for _ in 0..n / 100 {
             let batch = (0..100).map(|_| tokio::net::TcpStream::connect(addr));
             for s in futures::future::join_all(batch).await {
                 streams.push(s.unwrap());
             }
+            let paced = Instant::now();
+            while open_fds(pid) < accepted_before + streams.len() {
+                assert!(
+                    paced.elapsed() < Duration::from_secs(5),
+                    "the server accepted {} of {} connections",
+                    open_fds(pid) - accepted_before,
+                    streams.len()
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
         }
         streams
     };
-    let idle = open(http, IDLE).await;
+    let idle = open(http, IDLE, fds_before).await;
     // 500 more on gRPC that never send the HTTP/2 preface.
-    let idle_grpc = open(grpc, 500).await;
+    let idle_grpc = open(grpc, 500, fds_before + IDLE).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (rss_full, fds_full) = (rss_kib(server.pid()), open_fds(server.pid()));
     eprintln!(
