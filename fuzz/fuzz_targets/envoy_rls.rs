@@ -1,41 +1,67 @@
-//! Envoy's RLS `ShouldRateLimit`: any protobuf bytes either fail to decode or are a
-//! request the service answers (a response or an INVALID_ARGUMENT status), never a
-//! panic or an internal error.
+//! Envoy's RLS `ShouldRateLimit` over gRPC: any body (framed as one gRPC message, or
+//! raw) is answered with a gRPC status, never a panic: a request the service answers
+//! (OK, or INVALID_ARGUMENT for one it refuses), INTERNAL for bytes that are not one
+//! well-formed request message.
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use http_body_util::{BodyExt, Full};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use tollgate_server::service::grpc::Grpc;
+use tollgate_server::service::grpc;
 use tollgate_server::service::rules::DescriptorRules;
 use tollgate_server::service::DecisionService;
 
-fn grpc() -> &'static (tokio::runtime::Runtime, Grpc) {
-    static GRPC: OnceLock<(tokio::runtime::Runtime, Grpc)> = OnceLock::new();
-    GRPC.get_or_init(|| {
+fn service() -> &'static (tokio::runtime::Runtime, Arc<DecisionService>) {
+    static SERVICE: OnceLock<(tokio::runtime::Runtime, Arc<DecisionService>)> = OnceLock::new();
+    SERVICE.get_or_init(|| {
         let options = tollgate::KeyedOptions::default();
         let service = DecisionService::new(DescriptorRules::built_in(options), vec![], options);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        (runtime, Grpc::new(Arc::new(service)))
+        (runtime, Arc::new(service))
     })
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(request) = RateLimitRequest::decode(data) else {
-        return;
+    let (runtime, service) = service();
+    // Half the inputs framed as one message, so the fuzzer reaches the decision.
+    let framed = data.first().is_some_and(|b| b % 2 == 0);
+    let body = if framed {
+        let message = &data[1..];
+        let mut b = vec![0u8];
+        b.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        b.extend_from_slice(message);
+        b
+    } else {
+        data.to_vec()
     };
-    let (runtime, grpc) = grpc();
-    match runtime.block_on(grpc.should_rate_limit(tonic::Request::new(request))) {
-        Ok(response) => {
-            let r = response.into_inner();
+    let req = http::Request::post(grpc::PATH)
+        .header("content-type", "application/grpc")
+        .body(Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let resp = runtime.block_on(grpc::call(service.clone(), req));
+    assert_eq!(resp.status(), 200);
+    match tonic::Status::from_header_map(resp.headers()) {
+        Some(status) => {
+            let decodes = framed && RateLimitRequest::decode(&data[1..]).is_ok();
+            let expected = if decodes {
+                tonic::Code::InvalidArgument
+            } else {
+                tonic::Code::Internal
+            };
+            assert_eq!(status.code(), expected, "{status:?}");
+        }
+        None => {
+            let collected = runtime.block_on(resp.into_body().collect()).unwrap();
+            assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+            let body = collected.to_bytes();
+            let r = RateLimitResponse::decode(&body[5..]).unwrap();
             assert!(r.overall_code == 1 || r.overall_code == 2, "{r:?}");
         }
-        Err(status) => assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}"),
     }
 });

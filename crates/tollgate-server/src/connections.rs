@@ -66,13 +66,11 @@ impl Slots {
         &self.bounds
     }
 
-    /// Accepts the next connection once a slot is free; it must send its first bytes
-    /// within `header_timeout` (before hyper knows whether it speaks HTTP/1 or HTTP/2,
-    /// nothing else bounds that wait). Errors that concern one connection (reset before
-    /// accept) are skipped; running out of file descriptors is logged and retried
-    /// after a pause, as other connections close.
-    pub async fn accept(&self, listener: &TcpListener) -> (Bounded<TcpStream>, SocketAddr) {
-        let permit = self
+    /// Accepts the next connection once a slot is free. Errors that concern one
+    /// connection (reset before accept) are skipped; running out of file descriptors
+    /// is logged and retried after a pause, as other connections close.
+    pub async fn accept(&self, listener: &TcpListener) -> Accepted {
+        let slot = self
             .permits
             .clone()
             .acquire_owned()
@@ -81,10 +79,17 @@ impl Slots {
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
-                    let send_timeout = Duration::from_micros(self.bounds.send_timeout);
-                    let first_read = Duration::from_micros(self.bounds.header_timeout);
-                    let io = Bounded::new(stream, permit, send_timeout, first_read);
-                    return (io, peer);
+                    // A response goes out at once, not held back for the client's ACK
+                    // of the one before (Nagle's algorithm adds up to a round trip to
+                    // a request's latency; gRPC servers and nginx turn it off too).
+                    let _ = stream.set_nodelay(true);
+                    return Accepted {
+                        stream,
+                        slot,
+                        peer,
+                        send_timeout: Duration::from_micros(self.bounds.send_timeout),
+                        first_read: Duration::from_micros(self.bounds.header_timeout),
+                    };
                 }
                 Err(e) if per_connection(&e) => continue,
                 Err(e) => {
@@ -92,6 +97,132 @@ impl Slots {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
+        }
+    }
+}
+
+/// A connection accepted within its slot, not yet bounded in time.
+pub struct Accepted {
+    stream: TcpStream,
+    slot: OwnedSemaphorePermit,
+    peer: SocketAddr,
+    send_timeout: Duration,
+    first_read: Duration,
+}
+
+impl Accepted {
+    /// The connection with its time bounds armed, on the runtime this is called on: it
+    /// must send its first bytes within `header_timeout` (before hyper knows whether
+    /// it speaks HTTP/1 or HTTP/2, nothing else bounds that wait).
+    pub fn bounded(self) -> (Bounded<TcpStream>, SocketAddr) {
+        let io = Bounded::new(self.stream, self.slot, self.send_timeout, self.first_read);
+        (io, self.peer)
+    }
+
+    /// Serves the connection with `serve` on one of `workers` (or here, without).
+    fn serve_on<F>(
+        self,
+        workers: Option<&Workers>,
+        serve: impl FnOnce(Bounded<TcpStream>, SocketAddr) -> F + Send + 'static,
+    ) where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let Some(workers) = workers else {
+            let (io, peer) = self.bounded();
+            tokio::spawn(serve(io, peer));
+            return;
+        };
+        // A socket belongs to the runtime that registered it: it moves as a plain
+        // socket and is registered again on the worker's.
+        let Accepted {
+            stream,
+            slot,
+            peer,
+            send_timeout,
+            first_read,
+        } = self;
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => return tracing::debug!("connection from {peer} lost on hand-off: {e}"),
+        };
+        workers.next().spawn(async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    let io = Bounded::new(stream, slot, send_timeout, first_read);
+                    serve(io, peer).await;
+                }
+                Err(e) => tracing::debug!("connection from {peer} lost on hand-off: {e}"),
+            }
+        });
+    }
+}
+
+/// Threads that serve connections, each on a single-threaded runtime (as nginx's
+/// workers), while the listeners, signals and store connections stay on the main
+/// runtime. One thread runs a connection and its calls start to end, so an HTTP/2
+/// connection's responses finish before it writes: the writes of many calls go out
+/// in one system call (a multi-threaded runtime runs the connection task right after
+/// each call, one write per call, and moves tasks between threads).
+pub struct Workers {
+    handles: Vec<tokio::runtime::Handle>,
+    turn: std::sync::atomic::AtomicUsize,
+    stop: Option<tokio::sync::watch::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Starts `n` worker threads (at least one).
+    pub fn start(n: usize) -> io::Result<Workers> {
+        let (stop, stopped) = tokio::sync::watch::channel(());
+        let mut handles = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..n.max(1) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            handles.push(runtime.handle().clone());
+            let mut stopped = stopped.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("tollgate-worker-{i}"))
+                    .spawn(move || {
+                        runtime.block_on(async move {
+                            let _ = stopped.changed().await;
+                        });
+                    })?,
+            );
+        }
+        Ok(Workers {
+            handles,
+            turn: Default::default(),
+            stop: Some(stop),
+            threads,
+        })
+    }
+
+    /// How many worker threads there are.
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Whether there are none (never: [`Workers::start`] starts at least one).
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+
+    /// The next worker in turn.
+    fn next(&self) -> &tokio::runtime::Handle {
+        let turn = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.handles[turn % self.handles.len()]
+    }
+}
+
+impl Drop for Workers {
+    /// Stops the workers (what they still run is dropped) and waits for their threads.
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        for t in self.threads.drain(..) {
+            let _ = t.join();
         }
     }
 }
@@ -244,14 +375,15 @@ pub enum BodyTimeout {
 /// the body is not already there (a decision request usually arrives whole with its
 /// headers), so the common request pays no timer: a timer per request cost 5% of
 /// `serve`'s throughput.
-struct StallBody<B> {
+pub struct StallBody<B> {
     body: B,
     limit: BodyTimeout,
     timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<B> StallBody<B> {
-    fn new(body: B, limit: BodyTimeout) -> Self {
+    /// `body` bounded by `limit`.
+    pub fn new(body: B, limit: BodyTimeout) -> Self {
         StallBody {
             body,
             limit,
@@ -333,21 +465,57 @@ pub fn is_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// Serves `app` (HTTP/1.1, and HTTP/2 with prior knowledge) on `listener` within
-/// `slots`' bounds until `stop` resolves; then stops accepting, lets open requests
-/// finish for up to [`DRAIN_GRACE`], and returns. Handlers see the peer as
-/// [`ConnectInfo<SocketAddr>`].
+/// `slots`' bounds until `stop` resolves (see [`serve_connections`]). Handlers see the
+/// peer as [`ConnectInfo<SocketAddr>`].
 pub async fn serve_http(
     listener: TcpListener,
     slots: Slots,
     app: Router,
     body: BodyTimeout,
     stop: impl Future<Output = ()>,
+    workers: Option<&Workers>,
 ) {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_micros(slots.bounds.header_timeout));
+    let service_for = move |peer: SocketAddr| {
+        let app = app.clone();
+        hyper::service::service_fn(move |req: hyper::Request<_>| {
+            let mut req = req.map(|b| Body::new(StallBody::new(b, body)));
+            req.extensions_mut().insert(ConnectInfo(peer));
+            app.clone().oneshot(req)
+        })
+    };
+    serve_connections(listener, slots, builder, service_for, stop, workers).await;
+}
+
+/// Serves each connection accepted on `listener` within `slots`' bounds with `builder`
+/// (HTTP/2 at most `max_streams` streams per connection) and the service
+/// `service_for(peer)` makes, on `workers` (else on this runtime), until `stop`
+/// resolves; then stops accepting, lets open
+/// requests finish for up to [`DRAIN_GRACE`] (HTTP/2 clients are sent GOAWAY), and
+/// returns.
+pub async fn serve_connections<S, B>(
+    listener: TcpListener,
+    slots: Slots,
+    mut builder: Builder<TokioExecutor>,
+    service_for: impl Fn(SocketAddr) -> S,
+    stop: impl Future<Output = ()>,
+    workers: Option<&Workers>,
+) where
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = hyper::Response<B>,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<axum::BoxError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<axum::BoxError>,
+{
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -356,41 +524,26 @@ pub async fn serve_http(
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(stop);
     loop {
-        let (io, peer) = tokio::select! {
+        let accepted = tokio::select! {
             accepted = slots.accept(&listener) => accepted,
             _ = &mut stop => break,
         };
-        let app = app.clone();
-        let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
-            let mut req = req.map(|b| Body::new(StallBody::new(b, body)));
-            req.extensions_mut().insert(ConnectInfo(peer));
-            app.clone().oneshot(req)
-        });
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
+        let (builder, service, watcher) = (
+            builder.clone(),
+            service_for(accepted.peer),
+            graceful.watcher(),
+        );
+        accepted.serve_on(workers, move |io, peer| async move {
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(io), service)
+                .into_owned();
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!("connection from {peer} ended: {e}");
             }
         });
     }
     drop(listener);
     let _ = tokio::time::timeout(DRAIN_GRACE, graceful.shutdown()).await;
-}
-
-/// The connections accepted on `listener` within `slots`, as a stream for tonic's
-/// `serve_with_incoming_shutdown` (each must send its HTTP/2 preface within
-/// `header_timeout`, see [`Slots::accept`]).
-pub fn incoming(
-    listener: TcpListener,
-    slots: Slots,
-) -> impl futures_util::Stream<Item = io::Result<Bounded<TcpStream>>> {
-    futures_util::stream::unfold((listener, slots), |(listener, slots)| async move {
-        let (io, _) = slots.accept(&listener).await;
-        Some((Ok(io), (listener, slots)))
-    })
 }
 
 /// Warns when the process may not open `max` connections: its open-file limit

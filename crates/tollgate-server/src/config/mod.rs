@@ -174,6 +174,9 @@ pub struct Listen {
     /// traffic away first (default 0s: it stops accepting at once); then it drains.
     #[serde(default, deserialize_with = "duration_opt")]
     pub drain_delay: Option<u64>,
+    /// `serve`: how many threads serve connections, each on its own single-threaded
+    /// runtime (default: one per CPU, as nginx's `worker_processes auto`).
+    pub workers: Option<usize>,
 }
 
 /// `keys:` memory bounds per rule.
@@ -254,7 +257,8 @@ pub struct Connections {
     #[serde(default = "default_header_timeout", deserialize_with = "duration_us")]
     pub header_timeout: u64,
     /// How long a request body may take (default 30s): in `serve`, the whole body (a
-    /// decision request is small) and, over gRPC, the whole call; in the proxy, the
+    /// decision request is small; over gRPC, the request message; the decision then
+    /// waits on the store at most `store.timeout`); in the proxy, the
     /// longest wait between two reads, as nginx's `client_body_timeout`, so a large
     /// upload at a steady pace passes. Past it: 408 (a gRPC call: DEADLINE_EXCEEDED).
     #[serde(default = "default_body_timeout", deserialize_with = "duration_us")]
@@ -335,6 +339,9 @@ impl MainConfig {
 
     /// Checks what the types alone cannot (also after `--envoy-env` changed it).
     pub fn validate(&self) -> anyhow::Result<()> {
+        if self.listen.workers == Some(0) {
+            anyhow::bail!("listen.workers: must be at least 1");
+        }
         if self.connections.max == 0 || self.connections.max_streams == 0 {
             anyhow::bail!("connections.max and connections.max_streams: must be at least 1");
         }

@@ -228,7 +228,7 @@ fn spawn_worker(
             let body =
                 BodyTimeout::BetweenReads(Duration::from_micros(slots.bounds().body_timeout));
             let stop = crate::lifecycle::shutdown_signal();
-            crate::connections::serve_http(listener, slots, app, body, stop).await;
+            crate::connections::serve_http(listener, slots, app, body, stop, None).await;
             Ok(())
         })
     })

@@ -125,27 +125,17 @@ fn descriptor_status(s: &ServiceStatus) -> DescriptorStatus {
         // Unlimited: OK with the most remaining there is, as Envoy's service.
         status.limit_remaining = u32::MAX;
     }
-    if let (Some(limit), Some(d)) = (&s.limit, s.decision()) {
-        let (unit, per_unit, reset_us) = match limit.envoy {
-            Some((unit, n)) => (
-                pb_unit(unit),
-                n,
-                d.reset_after_us.div_ceil(1_000_000) * 1_000_000,
-            ),
-            None => (PbUnit::Unknown, d.limit, d.reset_after_us),
-        };
+    if let (Some(limit), Some(view)) = (&s.limit, s.envoy_view()) {
+        let unit = limit
+            .envoy
+            .map_or(PbUnit::Unknown, |(unit, _)| pb_unit(unit));
         status.current_limit = Some(RateLimit {
             name: limit.name.clone().unwrap_or_default(),
-            requests_per_unit: u32::try_from(per_unit).unwrap_or(u32::MAX),
+            requests_per_unit: u32::try_from(view.per_unit).unwrap_or(u32::MAX),
             unit: unit as i32,
         });
-        // Over the limit (shadow mode too): none remaining, as Envoy's service says.
-        status.limit_remaining = if !d.allowed {
-            0
-        } else {
-            u32::try_from(d.remaining).unwrap_or(u32::MAX)
-        };
-        status.duration_until_reset = Some(duration(reset_us));
+        status.limit_remaining = u32::try_from(view.remaining).unwrap_or(u32::MAX);
+        status.duration_until_reset = Some(duration(view.reset_after_us));
     }
     status
 }

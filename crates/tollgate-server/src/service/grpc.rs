@@ -1,45 +1,453 @@
 //! Envoy's rate limit service (`envoy.service.ratelimit.v3.RateLimitService/
-//! ShouldRateLimit`), wire compatible, over the decision service; the message
-//! conversions live in [`crate::service::envoy`].
+//! ShouldRateLimit`) over gRPC, wire compatible, served straight on hyper's HTTP/2
+//! connections: the one unary call needs no routing, streaming codec or middleware
+//! stack, and a call here costs what its bytes cost (see docs/performance.md). The
+//! message conversions live in [`crate::service::envoy`].
+//!
+//! The gRPC rules kept (the "gRPC over HTTP/2" protocol): a message is a 5-byte prefix
+//! (compressed flag, big-endian length) and its protobuf bytes; a response carries
+//! `grpc-status` in its trailers, an error is a trailers-only response; an unknown
+//! method is `UNIMPLEMENTED`, a content type other than `application/grpc*` is HTTP 415,
+//! a compressed message `UNIMPLEMENTED` (only `identity` is accepted), a message that
+//! is not one well-formed request `INTERNAL`, one over [`MAX_MESSAGE_BYTES`]
+//! `RESOURCE_EXHAUSTED`, a body that does not arrive within `connections.body_timeout`
+//! `DEADLINE_EXCEEDED`. A request the service refuses is `INVALID_ARGUMENT`, a store
+//! that cannot answer `UNAVAILABLE`. A client's `grpc-timeout` is not timed here: a
+//! client that gives up resets its stream, which drops the call.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use prost::Message;
+use tonic::Status;
 
+use hyper_util::rt::TokioExecutor;
+use hyper_util::server::conn::auto::Builder;
+
+use crate::connections::{self, BodyTimeout, Slots, StallBody, Workers};
 use crate::service::{DecisionService, RequestError};
 
-/// The gRPC service.
-pub struct Grpc {
+/// The one method served.
+pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The largest request message accepted (gRPC's usual default, 4 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// Serves the gRPC API on `listener` (HTTP/2 only) within `slots`' bounds, on
+/// `workers`, until `stop` resolves (see [`connections::serve_connections`]).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    slots: Slots,
     service: Arc<DecisionService>,
+    body: BodyTimeout,
+    stop: impl Future<Output = ()>,
+    workers: Option<&Workers>,
+) {
+    let builder = Builder::new(TokioExecutor::new()).http2_only();
+    let service_for = move |_peer: SocketAddr| {
+        let service = service.clone();
+        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+            let call = call(service.clone(), req.map(|b| StallBody::new(b, body)));
+            async move { Ok::<_, Infallible>(call.await) }
+        })
+    };
+    connections::serve_connections(listener, slots, builder, service_for, stop, workers).await;
 }
 
-impl Grpc {
-    /// The gRPC service over `service`, to call directly (tests, fuzzing).
-    pub fn new(service: Arc<DecisionService>) -> Grpc {
-        Grpc { service }
-    }
-
-    /// The tonic server for `service`.
-    pub fn server(service: Arc<DecisionService>) -> RateLimitServiceServer<Grpc> {
-        RateLimitServiceServer::new(Grpc { service })
+/// Answers one gRPC call: `ShouldRateLimit`, or the gRPC error the call deserves.
+/// Never fails: every outcome is a gRPC response. The future holds the body and the
+/// decision's state, not the request's head: hyper copies it as it spawns the call.
+pub fn call<B>(
+    service: Arc<DecisionService>,
+    req: Request<B>,
+) -> impl Future<Output = Response<GrpcBody>> + Send + 'static
+where
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let refused = refusal(&req);
+    let body = req.into_body();
+    async move {
+        let answered = match refused {
+            Some(refusal) => Err(refusal),
+            None => answer(&service, body).await,
+        };
+        match answered {
+            Ok(message) => Response::builder()
+                .header(http::header::CONTENT_TYPE, GRPC)
+                .body(GrpcBody::message(message))
+                .expect("a static header is valid"),
+            Err(Refusal::Status(status)) => status.into_http(),
+            Err(Refusal::ContentType) => {
+                let mut response = Response::new(GrpcBody::default());
+                *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+                response
+            }
+        }
     }
 }
 
-#[tonic::async_trait]
-impl RateLimitService for Grpc {
-    async fn should_rate_limit(
-        &self,
-        request: tonic::Request<RateLimitRequest>,
-    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        crate::service::envoy::should_rate_limit(&self.service, request.into_inner())
-            .await
-            .map(tonic::Response::new)
-            .map_err(|e| match e {
-                RequestError::Unavailable(m) => tonic::Status::unavailable(m),
-                e => tonic::Status::invalid_argument(e.to_string()),
-            })
+const GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
+
+enum Refusal {
+    Status(Status),
+    ContentType,
+}
+
+impl From<Status> for Refusal {
+    fn from(status: Status) -> Self {
+        Refusal::Status(status)
+    }
+}
+
+/// Why a call is refused from its head alone: an unknown method, a content type that
+/// is not gRPC's.
+fn refusal<B>(req: &Request<B>) -> Option<Refusal> {
+    if req.uri().path() != PATH {
+        return Some(
+            Status::unimplemented(format!(
+                "unknown method {}: this server answers {PATH}",
+                req.uri().path()
+            ))
+            .into(),
+        );
+    }
+    let grpc_content = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    (!grpc_content).then_some(Refusal::ContentType)
+}
+
+/// The framed response message to a call's body, or why there is none.
+async fn answer<B>(service: &DecisionService, body: B) -> Result<Bytes, Refusal>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    let framed = read_body(body).await?;
+    let message = unframe(framed)?;
+    let request = RateLimitRequest::decode(message)
+        .map_err(|e| Status::internal(format!("not a RateLimitRequest: {e}")))?;
+    let response = crate::service::envoy::should_rate_limit(service, request)
+        .await
+        .map_err(|e| match e {
+            RequestError::Unavailable(m) => Status::unavailable(m),
+            e => Status::invalid_argument(e.to_string()),
+        })?;
+    let len = response.encoded_len();
+    let mut out = BytesMut::with_capacity(5 + len);
+    out.put_u8(0);
+    out.put_u32(u32::try_from(len).expect("a response is far below 4 GiB"));
+    response
+        .encode(&mut out)
+        .expect("the buffer was sized by encoded_len");
+    Ok(out.freeze())
+}
+
+/// The whole request body, bounded by [`MAX_MESSAGE_BYTES`]. A body that arrives in one
+/// frame (the usual small request) is kept as it is, not copied.
+async fn read_body<B>(mut body: B) -> Result<Bytes, Status>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    let mut first: Option<Bytes> = None;
+    let mut more = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            let e: axum::BoxError = e.into();
+            if connections::is_body_timeout(e.as_ref()) {
+                Status::deadline_exceeded(connections::BodyTimedOut::MESSAGE)
+            } else {
+                Status::cancelled(format!("the request body ended early: {e}"))
+            }
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // request trailers carry nothing for this call
+        };
+        let total = first.as_ref().map_or(0, Bytes::len) + more.len() + data.len();
+        if total > 5 + MAX_MESSAGE_BYTES {
+            return Err(too_large(total - 5));
+        }
+        match &first {
+            None => first = Some(data),
+            Some(f) => {
+                if more.is_empty() {
+                    more.extend_from_slice(f);
+                }
+                more.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(if more.is_empty() {
+        first.unwrap_or_default()
+    } else {
+        more.freeze()
+    })
+}
+
+fn too_large(len: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "the request message is {len} bytes, over the largest accepted ({MAX_MESSAGE_BYTES})"
+    ))
+}
+
+/// The one message in a unary call's body.
+fn unframe(mut framed: Bytes) -> Result<Bytes, Status> {
+    if framed.len() < 5 {
+        return Err(Status::internal(if framed.is_empty() {
+            "missing request message".to_string()
+        } else {
+            format!("a message prefix is 5 bytes; the body has {}", framed.len())
+        }));
+    }
+    let compressed = framed.get_u8();
+    let len = framed.get_u32() as usize;
+    match compressed {
+        0 => {}
+        1 => {
+            return Err(Status::unimplemented(
+                "compressed messages are not accepted: send grpc-encoding identity",
+            ))
+        }
+        flag => {
+            return Err(Status::internal(format!(
+                "message prefix flag {flag}: 0 (uncompressed) or 1 (compressed)"
+            )))
+        }
+    }
+    if len > MAX_MESSAGE_BYTES {
+        return Err(too_large(len));
+    }
+    match framed.len().cmp(&len) {
+        std::cmp::Ordering::Equal => Ok(framed),
+        std::cmp::Ordering::Less => Err(Status::internal(format!(
+            "the message prefix says {len} bytes; the body has {}",
+            framed.len()
+        ))),
+        std::cmp::Ordering::Greater => Err(Status::internal(
+            "more than one request message in a unary call",
+        )),
+    }
+}
+
+/// A gRPC response body: the framed message, then `grpc-status: 0` in the trailers;
+/// empty (the default) for a trailers-only error response.
+#[derive(Debug, Default)]
+pub struct GrpcBody {
+    message: Option<Bytes>,
+    trailers: bool,
+}
+
+impl GrpcBody {
+    fn message(framed: Bytes) -> Self {
+        GrpcBody {
+            message: Some(framed),
+            trailers: true,
+        }
+    }
+}
+
+impl Body for GrpcBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(message) = self.message.take() {
+            return Poll::Ready(Some(Ok(Frame::data(message))));
+        }
+        if std::mem::take(&mut self.trailers) {
+            let mut trailers = HeaderMap::with_capacity(1);
+            trailers.insert(Status::GRPC_STATUS, HeaderValue::from_static("0"));
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.message.is_none() && !self.trailers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+    use tonic::Code;
+
+    fn framed(flag: u8, message: &[u8]) -> Bytes {
+        let mut b = vec![flag];
+        b.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        b.extend_from_slice(message);
+        Bytes::from(b)
+    }
+
+    fn service() -> Arc<DecisionService> {
+        let options = tollgate::KeyedOptions::default();
+        Arc::new(DecisionService::new(
+            crate::service::rules::DescriptorRules::built_in(options),
+            vec![],
+            options,
+        ))
+    }
+
+    async fn call_with(path: &str, content_type: &str, body: Bytes) -> Response<GrpcBody> {
+        let req = Request::post(path)
+            .header("content-type", content_type)
+            .body(Full::new(body))
+            .unwrap();
+        call(service(), req).await
+    }
+
+    #[tokio::test]
+    async fn a_request_is_answered_with_a_message_then_status_0_in_the_trailers() {
+        let request = RateLimitRequest {
+            domain: "example".into(),
+            descriptors: vec![Default::default()],
+            hits_addend: 1,
+        };
+        let resp = call_with(
+            PATH,
+            "application/grpc",
+            framed(0, &request.encode_to_vec()),
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        assert!(Status::from_header_map(resp.headers()).is_none());
+        let collected = resp.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+        let body = collected.to_bytes();
+        let message = unframe(body).unwrap();
+        let answer =
+            envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse::decode(message)
+                .unwrap();
+        assert_eq!(answer.overall_code, 1, "{answer:?}");
+    }
+
+    #[tokio::test]
+    async fn each_malformed_call_gets_its_own_grpc_error() {
+        let ok = RateLimitRequest {
+            domain: "example".into(),
+            descriptors: vec![],
+            hits_addend: 1,
+        }
+        .encode_to_vec();
+        let cases: Vec<(&str, &str, Bytes, Code, &str)> = vec![
+            (
+                "/other.Service/Call",
+                "application/grpc",
+                framed(0, &ok),
+                Code::Unimplemented,
+                "unknown method",
+            ),
+            (
+                PATH,
+                "application/grpc",
+                Bytes::new(),
+                Code::Internal,
+                "missing request message",
+            ),
+            (
+                PATH,
+                "application/grpc",
+                Bytes::from_static(&[0, 0]),
+                Code::Internal,
+                "5 bytes",
+            ),
+            (
+                PATH,
+                "application/grpc",
+                framed(1, &ok),
+                Code::Unimplemented,
+                "identity",
+            ),
+            (
+                PATH,
+                "application/grpc",
+                framed(7, &ok),
+                Code::Internal,
+                "flag 7",
+            ),
+            (
+                PATH,
+                "application/grpc",
+                framed(0, &ok).slice(..8),
+                Code::Internal,
+                "the body has 3",
+            ),
+            (
+                PATH,
+                "application/grpc+proto",
+                [framed(0, &ok), framed(0, &ok)].concat().into(),
+                Code::Internal,
+                "more than one",
+            ),
+            (
+                PATH,
+                "application/grpc",
+                framed(0, &[0xff, 0xff, 0xff]),
+                Code::Internal,
+                "not a RateLimitRequest",
+            ),
+            (
+                PATH,
+                "application/grpc",
+                framed(0, &ok),
+                Code::InvalidArgument,
+                "descriptor",
+            ),
+        ];
+        for (path, content_type, body, code, says) in cases {
+            let resp = call_with(path, content_type, body).await;
+            assert_eq!(resp.status(), 200);
+            let status = Status::from_header_map(resp.headers()).expect(says);
+            assert_eq!(status.code(), code, "{says}: {status:?}");
+            assert!(status.message().contains(says), "{status:?}");
+            assert!(resp
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .is_empty());
+        }
+        let resp = call_with(PATH, "application/json", framed(0, &ok)).await;
+        assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    }
+
+    /// hyper spawns each call as a task and moves its future several times on the
+    /// way: a Redis call's state or the request's head held in it made it 3 KiB, and
+    /// copying it was a tenth of a decision's instructions.
+    #[test]
+    fn a_call_future_stays_small() {
+        let req = Request::new(Full::new(Bytes::new()));
+        let size = std::mem::size_of_val(&call(service(), req));
+        assert!(size <= 1024, "{size} bytes");
+    }
+
+    #[tokio::test]
+    async fn a_message_over_the_bound_is_resource_exhausted_before_it_is_read() {
+        let mut prefix = vec![0u8];
+        prefix.extend_from_slice(&((MAX_MESSAGE_BYTES + 1) as u32).to_be_bytes());
+        let resp = call_with(PATH, "application/grpc", Bytes::from(prefix)).await;
+        let status = Status::from_header_map(resp.headers()).unwrap();
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        let body = Bytes::from(vec![0u8; MAX_MESSAGE_BYTES + 6]);
+        let resp = call_with(PATH, "application/grpc", body).await;
+        let status = Status::from_header_map(resp.headers()).unwrap();
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     }
 }

@@ -4,7 +4,7 @@
 //! none. Shared by the HTTP API and gRPC's `response_headers_to_add`.
 
 use crate::config::{HeaderStyle, Headers};
-use crate::service::{CheckResult, Code, DescriptorStatus};
+use crate::service::{CheckResult, Code, EnvoyView};
 
 /// The headers for `result` under `style`; with `retry_after`, also `Retry-After` on
 /// OVER_LIMIT (the HTTP API always sends it; gRPC only with the IETF style).
@@ -51,26 +51,20 @@ fn ietf_headers(result: &CheckResult) -> Option<tollgate::headers::RateLimitHead
 /// is the requests per unit (a policy's headline limit for tollgate's `policies:`),
 /// the reset the whole seconds to the end of the unit's window (rounded up).
 pub fn draft03(result: &CheckResult) -> Option<(u64, u64, u64)> {
-    let mut chosen: Option<(&DescriptorStatus, u64)> = None;
+    let mut chosen: Option<EnvoyView> = None;
     for s in &result.statuses {
-        let Some(d) = s.decision() else { continue };
-        let remaining = if d.allowed {
-            d.remaining.min(u64::from(u32::MAX))
-        } else {
-            0
-        };
+        let Some(view) = s.envoy_view() else { continue };
         let quota = s.limit.as_ref().is_some_and(|l| l.quota_mode);
-        if s.code == Code::OverLimit && !quota {
-            chosen = Some((s, 0));
-        } else if chosen.is_none_or(|(_, least)| remaining < least) {
-            chosen = Some((s, remaining));
+        // The last over the limit wins; else the first with the fewest remaining.
+        let over = s.code == Code::OverLimit && !quota;
+        if over || chosen.is_none_or(|least| view.remaining < least.remaining) {
+            chosen = Some(view);
         }
     }
-    let (s, remaining) = chosen?;
-    let d = s.decision()?;
-    let limit = match s.limit.as_ref().and_then(|l| l.envoy) {
-        Some((_, per_unit)) => per_unit,
-        None => d.limit,
-    };
-    Some((limit, remaining, d.reset_after_us.div_ceil(1_000_000)))
+    let view = chosen?;
+    Some((
+        view.per_unit,
+        view.remaining,
+        view.reset_after_us.div_ceil(1_000_000),
+    ))
 }

@@ -76,6 +76,39 @@ impl DescriptorStatus {
     pub fn decision(&self) -> Option<&Decision> {
         self.rule_decision.as_ref().map(|r| &r.decision)
     }
+
+    /// How envoyproxy/ratelimit states this descriptor, if a limited rule applied:
+    /// the requests per unit (a policy's headline limit for tollgate's `policies:`),
+    /// none remaining when not admitted (shadow mode too), and for an Envoy unit the
+    /// reset rounded up to whole seconds (the end of the unit's window).
+    pub fn envoy_view(&self) -> Option<EnvoyView> {
+        let (limit, d) = (self.limit.as_ref()?, self.decision()?);
+        let (per_unit, reset_after_us) = match limit.envoy {
+            Some((_, n)) => (n, d.reset_after_us.div_ceil(1_000_000) * 1_000_000),
+            None => (d.limit, d.reset_after_us),
+        };
+        let remaining = if d.allowed {
+            d.remaining.min(u64::from(u32::MAX))
+        } else {
+            0
+        };
+        Some(EnvoyView {
+            per_unit,
+            remaining,
+            reset_after_us,
+        })
+    }
+}
+
+/// A limited descriptor as envoyproxy/ratelimit states it ([`DescriptorStatus::envoy_view`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvoyView {
+    /// The requests per unit.
+    pub per_unit: u64,
+    /// The requests remaining (0 when not admitted; at most `u32::MAX`).
+    pub remaining: u64,
+    /// Until the window resets, in µs (whole seconds for an Envoy unit).
+    pub reset_after_us: u64,
 }
 
 impl CheckResult {
@@ -523,7 +556,9 @@ impl DecisionService {
         } else {
             match self.store_of(limit)? {
                 Some(StoreOf::Memory(l)) => decide(l, key, cost, op).await?,
-                Some(StoreOf::Redis(l)) => decide(l, key, cost, op).await?,
+                // Boxed: the Redis call's state would make every decision's future,
+                // memory ones too, kilobytes larger (copied as a task is spawned).
+                Some(StoreOf::Redis(l)) => Box::pin(decide(l, key, cost, op)).await?,
                 None => return Ok(ok(Some(limit.clone()))),
             }
         };
@@ -602,7 +637,7 @@ impl DecisionService {
     async fn give_back(&self, limit: &Limit, counter: &str, cost: u64) {
         let _ = match self.store_of(limit) {
             Ok(Some(StoreOf::Memory(l))) => RateLimiter::refund(l, counter, cost).await,
-            Ok(Some(StoreOf::Redis(l))) => RateLimiter::refund(l, counter, cost).await,
+            Ok(Some(StoreOf::Redis(l))) => Box::pin(RateLimiter::refund(l, counter, cost)).await,
             _ => Ok(()),
         };
     }

@@ -30,6 +30,8 @@ pub struct Settings {
     pub requests: crate::config::Requests,
     /// How long to serve with failing health checks after a stop signal.
     pub drain_delay: Duration,
+    /// How many worker threads serve connections.
+    pub workers: usize,
     /// Connection bounds, per listener.
     pub connections: crate::config::Connections,
     /// The descriptor rules of every domain, loaded and validated.
@@ -105,6 +107,10 @@ impl Settings {
             requests: main.requests,
             connections: main.connections,
             drain_delay: Duration::from_micros(main.listen.drain_delay.unwrap_or(0)),
+            workers: main
+                .listen
+                .workers
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
             rules,
             rules_source,
             rule_paths: paths,
@@ -124,6 +130,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {} (gRPC)", settings.grpc))?;
     let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
+    // Before the banner: whoever waits for it finds every thread and file in place.
+    let workers = crate::connections::Workers::start(settings.workers)?;
     let mut service = DecisionService::new(
         settings.rules,
         settings.rule_paths.clone(),
@@ -148,8 +156,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // Caught before the banner: a SIGHUP right after it must reload, not kill.
     let hup = crate::lifecycle::hangups();
     println!(
-        "tollgate serve: HTTP on http://{http} and Envoy RLS gRPC on {grpc} ({}) with {}",
+        "tollgate serve: HTTP on http://{http} and Envoy RLS gRPC on {grpc} ({}, {} worker(s)) with {}",
         settings.store.describe(),
+        settings.workers,
         settings.rules_source
     );
     println!("  domains: {}", domains.join(", "));
@@ -180,18 +189,18 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         crate::service::http::router(service.clone(), admin),
         BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
         stopped(stop_rx.clone()),
+        Some(&workers),
     );
-    let grpc_server = tonic::transport::Server::builder()
-        // A call, body included, within body_timeout: DEADLINE_EXCEEDED past it.
-        .timeout(Duration::from_micros(bounds.body_timeout))
-        .max_concurrent_streams(bounds.max_streams)
-        .add_service(crate::service::grpc::Grpc::server(service))
-        .serve_with_incoming_shutdown(
-            crate::connections::incoming(grpc_listener, Slots::new(bounds)),
-            stopped(stop_rx),
-        );
-    let ((), g) = tokio::join!(http_server, grpc_server);
-    g?;
+    let grpc_server = crate::service::grpc::serve(
+        grpc_listener,
+        Slots::new(bounds),
+        service,
+        BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
+        stopped(stop_rx),
+        Some(&workers),
+    );
+    tokio::join!(http_server, grpc_server);
+    drop(workers);
     // Whoever read the banner may be gone (`| head -1`): not a reason to panic.
     let _ = writeln!(std::io::stdout(), "tollgate serve: stopped");
     Ok(())
@@ -253,12 +262,16 @@ pub struct ServeArgs {
     /// says: after the config file, before these flags.
     #[arg(long)]
     pub envoy_env: bool,
+    /// How many threads serve connections [default: the config's listen.workers, else
+    /// one per CPU].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub workers: Option<u64>,
 }
 
 /// `tollgate serve`: settings resolved before any port is bound, then [`serve`] on a
 /// multi-threaded runtime.
 pub fn command(args: ServeArgs) -> anyhow::Result<()> {
-    let settings = Settings::resolve(
+    let mut settings = Settings::resolve(
         args.config.as_deref(),
         &args.rules,
         args.http,
@@ -266,6 +279,9 @@ pub fn command(args: ServeArgs) -> anyhow::Result<()> {
         args.store.as_deref(),
         args.envoy_env,
     )?;
+    if let Some(n) = args.workers {
+        settings.workers = usize::try_from(n)?;
+    }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
