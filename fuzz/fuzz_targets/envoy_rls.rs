@@ -1,7 +1,8 @@
 //! Envoy's RLS `ShouldRateLimit` over gRPC: any body (framed as one gRPC message, or
-//! raw) is answered with a gRPC status, never a panic: a request the service answers
-//! (OK, or INVALID_ARGUMENT for one it refuses), INTERNAL for bytes that are not one
-//! well-formed request message.
+//! raw) gets the gRPC status the framing rules give it, never a panic: a request the
+//! service answers (OK, or INVALID_ARGUMENT for one it refuses); UNIMPLEMENTED for a
+//! compressed message, RESOURCE_EXHAUSTED for one over the bound, INTERNAL for bytes
+//! that are not one well-formed request message.
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
@@ -40,6 +41,7 @@ fuzz_target!(|data: &[u8]| {
     } else {
         data.to_vec()
     };
+    let expected = refusal(&body);
     let req = http::Request::post(grpc::PATH)
         .header("content-type", "application/grpc")
         .body(Full::new(bytes::Bytes::from(body)))
@@ -47,16 +49,9 @@ fuzz_target!(|data: &[u8]| {
     let resp = runtime.block_on(grpc::call(service.clone(), req));
     assert_eq!(resp.status(), 200);
     match tonic::Status::from_header_map(resp.headers()) {
-        Some(status) => {
-            let decodes = framed && RateLimitRequest::decode(&data[1..]).is_ok();
-            let expected = if decodes {
-                tonic::Code::InvalidArgument
-            } else {
-                tonic::Code::Internal
-            };
-            assert_eq!(status.code(), expected, "{status:?}");
-        }
+        Some(status) => assert_eq!(status.code(), expected, "{status:?}"),
         None => {
+            assert_eq!(expected, tonic::Code::InvalidArgument, "answered");
             let collected = runtime.block_on(resp.into_body().collect()).unwrap();
             assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
             let body = collected.to_bytes();
@@ -65,3 +60,25 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// The status a body that is refused gets, from the gRPC framing rules (a body that
+/// is one decodable request: INVALID_ARGUMENT if the service refuses it, else it is
+/// answered).
+fn refusal(body: &[u8]) -> tonic::Code {
+    if body.len() < 5 {
+        return tonic::Code::Internal;
+    }
+    match body[0] {
+        0 => {}
+        1 => return tonic::Code::Unimplemented,
+        _ => return tonic::Code::Internal,
+    }
+    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    if len > grpc::MAX_MESSAGE_BYTES {
+        return tonic::Code::ResourceExhausted;
+    }
+    if body.len() - 5 != len || RateLimitRequest::decode(&body[5..]).is_err() {
+        return tonic::Code::Internal;
+    }
+    tonic::Code::InvalidArgument
+}
