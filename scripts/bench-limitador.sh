@@ -2,7 +2,8 @@
 # tollgate serve against limitador on one Envoy RLS gRPC load, side by side in one run
 # (called by `scripts/bench-service.sh CONC SECS limitador`; see there for what is
 # measured). Needs LIMITADOR_SRC (a limitador checkout, built here) or LIMITADOR_BIN.
-# SERVE_THREADS=N runs serve with N runtime worker threads (TOKIO_WORKER_THREADS).
+# SERVE_WORKERS=N runs serve with --workers N (default: one per CPU; limitador serves
+# gRPC on one thread).
 # Usage: scripts/bench-limitador.sh [concurrency] [seconds] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +48,7 @@ cat > "$work/limits.yaml" <<'YAML'
     - "descriptors[0]['user']"
 YAML
 t_grpc=$(port); t_http=$(port); l_grpc=$(port); l_http=$(port)
-env ${SERVE_THREADS:+TOKIO_WORKER_THREADS=$SERVE_THREADS} "$bin" serve --config "$work/tollgate.yaml" --http "127.0.0.1:$t_http" --grpc "127.0.0.1:$t_grpc" >/dev/null 2>&1 &
+"$bin" serve ${SERVE_WORKERS:+--workers "$SERVE_WORKERS"} --config "$work/tollgate.yaml" --http "127.0.0.1:$t_http" --grpc "127.0.0.1:$t_grpc" >/dev/null 2>&1 &
 t_pid=$!; pids+=($t_pid)
 "$lim" --rls-ip 127.0.0.1 --rls-port "$l_grpc" --http-ip 127.0.0.1 --http-port "$l_http" "$work/limits.yaml" memory >/dev/null 2>&1 &
 l_pid=$!; pids+=($l_pid)

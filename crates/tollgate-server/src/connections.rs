@@ -111,15 +111,10 @@ pub struct Accepted {
 }
 
 impl Accepted {
-    /// The connection with its time bounds armed, on the runtime this is called on: it
-    /// must send its first bytes within `header_timeout` (before hyper knows whether
-    /// it speaks HTTP/1 or HTTP/2, nothing else bounds that wait).
-    pub fn bounded(self) -> (Bounded<TcpStream>, SocketAddr) {
-        let io = Bounded::new(self.stream, self.slot, self.send_timeout, self.first_read);
-        (io, self.peer)
-    }
-
-    /// Serves the connection with `serve` on one of `workers` (or here, without).
+    /// Serves the connection with `serve` on the next of `workers` (or here, without),
+    /// its time bounds armed there: it must send its first bytes within
+    /// `header_timeout` (before hyper knows whether it speaks HTTP/1 or HTTP/2,
+    /// nothing else bounds that wait).
     fn serve_on<F>(
         self,
         workers: Option<&Workers>,
@@ -127,13 +122,6 @@ impl Accepted {
     ) where
         F: Future<Output = ()> + Send + 'static,
     {
-        let Some(workers) = workers else {
-            let (io, peer) = self.bounded();
-            tokio::spawn(serve(io, peer));
-            return;
-        };
-        // A socket belongs to the runtime that registered it: it moves as a plain
-        // socket and is registered again on the worker's.
         let Accepted {
             stream,
             slot,
@@ -141,16 +129,20 @@ impl Accepted {
             send_timeout,
             first_read,
         } = self;
+        let start = move |stream| serve(Bounded::new(stream, slot, send_timeout, first_read), peer);
+        let Some(workers) = workers else {
+            tokio::spawn(async move { start(stream).await });
+            return;
+        };
+        // A socket belongs to the runtime that registered it: it moves as a plain
+        // socket and is registered again on the worker's.
         let stream = match stream.into_std() {
             Ok(s) => s,
             Err(e) => return tracing::debug!("connection from {peer} lost on hand-off: {e}"),
         };
         workers.next().spawn(async move {
             match TcpStream::from_std(stream) {
-                Ok(stream) => {
-                    let io = Bounded::new(stream, slot, send_timeout, first_read);
-                    serve(io, peer).await;
-                }
+                Ok(stream) => start(stream).await,
                 Err(e) => tracing::debug!("connection from {peer} lost on hand-off: {e}"),
             }
         });
@@ -198,16 +190,6 @@ impl Workers {
             stop: Some(stop),
             threads,
         })
-    }
-
-    /// How many worker threads there are.
-    pub fn len(&self) -> usize {
-        self.handles.len()
-    }
-
-    /// Whether there are none (never: [`Workers::start`] starts at least one).
-    pub fn is_empty(&self) -> bool {
-        self.handles.is_empty()
     }
 
     /// The next worker in turn.

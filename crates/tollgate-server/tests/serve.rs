@@ -398,6 +398,60 @@ async fn envoy_rls_grpc_is_wire_compatible() {
     assert_eq!(r.overall_code, 1);
 }
 
+/// Connections are spread over the worker threads in turn; they count on one set of
+/// counters: six gRPC connections and an HTTP one, one hit each against 3 per hour,
+/// are admitted exactly three times.
+#[tokio::test]
+async fn connections_on_different_workers_share_the_counts() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    let rules = rules_dir().join("envoy-examples.yaml");
+    let server = start(&["--workers", "3", "--rules", rules.to_str().unwrap()]);
+    assert!(server.banner.contains("3 worker(s)"), "{}", server.banner);
+    let request = RateLimitRequest {
+        domain: "envoy".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "database".into(),
+                value: "users".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        let mut client = RateLimitServiceClient::connect(server.grpc.clone())
+            .await
+            .unwrap();
+        let r = client.should_rate_limit(request.clone()).await.unwrap();
+        codes.push(r.into_inner().overall_code);
+    }
+    assert_eq!(codes, [1, 1, 1, 2, 2, 2], "OK three times, then OVER_LIMIT");
+    let (status, _, v) = post(
+        &server,
+        "/json",
+        r#"{"domain":"envoy","descriptors":[{"entries":[{"key":"database","value":"users"}]}]}"#,
+    )
+    .await;
+    assert_eq!(
+        (status, v["overallCode"].as_str()),
+        (429, Some("OVER_LIMIT")),
+        "{v}"
+    );
+
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--workers", "0"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--workers"), "{stderr}");
+}
+
 #[tokio::test]
 async fn hot_reload_keeps_unchanged_rules_and_rejects_bad_files() {
     let dir = std::env::temp_dir().join(format!("tollgate-reload-{}", std::process::id()));

@@ -421,6 +421,25 @@ mod tests {
     }
 
     #[test]
+    fn out_of_range_values_are_refused_by_name() {
+        for (text, named) in [
+            ("listen:\n  workers: 0\n", "listen.workers"),
+            ("connections:\n  max: 0\n", "connections.max"),
+            (
+                "service:\n  near_limit_ratio: 1.5\n",
+                "service.near_limit_ratio",
+            ),
+        ] {
+            let config: MainConfig = serde_yaml_ng::from_str(text).unwrap();
+            let e = config.validate().unwrap_err().to_string();
+            assert!(e.contains(named), "{text}: {e}");
+        }
+        let config: MainConfig = serde_yaml_ng::from_str("listen:\n  workers: 3\n").unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.listen.workers, Some(3));
+    }
+
+    #[test]
     fn rule_paths_are_relative_to_the_config_file() {
         let dir = std::env::temp_dir().join(format!("tollgate-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -27,11 +27,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use prost::Message;
-use tonic::Status;
-
 use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto::Builder;
+use prost::Message;
+use tonic::Status;
 
 use crate::connections::{self, BodyTimeout, Slots, StallBody, Workers};
 use crate::service::{DecisionService, RequestError};
@@ -56,7 +55,8 @@ pub async fn serve(
     let service_for = move |_peer: SocketAddr| {
         let service = service.clone();
         hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-            let call = call(service.clone(), req.map(|b| StallBody::new(b, body)));
+            // Boxed: hyper moves each call's task several times as it spawns it.
+            let call = Box::pin(call(service.clone(), req.map(|b| StallBody::new(b, body))));
             async move { Ok::<_, Infallible>(call.await) }
         })
     };
@@ -82,10 +82,13 @@ where
             None => answer(&service, body).await,
         };
         match answered {
-            Ok(message) => Response::builder()
-                .header(http::header::CONTENT_TYPE, GRPC)
-                .body(GrpcBody::message(message))
-                .expect("a static header is valid"),
+            Ok(message) => {
+                let mut response = Response::new(GrpcBody::message(message));
+                response
+                    .headers_mut()
+                    .insert(http::header::CONTENT_TYPE, GRPC);
+                response
+            }
             Err(Refusal::Status(status)) => status.into_http(),
             Err(Refusal::ContentType) => {
                 let mut response = Response::new(GrpcBody::default());
