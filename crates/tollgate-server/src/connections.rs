@@ -118,7 +118,7 @@ impl Accepted {
     fn serve_on<F>(
         self,
         workers: Option<&Workers>,
-        serve: impl FnOnce(Bounded<TcpStream>, SocketAddr) -> F + Send + 'static,
+        serve: impl FnOnce(Bounded<TcpStream>) -> F + Send + 'static,
     ) where
         F: Future<Output = ()> + Send + 'static,
     {
@@ -129,7 +129,7 @@ impl Accepted {
             send_timeout,
             first_read,
         } = self;
-        let start = move |stream| serve(Bounded::new(stream, slot, send_timeout, first_read), peer);
+        let start = move |stream| serve(Bounded::new(stream, slot, send_timeout, first_read));
         let Some(workers) = workers else {
             tokio::spawn(async move { start(stream).await });
             return;
@@ -446,9 +446,9 @@ pub fn is_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Serves `app` (HTTP/1.1, and HTTP/2 with prior knowledge) on `listener` within
-/// `slots`' bounds until `stop` resolves (see [`serve_connections`]). Handlers see the
-/// peer as [`ConnectInfo<SocketAddr>`].
+/// Serves `app` (HTTP/1.1, and HTTP/2 with prior knowledge, at most `max_streams`
+/// streams per connection) on `listener` within `slots`' bounds until `stop` resolves
+/// (see [`serve_accepted`]). Handlers see the peer as [`ConnectInfo<SocketAddr>`].
 pub async fn serve_http(
     listener: TcpListener,
     slots: Slots,
@@ -462,70 +462,78 @@ pub async fn serve_http(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_micros(slots.bounds.header_timeout));
-    let service_for = move |peer: SocketAddr| {
-        let app = app.clone();
-        hyper::service::service_fn(move |req: hyper::Request<_>| {
-            let mut req = req.map(|b| Body::new(StallBody::new(b, body)));
-            req.extensions_mut().insert(ConnectInfo(peer));
-            app.clone().oneshot(req)
-        })
-    };
-    serve_connections(listener, slots, builder, service_for, stop, workers).await;
-}
-
-/// Serves each connection accepted on `listener` within `slots`' bounds with `builder`
-/// (HTTP/2 at most `max_streams` streams per connection) and the service
-/// `service_for(peer)` makes, on `workers` (else on this runtime), until `stop`
-/// resolves; then stops accepting, lets open
-/// requests finish for up to [`DRAIN_GRACE`] (HTTP/2 clients are sent GOAWAY), and
-/// returns.
-pub async fn serve_connections<S, B>(
-    listener: TcpListener,
-    slots: Slots,
-    mut builder: Builder<TokioExecutor>,
-    service_for: impl Fn(SocketAddr) -> S,
-    stop: impl Future<Output = ()>,
-    workers: Option<&Workers>,
-) where
-    S: hyper::service::Service<
-            hyper::Request<hyper::body::Incoming>,
-            Response = hyper::Response<B>,
-        > + Send
-        + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<axum::BoxError>,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<axum::BoxError>,
-{
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(slots.bounds.max_streams);
     let builder = Arc::new(builder);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let serve_one = move |peer: SocketAddr| {
+        let (builder, app) = (builder.clone(), app.clone());
+        let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+            let mut req = req.map(|b| Body::new(StallBody::new(b, body)));
+            req.extensions_mut().insert(ConnectInfo(peer));
+            app.clone().oneshot(req)
+        });
+        move |io: Bounded<TcpStream>, mut drain: Drain| async move {
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            tokio::pin!(conn);
+            let ended = tokio::select! {
+                ended = conn.as_mut() => ended,
+                () = drain.requested() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!("connection from {peer} ended: {e}");
+            }
+        }
+    };
+    serve_accepted(listener, slots, serve_one, stop, workers).await;
+}
+
+/// Accepts connections on `listener` within `slots`' bounds and serves each with
+/// `serve_one(peer)(connection, drain)`, on `workers` (else on this runtime), until
+/// `stop` resolves; then stops accepting, asks every connection to drain (HTTP/2
+/// clients are sent GOAWAY), lets open requests finish for up to [`DRAIN_GRACE`], and
+/// returns.
+pub async fn serve_accepted<M, F, Fut>(
+    listener: TcpListener,
+    slots: Slots,
+    serve_one: M,
+    stop: impl Future<Output = ()>,
+    workers: Option<&Workers>,
+) where
+    M: Fn(SocketAddr) -> F,
+    F: FnOnce(Bounded<TcpStream>, Drain) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
             accepted = slots.accept(&listener) => accepted,
             _ = &mut stop => break,
         };
-        let (builder, service, watcher) = (
-            builder.clone(),
-            service_for(accepted.peer),
-            graceful.watcher(),
-        );
-        accepted.serve_on(workers, move |io, peer| async move {
-            let conn = builder
-                .serve_connection_with_upgrades(TokioIo::new(io), service)
-                .into_owned();
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!("connection from {peer} ended: {e}");
-            }
-        });
+        let (serve, drain) = (serve_one(accepted.peer), Drain(drain_rx.clone()));
+        accepted.serve_on(workers, move |io| serve(io, drain));
     }
-    drop(listener);
-    let _ = tokio::time::timeout(DRAIN_GRACE, graceful.shutdown()).await;
+    drop((listener, drain_rx));
+    let _ = drain_tx.send(true);
+    // Every connection holds a receiver until it ends.
+    let _ = tokio::time::timeout(DRAIN_GRACE, drain_tx.closed()).await;
+}
+
+/// A connection's view of its server stopping: [`Drain::requested`] resolves when the
+/// server stops accepting; the server waits (up to [`DRAIN_GRACE`]) until every
+/// connection's `Drain` is dropped.
+pub struct Drain(tokio::sync::watch::Receiver<bool>);
+
+impl Drain {
+    /// Resolves once the server asks its connections to drain.
+    pub async fn requested(&mut self) {
+        let _ = self.0.wait_for(|draining| *draining).await;
+    }
 }
 
 /// Warns when the process may not open `max` connections: its open-file limit

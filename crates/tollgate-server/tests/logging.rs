@@ -9,11 +9,10 @@ use std::time::Duration;
 /// Starts serve with `args`, sends it SIGHUP (a reload: one info line), stops it, and
 /// returns what it wrote on stderr.
 fn log_of(args: &[&str], env: &[(&str, &str)]) -> String {
-    let dir = std::env::temp_dir().join(format!(
-        "tollgate-logging-{}-{}",
-        std::process::id(),
-        args.len()
-    ));
+    // One directory per call: the tests run side by side, and each removes its own.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("tollgate-logging-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let rules = dir.join("rules.yaml");
     std::fs::write(

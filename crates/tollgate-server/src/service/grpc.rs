@@ -21,18 +21,20 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use futures_util::FutureExt;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use hyper_util::rt::TokioExecutor;
-use hyper_util::server::conn::auto::Builder;
 use prost::Message;
+use tokio::net::TcpStream;
 use tonic::Status;
 
-use crate::connections::{self, BodyTimeout, Slots, StallBody, Workers};
+use crate::config::Connections;
+use crate::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody, Workers};
 use crate::service::{DecisionService, RequestError};
 
 /// The one method served.
@@ -41,26 +43,143 @@ pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateL
 /// The largest request message accepted (gRPC's usual default, 4 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
-/// Serves the gRPC API on `listener` (HTTP/2 only) within `slots`' bounds, on
-/// `workers`, until `stop` resolves (see [`connections::serve_connections`]).
+/// Serves the gRPC API on `listener` within `slots`' bounds, on `workers`, until
+/// `stop` resolves (see [`connections::serve_accepted`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     slots: Slots,
     service: Arc<DecisionService>,
-    body: BodyTimeout,
     stop: impl Future<Output = ()>,
     workers: Option<&Workers>,
 ) {
-    let builder = Builder::new(TokioExecutor::new()).http2_only();
-    let service_for = move |_peer: SocketAddr| {
+    let bounds = *slots.bounds();
+    let serve_one = move |peer: SocketAddr| {
         let service = service.clone();
-        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-            // Boxed: hyper moves each call's task several times as it spawns it.
-            let call = Box::pin(call(service.clone(), req.map(|b| StallBody::new(b, body))));
-            async move { Ok::<_, Infallible>(call.await) }
-        })
+        move |io, drain| connection(io, peer, service, bounds, drain)
     };
-    connections::serve_connections(listener, slots, builder, service_for, stop, workers).await;
+    connections::serve_accepted(listener, slots, serve_one, stop, workers).await;
+}
+
+/// One HTTP/2 connection: each call is answered in the connection's own task as its
+/// request arrives (no task per call) when it can be answered at once, as a decision
+/// on the memory store can; a call that must wait (for the rest of its body, for
+/// Redis) goes on in a task of its own. The answers of a round of reads leave in one
+/// write.
+async fn connection(
+    io: Bounded<TcpStream>,
+    peer: SocketAddr,
+    service: Arc<DecisionService>,
+    bounds: Connections,
+    mut drain: Drain,
+) {
+    // hyper's HTTP/2 server settings: 1 MiB windows, 16 KiB header lists.
+    let mut builder = h2::server::Builder::new();
+    builder
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(1 << 20)
+        .max_header_list_size(16 << 10)
+        .max_send_buffer_size(400 << 10)
+        .max_concurrent_streams(bounds.max_streams);
+    let mut conn = match builder.handshake::<_, Bytes>(io).await {
+        Ok(conn) => conn,
+        Err(e) => return tracing::debug!("gRPC connection from {peer}: no HTTP/2: {e}"),
+    };
+    let body_timeout = BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout));
+    let mut draining = false;
+    let mut arrived = Vec::new();
+    loop {
+        let next = tokio::select! {
+            biased;
+            next = conn.accept() => next,
+            () = drain.requested(), if !draining => {
+                conn.graceful_shutdown();
+                draining = true;
+                continue;
+            }
+        };
+        // Every call whose request is already read, then their answers: the next poll
+        // of the connection writes them out together.
+        let mut next = Poll::Ready(next);
+        let ended = loop {
+            match next {
+                Poll::Ready(Some(Ok(call))) => arrived.push(call),
+                Poll::Ready(Some(Err(e))) => break Some(Some(e)),
+                Poll::Ready(None) => break Some(None),
+                Poll::Pending => break None,
+            }
+            next = std::future::poll_fn(|cx| Poll::Ready(conn.poll_accept(cx))).await;
+        };
+        for (req, respond) in arrived.drain(..) {
+            let mut call = Box::pin(stream(service.clone(), req, respond, body_timeout));
+            if (&mut call).now_or_never().is_none() {
+                tokio::spawn(call);
+            }
+        }
+        match ended {
+            None => {}
+            Some(None) => return,
+            Some(Some(e)) => return tracing::debug!("gRPC connection from {peer} ended: {e}"),
+        }
+    }
+}
+
+/// One call on its HTTP/2 stream, answered there; a client that resets the stream
+/// (it gave up) drops the call.
+async fn stream(
+    service: Arc<DecisionService>,
+    req: Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    body_timeout: BodyTimeout,
+) {
+    let req = req.map(|b| StallBody::new(H2Body(b), body_timeout));
+    let response = tokio::select! {
+        biased;
+        response = call(service, req) => response,
+        _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
+    };
+    let (head, body) = response.into_parts();
+    let GrpcBody { message, trailers } = body;
+    let end = message.is_none() && !trailers;
+    let Ok(mut send) = respond.send_response(Response::from_parts(head, ()), end) else {
+        return; // the client is gone
+    };
+    if let Some(message) = message {
+        let _ = send.send_data(message, false);
+    }
+    if trailers {
+        let _ = send.send_trailers(ok_trailers());
+    }
+}
+
+/// An HTTP/2 request body as an [`http_body::Body`], its flow-control window given
+/// back as it is read.
+struct H2Body(h2::RecvStream);
+
+impl Body for H2Body {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let body = &mut self.0;
+        match body.poll_data(cx) {
+            Poll::Ready(Some(Ok(data))) => {
+                let _ = body.flow_control().release_capacity(data.len());
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => body
+                .poll_trailers(cx)
+                .map(|t| t.transpose().map(|t| t.map(Frame::trailers))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
 }
 
 /// Answers one gRPC call: `ShouldRateLimit`, or the gRPC error the call deserves.
@@ -261,6 +380,13 @@ impl GrpcBody {
     }
 }
 
+/// The trailers of an answered call: `grpc-status: 0`.
+fn ok_trailers() -> HeaderMap {
+    let mut trailers = HeaderMap::with_capacity(1);
+    trailers.insert(Status::GRPC_STATUS, HeaderValue::from_static("0"));
+    trailers
+}
+
 impl Body for GrpcBody {
     type Data = Bytes;
     type Error = Infallible;
@@ -273,9 +399,7 @@ impl Body for GrpcBody {
             return Poll::Ready(Some(Ok(Frame::data(message))));
         }
         if std::mem::take(&mut self.trailers) {
-            let mut trailers = HeaderMap::with_capacity(1);
-            trailers.insert(Status::GRPC_STATUS, HeaderValue::from_static("0"));
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+            return Poll::Ready(Some(Ok(Frame::trailers(ok_trailers()))));
         }
         Poll::Ready(None)
     }

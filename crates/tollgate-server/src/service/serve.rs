@@ -195,7 +195,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         grpc_listener,
         Slots::new(bounds),
         service,
-        BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
         stopped(stop_rx),
         Some(&workers),
     );
