@@ -327,3 +327,101 @@ async fn a_hundred_thousand_new_keys_a_second_stay_within_the_key_bound() {
         "RSS {rss_before} -> {rss_after} KiB"
     );
 }
+
+/// gRPC calls on one HTTP/2 connection whose request bodies arrive late: the call
+/// whose body is whole is answered at once beside them, the late one when its body
+/// is complete, and the one whose body never ends gets DEADLINE_EXCEEDED at the body
+/// timeout, as the connection and the bystander carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_bodies_that_arrive_late_are_waited_for_within_the_body_timeout() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+    use prost::Message;
+
+    let _serial = tollgate_testkit::timing_sensitive();
+    let path = config("grpc-late", "connections: {body_timeout: 1s}\n");
+    let server = serve_process::start(&["--config", path.to_str().unwrap()], &[]);
+    let before = bystander(&server).await;
+    let tcp = tokio::net::TcpStream::connect(addr(&server.grpc))
+        .await
+        .unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let message = RateLimitRequest {
+        domain: "example".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "api_key".into(),
+                value: "late-bodies".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    }
+    .encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    let framed = Bytes::from(framed);
+    let head = || {
+        http::Request::post(format!(
+            "{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            server.grpc
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+    };
+    let mut client = client.ready().await.unwrap();
+    let (late, mut late_body) = client.send_request(head(), false).unwrap();
+    late_body.send_data(framed.slice(..3), false).unwrap();
+    let mut client = client.ready().await.unwrap();
+    let (never, mut never_body) = client.send_request(head(), false).unwrap();
+    never_body.send_data(framed.slice(..3), false).unwrap();
+    let sent = Instant::now();
+    let mut client = client.ready().await.unwrap();
+    let (whole, mut whole_body) = client.send_request(head(), false).unwrap();
+    whole_body.send_data(framed.clone(), true).unwrap();
+
+    // The answer of a call: its status, remaining count (None for an error) and
+    // grpc-status.
+    async fn answer(response: h2::client::ResponseFuture) -> (u16, Option<u32>, Option<String>) {
+        let response = response.await.unwrap();
+        let status = response.status().as_u16();
+        let in_head = response.headers().get("grpc-status").cloned();
+        let mut body = response.into_body();
+        let mut bytes = Vec::new();
+        while let Some(data) = body.data().await {
+            let data = data.unwrap();
+            let _ = body.flow_control().release_capacity(data.len());
+            bytes.extend_from_slice(&data);
+        }
+        let trailers = body.trailers().await.unwrap();
+        let code = in_head
+            .or_else(|| trailers.and_then(|t| t.get("grpc-status").cloned()))
+            .map(|v| v.to_str().unwrap().to_string());
+        let remaining = (bytes.len() > 5).then(|| {
+            let r = RateLimitResponse::decode(&bytes[5..]).unwrap();
+            r.statuses[0].limit_remaining
+        });
+        (status, remaining, code)
+    }
+    let whole = tokio::time::timeout(Duration::from_millis(500), answer(whole))
+        .await
+        .expect("the whole call waited behind the late ones");
+    assert_eq!(whole, (200, Some(99), Some("0".into())));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    late_body.send_data(framed.slice(3..), true).unwrap();
+    assert_eq!(answer(late).await, (200, Some(98), Some("0".into())));
+    let never = answer(never).await;
+    let waited = sent.elapsed();
+    assert_eq!(never, (200, None, Some("4".into())), "DEADLINE_EXCEEDED");
+    assert!(
+        waited > Duration::from_millis(800) && waited < Duration::from_secs(4),
+        "{waited:?}"
+    );
+    drop(never_body);
+    assert_eq!(bystander(&server).await, before - 1);
+}

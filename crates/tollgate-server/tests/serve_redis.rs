@@ -115,6 +115,41 @@ async fn two_servers_share_one_limit_in_redis() {
     assert_eq!(send(&a, "GET", "/readyz", "").await.0, 200);
     // Another user is untouched.
     assert_eq!(check(&b, "user", "bob").await.0, 200);
+    // Envoy's gRPC API on the same counters: 8 calls for carol at once, 4 on each
+    // server (a call waiting on Redis goes on beside the others): exactly 5 admitted.
+    let calls = [&a, &b].into_iter().flat_map(|server| {
+        (0..4).map(move |_| {
+            let url = server.grpc.clone();
+            tokio::spawn(async move { grpc_check(url, "carol").await })
+        })
+    });
+    let mut admitted = 0;
+    for call in calls.collect::<Vec<_>>() {
+        admitted += usize::from(call.await.unwrap() == 1);
+    }
+    assert_eq!(admitted, 5);
+}
+
+/// One `ShouldRateLimit` call for `user` `value` on its own connection: the overall code.
+async fn grpc_check(url: String, value: &str) -> i32 {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let mut client = RateLimitServiceClient::connect(url).await.unwrap();
+    let request = RateLimitRequest {
+        domain: "shared".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    let response = client.should_rate_limit(request).await.unwrap();
+    response.into_inner().overall_code
 }
 
 /// Two instances whose wall clocks disagree by three hours (libfaketime shifts one's
