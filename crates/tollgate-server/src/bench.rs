@@ -418,7 +418,8 @@ fn parse_calls(s: &str) -> Result<tollgate::redis::RedisCalls, String> {
 #[derive(Debug, Parser)]
 /// `tollgate bench http|grpc` arguments.
 pub struct LoadArgs {
-    /// The service's address (host:port of its HTTP or gRPC listener).
+    /// The service's address: host:port (or http://host:port) of its HTTP or gRPC
+    /// listener.
     #[arg(long)]
     pub target: String,
     /// Concurrent callers.
@@ -501,8 +502,16 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
     if args.concurrency == 0 {
         anyhow::bail!("--concurrency must be at least 1");
     }
+    // `http://host:port` as the server's banner prints it, or `host:port`.
+    let target = args.target.strip_prefix("http://").unwrap_or(&args.target);
+    if target.contains("://") || target.contains('/') {
+        anyhow::bail!(
+            "--target {}: host:port (or http://host:port) of the listener",
+            args.target
+        );
+    }
     let spec = LoadSpec {
-        target: args.target,
+        target: target.to_string(),
         concurrency: args.concurrency,
         keys: args.keys,
         duration: args.duration,

@@ -815,3 +815,27 @@ async fn healthcheck_fails_while_draining_then_the_server_stops() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `tollgate bench` against a running server takes the address as the banner prints
+/// it (`http://host:port`) or bare, and refuses another scheme by name.
+#[tokio::test]
+async fn bench_takes_the_address_the_banner_prints() {
+    let server = start(&[]);
+    for (protocol, target) in [("http", &server.base), ("grpc", &server.grpc)] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["bench", protocol, "--target", target])
+            .args(["--duration", "300ms", "--concurrency", "2", "--keys", "50"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{protocol}: {stdout}");
+        assert!(stdout.contains("errors: 0"), "{protocol}: {stdout}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["bench", "grpc", "--target", "https://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--target https://127.0.0.1:1"), "{stderr}");
+}
