@@ -11,13 +11,18 @@
 //! - HTTP/1 headers (and a keep-alive connection's wait for its next request) within
 //!   `header_timeout` (hyper's header read timeout); a new connection's first bytes
 //!   (before hyper knows whether it speaks HTTP/1 or HTTP/2) within the same bound
-//!   ([`Slots::accept`]);
+//!   ([`Bounded`], armed where the connection is served);
 //! - a request body within `body_timeout` ([`BodyTimeout`]);
 //! - a response write that stalls longer than `send_timeout` closes the connection
 //!   ([`Bounded`]).
 //!
 //! What it costs: one semaphore permit per connection and one branch per read and
 //! write; a timer is armed only while a write is stalled or a first read awaited.
+//!
+//! Where connections run: [`serve_accepted`] accepts on the caller's runtime and hands
+//! each connection to the next of the [`Workers`] (single-threaded runtimes, one per
+//! CPU by default), where it lives to its end; on stop it asks every connection to
+//! drain ([`Drain`]) and waits for them up to [`DRAIN_GRACE`].
 
 use std::future::Future;
 use std::io;
@@ -331,14 +336,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Bounded<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.write_with(cx, |s, cx| s.poll_shutdown(cx))
-    }
-}
-
-impl tonic::transport::server::Connected for Bounded<TcpStream> {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
     }
 }
 
