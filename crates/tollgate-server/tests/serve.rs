@@ -781,6 +781,7 @@ async fn healthcheck_fails_while_draining_then_the_server_stops() {
     let server = start(&["--config", config.to_str().unwrap()]);
     let (status, _, body) = request(&server, "GET", "/healthcheck", "", None).await;
     assert_eq!((status, body.as_str()), (200, Some("OK\n")));
+    assert_eq!(grpc_health(&server).await, 1, "gRPC health: SERVING");
     let pid = server.pid().to_string();
     std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -789,6 +790,7 @@ async fn healthcheck_fails_while_draining_then_the_server_stops() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let (status, _, body) = request(&server, "GET", "/healthcheck", "", None).await;
     assert_eq!((status, body.as_str()), (500, Some("draining\n")));
+    assert_eq!(grpc_health(&server).await, 2, "gRPC health: NOT_SERVING");
     assert_eq!(request(&server, "GET", "/readyz", "", None).await.0, 503);
     // Still deciding during the delay.
     assert_eq!(
@@ -814,6 +816,28 @@ async fn healthcheck_fails_while_draining_then_the_server_stops() {
         "still running 5 s after SIGTERM with a 2 s drain delay"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `grpc.health.v1.Health/Check` for the server (`service: ""`) over HTTP/2: the
+/// status (1 SERVING, 2 NOT_SERVING).
+async fn grpc_health(server: &Server) -> u8 {
+    use http_body_util::{BodyExt, Full};
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<bytes::Bytes>>();
+    // One empty message: the 5-byte prefix of a 0-byte HealthCheckRequest.
+    let req = http::Request::post(format!("{}/grpc.health.v1.Health/Check", server.grpc))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(bytes::Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let collected = resp.into_body().collect().await.unwrap();
+    assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+    let body = collected.to_bytes();
+    // The response: prefix, then field 1 (varint) = the status.
+    assert_eq!(&body[..], &[0, 0, 0, 0, 2, 0x08, body[6]]);
+    body[6]
 }
 
 /// `tollgate bench` against a running server takes the address as the banner prints

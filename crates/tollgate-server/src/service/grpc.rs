@@ -184,7 +184,8 @@ impl Body for H2Body {
 
 /// Answers one gRPC call: `ShouldRateLimit`, or the gRPC error the call deserves.
 /// Never fails: every outcome is a gRPC response. The future holds the body and the
-/// decision's state, not the request's head: hyper copies it as it spawns the call.
+/// decision's state, not the request's head: it is moved into a box per call (and a
+/// task when the call must wait), so it is kept small.
 pub fn call<B>(
     service: Arc<DecisionService>,
     req: Request<B>,
@@ -193,12 +194,12 @@ where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<axum::BoxError>,
 {
-    let refused = refusal(&req);
+    let method = route(&req);
     let body = req.into_body();
     async move {
-        let answered = match refused {
-            Some(refusal) => Err(refusal),
-            None => answer(&service, body).await,
+        let answered = match method {
+            Ok(method) => answer(&service, method, body).await,
+            Err(refusal) => Err(refusal),
         };
         match answered {
             Ok(message) => {
@@ -231,49 +232,104 @@ impl From<Status> for Refusal {
     }
 }
 
-/// Why a call is refused from its head alone: an unknown method, a content type that
-/// is not gRPC's.
-fn refusal<B>(req: &Request<B>) -> Option<Refusal> {
-    if req.uri().path() != PATH {
-        return Some(
-            Status::unimplemented(format!(
-                "unknown method {}: this server answers {PATH}",
-                req.uri().path()
+/// The methods served.
+#[derive(Debug, Clone, Copy)]
+enum Method {
+    /// Envoy's `ShouldRateLimit`.
+    ShouldRateLimit,
+    /// gRPC's health check (`grpc.health.v1.Health/Check`).
+    HealthCheck,
+}
+
+/// The method a call asks for, or why it is refused from its head alone: an unknown
+/// method, a content type that is not gRPC's.
+fn route<B>(req: &Request<B>) -> Result<Method, Refusal> {
+    let method = match req.uri().path() {
+        PATH => Method::ShouldRateLimit,
+        HEALTH_CHECK => Method::HealthCheck,
+        other => {
+            return Err(Status::unimplemented(format!(
+                "unknown method {other}: this server answers {PATH} and {HEALTH_CHECK}"
             ))
-            .into(),
-        );
-    }
+            .into())
+        }
+    };
     let grpc_content = req
         .headers()
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-    (!grpc_content).then_some(Refusal::ContentType)
+    if grpc_content {
+        Ok(method)
+    } else {
+        Err(Refusal::ContentType)
+    }
 }
 
 /// The framed response message to a call's body, or why there is none.
-async fn answer<B>(service: &DecisionService, body: B) -> Result<Bytes, Refusal>
+async fn answer<B>(service: &DecisionService, method: Method, body: B) -> Result<Bytes, Refusal>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<axum::BoxError>,
 {
-    let framed = read_body(body).await?;
-    let message = unframe(framed)?;
-    let request = RateLimitRequest::decode(message)
-        .map_err(|e| Status::internal(format!("not a RateLimitRequest: {e}")))?;
-    let response = crate::service::envoy::should_rate_limit(service, request)
-        .await
-        .map_err(|e| match e {
-            RequestError::Unavailable(m) => Status::unavailable(m),
-            e => Status::invalid_argument(e.to_string()),
-        })?;
-    let len = response.encoded_len();
+    let message = unframe(read_body(body).await?)?;
+    Ok(match method {
+        Method::ShouldRateLimit => {
+            let request = RateLimitRequest::decode(message)
+                .map_err(|e| Status::internal(format!("not a RateLimitRequest: {e}")))?;
+            let response = crate::service::envoy::should_rate_limit(service, request)
+                .await
+                .map_err(|e| match e {
+                    RequestError::Unavailable(m) => Status::unavailable(m),
+                    e => Status::invalid_argument(e.to_string()),
+                })?;
+            framed(&response)
+        }
+        Method::HealthCheck => framed(&health(service, message)?),
+    })
+}
+
+/// `message` as one gRPC message: the 5-byte prefix, then its bytes.
+fn framed(message: &impl Message) -> Bytes {
+    let len = message.encoded_len();
     let mut out = BytesMut::with_capacity(5 + len);
     out.put_u8(0);
     out.put_u32(u32::try_from(len).expect("a response is far below 4 GiB"));
-    response
+    message
         .encode(&mut out)
         .expect("the buffer was sized by encoded_len");
-    Ok(out.freeze())
+    out.freeze()
+}
+
+/// `grpc.health.v1.Health/Check`, as envoyproxy/ratelimit registers it: the server
+/// (`""`) and `ratelimit` are SERVING, NOT_SERVING from the stop signal on (as
+/// `/healthcheck`); any other service name is NOT_FOUND.
+pub const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+
+/// `grpc.health.v1.HealthCheckRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckRequest {
+    #[prost(string, tag = "1")]
+    service: String,
+}
+
+/// `grpc.health.v1.HealthCheckResponse` (status: 1 SERVING, 2 NOT_SERVING).
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckResponse {
+    #[prost(int32, tag = "1")]
+    status: i32,
+}
+
+fn health(service: &DecisionService, message: Bytes) -> Result<HealthCheckResponse, Status> {
+    let request = HealthCheckRequest::decode(message)
+        .map_err(|e| Status::internal(format!("not a HealthCheckRequest: {e}")))?;
+    if !matches!(request.service.as_str(), "" | "ratelimit") {
+        return Err(Status::not_found(format!(
+            "unknown service '{}': this server reports '' and 'ratelimit'",
+            request.service
+        )));
+    }
+    let status = if service.draining() { 2 } else { 1 };
+    Ok(HealthCheckResponse { status })
 }
 
 /// The whole request body, bounded by [`MAX_MESSAGE_BYTES`]. A body that arrives in one
@@ -555,9 +611,44 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
     }
 
-    /// hyper spawns each call as a task and moves its future several times on the
-    /// way: a Redis call's state or the request's head held in it made it 3 KiB, and
-    /// copying it was a tenth of a decision's instructions.
+    #[tokio::test]
+    async fn the_health_check_serves_until_the_server_drains() {
+        let service = service();
+        let ask = |name: &str| {
+            let body = framed(
+                0,
+                &HealthCheckRequest {
+                    service: name.into(),
+                }
+                .encode_to_vec(),
+            );
+            let req = Request::post(HEALTH_CHECK)
+                .header("content-type", "application/grpc")
+                .body(Full::new(body))
+                .unwrap();
+            call(service.clone(), req)
+        };
+        let status = |resp: Response<GrpcBody>| async move {
+            if let Some(status) = Status::from_header_map(resp.headers()) {
+                return Err(status.code());
+            }
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            Ok(HealthCheckResponse::decode(unframe(body).unwrap())
+                .unwrap()
+                .status)
+        };
+        assert_eq!(status(ask("").await).await, Ok(1), "SERVING");
+        assert_eq!(status(ask("ratelimit").await).await, Ok(1));
+        assert_eq!(status(ask("other").await).await, Err(Code::NotFound));
+        service.start_draining();
+        assert_eq!(status(ask("").await).await, Ok(2), "NOT_SERVING");
+        assert_eq!(status(ask("ratelimit").await).await, Ok(2));
+    }
+
+    /// Each call's future is moved into a box (and a task when it must wait): a Redis
+    /// call's state or the request's head held in it made it 3 KiB, and copying it
+    /// (then as hyper spawned a task per call) was a tenth of a decision's
+    /// instructions.
     #[test]
     fn a_call_future_stays_small() {
         let req = Request::new(Full::new(Bytes::new()));
