@@ -274,7 +274,7 @@ where
     let message = unframe(read_body(body).await?)?;
     Ok(match method {
         Method::ShouldRateLimit => {
-            let request = RateLimitRequest::decode(message)
+            let request = RateLimitRequest::decode(&message[..])
                 .map_err(|e| Status::internal(format!("not a RateLimitRequest: {e}")))?;
             let response = crate::service::envoy::should_rate_limit(service, request)
                 .await
@@ -291,13 +291,15 @@ where
 /// `message` as one gRPC message: the 5-byte prefix, then its bytes.
 fn framed(message: &impl Message) -> Bytes {
     let len = message.encoded_len();
-    let mut out = BytesMut::with_capacity(5 + len);
+    // A Vec, not a BytesMut: prost writes a byte at a time, and a Vec's write is the
+    // cheaper (a third of the encoding's instructions).
+    let mut out = Vec::with_capacity(5 + len);
     out.put_u8(0);
     out.put_u32(u32::try_from(len).expect("a response is far below 4 GiB"));
     message
         .encode(&mut out)
         .expect("the buffer was sized by encoded_len");
-    out.freeze()
+    Bytes::from(out)
 }
 
 /// `grpc.health.v1.Health/Check`, as envoyproxy/ratelimit registers it: the server
@@ -365,6 +367,9 @@ where
                 }
                 more.extend_from_slice(&data);
             }
+        }
+        if body.is_end_stream() {
+            break; // no need to poll for the end (and for trailers) once more
         }
     }
     Ok(if more.is_empty() {
