@@ -2,8 +2,10 @@
 # tollgate serve against limitador on one Envoy RLS gRPC load, side by side in one run
 # (called by `scripts/bench-service.sh CONC SECS limitador`; see there for what is
 # measured). Needs LIMITADOR_SRC (a limitador checkout, built here) or LIMITADOR_BIN.
-# SERVE_WORKERS=N runs serve with --workers N (default: one per CPU; limitador serves
-# gRPC on one thread).
+# Three servers answer in turn: limitador (its gRPC server runs on one thread),
+# `tollgate serve --workers 1` (the same shape: one thread serves the connections) and
+# `tollgate serve` as configured by default (one worker per CPU). Rounds rotate who
+# goes first.
 # Usage: scripts/bench-limitador.sh [concurrency] [seconds] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,8 +26,6 @@ if [ -z "$lim" ]; then
 fi
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 work=$(mktemp -d)
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
 # The same limit on both sides: per value of `user`, 10^9 a minute.
 mkdir -p "$work/rules"
 cat > "$work/rules/bench.yaml" <<'YAML'
@@ -47,23 +47,40 @@ cat > "$work/limits.yaml" <<'YAML'
   variables:
     - "descriptors[0]['user']"
 YAML
-t_grpc=$(port); t_http=$(port); l_grpc=$(port); l_http=$(port)
-"$bin" serve ${SERVE_WORKERS:+--workers "$SERVE_WORKERS"} --config "$work/tollgate.yaml" --http "127.0.0.1:$t_http" --grpc "127.0.0.1:$t_grpc" >/dev/null 2>&1 &
-t_pid=$!; pids+=($t_pid)
-"$lim" --rls-ip 127.0.0.1 --rls-port "$l_grpc" --http-ip 127.0.0.1 --http-port "$l_http" "$work/limits.yaml" memory >/dev/null 2>&1 &
-l_pid=$!; pids+=($l_pid)
+declare -A ports pids
+start() { # name command... (the command execs the server: $! is its PID)
+  local name=$1 grpc
+  shift
+  grpc=$(port)
+  "$@" "$grpc" >/dev/null 2>&1 &
+  pids[$name]=$!; all_pids+=($!); ports[$name]=$grpc
+}
+all_pids=()
+trap 'kill "${all_pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
+tollgate_on() { # workers grpc_port
+  exec "$bin" serve ${1:+--workers "$1"} --config "$work/tollgate.yaml" --http "127.0.0.1:$(port)" --grpc "127.0.0.1:$2"
+}
+limitador_on() { # grpc_port
+  exec "$lim" --rls-ip 127.0.0.1 --rls-port "$1" --http-ip 127.0.0.1 --http-port "$(port)" "$work/limits.yaml" memory
+}
+servers=(limitador tollgate-1 tollgate)
+start limitador limitador_on
+start tollgate-1 tollgate_on 1
+start tollgate tollgate_on ""
 sleep 2
-kill -0 "$t_pid" && kill -0 "$l_pid" || { echo "a server did not start" >&2; exit 1; }
+for who in "${servers[@]}"; do
+  kill -0 "${pids[$who]}" || { echo "$who did not start" >&2; exit 1; }
+done
 ticks=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-# One bench run against PORT (PID's CPU measured around it), optional RATE; prints
-# "req/s p50_us p99_us cpu_us_per_decision".
+# One bench run against WHO (its CPU measured around it), optional RATE; prints
+# "req/s p50_us p99_us cpu_us_per_decision errors".
 measure() {
-  local port=$1 pid=$2 rate=${3:-} before after out rps
-  before=$(cpu "$pid")
-  out=$("$bin" bench grpc --target "127.0.0.1:$port" --domain bench --key user --keys "$keys" \
+  local who=$1 rate=${2:-} before after out
+  before=$(cpu "${pids[$who]}")
+  out=$("$bin" bench grpc --target "127.0.0.1:${ports[$who]}" --domain bench --key user --keys "$keys" \
         --concurrency "$conc" --duration "${secs}s" ${rate:+--rate "$rate"} 2>/dev/null | tail -1)
-  after=$(cpu "$pid")
+  after=$(cpu "${pids[$who]}")
   python3 - "$out" "$before" "$after" "$ticks" "$secs" <<'PY'
 import re, sys
 out, before, after, ticks, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
@@ -77,39 +94,41 @@ PY
 }
 median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
 col() { echo "$1" | cut -d' ' -f"$2"; }
+# The servers in round R's order: the list rotated by R.
+order() { local r=$1 n=${#servers[@]} i; for i in $(seq 0 $((n - 1))); do echo "${servers[$(( (i + r) % n ))]}"; done; }
 declare -A R
-for round in $(seq "$rounds"); do
-  # Alternate who goes first.
-  if [ $((round % 2)) -eq 1 ]; then order="limitador tollgate"; else order="tollgate limitador"; fi
-  for who in $order; do
-    if [ "$who" = tollgate ]; then m=$(measure "$t_grpc" "$t_pid"); else m=$(measure "$l_grpc" "$l_pid"); fi
-    R[$who,max,$round]=$m
-    echo "round $round $who max: req/s p50_us p99_us cpu_us/decision errors = $m" >&2
-  done
-done
-summary() { # who kind -> "rps p50 p99 cpu" medians
-  local who=$1 kind=$2 rps=() p50=() p99=() c=()
+run_rounds() { # kind [rate]
+  local kind=$1 rate=${2:-} round who m
   for round in $(seq "$rounds"); do
-    local m=${R[$who,$kind,$round]}
+    for who in $(order "$round"); do
+      m=$(measure "$who" "$rate")
+      R[$who,$kind,$round]=$m
+      echo "round $round $who at ${rate:-max} req/s: req/s p50_us p99_us cpu_us/decision errors = $m" >&2
+    done
+  done
+}
+summary() { # who kind -> "rps p50 p99 cpu" medians
+  local who=$1 kind=$2 rps=() p50=() p99=() c=() round m
+  for round in $(seq "$rounds"); do
+    m=${R[$who,$kind,$round]}
     rps+=("$(col "$m" 1)"); p50+=("$(col "$m" 2)"); p99+=("$(col "$m" 3)"); c+=("$(col "$m" 4)")
   done
   echo "$(median "${rps[@]}") $(median "${p50[@]}") $(median "${p99[@]}") $(median "${c[@]}")"
 }
-tmax=$(summary tollgate max); lmax=$(summary limitador max)
-slower=$(python3 -c "print(min(float('$(col "$tmax" 1)'), float('$(col "$lmax" 1)')))")
-rate=$(python3 -c "print(int($slower / 2))")
-for round in $(seq "$rounds"); do
-  if [ $((round % 2)) -eq 1 ]; then order="tollgate limitador"; else order="limitador tollgate"; fi
-  for who in $order; do
-    if [ "$who" = tollgate ]; then m=$(measure "$t_grpc" "$t_pid" "$rate"); else m=$(measure "$l_grpc" "$l_pid" "$rate"); fi
-    R[$who,paced,$round]=$m
-    echo "round $round $who at $rate req/s: req/s p50_us p99_us cpu_us/decision errors = $m" >&2
-  done
-done
-tpaced=$(summary tollgate paced); lpaced=$(summary limitador paced)
+run_rounds max
+declare -A MAX PACED
+for who in "${servers[@]}"; do MAX[$who]=$(summary "$who" max); done
+slowest=$(for who in "${servers[@]}"; do col "${MAX[$who]}" 1; done | sort -n | head -1)
+rate=$(python3 -c "print(int($slowest / 2))")
+run_rounds paced "$rate"
+for who in "${servers[@]}"; do PACED[$who]=$(summary "$who" paced); done
 ratio() { python3 -c "print(round(float('$1') / float('$2'), 2))"; }
-echo "Envoy RLS gRPC, one key over $keys values, $conc callers, ${secs}s runs, medians of $rounds alternating rounds"
+echo "Envoy RLS gRPC, one key over $keys values, $conc callers, ${secs}s runs, medians of $rounds rotating rounds"
 echo "                 max req/s  p50_us  p99_us  cpu_us/decision | at $rate req/s: p50_us  p99_us  cpu_us/decision"
-printf 'limitador        %9s  %6s  %6s  %15s | %22s  %6s  %15s\n' $(col "$lmax" 1) $(col "$lmax" 2) $(col "$lmax" 3) $(col "$lmax" 4) $(col "$lpaced" 2) $(col "$lpaced" 3) $(col "$lpaced" 4)
-printf 'tollgate         %9s  %6s  %6s  %15s | %22s  %6s  %15s\n' $(col "$tmax" 1) $(col "$tmax" 2) $(col "$tmax" 3) $(col "$tmax" 4) $(col "$tpaced" 2) $(col "$tpaced" 3) $(col "$tpaced" 4)
-echo "tollgate / limitador: max req/s $(ratio "$(col "$tmax" 1)" "$(col "$lmax" 1)")x, CPU per decision at max $(ratio "$(col "$tmax" 4)" "$(col "$lmax" 4)")x, at $rate req/s: p99 $(ratio "$(col "$tpaced" 3)" "$(col "$lpaced" 3)")x, CPU per decision $(ratio "$(col "$tpaced" 4)" "$(col "$lpaced" 4)")x"
+for who in "${servers[@]}"; do
+  printf '%-16s %9s  %6s  %6s  %15s | %22s  %6s  %15s\n' "$who" $(col "${MAX[$who]}" 1) $(col "${MAX[$who]}" 2) $(col "${MAX[$who]}" 3) $(col "${MAX[$who]}" 4) $(col "${PACED[$who]}" 2) $(col "${PACED[$who]}" 3) $(col "${PACED[$who]}" 4)
+done
+l=limitador
+for who in tollgate-1 tollgate; do
+  echo "$who / limitador: max req/s $(ratio "$(col "${MAX[$who]}" 1)" "$(col "${MAX[$l]}" 1)")x, CPU per decision at max $(ratio "$(col "${MAX[$who]}" 4)" "$(col "${MAX[$l]}" 4)")x, at $rate req/s: p99 $(ratio "$(col "${PACED[$who]}" 3)" "$(col "${PACED[$l]}" 3)")x, CPU per decision $(ratio "$(col "${PACED[$who]}" 4)" "$(col "${PACED[$l]}" 4)")x"
+done

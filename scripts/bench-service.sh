@@ -5,13 +5,15 @@
 # With `redis` as the third argument, a second `serve` on the Redis store (a
 # redis-server started here; batching on, the default) runs beside the memory one,
 # alternating rounds, and the ratio of their HTTP max req/s is printed.
-# With `limitador` as the third argument, tollgate and limitador (Kuadrant's Rust
-# rate-limit server, memory storage) answer the same Envoy RLS gRPC load instead: one
+# With `limitador` as the third argument, limitador (Kuadrant's Rust rate-limit server,
+# memory storage; its gRPC server runs on one thread), `tollgate serve --workers 1`
+# (the same shape) and `tollgate serve` (its default, a worker per CPU) answer the
+# same Envoy RLS gRPC load instead: one
 # descriptor key over 100,000 values, each value its own counter of 10^9 per minute
 # (so every call is a counted, admitted decision), no response headers on either
 # side, the same client (`tollgate bench grpc`), alternating rounds. Reported per
 # server: max req/s, p50/p99, server CPU per decision (from /proc/PID/stat), then p99
-# and CPU per decision at the same offered load (half the slower server's max).
+# and CPU per decision at the same offered load (half the slowest server's max).
 # limitador is built here from a checkout: LIMITADOR_SRC=/path/to/limitador (a clone
 # of github.com/Kuadrant/limitador; `cargo build --release -p limitador-server` runs
 # in it), or LIMITADOR_BIN=/path/to/limitador-server to use a built one.

@@ -102,15 +102,20 @@ async fn connection(
         let mut next = Poll::Ready(next);
         let ended = loop {
             match next {
-                Poll::Ready(Some(Ok(call))) => arrived.push(call),
+                // Routed as it arrives: the head is not kept (nor moved with the call).
+                Poll::Ready(Some(Ok((req, respond)))) => {
+                    let (head, body) = req.into_parts();
+                    arrived.push((route(&head), body, respond));
+                }
                 Poll::Ready(Some(Err(e))) => break Some(Some(e)),
                 Poll::Ready(None) => break Some(None),
                 Poll::Pending => break None,
             }
             next = std::future::poll_fn(|cx| Poll::Ready(conn.poll_accept(cx))).await;
         };
-        for (req, respond) in arrived.drain(..) {
-            let mut call = Box::pin(stream(service.clone(), req, respond, body_timeout));
+        for (method, body, respond) in arrived.drain(..) {
+            let body = StallBody::new(H2Body(body), body_timeout);
+            let mut call = Box::pin(stream(service.clone(), method, body, respond));
             if (&mut call).now_or_never().is_none() {
                 tokio::spawn(call);
             }
@@ -127,14 +132,13 @@ async fn connection(
 /// (it gave up) drops the call.
 async fn stream(
     service: Arc<DecisionService>,
-    req: Request<h2::RecvStream>,
+    method: Result<Method, Refusal>,
+    body: StallBody<H2Body>,
     mut respond: h2::server::SendResponse<Bytes>,
-    body_timeout: BodyTimeout,
 ) {
-    let req = req.map(|b| StallBody::new(H2Body(b), body_timeout));
     let response = tokio::select! {
         biased;
-        response = call(service, req) => response,
+        response = routed_call(service, method, body) => response,
         _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
     };
     let (head, body) = response.into_parts();
@@ -194,27 +198,37 @@ where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<axum::BoxError>,
 {
-    let method = route(&req);
-    let body = req.into_body();
-    async move {
-        let answered = match method {
-            Ok(method) => answer(&service, method, body).await,
-            Err(refusal) => Err(refusal),
-        };
-        match answered {
-            Ok(message) => {
-                let mut response = Response::new(GrpcBody::message(message));
-                response
-                    .headers_mut()
-                    .insert(http::header::CONTENT_TYPE, GRPC);
-                response
-            }
-            Err(Refusal::Status(status)) => status.into_http(),
-            Err(Refusal::ContentType) => {
-                let mut response = Response::new(GrpcBody::default());
-                *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
-                response
-            }
+    let (head, body) = req.into_parts();
+    routed_call(service, route(&head), body)
+}
+
+/// [`call`] once its head is read: `method` is what [`route`] made of it.
+async fn routed_call<B>(
+    service: Arc<DecisionService>,
+    method: Result<Method, Refusal>,
+    body: B,
+) -> Response<GrpcBody>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    let answered = match method {
+        Ok(method) => answer(&service, method, body).await,
+        Err(refusal) => Err(refusal),
+    };
+    match answered {
+        Ok(message) => {
+            let mut response = Response::new(GrpcBody::message(message));
+            response
+                .headers_mut()
+                .insert(http::header::CONTENT_TYPE, GRPC);
+            response
+        }
+        Err(Refusal::Status(status)) => status.into_http(),
+        Err(Refusal::ContentType) => {
+            let mut response = Response::new(GrpcBody::default());
+            *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            response
         }
     }
 }
@@ -243,8 +257,8 @@ enum Method {
 
 /// The method a call asks for, or why it is refused from its head alone: an unknown
 /// method, a content type that is not gRPC's.
-fn route<B>(req: &Request<B>) -> Result<Method, Refusal> {
-    let method = match req.uri().path() {
+fn route(head: &http::request::Parts) -> Result<Method, Refusal> {
+    let method = match head.uri.path() {
         PATH => Method::ShouldRateLimit,
         HEALTH_CHECK => Method::HealthCheck,
         other => {
@@ -254,8 +268,8 @@ fn route<B>(req: &Request<B>) -> Result<Method, Refusal> {
             .into())
         }
     };
-    let grpc_content = req
-        .headers()
+    let grpc_content = head
+        .headers
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
     if grpc_content {
