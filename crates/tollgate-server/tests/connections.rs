@@ -423,5 +423,12 @@ async fn grpc_bodies_that_arrive_late_are_waited_for_within_the_body_timeout() {
         "{waited:?}"
     );
     drop(never_body);
+    // A body ended by request trailers instead of its last DATA frame is read to
+    // those trailers and answered.
+    let mut client = client.ready().await.unwrap();
+    let (trailed, mut trailed_body) = client.send_request(head(), false).unwrap();
+    trailed_body.send_data(framed.clone(), false).unwrap();
+    trailed_body.send_trailers(http::HeaderMap::new()).unwrap();
+    assert_eq!(answer(trailed).await, (200, Some(97), Some("0".into())));
     assert_eq!(bystander(&server).await, before - 1);
 }
