@@ -20,9 +20,9 @@
 //! write; a timer is armed only while a write is stalled or a first read awaited.
 //!
 //! Where connections run: [`serve_accepted`] accepts on the caller's runtime and hands
-//! each connection to the next of the [`Workers`] (single-threaded runtimes, one per
-//! CPU by default), where it lives to its end; on stop it asks every connection to
-//! drain ([`Drain`]) and waits for them up to [`DRAIN_GRACE`].
+//! each connection to the [`Workers`] (single-threaded runtimes, one per CPU by
+//! default; [`crate::workers`] says which serves which); on stop it asks every
+//! connection to drain ([`Drain`]) and waits for them up to [`DRAIN_GRACE`].
 
 use std::future::Future;
 use std::io;
@@ -44,6 +44,7 @@ use tokio::time::Sleep;
 use tower::ServiceExt;
 
 use crate::config::Connections;
+use crate::workers::{WorkerStream, Workers};
 
 /// How long a stopping server lets open requests finish (the longest `/v1/acquire`
 /// wait) before it closes their connections.
@@ -116,14 +117,14 @@ pub struct Accepted {
 }
 
 impl Accepted {
-    /// Serves the connection with `serve` on the next of `workers` (or here, without),
-    /// its time bounds armed there: it must send its first bytes within
-    /// `header_timeout` (before hyper knows whether it speaks HTTP/1 or HTTP/2,
-    /// nothing else bounds that wait).
+    /// Serves the connection with `serve` on one of `workers` (or here, without), its
+    /// time bounds armed there: it must send its first bytes within `header_timeout`
+    /// (before hyper knows whether it speaks HTTP/1 or HTTP/2, nothing else bounds
+    /// that wait).
     fn serve_on<F>(
         self,
         workers: Option<&Workers>,
-        serve: impl FnOnce(Bounded<TcpStream>) -> F + Send + 'static,
+        serve: impl FnOnce(Bounded<WorkerStream>) -> F + Send + 'static,
     ) where
         F: Future<Output = ()> + Send + 'static,
     {
@@ -136,80 +137,14 @@ impl Accepted {
         } = self;
         let start = move |stream| serve(Bounded::new(stream, slot, send_timeout, first_read));
         let Some(workers) = workers else {
-            tokio::spawn(async move { start(stream).await });
+            tokio::spawn(async move { start(WorkerStream::registered(stream)).await });
             return;
         };
         // A socket belongs to the runtime that registered it: it moves as a plain
         // socket and is registered again on the worker's.
-        let stream = match stream.into_std() {
-            Ok(s) => s,
-            Err(e) => return tracing::debug!("connection from {peer} lost on hand-off: {e}"),
-        };
-        workers.next().spawn(async move {
-            match TcpStream::from_std(stream) {
-                Ok(stream) => start(stream).await,
-                Err(e) => tracing::debug!("connection from {peer} lost on hand-off: {e}"),
-            }
-        });
-    }
-}
-
-/// Threads that serve connections, each on a single-threaded runtime (as nginx's
-/// workers), while the listeners, signals and store connections stay on the main
-/// runtime. One thread runs a connection and its calls start to end, so an HTTP/2
-/// connection's responses finish before it writes: the writes of many calls go out
-/// in one system call (a multi-threaded runtime runs the connection task right after
-/// each call, one write per call, and moves tasks between threads).
-pub struct Workers {
-    handles: Vec<tokio::runtime::Handle>,
-    turn: std::sync::atomic::AtomicUsize,
-    stop: Option<tokio::sync::watch::Sender<()>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Workers {
-    /// Starts `n` worker threads (at least one).
-    pub fn start(n: usize) -> io::Result<Workers> {
-        let (stop, stopped) = tokio::sync::watch::channel(());
-        let mut handles = Vec::new();
-        let mut threads = Vec::new();
-        for i in 0..n.max(1) {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            handles.push(runtime.handle().clone());
-            let mut stopped = stopped.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("tollgate-worker-{i}"))
-                    .spawn(move || {
-                        runtime.block_on(async move {
-                            let _ = stopped.changed().await;
-                        });
-                    })?,
-            );
-        }
-        Ok(Workers {
-            handles,
-            turn: Default::default(),
-            stop: Some(stop),
-            threads,
-        })
-    }
-
-    /// The next worker in turn.
-    fn next(&self) -> &tokio::runtime::Handle {
-        let turn = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        &self.handles[turn % self.handles.len()]
-    }
-}
-
-impl Drop for Workers {
-    /// Stops the workers (what they still run is dropped) and waits for their threads.
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        match stream.into_std() {
+            Ok(stream) => workers.serve(stream, start),
+            Err(e) => tracing::debug!("connection from {peer} lost on hand-off: {e}"),
         }
     }
 }
@@ -471,7 +406,7 @@ pub async fn serve_http(
             req.extensions_mut().insert(ConnectInfo(peer));
             app.clone().oneshot(req)
         });
-        move |io: Bounded<TcpStream>, mut drain: Drain| async move {
+        move |io: Bounded<WorkerStream>, mut drain: Drain| async move {
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
             tokio::pin!(conn);
             let ended = tokio::select! {
@@ -502,7 +437,7 @@ pub async fn serve_accepted<M, F, Fut>(
     workers: Option<&Workers>,
 ) where
     M: Fn(SocketAddr) -> F,
-    F: FnOnce(Bounded<TcpStream>, Drain) -> Fut + Send + 'static,
+    F: FnOnce(Bounded<WorkerStream>, Drain) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);

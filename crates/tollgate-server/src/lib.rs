@@ -12,6 +12,7 @@
 //! - [`bench`](mod@bench): `tollgate bench`, load generators;
 //! - [`connections`]: accepting and serving client connections within the
 //!   `connections:` bounds (count, header, body and send timeouts);
+//! - [`workers`]: the threads that serve connections, and which serves which;
 //! - [`config`]: the main configuration file (listeners, `store:`, `keys:`, `admin:`,
 //!   `proxy:`) and its validation;
 //! - [`lifecycle`]: what reloads a server (SIGHUP, changed files) and what stops it;
@@ -28,3 +29,4 @@ pub mod logging;
 pub mod offline;
 pub mod proxy;
 pub mod service;
+pub mod workers;

@@ -409,8 +409,20 @@ async fn connections_on_different_workers_share_the_counts() {
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
     let rules = rules_dir().join("envoy-examples.yaml");
-    let server = start(&["--workers", "3", "--rules", rules.to_str().unwrap()]);
-    assert!(server.banner.contains("3 worker(s)"), "{}", server.banner);
+    // Spread: each new connection on the next worker, so the six calls cross all three.
+    let server = start(&[
+        "--workers",
+        "3",
+        "--balance",
+        "spread",
+        "--rules",
+        rules.to_str().unwrap(),
+    ]);
+    assert!(
+        server.banner.contains("3 worker(s), spread"),
+        "{}",
+        server.banner
+    );
     let request = RateLimitRequest {
         domain: "envoy".into(),
         descriptors: vec![RateLimitDescriptor {
@@ -450,6 +462,111 @@ async fn connections_on_different_workers_share_the_counts() {
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("--workers"), "{stderr}");
+}
+
+/// CPU ticks (user + system) of each `tg-worker-N` thread of `pid`, by N.
+fn worker_ticks(pid: u32, workers: usize) -> Vec<u64> {
+    let mut ticks = vec![0; workers];
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let Some(n) = comm.trim().strip_prefix("tg-worker-") else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        // Fields after the command's closing parenthesis: utime and stime are the
+        // 12th and 13th.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = after.split(' ').collect();
+        ticks[n.parse::<usize>().unwrap()] =
+            fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    }
+    ticks
+}
+
+#[tokio::test]
+async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_after() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use std::time::Duration;
+
+    let server = start(&["--workers", "2"]);
+    assert!(
+        server.banner.contains("2 worker(s), packed"),
+        "{}",
+        server.banner
+    );
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(
+            RateLimitServiceClient::connect(server.grpc.clone())
+                .await
+                .unwrap(),
+        );
+    }
+    // Light load, one call at a time: every connection stays on the first worker.
+    async fn light(clients: &mut [RateLimitServiceClient<tonic::transport::Channel>], round: u32) {
+        for i in 0..200 {
+            let client = &mut clients[i % 4];
+            let key = format!("light-{round}-{i}");
+            let (code, _, _) = rls(client, "example", &[&[("api_key", key.as_str())]], 0).await;
+            assert_eq!(code, 1, "OK");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    let before = worker_ticks(server.pid(), 2);
+    light(&mut clients, 1).await;
+    let after = worker_ticks(server.pid(), 2);
+    assert!(
+        after[0] > before[0],
+        "worker 0 served: {before:?} -> {after:?}"
+    );
+    assert_eq!(
+        after[1], before[1],
+        "worker 1 stayed asleep: {before:?} -> {after:?}"
+    );
+
+    // Heavy load, 16 calls in flight: the first worker is busy, so connections move
+    // to the second, which serves from then on.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for i in 0..16 {
+        let mut client = clients[i % 4].clone();
+        let stop = stop.clone();
+        load.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let key = format!("heavy-{i}");
+                rls(&mut client, "example", &[&[("api_key", key.as_str())]], 0).await;
+            }
+        }));
+    }
+    let before = worker_ticks(server.pid(), 2);
+    let mut spread = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if worker_ticks(server.pid(), 2)[1] > before[1] + 5 {
+            spread = true;
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    assert!(
+        spread,
+        "worker 1 never served: {before:?} -> {:?}",
+        worker_ticks(server.pid(), 2)
+    );
+
+    // Quiet again: the connections are gathered back onto the first worker.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let before = worker_ticks(server.pid(), 2);
+    light(&mut clients, 2).await;
+    let after = worker_ticks(server.pid(), 2);
+    assert_eq!(
+        after[1], before[1],
+        "gathered on worker 0: {before:?} -> {after:?}"
+    );
 }
 
 #[tokio::test]

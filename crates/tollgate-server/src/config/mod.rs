@@ -177,6 +177,32 @@ pub struct Listen {
     /// `serve`: how many threads serve connections, each on its own single-threaded
     /// runtime (default: one per CPU, as nginx's `worker_processes auto`).
     pub workers: Option<usize>,
+    /// `serve`: how connections are shared among the workers (default `pack`).
+    #[serde(default)]
+    pub balance: Balance,
+}
+
+/// How `serve` shares connections among its workers (`listen.balance`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// As few workers as the load needs: new connections fill the workers in order,
+    /// and connections move to an idle worker when one is busy, and back when the
+    /// load has gone (fewer threads awake: less CPU per request).
+    #[default]
+    Pack,
+    /// Each new connection to the next worker in turn, where it stays.
+    Spread,
+}
+
+impl Balance {
+    /// As the banner says it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Balance::Pack => "packed",
+            Balance::Spread => "spread",
+        }
+    }
 }
 
 /// `keys:` memory bounds per rule.

@@ -30,12 +30,12 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use prost::Message;
-use tokio::net::TcpStream;
 use tonic::Status;
 
 use crate::config::Connections;
-use crate::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody, Workers};
+use crate::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody};
 use crate::service::{DecisionService, RequestError};
+use crate::workers::{WorkerStream, Workers};
 
 /// The one method served.
 pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -66,7 +66,7 @@ pub async fn serve(
 /// Redis) goes on in a task of its own. The answers of a round of reads leave in one
 /// write.
 async fn connection(
-    io: Bounded<TcpStream>,
+    io: Bounded<WorkerStream>,
     peer: SocketAddr,
     service: Arc<DecisionService>,
     bounds: Connections,

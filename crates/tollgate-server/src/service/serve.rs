@@ -32,6 +32,8 @@ pub struct Settings {
     pub drain_delay: Duration,
     /// How many worker threads serve connections.
     pub workers: usize,
+    /// How connections are shared among the workers.
+    pub balance: crate::config::Balance,
     /// Connection bounds, per listener.
     pub connections: crate::config::Connections,
     /// The descriptor rules of every domain, loaded and validated.
@@ -107,6 +109,7 @@ impl Settings {
             requests: main.requests,
             connections: main.connections,
             drain_delay: Duration::from_micros(main.listen.drain_delay.unwrap_or(0)),
+            balance: main.listen.balance,
             workers: main
                 .listen
                 .workers
@@ -131,7 +134,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {} (gRPC)", settings.grpc))?;
     let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
     // Before the banner: whoever waits for it finds every thread and file in place.
-    let workers = crate::connections::Workers::start(settings.workers)?;
+    let workers = crate::workers::Workers::start(settings.workers, settings.balance)?;
     let mut service = DecisionService::new(
         settings.rules,
         settings.rule_paths.clone(),
@@ -156,9 +159,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     // Caught before the banner: a SIGHUP right after it must reload, not kill.
     let hup = crate::lifecycle::hangups();
     println!(
-        "tollgate serve: HTTP on http://{http} and Envoy RLS gRPC on {grpc} ({}, {} worker(s)) with {}",
+        "tollgate serve: HTTP on http://{http} and Envoy RLS gRPC on {grpc} ({}, {} worker(s), {}) with {}",
         settings.store.describe(),
         settings.workers,
+        settings.balance.describe(),
         settings.rules_source
     );
     println!("  domains: {}", domains.join(", "));
@@ -265,6 +269,11 @@ pub struct ServeArgs {
     /// one per CPU].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub workers: Option<u64>,
+    /// How connections are shared among the workers: `pack` (as few workers as the
+    /// load needs) or `spread` (each new one to the next worker) [default: the
+    /// config's listen.balance, else pack].
+    #[arg(long, value_parser = ["pack", "spread"])]
+    pub balance: Option<String>,
 }
 
 /// `tollgate serve`: settings resolved before any port is bound, then [`serve`] on a
@@ -280,6 +289,11 @@ pub fn command(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     if let Some(n) = args.workers {
         settings.workers = usize::try_from(n)?;
+    }
+    match args.balance.as_deref() {
+        Some("pack") => settings.balance = crate::config::Balance::Pack,
+        Some("spread") => settings.balance = crate::config::Balance::Spread,
+        _ => {}
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,0 +1,563 @@
+//! The threads that serve connections, and which of them serves which connection.
+//!
+//! Each worker is a thread with a single-threaded runtime (as nginx's worker
+//! processes); the listeners, signals, reloads and store connections stay on the main
+//! runtime. A connection runs on one worker at a time, so an HTTP/2 connection's
+//! answers are all made before it writes, and leave together in one system call.
+//!
+//! Which worker ([`Balance`]): under [`Balance::Pack`] (the default), as few as the
+//! load needs. A new connection goes to the first worker, in order, that was busy less
+//! than half of the last [`PERIOD`]; after each period the balancer reads how long
+//! each worker was busy and
+//!
+//! - spreads: a worker busy three quarters of the period or more, with two
+//!   connections or more, hands enough of them to the least busy worker to even the
+//!   two out (when that one is less than half as busy);
+//! - gathers: the last worker holding connections hands them all to the first worker
+//!   whose load, with its own, stays under two fifths of the period.
+//!
+//! Fewer workers awake means more calls per wake-up and less CPU per call (on two
+//! cores, one worker spent about a fifth less per gRPC decision than two at the same
+//! load); more workers awake serve more once one is busy. [`Balance::Spread`] hands
+//! each connection to the next worker in turn and never moves it.
+//!
+//! A connection moves as its boxed future, sent to the other worker's runtime; its
+//! socket ([`WorkerStream`]) registers again with the runtime that polls it next.
+//! What a move costs: two `epoll_ctl` calls and a wake-up of the other worker.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify};
+
+use crate::config::Balance;
+
+/// How often the balancer reads the workers' load and moves connections.
+pub const PERIOD: Duration = Duration::from_millis(100);
+
+/// A worker busy less than this share of a period (in thousandths) takes new
+/// connections.
+const FILL: u32 = 500;
+/// A worker busy this share of a period or more hands connections to an idler one.
+const SPREAD: u32 = 750;
+/// Two workers whose loads add up to less than this share are gathered into one.
+const GATHER: u32 = 400;
+
+thread_local! {
+    /// The index of the worker this thread is (`usize::MAX` on any other thread).
+    static WORKER: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+fn this_worker() -> usize {
+    WORKER.with(Cell::get)
+}
+
+/// The worker threads: each serves the connections handed to it, on a runtime of its
+/// own, until the workers are dropped.
+pub struct Workers {
+    workers: Arc<[Worker]>,
+    balance: Balance,
+    turn: AtomicUsize,
+    stop: Option<watch::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// One worker, as the others and the balancer see it.
+struct Worker {
+    handle: tokio::runtime::Handle,
+    /// Its busy share of the last period, in thousandths.
+    load: AtomicU32,
+    /// The connections it serves.
+    connections: AtomicUsize,
+    /// How many of its connections are asked to move, and where to.
+    leaving: AtomicUsize,
+    leave_to: AtomicUsize,
+    /// Wakes its connections to take a leave ticket.
+    leave: Notify,
+}
+
+/// A balancer's decision: move `count` connections from worker `from` to `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Move {
+    from: usize,
+    to: usize,
+    count: usize,
+}
+
+impl Workers {
+    /// Starts `n` worker threads (at least one), sharing connections as `balance`
+    /// says. Under [`Balance::Pack`] with more than one worker, the balancer runs as
+    /// a task of the calling runtime (so this is called within one).
+    pub fn start(n: usize, balance: Balance) -> io::Result<Workers> {
+        let (stop, stopped) = watch::channel(());
+        let mut workers = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..n.max(1) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            workers.push(Worker {
+                handle: runtime.handle().clone(),
+                load: AtomicU32::new(0),
+                connections: AtomicUsize::new(0),
+                leaving: AtomicUsize::new(0),
+                leave_to: AtomicUsize::new(0),
+                leave: Notify::new(),
+            });
+            let mut stopped = stopped.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    // Short enough for the kernel's 15-byte thread names: tg-worker-0, -1, ...
+                    .name(format!("tg-worker-{i}"))
+                    .spawn(move || {
+                        WORKER.with(|w| w.set(i));
+                        runtime.block_on(async move {
+                            let _ = stopped.changed().await;
+                        });
+                    })?,
+            );
+        }
+        let workers: Arc<[Worker]> = workers.into();
+        if balance == Balance::Pack && workers.len() > 1 {
+            tokio::spawn(balance_loop(workers.clone(), stopped));
+        }
+        Ok(Workers {
+            workers,
+            balance,
+            turn: AtomicUsize::new(0),
+            stop: Some(stop),
+            threads,
+        })
+    }
+
+    /// How many workers there are.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Never: there is at least one worker.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Serves a connection on a worker: `serve` gets its socket, registered with the
+    /// runtime that polls it, and the future it makes runs on that worker (or on
+    /// another, when the balancer moves it).
+    pub fn serve<F>(
+        &self,
+        stream: std::net::TcpStream,
+        serve: impl FnOnce(WorkerStream) -> F + Send + 'static,
+    ) where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let at = match self.balance {
+            Balance::Pack => place(&self.loads()),
+            Balance::Spread => self.turn.fetch_add(1, Ordering::Relaxed) % self.workers.len(),
+        };
+        let workers = self.workers.clone();
+        workers[at].connections.fetch_add(1, Ordering::Relaxed);
+        self.workers[at].handle.spawn(async move {
+            let connection = Box::pin(serve(WorkerStream::unregistered(stream)));
+            run(connection, at, workers).await;
+        });
+    }
+
+    /// Each worker's busy share of the last period, in thousandths.
+    fn loads(&self) -> Vec<u32> {
+        (self.workers.iter())
+            .map(|w| w.load.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// How many connections each worker serves.
+    pub fn connections(&self) -> Vec<usize> {
+        (self.workers.iter())
+            .map(|w| w.connections.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Asks `count` connections of worker `from` to move to worker `to` (what the
+    /// balancer does).
+    pub fn move_connections(&self, from: usize, to: usize, count: usize) {
+        ask_to_move(&self.workers, Move { from, to, count });
+    }
+}
+
+impl Drop for Workers {
+    /// Stops the workers (what they still run is dropped) and waits for their threads.
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+type Connection = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs `connection` on worker `at` to its end, or until it is asked to move; then it
+/// goes on, as it is, on the other worker.
+fn run(mut connection: Connection, at: usize, workers: Arc<[Worker]>) -> Connection {
+    Box::pin(async move {
+        let here = &workers[at];
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut connection => break,
+                () = here.leave.notified() => {
+                    let ticket = here.leaving.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                        n.checked_sub(1)
+                    });
+                    let to = here.leave_to.load(Ordering::SeqCst);
+                    if ticket.is_err() || to == at || to >= workers.len() {
+                        continue;
+                    }
+                    here.connections.fetch_sub(1, Ordering::Relaxed);
+                    workers[to].connections.fetch_add(1, Ordering::Relaxed);
+                    let moved = run(connection, to, workers.clone());
+                    workers[to].handle.spawn(moved);
+                    return;
+                }
+            }
+        }
+        here.connections.fetch_sub(1, Ordering::Relaxed);
+    })
+}
+
+fn ask_to_move(workers: &[Worker], m: Move) {
+    let from = &workers[m.from];
+    from.leave_to.store(m.to, Ordering::SeqCst);
+    from.leaving.store(m.count, Ordering::SeqCst);
+    from.leave.notify_waiters();
+}
+
+/// Every [`PERIOD`]: each worker's load from its busy time, then at most one move.
+async fn balance_loop(workers: Arc<[Worker]>, mut stopped: watch::Receiver<()>) {
+    let busy = |w: &Worker| w.handle.metrics().worker_total_busy_duration(0);
+    let mut ticks = tokio::time::interval(PERIOD);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut then = ticks.tick().await;
+    let mut busy_then: Vec<Duration> = workers.iter().map(busy).collect();
+    loop {
+        let now = tokio::select! {
+            now = ticks.tick() => now,
+            _ = stopped.changed() => return,
+        };
+        let wall = now.duration_since(then).as_nanos().max(1);
+        let mut loads = Vec::with_capacity(workers.len());
+        let mut connections = Vec::with_capacity(workers.len());
+        for (w, before) in workers.iter().zip(&mut busy_then) {
+            let b = busy(w);
+            let share = (b.saturating_sub(*before).as_nanos() * 1000 / wall).min(1000) as u32;
+            *before = b;
+            w.load.store(share, Ordering::Relaxed);
+            // Tickets of the last period that no connection took are void.
+            w.leaving.store(0, Ordering::SeqCst);
+            loads.push(share);
+            connections.push(w.connections.load(Ordering::Relaxed));
+        }
+        then = now;
+        if let Some(m) = plan(&loads, &connections) {
+            tracing::debug!(
+                "workers: moving {} connection(s) from worker {} to {} (loads {loads:?}, connections {connections:?})",
+                m.count,
+                m.from,
+                m.to
+            );
+            ask_to_move(&workers, m);
+        }
+    }
+}
+
+/// The worker a new connection goes to: the first with room, else the least busy.
+fn place(loads: &[u32]) -> usize {
+    loads
+        .iter()
+        .position(|&l| l < FILL)
+        .unwrap_or_else(|| (0..loads.len()).min_by_key(|&i| (loads[i], i)).unwrap_or(0))
+}
+
+/// The move a balancer makes after a period with these loads (thousandths) and
+/// connection counts, if any (see the module doc).
+fn plan(loads: &[u32], connections: &[usize]) -> Option<Move> {
+    let n = loads.len();
+    let hot = (0..n).max_by_key(|&i| (loads[i], std::cmp::Reverse(i)))?;
+    let cold = (0..n).min_by_key(|&i| (loads[i], i))?;
+    if loads[hot] >= SPREAD && connections[hot] >= 2 && loads[cold] * 2 < loads[hot] {
+        let (h, c) = (u64::from(loads[hot]), u64::from(loads[cold]));
+        let even = (h - c) * connections[hot] as u64 / (2 * h);
+        let count = (even as usize).clamp(1, connections[hot] - 1);
+        return Some(Move {
+            from: hot,
+            to: cold,
+            count,
+        });
+    }
+    let last = (0..n).rev().find(|&i| connections[i] > 0)?;
+    let to = (0..last).find(|&i| loads[i] + loads[last] < GATHER)?;
+    Some(Move {
+        from: last,
+        to,
+        count: connections[last],
+    })
+}
+
+/// A connection's TCP socket that follows it from worker to worker: it registers with
+/// the runtime of the thread that polls it (a socket belongs to the runtime that
+/// registered it; polled from another, that one's thread would have to wake this one
+/// for every read).
+pub struct WorkerStream {
+    state: State,
+}
+
+enum State {
+    /// Not registered with any runtime yet (or between two).
+    Plain(std::net::TcpStream),
+    /// Registered with the runtime of worker `at` (`usize::MAX`: not a worker's).
+    Registered { stream: TcpStream, at: usize },
+    /// Lost while moving.
+    Broken,
+}
+
+impl WorkerStream {
+    /// A socket registered with the runtime that first polls it.
+    pub fn unregistered(stream: std::net::TcpStream) -> WorkerStream {
+        WorkerStream {
+            state: State::Plain(stream),
+        }
+    }
+
+    /// A socket already registered with this thread's runtime.
+    pub fn registered(stream: TcpStream) -> WorkerStream {
+        WorkerStream {
+            state: State::Registered {
+                stream,
+                at: this_worker(),
+            },
+        }
+    }
+
+    /// The socket, registered with this thread's runtime.
+    fn here(&mut self) -> io::Result<&mut TcpStream> {
+        let here = this_worker();
+        let moved = !matches!(self.state, State::Registered { at, .. } if at == here);
+        if moved {
+            let plain = match std::mem::replace(&mut self.state, State::Broken) {
+                State::Plain(s) => s,
+                State::Registered { stream, .. } => stream.into_std()?,
+                State::Broken => return Err(broken()),
+            };
+            self.state = State::Registered {
+                stream: TcpStream::from_std(plain)?,
+                at: here,
+            };
+        }
+        match &mut self.state {
+            State::Registered { stream, .. } => Ok(stream),
+            _ => Err(broken()),
+        }
+    }
+
+    /// Whether the socket writes vectored (it does once registered).
+    fn vectored(&self) -> bool {
+        match &self.state {
+            State::Registered { stream, .. } => stream.is_write_vectored(),
+            _ => true,
+        }
+    }
+}
+
+fn broken() -> io::Error {
+    io::Error::other("the connection's socket was lost moving between workers")
+}
+
+/// Polls `f` on the socket registered here, or fails with why it cannot be.
+fn on_socket<T>(
+    s: &mut WorkerStream,
+    f: impl FnOnce(Pin<&mut TcpStream>) -> Poll<io::Result<T>>,
+) -> Poll<io::Result<T>> {
+    match s.here() {
+        Ok(stream) => f(Pin::new(stream)),
+        Err(e) => Poll::Ready(Err(e)),
+    }
+}
+
+impl AsyncRead for WorkerStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        on_socket(self.get_mut(), |s| s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for WorkerStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        on_socket(self.get_mut(), |s| s.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        on_socket(self.get_mut(), |s| s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        on_socket(self.get_mut(), |s| s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        on_socket(self.get_mut(), |s| s.poll_shutdown(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_connections_fill_the_first_worker_with_room() {
+        assert_eq!(place(&[0, 0, 0]), 0);
+        assert_eq!(place(&[499, 0, 0]), 0);
+        assert_eq!(place(&[500, 0, 0]), 1);
+        assert_eq!(place(&[900, 600, 100]), 2);
+        // None with room: the least busy.
+        assert_eq!(place(&[900, 600, 700]), 1);
+    }
+
+    #[test]
+    fn a_busy_worker_hands_enough_connections_to_even_out() {
+        // Busy 100 % with 32 connections, the other idle: half of them move.
+        assert_eq!(
+            plan(&[1000, 0], &[32, 0]),
+            Some(Move {
+                from: 0,
+                to: 1,
+                count: 16
+            })
+        );
+        // Busy 80 % against 20 %: (800 - 200) / 1600 of 8 = 3.
+        assert_eq!(
+            plan(&[800, 200], &[8, 2]),
+            Some(Move {
+                from: 0,
+                to: 1,
+                count: 3
+            })
+        );
+        // At least one moves, and never the last one.
+        assert_eq!(plan(&[760, 0], &[2, 0]).map(|m| m.count), Some(1));
+        assert_eq!(
+            plan(&[1000, 0], &[1, 0]),
+            None,
+            "one connection: moving it helps nothing"
+        );
+        // Below the spread mark, or the other nearly as busy: nothing moves.
+        assert_eq!(plan(&[740, 0], &[4, 0]), None);
+        assert_eq!(plan(&[900, 500], &[4, 4]), None);
+    }
+
+    #[test]
+    fn quiet_workers_are_gathered_into_the_first_with_room() {
+        assert_eq!(
+            plan(&[100, 150, 50], &[2, 3, 1]),
+            Some(Move {
+                from: 2,
+                to: 0,
+                count: 1
+            })
+        );
+        // The first cannot take it; the second can.
+        assert_eq!(
+            plan(&[380, 100, 50], &[4, 3, 1]),
+            Some(Move {
+                from: 2,
+                to: 1,
+                count: 1
+            })
+        );
+        // Together they would be too busy: nothing moves.
+        assert_eq!(plan(&[300, 200], &[4, 3]), None);
+        // All on the first already: nothing to gather.
+        assert_eq!(plan(&[300, 0, 0], &[4, 0, 0]), None);
+    }
+
+    /// Echoes lines, answering each with the worker thread that read it.
+    async fn echo_where(stream: WorkerStream) {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let mut lines = BufReader::new(stream);
+        let mut line = String::new();
+        while lines.read_line(&mut line).await.unwrap_or(0) > 0 {
+            let answer = format!("{} {}", this_worker(), line);
+            if lines.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                return;
+            }
+            line.clear();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_moves_to_another_worker_and_goes_on_there() {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let workers = Workers::start(2, Balance::Spread).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        for s in [&client, &server] {
+            s.set_nonblocking(true).unwrap();
+        }
+        workers.serve(server, echo_where);
+        let mut client = BufReader::new(TcpStream::from_std(client).unwrap());
+        let mut ask = async |line: &str| {
+            client.get_mut().write_all(line.as_bytes()).await.unwrap();
+            let mut answer = String::new();
+            client.read_line(&mut answer).await.unwrap();
+            answer
+        };
+        assert_eq!(ask("one\n").await, "0 one\n");
+        assert_eq!(workers.connections(), [1, 0]);
+        workers.move_connections(0, 1, 1);
+        let mut moved = false;
+        for _ in 0..100 {
+            if workers.connections() == [0, 1] {
+                moved = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(moved, "{:?}", workers.connections());
+        // Served on worker 1 now, its socket registered there.
+        assert_eq!(ask("two\n").await, "1 two\n");
+        assert_eq!(ask("three\n").await, "1 three\n");
+        drop(client);
+        for _ in 0..100 {
+            if workers.connections() == [0, 0] {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "the connection's end was not counted: {:?}",
+            workers.connections()
+        );
+    }
+}
