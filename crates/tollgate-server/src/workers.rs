@@ -29,7 +29,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -82,6 +82,8 @@ struct Worker {
     leave_to: AtomicUsize,
     /// Wakes its connections to take a leave ticket.
     leave: Notify,
+    /// Connections moved onto it since start.
+    moved_in: AtomicU64,
 }
 
 /// A balancer's decision: move `count` connections from worker `from` to `to`.
@@ -94,8 +96,8 @@ struct Move {
 
 impl Workers {
     /// Starts `n` worker threads (at least one), sharing connections as `balance`
-    /// says. Under [`Balance::Pack`] with more than one worker, the balancer runs as
-    /// a task of the calling runtime (so this is called within one).
+    /// says. The balancer (under [`Balance::Spread`], only the load meter) runs as a
+    /// task of the calling runtime, so this is called within one.
     pub fn start(n: usize, balance: Balance) -> io::Result<Workers> {
         let (stop, stopped) = watch::channel(());
         let mut workers = Vec::new();
@@ -111,6 +113,7 @@ impl Workers {
                 leaving: AtomicUsize::new(0),
                 leave_to: AtomicUsize::new(0),
                 leave: Notify::new(),
+                moved_in: AtomicU64::new(0),
             });
             let mut stopped = stopped.clone();
             threads.push(
@@ -126,9 +129,7 @@ impl Workers {
             );
         }
         let workers: Arc<[Worker]> = workers.into();
-        if balance == Balance::Pack && workers.len() > 1 {
-            tokio::spawn(balance_loop(workers.clone(), stopped));
-        }
+        tokio::spawn(balance_loop(workers.clone(), balance, stopped));
         Ok(Workers {
             workers,
             balance,
@@ -184,6 +185,12 @@ impl Workers {
             .collect()
     }
 
+    /// What each worker is doing, for the metrics (a handle that outlives no thread:
+    /// it reads counters).
+    pub fn stats(&self) -> WorkerStats {
+        WorkerStats(self.workers.clone())
+    }
+
     /// Asks `count` connections of worker `from` to move to worker `to` (what the
     /// balancer does).
     pub fn move_connections(&self, from: usize, to: usize, count: usize) {
@@ -222,6 +229,7 @@ fn run(mut connection: Connection, at: usize, workers: Arc<[Worker]>) -> Connect
                     }
                     here.connections.fetch_sub(1, Ordering::Relaxed);
                     workers[to].connections.fetch_add(1, Ordering::Relaxed);
+                    workers[to].moved_in.fetch_add(1, Ordering::Relaxed);
                     let moved = run(connection, to, workers.clone());
                     workers[to].handle.spawn(moved);
                     return;
@@ -239,8 +247,9 @@ fn ask_to_move(workers: &[Worker], m: Move) {
     from.leave.notify_waiters();
 }
 
-/// Every [`PERIOD`]: each worker's load from its busy time, then at most one move.
-async fn balance_loop(workers: Arc<[Worker]>, mut stopped: watch::Receiver<()>) {
+/// Every [`PERIOD`]: each worker's load from its busy time, then (packing) at most
+/// one move.
+async fn balance_loop(workers: Arc<[Worker]>, balance: Balance, mut stopped: watch::Receiver<()>) {
     let busy = |w: &Worker| w.handle.metrics().worker_total_busy_duration(0);
     let mut ticks = tokio::time::interval(PERIOD);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -265,6 +274,9 @@ async fn balance_loop(workers: Arc<[Worker]>, mut stopped: watch::Receiver<()>) 
             connections.push(w.connections.load(Ordering::Relaxed));
         }
         then = now;
+        if balance == Balance::Spread {
+            continue;
+        }
         if let Some(m) = plan(&loads, &connections) {
             tracing::debug!(
                 "workers: moving {} connection(s) from worker {} to {} (loads {loads:?}, connections {connections:?})",
@@ -274,6 +286,34 @@ async fn balance_loop(workers: Arc<[Worker]>, mut stopped: watch::Receiver<()>) 
             );
             ask_to_move(&workers, m);
         }
+    }
+}
+
+/// What the workers are doing, read at any time.
+#[derive(Clone)]
+pub struct WorkerStats(Arc<[Worker]>);
+
+/// One worker's figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkerStat {
+    /// The connections it serves now.
+    pub connections: usize,
+    /// Its busy share of the last [`PERIOD`], 0 to 1.
+    pub busy: f64,
+    /// Connections moved onto it since start.
+    pub moved_in: u64,
+}
+
+impl WorkerStats {
+    /// Each worker's figures, by index.
+    pub fn read(&self) -> Vec<WorkerStat> {
+        (self.0.iter())
+            .map(|w| WorkerStat {
+                connections: w.connections.load(Ordering::Relaxed),
+                busy: f64::from(w.load.load(Ordering::Relaxed)) / 1000.0,
+                moved_in: w.moved_in.load(Ordering::Relaxed),
+            })
+            .collect()
     }
 }
 

@@ -484,6 +484,17 @@ fn worker_ticks(pid: u32, workers: usize) -> Vec<u64> {
     ticks
 }
 
+/// The value of the metric line that starts with `series` at `/metrics`.
+async fn metric(server: &Server, series: &str) -> f64 {
+    let (_, _, v) = request(server, "GET", "/metrics", "", None).await;
+    let text = v.as_str().unwrap().to_string();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} in {text}"))
+        .parse()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_after() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -524,6 +535,10 @@ async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_aft
         after[1], before[1],
         "worker 1 stayed asleep: {before:?} -> {after:?}"
     );
+    let on = |w: u8| format!("tollgate_worker_connections{{worker=\"{w}\"}}");
+    // Four gRPC connections, and the HTTP one asking.
+    assert_eq!(metric(&server, &on(0)).await, 5.0);
+    assert_eq!(metric(&server, &on(1)).await, 0.0);
 
     // Heavy load, 16 calls in flight: the first worker is busy, so connections move
     // to the second, which serves from then on.
@@ -557,6 +572,8 @@ async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_aft
         "worker 1 never served: {before:?} -> {:?}",
         worker_ticks(server.pid(), 2)
     );
+    let moved = |w: u8| format!("tollgate_worker_moves_in{{worker=\"{w}\"}}");
+    assert!(metric(&server, &moved(1)).await >= 1.0);
 
     // Quiet again: the connections are gathered back onto the first worker.
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -567,6 +584,8 @@ async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_aft
         after[1], before[1],
         "gathered on worker 0: {before:?} -> {after:?}"
     );
+    assert_eq!(metric(&server, &on(1)).await, 0.0, "all back on worker 0");
+    assert!(metric(&server, &moved(0)).await >= 1.0);
 }
 
 #[tokio::test]

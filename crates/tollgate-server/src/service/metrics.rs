@@ -31,6 +31,11 @@ pub struct Metrics {
     keys: Family<Labels, Gauge>,
     /// The Redis store's counters (monotonic sums over its limiters), by event.
     redis: Family<Labels, Gauge>,
+    /// `serve`'s workers: connections, moves onto each, by worker.
+    worker_connections: Family<Labels, Gauge>,
+    worker_moves: Family<Labels, Gauge>,
+    /// Each worker's busy share of the last balancing period.
+    worker_busy: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 /// A decision's outcome, as counted.
@@ -121,7 +126,28 @@ impl Metrics {
             "Redis store events since start: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries; failing is 1 while Redis fails",
             redis.clone(),
         );
+        let worker_connections = Family::<Labels, Gauge>::default();
+        registry.register(
+            "worker_connections",
+            "Connections each serve worker holds now",
+            worker_connections.clone(),
+        );
+        let worker_moves = Family::<Labels, Gauge>::default();
+        registry.register(
+            "worker_moves_in",
+            "Connections moved onto each worker since start (listen.balance: pack)",
+            worker_moves.clone(),
+        );
+        let worker_busy = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "worker_busy_ratio",
+            "Each worker's busy share of the last 100 ms",
+            worker_busy.clone(),
+        );
         Metrics {
+            worker_connections,
+            worker_moves,
+            worker_busy,
             redis,
             registry,
             decisions,
@@ -224,6 +250,18 @@ impl Metrics {
             ("failing", u64::from(s.failing)),
         ];
         self.redis_events(&events);
+    }
+
+    /// Sets the workers' figures.
+    pub fn workers(&self, stats: &[crate::workers::WorkerStat]) {
+        for (i, w) in stats.iter().enumerate() {
+            let label = vec![("worker", i.to_string())];
+            (self.worker_connections.get_or_create(&label))
+                .set(i64::try_from(w.connections).unwrap_or(i64::MAX));
+            (self.worker_moves.get_or_create(&label))
+                .set(i64::try_from(w.moved_in).unwrap_or(i64::MAX));
+            self.worker_busy.get_or_create(&label).set(w.busy);
+        }
     }
 
     /// Lease counters of the leased limiters, as more `redis_events`.

@@ -193,6 +193,8 @@ pub struct DecisionService {
     /// Set when the server starts to stop: health checks fail from then on, so a
     /// load balancer moves traffic away while requests still in flight finish.
     draining: std::sync::atomic::AtomicBool,
+    /// The workers serving its connections, reported at `/metrics`.
+    workers: Option<crate::workers::WorkerStats>,
 }
 
 /// Counters kept in Redis: one Redis (or leased) limiter per limit definition, made on first use
@@ -280,7 +282,14 @@ impl DecisionService {
             clock: tollgate::MonotonicClock::new(),
             redis: None,
             draining: std::sync::atomic::AtomicBool::new(false),
+            workers: None,
         }
+    }
+
+    /// Reports `workers` at `/metrics` (connections, busy share, moves, per worker).
+    pub fn with_workers(mut self, workers: crate::workers::WorkerStats) -> Self {
+        self.workers = Some(workers);
+        self
     }
 
     /// Marks the service as stopping: [`DecisionService::draining`] is true from now on.
@@ -387,6 +396,9 @@ impl DecisionService {
             let (redis, leases) = r.stats();
             self.metrics.redis(&redis);
             self.metrics.leases(&leases);
+        }
+        if let Some(w) = &self.workers {
+            self.metrics.workers(&w.read());
         }
         self.metrics.render()
     }

@@ -141,7 +141,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings.options,
     )
     .with_request_limits(settings.requests)
-    .with_answers(&settings.service);
+    .with_answers(&settings.service)
+    .with_workers(workers.stats());
     if settings.store.kind == StoreKind::Redis {
         service = service.with_redis(&settings.store).await?;
     }
