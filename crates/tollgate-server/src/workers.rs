@@ -139,16 +139,6 @@ impl Workers {
         })
     }
 
-    /// How many workers there are.
-    pub fn len(&self) -> usize {
-        self.workers.len()
-    }
-
-    /// Never: there is at least one worker.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
     /// Serves a connection on a worker: `serve` gets its socket, registered with the
     /// runtime that polls it, and the future it makes runs on that worker (or on
     /// another, when the balancer moves it).
