@@ -180,12 +180,6 @@ impl Workers {
     pub fn stats(&self) -> WorkerStats {
         WorkerStats(self.workers.clone())
     }
-
-    /// Asks `count` connections of worker `from` to move to worker `to` (what the
-    /// balancer does).
-    pub fn move_connections(&self, from: usize, to: usize, count: usize) {
-        ask_to_move(&self.workers, Move { from, to, count });
-    }
 }
 
 impl Drop for Workers {
@@ -565,7 +559,14 @@ mod tests {
         };
         assert_eq!(ask("one\n").await, "0 one\n");
         assert_eq!(workers.connections(), [1, 0]);
-        workers.move_connections(0, 1, 1);
+        ask_to_move(
+            &workers.workers,
+            Move {
+                from: 0,
+                to: 1,
+                count: 1,
+            },
+        );
         let mut moved = false;
         for _ in 0..100 {
             if workers.connections() == [0, 1] {

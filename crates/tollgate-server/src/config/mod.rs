@@ -183,7 +183,7 @@ pub struct Listen {
 }
 
 /// How `serve` shares connections among its workers (`listen.balance`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Balance {
     /// As few workers as the load needs: new connections fill the workers in order,

@@ -273,8 +273,8 @@ pub struct ServeArgs {
     /// How connections are shared among the workers: `pack` (as few workers as the
     /// load needs) or `spread` (each new one to the next worker) [default: the
     /// config's listen.balance, else pack].
-    #[arg(long, value_parser = ["pack", "spread"])]
-    pub balance: Option<String>,
+    #[arg(long, value_enum)]
+    pub balance: Option<crate::config::Balance>,
 }
 
 /// `tollgate serve`: settings resolved before any port is bound, then [`serve`] on a
@@ -291,10 +291,8 @@ pub fn command(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(n) = args.workers {
         settings.workers = usize::try_from(n)?;
     }
-    match args.balance.as_deref() {
-        Some("pack") => settings.balance = crate::config::Balance::Pack,
-        Some("spread") => settings.balance = crate::config::Balance::Spread,
-        _ => {}
+    if let Some(balance) = args.balance {
+        settings.balance = balance;
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
