@@ -23,37 +23,28 @@ pub struct SpecError {
 /// Parameters every algorithm accepts.
 const COMMON: &[&str] = &["max-wait", "shadow"];
 
-/// The `key=value` pairs of one spec, consumed as the algorithm reads them.
-struct Params<'a> {
+/// The `key=value` pairs of one spec, consumed as the algorithm reads them. Shared by
+/// policy specs and adaptive controller specs (`crate::adaptive`).
+pub(crate) struct Params<'a> {
     algo: &'static str,
     pairs: Vec<(&'a str, Option<&'a str>)>,
 }
 
-type Res<T> = Result<T, String>;
+pub(crate) type Res<T> = Result<T, String>;
 
 impl<'a> Params<'a> {
-    fn parse(algo: &'static str, body: &'a str) -> Res<Self> {
+    /// Splits `body` into pairs, refusing a key not in `known` or given twice.
+    pub(crate) fn parse(algo: &'static str, known: &[&str], body: &'a str) -> Res<Self> {
         let mut pairs: Vec<(&str, Option<&str>)> = Vec::new();
         for part in body.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = match part.split_once('=') {
                 Some((k, v)) => (k.trim(), Some(v.trim())),
                 None => (part, None),
             };
-            let known = params_of(algo)
-                .unwrap_or_default()
-                .iter()
-                .chain(COMMON)
-                .any(|p| *p == key);
-            if !known {
-                let expected: Vec<&str> = params_of(algo)
-                    .unwrap_or_default()
-                    .iter()
-                    .chain(COMMON)
-                    .copied()
-                    .collect();
+            if !known.contains(&key) {
                 return Err(format!(
                     "{algo}: unknown parameter '{key}' (expected one of: {})",
-                    expected.join(", ")
+                    known.join(", ")
                 ));
             }
             if pairs.iter().any(|(k, _)| *k == key) {
@@ -68,7 +59,7 @@ impl<'a> Params<'a> {
         self.pairs.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
     }
 
-    fn value(&self, key: &str) -> Res<Option<&'a str>> {
+    pub(crate) fn value(&self, key: &str) -> Res<Option<&'a str>> {
         match self.raw(key) {
             None => Ok(None),
             Some(Some(v)) if !v.is_empty() => Ok(Some(v)),
@@ -79,7 +70,7 @@ impl<'a> Params<'a> {
         }
     }
 
-    fn required(&self, key: &str, example: &str) -> Res<&'a str> {
+    pub(crate) fn required(&self, key: &str, example: &str) -> Res<&'a str> {
         self.value(key)?.ok_or_else(|| {
             format!(
                 "{}: missing parameter '{key}' (e.g. {key}={example})",
@@ -88,11 +79,11 @@ impl<'a> Params<'a> {
         })
     }
 
-    fn bad(&self, key: &str, value: &str, expected: &str) -> String {
+    pub(crate) fn bad(&self, key: &str, value: &str, expected: &str) -> String {
         format!("{}: bad value '{value}' for '{key}': {expected}", self.algo)
     }
 
-    fn count_of(&self, key: &str, v: &str) -> Res<u64> {
+    pub(crate) fn count_of(&self, key: &str, v: &str) -> Res<u64> {
         let n: u64 = v
             .parse()
             .map_err(|_| self.bad(key, v, "expected a whole number"))?;
@@ -102,31 +93,31 @@ impl<'a> Params<'a> {
         Ok(n)
     }
 
-    fn count(&self, key: &str, example: &str) -> Res<u64> {
+    pub(crate) fn count(&self, key: &str, example: &str) -> Res<u64> {
         let v = self.required(key, example)?;
         self.count_of(key, v)
     }
 
-    fn count_or(&self, key: &str, default: u64) -> Res<u64> {
+    pub(crate) fn count_or(&self, key: &str, default: u64) -> Res<u64> {
         self.value(key)?
             .map_or(Ok(default), |v| self.count_of(key, v))
     }
 
-    fn duration_of(&self, key: &str, v: &str) -> Res<u64> {
+    pub(crate) fn duration_of(&self, key: &str, v: &str) -> Res<u64> {
         parse_duration(v).map_err(|e| self.bad(key, v, &e))
     }
 
-    fn duration(&self, key: &str, example: &str) -> Res<u64> {
+    pub(crate) fn duration(&self, key: &str, example: &str) -> Res<u64> {
         let v = self.required(key, example)?;
         self.duration_of(key, v)
     }
 
-    fn rate(&self) -> Res<Rate> {
+    pub(crate) fn rate(&self) -> Res<Rate> {
         let v = self.required("rate", "10/s")?;
         Rate::parse(v).map_err(|e| self.bad("rate", v, &e))
     }
 
-    fn flag(&self, key: &str) -> Res<bool> {
+    pub(crate) fn flag(&self, key: &str) -> Res<bool> {
         match self.raw(key) {
             None => Ok(false),
             Some(None) | Some(Some("true")) => Ok(true),
@@ -136,7 +127,7 @@ impl<'a> Params<'a> {
     }
 
     /// Wraps an error from an algorithm's constructor.
-    fn build<T>(&self, r: Res<T>) -> Res<T> {
+    pub(crate) fn build<T>(&self, r: Res<T>) -> Res<T> {
         r.map_err(|e| format!("{}: {e}", self.algo))
     }
 }
@@ -176,7 +167,13 @@ fn parse_inner(spec: &str) -> Res<Policy> {
             )
         }
     })?;
-    let p = Params::parse(algo, body)?;
+    let known: Vec<&str> = params_of(algo)
+        .unwrap_or_default()
+        .iter()
+        .chain(COMMON)
+        .copied()
+        .collect();
+    let p = Params::parse(algo, &known, body)?;
     let algo = match algo {
         "fixed-window" => {
             let align = match p.value("align")? {

@@ -1,0 +1,537 @@
+//! [`AdaptiveGate`]: permits under an adaptive limit, with a priority queue, fair
+//! shares among callers and the controller's windows, as one deterministic state
+//! machine over times handed in by the caller.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+
+use super::controller::ControllerState;
+use super::request::{Outcome, Priority, Shed};
+use super::spec::{AdaptiveSpec, QueueDelay};
+use super::window::{Window, WindowSummary, WindowedMin};
+
+/// The fewest outcomes in a window: below this a median says too little.
+pub const MIN_WINDOW: u32 = 10;
+
+/// The queueing-delay target of `queue-delay=auto` until the controller has seen the
+/// service queue (its first cut): while the limit is still growing towards the
+/// capacity, waiting is the ramp, not overload.
+pub const AUTO_DELAY_BEFORE_KNEE_US: u64 = 1_000_000;
+
+/// What one request asks of the gate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Request {
+    /// Its priority (default normal).
+    pub priority: Priority,
+    /// Who sends it, for fair shares (a hash of an API key, client IP, tenant);
+    /// `None`: no share applies.
+    pub caller: Option<u64>,
+}
+
+/// A held permit, as the gate knows it: handed back to [`AdaptiveGate::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    epoch: u64,
+    admitted_us: u64,
+    caller: Option<u64>,
+}
+
+impl Ticket {
+    /// When the permit was granted, in the gate's clock (us).
+    pub fn admitted_us(&self) -> u64 {
+        self.admitted_us
+    }
+}
+
+/// A waiter's handle: unique per gate.
+pub type WaiterId = u64;
+
+/// The answer to [`AdaptiveGate::enqueue`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// A permit was free.
+    Granted(Ticket),
+    /// The request waits; it is granted or shed by a later event, or at `deadline_us`
+    /// by [`AdaptiveGate::shed_waiter`] (the caller's timer) or [`AdaptiveGate::expire`].
+    Waiting {
+        /// The waiter's handle.
+        id: WaiterId,
+        /// When it stops waiting, in the gate's clock (us); `None`: never.
+        deadline_us: Option<u64>,
+    },
+    /// Rejected at once.
+    Rejected(Shed),
+}
+
+/// What happened to a waiter since the caller last looked
+/// ([`AdaptiveGate::drain_events`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateEvent {
+    /// The waiter holds a permit now.
+    Granted {
+        /// The waiter.
+        id: WaiterId,
+        /// Its permit.
+        ticket: Ticket,
+    },
+    /// The waiter was turned away.
+    Shed {
+        /// The waiter.
+        id: WaiterId,
+        /// Why.
+        reason: Shed,
+    },
+}
+
+/// Requests shed, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShedCounts {
+    /// [`Shed::Busy`].
+    pub busy: u64,
+    /// [`Shed::QueueFull`].
+    pub queue_full: u64,
+    /// [`Shed::QueueDelay`].
+    pub queue_delay: u64,
+    /// [`Shed::MaxWait`].
+    pub max_wait: u64,
+    /// [`Shed::Outranked`].
+    pub outranked: u64,
+}
+
+/// The state of an adaptive limiter, for metrics and dashboards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptiveStats {
+    /// The limit now.
+    pub limit: u32,
+    /// Permits held now (may exceed a limit that just fell: held permits are never
+    /// revoked).
+    pub in_flight: u32,
+    /// Requests waiting now.
+    pub queued: u32,
+    /// The unloaded-latency baseline (the least window median lately), in us.
+    pub baseline_us: Option<u64>,
+    /// The median latency of the last window, in us.
+    pub last_median_us: Option<u64>,
+    /// The queueing-delay target now, in us (`None`: unbounded).
+    pub queue_delay_us: Option<u64>,
+    /// Windows closed so far (each may have moved the limit).
+    pub windows: u64,
+    /// Permits granted so far.
+    pub admitted: u64,
+    /// Requests shed so far, by reason.
+    pub shed: ShedCounts,
+    /// Requests shed so far, by class: sheddable (below normal), normal (below
+    /// critical), critical.
+    pub shed_by_class: [u64; 3],
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Waiter {
+    priority: Priority,
+    caller: Option<u64>,
+    arrived_us: u64,
+    deadline_us: Option<u64>,
+    /// The caller's own bound came first (`Shed::MaxWait`), not the target.
+    by_max_wait: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct CallerLoad {
+    held: u32,
+    waiting: u32,
+}
+
+/// Permits under an adaptive limit (see the module docs of
+/// [`crate::adaptive`]). Every method takes `now` in microseconds of one clock that
+/// never goes backwards; the same calls give the same results.
+///
+/// ```
+/// use tollgate_core::adaptive::{AdaptiveGate, AdaptiveSpec, Enqueued, Outcome, Request};
+///
+/// let mut gate = AdaptiveGate::new("gradient:initial=1".parse::<AdaptiveSpec>()?, false);
+/// let Enqueued::Granted(ticket) = gate.enqueue(0, Request::default(), None) else { panic!() };
+/// // The limit is 1: the next request waits for the permit.
+/// let Enqueued::Waiting { id, .. } = gate.enqueue(0, Request::default(), None) else { panic!() };
+/// gate.release(20_000, ticket, Outcome::Success { latency_us: 20_000 });
+/// assert!(matches!(gate.drain_events().next(),
+///     Some(tollgate_core::adaptive::GateEvent::Granted { id: granted, .. }) if granted == id));
+/// # Ok::<(), tollgate_core::SpecError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct AdaptiveGate {
+    spec: AdaptiveSpec,
+    fair: bool,
+    ctl: ControllerState,
+    limit: u32,
+    /// Whether the controller has ever cut the limit for queueing or drops.
+    knee_seen: bool,
+    in_flight: u32,
+    /// Bumped whenever the limit changes: outcomes of permits granted under an
+    /// earlier limit do not describe the new one and are left out of windows.
+    epoch: u64,
+    window: Window,
+    baseline: WindowedMin,
+    last_median: Option<u64>,
+    windows: u64,
+    order: BTreeSet<(Reverse<Priority>, WaiterId)>,
+    waiters: HashMap<WaiterId, Waiter>,
+    next_id: WaiterId,
+    callers: HashMap<u64, CallerLoad>,
+    events: Vec<GateEvent>,
+    admitted: u64,
+    shed: ShedCounts,
+    shed_by_class: [u64; 3],
+}
+
+impl AdaptiveGate {
+    /// A gate at the spec's initial limit; `fair`: waiting callers share the limit.
+    pub fn new(spec: AdaptiveSpec, fair: bool) -> Self {
+        AdaptiveGate {
+            ctl: ControllerState::new(spec.initial),
+            limit: spec.initial,
+            knee_seen: false,
+            fair,
+            in_flight: 0,
+            epoch: 0,
+            window: Window::default(),
+            baseline: WindowedMin::new(spec.baseline_window_us),
+            last_median: None,
+            windows: 0,
+            order: BTreeSet::new(),
+            waiters: HashMap::new(),
+            next_id: 0,
+            callers: HashMap::new(),
+            events: Vec::new(),
+            admitted: 0,
+            shed: ShedCounts::default(),
+            shed_by_class: [0; 3],
+            spec,
+        }
+    }
+
+    /// The spec the gate runs.
+    pub fn spec(&self) -> &AdaptiveSpec {
+        &self.spec
+    }
+
+    /// Whether waiting callers share the limit.
+    pub fn is_fair(&self) -> bool {
+        self.fair
+    }
+
+    /// The limit now.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Permits held now.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// A permit now, or [`Shed::Busy`] at once (never waits, never jumps the queue:
+    /// while anyone waits no permit is free).
+    pub fn try_acquire(&mut self, now_us: u64, req: Request) -> Result<Ticket, Shed> {
+        if self.in_flight < self.limit {
+            return Ok(self.admit(now_us, req));
+        }
+        self.window.saturated = true;
+        Err(self.count_shed(req.priority, Shed::Busy { limit: self.limit }))
+    }
+
+    /// A permit now, or a place in the queue (by priority, FIFO within one), or a
+    /// rejection. `max_wait_us` bounds the wait besides the queueing-delay target.
+    /// Other waiters may be shed by this arrival: see [`Self::drain_events`].
+    pub fn enqueue(&mut self, now_us: u64, req: Request, max_wait_us: Option<u64>) -> Enqueued {
+        if self.in_flight < self.limit {
+            return Enqueued::Granted(self.admit(now_us, req));
+        }
+        self.window.saturated = true;
+        if self.spec.queue == 0 || max_wait_us == Some(0) {
+            return Enqueued::Rejected(
+                self.count_shed(req.priority, Shed::Busy { limit: self.limit }),
+            );
+        }
+        let top = self.order.first().map(|&(Reverse(p), _)| p);
+        if req.priority.is_sheddable() && top.is_some_and(|p| p > req.priority) {
+            return Enqueued::Rejected(self.count_shed(req.priority, Shed::Outranked));
+        }
+        if self.order.len() >= self.spec.queue as usize {
+            match self.order.last().copied() {
+                Some((Reverse(p), last)) if p < req.priority => {
+                    self.shed_queued(last, Shed::Outranked)
+                }
+                _ => {
+                    let queue = self.spec.queue;
+                    return Enqueued::Rejected(
+                        self.count_shed(req.priority, Shed::QueueFull { queue }),
+                    );
+                }
+            }
+        }
+        // Sheddable waiters give way to a more important request that has to wait.
+        while let Some(&(Reverse(p), id)) = self.order.last() {
+            if !(p.is_sheddable() && p < req.priority) {
+                break;
+            }
+            self.shed_queued(id, Shed::Outranked);
+        }
+        let target = self.queue_delay_us();
+        let (wait, by_max_wait) = match (target, max_wait_us) {
+            (Some(t), Some(m)) => (Some(t.min(m)), m < t),
+            (t, None) => (t, false),
+            (None, m) => (m, true),
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let deadline_us = wait.map(|w| now_us.saturating_add(w));
+        self.order.insert((Reverse(req.priority), id));
+        self.waiters.insert(
+            id,
+            Waiter {
+                priority: req.priority,
+                caller: req.caller,
+                arrived_us: now_us,
+                deadline_us,
+                by_max_wait,
+            },
+        );
+        if let Some(c) = self.caller_load(req.caller) {
+            c.waiting += 1;
+        }
+        Enqueued::Waiting { id, deadline_us }
+    }
+
+    /// Ends a permit with its outcome: a sample for the controller, then waiters are
+    /// granted the free permits.
+    pub fn release(&mut self, now_us: u64, ticket: Ticket, outcome: Outcome) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(caller) = ticket.caller.filter(|_| self.fair) {
+            if let Some(c) = self.callers.get_mut(&caller) {
+                c.held = c.held.saturating_sub(1);
+            }
+            self.forget_idle(caller);
+        }
+        if ticket.epoch == self.epoch {
+            match outcome {
+                Outcome::Success { latency_us } => self.window.push(latency_us),
+                Outcome::Dropped => self.window.drops += 1,
+                Outcome::Ignored => {}
+            }
+            if self.window.len() >= MIN_WINDOW.max(self.limit) {
+                self.close_window(now_us);
+            }
+        }
+        self.pump(now_us);
+    }
+
+    /// Removes a waiter whose deadline has come and says why it was shed; `None` if it
+    /// is no longer waiting (granted or shed meanwhile: see the events).
+    pub fn shed_waiter(&mut self, now_us: u64, id: WaiterId) -> Option<Shed> {
+        let w = self.remove_waiter(id)?;
+        let waited_us = now_us.saturating_sub(w.arrived_us);
+        let reason = if w.by_max_wait {
+            Shed::MaxWait { waited_us }
+        } else {
+            Shed::QueueDelay { waited_us }
+        };
+        Some(self.count_shed(w.priority, reason))
+    }
+
+    /// Sheds every waiter whose deadline is at or before `now_us` (as events): for
+    /// callers that drive time themselves, such as a simulation.
+    pub fn expire(&mut self, now_us: u64) {
+        let mut due: Vec<WaiterId> = self
+            .waiters
+            .iter()
+            .filter(|(_, w)| w.deadline_us.is_some_and(|d| d <= now_us))
+            .map(|(&id, _)| id)
+            .collect();
+        due.sort_unstable(); // in arrival order, whatever the map's
+        for id in due {
+            if let Some(reason) = self.shed_waiter(now_us, id) {
+                self.events.push(GateEvent::Shed { id, reason });
+            }
+        }
+    }
+
+    /// Removes a waiter that gave up (its future was dropped): not counted as shed.
+    /// Returns whether it was still waiting.
+    pub fn cancel(&mut self, id: WaiterId) -> bool {
+        self.remove_waiter(id).is_some()
+    }
+
+    /// The earliest deadline of a waiter, for callers that drive time themselves.
+    pub fn next_deadline_us(&self) -> Option<u64> {
+        self.waiters.values().filter_map(|w| w.deadline_us).min()
+    }
+
+    /// The grants and sheds of waiters since the last call, in order.
+    pub fn drain_events(&mut self) -> std::vec::Drain<'_, GateEvent> {
+        self.events.drain(..)
+    }
+
+    /// The state now.
+    pub fn stats(&self) -> AdaptiveStats {
+        AdaptiveStats {
+            limit: self.limit,
+            in_flight: self.in_flight,
+            queued: self.order.len() as u32,
+            baseline_us: self.baseline.get(),
+            last_median_us: self.last_median,
+            queue_delay_us: self.queue_delay_us(),
+            windows: self.windows,
+            admitted: self.admitted,
+            shed: self.shed,
+            shed_by_class: self.shed_by_class,
+        }
+    }
+
+    /// The queueing-delay target now (`None`: unbounded).
+    pub fn queue_delay_us(&self) -> Option<u64> {
+        match self.spec.queue_delay {
+            QueueDelay::Fixed(us) => Some(us),
+            QueueDelay::Auto => match self.baseline.get() {
+                Some(b) if self.knee_seen => Some((b / 2).max(1)),
+                _ => Some(AUTO_DELAY_BEFORE_KNEE_US),
+            },
+        }
+    }
+
+    fn admit(&mut self, now_us: u64, req: Request) -> Ticket {
+        self.in_flight += 1;
+        self.admitted += 1;
+        self.window.max_in_flight = self.window.max_in_flight.max(self.in_flight);
+        if let Some(c) = self.caller_load(req.caller) {
+            c.held += 1;
+        }
+        Ticket {
+            epoch: self.epoch,
+            admitted_us: now_us,
+            caller: req.caller.filter(|_| self.fair),
+        }
+    }
+
+    fn caller_load(&mut self, caller: Option<u64>) -> Option<&mut CallerLoad> {
+        let caller = caller.filter(|_| self.fair)?;
+        Some(self.callers.entry(caller).or_default())
+    }
+
+    fn forget_idle(&mut self, caller: u64) {
+        if self
+            .callers
+            .get(&caller)
+            .is_some_and(|c| c.held == 0 && c.waiting == 0)
+        {
+            self.callers.remove(&caller);
+        }
+    }
+
+    fn remove_waiter(&mut self, id: WaiterId) -> Option<Waiter> {
+        let w = self.waiters.remove(&id)?;
+        self.order.remove(&(Reverse(w.priority), id));
+        if let Some(caller) = w.caller.filter(|_| self.fair) {
+            if let Some(c) = self.callers.get_mut(&caller) {
+                c.waiting = c.waiting.saturating_sub(1);
+            }
+            self.forget_idle(caller);
+        }
+        Some(w)
+    }
+
+    fn shed_queued(&mut self, id: WaiterId, reason: Shed) {
+        if let Some(w) = self.remove_waiter(id) {
+            let reason = self.count_shed(w.priority, reason);
+            self.events.push(GateEvent::Shed { id, reason });
+        }
+    }
+
+    fn count_shed(&mut self, priority: Priority, reason: Shed) -> Shed {
+        let s = &mut self.shed;
+        match reason {
+            Shed::Busy { .. } => s.busy += 1,
+            Shed::QueueFull { .. } => s.queue_full += 1,
+            Shed::QueueDelay { .. } => s.queue_delay += 1,
+            Shed::MaxWait { .. } => s.max_wait += 1,
+            Shed::Outranked => s.outranked += 1,
+        }
+        let class = if priority.is_sheddable() {
+            0
+        } else if priority < Priority::CRITICAL {
+            1
+        } else {
+            2
+        };
+        self.shed_by_class[class] += 1;
+        reason
+    }
+
+    fn close_window(&mut self, now_us: u64) {
+        let median = self.window.median();
+        if let Some(m) = median {
+            self.baseline.push(now_us, m);
+            self.last_median = Some(m);
+        }
+        let summary = WindowSummary {
+            samples: self.window.samples(),
+            drops: self.window.drops,
+            median_us: median,
+            baseline_us: self.baseline.get(),
+            max_in_flight: self.window.max_in_flight,
+            limit_bound: self.window.saturated || self.window.max_in_flight >= self.limit,
+        };
+        let before = self.ctl.limit;
+        self.ctl.on_window(
+            &self.spec.controller,
+            &summary,
+            self.spec.min,
+            self.spec.max,
+        );
+        if self.ctl.limit < before {
+            self.knee_seen = true;
+        }
+        let limit = self.ctl.limit as u32;
+        if limit != self.limit {
+            self.limit = limit;
+            self.epoch += 1;
+        }
+        self.windows += 1;
+        self.window.reset(self.in_flight);
+    }
+
+    /// Grants free permits to waiters: the most important first, FIFO within a
+    /// priority; with fair shares, among the waiters of that priority the first whose
+    /// caller holds less than its share (the limit over the callers holding or
+    /// waiting for permits), else the first.
+    fn pump(&mut self, now_us: u64) {
+        while self.in_flight < self.limit {
+            let Some(&(Reverse(top), first)) = self.order.first() else {
+                return;
+            };
+            let id = if self.fair {
+                let share = (self.limit / (self.callers.len().max(1) as u32)).max(1);
+                self.order
+                    .range((Reverse(top), 0)..=(Reverse(top), WaiterId::MAX))
+                    .map(|&(_, id)| id)
+                    .find(|id| {
+                        self.waiters[id]
+                            .caller
+                            .and_then(|c| self.callers.get(&c))
+                            .is_none_or(|c| c.held < share)
+                    })
+                    .unwrap_or(first)
+            } else {
+                first
+            };
+            let w = self.remove_waiter(id).expect("a queued waiter");
+            let ticket = self.admit(
+                now_us,
+                Request {
+                    priority: w.priority,
+                    caller: w.caller,
+                },
+            );
+            self.events.push(GateEvent::Granted { id, ticket });
+        }
+    }
+}

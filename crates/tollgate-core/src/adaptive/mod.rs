@@ -1,0 +1,46 @@
+//! Adaptive concurrency: a concurrency limit that finds the service's capacity from
+//! what each permit reports when it ends, sheds low-value work first and shares the
+//! limit fairly among callers.
+//!
+//! * A permit ends with an [`Outcome`]: `Success` with its latency, `Dropped` (a
+//!   timeout, an overload answer from upstream) or `Ignored` (says nothing about
+//!   capacity; a permit dropped without a report). Only outcomes move the limit, and
+//!   only within `[min, max]`.
+//! * Outcomes are gathered into windows of at least `max(10, limit)` outcomes of
+//!   permits granted under the current limit (older permits describe an older limit
+//!   and are left out). A window is summarised by its median latency; the baseline
+//!   is the least window median of the last `baseline-window` (10 s). A single
+//!   sample moves a median by one rank at most, so one lucky or one slow response
+//!   cannot move a limit by itself; one window lowers a limit by half at most.
+//! * The controllers ([`ControllerKind`]): `gradient` (the default) cuts the limit to
+//!   `in_flight / (median / baseline)` (the concurrency that Little's law says was
+//!   served without queueing) when the median passes `tolerance x baseline`, and
+//!   grows it while it binds and the latency holds — fast far from the last knee,
+//!   by one near it; `aimd`; `vegas`. None needs a probe that stops traffic.
+//! * Held permits are never revoked: a falling limit only stops new admissions.
+//! * Waiters queue by [`Priority`], FIFO within one; a waiter is shed when its wait
+//!   passes the queueing-delay target (`queue-delay`, by default half the baseline
+//!   once the service has shown its knee), when the queue is full, or — sheddable
+//!   work — as soon as more important work has to wait.
+//! * Fair shares (optional): a waiter whose caller already holds its share (the limit
+//!   over the callers holding or awaiting permits) is served after the waiters of the
+//!   same priority whose callers hold less. Nobody is limited while permits are free.
+//!
+//! [`AdaptiveGate`] is the whole state machine: the library's `AdaptiveLimiter`
+//! wraps it with a lock, wakers and timers, and `tollgate simulate` drives it with a
+//! virtual clock, so the same inputs give the same limits everywhere.
+
+mod controller;
+mod gate;
+mod request;
+mod spec;
+mod window;
+
+pub use controller::ControllerKind;
+pub use gate::{
+    AdaptiveGate, AdaptiveStats, Enqueued, GateEvent, Request, ShedCounts, Ticket, WaiterId,
+    AUTO_DELAY_BEFORE_KNEE_US, MIN_WINDOW,
+};
+pub use request::{Outcome, Priority, PriorityError, Shed};
+pub use spec::{AdaptiveSpec, QueueDelay, CONTROLLERS, MAX_LIMIT};
+pub use window::WindowSummary;

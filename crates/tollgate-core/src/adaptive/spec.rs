@@ -1,0 +1,298 @@
+//! The adaptive spec: `CONTROLLER:key=value,...`, in the policy spec's syntax
+//! (`gradient:min=2,max=500`, `aimd`, `vegas:alpha=2,beta=4`).
+
+use std::fmt;
+
+use super::controller::ControllerKind;
+use crate::spec::{Params, Res, SpecError};
+use crate::units::fmt_duration;
+
+/// The controllers a spec may name.
+pub const CONTROLLERS: [&str; 3] = ["gradient", "aimd", "vegas"];
+
+/// Parameters every controller takes.
+const COMMON: &[&str] = &[
+    "min",
+    "max",
+    "initial",
+    "queue",
+    "queue-delay",
+    "baseline-window",
+];
+
+/// The largest `max` a spec may give: far beyond any concurrency a process holds.
+pub const MAX_LIMIT: u32 = 1_000_000;
+
+/// How long a request may wait for a permit before it is shed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueDelay {
+    /// Half the unloaded-latency baseline (1 s until a baseline is known): an admitted
+    /// request's latency stays within about 1.5 times the unloaded latency plus the
+    /// controller's tolerance.
+    Auto,
+    /// A fixed target, in microseconds.
+    Fixed(u64),
+}
+
+/// A parsed, valid adaptive limiter configuration.
+///
+/// ```
+/// use tollgate_core::adaptive::AdaptiveSpec;
+/// let spec: AdaptiveSpec = "gradient:min=2,max=500".parse().unwrap();
+/// assert_eq!((spec.min, spec.max, spec.initial), (2, 500, 4));
+/// assert_eq!(spec.to_string().parse::<AdaptiveSpec>().unwrap(), spec);
+/// let err = "gradient:min=9,max=3".parse::<AdaptiveSpec>().unwrap_err();
+/// assert!(err.to_string().contains("min=9 is above max=3"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveSpec {
+    /// The controller and its settings.
+    pub controller: ControllerKind,
+    /// The floor: the limit never falls below it (default 1).
+    pub min: u32,
+    /// The ceiling (default 1000).
+    pub max: u32,
+    /// The limit before any outcome is known (default 4, within min..max): the
+    /// controller grows it fast while it is used and the latency holds.
+    pub initial: u32,
+    /// The most requests waiting for a permit (default 1000; 0: nobody waits).
+    pub queue: u32,
+    /// The queueing-delay target (default `auto`).
+    pub queue_delay: QueueDelay,
+    /// How long the least window median stays the baseline (default 10 s): a service
+    /// that became slower for good is re-learned after this long.
+    pub baseline_window_us: u64,
+}
+
+impl Default for AdaptiveSpec {
+    /// `gradient` with every default.
+    fn default() -> Self {
+        AdaptiveSpec::parse("gradient").expect("the default spec parses")
+    }
+}
+
+impl AdaptiveSpec {
+    /// Parses a spec such as `gradient:min=2,max=500` (see docs/adaptive.md).
+    pub fn parse(spec: &str) -> Result<Self, SpecError> {
+        parse_inner(spec).map_err(|message| SpecError {
+            spec: spec.to_string(),
+            message,
+        })
+    }
+}
+
+impl std::str::FromStr for AdaptiveSpec {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        AdaptiveSpec::parse(s)
+    }
+}
+
+fn parse_inner(spec: &str) -> Res<AdaptiveSpec> {
+    let spec = spec.trim();
+    let (name, body) = spec.split_once(':').unwrap_or((spec, ""));
+    let name = CONTROLLERS
+        .iter()
+        .copied()
+        .find(|c| *c == name.trim())
+        .ok_or_else(|| {
+            format!(
+                "unknown controller '{}' (expected one of: {})",
+                name.trim(),
+                CONTROLLERS.join(", ")
+            )
+        })?;
+    let own: &[&str] = match name {
+        "gradient" => &["tolerance", "backoff"],
+        "aimd" => &["increase", "backoff"],
+        _ => &["alpha", "beta", "backoff"],
+    };
+    let known: Vec<&str> = own.iter().chain(COMMON).copied().collect();
+    let p = Params::parse(name, &known, body)?;
+    let number = |key: &str, default: f64, ok: &dyn Fn(f64) -> bool, expected: &str| -> Res<f64> {
+        match p.value(key)? {
+            None => Ok(default),
+            Some(v) => match v.parse::<f64>() {
+                Ok(x) if x.is_finite() && ok(x) => Ok(x),
+                _ => Err(p.bad(key, v, expected)),
+            },
+        }
+    };
+    let backoff = number(
+        "backoff",
+        0.9,
+        &|x| x > 0.0 && x < 1.0,
+        "expected a factor between 0 and 1, such as 0.9",
+    )?;
+    let controller = match name {
+        "gradient" => ControllerKind::Gradient {
+            tolerance: number(
+                "tolerance",
+                1.2,
+                &|x| x >= 1.0,
+                "expected a latency ratio of at least 1, such as 1.2",
+            )?,
+            backoff,
+        },
+        "aimd" => ControllerKind::Aimd {
+            increase: limit_count(&p, "increase", 1)?.max(1),
+            backoff,
+        },
+        _ => {
+            let positive = |x: f64| x > 0.0;
+            let alpha = number(
+                "alpha",
+                3.0,
+                &positive,
+                "expected a positive number such as 3",
+            )?;
+            let beta = number(
+                "beta",
+                6.0,
+                &positive,
+                "expected a positive number such as 6",
+            )?;
+            if alpha >= beta {
+                return Err(format!("vegas: alpha={alpha} must be below beta={beta}"));
+            }
+            ControllerKind::Vegas {
+                alpha,
+                beta,
+                backoff,
+            }
+        }
+    };
+    let min = limit_count(&p, "min", 1)?;
+    let max = limit_count(&p, "max", 1000)?;
+    if min == 0 {
+        return Err(format!("{name}: min=0: the floor must be at least 1"));
+    }
+    if min > max {
+        return Err(format!("{name}: min={min} is above max={max}"));
+    }
+    let initial = match p.value("initial")? {
+        None => 4.clamp(min, max),
+        Some(v) => {
+            let n = limit_count(&p, "initial", 0)?;
+            if n < min || n > max {
+                return Err(p.bad("initial", v, &format!("expected {min}..={max} (min..=max)")));
+            }
+            n
+        }
+    };
+    let queue = limit_count(&p, "queue", 1000)?;
+    let queue_delay = match p.value("queue-delay")? {
+        None | Some("auto") => QueueDelay::Auto,
+        Some(v) => match p.duration_of("queue-delay", v)? {
+            0 => return Err(p.bad("queue-delay", v, "expected auto or a duration above 0")),
+            us => QueueDelay::Fixed(us),
+        },
+    };
+    let baseline_window_us = match p.value("baseline-window")? {
+        None => 10_000_000,
+        Some(v) => match p.duration_of("baseline-window", v)? {
+            0 => return Err(p.bad("baseline-window", v, "expected a duration above 0")),
+            us => us,
+        },
+    };
+    Ok(AdaptiveSpec {
+        controller,
+        min,
+        max,
+        initial,
+        queue,
+        queue_delay,
+        baseline_window_us,
+    })
+}
+
+/// A count parameter up to [`MAX_LIMIT`].
+fn limit_count(p: &Params, key: &str, default: u64) -> Res<u32> {
+    let n = p.count_or(key, default)?;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| *n <= MAX_LIMIT)
+        .ok_or_else(|| p.bad(key, &n.to_string(), &format!("at most {MAX_LIMIT}")))
+}
+
+impl fmt::Display for AdaptiveSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.controller.name())?;
+        match self.controller {
+            ControllerKind::Gradient { tolerance, backoff } => {
+                write!(f, ":tolerance={tolerance},backoff={backoff}")?
+            }
+            ControllerKind::Aimd { increase, backoff } => {
+                write!(f, ":increase={increase},backoff={backoff}")?
+            }
+            ControllerKind::Vegas {
+                alpha,
+                beta,
+                backoff,
+            } => write!(f, ":alpha={alpha},beta={beta},backoff={backoff}")?,
+        }
+        write!(
+            f,
+            ",min={},max={},initial={},queue={},queue-delay=",
+            self.min, self.max, self.initial, self.queue
+        )?;
+        match self.queue_delay {
+            QueueDelay::Auto => f.write_str("auto")?,
+            QueueDelay::Fixed(us) => f.write_str(&fmt_duration(us))?,
+        }
+        write!(
+            f,
+            ",baseline-window={}",
+            fmt_duration(self.baseline_window_us)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(spec: &str) -> String {
+        AdaptiveSpec::parse(spec).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn bad_specs_name_what_is_wrong() {
+        assert!(err("cubic")
+            .contains("unknown controller 'cubic' (expected one of: gradient, aimd, vegas)"));
+        assert!(err("gradient:min=-1").contains("bad value '-1' for 'min'"));
+        assert!(err("gradient:min=0").contains("min=0"));
+        assert!(err("gradient:min=10,max=5").contains("min=10 is above max=5"));
+        assert!(err("gradient:initial=2000").contains("expected 1..=1000"));
+        assert!(err("gradient:tolerance=0.5").contains("'tolerance'"));
+        assert!(err("aimd:backoff=1.5").contains("between 0 and 1"));
+        assert!(err("aimd:tolerance=2").contains("unknown parameter 'tolerance'"));
+        assert!(err("vegas:alpha=6,beta=3").contains("alpha=6 must be below beta=3"));
+        assert!(err("gradient:queue-delay=0s").contains("'queue-delay'"));
+        assert!(err("gradient:max=2000000").contains("at most 1000000"));
+        assert!(err("gradient:max=nan").contains("whole number"));
+    }
+
+    #[test]
+    fn every_controller_prints_back_to_itself() {
+        for s in [
+            "gradient",
+            "gradient:min=2,max=50,initial=10,tolerance=1.5,queue=0,queue-delay=20ms",
+            "aimd:increase=2,backoff=0.5,baseline-window=1m",
+            "vegas:alpha=2,beta=4,min=3",
+        ] {
+            let spec = AdaptiveSpec::parse(s).unwrap();
+            assert_eq!(
+                spec.to_string().parse::<AdaptiveSpec>().unwrap(),
+                spec,
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
+    fn initial_defaults_into_min_max() {
+        assert_eq!(AdaptiveSpec::parse("aimd:min=10").unwrap().initial, 10);
+        assert_eq!(AdaptiveSpec::parse("aimd:max=2").unwrap().initial, 2);
+    }
+}

@@ -1,0 +1,336 @@
+//! The adaptive gate's guarantees, on random operations under a virtual clock: the limit
+//! stays in [min, max], grants never exceed the limit, held permits are never revoked,
+//! strict priority and FIFO within one, fair shares, determinism.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use tollgate_core::adaptive::{
+    AdaptiveGate, AdaptiveSpec, Enqueued, GateEvent, Outcome, Priority, Request, Shed, Ticket,
+};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Arrive {
+        priority: u8,
+        caller: u8,
+        max_wait_ms: Option<u8>,
+    },
+    Release {
+        pick: usize,
+        latency_ms: u16,
+        dropped: bool,
+    },
+    Advance {
+        ms: u16,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (prop::sample::select(vec![0u8, 50, 100, 150, 200]), 0u8..4, prop::option::of(0u8..50))
+            .prop_map(|(priority, caller, max_wait_ms)| Op::Arrive { priority, caller, max_wait_ms }),
+        4 => (any::<usize>(), 1u16..200, prop::bool::weighted(0.1))
+            .prop_map(|(pick, latency_ms, dropped)| Op::Release { pick, latency_ms, dropped }),
+        1 => (0u16..100).prop_map(|ms| Op::Advance { ms }),
+    ]
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    priority: Priority,
+    caller: u64,
+}
+
+/// Runs `ops`, checking every invariant as it goes; returns the final stats' debug form.
+fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
+    let spec: AdaptiveSpec = spec.parse().unwrap();
+    let mut gate = AdaptiveGate::new(spec, fair);
+    let mut now = 0u64;
+    let mut held: Vec<(Ticket, u64)> = Vec::new();
+    let mut queued: BTreeMap<u64, Queued> = BTreeMap::new();
+    let mut holders: BTreeMap<u64, u32> = BTreeMap::new();
+    for op in ops {
+        let in_flight_before = gate.in_flight();
+        match *op {
+            Op::Arrive {
+                priority,
+                caller,
+                max_wait_ms,
+            } => {
+                let req = Request {
+                    priority: Priority(priority),
+                    caller: Some(u64::from(caller)),
+                };
+                match gate.enqueue(now, req, max_wait_ms.map(|m| u64::from(m) * 1000)) {
+                    Enqueued::Granted(t) => {
+                        assert!(queued.is_empty(), "a permit was free while others waited");
+                        held.push((t, u64::from(caller)));
+                        *holders.entry(u64::from(caller)).or_default() += 1;
+                    }
+                    Enqueued::Waiting { id, .. } => {
+                        queued.insert(
+                            id,
+                            Queued {
+                                priority: req.priority,
+                                caller: u64::from(caller),
+                            },
+                        );
+                    }
+                    Enqueued::Rejected(Shed::Outranked) => {
+                        assert!(req.priority.is_sheddable());
+                        assert!(queued.values().any(|q| q.priority > req.priority));
+                    }
+                    Enqueued::Rejected(_) => {}
+                }
+            }
+            Op::Release {
+                pick,
+                latency_ms,
+                dropped,
+            } => {
+                if !held.is_empty() {
+                    let (t, caller) = held.swap_remove(pick % held.len());
+                    *holders.get_mut(&caller).unwrap() -= 1;
+                    now = now.max(t.admitted_us());
+                    let outcome = if dropped {
+                        Outcome::Dropped
+                    } else {
+                        Outcome::Success {
+                            latency_us: u64::from(latency_ms) * 1000,
+                        }
+                    };
+                    gate.release(now, t, outcome);
+                }
+            }
+            Op::Advance { ms } => {
+                now += u64::from(ms) * 1000;
+                gate.expire(now);
+            }
+        }
+        let events: Vec<GateEvent> = gate.drain_events().collect();
+        let limit = gate.limit();
+        for e in events {
+            match e {
+                GateEvent::Granted { id, ticket } => {
+                    let me = queued
+                        .remove(&id)
+                        .expect("granted a waiter that was queued");
+                    // Strict priority, FIFO within one (fair shares may pass over a
+                    // caller at or above its share, within the same priority).
+                    for (&other, q) in &queued {
+                        assert!(q.priority <= me.priority, "granted {me:?} before {q:?}");
+                        if q.priority == me.priority && other < id {
+                            assert!(fair, "FIFO broken: {other} waited before {id}");
+                            let callers: std::collections::BTreeSet<u64> = holders
+                                .iter()
+                                .filter(|(_, &h)| h > 0)
+                                .map(|(&c, _)| c)
+                                .chain(queued.values().map(|w| w.caller))
+                                .chain([me.caller])
+                                .collect();
+                            let callers = callers.len();
+                            let share = (limit / callers.max(1) as u32).max(1);
+                            let held_by_other = holders.get(&q.caller).copied().unwrap_or(0);
+                            assert!(
+                                held_by_other >= share,
+                                "passed over a caller under its share"
+                            );
+                        }
+                    }
+                    held.push((ticket, me.caller));
+                    *holders.entry(me.caller).or_default() += 1;
+                }
+                GateEvent::Shed { id, reason } => {
+                    let full = queued.len() >= spec.queue as usize;
+                    let me = queued.remove(&id).expect("shed a waiter that was queued");
+                    if reason == Shed::Outranked {
+                        // A sheddable waiter gives way; any other only to make room.
+                        assert!(me.priority.is_sheddable() || full, "{me:?} outranked");
+                    }
+                }
+            }
+        }
+        let s = gate.stats();
+        assert!(
+            s.limit >= spec.min && s.limit <= spec.max,
+            "limit {} left [{}, {}]",
+            s.limit,
+            spec.min,
+            spec.max
+        );
+        assert_eq!(s.in_flight as usize, held.len());
+        assert_eq!(s.queued as usize, queued.len());
+        // Grants only below the limit: permits rise above it only by holding on
+        // while it falls, never by a grant.
+        if s.in_flight > in_flight_before {
+            assert!(
+                s.in_flight <= s.limit,
+                "{} in flight over a limit of {}",
+                s.in_flight,
+                s.limit
+            );
+        }
+        if s.in_flight < s.limit {
+            assert!(queued.is_empty(), "free permits while requests wait");
+        }
+    }
+    format!("{:?}", gate.stats())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn gradient_keeps_every_invariant(ops in prop::collection::vec(op(), 1..400)) {
+        run("gradient:min=2,max=20,initial=3,queue=8", false, &ops);
+    }
+
+    #[test]
+    fn aimd_and_vegas_keep_every_invariant(ops in prop::collection::vec(op(), 1..400)) {
+        run("aimd:min=1,max=6,queue=5,queue-delay=30ms", false, &ops);
+        run("vegas:min=3,max=50,initial=3,queue=4", false, &ops);
+    }
+
+    #[test]
+    fn fair_shares_keep_every_invariant(ops in prop::collection::vec(op(), 1..400)) {
+        run("gradient:min=1,max=12,initial=4,queue=10", true, &ops);
+    }
+
+    #[test]
+    fn the_same_operations_give_the_same_state(ops in prop::collection::vec(op(), 1..200)) {
+        let spec = "gradient:min=1,max=30,queue=10";
+        prop_assert_eq!(run(spec, true, &ops), run(spec, true, &ops));
+    }
+}
+
+fn req(priority: Priority, caller: u64) -> Request {
+    Request {
+        priority,
+        caller: Some(caller),
+    }
+}
+
+fn grant(gate: &mut AdaptiveGate, r: Request) -> Ticket {
+    match gate.enqueue(0, r, None) {
+        Enqueued::Granted(t) => t,
+        other => panic!("expected a permit, got {other:?}"),
+    }
+}
+
+fn wait(gate: &mut AdaptiveGate, now: u64, r: Request) -> u64 {
+    match gate.enqueue(now, r, None) {
+        Enqueued::Waiting { id, .. } => id,
+        other => panic!("expected to wait, got {other:?}"),
+    }
+}
+
+#[test]
+fn sheddable_work_gives_way_as_soon_as_critical_work_waits() {
+    let mut gate = AdaptiveGate::new("gradient:initial=1".parse().unwrap(), false);
+    let t = grant(&mut gate, req(Priority::NORMAL, 0));
+    let shed = wait(&mut gate, 0, req(Priority::SHEDDABLE, 1));
+    let normal = wait(&mut gate, 0, req(Priority::NORMAL, 2));
+    assert_eq!(
+        gate.drain_events().collect::<Vec<_>>(),
+        [GateEvent::Shed {
+            id: shed,
+            reason: Shed::Outranked
+        }]
+    );
+    assert_eq!(
+        gate.enqueue(0, req(Priority::SHEDDABLE, 3), None),
+        Enqueued::Rejected(Shed::Outranked)
+    );
+    let critical = wait(&mut gate, 0, req(Priority::CRITICAL, 4));
+    gate.release(1000, t, Outcome::Ignored);
+    let granted: Vec<u64> = gate
+        .drain_events()
+        .map(|e| match e {
+            GateEvent::Granted { id, .. } => id,
+            e => panic!("{e:?}"),
+        })
+        .collect();
+    assert_eq!(granted, [critical]);
+    assert_eq!(gate.stats().queued, 1);
+    assert!(gate.cancel(normal));
+    assert_eq!(gate.stats().shed_by_class, [2, 0, 0]);
+}
+
+#[test]
+fn a_full_queue_makes_room_for_more_important_work_only() {
+    let mut gate = AdaptiveGate::new("aimd:initial=1,queue=2".parse().unwrap(), false);
+    let _t = grant(&mut gate, req(Priority::NORMAL, 0));
+    let _a = wait(&mut gate, 0, req(Priority::NORMAL, 1));
+    let b = wait(&mut gate, 0, req(Priority::NORMAL, 2));
+    assert_eq!(
+        gate.enqueue(0, req(Priority::NORMAL, 3), None),
+        Enqueued::Rejected(Shed::QueueFull { queue: 2 })
+    );
+    let _c = wait(&mut gate, 0, req(Priority::CRITICAL, 4));
+    assert_eq!(
+        gate.drain_events().collect::<Vec<_>>(),
+        [GateEvent::Shed {
+            id: b,
+            reason: Shed::Outranked
+        }]
+    );
+}
+
+#[test]
+fn a_waiter_is_shed_at_the_queueing_delay_target_or_its_own_bound() {
+    let mut gate = AdaptiveGate::new(
+        "gradient:initial=1,queue-delay=30ms".parse().unwrap(),
+        false,
+    );
+    let _t = grant(&mut gate, Request::default());
+    let Enqueued::Waiting { id: a, deadline_us } = gate.enqueue(5_000, Request::default(), None)
+    else {
+        panic!()
+    };
+    assert_eq!(deadline_us, Some(35_000));
+    let Enqueued::Waiting { id: b, deadline_us } =
+        gate.enqueue(5_000, Request::default(), Some(10_000))
+    else {
+        panic!()
+    };
+    assert_eq!(deadline_us, Some(15_000));
+    gate.expire(15_000);
+    assert_eq!(
+        gate.shed_waiter(35_000, a),
+        Some(Shed::QueueDelay { waited_us: 30_000 })
+    );
+    assert_eq!(
+        gate.drain_events().collect::<Vec<_>>(),
+        [GateEvent::Shed {
+            id: b,
+            reason: Shed::MaxWait { waited_us: 10_000 }
+        }]
+    );
+    let s = gate.stats();
+    assert_eq!((s.shed.queue_delay, s.shed.max_wait), (1, 1));
+}
+
+#[test]
+fn a_greedy_caller_gets_its_share_while_others_wait_and_everything_when_alone() {
+    let mut gate = AdaptiveGate::new("aimd:initial=4,min=4,max=4".parse().unwrap(), true);
+    // Alone, the greedy caller holds all four permits.
+    let mut greedy: Vec<Ticket> = (0..4)
+        .map(|_| grant(&mut gate, req(Priority::NORMAL, 9)))
+        .collect();
+    for _ in 0..6 {
+        wait(&mut gate, 0, req(Priority::NORMAL, 9));
+    }
+    let quiet = wait(&mut gate, 0, req(Priority::NORMAL, 1));
+    // The quiet caller's request passes the greedy caller's earlier ones.
+    gate.release(1000, greedy.pop().unwrap(), Outcome::Ignored);
+    let first: Vec<GateEvent> = gate.drain_events().collect();
+    assert!(
+        matches!(first[..], [GateEvent::Granted { id, .. }] if id == quiet),
+        "{first:?}"
+    );
+    // With two callers, the share is two: the greedy caller's waiters are served
+    // again once it holds fewer than that... and as long as nobody else waits.
+    gate.release(2000, greedy.pop().unwrap(), Outcome::Ignored);
+    assert_eq!(gate.drain_events().count(), 1);
+}
