@@ -8,6 +8,9 @@
 //!   (GCRA on plain keys: no lock, one compare-and-swap);
 //! * [`ConcurrencyLimiter`] and [`KeyedConcurrencyLimiter`]: permits held while work
 //!   runs, released on drop;
+//! * [`adaptive::AdaptiveLimiter`]: a concurrency limit that finds the service's
+//!   capacity from the latency its permits report, with priorities (low-value work
+//!   shed first) and fair shares among callers;
 //! * [`Paced`]: any `Stream` paced to a policy, with backpressure;
 //! * `tower::RateLimitLayer` (feature `tower`): per-key limits for http services,
 //!   429 with `Retry-After` and `RateLimit` headers, or wait;
@@ -39,6 +42,7 @@
 // sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod adaptive;
 mod clock;
 mod concurrency;
 mod config;

@@ -7,9 +7,9 @@ use super::window::WindowSummary;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ControllerKind {
     /// Latency gradient (the default): the limit follows the ratio of the unloaded
-    /// latency to the window's median latency.
+    /// latency to the window's mean latency.
     Gradient {
-        /// The latency ratio (median / baseline) still read as "no queueing".
+        /// The latency ratio (mean / baseline) still read as "no queueing".
         tolerance: f64,
         /// The factor applied to the limit when permits are dropped.
         backoff: f64,
@@ -96,7 +96,7 @@ impl ControllerState {
                 backoff,
             } => {
                 let lg = l.log10().max(1.0);
-                match (w.drops, w.median_us, w.baseline_us) {
+                match (w.drops, w.mean_us, w.baseline_us) {
                     (d, _, _) if d > 0 => l * backoff,
                     (_, Some(m), Some(b)) if m > 0 => {
                         let used = f64::from(w.max_in_flight).min(l);
@@ -116,7 +116,7 @@ impl ControllerState {
         self.limit = next.max(l * MAX_CUT).clamp(f64::from(min), f64::from(max));
     }
 
-    /// The gradient rule (docs/adaptive.md): cut to `used / ratio` when the median
+    /// The gradient rule (docs/adaptive.md): cut to `used / ratio` when the mean
     /// passes `tolerance x baseline`, grow when limit-bound without queueing.
     fn gradient(&mut self, w: &WindowSummary, tolerance: f64, backoff: f64) -> f64 {
         let l = self.limit;
@@ -125,7 +125,7 @@ impl ControllerState {
             self.step = 1.0;
             return l * backoff;
         }
-        let (Some(m), Some(b)) = (w.median_us, w.baseline_us) else {
+        let (Some(m), Some(b)) = (w.mean_us, w.baseline_us) else {
             return l;
         };
         let ratio = m as f64 / b.max(1) as f64;
@@ -162,11 +162,11 @@ mod tests {
         backoff: 0.9,
     };
 
-    fn window(median: u64, baseline: u64, in_flight: u32) -> WindowSummary {
+    fn window(mean: u64, baseline: u64, in_flight: u32) -> WindowSummary {
         WindowSummary {
             samples: 20,
             drops: 0,
-            median_us: Some(median),
+            mean_us: Some(mean),
             baseline_us: Some(baseline),
             max_in_flight: in_flight,
             limit_bound: true,

@@ -10,7 +10,7 @@ use super::request::{Outcome, Priority, Shed};
 use super::spec::{AdaptiveSpec, QueueDelay};
 use super::window::{Window, WindowSummary, WindowedMin};
 
-/// The fewest outcomes in a window: below this a median says too little.
+/// The fewest outcomes in a window: below this a mean says too little.
 pub const MIN_WINDOW: u32 = 10;
 
 /// The queueing-delay target of `queue-delay=auto` until the controller has seen the
@@ -26,6 +26,28 @@ pub struct Request {
     /// Who sends it, for fair shares (a hash of an API key, client IP, tenant);
     /// `None`: no share applies.
     pub caller: Option<u64>,
+}
+
+impl Request {
+    /// A request of this priority, from no caller in particular.
+    pub fn new(priority: Priority) -> Self {
+        Request {
+            priority,
+            caller: None,
+        }
+    }
+
+    /// The same request from the caller `key` (hashed; equal keys share a share).
+    pub fn caller(self, key: &(impl std::hash::Hash + ?Sized)) -> Self {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        // SipHash with fixed keys: the same caller hashes alike in every process run,
+        // so simulations reproduce.
+        let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+        Request {
+            caller: Some(h.hash_one(key)),
+            ..self
+        }
+    }
 }
 
 /// A held permit, as the gate knows it: handed back to [`AdaptiveGate::release`].
@@ -108,10 +130,10 @@ pub struct AdaptiveStats {
     pub in_flight: u32,
     /// Requests waiting now.
     pub queued: u32,
-    /// The unloaded-latency baseline (the least window median lately), in us.
+    /// The unloaded-latency baseline (the least window mean lately), in us.
     pub baseline_us: Option<u64>,
-    /// The median latency of the last window, in us.
-    pub last_median_us: Option<u64>,
+    /// The trimmed mean latency of the last window, in us.
+    pub last_mean_us: Option<u64>,
     /// The queueing-delay target now, in us (`None`: unbounded).
     pub queue_delay_us: Option<u64>,
     /// Windows closed so far (each may have moved the limit).
@@ -171,7 +193,7 @@ pub struct AdaptiveGate {
     epoch: u64,
     window: Window,
     baseline: WindowedMin,
-    last_median: Option<u64>,
+    last_mean: Option<u64>,
     windows: u64,
     order: BTreeSet<(Reverse<Priority>, WaiterId)>,
     waiters: HashMap<WaiterId, Waiter>,
@@ -195,7 +217,7 @@ impl AdaptiveGate {
             epoch: 0,
             window: Window::default(),
             baseline: WindowedMin::new(spec.baseline_window_us),
-            last_median: None,
+            last_mean: None,
             windows: 0,
             order: BTreeSet::new(),
             waiters: HashMap::new(),
@@ -378,7 +400,7 @@ impl AdaptiveGate {
             in_flight: self.in_flight,
             queued: self.order.len() as u32,
             baseline_us: self.baseline.get(),
-            last_median_us: self.last_median,
+            last_mean_us: self.last_mean,
             queue_delay_us: self.queue_delay_us(),
             windows: self.windows,
             admitted: self.admitted,
@@ -467,15 +489,15 @@ impl AdaptiveGate {
     }
 
     fn close_window(&mut self, now_us: u64) {
-        let median = self.window.median();
-        if let Some(m) = median {
+        let mean = self.window.trimmed_mean();
+        if let Some(m) = mean {
             self.baseline.push(now_us, m);
-            self.last_median = Some(m);
+            self.last_mean = Some(m);
         }
         let summary = WindowSummary {
             samples: self.window.samples(),
             drops: self.window.drops,
-            median_us: median,
+            mean_us: mean,
             baseline_us: self.baseline.get(),
             max_in_flight: self.window.max_in_flight,
             limit_bound: self.window.saturated || self.window.max_in_flight >= self.limit,

@@ -8,13 +8,15 @@
 //!   only within `[min, max]`.
 //! * Outcomes are gathered into windows of at least `max(10, limit)` outcomes of
 //!   permits granted under the current limit (older permits describe an older limit
-//!   and are left out). A window is summarised by its median latency; the baseline
-//!   is the least window median of the last `baseline-window` (10 s). A single
-//!   sample moves a median by one rank at most, so one lucky or one slow response
-//!   cannot move a limit by itself; one window lowers a limit by half at most.
+//!   and are left out). A window is summarised by its trimmed mean latency (the
+//!   `max(1, n/20)` fastest and slowest samples left out); the baseline is the least
+//!   window mean of the last `baseline-window` (10 s). No single sample moves a
+//!   trimmed mean beyond the range of the window's other samples, so one lucky or
+//!   one slow response cannot move a limit by itself; one window lowers a limit by
+//!   half at most.
 //! * The controllers ([`ControllerKind`]): `gradient` (the default) cuts the limit to
-//!   `in_flight / (median / baseline)` (the concurrency that Little's law says was
-//!   served without queueing) when the median passes `tolerance x baseline`, and
+//!   `in_flight / (mean / baseline)` (the concurrency that Little's law says was
+//!   served without queueing) when the mean passes `tolerance x baseline`, and
 //!   grows it while it binds and the latency holds — fast far from the last knee,
 //!   by one near it; `aimd`; `vegas`. None needs a probe that stops traffic.
 //! * Held permits are never revoked: a falling limit only stops new admissions.

@@ -1,10 +1,12 @@
-//! Measurement: outcomes collected into windows, each summarised by its median
-//! latency, and the unloaded-latency baseline as the least window median seen lately.
+//! Measurement: outcomes collected into windows, each summarised by its trimmed mean
+//! latency, and the unloaded-latency baseline as the least window mean seen lately.
 //!
-//! Medians, not single samples, are what the controllers see: one sample can move a
-//! window's median at most to the neighbouring sample of that window, so neither a
-//! lucky fast response (the failure of a min-RTT baseline) nor one slow outlier moves
-//! a limit by itself.
+//! A mean, because Little's law holds for means: a service of capacity C with a FIFO
+//! queue delays only the requests past C, which a median does not see until they are
+//! half of all. Trimmed — the `max(1, n/20)` fastest and slowest samples of a window
+//! are left out — so that no single sample moves it beyond the range of the other
+//! samples: neither a lucky fast response (the failure of a min-RTT baseline) nor one
+//! slow outlier moves a limit by itself.
 
 use std::collections::VecDeque;
 
@@ -28,8 +30,8 @@ pub struct WindowSummary {
     pub samples: u32,
     /// Dropped permits in the window.
     pub drops: u32,
-    /// The median latency of the successful samples, in us (`None` without any).
-    pub median_us: Option<u64>,
+    /// The trimmed mean latency of the successful samples, in us (`None` without any).
+    pub mean_us: Option<u64>,
     /// The unloaded-latency baseline after this window, in us.
     pub baseline_us: Option<u64>,
     /// The most permits held at once during the window.
@@ -57,13 +59,18 @@ impl Window {
         self.latencies.len() as u32 + self.drops
     }
 
-    /// The median (the lower one of an even count), reordering the samples.
-    pub(crate) fn median(&mut self) -> Option<u64> {
-        if self.latencies.is_empty() {
+    /// The mean of the samples without the `max(1, n/20)` lowest and highest (all of
+    /// them below three samples), reordering the samples.
+    pub(crate) fn trimmed_mean(&mut self) -> Option<u64> {
+        let n = self.latencies.len();
+        if n == 0 {
             return None;
         }
-        let mid = (self.latencies.len() - 1) / 2;
-        Some(*self.latencies.select_nth_unstable(mid).1)
+        let k = if n < 3 { 0 } else { (n / 20).max(1) };
+        self.latencies.sort_unstable();
+        let kept = &self.latencies[k..n - k];
+        let sum: u128 = kept.iter().map(|&l| u128::from(l)).sum();
+        Some((sum / kept.len() as u128) as u64)
     }
 
     pub(crate) fn samples(&self) -> u32 {
@@ -119,15 +126,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_median_of_a_window_moves_one_rank_for_one_outlier() {
+    fn one_outlier_does_not_move_the_trimmed_mean_out_of_the_other_samples() {
         let mut w = Window::default();
         for _ in 0..9 {
             w.push(20_000);
         }
         w.push(10_000_000);
-        assert_eq!(w.median(), Some(20_000));
+        assert_eq!(w.trimmed_mean(), Some(20_000));
         w.push(1);
-        assert_eq!(w.median(), Some(20_000));
+        assert_eq!(w.trimmed_mean(), Some(20_000));
+        // A FIFO queue delaying a tenth of the requests shows.
+        let mut w = Window::default();
+        for i in 0..40 {
+            w.push(if i % 10 == 0 { 40_000 } else { 20_000 });
+        }
+        assert_eq!(w.trimmed_mean(), Some(21_052));
     }
 
     #[test]
