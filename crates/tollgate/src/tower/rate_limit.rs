@@ -1,5 +1,5 @@
-//! A tower layer for http services (feature `tower`): one limit per key, shared by
-//! every clone of the service, rejecting with 429 or waiting.
+//! [`RateLimitLayer`] and [`ErrorLayer`]: one rate limit per key, shared by every
+//! clone of the service, rejecting with 429 (or an error) or waiting.
 
 use std::future::Future;
 use std::hash::Hash;
