@@ -212,9 +212,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The service polled ready is the one to call; leave a fresh clone behind.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = super::take_ready(&mut self.inner);
         let admission = self.layer.prioritize.admission(&req);
         let (limiter, classify, max_wait) = (
             self.layer.limiter.clone(),

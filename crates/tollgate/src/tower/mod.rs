@@ -16,3 +16,10 @@ pub use rate_limit::{
     BoxError, ErrorLayer, ErrorService, LayerLimiter, OnLimit, RateLimit, RateLimitLayer,
     RateLimited, Shared,
 };
+
+/// The service polled ready, to be called; a fresh clone is left in its place (the
+/// tower idiom for services whose futures outlive `&mut self`).
+fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
+}

@@ -199,9 +199,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The service polled ready is the one to call; leave a fresh clone behind.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = super::take_ready(&mut self.inner);
         let Some(key) = (self.key)(&req) else {
             return Box::pin(inner.call(req));
         };
@@ -329,8 +327,7 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let svc = &mut self.0;
-        let clone = svc.inner.clone();
-        let mut inner = std::mem::replace(&mut svc.inner, clone);
+        let mut inner = super::take_ready(&mut svc.inner);
         let Some(key) = (svc.key)(&req) else {
             return Box::pin(async move { inner.call(req).await.map_err(Into::into) });
         };
