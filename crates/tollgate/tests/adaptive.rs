@@ -89,14 +89,17 @@ async fn critical_work_is_served_before_normal_and_sheddable_work_gives_way() {
     assert!(critical < normal);
 }
 
-#[test]
-fn two_threads_never_hold_more_than_the_limit() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+fn two_threads() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
-    rt.block_on(async {
+        .unwrap()
+}
+
+#[test]
+fn two_threads_never_hold_more_than_the_limit() {
+    two_threads().block_on(async {
         let l = AdaptiveLimiter::new(
             "aimd:min=3,max=3,initial=3,queue-delay=10s"
                 .parse()
@@ -132,6 +135,38 @@ fn two_threads_never_hold_more_than_the_limit() {
         assert!(most.load(Ordering::SeqCst) <= 3);
         assert_eq!(l.stats().in_flight, 0);
         assert_eq!(l.stats().queued, 0);
+    });
+}
+
+#[test]
+fn waiters_cancelled_as_they_are_granted_never_leak_a_permit() {
+    two_threads().block_on(async {
+        let l = AdaptiveLimiter::new(
+            "aimd:min=1,max=1,initial=1,queue-delay=10s"
+                .parse()
+                .unwrap(),
+        );
+        let tasks: Vec<_> = (0..8u64)
+            .map(|i| {
+                let l = l.clone();
+                tokio::spawn(async move {
+                    for n in 0..400u64 {
+                        // Give up after 0-49 us: often just as the permit is granted.
+                        let patience = Duration::from_micros((i * 7 + n * 13) % 50);
+                        if let Ok(Ok(permit)) = tokio::time::timeout(patience, l.acquire()).await {
+                            tokio::task::yield_now().await;
+                            permit.success();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let s = l.stats();
+        assert_eq!((s.in_flight, s.queued), (0, 0), "{s:?}");
+        assert!(l.try_acquire().is_ok());
     });
 }
 

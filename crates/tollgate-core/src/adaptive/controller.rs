@@ -59,6 +59,9 @@ pub(crate) struct ControllerState {
     step: f64,
     /// The limit at which queueing was last seen (gradient); infinite until then.
     knee: f64,
+    /// Whether the last window called for a cut (drops, queueing), even one the
+    /// floor stopped.
+    pub(crate) cut: bool,
 }
 
 impl ControllerState {
@@ -67,6 +70,7 @@ impl ControllerState {
             limit: f64::from(initial),
             step: 1.0,
             knee: f64::INFINITY,
+            cut: false,
         }
     }
 
@@ -113,6 +117,7 @@ impl ControllerState {
                 }
             }
         };
+        self.cut = next < l;
         self.limit = next.max(l * MAX_CUT).clamp(f64::from(min), f64::from(max));
     }
 

@@ -18,6 +18,9 @@ pub const MIN_WINDOW: u32 = 10;
 /// capacity, waiting is the ramp, not overload.
 pub const AUTO_DELAY_BEFORE_KNEE_US: u64 = 1_000_000;
 
+/// The least queueing-delay target of `queue-delay=auto`: timers are no finer.
+pub const MIN_AUTO_DELAY_US: u64 = 1_000;
+
 /// What one request asks of the gate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Request {
@@ -177,7 +180,7 @@ struct CallerLoad {
 /// gate.release(20_000, ticket, Outcome::Success { latency_us: 20_000 });
 /// assert!(matches!(gate.drain_events().next(),
 ///     Some(tollgate_core::adaptive::GateEvent::Granted { id: granted, .. }) if granted == id));
-/// # Ok::<(), tollgate_core::SpecError>(())
+/// # Ok::<(), tollgate_core::adaptive::AdaptiveSpecError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct AdaptiveGate {
@@ -327,6 +330,7 @@ impl AdaptiveGate {
     /// Ends a permit with its outcome: a sample for the controller, then waiters are
     /// granted the free permits.
     pub fn release(&mut self, now_us: u64, ticket: Ticket, outcome: Outcome) {
+        debug_assert!(self.in_flight > 0, "a permit released twice");
         self.in_flight = self.in_flight.saturating_sub(1);
         if let Some(caller) = ticket.caller.filter(|_| self.fair) {
             if let Some(c) = self.callers.get_mut(&caller) {
@@ -414,7 +418,7 @@ impl AdaptiveGate {
         match self.spec.queue_delay {
             QueueDelay::Fixed(us) => Some(us),
             QueueDelay::Auto => match self.baseline.get() {
-                Some(b) if self.knee_seen => Some((b / 2).max(1)),
+                Some(b) if self.knee_seen => Some((b / 2).max(MIN_AUTO_DELAY_US)),
                 _ => Some(AUTO_DELAY_BEFORE_KNEE_US),
             },
         }

@@ -12,7 +12,8 @@
 //!   `max(1, n/20)` fastest and slowest samples left out); the baseline is the least
 //!   window mean of the last `baseline-window` (10 s). No single sample moves a
 //!   trimmed mean beyond the range of the window's other samples, so one lucky or
-//!   one slow response cannot move a limit by itself; one window lowers a limit by
+//!   one slow response cannot move a limit by itself (a *dropped* permit is a signal
+//!   of overload: one in a window backs the limit off); one window lowers a limit by
 //!   half at most.
 //! * The controllers ([`ControllerKind`]): `gradient` (the default) cuts the limit to
 //!   `in_flight / (mean / baseline)` (the concurrency that Little's law says was
@@ -26,7 +27,8 @@
 //!   work — as soon as more important work has to wait.
 //! * Fair shares (optional): a waiter whose caller already holds its share (the limit
 //!   over the callers holding or awaiting permits) is served after the waiters of the
-//!   same priority whose callers hold less. Nobody is limited while permits are free.
+//!   same priority whose callers hold less; held permits are never taken back.
+//!   Nobody is limited while permits are free.
 //!
 //! [`AdaptiveGate`] is the whole state machine: the library's `AdaptiveLimiter`
 //! wraps it with a lock, wakers and timers, and `tollgate simulate` drives it with a
@@ -41,8 +43,8 @@ mod window;
 pub use controller::ControllerKind;
 pub use gate::{
     AdaptiveGate, AdaptiveStats, Enqueued, GateEvent, Request, ShedCounts, Ticket, WaiterId,
-    AUTO_DELAY_BEFORE_KNEE_US, MIN_WINDOW,
+    AUTO_DELAY_BEFORE_KNEE_US, MIN_AUTO_DELAY_US, MIN_WINDOW,
 };
 pub use request::{Outcome, Priority, PriorityError, Shed};
-pub use spec::{AdaptiveSpec, QueueDelay, CONTROLLERS, MAX_LIMIT};
+pub use spec::{AdaptiveSpec, AdaptiveSpecError, QueueDelay, CONTROLLERS, MAX_LIMIT};
 pub use window::WindowSummary;

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::controller::ControllerKind;
-use crate::spec::{Params, Res, SpecError};
+use crate::spec::{Params, Res};
 use crate::units::fmt_duration;
 
 /// The controllers a spec may name.
@@ -26,12 +26,24 @@ pub const MAX_LIMIT: u32 = 1_000_000;
 /// How long a request may wait for a permit before it is shed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueDelay {
-    /// Half the unloaded-latency baseline (1 s until a baseline is known): an admitted
-    /// request's latency stays within about 1.5 times the unloaded latency plus the
+    /// Half the unloaded-latency baseline (at least 1 ms, the timer's resolution) once
+    /// the controller has seen the service queue (its first cut); 1 s before that,
+    /// while the limit is still growing towards the capacity. An admitted request's
+    /// latency then stays within about 1.5 times the unloaded latency plus the
     /// controller's tolerance.
     Auto,
     /// A fixed target, in microseconds.
     Fixed(u64),
+}
+
+/// An adaptive spec that does not parse, with what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid adaptive spec '{spec}': {message}")]
+pub struct AdaptiveSpecError {
+    /// The spec as given.
+    pub spec: String,
+    /// What is wrong, naming the controller and the bad part.
+    pub message: String,
 }
 
 /// A parsed, valid adaptive limiter configuration.
@@ -73,8 +85,8 @@ impl Default for AdaptiveSpec {
 
 impl AdaptiveSpec {
     /// Parses a spec such as `gradient:min=2,max=500` (see docs/adaptive.md).
-    pub fn parse(spec: &str) -> Result<Self, SpecError> {
-        parse_inner(spec).map_err(|message| SpecError {
+    pub fn parse(spec: &str) -> Result<Self, AdaptiveSpecError> {
+        parse_inner(spec).map_err(|message| AdaptiveSpecError {
             spec: spec.to_string(),
             message,
         })
@@ -82,8 +94,8 @@ impl AdaptiveSpec {
 }
 
 impl std::str::FromStr for AdaptiveSpec {
-    type Err = SpecError;
-    fn from_str(s: &str) -> Result<Self, SpecError> {
+    type Err = AdaptiveSpecError;
+    fn from_str(s: &str) -> Result<Self, AdaptiveSpecError> {
         AdaptiveSpec::parse(s)
     }
 }
@@ -91,6 +103,12 @@ impl std::str::FromStr for AdaptiveSpec {
 fn parse_inner(spec: &str) -> Res<AdaptiveSpec> {
     let spec = spec.trim();
     let (name, body) = spec.split_once(':').unwrap_or((spec, ""));
+    if name.trim().is_empty() {
+        return Err(format!(
+            "missing controller (expected CONTROLLER:key=value,... with CONTROLLER one of: {})",
+            CONTROLLERS.join(", ")
+        ));
+    }
     let name = CONTROLLERS
         .iter()
         .copied()
@@ -118,24 +136,28 @@ fn parse_inner(spec: &str) -> Res<AdaptiveSpec> {
             },
         }
     };
+    // One window never cuts below half (MAX_CUT): a smaller factor would not act.
     let backoff = number(
         "backoff",
         0.9,
-        &|x| x > 0.0 && x < 1.0,
-        "expected a factor between 0 and 1, such as 0.9",
+        &|x| (0.5..1.0).contains(&x),
+        "expected a factor from 0.5 up to 1 (excluded), such as 0.9",
     )?;
     let controller = match name {
         "gradient" => ControllerKind::Gradient {
             tolerance: number(
                 "tolerance",
                 1.2,
-                &|x| x >= 1.0,
-                "expected a latency ratio of at least 1, such as 1.2",
+                &|x| (1.0..=10.0).contains(&x),
+                "expected a latency ratio from 1 to 10, such as 1.2",
             )?,
             backoff,
         },
         "aimd" => ControllerKind::Aimd {
-            increase: limit_count(&p, "increase", 1)?.max(1),
+            increase: match limit_count(&p, "increase", 1)? {
+                0 => return Err(p.bad("increase", "0", "expected at least 1")),
+                n => n,
+            },
             backoff,
         },
         _ => {
@@ -168,7 +190,12 @@ fn parse_inner(spec: &str) -> Res<AdaptiveSpec> {
         return Err(format!("{name}: min=0: the floor must be at least 1"));
     }
     if min > max {
-        return Err(format!("{name}: min={min} is above max={max}"));
+        let default = if p.value("max")?.is_none() {
+            " (the default)"
+        } else {
+            ""
+        };
+        return Err(format!("{name}: min={min} is above max={max}{default}"));
     }
     let initial = match p.value("initial")? {
         None => 4.clamp(min, max),
@@ -265,7 +292,17 @@ mod tests {
         assert!(err("gradient:min=10,max=5").contains("min=10 is above max=5"));
         assert!(err("gradient:initial=2000").contains("expected 1..=1000"));
         assert!(err("gradient:tolerance=0.5").contains("'tolerance'"));
-        assert!(err("aimd:backoff=1.5").contains("between 0 and 1"));
+        assert!(err("aimd:backoff=1.5").contains("from 0.5 up to 1"));
+        assert!(err("aimd:backoff=0.1").contains("from 0.5 up to 1"));
+        assert!(err("aimd:increase=0").contains("expected at least 1"));
+        assert!(err("").contains("missing controller"));
+        assert!(err(":min=2").contains("missing controller"));
+        assert!(err("gradient:min=2000").contains("max=1000 (the default)"));
+        assert!(err("gradient:tolerance=1e300").contains("'tolerance'"));
+        assert!(AdaptiveSpec::parse("x")
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid adaptive spec 'x'"));
         assert!(err("aimd:tolerance=2").contains("unknown parameter 'tolerance'"));
         assert!(err("vegas:alpha=6,beta=3").contains("alpha=6 must be below beta=3"));
         assert!(err("gradient:queue-delay=0s").contains("'queue-delay'"));

@@ -1,21 +1,21 @@
 //! [`AdaptiveLimiter`]: the core's [`AdaptiveGate`] behind a lock, with a waker per
 //! waiter and a timer for its queueing-delay target.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tollgate_core::adaptive::{
-    AdaptiveGate, AdaptiveSpec, AdaptiveStats, Enqueued, GateEvent, Outcome, Request, Shed, Ticket,
-    WaiterId,
-};
+use tollgate_core::adaptive::{AdaptiveSpec, AdaptiveStats, Request, Shed, WaiterId};
 use tollgate_core::{Clock, MonotonicClock};
 
 use super::permit::AdaptivePermit;
+use super::state::{Answer, Inner};
 
 /// A concurrency limit that finds the service's capacity itself, sheds low-value work
 /// first and, optionally, shares the limit fairly among callers (docs/adaptive.md).
+///
+/// Under overload a caller over its share gets no new permit while a caller under its
+/// share of the same priority waits; held permits are never taken back.
 ///
 /// Every clone shares one limit. Each permit reports how its work ended
 /// ([`AdaptivePermit::success`], [`AdaptivePermit::dropped`], or nothing: ignored);
@@ -55,20 +55,6 @@ impl<C: Clock> Clone for AdaptiveLimiter<C> {
     }
 }
 
-type Answer = Result<Ticket, Shed>;
-
-#[derive(Debug)]
-pub(super) struct Inner<C> {
-    pub(super) clock: C,
-    state: Mutex<State>,
-}
-
-#[derive(Debug)]
-struct State {
-    gate: AdaptiveGate,
-    waiters: HashMap<WaiterId, oneshot::Sender<Answer>>,
-}
-
 impl AdaptiveLimiter<MonotonicClock> {
     /// A limiter for `spec` on the monotonic clock.
     pub fn new(spec: AdaptiveSpec) -> Self {
@@ -76,8 +62,9 @@ impl AdaptiveLimiter<MonotonicClock> {
     }
 
     /// A limiter for `spec` that shares the limit among callers
-    /// ([`Request::caller`]): under overload no caller holds more than its share
-    /// while others wait; while permits are free nobody is limited.
+    /// ([`Request::caller`]): under overload a freed permit goes to a waiting caller
+    /// under its share before one that holds it; while permits are free nobody is
+    /// limited.
     pub fn fair(spec: AdaptiveSpec) -> Self {
         Self::with_clock(spec, true, MonotonicClock::new())
     }
@@ -88,29 +75,23 @@ impl<C: Clock> AdaptiveLimiter<C> {
     /// `tokio::time::pause()`); `fair`: share the limit among callers.
     pub fn with_clock(spec: AdaptiveSpec, fair: bool, clock: C) -> Self {
         AdaptiveLimiter {
-            inner: Arc::new(Inner {
-                clock,
-                state: Mutex::new(State {
-                    gate: AdaptiveGate::new(spec, fair),
-                    waiters: HashMap::new(),
-                }),
-            }),
+            inner: Arc::new(Inner::new(spec, fair, clock)),
         }
     }
 
     /// The spec the limiter runs.
     pub fn spec(&self) -> AdaptiveSpec {
-        *self.inner.lock().gate.spec()
+        self.inner.spec()
     }
 
     /// The limit now.
     pub fn limit(&self) -> u32 {
-        self.inner.lock().gate.limit()
+        self.inner.stats().limit
     }
 
     /// The limit, permits held and waiting, baseline latency and shed counts now.
     pub fn stats(&self) -> AdaptiveStats {
-        self.inner.lock().gate.stats()
+        self.inner.stats()
     }
 
     /// A permit of normal priority now, or [`Shed::Busy`] at once.
@@ -121,8 +102,7 @@ impl<C: Clock> AdaptiveLimiter<C> {
     /// A permit for `req` now, or [`Shed::Busy`] at once (never jumps the queue:
     /// while anyone waits, no permit is free).
     pub fn try_acquire_with(&self, req: Request) -> Result<AdaptivePermit<C>, Shed> {
-        let now = self.inner.clock.now_us();
-        let ticket = self.inner.lock().gate.try_acquire(now, req)?;
+        let ticket = self.inner.try_acquire(req)?;
         Ok(AdaptivePermit::new(self.inner.clone(), ticket))
     }
 
@@ -143,9 +123,8 @@ impl<C: Clock> AdaptiveLimiter<C> {
         req: Request,
         max_wait: Option<Duration>,
     ) -> Result<AdaptivePermit<C>, Shed> {
-        let now = self.inner.clock.now_us();
         let max_wait_us = max_wait.map(|w| u64::try_from(w.as_micros()).unwrap_or(u64::MAX));
-        let (id, deadline_us, rx) = match self.inner.enqueue(now, req, max_wait_us)? {
+        let (id, deadline_us, rx) = match self.inner.enqueue(req, max_wait_us)? {
             Ok(ticket) => return Ok(AdaptivePermit::new(self.inner.clone(), ticket)),
             Err(waiting) => waiting,
         };
@@ -158,6 +137,7 @@ impl<C: Clock> AdaptiveLimiter<C> {
         let answer = match deadline_us {
             None => (&mut waiting.rx).await,
             Some(deadline) => {
+                let now = self.inner.clock.now_us();
                 let wait = Duration::from_micros(deadline.saturating_sub(now));
                 match tokio::time::timeout(wait, &mut waiting.rx).await {
                     Ok(answer) => answer,
@@ -184,88 +164,6 @@ impl<C: Clock> AdaptiveLimiter<C> {
     }
 }
 
-impl<C: Clock> Inner<C> {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic under the lock leaves the gate consistent (every method finishes
-        // its bookkeeping before it can panic), so a poisoned lock is used as is.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A permit now, or a place in the queue with its deadline and answer, or shed.
-    #[allow(clippy::type_complexity)]
-    fn enqueue(
-        &self,
-        now: u64,
-        req: Request,
-        max_wait_us: Option<u64>,
-    ) -> Result<Result<Ticket, (WaiterId, Option<u64>, oneshot::Receiver<Answer>)>, Shed> {
-        let mut state = self.lock();
-        match state.gate.enqueue(now, req, max_wait_us) {
-            Enqueued::Granted(t) => Ok(Ok(t)),
-            Enqueued::Rejected(shed) => Err(shed),
-            Enqueued::Waiting { id, deadline_us } => {
-                let (tx, rx) = oneshot::channel();
-                state.waiters.insert(id, tx);
-                // The arrival may have shed sheddable waiters: tell them.
-                self.settle(state);
-                Ok(Err((id, deadline_us, rx)))
-            }
-        }
-    }
-
-    /// Sheds a waiter at its deadline; `None` if it was answered meanwhile.
-    fn shed_waiter(&self, id: WaiterId) -> Option<Shed> {
-        let mut state = self.lock();
-        let shed = state.gate.shed_waiter(self.clock.now_us(), id)?;
-        state.waiters.remove(&id);
-        Some(shed)
-    }
-
-    /// Ends a permit and answers the waiters it frees.
-    pub(super) fn release(&self, ticket: Ticket, outcome: Outcome) {
-        let mut state = self.lock();
-        state.gate.release(self.clock.now_us(), ticket, outcome);
-        self.settle(state);
-    }
-
-    /// Answers the waiters the gate granted or shed, after letting go of the lock; a
-    /// grant whose waiter went away meanwhile is released again.
-    fn settle<'a>(&'a self, mut state: MutexGuard<'a, State>) {
-        loop {
-            let events: Vec<GateEvent> = state.gate.drain_events().collect();
-            if events.is_empty() {
-                return;
-            }
-            let answers: Vec<(oneshot::Sender<Answer>, Answer)> = events
-                .into_iter()
-                .filter_map(|e| {
-                    let (id, answer) = match e {
-                        GateEvent::Granted { id, ticket } => (id, Ok(ticket)),
-                        GateEvent::Shed { id, reason } => (id, Err(reason)),
-                    };
-                    Some((state.waiters.remove(&id)?, answer))
-                })
-                .collect();
-            drop(state);
-            let orphans: Vec<Ticket> = answers
-                .into_iter()
-                .filter_map(|(tx, answer)| match tx.send(answer) {
-                    Err(Ok(ticket)) => Some(ticket),
-                    _ => None,
-                })
-                .collect();
-            if orphans.is_empty() {
-                return;
-            }
-            state = self.lock();
-            let now = self.clock.now_us();
-            for t in orphans {
-                state.gate.release(now, t, Outcome::Ignored);
-            }
-        }
-    }
-}
-
 /// A waiter's place in the queue: given up when dropped before an answer.
 struct Waiting<'a, C: Clock> {
     inner: &'a Arc<Inner<C>>,
@@ -276,19 +174,8 @@ struct Waiting<'a, C: Clock> {
 
 impl<C: Clock> Drop for Waiting<'_, C> {
     fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let mut state = self.inner.lock();
-        if state.gate.cancel(self.id) {
-            state.waiters.remove(&self.id);
-        } else if let Ok(Ok(ticket)) = self.rx.try_recv() {
-            // Granted but never taken: give the permit back. (A grant still on its
-            // way comes back to its sender, which releases it.)
-            state
-                .gate
-                .release(self.inner.clock.now_us(), ticket, Outcome::Ignored);
-            self.inner.settle(state);
+        if !self.done {
+            self.inner.abandon(self.id, &mut self.rx);
         }
     }
 }

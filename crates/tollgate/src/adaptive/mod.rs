@@ -6,6 +6,7 @@
 
 mod limiter;
 mod permit;
+mod state;
 
 pub use limiter::AdaptiveLimiter;
 pub use permit::AdaptivePermit;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tollgate_core::adaptive::{Outcome, Ticket};
 use tollgate_core::{Clock, MonotonicClock};
 
-use super::limiter::Inner;
+use super::state::Inner;
 
 /// A permit of an [`AdaptiveLimiter`](super::AdaptiveLimiter), held while the work
 /// runs. End it with [`success`](Self::success) (its latency is a sample for the
