@@ -363,6 +363,14 @@ pub enum BenchCommand {
         #[arg(long)]
         eval: bool,
     },
+    /// Serve a modelled upstream: `--capacity` requests at `--service` time each; past
+    /// the capacity every request slows down (a shared processor), so latency grows
+    /// with the requests in flight. For measuring adaptive limits.
+    Upstream(crate::bench_adaptive::UpstreamArgs),
+    /// Closed-loop clients against a URL: each sends, waits for its answer (or a
+    /// 429/503 and a pause), and sends again. Ends with
+    /// `ok/s: .. shed/s: .. success: ..% p50_us: .. p99_us: .. errors: ..`.
+    ClosedLoop(crate::bench_adaptive::ClosedLoopArgs),
     /// Serve 200 to every request: the HTTP stack's ceiling, to compare against.
     Ceiling {
         /// The listen address.
@@ -449,6 +457,10 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
         .build()?;
     let (protocol, args) = match cmd {
         BenchCommand::Ceiling { listen } => return runtime.block_on(ceiling(listen)),
+        BenchCommand::Upstream(a) => return runtime.block_on(crate::bench_adaptive::upstream(a)),
+        BenchCommand::ClosedLoop(a) => {
+            return runtime.block_on(crate::bench_adaptive::closed_loop(a))
+        }
         BenchCommand::RedisCall { policy, eval } => {
             let rules = tollgate::RuleSet::parse(&[policy]).map_err(anyhow::Error::msg)?;
             return runtime.block_on(async {

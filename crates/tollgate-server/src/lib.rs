@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod bench_adaptive;
 pub mod cli;
 pub mod config;
 pub mod connections;

@@ -13,6 +13,10 @@ pub struct ProxyConfig {
     /// Listen address (default 127.0.0.1:8000).
     #[serde(default)]
     pub listen: Option<SocketAddr>,
+    /// Where `GET /metrics` answers (Prometheus text: each route's adaptive limit);
+    /// none by default.
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
     /// Peers whose `X-Forwarded-For` is believed.
     #[serde(default)]
     pub trusted_proxies: Vec<IpNet>,
@@ -56,9 +60,21 @@ pub struct RouteConfig {
     /// Concurrent requests per key (nginx `limit_conn`).
     #[serde(default)]
     pub limit_conn: Option<u32>,
-    /// Key values with their own policies.
+    /// Key values with their own policies or priority.
     #[serde(default)]
     pub tiers: Vec<TierConfig>,
+    /// An adaptive concurrency limit in front of the upstream (`gradient`,
+    /// `gradient:min=2,max=500`, `aimd:...`, `vegas:...`): one limit per route, found
+    /// from the upstream's latency and overload answers.
+    #[serde(default)]
+    pub adaptive: Option<String>,
+    /// The priority of the route's requests under `adaptive` (critical, normal,
+    /// sheddable or 0-255; default normal); a tier may set its own.
+    #[serde(default)]
+    pub priority: Option<String>,
+    /// Under `adaptive`, share the limit fairly among the route's keys.
+    #[serde(default)]
+    pub fair_share: bool,
     /// Status on reject (default 429).
     #[serde(default = "default_status")]
     pub status: u16,
@@ -90,7 +106,7 @@ pub struct MatchConfig {
     pub host: Option<String>,
 }
 
-/// A tier: key values with their own policies.
+/// A tier: key values with their own policies and/or priority.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TierConfig {
@@ -98,8 +114,12 @@ pub struct TierConfig {
     pub name: String,
     /// The key values in it.
     pub values: Vec<String>,
-    /// Its policies.
+    /// Its policies (none: the route's).
+    #[serde(default)]
     pub policies: Vec<String>,
+    /// Its priority under the route's `adaptive` limit (none: the route's).
+    #[serde(default)]
+    pub priority: Option<String>,
 }
 
 /// Rate-limit header styles.

@@ -11,6 +11,7 @@ use axum::response::Response;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 
+use super::adaptive::AdaptiveHold;
 use super::keys;
 use super::limits::{ConnPermit, Passed};
 use super::problem::problem;
@@ -37,34 +38,48 @@ pub(super) async fn forward(
     route: &Route,
     peer: SocketAddr,
     mut req: Request,
-    passed: Passed,
+    mut passed: Passed,
 ) -> Response {
     if to_upstream(&mut req, table, route, peer).is_err() {
         return problem(StatusCode::BAD_REQUEST, "bad request path", None);
     }
-    let failed =
-        |status, what: &str| problem(status, &format!("upstream {} {what}", route.name), None);
+    let mut adaptive = passed.adaptive.take();
+    // An upstream that fails to answer is overloaded as far as the adaptive limit
+    // can tell.
+    let failed = |adaptive: Option<AdaptiveHold>, status, what: &str| {
+        if let Some(hold) = adaptive {
+            hold.failed();
+        }
+        problem(status, &format!("upstream {} {what}", route.name), None)
+    };
     match tokio::time::timeout(table.upstream_timeout, client.request(req)).await {
         Ok(Ok(resp)) => {
             let (mut parts, body) = resp.into_parts();
+            if let Some(hold) = &mut adaptive {
+                hold.answered(parts.status);
+            }
             strip_hop_by_hop(&mut parts.headers);
             parts.headers.extend(passed.headers);
-            // limit_conn's permit is held until the response body has been sent, as
-            // nginx counts a connection until the request is finished.
+            // limit_conn's and the adaptive limit's permits are held until the
+            // response body has been sent, as nginx counts a connection until the
+            // request is finished.
             let body = Held {
                 body,
                 _permit: passed.permit,
+                _adaptive: adaptive,
             };
             Response::from_parts(parts, Body::new(body))
         }
-        Ok(Err(e)) if timed_out(&e) => failed(StatusCode::GATEWAY_TIMEOUT, "timed out (connect)"),
+        Ok(Err(e)) if timed_out(&e) => {
+            failed(adaptive, StatusCode::GATEWAY_TIMEOUT, "timed out (connect)")
+        }
         Ok(Err(e)) if crate::connections::is_body_timeout(&e) => problem(
             StatusCode::REQUEST_TIMEOUT,
             "the request body stalled longer than connections.body_timeout",
             None,
         ),
-        Ok(Err(_)) => failed(StatusCode::BAD_GATEWAY, "unreachable"),
-        Err(_) => failed(StatusCode::GATEWAY_TIMEOUT, "timed out"),
+        Ok(Err(_)) => failed(adaptive, StatusCode::BAD_GATEWAY, "unreachable"),
+        Err(_) => failed(adaptive, StatusCode::GATEWAY_TIMEOUT, "timed out"),
     }
 }
 
@@ -136,10 +151,11 @@ fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// A response body that holds a `limit_conn` permit until it ends (or is dropped).
+/// A response body that holds the request's permits until it ends (or is dropped).
 struct Held {
     body: hyper::body::Incoming,
     _permit: Option<ConnPermit>,
+    _adaptive: Option<AdaptiveHold>,
 }
 
 impl http_body::Body for Held {

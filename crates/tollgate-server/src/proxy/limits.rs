@@ -14,6 +14,7 @@ use tollgate::{
     KeyedLimiter, KeyedOptions, Op, RateLimiter, RuleDecision, RuleSet,
 };
 
+use super::adaptive::AdaptiveHold;
 use super::problem::{problem, problem_body, problem_response, store_unavailable};
 use crate::config::proxy::{HeaderStyle, RouteConfig};
 use crate::config::store::StoreConfig;
@@ -46,8 +47,9 @@ pub(super) enum ConnPermit {
 /// Everything a route limits with, and how it answers.
 pub(super) struct RouteLimits {
     default: Option<Limits>,
-    /// Key values with their own limits, checked before `default`.
-    tiers: Vec<(Vec<String>, Limits)>,
+    /// Key values with their own limits (`None`: the route's), checked before
+    /// `default`.
+    tiers: Vec<(Vec<String>, Option<Limits>)>,
     conns: Option<Conns>,
     status: StatusCode,
     /// The problem+json body of a rate-limit reject, built once.
@@ -61,6 +63,8 @@ pub(super) struct RouteLimits {
 pub(super) struct Passed {
     pub headers: HeaderMap,
     pub permit: Option<ConnPermit>,
+    /// The route's adaptive permit, taken after the rate limits and `limit_conn`.
+    pub adaptive: Option<AdaptiveHold>,
 }
 
 /// The Redis name of a route's counters: `proxy.ROUTE.PART` (no braces: they would
@@ -89,8 +93,10 @@ impl RouteLimits {
             .enumerate()
             .map(|(t, tier)| {
                 let at = format!("{at}.tiers[{t}]");
-                let l = Limits::build((&r.name, &tier.name), &tier.policies, &at, options, redis)?
-                    .ok_or_else(|| anyhow::anyhow!("{at}.policies: needs at least one policy"))?;
+                if tier.policies.is_empty() && tier.priority.is_none() {
+                    anyhow::bail!("{at}: needs policies, a priority, or both");
+                }
+                let l = Limits::build((&r.name, &tier.name), &tier.policies, &at, options, redis)?;
                 Ok((tier.values.clone(), l))
             })
             .collect::<anyhow::Result<_>>()?;
@@ -122,7 +128,11 @@ impl RouteLimits {
             }
         }
         let permit = self.take_conn(key).await?;
-        Ok(Passed { headers, permit })
+        Ok(Passed {
+            headers,
+            permit,
+            adaptive: None,
+        })
     }
 
     /// The tier whose values hold `key`, else the route's own limits.
@@ -130,7 +140,7 @@ impl RouteLimits {
         self.tiers
             .iter()
             .find(|(values, _)| values.iter().any(|v| v == key))
-            .map(|(_, l)| l)
+            .and_then(|(_, l)| l.as_ref())
             .or(self.default.as_ref())
     }
 

@@ -3,11 +3,15 @@
 //!
 //! A request goes down this list: [`server`] receives it, `routes` picks its route,
 //! `keys` makes its key, `limits` checks the rate counters and takes a `limit_conn`
-//! permit, `forwarding` sends it upstream; `problem` writes the proxy's own answers.
+//! permit, `adaptive` takes a permit of the route's adaptive concurrency limit,
+//! `forwarding` sends it upstream; `problem` writes the proxy's own answers;
+//! `metrics` serves the adaptive limits' state (`proxy.metrics`).
 
+mod adaptive;
 mod forwarding;
 pub mod keys;
 mod limits;
+mod metrics;
 mod problem;
 mod routes;
 pub mod server;

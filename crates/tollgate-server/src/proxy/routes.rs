@@ -9,6 +9,7 @@ use axum::http::Uri;
 use ipnet::IpNet;
 use tollgate::KeyedOptions;
 
+use super::adaptive::RouteAdaptive;
 use super::keys::{self, KeyPart};
 use super::limits::{RedisBackend, RouteLimits};
 use crate::config::proxy::{MatchConfig, ProxyConfig, RouteConfig};
@@ -26,6 +27,8 @@ pub(super) struct Route {
     pub key: Vec<KeyPart>,
     /// Its rate and concurrency limits.
     pub limits: RouteLimits,
+    /// Its adaptive concurrency limit (`adaptive:`).
+    pub adaptive: Option<RouteAdaptive>,
 }
 
 /// The routes and their limiters: shared by every worker thread, replaced whole on
@@ -54,20 +57,31 @@ impl RouteTable {
             .routes
             .into_iter()
             .enumerate()
-            .map(
-                |(i, r)| match old.and_then(|o| o.routes.iter().find(|x| x.config == r)) {
+            .map(|(i, r)| {
+                let old = old.map_or(&[][..], |o| &o.routes[..]);
+                match old.iter().find(|x| x.config == r) {
                     Some(same) => Ok(same.clone()),
                     None => {
-                        Route::build(r, &format!("proxy.routes[{i}]"), options, redis).map(Arc::new)
+                        // A changed route keeps the learned adaptive limit of the
+                        // route of its name when the limit's settings are unchanged.
+                        let before = old.iter().find(|x| x.name == r.name);
+                        let adaptive = before.and_then(|b| b.adaptive.as_ref());
+                        let at = format!("proxy.routes[{i}]");
+                        Route::build(r, &at, options, redis, adaptive).map(Arc::new)
                     }
-                },
-            )
+                }
+            })
             .collect::<anyhow::Result<_>>()?;
         Ok(RouteTable {
             routes,
             trusted: config.trusted_proxies,
             upstream_timeout: Duration::from_micros(config.upstream_timeout.unwrap_or(30_000_000)),
         })
+    }
+
+    /// The routes, in order.
+    pub fn routes(&self) -> &[Arc<Route>] {
+        &self.routes
     }
 
     /// How many routes there are.
@@ -101,6 +115,7 @@ impl Route {
         at: &str,
         options: KeyedOptions,
         redis: Option<&RedisBackend>,
+        old_adaptive: Option<&RouteAdaptive>,
     ) -> anyhow::Result<Route> {
         let upstream: Uri = r
             .upstream
@@ -116,6 +131,7 @@ impl Route {
         Ok(Route {
             key: keys::parse(&r.key, at)?,
             limits: RouteLimits::build(&r, at, options, redis)?,
+            adaptive: RouteAdaptive::build(&r, at, old_adaptive)?,
             name: r.name.clone(),
             matcher: r.matcher.clone(),
             upstream,

@@ -51,10 +51,11 @@ async fn handle(
         req.uri().path(),
         req.headers(),
     );
-    let passed = if key.is_empty() {
+    let mut passed = if key.is_empty() {
         Passed {
             headers: Default::default(),
             permit: None,
+            adaptive: None,
         }
     } else {
         match route.limits.pass(&key).await {
@@ -62,6 +63,14 @@ async fn handle(
             Err(response) => return response,
         }
     };
+    // The adaptive limit protects the upstream: every request of the route meets it,
+    // keyed or not.
+    if let Some(adaptive) = &route.adaptive {
+        match adaptive.admit(&key).await {
+            Ok(hold) => passed.adaptive = hold,
+            Err(response) => return response,
+        }
+    }
     forward(&proxy.client, &table, route, peer, req, passed).await
 }
 
@@ -136,6 +145,7 @@ pub fn run(
     crate::connections::warn_if_fd_limit_below(connections.max);
     let slots = Slots::new(connections);
     let connect_timeout = config.connect_timeout();
+    let metrics_addr = config.metrics;
     let addr = listen
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
@@ -165,8 +175,13 @@ pub fn run(
     for _ in 1..workers {
         threads.push(worker(bound, None));
     }
+    let metrics = metrics_addr
+        .map(|addr| spawn_metrics(addr, table.clone()))
+        .transpose()?
+        .map(|bound| format!(", metrics on http://{bound}/metrics"))
+        .unwrap_or_default();
     println!(
-        "tollgate proxy: listening on http://{bound} ({} route(s), {workers} worker(s), {})",
+        "tollgate proxy: listening on http://{bound} ({} route(s), {workers} worker(s), {}{metrics})",
         table.load().len(),
         store.describe()
     );
@@ -177,6 +192,28 @@ pub fn run(
     drop(reloader); // it ends with the process
     drop(redis_runtime);
     Ok(())
+}
+
+/// The metrics listener on a thread of its own; returns the bound address.
+fn spawn_metrics(addr: SocketAddr, table: Arc<ArcSwap<RouteTable>>) -> anyhow::Result<SocketAddr> {
+    let std_listener = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("proxy.metrics: cannot listen on {addr}"))?;
+    std_listener.set_nonblocking(true)?;
+    let bound = std_listener.local_addr()?;
+    std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async move {
+            if let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) {
+                super::metrics::serve(listener, table).await;
+            }
+        });
+    });
+    Ok(bound)
 }
 
 /// The Redis connection when the store is Redis, on a runtime of its own that lives

@@ -1,0 +1,315 @@
+//! What measures an adaptive limit end to end, as real processes:
+//! `tollgate bench upstream`, a modelled service whose service time grows with its
+//! requests in flight past a capacity, and `tollgate bench closed-loop`, clients that
+//! send, wait for the answer, and send again.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Empty};
+use tollgate::{Clock, MonotonicClock};
+
+#[derive(Debug, Parser)]
+/// `tollgate bench upstream` arguments.
+pub struct UpstreamArgs {
+    /// The listen address.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    pub listen: SocketAddr,
+    /// Requests served at full speed at once; past it every request slows down.
+    #[arg(long, default_value_t = 8)]
+    pub capacity: u32,
+    /// The service time of a request at or below the capacity (e.g. 20ms).
+    #[arg(long, default_value = "20ms", value_parser = crate::config::duration_arg)]
+    pub service: Duration,
+    /// Capacity changes after the start, e.g. `5s=4,10s=8`.
+    #[arg(long, value_parser = parse_schedule)]
+    pub schedule: Option<Schedule>,
+}
+
+/// Capacity changes: (time after the start, new capacity), in order.
+#[derive(Debug, Clone)]
+pub struct Schedule(pub Vec<(Duration, u32)>);
+
+fn parse_schedule(s: &str) -> Result<Schedule, String> {
+    let steps =
+        s.split(',')
+            .map(|step| {
+                let (at, c) = step
+                    .split_once('=')
+                    .ok_or_else(|| format!("{step:?}: expected AT=CAPACITY, e.g. 5s=4"))?;
+                let at = crate::config::duration_arg(at)?;
+                let c: u32 = c.parse().ok().filter(|c| *c > 0).ok_or_else(|| {
+                    format!("{step:?}: the capacity must be a whole number above 0")
+                })?;
+                Ok((at, c))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+    Ok(Schedule(steps))
+}
+
+/// Serves the modelled upstream until the process ends: every request takes
+/// `service x max(1, n / capacity)`, `n` the requests in flight as it arrives (a
+/// processor shared by the requests in flight).
+pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
+    if args.capacity == 0 {
+        anyhow::bail!("--capacity must be at least 1");
+    }
+    let capacity = Arc::new(AtomicU32::new(args.capacity));
+    let in_flight = Arc::new(AtomicU32::new(0));
+    if let Some(Schedule(schedule)) = args.schedule {
+        let capacity = capacity.clone();
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            for (at, c) in schedule {
+                tokio::time::sleep_until(start + at).await;
+                capacity.store(c, Ordering::SeqCst);
+            }
+        });
+    }
+    let service = args.service;
+    let app = axum::Router::new().fallback(move || {
+        let (capacity, in_flight) = (capacity.clone(), in_flight.clone());
+        async move {
+            let n = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            let c = capacity.load(Ordering::SeqCst);
+            tokio::time::sleep(service * n.max(c) / c).await;
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            "ok\n"
+        }
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    println!(
+        "tollgate bench upstream: capacity {} at {:?} on http://{}",
+        args.capacity,
+        service,
+        listener.local_addr()?
+    );
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+#[derive(Debug, Parser)]
+/// `tollgate bench closed-loop` arguments.
+pub struct ClosedLoopArgs {
+    /// The URL every client asks for (e.g. http://127.0.0.1:8000/api/).
+    #[arg(long)]
+    pub target: String,
+    /// Clients, each with one request outstanding at a time.
+    #[arg(long, default_value_t = 32)]
+    pub clients: usize,
+    /// How long to run.
+    #[arg(long, default_value = "10s", value_parser = crate::config::duration_arg)]
+    pub duration: Duration,
+    /// Leave the first part of the run out of the totals (the limit's ramp).
+    #[arg(long, default_value = "1s", value_parser = crate::config::duration_arg)]
+    pub settle: Duration,
+    /// A header sent with every request (`NAME: VALUE`; repeatable).
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+    /// How long a client waits after a rejection (429/503) before it sends again.
+    #[arg(long, default_value = "1ms", value_parser = crate::config::duration_arg)]
+    pub pause: Duration,
+    /// Print a line per interval (e.g. 1s); none by default.
+    #[arg(long, value_parser = crate::config::duration_arg)]
+    pub interval: Option<Duration>,
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    shed: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// Adds one to the chosen counter of each tally.
+fn count(tallies: &[Option<&Arc<Tally>>], which: impl Fn(&Tally) -> &AtomicU64) {
+    for t in tallies.iter().flatten() {
+        which(t).fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs the clients; prints the totals after `settle`:
+/// `ok/s: .. shed/s: .. success: ..% p50_us: .. p99_us: .. errors: ..`.
+pub async fn closed_loop(args: ClosedLoopArgs) -> anyhow::Result<()> {
+    if args.clients == 0 {
+        anyhow::bail!("--clients must be at least 1");
+    }
+    let uri: http::Uri = args
+        .target
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--target {}: {e}", args.target))?;
+    if uri.scheme_str() != Some("http") {
+        anyhow::bail!("--target {}: an http:// URL", args.target);
+    }
+    let headers = args
+        .headers
+        .iter()
+        .map(|h| {
+            let (n, v) = h
+                .split_once(':')
+                .ok_or_else(|| anyhow::anyhow!("--header {h:?}: expected NAME: VALUE"))?;
+            Ok((
+                http::HeaderName::from_bytes(n.trim().as_bytes())?,
+                http::HeaderValue::from_str(v.trim())?,
+            ))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_max_idle_per_host(args.clients)
+        .build_http::<Empty<bytes::Bytes>>();
+    let clock = MonotonicClock::new();
+    let start = clock.now_us();
+    let end = start + args.duration.as_micros() as u64;
+    let settle = start + args.settle.as_micros() as u64;
+    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
+        1, 60_000_000, 3,
+    )?));
+    let (total, window) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
+    let window_hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
+        1, 60_000_000, 3,
+    )?));
+    let clients: Vec<_> = (0..args.clients)
+        .map(|_| {
+            let (client, uri, headers, clock) =
+                (client.clone(), uri.clone(), headers.clone(), clock.clone());
+            let (hist, total, window, window_hist) = (
+                hist.clone(),
+                total.clone(),
+                window.clone(),
+                window_hist.clone(),
+            );
+            let pause = args.pause;
+            tokio::spawn(async move {
+                while clock.now_us() < end {
+                    let mut req = http::Request::get(uri.clone())
+                        .body(Empty::new())
+                        .expect("a valid request");
+                    req.headers_mut().extend(headers.iter().cloned());
+                    let sent = clock.now_us();
+                    let status = match client.request(req).await {
+                        Ok(res) => {
+                            let status = res.status();
+                            let _ = res.into_body().collect().await;
+                            Some(status)
+                        }
+                        Err(_) => None,
+                    };
+                    let now = clock.now_us();
+                    let counted = now >= settle;
+                    let tallies = [Some(&window), counted.then_some(&total)];
+                    match status {
+                        Some(s) if s.is_success() => {
+                            let us = (now - sent).max(1);
+                            let _ = window_hist
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .record(us);
+                            if counted {
+                                let _ = hist.lock().unwrap_or_else(|e| e.into_inner()).record(us);
+                            }
+                            count(&tallies, |t| &t.ok);
+                        }
+                        Some(s) if s.as_u16() == 429 || s.as_u16() == 503 => {
+                            count(&tallies, |t| &t.shed);
+                            tokio::time::sleep(pause).await;
+                        }
+                        _ => {
+                            count(&tallies, |t| &t.errors);
+                            tokio::time::sleep(pause).await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    if let Some(every) = args.interval {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        while clock.now_us() < end {
+            tick.tick().await;
+            let secs = every.as_secs_f64();
+            let ok = window.ok.swap(0, Ordering::Relaxed);
+            let shed = window.shed.swap(0, Ordering::Relaxed);
+            let mut h = window_hist.lock().unwrap_or_else(|e| e.into_inner());
+            println!(
+                "t={:.1}s ok/s: {:.0} shed/s: {:.0} p50_us: {} p99_us: {}",
+                (clock.now_us() - start) as f64 / 1e6,
+                ok as f64 / secs,
+                shed as f64 / secs,
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99)
+            );
+            h.reset();
+        }
+    }
+    for c in clients {
+        c.await?;
+    }
+    let secs = (end.saturating_sub(settle)) as f64 / 1e6;
+    let (ok, shed) = (
+        total.ok.load(Ordering::Relaxed),
+        total.shed.load(Ordering::Relaxed),
+    );
+    let h = hist.lock().unwrap_or_else(|e| e.into_inner());
+    println!(
+        "ok/s: {:.1} shed/s: {:.1} success: {:.2}% p50_us: {} p99_us: {} errors: {}",
+        ok as f64 / secs,
+        shed as f64 / secs,
+        100.0 * ok as f64 / (ok + shed).max(1) as f64,
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+        total.errors.load(Ordering::Relaxed)
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::Cli;
+
+    #[test]
+    fn the_adaptive_bench_commands_parse_every_argument() {
+        let args = [
+            "tollgate",
+            "bench",
+            "upstream",
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "8",
+            "--service",
+            "20ms",
+            "--schedule",
+            "5s=4,10s=8",
+        ];
+        assert!(Cli::try_parse_from(args).is_ok());
+        let bad = ["tollgate", "bench", "upstream", "--schedule", "5s=0"];
+        let err = Cli::try_parse_from(bad).unwrap_err().to_string();
+        assert!(err.contains("above 0"), "{err}");
+        let args = [
+            "tollgate",
+            "bench",
+            "closed-loop",
+            "--target",
+            "http://127.0.0.1:1/",
+            "--clients",
+            "4",
+            "--duration",
+            "1s",
+            "--settle",
+            "0s",
+            "--header",
+            "x-api-key: a",
+            "--pause",
+            "2ms",
+            "--interval",
+            "1s",
+        ];
+        assert!(Cli::try_parse_from(args).is_ok());
+    }
+}

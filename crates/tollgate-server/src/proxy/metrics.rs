@@ -1,0 +1,113 @@
+//! The proxy's metrics (`proxy.metrics: ADDR`, `GET /metrics`, Prometheus text): each
+//! route's adaptive limit, read from the limiters at scrape time.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::routes::RouteTable;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The metrics text for the routes in `table`.
+pub(super) fn render(table: &RouteTable) -> String {
+    let gauge = || Family::<Labels, Gauge>::default();
+    let counter = || Family::<Labels, Counter>::default();
+    let (limit, in_flight, queued) = (gauge(), gauge(), gauge());
+    let f64_gauge = || Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    let (baseline, latency, delay) = (f64_gauge(), f64_gauge(), f64_gauge());
+    let (admitted, shed, shed_by_priority) = (counter(), counter(), counter());
+    for route in table.routes() {
+        let Some(adaptive) = &route.adaptive else {
+            continue;
+        };
+        let s = adaptive.stats();
+        let r = || vec![("route", route.name.clone())];
+        let with = |k: &'static str, v: &str| {
+            let mut l = r();
+            l.push((k, v.to_string()));
+            l
+        };
+        limit.get_or_create(&r()).set(i64::from(s.limit));
+        in_flight.get_or_create(&r()).set(i64::from(s.in_flight));
+        queued.get_or_create(&r()).set(i64::from(s.queued));
+        let seconds = |us: Option<u64>| us.map_or(f64::NAN, |us| us as f64 / 1e6);
+        baseline.get_or_create(&r()).set(seconds(s.baseline_us));
+        latency.get_or_create(&r()).set(seconds(s.last_mean_us));
+        delay.get_or_create(&r()).set(seconds(s.queue_delay_us));
+        admitted.get_or_create(&r()).inc_by(s.admitted);
+        let reasons = [
+            ("busy", s.shed.busy),
+            ("queue_full", s.shed.queue_full),
+            ("queue_delay", s.shed.queue_delay),
+            ("max_wait", s.shed.max_wait),
+            ("outranked", s.shed.outranked),
+        ];
+        for (reason, n) in reasons {
+            shed.get_or_create(&with("reason", reason)).inc_by(n);
+        }
+        for (class, n) in ["sheddable", "normal", "critical"]
+            .iter()
+            .zip(s.shed_by_class)
+        {
+            shed_by_priority
+                .get_or_create(&with("priority", class))
+                .inc_by(n);
+        }
+    }
+    let mut registry = Registry::with_prefix("tollgate_proxy_adaptive");
+    registry.register("limit", "The route's adaptive concurrency limit now", limit);
+    registry.register("in_flight", "Requests holding a permit now", in_flight);
+    registry.register("queued", "Requests waiting for a permit now", queued);
+    registry.register(
+        "baseline_seconds",
+        "The unloaded latency the limit is measured against",
+        baseline,
+    );
+    registry.register(
+        "latency_seconds",
+        "The trimmed mean latency of the last window",
+        latency,
+    );
+    registry.register(
+        "queue_delay_seconds",
+        "The queueing-delay target now",
+        delay,
+    );
+    registry.register("admitted", "Requests granted a permit", admitted);
+    registry.register("shed", "Requests shed, by reason", shed);
+    registry.register(
+        "shed_by_priority",
+        "Requests shed, by priority class",
+        shed_by_priority,
+    );
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &registry);
+    out
+}
+
+/// Serves `GET /metrics` on `listener` until the process ends.
+pub(super) async fn serve(listener: tokio::net::TcpListener, table: Arc<ArcSwap<RouteTable>>) {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let table = table.clone();
+            async move {
+                (
+                    [(
+                        "content-type",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    render(&table.load()),
+                )
+            }
+        }),
+    );
+    let _ = axum::serve(listener, app).await;
+}
