@@ -130,12 +130,7 @@ fn totals(child: std::process::Child) -> Totals {
             .split(&format!("{name}: "))
             .nth(1)
             .unwrap_or_else(|| panic!("{name} in {line:?}"));
-        after
-            .split(|c: char| c == ' ' || c == '%')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
+        after.split([' ', '%']).next().unwrap().parse().unwrap()
     };
     Totals {
         ok_per_s: field("ok/s"),
