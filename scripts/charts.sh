@@ -29,3 +29,15 @@ $t simulate --pattern poisson --rate 40 --duration 6s --hold 100ms \
   --policy 'concurrency:limit=4' \
   --policy 'concurrency:limit=8' \
   --out docs/charts/concurrency.png
+$t simulate --pattern closed-loop --duration 15s --capacity 8 --service 20ms \
+  --schedule 5s=4,10s=8 --clients 32 \
+  --limit none --limit 4 --adaptive gradient --adaptive vegas \
+  --out docs/charts/adaptive.png
+$t simulate --pattern closed-loop --duration 15s --capacity 8 --service 20ms \
+  --clients 32 --timeout 60ms \
+  --limit 32 --adaptive gradient --adaptive aimd \
+  --out docs/charts/adaptive-timeouts.png
+$t simulate --pattern closed-loop --duration 10s --capacity 8 --service 20ms \
+  --clients 4:critical:checkout --clients 20:sheddable:batch \
+  --limit none --limit 8 --adaptive gradient \
+  --out docs/charts/adaptive-priorities.png

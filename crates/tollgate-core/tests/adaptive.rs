@@ -109,7 +109,6 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
             }
         }
         let events: Vec<GateEvent> = gate.drain_events().collect();
-        let limit = gate.limit();
         for e in events {
             match e {
                 GateEvent::Granted { id, ticket } => {
@@ -117,24 +116,24 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
                         .remove(&id)
                         .expect("granted a waiter that was queued");
                     // Strict priority, FIFO within one (fair shares may pass over a
-                    // caller at or above its share, within the same priority).
+                    // caller holding more, within the same priority).
                     for (&other, q) in &queued {
                         assert!(q.priority <= me.priority, "granted {me:?} before {q:?}");
                         if q.priority == me.priority && other < id {
+                            // Passed over only for a caller holding more.
                             assert!(fair, "FIFO broken: {other} waited before {id}");
-                            let callers: std::collections::BTreeSet<u64> = holders
-                                .iter()
-                                .filter(|(_, &h)| h > 0)
-                                .map(|(&c, _)| c)
-                                .chain(queued.values().map(|w| w.caller))
-                                .chain([me.caller])
-                                .collect();
-                            let callers = callers.len();
-                            let share = (limit / callers.max(1) as u32).max(1);
-                            let held_by_other = holders.get(&q.caller).copied().unwrap_or(0);
+                            let held = |c: u64| holders.get(&c).copied().unwrap_or(0);
                             assert!(
-                                held_by_other >= share,
-                                "passed over a caller under its share"
+                                held(q.caller) > held(me.caller),
+                                "passed over a caller holding no more"
+                            );
+                        }
+                        if fair && q.priority == me.priority {
+                            // Never granted to a caller holding more than a waiting one.
+                            let held = |c: u64| holders.get(&c).copied().unwrap_or(0);
+                            assert!(
+                                held(me.caller) <= held(q.caller),
+                                "granted {me:?} holding more than {q:?}"
                             );
                         }
                     }
@@ -329,8 +328,33 @@ fn a_greedy_caller_gets_its_share_while_others_wait_and_everything_when_alone() 
         matches!(first[..], [GateEvent::Granted { id, .. }] if id == quiet),
         "{first:?}"
     );
-    // With two callers, the share is two: the greedy caller's waiters are served
-    // again once it holds fewer than that... and as long as nobody else waits.
+    // Only the greedy caller waits now: its waiters take the permits it frees.
     gate.release(2000, greedy.pop().unwrap(), Outcome::Ignored);
     assert_eq!(gate.drain_events().count(), 1);
+    // A second quiet request passes the greedy caller's older waiters again: its
+    // caller holds 1 permit, the greedy caller 3.
+    let quiet2 = wait(&mut gate, 3000, req(Priority::NORMAL, 1));
+    gate.release(4000, greedy.pop().unwrap(), Outcome::Ignored);
+    let next: Vec<GateEvent> = gate.drain_events().collect();
+    assert!(
+        matches!(next[..], [GateEvent::Granted { id, .. }] if id == quiet2),
+        "{next:?}"
+    );
+}
+
+#[test]
+fn the_automatic_queueing_delay_arms_at_the_knee_even_without_a_cut() {
+    // A limit pinned at its max binds without growing: that is the knee too.
+    let mut gate = AdaptiveGate::new("aimd:min=2,max=2,initial=2".parse().unwrap(), false);
+    assert_eq!(gate.queue_delay_us(), Some(1_000_000));
+    let mut now = 0;
+    for _ in 0..5 {
+        let a = grant(&mut gate, Request::default());
+        let b = grant(&mut gate, Request::default());
+        now += 20_000;
+        gate.release(now, a, Outcome::Success { latency_us: 20_000 });
+        gate.release(now, b, Outcome::Success { latency_us: 20_000 });
+    }
+    assert_eq!(gate.stats().windows, 1);
+    assert_eq!(gate.queue_delay_us(), Some(10_000));
 }

@@ -34,7 +34,8 @@ pub struct UpstreamArgs {
 #[derive(Debug, Clone)]
 pub struct Schedule(pub Vec<(Duration, u32)>);
 
-fn parse_schedule(s: &str) -> Result<Schedule, String> {
+/// `AT=CAPACITY,...`, e.g. `5s=4,10s=8`.
+pub fn parse_schedule(s: &str) -> Result<Schedule, String> {
     let steps =
         s.split(',')
             .map(|step| {

@@ -200,3 +200,83 @@ fn concurrency_permits_are_held_for_the_hold_time() {
     assert!(v[0]["rejected"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v[1]["rejected"], 0, "{v}");
 }
+
+#[test]
+fn closed_loop_compares_concurrency_limits_on_a_modelled_upstream() {
+    let dir = std::env::temp_dir().join(format!("tollgate-sim-closed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("closed.svg");
+    let args = [
+        "--pattern",
+        "closed-loop",
+        "--duration",
+        "8s",
+        "--capacity",
+        "8",
+        "--service",
+        "20ms",
+        "--schedule",
+        "4s=4",
+        "--clients",
+        "4:critical:checkout",
+        "--clients",
+        "20:sheddable:batch",
+        "--limit",
+        "none",
+        "--limit",
+        "8",
+        "--adaptive",
+        "gradient",
+        "--out",
+        svg.to_str().unwrap(),
+    ];
+    let a = json(&args);
+    assert_eq!(a, json(&args), "the same world gives the same numbers");
+    // One row per limit and group: no limit, static 8, gradient x (critical, sheddable).
+    let rows = a.as_array().unwrap();
+    assert_eq!(rows.len(), 6);
+    let row = |limit: &str, group: &str| {
+        rows.iter()
+            .find(|r| r["limit"] == limit && r["group"].as_str().unwrap().contains(group))
+            .unwrap_or_else(|| panic!("{limit} {group} in {a}"))
+    };
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap();
+    // Priorities: the adaptive limit keeps critical work whole; a static limit
+    // rejects it as often as the rest.
+    assert!(f(row("gradient", "critical"), "success_pct") >= 99.0, "{a}");
+    assert!(f(row("static 8", "critical"), "success_pct") < 50.0, "{a}");
+    assert!(
+        f(row("no limit", "critical"), "p99_ms") > 2.0 * f(row("gradient", "critical"), "p99_ms")
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    roxmltree::Document::parse(&text).expect("the SVG parses as XML");
+    for panel in [
+        "limit (permits)",
+        "in flight at the upstream",
+        "goodput (req/s)",
+        "p99 latency (ms)",
+    ] {
+        assert!(text.contains(panel), "{panel}");
+    }
+    // Mistakes.
+    let (code, _, err) = simulate(&["--pattern", "closed-loop", "--limit", "0"]);
+    assert!(
+        code != 0 && err.contains("--limit 0: expected a number above 0 or none"),
+        "{err}"
+    );
+    let (code, _, err) = simulate(&[
+        "--pattern",
+        "closed-loop",
+        "--adaptive",
+        "gradient:min=9,max=3",
+    ]);
+    assert!(code != 0 && err.contains("min=9 is above max=3"), "{err}");
+    let (code, _, err) = simulate(&["--pattern", "closed-loop", "--policy", "gcra:rate=1/s"]);
+    assert!(code != 0 && err.contains("not --policy"), "{err}");
+    let (code, _, err) = simulate(&["--pattern", "poisson", "--limit", "4"]);
+    assert!(
+        code != 0 && err.contains("under --pattern closed-loop"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

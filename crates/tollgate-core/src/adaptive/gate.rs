@@ -13,9 +13,10 @@ use super::window::{Window, WindowSummary, WindowedMin};
 /// The fewest outcomes in a window: below this a mean says too little.
 pub const MIN_WINDOW: u32 = 10;
 
-/// The queueing-delay target of `queue-delay=auto` until the controller has seen the
-/// service queue (its first cut): while the limit is still growing towards the
-/// capacity, waiting is the ramp, not overload.
+/// The queueing-delay target of `queue-delay=auto` until the service has shown its
+/// knee (a window that called for a cut, or bound without the limit growing): while
+/// the limit is still growing towards the capacity, waiting is the ramp, not
+/// overload.
 pub const AUTO_DELAY_BEFORE_KNEE_US: u64 = 1_000_000;
 
 /// The least queueing-delay target of `queue-delay=auto`: timers are no finer.
@@ -188,7 +189,8 @@ pub struct AdaptiveGate {
     fair: bool,
     ctl: ControllerState,
     limit: u32,
-    /// Whether the controller has ever cut the limit for queueing or drops.
+    /// Whether the service has shown its knee: a window that called for a cut, or
+    /// bound without the limit growing.
     knee_seen: bool,
     in_flight: u32,
     /// Bumped whenever the limit changes: outcomes of permits granted under an
@@ -301,7 +303,16 @@ impl AdaptiveGate {
             }
             self.shed_queued(id, Shed::Outranked);
         }
-        let target = self.queue_delay_us();
+        // Critical work may wait twice as long: right after the limit falls, more
+        // permits are held than the new limit, and the first free one can take
+        // several releases; critical requests are the ones worth that wait.
+        let target = self.queue_delay_us().map(|t| {
+            if req.priority >= Priority::CRITICAL {
+                t.saturating_mul(2)
+            } else {
+                t
+            }
+        });
         let (wait, by_max_wait) = match (target, max_wait_us) {
             (Some(t), Some(m)) => (Some(t.min(m)), m < t),
             (t, None) => (t, false),
@@ -513,9 +524,9 @@ impl AdaptiveGate {
             self.spec.min,
             self.spec.max,
         );
-        if self.ctl.limit < before {
-            self.knee_seen = true;
-        }
+        // The knee: the controller called for a cut (even one the floor stopped), or
+        // the limit bound and did not grow (vegas holding, a limit pinned at max).
+        self.knee_seen |= self.ctl.cut || (summary.limit_bound && self.ctl.limit <= before);
         let limit = self.ctl.limit as u32;
         if limit != self.limit {
             self.limit = limit;
@@ -526,25 +537,26 @@ impl AdaptiveGate {
     }
 
     /// Grants free permits to waiters: the most important first, FIFO within a
-    /// priority; with fair shares, among the waiters of that priority the first whose
-    /// caller holds less than its share (the limit over the callers holding or
-    /// waiting for permits), else the first.
+    /// priority; with fair shares, among the waiters of that priority the first of
+    /// the caller holding the fewest permits (max-min fairness, filled one permit at
+    /// a time; a waiter without a caller counts as holding none).
     fn pump(&mut self, now_us: u64) {
         while self.in_flight < self.limit {
             let Some(&(Reverse(top), first)) = self.order.first() else {
                 return;
             };
             let id = if self.fair {
-                let share = (self.limit / (self.callers.len().max(1) as u32)).max(1);
+                let held = |id: &WaiterId| {
+                    self.waiters[id]
+                        .caller
+                        .and_then(|c| self.callers.get(&c))
+                        .map_or(0, |c| c.held)
+                };
+                // min_by_key keeps the first of equals: FIFO among them.
                 self.order
                     .range((Reverse(top), 0)..=(Reverse(top), WaiterId::MAX))
                     .map(|&(_, id)| id)
-                    .find(|id| {
-                        self.waiters[id]
-                            .caller
-                            .and_then(|c| self.callers.get(&c))
-                            .is_none_or(|c| c.held < share)
-                    })
+                    .min_by_key(held)
                     .unwrap_or(first)
             } else {
                 first

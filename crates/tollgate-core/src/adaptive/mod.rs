@@ -25,10 +25,10 @@
 //!   passes the queueing-delay target (`queue-delay`, by default half the baseline
 //!   once the service has shown its knee), when the queue is full, or — sheddable
 //!   work — as soon as more important work has to wait.
-//! * Fair shares (optional): a waiter whose caller already holds its share (the limit
-//!   over the callers holding or awaiting permits) is served after the waiters of the
-//!   same priority whose callers hold less; held permits are never taken back.
-//!   Nobody is limited while permits are free.
+//! * Fair shares (optional): a freed permit goes to the waiter (of the top priority)
+//!   whose caller holds the fewest permits, FIFO among equals — max-min fairness,
+//!   filled one permit at a time; held permits are never taken back. Nobody is
+//!   limited while permits are free.
 //!
 //! [`AdaptiveGate`] is the whole state machine: the library's `AdaptiveLimiter`
 //! wraps it with a lock, wakers and timers, and `tollgate simulate` drives it with a

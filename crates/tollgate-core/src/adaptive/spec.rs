@@ -27,10 +27,11 @@ pub const MAX_LIMIT: u32 = 1_000_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueDelay {
     /// Half the unloaded-latency baseline (at least 1 ms, the timer's resolution) once
-    /// the controller has seen the service queue (its first cut); 1 s before that,
-    /// while the limit is still growing towards the capacity. An admitted request's
-    /// latency then stays within about 1.5 times the unloaded latency plus the
-    /// controller's tolerance.
+    /// the service has shown its knee (a window that called for a cut, or bound
+    /// without the limit growing); 1 s before that, while the limit is still growing
+    /// towards the capacity. An admitted request's latency then stays within about
+    /// 1.5 times the unloaded latency plus the controller's tolerance (critical work
+    /// may wait twice the target).
     Auto,
     /// A fixed target, in microseconds.
     Fixed(u64),

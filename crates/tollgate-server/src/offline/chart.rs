@@ -94,11 +94,15 @@ fn draw_samples_on<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    const COLORS: [RGBColor; 4] = [
+    const COLORS: [RGBColor; 8] = [
         RGBColor(30, 110, 200),
         RGBColor(210, 90, 30),
         RGBColor(30, 150, 60),
         RGBColor(120, 60, 170),
+        RGBColor(200, 40, 110),
+        RGBColor(110, 110, 110),
+        RGBColor(180, 150, 20),
+        RGBColor(20, 160, 170),
     ];
     root.fill(&WHITE).map_err(err)?;
     let (head, body) = root.split_vertically(TITLE_HEIGHT);
@@ -123,7 +127,12 @@ where
             .axis_desc_style(("sans-serif", 14))
             .draw()
             .map_err(err)?;
+        // A series keeps its colour across panels: it is picked by position, and an
+        // empty series (nothing to draw in this panel) keeps its place.
         for ((name, data), color) in panel.series.iter().zip(COLORS.iter().cycle()) {
+            if data.is_empty() {
+                continue;
+            }
             chart
                 .draw_series(LineSeries::new(data.iter().copied(), color.stroke_width(2)))
                 .map_err(err)?

@@ -1,9 +1,12 @@
 //! The tools that run without a server: [`replay`] (a trace through a policy on a
 //! virtual clock), [`simulate`] (generated traffic through several policies) and the
 //! [`chart`] that draws a simulation; a simulation offers [`traffic`] to each policy
-//! and reports each [`run`]; [`plot`] charts a CSV of samples (the soak script's).
+//! and reports each [`run`]; [`overload`] is the closed-loop simulation of
+//! concurrency limits against a modelled upstream; [`plot`] charts a CSV of samples
+//! (the soak script's).
 
 pub mod chart;
+pub mod overload;
 pub mod plot;
 pub mod replay;
 pub mod run;

@@ -29,7 +29,8 @@ pub fn progress_printer(total: usize, label: String) -> impl FnMut(usize) {
 #[derive(Debug, Parser)]
 /// `tollgate simulate` arguments.
 pub struct SimulateArgs {
-    /// steady, burst, boundary, poisson, sine, ramp or trace:FILE.
+    /// steady, burst, boundary, poisson, sine, ramp, trace:FILE, or closed-loop
+    /// (clients against a modelled upstream, compared across --limit and --adaptive).
     #[arg(long, default_value = "poisson")]
     pub pattern: Pattern,
     /// Average requests per second.
@@ -51,8 +52,44 @@ pub struct SimulateArgs {
     #[arg(long, value_parser = crate::config::duration_arg)]
     pub hold: Option<std::time::Duration>,
     /// A policy spec; repeat to compare several.
-    #[arg(long = "policy", required = true)]
+    #[arg(long = "policy", required_unless_present_any = ["limits", "adaptive"])]
     pub policies: Vec<String>,
+    /// closed-loop: clients `COUNT[:PRIORITY[:CALLER]]` (repeat for several groups);
+    /// default 32.
+    #[arg(long = "clients")]
+    pub clients: Vec<crate::offline::overload::Group>,
+    /// closed-loop: requests the upstream serves at full speed at once.
+    #[arg(long, default_value_t = 8)]
+    pub capacity: u32,
+    /// closed-loop: service time at or below the capacity (each request's varies by
+    /// up to 10 % either way, seeded by --seed).
+    #[arg(long, default_value = "20ms", value_parser = crate::config::duration_arg)]
+    pub service: std::time::Duration,
+    /// closed-loop: capacity changes, e.g. `5s=4,10s=8`.
+    #[arg(long, value_parser = crate::bench_adaptive::parse_schedule)]
+    pub schedule: Option<crate::bench_adaptive::Schedule>,
+    /// closed-loop: think time between an answer and the next request.
+    #[arg(long, default_value = "0ms", value_parser = crate::config::duration_arg)]
+    pub think: std::time::Duration,
+    /// closed-loop: pause after a rejection.
+    #[arg(long, default_value = "1ms", value_parser = crate::config::duration_arg)]
+    pub pause: std::time::Duration,
+    /// closed-loop: clients give up on a request after this long (it counts as
+    /// dropped for the limit; the upstream keeps working on it); none by default.
+    #[arg(long, value_parser = crate::config::duration_arg)]
+    pub timeout: Option<std::time::Duration>,
+    /// closed-loop: leave the first part out of the totals.
+    #[arg(long, default_value = "2s", value_parser = crate::config::duration_arg)]
+    pub settle: std::time::Duration,
+    /// closed-loop: a static concurrency limit (N) or `none`; repeat to compare.
+    #[arg(long = "limit")]
+    pub limits: Vec<String>,
+    /// closed-loop: an adaptive spec (`gradient`, `aimd:...`); repeat to compare.
+    #[arg(long = "adaptive")]
+    pub adaptive: Vec<String>,
+    /// closed-loop: adaptive limits share among the groups' callers.
+    #[arg(long)]
+    pub fair: bool,
     /// Write a chart (.svg or .png).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -67,6 +104,14 @@ pub struct SimulateArgs {
 /// `tollgate simulate`: the traffic through every policy, then the table (or JSON), the
 /// CSV and the chart asked for.
 pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
+    if args.pattern == Pattern::ClosedLoop {
+        return closed_loop(args);
+    }
+    if !args.limits.is_empty() || !args.adaptive.is_empty() {
+        anyhow::bail!(
+            "--limit and --adaptive compare concurrency limits under --pattern closed-loop"
+        );
+    }
     let policies = args
         .policies
         .iter()
@@ -116,6 +161,86 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&summaries)?);
     } else {
         print!("{}", table(&summaries, use_color()));
+    }
+    Ok(())
+}
+
+/// `tollgate simulate --pattern closed-loop`: the clients through every limit, then
+/// the table (or JSON) and the chart asked for.
+fn closed_loop(args: SimulateArgs) -> anyhow::Result<()> {
+    use crate::offline::overload::{panels, simulate, table, Group, Limit, Model};
+    if !args.policies.is_empty() {
+        anyhow::bail!(
+            "closed-loop compares concurrency limits: --limit N|none and --adaptive SPEC, not --policy"
+        );
+    }
+    let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let mut limits = args
+        .limits
+        .iter()
+        .map(|l| match l.as_str() {
+            "none" => Ok(Limit::None),
+            n => n
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n > 0)
+                .map(Limit::Static)
+                .ok_or_else(|| anyhow::anyhow!("--limit {n}: expected a number above 0 or none")),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for spec in &args.adaptive {
+        limits.push(Limit::Adaptive(spec.parse()?));
+    }
+    if args.capacity == 0 {
+        anyhow::bail!("--capacity must be at least 1");
+    }
+    let model = Model {
+        capacity: args.capacity,
+        service_us: us(args.service).max(1),
+        jitter: 0.1,
+        seed: args.seed,
+        schedule: args
+            .schedule
+            .map(|s| s.0.into_iter().map(|(at, c)| (us(at), c)).collect())
+            .unwrap_or_default(),
+        think_us: us(args.think),
+        pause_us: us(args.pause).max(1),
+        timeout_us: args.timeout.map(us),
+        duration_us: us(args.duration),
+        settle_us: us(args.settle),
+        groups: if args.clients.is_empty() {
+            vec![Group {
+                clients: 32,
+                priority: Default::default(),
+                caller: String::new(),
+            }]
+        } else {
+            args.clients
+        },
+        fair: args.fair,
+    };
+    let runs: Vec<_> = limits.iter().map(|l| simulate(&model, l)).collect();
+    if let Some(path) = &args.out {
+        let clients: Vec<String> = model.groups.iter().map(|g| g.to_string()).collect();
+        let mut title = format!(
+            "closed loop: {} clients, capacity {} at {} ms",
+            clients.join(" + "),
+            model.capacity,
+            model.service_us as f64 / 1000.0,
+        );
+        for (at, c) in &model.schedule {
+            title += &format!(", {c} at {} s", *at as f64 / 1e6);
+        }
+        if let Some(t) = model.timeout_us {
+            title += &format!(", clients time out at {} ms", t as f64 / 1000.0);
+        }
+        crate::offline::chart::draw_samples(path, &title, "time (s)", &panels(&runs))?;
+    }
+    if args.json {
+        let totals: Vec<_> = runs.iter().flat_map(|r| &r.groups).collect();
+        println!("{}", serde_json::to_string_pretty(&totals)?);
+    } else {
+        print!("{}", table(&runs));
     }
     Ok(())
 }

@@ -25,6 +25,9 @@ pub enum Pattern {
     Ramp,
     /// Arrivals from a replay trace (`t_us,key,cost`).
     Trace(PathBuf),
+    /// Closed-loop clients against a modelled upstream (`--clients`, `--capacity`,
+    /// ...): no arrivals of its own; the closed-loop simulation (overload.rs) runs it.
+    ClosedLoop,
 }
 
 impl std::str::FromStr for Pattern {
@@ -37,11 +40,12 @@ impl std::str::FromStr for Pattern {
             "poisson" => Pattern::Poisson,
             "sine" => Pattern::Sine,
             "ramp" => Pattern::Ramp,
+            "closed-loop" => Pattern::ClosedLoop,
             _ => match s.strip_prefix("trace:") {
                 Some(path) if !path.is_empty() => Pattern::Trace(PathBuf::from(path)),
                 _ => {
                     return Err(format!(
-                        "unknown pattern '{s}' (expected steady, burst, boundary, poisson, sine, ramp or trace:FILE)"
+                        "unknown pattern '{s}' (expected steady, burst, boundary, poisson, sine, ramp, closed-loop or trace:FILE)"
                     ))
                 }
             },
@@ -75,7 +79,8 @@ pub const MAX_REQUESTS: usize = 20_000_000;
 pub type Arrival = (u64, u64, u64);
 
 /// splitmix64: a tiny, well-known seeded generator (reproducible on every platform).
-struct Rng(u64);
+/// A seeded xorshift generator: the same seed, the same numbers.
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -87,15 +92,18 @@ impl Rng {
     }
 
     /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
+    /// A number in [0, 1).
+    pub(super) fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
 /// The arrivals of a scenario, in time order.
 pub fn traffic(s: &Scenario) -> anyhow::Result<Vec<Arrival>> {
-    if let Pattern::Trace(path) = &s.pattern {
-        return read_trace(path);
+    match &s.pattern {
+        Pattern::Trace(path) => return read_trace(path),
+        Pattern::ClosedLoop => bail!("closed-loop clients have no arrivals of their own"),
+        _ => {}
     }
     if !(s.rate > 0.0 && s.rate.is_finite()) {
         bail!("--rate must be a positive number of requests per second");
@@ -165,7 +173,7 @@ pub fn traffic(s: &Scenario) -> anyhow::Result<Vec<Arrival>> {
                 }
             }
         }
-        Pattern::Trace(_) => unreachable!("handled above"),
+        Pattern::Trace(_) | Pattern::ClosedLoop => unreachable!("handled above"),
     }
     times.sort_unstable();
     Ok(times

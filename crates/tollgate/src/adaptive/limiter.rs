@@ -14,15 +14,15 @@ use super::state::{Answer, Inner};
 /// A concurrency limit that finds the service's capacity itself, sheds low-value work
 /// first and, optionally, shares the limit fairly among callers (docs/adaptive.md).
 ///
-/// Under overload a caller over its share gets no new permit while a caller under its
-/// share of the same priority waits; held permits are never taken back.
+/// With fair shares a freed permit goes to the waiting caller (of the top priority)
+/// that holds the fewest permits; held permits are never taken back.
 ///
 /// Every clone shares one limit. Each permit reports how its work ended
 /// ([`AdaptivePermit::success`], [`AdaptivePermit::dropped`], or nothing: ignored);
 /// the controller of the [`AdaptiveSpec`] moves the limit from those reports.
 ///
 /// **Fairness**: waiters are served by priority, first come first served within one
-/// (with fair shares, a caller holding its share waits behind callers holding less).
+/// (with fair shares, a caller waits behind callers holding fewer permits).
 /// A waiter is shed when its wait passes the queueing-delay target or its own
 /// `max_wait`, when the queue is full of work at least as important, or — sheddable
 /// work — as soon as more important work has to wait.
@@ -62,9 +62,9 @@ impl AdaptiveLimiter<MonotonicClock> {
     }
 
     /// A limiter for `spec` that shares the limit among callers
-    /// ([`Request::caller`]): under overload a freed permit goes to a waiting caller
-    /// under its share before one that holds it; while permits are free nobody is
-    /// limited.
+    /// ([`Request::caller`]): under overload a freed permit goes to the waiting
+    /// caller holding the fewest permits (max-min fairness); while permits are free
+    /// nobody is limited.
     pub fn fair(spec: AdaptiveSpec) -> Self {
         Self::with_clock(spec, true, MonotonicClock::new())
     }
