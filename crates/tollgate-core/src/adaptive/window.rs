@@ -124,6 +124,28 @@ impl WindowedMin {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The documented bound: whatever one sample is, the trimmed mean of a window
+        /// of at least 3 stays within the range of the window's other samples.
+        #[test]
+        fn one_sample_never_moves_the_trimmed_mean_beyond_the_others(
+            others in prop::collection::vec(1u64..1_000_000, 2..300),
+            outlier in any::<u64>(),
+            at in any::<prop::sample::Index>(),
+        ) {
+            let mut w = Window::default();
+            let mut samples = others.clone();
+            samples.insert(at.index(samples.len() + 1), outlier);
+            for s in samples {
+                w.push(s);
+            }
+            let m = w.trimmed_mean().unwrap();
+            let (lo, hi) = (*others.iter().min().unwrap(), *others.iter().max().unwrap());
+            prop_assert!((lo..=hi).contains(&m), "{m} outside [{lo}, {hi}]");
+        }
+    }
 
     #[test]
     fn one_outlier_does_not_move_the_trimmed_mean_out_of_the_other_samples() {
