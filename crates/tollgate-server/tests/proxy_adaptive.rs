@@ -264,7 +264,27 @@ fn a_reload_keeps_the_learned_limit_and_bad_settings_are_refused() {
     .unwrap();
     std::thread::sleep(Duration::from_millis(2500));
     assert!(metric(&stack, "admitted_total", "api") >= admitted);
+    // A changed listener takes a restart: the reload says so, and keeps serving.
+    let moved = changed.replace(
+        &format!("metrics: {}", stack.metrics),
+        "metrics: 127.0.0.1:1",
+    );
+    assert_ne!(moved, changed);
+    std::fs::write(&stack.config, &moved).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(metric(&stack, "admitted_total", "api") >= admitted);
     let _ = stack.proxy.0.kill();
+    let _ = stack.proxy.0.wait();
+    let mut log = String::new();
+    stack
+        .proxy
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(log.contains("take a restart"), "{log}");
     // The same mistakes at start: clear errors naming the field.
     let ports = distinct_ports(3);
     for (routes, expected) in [
@@ -282,14 +302,25 @@ fn a_reload_keeps_the_learned_limit_and_bad_settings_are_refused() {
         ),
         (
             "    - { name: a, upstream: UPSTREAM, fair_share: true }\n",
-            "proxy.routes[0]: priority, a tier's priority and fair_share need adaptive:",
+            "proxy.routes[0].fair_share: applies to the route's adaptive limit, and proxy.routes[0] has none (add e.g. adaptive: gradient)",
         ),
     ] {
         let path = stack.dir.join("bad.yaml");
         std::fs::write(&path, proxy_config(ports[0], ports[1], ports[2], routes)).unwrap();
-        let out = tollgate().args(["proxy", "--config", path.to_str().unwrap()]).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success());
-        assert!(stderr.contains(expected), "{expected:?} not in {stderr}");
+        // At start, and by check-config before any start.
+        for command in ["proxy", "check-config"] {
+            let out = tollgate().args([command, "--config", path.to_str().unwrap()]).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{command}");
+            assert!(stderr.contains(expected), "{command}: {expected:?} not in {stderr}");
+        }
     }
+    let good = stack.dir.join("good.yaml");
+    std::fs::write(&good, proxy_config(ports[0], ports[1], ports[2], ROUTES)).unwrap();
+    let out = tollgate()
+        .args(["check-config", "--config", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("proxy: 3 route(s)"));
 }

@@ -94,9 +94,19 @@ impl RouteAdaptive {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let Some(spec_text) = &r.adaptive else {
-            if priority.is_some() || !tiers.is_empty() || r.fair_share {
+            let set = if r.priority.is_some() {
+                Some(format!("{at}.priority"))
+            } else if r.fair_share {
+                Some(format!("{at}.fair_share"))
+            } else {
+                r.tiers
+                    .iter()
+                    .position(|t| t.priority.is_some())
+                    .map(|t| format!("{at}.tiers[{t}].priority"))
+            };
+            if let Some(field) = set {
                 anyhow::bail!(
-                    "{at}: priority, a tier's priority and fair_share need adaptive: (e.g. adaptive: gradient)"
+                    "{field}: applies to the route's adaptive limit, and {at} has none (add e.g. adaptive: gradient)"
                 );
             }
             return Ok(None);

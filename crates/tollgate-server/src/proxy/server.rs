@@ -146,6 +146,7 @@ pub fn run(
     let slots = Slots::new(connections);
     let connect_timeout = config.connect_timeout();
     let metrics_addr = config.metrics;
+    let at_start = AtStart::of(&config);
     let addr = listen
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
@@ -159,7 +160,7 @@ pub fn run(
     let (catching_tx, catching) = std::sync::mpsc::channel::<()>();
     let reloader = {
         let (table, path, redis) = (table.clone(), path.to_path_buf(), redis.clone());
-        std::thread::spawn(move || watch(&path, &table, redis.as_ref(), catching_tx))
+        std::thread::spawn(move || watch(&path, &table, redis.as_ref(), at_start, catching_tx))
     };
     // SIGHUP is caught before the proxy says it is up (else it would end the process).
     let _ = catching.recv();
@@ -271,6 +272,25 @@ fn spawn_worker(
     })
 }
 
+/// The settings a reload cannot change (the listeners and the upstream connector are
+/// built once).
+#[derive(Debug, Clone, PartialEq)]
+struct AtStart {
+    listen: Option<SocketAddr>,
+    metrics: Option<SocketAddr>,
+    connect_timeout: Option<u64>,
+}
+
+impl AtStart {
+    fn of(config: &ProxyConfig) -> Self {
+        AtStart {
+            listen: config.listen,
+            metrics: config.metrics,
+            connect_timeout: config.connect_timeout,
+        }
+    }
+}
+
 /// Reloads the `proxy:` section on SIGHUP and when the file changes (checked every
 /// second). A bad file is rejected with a logged error and the old routes stay;
 /// unchanged routes keep their counters. The store stays the one the proxy started
@@ -280,6 +300,7 @@ fn watch(
     path: &std::path::Path,
     table: &ArcSwap<RouteTable>,
     redis: Option<&RedisBackend>,
+    at_start: AtStart,
     catching: std::sync::mpsc::Sender<()>,
 ) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
@@ -290,6 +311,12 @@ fn watch(
     };
     let reload = |reason: &str| {
         let reloaded = load(path).and_then(|loaded| {
+            if AtStart::of(&loaded.proxy) != at_start {
+                tracing::warn!(
+                    "tollgate proxy: listen, metrics and connect_timeout take a restart; \
+                     the ones the proxy started with stay in force"
+                );
+            }
             RouteTable::new(loaded.proxy, loaded.options, Some(&table.load()), redis)
         });
         match reloaded {

@@ -323,6 +323,24 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<()> {
         .map(|(d, s)| format!("{d} ({s})"))
         .collect();
     domains.sort();
-    println!("ok: {} domain(s): {}", domains.len(), domains.join(", "));
+    // The proxy's section too, as `tollgate proxy` would build its routes (their
+    // counters in memory: a Redis store is not connected here).
+    let routes = match args.config.as_deref() {
+        Some(path) => match crate::config::MainConfig::load(path)?.proxy {
+            Some(_) => {
+                let loaded = crate::proxy::load(path)?;
+                let n = loaded.proxy.routes.len();
+                let _routes = crate::proxy::app(loaded.proxy, loaded.options)?;
+                format!("; proxy: {n} route(s)")
+            }
+            None => String::new(),
+        },
+        None => String::new(),
+    };
+    println!(
+        "ok: {} domain(s): {}{routes}",
+        domains.len(),
+        domains.join(", ")
+    );
     Ok(())
 }
