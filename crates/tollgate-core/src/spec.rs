@@ -149,24 +149,35 @@ impl std::str::FromStr for Policy {
     }
 }
 
-fn parse_inner(spec: &str) -> Res<Policy> {
+/// Splits `NAME:body` and finds NAME among `names` (`what` names the kind, e.g.
+/// "algorithm"): the one place a spec's head is read, for policies and controllers.
+pub(crate) fn split_head<'a>(
+    spec: &'a str,
+    what: &str,
+    names: &[&'static str],
+) -> Res<(&'static str, &'a str)> {
     let spec = spec.trim();
     let (name, body) = spec.split_once(':').unwrap_or((spec, ""));
     let name = name.trim();
-    let names = spec_names();
-    let algo = names.iter().copied().find(|a| *a == name).ok_or_else(|| {
+    let found = names.iter().copied().find(|n| *n == name).ok_or_else(|| {
         if name.is_empty() {
+            let upper = what.to_uppercase();
             format!(
-                "missing algorithm (expected ALGORITHM:key=value,... with ALGORITHM one of: {})",
+                "missing {what} (expected {upper}:key=value,... with {upper} one of: {})",
                 names.join(", ")
             )
         } else {
             format!(
-                "unknown algorithm '{name}' (expected one of: {})",
+                "unknown {what} '{name}' (expected one of: {})",
                 names.join(", ")
             )
         }
     })?;
+    Ok((found, body))
+}
+
+fn parse_inner(spec: &str) -> Res<Policy> {
+    let (algo, body) = split_head(spec, "algorithm", &spec_names())?;
     let known: Vec<&str> = params_of(algo)
         .unwrap_or_default()
         .iter()

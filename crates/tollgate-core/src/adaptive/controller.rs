@@ -169,7 +169,6 @@ mod tests {
 
     fn window(mean: u64, baseline: u64, in_flight: u32) -> WindowSummary {
         WindowSummary {
-            samples: 20,
             drops: 0,
             mean_us: Some(mean),
             baseline_us: Some(baseline),

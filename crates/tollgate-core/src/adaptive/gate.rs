@@ -241,11 +241,6 @@ impl AdaptiveGate {
         &self.spec
     }
 
-    /// Whether waiting callers share the limit.
-    pub fn is_fair(&self) -> bool {
-        self.fair
-    }
-
     /// The limit now.
     pub fn limit(&self) -> u32 {
         self.limit
@@ -343,7 +338,7 @@ impl AdaptiveGate {
     pub fn release(&mut self, now_us: u64, ticket: Ticket, outcome: Outcome) {
         debug_assert!(self.in_flight > 0, "a permit released twice");
         self.in_flight = self.in_flight.saturating_sub(1);
-        if let Some(caller) = ticket.caller.filter(|_| self.fair) {
+        if let Some(caller) = ticket.caller {
             if let Some(c) = self.callers.get_mut(&caller) {
                 c.held = c.held.saturating_sub(1);
             }
@@ -396,11 +391,6 @@ impl AdaptiveGate {
     /// Returns whether it was still waiting.
     pub fn cancel(&mut self, id: WaiterId) -> bool {
         self.remove_waiter(id).is_some()
-    }
-
-    /// The earliest deadline of a waiter, for callers that drive time themselves.
-    pub fn next_deadline_us(&self) -> Option<u64> {
-        self.waiters.values().filter_map(|w| w.deadline_us).min()
     }
 
     /// The grants and sheds of waiters since the last call, in order.
@@ -510,7 +500,6 @@ impl AdaptiveGate {
             self.last_mean = Some(m);
         }
         let summary = WindowSummary {
-            samples: self.window.samples(),
             drops: self.window.drops,
             mean_us: mean,
             baseline_us: self.baseline.get(),

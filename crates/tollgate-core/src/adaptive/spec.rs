@@ -4,7 +4,7 @@
 use std::fmt;
 
 use super::controller::ControllerKind;
-use crate::spec::{Params, Res};
+use crate::spec::{split_head, Params, Res};
 use crate::units::fmt_duration;
 
 /// The controllers a spec may name.
@@ -102,25 +102,7 @@ impl std::str::FromStr for AdaptiveSpec {
 }
 
 fn parse_inner(spec: &str) -> Res<AdaptiveSpec> {
-    let spec = spec.trim();
-    let (name, body) = spec.split_once(':').unwrap_or((spec, ""));
-    if name.trim().is_empty() {
-        return Err(format!(
-            "missing controller (expected CONTROLLER:key=value,... with CONTROLLER one of: {})",
-            CONTROLLERS.join(", ")
-        ));
-    }
-    let name = CONTROLLERS
-        .iter()
-        .copied()
-        .find(|c| *c == name.trim())
-        .ok_or_else(|| {
-            format!(
-                "unknown controller '{}' (expected one of: {})",
-                name.trim(),
-                CONTROLLERS.join(", ")
-            )
-        })?;
+    let (name, body) = split_head(spec, "controller", &CONTROLLERS)?;
     let own: &[&str] = match name {
         "gradient" => &["tolerance", "backoff"],
         "aimd" => &["increase", "backoff"],

@@ -26,8 +26,6 @@ pub(crate) struct Window {
 /// What a closed window tells a controller.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WindowSummary {
-    /// Successful samples in the window.
-    pub samples: u32,
     /// Dropped permits in the window.
     pub drops: u32,
     /// The trimmed mean latency of the successful samples, in us (`None` without any).
@@ -71,10 +69,6 @@ impl Window {
         let kept = &self.latencies[k..n - k];
         let sum: u128 = kept.iter().map(|&l| u128::from(l)).sum();
         Some((sum / kept.len() as u128) as u64)
-    }
-
-    pub(crate) fn samples(&self) -> u32 {
-        self.latencies.len() as u32
     }
 }
 
