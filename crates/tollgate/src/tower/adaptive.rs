@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response};
 use tollgate_core::{Clock, MonotonicClock};
 use tower::{Layer, Service};
 
@@ -249,8 +249,7 @@ fn report<C: Clock>(permit: AdaptivePermit<C>, class: ResponseClass) {
 /// A 503 with `Retry-After`: one second, the header's smallest unit (a shed
 /// request may well pass sooner; clients with backoff find out).
 fn shed<B: Default>() -> Response<B> {
-    let mut response = Response::new(B::default());
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let mut response = super::unavailable();
     response
         .headers_mut()
         .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));

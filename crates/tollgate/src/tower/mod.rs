@@ -23,3 +23,11 @@ fn take_ready<S: Clone>(inner: &mut S) -> S {
     let clone = inner.clone();
     std::mem::replace(inner, clone)
 }
+
+/// An empty 503: the limiter's store cannot answer (rate limits), or the request was
+/// shed (adaptive, which adds `Retry-After`).
+fn unavailable<B: Default>() -> http::Response<B> {
+    let mut response = http::Response::new(B::default());
+    *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+    response
+}

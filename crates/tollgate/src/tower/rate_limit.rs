@@ -212,7 +212,7 @@ where
             };
             let decision = match limiter.decide(&key, op).await {
                 Ok(d) => d,
-                Err(e) if e.is_transient() => return Ok(unavailable()),
+                Err(e) if e.is_transient() => return Ok(super::unavailable()),
                 // A full limiter refusing new keys, or a policy that never admits a
                 // unit: over the limit either way.
                 Err(_) => return Ok(too_many(None, &limiter.rules())),
@@ -229,13 +229,6 @@ where
             Ok(response)
         })
     }
-}
-
-/// A 503: the limiter's store cannot answer.
-fn unavailable<B: Default>() -> Response<B> {
-    let mut response = Response::new(B::default());
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    response
 }
 
 /// A 429 with `Retry-After` and the RateLimit headers ([`crate::headers`]).
