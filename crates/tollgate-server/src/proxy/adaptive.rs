@@ -18,9 +18,9 @@ pub(super) struct RouteAdaptive {
     limiter: AdaptiveLimiter,
     /// What the limiter was built from: (upstream, spec as written, fair_share).
     settings: (String, String, bool),
-    /// The route's priority, and the tiers' own.
+    /// The route's priority, and each tier's own (by the route's tier index).
     priority: Priority,
-    tiers: Vec<(Vec<String>, Priority)>,
+    tiers: Vec<Option<Priority>>,
     fair: bool,
     /// The 503 problem+json body of a shed request, built once.
     shed_body: bytes::Bytes,
@@ -87,11 +87,7 @@ impl RouteAdaptive {
             .tiers
             .iter()
             .enumerate()
-            .filter_map(|(t, tier)| {
-                parse_priority(&tier.priority, format!("{at}.tiers[{t}].priority"))
-                    .map(|p| p.map(|p| (tier.values.clone(), p)))
-                    .transpose()
-            })
+            .map(|(t, tier)| parse_priority(&tier.priority, format!("{at}.tiers[{t}].priority")))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let Some(spec_text) = &r.adaptive else {
             let set = if r.priority.is_some() {
@@ -134,15 +130,16 @@ impl RouteAdaptive {
         }))
     }
 
-    /// A permit for a request of `key` (its tier's priority; its share under
-    /// `fair_share`), waiting by priority up to the queueing-delay target; `Err` is
-    /// the 503 to send. A dry run forwards a shed request without a permit.
-    pub async fn admit(&self, key: &str) -> Result<Option<AdaptiveHold>, Response> {
-        let priority = self
-            .tiers
-            .iter()
-            .find(|(values, _)| values.iter().any(|v| v == key))
-            .map_or(self.priority, |(_, p)| *p);
+    /// A permit for a request of `key` in `tier` (the tier's priority, else the
+    /// route's; its share under `fair_share`), waiting by priority up to the
+    /// queueing-delay target; `Err` is the 503 to send. A dry run forwards a shed
+    /// request without a permit.
+    pub async fn admit(
+        &self,
+        key: &str,
+        tier: Option<usize>,
+    ) -> Result<Option<AdaptiveHold>, Response> {
+        let priority = tier.and_then(|t| self.tiers[t]).unwrap_or(self.priority);
         let mut req = Request::new(priority);
         if self.fair && !key.is_empty() {
             req = req.caller(key);

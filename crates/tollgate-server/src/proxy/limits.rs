@@ -115,12 +115,21 @@ impl RouteLimits {
         })
     }
 
-    /// Meets `key`'s limits: the rate counters first (a delay of `limit-req` without
-    /// `nodelay` is slept here), then a `limit_conn` permit. `Err` is the response
-    /// to send instead of forwarding (a dry run forwards everything).
-    pub async fn pass(&self, key: &str) -> Result<Passed, Response> {
+    /// The tier whose values hold `key` (its index in the route's `tiers`): looked up
+    /// once per request, for the rate limits and the adaptive priority alike.
+    pub fn tier_of(&self, key: &str) -> Option<usize> {
+        self.tiers
+            .iter()
+            .position(|(values, _)| values.iter().any(|v| v == key))
+    }
+
+    /// Meets `key`'s limits (of its `tier`, from [`Self::tier_of`]): the rate
+    /// counters first (a delay of `limit-req` without `nodelay` is slept here), then
+    /// a `limit_conn` permit. `Err` is the response to send instead of forwarding (a
+    /// dry run forwards everything).
+    pub async fn pass(&self, key: &str, tier: Option<usize>) -> Result<Passed, Response> {
         let mut headers = HeaderMap::new();
-        if let Some(l) = self.limits_of(key) {
+        if let Some(l) = self.limits_of(tier) {
             let d = self.check_rate(l, key, &mut headers).await?;
             if d.allowed && d.wait_us > 0 && !self.dry_run {
                 // limit_req without nodelay: the request is held, not rejected.
@@ -135,12 +144,9 @@ impl RouteLimits {
         })
     }
 
-    /// The tier whose values hold `key`, else the route's own limits.
-    fn limits_of(&self, key: &str) -> Option<&Limits> {
-        self.tiers
-            .iter()
-            .find(|(values, _)| values.iter().any(|v| v == key))
-            .and_then(|(_, l)| l.as_ref())
+    /// The tier's own limits, else the route's.
+    fn limits_of(&self, tier: Option<usize>) -> Option<&Limits> {
+        tier.and_then(|t| self.tiers[t].1.as_ref())
             .or(self.default.as_ref())
     }
 

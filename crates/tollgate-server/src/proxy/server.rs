@@ -51,6 +51,7 @@ async fn handle(
         req.uri().path(),
         req.headers(),
     );
+    let tier = route.limits.tier_of(&key);
     let mut passed = if key.is_empty() {
         Passed {
             headers: Default::default(),
@@ -58,7 +59,7 @@ async fn handle(
             adaptive: None,
         }
     } else {
-        match route.limits.pass(&key).await {
+        match route.limits.pass(&key, tier).await {
             Ok(passed) => passed,
             Err(response) => return response,
         }
@@ -66,7 +67,7 @@ async fn handle(
     // The adaptive limit protects the upstream: every request of the route meets it,
     // keyed or not.
     if let Some(adaptive) = &route.adaptive {
-        match adaptive.admit(&key).await {
+        match adaptive.admit(&key, tier).await {
             Ok(hold) => passed.adaptive = hold,
             Err(response) => return response,
         }
