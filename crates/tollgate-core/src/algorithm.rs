@@ -49,6 +49,20 @@ pub trait Algorithm {
     /// Never fills beyond full capacity; a no-op on a fully replenished state.
     fn refund(&self, state: &mut Self::State, now: u64, cost: u64);
 
+    /// Charges `cost` units of work already done, unconditionally: no limit test, so
+    /// the state may go into debt (past the limit), but never more than `max_debt`
+    /// units past empty (nor more than [`crate::MAX_DEBT_US`] of refill). Returns the
+    /// units charged: `cost`, or fewer where the cap binds. A cost of 0 changes
+    /// nothing. `shaper` and `concurrency` refuse ([`CheckError::NotChargeable`]): a
+    /// charge has no meaning for a queue or a permit.
+    fn charge(
+        &self,
+        state: &mut Self::State,
+        now: u64,
+        cost: u64,
+        max_debt: u64,
+    ) -> Result<u64, CheckError>;
+
     /// The headline limit reported in every [`Decision::limit`].
     fn limit(&self) -> u64;
 
@@ -89,6 +103,15 @@ pub(crate) trait Schedule {
     fn last_active(&self, s: &Self::State) -> u64;
     /// Drops what can no longer matter at `now` (expired log entries). Optional.
     fn expire(&self, _s: &mut Self::State, _now: u64) {}
+    /// Units a charge at `at` may add before the state is `max_debt` units past
+    /// empty (see [`Algorithm::charge`]).
+    fn room(&self, s: &Self::State, at: u64, max_debt: u64) -> u64;
+    /// The instant a charge arriving at `now` is recorded at: `now`, or the latest
+    /// instant the state already holds (a reservation), so that a charge never goes
+    /// behind one.
+    fn charge_at(&self, _s: &Self::State, now: u64) -> u64 {
+        now
+    }
     /// The headline limit.
     fn headline(&self) -> u64 {
         self.capacity()
@@ -124,6 +147,37 @@ pub(crate) fn check_schedule<A: Schedule>(
             Some(wait),
         ))
     }
+}
+
+/// A charge for a [`Schedule`]: what fits before the debt cap, admitted at
+/// [`Schedule::charge_at`] without a limit test.
+#[inline]
+pub(crate) fn charge_schedule<A: Schedule>(
+    alg: &A,
+    s: &mut A::State,
+    now: u64,
+    cost: u64,
+    max_debt: u64,
+) -> u64 {
+    if cost == 0 {
+        return 0;
+    }
+    alg.expire(s, now);
+    let at = alg.charge_at(s, now).max(now);
+    let charged = cost.min(alg.room(s, at, max_debt.min(crate::MAX_COUNT)));
+    if charged > 0 {
+        alg.admit(s, now, at, charged);
+    }
+    charged
+}
+
+/// The debt cap of a rate-based algorithm in its own units: `max_debt`, but no more
+/// units than [`crate::MAX_DEBT_US`] of refill at `per_unit` ticks per unit and
+/// `per_us` ticks per microsecond.
+#[inline]
+pub(crate) fn debt_units(max_debt: u64, per_unit: u128, per_us: u128) -> u128 {
+    u128::from(max_debt.min(crate::MAX_COUNT))
+        .min(u128::from(crate::MAX_DEBT_US) * per_us / per_unit)
 }
 
 /// Whether a request whose earliest admission is `wait` from now is admitted.
@@ -164,6 +218,17 @@ macro_rules! schedule_algorithm {
                 mode: $crate::algorithm::CheckMode,
             ) -> Result<$crate::decision::Decision, $crate::decision::CheckError> {
                 $crate::algorithm::check_schedule(self, state, now, cost, mode)
+            }
+            fn charge(
+                &self,
+                state: &mut Self::State,
+                now: u64,
+                cost: u64,
+                max_debt: u64,
+            ) -> Result<u64, $crate::decision::CheckError> {
+                Ok($crate::algorithm::charge_schedule(
+                    self, state, now, cost, max_debt,
+                ))
             }
             fn refund(&self, state: &mut Self::State, now: u64, cost: u64) {
                 self.give_back(state, now, cost)

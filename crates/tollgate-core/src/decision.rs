@@ -29,6 +29,9 @@ pub struct Decision {
     /// Time from arrival to admission: the wait of an admitted `acquire`, the delay of
     /// `limit-req`, the schedule of `shaper`. Zero on a reject.
     pub wait_us: u64,
+    /// For a charge: the policy's `max-debt` capped it, so fewer units than asked were
+    /// charged. Always false for other operations.
+    pub capped: bool,
 }
 
 impl Decision {
@@ -43,6 +46,7 @@ impl Decision {
             reset_after_us,
             retry_after_us: None,
             wait_us,
+            capped: false,
         }
     }
 
@@ -62,6 +66,7 @@ impl Decision {
             reset_after_us,
             retry_after_us,
             wait_us: 0,
+            capped: false,
         }
     }
 
@@ -96,4 +101,13 @@ pub enum CheckError {
     /// A cost of zero was asked for; use `peek` to look without consuming.
     #[error("cost must be at least 1 (use peek to look without consuming)")]
     ZeroCost,
+    /// A charge was asked of an algorithm for which it has no meaning (`shaper`,
+    /// `concurrency`: a queue or a permit, not a budget).
+    #[error("{algorithm} cannot be charged after the fact: it limits {what}, not a budget of units (use a rate algorithm such as token-bucket or fixed-window)")]
+    NotChargeable {
+        /// The algorithm's spec name.
+        algorithm: &'static str,
+        /// What it limits instead.
+        what: &'static str,
+    },
 }

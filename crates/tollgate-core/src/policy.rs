@@ -151,13 +151,14 @@ macro_rules! init_state {
 /// assert_eq!(d.remaining, 4);
 ///
 /// let err = "gcra:rate=10/s,brust=5".parse::<Policy>().unwrap_err();
-/// assert!(err.to_string().contains("unknown parameter 'brust' (expected one of: rate, burst, max-wait, shadow)"));
+/// assert!(err.to_string().contains("unknown parameter 'brust' (expected one of: rate, burst, max-wait, shadow, max-debt)"));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     algo: Algo,
     max_wait_us: Option<u64>,
     shadow: bool,
+    max_debt: Option<u64>,
 }
 
 impl Policy {
@@ -166,7 +167,19 @@ impl Policy {
             algo,
             max_wait_us,
             shadow,
+            max_debt: None,
         }
+    }
+
+    pub(crate) fn with_max_debt(mut self, max_debt: Option<u64>) -> Self {
+        self.max_debt = max_debt;
+        self
+    }
+
+    /// The most units a charge may put this policy past empty (`max-debt`; `None`:
+    /// unbounded, as envoyproxy/ratelimit, up to [`crate::MAX_DEBT_US`] of refill).
+    pub fn max_debt(&self) -> Option<u64> {
+        self.max_debt
     }
 
     /// The algorithm and its parameters.
@@ -282,6 +295,77 @@ impl Policy {
             self.reset_after(state, now),
             0,
         )
+    }
+
+    /// Charges `cost` units of work already done (see [`Algorithm::charge`]): no limit
+    /// test, so the state may go into debt, up to `max-debt`. The decision is always
+    /// admitted; `remaining` is 0 while in debt, `retry_after` the time until a unit
+    /// request fits again (absent when one fits now), `reset_after` until the state
+    /// is whole; `capped` when `max-debt` cut the charge. A cost of 0 changes nothing.
+    ///
+    /// ```
+    /// use tollgate_core::Policy;
+    /// let p: Policy = "fixed-window:limit=10000,window=1m".parse().unwrap();
+    /// let mut s = p.init(0);
+    /// // A 12,000-token completion reported after the fact: 2,000 tokens of debt.
+    /// let d = p.charge(&mut s, 5_000_000, 12_000).unwrap();
+    /// assert!(d.allowed && !d.capped);
+    /// assert_eq!(d.remaining, 0);
+    /// assert_eq!(d.retry_after_us, Some(55_000_000)); // paid back when the window ends
+    /// ```
+    pub fn charge(
+        &self,
+        state: &mut PolicyState,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, CheckError> {
+        let now = now.min(MAX_TIME_US);
+        let max_debt = self.max_debt.unwrap_or(u64::MAX);
+        let charged = dispatch!(self, state, now, |a, s| a.charge(s, now, cost, max_debt))?;
+        let mut d = self.status(state, now);
+        d.capped = charged < cost;
+        if d.remaining == 0 {
+            let probe = self.check_mode(&mut state.clone(), now, 1, CheckMode::Try)?;
+            d.retry_after_us = probe.retry_after_us.or(Some(probe.wait_us));
+        }
+        Ok(d)
+    }
+
+    /// Envoy's counting (envoyproxy/ratelimit's `INCRBY` before the comparison): a
+    /// try of `cost` whose units are charged even when it is rejected, so a caller
+    /// over the limit stays over it until the debt is paid back. The decision is the
+    /// try's (allowed or not); a reject carries the state after the charge, and its
+    /// `retry_after` is when a unit request fits again.
+    pub fn count(
+        &self,
+        state: &mut PolicyState,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, CheckError> {
+        let d = match self.check(state, now, cost, Op::Try) {
+            Ok(d) if d.allowed && !d.shadow_rejected => return Ok(d),
+            Ok(d) => d,
+            Err(CheckError::InsufficientCapacity { .. }) => Decision::rejected(
+                self.limit(),
+                0,
+                self.reset_after(state, now),
+                None,
+            ),
+            Err(e) => return Err(e),
+        };
+        let c = self.charge(state, now, cost)?;
+        // A shadow policy's reject stays admitted (flagged); the units count anyway.
+        Ok(Decision {
+            remaining: c.remaining,
+            reset_after_us: c.reset_after_us,
+            retry_after_us: if d.allowed {
+                None
+            } else {
+                c.retry_after_us.or(d.retry_after_us)
+            },
+            capped: c.capped,
+            ..d
+        })
     }
 
     /// Gives back `cost` units admitted earlier; never beyond full capacity.
@@ -439,7 +523,8 @@ impl Policy {
             Algo::Shaper(a) => Algo::Shaper(Shaper::new(rate(a.rate())?, a.queue() / n)?),
             Algo::Concurrency(a) => Algo::Concurrency(Concurrency::new(part(a.limit()))?),
         };
-        Ok(Policy::from_parts(algo, self.max_wait_us, self.shadow))
+        Ok(Policy::from_parts(algo, self.max_wait_us, self.shadow)
+            .with_max_debt(self.max_debt.map(part)))
     }
 
     /// Forgets a key's state: it becomes as new at `now`.

@@ -219,6 +219,51 @@ impl RuleSet {
         RuleSet::new(policies)
     }
 
+    /// Charges `cost` units of work already done to every policy (see
+    /// [`Policy::charge`]): always admitted; `remaining` is the binding policy's (0
+    /// while any is in debt), `retry_after` the latest of the policies' (when a unit
+    /// request fits every one again).
+    pub fn charge(
+        &self,
+        states: &mut [PolicyState],
+        now: u64,
+        cost: u64,
+    ) -> Result<RuleDecision, CheckError> {
+        self.each(states, |p, s| p.charge(s, now, cost))
+    }
+
+    /// Envoy's counting on every policy (see [`Policy::count`]): each policy is
+    /// charged whatever the others decide (envoyproxy/ratelimit increments every
+    /// limit of a request); admitted iff every policy admits.
+    pub fn count(
+        &self,
+        states: &mut [PolicyState],
+        now: u64,
+        cost: u64,
+    ) -> Result<RuleDecision, CheckError> {
+        self.each(states, |p, s| p.count(s, now, cost))
+    }
+
+    /// Applies `f` to every policy on its own (no all-or-nothing), then combines:
+    /// allowed iff every policy allows, `retry_after` the latest of the policies'.
+    fn each(
+        &self,
+        states: &mut [PolicyState],
+        mut f: impl FnMut(&Policy, &mut PolicyState) -> Result<Decision, CheckError>,
+    ) -> Result<RuleDecision, CheckError> {
+        // Validate on copies first, so an error leaves every state as it was.
+        let mut trial = states.to_vec();
+        let decisions = (self.policies.iter().zip(trial.iter_mut()))
+            .map(|(p, s)| f(p, s))
+            .collect::<Result<Vec<_>, _>>()?;
+        states.clone_from_slice(&trial);
+        let allowed = decisions.iter().all(|d| d.allowed);
+        let latest = decisions.iter().filter_map(|d| d.retry_after_us).max();
+        let mut rd = self.combine(decisions, allowed, latest);
+        rd.decision.retry_after_us = latest;
+        Ok(rd)
+    }
+
     /// Gives back `cost` units to every policy.
     pub fn refund(&self, states: &mut [PolicyState], now: u64, cost: u64) {
         for (p, s) in self.policies.iter().zip(states.iter_mut()) {
@@ -291,6 +336,7 @@ impl RuleSet {
                 0
             },
             shadow_rejected: allowed && policies.iter().any(|d| d.shadow_rejected),
+            capped: policies.iter().any(|d| d.capped),
         };
         RuleDecision {
             decision,

@@ -21,7 +21,10 @@ pub struct SpecError {
 }
 
 /// Parameters every algorithm accepts.
-const COMMON: &[&str] = &["max-wait", "shadow"];
+const COMMON: &[&str] = &["max-wait", "shadow", "max-debt"];
+
+/// The algorithms a charge has no meaning for, which take no `max-debt`.
+const NOT_CHARGEABLE: &[&str] = &["shaper", "concurrency"];
 
 /// The `key=value` pairs of one spec, consumed as the algorithm reads them. Shared by
 /// policy specs and adaptive controller specs (`crate::adaptive`).
@@ -183,6 +186,7 @@ fn parse_inner(spec: &str) -> Res<Policy> {
         .iter()
         .chain(COMMON)
         .copied()
+        .filter(|k| *k != "max-debt" || !NOT_CHARGEABLE.contains(&algo))
         .collect();
     let p = Params::parse(algo, &known, body)?;
     let algo = match algo {
@@ -237,7 +241,11 @@ fn parse_inner(spec: &str) -> Res<Policy> {
         None => None,
     };
     let shadow = p.flag("shadow")?;
-    Ok(Policy::from_parts(algo, max_wait_us, shadow))
+    let max_debt = match p.value("max-debt")? {
+        Some(v) => Some(p.count_of("max-debt", v)?),
+        None => None,
+    };
+    Ok(Policy::from_parts(algo, max_wait_us, shadow).with_max_debt(max_debt))
 }
 
 /// `sliding-window`: `buckets=K` or `mode=weighted` (the default), not both.
@@ -378,6 +386,9 @@ impl fmt::Display for Policy {
         }
         if self.shadow() {
             f.write_str(",shadow=true")?;
+        }
+        if let Some(n) = self.max_debt() {
+            write!(f, ",max-debt={n}")?;
         }
         Ok(())
     }

@@ -27,6 +27,11 @@ pub const MAX_TIME_US: u64 = 1 << 62;
 /// name: 2^40, about 10^12.
 pub const MAX_COUNT: u64 = 1 << 40;
 
+/// The most refill time a charge may put a key into debt for, whatever its
+/// `max-debt` (about 12.7 days): keeps every state an exact integer in the Redis
+/// scripts' doubles, even for rates kept in 1/4096 us ticks.
+pub const MAX_DEBT_US: u64 = 1 << 40;
+
 /// Parses a duration such as `250ms`, `1s`, `90s`, `1m`, `1h`, `1d`, `10us`, `5000ns`.
 /// The result is in whole microseconds; `ns` values must be a multiple of 1000.
 pub fn parse_duration(s: &str) -> Result<u64, String> {

@@ -245,6 +245,8 @@ proptest! {
         let mut full = spec;
         if let Some(w) = mw { full.push_str(&format!(",max-wait={w}ms")); }
         if shadow { full.push_str(",shadow=true"); }
+        let chargeable = !full.starts_with("shaper") && !full.starts_with("concurrency");
+        if chargeable && mw.is_some_and(|w| w % 2 == 0) { full.push_str(",max-debt=7"); }
         let p = policy(&full);
         let printed = p.to_string();
         prop_assert_eq!(policy(&printed), p, "{} printed as {}", full, printed);
@@ -311,7 +313,7 @@ proptest! {
         steps in prop::collection::vec(
             (prop::sample::select(&[0u64, 1, 999, 1 << 32, 1 << 52, u64::MAX / 2, u64::MAX][..]),
              prop::sample::select(&[1u64, 2, 1 << 40, u64::MAX][..]),
-             0..4u8),
+             0..5u8),
             1..20),
     ) {
         // Specs the parser rejects (e.g. GCRA's exact-tick bound) are fine: skip them.
@@ -324,6 +326,7 @@ proptest! {
                 0 => { let _ = p.check(&mut s, t, cost, Op::Try); }
                 1 => { let _ = p.check(&mut s, t, cost, Op::Acquire); }
                 2 => { let _ = p.peek(&s, t, cost); }
+                3 => { let _ = p.charge(&mut s, t, cost); }
                 _ => p.refund(&mut s, t, cost),
             }
         }

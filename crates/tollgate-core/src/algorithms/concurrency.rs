@@ -133,6 +133,19 @@ impl Algorithm for Concurrency {
     }
 
     /// Releases `cost` permits held with no known release time.
+    fn charge(
+        &self,
+        _: &mut ConcurrencyState,
+        _: u64,
+        _: u64,
+        _: u64,
+    ) -> Result<u64, CheckError> {
+        Err(CheckError::NotChargeable {
+            algorithm: "concurrency",
+            what: "work in flight",
+        })
+    }
+
     fn refund(&self, s: &mut ConcurrencyState, _now: u64, cost: u64) {
         s.open -= cost.min(s.open);
     }

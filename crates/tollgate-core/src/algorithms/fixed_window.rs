@@ -114,6 +114,25 @@ impl Schedule for FixedWindow {
         }
     }
 
+    /// The count may pass the limit by `max_debt` for the rest of its window.
+    fn room(&self, s: &FixedWindowState, at: u64, max_debt: u64) -> u64 {
+        let cap = self.limit + max_debt;
+        if self.live(s, at) {
+            cap.saturating_sub(s.count)
+        } else {
+            cap
+        }
+    }
+
+    /// A charge before a reserved window goes into that window (the one counted).
+    fn charge_at(&self, s: &FixedWindowState, now: u64) -> u64 {
+        if self.live(s, now) {
+            now.max(s.start)
+        } else {
+            now
+        }
+    }
+
     fn remaining(&self, s: &FixedWindowState, now: u64) -> u64 {
         if !self.live(s, now) {
             self.limit

@@ -1,6 +1,8 @@
 //! GCRA, the generic cell rate algorithm, in its "virtual scheduling" form.
 
-use crate::algorithm::{check_cost, fits, schedule_algorithm, Algorithm, CheckMode, Schedule};
+use crate::algorithm::{
+    check_cost, debt_units, fits, schedule_algorithm, Algorithm, CheckMode, Schedule,
+};
 use crate::decision::{CheckError, Decision};
 use crate::units::{div, div_ceil, sat, Divisor, Rate};
 
@@ -163,6 +165,15 @@ impl Schedule for Gcra {
         let now = self.ticks(now);
         let base = u128::from(s.tat).max(now);
         sat(self.per_interval.div((now + self.tau).saturating_sub(base)))
+    }
+
+    /// Up to `max_debt` units past the burst: the TAT may reach `now + tau + max_debt*T`.
+    fn room(&self, s: &GcraState, now: u64, max_debt: u64) -> u64 {
+        let now = self.ticks(now);
+        let debt = debt_units(max_debt, self.interval, self.scale);
+        let cap = now + self.tau + debt * self.interval;
+        let base = u128::from(s.tat).max(now);
+        sat(cap.saturating_sub(base) / self.interval)
     }
 
     #[inline]

@@ -1,7 +1,7 @@
 //! Leaky bucket as a meter: the level drains continuously; a request adds `cost`.
 
 use super::token_bucket::{bucket_units, ceil_us, clamp_i64};
-use crate::algorithm::{schedule_algorithm, Schedule};
+use crate::algorithm::{debt_units, schedule_algorithm, Schedule};
 use crate::units::{div, sat, Rate};
 
 /// A leaky bucket (meter) of `capacity` draining at `rate`, continuously: fractions
@@ -103,6 +103,13 @@ impl Schedule for LeakyBucket {
             (self.cap - self.level_at(s, now)).max(0) as u128,
             self.per_unit as u128,
         ))
+    }
+
+    /// The level may pass the capacity by `max_debt`.
+    fn room(&self, s: &LeakyBucketState, at: u64, max_debt: u64) -> u64 {
+        let debt = debt_units(max_debt, self.per_unit as u128, self.per_us as u128) as i128;
+        let room = self.cap + debt * self.per_unit - self.level_at(s, at);
+        sat(div(room.max(0) as u128, self.per_unit as u128))
     }
 
     fn reset_after(&self, s: &LeakyBucketState, now: u64) -> u64 {

@@ -184,6 +184,34 @@ impl Algorithm for LimitReq {
         }
     }
 
+    /// `excess += cost*1000` after the leak, with no burst test, up to `max_debt`
+    /// requests past the burst.
+    fn charge(
+        &self,
+        s: &mut LimitReqState,
+        now: u64,
+        cost: u64,
+        max_debt: u64,
+    ) -> Result<u64, CheckError> {
+        if cost == 0 {
+            return Ok(0);
+        }
+        let ms = (now / 1000).max(s.last_ms);
+        let excess = self.drained(s, ms);
+        // rate_milli milli-requests per second: MAX_DEBT_US * rate_milli / 1e9 requests.
+        let debt = crate::algorithm::debt_units(max_debt, 1_000_000_000, self.rate_milli as u128);
+        let cap = self.burst_milli + debt as i128 * 1000;
+        let room = ((cap - excess).max(0) / 1000) as u64;
+        let charged = cost.min(room);
+        if charged > 0 {
+            *s = LimitReqState {
+                last_ms: ms,
+                excess: (excess + i128::from(charged) * 1000) as i64,
+            };
+        }
+        Ok(charged)
+    }
+
     fn refund(&self, s: &mut LimitReqState, now: u64, cost: u64) {
         let ms = (now / 1000).max(s.last_ms);
         let excess = (self.drained(s, ms) - i128::from(cost) * 1000).max(i128::from(FRESH));

@@ -139,6 +139,13 @@ impl Algorithm for Shaper {
 
     /// A no-op: a scheduled request keeps its place, and moving the schedule back
     /// would let later requests overtake the pace.
+    fn charge(&self, _: &mut ShaperState, _: u64, _: u64, _: u64) -> Result<u64, CheckError> {
+        Err(CheckError::NotChargeable {
+            algorithm: "shaper",
+            what: "a release queue",
+        })
+    }
+
     fn refund(&self, _s: &mut ShaperState, _now: u64, _cost: u64) {}
 
     /// `queue + 1`: one request released at once, `queue` more waiting.

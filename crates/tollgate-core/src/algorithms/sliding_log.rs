@@ -139,6 +139,16 @@ impl Schedule for SlidingLog {
         s.total += cost;
     }
 
+    /// The window may hold `max_debt` units past the limit.
+    fn room(&self, s: &SlidingLogState, at: u64, max_debt: u64) -> u64 {
+        (self.limit + max_debt).saturating_sub(self.sum_at(s, at))
+    }
+
+    /// Entries stay in time order: never before the newest (a reservation).
+    fn charge_at(&self, s: &SlidingLogState, now: u64) -> u64 {
+        s.entries.back().map_or(now, |&(ts, _)| ts.max(now))
+    }
+
     fn remaining(&self, s: &SlidingLogState, now: u64) -> u64 {
         match s.entries.back() {
             Some(&(ts, _)) if ts > now => 0,

@@ -186,6 +186,20 @@ impl Schedule for SlidingWindow {
         s.total += cost;
     }
 
+    /// The window may hold `max_debt` units past the limit.
+    fn room(&self, s: &SlidingWindowState, at: u64, max_debt: u64) -> u64 {
+        (self.limit + max_debt).saturating_sub(self.sum(s, at / self.width))
+    }
+
+    /// Never into a bucket before the newest (a reservation).
+    fn charge_at(&self, s: &SlidingWindowState, now: u64) -> u64 {
+        if !s.counts.is_empty() && s.newest > now / self.width {
+            s.newest * self.width
+        } else {
+            now
+        }
+    }
+
     fn remaining(&self, s: &SlidingWindowState, now: u64) -> u64 {
         let end = now / self.width;
         if !s.counts.is_empty() && s.newest > end {
@@ -337,6 +351,18 @@ impl Schedule for SlidingWindowWeighted {
             prev,
             curr: curr + cost,
         };
+    }
+
+    /// The estimate may pass the limit by `max_debt`.
+    fn room(&self, s: &WeightedState, at: u64, max_debt: u64) -> u64 {
+        let window = i128::from(self.window);
+        let room = self.headroom(s, at) + i128::from(max_debt) * window;
+        sat(idiv(room.max(0), window) as u128)
+    }
+
+    /// Never into a window before the newest (a reservation).
+    fn charge_at(&self, s: &WeightedState, now: u64) -> u64 {
+        now.max(s.win.saturating_mul(self.window))
     }
 
     fn remaining(&self, s: &WeightedState, now: u64) -> u64 {

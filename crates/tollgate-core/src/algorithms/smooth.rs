@@ -275,6 +275,31 @@ impl Algorithm for Smooth {
     /// Guava has no refund; tollgate's gives back debt first (moves `nextFree` back by
     /// the permits' stable price, not before now), then stores the rest, up to
     /// `maxPermits`.
+    /// Guava's reserve without the wait: stored permits first, then `nextFree` moves
+    /// forward, but never past `now + max_debt/rate` (nor [`crate::MAX_DEBT_US`]).
+    fn charge(
+        &self,
+        s: &mut SmoothState,
+        now: u64,
+        cost: u64,
+        max_debt: u64,
+    ) -> Result<u64, CheckError> {
+        if cost == 0 {
+            return Ok(0);
+        }
+        let debt_us = (max_debt.min(crate::MAX_COUNT) as f64 * self.stable_interval)
+            .min(crate::MAX_DEBT_US as f64) as u64;
+        let cap = now.max(s.next_free).max(now + debt_us);
+        self.reserve(s, cost, now);
+        if s.next_free <= cap {
+            return Ok(cost);
+        }
+        // The permits that would have moved nextFree past the cap are not charged.
+        let over = ((s.next_free - cap) as f64 / self.stable_interval).ceil() as u64;
+        s.next_free = cap;
+        Ok(cost.saturating_sub(over))
+    }
+
     fn refund(&self, s: &mut SmoothState, now: u64, cost: u64) {
         self.resync(s, now);
         let price = cost as f64 * self.stable_interval;

@@ -1,6 +1,6 @@
 //! Token bucket: starts full, refills continuously, a request takes `cost` tokens.
 
-use crate::algorithm::{schedule_algorithm, Schedule};
+use crate::algorithm::{debt_units, schedule_algorithm, Schedule};
 use crate::units::{div, div_ceil, sat, Rate};
 
 /// A token bucket of `capacity` tokens refilled at `rate`, continuously: fractions of
@@ -135,6 +135,13 @@ impl Schedule for TokenBucket {
             self.level_at(s, now).max(0) as u128,
             self.per_token as u128,
         ))
+    }
+
+    /// Tokens may go `max_debt` below zero.
+    fn room(&self, s: &TokenBucketState, at: u64, max_debt: u64) -> u64 {
+        let debt = debt_units(max_debt, self.per_token as u128, self.per_us as u128) as i128;
+        let room = self.level_at(s, at) + debt * self.per_token;
+        sat(div(room.max(0) as u128, self.per_token as u128))
     }
 
     fn reset_after(&self, s: &TokenBucketState, now: u64) -> u64 {
