@@ -63,6 +63,13 @@ pub trait Algorithm {
         max_debt: u64,
     ) -> Result<u64, CheckError>;
 
+    /// The debt a charge may leave, in units, under a `max_debt` of `max_debt`: that,
+    /// bounded by [`crate::MAX_COUNT`] and by [`crate::MAX_DEBT_US`] of refill (what
+    /// [`Algorithm::charge`] applies; the Redis scripts receive it ready-made).
+    fn debt_cap(&self, max_debt: u64) -> u64 {
+        max_debt.min(crate::MAX_COUNT)
+    }
+
     /// The headline limit reported in every [`Decision::limit`].
     fn limit(&self) -> u64;
 
@@ -103,9 +110,13 @@ pub(crate) trait Schedule {
     fn last_active(&self, s: &Self::State) -> u64;
     /// Drops what can no longer matter at `now` (expired log entries). Optional.
     fn expire(&self, _s: &mut Self::State, _now: u64) {}
-    /// Units a charge at `at` may add before the state is `max_debt` units past
-    /// empty (see [`Algorithm::charge`]).
-    fn room(&self, s: &Self::State, at: u64, max_debt: u64) -> u64;
+    /// Units a charge at `at` may add before the state is `debt` units past empty;
+    /// `debt` is already [`Schedule::debt_cap`]ped.
+    fn room(&self, s: &Self::State, at: u64, debt: u64) -> u64;
+    /// See [`Algorithm::debt_cap`].
+    fn debt_cap(&self, max_debt: u64) -> u64 {
+        max_debt.min(crate::MAX_COUNT)
+    }
     /// The instant a charge arriving at `now` is recorded at: `now`, or the latest
     /// instant the state already holds (a reservation), so that a charge never goes
     /// behind one.
@@ -164,7 +175,7 @@ pub(crate) fn charge_schedule<A: Schedule>(
     }
     alg.expire(s, now);
     let at = alg.charge_at(s, now).max(now);
-    let charged = cost.min(alg.room(s, at, max_debt.min(crate::MAX_COUNT)));
+    let charged = cost.min(alg.room(s, at, alg.debt_cap(max_debt)));
     if charged > 0 {
         alg.admit(s, now, at, charged);
     }
@@ -175,9 +186,11 @@ pub(crate) fn charge_schedule<A: Schedule>(
 /// units than [`crate::MAX_DEBT_US`] of refill at `per_unit` ticks per unit and
 /// `per_us` ticks per microsecond.
 #[inline]
-pub(crate) fn debt_units(max_debt: u64, per_unit: u128, per_us: u128) -> u128 {
-    u128::from(max_debt.min(crate::MAX_COUNT))
-        .min(u128::from(crate::MAX_DEBT_US) * per_us / per_unit)
+pub(crate) fn debt_units(max_debt: u64, per_unit: u128, per_us: u128) -> u64 {
+    let refill = u128::from(crate::MAX_DEBT_US) * per_us / per_unit;
+    max_debt
+        .min(crate::MAX_COUNT)
+        .min(u64::try_from(refill).unwrap_or(u64::MAX))
 }
 
 /// Whether a request whose earliest admission is `wait` from now is admitted.
@@ -229,6 +242,9 @@ macro_rules! schedule_algorithm {
                 Ok($crate::algorithm::charge_schedule(
                     self, state, now, cost, max_debt,
                 ))
+            }
+            fn debt_cap(&self, max_debt: u64) -> u64 {
+                $crate::algorithm::Schedule::debt_cap(self, max_debt)
             }
             fn refund(&self, state: &mut Self::State, now: u64, cost: u64) {
                 self.give_back(state, now, cost)

@@ -7,7 +7,8 @@ use crate::decision::{CheckError, Decision};
 use crate::kind::AlgorithmKind;
 use crate::units::MAX_TIME_US;
 
-/// Try (reject) or acquire (wait, bounded by the policy's `max-wait`).
+/// What a check does: try (reject), acquire (wait, bounded by the policy's
+/// `max-wait`), charge work already done, or count as Envoy does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Op {
     /// Admit now or reject.
@@ -15,6 +16,19 @@ pub enum Op {
     Try,
     /// Wait for the earliest admissible instant, up to the policy's `max-wait`.
     Acquire,
+    /// Consume the cost unconditionally, even into debt (see [`Policy::charge`]):
+    /// always admitted.
+    Charge,
+    /// Charge the cost whatever the answer, and answer as a try would have
+    /// (envoyproxy/ratelimit's counting, see [`Policy::count`]).
+    Count,
+}
+
+impl Op {
+    /// Whether the op consumes its cost whatever the verdict (charge, count).
+    pub fn charges(self) -> bool {
+        matches!(self, Op::Charge | Op::Count)
+    }
 }
 
 /// The algorithm of a [`Policy`], with its parameters.
@@ -213,10 +227,11 @@ impl Policy {
     #[inline]
     pub fn mode(&self, op: Op) -> CheckMode {
         match op {
-            Op::Try => CheckMode::Try,
             Op::Acquire => CheckMode::Acquire {
                 max_wait_us: self.max_wait_us,
             },
+            // A charge or count has no mode of its own; as a check it is a try.
+            Op::Try | Op::Charge | Op::Count => CheckMode::Try,
         }
     }
 
@@ -231,7 +246,9 @@ impl Policy {
         d
     }
 
-    /// Decides a request of `cost` (>= 1) at `now` (us) and applies it if admitted.
+    /// Decides a request of `cost` (>= 1) at `now` (us) and applies it if admitted;
+    /// for [`Op::Charge`] and [`Op::Count`], see [`Policy::charge`] and
+    /// [`Policy::count`] (a cost of 0 is allowed there).
     pub fn check(
         &self,
         state: &mut PolicyState,
@@ -239,6 +256,11 @@ impl Policy {
         cost: u64,
         op: Op,
     ) -> Result<Decision, CheckError> {
+        match op {
+            Op::Charge => return self.charge(state, now, cost),
+            Op::Count => return self.count(state, now, cost),
+            Op::Try | Op::Acquire => {}
+        }
         let d = self.check_mode(state, now, cost, self.mode(op))?;
         Ok(self.shadowed(d))
     }
@@ -267,6 +289,9 @@ impl Policy {
         op: Op,
     ) -> Result<Decision, CheckError> {
         let now = now.min(MAX_TIME_US);
+        if op.charges() {
+            return self.check(state, now, cost, op);
+        }
         if let (Algo::Concurrency(a), PolicyState::Concurrency(s)) = (&self.algo, &mut *state) {
             let d = a.check_hold(s, now, cost, hold_us, self.mode(op))?;
             return Ok(self.shadowed(d));
@@ -331,41 +356,73 @@ impl Policy {
         Ok(d)
     }
 
-    /// Envoy's counting (envoyproxy/ratelimit's `INCRBY` before the comparison): a
-    /// try of `cost` whose units are charged even when it is rejected, so a caller
-    /// over the limit stays over it until the debt is paid back. The decision is the
-    /// try's (allowed or not); a reject carries the state after the charge, and its
-    /// `retry_after` is when a unit request fits again.
+    /// The debt a charge may leave under this policy, in units: `max-debt` (unbounded
+    /// when absent) within the algorithm's bounds (see [`Algorithm::debt_cap`]).
+    pub fn debt_cap(&self) -> u64 {
+        let max_debt = self.max_debt.unwrap_or(u64::MAX);
+        match &self.algo {
+            Algo::FixedWindow(a) => a.debt_cap(max_debt),
+            Algo::SlidingLog(a) => a.debt_cap(max_debt),
+            Algo::SlidingWindow(a) => a.debt_cap(max_debt),
+            Algo::SlidingWindowWeighted(a) => a.debt_cap(max_debt),
+            Algo::LeakyBucket(a) => a.debt_cap(max_debt),
+            Algo::Gcra(a) => a.debt_cap(max_debt),
+            Algo::TokenBucket(a) => a.debt_cap(max_debt),
+            Algo::SmoothBursty(a) | Algo::SmoothWarmup(a) => a.debt_cap(max_debt),
+            Algo::LimitReq(a) => a.debt_cap(max_debt),
+            Algo::Shaper(_) | Algo::Concurrency(_) => 0,
+        }
+    }
+
+    /// Envoy's counting (envoyproxy/ratelimit's `INCRBY` before the comparison): the
+    /// `cost` is charged whatever the answer (a [`Policy::charge`], so `max-debt`
+    /// applies), and the answer is the one a try would have had on the state before.
+    /// A caller over the limit stays over it until the debt is paid back; a count of
+    /// 0 (Envoy's `hits_addend: 0`) is rejected while the key is past its limit (see
+    /// [`Policy::over_limit`]). A rejected count's `retry_after` is when a unit
+    /// request fits again.
     pub fn count(
         &self,
         state: &mut PolicyState,
         now: u64,
         cost: u64,
     ) -> Result<Decision, CheckError> {
-        let d = match self.check(state, now, cost, Op::Try) {
-            Ok(d) if d.allowed && !d.shadow_rejected => return Ok(d),
-            Ok(d) => d,
-            Err(CheckError::InsufficientCapacity { .. }) => Decision::rejected(
-                self.limit(),
-                0,
-                self.reset_after(state, now),
-                None,
-            ),
-            Err(e) => return Err(e),
+        let verdict = if cost == 0 {
+            let mut d = self.status(state, now);
+            d.allowed = !self.over_limit(state, now);
+            self.shadowed(d)
+        } else {
+            match self.peek(state, now, cost) {
+                Err(CheckError::InsufficientCapacity { .. }) => {
+                    self.shadowed(Decision::rejected(self.limit(), 0, 0, None))
+                }
+                other => other?,
+            }
         };
         let c = self.charge(state, now, cost)?;
-        // A shadow policy's reject stays admitted (flagged); the units count anyway.
         Ok(Decision {
             remaining: c.remaining,
             reset_after_us: c.reset_after_us,
-            retry_after_us: if d.allowed {
+            retry_after_us: if verdict.allowed {
                 None
             } else {
-                c.retry_after_us.or(d.retry_after_us)
+                c.retry_after_us.or(Some(0))
             },
             capped: c.capped,
-            ..d
+            ..verdict
         })
+    }
+
+    /// Whether `state` is past the limit at `now` (in debt): not merely at it, but
+    /// still with nothing left if one unit were given back. envoyproxy/ratelimit's
+    /// "count > limit".
+    pub fn over_limit(&self, state: &PolicyState, now: u64) -> bool {
+        if self.remaining(state, now) > 0 {
+            return false;
+        }
+        let mut less = state.clone();
+        self.refund(&mut less, now, 1);
+        self.remaining(&less, now) == 0
     }
 
     /// Gives back `cost` units admitted earlier; never beyond full capacity.

@@ -90,6 +90,11 @@ impl RuleSet {
         cost: u64,
         op: Op,
     ) -> Result<RuleDecision, CheckError> {
+        match op {
+            Op::Charge => return self.charge(states, now, cost),
+            Op::Count => return self.count(states, now, cost),
+            Op::Try | Op::Acquire => {}
+        }
         if let [policy] = self.policies.as_slice() {
             let d = policy.check(&mut states[0], now, cost, op)?;
             return Ok(RuleDecision {
@@ -103,7 +108,7 @@ impl RuleSet {
         let mut at = now;
         for (p, s) in self.policies.iter().zip(trial.iter_mut()) {
             let d = match op {
-                Op::Try => p.check(s, now, cost, Op::Try)?,
+                Op::Try | Op::Charge | Op::Count => p.check(s, now, cost, Op::Try)?,
                 Op::Acquire => {
                     // Where would this policy alone admit? (max-wait is checked below,
                     // against the common instant.)

@@ -209,7 +209,14 @@ fn envoy_counting_charges_a_rejected_hit() {
     // 13 counted: a later look (hits_addend 0) still finds the key over its limit,
     // and a unit hit is rejected (and counted) too.
     assert_eq!(p.status(&s, 2).remaining, 0);
+    assert!(p.over_limit(&s, 2));
+    assert!(!p.count(&mut s, 2, 0).unwrap().allowed);
     assert!(!p.count(&mut s, 2, 1).unwrap().allowed);
+    // At the limit, not past it: a look is still OK (envoyproxy's count > limit).
+    let mut at = p.init(0);
+    assert!(p.count(&mut at, 0, 10).unwrap().allowed);
+    assert!(!p.over_limit(&at, 1));
+    assert!(p.count(&mut at, 1, 0).unwrap().allowed);
     // All-or-nothing (tollgate's try) would have left room for 2.
     let mut t = p.init(0);
     p.check(&mut t, 0, 8, Op::Try).unwrap();

@@ -57,6 +57,12 @@ ALGOS[CODE.TOKEN_BUCKET] = {
     s.last = deadline
   end,
   lease_return = function(p, s, now, units) ALGOS[CODE.TOKEN_BUCKET].refund(p, s, now, units) end,
+  -- Charges (check.lua): tokens may go `debt` below zero.
+  room = function(p, s, at, debt)
+    local r = tokens_at(p, s, at) + debt * p.per_unit
+    if r <= 0 then return 0 end
+    return idiv(r, p.per_unit)
+  end,
   reset_after = function(p, s, now) return ceil_us(p.cap - tokens_at(p, s, now), p.per_us) end,
 }
 
@@ -100,5 +106,11 @@ ALGOS[CODE.LEAKY_BUCKET] = {
     s.last = deadline
   end,
   lease_return = function(p, s, now, units) ALGOS[CODE.LEAKY_BUCKET].refund(p, s, now, units) end,
+  -- Charges: the level may pass the capacity by `debt`.
+  room = function(p, s, at, debt)
+    local r = p.cap + debt * p.per_unit - level_at(p, s, at)
+    if r <= 0 then return 0 end
+    return idiv(r, p.per_unit)
+  end,
   reset_after = function(p, s, now) return ceil_us(level_at(p, s, now), p.per_us) end,
 }

@@ -7,24 +7,29 @@
 --          its rule set. The keys of one call share one Redis Cluster slot.
 -- ARGV[1]  a nonce unique to this call (sliding-log members: nonce.check.policy)
 -- ARGV[2]  C, the number of checks; then per check, 4 arguments:
---          op ('t' try, 'a' acquire, 'p' peek, 'r' refund); its rule set's index r;
+--          op ('t' try, 'a' acquire, 'p' peek, 'r' refund, 'c' charge: work done,
+--          consumed with no limit test up to each policy's debt cap); its rule set's
+--          index r;
 --          '' to decide at Redis TIME (so that clients with skewed clocks agree) or
 --          "now created" in us (replay passes its trace time, and the creation time of
 --          a key without state); cost (>= 1; checked by the caller)
 -- then     the rule sets, in order, each one string (as EVALSHA: a word count, then
---          the words): "margin n code shadow max_wait m p_1 .. p_m code ..."
+--          the words): "margin n code shadow max_wait debt m p_1 .. p_m code ..."
 --          (margin: ms added to each key's time to live, which is otherwise the time
 --          until its state is fully replenished; n policies; shadow 1/0; max_wait in
---          us or '-' for unbounded; m parameters, see each algorithm's file)
+--          us or '-' for unbounded; debt: the most units a charge may leave the state
+--          past empty, computed by the Rust side; m parameters, see each algorithm's
+--          file)
 --
 -- Returns one flat array {now, reply_1, ..., reply_C}: now is Redis TIME ('' when no
 -- check asked for it); reply_i is admitted (1/0) then state_1, ..., state_n, each
 -- policy's state as it was before this check ('' for a new key), from which the caller
 -- derives the full decision (remaining, reset, retry, wait) with the same core code as
--- the memory store. For a refund the states are those after it.
+-- the memory store. For a refund the states are those after it. A charge always
+-- answers 1 (the caller derives the verdict of Envoy's counting from the states).
 
 -- The rule set whose words start at a[i]: margin, n, then per policy code, shadow,
--- max_wait, m and m parameters.
+-- max_wait, debt, m and m parameters.
 local function parse_rule_set(a, i)
   local pols = { margin = tonumber(a[i]) }
   local n = tonumber(a[i + 1])
@@ -34,11 +39,12 @@ local function parse_rule_set(a, i)
     if not alg then error('tollgate: unknown algorithm code ' .. a[i]) end
     local max_wait = nil
     if a[i + 2] ~= '-' then max_wait = tonumber(a[i + 2]) end
-    local m = tonumber(a[i + 3])
+    local m = tonumber(a[i + 4])
     local params = {}
-    for j = 1, m do params[j] = tonumber(a[i + 3 + j]) end
-    pols[k] = { alg = alg, p = alg.params(params), shadow = a[i + 1] == '1', max_wait = max_wait }
-    i = i + 4 + m
+    for j = 1, m do params[j] = tonumber(a[i + 4 + j]) end
+    pols[k] = { alg = alg, p = alg.params(params), shadow = a[i + 1] == '1', max_wait = max_wait,
+                debt = tonumber(a[i + 3]) }
+    i = i + 5 + m
   end
   -- A single policy with a fast path for tries: called straight from the batch loop.
   if n == 1 then pols.try_fast = pols[1].alg.try_fast end
@@ -109,6 +115,19 @@ local function decide(pol, s, at, cost, acq, max_wait)
   return check_schedule(pol.alg, pol.p, s, at, cost, acq, max_wait)
 end
 
+-- A charge (work already done): the units that fit before the policy's debt cap,
+-- with no limit test. Algorithms with earliest/admit define room(p, s, at, debt) and
+-- optionally charge_at(p, s, now); the others define charge(p, s, now, cost, debt).
+local function charge(pol, s, now, cost)
+  local alg = pol.alg
+  if alg.charge then return alg.charge(pol.p, s, now, cost, pol.debt) end
+  if alg.expire then alg.expire(pol.p, s, now) end
+  local at = now
+  if alg.charge_at then at = math.max(alg.charge_at(pol.p, s, now), now) end
+  local n = math.min(cost, alg.room(pol.p, s, at, pol.debt))
+  if n > 0 then alg.admit(pol.p, s, now, at, n) end
+end
+
 -- Writes a state with a time to live of its time to replenish plus the margin.
 local function save(pol, key, s, now, margin_ms)
   local ttl_ms = floor(pol.alg.reset_after(pol.p, s, now) / 1000) + 1 + margin_ms
@@ -148,6 +167,14 @@ local function run_check(out, op, pols, keys, base, now, created, cost, margin_m
     return reply(out, true, encode_all(pols, states))
   end
   local before = encode_all(pols, states)
+  if op == 'c' then
+    for k, pol in ipairs(pols) do
+      states[k].raw = nil
+      charge(pol, states[k], now, cost)
+      save(pol, keys[base + k], states[k], now, margin_ms)
+    end
+    return reply(out, true, before)
+  end
   local acquire = op == 'a'
   if n == 1 then
     local pol = pols[1]

@@ -86,6 +86,14 @@ ALGOS[CODE.GCRA] = {
     s.u, s.f = ticks_norm(u, f + n * p.interval, p.scale)
   end,
   lease_return = function(p, s, now, units) ALGOS[CODE.GCRA].refund(p, s, now, units) end,
+  -- Charges (check.lua): the TAT may reach now + tau + debt*T.
+  room = function(p, s, now, debt)
+    local bu, bf = s.u, s.f
+    if bu < now then bu, bf = now, 0 end
+    local ahead = (now - bu) * p.scale - bf + p.tau + debt * p.interval
+    if ahead <= 0 then return 0 end
+    return idiv(ahead, p.interval)
+  end,
   reset_after = function(p, s, now)
     local u = s.u
     if s.f > 0 then u = u + 1 end

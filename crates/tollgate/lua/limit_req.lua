@@ -56,6 +56,16 @@ ALGOS[CODE.LIMIT_REQ] = {
     s.excess = math.max(lr_drained(p, s, ms) - cost * 1000, FRESH)
     s.last = ms
   end,
+  -- Charges (check.lua): excess += cost*1000 after the leak, up to `debt` requests
+  -- past the burst, with no burst test.
+  charge = function(p, s, now, cost, debt)
+    local ms = math.max(idiv(now, 1000), s.last)
+    local excess = lr_drained(p, s, ms)
+    local room = p.burst_milli + debt * 1000 - excess
+    if room <= 0 then return end
+    local n = math.min(cost, idiv(room, 1000))
+    if n > 0 then s.last, s.excess = ms, excess + n * 1000 end
+  end,
   reset_after = function(p, s, now)
     return math.max(lr_when_drained_to(p, s, FRESH) * 1000 - now, 0)
   end,

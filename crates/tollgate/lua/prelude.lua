@@ -67,6 +67,9 @@ end
 --   save(p, key, s, ttl_ms)           (optional: states that are not one string)
 --   check(p, s, now, cost, acquire, max_wait) -> admitted, wait   (mutates s when admitted)
 --   refund(p, s, now, cost)
+--   room(p, s, at, debt) -> units a charge may add (with earliest/admit), optionally
+--   charge_at(p, s, now) -> the instant a charge is recorded at; or instead
+--   charge(p, s, now, cost, debt)     (charges: see check.lua)
 --   reset_after(p, s, now) -> us until the state is fully replenished (its TTL)
 -- The wire code of each algorithm, as the Rust side sends it (its algorithm table,
 -- crates/tollgate-core/src/kind.rs, is the source; a test checks this block).

@@ -78,6 +78,15 @@ local function smooth(warmup)
         s.stored = math.min(p.max_permits, s.stored + cost)
       end
     end,
+    -- Charges (check.lua): Guava's reserve without the wait, nextFree capped at
+    -- now + debt/rate (at most 2^40 us).
+    charge = function(p, s, now, cost, debt)
+      if cost == 0 then return end
+      local debt_us = floor(math.min(debt * p.stable_interval, 1099511627776))
+      local cap = math.max(now, s.next_free, now + debt_us)
+      sm_reserve(p, s, cost, now)
+      if s.next_free > cap then s.next_free = cap end
+    end,
     reset_after = function(p, s, now)
       local c = { stored = s.stored, next_free = s.next_free }
       local start = math.max(c.next_free, now)

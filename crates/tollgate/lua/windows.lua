@@ -76,6 +76,16 @@ ALGOS[CODE.FIXED_WINDOW] = {
     local c = fields(charged)
     if c[1] == s.start then ALGOS[CODE.FIXED_WINDOW].refund(p, s, now, units) end
   end,
+  -- Charges (check.lua): the count may pass the limit by `debt`; a charge before a
+  -- reserved window goes into it.
+  room = function(p, s, at, debt)
+    if fw_live(p, s, at) then return math.max(p.limit + debt - s.count, 0) end
+    return p.limit + debt
+  end,
+  charge_at = function(p, s, now)
+    if fw_live(p, s, now) then return math.max(now, s.start) end
+    return now
+  end,
   reset_after = function(p, s, now)
     if fw_live(p, s, now) then return s.start + p.window - now end
     return 0
@@ -160,6 +170,19 @@ ALGOS[CODE.SLIDING_LOG] = {
         break
       end
     end
+  end,
+  -- Charges: the window may hold `debt` past the limit; entries stay in time order.
+  room = function(p, s, at, debt)
+    local sum = 0
+    for _, e in ipairs(s.entries) do
+      if e[1] + p.window > at then sum = sum + e[2] end
+    end
+    return math.max(p.limit + debt - sum, 0)
+  end,
+  charge_at = function(p, s, now)
+    local n = #s.entries
+    if n > 0 and s.entries[n][1] > now then return s.entries[n][1] end
+    return now
   end,
   reset_after = function(p, s, now)
     local n = #s.entries
@@ -265,6 +288,14 @@ ALGOS[CODE.SLIDING_WINDOW] = {
   lease_return = function(p, s, now, units)
     if s.counts and s.newest == idiv(now, p.width) then ALGOS[CODE.SLIDING_WINDOW].refund(p, s, now, units) end
   end,
+  -- Charges: the window may hold `debt` past the limit; never before the newest bucket.
+  room = function(p, s, at, debt)
+    return math.max(p.limit + debt - sw_sum(p, s, idiv(at, p.width)), 0)
+  end,
+  charge_at = function(p, s, now)
+    if s.counts and s.newest > idiv(now, p.width) then return s.newest * p.width end
+    return now
+  end,
   reset_after = function(p, s, now)
     if not s.counts then return 0 end
     local end_b = math.max(idiv(now, p.width), s.newest)
@@ -336,6 +367,11 @@ ALGOS[CODE.SLIDING_WINDOW_WEIGHTED] = {
   lease_return = function(p, s, now, units)
     if s.win == idiv(now, p.window) then s.curr = s.curr - math.min(units, s.curr) end
   end,
+  -- Charges: the estimate may pass the limit by `debt`.
+  room = function(p, s, at, debt)
+    return math.max(debt + idiv(wt_headroom(p, s, at), p.window), 0)
+  end,
+  charge_at = function(p, s, now) return math.max(now, s.win * p.window) end,
   reset_after = function(p, s, now)
     local til
     if s.curr > 0 then til = s.win + 2 elseif s.prev > 0 then til = s.win + 1 else return 0 end

@@ -19,6 +19,8 @@ pub(crate) struct FastGcra {
     pub params: GcraParams,
     pub max_wait_us: Option<u64>,
     pub shadow: bool,
+    /// The policy's debt cap in units (`Policy::debt_cap`), for charges.
+    pub debt: u64,
 }
 
 impl FastGcra {
@@ -37,12 +39,50 @@ impl FastGcra {
             Op::Acquire => CheckMode::Acquire {
                 max_wait_us: self.max_wait_us,
             },
+            Op::Charge => return Ok(self.params.charge(tat, now, cost, self.debt)),
+            Op::Count => return self.count(tat, now, cost),
         };
-        let (new, mut d) = self.params.decide(tat, now, cost, mode)?;
+        let (new, d) = self.params.decide(tat, now, cost, mode)?;
+        Ok((new, self.shadowed(d)))
+    }
+
+    fn shadowed(&self, mut d: Decision) -> Decision {
         if self.shadow && !d.allowed {
             d.allowed = true;
             d.shadow_rejected = true;
         }
+        d
+    }
+
+    /// `Policy::count` on a bare TAT word: charged whatever the answer, answered as a
+    /// try would have been (a look, for a cost of 0: rejected while past the limit).
+    fn count(&self, tat: u64, now: u64, cost: u64) -> Result<(u64, Decision), CheckError> {
+        let verdict = if cost == 0 {
+            let mut d = self.params.status(tat, now);
+            let less = self.refunded(tat, now.min(tollgate_core::MAX_TIME_US), 1);
+            d.allowed = d.remaining > 0 || self.params.status(less, now).remaining > 0;
+            self.shadowed(d)
+        } else {
+            match self.params.decide(tat, now, cost, CheckMode::Try) {
+                Ok((_, d)) => self.shadowed(d),
+                Err(CheckError::InsufficientCapacity { .. }) => {
+                    self.shadowed(Decision::rejected(self.params.burst, 0, 0, None))
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let (new, c) = self.params.charge(tat, now, cost, self.debt);
+        let d = Decision {
+            remaining: c.remaining,
+            reset_after_us: c.reset_after_us,
+            retry_after_us: if verdict.allowed {
+                None
+            } else {
+                c.retry_after_us.or(Some(0))
+            },
+            capped: c.capped,
+            ..verdict
+        };
         Ok((new, d))
     }
 
@@ -76,6 +116,7 @@ impl Config {
                     params,
                     max_wait_us: p.max_wait_us(),
                     shadow: p.shadow(),
+                    debt: p.debt_cap(),
                 }),
                 _ => None,
             },

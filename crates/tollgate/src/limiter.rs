@@ -52,10 +52,10 @@ struct Inner<C> {
     states: Mutex<Vec<PolicyState>>,
 }
 
-const FAST_WORDS: usize = 6;
+const FAST_WORDS: usize = 7;
 
 /// The fast path's parameters: GCRA's four words, then max-wait (`u64::MAX`: none)
-/// and shadow (0/1). Copied out of the seqlock by value, so a check never sees half
+/// shadow (0/1) and the debt cap. Copied out of the seqlock by value, so a check never sees half
 /// of a reconfiguration.
 #[derive(Clone, Copy)]
 struct FastWords([u64; FAST_WORDS]);
@@ -70,6 +70,7 @@ impl FastWords {
                 f.params.inverse,
                 f.max_wait_us.unwrap_or(u64::MAX),
                 u64::from(f.shadow),
+                f.debt,
             ]),
             None => FastWords([0; FAST_WORDS]),
         }
@@ -91,6 +92,7 @@ impl FastWords {
             },
             max_wait_us: (self.0[4] != u64::MAX).then_some(self.0[4]),
             shadow: self.0[5] != 0,
+            debt: self.0[6],
         }
     }
 }

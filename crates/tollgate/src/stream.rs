@@ -78,7 +78,11 @@ impl<S: Stream, C: Clock, F: FnMut(&S::Item) -> u64> Paced<S, C, F> {
         cost: u64,
     ) -> Option<Result<S::Item, TooCostly<S::Item>>> {
         match self.limiter.check_op(cost, Op::Acquire) {
-            Err(CheckError::InsufficientCapacity { .. }) | Err(CheckError::ZeroCost) => {
+            Err(
+                CheckError::InsufficientCapacity { .. }
+                | CheckError::ZeroCost
+                | CheckError::NotChargeable { .. },
+            ) => {
                 Some(Err(TooCostly { item, cost }))
             }
             Ok(d) if d.allowed && d.wait_us == 0 => Some(Ok(item)),

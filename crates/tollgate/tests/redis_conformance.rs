@@ -2,7 +2,8 @@
 //! (proptest) replayed through the memory store (the core, as `tollgate replay` runs
 //! it) and through the Redis decision code on a standalone server (as Redis Functions
 //! and as an `EVALSHA` script) and on a 3-master Cluster, with the trace time passed
-//! in. Every decision must be identical, field by field.
+//! in. Every decision must be identical, field by field: tries, acquires, charges
+//! after the fact (with and without `max-debt`) and Envoy's counting.
 //!
 //! Batching is on (the default). Events go out in groups submitted concurrently; with
 //! one call in flight a group after the first rides one call in trace order, so the
@@ -36,7 +37,11 @@ fn spec() -> impl Strategy<Value = String> {
         Just(",max-wait=2s".to_string()),
     ];
     let alg = (rate, window, 1u64..6, 0u64..4, 0u8..14);
-    (alg, max_wait, any::<bool>()).prop_map(|((rate, window, n, m, which), mw, shadow)| {
+    let debt = prop_oneof![
+        2 => Just(String::new()),
+        1 => (0u64..4).prop_map(|d| format!(",max-debt={d}")),
+    ];
+    (alg, max_wait, any::<bool>(), debt).prop_map(|((rate, window, n, m, which), mw, shadow, debt)| {
         let body = match which {
             0 => format!("gcra:rate={rate},burst={n}"),
             1 => format!("token-bucket:rate={rate},capacity={n}"),
@@ -61,7 +66,9 @@ fn spec() -> impl Strategy<Value = String> {
         } else {
             ""
         };
-        format!("{body}{mw}{shadow}")
+        // Shaper takes no max-debt (it cannot be charged).
+        let debt = if which >= 13 { "" } else { &debt };
+        format!("{body}{mw}{shadow}{debt}")
     })
 }
 
@@ -70,7 +77,7 @@ struct Event {
     gap_us: u64,
     key: u8,
     cost: u64,
-    acquire: bool,
+    op: Op,
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -83,14 +90,19 @@ fn event() -> impl Strategy<Value = Event> {
     (
         gap,
         0u8..2,
-        prop_oneof![6 => Just(1u64), 1 => 2u64..4],
-        prop::bool::weighted(0.3),
+        prop_oneof![6 => Just(1u64), 1 => 2u64..4, 1 => 0u64..30],
+        prop_oneof![
+            6 => Just(Op::Try),
+            3 => Just(Op::Acquire),
+            2 => Just(Op::Charge),
+            1 => Just(Op::Count),
+        ],
     )
-        .prop_map(|(gap_us, key, cost, acquire)| Event {
+        .prop_map(|(gap_us, key, cost, op)| Event {
             gap_us,
             key,
             cost,
-            acquire,
+            op,
         })
 }
 
@@ -140,15 +152,13 @@ async fn conform(
         let want: Vec<_> = group
             .iter()
             .map(|(t, e)| {
-                let op = if e.acquire { Op::Acquire } else { Op::Try };
-                rules.check(&mut memory[e.key as usize], *t, e.cost, op)
+                rules.check(&mut memory[e.key as usize], *t, e.cost, e.op)
             })
             .collect();
         for (label, limiter) in &limiters {
             let got = futures::future::join_all(group.iter().map(|(t, e)| {
-                let op = if e.acquire { Op::Acquire } else { Op::Try };
                 let key = format!("k{}", e.key);
-                async move { limiter.check_at(&key, *t, 0, e.cost, op).await }
+                async move { limiter.check_at(&key, *t, 0, e.cost, e.op).await }
             }))
             .await;
             for (i, (want, got)) in want.iter().zip(got).enumerate() {

@@ -114,9 +114,9 @@ impl Schedule for FixedWindow {
         }
     }
 
-    /// The count may pass the limit by `max_debt` for the rest of its window.
-    fn room(&self, s: &FixedWindowState, at: u64, max_debt: u64) -> u64 {
-        let cap = self.limit + max_debt;
+    /// The count may pass the limit by `debt` for the rest of its window.
+    fn room(&self, s: &FixedWindowState, at: u64, debt: u64) -> u64 {
+        let cap = self.limit + debt;
         if self.live(s, at) {
             cap.saturating_sub(s.count)
         } else {

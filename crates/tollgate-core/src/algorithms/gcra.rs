@@ -167,11 +167,14 @@ impl Schedule for Gcra {
         sat(self.per_interval.div((now + self.tau).saturating_sub(base)))
     }
 
-    /// Up to `max_debt` units past the burst: the TAT may reach `now + tau + max_debt*T`.
-    fn room(&self, s: &GcraState, now: u64, max_debt: u64) -> u64 {
+    fn debt_cap(&self, max_debt: u64) -> u64 {
+        debt_units(max_debt, self.interval, self.scale)
+    }
+
+    /// Up to `debt` units past the burst: the TAT may reach `now + tau + debt*T`.
+    fn room(&self, s: &GcraState, now: u64, debt: u64) -> u64 {
         let now = self.ticks(now);
-        let debt = debt_units(max_debt, self.interval, self.scale);
-        let cap = now + self.tau + debt * self.interval;
+        let cap = now + self.tau + u128::from(debt) * self.interval;
         let base = u128::from(s.tat).max(now);
         sat(cap.saturating_sub(base) / self.interval)
     }
@@ -222,6 +225,29 @@ impl GcraParams {
         let per = Divisor::with_inverse(self.interval, f64::from_bits(self.inverse));
         let remaining = per.div_u64((now + self.tau).saturating_sub(base));
         Decision::admitted(self.burst, remaining, base - now, 0)
+    }
+
+    /// A charge on a bare TAT word (see [`Algorithm::charge`]), `debt` being the
+    /// policy's [`crate::Policy::debt_cap`]: the new word and the decision
+    /// [`crate::Policy::charge`] gives.
+    pub fn charge(&self, tat: u64, now: u64, cost: u64, debt: u64) -> (u64, Decision) {
+        let now = now.min(crate::MAX_TIME_US);
+        let base = tat.max(now);
+        // debt * interval <= MAX_DEBT_US (see debt_cap), so nothing overflows.
+        let cap = now + self.tau + debt * self.interval;
+        let charged = cost.min(cap.saturating_sub(base) / self.interval);
+        let new = if charged > 0 {
+            base + charged * self.interval
+        } else {
+            tat
+        };
+        let mut d = self.status(new, now);
+        d.capped = charged < cost;
+        if d.remaining == 0 {
+            let after = new.max(now) + self.interval;
+            d.retry_after_us = Some(after.saturating_sub(self.tau).saturating_sub(now));
+        }
+        (new, d)
     }
 
     /// One decision on a bare TAT word (see [`Gcra::decide`]).

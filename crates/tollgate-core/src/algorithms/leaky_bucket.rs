@@ -105,10 +105,13 @@ impl Schedule for LeakyBucket {
         ))
     }
 
-    /// The level may pass the capacity by `max_debt`.
-    fn room(&self, s: &LeakyBucketState, at: u64, max_debt: u64) -> u64 {
-        let debt = debt_units(max_debt, self.per_unit as u128, self.per_us as u128) as i128;
-        let room = self.cap + debt * self.per_unit - self.level_at(s, at);
+    fn debt_cap(&self, max_debt: u64) -> u64 {
+        debt_units(max_debt, self.per_unit as u128, self.per_us as u128)
+    }
+
+    /// The level may pass the capacity by `debt`.
+    fn room(&self, s: &LeakyBucketState, at: u64, debt: u64) -> u64 {
+        let room = self.cap + i128::from(debt) * self.per_unit - self.level_at(s, at);
         sat(div(room.max(0) as u128, self.per_unit as u128))
     }
 

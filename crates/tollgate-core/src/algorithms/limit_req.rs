@@ -198,9 +198,7 @@ impl Algorithm for LimitReq {
         }
         let ms = (now / 1000).max(s.last_ms);
         let excess = self.drained(s, ms);
-        // rate_milli milli-requests per second: MAX_DEBT_US * rate_milli / 1e9 requests.
-        let debt = crate::algorithm::debt_units(max_debt, 1_000_000_000, self.rate_milli as u128);
-        let cap = self.burst_milli + debt as i128 * 1000;
+        let cap = self.burst_milli + i128::from(self.debt_cap(max_debt)) * 1000;
         let room = ((cap - excess).max(0) / 1000) as u64;
         let charged = cost.min(room);
         if charged > 0 {
@@ -210,6 +208,12 @@ impl Algorithm for LimitReq {
             };
         }
         Ok(charged)
+    }
+
+    /// `rate_milli` milli-requests per second: MAX_DEBT_US of it is
+    /// `MAX_DEBT_US * rate_milli / 1e9` requests.
+    fn debt_cap(&self, max_debt: u64) -> u64 {
+        crate::algorithm::debt_units(max_debt, 1_000_000_000, self.rate_milli as u128)
     }
 
     fn refund(&self, s: &mut LimitReqState, now: u64, cost: u64) {

@@ -139,9 +139,9 @@ impl Schedule for SlidingLog {
         s.total += cost;
     }
 
-    /// The window may hold `max_debt` units past the limit.
-    fn room(&self, s: &SlidingLogState, at: u64, max_debt: u64) -> u64 {
-        (self.limit + max_debt).saturating_sub(self.sum_at(s, at))
+    /// The window may hold `debt` units past the limit.
+    fn room(&self, s: &SlidingLogState, at: u64, debt: u64) -> u64 {
+        (self.limit + debt).saturating_sub(self.sum_at(s, at))
     }
 
     /// Entries stay in time order: never before the newest (a reservation).

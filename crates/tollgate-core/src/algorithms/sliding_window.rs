@@ -186,9 +186,9 @@ impl Schedule for SlidingWindow {
         s.total += cost;
     }
 
-    /// The window may hold `max_debt` units past the limit.
-    fn room(&self, s: &SlidingWindowState, at: u64, max_debt: u64) -> u64 {
-        (self.limit + max_debt).saturating_sub(self.sum(s, at / self.width))
+    /// The window may hold `debt` units past the limit.
+    fn room(&self, s: &SlidingWindowState, at: u64, debt: u64) -> u64 {
+        (self.limit + debt).saturating_sub(self.sum(s, at / self.width))
     }
 
     /// Never into a bucket before the newest (a reservation).
@@ -353,11 +353,18 @@ impl Schedule for SlidingWindowWeighted {
         };
     }
 
-    /// The estimate may pass the limit by `max_debt`.
-    fn room(&self, s: &WeightedState, at: u64, max_debt: u64) -> u64 {
-        let window = i128::from(self.window);
-        let room = self.headroom(s, at) + i128::from(max_debt) * window;
-        sat(idiv(room.max(0), window) as u128)
+    /// The counts times the window stay below 2^52 (exact in the Redis scripts'
+    /// doubles). Harmless: a previous window that full blocks the whole next one.
+    fn debt_cap(&self, max_debt: u64) -> u64 {
+        let most = (1u64 << 52) / self.window;
+        max_debt.min(crate::MAX_COUNT).min(most.saturating_sub(self.limit))
+    }
+
+    /// The estimate may pass the limit by `debt`.
+    fn room(&self, s: &WeightedState, at: u64, debt: u64) -> u64 {
+        // Floor division: a negative headroom takes a whole unit of debt.
+        let room = i128::from(debt) + self.headroom(s, at).div_euclid(i128::from(self.window));
+        sat(room.max(0) as u128)
     }
 
     /// Never into a window before the newest (a reservation).

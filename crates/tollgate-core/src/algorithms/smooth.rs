@@ -287,7 +287,7 @@ impl Algorithm for Smooth {
         if cost == 0 {
             return Ok(0);
         }
-        let debt_us = (max_debt.min(crate::MAX_COUNT) as f64 * self.stable_interval)
+        let debt_us = (self.debt_cap(max_debt) as f64 * self.stable_interval)
             .min(crate::MAX_DEBT_US as f64) as u64;
         let cap = now.max(s.next_free).max(now + debt_us);
         self.reserve(s, cost, now);

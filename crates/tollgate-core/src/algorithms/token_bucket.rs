@@ -137,10 +137,13 @@ impl Schedule for TokenBucket {
         ))
     }
 
-    /// Tokens may go `max_debt` below zero.
-    fn room(&self, s: &TokenBucketState, at: u64, max_debt: u64) -> u64 {
-        let debt = debt_units(max_debt, self.per_token as u128, self.per_us as u128) as i128;
-        let room = self.level_at(s, at) + debt * self.per_token;
+    fn debt_cap(&self, max_debt: u64) -> u64 {
+        debt_units(max_debt, self.per_token as u128, self.per_us as u128)
+    }
+
+    /// Tokens may go `debt` below zero.
+    fn room(&self, s: &TokenBucketState, at: u64, debt: u64) -> u64 {
+        let room = self.level_at(s, at) + i128::from(debt) * self.per_token;
         sat(div(room.max(0) as u128, self.per_token as u128))
     }
 

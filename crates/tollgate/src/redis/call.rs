@@ -15,6 +15,9 @@ pub(crate) enum CallOp {
     Acquire,
     Peek,
     Refund,
+    /// A charge, or Envoy's counting (the same change of state; the caller derives
+    /// the verdict).
+    Charge,
 }
 
 impl CallOp {
@@ -24,6 +27,7 @@ impl CallOp {
             CallOp::Acquire => "a",
             CallOp::Peek => "p",
             CallOp::Refund => "r",
+            CallOp::Charge => "c",
         }
     }
 }

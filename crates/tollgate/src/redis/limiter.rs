@@ -213,10 +213,10 @@ impl RedisLimiter {
         cost: u64,
         op: Op,
     ) -> Result<RuleDecision, StoreError> {
-        let call_op = if op == Op::Acquire {
-            CallOp::Acquire
-        } else {
-            CallOp::Try
+        let call_op = match op {
+            Op::Try => CallOp::Try,
+            Op::Acquire => CallOp::Acquire,
+            Op::Charge | Op::Count => CallOp::Charge,
         };
         let check = self.check_call(compiled, call_op, key, now, created, cost);
         self.inner

@@ -93,6 +93,10 @@ pub(crate) fn library() -> &'static Library {
     })
 }
 
+/// The largest charge sent to the script: a charge never takes more than a policy's
+/// room (limit plus debt cap, below 2^42), so a larger one charges the same.
+pub(crate) const MAX_CHARGE_SENT: u64 = 1 << 50;
+
 /// Integers the script handles stay below this (doubles are exact below 2^53; the
 /// margin leaves room for the sums of two of them).
 const LUA_EXACT: u128 = 1 << 52;
@@ -103,7 +107,8 @@ pub(crate) struct Wire {
     /// Per-policy key suffixes (`:{index}.{code}`): a changed algorithm starts afresh.
     pub suffixes: Vec<String>,
     /// The rule set as `check.lua` reads it, one string: the TTL margin (ms), `n`,
-    /// then each policy's code, shadow, max-wait (`-`: unbounded), m and parameters.
+    /// then each policy's code, shadow, max-wait (`-`: unbounded), debt cap, m and
+    /// parameters.
     pub encoded: String,
     /// The same as words (what an `EVALSHA` call sends, after their count).
     pub words: Vec<String>,
@@ -134,6 +139,7 @@ impl Wire {
             words.push(code.to_string());
             words.push(if p.shadow() { "1" } else { "0" }.into());
             words.push(p.max_wait_us().map_or("-".into(), |m| m.to_string()));
+            words.push(p.debt_cap().to_string());
             words.push(params.len().to_string());
             words.extend(params);
             max_costs.push(max_cost);
@@ -146,6 +152,15 @@ impl Wire {
             families,
             max_costs,
         })
+    }
+
+    /// Refuses a charge a policy cannot take (shaper, concurrency), as the memory
+    /// store does; any cost is fine otherwise (see [`MAX_CHARGE_SENT`]).
+    pub fn check_charge(&self, rules: &RuleSet) -> Result<(), StoreError> {
+        for p in rules.policies() {
+            p.charge(&mut p.init(0), 0, 0)?;
+        }
+        Ok(())
     }
 
     /// Refuses a cost no policy can admit (as the memory store does) or one too large

@@ -280,13 +280,20 @@ impl RedisStore {
         rules: &RuleSet,
         op: Op,
     ) -> Result<RuleDecision, StoreError> {
-        check.wire.check_cost(rules, check.cost)?;
         let cost = check.cost;
+        let mut check = check;
+        if op.charges() {
+            check.wire.check_charge(rules)?;
+            check.cost = cost.min(super::script::MAX_CHARGE_SENT);
+        } else {
+            check.wire.check_cost(rules, cost)?;
+        }
         let mut reply = self.call(check, rules).await?;
         // The script applied its verdict; the core derives the numbers from the
-        // states it started from, with the same code as the memory store.
+        // states it started from, with the same code as the memory store (for a
+        // charge or a count, the verdict too: the script only charges).
         let d = rules.check(&mut reply.states, reply.now, cost, op)?;
-        if d.decision.allowed != reply.admitted {
+        if !op.charges() && d.decision.allowed != reply.admitted {
             tracing::error!(
                 key,
                 script = reply.admitted,
