@@ -406,6 +406,31 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             .map(KeyedDecision::detailed)
     }
 
+    /// Charges `cost` units of work already done to `key` (LLM tokens, bytes, rows):
+    /// no limit test, so the key may go into debt, up to each policy's `max-debt`.
+    /// Always admitted; `remaining` is 0 while in debt and `retry_after` says when a
+    /// unit request fits again (see [`tollgate_core::Policy::charge`]). A cost of 0
+    /// changes nothing; `shaper` and `concurrency` refuse.
+    ///
+    /// ```
+    /// use tollgate::{KeyedLimiter, Policy};
+    /// let tokens = KeyedLimiter::<String>::new("fixed-window:limit=10000,window=1m".parse::<Policy>()?);
+    /// // Before the completion: is any budget left?
+    /// assert!(tokens.check_n("api-key-1", 1)?.allowed);
+    /// // After it: charge what it used, 12,000 tokens (less the 1 of the check).
+    /// let d = tokens.charge("api-key-1", 11_999)?.decision;
+    /// assert_eq!(d.remaining, 0);
+    /// assert!(!tokens.check_n("api-key-1", 1)?.allowed); // in debt until the window ends
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn charge<Q>(&self, key: &Q, cost: u64) -> Result<RuleDecision, KeyedError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check_rules(key, cost, Op::Charge)
+    }
+
     /// The decision a try of `cost` would get now for `key`, changing nothing (an
     /// unknown key is not stored).
     pub fn peek<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>

@@ -272,6 +272,13 @@ impl<C: Clock> Limiter<C> {
         config.rules.peek_decision(&states, now, cost)
     }
 
+    /// Charges `cost` units of work already done: no limit test, so the limiter may
+    /// go into debt, up to each policy's `max-debt` (see
+    /// [`tollgate_core::Policy::charge`]). Always admitted.
+    pub fn charge(&self, cost: u64) -> Result<Decision, CheckError> {
+        self.decide(cost, Op::Charge)
+    }
+
     /// Gives back `cost` units admitted earlier (never beyond full capacity).
     pub fn refund(&self, cost: u64) {
         let now = self.inner.clock.now_us();

@@ -96,9 +96,11 @@ impl From<KeyedError> for LimitError {
 /// # }
 /// ```
 pub trait RateLimiter: Send + Sync {
-    /// Decides a request of `cost` for `key`: a try (`Op::Try`), or an acquire that
+    /// Decides a request of `cost` for `key`: a try (`Op::Try`), an acquire that
     /// reserves the earliest admission and reports it as `wait` without waiting for
-    /// it (`Op::Acquire`; see [`RateLimiter::acquire`] to wait).
+    /// it (`Op::Acquire`; see [`RateLimiter::acquire`] to wait), a charge of work
+    /// already done (`Op::Charge`, see [`RateLimiter::charge`]), or Envoy's counting
+    /// (`Op::Count`: charged whatever the answer, answered as a try).
     fn check_rules(
         &self,
         key: &str,
@@ -113,6 +115,19 @@ pub trait RateLimiter: Send + Sync {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, LimitError>> + Send {
         async move { Ok(self.check_rules(key, cost, Op::Try).await?.decision) }
+    }
+
+    /// Charges `cost` units of work already done to `key` (tokens of a completion,
+    /// bytes, rows): no limit test, so the key may go into debt up to each policy's
+    /// `max-debt`; always admitted, `remaining` 0 while in debt, `retry_after` when a
+    /// unit request fits again. The leased Redis store ends the key's slice and
+    /// charges Redis directly (a slice cannot take a debt).
+    fn charge(
+        &self,
+        key: &str,
+        cost: u64,
+    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send {
+        self.check_rules(key, cost, Op::Charge)
     }
 
     /// The decision a try of `cost` would get now, changing nothing.

@@ -39,19 +39,24 @@ proptest! {
         }
     }
 
-    /// Each key decides exactly as the pure core does for that key alone.
+    /// Each key decides exactly as the pure core does for that key alone: tries,
+    /// acquires, charges and counts, on the GCRA fast path and the general one.
     #[test]
     fn keyed_matches_the_core_per_key(
-        spec in prop::sample::select(&["gcra:rate=3/s,burst=2", "sliding-window:limit=3,window=1s,buckets=4", "limit-req:rate=5/s,burst=1"][..]),
-        trace in prop::collection::vec((0..300_000u64, 0..4u8, 1..3u64, any::<bool>()), 1..150),
+        spec in prop::sample::select(&[
+            "gcra:rate=3/s,burst=2", "gcra:rate=10/s,burst=3,max-debt=2",
+            "gcra:rate=1000/s,burst=2,shadow=true", "sliding-window:limit=3,window=1s,buckets=4",
+            "limit-req:rate=5/s,burst=1", "token-bucket:rate=3/s,capacity=2,max-debt=1",
+        ][..]),
+        trace in prop::collection::vec((0..300_000u64, 0..4u8, 0..6u64, 0..4u8), 1..150),
     ) {
         let (limiter, clock) = keyed::<u8>(spec, KeyedOptions::default());
         let policy: Policy = spec.parse().unwrap();
         let mut states: std::collections::HashMap<u8, PolicyState> = Default::default();
-        for (gap, key, cost, acquire) in trace {
+        for (gap, key, cost, op) in trace {
             clock.advance(Duration::from_micros(gap));
             let now = clock.now_us();
-            let op = if acquire { Op::Acquire } else { Op::Try };
+            let op = [Op::Try, Op::Acquire, Op::Charge, Op::Count][usize::from(op)];
             let state = states.entry(key).or_insert_with(|| policy.init(now));
             let expected = policy.check(state, now, cost, op).map_err(KeyedError::from);
             prop_assert_eq!(limiter.check_rules(&key, cost, op).map(|d| d.decision), expected);

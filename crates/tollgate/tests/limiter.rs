@@ -12,24 +12,25 @@ fn manual() -> Arc<ManualClock> {
 
 proptest! {
     /// The limiter (lock-free GCRA, or mutex + rule set) decides exactly as the pure
-    /// core does, for try and acquire.
+    /// core does, for try, acquire, charge and Envoy's counting.
     #[test]
     fn limiter_matches_the_core(
         spec in prop::sample::select(&[
             "gcra:rate=3/s,burst=2", "gcra:rate=10/s,burst=5,max-wait=300ms",
             "token-bucket:rate=7/m,capacity=3", "sliding-log:limit=3,window=1s",
             "limit-req:rate=10/s,burst=2", "fixed-window:limit=2,window=500ms",
+            "gcra:rate=10/s,burst=3,max-debt=4", "gcra:rate=100/s,burst=2,shadow=true",
         ][..]),
-        trace in prop::collection::vec((0..400_000u64, 1..3u64, any::<bool>()), 1..100),
+        trace in prop::collection::vec((0..400_000u64, 0..6u64, 0..4u8), 1..100),
     ) {
         let policy: Policy = spec.parse().unwrap();
         let clock = manual();
         let limiter = Limiter::with_clock(policy.clone(), clock.clone());
         let mut state = policy.init(0);
-        for (gap, cost, acquire) in trace {
+        for (gap, cost, op) in trace {
             clock.advance(Duration::from_micros(gap));
             let now = clock.now_us();
-            let op = if acquire { Op::Acquire } else { Op::Try };
+            let op = [Op::Try, Op::Acquire, Op::Charge, Op::Count][usize::from(op)];
             let expected = policy.check(&mut state, now, cost, op);
             let got = limiter.check_rules(cost, op).map(|d| d.decision);
             prop_assert_eq!(got, expected);

@@ -67,6 +67,22 @@ async fn behaves(limiter: &impl RateLimiter, store: &str) {
         "{store}"
     );
     assert!(!e.is_transient());
+    // A charge of work already done goes into debt on every policy: admitted,
+    // nothing left, and a unit fits again once the debt is paid back.
+    let tokens = format!("tokens-{store}");
+    let c = limiter.charge(&tokens, 5).await.unwrap();
+    assert!(c.decision.allowed && c.decision.remaining == 0, "{store}: {c:?}");
+    // GCRA 3/m, burst 3: 5 units put the TAT 100 s ahead; a unit fits at 60 s.
+    let retry = c.decision.retry_after_us.unwrap();
+    assert!(retry > 59_000_000 && retry <= 60_000_000, "{store}: {retry}");
+    assert_eq!(c.policies[1].remaining, 95, "{store}");
+    assert!(!limiter.check(&tokens, 1).await.unwrap().allowed, "{store}");
+    // A charge of 0 changes nothing; Envoy's counting counts a rejected hit.
+    let zero = limiter.charge(&tokens, 0).await.unwrap();
+    assert_eq!(zero.policies[1].remaining, 95, "{store}");
+    let counted = limiter.check_rules(&tokens, 2, Op::Count).await.unwrap();
+    assert!(!counted.decision.allowed, "{store}");
+    assert_eq!(counted.policies[1].remaining, 93, "{store}: {counted:?}");
     // New rules: the key's state carries over (GCRA to GCRA).
     let wider = RuleSet::parse(&[
         "gcra:rate=3/m,burst=5,max-wait=1s",
