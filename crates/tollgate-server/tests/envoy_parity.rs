@@ -178,13 +178,105 @@ async fn descriptor_hits_addend_overrides_the_request_and_zero_looks_without_cou
         (OK, 3, Some(3)),
         "a fresh key: all 3 left"
     );
-    // A spent key: the request over the limit counted nothing, so a look reads OK
-    // with none left (where envoyproxy/ratelimit, having counted it, says OVER_LIMIT).
+    // Spent exactly: a look reads OK with none left (count == limit is not over).
     call(&s.server, vec![d(&[("k", "a")])], 1).await;
+    let r = call(&s.server, vec![with_hits(d(&[("k", "a")]), 0)], 1).await;
+    assert_eq!(summary(&r.statuses[0]), (OK, 0, Some(3)));
+    // The request over the limit is counted (INCRBY before the comparison), so the
+    // key is over its limit now and a look reads OVER_LIMIT.
     let r = call(&s.server, vec![d(&[("k", "a")])], 1).await;
     assert_eq!(r.overall_code, OVER);
     let r = call(&s.server, vec![with_hits(d(&[("k", "a")]), 0)], 1).await;
-    assert_eq!(summary(&r.statuses[0]), (OK, 0, Some(3)));
+    assert_eq!(summary(&r.statuses[0]), (OVER, 0, Some(3)));
+}
+
+const TOKENS: &str = "domain: parity
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 10000}
+";
+
+/// The two-call token pattern of AI gateways (Envoy's `apply_on_stream_done`):
+/// before the request a look (hits 0) or one hit asks whether any budget is left;
+/// when the stream ends, a second call reports the tokens used as its hits. An
+/// overspend is counted, so the caller is blocked until the window pays it back.
+#[tokio::test]
+async fn the_two_call_token_pattern_counts_usage_reported_after_the_stream() {
+    inside_one_minute();
+    let s = serve(&[TOKENS], "");
+    let key = || d(&[("api_key", "alice")]);
+    // gRPC: pre-check with hits 0, then a 12,000-token completion reported after.
+    let pre = call(&s.server, vec![with_hits(key(), 0)], 1).await;
+    assert_eq!(summary(&pre.statuses[0]), (OK, 10000, Some(10000)));
+    let used = call(&s.server, vec![with_hits(key(), 12000)], 1).await;
+    assert_eq!(used.overall_code, OVER, "12,000 of 10,000");
+    // The next pre-check, over gRPC and over /json, finds the key over its limit.
+    let pre = call(&s.server, vec![with_hits(key(), 0)], 1).await;
+    assert_eq!(summary(&pre.statuses[0]), (OVER, 0, Some(10000)));
+    let body = r#"{"domain":"parity","descriptors":[{"entries":[{"key":"api_key","value":"alice"}],"hitsAddend":"0"}]}"#;
+    let (status, _, v) = json_call(&s.server, body).await;
+    assert_eq!((status, &v["overallCode"]), (429, &json!("OVER_LIMIT")), "{v}");
+    // /json: the same pattern for another key, with a pre-check of one hit.
+    let pre = r#"{"domain":"parity","descriptors":[{"entries":[{"key":"api_key","value":"bob"}]}],"hitsAddend":1}"#;
+    let (status, _, v) = json_call(&s.server, pre).await;
+    assert_eq!((status, &v["statuses"][0]["limitRemaining"]), (200, &json!(9999)));
+    let used = r#"{"domain":"parity","descriptors":[{"entries":[{"key":"api_key","value":"bob"}],"hitsAddend":"9999"}]}"#;
+    let (status, _, v) = json_call(&s.server, used).await;
+    assert_eq!((status, &v["overallCode"]), (200, &json!("OK")), "exactly spent: {v}");
+    let (status, _, v) = json_call(&s.server, pre).await;
+    assert_eq!((status, &v["overallCode"]), (429, &json!("OVER_LIMIT")));
+    // That rejected hit counted too: bob is over now, and a look says so.
+    let look = r#"{"domain":"parity","descriptors":[{"entries":[{"key":"api_key","value":"bob"}],"hitsAddend":"0"}]}"#;
+    let (_, _, v) = json_call(&s.server, look).await;
+    assert_eq!(v["statuses"][0]["code"], json!("OVER_LIMIT"), "{v}");
+}
+
+/// `rejected_hits: not_counted` (per descriptor, or for the whole service) keeps
+/// tollgate's all-or-nothing: a rejected request takes nothing.
+#[tokio::test]
+async fn rejected_hits_can_be_left_uncounted_per_descriptor_or_for_the_service() {
+    inside_one_minute();
+    for (rules, config) in [
+        (
+            "domain: parity\ndescriptors:\n  - key: k\n    rejected_hits: not_counted\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
+            "",
+        ),
+        (THREE_A_MINUTE, "service: {rejected_hits: not_counted}\n"),
+    ] {
+        let s = serve(&[rules], config);
+        let r = call(&s.server, vec![d(&[("k", "a")])], 3).await;
+        assert_eq!(r.overall_code, OK);
+        let r = call(&s.server, vec![d(&[("k", "a")])], 1).await;
+        assert_eq!(r.overall_code, OVER);
+        let r = call(&s.server, vec![with_hits(d(&[("k", "a")]), 0)], 1).await;
+        assert_eq!(summary(&r.statuses[0]), (OK, 0, Some(3)), "{config}");
+    }
+}
+
+/// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when one
+/// descriptor of a request goes over, only the descriptors over their limit count
+/// the hits; by default every descriptor counts them.
+#[tokio::test]
+async fn stop_increment_when_over_limit_spares_the_other_descriptors() {
+    inside_one_minute();
+    let rules = "domain: parity
+descriptors:
+  - key: small
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: big
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+    for (config, big_left) in [("", 8), ("service: {stop_increment_when_over_limit: true}\n", 9)] {
+        let s = serve(&[rules], config);
+        let both = || vec![d(&[("small", "x")]), d(&[("big", "x")])];
+        assert_eq!(call(&s.server, both(), 1).await.overall_code, OK);
+        let r = call(&s.server, both(), 1).await;
+        assert_eq!(r.overall_code, OVER);
+        let look = call(&s.server, vec![with_hits(d(&[("big", "x")]), 0)], 1).await;
+        assert_eq!(summary(&look.statuses[0]), (OK, big_left, Some(10)), "{config:?}");
+        let look = call(&s.server, vec![with_hits(d(&[("small", "x")]), 0)], 1).await;
+        assert_eq!(look.statuses[0].code, OVER, "the over-limit hit counted: {config:?}");
+    }
 }
 
 #[tokio::test]

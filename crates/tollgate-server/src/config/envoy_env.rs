@@ -39,7 +39,6 @@ const IGNORED: &[&str] = &[
     "RUNTIME_IGNOREDOTFILES",
     "RUNTIME_WATCH_ROOT",
     "EXPIRATION_JITTER_MAX_SECONDS",
-    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
     "REDIS_POOL_SIZE",
@@ -158,6 +157,9 @@ pub fn apply(
     }
     if let Some(on) = flag("MERGE_DOMAIN_CONFIG")? {
         service.merge_domains = on;
+    }
+    if let Some(on) = flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
+        service.stop_increment_when_over_limit = on;
     }
     if let Some(r) = get("NEAR_LIMIT_RATIO") {
         service.near_limit_ratio = r

@@ -82,6 +82,31 @@ pub struct ServiceSettings {
     /// instead of being refused (Envoy's `MERGE_DOMAIN_CONFIG`).
     #[serde(default)]
     pub merge_domains: bool,
+    /// Whether the hits of a rejected request count, for descriptors with Envoy's
+    /// `rate_limit` that do not say (`rejected_hits` on the descriptor): `counted`
+    /// (default, as envoyproxy/ratelimit, whose `INCRBY` comes before the
+    /// comparison: a caller over its limit stays over it until the window has paid
+    /// the debt back) or `not_counted` (tollgate's all-or-nothing). Descriptors with
+    /// `policies:` default to `not_counted`.
+    #[serde(default)]
+    pub rejected_hits: RejectedHits,
+    /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: when a
+    /// request's hits would take one of its descriptors over its limit, only the
+    /// descriptors over their limit count them (those that count rejected hits);
+    /// the others are looked at, not counted. Default false.
+    #[serde(default)]
+    pub stop_increment_when_over_limit: bool,
+}
+
+/// Whether a rejected request's hits count (see [`ServiceSettings::rejected_hits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectedHits {
+    /// Counted even when over the limit (envoyproxy/ratelimit's counting).
+    #[default]
+    Counted,
+    /// Not counted: a rejected request consumes nothing (all-or-nothing).
+    NotCounted,
 }
 
 impl Default for ServiceSettings {
@@ -91,6 +116,8 @@ impl Default for ServiceSettings {
             shadow_mode: false,
             near_limit_ratio: default_near_limit_ratio(),
             merge_domains: false,
+            rejected_hits: RejectedHits::default(),
+            stop_increment_when_over_limit: false,
         }
     }
 }

@@ -174,6 +174,11 @@ pub struct Answers {
     /// Global shadow mode: the overall code is always OK (descriptors still report
     /// their own codes), as envoyproxy/ratelimit's `SHADOW_MODE`.
     pub shadow_mode: bool,
+    /// Whether rejected hits count where a descriptor with Envoy's `rate_limit` does
+    /// not say (see [`crate::config::ServiceSettings::rejected_hits`]).
+    pub rejected_hits: crate::config::RejectedHits,
+    /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
+    pub stop_increment_when_over_limit: bool,
 }
 
 /// The rules in force, swappable at run time.
@@ -309,6 +314,8 @@ impl DecisionService {
         self.answers = Answers {
             headers: service.headers.clone(),
             shadow_mode: service.shadow_mode,
+            rejected_hits: service.rejected_hits,
+            stop_increment_when_over_limit: service.stop_increment_when_over_limit,
         };
         self.merge_domains = service.merge_domains;
         self.metrics = Metrics::new(service.near_limit_ratio);
@@ -445,7 +452,9 @@ impl DecisionService {
     /// cost (Envoy's `hits_addend`: unset or 0 means 1); a descriptor's own `Some(0)`
     /// checks without counting. Each descriptor is counted on its own, as Envoy does;
     /// a descriptor whose limit another matched limit `replaces` is skipped, and one
-    /// without entries matches nothing.
+    /// without entries matches nothing. Under a try, a descriptor whose limit counts
+    /// rejected hits ([`Limit::counts_rejected`]) is charged them even when over its
+    /// limit (and a look, hits 0, finds it over while it is in debt).
     pub async fn check(
         &self,
         domain: &str,
@@ -472,21 +481,41 @@ impl DecisionService {
             .flat_map(|m| m.limit.replaces.iter().map(String::as_str))
             .collect();
         let request_hits = hits.max(1);
+        let applies = |m: &Match| {
+            !m.limit
+                .name
+                .as_deref()
+                .is_some_and(|n| replaced.contains(n))
+        };
+        // envoyproxy's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: a first look at every
+        // descriptor; if one would go over, only those over count their hits.
+        let mut over = vec![false; descriptors.len()];
+        if self.answers.stop_increment_when_over_limit && op == Op::Try {
+            for (i, (d, f)) in descriptors.iter().zip(&found).enumerate() {
+                if let Some(m) = f.as_ref().filter(|m| applies(m) && !d.give_back) {
+                    let cost = d.hits.unwrap_or(request_hits);
+                    over[i] = cost > 0 && self.would_be_over(&m.limit, &m.counter, cost).await?;
+                }
+            }
+        }
+        let any_over = over.contains(&true);
         let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(descriptors.len());
-        for (d, f) in descriptors.iter().zip(&found) {
+        for (i, (d, f)) in descriptors.iter().zip(&found).enumerate() {
             let status = match f {
-                Some(m)
-                    if !m
-                        .limit
-                        .name
-                        .as_deref()
-                        .is_some_and(|n| replaced.contains(n)) =>
-                {
+                Some(m) if applies(m) => {
                     let cost = d.hits.unwrap_or(request_hits);
                     if d.give_back && cost > 0 {
                         self.give_back(&m.limit, &m.counter, cost).await;
                     }
-                    let cost = if d.give_back { 0 } else { cost };
+                    let counted = op == Op::Try
+                        && m.limit.counts_rejected(self.answers.rejected_hits);
+                    let (cost, op) = match () {
+                        _ if d.give_back => (0, op),
+                        // Another descriptor is over: this one is only looked at.
+                        _ if any_over && !over[i] => (0, Op::Try),
+                        _ if counted => (cost, Op::Count),
+                        _ => (cost, op),
+                    };
                     let status = self.decide_one(&m.limit, &m.counter, cost, op).await?;
                     self.count(domain, m, &status);
                     status
@@ -519,6 +548,29 @@ impl DecisionService {
             return Code::Ok;
         }
         Code::OverLimit
+    }
+
+    /// Whether `cost` more hits would take `key` over `limit` (a look that counts
+    /// nothing).
+    async fn would_be_over(
+        &self,
+        limit: &Limit,
+        key: &str,
+        cost: u64,
+    ) -> Result<bool, RequestError> {
+        if limit.deny {
+            return Ok(true);
+        }
+        let looked = match self.store_of(limit)? {
+            Some(StoreOf::Memory(l)) => RateLimiter::peek(l, key, cost).await,
+            Some(StoreOf::Redis(l)) => Box::pin(RateLimiter::peek(l, key, cost)).await,
+            None => return Ok(false),
+        };
+        match looked {
+            Ok(d) => Ok(!d.decision.allowed || d.decision.shadow_rejected),
+            Err(LimitError::Check(_) | LimitError::TooManyKeys { .. }) => Ok(true),
+            Err(e) => Err(RequestError::Unavailable(e.to_string())),
+        }
     }
 
     /// Refuses a request beyond `requests:` bounds.
@@ -680,18 +732,19 @@ enum StoreOf<'a> {
     Redis(&'a AnyLimiter),
 }
 
-/// One descriptor's decision from any store (hits 0: a look that counts nothing). A
-/// request that can never fit is a reject; a store that cannot answer (Redis down
-/// under `on_error: error`) fails the request.
+/// One descriptor's decision from any store (hits 0: a look that counts nothing;
+/// under Envoy's counting, a look that finds a key in debt over its limit). A request
+/// that can never fit is a reject; a store that cannot answer (Redis down under
+/// `on_error: error`) fails the request.
 async fn decide(
     limiter: &impl RateLimiter,
     key: &str,
     cost: u64,
     op: Op,
 ) -> Result<RuleDecision, RequestError> {
-    let outcome = match cost {
-        0 => limiter.peek(key, 0).await,
-        n => limiter.check_rules(key, n, op).await,
+    let outcome = match (cost, op) {
+        (0, Op::Try | Op::Acquire) => limiter.peek(key, 0).await,
+        (n, op) => limiter.check_rules(key, n, op).await,
     };
     match outcome {
         Ok(r) => Ok(r),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use tollgate::{KeyedLimiter, KeyedOptions, Policy, RuleSet};
+use crate::config::RejectedHits;
 
 /// A rule file or directory that does not load, naming the file, line and field.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +60,10 @@ struct DescriptorDoc {
     value_to_metric: bool,
     #[serde(default)]
     share_threshold: bool,
+    /// tollgate's: whether a rejected request's hits count here (default: the
+    /// service's `rejected_hits` for `rate_limit`, `not_counted` for `policies`).
+    #[serde(default)]
+    rejected_hits: Option<RejectedHits>,
     /// Envoy's per-descriptor metadata (returned in its dynamic metadata, which
     /// tollgate does not send): accepted so that such files load; no effect.
     #[serde(default)]
@@ -200,6 +205,9 @@ pub struct Limit {
     pub quota_mode: bool,
     /// Envoy's `detailed_metric`: statistics per request value, not per rule.
     pub detailed_metric: bool,
+    /// Whether a rejected request's hits count, as the descriptor says (`None`: the
+    /// default, see [`Limit::counts_rejected`]).
+    pub rejected_hits: Option<RejectedHits>,
     /// `None` for `unlimited: true` and for `requests_per_unit: 0`.
     pub rules: Option<RuleSet>,
     /// The rule set's policies as specs (for responses, computed once).
@@ -218,6 +226,18 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// Whether a rejected request's hits count here: as the descriptor says, else
+    /// `default` for Envoy's `rate_limit` (and a request's own limit override), and
+    /// not for tollgate's `policies` (all-or-nothing).
+    pub fn counts_rejected(&self, default: RejectedHits) -> bool {
+        let chosen = self.rejected_hits.unwrap_or(if self.envoy.is_some() {
+            default
+        } else {
+            RejectedHits::NotCounted
+        });
+        chosen == RejectedHits::Counted
+    }
+
     /// Whether two limits are defined alike (so one's counters serve the other).
     pub fn same_definition(&self, other: &Limit) -> bool {
         self.path == other.path
@@ -226,6 +246,7 @@ impl Limit {
             && self.shadow == other.shadow
             && self.quota_mode == other.quota_mode
             && self.detailed_metric == other.detailed_metric
+            && self.rejected_hits == other.rejected_hits
             && self.rules == other.rules
             && self.envoy == other.envoy
             && self.deny == other.deny
@@ -622,6 +643,7 @@ struct Traits {
     shadow: bool,
     quota_mode: bool,
     detailed_metric: bool,
+    rejected_hits: Option<RejectedHits>,
 }
 
 /// One descriptor of a rule file (`at` names it in errors) with its children; `path`
@@ -656,6 +678,7 @@ fn build(
         shadow: d.shadow_mode,
         quota_mode: d.quota_mode,
         detailed_metric: d.detailed_metric,
+        rejected_hits: d.rejected_hits,
         ..Traits::default()
     };
     let limit = match (d.rate_limit, d.policies) {
@@ -792,6 +815,7 @@ fn limit_of(
         shadow: traits.shadow,
         quota_mode: traits.quota_mode,
         detailed_metric: traits.detailed_metric,
+        rejected_hits: traits.rejected_hits,
         specs: rules
             .as_ref()
             .map(|r| r.policies().iter().map(ToString::to_string).collect()),

@@ -82,6 +82,16 @@ check(
     and r.statuses[0].current_limit.unit == Unit.SECOND,
     r,
 )
+# The two-call token pattern (Envoy's apply_on_stream_done): a look before the
+# request, the usage reported when the stream ends. Rejected hits are counted, as
+# envoyproxy/ratelimit counts them, so an overspend blocks the key until the window
+# pays it back.
+r = stub.ShouldRateLimit(request("py", [descriptor("user", "dave", hits=0)]), timeout=5)
+check("grpc: tokens: the look before finds budget", r.overall_code == Code.OK and r.statuses[0].limit_remaining == 3, r)
+r = stub.ShouldRateLimit(request("py", [descriptor("user", "dave", hits=5)]), timeout=5)
+check("grpc: tokens: 5 used of 3 is over", r.overall_code == Code.OVER_LIMIT, r)
+r = stub.ShouldRateLimit(request("py", [descriptor("user", "dave", hits=0)]), timeout=5)
+check("grpc: tokens: the next look finds the key over its limit", r.overall_code == Code.OVER_LIMIT, r)
 try:
     stub.ShouldRateLimit(request("", [descriptor("user", "x")]), timeout=5)
     check("grpc: empty domain is an error", False, "answered")
@@ -126,6 +136,14 @@ status, text = post_json(
 )
 parsed = json_format.Parse(text, rls_pb2.RateLimitResponse())
 check("json: 429 for OVER_LIMIT", status == 429 and parsed.overall_code == Code.OVER_LIMIT, text)
+# The token pattern over /json, with protobuf's JSON writer.
+status, text = post_json(json_format.MessageToJson(request("py", [descriptor("user", "erin", hits=0)])))
+check("json: tokens: the look before is OK", status == 200, (status, text))
+status, text = post_json(json_format.MessageToJson(request("py", [descriptor("user", "erin", hits=4)])))
+check("json: tokens: 4 used of 3 is over", status == 429, (status, text))
+status, text = post_json(json_format.MessageToJson(request("py", [descriptor("user", "erin", hits=0)])))
+parsed = json_format.Parse(text, rls_pb2.RateLimitResponse())
+check("json: tokens: the next look is OVER_LIMIT", status == 429 and parsed.statuses[0].code == Code.OVER_LIMIT, text)
 status, text = post_json('{"domain": "py", "descriptors": [{"entries": [{"key": "user"}]}], "bogus": 1}')
 check("json: 400 for an unknown field, naming it", status == 400 and "bogus" in json.loads(text)["error"], text)
 status, text = post_json(json_format.MessageToJson(request("", [descriptor("user", "x")])))
