@@ -68,4 +68,6 @@ pub use kind::{lua_codes, params_of, spec_names, AlgorithmInfo, AlgorithmKind, A
 pub use policy::{Algo, Op, Policy, PolicyState};
 pub use rules::{RuleDecision, RuleSet};
 pub use spec::SpecError;
-pub use units::{fmt_duration, parse_duration, Rate, MAX_COUNT, MAX_DEBT_US, MAX_DURATION_US, MAX_TIME_US};
+pub use units::{
+    fmt_duration, parse_duration, Rate, MAX_COUNT, MAX_DEBT_US, MAX_DURATION_US, MAX_TIME_US,
+};

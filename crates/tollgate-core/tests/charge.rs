@@ -132,7 +132,10 @@ fn shaper_and_concurrency_refuse_a_charge_and_max_debt() {
         assert!(matches!(err, CheckError::NotChargeable { .. }), "{err}");
         assert!(err.to_string().contains("cannot be charged"), "{err}");
         let bad = format!("{spec},max-debt=5").parse::<Policy>().unwrap_err();
-        assert!(bad.to_string().contains("unknown parameter 'max-debt'"), "{bad}");
+        assert!(
+            bad.to_string().contains("unknown parameter 'max-debt'"),
+            "{bad}"
+        );
     }
 }
 
@@ -181,8 +184,8 @@ fn without_max_debt_a_charge_is_still_bounded_to_representable_states() {
 
 #[test]
 fn a_rule_set_charges_every_policy() {
-    let rules = RuleSet::parse(&["gcra:rate=10/s,burst=5", "fixed-window:limit=100,window=1m"])
-        .unwrap();
+    let rules =
+        RuleSet::parse(&["gcra:rate=10/s,burst=5", "fixed-window:limit=100,window=1m"]).unwrap();
     let mut s = rules.init(0);
     let d = rules.charge(&mut s, 0, 8).unwrap();
     assert!(d.decision.allowed);
@@ -322,7 +325,7 @@ proptest! {
             if op == 2 {
                 let c = fw.charge(&mut fs, t, cost, debt).unwrap();
                 fixed.push((t, c));
-                prop_assert!(in_fixed(&fixed) <= limit + debt.max(0));
+                prop_assert!(in_fixed(&fixed) <= limit + debt);
                 let c = sl.charge(&mut ls, t, cost, debt).unwrap();
                 sliding.push((t, c));
                 prop_assert!(in_sliding(&sliding) <= limit + debt);
@@ -396,19 +399,31 @@ fn chargeable_spec() -> impl Strategy<Value = String> {
             if f { ",align=first" } else { "" }
         )),
         (1..6u64, w.clone()).prop_map(|(l, w)| format!("sliding-log:limit={l},window={w}")),
-        (1..6u64, 1..6u64)
-            .prop_map(|(l, k)| format!("sliding-window:limit={l},window={}ms,buckets={k}", 100 * k)),
-        (1..6u64, w).prop_map(|(l, w)| format!("sliding-window:limit={l},window={w},mode=weighted")),
+        (1..6u64, 1..6u64).prop_map(|(l, k)| format!(
+            "sliding-window:limit={l},window={}ms,buckets={k}",
+            100 * k
+        )),
+        (1..6u64, w)
+            .prop_map(|(l, w)| format!("sliding-window:limit={l},window={w},mode=weighted")),
         (prop::sample::select(RATES), 1..6u64)
             .prop_map(|(r, c)| format!("leaky-bucket:rate={r},capacity={c}")),
         (prop::sample::select(RATES), 1..6u64)
             .prop_map(|(r, c)| format!("token-bucket:rate={r},capacity={c}")),
-        (prop::sample::select(RATES), 1..6u64).prop_map(|(r, b)| format!("gcra:rate={r},burst={b}")),
-        prop::sample::select(&["1/s", "10/s", "3/s"][..]).prop_map(|r| format!("smooth-bursty:rate={r}")),
+        (prop::sample::select(RATES), 1..6u64)
+            .prop_map(|(r, b)| format!("gcra:rate={r},burst={b}")),
+        prop::sample::select(&["1/s", "10/s", "3/s"][..])
+            .prop_map(|r| format!("smooth-bursty:rate={r}")),
         prop::sample::select(&["1/s", "10/s", "3/s"][..])
             .prop_map(|r| format!("smooth-warmup:rate={r},warmup=2s")),
-        (prop::sample::select(&["1/s", "10/s", "30/m", "3/s"][..]), 0..5u64, any::<bool>())
-            .prop_map(|(r, b, n)| format!("limit-req:rate={r},burst={b}{}", if n { ",nodelay" } else { "" })),
+        (
+            prop::sample::select(&["1/s", "10/s", "30/m", "3/s"][..]),
+            0..5u64,
+            any::<bool>()
+        )
+            .prop_map(|(r, b, n)| format!(
+                "limit-req:rate={r},burst={b}{}",
+                if n { ",nodelay" } else { "" }
+            )),
     ];
     (alg, debt).prop_map(|(a, d)| a + &d)
 }

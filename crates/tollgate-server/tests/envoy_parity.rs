@@ -215,14 +215,25 @@ async fn the_two_call_token_pattern_counts_usage_reported_after_the_stream() {
     assert_eq!(summary(&pre.statuses[0]), (OVER, 0, Some(10000)));
     let body = r#"{"domain":"parity","descriptors":[{"entries":[{"key":"api_key","value":"alice"}],"hitsAddend":"0"}]}"#;
     let (status, _, v) = json_call(&s.server, body).await;
-    assert_eq!((status, &v["overallCode"]), (429, &json!("OVER_LIMIT")), "{v}");
+    assert_eq!(
+        (status, &v["overallCode"]),
+        (429, &json!("OVER_LIMIT")),
+        "{v}"
+    );
     // /json: the same pattern for another key, with a pre-check of one hit.
     let pre = r#"{"domain":"parity","descriptors":[{"entries":[{"key":"api_key","value":"bob"}]}],"hitsAddend":1}"#;
     let (status, _, v) = json_call(&s.server, pre).await;
-    assert_eq!((status, &v["statuses"][0]["limitRemaining"]), (200, &json!(9999)));
+    assert_eq!(
+        (status, &v["statuses"][0]["limitRemaining"]),
+        (200, &json!(9999))
+    );
     let used = r#"{"domain":"parity","descriptors":[{"entries":[{"key":"api_key","value":"bob"}],"hitsAddend":"9999"}]}"#;
     let (status, _, v) = json_call(&s.server, used).await;
-    assert_eq!((status, &v["overallCode"]), (200, &json!("OK")), "exactly spent: {v}");
+    assert_eq!(
+        (status, &v["overallCode"]),
+        (200, &json!("OK")),
+        "exactly spent: {v}"
+    );
     let (status, _, v) = json_call(&s.server, pre).await;
     assert_eq!((status, &v["overallCode"]), (429, &json!("OVER_LIMIT")));
     // That rejected hit counted too: bob is over now, and a look says so.
@@ -266,16 +277,26 @@ descriptors:
   - key: big
     rate_limit: {unit: minute, requests_per_unit: 10}
 ";
-    for (config, big_left) in [("", 8), ("service: {stop_increment_when_over_limit: true}\n", 9)] {
+    for (config, big_left) in [
+        ("", 8),
+        ("service: {stop_increment_when_over_limit: true}\n", 9),
+    ] {
         let s = serve(&[rules], config);
         let both = || vec![d(&[("small", "x")]), d(&[("big", "x")])];
         assert_eq!(call(&s.server, both(), 1).await.overall_code, OK);
         let r = call(&s.server, both(), 1).await;
         assert_eq!(r.overall_code, OVER);
         let look = call(&s.server, vec![with_hits(d(&[("big", "x")]), 0)], 1).await;
-        assert_eq!(summary(&look.statuses[0]), (OK, big_left, Some(10)), "{config:?}");
+        assert_eq!(
+            summary(&look.statuses[0]),
+            (OK, big_left, Some(10)),
+            "{config:?}"
+        );
         let look = call(&s.server, vec![with_hits(d(&[("small", "x")]), 0)], 1).await;
-        assert_eq!(look.statuses[0].code, OVER, "the over-limit hit counted: {config:?}");
+        assert_eq!(
+            look.statuses[0].code, OVER,
+            "the over-limit hit counted: {config:?}"
+        );
     }
 }
 

@@ -82,9 +82,7 @@ impl<S: Stream, C: Clock, F: FnMut(&S::Item) -> u64> Paced<S, C, F> {
                 CheckError::InsufficientCapacity { .. }
                 | CheckError::ZeroCost
                 | CheckError::NotChargeable { .. },
-            ) => {
-                Some(Err(TooCostly { item, cost }))
-            }
+            ) => Some(Err(TooCostly { item, cost })),
             Ok(d) if d.allowed && d.wait_us == 0 => Some(Ok(item)),
             Ok(d) => {
                 let (reserved, wait) = if d.allowed {

@@ -71,10 +71,16 @@ async fn behaves(limiter: &impl RateLimiter, store: &str) {
     // nothing left, and a unit fits again once the debt is paid back.
     let tokens = format!("tokens-{store}");
     let c = limiter.charge(&tokens, 5).await.unwrap();
-    assert!(c.decision.allowed && c.decision.remaining == 0, "{store}: {c:?}");
+    assert!(
+        c.decision.allowed && c.decision.remaining == 0,
+        "{store}: {c:?}"
+    );
     // GCRA 3/m, burst 3: 5 units put the TAT 100 s ahead; a unit fits at 60 s.
     let retry = c.decision.retry_after_us.unwrap();
-    assert!(retry > 59_000_000 && retry <= 60_000_000, "{store}: {retry}");
+    assert!(
+        retry > 59_000_000 && retry <= 60_000_000,
+        "{store}: {retry}"
+    );
     assert_eq!(c.policies[1].remaining, 95, "{store}");
     assert!(!limiter.check(&tokens, 1).await.unwrap().allowed, "{store}");
     // A charge of 0 changes nothing; Envoy's counting counts a rejected hit.

@@ -41,35 +41,37 @@ fn spec() -> impl Strategy<Value = String> {
         2 => Just(String::new()),
         1 => (0u64..4).prop_map(|d| format!(",max-debt={d}")),
     ];
-    (alg, max_wait, any::<bool>(), debt).prop_map(|((rate, window, n, m, which), mw, shadow, debt)| {
-        let body = match which {
-            0 => format!("gcra:rate={rate},burst={n}"),
-            1 => format!("token-bucket:rate={rate},capacity={n}"),
-            2 => format!("leaky-bucket:rate={rate},capacity={n}"),
-            3 => format!("fixed-window:limit={n},window={window}"),
-            4 => format!("fixed-window:limit={n},window={window},align=first"),
-            5 => format!("sliding-log:limit={n},window={window}"),
-            6 => format!(
-                "sliding-window:limit={n},window={window},buckets={}",
-                [1, 2, 4, 5][m as usize]
-            ),
-            7 => format!("sliding-window:limit={n},window={window},mode=weighted"),
-            8 => format!("smooth-bursty:rate={rate}"),
-            9 => format!("smooth-warmup:rate={rate},warmup={window}"),
-            10 => format!("limit-req:rate={rate},burst={m},nodelay"),
-            11 => format!("limit-req:rate={rate},burst={}", m + 1),
-            12 => format!("limit-req:rate={rate},burst={},delay={m}", m + 1),
-            _ => format!("shaper:rate={rate},queue={m}"),
-        };
-        let shadow = if shadow && which % 5 == 0 {
-            ",shadow=true"
-        } else {
-            ""
-        };
-        // Shaper takes no max-debt (it cannot be charged).
-        let debt = if which >= 13 { "" } else { &debt };
-        format!("{body}{mw}{shadow}{debt}")
-    })
+    (alg, max_wait, any::<bool>(), debt).prop_map(
+        |((rate, window, n, m, which), mw, shadow, debt)| {
+            let body = match which {
+                0 => format!("gcra:rate={rate},burst={n}"),
+                1 => format!("token-bucket:rate={rate},capacity={n}"),
+                2 => format!("leaky-bucket:rate={rate},capacity={n}"),
+                3 => format!("fixed-window:limit={n},window={window}"),
+                4 => format!("fixed-window:limit={n},window={window},align=first"),
+                5 => format!("sliding-log:limit={n},window={window}"),
+                6 => format!(
+                    "sliding-window:limit={n},window={window},buckets={}",
+                    [1, 2, 4, 5][m as usize]
+                ),
+                7 => format!("sliding-window:limit={n},window={window},mode=weighted"),
+                8 => format!("smooth-bursty:rate={rate}"),
+                9 => format!("smooth-warmup:rate={rate},warmup={window}"),
+                10 => format!("limit-req:rate={rate},burst={m},nodelay"),
+                11 => format!("limit-req:rate={rate},burst={}", m + 1),
+                12 => format!("limit-req:rate={rate},burst={},delay={m}", m + 1),
+                _ => format!("shaper:rate={rate},queue={m}"),
+            };
+            let shadow = if shadow && which % 5 == 0 {
+                ",shadow=true"
+            } else {
+                ""
+            };
+            // Shaper takes no max-debt (it cannot be charged).
+            let debt = if which >= 13 { "" } else { &debt };
+            format!("{body}{mw}{shadow}{debt}")
+        },
+    )
 }
 
 #[derive(Debug, Clone)]
@@ -151,9 +153,7 @@ async fn conform(
     for (gi, group) in timed.chunks(group).enumerate() {
         let want: Vec<_> = group
             .iter()
-            .map(|(t, e)| {
-                rules.check(&mut memory[e.key as usize], *t, e.cost, e.op)
-            })
+            .map(|(t, e)| rules.check(&mut memory[e.key as usize], *t, e.cost, e.op))
             .collect();
         for (label, limiter) in &limiters {
             let got = futures::future::join_all(group.iter().map(|(t, e)| {

@@ -133,13 +133,7 @@ impl Algorithm for Concurrency {
     }
 
     /// Releases `cost` permits held with no known release time.
-    fn charge(
-        &self,
-        _: &mut ConcurrencyState,
-        _: u64,
-        _: u64,
-        _: u64,
-    ) -> Result<u64, CheckError> {
+    fn charge(&self, _: &mut ConcurrencyState, _: u64, _: u64, _: u64) -> Result<u64, CheckError> {
         Err(CheckError::NotChargeable {
             algorithm: "concurrency",
             what: "work in flight",

@@ -357,7 +357,9 @@ impl Schedule for SlidingWindowWeighted {
     /// doubles). Harmless: a previous window that full blocks the whole next one.
     fn debt_cap(&self, max_debt: u64) -> u64 {
         let most = (1u64 << 52) / self.window;
-        max_debt.min(crate::MAX_COUNT).min(most.saturating_sub(self.limit))
+        max_debt
+            .min(crate::MAX_COUNT)
+            .min(most.saturating_sub(self.limit))
     }
 
     /// The estimate may pass the limit by `debt`.

@@ -507,8 +507,8 @@ impl DecisionService {
                     if d.give_back && cost > 0 {
                         self.give_back(&m.limit, &m.counter, cost).await;
                     }
-                    let counted = op == Op::Try
-                        && m.limit.counts_rejected(self.answers.rejected_hits);
+                    let counted =
+                        op == Op::Try && m.limit.counts_rejected(self.answers.rejected_hits);
                     let (cost, op) = match () {
                         _ if d.give_back => (0, op),
                         // Another descriptor is over: this one is only looked at.

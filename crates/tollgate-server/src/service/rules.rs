@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::config::RejectedHits;
 use serde::Deserialize;
 use tollgate::{KeyedLimiter, KeyedOptions, Policy, RuleSet};
-use crate::config::RejectedHits;
 
 /// A rule file or directory that does not load, naming the file, line and field.
 #[derive(Debug, thiserror::Error)]
