@@ -141,3 +141,72 @@ async fn non_http_services_get_an_error() {
         "d"
     );
 }
+
+/// Budgets known after the work: the handler reports the tokens its completion used
+/// (the `Usage` extension, or a header read by a closure), and the layer charges them,
+/// past the budget if need be; the key is refused until the window pays it back.
+#[tokio::test]
+async fn charges_what_the_response_reports_and_refuses_while_in_debt() {
+    use axum::response::IntoResponse;
+    use tollgate::tower::Usage;
+    let tokens: KeyedLimiter<String> = KeyedLimiter::new(
+        "fixed-window:limit=1000,window=1h"
+            .parse::<Policy>()
+            .unwrap(),
+    );
+    let key = |req: &axum::extract::Request| {
+        req.headers()
+            .get("x-user")?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    };
+    let completion = |used: u64| async move {
+        let mut response = "completion".into_response();
+        response.extensions_mut().insert(Usage(used));
+        response
+    };
+    let by_header = |req: &http::Response<axum::body::Body>| {
+        req.headers()
+            .get("x-usage-total-tokens")?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()
+    };
+    let app = Router::new()
+        .route("/small", get(move || completion(300)))
+        .route("/big", get(move || completion(900)))
+        .route("/failed", get(move || completion(0)))
+        .layer(RateLimitLayer::new(tokens.clone(), key).charge_with(Usage::of::<axum::body::Body>));
+    let header_app = Router::new()
+        .route(
+            "/",
+            get(|| async { ([("x-usage-total-tokens", "1500")], "done") }),
+        )
+        .layer(RateLimitLayer::new(tokens.clone(), key).charge_with(by_header));
+    let mut urls = Vec::new();
+    for app in [app, header_app] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        urls.push(format!("http://{addr}"));
+    }
+    let c = client();
+    let first = get_as(&c, &format!("{}/small", urls[0]), Some("ada")).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(tokens.peek_rules("ada", 0).unwrap().decision.remaining, 700);
+    // A failed call reports 0: its admission unit is given back.
+    get_as(&c, &format!("{}/failed", urls[0]), Some("ada")).await;
+    assert_eq!(tokens.peek_rules("ada", 0).unwrap().decision.remaining, 700);
+    // 900 of the 700 left: served (admission needs one unit), charged into debt,
+    // and the response already shows nothing left.
+    let big = get_as(&c, &format!("{}/big", urls[0]), Some("ada")).await;
+    assert_eq!(big.status(), 200);
+    assert!(big.headers()["ratelimit"].to_str().unwrap().contains("r=0"));
+    let refused = get_as(&c, &format!("{}/small", urls[0]), Some("ada")).await;
+    assert_eq!(refused.status(), 429);
+    // A closure over a response header: 1500 tokens for a fresh key, 500 past 1000.
+    assert_eq!(get_as(&c, &urls[1], Some("bob")).await.status(), 200);
+    assert_eq!(get_as(&c, &urls[1], Some("bob")).await.status(), 429);
+}

@@ -1,7 +1,8 @@
 //! tower layers for services (feature `tower`):
 //!
 //! * [`RateLimitLayer`] / [`ErrorLayer`]: one rate limit per key, shared by every
-//!   clone of the service, rejecting with 429 (or an error) or waiting;
+//!   clone of the service, rejecting with 429 (or an error) or waiting, and charging
+//!   what a response says it used ([`RateLimitLayer::charge_with`]);
 //! * [`AdaptiveConcurrencyLayer`]: an adaptive concurrency limit in front of a
 //!   service, fed by its responses, shedding with 503 by priority.
 
@@ -13,8 +14,8 @@ pub use adaptive::{
     ResponseClass,
 };
 pub use rate_limit::{
-    BoxError, ErrorLayer, ErrorService, LayerLimiter, OnLimit, RateLimit, RateLimitLayer,
-    RateLimited, Shared,
+    BoxError, ErrorLayer, ErrorService, LayerLimiter, NoCharge, OnLimit, RateLimit, RateLimitLayer,
+    RateLimited, ResponseCost, Shared, Usage,
 };
 
 /// The service polled ready, to be called; a fresh clone is left in its place (the

@@ -24,8 +24,15 @@ pub trait LayerLimiter<K>: Clone + Send + Sync + 'static {
         key: &K,
         op: Op,
     ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send;
-    /// Gives back the unit of a wait that was abandoned (the request went away).
-    fn give_back(&self, key: &K);
+    /// Gives back `cost` units: a wait that was abandoned (the request went away), or
+    /// a response that reports using nothing.
+    fn give_back(&self, key: &K, cost: u64);
+    /// Charges `cost` units of work already done (see [`RateLimiter::charge`]).
+    fn charge(
+        &self,
+        key: &K,
+        cost: u64,
+    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send;
     /// The rules (for the `RateLimit-Policy` header).
     fn rules(&self) -> RuleSet;
 }
@@ -43,8 +50,19 @@ where
         std::future::ready(self.check_rules(key, 1, op).map_err(LimitError::from))
     }
 
-    fn give_back(&self, key: &K) {
-        self.refund(key, 1);
+    fn give_back(&self, key: &K, cost: u64) {
+        self.refund(key, cost);
+    }
+
+    fn charge(
+        &self,
+        key: &K,
+        cost: u64,
+    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send {
+        std::future::ready(
+            self.check_rules(key, cost, Op::Charge)
+                .map_err(LimitError::from),
+        )
     }
 
     fn rules(&self) -> RuleSet {
@@ -83,17 +101,74 @@ where
         async move { limiter.check_rules(key.as_ref(), 1, op).await }
     }
 
-    fn give_back(&self, key: &K) {
+    fn give_back(&self, key: &K, cost: u64) {
         let (limiter, key) = (self.0.clone(), key.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = limiter.refund(key.as_ref(), 1).await;
+                let _ = limiter.refund(key.as_ref(), cost).await;
             });
         }
     }
 
+    fn charge(
+        &self,
+        key: &K,
+        cost: u64,
+    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send {
+        let (limiter, key) = (self.0.clone(), key.clone());
+        async move { limiter.charge(key.as_ref(), cost).await }
+    }
+
     fn rules(&self) -> RuleSet {
         self.0.rules()
+    }
+}
+
+/// The cost of a request read from its response, for budgets known only after the
+/// work (tokens of a completion, bytes, rows): see [`RateLimitLayer::charge_with`].
+/// Implemented by closures `Fn(&Response<B>) -> Option<u64>` and by [`NoCharge`].
+pub trait ResponseCost<B>: Send + Sync + 'static {
+    /// The units the request used, or `None` when the response does not say (the
+    /// unit taken at admission stands).
+    fn cost(&self, response: &Response<B>) -> Option<u64>;
+}
+
+impl<B, F> ResponseCost<B> for F
+where
+    F: Fn(&Response<B>) -> Option<u64> + Send + Sync + 'static,
+{
+    fn cost(&self, response: &Response<B>) -> Option<u64> {
+        self(response)
+    }
+}
+
+/// No charge after the response: every request costs the one unit of its admission
+/// (the layer's default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoCharge;
+
+impl<B> ResponseCost<B> for NoCharge {
+    fn cost(&self, _: &Response<B>) -> Option<u64> {
+        None
+    }
+}
+
+/// A response extension a handler sets to say what its request used; read by
+/// [`Usage::of`], e.g. `.charge_with(Usage::of)`.
+///
+/// ```
+/// use tollgate::tower::Usage;
+/// let mut response = http::Response::new(());
+/// response.extensions_mut().insert(Usage(1234));
+/// assert_eq!(Usage::of(&response), Some(1234));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage(pub u64);
+
+impl Usage {
+    /// The [`Usage`] extension of `response`, if the handler set one.
+    pub fn of<B>(response: &Response<B>) -> Option<u64> {
+        response.extensions().get::<Usage>().map(|u| u.0)
     }
 }
 
@@ -135,10 +210,11 @@ pub enum OnLimit {
 /// # let _ = layer;
 /// ```
 #[derive(Clone)]
-pub struct RateLimitLayer<L, F> {
+pub struct RateLimitLayer<L, F, C = NoCharge> {
     limiter: L,
     key: Arc<F>,
     on_limit: OnLimit,
+    charge: Arc<C>,
 }
 
 impl<L, F> RateLimitLayer<L, F> {
@@ -148,18 +224,53 @@ impl<L, F> RateLimitLayer<L, F> {
             limiter,
             key: Arc::new(key),
             on_limit: OnLimit::Reject,
+            charge: Arc::new(NoCharge),
         }
     }
+}
 
+impl<L, F, C> RateLimitLayer<L, F, C> {
     /// Rejects (the default) or waits.
     pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
         self.on_limit = on_limit;
         self
     }
+
+    /// Charges each request what its response says it used (`cost(&response)`):
+    /// budgets known only after the work, such as the tokens of an LLM completion.
+    /// A request is admitted while the key has at least one unit left (the unit is
+    /// taken at admission and counts toward the cost); when the response comes, the
+    /// rest is charged — into debt if need be (see
+    /// [`Policy::charge`](tollgate_core::Policy::charge), bounded by each policy's
+    /// `max-debt`), so the key is refused until the debt is paid back — a cost of 0
+    /// gives the unit back, and `None` (the response does not say) keeps it. The
+    /// response's `RateLimit` header shows the key after the charge.
+    ///
+    /// ```
+    /// use tollgate::tower::{RateLimitLayer, Usage};
+    /// use tollgate::{KeyedLimiter, Policy};
+    ///
+    /// // 10,000 tokens a minute per API key; the handler sets the Usage extension.
+    /// let tokens: KeyedLimiter<String> =
+    ///     KeyedLimiter::new("fixed-window:limit=10000,window=1m".parse::<Policy>().unwrap());
+    /// let layer = RateLimitLayer::new(tokens, |req: &http::Request<()>| {
+    ///     req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
+    /// })
+    /// .charge_with(Usage::of::<String>);
+    /// # let _ = layer;
+    /// ```
+    pub fn charge_with<C2>(self, cost: C2) -> RateLimitLayer<L, F, C2> {
+        RateLimitLayer {
+            limiter: self.limiter,
+            key: self.key,
+            on_limit: self.on_limit,
+            charge: Arc::new(cost),
+        }
+    }
 }
 
-impl<S, L: Clone, F> Layer<S> for RateLimitLayer<L, F> {
-    type Service = RateLimit<S, L, F>;
+impl<S, L: Clone, F, C> Layer<S> for RateLimitLayer<L, F, C> {
+    type Service = RateLimit<S, L, F, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit {
@@ -167,26 +278,29 @@ impl<S, L: Clone, F> Layer<S> for RateLimitLayer<L, F> {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
             on_limit: self.on_limit,
+            charge: self.charge.clone(),
         }
     }
 }
 
 /// The service made by [`RateLimitLayer`]. `Clone`; clones share the limit.
 #[derive(Clone)]
-pub struct RateLimit<S, L, F> {
+pub struct RateLimit<S, L, F, C = NoCharge> {
     inner: S,
     limiter: L,
     key: Arc<F>,
     on_limit: OnLimit,
+    charge: Arc<C>,
 }
 
-impl<S, L, F, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, L, F>
+impl<S, L, F, C, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, L, F, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     L: LayerLimiter<K>,
     K: Send + Sync + 'static,
     F: Fn(&Request<ReqBody>) -> Option<K> + Send + Sync + 'static,
+    C: ResponseCost<ResBody>,
     ReqBody: Send + 'static,
     ResBody: Default + Send + 'static,
 {
@@ -205,6 +319,7 @@ where
         };
         let limiter = self.limiter.clone();
         let on_limit = self.on_limit;
+        let charge = self.charge.clone();
         Box::pin(async move {
             let op = match on_limit {
                 OnLimit::Reject => Op::Try,
@@ -221,11 +336,24 @@ where
                 return Ok(too_many(Some(&decision), &limiter.rules()));
             }
             if op == Op::Acquire && decision.decision.wait_us > 0 {
-                let refund = crate::wait::RefundOnDrop::new(|| limiter.give_back(&key));
+                let refund = crate::wait::RefundOnDrop::new(|| limiter.give_back(&key, 1));
                 crate::wait::sleep_or_refund(decision.decision.wait(), refund).await;
             }
             let mut response = inner.call(req).await?;
-            rate_limit_headers(response.headers_mut(), &decision, &limiter.rules());
+            // The unit of the admission is part of the cost the response reports.
+            let shown = match charge.cost(&response) {
+                Some(0) => {
+                    limiter.give_back(&key, 1);
+                    decision
+                }
+                Some(used) if used > 1 => match limiter.charge(&key, used - 1).await {
+                    Ok(after) => after,
+                    // The store failed: the response stands, uncharged beyond its unit.
+                    Err(_) => decision,
+                },
+                _ => decision,
+            };
+            rate_limit_headers(response.headers_mut(), &shown, &limiter.rules());
             Ok(response)
         })
     }
@@ -339,7 +467,7 @@ where
                 .into());
             }
             if d.wait_us > 0 {
-                let refund = crate::wait::RefundOnDrop::new(|| limiter.give_back(&key));
+                let refund = crate::wait::RefundOnDrop::new(|| limiter.give_back(&key, 1));
                 crate::wait::sleep_or_refund(d.wait(), refund).await;
             }
             inner.call(req).await.map_err(Into::into)
