@@ -112,7 +112,7 @@ fn malformed_rows_name_the_line() {
         ),
         (
             "t_us,key,cost,op\n0,a,1,wait\n",
-            "line 2: op 'wait' is not try or acquire",
+            "line 2: op 'wait' is not try, acquire, charge or count",
         ),
         (
             "time,key,cost\n0,a,1\n",
@@ -225,4 +225,34 @@ fn replay_streams_rows_before_the_input_ends() {
     assert_eq!(lines.count(), 299_999);
     writer.join().unwrap();
     assert!(child.wait().unwrap().success());
+}
+
+/// Charges after the fact in a trace: `op` charge (into debt, wait_us = the time
+/// until a unit fits again) and count (Envoy's: charged even when rejected).
+#[test]
+fn charge_and_count_rows_go_into_debt() {
+    let input = "t_us,key,cost,op\n0,k,1,try\n0,k,12,charge\n1000000,k,1,try\n1000000,j,0,charge\n1000000,j,3,count\n1000000,j,3,count\n1000000,j,0,count\n";
+    let (code, out, err) = replay(&["--policy", "fixed-window:limit=10,window=60s"], input);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(
+        rows,
+        [
+            "0,k,1,1,9,0",
+            // 13 counted of 10: in debt until the window ends at 60 s.
+            "0,k,12,1,0,60000000",
+            "1000000,k,1,0,0,59000000",
+            // A charge of 0 changes nothing.
+            "1000000,j,0,1,10,0",
+            "1000000,j,3,1,7,0",
+            "1000000,j,3,1,4,0",
+            "1000000,j,0,1,4,0",
+        ]
+    );
+    let (code, _, err) = replay(&["--policy", "shaper:rate=1/s,queue=2"], "t_us,key,cost,op\n0,k,1,charge\n");
+    assert_ne!(code, 0);
+    assert!(err.contains("line 2") && err.contains("cannot be charged"), "{err}");
+    let (code, _, err) = replay(&["--policy", "gcra:rate=1/s"], "t_us,key,cost,op\n0,k,1,refund\n");
+    assert_ne!(code, 0);
+    assert!(err.contains("op 'refund' is not try, acquire, charge or count"), "{err}");
 }

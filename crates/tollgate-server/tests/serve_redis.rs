@@ -276,18 +276,27 @@ async fn redis_outage_applies_the_failure_policy_and_recovers() {
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
 )]
-/// `tollgate replay` (docs/cli.md): `--store redis` prints identical decisions to `--store memory`.
+/// `tollgate replay` (docs/cli.md): `--store redis` prints identical decisions to
+/// `--store memory`, for tries, acquires, charges after the fact and Envoy's counts.
 #[test]
 fn replay_on_redis_prints_what_memory_prints() {
     let redis = RedisServers::standalone();
     let cluster = RedisServers::cluster();
-    let mut trace = String::from("t_us,key,cost,op\n");
-    let mut t = 0u64;
-    for i in 0..400u64 {
-        t += (i * 7919) % 170_000;
-        let op = if i % 5 == 0 { "acquire" } else { "try" };
-        trace.push_str(&format!("{t},k{},{},{op}\n", i % 3, 1 + i % 2));
-    }
+    let trace_of = |charges: bool| {
+        let mut trace = String::from("t_us,key,cost,op\n");
+        let mut t = 0u64;
+        for i in 0..400u64 {
+            t += (i * 7919) % 170_000;
+            let (op, cost) = match i % 7 {
+                0 | 5 => ("acquire", 1 + i % 2),
+                3 if charges => ("charge", i % 9),
+                6 if charges => ("count", i % 4),
+                _ => ("try", 1 + i % 2),
+            };
+            trace.push_str(&format!("{t},k{},{cost},{op}\n", i % 3));
+        }
+        trace
+    };
     let policies = [
         "gcra:rate=3/s,burst=4",
         "token-bucket:rate=7/m,capacity=3",
@@ -303,6 +312,7 @@ fn replay_on_redis_prints_what_memory_prints() {
         "shaper:rate=5/s,queue=3",
     ];
     let run = |policy: &str, store: &[&str]| {
+        let trace = trace_of(!policy.starts_with("shaper"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["replay", "--policy", policy])
             .args(store)

@@ -113,7 +113,7 @@ impl Backend for Memory<'_> {
                 .or_insert_with(|| policy.init(0)),
         };
         let decision = policy.check_hold(state, t, cost, hold, op);
-        Ok(columns_of(policy, state, t, decision))
+        columns_of(policy, state, t, decision, op)
     }
 }
 
@@ -177,13 +177,9 @@ impl Backend for Redis {
         let limiter = &self.limiter;
         self.runtime.block_on(async {
             match limiter.check_at(key, t, 0, cost, op).await {
-                Ok(d) => {
-                    let d = d.decision;
-                    Ok(if d.allowed {
-                        (true, d.remaining, Some(d.wait_us))
-                    } else {
-                        (false, d.remaining, d.retry_after_us)
-                    })
+                Ok(d) => Ok(output_of(&d.decision, op)),
+                Err(tollgate::redis::StoreError::Check(e @ CheckError::NotChargeable { .. })) => {
+                    Err(e.to_string())
                 }
                 Err(tollgate::redis::StoreError::Check(_)) => {
                     let peek = limiter.peek_at(key, t, 0, 1).await;
@@ -254,17 +250,30 @@ impl<'a> TraceRow<'a> {
                 key.len()
             ));
         }
-        let cost: u64 = field(cols.cost)
-            .parse()
-            .ok()
-            .filter(|&c| c >= 1)
-            .ok_or_else(|| format!("cost '{}' is not a whole number >= 1", field(cols.cost)))?;
         let op = match cols.op.map(field) {
             None | Some("") => op,
             Some("try") => Op::Try,
             Some("acquire") => Op::Acquire,
-            Some(other) => return Err(format!("op '{other}' is not try or acquire")),
+            Some("charge") => Op::Charge,
+            Some("count") => Op::Count,
+            Some(other) => {
+                return Err(format!(
+                    "op '{other}' is not try, acquire, charge or count"
+                ))
+            }
         };
+        // A charge or count of 0 is a look; a try or acquire needs a unit.
+        let least = if op.charges() { 0 } else { 1 };
+        let cost: u64 = field(cols.cost)
+            .parse()
+            .ok()
+            .filter(|&c| c >= least)
+            .ok_or_else(|| {
+                format!(
+                    "cost '{}' is not a whole number >= {least}",
+                    field(cols.cost)
+                )
+            })?;
         let hold = match cols.hold.map(field) {
             None | Some("") => None,
             Some(h) => Some(
@@ -330,20 +339,36 @@ pub fn replay_on(
 }
 
 /// The output columns for one decision: (allowed, remaining, wait_us). A cost that
-/// can never fit is a reject with an empty wait_us.
+/// can never fit is a reject with an empty wait_us; a policy that cannot be charged
+/// fails the row.
 fn columns_of(
     policy: &Policy,
     state: &PolicyState,
     t: u64,
     decision: Result<Decision, CheckError>,
-) -> (bool, u64, Option<u64>) {
+    op: Op,
+) -> Result<(bool, u64, Option<u64>), String> {
     match decision {
-        Ok(d) if d.allowed => (true, d.remaining, Some(d.wait_us)),
-        Ok(d) => (false, d.remaining, d.retry_after_us),
+        Ok(d) => Ok(output_of(&d, op)),
+        Err(e @ CheckError::NotChargeable { .. }) => Err(e.to_string()),
         Err(_) => {
             let remaining = policy.peek(state, t, 1).map_or(0, |d| d.remaining);
-            (false, remaining, None)
+            Ok((false, remaining, None))
         }
+    }
+}
+
+/// (allowed, remaining, wait_us) of a decision: wait_us is the retry time of a
+/// reject, the wait of an admission, and for a charge the time until a unit request
+/// fits again (its debt paid back; 0 when not in debt).
+fn output_of(d: &Decision, op: Op) -> (bool, u64, Option<u64>) {
+    if op == Op::Charge {
+        return (true, d.remaining, Some(d.retry_after_us.unwrap_or(0)));
+    }
+    if d.allowed {
+        (true, d.remaining, Some(d.wait_us))
+    } else {
+        (false, d.remaining, d.retry_after_us)
     }
 }
 
@@ -370,6 +395,10 @@ pub enum OpArg {
     Try,
     /// Wait up to the policy's max-wait.
     Acquire,
+    /// Charge the cost after the fact, into debt if need be.
+    Charge,
+    /// Envoy's counting: a try whose cost is charged even when rejected.
+    Count,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -419,6 +448,8 @@ pub fn command(args: ReplayArgs) -> anyhow::Result<()> {
     let op = match args.op {
         OpArg::Try => Op::Try,
         OpArg::Acquire => Op::Acquire,
+        OpArg::Charge => Op::Charge,
+        OpArg::Count => Op::Count,
     };
     let input: Box<dyn io::Read> = match &args.input {
         Some(path) => Box::new(BufReader::new(
