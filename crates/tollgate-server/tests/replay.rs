@@ -249,10 +249,22 @@ fn charge_and_count_rows_go_into_debt() {
             "1000000,j,0,1,4,0",
         ]
     );
-    let (code, _, err) = replay(&["--policy", "shaper:rate=1/s,queue=2"], "t_us,key,cost,op\n0,k,1,charge\n");
+    let (code, _, err) = replay(
+        &["--policy", "shaper:rate=1/s,queue=2"],
+        "t_us,key,cost,op\n0,k,1,charge\n",
+    );
     assert_ne!(code, 0);
-    assert!(err.contains("line 2") && err.contains("cannot be charged"), "{err}");
-    let (code, _, err) = replay(&["--policy", "gcra:rate=1/s"], "t_us,key,cost,op\n0,k,1,refund\n");
+    assert!(
+        err.contains("line 2") && err.contains("cannot be charged"),
+        "{err}"
+    );
+    let (code, _, err) = replay(
+        &["--policy", "gcra:rate=1/s"],
+        "t_us,key,cost,op\n0,k,1,refund\n",
+    );
     assert_ne!(code, 0);
-    assert!(err.contains("op 'refund' is not try, acquire, charge or count"), "{err}");
+    assert!(
+        err.contains("op 'refund' is not try, acquire, charge or count"),
+        "{err}"
+    );
 }

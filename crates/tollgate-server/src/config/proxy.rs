@@ -60,6 +60,10 @@ pub struct RouteConfig {
     /// Concurrent requests per key (nginx `limit_conn`).
     #[serde(default)]
     pub limit_conn: Option<u32>,
+    /// Charge each request what its response says it used (tokens of an LLM
+    /// completion, ...) instead of one unit.
+    #[serde(default)]
+    pub cost: Option<CostConfig>,
     /// Key values with their own policies or priority.
     #[serde(default)]
     pub tiers: Vec<TierConfig>,
@@ -92,6 +96,48 @@ fn default_key() -> String {
 
 fn default_status() -> u16 {
     429
+}
+
+/// `cost:`: a request's cost read from its response.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostConfig {
+    /// Where the usage is: `header:NAME` (e.g. `header:x-usage-total-tokens`) or
+    /// `json:PATH` (e.g. `json:usage.total_tokens`: the JSON body's field, or for a
+    /// `text/event-stream` response the last `data:` event that has it); one source
+    /// or a list, the first that reports wins.
+    #[serde(deserialize_with = "one_or_many")]
+    pub from: Vec<String>,
+    /// Units a request must find left and takes at admission, and is charged when
+    /// its response reports no usable one (default 1).
+    #[serde(default = "one")]
+    pub estimate: u64,
+    /// The most bytes of a JSON body, or of one event, read for the usage (default
+    /// 1 MiB); the body itself streams through whatever its size.
+    #[serde(default = "default_max_body")]
+    pub max_body: usize,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn default_max_body() -> usize {
+    1 << 20
+}
+
+/// A string or a list of strings.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 /// `match:`.

@@ -257,9 +257,7 @@ impl<'a> TraceRow<'a> {
             Some("charge") => Op::Charge,
             Some("count") => Op::Count,
             Some(other) => {
-                return Err(format!(
-                    "op '{other}' is not try, acquire, charge or count"
-                ))
+                return Err(format!("op '{other}' is not try, acquire, charge or count"))
             }
         };
         // A charge or count of 0 is a look; a try or acquire needs a unit.

@@ -12,6 +12,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 
 use super::adaptive::AdaptiveHold;
+use super::cost::{Meter, Outcome, Pending, Settle};
 use super::keys;
 use super::limits::{ConnPermit, Passed};
 use super::problem::problem;
@@ -59,6 +60,19 @@ pub(super) async fn forward(
                 hold.answered(parts.status);
             }
             strip_hop_by_hop(&mut parts.headers);
+            // Under `cost:`, a usage in the headers settles now; one in the body when
+            // the body ends (or the client goes away).
+            let mut charge = None;
+            if let Some(pending) = passed.pending.take() {
+                if let Some(outcome) = pending.cost().in_headers(&parts.headers) {
+                    pending.settle(outcome).await;
+                } else {
+                    match pending.cost().meter(&parts.headers) {
+                        Some(meter) => charge = Some((pending, meter)),
+                        None => pending.settle(Outcome::Missing).await,
+                    }
+                }
+            }
             parts.headers.extend(passed.headers);
             // limit_conn's and the adaptive limit's permits are held until the
             // response body has been sent, as nginx counts a connection until the
@@ -67,6 +81,8 @@ pub(super) async fn forward(
                 body,
                 _permit: passed.permit,
                 _adaptive: adaptive,
+                charge,
+                settling: None,
             };
             Response::from_parts(parts, Body::new(body))
         }
@@ -151,11 +167,24 @@ fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// A response body that holds the request's permits until it ends (or is dropped).
+/// A response body that holds the request's permits until it ends (or is dropped),
+/// and under `cost:` reads it for the usage, settled when it ends.
 struct Held {
     body: hyper::body::Incoming,
     _permit: Option<ConnPermit>,
     _adaptive: Option<AdaptiveHold>,
+    charge: Option<(Pending, Meter)>,
+    /// The usage being charged: the body ends when it has landed.
+    settling: Option<Settle>,
+}
+
+impl Held {
+    /// The body has ended: its usage starts to settle.
+    fn ended(&mut self) {
+        if let Some((pending, meter)) = self.charge.take() {
+            self.settling = Some(pending.settle(meter.finish()));
+        }
+    }
 }
 
 impl http_body::Body for Held {
@@ -166,14 +195,52 @@ impl http_body::Body for Held {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+        use std::task::Poll;
+        if let Some(settling) = &mut self.settling {
+            std::task::ready!(settling.as_mut().poll(cx));
+            self.settling = None;
+            return Poll::Ready(None);
+        }
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        if let Some((_, meter)) = &mut self.charge {
+            match &polled {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(data) = frame.data_ref() {
+                        meter.feed(data);
+                    }
+                    if self.body.is_end_stream() {
+                        self.ended();
+                    }
+                }
+                Poll::Ready(None) => {
+                    self.ended();
+                    return self.poll_frame(cx);
+                }
+                _ => {}
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        // Not while a usage is still to be read or charged.
+        self.charge.is_none() && self.settling.is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+impl Drop for Held {
+    /// The client went away (or the upstream broke off) before the end: the usage
+    /// seen so far, else the estimate.
+    fn drop(&mut self) {
+        if let Some((pending, meter)) = self.charge.take() {
+            pending.settle_later(Outcome::Disconnected(meter.so_far()));
+        }
+        if let Some(settling) = self.settling.take() {
+            super::cost::spawn(settling);
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! per tier) with nginx `limit_req` semantics, the `limit_conn` permits, the
 //! rate-limit headers, and what a reject, a delay or a failed store answers.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -15,6 +16,7 @@ use tollgate::{
 };
 
 use super::adaptive::AdaptiveHold;
+use super::cost::{Pending, RouteCost};
 use super::problem::{problem, problem_body, problem_response, store_unavailable};
 use crate::config::proxy::{HeaderStyle, RouteConfig};
 use crate::config::store::StoreConfig;
@@ -56,15 +58,22 @@ pub(super) struct RouteLimits {
     reject_body: bytes::Bytes,
     headers: HeaderStyle,
     dry_run: bool,
+    /// `cost:`: requests are charged what their responses report.
+    pub cost: Option<Arc<RouteCost>>,
+    /// The route's name, for the cost's log lines.
+    route: Arc<str>,
 }
 
 /// What a request that passed its limits carries on: the rate-limit headers for its
 /// response and the `limit_conn` permit held until the response ends.
+#[derive(Default)]
 pub(super) struct Passed {
     pub headers: HeaderMap,
     pub permit: Option<ConnPermit>,
     /// The route's adaptive permit, taken after the rate limits and `limit_conn`.
     pub adaptive: Option<AdaptiveHold>,
+    /// Under `cost:`, the units the admission took, settled against the response.
+    pub pending: Option<Pending>,
 }
 
 /// The Redis name of a route's counters: `proxy.ROUTE.PART` (no braces: they would
@@ -112,6 +121,12 @@ impl RouteLimits {
             reject_body: problem_body(status, "rate limit exceeded"),
             headers: r.headers,
             dry_run: r.dry_run,
+            cost: r
+                .cost
+                .as_ref()
+                .map(|c| RouteCost::build(c, at).map(Arc::new))
+                .transpose()?,
+            route: Arc::from(r.name.as_str()),
         })
     }
 
@@ -129,11 +144,25 @@ impl RouteLimits {
     /// dry run forwards everything).
     pub async fn pass(&self, key: &str, tier: Option<usize>) -> Result<Passed, Response> {
         let mut headers = HeaderMap::new();
+        let mut pending = None;
         if let Some(l) = self.limits_of(tier) {
-            let d = self.check_rate(l, key, &mut headers).await?;
+            // Under `cost:`, the admission takes the estimate; the rest is settled
+            // when the response ends.
+            let take = self.cost.as_ref().map_or(1, |c| c.estimate);
+            let d = self.check_rate(l, key, take, &mut headers).await?;
             if d.allowed && d.wait_us > 0 && !self.dry_run {
                 // limit_req without nodelay: the request is held, not rejected.
                 tokio::time::sleep(Duration::from_micros(d.wait_us)).await;
+            }
+            if let (Some(cost), true) = (&self.cost, d.allowed && !d.shadow_rejected) {
+                let counter = l.counter.clone();
+                pending = Some(Pending::new(
+                    counter,
+                    key,
+                    take,
+                    cost.clone(),
+                    self.route.clone(),
+                ));
             }
         }
         let permit = self.take_conn(key).await?;
@@ -141,6 +170,7 @@ impl RouteLimits {
             headers,
             permit,
             adaptive: None,
+            pending,
         })
     }
 
@@ -155,9 +185,10 @@ impl RouteLimits {
         &self,
         l: &Limits,
         key: &str,
+        cost: u64,
         headers: &mut HeaderMap,
     ) -> Result<Decision, Response> {
-        let rd = match l.counter.check_rules(key, 1, Op::Try).await {
+        let rd = match l.counter.check_rules(key, cost, Op::Try).await {
             Ok(d) => d,
             // Redis failed under `on_error: error`: say so (a dry run forwards).
             Err(e) if e.is_transient() && self.dry_run => {

@@ -1,5 +1,5 @@
 //! The proxy's metrics (`proxy.metrics: ADDR`, `GET /metrics`, Prometheus text): each
-//! route's adaptive limit, read from the limiters at scrape time.
+//! route's adaptive limit, and what its `cost:` charged, read at scrape time.
 
 use std::sync::Arc;
 
@@ -22,7 +22,21 @@ pub(super) fn render(table: &RouteTable) -> String {
     let f64_gauge = || Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let (baseline, latency, delay) = (f64_gauge(), f64_gauge(), f64_gauge());
     let (admitted, shed, shed_by_priority) = (counter(), counter(), counter());
+    let (charged, responses) = (counter(), counter());
     for route in table.routes() {
+        if let Some(cost) = &route.limits.cost {
+            let r = vec![("route", route.name.clone())];
+            charged
+                .get_or_create(&r)
+                .inc_by(cost.charged.load(std::sync::atomic::Ordering::Relaxed));
+            for (outcome, n) in super::cost::OUTCOMES.iter().zip(&cost.outcomes) {
+                let mut l = r.clone();
+                l.push(("outcome", outcome.to_string()));
+                responses
+                    .get_or_create(&l)
+                    .inc_by(n.load(std::sync::atomic::Ordering::Relaxed));
+            }
+        }
         let Some(adaptive) = &route.adaptive else {
             continue;
         };
@@ -60,29 +74,51 @@ pub(super) fn render(table: &RouteTable) -> String {
                 .inc_by(n);
         }
     }
-    let mut registry = Registry::with_prefix("tollgate_proxy_adaptive");
-    registry.register("limit", "The route's adaptive concurrency limit now", limit);
-    registry.register("in_flight", "Requests holding a permit now", in_flight);
-    registry.register("queued", "Requests waiting for a permit now", queued);
+    let mut registry = Registry::with_prefix("tollgate_proxy");
     registry.register(
-        "baseline_seconds",
+        "cost_charged_units",
+        "Units charged under cost: (admissions plus the usage settled)",
+        charged,
+    );
+    registry.register(
+        "cost_responses",
+        "Responses under cost:, by how their usage was found (missing and invalid are charged the estimate)",
+        responses,
+    );
+    registry.register(
+        "adaptive_limit",
+        "The route's adaptive concurrency limit now",
+        limit,
+    );
+    registry.register(
+        "adaptive_in_flight",
+        "Requests holding a permit now",
+        in_flight,
+    );
+    registry.register(
+        "adaptive_queued",
+        "Requests waiting for a permit now",
+        queued,
+    );
+    registry.register(
+        "adaptive_baseline_seconds",
         "The unloaded latency the limit is measured against",
         baseline,
     );
     registry.register(
-        "latency_seconds",
+        "adaptive_latency_seconds",
         "The trimmed mean latency of the last window",
         latency,
     );
     registry.register(
-        "queue_delay_seconds",
+        "adaptive_queue_delay_seconds",
         "The queueing-delay target now",
         delay,
     );
-    registry.register("admitted", "Requests granted a permit", admitted);
-    registry.register("shed", "Requests shed, by reason", shed);
+    registry.register("adaptive_admitted", "Requests granted a permit", admitted);
+    registry.register("adaptive_shed", "Requests shed, by reason", shed);
     registry.register(
-        "shed_by_priority",
+        "adaptive_shed_by_priority",
         "Requests shed, by priority class",
         shed_by_priority,
     );

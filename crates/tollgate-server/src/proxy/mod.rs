@@ -4,10 +4,12 @@
 //! A request goes down this list: [`server`] receives it, `routes` picks its route,
 //! `keys` makes its key, `limits` checks the rate counters and takes a `limit_conn`
 //! permit, `adaptive` takes a permit of the route's adaptive concurrency limit,
-//! `forwarding` sends it upstream; `problem` writes the proxy's own answers;
-//! `metrics` serves the adaptive limits' state (`proxy.metrics`).
+//! `forwarding` sends it upstream, `cost` reads what the response says it used and
+//! charges it; `problem` writes the proxy's own answers; `metrics` serves the
+//! adaptive limits' state and the charges (`proxy.metrics`).
 
 mod adaptive;
+mod cost;
 mod forwarding;
 pub mod keys;
 mod limits;

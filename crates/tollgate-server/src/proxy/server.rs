@@ -53,11 +53,7 @@ async fn handle(
     );
     let tier = route.limits.tier_of(&key);
     let mut passed = if key.is_empty() {
-        Passed {
-            headers: Default::default(),
-            permit: None,
-            adaptive: None,
-        }
+        Passed::default()
     } else {
         match route.limits.pass(&key, tier).await {
             Ok(passed) => passed,

@@ -1,0 +1,389 @@
+//! A route's `cost:`: what a request used, read from its response (a header, a JSON
+//! body field, or the last server-sent event that carries the field, as streamed LLM
+//! completions put their usage in their final `data:` event), and charged to the key
+//! when the response ends — into debt if need be, so the key is refused until its
+//! budget has paid the debt back.
+//!
+//! The request is admitted when the key has the route's `estimate` left (at least one
+//! unit), which it takes; when the response ends, the difference to the reported
+//! usage is charged or given back. A response that does not say, or says something
+//! that is not a usage (a string, a negative or fractional number, more than 2^40), is
+//! charged the estimate, counted and logged once per route; a client that goes away
+//! mid-stream is charged the usage already seen, else the estimate; a request the
+//! upstream never answered gives its admission back.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, HeaderName};
+use bytes::Bytes;
+use tollgate::{AnyLimiter, RateLimiter};
+
+use crate::config::proxy::CostConfig;
+
+/// Where a usage is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    /// A response header holding a whole number.
+    Header(HeaderName),
+    /// A field of the JSON body (`usage.total_tokens`), or of the JSON of a
+    /// server-sent event's `data:` for a `text/event-stream` response (the last
+    /// event that has it).
+    Json(Vec<String>),
+}
+
+/// How a request's usage was found, for the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// The response reported this usage.
+    Reported(u64),
+    /// The response did not say: the estimate is charged.
+    Missing,
+    /// The response said something that is not a usage: the estimate is charged.
+    Invalid(&'static str),
+    /// The client went away before the end: the usage seen so far, else the estimate.
+    Disconnected(Option<u64>),
+}
+
+/// A route's `cost:`, with its counters.
+#[derive(Debug)]
+pub(super) struct RouteCost {
+    sources: Vec<Source>,
+    /// Units a request takes at admission, and is charged when its response does not
+    /// say what it used.
+    pub estimate: u64,
+    /// The most of a JSON body (or of one event) read looking for the usage.
+    max_body: usize,
+    /// Units charged in all (admission plus the settled difference).
+    pub charged: AtomicU64,
+    /// Responses by outcome: reported, missing, invalid, disconnected.
+    pub outcomes: [AtomicU64; 4],
+    /// Whether a missing or invalid usage was logged already (once per route).
+    warned: AtomicBool,
+}
+
+/// The outcome labels, in [`RouteCost::outcomes`]'s order.
+pub(super) const OUTCOMES: [&str; 4] = ["reported", "missing", "invalid", "disconnected"];
+
+impl RouteCost {
+    /// Validates `c` (`at` names it in errors).
+    pub fn build(c: &CostConfig, at: &str) -> anyhow::Result<RouteCost> {
+        if c.from.is_empty() {
+            anyhow::bail!("{at}.cost.from: name at least one source (header:NAME or json:PATH)");
+        }
+        let sources = c
+            .from
+            .iter()
+            .map(|s| match s.split_once(':') {
+                Some(("header", name)) => HeaderName::from_bytes(name.trim().as_bytes())
+                    .map(Source::Header)
+                    .map_err(|_| anyhow::anyhow!("{at}.cost.from: '{name}' is not a header name")),
+                Some(("json", path)) if !path.trim().is_empty() => Ok(Source::Json(
+                    path.trim().split('.').map(str::to_owned).collect(),
+                )),
+                _ => Err(anyhow::anyhow!(
+                    "{at}.cost.from: '{s}' is not header:NAME or json:PATH (e.g. json:usage.total_tokens)"
+                )),
+            })
+            .collect::<anyhow::Result<_>>()?;
+        if c.estimate == 0 || c.estimate > tollgate::MAX_COUNT {
+            anyhow::bail!(
+                "{at}.cost.estimate: {} is not between 1 and 2^40 (a request must find at least one unit left)",
+                c.estimate
+            );
+        }
+        Ok(RouteCost {
+            sources,
+            estimate: c.estimate,
+            max_body: c.max_body,
+            charged: AtomicU64::new(0),
+            outcomes: Default::default(),
+            warned: AtomicBool::new(false),
+        })
+    }
+
+    /// The usage a header source finds in the response headers, if one does.
+    pub fn in_headers(&self, headers: &HeaderMap) -> Option<Outcome> {
+        self.sources.iter().find_map(|s| match s {
+            Source::Header(name) => {
+                let v = headers.get(name)?;
+                Some(
+                    v.to_str()
+                        .ok()
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .filter(|&n| n <= tollgate::MAX_COUNT)
+                        .map_or(
+                            Outcome::Invalid("the usage header is not a whole number up to 2^40"),
+                            Outcome::Reported,
+                        ),
+                )
+            }
+            Source::Json(_) => None,
+        })
+    }
+
+    /// A reader of the body for the JSON sources, if the route has any.
+    pub fn meter(&self, headers: &HeaderMap) -> Option<Meter> {
+        let paths: Vec<Vec<String>> = (self.sources.iter())
+            .filter_map(|s| match s {
+                Source::Json(p) => Some(p.clone()),
+                Source::Header(_) => None,
+            })
+            .collect();
+        if paths.is_empty() {
+            return None;
+        }
+        let sse = headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        Some(Meter {
+            paths,
+            sse,
+            buf: Vec::new(),
+            data: Vec::new(),
+            found: None,
+            overflow: false,
+            max: self.max_body,
+        })
+    }
+
+    fn count(&self, outcome: Outcome, route: &str) {
+        let i = match outcome {
+            Outcome::Reported(_) => 0,
+            Outcome::Missing => 1,
+            Outcome::Invalid(_) => 2,
+            Outcome::Disconnected(_) => 3,
+        };
+        self.outcomes[i].fetch_add(1, Ordering::Relaxed);
+        let why = match outcome {
+            Outcome::Missing => "the response does not report a usage",
+            Outcome::Invalid(why) => why,
+            _ => return,
+        };
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                route,
+                why,
+                estimate = self.estimate,
+                "tollgate: proxy: charging the route's cost estimate (logged once per route; \
+                 counted in tollgate_proxy_cost_responses_total)"
+            );
+        }
+    }
+}
+
+/// Reads a response body for a usage: a JSON document (up to `max` bytes), or the
+/// events of a server-sent event stream (each up to `max`), keeping the last usage.
+#[derive(Debug)]
+pub(super) struct Meter {
+    paths: Vec<Vec<String>>,
+    sse: bool,
+    /// The JSON body so far, or the event stream's current line.
+    buf: Vec<u8>,
+    /// The current event's `data:` lines.
+    data: Vec<u8>,
+    /// The last usage found (or the reason one was unreadable).
+    found: Option<Outcome>,
+    /// The body (or an event) passed `max`.
+    overflow: bool,
+    max: usize,
+}
+
+impl Meter {
+    /// Reads one chunk of the body.
+    pub fn feed(&mut self, chunk: &Bytes) {
+        if !self.sse {
+            if self.buf.len() + chunk.len() > self.max {
+                self.overflow = true;
+                self.buf = Vec::new();
+            } else if !self.overflow {
+                self.buf.extend_from_slice(chunk);
+            }
+            return;
+        }
+        for &b in chunk.iter() {
+            if b == b'\n' {
+                let line = std::mem::take(&mut self.buf);
+                self.line(&line);
+            } else if self.buf.len() < self.max {
+                self.buf.push(b);
+            } else {
+                self.overflow = true;
+            }
+        }
+    }
+
+    /// One line of an event stream: `data:` lines gather, a blank line ends the event.
+    fn line(&mut self, line: &[u8]) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            self.event();
+        } else if let Some(rest) = line.strip_prefix(b"data:") {
+            let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+            if !self.data.is_empty() {
+                self.data.push(b'\n');
+            }
+            if self.data.len() + rest.len() <= self.max {
+                self.data.extend_from_slice(rest);
+            } else {
+                self.overflow = true;
+            }
+        }
+    }
+
+    /// Ends an event: its data, if JSON with the field, is the usage so far.
+    fn event(&mut self) {
+        let data = std::mem::take(&mut self.data);
+        if data.is_empty() || data == b"[DONE]" {
+            return;
+        }
+        match serde_json::from_slice::<serde_json::Value>(&data) {
+            Ok(json) => {
+                if let Some(found) = self.lookup(&json) {
+                    self.found = Some(found);
+                }
+            }
+            // Unless a later event reports a usage.
+            Err(_) if self.found.is_none() => {
+                self.found = Some(Outcome::Invalid("an event is not JSON"));
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn lookup(&self, json: &serde_json::Value) -> Option<Outcome> {
+        self.paths.iter().find_map(|path| {
+            let v = path.iter().try_fold(json, |v, k| v.get(k))?;
+            Some(match v.as_u64() {
+                Some(n) if n <= tollgate::MAX_COUNT => Outcome::Reported(n),
+                Some(_) => Outcome::Invalid("the usage is more than 2^40"),
+                None => Outcome::Invalid("the usage field is not a whole number"),
+            })
+        })
+    }
+
+    /// What the whole body said.
+    pub fn finish(mut self) -> Outcome {
+        if self.sse {
+            let rest = std::mem::take(&mut self.buf);
+            if !rest.is_empty() {
+                self.line(&rest);
+            }
+            self.event();
+            return self.found.unwrap_or(if self.overflow {
+                Outcome::Invalid("an event passed cost.max_body")
+            } else {
+                Outcome::Missing
+            });
+        }
+        if self.overflow {
+            return Outcome::Invalid("the body passed cost.max_body");
+        }
+        match serde_json::from_slice::<serde_json::Value>(&self.buf) {
+            Ok(json) => self.lookup(&json).unwrap_or(Outcome::Missing),
+            Err(_) => Outcome::Invalid("the body is not JSON"),
+        }
+    }
+
+    /// The usage seen so far (a client went away).
+    pub fn so_far(&self) -> Option<u64> {
+        match self.found {
+            Some(Outcome::Reported(n)) => Some(n),
+            _ => None,
+        }
+    }
+}
+
+/// A request admitted under a route's `cost:`: the units it took, to be settled
+/// against its usage once. Dropped unsettled (the upstream never answered), it gives
+/// its admission back.
+pub(super) struct Pending {
+    counter: AnyLimiter,
+    key: String,
+    admitted: u64,
+    cost: Arc<RouteCost>,
+    route: Arc<str>,
+    settled: bool,
+}
+
+impl Pending {
+    pub fn new(
+        counter: AnyLimiter,
+        key: &str,
+        admitted: u64,
+        cost: Arc<RouteCost>,
+        route: Arc<str>,
+    ) -> Self {
+        Pending {
+            counter,
+            key: key.to_owned(),
+            admitted,
+            cost,
+            route,
+            settled: false,
+        }
+    }
+
+    /// The route's cost settings.
+    pub fn cost(&self) -> &RouteCost {
+        &self.cost
+    }
+
+    /// Settles the request's usage: charges what it used beyond its admission, or
+    /// gives back what it took and did not use. The returned future does it; the
+    /// response ends once it has, so a client's next request sees the charge.
+    pub fn settle(mut self, outcome: Outcome) -> Settle {
+        self.settled = true;
+        self.cost.count(outcome, &self.route);
+        let used = match outcome {
+            Outcome::Reported(n) | Outcome::Disconnected(Some(n)) => n,
+            Outcome::Missing | Outcome::Invalid(_) | Outcome::Disconnected(None) => {
+                self.cost.estimate
+            }
+        };
+        self.cost.charged.fetch_add(used, Ordering::Relaxed);
+        self.apply(used)
+    }
+
+    /// Settles in a task (a client went away: nothing waits for it).
+    pub fn settle_later(self, outcome: Outcome) {
+        spawn(self.settle(outcome));
+    }
+
+    /// Brings the key's count from `admitted` to `used`.
+    fn apply(&self, used: u64) -> Settle {
+        let (counter, key, admitted) = (self.counter.clone(), self.key.clone(), self.admitted);
+        Box::pin(async move {
+            let done = match used.cmp(&admitted) {
+                std::cmp::Ordering::Equal => return,
+                std::cmp::Ordering::Greater => {
+                    counter.charge(&key, used - admitted).await.map(drop)
+                }
+                std::cmp::Ordering::Less => counter.refund(&key, admitted - used).await,
+            };
+            if let Err(e) = done {
+                tracing::warn!(key, error = %e, "tollgate: proxy: a usage could not be settled");
+            }
+        })
+    }
+}
+
+/// A settlement in progress.
+pub(super) type Settle = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Runs `settle` in a task, when there is a runtime to run it.
+pub(super) fn spawn(settle: Settle) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(settle);
+    }
+}
+
+impl Drop for Pending {
+    /// Unsettled: the upstream never answered, so the admission is given back.
+    fn drop(&mut self) {
+        if !self.settled {
+            spawn(self.apply(0));
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! The proxy charging what responses report (`cost:`), end to end: an upstream the
+//! test starts answers OpenAI-shaped chat completions (a JSON body with `usage`, or a
+//! `stream: true` server-sent event stream whose last event carries it), and
+//! `tollgate proxy` processes in front of it keep a budget of 10,000 tokens a minute
+//! per API key, in memory and, with two processes, in Redis.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tollgate_testkit::{distinct_ports, Killed, RedisServers};
+
+const BUDGET: u64 = 10_000;
+
+/// The upstream: POST /v1/chat/completions. The request body is JSON with `stream`
+/// and `tokens` (the usage to report); header `x-usage` says how to report it:
+/// `json` (default), `header`, `string`, `huge`, `negative` or `none`; `slow`
+/// reports in JSON with 300 ms between events.
+async fn upstream() -> String {
+    async fn completion(headers: HeaderMap, body: Bytes) -> Response<Body> {
+        let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let tokens = req["tokens"].as_u64().unwrap();
+        let stream = req["stream"].as_bool().unwrap_or(false);
+        let how = headers
+            .get("x-usage")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("json")
+            .to_string();
+        let usage = match how.as_str() {
+            "string" => r#","usage":{"total_tokens":"lots"}"#.to_string(),
+            "huge" => r#","usage":{"total_tokens":1e400}"#.to_string(),
+            "negative" => r#","usage":{"total_tokens":-5}"#.to_string(),
+            "none" | "header" => String::new(),
+            _ => format!(
+                r#","usage":{{"prompt_tokens":10,"completion_tokens":{},"total_tokens":{tokens}}}"#,
+                tokens.saturating_sub(10)
+            ),
+        };
+        let mut response = if stream {
+            // A few content deltas, then the usage in the last event, then [DONE],
+            // each event its own chunk, a little apart.
+            let mut events: Vec<String> = (0..3)
+                .map(|i| {
+                    format!(
+                        "data: {{\"choices\":[{{\"delta\":{{\"content\":\"word{i} \"}}}}]}}\n\n"
+                    )
+                })
+                .collect();
+            events.push(format!("data: {{\"choices\":[]{usage}}}\n\n"));
+            events.push("data: [DONE]\n\n".into());
+            let gap = Duration::from_millis(if how == "slow" { 300 } else { 2 });
+            let chunks = futures::stream::iter(events).then(move |e| async move {
+                tokio::time::sleep(gap).await;
+                Ok::<_, std::io::Error>(Bytes::from(e))
+            });
+            let mut r = Response::new(Body::from_stream(chunks));
+            r.headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            r
+        } else {
+            let text =
+                format!(r#"{{"id":"c1","choices":[{{"message":{{"content":"hi"}}}}]{usage}}}"#);
+            let mut r = Response::new(Body::from(text));
+            r.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            r
+        };
+        if how == "header" {
+            response
+                .headers_mut()
+                .insert("x-usage-total-tokens", tokens.to_string().parse().unwrap());
+        }
+        response
+    }
+    use futures::StreamExt;
+    let app = axum::Router::new().route("/v1/chat/completions", post(completion));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+struct Proxy {
+    _process: Killed,
+    addr: String,
+    metrics: String,
+}
+
+/// A `tollgate proxy` process in front of `upstream` with `store` (a `store:` section
+/// or nothing).
+fn proxy(dir: &std::path::Path, upstream: &str, store: &str, policy: &str) -> Proxy {
+    let ports = distinct_ports(2);
+    let config = dir.join(format!("proxy-{}.yaml", ports[0]));
+    std::fs::write(
+        &config,
+        format!(
+            "{store}proxy:
+  listen: 127.0.0.1:{px}
+  metrics: 127.0.0.1:{mx}
+  routes:
+    - name: llm
+      match: {{path_prefix: /v1/}}
+      upstream: {upstream}
+      key: header:authorization
+      policies: [\"{policy}\"]
+      cost:
+        from: [header:x-usage-total-tokens, json:usage.total_tokens]
+        estimate: 50
+",
+            px = ports[0],
+            mx = ports[1],
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["proxy", "--config", config.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("proxy"), "{line}");
+    Proxy {
+        _process: Killed(child),
+        addr: format!("http://127.0.0.1:{}", ports[0]),
+        metrics: format!("http://127.0.0.1:{}/metrics", ports[1]),
+    }
+}
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// One completion through `proxy` for `key`: (status, headers, body).
+async fn complete(
+    c: &HttpClient,
+    proxy: &Proxy,
+    key: &str,
+    tokens: u64,
+    stream: bool,
+    how: &str,
+) -> (u16, HeaderMap, String) {
+    let req = http::Request::post(format!("{}/v1/chat/completions", proxy.addr))
+        .header("authorization", key)
+        .header("x-usage", how)
+        .body(Full::new(Bytes::from(format!(
+            r#"{{"model":"m","stream":{stream},"tokens":{tokens}}}"#
+        ))))
+        .unwrap();
+    let resp = c.request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status.as_u16(),
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-cost-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Spends `key`'s budget through `proxies` in turn with completions of 1,500 tokens
+/// (JSON and streamed alternately) until one is refused: returns the tokens served.
+/// Every response served is charged before it ends, so a caller waiting for its
+/// answers overspends by at most one response.
+async fn spend(c: &HttpClient, proxies: &[&Proxy], key: &str) -> u64 {
+    let mut served = 0;
+    for i in 0..20 {
+        let proxy = proxies[i % proxies.len()];
+        let (status, headers, body) = complete(c, proxy, key, 1500, i % 2 == 1, "json").await;
+        if status == 429 {
+            let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+            assert!((1..=60).contains(&retry), "{retry}");
+            assert!(body.contains("rate limit"), "{body}");
+            return served;
+        }
+        assert_eq!(status, 200, "{body}");
+        served += 1500;
+    }
+    panic!("never refused after {served} tokens");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_holds_within_one_response_and_bad_usage_is_charged_the_estimate() {
+    tollgate_testkit::clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10));
+    let up = upstream().await;
+    let dir = temp_dir("memory");
+    let p = proxy(&dir, &up, "", "fixed-window:limit=10000,window=1m");
+    let c = client();
+    // JSON and streamed completions: served tokens stay within the budget plus one
+    // response (the overdraft a check before the work cannot prevent).
+    let served = spend(&c, &[&p], "key-a").await;
+    assert!(
+        served > BUDGET - 1500 && served <= BUDGET + 1500,
+        "{served}"
+    );
+    // In debt: a look shows nothing left, and it stays refused for the window.
+    let (status, headers, _) = complete(&c, &p, "key-a", 10, false, "json").await;
+    assert_eq!(status, 429);
+    assert!(headers["ratelimit"].to_str().unwrap().contains("r=0"));
+    // The usage in a header counts as well.
+    // (9,960 used: 40 left, less than the 50 an admission takes.)
+    let (status, headers, _) = complete(&c, &p, "key-h", 9_960, false, "header").await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-usage-total-tokens"], "9960");
+    assert_eq!(complete(&c, &p, "key-h", 1, false, "json").await.0, 429);
+    // A usage that is not one (a string, 1e400, a negative number, none at all) is
+    // charged the estimate of 50, never nothing: 200 such responses spend the budget.
+    for how in ["string", "huge", "negative", "none"] {
+        let key = format!("key-{how}");
+        let mut ok = 0;
+        for (stream, n) in [(false, 100), (true, 101)] {
+            for _ in 0..n {
+                if complete(&c, &p, &key, 1000, stream, how).await.0 == 200 {
+                    ok += 1;
+                }
+            }
+        }
+        assert_eq!(ok, BUDGET / 50, "{how}: {ok} served");
+    }
+    // A client that goes away mid-stream is charged: here before the usage event,
+    // so the estimate (50 of the 9,000 it would have reported).
+    let req = http::Request::post(format!("{}/v1/chat/completions", p.addr))
+        .header("authorization", "key-gone")
+        .header("x-usage", "slow")
+        .body(Full::new(Bytes::from(r#"{"stream":true,"tokens":9000}"#)))
+        .unwrap();
+    let resp = c.request(req).await.unwrap();
+    let mut body = resp.into_body();
+    let _first = body.frame().await;
+    drop(body);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, headers, _) = complete(&c, &p, "key-gone", 100, false, "json").await;
+    assert_eq!(status, 200);
+    assert!(
+        headers["ratelimit"].to_str().unwrap().contains("r=9900"),
+        "{headers:?}"
+    );
+    let metrics = reqwest_text(&c, &p.metrics).await;
+    for line in [
+        "tollgate_proxy_cost_responses_total{route=\"llm\",outcome=\"invalid\"} 600",
+        "tollgate_proxy_cost_responses_total{route=\"llm\",outcome=\"missing\"} 200",
+        "tollgate_proxy_cost_responses_total{route=\"llm\",outcome=\"disconnected\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxy_processes_on_redis_keep_one_token_budget() {
+    tollgate_testkit::clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10));
+    let redis = RedisServers::standalone();
+    let up = upstream().await;
+    let dir = temp_dir("redis");
+    let store = format!("store:\n  kind: redis\n  url: {}\n", redis.url());
+    let policy = "fixed-window:limit=10000,window=1m";
+    let (a, b) = (
+        proxy(&dir, &up, &store, policy),
+        proxy(&dir, &up, &store, policy),
+    );
+    let c = client();
+    let served = spend(&c, &[&a, &b], "key-r").await;
+    assert!(
+        served > BUDGET - 1500 && served <= BUDGET + 1500,
+        "{served}"
+    );
+    // Both processes refuse the key now.
+    assert_eq!(complete(&c, &a, "key-r", 1, false, "json").await.0, 429);
+    assert_eq!(complete(&c, &b, "key-r", 1, false, "json").await.0, 429);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A token bucket pays a debt back at its rate: blocked until then, admitted after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debt_blocks_the_key_until_it_is_paid_back() {
+    let up = upstream().await;
+    let dir = temp_dir("payback");
+    // 10,000 a minute refills 1,000 tokens in 6 s.
+    let p = proxy(&dir, &up, "", "token-bucket:rate=10000/m,capacity=10000");
+    let c = client();
+    let (status, ..) = complete(&c, &p, "key-p", 11_000, false, "json").await;
+    assert_eq!(status, 200);
+    let (status, headers, _) = complete(&c, &p, "key-p", 1, false, "json").await;
+    assert_eq!(status, 429);
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    // 1,000 tokens of debt plus the 50 of an admission: about 6.3 s.
+    assert!((6..=8).contains(&retry), "{retry}");
+    tokio::time::sleep(Duration::from_secs(retry)).await;
+    assert_eq!(complete(&c, &p, "key-p", 1, false, "json").await.0, 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn reqwest_text(c: &HttpClient, url: &str) -> String {
+    let resp = c
+        .request(
+            http::Request::get(url)
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    String::from_utf8(
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap()
+}
