@@ -9,6 +9,8 @@
 #    5 times: medians and the median ratio). Also the EVALSHA form of tollgate.
 # 2. Checks/s on one Redis core: `tollgate bench redis` unbatched (--batch 1) and
 #    batched (--batch 64), next to redis-benchmark -P 16 of a plain INCR.
+#    A charge after the fact next to a try of the same policy (`bench redis-call
+#    --charge`: FCALL of the one-charge function), alternating, median ratios.
 # 3. One hot key hammered by 4 client processes, unleased (batched) and leased.
 #
 # Usage: scripts/bench-redis.sh [seconds] [callers]
@@ -81,6 +83,24 @@ for p in "${policies[@]:1}"; do
 done
 read -r rps us < <(server_cost $n "$("$bin" bench redis-call --policy "${policies[0]}" --eval)")
 printf '%-52s %12s %10s %8s\n' "${policies[0]} as EVALSHA" "$rps" "$us" "$(python3 -c "print('%.2f' % ($us / $ref_us))")"
+
+echo
+echo "== a charge after the fact next to a try of the same policy (us/call, 3 alternating rounds, medians) =="
+printf '%-52s %10s %10s %8s\n' "policy" "try us" "charge us" "ratio"
+for p in "${policies[@]}"; do
+  case "$p" in shaper:*) continue ;; esac # a shaper cannot be charged
+  try_call=$("$bin" bench redis-call --policy "$p")
+  charge_call=$("$bin" bench redis-call --policy "$p" --charge)
+  tries=(); charges=(); ratios=()
+  for round in 1 2 3; do
+    cli flushall >/dev/null
+    read -r _ t < <(server_cost $n "$try_call")
+    cli flushall >/dev/null
+    read -r _ c < <(server_cost $n "$charge_call")
+    tries+=("$t"); charges+=("$c"); ratios+=("$(python3 -c "print('%.3f' % ($c / $t))")")
+  done
+  printf '%-52s %10s %10s %8s\n' "$p" "$(median "${tries[@]}")" "$(median "${charges[@]}")" "$(median "${ratios[@]}")"
+done
 
 echo
 echo "== checks/s on one Redis core ($callers callers, 2 connections, ${secs}s, 3 rounds, medians) =="

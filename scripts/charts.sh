@@ -25,6 +25,11 @@ $t simulate --pattern burst --burst 30 --rate 15 --duration 8s \
   --policy 'limit-req:rate=10/s,burst=20,nodelay' \
   --policy 'shaper:rate=10/s,queue=20' \
   --out docs/charts/delay.png
+$t simulate --pattern poisson --rate 5 --duration 60s --usage 800:0.7 --usage-after 2s \
+  --policy 'fixed-window:limit=10000,window=1m' \
+  --policy 'token-bucket:rate=10000/m,capacity=10000' \
+  --policy 'gcra:rate=10000/m,burst=10000,max-debt=2000' \
+  --out docs/charts/usage.png
 $t simulate --pattern poisson --rate 40 --duration 6s --hold 100ms \
   --policy 'concurrency:limit=4' \
   --policy 'concurrency:limit=8' \

@@ -362,6 +362,9 @@ pub enum BenchCommand {
         /// Print the `EVALSHA` form instead of `FCALL`.
         #[arg(long)]
         eval: bool,
+        /// The call of a charge (of 1) instead of a try.
+        #[arg(long)]
+        charge: bool,
     },
     /// Serve a modelled upstream: `--capacity` requests at `--service` time each; past
     /// the capacity every request slows down (a shared processor), so latency grows
@@ -461,13 +464,17 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::ClosedLoop(a) => {
             return runtime.block_on(crate::bench_adaptive::closed_loop(a))
         }
-        BenchCommand::RedisCall { policy, eval } => {
+        BenchCommand::RedisCall {
+            policy,
+            eval,
+            charge,
+        } => {
             let rules = tollgate::RuleSet::parse(&[policy]).map_err(anyhow::Error::msg)?;
             return runtime.block_on(async {
                 let store = tollgate::redis::RedisStore::connect("redis://127.0.0.1:1/").await?;
                 let limiter = tollgate::redis::RedisLimiter::new(store, "bench", rules)?;
                 let mut out = Vec::new();
-                let call = limiter.script_call("k__rand_int__", 1, eval);
+                let call = limiter.script_call("k__rand_int__", 1, eval, charge);
                 // Shell words (the bench script evaluates them).
                 out.extend(call.into_iter().map(|a| {
                     if a.is_empty() || a.contains(' ') {

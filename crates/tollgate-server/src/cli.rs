@@ -37,7 +37,7 @@ enum Command {
     Proxy(ProxyArgs),
     /// Run generated traffic through policies on a virtual clock: a summary table,
     /// and optionally a chart (SVG/PNG), CSV decisions or JSON.
-    Simulate(SimulateArgs),
+    Simulate(Box<SimulateArgs>),
     /// Load generators and reference servers for measuring a running service.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -73,7 +73,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Replay(args) => crate::offline::replay::command(args),
         Command::Serve(args) => crate::service::serve::command(args),
-        Command::Simulate(args) => crate::offline::simulate::command(args),
+        Command::Simulate(args) => crate::offline::simulate::command(*args),
         Command::Proxy(args) => crate::proxy::command(args),
         Command::Bench(cmd) => crate::bench::command(cmd),
         Command::CheckConfig(args) => crate::service::serve::check_config(args),

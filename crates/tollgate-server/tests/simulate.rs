@@ -280,3 +280,46 @@ fn closed_loop_compares_concurrency_limits_on_a_modelled_upstream() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--usage`: costs known after the work, charged into debt. A fixed window is in
+/// debt until it ends; a cap (`max-debt`) bounds how deep a key goes; the same seed
+/// gives the same numbers; a policy that cannot be charged is refused.
+#[test]
+fn usage_after_the_fact_goes_into_debt_and_max_debt_bounds_it() {
+    let args = [
+        "--pattern",
+        "steady",
+        "--rate",
+        "5",
+        "--duration",
+        "30s",
+        "--usage",
+        "800:0.5",
+        "--usage-after",
+        "1s",
+        "--policy",
+        "fixed-window:limit=10000,window=1m",
+        "--policy",
+        "gcra:rate=10000/m,burst=10000,max-debt=1500",
+    ];
+    let a = json(&args);
+    assert_eq!(a, json(&args), "seeded: the same numbers");
+    let (fixed, capped) = (&a[0], &a[1]);
+    // The window's budget is spent within seconds, then every request is refused.
+    let used = fixed["used_units"].as_u64().unwrap();
+    assert!(used > 10_000, "{fixed}");
+    assert!(fixed["deepest_debt"].as_u64().unwrap() > 0, "{fixed}");
+    assert!(fixed["rejected"].as_u64().unwrap() > 100, "{fixed}");
+    // Debt capped at 1,500 units, paid back at the rate: more admitted.
+    assert!(capped["deepest_debt"].as_u64().unwrap() <= 1500, "{capped}");
+    assert!(
+        capped["admitted"].as_u64() > fixed["admitted"].as_u64(),
+        "{a}"
+    );
+    let (code, _, err) = simulate(&["--usage", "100", "--policy", "shaper:rate=10/s,queue=5"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("cannot be charged"), "{err}");
+    let (code, _, err) = simulate(&["--usage", "lots", "--policy", "gcra:rate=10/s"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("expected MEDIAN[:SIGMA]"), "{err}");
+}

@@ -46,8 +46,12 @@ local function parse_rule_set(a, i)
                 debt = tonumber(a[i + 3]) }
     i = i + 5 + m
   end
-  -- A single policy with a fast path for tries: called straight from the batch loop.
-  if n == 1 then pols.try_fast = pols[1].alg.try_fast end
+  -- A single policy with a fast path for tries (and charges): called straight from
+  -- the batch loop (and the one-check entry points).
+  if n == 1 then
+    pols.try_fast = pols[1].alg.try_fast
+    pols.charge_fast = pols[1].alg.charge_fast
+  end
   -- Several, each with one: a one-try call decides them all without tables.
   local all = n > 1
   for k = 1, n do all = all and pols[k].alg.try_fast ~= nil end
@@ -273,10 +277,23 @@ local function write_pending(pending, cache)
   for key, ttl in pairs(pending) do redis.call('SET', key, cache[key], 'PX', ttl) end
 end
 
--- One try with short arguments, the common call when checks are not batched:
--- ARGV = {rule set, cost, '' or "now created", [nonce]}; returns {now, reply} as
--- run_batch does for one check.
-local function run_try(keys, args, inline)
+-- One charge of a single policy with a fast path (`charge_fast`): nil when it does
+-- not apply (the general path decides), else the reply {now, 1, value before}.
+local function charge_one(pols, keys, now, cost)
+  local fast = pols.charge_fast
+  if not fast then return nil end
+  local pol = pols[1]
+  local v = redis.call('GET', keys[1])
+  local new, full = fast(pol.p, v or nil, now, cost, pol.debt)
+  if new == nil then return nil end
+  if new then redis.call('SET', keys[1], new, 'PX', fast_ttl(full, now, pols.margin)) end
+  return { now, 1, v or '' }
+end
+
+-- One try (or with `charging`, one charge) with short arguments, the common call
+-- when checks are not batched: ARGV = {rule set, cost, '' or "now created", [nonce]};
+-- returns {now, reply} as run_batch does for one check.
+local function run_try(keys, args, inline, charging)
   floor = math.floor
   local pols, i = RULE_SETS[args[1]], 2
   if not pols then pols, i = rules_at(args, 1, inline) end
@@ -288,6 +305,13 @@ local function run_try(keys, args, inline)
     created = now
   else
     now, created = times(args[i + 1])
+  end
+  if charging then
+    local done = charge_one(pols, keys, now, cost)
+    if done then return done end
+    local out = { now }
+    run_check(out, 'c', pols, keys, 0, now, created, cost, pols.margin, args[i + 2] or '', 1)
+    return out
   end
   local fast = pols.try_fast
   if fast then

@@ -10,6 +10,10 @@ redis.register_function{
   callback = function(keys, args) return run_try(keys, args, false) end,
 }
 redis.register_function{
+  function_name = 'tollgate_VERSION_charge',
+  callback = function(keys, args) return run_try(keys, args, false, true) end,
+}
+redis.register_function{
   function_name = 'tollgate_VERSION_lease',
   callback = function(keys, args) return run_lease(keys, args, false) end,
 }

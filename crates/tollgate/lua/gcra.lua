@@ -41,6 +41,24 @@ ALGOS[CODE.GCRA] = {
     if new - p.tau <= now then return 1, new, new end
     return shadow and 1 or 0, nil
   end,
+  -- A charge on the stored value `v` when the TAT is whole microseconds, as
+  -- try_fast (the same change as room/admit below): the value to store and when it
+  -- is fully replenished; false when nothing changes; nil when it does not apply.
+  charge_fast = function(p, v, now, cost, debt)
+    if p.scale ~= 1 then return nil end
+    local tat = now
+    if v then
+      tat = tonumber(v)
+      if not tat then return nil end
+      if tat < now then tat = now end
+    end
+    local room = now + p.tau + debt * p.interval - tat
+    if room <= 0 then return false end
+    local n = math.min(cost, idiv(room, p.interval))
+    if n <= 0 then return false end
+    local new = tat + n * p.interval
+    return new, new
+  end,
   check = function(p, s, now, cost, acquire, max_wait)
     if p.scale ~= 1 or s.f ~= 0 then return check_schedule(ALGOS[CODE.GCRA], p, s, now, cost, acquire, max_wait) end
     -- Whole-microsecond intervals (every state's frac is 0): the arithmetic of

@@ -54,6 +54,23 @@ ALGOS[CODE.FIXED_WINDOW] = {
     end
     return shadow and 1 or 0, nil
   end,
+  -- A charge on the stored value `v`, as try_fast (the same change as room/charge_at
+  -- /admit below, a reserved window included): false when nothing changes.
+  charge_fast = function(p, v, now, cost, debt)
+    local start, count = 0, 0
+    if v then
+      local sp = string.find(v, ' ', 1, true)
+      if not sp then return nil end
+      start, count = tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
+    end
+    if not (count > 0 and now < start + p.window) then
+      if p.first then start = now else start = now - (now - idiv(now, p.window) * p.window) end
+      count = 0
+    end
+    local n = math.min(cost, p.limit + debt - count)
+    if n <= 0 then return false end
+    return int(start) .. ' ' .. int(count + n), start + p.window
+  end,
   -- Leases (lease.lua): a slice is taken from the window that holds `now` and never
   -- outlives it; one reserved into a later window (acquire) leaves nothing to lease.
   lease_avail = function(p, s, now)

@@ -338,3 +338,55 @@ fn leases_that_cannot_be_kept_are_refused() {
         assert!(e.contains("shadow"), "{e}");
     });
 }
+
+/// A charge cannot take a debt out of a slice: the leased limiter ends the key's
+/// slice (its unspent units go back) and charges Redis directly, so every instance
+/// sees the debt at once.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
+#[test]
+fn a_charge_on_a_leased_limit_goes_to_redis_and_every_instance_sees_the_debt() {
+    use tollgate::RateLimiter;
+    let servers = RedisServers::standalone();
+    rt().block_on(async {
+        let store = RedisStore::connect(&servers.url()).await.unwrap();
+        let rules = RuleSet::parse(&["fixed-window:limit=100,window=1h"]).unwrap();
+        let opts = LeaseOptions {
+            duration: Duration::from_secs(60),
+            max_slice: Some(50),
+        };
+        let a = LeasedLimiter::new(store.clone(), "charged", rules.clone(), opts.clone()).unwrap();
+        let b = LeasedLimiter::new(store, "charged", rules, opts).unwrap();
+        // `a` leases a slice and spends one unit of it locally.
+        assert!(RateLimiter::check(&a, "k", 1).await.unwrap().allowed);
+        // 150 units of work reported after the fact: past the limit of 100.
+        let d = RateLimiter::charge(&a, "k", 150).await.unwrap();
+        assert!(d.decision.allowed && d.decision.remaining == 0, "{d:?}");
+        // Neither instance admits anything now: not `a` from its old slice (ended),
+        // not `b`, which leases from Redis.
+        assert!(!RateLimiter::check(&a, "k", 1).await.unwrap().allowed);
+        assert!(!RateLimiter::check(&b, "k", 1).await.unwrap().allowed);
+        // Exactly 151 were counted (the slice's unspent units went back first): 51
+        // given back leave the key exactly spent, one more leaves one.
+        RateLimiter::refund(&b, "k", 51).await.unwrap();
+        assert_eq!(
+            RateLimiter::peek(&b, "k", 0)
+                .await
+                .unwrap()
+                .decision
+                .remaining,
+            0
+        );
+        RateLimiter::refund(&b, "k", 1).await.unwrap();
+        assert_eq!(
+            RateLimiter::peek(&b, "k", 0)
+                .await
+                .unwrap()
+                .decision
+                .remaining,
+            1
+        );
+    });
+}

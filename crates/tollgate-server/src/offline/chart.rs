@@ -111,13 +111,15 @@ where
     for (area, panel) in areas.iter().zip(panels) {
         let points = panel.series.iter().flat_map(|(_, p)| p.iter());
         let xmax = points.clone().map(|p| p.0).fold(1.0, f64::max);
-        // From zero, so that a flat line looks flat, with headroom for the legend.
+        // From zero (or below it, for a debt), so that a flat line looks flat, with
+        // headroom for the legend.
+        let ymin = points.clone().map(|p| p.1).fold(0.0, f64::min) * 1.1;
         let ymax = points.map(|p| p.1).fold(1.0, f64::max) * 1.3;
         let mut chart = ChartBuilder::on(area)
             .margin(10)
             .x_label_area_size(35)
             .y_label_area_size(70)
-            .build_cartesian_2d(0f64..xmax, 0f64..ymax)
+            .build_cartesian_2d(0f64..xmax, ymin..ymax)
             .map_err(err)?;
         chart
             .configure_mesh()

@@ -3,7 +3,8 @@
 //! [`chart`] that draws a simulation; a simulation offers [`traffic`] to each policy
 //! and reports each [`run`]; [`overload`] is the closed-loop simulation of
 //! concurrency limits against a modelled upstream; [`plot`] charts a CSV of samples
-//! (the soak script's).
+//! (the soak script's); [`usage`] charges usages known after the work
+//! (`simulate --usage`).
 
 pub mod chart;
 pub mod overload;
@@ -12,3 +13,4 @@ pub mod replay;
 pub mod run;
 pub mod simulate;
 pub mod traffic;
+pub mod usage;

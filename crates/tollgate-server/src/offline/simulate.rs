@@ -90,6 +90,15 @@ pub struct SimulateArgs {
     /// closed-loop: adaptive limits share among the groups' callers.
     #[arg(long)]
     pub fair: bool,
+    /// Costs known after the work: each admitted request (one unit) is charged a
+    /// usage drawn log-normal around MEDIAN (the logarithm's spread SIGMA, default
+    /// 0.5), e.g. `--usage 800` tokens, into debt if need be.
+    #[arg(long)]
+    pub usage: Option<crate::offline::usage::UsageDist>,
+    /// With --usage: how long after its admission a request's usage is charged (the
+    /// work's duration).
+    #[arg(long, default_value = "0ms", value_parser = crate::config::duration_arg)]
+    pub usage_after: std::time::Duration,
     /// Write a chart (.svg or .png).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -118,7 +127,7 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
         .map(|p| Policy::parse(p))
         .collect::<Result<Vec<_>, _>>()?;
     let scenario = Scenario {
-        pattern: args.pattern,
+        pattern: args.pattern.clone(),
         rate: args.rate,
         duration_us: u64::try_from(args.duration.as_micros()).unwrap_or(u64::MAX),
         burst: args.burst,
@@ -132,6 +141,9 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
     let duration_us = arrivals
         .last()
         .map_or(scenario.duration_us, |a| a.0.max(scenario.duration_us));
+    if let Some(dist) = args.usage {
+        return usage(&args, &scenario, &policies, &arrivals, dist, duration_us);
+    }
     let runs: Vec<_> = policies
         .iter()
         .map(|p| {
@@ -161,6 +173,78 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&summaries)?);
     } else {
         print!("{}", table(&summaries, use_color()));
+    }
+    Ok(())
+}
+
+/// `tollgate simulate --usage`: every policy charged usages after the fact; the table
+/// (or JSON), and a chart of the first key's budget going into debt and back.
+fn usage(
+    args: &SimulateArgs,
+    scenario: &Scenario,
+    policies: &[Policy],
+    arrivals: &[crate::offline::traffic::Arrival],
+    dist: crate::offline::usage::UsageDist,
+    duration_us: u64,
+) -> anyhow::Result<()> {
+    if args.csv.is_some() {
+        anyhow::bail!("--csv writes decisions of runs without --usage");
+    }
+    let after_us = u64::try_from(args.usage_after.as_micros()).unwrap_or(u64::MAX);
+    let runs = policies
+        .iter()
+        .map(|p| {
+            crate::offline::usage::run(p, arrivals, dist, after_us, scenario.seed, duration_us)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(path) = &args.out {
+        let panels: Vec<_> = runs
+            .iter()
+            .map(|r| crate::offline::chart::Panel {
+                y_desc: "units left (below 0: debt)".into(),
+                series: vec![(
+                    format!("{}: the first key's budget", r.summary.policy),
+                    r.balance.clone(),
+                )],
+            })
+            .collect();
+        let title = format!(
+            "usage after the fact: median {} units (spread {}), charged {} after admission; {} req/s {:?}",
+            dist.median,
+            dist.sigma,
+            tollgate::fmt_duration(after_us),
+            scenario.rate,
+            scenario.pattern
+        )
+        .to_lowercase();
+        crate::offline::chart::draw_samples(path, &title, "time (s)", &panels)?;
+    }
+    let summaries: Vec<_> = runs.into_iter().map(|r| r.summary).collect();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summaries)?);
+        return Ok(());
+    }
+    let w = summaries
+        .iter()
+        .map(|s| s.policy.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    println!(
+        "{:<w$} {:>9} {:>9} {:>9} {:>13} {:>13} {:>10}",
+        "policy", "offered", "admitted", "rejected", "used", "deepest debt", "exhausted"
+    );
+    for s in &summaries {
+        println!(
+            "{:<w$} {:>9} {:>9} {:>9} {:>13} {:>13} {:>9.1}%",
+            s.policy,
+            s.offered,
+            s.admitted,
+            s.rejected,
+            s.used_units,
+            s.deepest_debt,
+            s.exhausted_share * 100.0
+        );
     }
     Ok(())
 }

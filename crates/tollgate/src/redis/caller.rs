@@ -53,6 +53,7 @@ impl ConnectionLike for Conn {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Entry {
     Try,
+    Charge,
     Batch,
     ReadOnly,
     Lease,
@@ -100,11 +101,13 @@ impl Caller {
             Entry::ReadOnly
         } else if checks.len() == 1 && checks[0].op == CallOp::Try {
             Entry::Try
+        } else if checks.len() == 1 && checks[0].op == CallOp::Charge {
+            Entry::Charge
         } else {
             Entry::Batch
         };
         self.invoke(conn, families, entry, &|cmd, form| match entry {
-            Entry::Try => push_try(cmd, checks[0], &nonce, form),
+            Entry::Try | Entry::Charge => push_try(cmd, checks[0], &nonce, form),
             _ => push_call(cmd, checks, &nonce, form),
         })
         .await
@@ -139,6 +142,7 @@ impl Caller {
                 let (command, function) = match entry {
                     Entry::ReadOnly => ("FCALL_RO", &lib.function_ro),
                     Entry::Try => ("FCALL", &lib.function_try),
+                    Entry::Charge => ("FCALL", &lib.function_charge),
                     Entry::Batch => ("FCALL", &lib.function),
                     Entry::Lease => ("FCALL", &lib.function_lease),
                 };
@@ -152,6 +156,7 @@ impl Caller {
             };
             let form = match entry {
                 Entry::Try => "t",
+                Entry::Charge => "c",
                 Entry::Lease => "l",
                 Entry::Batch | Entry::ReadOnly => "b",
             };

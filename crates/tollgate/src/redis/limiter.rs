@@ -272,21 +272,28 @@ impl RedisLimiter {
         }
     }
 
-    /// The command an unbatched try of `cost` for `key` sends (`FCALL` of the one-try
-    /// function, or with `eval` the `EVALSHA` form), as words, for tools that drive the
-    /// decision code themselves, e.g. `redis-benchmark` as a ceiling (the nonce is
-    /// fixed).
-    pub fn script_call(&self, key: &str, cost: u64, eval: bool) -> Vec<String> {
+    /// The command an unbatched try (or with `charge`, a charge) of `cost` for `key`
+    /// sends (`FCALL` of the one-check function, or with `eval` the `EVALSHA` form),
+    /// as words, for tools that drive the decision code themselves, e.g.
+    /// `redis-benchmark` as a ceiling (the nonce is fixed).
+    pub fn script_call(&self, key: &str, cost: u64, eval: bool, charge: bool) -> Vec<String> {
         let compiled = self.inner.compiled.load();
-        let check = self.check_call(&compiled, CallOp::Try, key, None, None, cost);
+        let op = if charge { CallOp::Charge } else { CallOp::Try };
+        let check = self.check_call(&compiled, op, key, None, None, cost);
+        let lib = super::script::library();
+        let (form, function) = if charge {
+            ("c", &lib.function_charge)
+        } else {
+            ("t", &lib.function_try)
+        };
         let cmd = if eval {
             let mut cmd = ::redis::cmd("EVALSHA");
             cmd.arg(&super::script::eval_script(compiled.wire.families).sha1);
-            super::call::push_try(&mut cmd, &check, "bench", Some("t"));
+            super::call::push_try(&mut cmd, &check, "bench", Some(form));
             cmd
         } else {
             let mut cmd = ::redis::cmd("FCALL");
-            cmd.arg(&super::script::library().function_try);
+            cmd.arg(function);
             super::call::push_try(&mut cmd, &check, "bench", None);
             cmd
         };

@@ -70,6 +70,8 @@ pub(crate) struct Library {
     pub function: String,
     /// The function that decides one try, with shorter arguments.
     pub function_try: String,
+    /// The function that makes one charge, with the same short arguments.
+    pub function_charge: String,
     /// The function that ends and takes leases (`lease.lua`).
     pub function_lease: String,
     /// The read-only function for batches of peeks (`FCALL_RO`).
@@ -87,6 +89,7 @@ pub(crate) fn library() -> &'static Library {
             source: format!("#!lua name=tollgate_{version}\n{body}{register}"),
             function: format!("tollgate_{version}"),
             function_try: format!("tollgate_{version}_try"),
+            function_charge: format!("tollgate_{version}_charge"),
             function_lease: format!("tollgate_{version}_lease"),
             function_ro: format!("tollgate_{version}_ro"),
         }
