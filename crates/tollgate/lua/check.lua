@@ -147,13 +147,21 @@ end
 -- One check (op, its policies, its keys from keys[base + 1]); its reply goes to `out`.
 local function run_check(out, op, pols, keys, base, now, created, cost, margin_ms, nonce, check)
   local n = #pols
-  if n == 1 and op == 't' then
-    -- The common case, without the tables of the general path below.
+  if n == 1 and (op == 't' or op == 'c') then
+    -- The common cases, without the tables of the general path below.
     local pol = pols[1]
     local key = keys[base + 1]
     local s = load_one(pol, keys, base, 1, created, nonce, check)
     local before = s.raw or pol.alg.encode(pol.p, s)
     if type(before) == 'number' then before = int(before) end
+    if op == 'c' then
+      s.raw = nil
+      charge(pol, s, now, cost)
+      save(pol, key, s, now, margin_ms)
+      out[#out + 1] = 1
+      out[#out + 1] = before
+      return
+    end
     local ok = decide(pol, s, now, cost, false, nil)
     if ok then save(pol, key, s, now, margin_ms) end
     out[#out + 1] = (ok or pol.shadow) and 1 or 0
