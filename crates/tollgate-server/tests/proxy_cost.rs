@@ -2,7 +2,8 @@
 //! test starts answers OpenAI-shaped chat completions (a JSON body with `usage`, or a
 //! `stream: true` server-sent event stream whose last event carries it), and
 //! `tollgate proxy` processes in front of it keep a budget of 10,000 tokens a minute
-//! per API key, in memory and, with two processes, in Redis.
+//! per API key, in memory and, with two processes, in Redis. (Windows open at a key's
+//! first request, `align=first`, so that no window boundary falls inside a test.)
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -198,10 +199,14 @@ async fn spend(c: &HttpClient, proxies: &[&Proxy], key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_budget_holds_within_one_response_and_bad_usage_is_charged_the_estimate() {
-    tollgate_testkit::clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10));
     let up = upstream().await;
     let dir = temp_dir("memory");
-    let p = proxy(&dir, &up, "", "fixed-window:limit=10000,window=1m");
+    let p = proxy(
+        &dir,
+        &up,
+        "",
+        "fixed-window:limit=10000,window=1m,align=first",
+    );
     let c = client();
     // JSON and streamed completions: served tokens stay within the budget plus one
     // response (the overdraft a check before the work cannot prevent).
@@ -222,6 +227,13 @@ async fn a_token_budget_holds_within_one_response_and_bad_usage_is_charged_the_e
     assert_eq!(complete(&c, &p, "key-h", 1, false, "json").await.0, 429);
     // A usage that is not one (a string, 1e400, a negative number, none at all) is
     // charged the estimate of 50, never nothing: 200 such responses spend the budget.
+    // (An hour's budget: these loops take longer than a minute's margin.)
+    let p = proxy(
+        &dir,
+        &up,
+        "",
+        "fixed-window:limit=10000,window=1h,align=first",
+    );
     for how in ["string", "huge", "negative", "none"] {
         let key = format!("key-{how}");
         let mut ok = 0;
@@ -269,12 +281,11 @@ async fn a_token_budget_holds_within_one_response_and_bad_usage_is_charged_the_e
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxy_processes_on_redis_keep_one_token_budget() {
-    tollgate_testkit::clear_of_window_end(Duration::from_secs(60), Duration::from_secs(10));
     let redis = RedisServers::standalone();
     let up = upstream().await;
     let dir = temp_dir("redis");
     let store = format!("store:\n  kind: redis\n  url: {}\n", redis.url());
-    let policy = "fixed-window:limit=10000,window=1m";
+    let policy = "fixed-window:limit=10000,window=1m,align=first";
     let (a, b) = (
         proxy(&dir, &up, &store, policy),
         proxy(&dir, &up, &store, policy),
@@ -329,4 +340,52 @@ async fn reqwest_text(c: &HttpClient, url: &str) -> String {
             .to_vec(),
     )
     .unwrap()
+}
+
+/// A `cost:` that cannot work is refused before anything starts, naming the field.
+#[test]
+fn cost_settings_that_cannot_work_are_refused_by_check_config() {
+    let dir = temp_dir("config");
+    let route = |extra: &str| {
+        format!(
+            "proxy:\n  routes:\n    - name: llm\n      upstream: http://127.0.0.1:9\n      key: header:authorization\n{extra}"
+        )
+    };
+    for (extra, expected) in [
+        (
+            "      policies: ['shaper:rate=1/s,queue=2']\n      cost: {from: 'json:usage.total_tokens'}\n",
+            "proxy.routes[0].cost: shaper:rate=1/s,queue=2: shaper cannot be charged",
+        ),
+        (
+            "      policies: ['fixed-window:limit=100,window=1m']\n      cost: {from: 'json:usage.total_tokens', estimate: 500}\n",
+            "proxy.routes[0].cost.estimate: fixed-window:limit=100,window=1m: cost 500 can never be admitted",
+        ),
+        (
+            "      cost: {from: 'json:usage.total_tokens'}\n",
+            "proxy.routes[0].cost: needs policies to charge",
+        ),
+        (
+            "      policies: ['gcra:rate=10/s']\n      cost: {from: 'body:usage'}\n",
+            "proxy.routes[0].cost.from: 'body:usage' is not header:NAME or json:PATH",
+        ),
+        (
+            "      policies: ['gcra:rate=10/s']\n      cost: {from: 'json:usage..total'}\n",
+            "proxy.routes[0].cost.from: 'json:usage..total' is not header:NAME or json:PATH",
+        ),
+        (
+            "      policies: ['gcra:rate=10/s']\n      cost: {from: 'json:usage.total_tokens', max_body: 0}\n",
+            "proxy.routes[0].cost.max_body: must be at least 1 byte",
+        ),
+    ] {
+        let file = dir.join("bad.yaml");
+        std::fs::write(&file, route(extra)).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["check-config", "--config", file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra}");
+        assert!(err.contains(expected), "{extra}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -129,6 +129,15 @@ where
             .axis_desc_style(("sans-serif", 14))
             .draw()
             .map_err(err)?;
+        // Below zero means something (a debt): mark the zero line.
+        if ymin < 0.0 {
+            chart
+                .draw_series(LineSeries::new(
+                    [(0.0, 0.0), (xmax, 0.0)],
+                    BLACK.mix(0.6).stroke_width(1),
+                ))
+                .map_err(err)?;
+        }
         // A series keeps its colour across panels: it is picked by position, and an
         // empty series (nothing to draw in this panel) keeps its place.
         for ((name, data), color) in panel.series.iter().zip(COLORS.iter().cycle()) {

@@ -182,7 +182,7 @@ impl Backend for Redis {
                     Err(e.to_string())
                 }
                 Err(tollgate::redis::StoreError::Check(_)) => {
-                    let peek = limiter.peek_at(key, t, 0, 1).await;
+                    let peek = limiter.peek_at(key, t, 0, 0).await;
                     Ok((false, peek.map_or(0, |d| d.decision.remaining), None))
                 }
                 Err(e) => Err(e.to_string()),
@@ -313,10 +313,19 @@ pub fn replay_on(
     let mut record = csv::StringRecord::new();
     let mut last_t = 0u64;
     let mut rows = 0u64;
+    let chargeable = policy
+        .charge(&mut policy.init(0), 0, 0)
+        .map_err(|e| e.to_string());
     while reader.read_record(&mut record).map_err(|e| row_error(&e))? {
         let line = record.position().map_or(rows + 2, |p| p.line());
         let row = TraceRow::parse(&record, &cols, op, last_t)
             .map_err(|message| ReplayError::Row { line, message })?;
+        if let (true, Err(message)) = (row.op.charges(), &chargeable) {
+            return Err(ReplayError::Row {
+                line,
+                message: message.clone(),
+            });
+        }
         last_t = row.t;
         let (allowed, remaining, wait) = backend
             .decide(row.key, row.t, row.cost, row.hold, row.op)
@@ -349,10 +358,7 @@ fn columns_of(
     match decision {
         Ok(d) => Ok(output_of(&d, op)),
         Err(e @ CheckError::NotChargeable { .. }) => Err(e.to_string()),
-        Err(_) => {
-            let remaining = policy.peek(state, t, 1).map_or(0, |d| d.remaining);
-            Ok((false, remaining, None))
-        }
+        Err(_) => Ok((false, policy.remaining(state, t), None)),
     }
 }
 

@@ -54,7 +54,7 @@ pub(super) struct RouteCost {
     pub estimate: u64,
     /// The most of a JSON body (or of one event) read looking for the usage.
     max_body: usize,
-    /// Units charged in all (admission plus the settled difference).
+    /// Units the requests used in all (reported, or the estimate).
     pub charged: AtomicU64,
     /// Responses by outcome: reported, missing, invalid, disconnected.
     pub outcomes: [AtomicU64; 4],
@@ -78,14 +78,19 @@ impl RouteCost {
                 Some(("header", name)) => HeaderName::from_bytes(name.trim().as_bytes())
                     .map(Source::Header)
                     .map_err(|_| anyhow::anyhow!("{at}.cost.from: '{name}' is not a header name")),
-                Some(("json", path)) if !path.trim().is_empty() => Ok(Source::Json(
-                    path.trim().split('.').map(str::to_owned).collect(),
-                )),
+                Some(("json", path))
+                    if !path.trim().is_empty() && path.trim().split('.').all(|k| !k.is_empty()) =>
+                {
+                    Ok(Source::Json(path.trim().split('.').map(str::to_owned).collect()))
+                }
                 _ => Err(anyhow::anyhow!(
                     "{at}.cost.from: '{s}' is not header:NAME or json:PATH (e.g. json:usage.total_tokens)"
                 )),
             })
             .collect::<anyhow::Result<_>>()?;
+        if c.max_body == 0 {
+            anyhow::bail!("{at}.cost.max_body: must be at least 1 byte");
+        }
         if c.estimate == 0 || c.estimate > tollgate::MAX_COUNT {
             anyhow::bail!(
                 "{at}.cost.estimate: {} is not between 1 and 2^40 (a request must find at least one unit left)",
@@ -254,8 +259,18 @@ impl Meter {
 
     fn lookup(&self, json: &serde_json::Value) -> Option<Outcome> {
         self.paths.iter().find_map(|path| {
-            let v = path.iter().try_fold(json, |v, k| v.get(k))?;
-            Some(match v.as_u64() {
+            // A numeric segment indexes an array (`choices.0.usage`).
+            let v = path.iter().try_fold(json, |v, k| match v {
+                serde_json::Value::Array(a) => a.get(k.parse::<usize>().ok()?),
+                v => v.get(k),
+            })?;
+            // A whole number, also written as a float (`2.0`).
+            let n = v.as_u64().or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= tollgate::MAX_COUNT as f64)
+                    .map(|f| f as u64)
+            });
+            Some(match n {
                 Some(n) if n <= tollgate::MAX_COUNT => Outcome::Reported(n),
                 Some(_) => Outcome::Invalid("the usage is more than 2^40"),
                 None => Outcome::Invalid("the usage field is not a whole number"),
@@ -363,7 +378,7 @@ impl Pending {
                 std::cmp::Ordering::Less => counter.refund(&key, admitted - used).await,
             };
             if let Err(e) = done {
-                tracing::warn!(key, error = %e, "tollgate: proxy: a usage could not be settled");
+                tracing::warn!(key, error = %e, "tollgate: proxy: a usage could not be settled (the store failed)");
             }
         })
     }
@@ -385,5 +400,99 @@ impl Drop for Pending {
         if !self.settled {
             spawn(self.apply(0));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cost(from: &[&str], max_body: usize) -> RouteCost {
+        let c = CostConfig {
+            from: from.iter().map(|s| s.to_string()).collect(),
+            estimate: 7,
+            max_body,
+        };
+        RouteCost::build(&c, "r").unwrap()
+    }
+
+    fn read(c: &RouteCost, content_type: &str, chunks: &[&str]) -> Outcome {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", content_type.parse().unwrap());
+        let mut m = c.meter(&headers).unwrap();
+        for chunk in chunks {
+            m.feed(&Bytes::from(chunk.to_string()));
+        }
+        m.finish()
+    }
+
+    #[test]
+    fn a_json_body_reports_its_field_whole_numbers_only() {
+        let c = cost(&["json:usage.total_tokens"], 1 << 20);
+        let json = "application/json";
+        assert_eq!(
+            read(&c, json, &[r#"{"usage":{"total_to"#, r#"kens":42}}"#]),
+            Outcome::Reported(42)
+        );
+        assert_eq!(
+            read(&c, json, &[r#"{"usage":{"total_tokens":2.0}}"#]),
+            Outcome::Reported(2)
+        );
+        assert!(matches!(
+            read(&c, json, &[r#"{"usage":{"total_tokens":2.5}}"#]),
+            Outcome::Invalid(_)
+        ));
+        assert!(matches!(
+            read(&c, json, &[r#"{"usage":{"total_tokens":"9"}}"#]),
+            Outcome::Invalid(_)
+        ));
+        assert!(matches!(
+            read(&c, json, &[r#"{"usage":{"total_tokens":1e400}}"#]),
+            Outcome::Invalid(_)
+        ));
+        assert!(matches!(read(&c, json, &["not json"]), Outcome::Invalid(_)));
+        assert_eq!(read(&c, json, &[r#"{"choices":[]}"#]), Outcome::Missing);
+        let small = cost(&["json:usage.total_tokens"], 10);
+        assert!(matches!(
+            read(&small, json, &[r#"{"usage":{"total_tokens":1}}"#]),
+            Outcome::Invalid(_)
+        ));
+        let indexed = cost(&["json:choices.1.n"], 1 << 20);
+        assert_eq!(
+            read(&indexed, json, &[r#"{"choices":[{"n":1},{"n":5}]}"#]),
+            Outcome::Reported(5)
+        );
+    }
+
+    #[test]
+    fn an_event_stream_reports_the_last_event_with_the_field() {
+        let c = cost(&["json:usage.total_tokens"], 1 << 20);
+        let sse = "text/event-stream; charset=utf-8";
+        let stream = [
+            "data: {\"choices\":[{\"delta\":{}}]}\n\ndata: {\"usage\":{\"total_",
+            "tokens\":10}}\r\n\r\ndata: {\"usage\":{\"total_tokens\":12}}\n\n",
+            "data: [DONE]\n\n",
+        ];
+        assert_eq!(read(&c, sse, &stream), Outcome::Reported(12));
+        assert_eq!(
+            read(&c, sse, &["data: {\"x\":1}\n\n", "data: [DONE]\n\n"]),
+            Outcome::Missing
+        );
+        // A stream cut before its final blank line still counts its last event.
+        assert_eq!(
+            read(&c, sse, &["data: {\"usage\":{\"total_tokens\":3}}"]),
+            Outcome::Reported(3)
+        );
+    }
+
+    #[test]
+    fn a_header_reports_a_whole_number() {
+        let c = cost(&["header:x-usage", "json:usage.total_tokens"], 1 << 20);
+        let mut h = HeaderMap::new();
+        assert_eq!(c.in_headers(&h), None);
+        h.insert("x-usage", "77".parse().unwrap());
+        assert_eq!(c.in_headers(&h), Some(Outcome::Reported(77)));
+        h.insert("x-usage", "-1".parse().unwrap());
+        assert!(matches!(c.in_headers(&h), Some(Outcome::Invalid(_))));
     }
 }

@@ -83,6 +83,7 @@ pub(super) async fn forward(
                 _adaptive: adaptive,
                 charge,
                 settling: None,
+                last: None,
             };
             Response::from_parts(parts, Body::new(body))
         }
@@ -176,6 +177,8 @@ struct Held {
     charge: Option<(Pending, Meter)>,
     /// The usage being charged: the body ends when it has landed.
     settling: Option<Settle>,
+    /// The body's last frame, sent once the charge has landed.
+    last: Option<http_body::Frame<bytes::Bytes>>,
 }
 
 impl Held {
@@ -199,32 +202,40 @@ impl http_body::Body for Held {
         if let Some(settling) = &mut self.settling {
             std::task::ready!(settling.as_mut().poll(cx));
             self.settling = None;
-            return Poll::Ready(None);
+            return Poll::Ready(self.last.take().map(Ok));
         }
         let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
-        if let Some((_, meter)) = &mut self.charge {
-            match &polled {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Some(data) = frame.data_ref() {
-                        meter.feed(data);
-                    }
-                    if self.body.is_end_stream() {
-                        self.ended();
-                    }
-                }
-                Poll::Ready(None) => {
-                    self.ended();
-                    return self.poll_frame(cx);
-                }
-                _ => {}
-            }
+        if self.charge.is_none() {
+            return polled;
         }
-        polled
+        match polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some((_, meter)), Some(data)) = (&mut self.charge, frame.data_ref()) {
+                    meter.feed(data);
+                }
+                if !self.body.is_end_stream() {
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                // The last frame waits for the charge: a client has the whole
+                // response (e.g. its Content-Length) only once the charge has landed.
+                self.last = Some(frame);
+                self.ended();
+                self.poll_frame(cx)
+            }
+            Poll::Ready(None) => {
+                self.ended();
+                self.poll_frame(cx)
+            }
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
         // Not while a usage is still to be read or charged.
-        self.charge.is_none() && self.settling.is_none() && self.body.is_end_stream()
+        self.charge.is_none()
+            && self.settling.is_none()
+            && self.last.is_none()
+            && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {

@@ -96,7 +96,7 @@ impl RouteLimits {
             .ok_or_else(|| {
                 anyhow::anyhow!("{at}.status: {} is not a 4xx or 5xx status", r.status)
             })?;
-        let tiers = r
+        let tiers: Vec<(Vec<String>, Option<Limits>)> = r
             .tiers
             .iter()
             .enumerate()
@@ -109,8 +109,18 @@ impl RouteLimits {
                 Ok((tier.values.clone(), l))
             })
             .collect::<anyhow::Result<_>>()?;
+        let default = Limits::build((&r.name, "default"), &r.policies, at, options, redis)?;
+        if let Some(c) = &r.cost {
+            check_cost(
+                c,
+                at,
+                default
+                    .iter()
+                    .chain(tiers.iter().filter_map(|(_, l)| l.as_ref())),
+            )?;
+        }
         Ok(RouteLimits {
-            default: Limits::build((&r.name, "default"), &r.policies, at, options, redis)?,
+            default,
             tiers,
             conns: r
                 .limit_conn
@@ -231,6 +241,31 @@ impl RouteLimits {
             },
         }
     }
+}
+
+/// `cost:` needs rate policies it can charge, each able to admit the estimate.
+fn check_cost<'a>(
+    c: &crate::config::proxy::CostConfig,
+    at: &str,
+    limits: impl Iterator<Item = &'a Limits>,
+) -> anyhow::Result<()> {
+    let mut any = false;
+    for l in limits {
+        any = true;
+        for p in l.rules.policies() {
+            let fresh = &mut p.init(0);
+            if let Err(e) = p.charge(fresh, 0, 0) {
+                anyhow::bail!("{at}.cost: {p}: {e}");
+            }
+            if let Err(e) = p.check(fresh, 0, c.estimate.max(1), Op::Try) {
+                anyhow::bail!("{at}.cost.estimate: {p}: {e}");
+            }
+        }
+    }
+    if !any {
+        anyhow::bail!("{at}.cost: needs policies to charge (the route has none)");
+    }
+    Ok(())
 }
 
 impl Limits {

@@ -76,8 +76,8 @@ pub(super) fn render(table: &RouteTable) -> String {
     }
     let mut registry = Registry::with_prefix("tollgate_proxy");
     registry.register(
-        "cost_charged_units",
-        "Units charged under cost: (admissions plus the usage settled)",
+        "cost_usage_units",
+        "Units the requests of cost: routes used: the usage reported, or the estimate (max-debt may forgive part of a charge)",
         charged,
     );
     registry.register(

@@ -687,6 +687,11 @@ fn build(
                 "{at}: give either rate_limit or policies, not both"
             ))
         }
+        (None, None) if d.rejected_hits.is_some() => {
+            return Err(format!(
+                "{at}.rejected_hits: only for a descriptor with rate_limit or policies (it does not pass to children)"
+            ))
+        }
         (None, None) => None,
         (None, Some(specs)) => {
             if specs.is_empty() {
@@ -694,6 +699,13 @@ fn build(
             }
             let rules = RuleSet::new(specs.into_iter().map(|s| s.0).collect())
                 .map_err(|e| format!("{at}.policies: {e}"))?;
+            if d.rejected_hits == Some(RejectedHits::Counted) {
+                for p in rules.policies() {
+                    if let Err(e) = p.charge(&mut p.init(0), 0, 0) {
+                        return Err(format!("{at}.rejected_hits: counted needs policies that can be charged: {p}: {e}"));
+                    }
+                }
+            }
             Some(limit_of(
                 node_path.clone(),
                 traits,
@@ -912,6 +924,24 @@ descriptors:
             .unwrap_err()
             .to_string();
         assert!(e.contains("test.yaml") && e.contains("rate"), "{e}");
+        // Counting rejected hits charges them: a queue or permits cannot take that.
+        let e = rules("domain: d\ndescriptors:\n  - key: k\n    rejected_hits: counted\n    policies: ['shaper:rate=1/s,queue=2']\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rejected_hits: counted needs policies that can be charged")
+                && e.contains("shaper cannot be charged"),
+            "{e}"
+        );
+        let e = rules("domain: d\ndescriptors:\n  - key: k\n    rejected_hits: not_counted\n    descriptors:\n      - key: c\n        rate_limit: {unit: second, requests_per_unit: 1}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "descriptors[0].rejected_hits: only for a descriptor with rate_limit or policies"
+            ),
+            "{e}"
+        );
         let mut r = rules("domain: d\ndescriptors: []\n").unwrap();
         let e = r
             .add(
