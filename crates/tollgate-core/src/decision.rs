@@ -70,6 +70,23 @@ impl Decision {
         }
     }
 
+    /// Envoy's counting of a request: the `verdict` a try would have had, with the
+    /// state after its `charge` (see `Policy::count`): `remaining` and `reset_after` of
+    /// the charge, and on a reject the time until a unit request fits again.
+    pub fn counted(verdict: Decision, charge: Decision) -> Self {
+        Decision {
+            remaining: charge.remaining,
+            reset_after_us: charge.reset_after_us,
+            retry_after_us: if verdict.allowed {
+                None
+            } else {
+                charge.retry_after_us.or(Some(0))
+            },
+            capped: charge.capped,
+            ..verdict
+        }
+    }
+
     /// `wait_us` as a [`Duration`].
     pub fn wait(&self) -> Duration {
         Duration::from_micros(self.wait_us)

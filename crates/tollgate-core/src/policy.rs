@@ -400,17 +400,7 @@ impl Policy {
             }
         };
         let c = self.charge(state, now, cost)?;
-        Ok(Decision {
-            remaining: c.remaining,
-            reset_after_us: c.reset_after_us,
-            retry_after_us: if verdict.allowed {
-                None
-            } else {
-                c.retry_after_us.or(Some(0))
-            },
-            capped: c.capped,
-            ..verdict
-        })
+        Ok(Decision::counted(verdict, c))
     }
 
     /// Whether `state` is past the limit at `now` (in debt): not merely at it, but

@@ -999,3 +999,53 @@ async fn bench_takes_the_address_the_banner_prints() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--target https://127.0.0.1:1"), "{stderr}");
 }
+
+/// `POST /v1/charge`: the usage of work already done, charged into debt; the next
+/// check is refused until the budget has paid it back. A limit that cannot be
+/// charged is a 400 naming the descriptor.
+#[tokio::test]
+async fn charge_takes_usage_after_the_fact_into_debt() {
+    let dir = std::env::temp_dir().join(format!("tollgate-charge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("tokens.yaml"),
+        "domain: llm\ndescriptors:\n  - key: api_key\n    policies: ['token-bucket:rate=1000/m,capacity=1000']\n  - key: queue\n    policies: ['shaper:rate=1/s,queue=5']\n",
+    )
+    .unwrap();
+    let server = start(&["--rules", dir.to_str().unwrap()]);
+    let body = |cost: u64| {
+        format!(
+            r#"{{"domain":"llm","descriptors":[{{"entries":[{{"key":"api_key","value":"a"}}]}}],"cost":{cost}}}"#
+        )
+    };
+    let (status, _, v) = post(&server, "/v1/check", &body(1)).await;
+    assert_eq!(
+        (status, &v["statuses"][0]["limit_remaining"]),
+        (200, &json!(999))
+    );
+    // 1,500 tokens used: 500 past the budget (with the 1 of the check).
+    let (status, _, v) = post(&server, "/v1/charge", &body(1499)).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["overall_code"], "OK");
+    assert_eq!(v["statuses"][0]["limit_remaining"], 0);
+    let (status, headers, v) = post(&server, "/v1/check", &body(1)).await;
+    assert_eq!(status, 429, "{v}");
+    // 501 tokens to refill at 1000 a minute: about 30 s.
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((29..=31).contains(&retry), "{retry}");
+    // A charge of 0 changes nothing.
+    let (status, _, _) = post(&server, "/v1/charge", &body(0)).await;
+    assert_eq!(status, 200);
+    let queue =
+        r#"{"domain":"llm","descriptors":[{"entries":[{"key":"queue","value":"q"}]}],"cost":3}"#;
+    let (status, _, v) = post(&server, "/v1/charge", queue).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("descriptors[0]: shaper cannot be charged"),
+        "{v}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,6 +9,20 @@ local function period_end(now, width) return (idiv(now, width) + 1) * width end
 -- State: "start count": `count` admitted in the window starting at `start` (us).
 local function fw_live(p, s, now) return s.count > 0 and now < s.start + p.window end
 
+-- The stored value `v` (nil: no state) as start, count; nil when it is not "start count".
+local function fw_parse(v)
+  if not v then return 0, 0 end
+  local sp = string.find(v, ' ', 1, true)
+  if not sp then return nil end
+  return tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
+end
+
+-- The start of a window opened at `now`.
+local function fw_open(p, now)
+  if p.first then return now end
+  return now - (now - idiv(now, p.window) * p.window)
+end
+
 ALGOS[CODE.FIXED_WINDOW] = {
   params = function(a) return { limit = a[1], window = a[2], first = a[3] == 1 } end,
   load = function(p, key)
@@ -36,18 +50,12 @@ ALGOS[CODE.FIXED_WINDOW] = {
   -- A try on the stored value `v` (nil: no state) with no tables, as gcra's try_fast
   -- (the same decision as earliest/admit above); nil for a window reserved ahead.
   try_fast = function(p, v, now, cost, shadow)
-    local start, count = 0, 0
-    if v then
-      local sp = string.find(v, ' ', 1, true)
-      if not sp then return nil end
-      start, count = tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
-    end
+    local start, count = fw_parse(v)
+    if not start then return nil end
     if count > 0 and now < start + p.window then
       if now < start then return nil end
-    elseif p.first then
-      start, count = now, 0
     else
-      start, count = now - (now - idiv(now, p.window) * p.window), 0
+      start, count = fw_open(p, now), 0
     end
     if count + cost <= p.limit then
       return 1, int(start) .. ' ' .. int(count + cost), start + p.window
@@ -57,16 +65,9 @@ ALGOS[CODE.FIXED_WINDOW] = {
   -- A charge on the stored value `v`, as try_fast (the same change as room/charge_at
   -- /admit below, a reserved window included): false when nothing changes.
   charge_fast = function(p, v, now, cost, debt)
-    local start, count = 0, 0
-    if v then
-      local sp = string.find(v, ' ', 1, true)
-      if not sp then return nil end
-      start, count = tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
-    end
-    if not (count > 0 and now < start + p.window) then
-      if p.first then start = now else start = now - (now - idiv(now, p.window) * p.window) end
-      count = 0
-    end
+    local start, count = fw_parse(v)
+    if not start then return nil end
+    if not (count > 0 and now < start + p.window) then start, count = fw_open(p, now), 0 end
     local n = math.min(cost, p.limit + debt - count)
     if n <= 0 then return false end
     return int(start) .. ' ' .. int(count + n), start + p.window

@@ -72,18 +72,7 @@ impl FastGcra {
             }
         };
         let (new, c) = self.params.charge(tat, now, cost, self.debt);
-        let d = Decision {
-            remaining: c.remaining,
-            reset_after_us: c.reset_after_us,
-            retry_after_us: if verdict.allowed {
-                None
-            } else {
-                c.retry_after_us.or(Some(0))
-            },
-            capped: c.capped,
-            ..verdict
-        };
-        Ok((new, d))
+        Ok((new, Decision::counted(verdict, c)))
     }
 
     /// A peek on a bare TAT word: [`FastGcra::decide`] changing nothing, or for a cost

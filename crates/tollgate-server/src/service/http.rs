@@ -64,6 +64,7 @@ pub fn router(service: Arc<DecisionService>, admin: Admin) -> Router {
     Router::new()
         .route("/v1/check", post(check))
         .route("/v1/acquire", post(acquire))
+        .route("/v1/charge", post(charge))
         .route(
             "/v1/reset",
             post(
@@ -213,6 +214,35 @@ async fn check(
     };
     match service
         .check(&body.domain, &descriptors, body.cost.unwrap_or(1), Op::Try)
+        .await
+    {
+        Ok(result) => respond(&service.answers().headers, &result),
+        Err(e) => request_error(e),
+    }
+}
+
+/// `POST /v1/charge`: work already done (tokens, bytes, rows) charged to every
+/// descriptor's limit, into debt if need be; answered as `/v1/check` (OK: a charge is
+/// never refused for lack of budget; `limit_remaining` 0 while in debt).
+async fn charge(
+    State(service): State<Arc<DecisionService>>,
+    body: Result<Json<CheckBody>, JsonRejection>,
+) -> Response {
+    let mut body = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return rejected(e),
+    };
+    let descriptors = match body.take_descriptors() {
+        Ok(d) => d,
+        Err(e) => return request_error(e),
+    };
+    match service
+        .check(
+            &body.domain,
+            &descriptors,
+            body.cost.unwrap_or(1),
+            Op::Charge,
+        )
         .await
     {
         Ok(result) => respond(&service.answers().headers, &result),

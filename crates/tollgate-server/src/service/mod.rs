@@ -161,6 +161,9 @@ pub enum RequestError {
     /// The store cannot decide now (Redis unreachable and `on_error: error`).
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A charge was asked of a limit that cannot be charged (`shaper`, `concurrency`).
+    #[error("descriptors[{0}]: {1}")]
+    NotChargeable(usize, String),
 }
 
 /// At most this many distinct limit overrides keep counters.
@@ -480,7 +483,8 @@ impl DecisionService {
             .flatten()
             .flat_map(|m| m.limit.replaces.iter().map(String::as_str))
             .collect();
-        let request_hits = hits.max(1);
+        // Envoy's request hits_addend: unset or 0 means 1; a charge of 0 is a look.
+        let request_hits = if op == Op::Charge { hits } else { hits.max(1) };
         let applies = |m: &Match| {
             !m.limit
                 .name
@@ -516,7 +520,15 @@ impl DecisionService {
                         _ if counted => (cost, Op::Count),
                         _ => (cost, op),
                     };
-                    let status = self.decide_one(&m.limit, &m.counter, cost, op).await?;
+                    let status = self
+                        .decide_one(&m.limit, &m.counter, cost, op)
+                        .await
+                        .map_err(|e| match e {
+                            RequestError::NotChargeable(_, why) => {
+                                RequestError::NotChargeable(i, why)
+                            }
+                            e => e,
+                        })?;
                     self.count(domain, m, &status);
                     status
                 }
@@ -748,6 +760,9 @@ async fn decide(
     };
     match outcome {
         Ok(r) => Ok(r),
+        Err(LimitError::Check(e @ CheckError::NotChargeable { .. })) => {
+            Err(RequestError::NotChargeable(0, e.to_string()))
+        }
         Err(LimitError::Check(CheckError::InsufficientCapacity { capacity, .. })) => {
             Ok(RuleDecision::from(Decision::rejected(capacity, 0, 0, None)))
         }
