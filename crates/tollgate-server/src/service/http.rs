@@ -204,21 +204,7 @@ async fn check(
     State(service): State<Arc<DecisionService>>,
     body: Result<Json<CheckBody>, JsonRejection>,
 ) -> Response {
-    let mut body = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return rejected(e),
-    };
-    let descriptors = match body.take_descriptors() {
-        Ok(d) => d,
-        Err(e) => return request_error(e),
-    };
-    match service
-        .check(&body.domain, &descriptors, body.cost.unwrap_or(1), Op::Try)
-        .await
-    {
-        Ok(result) => respond(&service.answers().headers, &result),
-        Err(e) => request_error(e),
-    }
+    decide(&service, body, Op::Try).await
 }
 
 /// `POST /v1/charge`: work already done (tokens, bytes, rows) charged to every
@@ -227,6 +213,15 @@ async fn check(
 async fn charge(
     State(service): State<Arc<DecisionService>>,
     body: Result<Json<CheckBody>, JsonRejection>,
+) -> Response {
+    decide(&service, body, Op::Charge).await
+}
+
+/// `/v1/check` and `/v1/charge`: the body's descriptors decided with `op`.
+async fn decide(
+    service: &DecisionService,
+    body: Result<Json<CheckBody>, JsonRejection>,
+    op: Op,
 ) -> Response {
     let mut body = match body {
         Ok(Json(b)) => b,
@@ -237,12 +232,7 @@ async fn charge(
         Err(e) => return request_error(e),
     };
     match service
-        .check(
-            &body.domain,
-            &descriptors,
-            body.cost.unwrap_or(1),
-            Op::Charge,
-        )
+        .check(&body.domain, &descriptors, body.cost.unwrap_or(1), op)
         .await
     {
         Ok(result) => respond(&service.answers().headers, &result),
