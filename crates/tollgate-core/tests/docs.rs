@@ -8,7 +8,7 @@ const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/semantics.md"
 
 fn spec_table() -> String {
     let mut s = String::from(
-        "| algorithm | parameters | defaults | in Redis | leased |\n|---|---|---|---|---|\n",
+        "| algorithm | parameters | defaults, and what is required | in Redis | leased |\n|---|---|---|---|---|\n",
     );
     for row in &ALGORITHM_TABLE {
         let redis = match row.lua_file {
@@ -58,4 +58,113 @@ fn docs_tables_follow_the_algorithm_table() {
         doc == want,
         "docs/semantics.md differs from the algorithm table; rerun with TOLLGATE_BLESS=1 and review the diff"
     );
+}
+
+/// Every default the table documents is the one the parser applies, and every
+/// parameter it calls required is refused when missing.
+#[test]
+fn documented_defaults_are_the_parsers() {
+    use tollgate_core::Policy;
+    let parse = |s: &str| s.parse::<Policy>().unwrap_or_else(|e| panic!("{e}"));
+    // (the row's title, the smallest spec, [(a default written out, as the docs say it)],
+    // [required parameters])
+    let rows: &[(&str, &str, &[&str], &[&str])] = &[
+        (
+            "fixed-window",
+            "fixed-window:limit=5,window=1s",
+            &["align=clock"],
+            &["limit", "window"],
+        ),
+        (
+            "sliding-log",
+            "sliding-log:limit=5,window=1s",
+            &[],
+            &["limit", "window"],
+        ),
+        (
+            "sliding-window` `buckets=K",
+            "sliding-window:limit=5,window=1s,buckets=4",
+            &[],
+            &["limit", "window"],
+        ),
+        (
+            "sliding-window` `mode=weighted",
+            "sliding-window:limit=5,window=1s",
+            &["mode=weighted"],
+            &["limit", "window"],
+        ),
+        (
+            "leaky-bucket",
+            "leaky-bucket:rate=7/s",
+            &["capacity=7"],
+            &["rate"],
+        ),
+        ("gcra", "gcra:rate=7/s", &["burst=7"], &["rate"]),
+        (
+            "token-bucket",
+            "token-bucket:rate=7/s",
+            &["capacity=7"],
+            &["rate"],
+        ),
+        (
+            "smooth-bursty",
+            "smooth-bursty:rate=7/s",
+            &["max-burst=1s"],
+            &["rate"],
+        ),
+        (
+            "smooth-warmup",
+            "smooth-warmup:rate=7/s,warmup=2s",
+            &["cold-factor=3"],
+            &["rate", "warmup"],
+        ),
+        (
+            "limit-req",
+            "limit-req:rate=7/s",
+            &["burst=0", "delay=0"],
+            &["rate"],
+        ),
+        ("shaper", "shaper:rate=7/s,queue=3", &[], &["rate", "queue"]),
+        ("concurrency", "concurrency:limit=3", &[], &["limit"]),
+    ];
+    assert_eq!(rows.len(), ALGORITHM_TABLE.len());
+    for (title, min, defaults, required) in rows {
+        let row = ALGORITHM_TABLE.iter().find(|r| r.title == *title).unwrap();
+        let base = parse(min);
+        for d in *defaults {
+            let (k, v) = d.split_once('=').unwrap();
+            // The docs say N for "the rate's N": here 7.
+            let said = if v == "7" {
+                format!("`{k}` = the rate's N")
+            } else {
+                format!("`{d}`")
+            };
+            assert!(
+                row.defaults.contains(&said) || row.defaults.contains("the mode when"),
+                "{title}: {said} not in {}",
+                row.defaults
+            );
+            assert_eq!(parse(&format!("{min},{d}")), base, "{title}: {d}");
+        }
+        for r in *required {
+            assert!(
+                row.defaults.contains(&format!("`{r}`")) || *r == "rate",
+                "{title}: {r} not said required in {}",
+                row.defaults
+            );
+            let without: Vec<&str> = min
+                .split_once(':')
+                .unwrap()
+                .1
+                .split(',')
+                .filter(|p| !p.starts_with(&format!("{r}=")))
+                .collect();
+            let spec = format!("{}:{}", min.split_once(':').unwrap().0, without.join(","));
+            let e = spec.parse::<Policy>().unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("missing parameter '{r}'")),
+                "{spec}: {e}"
+            );
+        }
+    }
 }
