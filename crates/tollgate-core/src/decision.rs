@@ -7,6 +7,7 @@ use std::time::Duration;
 /// Durations are whole microseconds from the request's arrival (the `_us` fields);
 /// the methods without the suffix give them as [`Duration`]s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a Decision says whether the request may proceed: read `allowed` (and `wait`), or use `into_result`"]
 pub struct Decision {
     /// Whether the request is admitted. A policy with `shadow=true` always admits; see
     /// [`Decision::shadow_rejected`].
@@ -87,6 +88,31 @@ impl Decision {
         }
     }
 
+    /// The decision as a `Result`, for `?` and the `is_err()` habit of other limiters:
+    /// `Ok` when admitted (a `shadow` reject included), else [`Rejected`] with the
+    /// time to retry. An admission may still carry a `wait` (a `limit-req` delay, a
+    /// `shaper` slot, an acquire): the request proceeds only after it.
+    ///
+    /// ```
+    /// use tollgate_core::{Op, Policy};
+    /// let p: Policy = "gcra:rate=1/s,burst=1".parse().unwrap();
+    /// let mut s = p.init(0);
+    /// assert!(p.check(&mut s, 0, 1, Op::Try).unwrap().into_result().is_ok());
+    /// let e = p.check(&mut s, 0, 1, Op::Try).unwrap().into_result().unwrap_err();
+    /// assert_eq!(e.retry_after_us, Some(1_000_000));
+    /// assert_eq!(e.to_string(), "rate limited: retry after 1000000 us");
+    /// ```
+    pub fn into_result(self) -> Result<Decision, Rejected> {
+        if self.allowed {
+            Ok(self)
+        } else {
+            Err(Rejected {
+                retry_after_us: self.retry_after_us,
+                decision: self,
+            })
+        }
+    }
+
     /// `wait_us` as a [`Duration`].
     pub fn wait(&self) -> Duration {
         Duration::from_micros(self.wait_us)
@@ -101,6 +127,16 @@ impl Decision {
     pub fn reset_after(&self) -> Duration {
         Duration::from_micros(self.reset_after_us)
     }
+}
+
+/// A request over the limit, as an error ([`Decision::into_result`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("rate limited: retry after {}", match .retry_after_us { Some(us) => format!("{us} us"), None => "an unknown time".into() })]
+pub struct Rejected {
+    /// When the same request could pass (`None`: not known to ever pass).
+    pub retry_after_us: Option<u64>,
+    /// The decision.
+    pub decision: Decision,
 }
 
 /// Why a check could not be decided at all.

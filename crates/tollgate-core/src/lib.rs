@@ -63,7 +63,7 @@ mod units;
 
 pub use algorithm::{Algorithm, CheckMode};
 pub use clock::{Clock, ManualClock, MonotonicClock};
-pub use decision::{CheckError, Decision};
+pub use decision::{CheckError, Decision, Rejected};
 pub use kind::{lua_codes, params_of, spec_names, AlgorithmInfo, AlgorithmKind, ALGORITHM_TABLE};
 pub use policy::{Algo, Op, Policy, PolicyState};
 pub use rules::{RuleDecision, RuleSet};

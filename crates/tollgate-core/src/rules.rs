@@ -27,6 +27,7 @@ pub struct RuleSet {
 
 /// The decision of a rule set: the overall one, and each policy's.
 #[derive(Debug, Clone, PartialEq)]
+#[must_use = "a RuleDecision says whether the request may proceed: read `decision.allowed`"]
 pub struct RuleDecision {
     /// Overall: allowed iff every policy allows; `limit` and `remaining` of the binding
     /// policy; the largest `reset_after`, `retry_after` and `wait`.

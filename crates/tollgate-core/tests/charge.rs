@@ -86,14 +86,14 @@ fn sliding_log_entries_leave_at_their_own_time() {
 fn sliding_windows_count_the_charge_in_the_bucket_of_its_time() {
     let p = policy("sliding-window:limit=10,window=1s,buckets=10");
     let mut s = p.init(0);
-    charge(&p, &mut s, 50_000, 15);
+    let _ = charge(&p, &mut s, 50_000, 15);
     // The bucket [0, 100ms) holds 15: nothing fits until it leaves at 1 s.
     assert!(!p.check(&mut s, 999_999, 1, Op::Try).unwrap().allowed);
     assert!(p.check(&mut s, 1_000_000, 1, Op::Try).unwrap().allowed);
 
     let w = policy("sliding-window:limit=10,window=1s,mode=weighted");
     let mut s = w.init(0);
-    charge(&w, &mut s, 0, 20);
+    let _ = charge(&w, &mut s, 0, 20);
     // At 1.5 s the estimate is 20 * 0.5 = 10: still no room; at 1.55 s it is 9.
     assert!(!w.check(&mut s, 1_500_000, 1, Op::Try).unwrap().allowed);
     assert!(w.check(&mut s, 1_550_000, 1, Op::Try).unwrap().allowed);
@@ -222,7 +222,7 @@ fn envoy_counting_charges_a_rejected_hit() {
     assert!(p.count(&mut at, 1, 0).unwrap().allowed);
     // All-or-nothing (tollgate's try) would have left room for 2.
     let mut t = p.init(0);
-    p.check(&mut t, 0, 8, Op::Try).unwrap();
+    let _ = p.check(&mut t, 0, 8, Op::Try).unwrap();
     assert!(!p.check(&mut t, 1, 5, Op::Try).unwrap().allowed);
     assert_eq!(p.status(&t, 2).remaining, 2);
 }

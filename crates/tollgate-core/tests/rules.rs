@@ -52,7 +52,7 @@ fn overall_decision_reports_the_binding_policy_and_the_largest_wait() {
     let rules =
         RuleSet::parse(&["limit-req:rate=10/s,burst=5", "limit-req:rate=2/s,burst=5"]).unwrap();
     let mut st = rules.init(0);
-    rules.check(&mut st, 0, 1, Op::Try).unwrap();
+    let _ = rules.check(&mut st, 0, 1, Op::Try).unwrap();
     let d = rules.check(&mut st, 0, 1, Op::Try).unwrap();
     // excess 1000 in both: delays 100ms and 500ms; the overall wait is the larger.
     assert_eq!(d.policies[0].wait_us, 100_000);
@@ -87,7 +87,7 @@ fn acquire_charges_every_policy_at_the_common_instant() {
     ])
     .unwrap();
     let mut st = bounded.init(0);
-    bounded.check(&mut st, 0, 1, Op::Acquire).unwrap();
+    let _ = bounded.check(&mut st, 0, 1, Op::Acquire).unwrap();
     let d = bounded.check(&mut st, 0, 1, Op::Acquire).unwrap();
     assert!(
         !d.decision.allowed,
@@ -98,7 +98,7 @@ fn acquire_charges_every_policy_at_the_common_instant() {
         st,
         {
             let mut fresh = bounded.init(0);
-            bounded.check(&mut fresh, 0, 1, Op::Acquire).unwrap();
+            let _ = bounded.check(&mut fresh, 0, 1, Op::Acquire).unwrap();
             fresh
         },
         "a rejected acquire reserves nothing"
@@ -172,13 +172,13 @@ fn a_peek_of_cost_zero_reports_the_state_as_it_stands() {
         assert!(fresh.decision.allowed, "{spec}");
         assert_eq!(fresh.decision.remaining, 3, "{spec}: fresh");
         assert_eq!(fresh.policies[1].remaining, 100, "{spec}");
-        rules.check(&mut states, 1_000, 2, Op::Try).unwrap();
+        let _ = rules.check(&mut states, 1_000, 2, Op::Try).unwrap();
         let before = states.clone();
         let used = look(&states);
         assert_eq!(used.decision.remaining, 1, "{spec}: 2 of 3 used");
         assert_eq!(used.policies[1].remaining, 98, "{spec}");
         assert_eq!(states, before, "{spec}: a look changed the state");
-        rules.check(&mut states, 1_000, 1, Op::Try).unwrap();
+        let _ = rules.check(&mut states, 1_000, 1, Op::Try).unwrap();
         let spent = look(&states);
         assert!(spent.decision.allowed && spent.decision.retry_after_us.is_none());
         assert_eq!(spent.decision.remaining, 0, "{spec}: spent");

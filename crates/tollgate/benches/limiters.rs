@@ -76,7 +76,7 @@ fn keyed_u64(c: &mut Criterion) {
         );
         let gov = RateLimiter::dashmap_with_clock(quota(), FakeRelativeClock::default());
         for k in 0..live {
-            limiter.check(&k).unwrap();
+            let _ = limiter.check(&k).unwrap();
             let _ = gov.check_key(&k);
         }
         let mut i = 0;
@@ -110,7 +110,7 @@ fn keyed_string(c: &mut Criterion) {
     );
     let gov = RateLimiter::dashmap_with_clock(quota(), FakeRelativeClock::default());
     for n in &names {
-        limiter.check(n.as_str()).unwrap();
+        let _ = limiter.check(n.as_str()).unwrap();
         let _ = gov.check_key(n);
     }
     let mut i = 0;

@@ -42,7 +42,7 @@ fn main() {
                 std::sync::Arc::new(tollgate::ManualClock::new()),
             );
             for k in 0..n {
-                limiter.check(&k).unwrap();
+                let _ = limiter.check(&k).unwrap();
             }
             assert_eq!(limiter.len() as u64, n);
             rss_bytes()

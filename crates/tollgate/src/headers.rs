@@ -142,7 +142,7 @@ mod tests {
         assert_eq!(h.policy(), "\"login\";q=2;w=60");
         assert_eq!(h.current(), "\"login\";r=1;t=60");
         assert_eq!(h.retry_after_header(), None);
-        rules.check(&mut s, 0, 1, Op::Try).unwrap();
+        let _ = rules.check(&mut s, 0, 1, Op::Try).unwrap();
         let d = rules.check(&mut s, 500_000, 1, Op::Try).unwrap();
         let h = RateLimitHeaders::new("login", &rules, &d);
         // 59.5 s to wait: 60, rounded up.

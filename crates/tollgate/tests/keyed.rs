@@ -122,16 +122,16 @@ fn a_peek_of_cost_zero_is_the_state_as_it_stands_on_every_path() {
         };
         assert_eq!(look(1), 3, "{spec}: a new key");
         assert!(limiter.is_empty(), "{spec}: a look stored a key");
-        limiter.check_n(&1, 2).unwrap();
+        let _ = limiter.check_n(&1, 2).unwrap();
         assert_eq!(look(1), 1, "{spec}");
         assert_eq!(look(1), 1, "{spec}: a look counts nothing");
-        limiter.check(&1).unwrap();
+        let _ = limiter.check(&1).unwrap();
         assert_eq!(look(1), 0, "{spec}: spent");
         clock.advance(std::time::Duration::from_secs(1));
         assert_eq!(look(1), 1, "{spec}: one back after 1 s");
         let single = tollgate::Limiter::with_clock(spec.parse::<Policy>().unwrap(), clock.clone());
         assert_eq!(single.peek(0).unwrap().remaining, 3, "{spec}");
-        single.check().unwrap();
+        let _ = single.check().unwrap();
         assert_eq!(single.peek(0).unwrap().remaining, 2, "{spec}");
     }
 }
@@ -159,7 +159,7 @@ fn full_limiter_evicts_the_least_recently_active_keys() {
         assert!(limiter.check(&k).unwrap().allowed);
         // Key 1_000_000 is used all along: it is never the least recently active.
         if k % 50 == 0 {
-            limiter.check(&1_000_000).unwrap();
+            let _ = limiter.check(&1_000_000).unwrap();
         }
     }
     let stats = limiter.stats();
@@ -202,14 +202,14 @@ fn full_limiter_can_refuse_new_keys_instead() {
 fn idle_keys_are_swept_as_the_map_grows() {
     let (limiter, clock) = keyed::<u64>("gcra:rate=10/s,burst=1", KeyedOptions::default());
     for k in 0..40_000u64 {
-        limiter.check(&k).unwrap();
+        let _ = limiter.check(&k).unwrap();
     }
     assert_eq!(limiter.len(), 40_000);
     // All are idle 100 ms later; new keys trigger sweeps shard by shard where each
     // one's table would grow (no pass over the whole map, no cleanup thread).
     clock.advance(Duration::from_millis(100));
     for k in 40_000..100_000u64 {
-        limiter.check(&k).unwrap();
+        let _ = limiter.check(&k).unwrap();
     }
     let stats = limiter.stats();
     assert!(stats.dropped_idle >= 40_000, "{stats:?}");
@@ -264,7 +264,7 @@ fn keys_that_replenish_between_requests_stay_in_the_table() {
 fn reconfiguration_migrates_every_key_lazily() {
     let (limiter, _) = keyed::<u64>("gcra:rate=1/s,burst=2", KeyedOptions::default());
     for k in 0..100 {
-        limiter.check_n(&k, 2).unwrap();
+        let _ = limiter.check_n(&k, 2).unwrap();
     }
     // GCRA -> GCRA: debts carry over.
     limiter.set_rules("gcra:rate=1/s,burst=3".parse::<Policy>().unwrap());

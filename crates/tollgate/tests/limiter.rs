@@ -109,7 +109,7 @@ async fn acquire_waits_in_fifo_order_on_tokio_time() {
         tasks.push(tokio::spawn(async move {
             // Arrive in order, 1 ms apart.
             tokio::time::sleep(Duration::from_millis(i)).await;
-            l.acquire(1).await.unwrap();
+            let _ = l.acquire(1).await.unwrap();
             tokio::time::Instant::now() - start
         }));
     }
@@ -145,7 +145,7 @@ async fn acquire_respects_max_wait_and_reserves_nothing_on_reject() {
 async fn a_dropped_acquire_gives_its_reservation_back() {
     for spec in ["gcra:rate=10/s,burst=1", "sliding-log:limit=1,window=100ms"] {
         let limiter = Limiter::with_clock(spec.parse::<Policy>().unwrap(), TokioClock::new());
-        limiter.acquire(1).await.unwrap();
+        let _ = limiter.acquire(1).await.unwrap();
         // Reserve the slot at 100 ms, then give up after 10 ms.
         let waiting = tokio::time::timeout(Duration::from_millis(10), limiter.acquire(1)).await;
         assert!(waiting.is_err(), "{spec}: still waiting");
@@ -158,7 +158,7 @@ async fn a_dropped_acquire_gives_its_reservation_back() {
 #[test]
 fn acquire_blocking_sleeps_for_the_wait() {
     let limiter = Limiter::new("gcra:rate=50/s,burst=1".parse::<Policy>().unwrap());
-    limiter.acquire_blocking(1).unwrap();
+    let _ = limiter.acquire_blocking(1).unwrap();
     let d = limiter.acquire_blocking(1).unwrap();
     assert!(d.allowed);
     assert!(
@@ -182,4 +182,27 @@ fn rule_sets_decide_all_or_nothing() {
     let d = limiter.check_rules(1, Op::Try).unwrap();
     assert!(!d.decision.allowed);
     assert_eq!(d.policies[1].remaining, 1, "the window was not charged");
+}
+
+/// The habit of other limiters, `is_err()` on the check, works through
+/// `into_result` (a `Decision` is `#[must_use]`: a bare `check()?;` warns).
+#[test]
+fn into_result_turns_a_reject_into_an_error() {
+    let clock = manual();
+    let limiter = Limiter::with_clock(
+        "gcra:rate=1/s,burst=1".parse::<Policy>().unwrap(),
+        clock.clone(),
+    );
+    let mut passed = 0;
+    for _ in 0..10 {
+        if limiter.check().unwrap().into_result().is_err() {
+            continue;
+        }
+        passed += 1;
+    }
+    assert_eq!(passed, 1);
+    let e = limiter.check().unwrap().into_result().unwrap_err();
+    assert_eq!(e.retry_after_us, Some(1_000_000));
+    clock.advance(Duration::from_secs(1));
+    assert!(limiter.check().unwrap().into_result().is_ok());
 }

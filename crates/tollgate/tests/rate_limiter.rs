@@ -51,7 +51,7 @@ async fn behaves(limiter: &impl RateLimiter, store: &str) {
         "{store}"
     );
     // Acquire beyond max-wait rejects at once and reserves nothing.
-    limiter.check(&key, 2).await.unwrap();
+    let _ = limiter.check(&key, 2).await.unwrap();
     let d = limiter.acquire(&key, 1).await.unwrap();
     assert!(!d.allowed, "{store}: max-wait is 1s, the wait 20s");
     let d = limiter.check_rules(&key, 1, Op::Try).await.unwrap();

@@ -134,7 +134,7 @@ pub fn run(
                 break;
             };
             let state = states.entry(key).or_insert_with(|| policy.init(0));
-            policy.charge(state, t, units)?;
+            let _ = policy.charge(state, t, units)?;
             continue;
         }
         let Some(&(t, key, cost)) = arrivals.next() else {

@@ -161,7 +161,7 @@ impl Wire {
     /// store does; any cost is fine otherwise (see [`MAX_CHARGE_SENT`]).
     pub fn check_charge(&self, rules: &RuleSet) -> Result<(), StoreError> {
         for p in rules.policies() {
-            p.charge(&mut p.init(0), 0, 0)?;
+            let _ = p.charge(&mut p.init(0), 0, 0)?;
         }
         Ok(())
     }
@@ -171,7 +171,7 @@ impl Wire {
     pub fn check_cost(&self, rules: &RuleSet, cost: u64) -> Result<(), StoreError> {
         for (p, &max) in rules.policies().iter().zip(&self.max_costs) {
             // The algorithm's own answer on a new state: InsufficientCapacity or ZeroCost.
-            p.check_mode(&mut p.init(0), 0, cost, CheckMode::Try)?;
+            let _ = p.check_mode(&mut p.init(0), 0, cost, CheckMode::Try)?;
             if cost > max {
                 return Err(StoreError::Unsupported(format!(
                     "cost {cost} is too large for {} in the Redis store (at most {max})",

@@ -380,15 +380,9 @@ fn rate_limit_headers(headers: &mut HeaderMap, d: &RuleDecision, rules: &RuleSet
     }
 }
 
-/// The error [`ErrorLayer`]'s services return for a request over the limit.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("rate limited: retry after {retry_after_us:?} us")]
-pub struct RateLimited {
-    /// When the same request could pass (`None`: not known to ever pass).
-    pub retry_after_us: Option<u64>,
-    /// The overall decision.
-    pub decision: tollgate_core::Decision,
-}
+/// The error [`ErrorLayer`]'s services return for a request over the limit (the
+/// core's [`Rejected`](tollgate_core::Rejected), as [`Decision::into_result`](tollgate_core::Decision::into_result) gives it).
+pub type RateLimited = tollgate_core::Rejected;
 
 /// The error type of [`ErrorLayer`]'s services: tower's usual boxed error.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -458,14 +452,7 @@ where
             OnLimit::Wait => Op::Acquire,
         };
         Box::pin(async move {
-            let d = limiter.decide(&key, op).await?.decision;
-            if !d.allowed {
-                return Err(RateLimited {
-                    retry_after_us: d.retry_after_us,
-                    decision: d,
-                }
-                .into());
-            }
+            let d = limiter.decide(&key, op).await?.decision.into_result()?;
             if d.wait_us > 0 {
                 let refund = crate::wait::RefundOnDrop::new(|| limiter.give_back(&key, 1));
                 crate::wait::sleep_or_refund(d.wait(), refund).await;
