@@ -182,6 +182,14 @@ pub(crate) fn charge_schedule<A: Schedule>(
     charged
 }
 
+/// The most units of debt whose ticks (`per_unit` each) stay below 2^52: a state the
+/// Redis scripts keep exactly in doubles, and far from i64's end in memory (rates
+/// kept in fine ticks would otherwise reach both before MAX_DEBT_US of refill).
+#[inline]
+pub(crate) fn exact_units(per_unit: u128) -> u64 {
+    u64::try_from((1u128 << 52) / per_unit.max(1)).unwrap_or(u64::MAX)
+}
+
 /// The debt cap of a rate-based algorithm in its own units: `max_debt`, but no more
 /// units than [`crate::MAX_DEBT_US`] of refill at `per_unit` ticks per unit and
 /// `per_us` ticks per microsecond.

@@ -1,7 +1,7 @@
 //! GCRA, the generic cell rate algorithm, in its "virtual scheduling" form.
 
 use crate::algorithm::{
-    check_cost, debt_units, fits, schedule_algorithm, Algorithm, CheckMode, Schedule,
+    check_cost, debt_units, exact_units, fits, schedule_algorithm, Algorithm, CheckMode, Schedule,
 };
 use crate::decision::{CheckError, Decision};
 use crate::units::{div, div_ceil, sat, Divisor, Rate};
@@ -168,7 +168,7 @@ impl Schedule for Gcra {
     }
 
     fn debt_cap(&self, max_debt: u64) -> u64 {
-        debt_units(max_debt, self.interval, self.scale)
+        debt_units(max_debt, self.interval, self.scale).min(exact_units(self.interval))
     }
 
     /// Up to `debt` units past the burst: the TAT may reach `now + tau + debt*T`.

@@ -1,7 +1,7 @@
 //! Leaky bucket as a meter: the level drains continuously; a request adds `cost`.
 
 use super::token_bucket::{bucket_units, ceil_us, clamp_i64};
-use crate::algorithm::{debt_units, schedule_algorithm, Schedule};
+use crate::algorithm::{debt_units, exact_units, schedule_algorithm, Schedule};
 use crate::units::{div, sat, Rate};
 
 /// A leaky bucket (meter) of `capacity` draining at `rate`, continuously: fractions
@@ -107,6 +107,7 @@ impl Schedule for LeakyBucket {
 
     fn debt_cap(&self, max_debt: u64) -> u64 {
         debt_units(max_debt, self.per_unit as u128, self.per_us as u128)
+            .min(exact_units(self.per_unit as u128))
     }
 
     /// The level may pass the capacity by `debt`.

@@ -1,6 +1,6 @@
 //! Token bucket: starts full, refills continuously, a request takes `cost` tokens.
 
-use crate::algorithm::{debt_units, schedule_algorithm, Schedule};
+use crate::algorithm::{debt_units, exact_units, schedule_algorithm, Schedule};
 use crate::units::{div, div_ceil, sat, Rate};
 
 /// A token bucket of `capacity` tokens refilled at `rate`, continuously: fractions of
@@ -139,6 +139,7 @@ impl Schedule for TokenBucket {
 
     fn debt_cap(&self, max_debt: u64) -> u64 {
         debt_units(max_debt, self.per_token as u128, self.per_us as u128)
+            .min(exact_units(self.per_token as u128))
     }
 
     /// Tokens may go `debt` below zero.

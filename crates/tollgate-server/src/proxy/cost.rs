@@ -311,8 +311,9 @@ impl Meter {
 }
 
 /// A request admitted under a route's `cost:`: the units it took, to be settled
-/// against its usage once. Dropped unsettled (the upstream never answered), it gives
-/// its admission back.
+/// against its usage once. Dropped unsettled (the client went away before the
+/// response), it keeps its admission (the estimate) and counts as `disconnected`;
+/// [`Pending::give_back`] returns it when the upstream never answered.
 pub(super) struct Pending {
     counter: AnyLimiter,
     key: String,
@@ -345,9 +346,16 @@ impl Pending {
         &self.cost
     }
 
+    /// The upstream never answered: the admission is given back.
+    pub fn give_back(mut self) {
+        self.settled = true;
+        spawn(self.apply(0));
+    }
+
     /// Settles the request's usage: charges what it used beyond its admission, or
-    /// gives back what it took and did not use. The returned future does it; the
-    /// response ends once it has, so a client's next request sees the charge.
+    /// gives back what it took and did not use. The work runs in a task of its own
+    /// (a client going away cannot cancel it); the returned future waits for it, so
+    /// that the response ends once the charge has landed.
     pub fn settle(mut self, outcome: Outcome) -> Settle {
         self.settled = true;
         self.cost.count(outcome, &self.route);
@@ -358,12 +366,21 @@ impl Pending {
             }
         };
         self.cost.charged.fetch_add(used, Ordering::Relaxed);
-        self.apply(used)
+        let work = self.apply(used);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let task = rt.spawn(work);
+                Box::pin(async move {
+                    let _ = task.await;
+                })
+            }
+            Err(_) => work,
+        }
     }
 
-    /// Settles in a task (a client went away: nothing waits for it).
+    /// Settles with nothing waiting for it (a client went away).
     pub fn settle_later(self, outcome: Outcome) {
-        spawn(self.settle(outcome));
+        drop(self.settle(outcome));
     }
 
     /// Brings the key's count from `admitted` to `used`.
@@ -395,10 +412,13 @@ pub(super) fn spawn(settle: Settle) {
 }
 
 impl Drop for Pending {
-    /// Unsettled: the upstream never answered, so the admission is given back.
+    /// Unsettled: the client went away before the response; the admission stands.
     fn drop(&mut self) {
         if !self.settled {
-            spawn(self.apply(0));
+            self.cost.count(Outcome::Disconnected(None), &self.route);
+            self.cost
+                .charged
+                .fetch_add(self.admitted, Ordering::Relaxed);
         }
     }
 }

@@ -45,11 +45,15 @@ pub(super) async fn forward(
         return problem(StatusCode::BAD_REQUEST, "bad request path", None);
     }
     let mut adaptive = passed.adaptive.take();
+    let mut pending = passed.pending.take();
     // An upstream that fails to answer is overloaded as far as the adaptive limit
-    // can tell.
-    let failed = |adaptive: Option<AdaptiveHold>, status, what: &str| {
+    // can tell; the request did no work, so its admission under `cost:` goes back.
+    let failed = |adaptive: Option<AdaptiveHold>, pending: Option<Pending>, status, what: &str| {
         if let Some(hold) = adaptive {
             hold.failed();
+        }
+        if let Some(p) = pending {
+            p.give_back();
         }
         problem(status, &format!("upstream {} {what}", route.name), None)
     };
@@ -63,13 +67,17 @@ pub(super) async fn forward(
             // Under `cost:`, a usage in the headers settles now; one in the body when
             // the body ends (or the client goes away).
             let mut charge = None;
-            if let Some(pending) = passed.pending.take() {
+            if let Some(pending) = pending.take() {
                 if let Some(outcome) = pending.cost().in_headers(&parts.headers) {
                     pending.settle(outcome).await;
                 } else {
                     match pending.cost().meter(&parts.headers) {
-                        Some(meter) => charge = Some((pending, meter)),
-                        None => pending.settle(Outcome::Missing).await,
+                        // A body already at its end (Content-Length: 0, 204, 304, a
+                        // HEAD) is never polled: it reports nothing.
+                        Some(meter) if !http_body::Body::is_end_stream(&body) => {
+                            charge = Some((pending, meter))
+                        }
+                        _ => pending.settle(Outcome::Missing).await,
                     }
                 }
             }
@@ -87,16 +95,19 @@ pub(super) async fn forward(
             };
             Response::from_parts(parts, Body::new(body))
         }
-        Ok(Err(e)) if timed_out(&e) => {
-            failed(adaptive, StatusCode::GATEWAY_TIMEOUT, "timed out (connect)")
-        }
+        Ok(Err(e)) if timed_out(&e) => failed(
+            adaptive,
+            pending,
+            StatusCode::GATEWAY_TIMEOUT,
+            "timed out (connect)",
+        ),
         Ok(Err(e)) if crate::connections::is_body_timeout(&e) => problem(
             StatusCode::REQUEST_TIMEOUT,
             "the request body stalled longer than connections.body_timeout",
             None,
         ),
-        Ok(Err(_)) => failed(adaptive, StatusCode::BAD_GATEWAY, "unreachable"),
-        Err(_) => failed(adaptive, StatusCode::GATEWAY_TIMEOUT, "timed out"),
+        Ok(Err(_)) => failed(adaptive, pending, StatusCode::BAD_GATEWAY, "unreachable"),
+        Err(_) => failed(adaptive, pending, StatusCode::GATEWAY_TIMEOUT, "timed out"),
     }
 }
 

@@ -164,7 +164,8 @@ impl RouteLimits {
                 // limit_req without nodelay: the request is held, not rejected.
                 tokio::time::sleep(Duration::from_micros(d.wait_us)).await;
             }
-            if let (Some(cost), true) = (&self.cost, d.allowed && !d.shadow_rejected) {
+            // A shadow policy's reject still lets the others take the estimate.
+            if let (Some(cost), true) = (&self.cost, d.allowed) {
                 let counter = l.counter.clone();
                 pending = Some(Pending::new(
                     counter,

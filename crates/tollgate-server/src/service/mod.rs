@@ -516,7 +516,7 @@ impl DecisionService {
                     let (cost, op) = match () {
                         _ if d.give_back => (0, op),
                         // Another descriptor is over: this one is only looked at.
-                        _ if any_over && !over[i] => (0, Op::Try),
+                        _ if any_over && !over[i] && cost > 0 => (0, Op::Try),
                         _ if counted => (cost, Op::Count),
                         _ => (cost, op),
                     };

@@ -28,7 +28,10 @@ pub struct RedisLimiterOptions {
     /// algorithm the script runs, other clients' traffic can only move that instant
     /// later. The one exception is a refund made by another instance, which frees
     /// room this instance only sees once the cached instant has passed (stricter, not
-    /// looser). A refund through this limiter clears the key's entry. Default off.
+    /// looser). A refund through this limiter clears the key's entry. Envoy's counting
+    /// (`Op::Count`) uses it too: a count on a key cached as rejected is answered
+    /// locally and not counted, as envoyproxy/ratelimit's local cache skips its
+    /// `INCRBY`. Default off.
     pub negative_cache: bool,
     /// The most keys the negative cache holds (it is cleared when full). Default 100k.
     pub negative_cache_keys: usize,
@@ -160,7 +163,7 @@ impl RedisLimiter {
         op: Op,
     ) -> Result<RuleDecision, StoreError> {
         let compiled = self.inner.compiled.load_full();
-        if op == Op::Try && self.inner.opts.negative_cache {
+        if matches!(op, Op::Try | Op::Count) && self.inner.opts.negative_cache {
             if let Some(d) = self.cached(key, cost) {
                 return Ok(RuleDecision::from(d));
             }
@@ -174,7 +177,10 @@ impl RedisLimiter {
             Ok(d) => {
                 health.healthy();
                 health.count(Event::Decision);
-                if op == Op::Try && self.inner.opts.negative_cache && !d.decision.allowed {
+                if matches!(op, Op::Try | Op::Count)
+                    && self.inner.opts.negative_cache
+                    && !d.decision.allowed
+                {
                     self.remember(key, cost, d.decision);
                 }
                 Ok(d)
