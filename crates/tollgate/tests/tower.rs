@@ -210,3 +210,39 @@ async fn charges_what_the_response_reports_and_refuses_while_in_debt() {
     assert_eq!(get_as(&c, &urls[1], Some("bob")).await.status(), 200);
     assert_eq!(get_as(&c, &urls[1], Some("bob")).await.status(), 429);
 }
+
+/// A key closure that finds nothing (here the peer address, with axum served
+/// without connect info: a setup mistake) limits nothing: the layer counts those
+/// requests, and with `MissingKey::Reject` refuses them instead of passing them.
+#[tokio::test]
+async fn requests_without_a_key_are_counted_or_refused() {
+    use tollgate::tower::MissingKey;
+    let peer = |req: &axum::extract::Request| {
+        req.extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip())
+    };
+    let mut urls = Vec::new();
+    let mut layers = Vec::new();
+    for missing in [MissingKey::PassThrough, MissingKey::Reject] {
+        let limiter: KeyedLimiter<std::net::IpAddr> =
+            KeyedLimiter::new("gcra:rate=1/m,burst=1".parse::<Policy>().unwrap());
+        let layer = RateLimitLayer::new(limiter, peer).on_missing_key(missing);
+        layers.push(layer.clone());
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Served without `into_make_service_with_connect_info`: no peer address.
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        urls.push(format!("http://{addr}/"));
+    }
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(get_as(&c, &urls[0], None).await.status(), 200);
+        assert_eq!(get_as(&c, &urls[1], None).await.status(), 500);
+    }
+    assert_eq!(layers[0].unkeyed(), 3);
+    assert_eq!(layers[1].unkeyed(), 3);
+}

@@ -14,8 +14,8 @@ pub use adaptive::{
     ResponseClass,
 };
 pub use rate_limit::{
-    BoxError, ErrorLayer, ErrorService, LayerLimiter, NoCharge, OnLimit, RateLimit, RateLimitLayer,
-    RateLimited, ResponseCost, Shared, Usage,
+    BoxError, ErrorLayer, ErrorService, LayerLimiter, MissingKey, NoCharge, NoKey, OnLimit,
+    RateLimit, RateLimitLayer, RateLimited, ResponseCost, Shared, Usage,
 };
 
 /// The service polled ready, to be called; a fresh clone is left in its place (the

@@ -172,6 +172,48 @@ impl Usage {
     }
 }
 
+/// What the layer does with a request whose key closure returns `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingKey {
+    /// Pass it through, unlimited (as nginx does for an empty key): counted
+    /// ([`RateLimitLayer::unkeyed`]) and logged, a warning, the first time — a key that
+    /// is never there (axum served without `into_make_service_with_connect_info`,
+    /// a header no client sends) would otherwise limit nothing, silently.
+    #[default]
+    PassThrough,
+    /// Refuse it: `500 Internal Server Error` ([`ErrorLayer`]: the error [`NoKey`]),
+    /// for a key that is always there unless the service is set up wrong.
+    Reject,
+}
+
+/// The error [`ErrorLayer`]'s services return for a request without a key under
+/// [`MissingKey::Reject`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the request has no rate-limit key (the layer's key closure returned None)")]
+pub struct NoKey;
+
+/// Requests without a key, shared by a layer and the services it makes.
+#[derive(Debug, Default)]
+struct Unkeyed {
+    count: std::sync::atomic::AtomicU64,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl Unkeyed {
+    /// Counts one; warns the first time.
+    fn note(&self) {
+        use std::sync::atomic::Ordering;
+        self.count.fetch_add(1, Ordering::Relaxed);
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "tollgate: a request had no rate-limit key (the layer's key closure returned None) \
+                 and was not limited; with a peer-address key, serve axum with \
+                 into_make_service_with_connect_info; MissingKey::Reject refuses such requests"
+            );
+        }
+    }
+}
+
 /// What the layer does with a request over the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnLimit {
@@ -185,7 +227,8 @@ pub enum OnLimit {
 }
 
 /// Limits requests per key, the key extracted by a closure (peer IP, a header, the
-/// path, or any compound): `None` means "not limited". Every clone of the layer and
+/// path, or any compound): `None` means "not limited" (counted and logged once; or
+/// refused, see [`MissingKey`]). Every clone of the layer and
 /// of the services it makes shares one limiter ([`KeyedLimiter`] in memory, or any
 /// [`RateLimiter`] wrapped in [`Shared`]), so the limit holds across connections
 /// (axum clones the service per connection).
@@ -215,6 +258,8 @@ pub struct RateLimitLayer<L, F, C = NoCharge> {
     key: Arc<F>,
     on_limit: OnLimit,
     charge: Arc<C>,
+    missing: MissingKey,
+    unkeyed: Arc<Unkeyed>,
 }
 
 impl<L, F> RateLimitLayer<L, F> {
@@ -225,6 +270,8 @@ impl<L, F> RateLimitLayer<L, F> {
             key: Arc::new(key),
             on_limit: OnLimit::Reject,
             charge: Arc::new(NoCharge),
+            missing: MissingKey::PassThrough,
+            unkeyed: Arc::default(),
         }
     }
 }
@@ -234,6 +281,21 @@ impl<L, F, C> RateLimitLayer<L, F, C> {
     pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
         self.on_limit = on_limit;
         self
+    }
+
+    /// What to do with a request whose key closure returns `None` (default: pass it
+    /// through, counted and logged once; see [`MissingKey`]).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
+        self.missing = missing;
+        self
+    }
+
+    /// Requests that had no key so far (passed through or refused, as
+    /// [`RateLimitLayer::on_missing_key`] says), over every service the layer made.
+    pub fn unkeyed(&self) -> u64 {
+        self.unkeyed
+            .count
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Charges each request what its response says it used (`cost(&response)`):
@@ -265,6 +327,8 @@ impl<L, F, C> RateLimitLayer<L, F, C> {
             key: self.key,
             on_limit: self.on_limit,
             charge: Arc::new(cost),
+            missing: self.missing,
+            unkeyed: self.unkeyed,
         }
     }
 }
@@ -279,6 +343,8 @@ impl<S, L: Clone, F, C> Layer<S> for RateLimitLayer<L, F, C> {
             key: self.key.clone(),
             on_limit: self.on_limit,
             charge: self.charge.clone(),
+            missing: self.missing,
+            unkeyed: self.unkeyed.clone(),
         }
     }
 }
@@ -291,6 +357,8 @@ pub struct RateLimit<S, L, F, C = NoCharge> {
     key: Arc<F>,
     on_limit: OnLimit,
     charge: Arc<C>,
+    missing: MissingKey,
+    unkeyed: Arc<Unkeyed>,
 }
 
 impl<S, L, F, C, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, L, F, C>
@@ -315,6 +383,10 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let mut inner = super::take_ready(&mut self.inner);
         let Some(key) = (self.key)(&req) else {
+            self.unkeyed.note();
+            if self.missing == MissingKey::Reject {
+                return Box::pin(async { Ok(no_key()) });
+            }
             return Box::pin(inner.call(req));
         };
         let limiter = self.limiter.clone();
@@ -357,6 +429,13 @@ where
             Ok(response)
         })
     }
+}
+
+/// A 500 for a request without a key under [`MissingKey::Reject`].
+fn no_key<B: Default>() -> Response<B> {
+    let mut response = Response::new(B::default());
+    *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    response
 }
 
 /// A 429 with `Retry-After` and the RateLimit headers ([`crate::headers`]).
@@ -408,6 +487,12 @@ impl<L, F> ErrorLayer<L, F> {
         self.layer = self.layer.on_limit(on_limit);
         self
     }
+
+    /// What to do with a request without a key (see [`MissingKey`]).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
+        self.layer = self.layer.on_missing_key(missing);
+        self
+    }
 }
 
 impl<S, L: Clone, F> Layer<S> for ErrorLayer<L, F> {
@@ -444,6 +529,10 @@ where
         let svc = &mut self.0;
         let mut inner = super::take_ready(&mut svc.inner);
         let Some(key) = (svc.key)(&req) else {
+            svc.unkeyed.note();
+            if svc.missing == MissingKey::Reject {
+                return Box::pin(async { Err(NoKey.into()) });
+            }
             return Box::pin(async move { inner.call(req).await.map_err(Into::into) });
         };
         let limiter = svc.limiter.clone();
