@@ -185,8 +185,11 @@ fn under_4x_overload_the_limit_finds_the_capacity_and_keeps_latency_low() {
     let limit = metric(&stack, "limit", "api");
     eprintln!("unloaded {unloaded:?}; 32 clients {t:?}; limit {limit}");
     assert_eq!(t.errors, 0.0);
-    // Capacity: 8 / 20 ms = 400 requests a second.
-    assert!(t.ok_per_s >= 0.9 * 400.0, "goodput {t:?}");
+    // Capacity: 8 / 20 ms = 400 requests a second on a quiet machine; as measured in
+    // this run, 8 times what one client gets unloaded (a noisy machine stretches every
+    // service time, and with it the capacity).
+    let capacity = (8.0 * unloaded.ok_per_s).min(400.0);
+    assert!(t.ok_per_s >= 0.9 * capacity, "goodput {t:?} of {capacity}");
     assert!(
         t.p99_us <= 2.2 * unloaded.p99_us,
         "p99 {} vs unloaded {}",
