@@ -356,6 +356,13 @@ impl Policy {
         Ok(d)
     }
 
+    /// Whether a charge means something for this policy: `Err(NotChargeable)` for
+    /// `shaper` and `concurrency` (what every caller of [`Policy::charge`] checks
+    /// before it accepts a configuration).
+    pub fn chargeable(&self) -> Result<(), CheckError> {
+        self.charge(&mut self.init(0), 0, 0).map(drop)
+    }
+
     /// The debt a charge may leave under this policy, in units: `max-debt` (unbounded
     /// when absent) within the algorithm's bounds (see [`Algorithm::debt_cap`]).
     pub fn debt_cap(&self) -> u64 {

@@ -27,10 +27,16 @@ async fn serve(spec: &str, on_limit: OnLimit) -> String {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer);
+    format!("{}/", spawn_app(app).await)
+}
+
+/// Serves `app` on 127.0.0.1:0 (without connect info); returns `http://ADDR`. The
+/// server task ends with the test's runtime.
+async fn spawn_app(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/")
+    format!("http://{addr}")
 }
 
 /// A client that opens a new connection for every request.
@@ -187,10 +193,7 @@ async fn charges_what_the_response_reports_and_refuses_while_in_debt() {
         .layer(RateLimitLayer::new(tokens.clone(), key).charge_with(by_header));
     let mut urls = Vec::new();
     for app in [app, header_app] {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        urls.push(format!("http://{addr}"));
+        urls.push(spawn_app(app).await);
     }
     let c = client();
     let first = get_as(&c, &format!("{}/small", urls[0]), Some("ada")).await;
@@ -232,11 +235,8 @@ async fn requests_without_a_key_are_counted_or_refused() {
         let app = Router::new()
             .route("/", get(|| async { "ok" }))
             .layer(layer);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         // Served without `into_make_service_with_connect_info`: no peer address.
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        urls.push(format!("http://{addr}/"));
+        urls.push(format!("{}/", spawn_app(app).await));
     }
     let c = client();
     for _ in 0..3 {

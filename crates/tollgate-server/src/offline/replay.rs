@@ -313,9 +313,7 @@ pub fn replay_on(
     let mut record = csv::StringRecord::new();
     let mut last_t = 0u64;
     let mut rows = 0u64;
-    let chargeable = policy
-        .charge(&mut policy.init(0), 0, 0)
-        .map_err(|e| e.to_string());
+    let chargeable = policy.chargeable().map_err(|e| e.to_string());
     while reader.read_record(&mut record).map_err(|e| row_error(&e))? {
         let line = record.position().map_or(rows + 2, |p| p.line());
         let row = TraceRow::parse(&record, &cols, op, last_t)

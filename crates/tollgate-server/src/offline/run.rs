@@ -141,6 +141,11 @@ fn summarize(policy: &Policy, fates: &[Fate]) -> Summary {
     }
 }
 
+/// The width of a table's policy column: the longest spec, at least the header's.
+pub fn policy_column<'a>(policies: impl Iterator<Item = &'a str>) -> usize {
+    policies.map(str::len).max().unwrap_or(6).max(6)
+}
+
 /// The summary table, coloured when `color`.
 pub fn table(summaries: &[Summary], color: bool) -> String {
     let paint = |code: &str, s: String| {
@@ -150,12 +155,7 @@ pub fn table(summaries: &[Summary], color: bool) -> String {
             s
         }
     };
-    let w = summaries
-        .iter()
-        .map(|s| s.policy.len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
+    let w = policy_column(summaries.iter().map(|s| s.policy.as_str()));
     let mut out = format!(
         "{:<w$} {:>9} {:>9} {:>9} {:>8}  {:<34} {:>10} {:>10}\n",
         "policy",

@@ -224,12 +224,7 @@ fn usage(
         println!("{}", serde_json::to_string_pretty(&summaries)?);
         return Ok(());
     }
-    let w = summaries
-        .iter()
-        .map(|s| s.policy.len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
+    let w = crate::offline::run::policy_column(summaries.iter().map(|s| s.policy.as_str()));
     println!(
         "{:<w$} {:>9} {:>9} {:>9} {:>13} {:>13} {:>10}",
         "policy", "offered", "admitted", "rejected", "used", "deepest debt", "exhausted"

@@ -91,7 +91,7 @@ pub fn run(
     seed: u64,
     duration_us: u64,
 ) -> anyhow::Result<UsageRun> {
-    if let Err(e) = policy.charge(&mut policy.init(0), 0, 0) {
+    if let Err(e) = policy.chargeable() {
         anyhow::bail!("--usage: {policy}: {e}");
     }
     let offered = arrivals.len() as u64;

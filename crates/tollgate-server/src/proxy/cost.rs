@@ -55,7 +55,7 @@ pub(super) struct RouteCost {
     /// The most of a JSON body (or of one event) read looking for the usage.
     max_body: usize,
     /// Units the requests used in all (reported, or the estimate).
-    pub charged: AtomicU64,
+    pub used: AtomicU64,
     /// Responses by outcome: reported, missing, invalid, disconnected.
     pub outcomes: [AtomicU64; 4],
     /// Whether a missing or invalid usage was logged already (once per route).
@@ -101,7 +101,7 @@ impl RouteCost {
             sources,
             estimate: c.estimate,
             max_body: c.max_body,
-            charged: AtomicU64::new(0),
+            used: AtomicU64::new(0),
             outcomes: Default::default(),
             warned: AtomicBool::new(false),
         })
@@ -365,7 +365,7 @@ impl Pending {
                 self.cost.estimate
             }
         };
-        self.cost.charged.fetch_add(used, Ordering::Relaxed);
+        self.cost.used.fetch_add(used, Ordering::Relaxed);
         let work = self.apply(used);
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
@@ -416,9 +416,7 @@ impl Drop for Pending {
     fn drop(&mut self) {
         if !self.settled {
             self.cost.count(Outcome::Disconnected(None), &self.route);
-            self.cost
-                .charged
-                .fetch_add(self.admitted, Ordering::Relaxed);
+            self.cost.used.fetch_add(self.admitted, Ordering::Relaxed);
         }
     }
 }

@@ -254,11 +254,10 @@ fn check_cost<'a>(
     for l in limits {
         any = true;
         for p in l.rules.policies() {
-            let fresh = &mut p.init(0);
-            if let Err(e) = p.charge(fresh, 0, 0) {
+            if let Err(e) = p.chargeable() {
                 anyhow::bail!("{at}.cost: {p}: {e}");
             }
-            if let Err(e) = p.check(fresh, 0, c.estimate.max(1), Op::Try) {
+            if let Err(e) = p.check(&mut p.init(0), 0, c.estimate.max(1), Op::Try) {
                 anyhow::bail!("{at}.cost.estimate: {p}: {e}");
             }
         }

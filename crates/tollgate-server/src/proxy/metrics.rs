@@ -22,13 +22,12 @@ pub(super) fn render(table: &RouteTable) -> String {
     let f64_gauge = || Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let (baseline, latency, delay) = (f64_gauge(), f64_gauge(), f64_gauge());
     let (admitted, shed, shed_by_priority) = (counter(), counter(), counter());
-    let (charged, responses) = (counter(), counter());
+    let (used, responses) = (counter(), counter());
     for route in table.routes() {
         if let Some(cost) = &route.limits.cost {
             let r = vec![("route", route.name.clone())];
-            charged
-                .get_or_create(&r)
-                .inc_by(cost.charged.load(std::sync::atomic::Ordering::Relaxed));
+            used.get_or_create(&r)
+                .inc_by(cost.used.load(std::sync::atomic::Ordering::Relaxed));
             for (outcome, n) in super::cost::OUTCOMES.iter().zip(&cost.outcomes) {
                 let mut l = r.clone();
                 l.push(("outcome", outcome.to_string()));
@@ -78,7 +77,7 @@ pub(super) fn render(table: &RouteTable) -> String {
     registry.register(
         "cost_usage_units",
         "Units the requests of cost: routes used: the usage reported, or the estimate (max-debt may forgive part of a charge)",
-        charged,
+        used,
     );
     registry.register(
         "cost_responses",

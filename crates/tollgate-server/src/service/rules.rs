@@ -701,7 +701,7 @@ fn build(
                 .map_err(|e| format!("{at}.policies: {e}"))?;
             if d.rejected_hits == Some(RejectedHits::Counted) {
                 for p in rules.policies() {
-                    if let Err(e) = p.charge(&mut p.init(0), 0, 0) {
+                    if let Err(e) = p.chargeable() {
                         return Err(format!("{at}.rejected_hits: counted needs policies that can be charged: {p}: {e}"));
                     }
                 }
