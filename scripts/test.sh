@@ -43,13 +43,14 @@ python3 scripts/import-graph.py
 # --all-features includes the server's external-servers: the tests that start
 # redis-server and nginx run too.
 cargo test --workspace --all-targets --all-features --locked
-cargo test --workspace --doc --all-features --locked
-# The per-store example (docs/redis.md), run against a redis-server of its own, stopped by PID.
+# The doctests (the guide's recipes among them: docs/library.md) and the per-store
+# example (docs/redis.md), run against a redis-server of their own, stopped by PID.
 redis_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
 redis_pid=$!
 trap 'kill "$redis_pid" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+TOLLGATE_TEST_REDIS_URL="redis://127.0.0.1:$redis_port/" cargo test --workspace --doc --all-features --locked
 cargo run -q -p tollgate --all-features --locked --example stores -- "redis://127.0.0.1:$redis_port/"
 kill "$redis_pid"
 # The keyed fast path's gate, model-checked with loom (all interleavings of a reader

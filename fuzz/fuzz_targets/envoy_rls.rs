@@ -12,14 +12,12 @@ use http_body_util::{BodyExt, Full};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use tollgate_server::service::grpc;
-use tollgate_server::service::rules::DescriptorRules;
 use tollgate_server::service::DecisionService;
 
 fn service() -> &'static (tokio::runtime::Runtime, Arc<DecisionService>) {
     static SERVICE: OnceLock<(tokio::runtime::Runtime, Arc<DecisionService>)> = OnceLock::new();
     SERVICE.get_or_init(|| {
-        let options = tollgate::KeyedOptions::default();
-        let service = DecisionService::new(DescriptorRules::built_in(options), vec![], options);
+        let service = DecisionService::example();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

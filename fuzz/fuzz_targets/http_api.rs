@@ -9,15 +9,13 @@ use axum::body::Body;
 use axum::http::Request;
 use libfuzzer_sys::fuzz_target;
 use tollgate_server::service::http::{router, Admin};
-use tollgate_server::service::rules::DescriptorRules;
 use tollgate_server::service::DecisionService;
 use tower::ServiceExt;
 
 fn app() -> &'static (tokio::runtime::Runtime, axum::Router) {
     static APP: OnceLock<(tokio::runtime::Runtime, axum::Router)> = OnceLock::new();
     APP.get_or_init(|| {
-        let options = tollgate::KeyedOptions::default();
-        let service = DecisionService::new(DescriptorRules::built_in(options), vec![], options);
+        let service = DecisionService::example();
         let admin = Admin {
             token: None,
             loopback: true,

@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut rules = DescriptorRules::default();
     if rules
-        .add(text, "fuzz.yaml", tollgate::KeyedOptions::default())
+        .add(text, "fuzz.yaml", &Default::default())
         .is_err()
     {
         return;

@@ -356,6 +356,33 @@ impl Policy {
         Ok(d)
     }
 
+    /// Whether an admitted try may carry a `wait` the caller must sleep before the
+    /// work: `shaper` (its release schedule) and `limit-req` delaying some excess
+    /// (`delay` below `burst`; not `nodelay`). For such a policy a plain "is it
+    /// allowed?" paces nothing, so the library's `check` refuses it and points to
+    /// `acquire`.
+    ///
+    /// ```
+    /// use tollgate_core::Policy;
+    /// let paces = |s: &str| s.parse::<Policy>().unwrap().paces();
+    /// assert!(paces("shaper:rate=5/s,queue=10"));
+    /// assert!(paces("limit-req:rate=5/s,burst=10"));
+    /// assert!(!paces("limit-req:rate=5/s,burst=10,nodelay"));
+    /// assert!(!paces("limit-req:rate=5/s,burst=10,delay=10"));
+    /// assert!(!paces("gcra:rate=5/s,burst=10"));
+    /// ```
+    pub fn paces(&self) -> bool {
+        match &self.algo {
+            Algo::Shaper(_) => true,
+            Algo::LimitReq(a) => match a.delay() {
+                crate::algorithms::Delay::All => a.burst() > 0,
+                crate::algorithms::Delay::After(n) => n < a.burst(),
+                crate::algorithms::Delay::Never => false,
+            },
+            _ => false,
+        }
+    }
+
     /// Whether a charge means something for this policy: `Err(NotChargeable)` for
     /// `shaper` and `concurrency` (what every caller of [`Policy::charge`] checks
     /// before it accepts a configuration).

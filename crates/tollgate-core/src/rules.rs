@@ -4,6 +4,7 @@
 use crate::algorithm::CheckMode;
 use crate::decision::{CheckError, Decision};
 use crate::policy::{Op, Policy, PolicyState};
+use crate::spec::SpecError;
 
 /// Several policies on one key. A request is admitted only if every policy admits it;
 /// a reject by any policy consumes nothing from the others (as nginx does with several
@@ -53,20 +54,28 @@ impl From<Decision> for RuleDecision {
 
 impl RuleSet {
     /// A rule set of `policies` (at least one).
-    pub fn new(policies: Vec<Policy>) -> Result<Self, String> {
+    pub fn new(policies: Vec<Policy>) -> Result<Self, SpecError> {
         if policies.is_empty() {
-            return Err("a rule set needs at least one policy".into());
+            return Err(SpecError {
+                spec: String::new(),
+                message: "a rule set needs at least one policy".into(),
+            });
         }
         Ok(RuleSet { policies })
     }
 
-    /// Parses each spec (see [`Policy::parse`]).
-    pub fn parse<S: AsRef<str>>(specs: &[S]) -> Result<Self, String> {
+    /// Parses each spec (see [`Policy::parse`]); the error names the first bad one.
+    pub fn parse<S: AsRef<str>>(specs: &[S]) -> Result<Self, SpecError> {
         let policies = specs
             .iter()
-            .map(|s| Policy::parse(s.as_ref()).map_err(|e| e.to_string()))
+            .map(|s| Policy::parse(s.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         RuleSet::new(policies)
+    }
+
+    /// The first policy that paces ([`Policy::paces`]), if any.
+    pub fn pacing(&self) -> Option<&Policy> {
+        self.policies.iter().find(|p| p.paces())
     }
 
     /// The policies, in order.
@@ -222,7 +231,7 @@ impl RuleSet {
             .iter()
             .map(|p| p.share(n))
             .collect::<Result<_, _>>()?;
-        RuleSet::new(policies)
+        Ok(RuleSet { policies })
     }
 
     /// Charges `cost` units of work already done to every policy (see

@@ -119,6 +119,7 @@ fn a_single_policy_rule_set_is_the_policy() {
     assert!(RuleSet::new(vec![]).is_err());
     assert!(RuleSet::parse(&["gcra:rate=1/s", "nope"])
         .unwrap_err()
+        .to_string()
         .contains("unknown algorithm 'nope'"));
 }
 

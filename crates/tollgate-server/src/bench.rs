@@ -82,7 +82,7 @@ pub enum Protocol {
     Http,
     /// `ShouldRateLimit` over HTTP/2.
     Grpc,
-    /// The Redis store's decision script, through `RedisLimiter::check`.
+    /// The Redis store's decision script, through the `RateLimiter` check of a `RedisLimiter`.
     Redis,
 }
 

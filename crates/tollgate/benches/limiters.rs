@@ -45,7 +45,7 @@ fn direct(c: &mut Criterion) {
     let mut g = c.benchmark_group("direct");
     let limiter = Limiter::with_clock(policy(), Arc::new(ManualClock::new()));
     g.bench_function("tollgate/fake-clock", |b| {
-        b.iter(|| black_box(limiter.check().unwrap().allowed))
+        b.iter(|| black_box(limiter.check(1).unwrap().allowed))
     });
     let gov = RateLimiter::direct_with_clock(quota(), FakeRelativeClock::default());
     g.bench_function("governor/fake-clock", |b| {
@@ -53,7 +53,7 @@ fn direct(c: &mut Criterion) {
     });
     let limiter = Limiter::with_clock(policy(), MonotonicClock::new());
     g.bench_function("tollgate/default-clock", |b| {
-        b.iter(|| black_box(limiter.check().unwrap().allowed))
+        b.iter(|| black_box(limiter.check(1).unwrap().allowed))
     });
     let gov = RateLimiter::direct(quota());
     g.bench_function("governor/default-clock", |b| {
@@ -76,14 +76,14 @@ fn keyed_u64(c: &mut Criterion) {
         );
         let gov = RateLimiter::dashmap_with_clock(quota(), FakeRelativeClock::default());
         for k in 0..live {
-            let _ = limiter.check(&k).unwrap();
+            let _ = limiter.check(&k, 1).unwrap();
             let _ = gov.check_key(&k);
         }
         let mut i = 0;
         g.bench_with_input(BenchmarkId::new("tollgate", live), &live, |b, _| {
             b.iter(|| {
                 i = (i + 1) & ((1 << 20) - 1);
-                black_box(limiter.check(&keys[i]).unwrap().allowed)
+                black_box(limiter.check(&keys[i], 1).unwrap().allowed)
             })
         });
         let mut i = 0;
@@ -110,7 +110,7 @@ fn keyed_string(c: &mut Criterion) {
     );
     let gov = RateLimiter::dashmap_with_clock(quota(), FakeRelativeClock::default());
     for n in &names {
-        let _ = limiter.check(n.as_str()).unwrap();
+        let _ = limiter.check(n.as_str(), 1).unwrap();
         let _ = gov.check_key(n);
     }
     let mut i = 0;
@@ -119,7 +119,7 @@ fn keyed_string(c: &mut Criterion) {
             i = (i + 1) & ((1 << 16) - 1);
             black_box(
                 limiter
-                    .check(names[order[i] as usize].as_str())
+                    .check(names[order[i] as usize].as_str(), 1)
                     .unwrap()
                     .allowed,
             )
@@ -163,7 +163,7 @@ fn contention(c: &mut Criterion) {
     g.bench_function("tollgate/direct", |b| {
         b.iter_custom(|n| {
             two_threads(n, || {
-                black_box(limiter.check().unwrap().allowed);
+                black_box(limiter.check(1).unwrap().allowed);
             })
         })
     });
@@ -183,7 +183,7 @@ fn contention(c: &mut Criterion) {
     g.bench_function("tollgate/one-key", |b| {
         b.iter_custom(|n| {
             two_threads(n, || {
-                black_box(keyed.check(&7).unwrap().allowed);
+                black_box(keyed.check(&7, 1).unwrap().allowed);
             })
         })
     });
@@ -199,7 +199,7 @@ fn contention(c: &mut Criterion) {
     g.bench_function("tollgate/disjoint-keys", |b| {
         b.iter_custom(|n| {
             two_threads_indexed(n, |t, i| {
-                black_box(keyed.check(&(t * 5_000 + i % 5_000)).unwrap().allowed);
+                black_box(keyed.check(&(t * 5_000 + i % 5_000), 1).unwrap().allowed);
             })
         })
     });
@@ -227,7 +227,7 @@ fn first_touch(c: &mut Criterion) {
             );
             let start = Instant::now();
             for k in 0..n {
-                black_box(limiter.check(&k).unwrap().allowed);
+                black_box(limiter.check(&k, 1).unwrap().allowed);
             }
             start.elapsed()
         })

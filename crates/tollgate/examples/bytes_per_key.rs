@@ -42,7 +42,7 @@ fn main() {
                 std::sync::Arc::new(tollgate::ManualClock::new()),
             );
             for k in 0..n {
-                let _ = limiter.check(&k).unwrap();
+                let _ = limiter.check(&k, 1).unwrap();
             }
             assert_eq!(limiter.len() as u64, n);
             rss_bytes()

@@ -13,7 +13,7 @@ use tollgate::redis::{LeaseOptions, LeasedLimiter, RedisStore};
 use tollgate::{AnyLimiter, RateLimiter, RuleSet};
 
 /// The application's code: it knows only the interface.
-async fn burst(limiter: &impl RateLimiter, user: &str) -> Result<u32, tollgate::LimitError> {
+async fn burst(limiter: &impl RateLimiter, user: &str) -> Result<u32, tollgate::Error> {
     let mut admitted = 0;
     for _ in 0..10 {
         if limiter.check(user, 1).await?.allowed {

@@ -11,6 +11,7 @@ use hashbrown::HashTable;
 
 use crate::reader_gate::{ReaderGate, Shut};
 use crate::tat_table::TatTable;
+use crate::Error;
 use tollgate_core::algorithms::GcraState;
 use tollgate_core::{
     CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
@@ -26,7 +27,7 @@ pub enum OnFull {
     /// key starts afresh if it returns: its limit resets.
     #[default]
     EvictLeastRecent,
-    /// Refuse new keys ([`KeyedError::TooManyKeys`]); known keys are unaffected.
+    /// Refuse new keys ([`Error::TooManyKeys`]); known keys are unaffected.
     RefuseNew,
 }
 
@@ -47,20 +48,6 @@ impl Default for KeyedOptions {
             on_full: OnFull::EvictLeastRecent,
         }
     }
-}
-
-/// Why a keyed check could not be decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum KeyedError {
-    /// The policy can never admit this cost.
-    #[error(transparent)]
-    Check(#[from] CheckError),
-    /// The limiter is full and configured with [`OnFull::RefuseNew`].
-    #[error("too many keys: the limiter holds its maximum of {max} keys and refuses new ones")]
-    TooManyKeys {
-        /// The configured maximum.
-        max: usize,
-    },
 }
 
 /// Counters of a keyed limiter's memory management.
@@ -88,10 +75,8 @@ enum Asked {
     Apply,
     /// Decide and apply; report every policy.
     Detailed,
-    /// Decide only.
-    Peek,
     /// Decide only; report every policy.
-    PeekDetailed,
+    Peek,
 }
 
 /// A decision, with every policy's when asked for.
@@ -244,10 +229,10 @@ struct Inner<K, C> {
 /// ```
 /// use tollgate::{KeyedLimiter, Policy};
 /// let limiter: KeyedLimiter<String> = KeyedLimiter::new("gcra:rate=1/s,burst=2".parse::<Policy>()?);
-/// assert!(limiter.check("alice")?.allowed);
-/// assert!(limiter.check("alice")?.allowed);
-/// assert!(!limiter.check("alice")?.allowed);
-/// assert!(limiter.check("bob")?.allowed); // every key has its own limit
+/// assert!(limiter.check("alice", 1)?.allowed);
+/// assert!(limiter.check("alice", 1)?.allowed);
+/// assert!(!limiter.check("alice", 1)?.allowed);
+/// assert!(limiter.check("bob", 1)?.allowed); // every key has its own limit
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct KeyedLimiter<K, C: Clock = MonotonicClock> {
@@ -335,18 +320,12 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         self.inner.config.load().rules.clone()
     }
 
-    /// Tries one unit for `key` now.
-    pub fn check<Q>(&self, key: &Q) -> Result<Decision, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.check_n(key, 1)
-    }
-
-    /// Tries `cost` units for `key` now.
+    /// Tries `cost` units for `key` now. Refused with [`Error::Paces`] for rules that
+    /// pace (a `shaper`, a delaying `limit-req`), whose admitted tries carry a wait to
+    /// sleep before the work: [`KeyedLimiter::acquire`] sleeps it (or
+    /// [`KeyedLimiter::check_rules`] with `Op::Try` reports it).
     #[inline]
-    pub fn check_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>
+    pub fn check<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -356,7 +335,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// Tries one unit for `key` now and says only whether it is admitted: the same
-    /// decision as [`KeyedLimiter::check`]`(key)?.allowed`, with the same effect on the
+    /// decision as [`KeyedLimiter::check`]`(key, 1)?.allowed`, with the same effect on the
     /// key's state.
     ///
     /// For a single GCRA policy, a key already held is decided from its word alone, with
@@ -375,7 +354,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn allow<Q>(&self, key: &Q) -> Result<bool, KeyedError>
+    pub fn allow<Q>(&self, key: &Q) -> Result<bool, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -396,8 +375,9 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             .allowed)
     }
 
-    /// Like [`KeyedLimiter::check_n`] with `op`, reporting every policy of the rule set.
-    pub fn check_rules<Q>(&self, key: &Q, cost: u64, op: Op) -> Result<RuleDecision, KeyedError>
+    /// Decides a request of `cost` for `key` with `op` (see [`RateLimiter::check_rules`](crate::RateLimiter::check_rules)),
+    /// reporting every policy of the rule set.
+    pub fn check_rules<Q>(&self, key: &Q, cost: u64, op: Op) -> Result<RuleDecision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -416,14 +396,14 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     /// use tollgate::{KeyedLimiter, Policy};
     /// let tokens = KeyedLimiter::<String>::new("fixed-window:limit=10000,window=1m".parse::<Policy>()?);
     /// // Before the completion: is any budget left?
-    /// assert!(tokens.check_n("api-key-1", 1)?.allowed);
+    /// assert!(tokens.check("api-key-1", 1)?.allowed);
     /// // After it: charge what it used, 12,000 tokens (less the 1 of the check).
     /// let d = tokens.charge("api-key-1", 11_999)?.decision;
     /// assert_eq!(d.remaining, 0);
-    /// assert!(!tokens.check_n("api-key-1", 1)?.allowed); // in debt until the window ends
+    /// assert!(!tokens.check("api-key-1", 1)?.allowed); // in debt until the window ends
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn charge<Q>(&self, key: &Q, cost: u64) -> Result<RuleDecision, KeyedError>
+    pub fn charge<Q>(&self, key: &Q, cost: u64) -> Result<RuleDecision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -432,23 +412,13 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// The decision a try of `cost` would get now for `key`, changing nothing (an
-    /// unknown key is not stored).
-    pub fn peek<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>
+    /// unknown key is not stored; cost 0: the states as they stand).
+    pub fn peek<Q>(&self, key: &Q, cost: u64) -> Result<RuleDecision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.decide(key, cost, Op::Try, Asked::Peek)
-            .map(KeyedDecision::decision)
-    }
-
-    /// Like [`KeyedLimiter::peek`], reporting every policy of the rule set.
-    pub fn peek_rules<Q>(&self, key: &Q, cost: u64) -> Result<RuleDecision, KeyedError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.decide(key, cost, Op::Try, Asked::PeekDetailed)
             .map(KeyedDecision::detailed)
     }
 
@@ -605,20 +575,14 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     #[inline]
-    fn decide<Q>(
-        &self,
-        key: &Q,
-        cost: u64,
-        op: Op,
-        mode: Asked,
-    ) -> Result<KeyedDecision, KeyedError>
+    fn decide<Q>(&self, key: &Q, cost: u64, op: Op, mode: Asked) -> Result<KeyedDecision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
-        let peek = matches!(mode, Asked::Peek | Asked::PeekDetailed);
+        let peek = mode == Asked::Peek;
         // The GCRA fast path for a known key: one compare-and-swap, and no lock for
         // plain keys (or a read lock).
         let known = |f: &FastShard<K>| decide_known(f, key, hash, now, cost, op, peek);
@@ -654,10 +618,13 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             return Ok(KeyedDecision::One(d));
         }
         let rules = &f.config.rules;
+        if mode == Asked::Apply && op == Op::Try {
+            // `check` and `allow` answer "allowed?": refused where that paces nothing.
+            Error::refuse_pacing(rules)?;
+        }
         let run = |st: &mut Vec<PolicyState>| -> Result<KeyedDecision, CheckError> {
             Ok(match mode {
-                Asked::Peek => KeyedDecision::One(rules.peek_decision(st, now, cost)?),
-                Asked::PeekDetailed => KeyedDecision::Rules(rules.peek(st, now, cost)?),
+                Asked::Peek => KeyedDecision::Rules(rules.peek(st, now, cost)?),
                 Asked::Apply => KeyedDecision::One(rules.decide(st, now, cost, op)?),
                 Asked::Detailed => KeyedDecision::Rules(rules.check(st, now, cost, op)?),
             })
@@ -705,7 +672,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         now: u64,
         idle: impl Fn(&S, u64) -> bool,
         last_active: impl Fn(&S) -> u64,
-    ) -> Result<(), KeyedError> {
+    ) -> Result<(), Error> {
         let hasher = &self.inner.hasher;
         if !self.room_needed(table) {
             return Ok(());
@@ -733,7 +700,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             sweep.not_before = now.saturating_add(REFUSE_SWEEP_INTERVAL_US);
             self.inner.refused.fetch_add(1, Ordering::Relaxed);
             let max = self.inner.options.max_keys;
-            return Err(KeyedError::TooManyKeys { max });
+            return Err(Error::TooManyKeys { max });
         }
         // Entries sit at hash-determined places, so the first few are a fair sample.
         let mut sample: Vec<u64> = table.first(EVICT_SAMPLE).map(&last_active).collect();
@@ -768,7 +735,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     /// Waits for `cost` units for `key` (see [`crate::Limiter::acquire`]: FIFO per
     /// key, bounded by `max-wait`, and the same cancel safety: a dropped future gives
     /// its reservation back).
-    pub async fn acquire<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>
+    pub async fn acquire<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -784,7 +751,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// [`KeyedLimiter::acquire`] for synchronous code: blocks the thread for the wait.
-    pub fn acquire_blocking<Q>(&self, key: &Q, cost: u64) -> Result<Decision, KeyedError>
+    pub fn acquire_blocking<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -885,7 +852,7 @@ fn decide_known<K, Q>(
     cost: u64,
     op: Op,
     peek: bool,
-) -> Option<Result<KeyedDecision, KeyedError>>
+) -> Option<Result<KeyedDecision, Error>>
 where
     K: Borrow<Q>,
     Q: Eq + ?Sized,
@@ -893,7 +860,7 @@ where
     let fast = f.config.fast?;
     if let Some(tat) = f.tats.find(hash, |k| k.borrow() == key) {
         let d = decide_word(&fast, tat, now, cost, op, peek);
-        return Some(d.map(KeyedDecision::One).map_err(KeyedError::from));
+        return Some(d.map(KeyedDecision::One).map_err(Error::from));
     }
     let fresh = if peek {
         fast.peek(0, now, cost)

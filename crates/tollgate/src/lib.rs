@@ -43,9 +43,16 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod adaptive;
+/// The guide: recipes (per-IP limits in axum, a rule set per user, the same through
+/// Redis, pacing a worker, burst or pacing) and the reference of every limiter — the
+/// text of `docs/library.md`, whose examples run as this module's doctests.
+#[cfg(all(feature = "axum", feature = "redis"))]
+#[doc = include_str!("../../../docs/library.md")]
+pub mod guide {}
 mod clock;
 mod concurrency;
 mod config;
+mod error;
 pub mod headers;
 mod keyed;
 mod limiter;
@@ -64,9 +71,10 @@ pub use concurrency::{
     ConcurrencyError, ConcurrencyLimiter, ConcurrencyPermit, KeyedConcurrencyLimiter,
     KeyedConcurrencyPermit,
 };
-pub use keyed::{KeyedError, KeyedLimiter, KeyedOptions, KeyedStats, OnFull};
+pub use error::Error;
+pub use keyed::{KeyedLimiter, KeyedOptions, KeyedStats, OnFull};
 pub use limiter::Limiter;
-pub use rate_limiter::{AnyLimiter, LimitError, RateLimiter};
+pub use rate_limiter::{AnyLimiter, RateLimiter};
 pub use stream::{Paced, TooCostly};
 pub use tollgate_core::*;
 pub use wait::RefundOnDrop;

@@ -11,6 +11,7 @@ use tollgate_core::{
 
 use crate::config::{Config, FastGcra};
 use crate::wait::{block, sleep_or_refund, RefundOnDrop};
+use crate::Error;
 
 /// One limit shared by every clone (state behind an `Arc`): `Send + Sync`, cheap to
 /// clone, for any policy or rule set.
@@ -26,13 +27,13 @@ use crate::wait::{block, sleep_or_refund, RefundOnDrop};
 ///
 /// let clock = std::sync::Arc::new(ManualClock::new());
 /// let limiter = Limiter::with_clock("gcra:rate=10/s,burst=2".parse::<tollgate::Policy>()?, clock.clone());
-/// assert!(limiter.check()?.allowed);
-/// assert!(limiter.check()?.allowed);
-/// let d = limiter.check()?;
+/// assert!(limiter.check(1)?.allowed);
+/// assert!(limiter.check(1)?.allowed);
+/// let d = limiter.check(1)?;
 /// assert!(!d.allowed);
 /// assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
 /// clock.advance(Duration::from_millis(100));
-/// assert!(limiter.check()?.allowed);
+/// assert!(limiter.check(1)?.allowed);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Limiter<C: Clock = MonotonicClock> {
@@ -154,27 +155,27 @@ impl<C: Clock> Limiter<C> {
         self.inner.config.load().rules.clone()
     }
 
-    /// Tries one unit now.
+    /// Tries `cost` units now. Refused with [`Error::Paces`] for rules that pace (a
+    /// `shaper`, a delaying `limit-req`), whose admitted tries carry a wait to sleep
+    /// before the work: [`Limiter::acquire`] sleeps it (or [`Limiter::check_rules`]
+    /// with `Op::Try` reports it).
     #[inline]
-    pub fn check(&self) -> Result<Decision, CheckError> {
-        self.decide(1, Op::Try)
+    pub fn check(&self, cost: u64) -> Result<Decision, Error> {
+        let now = self.inner.clock.now_us();
+        if let Some(words) = self.fast() {
+            return Ok(self.gcra(words, now, cost, Op::Try)?);
+        }
+        Error::refuse_pacing(&self.inner.config.load().rules)?;
+        Ok(self.decide_locked(now, cost, Op::Try)?)
     }
 
-    /// Tries `cost` units now.
-    #[inline]
-    pub fn check_n(&self, cost: u64) -> Result<Decision, CheckError> {
-        self.decide(cost, Op::Try)
+    /// Decides `cost` units with `op` (see [`RateLimiter::check_rules`](crate::RateLimiter::check_rules)),
+    /// reporting every policy of the rule set.
+    pub fn check_rules(&self, cost: u64, op: Op) -> Result<RuleDecision, Error> {
+        Ok(self.rules_decision(cost, op)?)
     }
 
-    /// Decides `cost` units with `op` (try, or acquire's reservation without the
-    /// sleep: the caller waits `wait` itself).
-    #[inline]
-    pub fn check_op(&self, cost: u64, op: Op) -> Result<Decision, CheckError> {
-        self.decide(cost, op)
-    }
-
-    /// Like [`Limiter::check_n`] with `op`, reporting every policy of the rule set.
-    pub fn check_rules(&self, cost: u64, op: Op) -> Result<RuleDecision, CheckError> {
+    fn rules_decision(&self, cost: u64, op: Op) -> Result<RuleDecision, CheckError> {
         let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
             return self.gcra(words, now, cost, op).map(RuleDecision::from);
@@ -186,7 +187,8 @@ impl<C: Clock> Limiter<C> {
     }
 
     #[inline(always)]
-    fn decide(&self, cost: u64, op: Op) -> Result<Decision, CheckError> {
+    /// Decides `cost` units with `op` (an acquire's reservation without the sleep).
+    pub(crate) fn decide(&self, cost: u64, op: Op) -> Result<Decision, CheckError> {
         let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
             return self.gcra(words, now, cost, op);
@@ -261,22 +263,22 @@ impl<C: Clock> Limiter<C> {
 
     /// The decision a try of `cost` would get now, changing nothing; a cost of 0 is the
     /// state as it stands (admitted, `remaining` and `reset_after` of now).
-    pub fn peek(&self, cost: u64) -> Result<Decision, CheckError> {
+    pub fn peek(&self, cost: u64) -> Result<RuleDecision, Error> {
         let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
             let tat = self.inner.tat.load(Ordering::Acquire);
-            return Ok(words.gcra().peek(tat, now, cost)?.1);
+            return Ok(words.gcra().peek(tat, now, cost)?.1.into());
         }
         let states = self.states();
         let config = self.inner.config.load();
-        config.rules.peek_decision(&states, now, cost)
+        Ok(config.rules.peek(&states, now, cost)?)
     }
 
     /// Charges `cost` units of work already done: no limit test, so the limiter may
     /// go into debt, up to each policy's `max-debt` (see
     /// [`tollgate_core::Policy::charge`]). Always admitted.
-    pub fn charge(&self, cost: u64) -> Result<Decision, CheckError> {
-        self.decide(cost, Op::Charge)
+    pub fn charge(&self, cost: u64) -> Result<RuleDecision, Error> {
+        self.check_rules(cost, Op::Charge)
     }
 
     /// Gives back `cost` units admitted earlier (never beyond full capacity).
@@ -349,7 +351,7 @@ impl<C: Clock> Limiter<C> {
     /// Dropping the future while it sleeps gives the reservation back (as
     /// [`Limiter::refund`]), so no capacity is lost; waiters queued behind keep their
     /// places, and a later arrival may take the freed slot.
-    pub async fn acquire(&self, cost: u64) -> Result<Decision, CheckError> {
+    pub async fn acquire(&self, cost: u64) -> Result<Decision, Error> {
         let d = self.decide(cost, Op::Acquire)?;
         if d.allowed && d.wait_us > 0 {
             let guard = RefundOnDrop::new(|| self.refund(cost));
@@ -359,7 +361,7 @@ impl<C: Clock> Limiter<C> {
     }
 
     /// [`Limiter::acquire`] for synchronous code: blocks the thread for the wait.
-    pub fn acquire_blocking(&self, cost: u64) -> Result<Decision, CheckError> {
+    pub fn acquire_blocking(&self, cost: u64) -> Result<Decision, Error> {
         let d = self.decide(cost, Op::Acquire)?;
         if d.allowed {
             block(d.wait());

@@ -4,70 +4,30 @@
 //!
 //! Every store decides with the same core code and returns the same
 //! [`RuleDecision`]; the stores differ only in where the state lives and in how they
-//! can fail ([`LimitError::is_transient`]).
+//! can fail ([`Error::is_transient`]).
 
+use std::borrow::Borrow;
 use std::future::Future;
+use std::hash::Hash;
 
-use tollgate_core::{CheckError, Decision, Op, RuleDecision, RuleSet};
+use tollgate_core::{Clock, Decision, Op, RuleDecision, RuleSet};
 
-use crate::{KeyedError, KeyedLimiter};
-
-/// Why a [`RateLimiter`] could not decide.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LimitError {
-    /// The request itself is invalid: a cost of 0, or more than a policy can ever
-    /// admit. Waiting does not help.
-    #[error(transparent)]
-    Check(#[from] CheckError),
-    /// The memory store is full and refuses new keys
-    /// ([`OnFull::RefuseNew`](crate::OnFull::RefuseNew)).
-    #[error("too many keys: the limiter holds its maximum of {max} keys and refuses new ones")]
-    TooManyKeys {
-        /// The configured maximum.
-        max: usize,
-    },
-    /// The store cannot keep this policy or cost (e.g. a cost beyond the exact
-    /// integer range of the Redis scripts).
-    #[error("not supported by this store: {0}")]
-    Unsupported(String),
-    /// The store is unreachable, slow or failing. Transient: the caller (or the
-    /// store's failure policy) decides whether to admit or reject meanwhile.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// The store's configuration is invalid (a bad URL, prefix or limiter name).
-    #[error("store configuration: {0}")]
-    Config(String),
-    /// The store answered something it never sends.
-    #[error("store error: {0}")]
-    Store(String),
-}
-
-impl LimitError {
-    /// Whether the failure is the store's and may pass (unreachable, slow): the kind
-    /// a fail-open or fail-closed policy applies to. An invalid request or
-    /// configuration is not transient.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, LimitError::Unavailable(_))
-    }
-}
-
-impl From<KeyedError> for LimitError {
-    fn from(e: KeyedError) -> Self {
-        match e {
-            KeyedError::Check(c) => LimitError::Check(c),
-            KeyedError::TooManyKeys { max } => LimitError::TooManyKeys { max },
-        }
-    }
-}
+use crate::{Error, KeyedLimiter};
 
 /// Per-key rate limits over some store: the one interface the memory store
 /// ([`KeyedLimiter`]), the Redis store (`redis::RedisLimiter`, feature `redis`) and
 /// [`AnyLimiter`] implement.
 ///
-/// Keys are strings. Each method decides with the store's time (the memory store's
-/// clock, Redis `TIME`); a [`RuleDecision`] reports the overall decision and each
-/// policy's.
+/// Keys are `K`, `str` unless said otherwise: the Redis stores and [`AnyLimiter`] take
+/// `str` and `String` keys, the memory store any key type it holds (an
+/// `IpAddr`, a `u64`) and what it borrows as. Each method decides with the store's
+/// time (the memory store's clock, Redis `TIME`); a [`RuleDecision`] reports the
+/// overall decision and each policy's.
+///
+/// The memory store's [`KeyedLimiter`] has the same methods, with the same names and
+/// arguments, as plain functions: its answers are immediate, so it needs no `.await`
+/// (called on a `KeyedLimiter`, `check` is the plain one; in code generic over
+/// `RateLimiter`, the trait's).
 ///
 /// ```
 /// use tollgate::{AnyLimiter, RateLimiter, RuleSet};
@@ -95,7 +55,7 @@ impl From<KeyedError> for LimitError {
 /// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 /// # }
 /// ```
-pub trait RateLimiter: Send + Sync {
+pub trait RateLimiter<K: ?Sized + Sync = str>: Send + Sync {
     /// Decides a request of `cost` for `key`: a try (`Op::Try`), an acquire that
     /// reserves the earliest admission and reports it as `wait` without waiting for
     /// it (`Op::Acquire`; see [`RateLimiter::acquire`] to wait), a charge of work
@@ -103,18 +63,19 @@ pub trait RateLimiter: Send + Sync {
     /// (`Op::Count`: charged whatever the answer, answered as a try).
     fn check_rules(
         &self,
-        key: &str,
+        key: &K,
         cost: u64,
         op: Op,
-    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send;
+    ) -> impl Future<Output = Result<RuleDecision, Error>> + Send;
 
-    /// Tries `cost` for `key` now: the overall decision.
-    fn check(
-        &self,
-        key: &str,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, LimitError>> + Send {
-        async move { Ok(self.check_rules(key, cost, Op::Try).await?.decision) }
+    /// Tries `cost` for `key` now: the overall decision. Refused with
+    /// [`Error::Paces`] for rules that pace (a `shaper`, a delaying `limit-req`), whose
+    /// admitted tries carry a wait to sleep: [`RateLimiter::acquire`] sleeps it.
+    fn check(&self, key: &K, cost: u64) -> impl Future<Output = Result<Decision, Error>> + Send {
+        async move {
+            Error::refuse_pacing(&self.rules())?;
+            Ok(self.check_rules(key, cost, Op::Try).await?.decision)
+        }
     }
 
     /// Charges `cost` units of work already done to `key` (tokens of a completion,
@@ -124,25 +85,22 @@ pub trait RateLimiter: Send + Sync {
     /// charges Redis directly (a slice cannot take a debt).
     fn charge(
         &self,
-        key: &str,
+        key: &K,
         cost: u64,
-    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send {
+    ) -> impl Future<Output = Result<RuleDecision, Error>> + Send {
         self.check_rules(key, cost, Op::Charge)
     }
 
-    /// The decision a try of `cost` would get now, changing nothing.
-    fn peek(
-        &self,
-        key: &str,
-        cost: u64,
-    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send;
+    /// The decision a try of `cost` would get now, changing nothing (cost 0: the
+    /// states as they stand).
+    fn peek(&self, key: &K, cost: u64) -> impl Future<Output = Result<RuleDecision, Error>> + Send;
 
     /// Gives back `cost` units admitted earlier to every policy of `key` (e.g. the
     /// work they paid for failed); never beyond a fully replenished state.
-    fn refund(&self, key: &str, cost: u64) -> impl Future<Output = Result<(), LimitError>> + Send;
+    fn refund(&self, key: &K, cost: u64) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Forgets `key`'s state: its next request is a new key's.
-    fn reset(&self, key: &str) -> impl Future<Output = Result<(), LimitError>> + Send;
+    fn reset(&self, key: &K) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Waits until `cost` units for `key` are admitted (FIFO per key), or rejects at
     /// once when the wait would exceed a policy's `max-wait`.
@@ -150,57 +108,130 @@ pub trait RateLimiter: Send + Sync {
     /// # Cancel safety
     ///
     /// Dropping the future while it waits gives the reservation back.
-    fn acquire(
-        &self,
-        key: &str,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, LimitError>> + Send;
+    fn acquire(&self, key: &K, cost: u64) -> impl Future<Output = Result<Decision, Error>> + Send;
 
     /// The rule set in force.
     fn rules(&self) -> RuleSet;
 
     /// Replaces the rule set for every key; states carry over where they keep their
     /// meaning. A store that cannot keep the new rules refuses them and keeps the old.
-    fn set_rules(&self, rules: RuleSet) -> Result<(), LimitError>;
+    fn set_rules(&self, rules: RuleSet) -> Result<(), Error>;
 }
 
-/// The memory store: decisions are immediate (the futures are ready at once).
-impl<C: crate::Clock + Send + Sync + 'static> RateLimiter for KeyedLimiter<String, C> {
-    async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, LimitError> {
-        Ok(KeyedLimiter::check_rules(self, key, cost, op)?)
+/// The memory store, for any key it holds or borrows as: decisions are immediate
+/// (the futures are ready at once; an acquire's sleep is the only wait).
+impl<K, Q, C> RateLimiter<Q> for KeyedLimiter<K, C>
+where
+    K: Borrow<Q> + Hash + Eq + Send + Sync,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized + Sync,
+    C: Clock + Send + Sync + 'static,
+{
+    async fn check_rules(&self, key: &Q, cost: u64, op: Op) -> Result<RuleDecision, Error> {
+        KeyedLimiter::check_rules(self, key, cost, op)
     }
 
-    async fn check(&self, key: &str, cost: u64) -> Result<Decision, LimitError> {
-        Ok(self.check_n(key, cost)?)
+    async fn check(&self, key: &Q, cost: u64) -> Result<Decision, Error> {
+        KeyedLimiter::check(self, key, cost)
     }
 
-    async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, LimitError> {
-        Ok(self.peek_rules(key, cost)?)
+    async fn peek(&self, key: &Q, cost: u64) -> Result<RuleDecision, Error> {
+        KeyedLimiter::peek(self, key, cost)
     }
 
-    async fn refund(&self, key: &str, cost: u64) -> Result<(), LimitError> {
+    async fn refund(&self, key: &Q, cost: u64) -> Result<(), Error> {
         KeyedLimiter::refund(self, key, cost);
         Ok(())
     }
 
-    async fn reset(&self, key: &str) -> Result<(), LimitError> {
+    async fn reset(&self, key: &Q) -> Result<(), Error> {
         KeyedLimiter::reset(self, key);
         Ok(())
     }
 
-    async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, LimitError> {
-        Ok(KeyedLimiter::acquire(self, key, cost).await?)
+    async fn acquire(&self, key: &Q, cost: u64) -> Result<Decision, Error> {
+        KeyedLimiter::acquire(self, key, cost).await
     }
 
     fn rules(&self) -> RuleSet {
         KeyedLimiter::rules(self)
     }
 
-    fn set_rules(&self, rules: RuleSet) -> Result<(), LimitError> {
+    fn set_rules(&self, rules: RuleSet) -> Result<(), Error> {
         KeyedLimiter::set_rules(self, rules);
         Ok(())
     }
 }
+
+/// `String` keys for a store whose keys are `str` (the tower layer's key closures
+/// return owned keys): each method is the `str` one.
+macro_rules! string_keys {
+    ($store:ty) => {
+        impl $crate::RateLimiter<String> for $store {
+            fn check_rules(
+                &self,
+                key: &String,
+                cost: u64,
+                op: tollgate_core::Op,
+            ) -> impl std::future::Future<
+                Output = Result<tollgate_core::RuleDecision, $crate::Error>,
+            > + Send {
+                $crate::RateLimiter::<str>::check_rules(self, key, cost, op)
+            }
+
+            fn check(
+                &self,
+                key: &String,
+                cost: u64,
+            ) -> impl std::future::Future<Output = Result<tollgate_core::Decision, $crate::Error>>
+                   + Send {
+                $crate::RateLimiter::<str>::check(self, key, cost)
+            }
+
+            fn peek(
+                &self,
+                key: &String,
+                cost: u64,
+            ) -> impl std::future::Future<
+                Output = Result<tollgate_core::RuleDecision, $crate::Error>,
+            > + Send {
+                $crate::RateLimiter::<str>::peek(self, key, cost)
+            }
+
+            fn refund(
+                &self,
+                key: &String,
+                cost: u64,
+            ) -> impl std::future::Future<Output = Result<(), $crate::Error>> + Send {
+                $crate::RateLimiter::<str>::refund(self, key, cost)
+            }
+
+            fn reset(
+                &self,
+                key: &String,
+            ) -> impl std::future::Future<Output = Result<(), $crate::Error>> + Send {
+                $crate::RateLimiter::<str>::reset(self, key)
+            }
+
+            fn acquire(
+                &self,
+                key: &String,
+                cost: u64,
+            ) -> impl std::future::Future<Output = Result<tollgate_core::Decision, $crate::Error>>
+                   + Send {
+                $crate::RateLimiter::<str>::acquire(self, key, cost)
+            }
+
+            fn rules(&self) -> tollgate_core::RuleSet {
+                $crate::RateLimiter::<str>::rules(self)
+            }
+
+            fn set_rules(&self, rules: tollgate_core::RuleSet) -> Result<(), $crate::Error> {
+                $crate::RateLimiter::<str>::set_rules(self, rules)
+            }
+        }
+    };
+}
+pub(crate) use string_keys;
 
 /// A [`RateLimiter`] whose store is chosen at run time (from configuration): the
 /// memory store or Redis. Cheap to clone (the stores are shared).
@@ -216,26 +247,6 @@ pub enum AnyLimiter {
     Leased(crate::redis::LeasedLimiter),
 }
 
-impl AnyLimiter {
-    /// A memory-store limiter of `rules` (default [`KeyedOptions`](crate::KeyedOptions)).
-    pub fn memory(rules: impl Into<RuleSet>) -> AnyLimiter {
-        AnyLimiter::Memory(KeyedLimiter::new(rules))
-    }
-
-    /// A Redis-store limiter of `rules` named `name` on `store` (see
-    /// `redis::RedisLimiter::new`).
-    #[cfg(feature = "redis")]
-    pub fn redis(
-        store: crate::redis::RedisStore,
-        name: &str,
-        rules: impl Into<RuleSet>,
-    ) -> Result<AnyLimiter, LimitError> {
-        Ok(AnyLimiter::Redis(crate::redis::RedisLimiter::new(
-            store, name, rules,
-        )?))
-    }
-}
-
 /// Runs `$body` with `$l` bound to the inner limiter, whichever store it is.
 macro_rules! each_store {
     ($self:expr, $l:ident => $body:expr) => {
@@ -249,36 +260,68 @@ macro_rules! each_store {
     };
 }
 
+impl AnyLimiter {
+    /// A memory-store limiter of `rules` (default [`KeyedOptions`](crate::KeyedOptions)).
+    pub fn memory(rules: impl Into<RuleSet>) -> AnyLimiter {
+        AnyLimiter::Memory(KeyedLimiter::new(rules))
+    }
+
+    /// A Redis-store limiter of `rules` named `name` on `store` (see
+    /// `redis::RedisLimiter::new`).
+    #[cfg(feature = "redis")]
+    pub fn redis(
+        store: crate::redis::RedisStore,
+        name: &str,
+        rules: impl Into<RuleSet>,
+    ) -> Result<AnyLimiter, Error> {
+        Ok(AnyLimiter::Redis(crate::redis::RedisLimiter::new(
+            store, name, rules,
+        )?))
+    }
+
+    /// The rule set in force.
+    pub fn rules(&self) -> RuleSet {
+        each_store!(self, l => l.rules())
+    }
+
+    /// Replaces the rule set (see [`RateLimiter::set_rules`]).
+    pub fn set_rules(&self, rules: RuleSet) -> Result<(), Error> {
+        each_store!(self, l => RateLimiter::<str>::set_rules(l, rules))
+    }
+}
+
 impl RateLimiter for AnyLimiter {
-    async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, LimitError> {
-        each_store!(self, l => RateLimiter::check_rules(l, key, cost, op).await)
+    async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, Error> {
+        each_store!(self, l => RateLimiter::<str>::check_rules(l, key, cost, op).await)
     }
 
-    async fn check(&self, key: &str, cost: u64) -> Result<Decision, LimitError> {
-        each_store!(self, l => RateLimiter::check(l, key, cost).await)
+    async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        each_store!(self, l => RateLimiter::<str>::check(l, key, cost).await)
     }
 
-    async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, LimitError> {
-        each_store!(self, l => RateLimiter::peek(l, key, cost).await)
+    async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, Error> {
+        each_store!(self, l => RateLimiter::<str>::peek(l, key, cost).await)
     }
 
-    async fn refund(&self, key: &str, cost: u64) -> Result<(), LimitError> {
-        each_store!(self, l => RateLimiter::refund(l, key, cost).await)
+    async fn refund(&self, key: &str, cost: u64) -> Result<(), Error> {
+        each_store!(self, l => RateLimiter::<str>::refund(l, key, cost).await)
     }
 
-    async fn reset(&self, key: &str) -> Result<(), LimitError> {
-        each_store!(self, l => RateLimiter::reset(l, key).await)
+    async fn reset(&self, key: &str) -> Result<(), Error> {
+        each_store!(self, l => RateLimiter::<str>::reset(l, key).await)
     }
 
-    async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, LimitError> {
-        each_store!(self, l => RateLimiter::acquire(l, key, cost).await)
+    async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        each_store!(self, l => RateLimiter::<str>::acquire(l, key, cost).await)
     }
 
     fn rules(&self) -> RuleSet {
-        each_store!(self, l => RateLimiter::rules(l))
+        AnyLimiter::rules(self)
     }
 
-    fn set_rules(&self, rules: RuleSet) -> Result<(), LimitError> {
-        each_store!(self, l => RateLimiter::set_rules(l, rules))
+    fn set_rules(&self, rules: RuleSet) -> Result<(), Error> {
+        AnyLimiter::set_rules(self, rules)
     }
 }
+
+string_keys!(AnyLimiter);

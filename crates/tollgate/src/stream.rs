@@ -77,7 +77,7 @@ impl<S: Stream, C: Clock, F: FnMut(&S::Item) -> u64> Paced<S, C, F> {
         item: S::Item,
         cost: u64,
     ) -> Option<Result<S::Item, TooCostly<S::Item>>> {
-        match self.limiter.check_op(cost, Op::Acquire) {
+        match self.limiter.decide(cost, Op::Acquire) {
             Err(
                 CheckError::InsufficientCapacity { .. }
                 | CheckError::ZeroCost

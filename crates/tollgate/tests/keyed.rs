@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    Clock, KeyedError, KeyedLimiter, KeyedOptions, ManualClock, OnFull, Op, Policy, PolicyState,
-    RuleSet,
+    Clock, Error, KeyedLimiter, KeyedOptions, ManualClock, OnFull, Op, Policy, PolicyState, RuleSet,
 };
 
 fn keyed<K: std::hash::Hash + Eq>(
@@ -34,7 +33,7 @@ proptest! {
         let by_check = KeyedLimiter::with_options(rules, KeyedOptions::default(), clock.clone());
         for (gap, key) in trace {
             clock.advance(Duration::from_micros(gap));
-            let expected = by_check.check(&key).unwrap().allowed;
+            let expected = by_check.check(&key, 1).unwrap().allowed;
             prop_assert_eq!(by_allow.allow(&key).unwrap(), expected, "key {} at {}", key, clock.now_us());
         }
     }
@@ -58,7 +57,7 @@ proptest! {
             let now = clock.now_us();
             let op = [Op::Try, Op::Acquire, Op::Charge, Op::Count][usize::from(op)];
             let state = states.entry(key).or_insert_with(|| policy.init(now));
-            let expected = policy.check(state, now, cost, op).map_err(KeyedError::from);
+            let expected = policy.check(state, now, cost, op).map_err(Error::from);
             prop_assert_eq!(limiter.check_rules(&key, cost, op).map(|d| d.decision), expected);
         }
     }
@@ -67,15 +66,30 @@ proptest! {
 #[test]
 fn compound_and_borrowed_keys() {
     let (limiter, _) = keyed::<(String, u64)>("gcra:rate=1/s,burst=1", KeyedOptions::default());
-    assert!(limiter.check(&("GET /a".to_string(), 7)).unwrap().allowed);
-    assert!(!limiter.check(&("GET /a".to_string(), 7)).unwrap().allowed);
-    assert!(limiter.check(&("GET /a".to_string(), 8)).unwrap().allowed);
+    assert!(
+        limiter
+            .check(&("GET /a".to_string(), 7), 1)
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        !limiter
+            .check(&("GET /a".to_string(), 7), 1)
+            .unwrap()
+            .allowed
+    );
+    assert!(
+        limiter
+            .check(&("GET /a".to_string(), 8), 1)
+            .unwrap()
+            .allowed
+    );
     let (strings, _) = keyed::<String>("token-bucket:rate=1/s,capacity=1", KeyedOptions::default());
-    assert!(strings.check("alice").unwrap().allowed);
-    assert!(!strings.check("alice").unwrap().allowed);
+    assert!(strings.check("alice", 1).unwrap().allowed);
+    assert!(!strings.check("alice", 1).unwrap().allowed);
     assert_eq!(strings.len(), 1);
     strings.reset("alice");
-    assert!(strings.check("alice").unwrap().allowed);
+    assert!(strings.check("alice", 1).unwrap().allowed);
 }
 
 /// Every key type and policy path: a reset key decides as a new one.
@@ -85,11 +99,11 @@ fn reset_makes_a_key_new_again() {
         let (flat, clock) = keyed::<u64>(spec, KeyedOptions::default());
         let (strings, _) = keyed::<String>(spec, KeyedOptions::default());
         for _ in 0..3 {
-            assert!(flat.check(&9).unwrap().allowed);
-            assert!(strings.check("nine").unwrap().allowed);
+            assert!(flat.check(&9, 1).unwrap().allowed);
+            assert!(strings.check("nine", 1).unwrap().allowed);
         }
-        assert!(!flat.check(&9).unwrap().allowed);
-        assert!(!strings.check("nine").unwrap().allowed);
+        assert!(!flat.check(&9, 1).unwrap().allowed);
+        assert!(!strings.check("nine", 1).unwrap().allowed);
         flat.reset(&9);
         strings.reset("nine");
         flat.reset(&10); // unknown keys: nothing to forget
@@ -100,11 +114,11 @@ fn reset_makes_a_key_new_again() {
         );
         clock.advance(Duration::from_secs(1));
         for _ in 0..3 {
-            assert!(flat.check(&9).unwrap().allowed, "{spec}");
-            assert!(strings.check("nine").unwrap().allowed, "{spec}");
+            assert!(flat.check(&9, 1).unwrap().allowed, "{spec}");
+            assert!(strings.check("nine", 1).unwrap().allowed, "{spec}");
         }
-        assert!(!flat.check(&9).unwrap().allowed);
-        assert!(!strings.check("nine").unwrap().allowed);
+        assert!(!flat.check(&9, 1).unwrap().allowed);
+        assert!(!strings.check("nine", 1).unwrap().allowed);
     }
 }
 
@@ -117,34 +131,37 @@ fn a_peek_of_cost_zero_is_the_state_as_it_stands_on_every_path() {
         let (limiter, clock) = keyed::<u64>(spec, KeyedOptions::default());
         let look = |k| {
             let d = limiter.peek(&k, 0).unwrap();
-            assert!(d.allowed && d.retry_after_us.is_none(), "{spec}: {d:?}");
-            d.remaining
+            assert!(
+                d.decision.allowed && d.decision.retry_after_us.is_none(),
+                "{spec}: {d:?}"
+            );
+            d.decision.remaining
         };
         assert_eq!(look(1), 3, "{spec}: a new key");
         assert!(limiter.is_empty(), "{spec}: a look stored a key");
-        let _ = limiter.check_n(&1, 2).unwrap();
+        let _ = limiter.check(&1, 2).unwrap();
         assert_eq!(look(1), 1, "{spec}");
         assert_eq!(look(1), 1, "{spec}: a look counts nothing");
-        let _ = limiter.check(&1).unwrap();
+        let _ = limiter.check(&1, 1).unwrap();
         assert_eq!(look(1), 0, "{spec}: spent");
         clock.advance(std::time::Duration::from_secs(1));
         assert_eq!(look(1), 1, "{spec}: one back after 1 s");
         let single = tollgate::Limiter::with_clock(spec.parse::<Policy>().unwrap(), clock.clone());
-        assert_eq!(single.peek(0).unwrap().remaining, 3, "{spec}");
-        let _ = single.check().unwrap();
-        assert_eq!(single.peek(0).unwrap().remaining, 2, "{spec}");
+        assert_eq!(single.peek(0).unwrap().decision.remaining, 3, "{spec}");
+        let _ = single.check(1).unwrap();
+        assert_eq!(single.peek(0).unwrap().decision.remaining, 2, "{spec}");
     }
 }
 
 #[test]
 fn peek_does_not_store_a_key_and_refund_gives_back() {
     let (limiter, _) = keyed::<u64>("gcra:rate=1/s,burst=2", KeyedOptions::default());
-    assert!(limiter.peek(&1, 1).unwrap().allowed);
+    assert!(limiter.peek(&1, 1).unwrap().decision.allowed);
     assert!(limiter.is_empty());
-    assert!(limiter.check_n(&1, 2).unwrap().allowed);
-    assert!(!limiter.check(&1).unwrap().allowed);
+    assert!(limiter.check(&1, 2).unwrap().allowed);
+    assert!(!limiter.check(&1, 1).unwrap().allowed);
     limiter.refund(&1, 1);
-    assert!(limiter.check(&1).unwrap().allowed);
+    assert!(limiter.check(&1, 1).unwrap().allowed);
 }
 
 #[test]
@@ -156,10 +173,10 @@ fn full_limiter_evicts_the_least_recently_active_keys() {
     let (limiter, clock) = keyed::<u64>("gcra:rate=1/m,burst=3", options);
     for k in 0..10_000u64 {
         clock.advance(Duration::from_micros(10));
-        assert!(limiter.check(&k).unwrap().allowed);
+        assert!(limiter.check(&k, 1).unwrap().allowed);
         // Key 1_000_000 is used all along: it is never the least recently active.
         if k % 50 == 0 {
-            let _ = limiter.check(&1_000_000).unwrap();
+            let _ = limiter.check(&1_000_000, 1).unwrap();
         }
     }
     let stats = limiter.stats();
@@ -167,9 +184,9 @@ fn full_limiter_evicts_the_least_recently_active_keys() {
     assert!(stats.evicted >= 9000 - 1000, "{stats:?}");
     assert_eq!(stats.dropped_idle, 0, "nothing was idle: {stats:?}");
     // The hot key kept its state: its burst of 3 is spent, so it is still limited.
-    assert!(!limiter.check(&1_000_000).unwrap().allowed);
+    assert!(!limiter.check(&1_000_000, 1).unwrap().allowed);
     // The most recent keys are still known (their burst is partly used).
-    assert_eq!(limiter.peek(&9_999, 1).unwrap().remaining, 1);
+    assert_eq!(limiter.peek(&9_999, 1).unwrap().decision.remaining, 1);
 }
 
 #[test]
@@ -180,21 +197,18 @@ fn full_limiter_can_refuse_new_keys_instead() {
     };
     let (limiter, clock) = keyed::<u64>("fixed-window:limit=2,window=1s", options);
     for k in 0..100 {
-        assert!(limiter.check(&k).unwrap().allowed);
+        assert!(limiter.check(&k, 1).unwrap().allowed);
     }
-    assert_eq!(
-        limiter.check(&100),
-        Err(KeyedError::TooManyKeys { max: 100 })
-    );
+    assert_eq!(limiter.check(&100, 1), Err(Error::TooManyKeys { max: 100 }));
     assert!(
-        limiter.check(&5).unwrap().allowed,
+        limiter.check(&5, 1).unwrap().allowed,
         "known keys are unaffected"
     );
-    assert!(!limiter.check(&5).unwrap().allowed);
+    assert!(!limiter.check(&5, 1).unwrap().allowed);
     assert_eq!(limiter.stats().refused, 1);
     // Once the windows have ended, the old keys are idle and make room.
     clock.advance(Duration::from_secs(1));
-    assert!(limiter.check(&100).unwrap().allowed);
+    assert!(limiter.check(&100, 1).unwrap().allowed);
     assert!(limiter.stats().dropped_idle >= 1);
 }
 
@@ -202,14 +216,14 @@ fn full_limiter_can_refuse_new_keys_instead() {
 fn idle_keys_are_swept_as_the_map_grows() {
     let (limiter, clock) = keyed::<u64>("gcra:rate=10/s,burst=1", KeyedOptions::default());
     for k in 0..40_000u64 {
-        let _ = limiter.check(&k).unwrap();
+        let _ = limiter.check(&k, 1).unwrap();
     }
     assert_eq!(limiter.len(), 40_000);
     // All are idle 100 ms later; new keys trigger sweeps shard by shard where each
     // one's table would grow (no pass over the whole map, no cleanup thread).
     clock.advance(Duration::from_millis(100));
     for k in 40_000..100_000u64 {
-        let _ = limiter.check(&k).unwrap();
+        let _ = limiter.check(&k, 1).unwrap();
     }
     let stats = limiter.stats();
     assert!(stats.dropped_idle >= 40_000, "{stats:?}");
@@ -237,7 +251,7 @@ fn replenishing_keys_are_not_stored_again<K: std::hash::Hash + Eq + Clone>(
             x ^= x >> 7;
             x ^= x << 17;
             clock.advance(Duration::from_micros(1));
-            assert!(limiter.check(&key(x % 10_000)).unwrap().allowed);
+            assert!(limiter.check(&key(x % 10_000), 1).unwrap().allowed);
         }
         limiter.stats()
     };
@@ -264,18 +278,18 @@ fn keys_that_replenish_between_requests_stay_in_the_table() {
 fn reconfiguration_migrates_every_key_lazily() {
     let (limiter, _) = keyed::<u64>("gcra:rate=1/s,burst=2", KeyedOptions::default());
     for k in 0..100 {
-        let _ = limiter.check_n(&k, 2).unwrap();
+        let _ = limiter.check(&k, 2).unwrap();
     }
     // GCRA -> GCRA: debts carry over.
     limiter.set_rules("gcra:rate=1/s,burst=3".parse::<Policy>().unwrap());
-    assert!(limiter.check(&7).unwrap().allowed);
-    assert!(!limiter.check(&7).unwrap().allowed);
+    assert!(limiter.check(&7, 1).unwrap().allowed);
+    assert!(!limiter.check(&7, 1).unwrap().allowed);
     // GCRA -> a rule set: fresh states for every key (other algorithms).
     limiter.set_rules(
         RuleSet::parse(&["sliding-log:limit=1,window=1s", "gcra:rate=1/s,burst=5"]).unwrap(),
     );
-    assert!(limiter.check(&7).unwrap().allowed);
-    assert!(!limiter.check(&7).unwrap().allowed);
+    assert!(limiter.check(&7, 1).unwrap().allowed);
+    assert!(!limiter.check(&7, 1).unwrap().allowed);
     assert_eq!(limiter.rules().policies().len(), 2);
     assert_eq!(limiter.len(), 100);
 }
@@ -300,4 +314,31 @@ async fn keyed_acquire_is_fifo_per_key() {
         tokio::time::Instant::now() - start,
         Duration::from_millis(100)
     );
+}
+
+#[test]
+fn a_plain_check_of_rules_that_pace_is_refused_and_acquire_paces_them() {
+    for spec in ["shaper:rate=10/s,queue=5", "limit-req:rate=10/s,burst=5"] {
+        let policy: Policy = spec.parse().unwrap();
+        let clock = Arc::new(ManualClock::new());
+        let keyed: KeyedLimiter<String, _> =
+            KeyedLimiter::with_options(policy.clone(), KeyedOptions::default(), clock.clone());
+        let e = keyed.check("k", 1).unwrap_err();
+        assert!(matches!(e, Error::Paces(_)), "{spec}: {e}");
+        assert!(keyed.allow("k").is_err(), "{spec}");
+        // Nothing was taken by the refusals: the try reports the wait to sleep.
+        let first = keyed.check_rules("k", 1, Op::Try).unwrap().decision;
+        let second = keyed.check_rules("k", 1, Op::Try).unwrap().decision;
+        assert_eq!((first.wait_us, second.wait_us), (0, 100_000), "{spec}");
+        let single = tollgate::Limiter::with_clock(policy, clock);
+        assert!(matches!(single.check(1), Err(Error::Paces(_))), "{spec}");
+        assert_eq!(single.acquire_blocking(1).unwrap().wait_us, 0, "{spec}");
+    }
+    // nodelay answers at once: nothing to sleep, so a check is the right call.
+    let nodelay: KeyedLimiter<String> = KeyedLimiter::new(
+        "limit-req:rate=10/s,burst=5,nodelay"
+            .parse::<Policy>()
+            .unwrap(),
+    );
+    assert!(nodelay.check("k", 1).unwrap().allowed);
 }

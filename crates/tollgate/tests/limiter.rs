@@ -31,7 +31,7 @@ proptest! {
             clock.advance(Duration::from_micros(gap));
             let now = clock.now_us();
             let op = [Op::Try, Op::Acquire, Op::Charge, Op::Count][usize::from(op)];
-            let expected = policy.check(&mut state, now, cost, op);
+            let expected = policy.check(&mut state, now, cost, op).map_err(tollgate::Error::from);
             let got = limiter.check_rules(cost, op).map(|d| d.decision);
             prop_assert_eq!(got, expected);
         }
@@ -46,24 +46,24 @@ fn clones_share_one_limit() {
         clock.clone(),
     );
     let b = a.clone();
-    assert!(a.check().unwrap().allowed);
-    assert!(b.check().unwrap().allowed);
-    assert!(a.check().unwrap().allowed);
-    assert!(!b.check().unwrap().allowed);
+    assert!(a.check(1).unwrap().allowed);
+    assert!(b.check(1).unwrap().allowed);
+    assert!(a.check(1).unwrap().allowed);
+    assert!(!b.check(1).unwrap().allowed);
 }
 
 #[test]
 fn peek_refund_and_reset() {
     for spec in ["gcra:rate=1/s,burst=2", "token-bucket:rate=1/s,capacity=2"] {
         let limiter = Limiter::with_clock(spec.parse::<Policy>().unwrap(), manual());
-        assert_eq!(limiter.peek(1).unwrap().remaining, 1);
-        assert!(limiter.check_n(2).unwrap().allowed);
-        assert!(!limiter.peek(1).unwrap().allowed);
+        assert_eq!(limiter.peek(1).unwrap().decision.remaining, 1);
+        assert!(limiter.check(2).unwrap().allowed);
+        assert!(!limiter.peek(1).unwrap().decision.allowed);
         limiter.refund(1);
-        assert!(limiter.check().unwrap().allowed, "{spec}");
-        assert!(!limiter.check().unwrap().allowed, "{spec}");
+        assert!(limiter.check(1).unwrap().allowed, "{spec}");
+        assert!(!limiter.check(1).unwrap().allowed, "{spec}");
         limiter.reset();
-        assert!(limiter.check_n(2).unwrap().allowed, "{spec}");
+        assert!(limiter.check(2).unwrap().allowed, "{spec}");
     }
 }
 
@@ -74,22 +74,22 @@ fn reconfiguration_carries_state_where_it_has_a_meaning() {
         "gcra:rate=1/s,burst=2".parse::<Policy>().unwrap(),
         clock.clone(),
     );
-    assert!(limiter.check_n(2).unwrap().allowed);
+    assert!(limiter.check(2).unwrap().allowed);
     // GCRA to GCRA: the TAT (debt) carries over, now with a larger burst.
     limiter.set_rules("gcra:rate=1/s,burst=3".parse::<Policy>().unwrap());
-    assert!(limiter.check().unwrap().allowed);
-    assert!(!limiter.check().unwrap().allowed);
+    assert!(limiter.check(1).unwrap().allowed);
+    assert!(!limiter.check(1).unwrap().allowed);
     // To another algorithm: fresh.
     limiter.set_rules("fixed-window:limit=1,window=1s".parse::<Policy>().unwrap());
-    assert!(limiter.check().unwrap().allowed);
-    assert!(!limiter.check().unwrap().allowed);
+    assert!(limiter.check(1).unwrap().allowed);
+    assert!(!limiter.check(1).unwrap().allowed);
     // Same window, new limit: the count carries over.
     limiter.set_rules("fixed-window:limit=2,window=1s".parse::<Policy>().unwrap());
-    assert!(limiter.check().unwrap().allowed);
-    assert!(!limiter.check().unwrap().allowed);
+    assert!(limiter.check(1).unwrap().allowed);
+    assert!(!limiter.check(1).unwrap().allowed);
     // Back to GCRA from a rule set: a fresh TAT (nothing to carry).
     limiter.set_rules(RuleSet::parse(&["gcra:rate=1/s,burst=1"]).unwrap());
-    assert!(limiter.check().unwrap().allowed);
+    assert!(limiter.check(1).unwrap().allowed);
     assert_eq!(
         limiter.rules().policies()[0].to_string(),
         "gcra:rate=1/s,burst=1"
@@ -167,7 +167,13 @@ fn acquire_blocking_sleeps_for_the_wait() {
     );
     // After blocking for the wait, the limiter's clock has passed the reservation.
     assert!(
-        limiter.peek(1).unwrap().retry_after().unwrap_or_default() <= Duration::from_millis(20)
+        limiter
+            .peek(1)
+            .unwrap()
+            .decision
+            .retry_after()
+            .unwrap_or_default()
+            <= Duration::from_millis(20)
     );
 }
 
@@ -177,8 +183,8 @@ fn rule_sets_decide_all_or_nothing() {
         RuleSet::parse(&["gcra:rate=10/s,burst=2", "fixed-window:limit=3,window=1m"]).unwrap(),
         manual(),
     );
-    assert!(limiter.check().unwrap().allowed);
-    assert!(limiter.check().unwrap().allowed);
+    assert!(limiter.check(1).unwrap().allowed);
+    assert!(limiter.check(1).unwrap().allowed);
     let d = limiter.check_rules(1, Op::Try).unwrap();
     assert!(!d.decision.allowed);
     assert_eq!(d.policies[1].remaining, 1, "the window was not charged");
@@ -195,14 +201,14 @@ fn into_result_turns_a_reject_into_an_error() {
     );
     let mut passed = 0;
     for _ in 0..10 {
-        if limiter.check().unwrap().into_result().is_err() {
+        if limiter.check(1).unwrap().into_result().is_err() {
             continue;
         }
         passed += 1;
     }
     assert_eq!(passed, 1);
-    let e = limiter.check().unwrap().into_result().unwrap_err();
+    let e = limiter.check(1).unwrap().into_result().unwrap_err();
     assert_eq!(e.retry_after_us, Some(1_000_000));
     clock.advance(Duration::from_secs(1));
-    assert!(limiter.check().unwrap().into_result().is_ok());
+    assert!(limiter.check(1).unwrap().into_result().is_ok());
 }

@@ -42,14 +42,18 @@ fn two_million_keys_stay_within_the_bound_and_live_keys_keep_their_state() {
     for k in 0..2_000_000u64 {
         clock.advance(Duration::from_micros(1));
         let now = clock.now_us();
-        let _ = limiter.check(&(k + 1_000)).unwrap();
+        let _ = limiter.check(&(k + 1_000), 1).unwrap();
         // 10 live keys, each used every 10k requests (well within the 100k most
         // recent): their decisions must match an unbounded reference exactly.
         if k % 1_000 == 0 {
             let h = k / 1_000 % 10;
             let state = hot.entry(h).or_insert_with(|| policy.init(now));
             let expected = policy.check(state, now, 1, Op::Try).unwrap();
-            assert_eq!(limiter.check(&h).unwrap(), expected, "hot key {h} at {now}");
+            assert_eq!(
+                limiter.check(&h, 1).unwrap(),
+                expected,
+                "hot key {h} at {now}"
+            );
         }
         if k % 100_000 == 0 {
             peak = peak.max(rss_bytes());

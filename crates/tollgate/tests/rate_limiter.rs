@@ -6,7 +6,7 @@ use tollgate_testkit as testkit;
 
 use testkit::{rt, RedisServers};
 use tollgate::redis::{RedisCalls, RedisOptions, RedisStore};
-use tollgate::{AnyLimiter, CheckError, LimitError, Op, RateLimiter, RuleSet};
+use tollgate::{AnyLimiter, CheckError, Error, Op, RateLimiter, RuleSet};
 
 /// What every store must do alike (a slow rate, so that nothing refills mid-test).
 async fn behaves(limiter: &impl RateLimiter, store: &str) {
@@ -60,7 +60,7 @@ async fn behaves(limiter: &impl RateLimiter, store: &str) {
     let e = limiter.check(&key, 4).await.unwrap_err();
     assert_eq!(
         e,
-        LimitError::Check(CheckError::InsufficientCapacity {
+        Error::Check(CheckError::InsufficientCapacity {
             cost: 4,
             capacity: 3
         }),
@@ -100,6 +100,31 @@ async fn behaves(limiter: &impl RateLimiter, store: &str) {
     assert!(limiter.check(&key, 1).await.unwrap().allowed, "{store}");
 }
 
+/// Rules that pace: a plain check is refused (it would read "allowed" and pace
+/// nothing); the try through `check_rules` reports the wait to sleep.
+async fn refuses_a_plain_check_of_pacing_rules(limiter: &impl RateLimiter, store: &str) {
+    let key = format!("paced-{store}");
+    let e = limiter.check(&key, 1).await.unwrap_err();
+    assert!(matches!(e, Error::Paces(_)), "{store}: {e}");
+    assert!(e.to_string().contains("use acquire"), "{store}: {e}");
+    let first = limiter
+        .check_rules(&key, 1, Op::Try)
+        .await
+        .unwrap()
+        .decision;
+    let second = limiter
+        .check_rules(&key, 1, Op::Try)
+        .await
+        .unwrap()
+        .decision;
+    assert!(first.allowed && second.allowed, "{store}");
+    assert_eq!((first.wait_us, second.wait_us), (0, 100_000), "{store}");
+}
+
+fn pacing() -> RuleSet {
+    RuleSet::parse(&["shaper:rate=10/s,queue=5"]).unwrap()
+}
+
 fn rules() -> RuleSet {
     RuleSet::parse(&[
         "gcra:rate=3/m,burst=3,max-wait=1s",
@@ -118,6 +143,7 @@ fn every_store_behaves_alike_behind_the_one_interface() {
     let cluster = RedisServers::cluster();
     rt().block_on(async {
         behaves(&AnyLimiter::memory(rules()), "memory").await;
+        refuses_a_plain_check_of_pacing_rules(&AnyLimiter::memory(pacing()), "memory").await;
         for (label, url, calls) in [
             ("functions", single.url(), RedisCalls::Functions),
             ("evalsha", single.url(), RedisCalls::Eval),
@@ -128,8 +154,10 @@ fn every_store_behaves_alike_behind_the_one_interface() {
                 ..RedisOptions::default()
             };
             let store = RedisStore::connect_with(&url, opts).await.unwrap();
-            let limiter = AnyLimiter::redis(store, label, rules()).unwrap();
+            let limiter = AnyLimiter::redis(store.clone(), label, rules()).unwrap();
             behaves(&limiter, label).await;
+            let paced = AnyLimiter::redis(store, &format!("{label}-paced"), pacing()).unwrap();
+            refuses_a_plain_check_of_pacing_rules(&paced, label).await;
         }
     });
 }
@@ -148,7 +176,7 @@ fn an_unreachable_redis_is_a_transient_error() {
         let limiter = AnyLimiter::redis(store, "down", rules()).unwrap();
         let e = limiter.check("k", 1).await.unwrap_err();
         assert!(e.is_transient(), "{e:?}");
-        assert!(matches!(e, LimitError::Unavailable(_)), "{e:?}");
+        assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
     });
 }
 
@@ -163,7 +191,7 @@ fn the_tower_layer_limits_through_redis_and_answers_503_while_redis_is_down() {
     use http_body_util::Empty;
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
-    use tollgate::tower::{RateLimitLayer, Shared};
+    use tollgate::tower::RateLimitLayer;
 
     let mut redis = RedisServers::standalone();
     rt().block_on(async {
@@ -174,7 +202,7 @@ fn the_tower_layer_limits_through_redis_and_answers_503_while_redis_is_down() {
         let store = RedisStore::connect_with(&redis.url(), opts).await.unwrap();
         let rules = RuleSet::parse(&["gcra:rate=1/m,burst=2"]).unwrap();
         let limiter = AnyLimiter::redis(store, "tower", rules).unwrap();
-        let layer = RateLimitLayer::new(Shared(limiter), |req: &axum::extract::Request| {
+        let layer = RateLimitLayer::new(limiter, |req: &axum::extract::Request| {
             req.headers()
                 .get("x-user")?
                 .to_str()

@@ -6,7 +6,7 @@ use tollgate_testkit as testkit;
 
 use testkit::{rt, RedisServers};
 use tollgate::redis::{RedisCalls, RedisLimiter, RedisOptions, RedisStore};
-use tollgate::{Op, RuleSet};
+use tollgate::{Op, RateLimiter, RuleSet};
 
 #[cfg_attr(
     not(feature = "external-servers"),

@@ -127,7 +127,7 @@ async fn conform(
     events: &[Event],
     group: usize,
 ) -> Result<(), TestCaseError> {
-    let rules = RuleSet::parse(specs).map_err(TestCaseError::fail)?;
+    let rules = RuleSet::parse(specs).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let name = format!("conf{}", CASE.fetch_add(1, Ordering::Relaxed));
     let limiters: Vec<(&str, RedisLimiter)> = stores
         .iter()
@@ -175,7 +175,7 @@ async fn conform(
                         e,
                         specs
                     ),
-                    (Err(w), Err(tollgate::redis::StoreError::Check(g))) => {
+                    (Err(w), Err(tollgate::Error::Check(g))) => {
                         prop_assert_eq!(w, &g)
                     }
                     (w, g) => {

@@ -13,7 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use testkit::{rt, RedisServers};
-use tollgate::redis::{LeaseOptions, LeasedLimiter, RedisStore, StoreError};
+use tollgate::redis::{LeaseOptions, LeasedLimiter, RedisStore};
+use tollgate::Error;
 use tollgate::{Op, PolicyState, RuleSet};
 
 fn spec() -> impl Strategy<Value = String> {
@@ -90,7 +91,7 @@ fn a_single_instance_with_leases_decides_as_the_exact_algorithm() {
     });
     runner
         .run(&case(), |(specs, events, slice, duration_us)| {
-            let rules = RuleSet::parse(&specs).map_err(TestCaseError::fail)?;
+            let rules = RuleSet::parse(&specs).map_err(|e| TestCaseError::fail(e.to_string()))?;
             let burst = rules.policies().iter().map(|p| p.limit()).min().unwrap();
             let opts = LeaseOptions {
                 duration: Duration::from_micros(duration_us),
@@ -115,7 +116,7 @@ fn a_single_instance_with_leases_decides_as_the_exact_algorithm() {
                                     prop_assert_eq!(&w, &g, "event {}", i);
                                 }
                             }
-                            (Err(w), Err(StoreError::Check(g))) => prop_assert_eq!(w, g),
+                            (Err(w), Err(Error::Check(g))) => prop_assert_eq!(w, g),
                             (w, g) => prop_assert!(false, "event {i}: exact {w:?}, leased {g:?}"),
                         }
                     }
@@ -150,7 +151,7 @@ fn instances_sharing_a_key_through_leases_never_admit_more_than_the_algorithm() 
     });
     runner
         .run(&(prop::collection::vec(spec(), 1..3), events, 1u64..8, prop_oneof![Just(1_000u64), Just(200_000), Just(2_000_000)]), |(specs, events, slice, duration_us)| {
-            let rules = RuleSet::parse(&specs).map_err(TestCaseError::fail)?;
+            let rules = RuleSet::parse(&specs).map_err(|e| TestCaseError::fail(e.to_string()))?;
             let burst = rules.policies().iter().map(|p| p.limit()).min().unwrap();
             let opts = LeaseOptions {
                 duration: Duration::from_micros(duration_us),
@@ -168,7 +169,7 @@ fn instances_sharing_a_key_through_leases_never_admit_more_than_the_algorithm() 
                     t += gap;
                     let d = match instances[who].check_at("k", t, cost).await {
                         Ok(d) => d,
-                        Err(StoreError::Check(_)) => continue,
+                        Err(Error::Check(_)) => continue,
                         Err(e) => return Err(TestCaseError::fail(e.to_string())),
                     };
                     if d.decision.allowed {

@@ -41,7 +41,7 @@ fn frozen_clock_admits_exactly_the_burst() {
         let clock = Arc::new(ManualClock::new());
         let limiter = Limiter::with_clock(spec.parse::<Policy>().unwrap(), clock);
         let l = limiter.clone();
-        assert_eq!(hammer(move || l.check().unwrap().allowed), 777, "{spec}");
+        assert_eq!(hammer(move || l.check(1).unwrap().allowed), 777, "{spec}");
 
         let keyed: KeyedLimiter<u64, _> = KeyedLimiter::with_options(
             spec.parse::<Policy>().unwrap(),
@@ -49,7 +49,7 @@ fn frozen_clock_admits_exactly_the_burst() {
             Arc::new(ManualClock::new()),
         );
         assert_eq!(
-            hammer(move || keyed.check(&42).unwrap().allowed),
+            hammer(move || keyed.check(&42, 1).unwrap().allowed),
             777,
             "keyed {spec}"
         );
@@ -70,7 +70,7 @@ fn real_clock_never_exceeds_burst_plus_elapsed_rate() {
         clock,
     );
     let l = limiter.clone();
-    let admitted = hammer(move || l.check().unwrap().allowed);
+    let admitted = hammer(move || l.check(1).unwrap().allowed);
     let elapsed_us = limiter.clock().now_us() - start;
     let bound = 50 + elapsed_us * rate / 1_000_000 + 1;
     assert!(
@@ -89,7 +89,7 @@ fn real_clock_never_exceeds_burst_plus_elapsed_rate() {
     );
     let start = keyed.clock().now_us();
     let k = keyed.clone();
-    let admitted = hammer(move || k.check(&"one").unwrap().allowed);
+    let admitted = hammer(move || k.check(&"one", 1).unwrap().allowed);
     let elapsed_us = keyed.clock().now_us() - start;
     let bound = 50 + elapsed_us * rate / 1_000_000 + 1;
     assert!(
@@ -184,7 +184,7 @@ fn exact_while_entries_move() {
     );
     let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..HOT).map(|_| AtomicU64::new(0)).collect());
     for k in 0..HOT {
-        while keyed.check(&k).unwrap().allowed {
+        while keyed.check(&k, 1).unwrap().allowed {
             admitted[k as usize].fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -198,7 +198,7 @@ fn exact_while_entries_move() {
                 let finished = done.load(Ordering::Acquire);
                 let mut any = false;
                 for k in 0..HOT {
-                    if keyed.check(&k).unwrap().allowed {
+                    if keyed.check(&k, 1).unwrap().allowed {
                         admitted[k as usize].fetch_add(1, Ordering::Relaxed);
                         any = true;
                     }
@@ -214,7 +214,7 @@ fn exact_while_entries_move() {
     for round in 0..ROUNDS {
         // Cold keys stay under max_keys (no eviction) while the tables grow.
         for _ in 0..100 {
-            let _ = keyed.check(&cold).unwrap();
+            let _ = keyed.check(&cold, 1).unwrap();
             cold += 1;
         }
         // Reset keys are idle: a sweep removes them, shifting the hot keys' neighbours

@@ -74,6 +74,11 @@ async fn rejects_with_429_and_headers_and_shares_the_limit_across_connections() 
     assert_eq!(third.status(), 429);
     assert_eq!(third.headers()["retry-after"], "60");
     assert_eq!(third.headers()["ratelimit"], "\"default\";r=0;t=120");
+    assert_eq!(third.headers()["content-type"], "application/problem+json");
+    assert_eq!(
+        third.body(),
+        r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"rate limit exceeded","retry_after_s":60}"#
+    );
     // Other keys, and requests without a key, are not affected.
     assert_eq!(get_as(&c, &url, Some("bob")).await.status(), 200);
     for _ in 0..5 {
@@ -198,10 +203,10 @@ async fn charges_what_the_response_reports_and_refuses_while_in_debt() {
     let c = client();
     let first = get_as(&c, &format!("{}/small", urls[0]), Some("ada")).await;
     assert_eq!(first.status(), 200);
-    assert_eq!(tokens.peek_rules("ada", 0).unwrap().decision.remaining, 700);
+    assert_eq!(tokens.peek("ada", 0).unwrap().decision.remaining, 700);
     // A failed call reports 0: its admission unit is given back.
     get_as(&c, &format!("{}/failed", urls[0]), Some("ada")).await;
-    assert_eq!(tokens.peek_rules("ada", 0).unwrap().decision.remaining, 700);
+    assert_eq!(tokens.peek("ada", 0).unwrap().decision.remaining, 700);
     // 900 of the 700 left: served (admission needs one unit), charged into debt,
     // and the response already shows nothing left.
     let big = get_as(&c, &format!("{}/big", urls[0]), Some("ada")).await;
@@ -245,4 +250,36 @@ async fn requests_without_a_key_are_counted_or_refused() {
     }
     assert_eq!(layers[0].unkeyed(), 3);
     assert_eq!(layers[1].unkeyed(), 3);
+}
+
+/// `per_peer_ip` limits each client address, served with connect info; served without
+/// it, every request is refused (500), not passed unlimited.
+#[tokio::test]
+async fn per_peer_ip_limits_each_client_and_fails_loudly_without_the_address() {
+    let limiter = || KeyedLimiter::new("gcra:rate=1/m,burst=2".parse::<Policy>().unwrap());
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::per_peer_ip(limiter()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, service).await.unwrap() });
+    let url = format!("http://{addr}/");
+    let c = client();
+    let statuses: Vec<u16> = futures::future::join_all((0..3).map(|_| get_as(&c, &url, None)))
+        .await
+        .iter()
+        .map(|r| r.status().as_u16())
+        .collect();
+    let mut sorted = statuses.clone();
+    sorted.sort();
+    assert_eq!(sorted, [200, 200, 429], "{statuses:?}");
+
+    let layer = RateLimitLayer::per_peer_ip(limiter());
+    let bare = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer.clone());
+    let url = format!("{}/", spawn_app(bare).await);
+    assert_eq!(get_as(&c, &url, None).await.status(), 500);
+    assert_eq!(layer.unkeyed(), 1);
 }

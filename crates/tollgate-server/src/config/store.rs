@@ -148,7 +148,7 @@ impl StoreConfig {
         store: &tollgate::redis::RedisStore,
         name: &str,
         rules: tollgate::RuleSet,
-    ) -> Result<tollgate::AnyLimiter, tollgate::redis::StoreError> {
+    ) -> Result<tollgate::AnyLimiter, tollgate::Error> {
         Ok(match &self.lease {
             Some(lease) => {
                 let mut opts = tollgate::redis::LeaseOptions {
@@ -181,7 +181,7 @@ impl StoreConfig {
     pub fn limiter_options(
         &self,
         rules: &tollgate::RuleSet,
-    ) -> Result<tollgate::redis::RedisLimiterOptions, tollgate::redis::StoreError> {
+    ) -> Result<tollgate::redis::RedisLimiterOptions, tollgate::Error> {
         Ok(tollgate::redis::RedisLimiterOptions {
             on_error: self.on_error(rules)?,
             negative_cache: self.negative_cache,
@@ -193,8 +193,9 @@ impl StoreConfig {
     pub fn on_error(
         &self,
         rules: &tollgate::RuleSet,
-    ) -> Result<tollgate::redis::OnError, tollgate::redis::StoreError> {
-        use tollgate::redis::{OnError, StoreError};
+    ) -> Result<tollgate::redis::OnError, tollgate::Error> {
+        use tollgate::redis::OnError;
+        use tollgate::Error;
         Ok(match self.on_error {
             OnErrorDoc::Error => OnError::Error,
             OnErrorDoc::FailOpen => OnError::FailOpen,
@@ -202,7 +203,7 @@ impl StoreConfig {
             OnErrorDoc::Local => OnError::Local(
                 rules
                     .share(self.local_share.unwrap_or(1))
-                    .map_err(StoreError::Unsupported)?,
+                    .map_err(Error::Unsupported)?,
             ),
         })
     }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 
-use tollgate::{CheckError, Decision, Op, Policy, PolicyState};
+use tollgate::{CheckError, Decision, Op, Policy, PolicyState, RateLimiter};
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_BYTES: usize = 4096;
@@ -125,7 +125,7 @@ struct Redis {
 
 impl Redis {
     fn connect(policy: &Policy, url: &str) -> Result<Redis, ReplayError> {
-        let store_err = |e: tollgate::redis::StoreError| ReplayError::Store(e.to_string());
+        let store_err = |e: tollgate::Error| ReplayError::Store(e.to_string());
         if matches!(policy.algo(), tollgate::Algo::Concurrency(_)) {
             return Err(ReplayError::Store(
                 "concurrency: --store redis replays rate policies (concurrency permits in Redis are leases held by live processes)".into(),
@@ -178,10 +178,10 @@ impl Backend for Redis {
         self.runtime.block_on(async {
             match limiter.check_at(key, t, 0, cost, op).await {
                 Ok(d) => Ok(output_of(&d.decision, op)),
-                Err(tollgate::redis::StoreError::Check(e @ CheckError::NotChargeable { .. })) => {
+                Err(tollgate::Error::Check(e @ CheckError::NotChargeable { .. })) => {
                     Err(e.to_string())
                 }
-                Err(tollgate::redis::StoreError::Check(_)) => {
+                Err(tollgate::Error::Check(_)) => {
                     let peek = limiter.peek_at(key, t, 0, 0).await;
                     Ok((false, peek.map_or(0, |d| d.decision.remaining), None))
                 }

@@ -201,13 +201,13 @@ impl RouteLimits {
     ) -> Result<Decision, Response> {
         let rd = match l.counter.check_rules(key, cost, Op::Try).await {
             Ok(d) => d,
-            // Redis failed under `on_error: error`: say so (a dry run forwards).
-            Err(e) if e.is_transient() && self.dry_run => {
-                RuleDecision::from(Decision::admitted(0, 0, 0, 0))
-            }
-            Err(e) if e.is_transient() => return Err(store_unavailable(&e)),
-            // A full limiter refusing new keys.
-            Err(_) => RuleDecision::from(Decision::rejected(0, 0, 0, None)),
+            Err(e) => match e.rejection() {
+                // A full limiter refusing new keys.
+                Some(d) => RuleDecision::from(d),
+                // Redis failed under `on_error: error`: say so (a dry run forwards).
+                None if self.dry_run => RuleDecision::from(Decision::admitted(0, 0, 0, 0)),
+                None => return Err(store_unavailable(&e)),
+            },
         };
         rate_headers(headers, self.headers, &rd, l);
         let d = rd.decision;

@@ -498,12 +498,7 @@ mod tests {
     }
 
     fn service() -> Arc<DecisionService> {
-        let options = tollgate::KeyedOptions::default();
-        Arc::new(DecisionService::new(
-            crate::service::rules::DescriptorRules::built_in(options),
-            vec![],
-            options,
-        ))
+        Arc::new(DecisionService::example())
     }
 
     async fn call_with(path: &str, content_type: &str, body: Bytes) -> Response<GrpcBody> {

@@ -3,6 +3,7 @@
 //! transport-free; [`http`] and [`grpc`] wrap it, [`rules`] loads the descriptor rules,
 //! [`metrics`] counts, and [`serve`] runs the whole with its listeners.
 
+pub mod counters;
 pub mod envoy;
 pub mod grpc;
 pub mod headers;
@@ -15,8 +16,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use tollgate::redis::{RedisStore, StoreError};
-use tollgate::{AnyLimiter, CheckError, Decision, LimitError, Op, RateLimiter, RuleDecision};
+use tollgate::{AnyLimiter, CheckError, Decision, Error, Op, RateLimiter, RuleDecision};
+
+use crate::service::counters::{Counters, StoreStats};
 
 use crate::service::metrics::{Hits, Metrics, Verdict};
 use crate::service::rules::{counter_key, override_limit, DescriptorRules, Limit, Match, Unit};
@@ -190,14 +192,14 @@ pub struct DecisionService {
     overrides: Mutex<HashMap<(String, Unit, u64), Arc<Limit>>>,
     answers: Answers,
     merge_domains: bool,
-    options: tollgate::KeyedOptions,
+    counters: Counters,
+    /// The counts of Redis limiters a reload replaced (the metrics' totals go on).
+    retired: Mutex<StoreStats>,
     requests: crate::config::Requests,
     metrics: Metrics,
     clock: tollgate::MonotonicClock,
     /// The rule files a reload reads again (none for the built-in rules).
     sources: Vec<std::path::PathBuf>,
-    /// When counters live in Redis.
-    redis: Option<RedisCounters>,
     /// Set when the server starts to stop: health checks fail from then on, so a
     /// load balancer moves traffic away while requests still in flight finish.
     draining: std::sync::atomic::AtomicBool,
@@ -205,78 +207,13 @@ pub struct DecisionService {
     workers: Option<crate::workers::WorkerStats>,
 }
 
-/// Counters kept in Redis: one Redis (or leased) limiter per limit definition, made on first use
-/// and kept in the limit itself ([`Limit::redis`]).
-struct RedisCounters {
-    store: RedisStore,
-    config: crate::config::store::StoreConfig,
-    /// Every limiter made, for the metrics' sums (a reloaded definition's limiter
-    /// stays: its counts are part of the totals).
-    made: Mutex<Vec<AnyLimiter>>,
-}
-
-impl RedisCounters {
-    fn limiter<'a>(&self, limit: &'a Limit) -> Result<&'a AnyLimiter, StoreError> {
-        if let Some(l) = limit.redis.get() {
-            return Ok(l);
-        }
-        let rules = limit
-            .rules
-            .clone()
-            .ok_or_else(|| StoreError::Unsupported(format!("{}: no rules to count", limit.path)))?;
-        // The limit's path names its counters; braces would move the hash tag.
-        let name = limit.path.replace(['{', '}'], "_");
-        let made = self.config.limiter(&self.store, &name, rules)?;
-        if limit.redis.set(made.clone()).is_ok() {
-            self.made
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(made);
-        }
-        Ok(limit.redis.get().expect("set above"))
-    }
-
-    /// Makes the limiter of every limit of `rules` (kept in the limit, so these are
-    /// the ones used): a limit the Redis scripts cannot keep is refused, at start-up
-    /// and on reload alike.
-    fn prepare(&self, rules: &DescriptorRules) -> Result<(), crate::service::rules::RulesError> {
-        for (domain, _) in rules.domains() {
-            for limit in rules.limits(domain) {
-                if limit.rules.is_some() {
-                    self.limiter(&limit).map_err(|e| {
-                        crate::service::rules::RulesError::Invalid {
-                            path: limit.path.clone(),
-                            message: format!("with store redis: {e}"),
-                        }
-                    })?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn stats(&self) -> (tollgate::redis::RedisStats, tollgate::redis::LeaseStats) {
-        let made = self.made.lock().unwrap_or_else(|e| e.into_inner());
-        let mut sum = tollgate::redis::RedisStats::default();
-        let mut leases = tollgate::redis::LeaseStats::default();
-        for l in made.iter() {
-            match l {
-                AnyLimiter::Redis(l) => sum += l.stats(),
-                AnyLimiter::Leased(l) => leases += l.stats(),
-                AnyLimiter::Memory(_) => {}
-            }
-        }
-        (sum, leases)
-    }
-}
-
 impl DecisionService {
-    /// A service over `rules` (loaded from `sources`, which a reload reads again);
-    /// `options` bound every rule's counters.
+    /// A service over `rules` (loaded from `sources`, which a reload reads again)
+    /// whose limits count in `counters` (the store the rules were loaded for).
     pub fn new(
         rules: DescriptorRules,
         sources: Vec<std::path::PathBuf>,
-        options: tollgate::KeyedOptions,
+        counters: Counters,
     ) -> Self {
         DecisionService {
             sources,
@@ -284,14 +221,22 @@ impl DecisionService {
             overrides: Mutex::new(HashMap::new()),
             answers: Answers::default(),
             merge_domains: false,
-            options,
+            counters,
+            retired: Mutex::default(),
             requests: crate::config::Requests::default(),
             metrics: Metrics::default(),
             clock: tollgate::MonotonicClock::new(),
-            redis: None,
             draining: std::sync::atomic::AtomicBool::new(false),
             workers: None,
         }
+    }
+
+    /// A service over the built-in example rules, counting in memory with default
+    /// bounds (what `tollgate serve` runs with no flags; for tests and fuzzing).
+    pub fn example() -> Self {
+        let counters = Counters::default();
+        let rules = DescriptorRules::built_in(&counters).expect("the example rules load in memory");
+        DecisionService::new(rules, vec![], counters)
     }
 
     /// Reports `workers` at `/metrics` (connections, busy share, moves, per worker).
@@ -336,27 +281,11 @@ impl DecisionService {
         self
     }
 
-    /// Keeps counters in Redis as `store` says (connects now; a single node may still
-    /// be down, a Cluster must answer).
-    pub async fn with_redis(
-        mut self,
-        store: &crate::config::store::StoreConfig,
-    ) -> anyhow::Result<Self> {
-        let redis = RedisCounters {
-            store: store.connect().await?,
-            config: store.clone(),
-            made: Mutex::new(Vec::new()),
-        };
-        redis.prepare(&self.rules.load())?;
-        self.redis = Some(redis);
-        Ok(self)
-    }
-
     /// Whether the service can decide: with Redis, whether it answers.
     pub async fn ready(&self) -> Result<(), String> {
-        match &self.redis {
+        match self.counters.store() {
             None => Ok(()),
-            Some(r) => r.store.ping().await.map_err(|e| e.to_string()),
+            Some(store) => store.ping().await.map_err(|e| e.to_string()),
         }
     }
 
@@ -372,13 +301,17 @@ impl DecisionService {
         if self.sources.is_empty() {
             return Ok(());
         }
-        match DescriptorRules::load(&self.sources, self.options, self.merge_domains) {
+        match DescriptorRules::load(&self.sources, &self.counters, self.merge_domains) {
             Ok(mut rules) => {
-                rules.adopt(&self.rules.load());
-                if let Some(redis) = &self.redis {
-                    if let Err(e) = redis.prepare(&rules) {
-                        self.metrics.reload(false);
-                        return Err(e);
+                let old = self.rules.load_full();
+                rules.adopt(&old);
+                // The counts of the limiters going away stay in the metrics' totals.
+                let kept: std::collections::HashSet<*const Limit> =
+                    rules.all_limits().iter().map(Arc::as_ptr).collect();
+                let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+                for l in old.all_limits() {
+                    if !kept.contains(&Arc::as_ptr(&l)) {
+                        l.limiter.iter().for_each(|l| retired.add(l));
                     }
                 }
                 self.rules.store(Arc::new(rules));
@@ -395,17 +328,25 @@ impl DecisionService {
     /// The metrics text, with the current counter counts.
     pub fn render_metrics(&self) -> String {
         let rules = self.rules.load();
+        let mut stats = *self.retired.lock().unwrap_or_else(|e| e.into_inner());
         for (domain, _) in rules.domains() {
             for limit in rules.limits(domain) {
-                if let Some(l) = &limit.limiter {
-                    self.metrics.keys(domain, &limit.path, l.len());
+                match &limit.limiter {
+                    Some(AnyLimiter::Memory(l)) => self.metrics.keys(domain, &limit.path, l.len()),
+                    Some(l) => stats.add(l),
+                    None => {}
                 }
             }
         }
-        if let Some(r) = &self.redis {
-            let (redis, leases) = r.stats();
-            self.metrics.redis(&redis);
-            self.metrics.leases(&leases);
+        let overrides = self.overrides.lock().unwrap_or_else(|e| e.into_inner());
+        overrides
+            .values()
+            .flat_map(|l| &l.limiter)
+            .for_each(|l| stats.add(l));
+        drop(overrides);
+        if let Counters::Redis(_) = self.counters {
+            self.metrics.redis(&stats.redis);
+            self.metrics.leases(&stats.leases);
         }
         if let Some(w) = &self.workers {
             self.metrics.workers(&w.read());
@@ -423,7 +364,7 @@ impl DecisionService {
         if map.len() >= MAX_OVERRIDES {
             return None;
         }
-        let limit = override_limit(domain, unit, n, self.options).ok()?;
+        let limit = override_limit(domain, unit, n, &self.counters).ok()?;
         map.insert(key, limit.clone());
         Some(limit)
     }
@@ -573,14 +514,16 @@ impl DecisionService {
         if limit.deny {
             return Ok(true);
         }
-        let looked = match self.store_of(limit)? {
-            Some(StoreOf::Memory(l)) => RateLimiter::peek(l, key, cost).await,
-            Some(StoreOf::Redis(l)) => Box::pin(RateLimiter::peek(l, key, cost)).await,
+        let looked = match &limit.limiter {
+            Some(AnyLimiter::Memory(l)) => l.peek(key, cost),
+            // Boxed: the Redis call's state would make every decision's future,
+            // memory ones too, kilobytes larger (copied as a task is spawned).
+            Some(l) => Box::pin(l.peek(key, cost)).await,
             None => return Ok(false),
         };
         match looked {
             Ok(d) => Ok(!d.decision.allowed || d.decision.shadow_rejected),
-            Err(LimitError::Check(_) | LimitError::TooManyKeys { .. }) => Ok(true),
+            Err(e) if e.rejection().is_some() => Ok(true),
             Err(e) => Err(RequestError::Unavailable(e.to_string())),
         }
     }
@@ -630,11 +573,10 @@ impl DecisionService {
                 RuleDecision::from(Decision::rejected(0, 0, reset, None))
             }
         } else {
-            match self.store_of(limit)? {
-                Some(StoreOf::Memory(l)) => decide(l, key, cost, op).await?,
-                // Boxed: the Redis call's state would make every decision's future,
-                // memory ones too, kilobytes larger (copied as a task is spawned).
-                Some(StoreOf::Redis(l)) => Box::pin(decide(l, key, cost, op)).await?,
+            match &limit.limiter {
+                Some(AnyLimiter::Memory(l)) => decide(l, key, cost, op).await?,
+                // Boxed: see `would_be_over`.
+                Some(l) => Box::pin(decide(l, key, cost, op)).await?,
                 None => return Ok(ok(Some(limit.clone()))),
             }
         };
@@ -683,20 +625,6 @@ impl DecisionService {
         }
     }
 
-    /// Where `limit` keeps its counts: its Redis limiter (made on first use) when the
-    /// service runs on Redis, else its memory limiter; `None` for a limit that counts
-    /// nothing (`unlimited`).
-    fn store_of<'a>(&self, limit: &'a Limit) -> Result<Option<StoreOf<'a>>, RequestError> {
-        Ok(match (&self.redis, &limit.rules) {
-            (Some(redis), Some(_)) => Some(StoreOf::Redis(
-                redis
-                    .limiter(limit)
-                    .map_err(|e| RequestError::Unavailable(e.to_string()))?,
-            )),
-            _ => limit.limiter.as_ref().map(StoreOf::Memory),
-        })
-    }
-
     /// Gives back what a request counted (an acquire whose caller went away).
     pub async fn refund(&self, domain: &str, descriptors: &[DescriptorRequest], hits: u64) {
         let rules = self.rules.load_full();
@@ -711,11 +639,9 @@ impl DecisionService {
     /// Gives `cost` back to `counter` of `limit` (best effort: a store that cannot
     /// answer keeps what it counted).
     async fn give_back(&self, limit: &Limit, counter: &str, cost: u64) {
-        let _ = match self.store_of(limit) {
-            Ok(Some(StoreOf::Memory(l))) => RateLimiter::refund(l, counter, cost).await,
-            Ok(Some(StoreOf::Redis(l))) => Box::pin(RateLimiter::refund(l, counter, cost)).await,
-            _ => Ok(()),
-        };
+        if let Some(l) = &limit.limiter {
+            let _ = Box::pin(l.refund(counter, cost)).await;
+        }
     }
 
     /// Forgets the counters of one descriptor.
@@ -728,20 +654,11 @@ impl DecisionService {
         else {
             return Ok(false);
         };
-        let done = match self.store_of(&limit).map_err(|e| e.to_string())? {
-            Some(StoreOf::Memory(l)) => RateLimiter::reset(l, &key).await,
-            Some(StoreOf::Redis(l)) => RateLimiter::reset(l, &key).await,
-            None => Ok(()),
-        };
-        done.map_err(|e| e.to_string())?;
+        if let Some(l) = &limit.limiter {
+            l.reset(&key).await.map_err(|e| e.to_string())?;
+        }
         Ok(true)
     }
-}
-
-/// A limit's limiter, on the store the service runs on.
-enum StoreOf<'a> {
-    Memory(&'a tollgate::KeyedLimiter<String>),
-    Redis(&'a AnyLimiter),
 }
 
 /// One descriptor's decision from any store (hits 0: a look that counts nothing;
@@ -760,17 +677,13 @@ async fn decide(
     };
     match outcome {
         Ok(r) => Ok(r),
-        Err(LimitError::Check(e @ CheckError::NotChargeable { .. })) => {
+        Err(Error::Check(e @ CheckError::NotChargeable { .. })) => {
             Err(RequestError::NotChargeable(0, e.to_string()))
         }
-        Err(LimitError::Check(CheckError::InsufficientCapacity { capacity, .. })) => {
-            Ok(RuleDecision::from(Decision::rejected(capacity, 0, 0, None)))
-        }
-        // A cost of 0 never gets here; a full limiter refusing new keys rejects.
-        Err(LimitError::Check(_) | LimitError::TooManyKeys { .. }) => {
-            Ok(RuleDecision::from(Decision::rejected(0, 0, 0, None)))
-        }
-        Err(e) => Err(RequestError::Unavailable(e.to_string())),
+        Err(e) => match e.rejection() {
+            Some(d) => Ok(RuleDecision::from(d)),
+            None => Err(RequestError::Unavailable(e.to_string())),
+        },
     }
 }
 

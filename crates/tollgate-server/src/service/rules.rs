@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use crate::config::RejectedHits;
 use serde::Deserialize;
-use tollgate::{KeyedLimiter, KeyedOptions, Policy, RuleSet};
+use tollgate::{AnyLimiter, Policy, RuleSet};
+
+use crate::service::counters::Counters;
 
 /// A rule file or directory that does not load, naming the file, line and field.
 #[derive(Debug, thiserror::Error)]
@@ -216,11 +218,10 @@ pub struct Limit {
     pub deny: bool,
     /// Envoy's unit and requests per unit, when written that way (for Envoy's API).
     pub envoy: Option<(Unit, u64)>,
-    /// The counters when they live in this process (memory store), one state per key.
-    pub limiter: Option<KeyedLimiter<String>>,
-    /// The counters when they live in Redis: made on first use, and kept with the
-    /// limit across reloads that leave its definition unchanged.
-    pub redis: std::sync::OnceLock<tollgate::AnyLimiter>,
+    /// Its counters, one state per key, on the store the rules were loaded for
+    /// (`None` when it counts nothing); kept across reloads that leave its
+    /// definition unchanged.
+    pub limiter: Option<AnyLimiter>,
     /// Its statistics, attached by the service on first use.
     pub stats: std::sync::OnceLock<crate::service::metrics::RuleStats>,
 }
@@ -356,7 +357,7 @@ impl DescriptorRules {
     /// `merge_domains` (then the second adds its descriptors to the first's).
     pub fn load(
         paths: &[PathBuf],
-        options: KeyedOptions,
+        counters: &Counters,
         merge_domains: bool,
     ) -> Result<Self, RulesError> {
         let mut files = Vec::new();
@@ -387,27 +388,21 @@ impl DescriptorRules {
                 path: file.clone(),
                 source,
             })?;
-            rules.add(&text, &file.display().to_string(), options)?;
+            rules.add(&text, &file.display().to_string(), counters)?;
         }
         Ok(rules)
     }
 
-    /// The built-in example rules.
-    pub fn built_in(options: KeyedOptions) -> Self {
+    /// The built-in example rules (valid; a store that cannot keep one of their
+    /// limits, e.g. leases for a sliding log, refuses them).
+    pub fn built_in(counters: &Counters) -> Result<Self, RulesError> {
         let mut rules = DescriptorRules::default();
-        rules
-            .add(BUILT_IN, "<built-in>", options)
-            .expect("the built-in rules are valid");
-        rules
+        rules.add(BUILT_IN, "<built-in>", counters)?;
+        Ok(rules)
     }
 
     /// Adds one document's text, from `source` (a path, for errors).
-    pub fn add(
-        &mut self,
-        text: &str,
-        source: &str,
-        options: KeyedOptions,
-    ) -> Result<(), RulesError> {
+    pub fn add(&mut self, text: &str, source: &str, counters: &Counters) -> Result<(), RulesError> {
         let invalid = |message: String| RulesError::Invalid {
             path: source.to_string(),
             message,
@@ -430,7 +425,7 @@ impl DescriptorRules {
         let mut added: Vec<Node> = Vec::with_capacity(doc.descriptors.len());
         for (i, d) in doc.descriptors.into_iter().enumerate() {
             let at = format!("descriptors[{i}]");
-            let node = build(d, &doc.domain, &doc.domain, &at, options).map_err(invalid)?;
+            let node = build(d, &doc.domain, &doc.domain, &at, counters).map_err(invalid)?;
             for siblings in existing.into_iter().chain([&added]) {
                 refuse_duplicate(siblings, &node, &at).map_err(invalid)?;
             }
@@ -478,6 +473,11 @@ impl DescriptorRules {
         for nodes in self.domains.values_mut() {
             walk(nodes, &previous);
         }
+    }
+
+    /// Every limit of every domain.
+    pub fn all_limits(&self) -> Vec<Arc<Limit>> {
+        (self.domains.keys()).flat_map(|d| self.limits(d)).collect()
     }
 
     /// The rules in force as envoyproxy/ratelimit's config dump (`/rlconfig`) prints
@@ -617,11 +617,11 @@ pub fn override_limit(
     domain: &str,
     unit: Unit,
     n: u64,
-    options: KeyedOptions,
+    counters: &Counters,
 ) -> Result<Arc<Limit>, String> {
     let spec = format!("fixed-window:limit={n},window={}", unit.window());
     let policy: Policy = spec.parse().map_err(|e| format!("limit override: {e}"))?;
-    Ok(limit_of(
+    limit_of(
         format!("{domain}/override/{n}/{}", unit.envoy_name()),
         Traits {
             full_key: format!("{domain}.override_{n}_{}", unit.envoy_name()),
@@ -629,8 +629,8 @@ pub fn override_limit(
         },
         Some(policy.into()),
         Some((unit, n)),
-        options,
-    ))
+        counters,
+    )
 }
 
 /// What a descriptor says about its limit besides how it counts.
@@ -653,7 +653,7 @@ fn build(
     path: &str,
     parent_key: &str,
     at: &str,
-    options: KeyedOptions,
+    counters: &Counters,
 ) -> Result<Node, String> {
     if d.key.trim().is_empty() {
         return Err(format!("{at}.key: must not be empty"));
@@ -706,24 +706,21 @@ fn build(
                     }
                 }
             }
-            Some(limit_of(
-                node_path.clone(),
-                traits,
-                Some(rules),
-                None,
-                options,
-            ))
+            Some(
+                limit_of(node_path.clone(), traits, Some(rules), None, counters)
+                    .map_err(|e| format!("{at}.policies: {e}"))?,
+            )
         }
         (Some(rl), None) => {
             traits.replaces = rl.replaces.iter().map(|r| r.name.clone()).collect();
             traits.name = rl.name.clone();
-            Some(envoy_limit(rl, &node_path, traits, at, options)?)
+            Some(envoy_limit(rl, &node_path, traits, at, counters)?)
         }
     };
     let mut children: Vec<Node> = Vec::with_capacity(d.descriptors.len());
     for (i, c) in d.descriptors.into_iter().enumerate() {
         let at = format!("{at}.descriptors[{i}]");
-        let child = build(c, &node_path, &full_key, &at, options)?;
+        let child = build(c, &node_path, &full_key, &at, counters)?;
         refuse_duplicate(&children, &child, &at)?;
         children.push(child);
     }
@@ -760,7 +757,7 @@ fn envoy_limit(
     node_path: &str,
     traits: Traits,
     at: &str,
-    options: KeyedOptions,
+    counters: &Counters,
 ) -> Result<Arc<Limit>, String> {
     for (i, r) in rl.replaces.iter().enumerate() {
         if r.name.is_empty() {
@@ -782,7 +779,7 @@ fn envoy_limit(
                 "{at}.rate_limit: unlimited takes no unit or requests_per_unit"
             ));
         }
-        return Ok(limit_of(path, traits, None, None, options));
+        return limit_of(path, traits, None, None, counters);
     }
     let unit = rl.unit.ok_or_else(|| {
         format!("{at}.rate_limit.unit: missing (second, minute, hour, day, week, month or year)")
@@ -792,7 +789,7 @@ fn envoy_limit(
         .ok_or_else(|| format!("{at}.rate_limit.requests_per_unit: missing"))?;
     if n == 0 {
         // Envoy's block list: nothing is ever admitted.
-        let mut limit = limit_of(path, traits, None, Some((unit, 0)), options);
+        let mut limit = limit_of(path, traits, None, Some((unit, 0)), counters)?;
         Arc::get_mut(&mut limit).expect("new").deny = true;
         return Ok(limit);
     }
@@ -800,13 +797,8 @@ fn envoy_limit(
     let policy: Policy = spec
         .parse()
         .map_err(|e| format!("{at}.rate_limit.requests_per_unit: {e}"))?;
-    Ok(limit_of(
-        path,
-        traits,
-        Some(policy.into()),
-        Some((unit, n)),
-        options,
-    ))
+    limit_of(path, traits, Some(policy.into()), Some((unit, n)), counters)
+        .map_err(|e| format!("{at}.rate_limit: {e}"))
 }
 
 fn limit_of(
@@ -814,12 +806,12 @@ fn limit_of(
     traits: Traits,
     rules: Option<RuleSet>,
     envoy: Option<(Unit, u64)>,
-    options: KeyedOptions,
-) -> Arc<Limit> {
-    let limiter = rules
-        .clone()
-        .map(|r| KeyedLimiter::with_options(r, options, tollgate::MonotonicClock::new()));
-    Arc::new(Limit {
+    counters: &Counters,
+) -> Result<Arc<Limit>, String> {
+    let limiter = (rules.clone())
+        .map(|r| counters.limiter(&path, r))
+        .transpose()?;
+    Ok(Arc::new(Limit {
         path,
         full_key: traits.full_key,
         name: traits.name,
@@ -835,9 +827,8 @@ fn limit_of(
         deny: false,
         envoy,
         limiter,
-        redis: std::sync::OnceLock::new(),
         stats: std::sync::OnceLock::new(),
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -853,7 +844,7 @@ mod tests {
 
     fn rules(text: &str) -> Result<DescriptorRules, RulesError> {
         let mut r = DescriptorRules::default();
-        r.add(text, "test.yaml", KeyedOptions::default())?;
+        r.add(text, "test.yaml", &Counters::default())?;
         Ok(r)
     }
 
@@ -947,7 +938,7 @@ descriptors:
             .add(
                 "domain: d\ndescriptors: []\n",
                 "two.yaml",
-                KeyedOptions::default(),
+                &Counters::default(),
             )
             .unwrap_err()
             .to_string();
@@ -1070,12 +1061,8 @@ descriptors:
             merge_domains: true,
             ..DescriptorRules::default()
         };
-        merged
-            .add(one, "one.yaml", KeyedOptions::default())
-            .unwrap();
-        merged
-            .add(two, "two.yaml", KeyedOptions::default())
-            .unwrap();
+        merged.add(one, "one.yaml", &Counters::default()).unwrap();
+        merged.add(two, "two.yaml", &Counters::default()).unwrap();
         assert!(merged.find("d", &entries(&[("a", "x")])).is_some());
         assert!(merged.find("d", &entries(&[("b", "x")])).is_some());
         assert_eq!(
@@ -1083,7 +1070,7 @@ descriptors:
             vec![("d", "one.yaml, two.yaml")]
         );
         let e = merged
-            .add(one, "three.yaml", KeyedOptions::default())
+            .add(one, "three.yaml", &Counters::default())
             .unwrap_err()
             .to_string();
         assert!(
@@ -1094,7 +1081,7 @@ descriptors:
         assert!(merged.find("d", &entries(&[("b", "x")])).is_some());
         let mut strict = rules(one).unwrap();
         let e = strict
-            .add(two, "two.yaml", KeyedOptions::default())
+            .add(two, "two.yaml", &Counters::default())
             .unwrap_err()
             .to_string();
         assert!(e.contains("already defined"), "{e}");

@@ -11,6 +11,7 @@ use anyhow::Context;
 use clap::Parser;
 use tollgate::KeyedOptions;
 
+use super::counters::Counters;
 use super::rules::DescriptorRules;
 use super::DecisionService;
 use crate::config::store::{StoreConfig, StoreKind};
@@ -36,7 +37,8 @@ pub struct Settings {
     pub balance: crate::config::Balance,
     /// Connection bounds, per listener.
     pub connections: crate::config::Connections,
-    /// The descriptor rules of every domain, loaded and validated.
+    /// The descriptor rules of every domain, loaded and validated (counting in
+    /// memory; [`Settings::counters`] loads them again for Redis).
     pub rules: DescriptorRules,
     /// Where the rules came from.
     pub rules_source: String,
@@ -78,19 +80,18 @@ impl Settings {
             rules.to_vec()
         };
         let options = main.key_options();
-        let (rules, rules_source) = if paths.is_empty() {
-            (
-                DescriptorRules::built_in(options),
-                "the built-in example rules".to_string(),
-            )
+        let rules = load_rules(
+            &paths,
+            &Counters::Memory(options),
+            main.service.merge_domains,
+        )?;
+        let rules_source = if paths.is_empty() {
+            "the built-in example rules".to_string()
         } else {
-            let list = paths
-                .iter()
+            (paths.iter())
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
-                .join(", ");
-            let merge = main.service.merge_domains;
-            (DescriptorRules::load(&paths, options, merge)?, list)
+                .join(", ")
         };
         let http = http
             .or(main.listen.http)
@@ -124,6 +125,18 @@ impl Settings {
     }
 }
 
+/// The rules of `paths` (none: the built-in example), counting in `counters`.
+fn load_rules(
+    paths: &[PathBuf],
+    counters: &Counters,
+    merge_domains: bool,
+) -> Result<DescriptorRules, super::rules::RulesError> {
+    if paths.is_empty() {
+        return DescriptorRules::built_in(counters);
+    }
+    DescriptorRules::load(paths, counters, merge_domains)
+}
+
 /// Serves until a shutdown signal.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let http_listener = tokio::net::TcpListener::bind(settings.http)
@@ -135,17 +148,21 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
     // Before the banner: whoever waits for it finds every thread and file in place.
     let workers = crate::workers::Workers::start(settings.workers, settings.balance)?;
-    let mut service = DecisionService::new(
-        settings.rules,
-        settings.rule_paths.clone(),
-        settings.options,
-    )
-    .with_request_limits(settings.requests)
-    .with_answers(&settings.service)
-    .with_workers(workers.stats());
-    if settings.store.kind == StoreKind::Redis {
-        service = service.with_redis(&settings.store).await?;
-    }
+    let (rules, counters) = match settings.store.kind {
+        StoreKind::Redis => {
+            let counters = Counters::redis(&settings.store).await?;
+            let merge = settings.service.merge_domains;
+            (
+                load_rules(&settings.rule_paths, &counters, merge)?,
+                counters,
+            )
+        }
+        _ => (settings.rules, Counters::Memory(settings.options)),
+    };
+    let service = DecisionService::new(rules, settings.rule_paths.clone(), counters)
+        .with_request_limits(settings.requests)
+        .with_answers(&settings.service)
+        .with_workers(workers.stats());
     let service = Arc::new(service);
     let admin = crate::service::http::Admin {
         token: settings.admin_token.clone(),

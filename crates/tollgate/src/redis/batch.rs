@@ -17,12 +17,12 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::call::{CheckCall, CheckReply};
 use super::caller::Caller;
-use super::StoreError;
+use crate::Error;
 
 struct Pending {
     check: CheckCall,
     slot: u16,
-    done: oneshot::Sender<Result<CheckReply, StoreError>>,
+    done: oneshot::Sender<Result<CheckReply, Error>>,
 }
 
 /// The queue in front of a store's connection.
@@ -67,7 +67,7 @@ impl Batcher {
     /// calls are out and nothing waits (no hand-off to another task: an idle or lightly loaded store pays
     /// nothing for batching); else queues it for the next call and waits for its part
     /// of the reply (the caller bounds the wait).
-    pub async fn submit(&self, check: CheckCall) -> Result<CheckReply, StoreError> {
+    pub async fn submit(&self, check: CheckCall) -> Result<CheckReply, Error> {
         if self.queued.load(Ordering::Acquire) == 0 {
             if let Ok(_permit) = self.direct.try_acquire() {
                 return Ok(self.caller.send(&[&check]).await?.remove(0));
@@ -82,10 +82,10 @@ impl Batcher {
         self.queued.fetch_add(1, Ordering::AcqRel);
         self.queue
             .send(Pending { check, slot, done })
-            .map_err(|_| StoreError::Protocol("the batching task has stopped".into()))?;
+            .map_err(|_| Error::Store("the batching task has stopped".into()))?;
         answer
             .await
-            .map_err(|_| StoreError::Protocol("the batching task dropped a check".into()))?
+            .map_err(|_| Error::Store("the batching task dropped a check".into()))?
     }
 }
 

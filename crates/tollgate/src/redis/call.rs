@@ -6,7 +6,7 @@ use std::sync::Arc;
 use redis::{Cmd, Value};
 
 use super::script::Wire;
-use super::StoreError;
+use crate::Error;
 
 /// What one check asks of the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,11 +140,8 @@ pub(crate) fn push_times(cmd: &mut Cmd, now: Option<u64>, created: Option<u64>) 
 }
 
 /// Splits a call's reply into its checks' parts, in order.
-pub(crate) fn split_reply(
-    value: Value,
-    checks: &[&CheckCall],
-) -> Result<Vec<CheckReply>, StoreError> {
-    let bad = |what: &str| StoreError::Protocol(format!("script reply: {what}"));
+pub(crate) fn split_reply(value: Value, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, Error> {
+    let bad = |what: &str| Error::Store(format!("script reply: {what}"));
     let Value::Array(items) = value else {
         return Err(bad("not an array"));
     };

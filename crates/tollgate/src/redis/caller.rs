@@ -12,7 +12,7 @@ use redis::Value;
 use super::call::{nonce, push_call, push_try, split_reply, CallOp, CheckCall, CheckReply};
 use super::options::{RedisCalls, RedisOptions};
 use super::script::{eval_script, library};
-use super::StoreError;
+use crate::Error;
 
 #[derive(Clone)]
 pub(super) enum Conn {
@@ -76,17 +76,17 @@ pub(crate) struct Caller {
 
 impl Caller {
     /// Runs `call` on a clone of the connection, bounded by the timeout.
-    pub(super) async fn timed<T, F>(&self, call: impl FnOnce(Conn) -> F) -> Result<T, StoreError>
+    pub(super) async fn timed<T, F>(&self, call: impl FnOnce(Conn) -> F) -> Result<T, Error>
     where
-        F: std::future::Future<Output = Result<T, StoreError>>,
+        F: std::future::Future<Output = Result<T, Error>>,
     {
         tokio::time::timeout(self.opts.timeout, call(self.conn.clone()))
             .await
-            .map_err(|_| StoreError::Timeout(self.opts.timeout))?
+            .map_err(|_| super::timeout(self.opts.timeout))?
     }
 
     /// One call of the decision driver for `checks` (all in one Cluster slot).
-    pub async fn send(&self, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, StoreError> {
+    pub async fn send(&self, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, Error> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.checks
             .fetch_add(checks.len() as u64, Ordering::Relaxed);
@@ -94,7 +94,7 @@ impl Caller {
         split_reply(value, checks)
     }
 
-    async fn call(&self, conn: Conn, checks: &[&CheckCall]) -> Result<Value, StoreError> {
+    async fn call(&self, conn: Conn, checks: &[&CheckCall]) -> Result<Value, Error> {
         let nonce = nonce();
         let families = checks.iter().fold(0, |m, c| m | c.wire.families);
         let entry = if checks.iter().all(|c| c.op == CallOp::Peek) {
@@ -119,7 +119,7 @@ impl Caller {
         &self,
         families: u8,
         push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
-    ) -> Result<Value, StoreError> {
+    ) -> Result<Value, Error> {
         self.timed(|conn| self.invoke(conn, families, Entry::Lease, push))
             .await
     }
@@ -133,7 +133,7 @@ impl Caller {
         families: u8,
         entry: Entry,
         push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
-    ) -> Result<Value, StoreError> {
+    ) -> Result<Value, Error> {
         let mut loaded = false;
         loop {
             let functions = self.mode.load(Ordering::Relaxed) == MODE_FUNCTIONS;

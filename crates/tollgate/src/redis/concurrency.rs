@@ -11,7 +11,7 @@ use tollgate_core::{Algo, Clock, RuleSet};
 use super::call::nonce;
 use super::health::{Event, Health, OnError, RedisStats};
 use super::store::RedisStore;
-use super::StoreError;
+use crate::Error;
 use crate::{ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit};
 
 static SCRIPT: LazyLock<Script> =
@@ -54,7 +54,7 @@ pub enum PermitError {
     Denied(#[from] ConcurrencyError),
     /// Redis failed and the failure policy is to return the error.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] Error),
 }
 
 struct Inner {
@@ -118,7 +118,7 @@ struct Answer {
 
 impl RedisConcurrencyLimiter {
     /// `limit` permits per key, under the limiter `name` (no `{` or `}`).
-    pub fn new(store: RedisStore, name: &str, limit: u32) -> Result<Self, StoreError> {
+    pub fn new(store: RedisStore, name: &str, limit: u32) -> Result<Self, Error> {
         Self::with_options(store, name, limit, RedisConcurrencyOptions::default())
     }
 
@@ -128,19 +128,17 @@ impl RedisConcurrencyLimiter {
         name: &str,
         limit: u32,
         opts: RedisConcurrencyOptions,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self, Error> {
         if name.contains(['{', '}']) {
-            return Err(StoreError::Config(format!(
+            return Err(Error::Config(format!(
                 "limiter name {name:?} must not contain '{{' or '}}'"
             )));
         }
         if limit == 0 {
-            return Err(StoreError::Config(
-                "concurrency limit must be at least 1".into(),
-            ));
+            return Err(Error::Config("concurrency limit must be at least 1".into()));
         }
         if opts.lease < Duration::from_millis(30) || opts.poll_interval.is_zero() {
-            return Err(StoreError::Config(format!(
+            return Err(Error::Config(format!(
                 "lease {:?} must be at least 30ms and poll interval {:?} above zero",
                 opts.lease, opts.poll_interval
             )));
@@ -175,7 +173,7 @@ impl RedisConcurrencyLimiter {
 
     /// Permits held for `key` and waiters queued, as Redis sees them now (expired
     /// leases not counted).
-    pub async fn in_use(&self, key: &str) -> Result<(u32, u32), StoreError> {
+    pub async fn in_use(&self, key: &str) -> Result<(u32, u32), Error> {
         let a = self
             .inner
             .call(&self.keys(key), "peek", "", 1, false)
@@ -279,7 +277,7 @@ impl RedisConcurrencyLimiter {
         key: &str,
         n: u32,
         timeout: Option<Duration>,
-        err: Option<StoreError>,
+        err: Option<Error>,
     ) -> Result<RedisPermit, PermitError> {
         let limit = self.inner.limit;
         let permit = match (&self.inner.opts.on_error, &self.inner.local) {
@@ -298,9 +296,7 @@ impl RedisConcurrencyLimiter {
             _ => {
                 return Err(err
                     .unwrap_or_else(|| {
-                        StoreError::Unsupported(
-                            "redis is failing (waiting for the next probe)".into(),
-                        )
+                        Error::Unsupported("redis is failing (waiting for the next probe)".into())
                     })
                     .into())
             }
@@ -319,7 +315,7 @@ impl Inner {
         id: &str,
         n: u32,
         wait: bool,
-    ) -> Result<Answer, StoreError> {
+    ) -> Result<Answer, Error> {
         let lease = self.opts.lease.as_micros();
         // A waiter that misses a few polls (or whose process died) leaves the queue.
         let waiter = (self.opts.poll_interval * 4 + self.store.options().timeout * 2).as_micros();
@@ -337,7 +333,7 @@ impl Inner {
         if op == "release" {
             self.released.notify_waiters();
         }
-        let bad = || StoreError::Protocol(format!("lease script reply: {value:?}"));
+        let bad = || Error::Store(format!("lease script reply: {value:?}"));
         let Value::Array(items) = &value else {
             return Err(bad());
         };
@@ -355,12 +351,12 @@ impl Inner {
 
 /// The rule set of `OnError::Local` for a concurrency limiter: one `concurrency`
 /// policy, whose limit is this instance's.
-fn local_limit(rules: &RuleSet) -> Result<u32, StoreError> {
+fn local_limit(rules: &RuleSet) -> Result<u32, Error> {
     match rules.policies() {
         [p] if matches!(p.algo(), Algo::Concurrency(_)) => {
-            u32::try_from(p.limit()).map_err(|_| StoreError::Config("local limit too large".into()))
+            u32::try_from(p.limit()).map_err(|_| Error::Config("local limit too large".into()))
         }
-        _ => Err(StoreError::Config(format!(
+        _ => Err(Error::Config(format!(
             "on_error local for a concurrency limiter takes one concurrency policy \
              (this instance's share), not {rules:?}"
         ))),
@@ -473,7 +469,7 @@ impl RedisPermit {
 
     /// Releases the permits and waits for Redis to confirm it (dropping the permit
     /// releases them from a spawned task instead).
-    pub async fn release(mut self) -> Result<(), StoreError> {
+    pub async fn release(mut self) -> Result<(), Error> {
         if let Kind::Lease { renew, leave, .. } = &mut self.kind {
             renew.abort();
             if let Some((inner, keys, id)) = leave.call.take() {

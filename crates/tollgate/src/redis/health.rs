@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tollgate_core::{Clock, MonotonicClock, RuleSet};
 
-use super::StoreError;
+use crate::Error;
 
 /// What a [`RedisLimiter`](super::RedisLimiter) decides while Redis is unreachable or slow.
 #[derive(Debug, Clone, Default)]
@@ -147,7 +147,7 @@ impl Health {
     /// Redis failed with `e` (transient) a call sent at `sent` (local us): the failure
     /// policy decides until a probe succeeds. A call sent before the last recovery
     /// counts as an error only: Redis has answered since.
-    pub fn failed(&self, e: &StoreError, policy: &OnError, sent: u64) {
+    pub fn failed(&self, e: &Error, policy: &OnError, sent: u64) {
         self.count(Event::Error);
         if sent < self.recovered_at.load(Ordering::Relaxed) {
             return;

@@ -29,8 +29,8 @@ use tollgate_core::{Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecisi
 use super::call::{push_one, push_times};
 use super::script::{encode_state, leasable, parse_state, Wire};
 use super::store::RedisStore;
-use super::StoreError;
-use crate::LimitError;
+use crate::Error;
+use crate::RateLimiter;
 
 /// How a [`LeasedLimiter`] leases.
 #[derive(Debug, Clone)]
@@ -192,23 +192,23 @@ impl LeasedLimiter {
         name: &str,
         rules: impl Into<RuleSet>,
         opts: LeaseOptions,
-    ) -> Result<LeasedLimiter, StoreError> {
+    ) -> Result<LeasedLimiter, Error> {
         let rules = rules.into();
         // Checks the name, and the rules against the store.
         let unleased = super::RedisLimiter::new(store.clone(), name, rules.clone())?;
         for p in rules.policies() {
-            leasable(p).map_err(StoreError::Unsupported)?;
+            leasable(p).map_err(Error::Unsupported)?;
         }
         let burst = smallest_limit(&rules);
         let max_slice = opts.max_slice.unwrap_or((burst / 4).max(1));
         if max_slice == 0 || max_slice > burst {
-            return Err(StoreError::Config(format!(
+            return Err(Error::Config(format!(
                 "lease slice {max_slice} must be between 1 and the smallest limit of the rules ({burst}): a slice must fit at once"
             )));
         }
         let duration_us = u64::try_from(opts.duration.as_micros()).unwrap_or(u64::MAX);
         if duration_us == 0 {
-            return Err(StoreError::Config("lease duration must be positive".into()));
+            return Err(Error::Config("lease duration must be positive".into()));
         }
         let wire = Arc::new(Wire::new(&rules, store.options().ttl_margin)?);
         let limiter = LeasedLimiter {
@@ -263,8 +263,8 @@ impl LeasedLimiter {
     }
 
     /// The rule set the leases are taken for.
-    pub fn rules(&self) -> &RuleSet {
-        &self.inner.rules
+    pub fn rules(&self) -> RuleSet {
+        self.inner.rules.clone()
     }
 
     fn count(&self, stat: Stat, n: u64) {
@@ -276,29 +276,13 @@ impl LeasedLimiter {
         keys.entry(key.to_owned()).or_default().clone()
     }
 
-    /// Tries `cost` for `key` now: locally from the key's slice while it lasts, else
-    /// with a new lease (which ends the previous one).
-    pub async fn check_rules(&self, key: &str, cost: u64) -> Result<RuleDecision, StoreError> {
-        self.decide(key, cost, None).await
-    }
-
-    /// [`LeasedLimiter::check_rules`] at a time the caller gives (us; the same time
+    /// A try at a time the caller gives (us; the same time
     /// base for Redis and local decisions, as `tollgate replay` and tests use).
-    pub async fn check_at(
-        &self,
-        key: &str,
-        now: u64,
-        cost: u64,
-    ) -> Result<RuleDecision, StoreError> {
+    pub async fn check_at(&self, key: &str, now: u64, cost: u64) -> Result<RuleDecision, Error> {
         self.decide(key, cost, Some(now)).await
     }
 
-    async fn decide(
-        &self,
-        key: &str,
-        cost: u64,
-        at: Option<u64>,
-    ) -> Result<RuleDecision, StoreError> {
+    async fn decide(&self, key: &str, cost: u64, at: Option<u64>) -> Result<RuleDecision, Error> {
         self.inner.wire.check_cost(&self.inner.rules, cost)?;
         let rules = &self.inner.rules;
         let cell = self.cell(key);
@@ -369,7 +353,7 @@ impl LeasedLimiter {
         at: Option<u64>,
         sent: u64,
         want: u64,
-    ) -> Result<(Held, u64), StoreError> {
+    ) -> Result<(Held, u64), Error> {
         let received = self.inner.clock.now_us();
         let Grant {
             now,
@@ -429,18 +413,18 @@ impl LeasedLimiter {
 
     /// Ends every lease this instance holds (e.g. at shutdown), giving unspent
     /// admissions back. Keys being decided meanwhile are skipped.
-    pub async fn release_all(&self) -> Result<(), StoreError> {
+    pub async fn release_all(&self) -> Result<(), Error> {
         self.sweep(true).await
     }
 
     /// Ends the leases whose deadline has passed (their unspent admissions go back
     /// where that is safe) and forgets the keys that hold none; a background task runs
     /// it when the limiter is made on a Tokio runtime.
-    pub async fn release_expired(&self) -> Result<(), StoreError> {
+    pub async fn release_expired(&self) -> Result<(), Error> {
         self.sweep(false).await
     }
 
-    async fn sweep(&self, all: bool) -> Result<(), StoreError> {
+    async fn sweep(&self, all: bool) -> Result<(), Error> {
         let cells: Vec<(String, Cell)> = {
             let keys = self.inner.keys.lock().unwrap_or_else(|e| e.into_inner());
             keys.iter().map(|(k, c)| (k.clone(), c.clone())).collect()
@@ -481,7 +465,7 @@ impl LeasedLimiter {
         want: u64,
         need: u64,
         at: Option<u64>,
-    ) -> Result<Answer, StoreError> {
+    ) -> Result<Answer, Error> {
         self.count(Stat::Calls, 1);
         let inner = &self.inner;
         let keys = inner.store.keys(&inner.name, key, &inner.wire.suffixes);
@@ -534,8 +518,8 @@ fn redis_time(local: u64, offset: i64) -> u64 {
     (local as i64).saturating_add(offset).max(0) as u64
 }
 
-fn parse_answer(value: Value, n: usize) -> Result<Answer, StoreError> {
-    let bad = |what: &str| StoreError::Protocol(format!("lease reply: {what}"));
+fn parse_answer(value: Value, n: usize) -> Result<Answer, Error> {
+    let bad = |what: &str| Error::Store(format!("lease reply: {what}"));
     let Value::Array(items) = value else {
         return Err(bad("not an array"));
     };
@@ -575,49 +559,53 @@ fn parse_answer(value: Value, n: usize) -> Result<Answer, StoreError> {
     }))
 }
 
-/// The leased store behind the one limiter interface: tries are leased; acquire,
-/// peek, refund and reset go to Redis (a held slice of the key is ended first).
-impl crate::RateLimiter for LeasedLimiter {
-    async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, LimitError> {
+/// The leased store behind the one limiter interface: tries are decided locally from
+/// the key's slice while it lasts, else with a new lease (which ends the previous
+/// one); acquire, charge, peek, refund and reset go to Redis (a held slice of the key
+/// is ended first).
+impl RateLimiter for LeasedLimiter {
+    async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, Error> {
         match op {
-            Op::Try => Ok(LeasedLimiter::check_rules(self, key, cost).await?),
+            Op::Try => self.decide(key, cost, None).await,
             _ => {
                 self.end(key).await?;
-                Ok(self.unleased().check_rules(key, cost, op).await?)
+                self.unleased().check_rules(key, cost, op).await
             }
         }
     }
 
-    async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, LimitError> {
-        Ok(self.unleased().peek(key, cost).await?)
+    async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, Error> {
+        self.unleased().peek(key, cost).await
     }
 
-    async fn refund(&self, key: &str, cost: u64) -> Result<(), LimitError> {
+    async fn refund(&self, key: &str, cost: u64) -> Result<(), Error> {
         self.end(key).await?;
-        Ok(self.unleased().refund(key, cost).await?)
+        self.unleased().refund(key, cost).await
     }
 
-    async fn reset(&self, key: &str) -> Result<(), LimitError> {
+    async fn reset(&self, key: &str) -> Result<(), Error> {
         let cell = self.cell(key);
         *cell.lock().await = Key::default();
-        Ok(self.unleased().reset(key).await?)
+        self.unleased().reset(key).await
     }
 
-    async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, LimitError> {
+    async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, Error> {
         self.end(key).await?;
-        Ok(self.unleased().acquire(key, cost).await?)
+        self.unleased().acquire(key, cost).await
     }
 
     fn rules(&self) -> RuleSet {
-        self.inner.rules.clone()
+        LeasedLimiter::rules(self)
     }
 
-    fn set_rules(&self, _rules: RuleSet) -> Result<(), LimitError> {
-        Err(LimitError::Unsupported(
+    fn set_rules(&self, _rules: RuleSet) -> Result<(), Error> {
+        Err(Error::Unsupported(
             "a leased limiter keeps its rules; make a new one".into(),
         ))
     }
 }
+
+crate::rate_limiter::string_keys!(LeasedLimiter);
 
 impl LeasedLimiter {
     fn unleased(&self) -> &super::RedisLimiter {
@@ -625,7 +613,7 @@ impl LeasedLimiter {
     }
 
     /// Ends `key`'s lease, if this instance holds one.
-    async fn end(&self, key: &str) -> Result<(), StoreError> {
+    async fn end(&self, key: &str) -> Result<(), Error> {
         let cell = self.cell(key);
         let mut entry = cell.lock().await;
         entry.blocked = None;

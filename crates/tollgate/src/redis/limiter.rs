@@ -12,8 +12,8 @@ use super::call::{CallOp, CheckCall};
 use super::health::{Event, Health, OnError, RedisStats};
 use super::script::Wire;
 use super::store::RedisStore;
-use super::StoreError;
-use crate::{KeyedLimiter, LimitError};
+use crate::Error;
+use crate::{KeyedLimiter, RateLimiter};
 
 /// Options of a [`RedisLimiter`].
 #[derive(Debug, Clone)]
@@ -94,7 +94,7 @@ impl RedisLimiter {
         store: RedisStore,
         name: &str,
         rules: impl Into<RuleSet>,
-    ) -> Result<RedisLimiter, StoreError> {
+    ) -> Result<RedisLimiter, Error> {
         RedisLimiter::with_options(store, name, rules, RedisLimiterOptions::default())
     }
 
@@ -104,9 +104,9 @@ impl RedisLimiter {
         name: &str,
         rules: impl Into<RuleSet>,
         opts: RedisLimiterOptions,
-    ) -> Result<RedisLimiter, StoreError> {
+    ) -> Result<RedisLimiter, Error> {
         if name.contains(['{', '}']) {
-            return Err(StoreError::Config(format!(
+            return Err(Error::Config(format!(
                 "limiter name {name:?} must not contain '{{' or '}}'"
             )));
         }
@@ -131,7 +131,7 @@ impl RedisLimiter {
     /// algorithm is unchanged (the state is read under the new parameters, as the
     /// memory store's carry-over does for most algorithms); a policy whose algorithm
     /// changed starts afresh. The negative cache is cleared.
-    pub fn set_rules(&self, rules: impl Into<RuleSet>) -> Result<(), StoreError> {
+    pub fn set_rules(&self, rules: impl Into<RuleSet>) -> Result<(), Error> {
         let compiled = compile(rules.into(), &self.inner.opts, &self.inner.store)?;
         self.inner.compiled.store(Arc::new(compiled));
         lock(&self.inner.negative).clear();
@@ -148,51 +148,6 @@ impl RedisLimiter {
         self.inner.health.stats()
     }
 
-    /// Tries a request of `cost` for `key` now: the overall decision.
-    pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, StoreError> {
-        Ok(self.check_rules(key, cost, Op::Try).await?.decision)
-    }
-
-    /// Decides a request of `cost` for `key` (try, or acquire: reserve the earliest
-    /// admission, returned as `wait`, without waiting for it), with each policy's
-    /// decision. Time is Redis's. When Redis fails, the failure policy decides.
-    pub async fn check_rules(
-        &self,
-        key: &str,
-        cost: u64,
-        op: Op,
-    ) -> Result<RuleDecision, StoreError> {
-        let compiled = self.inner.compiled.load_full();
-        if matches!(op, Op::Try | Op::Count) && self.inner.opts.negative_cache {
-            if let Some(d) = self.cached(key, cost) {
-                return Ok(RuleDecision::from(d));
-            }
-        }
-        let health = &self.inner.health;
-        if !health.should_try() {
-            return self.fallback(&compiled, key, cost, op, None);
-        }
-        let sent = health.clock.now_us();
-        match self.decide(&compiled, key, None, None, cost, op).await {
-            Ok(d) => {
-                health.healthy();
-                health.count(Event::Decision);
-                if matches!(op, Op::Try | Op::Count)
-                    && self.inner.opts.negative_cache
-                    && !d.decision.allowed
-                {
-                    self.remember(key, cost, d.decision);
-                }
-                Ok(d)
-            }
-            Err(e) if e.is_transient() => {
-                health.failed(&e, &self.inner.opts.on_error, sent);
-                self.fallback(&compiled, key, cost, op, Some(e))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
     /// Decides at a time the caller gives (us since the Unix epoch, or a trace's
     /// virtual time), for a key that, when it has no state, was created at `created`:
     /// what `tollgate replay --store redis` runs. No failure policy, no cache.
@@ -203,7 +158,7 @@ impl RedisLimiter {
         created: u64,
         cost: u64,
         op: Op,
-    ) -> Result<RuleDecision, StoreError> {
+    ) -> Result<RuleDecision, Error> {
         let compiled = self.inner.compiled.load_full();
         self.decide(&compiled, key, Some(now), Some(created), cost, op)
             .await
@@ -218,7 +173,7 @@ impl RedisLimiter {
         created: Option<u64>,
         cost: u64,
         op: Op,
-    ) -> Result<RuleDecision, StoreError> {
+    ) -> Result<RuleDecision, Error> {
         let call_op = match op {
             Op::Try => CallOp::Try,
             Op::Acquire => CallOp::Acquire,
@@ -229,32 +184,6 @@ impl RedisLimiter {
             .store
             .decide(key, check, &compiled.rules, op)
             .await
-    }
-
-    /// Acquires `cost` for `key`: reserves the earliest admission in Redis (FIFO per
-    /// key across every instance) and waits for it. Rejected at once when the wait
-    /// would exceed a policy's `max-wait`.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future while it waits gives the reservation back (a refund sent
-    /// to Redis from a spawned task), so the capacity is not lost.
-    pub async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, StoreError> {
-        let d = self.check_rules(key, cost, Op::Acquire).await?.decision;
-        if d.allowed && d.wait_us > 0 {
-            let this = self.clone();
-            let owned = key.to_owned();
-            let guard = crate::wait::RefundOnDrop::new(move || {
-                let (this, key) = (this.clone(), owned.clone());
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move {
-                        let _ = this.refund(&key, cost).await;
-                    });
-                }
-            });
-            crate::wait::sleep_or_refund(d.wait(), guard).await;
-        }
-        Ok(d)
     }
 
     /// The call of `op` for `key` under `compiled` (`now`/`created`: `None` for Redis's
@@ -311,19 +240,13 @@ impl RedisLimiter {
             .collect()
     }
 
-    /// The decision a try of `cost` would get now, changing nothing (cost 0: the
-    /// state as it stands, see `RuleSet::peek`).
-    pub async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, StoreError> {
-        self.peek_inner(key, None, None, cost).await
-    }
-
     async fn peek_inner(
         &self,
         key: &str,
         now: Option<u64>,
         created: Option<u64>,
         cost: u64,
-    ) -> Result<RuleDecision, StoreError> {
+    ) -> Result<RuleDecision, Error> {
         let compiled = self.inner.compiled.load_full();
         // A cost of 0 looks at the states as they stand; the script only reads them.
         if cost > 0 {
@@ -334,32 +257,15 @@ impl RedisLimiter {
         Ok(compiled.rules.peek(&reply.states, reply.now, cost)?)
     }
 
-    /// [`RedisLimiter::peek`] at a time the caller gives (see [`RedisLimiter::check_at`]).
+    /// [`RateLimiter::peek`] at a time the caller gives (see [`RedisLimiter::check_at`]).
     pub async fn peek_at(
         &self,
         key: &str,
         now: u64,
         created: u64,
         cost: u64,
-    ) -> Result<RuleDecision, StoreError> {
+    ) -> Result<RuleDecision, Error> {
         self.peek_inner(key, Some(now), Some(created), cost).await
-    }
-
-    /// Gives back `cost` units admitted earlier to every policy of `key`.
-    pub async fn refund(&self, key: &str, cost: u64) -> Result<(), StoreError> {
-        let compiled = self.inner.compiled.load_full();
-        lock(&self.inner.negative).remove(key);
-        let check = self.check_call(&compiled, CallOp::Refund, key, None, None, cost);
-        self.inner.store.call(check, &compiled.rules).await?;
-        Ok(())
-    }
-
-    /// Forgets `key`'s state in Redis.
-    pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
-        let compiled = self.inner.compiled.load_full();
-        let keys = self.keys(key, &compiled.wire);
-        lock(&self.inner.negative).remove(key);
-        self.inner.store.delete(&keys).await
     }
 
     /// The Redis keys of `key`'s states.
@@ -373,8 +279,8 @@ impl RedisLimiter {
         key: &str,
         cost: u64,
         op: Op,
-        err: Option<StoreError>,
-    ) -> Result<RuleDecision, StoreError> {
+        err: Option<Error>,
+    ) -> Result<RuleDecision, Error> {
         let limit = compiled.rules.policies()[0].limit();
         let probe_us = self.inner.opts.probe_interval.as_micros() as u64;
         let d = match (&self.inner.opts.on_error, &compiled.local) {
@@ -388,13 +294,13 @@ impl RedisLimiter {
             ))),
             (OnError::Local(_), Some(local)) => {
                 local.check_rules(key, cost, op).map_err(|e| match e {
-                    crate::KeyedError::Check(c) => StoreError::Check(c),
-                    other => StoreError::Unsupported(other.to_string()),
+                    crate::Error::Check(c) => Error::Check(c),
+                    other => Error::Unsupported(other.to_string()),
                 })
             }
             _ => {
                 return Err(err.unwrap_or_else(|| {
-                    StoreError::Unsupported("redis is failing (waiting for the next probe)".into())
+                    Error::Unsupported("redis is failing (waiting for the next probe)".into())
                 }))
             }
         };
@@ -442,46 +348,109 @@ impl RedisLimiter {
     }
 }
 
-/// The Redis store behind the one limiter interface (see [`crate::RateLimiter`]).
-impl crate::RateLimiter for RedisLimiter {
-    async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, LimitError> {
-        Ok(RedisLimiter::check_rules(self, key, cost, op).await?)
+/// The Redis store behind the one limiter interface. Time is Redis's; when Redis
+/// fails, the limiter's failure policy ([`OnError`]) decides.
+impl RateLimiter for RedisLimiter {
+    /// Decides a request of `cost` for `key` (try, or acquire: reserve the earliest
+    /// admission, returned as `wait`, without waiting for it), with each policy's
+    /// decision. Time is Redis's. When Redis fails, the failure policy decides.
+    async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, Error> {
+        let compiled = self.inner.compiled.load_full();
+        if matches!(op, Op::Try | Op::Count) && self.inner.opts.negative_cache {
+            if let Some(d) = self.cached(key, cost) {
+                return Ok(RuleDecision::from(d));
+            }
+        }
+        let health = &self.inner.health;
+        if !health.should_try() {
+            return self.fallback(&compiled, key, cost, op, None);
+        }
+        let sent = health.clock.now_us();
+        match self.decide(&compiled, key, None, None, cost, op).await {
+            Ok(d) => {
+                health.healthy();
+                health.count(Event::Decision);
+                if matches!(op, Op::Try | Op::Count)
+                    && self.inner.opts.negative_cache
+                    && !d.decision.allowed
+                {
+                    self.remember(key, cost, d.decision);
+                }
+                Ok(d)
+            }
+            Err(e) if e.is_transient() => {
+                health.failed(&e, &self.inner.opts.on_error, sent);
+                self.fallback(&compiled, key, cost, op, Some(e))
+            }
+            Err(e) => Err(e),
+        }
     }
 
-    async fn check(&self, key: &str, cost: u64) -> Result<Decision, LimitError> {
-        Ok(RedisLimiter::check(self, key, cost).await?)
+    /// Tries a request of `cost` for `key` now: the overall decision (refused for
+    /// rules that pace, see [`Error::Paces`]).
+    async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        Error::refuse_pacing(&self.inner.compiled.load().rules)?;
+        Ok(self.check_rules(key, cost, Op::Try).await?.decision)
     }
 
-    async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, LimitError> {
-        Ok(RedisLimiter::peek(self, key, cost).await?)
+    /// The decision a try of `cost` would get now, changing nothing (cost 0: the
+    /// state as it stands, see `RuleSet::peek`).
+    async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, Error> {
+        self.peek_inner(key, None, None, cost).await
     }
 
-    async fn refund(&self, key: &str, cost: u64) -> Result<(), LimitError> {
-        Ok(RedisLimiter::refund(self, key, cost).await?)
+    /// Gives back `cost` units admitted earlier to every policy of `key`.
+    async fn refund(&self, key: &str, cost: u64) -> Result<(), Error> {
+        let compiled = self.inner.compiled.load_full();
+        lock(&self.inner.negative).remove(key);
+        let check = self.check_call(&compiled, CallOp::Refund, key, None, None, cost);
+        self.inner.store.call(check, &compiled.rules).await?;
+        Ok(())
     }
 
-    async fn reset(&self, key: &str) -> Result<(), LimitError> {
-        Ok(RedisLimiter::reset(self, key).await?)
+    /// Forgets `key`'s state in Redis.
+    async fn reset(&self, key: &str) -> Result<(), Error> {
+        let compiled = self.inner.compiled.load_full();
+        let keys = self.keys(key, &compiled.wire);
+        lock(&self.inner.negative).remove(key);
+        self.inner.store.delete(&keys).await
     }
 
-    async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, LimitError> {
-        Ok(RedisLimiter::acquire(self, key, cost).await?)
+    /// Acquires `cost` for `key`: reserves the earliest admission in Redis (FIFO per
+    /// key across every instance) and waits for it. Rejected at once when the wait
+    /// would exceed a policy's `max-wait`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits gives the reservation back (a refund sent
+    /// to Redis from a spawned task), so the capacity is not lost.
+    async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        let d = self.check_rules(key, cost, Op::Acquire).await?.decision;
+        if d.allowed && d.wait_us > 0 {
+            let guard = crate::wait::RefundOnDrop::new(|| {
+                crate::wait::refund_detached(self, &key.to_owned(), cost)
+            });
+            crate::wait::sleep_or_refund(d.wait(), guard).await;
+        }
+        Ok(d)
     }
 
     fn rules(&self) -> RuleSet {
         RedisLimiter::rules(self)
     }
 
-    fn set_rules(&self, rules: RuleSet) -> Result<(), LimitError> {
-        Ok(RedisLimiter::set_rules(self, rules)?)
+    fn set_rules(&self, rules: RuleSet) -> Result<(), Error> {
+        RedisLimiter::set_rules(self, rules)
     }
 }
+
+crate::rate_limiter::string_keys!(RedisLimiter);
 
 fn compile(
     rules: RuleSet,
     opts: &RedisLimiterOptions,
     store: &RedisStore,
-) -> Result<Compiled, StoreError> {
+) -> Result<Compiled, Error> {
     let wire = Arc::new(Wire::new(&rules, store.options().ttl_margin)?);
     let local = match &opts.on_error {
         OnError::Local(local) => Some(KeyedLimiter::new(local.clone())),

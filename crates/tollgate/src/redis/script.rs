@@ -11,7 +11,7 @@ use tollgate_core::{
     Algo, AlgorithmKind, CheckMode, Policy, PolicyState, RuleSet, ALGORITHM_TABLE,
 };
 
-use super::StoreError;
+use crate::Error;
 
 /// The algorithm files (the algorithm table's `lua_file`s); file `i` is bit `1 << i`
 /// of a [`Wire::families`] mask.
@@ -126,7 +126,7 @@ pub(crate) struct Wire {
 impl Wire {
     /// Encodes `rules` with a TTL margin, or says which policy the Redis store cannot
     /// keep.
-    pub fn new(rules: &RuleSet, ttl_margin: Duration) -> Result<Wire, StoreError> {
+    pub fn new(rules: &RuleSet, ttl_margin: Duration) -> Result<Wire, Error> {
         let mut words = vec![
             ttl_margin.as_millis().to_string(),
             rules.policies().len().to_string(),
@@ -159,7 +159,7 @@ impl Wire {
 
     /// Refuses a charge a policy cannot take (shaper, concurrency), as the memory
     /// store does; any cost is fine otherwise (see [`MAX_CHARGE_SENT`]).
-    pub fn check_charge(&self, rules: &RuleSet) -> Result<(), StoreError> {
+    pub fn check_charge(&self, rules: &RuleSet) -> Result<(), Error> {
         for p in rules.policies() {
             p.chargeable()?;
         }
@@ -168,12 +168,12 @@ impl Wire {
 
     /// Refuses a cost no policy can admit (as the memory store does) or one too large
     /// for the script's exact arithmetic.
-    pub fn check_cost(&self, rules: &RuleSet, cost: u64) -> Result<(), StoreError> {
+    pub fn check_cost(&self, rules: &RuleSet, cost: u64) -> Result<(), Error> {
         for (p, &max) in rules.policies().iter().zip(&self.max_costs) {
             // The algorithm's own answer on a new state: InsufficientCapacity or ZeroCost.
             let _ = p.check_mode(&mut p.init(0), 0, cost, CheckMode::Try)?;
             if cost > max {
-                return Err(StoreError::Unsupported(format!(
+                return Err(Error::Unsupported(format!(
                     "cost {cost} is too large for {} in the Redis store (at most {max})",
                     p.name()
                 )));
@@ -190,9 +190,9 @@ fn family(kind: AlgorithmKind) -> u8 {
     1 << i.expect("every algorithm the script decides has its file in FAMILIES")
 }
 
-fn bounded(what: &str, p: &Policy, v: u128) -> Result<String, StoreError> {
+fn bounded(what: &str, p: &Policy, v: u128) -> Result<String, Error> {
     if v >= LUA_EXACT {
-        return Err(StoreError::Unsupported(format!(
+        return Err(Error::Unsupported(format!(
             "{p}: {what} ({v}) is beyond the exact integer range of the Redis scripts (2^52)"
         )));
     }
@@ -200,7 +200,7 @@ fn bounded(what: &str, p: &Policy, v: u128) -> Result<String, StoreError> {
 }
 
 /// (parameters, largest cost) of one policy; see the `.lua` files.
-fn encode(p: &Policy) -> Result<(Vec<String>, u64), StoreError> {
+fn encode(p: &Policy) -> Result<(Vec<String>, u64), Error> {
     let big = |what: &str, v: u128| bounded(what, p, v);
     let exact_costs = |per: u128| (LUA_EXACT / per.max(1)).min(u128::from(u64::MAX)) as u64;
     Ok(match p.algo() {
@@ -294,25 +294,25 @@ fn encode(p: &Policy) -> Result<(Vec<String>, u64), StoreError> {
             (params, exact_costs(r.interval_ticks().into()))
         }
         Algo::Concurrency(_) => {
-            return Err(StoreError::Unsupported(format!(
+            return Err(Error::Unsupported(format!(
                 "{p}: concurrency limits in Redis are held by RedisConcurrencyLimiter (permits with leases), not by the decision script"
             )))
         }
     })
 }
 
-fn nums<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, StoreError> {
+fn nums<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, Error> {
     s.split_ascii_whitespace()
         .map(|w| {
             w.parse()
-                .map_err(|_| StoreError::Protocol(format!("bad number {w:?} in state {s:?}")))
+                .map_err(|_| Error::Store(format!("bad number {w:?} in state {s:?}")))
         })
         .collect()
 }
 
-fn exactly<const N: usize, T: Copy>(v: Vec<T>, s: &str) -> Result<[T; N], StoreError> {
+fn exactly<const N: usize, T: Copy>(v: Vec<T>, s: &str) -> Result<[T; N], Error> {
     v.try_into()
-        .map_err(|_| StoreError::Protocol(format!("state {s:?} should have {N} numbers")))
+        .map_err(|_| Error::Store(format!("state {s:?} should have {N} numbers")))
 }
 
 /// Ticks `us * scale + frac` as the core keeps them.
@@ -345,7 +345,7 @@ pub(crate) fn leasable(p: &Policy) -> Result<(), String> {
 
 /// `state` as the Lua code stores it for `p` (the inverse of [`parse_state`]), for the
 /// algorithms a lease keeps.
-pub(crate) fn encode_state(p: &Policy, state: &PolicyState) -> Result<String, StoreError> {
+pub(crate) fn encode_state(p: &Policy, state: &PolicyState) -> Result<String, Error> {
     Ok(match (p.algo(), state) {
         (Algo::Gcra(a), PolicyState::Gcra(g)) => {
             let scale = a.rate().scale();
@@ -367,7 +367,7 @@ pub(crate) fn encode_state(p: &Policy, state: &PolicyState) -> Result<String, St
             format!("{} {} {}", w.win, w.prev, w.curr)
         }
         _ => {
-            return Err(StoreError::Unsupported(format!(
+            return Err(Error::Unsupported(format!(
                 "{p}: no lease encoding for this state"
             )))
         }
@@ -376,7 +376,7 @@ pub(crate) fn encode_state(p: &Policy, state: &PolicyState) -> Result<String, St
 
 /// The state the script returned for `p` (`""`: a key without state, created at
 /// `created`).
-pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicyState, StoreError> {
+pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicyState, Error> {
     if s.is_empty() {
         return Ok(p.init(created));
     }
@@ -387,7 +387,7 @@ pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicySta
             let (us, frac) = match v[..] {
                 [us] => (us, 0),
                 [us, frac] => (us, frac),
-                _ => return Err(StoreError::Protocol(format!("bad gcra state {s:?}"))),
+                _ => return Err(Error::Store(format!("bad gcra state {s:?}"))),
             };
             PolicyState::Gcra(GcraState {
                 tat: ticks(us, frac, a.rate().scale()),
@@ -429,7 +429,7 @@ pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicySta
         Algo::SlidingWindow(a) => {
             let v: Vec<u64> = nums(s)?;
             if v.len() as u64 != a.buckets() + 2 {
-                return Err(StoreError::Protocol(format!(
+                return Err(Error::Store(format!(
                     "sliding-window state should have {} numbers",
                     a.buckets() + 2
                 )));
@@ -447,11 +447,11 @@ pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicySta
         Algo::SmoothBursty(_) | Algo::SmoothWarmup(_) => {
             let (stored, next) = s
                 .split_once(' ')
-                .ok_or_else(|| StoreError::Protocol(format!("bad smooth state {s:?}")))?;
+                .ok_or_else(|| Error::Store(format!("bad smooth state {s:?}")))?;
             let state = SmoothState {
                 stored: stored
                     .parse()
-                    .map_err(|_| StoreError::Protocol(format!("bad stored permits {stored:?}")))?,
+                    .map_err(|_| Error::Store(format!("bad stored permits {stored:?}")))?,
                 next_free: exactly::<1, u64>(nums(next)?, s)?[0],
             };
             match p.algo() {
@@ -469,7 +469,7 @@ pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicySta
         Algo::Shaper(a) => {
             let v: Vec<u64> = nums(s)?;
             if v.len() < 2 {
-                return Err(StoreError::Protocol(format!("bad shaper state {s:?}")));
+                return Err(Error::Store(format!("bad shaper state {s:?}")));
             }
             PolicyState::Shaper(ShaperState {
                 last: Some(ticks(v[0], v[1], a.rate().scale())),

@@ -15,7 +15,7 @@ use super::call::CheckCall;
 use super::caller::{Caller, Conn, MODE_EVAL, MODE_FUNCTIONS};
 use super::options::{CallStats, RedisCalls, RedisOptions};
 use super::script::parse_state;
-use super::StoreError;
+use crate::Error;
 
 /// A connection to Redis (one node, or a Cluster) that decides requests atomically with
 /// tollgate's decision code, loaded once per node as a Redis Functions library (Redis
@@ -56,16 +56,16 @@ pub(crate) struct Reply {
 
 impl RedisStore {
     /// Connects with default options (see [`RedisStore::connect_with`]).
-    pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+    pub async fn connect(url: &str) -> Result<RedisStore, Error> {
         RedisStore::connect_with(url, RedisOptions::default()).await
     }
 
     /// Connects to `url`. A single node is connected lazily (so a service can start
     /// while Redis is down, and reconnects by itself); a Cluster needs one reachable
     /// node now to learn the slot map.
-    pub async fn connect_with(url: &str, opts: RedisOptions) -> Result<RedisStore, StoreError> {
+    pub async fn connect_with(url: &str, opts: RedisOptions) -> Result<RedisStore, Error> {
         if opts.prefix.contains(['{', '}']) {
-            return Err(StoreError::Config(format!(
+            return Err(Error::Config(format!(
                 "key prefix {:?} must not contain '{{' or '}}' (they would move the hash tag)",
                 opts.prefix
             )));
@@ -78,7 +78,7 @@ impl RedisStore {
                 .map(|n| format!("redis://{n}"))
                 .collect();
             if nodes.is_empty() {
-                return Err(StoreError::Config(format!(
+                return Err(Error::Config(format!(
                     "{url}: expected redis+cluster://host:port[,host:port...]"
                 )));
             }
@@ -87,14 +87,14 @@ impl RedisStore {
                 .response_timeout(opts.timeout)
                 .retries(2)
                 .build()
-                .map_err(|e| StoreError::Config(format!("{url}: {e}")))?;
+                .map_err(|e| Error::Config(format!("{url}: {e}")))?;
             let conn = tokio::time::timeout(opts.timeout * 4, client.get_async_connection())
                 .await
-                .map_err(|_| StoreError::Timeout(opts.timeout * 4))??;
+                .map_err(|_| super::timeout(opts.timeout * 4))??;
             Conn::Cluster(conn)
         } else {
             let client =
-                redis::Client::open(url).map_err(|e| StoreError::Config(format!("{url}: {e}")))?;
+                redis::Client::open(url).map_err(|e| Error::Config(format!("{url}: {e}")))?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(opts.timeout))
                 .set_response_timeout(Some(opts.timeout))
@@ -157,17 +157,17 @@ impl RedisStore {
     }
 
     /// Runs `call` on a clone of the connection, bounded by the timeout.
-    async fn timed<T, F>(&self, call: impl FnOnce(Conn) -> F) -> Result<T, StoreError>
+    async fn timed<T, F>(&self, call: impl FnOnce(Conn) -> F) -> Result<T, Error>
     where
         F: std::future::Future<Output = redis::RedisResult<T>>,
     {
         (self.caller)
-            .timed(|c| async move { call(c).await.map_err(StoreError::from) })
+            .timed(|c| async move { call(c).await.map_err(Error::from) })
             .await
     }
 
     /// Whether Redis answers a `PING` within the timeout.
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    pub async fn ping(&self) -> Result<(), Error> {
         let cmd = redis::cmd("PING");
         self.timed(|mut c| async move { cmd.query_async::<String>(&mut c).await })
             .await?;
@@ -192,23 +192,19 @@ impl RedisStore {
     }
 
     /// One check by the decision driver, batched with others when batching is on.
-    pub(crate) async fn call(
-        &self,
-        check: CheckCall,
-        rules: &RuleSet,
-    ) -> Result<Reply, StoreError> {
+    pub(crate) async fn call(&self, check: CheckCall, rules: &RuleSet) -> Result<Reply, Error> {
         let created = check.created;
         let reply = match &self.batcher {
             Some(b) => {
                 let timeout = self.caller.opts.timeout;
                 tokio::time::timeout(timeout, b.submit(check))
                     .await
-                    .map_err(|_| StoreError::Timeout(timeout))??
+                    .map_err(|_| super::timeout(timeout))??
             }
             None => self.caller.send(&[&check]).await?.remove(0),
         };
         let created = created.unwrap_or(reply.now);
-        let bad = |what: &str| StoreError::Protocol(format!("script reply: {what}"));
+        let bad = |what: &str| Error::Store(format!("script reply: {what}"));
         let states = rules
             .policies()
             .iter()
@@ -235,7 +231,7 @@ impl RedisStore {
         script: &Script,
         keys: &[String],
         args: &[String],
-    ) -> Result<Value, StoreError> {
+    ) -> Result<Value, Error> {
         let mut inv = script.prepare_invoke();
         for k in keys {
             inv.key(k);
@@ -261,7 +257,7 @@ impl RedisStore {
     }
 
     /// Deletes `keys`.
-    pub(crate) async fn delete(&self, keys: &[String]) -> Result<(), StoreError> {
+    pub(crate) async fn delete(&self, keys: &[String]) -> Result<(), Error> {
         let mut cmd = redis::cmd("DEL");
         for k in keys {
             cmd.arg(k);
@@ -279,7 +275,7 @@ impl RedisStore {
         check: CheckCall,
         rules: &RuleSet,
         op: Op,
-    ) -> Result<RuleDecision, StoreError> {
+    ) -> Result<RuleDecision, Error> {
         let cost = check.cost;
         let mut check = check;
         if op.charges() {
@@ -300,7 +296,7 @@ impl RedisStore {
                 core = d.decision.allowed,
                 "tollgate: the Redis script and the core disagree; the script's verdict stands"
             );
-            return Err(StoreError::Protocol(format!(
+            return Err(Error::Store(format!(
                 "script and core disagree on key {key:?} (script admitted: {})",
                 reply.admitted
             )));

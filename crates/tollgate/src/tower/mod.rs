@@ -13,9 +13,11 @@ pub use adaptive::{
     AdaptiveConcurrency, AdaptiveConcurrencyLayer, ByStatus, Classify, NormalPriority, Prioritize,
     ResponseClass,
 };
+#[cfg(feature = "axum")]
+pub use rate_limit::{peer_ip, PeerIp};
 pub use rate_limit::{
-    BoxError, ErrorLayer, ErrorService, LayerLimiter, MissingKey, NoCharge, NoKey, OnLimit,
-    RateLimit, RateLimitLayer, RateLimited, ResponseCost, Shared, Usage,
+    BoxError, ErrorLayer, ErrorService, MissingKey, NoCharge, NoKey, OnLimit, RateLimit,
+    RateLimitLayer, RateLimited, ResponseCost, Usage,
 };
 
 /// The service polled ready, to be called; a fresh clone is left in its place (the

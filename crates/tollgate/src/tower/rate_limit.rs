@@ -2,127 +2,17 @@
 //! clone of the service, rejecting with 429 (or an error) or waiting.
 
 use std::future::Future;
-use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
-use tollgate_core::{Clock, Op, RuleDecision, RuleSet};
+use tollgate_core::{Op, RuleDecision, RuleSet};
 use tower::{Layer, Service};
 
 use crate::headers::RateLimitHeaders;
-use crate::{KeyedLimiter, LimitError, RateLimiter};
-
-/// What the layer asks of a limiter for keys of type `K`: implemented by
-/// [`KeyedLimiter`] (any key type, decided in memory) and by [`Shared`] (any
-/// [`RateLimiter`], e.g. an [`AnyLimiter`](crate::AnyLimiter) on Redis, with string keys).
-pub trait LayerLimiter<K>: Clone + Send + Sync + 'static {
-    /// Decides one unit for `key` (try, or acquire: reserve and report the wait).
-    fn decide(
-        &self,
-        key: &K,
-        op: Op,
-    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send;
-    /// Gives back `cost` units: a wait that was abandoned (the request went away), or
-    /// a response that reports using nothing.
-    fn give_back(&self, key: &K, cost: u64);
-    /// Charges `cost` units of work already done (see [`RateLimiter::charge`]).
-    fn charge(
-        &self,
-        key: &K,
-        cost: u64,
-    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send;
-    /// The rules (for the `RateLimit-Policy` header).
-    fn rules(&self) -> RuleSet;
-}
-
-impl<K, C> LayerLimiter<K> for KeyedLimiter<K, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock + 'static,
-{
-    fn decide(
-        &self,
-        key: &K,
-        op: Op,
-    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send {
-        std::future::ready(self.check_rules(key, 1, op).map_err(LimitError::from))
-    }
-
-    fn give_back(&self, key: &K, cost: u64) {
-        self.refund(key, cost);
-    }
-
-    fn charge(
-        &self,
-        key: &K,
-        cost: u64,
-    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send {
-        std::future::ready(
-            self.check_rules(key, cost, Op::Charge)
-                .map_err(LimitError::from),
-        )
-    }
-
-    fn rules(&self) -> RuleSet {
-        KeyedLimiter::rules(self)
-    }
-}
-
-/// Any [`RateLimiter`] for the layer, keyed by strings: e.g. limits kept in Redis and
-/// shared by every instance of the service.
-///
-/// ```
-/// use tollgate::tower::{RateLimitLayer, Shared};
-/// use tollgate::{AnyLimiter, RuleSet};
-///
-/// // AnyLimiter::redis(store, "api", rules)? for limits shared through Redis.
-/// let limiter = AnyLimiter::memory(RuleSet::parse(&["gcra:rate=10/s,burst=20"]).unwrap());
-/// let layer = RateLimitLayer::new(Shared(limiter), |req: &http::Request<()>| {
-///     req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
-/// });
-/// # let _ = layer;
-/// ```
-#[derive(Debug, Clone)]
-pub struct Shared<L>(pub L);
-
-impl<L, K> LayerLimiter<K> for Shared<L>
-where
-    L: RateLimiter + Clone + 'static,
-    K: AsRef<str> + Clone + Send + Sync + 'static,
-{
-    fn decide(
-        &self,
-        key: &K,
-        op: Op,
-    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send {
-        let (limiter, key) = (self.0.clone(), key.clone());
-        async move { limiter.check_rules(key.as_ref(), 1, op).await }
-    }
-
-    fn give_back(&self, key: &K, cost: u64) {
-        let (limiter, key) = (self.0.clone(), key.clone());
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ = limiter.refund(key.as_ref(), cost).await;
-            });
-        }
-    }
-
-    fn charge(
-        &self,
-        key: &K,
-        cost: u64,
-    ) -> impl Future<Output = Result<RuleDecision, LimitError>> + Send {
-        let (limiter, key) = (self.0.clone(), key.clone());
-        async move { limiter.charge(key.as_ref(), cost).await }
-    }
-
-    fn rules(&self) -> RuleSet {
-        self.0.rules()
-    }
-}
+use crate::wait::refund_detached;
+use crate::RateLimiter;
 
 /// The cost of a request read from its response, for budgets known only after the
 /// work (tokens of a completion, bytes, rows): see [`RateLimitLayer::charge_with`].
@@ -200,17 +90,70 @@ struct Unkeyed {
 }
 
 impl Unkeyed {
-    /// Counts one; warns the first time.
-    fn note(&self) {
+    /// Counts one; logs the first time (an error when such requests are refused).
+    fn note(&self, missing: MissingKey) {
         use std::sync::atomic::Ordering;
         self.count.fetch_add(1, Ordering::Relaxed);
-        if !self.warned.swap(true, Ordering::Relaxed) {
+        if self.warned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if missing == MissingKey::Reject {
+            tracing::error!(
+                "tollgate: a request had no rate-limit key (the layer's key closure returned None) \
+                 and was refused with 500; with a peer-address key, serve axum with \
+                 into_make_service_with_connect_info::<SocketAddr>()"
+            );
+        } else {
             tracing::warn!(
                 "tollgate: a request had no rate-limit key (the layer's key closure returned None) \
                  and was not limited; with a peer-address key, serve axum with \
                  into_make_service_with_connect_info; MissingKey::Reject refuses such requests"
             );
         }
+    }
+}
+
+/// The client's IP address as axum saw the connection (the
+/// `ConnectInfo<SocketAddr>` extension): the key of [`RateLimitLayer::per_peer_ip`].
+/// `None` when the router is served without
+/// `into_make_service_with_connect_info::<SocketAddr>()`. Behind a reverse proxy
+/// every request comes from the proxy: key on the header it sets instead.
+#[cfg(feature = "axum")]
+pub fn peer_ip<B>(req: &Request<B>) -> Option<std::net::IpAddr> {
+    let info = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()?;
+    Some(info.0.ip())
+}
+
+/// The key function of [`RateLimitLayer::per_peer_ip`].
+#[cfg(feature = "axum")]
+pub type PeerIp = fn(&Request<axum::body::Body>) -> Option<std::net::IpAddr>;
+
+#[cfg(feature = "axum")]
+impl<L> RateLimitLayer<L, PeerIp> {
+    /// Limits per client IP address ([`peer_ip`]) for axum, with a limiter keyed by
+    /// `IpAddr` (e.g. `KeyedLimiter<IpAddr>`). Fails loudly when the address is
+    /// missing — a router served without `into_make_service_with_connect_info` —
+    /// answering `500` and logging why, rather than limiting nothing
+    /// ([`MissingKey::Reject`]).
+    ///
+    /// ```
+    /// use std::net::{IpAddr, SocketAddr};
+    /// use tollgate::tower::RateLimitLayer;
+    /// use tollgate::{KeyedLimiter, Policy};
+    ///
+    /// let per_ip: KeyedLimiter<IpAddr> = KeyedLimiter::new("gcra:rate=10/s,burst=20".parse::<Policy>()?);
+    /// let app: axum::Router = axum::Router::new()
+    ///     .route("/", axum::routing::get(|| async { "hello" }))
+    ///     .layer(RateLimitLayer::per_peer_ip(per_ip));
+    /// // Served with the peer address, which the key needs:
+    /// let _service = app.into_make_service_with_connect_info::<SocketAddr>();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn per_peer_ip(limiter: L) -> Self {
+        RateLimitLayer::new(limiter, peer_ip::<axum::body::Body> as PeerIp)
+            .on_missing_key(MissingKey::Reject)
     }
 }
 
@@ -228,17 +171,21 @@ pub enum OnLimit {
 
 /// Limits requests per key, the key extracted by a closure (peer IP, a header, the
 /// path, or any compound): `None` means "not limited" (counted and logged once; or
-/// refused, see [`MissingKey`]). Every clone of the layer and
-/// of the services it makes shares one limiter ([`KeyedLimiter`] in memory, or any
-/// [`RateLimiter`] wrapped in [`Shared`]), so the limit holds across connections
-/// (axum clones the service per connection).
+/// refused, see [`MissingKey`]). The limiter is any [`RateLimiter`] for the key type:
+/// a [`KeyedLimiter`](crate::KeyedLimiter) in memory (keys of any type), or an
+/// [`AnyLimiter`](crate::AnyLimiter) or Redis limiter (`String` keys) shared by every
+/// instance of the service. Every clone of the layer and of the services it makes
+/// shares the one limiter, so the limit holds across connections (axum clones the
+/// service per connection).
 ///
 /// Admitted responses carry `RateLimit-Policy` and `RateLimit` headers (IETF httpapi
 /// draft, structured fields, written by [`crate::headers`]; the layer's limit is called
 /// `default`): `RateLimit-Policy: "default";q=LIMIT;w=WINDOW_S` (`"default.0"`,
 /// `"default.1"`, ... for a rule set) and `RateLimit: "default";r=REMAINING;t=RESET_S`
-/// for the binding policy. A store that cannot
-/// answer (a transient [`LimitError`], e.g. Redis down with no failure policy) gets
+/// for the binding policy; a rejected request gets `429 Too Many Requests` with
+/// `Retry-After` and a small `application/problem+json` body (the response body type
+/// makes it `From<String>`, as axum's and `Full<Bytes>` do). A store that cannot
+/// answer (a transient [`Error`](crate::Error), e.g. Redis down with no failure policy) gets
 /// `503 Service Unavailable`.
 ///
 /// ```
@@ -365,12 +312,12 @@ impl<S, L, F, C, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S,
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    L: LayerLimiter<K>,
-    K: Send + Sync + 'static,
+    L: RateLimiter<K> + Clone + 'static,
+    K: Clone + Send + Sync + 'static,
     F: Fn(&Request<ReqBody>) -> Option<K> + Send + Sync + 'static,
     C: ResponseCost<ResBody>,
     ReqBody: Send + 'static,
-    ResBody: Default + Send + 'static,
+    ResBody: Default + From<String> + Send + 'static,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
@@ -383,7 +330,7 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let mut inner = super::take_ready(&mut self.inner);
         let Some(key) = (self.key)(&req) else {
-            self.unkeyed.note();
+            self.unkeyed.note(self.missing);
             if self.missing == MissingKey::Reject {
                 return Box::pin(async { Ok(no_key()) });
             }
@@ -397,25 +344,26 @@ where
                 OnLimit::Reject => Op::Try,
                 OnLimit::Wait => Op::Acquire,
             };
-            let decision = match limiter.decide(&key, op).await {
+            let decision = match limiter.check_rules(&key, 1, op).await {
                 Ok(d) => d,
-                Err(e) if e.is_transient() => return Ok(super::unavailable()),
-                // A full limiter refusing new keys, or a policy that never admits a
-                // unit: over the limit either way.
-                Err(_) => return Ok(too_many(None, &limiter.rules())),
+                Err(e) => match e.rejection() {
+                    // A full limiter refusing new keys: over the limit.
+                    Some(d) => return Ok(too_many(&d.into(), &limiter.rules())),
+                    None => return Ok(super::unavailable()),
+                },
             };
             if !decision.decision.allowed {
-                return Ok(too_many(Some(&decision), &limiter.rules()));
+                return Ok(too_many(&decision, &limiter.rules()));
             }
             if op == Op::Acquire && decision.decision.wait_us > 0 {
-                let refund = crate::wait::RefundOnDrop::new(|| limiter.give_back(&key, 1));
+                let refund = crate::wait::RefundOnDrop::new(|| refund_detached(&limiter, &key, 1));
                 crate::wait::sleep_or_refund(decision.decision.wait(), refund).await;
             }
             let mut response = inner.call(req).await?;
             // The unit of the admission is part of the cost the response reports.
             let shown = match charge.cost(&response) {
                 Some(0) => {
-                    limiter.give_back(&key, 1);
+                    refund_detached(&limiter, &key, 1);
                     decision
                 }
                 Some(used) if used > 1 => match limiter.charge(&key, used - 1).await {
@@ -439,13 +387,26 @@ fn no_key<B: Default>() -> Response<B> {
 }
 
 /// A 429 with `Retry-After` and the RateLimit headers ([`crate::headers`]).
-fn too_many<B: Default>(decision: Option<&RuleDecision>, rules: &RuleSet) -> Response<B> {
-    let mut response = Response::new(B::default());
+fn too_many<B: From<String>>(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
+    let mut response = Response::new(B::from(problem_body(decision)));
     *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    if let Some(d) = decision {
-        rate_limit_headers(response.headers_mut(), d, rules);
-    }
+    let json = HeaderValue::from_static("application/problem+json");
     response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, json);
+    rate_limit_headers(response.headers_mut(), decision, rules);
+    response
+}
+
+/// The 429's body: a problem document (RFC 9457) saying when to come back.
+fn problem_body(decision: &RuleDecision) -> String {
+    let retry = match decision.decision.retry_after_us {
+        Some(us) => format!(r#","retry_after_s":{}"#, us.div_ceil(1_000_000)),
+        None => String::new(),
+    };
+    format!(
+        r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"rate limit exceeded"{retry}}}"#
+    )
 }
 
 /// The layer's headers ([`crate::headers`]; its limit is called `default`): the IETF
@@ -468,7 +429,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// [`RateLimitLayer`] for services that are not http: a request over the limit gets
 /// the error [`RateLimited`] (boxed, as tower layers do) instead of a 429, or waits
-/// with [`OnLimit::Wait`]; a store that cannot answer gets its [`LimitError`].
+/// with [`OnLimit::Wait`]; a store that cannot answer gets its [`Error`](crate::Error).
 #[derive(Clone)]
 pub struct ErrorLayer<L, F> {
     layer: RateLimitLayer<L, F>,
@@ -512,8 +473,8 @@ where
     S: Service<Req> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
-    L: LayerLimiter<K>,
-    K: Send + Sync + 'static,
+    L: RateLimiter<K> + Clone + 'static,
+    K: Clone + Send + Sync + 'static,
     F: Fn(&Req) -> Option<K> + Send + Sync + 'static,
     Req: Send + 'static,
 {
@@ -529,7 +490,7 @@ where
         let svc = &mut self.0;
         let mut inner = super::take_ready(&mut svc.inner);
         let Some(key) = (svc.key)(&req) else {
-            svc.unkeyed.note();
+            svc.unkeyed.note(svc.missing);
             if svc.missing == MissingKey::Reject {
                 return Box::pin(async { Err(NoKey.into()) });
             }
@@ -541,9 +502,13 @@ where
             OnLimit::Wait => Op::Acquire,
         };
         Box::pin(async move {
-            let d = limiter.decide(&key, op).await?.decision.into_result()?;
+            let d = limiter
+                .check_rules(&key, 1, op)
+                .await?
+                .decision
+                .into_result()?;
             if d.wait_us > 0 {
-                let refund = crate::wait::RefundOnDrop::new(|| limiter.give_back(&key, 1));
+                let refund = crate::wait::RefundOnDrop::new(|| refund_detached(&limiter, &key, 1));
                 crate::wait::sleep_or_refund(d.wait(), refund).await;
             }
             inner.call(req).await.map_err(Into::into)

@@ -1,0 +1,98 @@
+//! [`Counters`]: where the limits of the rules keep their counts, in this process or
+//! in Redis. Chosen once, before the rules load, so each limit holds exactly one
+//! limiter, made with the limit.
+
+use std::sync::Arc;
+
+use tollgate::redis::RedisStore;
+use tollgate::{AnyLimiter, KeyedLimiter, KeyedOptions, RuleSet};
+
+use crate::config::store::StoreConfig;
+
+/// The store every limit of the rules counts in.
+#[derive(Clone)]
+pub enum Counters {
+    /// In this process, each limit's keys bounded by the options.
+    Memory(KeyedOptions),
+    /// In Redis (standalone or Cluster, leased where the store config says).
+    Redis(Arc<RedisCounters>),
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters::Memory(KeyedOptions::default())
+    }
+}
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Counters::Memory(_) => "Counters::Memory",
+            Counters::Redis(_) => "Counters::Redis",
+        })
+    }
+}
+
+/// Counters kept in Redis.
+pub struct RedisCounters {
+    store: RedisStore,
+    config: StoreConfig,
+}
+
+impl Counters {
+    /// Counts in Redis as `config` says (connects now; a single node may still be
+    /// down, a Cluster must answer).
+    pub async fn redis(config: &StoreConfig) -> anyhow::Result<Counters> {
+        Ok(Counters::Redis(Arc::new(RedisCounters {
+            store: config.connect().await?,
+            config: config.clone(),
+        })))
+    }
+
+    /// The limiter of the limit at `path` (which names its Redis keys): a rule set
+    /// the store cannot keep is refused here, when the rules load.
+    pub fn limiter(&self, path: &str, rules: RuleSet) -> Result<AnyLimiter, String> {
+        match self {
+            Counters::Memory(options) => Ok(AnyLimiter::Memory(KeyedLimiter::with_options(
+                rules,
+                *options,
+                tollgate::MonotonicClock::new(),
+            ))),
+            Counters::Redis(redis) => {
+                // Braces in the name would move the Cluster hash tag.
+                let name = path.replace(['{', '}'], "_");
+                (redis.config)
+                    .limiter(&redis.store, &name, rules)
+                    .map_err(|e| format!("with store redis (limit {path}): {e}"))
+            }
+        }
+    }
+
+    /// The Redis store, when the counts live there.
+    pub fn store(&self) -> Option<&RedisStore> {
+        match self {
+            Counters::Memory(_) => None,
+            Counters::Redis(r) => Some(&r.store),
+        }
+    }
+}
+
+/// The counters of Redis and leased limiters, summed (for the metrics).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreStats {
+    /// Decisions, errors, fallbacks, negative-cache hits, outages.
+    pub redis: tollgate::redis::RedisStats,
+    /// Leases taken and returned, local decisions.
+    pub leases: tollgate::redis::LeaseStats,
+}
+
+impl StoreStats {
+    /// Adds `limiter`'s counters (none for a memory limiter).
+    pub fn add(&mut self, limiter: &AnyLimiter) {
+        match limiter {
+            AnyLimiter::Redis(r) => self.redis += r.stats(),
+            AnyLimiter::Leased(l) => self.leases += l.stats(),
+            AnyLimiter::Memory(_) => {}
+        }
+    }
+}
