@@ -17,7 +17,10 @@
 # limitador is built here from a checkout: LIMITADOR_SRC=/path/to/limitador (a clone
 # of github.com/Kuadrant/limitador; `cargo build --release -p limitador-server` runs
 # in it), or LIMITADOR_BIN=/path/to/limitador-server to use a built one.
-# Usage: scripts/bench-service.sh [concurrency] [seconds] [redis|limitador]
+# With BASELINE_BIN=/path/to/an/older/tollgate (e.g. the previous commit's release
+# build), a `serve` from that binary runs beside this one, alternating rounds, and
+# the ratios new/old of HTTP and gRPC max req/s are printed (medians of 3).
+# Usage: [BASELINE_BIN=...] scripts/bench-service.sh [concurrency] [seconds] [redis|limitador]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 conc=${1:-32}
@@ -71,4 +74,19 @@ if [ "$with_redis" = redis ]; then
   done
   mm=$(median "${m[@]}"); rm=$(median "${r[@]}")
   echo "HTTP /v1/check max req/s, memory store: $mm; Redis store: $rm (ratio $(python3 -c "print(round($rm/$mm,2))"))"
+fi
+if [ -n "${BASELINE_BIN:-}" ]; then
+  bhttp=$(port); bgrpc=$(port)
+  "$BASELINE_BIN" serve --http "127.0.0.1:$bhttp" --grpc "127.0.0.1:$bgrpc" >/dev/null 2>&1 & pids+=($!)
+  sleep 1
+  nh=(); oh=(); ng=(); og=()
+  for round in 1 2 3; do
+    a=$(run http --target "127.0.0.1:$http"); nh+=("$(field "$a" 'req/s')")
+    b=$(run http --target "127.0.0.1:$bhttp"); oh+=("$(field "$b" 'req/s')")
+    c=$(run grpc --target "127.0.0.1:$grpc"); ng+=("$(field "$c" 'req/s')")
+    d=$(run grpc --target "127.0.0.1:$bgrpc"); og+=("$(field "$d" 'req/s')")
+    echo "round $round: http new [$a] old [$b] | grpc new [$c] old [$d]" >&2
+  done
+  a=$(median "${nh[@]}"); b=$(median "${oh[@]}"); c=$(median "${ng[@]}"); d=$(median "${og[@]}")
+  echo "against $BASELINE_BIN: HTTP max req/s new $a, old $b (ratio $(python3 -c "print(round($a/$b,2))")); gRPC new $c, old $d (ratio $(python3 -c "print(round($c/$d,2))"))"
 fi
