@@ -73,6 +73,18 @@ pub trait Algorithm {
     /// The headline limit reported in every [`Decision::limit`].
     fn limit(&self) -> u64;
 
+    /// The time the headline limit refers to, in us: the window of the window
+    /// algorithms; for the others, how long an empty state takes to refill
+    /// completely (GCRA's `burst * T`, a bucket's `capacity * T`, Guava's max-burst or
+    /// warm-up); 0 for `concurrency`. `RateLimit-Policy`'s `w`.
+    fn window_us(&self) -> u64;
+
+    /// Whether an admitted try may carry a `wait` the caller must sleep before the
+    /// work (`shaper`; `limit-req` delaying some excess).
+    fn paces(&self) -> bool {
+        false
+    }
+
     /// Unit requests a try would admit in a row at `now` (see [`Decision::remaining`]).
     fn remaining(&self, state: &Self::State, now: u64) -> u64;
 
@@ -127,6 +139,8 @@ pub(crate) trait Schedule {
     fn headline(&self) -> u64 {
         self.capacity()
     }
+    /// The time the headline limit refers to ([`Algorithm::window_us`]).
+    fn window(&self) -> u64;
 }
 
 /// Try and acquire for a [`Schedule`].
@@ -259,6 +273,9 @@ macro_rules! schedule_algorithm {
             }
             fn limit(&self) -> u64 {
                 $crate::algorithm::Schedule::headline(self)
+            }
+            fn window_us(&self) -> u64 {
+                $crate::algorithm::Schedule::window(self)
             }
             fn remaining(&self, state: &Self::State, now: u64) -> u64 {
                 $crate::algorithm::Schedule::remaining(self, state, now)

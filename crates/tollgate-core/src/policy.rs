@@ -1,10 +1,9 @@
 //! [`Policy`]: any algorithm plus the options every policy has, behind one type, as
 //! parsed from a spec. Stores and servers hold `Policy` + [`PolicyState`].
 
-use crate::algorithm::{Algorithm, CheckMode};
-use crate::algorithms::*;
+use crate::algorithm::CheckMode;
 use crate::decision::{CheckError, Decision};
-use crate::kind::AlgorithmKind;
+pub use crate::list::{Algo, PolicyState};
 use crate::units::MAX_TIME_US;
 
 /// What a check does: try (reject), acquire (wait, bounded by the policy's
@@ -29,127 +28,6 @@ impl Op {
     pub fn charges(self) -> bool {
         matches!(self, Op::Charge | Op::Count)
     }
-}
-
-/// The algorithm of a [`Policy`], with its parameters.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Algo {
-    /// `fixed-window`: a count per window.
-    FixedWindow(FixedWindow),
-    /// `sliding-log`: a timestamp per admitted unit.
-    SlidingLog(SlidingLog),
-    /// `sliding-window` with `buckets=K`: K sub-window counters.
-    SlidingWindow(SlidingWindow),
-    /// `sliding-window` with `mode=weighted`: two window counters, the previous one weighted by overlap.
-    SlidingWindowWeighted(SlidingWindowWeighted),
-    /// `leaky-bucket`: a level that drains continuously (the meter).
-    LeakyBucket(LeakyBucket),
-    /// `gcra`: a theoretical arrival time.
-    Gcra(Gcra),
-    /// `token-bucket`: tokens that refill continuously.
-    TokenBucket(TokenBucket),
-    /// `smooth-bursty`: Guava's SmoothBursty.
-    SmoothBursty(Smooth),
-    /// `smooth-warmup`: Guava's SmoothWarmingUp.
-    SmoothWarmup(Smooth),
-    /// `limit-req`: nginx's excess in milli-requests.
-    LimitReq(LimitReq),
-    /// `shaper`: a release schedule.
-    Shaper(Shaper),
-    /// `concurrency`: permits in flight.
-    Concurrency(Concurrency),
-}
-
-impl Algo {
-    /// Which algorithm this is (its row of the algorithm table).
-    pub fn kind(&self) -> AlgorithmKind {
-        match self {
-            Algo::FixedWindow(_) => AlgorithmKind::FixedWindow,
-            Algo::SlidingLog(_) => AlgorithmKind::SlidingLog,
-            Algo::SlidingWindow(_) => AlgorithmKind::SlidingWindow,
-            Algo::SlidingWindowWeighted(_) => AlgorithmKind::SlidingWindowWeighted,
-            Algo::LeakyBucket(_) => AlgorithmKind::LeakyBucket,
-            Algo::Gcra(_) => AlgorithmKind::Gcra,
-            Algo::TokenBucket(_) => AlgorithmKind::TokenBucket,
-            Algo::SmoothBursty(_) => AlgorithmKind::SmoothBursty,
-            Algo::SmoothWarmup(_) => AlgorithmKind::SmoothWarmup,
-            Algo::LimitReq(_) => AlgorithmKind::LimitReq,
-            Algo::Shaper(_) => AlgorithmKind::Shaper,
-            Algo::Concurrency(_) => AlgorithmKind::Concurrency,
-        }
-    }
-}
-
-/// One key's state under a [`Policy`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum PolicyState {
-    /// The state of `fixed-window`: a count per window.
-    FixedWindow(FixedWindowState),
-    /// The state of `sliding-log`: a timestamp per admitted unit.
-    SlidingLog(SlidingLogState),
-    /// The state of `sliding-window` with `buckets=K`: K sub-window counters.
-    SlidingWindow(SlidingWindowState),
-    /// The state of `sliding-window` with `mode=weighted`: two window counters, the previous one weighted by overlap.
-    SlidingWindowWeighted(WeightedState),
-    /// The state of `leaky-bucket`: a level that drains continuously (the meter).
-    LeakyBucket(LeakyBucketState),
-    /// The state of `gcra`: a theoretical arrival time.
-    Gcra(GcraState),
-    /// The state of `token-bucket`: tokens that refill continuously.
-    TokenBucket(TokenBucketState),
-    /// The state of `smooth-bursty`: Guava's SmoothBursty.
-    SmoothBursty(SmoothState),
-    /// The state of `smooth-warmup`: Guava's SmoothWarmingUp.
-    SmoothWarmup(SmoothState),
-    /// The state of `limit-req`: nginx's excess in milli-requests.
-    LimitReq(LimitReqState),
-    /// The state of `shaper`: a release schedule.
-    Shaper(ShaperState),
-    /// The state of `concurrency`: permits in flight.
-    Concurrency(ConcurrencyState),
-}
-
-/// Calls `$body` with `$a` bound to the algorithm and `$s` to its state, re-creating
-/// the state if it belongs to another algorithm (a policy changed at run time).
-macro_rules! dispatch {
-    ($self:ident, $state:ident, $now:expr, |$a:ident, $s:ident| $body:expr) => {
-        dispatch!(@arms $self, $state, $now, |$a, $s| $body;
-            FixedWindow, SlidingLog, SlidingWindow, SlidingWindowWeighted, LeakyBucket, Gcra,
-            TokenBucket, SmoothBursty, SmoothWarmup, LimitReq, Shaper, Concurrency)
-    };
-    (@arms $self:ident, $state:ident, $now:expr, |$a:ident, $s:ident| $body:expr; $($v:ident),*) => {
-        match &$self.algo {
-            $(Algo::$v($a) => {
-                if !matches!($state, PolicyState::$v(_)) {
-                    *$state = PolicyState::$v($a.init($now));
-                }
-                let PolicyState::$v($s) = $state else { unreachable!() };
-                $body
-            })*
-        }
-    };
-}
-
-/// Like `dispatch!` on a shared state; `$default` when the state belongs to another
-/// algorithm.
-macro_rules! dispatch_ref {
-    ($self:ident, $state:ident, $default:expr, |$a:ident, $s:ident| $body:expr) => {
-        dispatch_ref!(@arms $self, $state, $default, |$a, $s| $body;
-            FixedWindow, SlidingLog, SlidingWindow, SlidingWindowWeighted, LeakyBucket, Gcra,
-            TokenBucket, SmoothBursty, SmoothWarmup, LimitReq, Shaper, Concurrency)
-    };
-    (@arms $self:ident, $state:ident, $default:expr, |$a:ident, $s:ident| $body:expr; $($v:ident),*) => {
-        match (&$self.algo, $state) {
-            $((Algo::$v($a), PolicyState::$v($s)) => $body,)*
-            _ => $default,
-        }
-    };
-}
-
-macro_rules! init_state {
-    ($self:ident, $now:expr; $($v:ident),*) => {
-        match &$self.algo { $(Algo::$v(a) => PolicyState::$v(a.init($now)),)* }
-    };
 }
 
 /// A validated rate-limiting policy: an algorithm with its parameters, `max-wait` and
@@ -218,9 +96,7 @@ impl Policy {
 
     /// The state of a key created at `now` (us).
     pub fn init(&self, now: u64) -> PolicyState {
-        let now = now.min(MAX_TIME_US);
-        init_state!(self, now; FixedWindow, SlidingLog, SlidingWindow, SlidingWindowWeighted,
-            LeakyBucket, Gcra, TokenBucket, SmoothBursty, SmoothWarmup, LimitReq, Shaper, Concurrency)
+        self.algo.init(now.min(MAX_TIME_US))
     }
 
     /// The [`CheckMode`] an `op` means under this policy (acquire bounded by `max-wait`).
@@ -275,7 +151,7 @@ impl Policy {
         mode: CheckMode,
     ) -> Result<Decision, CheckError> {
         let now = now.min(MAX_TIME_US);
-        dispatch!(self, state, now, |a, s| a.check(s, now, cost, mode))
+        self.algo.check(state, now, cost, mode)
     }
 
     /// Like [`Policy::check`]; for `concurrency`, an admitted request holds its permits
@@ -346,7 +222,7 @@ impl Policy {
     ) -> Result<Decision, CheckError> {
         let now = now.min(MAX_TIME_US);
         let max_debt = self.max_debt.unwrap_or(u64::MAX);
-        let charged = dispatch!(self, state, now, |a, s| a.charge(s, now, cost, max_debt))?;
+        let charged = self.algo.charge(state, now, cost, max_debt)?;
         let mut d = self.status(state, now);
         d.capped = charged < cost;
         if d.remaining == 0 {
@@ -372,15 +248,7 @@ impl Policy {
     /// assert!(!paces("gcra:rate=5/s,burst=10"));
     /// ```
     pub fn paces(&self) -> bool {
-        match &self.algo {
-            Algo::Shaper(_) => true,
-            Algo::LimitReq(a) => match a.delay() {
-                crate::algorithms::Delay::All => a.burst() > 0,
-                crate::algorithms::Delay::After(n) => n < a.burst(),
-                crate::algorithms::Delay::Never => false,
-            },
-            _ => false,
-        }
+        self.algo.paces()
     }
 
     /// Whether a charge means something for this policy: `Err(NotChargeable)` for
@@ -391,21 +259,9 @@ impl Policy {
     }
 
     /// The debt a charge may leave under this policy, in units: `max-debt` (unbounded
-    /// when absent) within the algorithm's bounds (see [`Algorithm::debt_cap`]).
+    /// when absent) within the algorithm's bounds (see [`crate::Algorithm::debt_cap`]).
     pub fn debt_cap(&self) -> u64 {
-        let max_debt = self.max_debt.unwrap_or(u64::MAX);
-        match &self.algo {
-            Algo::FixedWindow(a) => a.debt_cap(max_debt),
-            Algo::SlidingLog(a) => a.debt_cap(max_debt),
-            Algo::SlidingWindow(a) => a.debt_cap(max_debt),
-            Algo::SlidingWindowWeighted(a) => a.debt_cap(max_debt),
-            Algo::LeakyBucket(a) => a.debt_cap(max_debt),
-            Algo::Gcra(a) => a.debt_cap(max_debt),
-            Algo::TokenBucket(a) => a.debt_cap(max_debt),
-            Algo::SmoothBursty(a) | Algo::SmoothWarmup(a) => a.debt_cap(max_debt),
-            Algo::LimitReq(a) => a.debt_cap(max_debt),
-            Algo::Shaper(_) | Algo::Concurrency(_) => 0,
-        }
+        self.algo.debt_cap(self.max_debt.unwrap_or(u64::MAX))
     }
 
     /// Envoy's counting (envoyproxy/ratelimit's `INCRBY` before the comparison): the
@@ -452,31 +308,31 @@ impl Policy {
     /// Gives back `cost` units admitted earlier; never beyond full capacity.
     pub fn refund(&self, state: &mut PolicyState, now: u64, cost: u64) {
         let now = now.min(MAX_TIME_US);
-        dispatch!(self, state, now, |a, s| a.refund(s, now, cost))
+        self.algo.refund(state, now, cost)
     }
 
     /// Unit requests a try would admit in a row at `now`, changing nothing.
     pub fn remaining(&self, state: &PolicyState, now: u64) -> u64 {
         let now = now.min(MAX_TIME_US);
-        dispatch_ref!(self, state, self.limit(), |a, s| a.remaining(s, now))
+        (self.algo.remaining(state, now)).unwrap_or_else(|| self.limit())
     }
 
     /// Time from `now` until `state` is fully replenished, in us.
     pub fn reset_after(&self, state: &PolicyState, now: u64) -> u64 {
         let now = now.min(MAX_TIME_US);
-        dispatch_ref!(self, state, 0, |a, s| a.reset_after(s, now))
+        self.algo.reset_after(state, now).unwrap_or(0)
     }
 
     /// Whether `state` is fully replenished at `now` (a store may drop it).
     pub fn idle(&self, state: &PolicyState, now: u64) -> bool {
         let now = now.min(MAX_TIME_US);
         // A state of another algorithm decides nothing under this policy.
-        dispatch_ref!(self, state, true, |a, s| a.idle(s, now))
+        self.algo.idle(state, now).unwrap_or(true)
     }
 
     /// When the key was last active, in us (for least-recently-used eviction).
     pub fn last_active(&self, state: &PolicyState) -> u64 {
-        dispatch_ref!(self, state, 0, |a, s| a.last_active(s))
+        self.algo.last_active(state).unwrap_or(0)
     }
 
     /// Carries a key's `state`, kept under the `old` policy, over to this policy at
@@ -493,55 +349,7 @@ impl Policy {
     /// * anything else: a fresh state.
     pub fn carry_over(&self, old: &Policy, state: PolicyState, now: u64) -> PolicyState {
         let now = now.min(MAX_TIME_US);
-        match (&old.algo, &self.algo, state) {
-            (Algo::Gcra(o), Algo::Gcra(n), PolicyState::Gcra(s)) => {
-                let (os, ns) = (u128::from(o.rate().scale()), u128::from(n.rate().scale()));
-                let tat = u128::from(s.tat).div_ceil(os) * ns;
-                PolicyState::Gcra(GcraState {
-                    tat: u64::try_from(tat).unwrap_or(u64::MAX),
-                })
-            }
-            (Algo::SlidingLog(_), Algo::SlidingLog(_), s @ PolicyState::SlidingLog(_))
-            | (Algo::LimitReq(_), Algo::LimitReq(_), s @ PolicyState::LimitReq(_))
-            | (Algo::Concurrency(_), Algo::Concurrency(_), s @ PolicyState::Concurrency(_)) => s,
-            (Algo::FixedWindow(o), Algo::FixedWindow(n), s @ PolicyState::FixedWindow(_))
-                if o.window_us() == n.window_us() && o.align() == n.align() =>
-            {
-                s
-            }
-            (Algo::SlidingWindow(o), Algo::SlidingWindow(n), s @ PolicyState::SlidingWindow(_))
-                if o.window_us() == n.window_us() && o.buckets() == n.buckets() =>
-            {
-                s
-            }
-            (
-                Algo::SlidingWindowWeighted(o),
-                Algo::SlidingWindowWeighted(n),
-                s @ PolicyState::SlidingWindowWeighted(_),
-            ) if o.window_us() == n.window_us() => s,
-            (Algo::TokenBucket(o), Algo::TokenBucket(n), s @ PolicyState::TokenBucket(_))
-                if o.rate() == n.rate() =>
-            {
-                s
-            }
-            (Algo::LeakyBucket(o), Algo::LeakyBucket(n), s @ PolicyState::LeakyBucket(_))
-                if o.rate() == n.rate() =>
-            {
-                s
-            }
-            (Algo::Shaper(o), Algo::Shaper(n), s @ PolicyState::Shaper(_))
-                if o.rate() == n.rate() =>
-            {
-                s
-            }
-            (Algo::SmoothBursty(o), Algo::SmoothBursty(n), PolicyState::SmoothBursty(s)) => {
-                PolicyState::SmoothBursty(n.carry_over(o, s, now))
-            }
-            (Algo::SmoothWarmup(o), Algo::SmoothWarmup(n), PolicyState::SmoothWarmup(s)) => {
-                PolicyState::SmoothWarmup(n.carry_over(o, s, now))
-            }
-            _ => self.init(now),
-        }
+        (self.algo.carry_over(&old.algo, state, now)).unwrap_or_else(|| self.init(now))
     }
 
     /// This policy's share for one of `n` instances that split a global limit: every
@@ -559,53 +367,9 @@ impl Policy {
         if n <= 1 {
             return Ok(self.clone());
         }
-        let part = |x: u64| (x / n).max(1);
-        let rate = |r: crate::Rate| {
-            let period = r
-                .period_us
-                .checked_mul(n)
-                .ok_or_else(|| format!("rate {r} divided by {n} is too slow"))?;
-            crate::Rate::new(r.count, period)
-        };
-        let algo = match &self.algo {
-            Algo::FixedWindow(a) => Algo::FixedWindow(FixedWindow::new(
-                part(a.limit_per_window()),
-                a.window_us(),
-                a.align(),
-            )?),
-            Algo::SlidingLog(a) => {
-                Algo::SlidingLog(SlidingLog::new(part(a.limit_per_window()), a.window_us())?)
-            }
-            Algo::SlidingWindow(a) => Algo::SlidingWindow(SlidingWindow::new(
-                part(a.limit_per_window()),
-                a.window_us(),
-                a.buckets(),
-            )?),
-            Algo::SlidingWindowWeighted(a) => Algo::SlidingWindowWeighted(
-                SlidingWindowWeighted::new(part(a.limit_per_window()), a.window_us())?,
-            ),
-            Algo::LeakyBucket(a) => {
-                Algo::LeakyBucket(LeakyBucket::new(rate(a.rate())?, part(a.capacity_units()))?)
-            }
-            Algo::Gcra(a) => Algo::Gcra(Gcra::new(rate(a.rate())?, part(a.burst()))?),
-            Algo::TokenBucket(a) => Algo::TokenBucket(TokenBucket::new(
-                rate(a.rate())?,
-                part(a.capacity_tokens()),
-            )?),
-            Algo::SmoothBursty(a) => Algo::SmoothBursty(Smooth::new(rate(a.rate())?, a.kind())?),
-            Algo::SmoothWarmup(a) => Algo::SmoothWarmup(Smooth::new(rate(a.rate())?, a.kind())?),
-            Algo::LimitReq(a) => {
-                let delay = match a.delay() {
-                    Delay::After(k) => Delay::After(k / n),
-                    d => d,
-                };
-                Algo::LimitReq(LimitReq::new(rate(a.rate())?, a.burst() / n, delay)?)
-            }
-            Algo::Shaper(a) => Algo::Shaper(Shaper::new(rate(a.rate())?, a.queue() / n)?),
-            Algo::Concurrency(a) => Algo::Concurrency(Concurrency::new(part(a.limit()))?),
-        };
+        let algo = self.algo.share(n)?;
         Ok(Policy::from_parts(algo, self.max_wait_us, self.shadow)
-            .with_max_debt(self.max_debt.map(part)))
+            .with_max_debt(self.max_debt.map(|d| crate::params::share_count(d, n))))
     }
 
     /// Forgets a key's state: it becomes as new at `now`.
@@ -618,44 +382,11 @@ impl Policy {
     /// (GCRA's `burst * T`, a bucket's `capacity * T`, Guava's max-burst or warm-up).
     /// Zero for `concurrency`. Used for `RateLimit-Policy`'s `w`.
     pub fn window_us(&self) -> u64 {
-        let per = |n: u64, r: crate::Rate| {
-            (u128::from(n) * u128::from(r.period_us)).div_ceil(u128::from(r.count))
-        };
-        let us = match &self.algo {
-            Algo::FixedWindow(a) => a.window_us().into(),
-            Algo::SlidingLog(a) => a.window_us().into(),
-            Algo::SlidingWindow(a) => a.window_us().into(),
-            Algo::SlidingWindowWeighted(a) => a.window_us().into(),
-            Algo::Gcra(a) => per(a.burst(), a.rate()),
-            Algo::TokenBucket(a) => per(a.capacity_tokens(), a.rate()),
-            Algo::LeakyBucket(a) => per(a.capacity_units(), a.rate()),
-            Algo::SmoothBursty(a) | Algo::SmoothWarmup(a) => match a.kind() {
-                SmoothKind::Bursty { max_burst_us } => max_burst_us.into(),
-                SmoothKind::WarmingUp { warmup_us, .. } => warmup_us.into(),
-            },
-            Algo::LimitReq(a) => {
-                (u128::from(a.burst() + 1) * 1_000_000_000).div_ceil(u128::from(a.rate_milli()))
-            }
-            Algo::Shaper(a) => per(a.queue() + 1, a.rate()),
-            Algo::Concurrency(_) => 0,
-        };
-        u64::try_from(us).unwrap_or(u64::MAX)
+        self.algo.window_us()
     }
 
     /// The headline limit ([`Decision::limit`]).
     pub fn limit(&self) -> u64 {
-        match &self.algo {
-            Algo::FixedWindow(a) => a.limit(),
-            Algo::SlidingLog(a) => a.limit(),
-            Algo::SlidingWindow(a) => a.limit(),
-            Algo::SlidingWindowWeighted(a) => a.limit(),
-            Algo::LeakyBucket(a) => a.limit(),
-            Algo::Gcra(a) => a.limit(),
-            Algo::TokenBucket(a) => a.limit(),
-            Algo::SmoothBursty(a) | Algo::SmoothWarmup(a) => a.limit(),
-            Algo::LimitReq(a) => a.limit(),
-            Algo::Shaper(a) => a.limit(),
-            Algo::Concurrency(a) => a.limit(),
-        }
+        self.algo.limit()
     }
 }

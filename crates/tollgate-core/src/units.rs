@@ -282,6 +282,14 @@ pub(crate) fn idiv(a: i128, b: i128) -> i128 {
 }
 
 /// Narrows a 128-bit intermediate to u64, saturating.
+/// The time `rate` takes for `n` units, in us, rounded up (saturating).
+pub(crate) fn time_for(n: u64, rate: Rate) -> u64 {
+    sat(div_ceil(
+        u128::from(n) * u128::from(rate.period_us),
+        u128::from(rate.count),
+    ))
+}
+
 pub(crate) fn sat(x: u128) -> u64 {
     u64::try_from(x).unwrap_or(u64::MAX)
 }

@@ -71,8 +71,9 @@ end
 --   charge_at(p, s, now) -> the instant a charge is recorded at; or instead
 --   charge(p, s, now, cost, debt)     (charges: see check.lua)
 --   reset_after(p, s, now) -> us until the state is fully replenished (its TTL)
--- The wire code of each algorithm, as the Rust side sends it (its algorithm table,
--- crates/tollgate-core/src/kind.rs, is the source; a test checks this block).
+-- The wire code of each algorithm, as the Rust side sends it (the list of algorithms,
+-- crates/tollgate-core/src/list.rs, and `lua` in src/redis/script.rs are the source;
+-- a test checks this block).
 local CODE = {
   GCRA = 1,
   TOKEN_BUCKET = 2,

@@ -231,6 +231,7 @@ macro_rules! string_keys {
         }
     };
 }
+#[cfg(feature = "redis")]
 pub(crate) use string_keys;
 
 /// A [`RateLimiter`] whose store is chosen at run time (from configuration): the

@@ -4,7 +4,8 @@
 use std::fmt;
 
 use super::controller::ControllerKind;
-use crate::spec::{split_head, Params, Res};
+use crate::params::{Params, Res};
+use crate::spec::split_head;
 use crate::units::fmt_duration;
 
 /// The controllers a spec may name.

@@ -2,6 +2,9 @@
 
 use crate::algorithm::{check_cost, fits, Algorithm, CheckMode};
 use crate::decision::{CheckError, Decision};
+use std::fmt;
+
+use crate::params::{share_count, Params, Res, Spec};
 
 /// Admits iff `in_flight + c <= limit`. A permit is held until it is released: by
 /// [`Algorithm::refund`] (what an RAII guard does on drop), or, when the hold time is
@@ -148,6 +151,15 @@ impl Algorithm for Concurrency {
         self.limit
     }
 
+    /// No time: permits are held for the work, not for a window.
+    fn window_us(&self) -> u64 {
+        0
+    }
+
+    fn debt_cap(&self, _: u64) -> u64 {
+        0
+    }
+
     /// No permit held.
     fn idle(&self, s: &ConcurrencyState, now: u64) -> bool {
         s.open == 0 && s.timed.iter().all(|&(r, _)| r <= now)
@@ -163,5 +175,27 @@ impl Algorithm for Concurrency {
 
     fn last_active(&self, s: &ConcurrencyState) -> u64 {
         s.last_admit
+    }
+}
+
+impl Spec for Concurrency {
+    const PARAMS: &'static [&'static str] = &["limit"];
+    const CHARGEABLE: bool = false;
+
+    fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
+        Ok(Some(p.build(Concurrency::new(p.count("limit", "10")?))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "concurrency:limit={}", Algorithm::limit(self))
+    }
+
+    fn share(&self, n: u64) -> Res<Self> {
+        Concurrency::new(share_count(Algorithm::limit(self), n))
+    }
+
+    /// Held permits stay held.
+    fn carry_over(&self, _: &Self, state: ConcurrencyState, _: u64) -> Option<ConcurrencyState> {
+        Some(state)
     }
 }

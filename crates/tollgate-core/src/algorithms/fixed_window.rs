@@ -1,6 +1,10 @@
 //! Fixed window counter.
 
 use crate::algorithm::{schedule_algorithm, Schedule};
+use std::fmt;
+
+use crate::params::{share_count, Params, Res, Spec};
+use crate::units::fmt_duration;
 
 /// Where fixed windows start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -78,6 +82,9 @@ impl FixedWindow {
 
 impl Schedule for FixedWindow {
     type State = FixedWindowState;
+    fn window(&self) -> u64 {
+        FixedWindow::window_us(self)
+    }
 
     fn fresh(&self) -> FixedWindowState {
         FixedWindowState::default()
@@ -153,3 +160,37 @@ impl Schedule for FixedWindow {
 }
 
 schedule_algorithm!(FixedWindow, FixedWindowState);
+
+impl Spec for FixedWindow {
+    const PARAMS: &'static [&'static str] = &["limit", "window", "align"];
+
+    fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
+        let align = match p.value("align")? {
+            None | Some("clock") => Align::Clock,
+            Some("first") => Align::First,
+            Some(v) => return Err(p.bad("align", v, "expected clock or first")),
+        };
+        let limit = p.count("limit", "100")?;
+        let window = p.duration("window", "1s")?;
+        Ok(Some(p.build(FixedWindow::new(limit, window, align))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (limit, window) = (self.limit_per_window(), fmt_duration(self.window_us()));
+        write!(f, "fixed-window:limit={limit},window={window}")?;
+        if self.align() == Align::First {
+            f.write_str(",align=first")?;
+        }
+        Ok(())
+    }
+
+    fn share(&self, n: u64) -> Res<Self> {
+        let limit = share_count(self.limit_per_window(), n);
+        FixedWindow::new(limit, self.window_us(), self.align())
+    }
+
+    /// The count stays while the windows are the same.
+    fn carry_over(&self, old: &Self, state: FixedWindowState, _: u64) -> Option<FixedWindowState> {
+        (old.window_us() == self.window_us() && old.align() == self.align()).then_some(state)
+    }
+}

@@ -5,6 +5,9 @@ use crate::algorithm::{
 };
 use crate::decision::{CheckError, Decision};
 use crate::units::{div, div_ceil, sat, Divisor, Rate};
+use std::fmt;
+
+use crate::params::{share_count, share_rate, Params, Res, Spec};
 
 /// The largest [`Rate::scale`] GCRA accepts: its state is one u64 of scaled time, and
 /// an epoch-anchored clock (2^51 us in 2041) times 4096 stays below 2^64 until 2112.
@@ -131,6 +134,9 @@ impl Gcra {
 
 impl Schedule for Gcra {
     type State = GcraState;
+    fn window(&self) -> u64 {
+        crate::units::time_for(self.burst(), self.rate())
+    }
 
     fn fresh(&self) -> GcraState {
         GcraState::default()
@@ -279,5 +285,35 @@ impl GcraParams {
                 Decision::rejected(self.burst, remaining, base - now, Some(wait)),
             ))
         }
+    }
+}
+
+impl Spec for Gcra {
+    const PARAMS: &'static [&'static str] = &["rate", "burst"];
+
+    fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
+        let rate = p.rate()?;
+        let burst = p.count_or("burst", rate.count)?;
+        Ok(Some(p.build(Gcra::new(rate, burst))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "gcra:rate={},burst={}", self.rate(), self.burst())
+    }
+
+    fn share(&self, n: u64) -> Res<Self> {
+        Gcra::new(share_rate(self.rate(), n)?, share_count(self.burst(), n))
+    }
+
+    /// The TAT, converted between tick units: a key keeps its debt.
+    fn carry_over(&self, old: &Self, state: GcraState, _: u64) -> Option<GcraState> {
+        let (os, ns) = (
+            u128::from(old.rate().scale()),
+            u128::from(self.rate().scale()),
+        );
+        let tat = u128::from(state.tat).div_ceil(os) * ns;
+        Some(GcraState {
+            tat: u64::try_from(tat).unwrap_or(u64::MAX),
+        })
     }
 }

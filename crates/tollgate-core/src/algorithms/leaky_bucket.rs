@@ -3,6 +3,10 @@
 use super::token_bucket::{bucket_units, ceil_us, clamp_i64};
 use crate::algorithm::{debt_units, exact_units, schedule_algorithm, Schedule};
 use crate::units::{div, sat, Rate};
+use std::fmt;
+
+use crate::params::{share_count, share_rate, Params, Res, Spec};
+use crate::units::time_for;
 
 /// A leaky bucket (meter) of `capacity` draining at `rate`, continuously: fractions
 /// of a unit are kept (in units of `1/interval_ticks`), never truncated away. A request
@@ -69,6 +73,9 @@ impl LeakyBucket {
 
 impl Schedule for LeakyBucket {
     type State = LeakyBucketState;
+    fn window(&self) -> u64 {
+        time_for(self.capacity_units(), self.rate())
+    }
 
     fn fresh(&self) -> LeakyBucketState {
         LeakyBucketState::default()
@@ -122,3 +129,30 @@ impl Schedule for LeakyBucket {
 }
 
 schedule_algorithm!(LeakyBucket, LeakyBucketState);
+
+impl Spec for LeakyBucket {
+    const PARAMS: &'static [&'static str] = &["rate", "capacity"];
+
+    fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
+        let rate = p.rate()?;
+        let capacity = p.count_or("capacity", rate.count)?;
+        Ok(Some(p.build(LeakyBucket::new(rate, capacity))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (rate, capacity) = (self.rate(), self.capacity_units());
+        write!(f, "leaky-bucket:rate={rate},capacity={capacity}")
+    }
+
+    fn share(&self, n: u64) -> Res<Self> {
+        LeakyBucket::new(
+            share_rate(self.rate(), n)?,
+            share_count(self.capacity_units(), n),
+        )
+    }
+
+    /// The level stays while the rate is the same.
+    fn carry_over(&self, old: &Self, state: LeakyBucketState, _: u64) -> Option<LeakyBucketState> {
+        (old.rate() == self.rate()).then_some(state)
+    }
+}

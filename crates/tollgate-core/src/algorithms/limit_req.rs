@@ -4,6 +4,9 @@
 use crate::algorithm::{check_cost, fits, Algorithm, CheckMode};
 use crate::decision::{CheckError, Decision};
 use crate::units::{div_ceil, idiv, sat, Rate};
+use std::fmt;
+
+use crate::params::{share_rate, Params, Res, Spec};
 
 /// How `limit-req` treats admitted requests above the rate (nginx `delay=`/`nodelay`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -230,6 +233,21 @@ impl Algorithm for LimitReq {
         self.burst + 1
     }
 
+    /// Until `burst + 1` requests' excess has drained.
+    fn window_us(&self) -> u64 {
+        let excess = u128::from(self.burst + 1) * 1_000_000_000;
+        sat(excess.div_ceil(u128::from(self.rate_milli())))
+    }
+
+    /// Excess past the `delay` threshold is delayed, unless `nodelay`.
+    fn paces(&self) -> bool {
+        match self.delay {
+            Delay::All => self.burst > 0,
+            Delay::After(n) => n < self.burst,
+            Delay::Never => false,
+        }
+    }
+
     fn idle(&self, s: &LimitReqState, now: u64) -> bool {
         self.reset_at(s, now) == 0
     }
@@ -264,5 +282,53 @@ impl LimitReq {
     fn reset_at(&self, s: &LimitReqState, now: u64) -> u64 {
         let ms = self.ms_when_drained_to(s, i128::from(FRESH));
         ms.saturating_mul(1000).saturating_sub(now)
+    }
+}
+
+impl Spec for LimitReq {
+    const PARAMS: &'static [&'static str] = &["rate", "burst", "nodelay", "delay"];
+
+    /// nginx's burst, and `nodelay` or `delay=N`, not both.
+    fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
+        let rate = p.rate()?;
+        let burst = p.count_or("burst", 0)?;
+        let delay = match (p.flag("nodelay")?, p.value("delay")?) {
+            (true, Some(_)) => {
+                return Err("limit-req: give either nodelay or delay=N, not both".into())
+            }
+            (true, None) => Delay::Never,
+            (false, Some(v)) => match p.count_of("delay", v)? {
+                0 => Delay::All,
+                n => Delay::After(n),
+            },
+            (false, None) => Delay::All,
+        };
+        Ok(Some(p.build(LimitReq::new(rate, burst, delay))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "limit-req:rate={}", self.rate())?;
+        if self.burst() > 0 {
+            write!(f, ",burst={}", self.burst())?;
+        }
+        match self.delay() {
+            Delay::All => Ok(()),
+            Delay::After(n) => write!(f, ",delay={n}"),
+            Delay::Never => f.write_str(",nodelay"),
+        }
+    }
+
+    /// Burst and delay may share down to 0.
+    fn share(&self, n: u64) -> Res<Self> {
+        let delay = match self.delay() {
+            Delay::After(k) => Delay::After(k / n),
+            d => d,
+        };
+        LimitReq::new(share_rate(self.rate(), n)?, self.burst() / n, delay)
+    }
+
+    /// The excess keeps its meaning under any rate.
+    fn carry_over(&self, _: &Self, state: LimitReqState, _: u64) -> Option<LimitReqState> {
+        Some(state)
     }
 }

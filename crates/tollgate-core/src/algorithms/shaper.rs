@@ -6,6 +6,9 @@ use super::gcra::MAX_GCRA_SCALE;
 use crate::algorithm::{check_cost, fits, Algorithm, CheckMode};
 use crate::decision::{CheckError, Decision};
 use crate::units::{div_ceil, sat, Rate};
+use std::fmt;
+
+use crate::params::{share_rate, Params, Res, Spec};
 
 /// Releases admitted requests one by one at `rate`: a request of cost `c` is scheduled
 /// at `s = max(t, last_s + c*T)` and carries `wait = s - t`. A request that must wait
@@ -153,6 +156,19 @@ impl Algorithm for Shaper {
         self.queue.saturating_add(1)
     }
 
+    /// Until a full queue has been released.
+    fn window_us(&self) -> u64 {
+        crate::units::time_for(self.queue.saturating_add(1), self.rate)
+    }
+
+    fn paces(&self) -> bool {
+        true
+    }
+
+    fn debt_cap(&self, _: u64) -> u64 {
+        0
+    }
+
     /// Nothing queued and a unit request would be released at once. (A costlier
     /// request after such a pause is no longer spaced from the one before it.)
     fn idle(&self, s: &ShaperState, now: u64) -> bool {
@@ -169,5 +185,29 @@ impl Algorithm for Shaper {
 
     fn last_active(&self, s: &ShaperState) -> u64 {
         s.last.map_or(0, |last| self.release_us(u128::from(last)))
+    }
+}
+
+impl Spec for Shaper {
+    const PARAMS: &'static [&'static str] = &["rate", "queue"];
+    const CHARGEABLE: bool = false;
+
+    fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
+        let (rate, queue) = (p.rate()?, p.count("queue", "100")?);
+        Ok(Some(p.build(Shaper::new(rate, queue))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "shaper:rate={},queue={}", self.rate(), self.queue())
+    }
+
+    /// The queue may share down to 0.
+    fn share(&self, n: u64) -> Res<Self> {
+        Shaper::new(share_rate(self.rate(), n)?, self.queue() / n)
+    }
+
+    /// The schedule stays while the rate is the same.
+    fn carry_over(&self, old: &Self, state: ShaperState, _: u64) -> Option<ShaperState> {
+        (old.rate() == self.rate()).then_some(state)
     }
 }

@@ -3,6 +3,10 @@
 use std::collections::VecDeque;
 
 use crate::algorithm::{schedule_algorithm, Schedule};
+use std::fmt;
+
+use crate::params::{share_count, Params, Res, Spec};
+use crate::units::fmt_duration;
 
 /// At most `limit` cost in any window `(t - window, t]`, exactly.
 ///
@@ -87,6 +91,9 @@ impl SlidingLog {
 
 impl Schedule for SlidingLog {
     type State = SlidingLogState;
+    fn window(&self) -> u64 {
+        SlidingLog::window_us(self)
+    }
 
     fn fresh(&self) -> SlidingLogState {
         SlidingLogState::default()
@@ -164,3 +171,26 @@ impl Schedule for SlidingLog {
 }
 
 schedule_algorithm!(SlidingLog, SlidingLogState);
+
+impl Spec for SlidingLog {
+    const PARAMS: &'static [&'static str] = &["limit", "window"];
+
+    fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
+        let (limit, window) = (p.count("limit", "100")?, p.duration("window", "1s")?);
+        Ok(Some(p.build(SlidingLog::new(limit, window))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (limit, window) = (self.limit_per_window(), fmt_duration(self.window_us()));
+        write!(f, "sliding-log:limit={limit},window={window}")
+    }
+
+    fn share(&self, n: u64) -> Res<Self> {
+        SlidingLog::new(share_count(self.limit_per_window(), n), self.window_us())
+    }
+
+    /// Timestamps keep their meaning under any window.
+    fn carry_over(&self, _: &Self, state: SlidingLogState, _: u64) -> Option<SlidingLogState> {
+        Some(state)
+    }
+}

@@ -2,6 +2,10 @@
 
 use crate::algorithm::{schedule_algorithm, Schedule};
 use crate::units::{idiv, sat};
+use std::fmt;
+
+use crate::params::{share_count, Params, Res, Spec};
+use crate::units::fmt_duration;
 
 /// The most buckets a sliding window may have (each key keeps one counter per bucket).
 pub const MAX_BUCKETS: u64 = 3600;
@@ -131,6 +135,9 @@ impl SlidingWindow {
 
 impl Schedule for SlidingWindow {
     type State = SlidingWindowState;
+    fn window(&self) -> u64 {
+        SlidingWindow::window_us(self)
+    }
 
     fn fresh(&self) -> SlidingWindowState {
         SlidingWindowState::default()
@@ -304,6 +311,9 @@ impl SlidingWindowWeighted {
 
 impl Schedule for SlidingWindowWeighted {
     type State = WeightedState;
+    fn window(&self) -> u64 {
+        SlidingWindowWeighted::window_us(self)
+    }
 
     fn fresh(&self) -> WeightedState {
         WeightedState::default()
@@ -394,3 +404,75 @@ impl Schedule for SlidingWindowWeighted {
 }
 
 schedule_algorithm!(SlidingWindowWeighted, WeightedState);
+
+impl Spec for SlidingWindow {
+    const PARAMS: &'static [&'static str] = &["limit", "window", "buckets", "mode"];
+
+    /// `buckets=K` (not with `mode`); without it, the weighted row's.
+    fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
+        let Some(k) = p.value("buckets")? else {
+            return Ok(None);
+        };
+        let (limit, window) = (p.count("limit", "100")?, p.duration("window", "1s")?);
+        if p.value("mode")?.is_some() {
+            return Err("sliding-window: give either buckets=K or mode=weighted, not both".into());
+        }
+        let k = p.count_of("buckets", k)?;
+        Ok(Some(p.build(SlidingWindow::new(limit, window, k))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (limit, window) = (self.limit_per_window(), fmt_duration(self.window_us()));
+        let k = self.buckets();
+        write!(
+            f,
+            "sliding-window:limit={limit},window={window},buckets={k}"
+        )
+    }
+
+    fn share(&self, n: u64) -> Res<Self> {
+        let limit = share_count(self.limit_per_window(), n);
+        SlidingWindow::new(limit, self.window_us(), self.buckets())
+    }
+
+    /// The counters stay while the buckets are the same.
+    fn carry_over(
+        &self,
+        old: &Self,
+        state: SlidingWindowState,
+        _: u64,
+    ) -> Option<SlidingWindowState> {
+        (old.window_us() == self.window_us() && old.buckets() == self.buckets()).then_some(state)
+    }
+}
+
+impl Spec for SlidingWindowWeighted {
+    const PARAMS: &'static [&'static str] = SlidingWindow::PARAMS;
+
+    /// `mode=weighted`, the default when `buckets` is absent.
+    fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
+        let (limit, window) = (p.count("limit", "100")?, p.duration("window", "1s")?);
+        match p.value("mode")? {
+            None | Some("weighted") => {}
+            Some(v) => return Err(p.bad("mode", v, "expected weighted (or buckets=K instead)")),
+        }
+        Ok(Some(p.build(SlidingWindowWeighted::new(limit, window))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (limit, window) = (self.limit_per_window(), fmt_duration(self.window_us()));
+        write!(
+            f,
+            "sliding-window:limit={limit},window={window},mode=weighted"
+        )
+    }
+
+    fn share(&self, n: u64) -> Res<Self> {
+        SlidingWindowWeighted::new(share_count(self.limit_per_window(), n), self.window_us())
+    }
+
+    /// The two counts stay while the window is the same.
+    fn carry_over(&self, old: &Self, state: WeightedState, _: u64) -> Option<WeightedState> {
+        (old.window_us() == self.window_us()).then_some(state)
+    }
+}

@@ -8,6 +8,10 @@
 use crate::algorithm::{check_cost, Algorithm, CheckMode};
 use crate::decision::{CheckError, Decision};
 use crate::units::Rate;
+use std::fmt;
+
+use crate::params::{share_rate, Params, Res, Spec};
+use crate::units::fmt_duration;
 
 /// Which of Guava's two limiters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -135,22 +139,6 @@ impl Smooth {
             self.slope,
             self.cool_down,
         ]
-    }
-
-    /// Guava's `setRate` on a live limiter: resync under the old rate, then scale the
-    /// stored permits to the new maximum (bursty) or, from an empty maximum, start full
-    /// (warming up).
-    pub fn carry_over(&self, old: &Smooth, mut s: SmoothState, now: u64) -> SmoothState {
-        old.resync(&mut s, now);
-        s.stored = if old.max_permits == 0.0 {
-            match self.kind {
-                SmoothKind::Bursty { .. } => 0.0,
-                SmoothKind::WarmingUp { .. } => self.max_permits,
-            }
-        } else {
-            s.stored * self.max_permits / old.max_permits
-        };
-        s
     }
 
     fn resync(&self, s: &mut SmoothState, now: u64) {
@@ -321,6 +309,13 @@ impl Algorithm for Smooth {
         self.limit
     }
 
+    fn window_us(&self) -> u64 {
+        match self.kind {
+            SmoothKind::Bursty { max_burst_us } => max_burst_us,
+            SmoothKind::WarmingUp { warmup_us, .. } => warmup_us,
+        }
+    }
+
     /// All permits stored and no debt. A bursty key dropped then starts again with no
     /// stored permits, as a new Guava limiter does: stricter, never looser.
     fn idle(&self, s: &SmoothState, now: u64) -> bool {
@@ -337,5 +332,80 @@ impl Algorithm for Smooth {
 
     fn last_active(&self, s: &SmoothState) -> u64 {
         s.next_free
+    }
+}
+
+impl Spec for Smooth {
+    const PARAMS: &'static [&'static str] = &["rate", "max-burst"];
+
+    fn params(name: &str) -> &'static [&'static str] {
+        match name {
+            "smooth-warmup" => &["rate", "warmup", "cold-factor"],
+            _ => Self::PARAMS,
+        }
+    }
+
+    fn from_spec(name: &str, p: &Params) -> Res<Option<Self>> {
+        let rate = p.rate()?;
+        if name == "smooth-bursty" {
+            let max_burst_us = match p.value("max-burst")? {
+                Some(v) => p.duration_of("max-burst", v)?,
+                None => 1_000_000,
+            };
+            let kind = SmoothKind::Bursty { max_burst_us };
+            return Ok(Some(p.build(Smooth::new(rate, kind))?));
+        }
+        let warmup_us = p.duration("warmup", "10s")?;
+        let cold_factor = match p.value("cold-factor")? {
+            Some(v) => (v.parse::<f64>())
+                .map_err(|_| p.bad("cold-factor", v, "expected a number such as 3 or 2.5"))?,
+            None => 3.0,
+        };
+        let kind = SmoothKind::WarmingUp {
+            warmup_us,
+            cold_factor,
+        };
+        Ok(Some(p.build(Smooth::new(rate, kind))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind() {
+            SmoothKind::Bursty { max_burst_us } => {
+                write!(f, "smooth-bursty:rate={}", self.rate())?;
+                if max_burst_us != 1_000_000 {
+                    write!(f, ",max-burst={}", fmt_duration(max_burst_us))?;
+                }
+            }
+            SmoothKind::WarmingUp {
+                warmup_us,
+                cold_factor,
+            } => {
+                let warmup = fmt_duration(warmup_us);
+                write!(f, "smooth-warmup:rate={},warmup={warmup}", self.rate())?;
+                if cold_factor != 3.0 {
+                    write!(f, ",cold-factor={cold_factor}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn share(&self, n: u64) -> Res<Self> {
+        Smooth::new(share_rate(self.rate(), n)?, self.kind())
+    }
+
+    /// As Guava's `setRate`: stored permits scaled to the new maximum (bursty) or,
+    /// from an empty maximum, full (warming up); the next free ticket kept.
+    fn carry_over(&self, old: &Self, mut s: SmoothState, now: u64) -> Option<SmoothState> {
+        old.resync(&mut s, now);
+        s.stored = if old.max_permits == 0.0 {
+            match self.kind {
+                SmoothKind::Bursty { .. } => 0.0,
+                SmoothKind::WarmingUp { .. } => self.max_permits,
+            }
+        } else {
+            s.stored * self.max_permits / old.max_permits
+        };
+        Some(s)
     }
 }

@@ -2,6 +2,10 @@
 
 use crate::algorithm::{debt_units, exact_units, schedule_algorithm, Schedule};
 use crate::units::{div, div_ceil, sat, Rate};
+use std::fmt;
+
+use crate::params::{share_count, share_rate, Params, Res, Spec};
+use crate::units::time_for;
 
 /// A token bucket of `capacity` tokens refilled at `rate`, continuously: fractions of
 /// a token are kept (in units of `1/interval_ticks` token), never truncated away.
@@ -97,6 +101,9 @@ pub(crate) fn ceil_us(a: i128, b: i128) -> u64 {
 
 impl Schedule for TokenBucket {
     type State = TokenBucketState;
+    fn window(&self) -> u64 {
+        time_for(self.capacity_tokens(), self.rate())
+    }
 
     fn fresh(&self) -> TokenBucketState {
         TokenBucketState {
@@ -154,3 +161,30 @@ impl Schedule for TokenBucket {
 }
 
 schedule_algorithm!(TokenBucket, TokenBucketState);
+
+impl Spec for TokenBucket {
+    const PARAMS: &'static [&'static str] = &["rate", "capacity"];
+
+    fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
+        let rate = p.rate()?;
+        let capacity = p.count_or("capacity", rate.count)?;
+        Ok(Some(p.build(TokenBucket::new(rate, capacity))?))
+    }
+
+    fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (rate, capacity) = (self.rate(), self.capacity_tokens());
+        write!(f, "token-bucket:rate={rate},capacity={capacity}")
+    }
+
+    fn share(&self, n: u64) -> Res<Self> {
+        TokenBucket::new(
+            share_rate(self.rate(), n)?,
+            share_count(self.capacity_tokens(), n),
+        )
+    }
+
+    /// The tokens stay while the rate is the same.
+    fn carry_over(&self, old: &Self, state: TokenBucketState, _: u64) -> Option<TokenBucketState> {
+        (old.rate() == self.rate()).then_some(state)
+    }
+}

@@ -128,7 +128,7 @@ fn summarize(policy: &Policy, fates: &[Fate]) -> Summary {
         window_us: window,
         worst_window_start_us: worst_start,
         limit: policy.limit(),
-        over_limit: worst > policy.limit() && policy.algo().kind().info().per_window,
+        over_limit: worst > policy.limit() && per_window(policy),
         mean_wait_us: if waits.is_empty() {
             0
         } else {
@@ -214,4 +214,14 @@ pub fn write_csv(path: &Path, runs: &[(Summary, Vec<Fate>)]) -> anyhow::Result<(
     }
     w.flush()?;
     Ok(())
+}
+
+/// Whether `policy` states its limit per window of a length (the window algorithms),
+/// so a window holding more is over it.
+fn per_window(policy: &Policy) -> bool {
+    use tollgate::AlgorithmKind::*;
+    matches!(
+        policy.algo().kind(),
+        FixedWindow | SlidingLog | SlidingWindow | SlidingWindowWeighted
+    )
 }

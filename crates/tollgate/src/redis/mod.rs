@@ -33,6 +33,8 @@ mod batch;
 mod call;
 mod caller;
 mod concurrency;
+#[cfg(test)]
+mod docs_tables;
 mod health;
 mod lease;
 mod limiter;

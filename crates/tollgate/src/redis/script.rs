@@ -7,14 +7,12 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use tollgate_core::algorithms::*;
-use tollgate_core::{
-    Algo, AlgorithmKind, CheckMode, Policy, PolicyState, RuleSet, ALGORITHM_TABLE,
-};
+use tollgate_core::{Algo, AlgorithmKind, CheckMode, Policy, PolicyState, RuleSet};
 
 use crate::Error;
 
-/// The algorithm files (the algorithm table's `lua_file`s); file `i` is bit `1 << i`
-/// of a [`Wire::families`] mask.
+/// The algorithm files (see [`lua`]); file `i` is bit `1 << i` of a
+/// [`Wire::families`] mask.
 const FAMILIES: [(&str, &str); 6] = [
     ("gcra", include_str!("../../lua/gcra.lua")),
     ("buckets", include_str!("../../lua/buckets.lua")),
@@ -183,9 +181,54 @@ impl Wire {
     }
 }
 
-/// The bit of the algorithm file that decides `kind` (the table's `lua_file`).
+/// Where the Lua code decides `kind`: the name of its wire code there (`CODE.GCRA`)
+/// and its file of `crates/tollgate/lua/` (`None`: not the decision script's;
+/// concurrency permits are leases of their own, `RedisConcurrencyLimiter`).
+pub(crate) fn lua(kind: AlgorithmKind) -> (&'static str, Option<&'static str>) {
+    use AlgorithmKind::*;
+    match kind {
+        Gcra => ("GCRA", Some("gcra")),
+        TokenBucket => ("TOKEN_BUCKET", Some("buckets")),
+        LeakyBucket => ("LEAKY_BUCKET", Some("buckets")),
+        FixedWindow => ("FIXED_WINDOW", Some("windows")),
+        SlidingLog => ("SLIDING_LOG", Some("windows")),
+        SlidingWindow => ("SLIDING_WINDOW", Some("windows")),
+        SlidingWindowWeighted => ("SLIDING_WINDOW_WEIGHTED", Some("windows")),
+        SmoothBursty => ("SMOOTH_BURSTY", Some("smooth")),
+        SmoothWarmup => ("SMOOTH_WARMUP", Some("smooth")),
+        LimitReq => ("LIMIT_REQ", Some("limit_req")),
+        Shaper => ("SHAPER", Some("shaper")),
+        Concurrency => ("CONCURRENCY", None),
+    }
+}
+
+/// Whether a lease can keep `kind` exactly: a slice of its budget decided locally
+/// never admits more than the algorithm would (see `lease.rs`).
+pub(crate) fn leasable_kind(kind: AlgorithmKind) -> bool {
+    use AlgorithmKind::*;
+    matches!(
+        kind,
+        Gcra | TokenBucket | LeakyBucket | FixedWindow | SlidingWindow | SlidingWindowWeighted
+    )
+}
+
+/// The block of `prelude.lua` that names each wire code (`local CODE = {...}`), as
+/// [`lua`] says it must read.
+#[cfg(test)]
+fn lua_codes() -> String {
+    let mut kinds = AlgorithmKind::ALL.to_vec();
+    kinds.sort_by_key(|k| k.wire_code());
+    let mut s = String::from("local CODE = {\n");
+    for kind in kinds {
+        s.push_str(&format!("  {} = {},\n", lua(kind).0, kind.wire_code()));
+    }
+    s.push('}');
+    s
+}
+
+/// The bit of the algorithm file that decides `kind`.
 fn family(kind: AlgorithmKind) -> u8 {
-    let file = kind.info().lua_file;
+    let file = lua(kind).1;
     let i = FAMILIES.iter().position(|(name, _)| Some(*name) == file);
     1 << i.expect("every algorithm the script decides has its file in FAMILIES")
 }
@@ -327,13 +370,12 @@ pub(crate) fn leasable(p: &Policy) -> Result<(), String> {
             "{p}: a shadow policy cannot be leased (a lease charges every policy it admits for)"
         ));
     }
-    if p.algo().kind().info().leasable {
+    if leasable_kind(p.algo().kind()) {
         return Ok(());
     }
-    let mut keep: Vec<&str> = ALGORITHM_TABLE
-        .iter()
-        .filter(|r| r.leasable)
-        .map(|r| r.spec_name)
+    let mut keep: Vec<&str> = (AlgorithmKind::ALL.iter())
+        .filter(|k| leasable_kind(**k))
+        .map(|k| k.spec_name())
         .collect();
     keep.dedup();
     Err(format!(
@@ -485,21 +527,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_lua_code_names_follow_the_algorithm_table() {
+    fn the_lua_code_names_follow_the_list_of_algorithms() {
         assert!(
-            PRELUDE.contains(&tollgate_core::lua_codes()),
-            "lua/prelude.lua must name the wire codes exactly as the table does:\n{}",
-            tollgate_core::lua_codes()
+            PRELUDE.contains(&lua_codes()),
+            "lua/prelude.lua must name the wire codes exactly as `lua` does:\n{}",
+            lua_codes()
         );
-        for row in &ALGORITHM_TABLE {
-            let Some(file) = row.lua_file else { continue };
-            let (_, src) = FAMILIES.iter().find(|(name, _)| *name == file).unwrap();
+        for &kind in AlgorithmKind::ALL {
+            let (name, Some(file)) = lua(kind) else {
+                continue;
+            };
+            let (_, src) = FAMILIES.iter().find(|(f, _)| *f == file).unwrap();
             assert!(
-                src.contains(&format!("ALGOS[CODE.{}]", row.lua_name)),
-                "{file}.lua should define ALGOS[CODE.{}]",
-                row.lua_name
+                src.contains(&format!("ALGOS[CODE.{name}]")),
+                "{file}.lua should define ALGOS[CODE.{name}]"
             );
-            assert_ne!(family(row.kind), 0);
+            assert_ne!(family(kind), 0);
         }
         // No bare wire code is left in the decision code.
         let all = body(ALL_FAMILIES);
