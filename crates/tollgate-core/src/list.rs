@@ -13,7 +13,6 @@
 use std::fmt;
 
 use crate::algorithm::{Algorithm, CheckMode};
-use crate::algorithms::*;
 use crate::decision::{CheckError, Decision};
 use crate::params::{Params, Res, Spec};
 
@@ -236,24 +235,35 @@ macro_rules! algorithms {
     };
 }
 
-algorithms! {
-    FixedWindow(FixedWindow, FixedWindowState) = 4, "fixed-window", "a count per window";
-    SlidingLog(SlidingLog, SlidingLogState) = 5, "sliding-log", "a timestamp per admitted unit";
-    SlidingWindow(SlidingWindow, SlidingWindowState) = 6, "sliding-window",
-        "K sub-window counters (`buckets=K`)";
-    SlidingWindowWeighted(SlidingWindowWeighted, WeightedState) = 7, "sliding-window",
-        "two window counters, the previous one weighted by overlap (`mode=weighted`)";
-    LeakyBucket(LeakyBucket, LeakyBucketState) = 3, "leaky-bucket",
-        "a level that drains continuously (the meter)";
-    Gcra(Gcra, GcraState) = 1, "gcra", "a theoretical arrival time";
-    TokenBucket(TokenBucket, TokenBucketState) = 2, "token-bucket",
-        "tokens that refill continuously";
-    SmoothBursty(Smooth, SmoothState) = 8, "smooth-bursty", "Guava's SmoothBursty";
-    SmoothWarmup(Smooth, SmoothState) = 9, "smooth-warmup", "Guava's SmoothWarmingUp";
-    LimitReq(LimitReq, LimitReqState) = 10, "limit-req", "nginx's excess in milli-requests";
-    Shaper(Shaper, ShaperState) = 11, "shaper", "a release schedule";
-    Concurrency(Concurrency, ConcurrencyState) = 12, "concurrency", "permits in flight";
+/// Calls macro `$m` with the list of algorithms, one row each:
+/// `Variant(Parameters, State) = wire code, "spec-name", "what its state is";` — for
+/// code outside this crate that derives its own dispatch from the one list (the
+/// Redis store's wire format), so that it names no algorithm a second time.
+#[macro_export]
+macro_rules! with_algorithms {
+    ($m:ident) => {
+        $m! {
+            FixedWindow($crate::algorithms::FixedWindow, $crate::algorithms::FixedWindowState) = 4, "fixed-window", "a count per window";
+            SlidingLog($crate::algorithms::SlidingLog, $crate::algorithms::SlidingLogState) = 5, "sliding-log", "a timestamp per admitted unit";
+            SlidingWindow($crate::algorithms::SlidingWindow, $crate::algorithms::SlidingWindowState) = 6, "sliding-window",
+                "K sub-window counters (`buckets=K`)";
+            SlidingWindowWeighted($crate::algorithms::SlidingWindowWeighted, $crate::algorithms::WeightedState) = 7, "sliding-window",
+                "two window counters, the previous one weighted by overlap (`mode=weighted`)";
+            LeakyBucket($crate::algorithms::LeakyBucket, $crate::algorithms::LeakyBucketState) = 3, "leaky-bucket",
+                "a level that drains continuously (the meter)";
+            Gcra($crate::algorithms::Gcra, $crate::algorithms::GcraState) = 1, "gcra", "a theoretical arrival time";
+            TokenBucket($crate::algorithms::TokenBucket, $crate::algorithms::TokenBucketState) = 2, "token-bucket",
+                "tokens that refill continuously";
+            SmoothBursty($crate::algorithms::Smooth, $crate::algorithms::SmoothState) = 8, "smooth-bursty", "Guava's SmoothBursty";
+            SmoothWarmup($crate::algorithms::Smooth, $crate::algorithms::SmoothState) = 9, "smooth-warmup", "Guava's SmoothWarmingUp";
+            LimitReq($crate::algorithms::LimitReq, $crate::algorithms::LimitReqState) = 10, "limit-req", "nginx's excess in milli-requests";
+            Shaper($crate::algorithms::Shaper, $crate::algorithms::ShaperState) = 11, "shaper", "a release schedule";
+            Concurrency($crate::algorithms::Concurrency, $crate::algorithms::ConcurrencyState) = 12, "concurrency", "permits in flight";
+        }
+    };
 }
+
+crate::with_algorithms!(algorithms);
 
 impl AlgorithmKind {
     /// Its wire code (the discriminant).

@@ -6,7 +6,7 @@
 
 use tollgate_core::{AlgorithmKind, Policy};
 
-use super::script::{leasable_kind, lua};
+use super::algorithms::{file, leasable_kind};
 
 const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/semantics.md");
 
@@ -121,7 +121,7 @@ fn spec_table() -> String {
     );
     for &kind in AlgorithmKind::ALL {
         let p = prose(kind);
-        let redis = match lua(kind).1 {
+        let redis = match file(kind) {
             Some(file) => format!("`lua/{file}.lua`"),
             None => "permits with leases (`RedisConcurrencyLimiter`)".into(),
         };

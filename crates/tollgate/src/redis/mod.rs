@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+mod algorithms;
 mod batch;
 mod call;
 mod caller;

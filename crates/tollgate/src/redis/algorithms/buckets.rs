@@ -1,0 +1,63 @@
+//! `token-bucket` and `leaky-bucket` in Redis: `lua/buckets.lua` (they share their
+//! units).
+
+use tollgate_core::algorithms::{LeakyBucket, LeakyBucketState, TokenBucket, TokenBucketState};
+use tollgate_core::{Policy, Rate};
+
+use super::{bounded, exactly, nums, LuaAlgorithm};
+use crate::Error;
+
+/// interval (ticks), scale, capacity * interval.
+fn bucket(p: &Policy, r: Rate, capacity: u64) -> Result<(Vec<String>, u64), Error> {
+    let cap = u128::from(capacity) * u128::from(r.interval_ticks());
+    let params = vec![
+        r.interval_ticks().to_string(),
+        r.scale().to_string(),
+        bounded("capacity * interval", p, cap)?,
+    ];
+    Ok((params, u64::MAX))
+}
+
+impl LuaAlgorithm for TokenBucket {
+    const FILE: Option<&'static str> = Some("buckets");
+    const LEASABLE: bool = true;
+
+    fn encode(&self, p: &Policy) -> Result<(Vec<String>, u64), Error> {
+        bucket(p, self.rate(), self.capacity_tokens())
+    }
+
+    /// "tokens last".
+    fn parse_state(&self, s: &str) -> Result<TokenBucketState, Error> {
+        let [tokens, last] = exactly::<2, i64>(nums(s)?, s)?;
+        Ok(TokenBucketState {
+            tokens,
+            last: last as u64,
+        })
+    }
+
+    fn encode_state(&self, t: &TokenBucketState) -> Option<String> {
+        Some(format!("{} {}", t.tokens, t.last))
+    }
+}
+
+impl LuaAlgorithm for LeakyBucket {
+    const FILE: Option<&'static str> = Some("buckets");
+    const LEASABLE: bool = true;
+
+    fn encode(&self, p: &Policy) -> Result<(Vec<String>, u64), Error> {
+        bucket(p, self.rate(), self.capacity_units())
+    }
+
+    /// "level last".
+    fn parse_state(&self, s: &str) -> Result<LeakyBucketState, Error> {
+        let [level, last] = exactly::<2, i64>(nums(s)?, s)?;
+        Ok(LeakyBucketState {
+            level,
+            last: last as u64,
+        })
+    }
+
+    fn encode_state(&self, l: &LeakyBucketState) -> Option<String> {
+        Some(format!("{} {}", l.level, l.last))
+    }
+}
