@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Measures `tollgate serve` against the HTTP stack's ceiling (a server answering 200 to
-# everything) in one run, on loopback: max throughput (3 alternating rounds; medians),
-# then p99 at half of tollgate's max load, for HTTP and gRPC.
+# everything) in one run, on loopback: max throughput (3 alternating rounds; medians)
+# of /v1/check, Envoy's /json (the same body and client) and gRPC, then p99 at half of
+# tollgate's max load, for HTTP and gRPC.
 # With `redis` as the third argument, a second `serve` on the Redis store (a
 # redis-server started here; batching on, the default) runs beside the memory one,
 # alternating rounds, and the ratio of their HTTP max req/s is printed.
@@ -48,20 +49,22 @@ sleep 1
 run() { "$bin" bench "$@" --concurrency "$conc" --duration "${secs}s" 2>/dev/null | tail -1; }
 field() { echo "$1" | sed -E "s#.*$2: ([0-9.]+).*#\1#"; }
 median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
-c_rps=(); t_rps=(); g_rps=()
+c_rps=(); t_rps=(); g_rps=(); j_rps=()
 for round in 1 2 3; do
   c=$(run http --target "127.0.0.1:$ceil"); c_rps+=("$(field "$c" 'req/s')")
   t=$(run http --target "127.0.0.1:$http"); t_rps+=("$(field "$t" 'req/s')")
+  j=$(run json --target "127.0.0.1:$http"); j_rps+=("$(field "$j" 'req/s')")
   g=$(run grpc --target "127.0.0.1:$grpc"); g_rps+=("$(field "$g" 'req/s')")
-  echo "round $round: ceiling [$c] | tollgate http [$t] | tollgate grpc [$g]" >&2
+  echo "round $round: ceiling [$c] | tollgate http [$t] | tollgate /json [$j] | tollgate grpc [$g]" >&2
 done
-cm=$(median "${c_rps[@]}"); tm=$(median "${t_rps[@]}"); gm=$(median "${g_rps[@]}")
+cm=$(median "${c_rps[@]}"); tm=$(median "${t_rps[@]}"); gm=$(median "${g_rps[@]}"); jm=$(median "${j_rps[@]}")
 half=$(python3 -c "print(int($tm/2))"); ghalf=$(python3 -c "print(int($gm/2))")
 th=$(run http --target "127.0.0.1:$http" --rate "$half")
 gh=$(run grpc --target "127.0.0.1:$grpc" --rate "$ghalf")
 echo "concurrency $conc, ${secs}s runs, medians of 3"
 echo "ceiling (200 to everything), HTTP max req/s: $cm"
 echo "tollgate HTTP /v1/check max req/s: $tm (ratio $(python3 -c "print(round($tm/$cm,2))"))"
+echo "tollgate Envoy /json max req/s: $jm (ratio $(python3 -c "print(round($jm/$cm,2))"); the same body and client as /v1/check)"
 echo "tollgate gRPC ShouldRateLimit max req/s: $gm"
 echo "tollgate HTTP at $half req/s: $th"
 echo "tollgate gRPC at $ghalf req/s: $gh"
@@ -79,14 +82,18 @@ if [ -n "${BASELINE_BIN:-}" ]; then
   bhttp=$(port); bgrpc=$(port)
   "$BASELINE_BIN" serve --http "127.0.0.1:$bhttp" --grpc "127.0.0.1:$bgrpc" >/dev/null 2>&1 & pids+=($!)
   sleep 1
-  nh=(); oh=(); ng=(); og=()
+  nh=(); oh=(); nj=(); oj=(); ng=(); og=()
   for round in 1 2 3; do
     a=$(run http --target "127.0.0.1:$http"); nh+=("$(field "$a" 'req/s')")
     b=$(run http --target "127.0.0.1:$bhttp"); oh+=("$(field "$b" 'req/s')")
+    e=$(run json --target "127.0.0.1:$http"); nj+=("$(field "$e" 'req/s')")
+    f=$(run json --target "127.0.0.1:$bhttp"); oj+=("$(field "$f" 'req/s')")
     c=$(run grpc --target "127.0.0.1:$grpc"); ng+=("$(field "$c" 'req/s')")
     d=$(run grpc --target "127.0.0.1:$bgrpc"); og+=("$(field "$d" 'req/s')")
-    echo "round $round: http new [$a] old [$b] | grpc new [$c] old [$d]" >&2
+    echo "round $round: http new [$a] old [$b] | json new [$e] old [$f] | grpc new [$c] old [$d]" >&2
   done
+  ratio() { python3 -c "print(round($1/$2,2))"; }
   a=$(median "${nh[@]}"); b=$(median "${oh[@]}"); c=$(median "${ng[@]}"); d=$(median "${og[@]}")
-  echo "against $BASELINE_BIN: HTTP max req/s new $a, old $b (ratio $(python3 -c "print(round($a/$b,2))")); gRPC new $c, old $d (ratio $(python3 -c "print(round($c/$d,2))"))"
+  e=$(median "${nj[@]}"); f=$(median "${oj[@]}")
+  echo "against $BASELINE_BIN, max req/s new/old: HTTP $a/$b ($(ratio "$a" "$b")), /json $e/$f ($(ratio "$e" "$f")), gRPC $c/$d ($(ratio "$c" "$d"))"
 fi

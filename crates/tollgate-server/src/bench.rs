@@ -82,6 +82,8 @@ pub enum Protocol {
     Http,
     /// `ShouldRateLimit` over HTTP/2.
     Grpc,
+    /// Envoy's `POST /json` (the same body as `/v1/check`) over HTTP/1.1 keep-alive.
+    Json,
     /// The Redis store's decision script, through the `RateLimiter` check of a `RedisLimiter`.
     Redis,
 }
@@ -95,6 +97,7 @@ type HttpClient = hyper_util::client::legacy::Client<
 /// How one caller reaches the target.
 enum Caller {
     Http(HttpClient),
+    Json(HttpClient),
     Grpc(RlsClient),
     Redis(tollgate::AnyLimiter),
 }
@@ -103,7 +106,8 @@ impl Caller {
     /// One check of descriptor value `value`; whether it got an answer.
     async fn call(&mut self, spec: &LoadSpec, value: &str) -> bool {
         match self {
-            Caller::Http(client) => http_call(client, spec, value).await,
+            Caller::Http(client) => http_call(client, spec, "/v1/check", value).await,
+            Caller::Json(client) => http_call(client, spec, "/json", value).await,
             Caller::Grpc(client) => grpc_call(client, spec, value).await,
             Caller::Redis(limiter) => tollgate::RateLimiter::check(limiter, value, 1)
                 .await
@@ -153,6 +157,7 @@ impl Connections {
     fn caller(&self, protocol: Protocol, w: usize) -> Caller {
         match protocol {
             Protocol::Http => Caller::Http(self.http.clone()),
+            Protocol::Json => Caller::Json(self.http.clone()),
             Protocol::Grpc => Caller::Grpc(RlsClient::new(self.grpc[w / 8].clone())),
             Protocol::Redis => Caller::Redis(self.redis[w % self.redis.len()].clone()),
         }
@@ -288,12 +293,12 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
     })
 }
 
-async fn http_call(client: &HttpClient, spec: &LoadSpec, value: &str) -> bool {
+async fn http_call(client: &HttpClient, spec: &LoadSpec, path: &str, value: &str) -> bool {
     let body = format!(
         r#"{{"domain":"{}","descriptors":[{{"entries":[{{"key":"{}","value":"{value}"}}]}}]}}"#,
         spec.domain, spec.key
     );
-    let request = match http::Request::post(format!("http://{}/v1/check", spec.target))
+    let request = match http::Request::post(format!("http://{}{path}", spec.target))
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body)))
     {
@@ -346,6 +351,8 @@ pub async fn ceiling(listen: SocketAddr) -> anyhow::Result<()> {
 pub enum BenchCommand {
     /// Load a service's HTTP API (`POST /v1/check`, keep-alive).
     Http(LoadArgs),
+    /// Load a service's Envoy JSON endpoint (`POST /json`, keep-alive; the same body).
+    Json(LoadArgs),
     /// Load a service's Envoy RLS gRPC API (`ShouldRateLimit`).
     Grpc(LoadArgs),
     /// Drive the Redis store's decision script: K keys, N concurrent callers over a
@@ -516,6 +523,7 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
             return Ok(());
         }
         BenchCommand::Http(a) => (Protocol::Http, a),
+        BenchCommand::Json(a) => (Protocol::Json, a),
         BenchCommand::Grpc(a) => (Protocol::Grpc, a),
     };
     if args.concurrency == 0 {

@@ -4,43 +4,71 @@
 //! out; both transports answer through it, so they answer alike.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit as PbUnit, Code as PbCode, DescriptorStatus, RateLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt64Value};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
 use tollgate::Op;
 
 use crate::service::rules::Unit;
 use crate::service::{
-    Code, DecisionService, DescriptorRequest, DescriptorStatus as ServiceStatus, RequestError,
+    Api, CheckResult, Code, DecisionService, DescriptorRequest, DescriptorStatus as ServiceStatus,
+    RequestError,
 };
 
-/// Decides a `RateLimitRequest` as envoyproxy/ratelimit does: the request's
-/// `hits_addend` (unset or 0 means 1), each descriptor's own `hits_addend` (0: look
-/// without counting) and `limit` override; the response headers as
-/// `service.headers` says.
+/// A rate-limit request as both Envoy wire forms carry it, read into the service's
+/// terms: the domain, the descriptors (strings moved, not copied) and the request's
+/// hits (its `hits_addend`; unset or 0 means 1).
+#[derive(Debug)]
+pub struct EnvoyRequest {
+    /// The domain.
+    pub domain: String,
+    /// The descriptors, each with its own `hits_addend`, `limit` override and
+    /// `is_negative_hits`.
+    pub descriptors: Vec<DescriptorRequest>,
+    /// The request's hits.
+    pub hits: u64,
+}
+
+impl From<RateLimitRequest> for EnvoyRequest {
+    fn from(req: RateLimitRequest) -> Self {
+        EnvoyRequest {
+            domain: req.domain,
+            descriptors: req
+                .descriptors
+                .into_iter()
+                .map(descriptor_request)
+                .collect(),
+            hits: u64::from(req.hits_addend.max(1)),
+        }
+    }
+}
+
+/// Decides an Envoy request as envoyproxy/ratelimit does (the request's and each
+/// descriptor's `hits_addend`, 0: look without counting; `limit` overrides;
+/// `is_negative_hits`), with the response headers `service.headers` asks for: what
+/// both wire forms answer from.
+pub async fn decide(
+    service: &DecisionService,
+    req: &EnvoyRequest,
+) -> Result<(CheckResult, Vec<(String, String)>), RequestError> {
+    let result = service
+        .check(Api::Envoy, &req.domain, &req.descriptors, req.hits, Op::Try)
+        .await?;
+    let headers =
+        crate::service::headers::response_headers(&service.answers().headers, &result, false);
+    Ok((result, headers))
+}
+
+/// Decides a `RateLimitRequest` (gRPC's `ShouldRateLimit`), see [`decide`].
 pub async fn should_rate_limit(
     service: &DecisionService,
     req: RateLimitRequest,
 ) -> Result<RateLimitResponse, RequestError> {
-    let descriptors: Vec<DescriptorRequest> = req
-        .descriptors
-        .into_iter()
-        .map(descriptor_request)
-        .collect();
-    let hits = u64::from(req.hits_addend.max(1));
-    let result = service
-        .check(&req.domain, &descriptors, hits, Op::Try)
-        .await?;
-    let headers =
-        crate::service::headers::response_headers(&service.answers().headers, &result, false);
+    let (result, headers) = decide(service, &req.into()).await?;
     Ok(RateLimitResponse {
         overall_code: pb_code(result.overall),
         statuses: result.statuses.iter().map(descriptor_status).collect(),
@@ -109,71 +137,94 @@ fn pb_code(code: Code) -> i32 {
     code as i32
 }
 
-/// A descriptor's status as Envoy reads it: the limit in Envoy's terms (its unit, or
-/// the policy's headline limit with an unknown unit), remaining and time to reset
-/// (whole seconds for a limit in Envoy's units, as envoyproxy/ratelimit computes it;
-/// to the microsecond for tollgate's policies).
-fn descriptor_status(s: &ServiceStatus) -> DescriptorStatus {
-    let mut status = DescriptorStatus {
-        code: pb_code(s.code),
-        ..Default::default()
+/// A descriptor's status as Envoy reads it, before either wire form: the limit in
+/// Envoy's terms (its unit, or the policy's headline limit with an unknown unit),
+/// remaining and time to reset (whole seconds for a limit in Envoy's units, as
+/// envoyproxy/ratelimit computes it; to the microsecond for tollgate's policies).
+struct EnvoyStatus<'a> {
+    code: Code,
+    /// Name, requests per unit, unit.
+    limit: Option<(&'a str, u32, PbUnit)>,
+    remaining: u32,
+    reset_after_us: Option<u64>,
+}
+
+fn envoy_status(s: &ServiceStatus) -> EnvoyStatus<'_> {
+    let mut status = EnvoyStatus {
+        code: s.code,
+        limit: None,
+        remaining: 0,
+        reset_after_us: None,
     };
     if s.limit
         .as_ref()
         .is_some_and(|l| l.rules.is_none() && !l.deny)
     {
         // Unlimited: OK with the most remaining there is, as Envoy's service.
-        status.limit_remaining = u32::MAX;
+        status.remaining = u32::MAX;
     }
     if let (Some(limit), Some(view)) = (&s.limit, s.envoy_view()) {
         let unit = limit
             .envoy
             .map_or(PbUnit::Unknown, |(unit, _)| pb_unit(unit));
-        status.current_limit = Some(RateLimit {
-            name: limit.name.clone().unwrap_or_default(),
-            requests_per_unit: u32::try_from(view.per_unit).unwrap_or(u32::MAX),
-            unit: unit as i32,
-        });
-        status.limit_remaining = u32::try_from(view.remaining).unwrap_or(u32::MAX);
-        status.duration_until_reset = Some(duration(view.reset_after_us));
+        let per_unit = u32::try_from(view.per_unit).unwrap_or(u32::MAX);
+        status.limit = Some((limit.name.as_deref().unwrap_or(""), per_unit, unit));
+        status.remaining = u32::try_from(view.remaining).unwrap_or(u32::MAX);
+        status.reset_after_us = Some(view.reset_after_us);
     }
     status
 }
 
+/// A descriptor's status in protobuf.
+fn descriptor_status(s: &ServiceStatus) -> DescriptorStatus {
+    let e = envoy_status(s);
+    DescriptorStatus {
+        code: pb_code(e.code),
+        current_limit: e.limit.map(|(name, requests_per_unit, unit)| RateLimit {
+            name: name.to_string(),
+            requests_per_unit,
+            unit: unit as i32,
+        }),
+        limit_remaining: e.remaining,
+        duration_until_reset: e.reset_after_us.map(duration),
+        ..Default::default()
+    }
+}
+
 // --- The proto3 JSON mapping, for `POST /json`. ---
 
-/// A `RateLimitRequest` from its proto3 JSON form, as `protojson` reads it: field
-/// names in lowerCamelCase or as in the proto, 64-bit integers as numbers or
-/// strings, enums by name or number, `null` for a default; an unknown field is an
-/// error naming it.
-pub fn request_from_json(body: &[u8]) -> Result<RateLimitRequest, String> {
+/// An Envoy request from the proto3 JSON form of a `RateLimitRequest`, as
+/// `protojson` reads it (field names in lowerCamelCase or as in the proto, 64-bit
+/// integers as numbers or strings, enums by name or number, `null` for a default; an
+/// unknown field is an error naming it), read straight into the service's terms.
+pub fn request_from_json(body: &[u8]) -> Result<EnvoyRequest, String> {
     let req: JsonRequest = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-    Ok(RateLimitRequest {
-        domain: req.domain.unwrap_or_default(),
-        hits_addend: u32::try_from(req.hits_addend.unwrap_or(0))
-            .map_err(|_| "hitsAddend: more than a uint32".to_string())?,
-        descriptors: (req.descriptors.unwrap_or_default().into_iter())
-            .map(|d| {
-                Ok(RateLimitDescriptor {
-                    entries: (d.entries.unwrap_or_default().into_iter())
-                        .map(|e| Entry {
-                            key: e.key.unwrap_or_default(),
-                            value: e.value.unwrap_or_default(),
-                        })
-                        .collect(),
-                    limit: match d.limit {
-                        Some(l) => Some(RateLimitOverride {
-                            requests_per_unit: u32::try_from(l.requests_per_unit.unwrap_or(0))
-                                .map_err(|_| "limit.requestsPerUnit: more than a uint32")?,
-                            unit: l.unit.unwrap_or(0),
-                        }),
-                        None => None,
-                    },
-                    hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
-                    is_negative_hits: d.is_negative_hits.unwrap_or(false),
-                })
+    let hits = u32::try_from(req.hits_addend.unwrap_or(0))
+        .map_err(|_| "hitsAddend: more than a uint32".to_string())?;
+    let descriptors = (req.descriptors.unwrap_or_default().into_iter())
+        .map(|d| {
+            let limit_override = match d.limit {
+                Some(l) => {
+                    let n = u32::try_from(l.requests_per_unit.unwrap_or(0))
+                        .map_err(|_| "limit.requestsPerUnit: more than a uint32")?;
+                    unit_of(l.unit.unwrap_or(0)).map(|unit| (unit, u64::from(n)))
+                }
+                None => None,
+            };
+            Ok(DescriptorRequest {
+                entries: (d.entries.unwrap_or_default().into_iter())
+                    .map(|e| (e.key.unwrap_or_default(), e.value.unwrap_or_default()))
+                    .collect(),
+                hits: d.hits_addend,
+                give_back: d.is_negative_hits.unwrap_or(false),
+                limit_override,
             })
-            .collect::<Result<_, &str>>()?,
+        })
+        .collect::<Result<_, &str>>()?;
+    Ok(EnvoyRequest {
+        domain: req.domain.unwrap_or_default(),
+        descriptors,
+        hits: u64::from(hits.max(1)),
     })
 }
 
@@ -274,71 +325,93 @@ mod unit_enum {
     }
 }
 
-/// A `RateLimitResponse` in proto3 JSON, as `protojson` writes it: lowerCamelCase
-/// names, enums by name, durations as `"1.500s"`, and fields at their default value
-/// (0, "", UNKNOWN, empty lists) left out.
-pub fn response_to_json(r: &RateLimitResponse) -> Value {
-    let mut out = Map::new();
-    put_enum(&mut out, "overallCode", code_name(r.overall_code));
-    let statuses: Vec<Value> = r.statuses.iter().map(status_to_json).collect();
-    if !statuses.is_empty() {
-        out.insert("statuses".into(), Value::Array(statuses));
+/// The `RateLimitResponse` of `result` in proto3 JSON, as `protojson` writes it
+/// (lowerCamelCase names in the proto's order, enums by name, durations as
+/// `"1.500s"`, fields at their default value — 0, "", UNKNOWN, empty lists — left
+/// out), written straight from the result.
+pub fn response_json(result: &CheckResult, headers: &[(String, String)]) -> String {
+    let mut out = String::with_capacity(48 + 112 * result.statuses.len());
+    out.push_str(r#"{"overallCode":""#);
+    out.push_str(code_name(result.overall));
+    out.push('"');
+    if !result.statuses.is_empty() {
+        out.push_str(r#","statuses":["#);
+        for (i, s) in result.statuses.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            status_json(&envoy_status(s), &mut out);
+        }
+        out.push(']');
     }
-    let headers: Vec<Value> = (r.response_headers_to_add.iter())
-        .map(|h| json!({ "key": h.key, "value": h.value }))
-        .collect();
     if !headers.is_empty() {
-        out.insert("responseHeadersToAdd".into(), Value::Array(headers));
-    }
-    Value::Object(out)
-}
-
-fn status_to_json(s: &DescriptorStatus) -> Value {
-    let mut out = Map::new();
-    put_enum(&mut out, "code", code_name(s.code));
-    if let Some(l) = &s.current_limit {
-        let mut limit = Map::new();
-        if !l.name.is_empty() {
-            limit.insert("name".into(), json!(l.name));
+        out.push_str(r#","responseHeadersToAdd":["#);
+        for (i, (key, value)) in headers.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(r#"{"key":"#);
+            json_string(key, &mut out);
+            out.push_str(r#","value":"#);
+            json_string(value, &mut out);
+            out.push('}');
         }
-        if l.requests_per_unit != 0 {
-            limit.insert("requestsPerUnit".into(), json!(l.requests_per_unit));
+        out.push(']');
+    }
+    out.push('}');
+    out
+}
+
+fn status_json(s: &EnvoyStatus, out: &mut String) {
+    use std::fmt::Write;
+    out.push_str(r#"{"code":""#);
+    out.push_str(code_name(s.code));
+    out.push('"');
+    if let Some((name, per_unit, unit)) = s.limit {
+        let mut fields = Vec::with_capacity(3);
+        if !name.is_empty() {
+            let mut n = String::from(r#""name":"#);
+            json_string(name, &mut n);
+            fields.push(n);
         }
-        let unit = PbUnit::try_from(l.unit).unwrap_or(PbUnit::Unknown);
-        put_enum(&mut limit, "unit", unit.as_str_name());
-        out.insert("currentLimit".into(), Value::Object(limit));
+        if per_unit != 0 {
+            fields.push(format!(r#""requestsPerUnit":{per_unit}"#));
+        }
+        if unit != PbUnit::Unknown {
+            fields.push(format!(r#""unit":"{}""#, unit.as_str_name()));
+        }
+        let _ = write!(out, r#","currentLimit":{{{}}}"#, fields.join(","));
     }
-    if s.limit_remaining != 0 {
-        out.insert("limitRemaining".into(), json!(s.limit_remaining));
+    if s.remaining != 0 {
+        let _ = write!(out, r#","limitRemaining":{}"#, s.remaining);
     }
-    if let Some(d) = &s.duration_until_reset {
-        out.insert("durationUntilReset".into(), json!(duration_json(d)));
+    if let Some(us) = s.reset_after_us {
+        let _ = write!(out, r#","durationUntilReset":"{}""#, duration_text(us));
     }
-    Value::Object(out)
+    out.push('}');
 }
 
-fn code_name(code: i32) -> &'static str {
-    PbCode::try_from(code)
-        .unwrap_or(PbCode::Unknown)
-        .as_str_name()
+/// A JSON string literal of `s`.
+fn json_string(s: &str, out: &mut String) {
+    out.push_str(&serde_json::to_string(s).expect("a string serializes"));
 }
 
-/// An enum field, left out at its zero value (`UNKNOWN`).
-fn put_enum(out: &mut Map<String, Value>, field: &str, name: &'static str) {
-    if name != "UNKNOWN" {
-        out.insert(field.into(), json!(name));
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
     }
 }
 
-/// A `google.protobuf.Duration` as protojson writes it: seconds with 0, 3, 6 or 9
-/// fractional digits, then `s`.
-fn duration_json(d: &PbDuration) -> String {
-    let nanos = d.nanos.unsigned_abs();
+/// A `google.protobuf.Duration` of `us` as protojson writes it: seconds with 0, 3,
+/// 6 or 9 fractional digits, then `s`.
+fn duration_text(us: u64) -> String {
+    let (seconds, nanos) = (us / 1_000_000, (us % 1_000_000) * 1000);
     match nanos {
-        0 => format!("{}s", d.seconds),
-        n if n % 1_000_000 == 0 => format!("{}.{:03}s", d.seconds, n / 1_000_000),
-        n if n % 1_000 == 0 => format!("{}.{:06}s", d.seconds, n / 1_000),
-        n => format!("{}.{n:09}s", d.seconds),
+        0 => format!("{seconds}s"),
+        n if n % 1_000_000 == 0 => format!("{seconds}.{:03}s", n / 1_000_000),
+        n if n % 1_000 == 0 => format!("{seconds}.{:06}s", n / 1_000),
+        n => format!("{seconds}.{n:09}s"),
     }
 }
 
@@ -348,11 +421,9 @@ mod tests {
 
     #[test]
     fn durations_are_written_as_protojson_writes_them() {
-        let d = |seconds, nanos| duration_json(&PbDuration { seconds, nanos });
-        assert_eq!(d(60, 0), "60s");
-        assert_eq!(d(59, 500_000_000), "59.500s");
-        assert_eq!(d(0, 250_000), "0.000250s");
-        assert_eq!(d(1, 7), "1.000000007s");
+        assert_eq!(duration_text(60_000_000), "60s");
+        assert_eq!(duration_text(59_500_000), "59.500s");
+        assert_eq!(duration_text(250), "0.000250s");
     }
 
     #[test]
@@ -364,18 +435,12 @@ mod tests {
                 {"entries":[{"key":"k"}],"limit":{"requestsPerUnit":2,"unit":3}}]}"#,
         )
         .unwrap();
-        assert_eq!((r.domain.as_str(), r.hits_addend), ("d", 3));
+        assert_eq!((r.domain.as_str(), r.hits), ("d", 3));
         let d = &r.descriptors[0];
-        assert_eq!(d.hits_addend, Some(UInt64Value { value: 0 }));
-        assert_eq!(
-            d.limit.as_ref().map(|l| (l.requests_per_unit, l.unit)),
-            Some((7, PbUnit::Minute as i32))
-        );
-        assert_eq!(r.descriptors[1].entries[0].value, "");
-        assert_eq!(
-            r.descriptors[1].limit.as_ref().map(|l| l.unit),
-            Some(PbUnit::Hour as i32)
-        );
+        assert_eq!(d.hits, Some(0));
+        assert_eq!(d.limit_override, Some((Unit::Minute, 7)));
+        assert_eq!(r.descriptors[1].entries[0].1, "");
+        assert_eq!(r.descriptors[1].limit_override, Some((Unit::Hour, 2)));
         let e = request_from_json(br#"{"domain":"d","descriptor":[]}"#).unwrap_err();
         assert!(e.contains("descriptor"), "{e}");
         let e = request_from_json(br#"{"domain":"d","hitsAddend":"lots"}"#).unwrap_err();

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tollgate::Op;
 
 use crate::service::rules::Limit;
-use crate::service::{CheckResult, Code, DecisionService, DescriptorRequest};
+use crate::service::{Api, CheckResult, Code, DecisionService, DescriptorRequest};
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -143,21 +143,16 @@ fn pairs(entries: Vec<EntryBody>) -> Vec<(String, String)> {
 }
 
 impl CheckBody {
-    /// The descriptors, moved out of the body; one without entries is refused here
-    /// (Envoy's API answers it OK, matching nothing; tollgate's names the mistake).
-    fn take_descriptors(&mut self) -> Result<Vec<DescriptorRequest>, crate::service::RequestError> {
-        if let Some(i) = self.descriptors.iter().position(|d| d.entries.is_empty()) {
-            return Err(crate::service::RequestError::EmptyDescriptor(i));
-        }
-        Ok(std::mem::take(&mut self.descriptors)
-            .into_iter()
+    /// The descriptors, moved out of the body (the service validates them).
+    fn take_descriptors(&mut self) -> Vec<DescriptorRequest> {
+        (std::mem::take(&mut self.descriptors).into_iter())
             .map(|d| DescriptorRequest {
                 entries: pairs(d.entries),
                 hits: d.cost,
                 give_back: false,
                 limit_override: None,
             })
-            .collect())
+            .collect()
     }
 }
 
@@ -227,12 +222,10 @@ async fn decide(
         Ok(Json(b)) => b,
         Err(e) => return rejected(e),
     };
-    let descriptors = match body.take_descriptors() {
-        Ok(d) => d,
-        Err(e) => return request_error(e),
-    };
+    let descriptors = body.take_descriptors();
+    let hits = body.cost.unwrap_or(1);
     match service
-        .check(&body.domain, &descriptors, body.cost.unwrap_or(1), op)
+        .check(Api::Tollgate, &body.domain, &descriptors, hits, op)
         .await
     {
         Ok(result) => respond(&service.answers().headers, &result),
@@ -248,13 +241,10 @@ async fn acquire(
         Ok(Json(b)) => b,
         Err(e) => return rejected(e),
     };
-    let descriptors = match body.take_descriptors() {
-        Ok(d) => d,
-        Err(e) => return request_error(e),
-    };
+    let descriptors = body.take_descriptors();
     let hits = body.cost.unwrap_or(1);
     let result = match service
-        .check(&body.domain, &descriptors, hits, Op::Acquire)
+        .check(Api::Tollgate, &body.domain, &descriptors, hits, Op::Acquire)
         .await
     {
         Ok(r) => r,
@@ -263,7 +253,7 @@ async fn acquire(
     let wait = Duration::from_micros(result.wait_us());
     if result.overall == Code::Ok && wait > MAX_ACQUIRE_WAIT {
         // Beyond the server's bound: give the reservations back and reject.
-        service.refund(&body.domain, &descriptors, hits).await;
+        service.refund(&result).await;
         let mut response = respond(&service.answers().headers, &result);
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         return response;
@@ -271,9 +261,9 @@ async fn acquire(
     if result.overall == Code::Ok && !wait.is_zero() {
         // If the client goes away, axum drops this future: refund then (from a task
         // of its own: a refund may need Redis).
-        let (svc, domain, descs) = (service.clone(), body.domain.clone(), descriptors.clone());
+        let (svc, counted) = (service.clone(), result.clone());
         let guard = tollgate::RefundOnDrop::new(move || {
-            tokio::spawn(async move { svc.refund(&domain, &descs, hits).await });
+            tokio::spawn(async move { svc.refund(&counted).await });
         });
         tokio::time::sleep(wait).await;
         guard.disarm();
@@ -484,21 +474,15 @@ async fn envoy_json(
         Ok(r) => r,
         Err(e) => return bad_request(e),
     };
-    match crate::service::envoy::should_rate_limit(&service, request).await {
-        Ok(response) => {
-            let status = if response.overall_code
-                == envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit
-                    as i32
-            {
-                StatusCode::TOO_MANY_REQUESTS
-            } else {
-                StatusCode::OK
+    match crate::service::envoy::decide(&service, &request).await {
+        Ok((result, headers)) => {
+            let status = match result.overall {
+                Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+                Code::Ok => StatusCode::OK,
             };
-            (
-                status,
-                Json(crate::service::envoy::response_to_json(&response)),
-            )
-                .into_response()
+            let json = crate::service::envoy::response_json(&result, &headers);
+            let content_type = [(http::header::CONTENT_TYPE, "application/json")];
+            (status, content_type, json).into_response()
         }
         Err(e) => request_error(e),
     }

@@ -39,6 +39,17 @@ pub struct DescriptorRequest {
     pub limit_override: Option<(Unit, u64)>,
 }
 
+/// The API a request came through, which decides one rule of validation: tollgate's
+/// own refuses a descriptor without entries (naming the mistake), Envoy's answers it
+/// OK, matching nothing, as envoyproxy/ratelimit does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/check`, `/v1/charge`, `/v1/acquire`.
+    Tollgate,
+    /// gRPC `ShouldRateLimit` and `POST /json`.
+    Envoy,
+}
+
 /// Envoy's codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
@@ -57,6 +68,9 @@ pub struct DescriptorStatus {
     pub hits: u64,
     /// The limit that applied, if any.
     pub limit: Option<Arc<Limit>>,
+    /// The counter of the limit that counted the hits (empty when none did): what a
+    /// refund gives back to, without matching the descriptor again.
+    pub counter: String,
     /// The decision, with every policy's, when a limited (not unlimited) rule applied.
     pub rule_decision: Option<RuleDecision>,
     /// Rejected by a rule in shadow mode: reported, not enforced.
@@ -401,18 +415,13 @@ impl DecisionService {
     /// limit (and a look, hits 0, finds it over while it is in debt).
     pub async fn check(
         &self,
+        api: Api,
         domain: &str,
         descriptors: &[DescriptorRequest],
         hits: u64,
         op: Op,
     ) -> Result<CheckResult, RequestError> {
-        if domain.is_empty() {
-            return Err(RequestError::NoDomain);
-        }
-        if descriptors.is_empty() {
-            return Err(RequestError::NoDescriptors);
-        }
-        self.validate(domain, descriptors)?;
+        self.validate(api, domain, descriptors)?;
         let started = tollgate::Clock::now_ns(&self.clock);
         let rules = self.rules.load_full();
         let found: Vec<_> = descriptors
@@ -528,12 +537,26 @@ impl DecisionService {
         }
     }
 
-    /// Refuses a request beyond `requests:` bounds.
+    /// The one validation of a request, whatever its transport: a domain and
+    /// descriptors (each with entries, through tollgate's API), within `requests:`
+    /// bounds.
     fn validate(
         &self,
+        api: Api,
         domain: &str,
         descriptors: &[DescriptorRequest],
     ) -> Result<(), RequestError> {
+        if domain.is_empty() {
+            return Err(RequestError::NoDomain);
+        }
+        if descriptors.is_empty() {
+            return Err(RequestError::NoDescriptors);
+        }
+        if api == Api::Tollgate {
+            if let Some(i) = descriptors.iter().position(|d| d.entries.is_empty()) {
+                return Err(RequestError::EmptyDescriptor(i));
+            }
+        }
         let max = self.requests.max_descriptors;
         if descriptors.len() > max {
             return Err(RequestError::TooManyDescriptors(descriptors.len(), max));
@@ -591,6 +614,7 @@ impl DecisionService {
             code,
             hits: cost,
             limit: Some(limit.clone()),
+            counter: key.to_string(),
             rule_decision: Some(decision),
             shadow_rejected,
         })
@@ -625,13 +649,16 @@ impl DecisionService {
         }
     }
 
-    /// Gives back what a request counted (an acquire whose caller went away).
-    pub async fn refund(&self, domain: &str, descriptors: &[DescriptorRequest], hits: u64) {
-        let rules = self.rules.load_full();
-        for d in descriptors {
-            if let Some(Match { limit, counter, .. }) = self.limit_for(&rules, domain, d) {
-                self.give_back(&limit, &counter, d.hits.unwrap_or(hits.max(1)))
-                    .await;
+    /// Gives back what a request counted (an acquire whose caller went away), to
+    /// the counters its check counted on.
+    pub async fn refund(&self, result: &CheckResult) {
+        for s in &result.statuses {
+            // Only what was taken: a reject (shadow mode's too) took nothing.
+            let took = s
+                .decision()
+                .is_some_and(|d| d.allowed && !d.shadow_rejected);
+            if let (Some(limit), true) = (&s.limit, took && s.hits > 0) {
+                self.give_back(limit, &s.counter, s.hits).await;
             }
         }
     }
@@ -692,6 +719,7 @@ fn ok(limit: Option<Arc<Limit>>) -> DescriptorStatus {
         code: Code::Ok,
         hits: 0,
         limit,
+        counter: String::new(),
         rule_decision: None,
         shadow_rejected: false,
     }
