@@ -34,6 +34,51 @@
 
 use tollgate_core::{Policy, RuleDecision, RuleSet};
 
+/// Which rate-limit headers a response carries: the one style setting of `serve`
+/// (`service.headers.style`), the proxy (a route's `headers`) and the tower layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (IETF httpapi, structured fields).
+    #[default]
+    Ietf,
+    /// The three-field set: limit, remaining, reset (`X-RateLimit-*` from
+    /// [`RateLimitHeaders::legacy`]; `serve` names them as envoyproxy/ratelimit's
+    /// draft-03 headers, configurable).
+    Legacy,
+    /// Both sets.
+    Both,
+    /// No rate-limit headers.
+    None,
+}
+
+impl HeaderStyle {
+    /// Whether the IETF fields are sent.
+    pub fn ietf(self) -> bool {
+        matches!(self, HeaderStyle::Ietf | HeaderStyle::Both)
+    }
+
+    /// Whether the three-field set is sent.
+    pub fn legacy(self) -> bool {
+        matches!(self, HeaderStyle::Legacy | HeaderStyle::Both)
+    }
+}
+
+/// Inserts `fields` into an http header map: the one loop every HTTP entry point
+/// writes its rate-limit headers with (a value that is not a valid header value is
+/// left out; none of ours is). Feature `http`.
+#[cfg(feature = "http")]
+pub fn insert_all<N: AsRef<str>>(
+    headers: &mut http::HeaderMap,
+    fields: impl IntoIterator<Item = (N, String)>,
+) {
+    for (name, value) in fields {
+        let name = http::HeaderName::from_bytes(name.as_ref().as_bytes());
+        if let (Ok(name), Ok(value)) = (name, http::HeaderValue::try_from(value)) {
+            headers.insert(name, value);
+        }
+    }
+}
+
 /// The rate-limit headers of one decision (see the module doc for their meaning).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitHeaders {
@@ -125,6 +170,21 @@ impl RateLimitHeaders {
     /// `Retry-After`, on a reject whose retry time is known.
     pub fn retry_after_header(&self) -> Option<(&'static str, String)> {
         self.retry_after_s.map(|s| ("retry-after", s.to_string()))
+    }
+
+    /// The fields `style` asks for, after `Retry-After` (on a reject) when
+    /// `retry_after`.
+    pub fn fields(
+        &self,
+        style: HeaderStyle,
+        retry_after: bool,
+    ) -> impl Iterator<Item = (&'static str, String)> {
+        let retry = self.retry_after_header().filter(|_| retry_after);
+        let ietf = style.ietf().then(|| self.ietf());
+        let legacy = style.legacy().then(|| self.legacy());
+        (retry.into_iter())
+            .chain(ietf.into_iter().flatten())
+            .chain(legacy.into_iter().flatten())
     }
 }
 

@@ -1,10 +1,6 @@
 //! Waiting out an admitted reservation, asynchronously or by blocking the thread.
 
-use std::future::Future;
-use std::task::{Context, Waker};
 use std::time::Duration;
-
-use crate::RateLimiter;
 
 /// Gives a reservation back if the waiter goes away before its time (a dropped
 /// future): the capacity is not lost, and waiters queued behind keep their places.
@@ -57,14 +53,17 @@ pub(crate) fn block(wait: Duration) {
     }
 }
 
+#[cfg(any(feature = "tower", feature = "redis"))]
 /// Gives `cost` back to `key` from where nothing can wait (a drop, a response on its
 /// way out): at once when the store answers at once (memory), else on a task of the
 /// current Tokio runtime (none: the units come back when the state replenishes).
 pub(crate) fn refund_detached<L, K>(limiter: &L, key: &K, cost: u64)
 where
-    L: RateLimiter<K> + Clone + 'static,
+    L: crate::RateLimiter<K> + Clone + 'static,
     K: Clone + Send + Sync + 'static,
 {
+    use std::future::Future;
+    use std::task::{Context, Waker};
     let (limiter, key) = (limiter.clone(), key.clone());
     let mut refund = Box::pin(async move {
         let _ = limiter.refund(&key, cost).await;

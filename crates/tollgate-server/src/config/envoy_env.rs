@@ -168,7 +168,7 @@ pub fn apply(
     }
     // Envoy's service adds no rate-limit headers unless asked.
     service.headers.style = match flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
-        Some(true) => HeaderStyle::Draft03,
+        Some(true) => HeaderStyle::Legacy,
         _ => HeaderStyle::None,
     };
     for (name, field) in [
@@ -289,7 +289,7 @@ mod tests {
         assert_eq!(main.store.timeout, Some(90_000_000));
         assert!(main.service.shadow_mode);
         assert_eq!(main.service.near_limit_ratio, 0.9);
-        assert_eq!(main.service.headers.style, HeaderStyle::Draft03);
+        assert_eq!(main.service.headers.style, HeaderStyle::Legacy);
         assert_eq!(main.service.headers.reset, "X-Reset");
         assert!(warning.unwrap().contains("USE_STATSD"));
         // Without LIMIT_RESPONSE_HEADERS_ENABLED: no headers, as Envoy's default.

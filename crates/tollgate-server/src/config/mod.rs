@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use serde::Deserialize;
+pub use tollgate::headers::HeaderStyle;
 use tollgate::{KeyedOptions, OnFull};
 
 /// The default HTTP listener (Envoy's ratelimit service uses 8080 too).
@@ -133,10 +134,11 @@ fn default_near_limit_ratio() -> f32 {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Headers {
-    /// `ietf` (`RateLimit-Policy` and `RateLimit`, the default), `draft03` (the
-    /// `RateLimit-Limit` / `-Remaining` / `-Reset` trio envoyproxy/ratelimit adds with
-    /// `LIMIT_RESPONSE_HEADERS_ENABLED`), `both`, or `none`.
-    #[serde(default)]
+    /// `ietf` (`RateLimit-Policy` and `RateLimit`, the default), `draft03` or
+    /// `legacy` (the `RateLimit-Limit` / `-Remaining` / `-Reset` trio
+    /// envoyproxy/ratelimit adds with `LIMIT_RESPONSE_HEADERS_ENABLED`, named below),
+    /// `both`, or `none`.
+    #[serde(default, with = "HeaderStyleDef")]
     pub style: HeaderStyle,
     /// draft-03 header names (Envoy's `LIMIT_LIMIT_HEADER`, ...).
     #[serde(default = "default_limit_header")]
@@ -172,19 +174,16 @@ fn default_reset_header() -> String {
     "RateLimit-Reset".into()
 }
 
-/// `service.headers.style`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HeaderStyle {
-    /// `RateLimit-Policy` and `RateLimit` (IETF httpapi, structured fields).
-    #[default]
+/// How the configs spell a [`HeaderStyle`] (`service.headers.style`, a proxy route's
+/// `headers`): `ietf`, `legacy` (also `draft03`, envoyproxy/ratelimit's name for the
+/// three-field set), `both`, `none`.
+#[derive(Deserialize)]
+#[serde(remote = "HeaderStyle", rename_all = "lowercase")]
+pub(crate) enum HeaderStyleDef {
     Ietf,
-    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (draft-03, as
-    /// envoyproxy/ratelimit writes them).
-    Draft03,
-    /// Both sets.
+    #[serde(alias = "draft03")]
+    Legacy,
     Both,
-    /// No rate-limit headers (envoyproxy/ratelimit's default).
     None,
 }
 

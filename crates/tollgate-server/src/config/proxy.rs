@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 
 use ipnet::IpNet;
 use serde::Deserialize;
+use tollgate::headers::HeaderStyle;
 
 /// The `proxy:` section.
 #[derive(Debug, Deserialize)]
@@ -82,8 +83,9 @@ pub struct RouteConfig {
     /// Status on reject (default 429).
     #[serde(default = "default_status")]
     pub status: u16,
-    /// Which rate-limit headers to send: ietf, legacy, both or none.
-    #[serde(default)]
+    /// Which rate-limit headers to send: ietf, legacy (`X-RateLimit-*`), both (the
+    /// default) or none.
+    #[serde(default = "both_headers", with = "super::HeaderStyleDef")]
     pub headers: HeaderStyle,
     /// Decide, log and count, never reject.
     #[serde(default)]
@@ -168,17 +170,6 @@ pub struct TierConfig {
     pub priority: Option<String>,
 }
 
-/// Rate-limit header styles.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HeaderStyle {
-    /// `RateLimit-Policy` and `RateLimit` (IETF draft).
-    Ietf,
-    /// `X-RateLimit-Limit/Remaining/Reset`.
-    Legacy,
-    /// Both.
-    #[default]
-    Both,
-    /// None.
-    None,
+fn both_headers() -> HeaderStyle {
+    HeaderStyle::Both
 }

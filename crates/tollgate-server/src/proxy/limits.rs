@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use tollgate::redis::{
     PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit, RedisStore,
@@ -18,8 +18,9 @@ use tollgate::{
 use super::adaptive::AdaptiveHold;
 use super::cost::{Pending, RouteCost};
 use super::problem::{problem, problem_body, problem_response, store_unavailable};
-use crate::config::proxy::{HeaderStyle, RouteConfig};
+use crate::config::proxy::RouteConfig;
 use crate::config::store::StoreConfig;
+use tollgate::headers::HeaderStyle;
 
 /// Counters in Redis: the connection and the `store:` settings (failure policy, ...).
 pub(super) type RedisBackend = (RedisStore, StoreConfig);
@@ -333,15 +334,5 @@ impl Conns {
 /// writer; the limit is named after the tier, or `default`).
 fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &RuleDecision, l: &Limits) {
     let h = tollgate::headers::RateLimitHeaders::new(&l.name, &l.rules, d);
-    let ietf = matches!(style, HeaderStyle::Ietf | HeaderStyle::Both).then(|| h.ietf());
-    let legacy = matches!(style, HeaderStyle::Legacy | HeaderStyle::Both).then(|| h.legacy());
-    let fields = ietf
-        .into_iter()
-        .flatten()
-        .chain(legacy.into_iter().flatten());
-    for (k, v) in fields {
-        if let Ok(v) = HeaderValue::from_str(&v) {
-            headers.insert(k, v);
-        }
-    }
+    tollgate::headers::insert_all(headers, h.fields(style, false));
 }

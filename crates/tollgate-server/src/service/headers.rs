@@ -3,7 +3,7 @@
 //! [`tollgate::headers`]), the draft-03 trio envoyproxy/ratelimit writes, both, or
 //! none. Shared by the HTTP API and gRPC's `response_headers_to_add`.
 
-use crate::config::{HeaderStyle, Headers};
+use crate::config::Headers;
 use crate::service::{CheckResult, Code, EnvoyView};
 
 /// The headers for `result` under `style`; with `retry_after`, also `Retry-After` on
@@ -14,7 +14,7 @@ pub fn response_headers(
     retry_after: bool,
 ) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    let ietf = matches!(style.style, HeaderStyle::Ietf | HeaderStyle::Both);
+    let ietf = style.style.ietf();
     let retry = result.overall == Code::OverLimit && (retry_after || ietf);
     // Built only when something of it is sent: formatting the policy list is most of
     // a decision's own cost.
@@ -25,7 +25,7 @@ pub fn response_headers(
             out.extend(h.ietf().map(|(k, v)| (k.to_string(), v)));
         }
     }
-    if matches!(style.style, HeaderStyle::Draft03 | HeaderStyle::Both) {
+    if style.style.legacy() {
         if let Some((limit, remaining, reset)) = draft03(result) {
             out.push((style.limit.clone(), limit.to_string()));
             out.push((style.remaining.clone(), remaining.to_string()));

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -439,14 +439,8 @@ fn code(c: Code) -> &'static str {
 }
 
 fn headers(headers: &mut HeaderMap, style: &crate::config::Headers, result: &CheckResult) {
-    for (k, v) in crate::service::headers::response_headers(style, result, true) {
-        if let (Ok(k), Ok(v)) = (
-            axum::http::HeaderName::from_bytes(k.as_bytes()),
-            HeaderValue::from_str(&v),
-        ) {
-            headers.insert(k, v);
-        }
-    }
+    let fields = crate::service::headers::response_headers(style, result, true);
+    tollgate::headers::insert_all(headers, fields);
 }
 
 // --- Envoy ratelimit's /json: the proto3 JSON form of RateLimitRequest/Response. ---

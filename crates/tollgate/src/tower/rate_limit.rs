@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use tollgate_core::{Op, RuleDecision, RuleSet};
 use tower::{Layer, Service};
 
-use crate::headers::RateLimitHeaders;
+use crate::headers::{insert_all, HeaderStyle, RateLimitHeaders};
 use crate::wait::refund_detached;
 use crate::RateLimiter;
 
@@ -413,11 +413,7 @@ fn problem_body(decision: &RuleDecision) -> String {
 /// fields, and `Retry-After` on a reject.
 fn rate_limit_headers(headers: &mut HeaderMap, d: &RuleDecision, rules: &RuleSet) {
     let h = RateLimitHeaders::new("default", rules, d);
-    for (name, value) in h.ietf().into_iter().chain(h.retry_after_header()) {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(name, v);
-        }
-    }
+    insert_all(headers, h.fields(HeaderStyle::Ietf, true));
 }
 
 /// The error [`ErrorLayer`]'s services return for a request over the limit (the
