@@ -1049,3 +1049,31 @@ async fn charge_takes_usage_after_the_fact_into_debt() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The whole app in-process: listeners bound by the test on port 0 and passed in, the
+/// same routes as the binary, and a drain when the test's shutdown future completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_app_serves_in_process_on_listeners_passed_in() {
+    use tollgate_server::service::serve::{serve_on, Listeners, Settings};
+    let settings = Settings::resolve(None, &[], None, None, None, false).unwrap();
+    let listeners = Listeners {
+        http: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        grpc: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    };
+    let base = format!("http://{}", listeners.http.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = tokio::spawn(serve_on(settings, listeners, async {
+        let _ = stopped.await;
+    }));
+    let body = check_body("example", &[&[("path", "/login")]]);
+    let (status, headers, v) =
+        serve_process::request_to(&base, "POST", "/v1/check", &body, None).await;
+    assert_eq!((status, &v["overall_code"]), (200, &json!("OK")), "{v}");
+    assert_eq!(headers["ratelimit-policy"], "\"login\";q=5;w=60");
+    stop.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), app)
+        .await
+        .expect("the app stops when its shutdown future completes")
+        .unwrap()
+        .unwrap();
+}

@@ -137,14 +137,46 @@ fn load_rules(
     DescriptorRules::load(paths, counters, merge_domains)
 }
 
-/// Serves until a shutdown signal.
+/// The sockets `serve` answers on, bound apart from the app: `serve` binds the
+/// settings' addresses; a test or an embedding program binds its own (port 0) and
+/// passes them to [`serve_on`].
+pub struct Listeners {
+    /// The HTTP/JSON API's.
+    pub http: tokio::net::TcpListener,
+    /// The Envoy RLS gRPC API's.
+    pub grpc: tokio::net::TcpListener,
+}
+
+impl Listeners {
+    /// Binds the addresses `settings` name.
+    pub async fn bind(settings: &Settings) -> anyhow::Result<Listeners> {
+        let http = tokio::net::TcpListener::bind(settings.http)
+            .await
+            .with_context(|| format!("cannot listen on {} (HTTP)", settings.http))?;
+        let grpc = tokio::net::TcpListener::bind(settings.grpc)
+            .await
+            .with_context(|| format!("cannot listen on {} (gRPC)", settings.grpc))?;
+        Ok(Listeners { http, grpc })
+    }
+}
+
+/// Serves until a shutdown signal (SIGTERM, Ctrl-C), then drains.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
-    let http_listener = tokio::net::TcpListener::bind(settings.http)
-        .await
-        .with_context(|| format!("cannot listen on {} (HTTP)", settings.http))?;
-    let grpc_listener = tokio::net::TcpListener::bind(settings.grpc)
-        .await
-        .with_context(|| format!("cannot listen on {} (gRPC)", settings.grpc))?;
+    let listeners = Listeners::bind(&settings).await?;
+    serve_on(settings, listeners, shutdown_signal()).await
+}
+
+/// Serves on `listeners` until `shutdown` completes, then drains (health checks fail
+/// for `listen.drain_delay`, requests in flight finish): the whole app, in-process.
+pub async fn serve_on(
+    settings: Settings,
+    listeners: Listeners,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let Listeners {
+        http: http_listener,
+        grpc: grpc_listener,
+    } = listeners;
     let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
     // Before the banner: whoever waits for it finds every thread and file in place.
     let workers = crate::workers::Workers::start(settings.workers, settings.balance)?;
@@ -189,7 +221,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (draining, drain_delay) = (service.clone(), settings.drain_delay);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         draining.start_draining();
         if !drain_delay.is_zero() {
             tracing::info!(

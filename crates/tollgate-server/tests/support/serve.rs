@@ -76,10 +76,21 @@ pub async fn request(
     body: &str,
     token: Option<&str>,
 ) -> (u16, http::HeaderMap, Value) {
+    request_to(&server.base, method, path, body, token).await
+}
+
+/// [`request`] to the HTTP API at `base` (`http://ADDR`).
+pub async fn request_to(
+    base: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+    token: Option<&str>,
+) -> (u16, http::HeaderMap, Value) {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
     let mut req = http::Request::builder()
         .method(method)
-        .uri(format!("{}{path}", server.base))
+        .uri(format!("{base}{path}"))
         .header("content-type", "application/json");
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
