@@ -60,6 +60,7 @@ mod params;
 mod policy;
 mod rules;
 mod spec;
+mod spec_error;
 mod units;
 
 pub use algorithm::{Algorithm, CheckMode};

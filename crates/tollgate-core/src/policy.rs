@@ -63,7 +63,7 @@ impl Policy {
         }
     }
 
-    pub(crate) fn with_max_debt(mut self, max_debt: Option<u64>) -> Self {
+    pub(crate) fn max_debt_set(mut self, max_debt: Option<u64>) -> Self {
         self.max_debt = max_debt;
         self
     }
@@ -369,7 +369,7 @@ impl Policy {
         }
         let algo = self.algo.share(n)?;
         Ok(Policy::from_parts(algo, self.max_wait_us, self.shadow)
-            .with_max_debt(self.max_debt.map(|d| crate::params::share_count(d, n))))
+            .max_debt_set(self.max_debt.map(|d| crate::params::share_count(d, n))))
     }
 
     /// Forgets a key's state: it becomes as new at `now`.

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crate::spec_error::SpecError;
+
 /// Microseconds per unit suffix, largest first (the order used when printing).
 const UNITS: &[(&str, u64)] = &[
     ("d", 86_400_000_000),
@@ -124,6 +126,46 @@ impl Rate {
         Ok(Rate { count, period_us })
     }
 
+    /// `n` per second (`n/s` in a spec); `n` is at least 1.
+    ///
+    /// ```
+    /// use tollgate_core::Rate;
+    /// assert_eq!(Rate::per_second(10)?.to_string(), "10/s");
+    /// assert_eq!(Rate::per(5, std::time::Duration::from_millis(250))?.to_string(), "5/250ms");
+    /// assert!(Rate::per_minute(0).is_err());
+    /// # Ok::<(), tollgate_core::SpecError>(())
+    /// ```
+    pub fn per_second(n: u64) -> Result<Rate, SpecError> {
+        Rate::per_us(n, 1_000_000)
+    }
+
+    /// `n` per minute (`n/m`).
+    pub fn per_minute(n: u64) -> Result<Rate, SpecError> {
+        Rate::per_us(n, 60_000_000)
+    }
+
+    /// `n` per hour (`n/h`).
+    pub fn per_hour(n: u64) -> Result<Rate, SpecError> {
+        Rate::per_us(n, 3_600_000_000)
+    }
+
+    /// `n` per day (`n/d`).
+    pub fn per_day(n: u64) -> Result<Rate, SpecError> {
+        Rate::per_us(n, 86_400_000_000)
+    }
+
+    /// `n` per `period` (whole microseconds; `n/<duration>`).
+    pub fn per(n: u64, period: std::time::Duration) -> Result<Rate, SpecError> {
+        Rate::per_us(n, u64::try_from(period.as_micros()).unwrap_or(u64::MAX))
+    }
+
+    fn per_us(n: u64, period_us: u64) -> Result<Rate, SpecError> {
+        Rate::new(n, period_us).map_err(|message| SpecError {
+            spec: format!("{n}/{}", fmt_duration(period_us)),
+            message,
+        })
+    }
+
     /// Parses `N/s`, `N/m`, `N/h`, `N/d` or `N/<duration>` (`5/250ms`).
     pub fn parse(s: &str) -> Result<Self, String> {
         let (n, per) = s.split_once('/').ok_or_else(|| {
@@ -163,7 +205,7 @@ impl Rate {
     }
 
     /// Units per second, as a float (for Guava-compatible algorithms, which use doubles).
-    pub fn per_second(&self) -> f64 {
+    pub fn units_per_second(&self) -> f64 {
         self.count as f64 * 1e6 / self.period_us as f64
     }
 }

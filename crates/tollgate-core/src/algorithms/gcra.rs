@@ -56,7 +56,7 @@ impl Gcra {
                  a whole number of microseconds (e.g. {}/s), or token-bucket, which has no such bound",
                 rate.period_us as f64 / rate.count as f64,
                 rate.scale(),
-                (rate.per_second().round() as u64).max(1)
+                (rate.units_per_second().round() as u64).max(1)
             ));
         }
         let tau = u128::from(burst) * u128::from(rate.interval_ticks());

@@ -66,7 +66,7 @@ const COUNT_CAP: u64 = 100_000;
 impl Smooth {
     /// A Guava limiter of `kind` at `rate`.
     pub fn new(rate: Rate, kind: SmoothKind) -> Result<Self, String> {
-        let permits_per_second = rate.per_second();
+        let permits_per_second = rate.units_per_second();
         let stable_interval = 1_000_000f64 / permits_per_second;
         let mut smooth = Smooth {
             rate,
