@@ -1,6 +1,6 @@
 //! The one list of algorithms. Each row names an algorithm's variant, the type of its
 //! parameters (its state machine, in [`crate::algorithms`]), the type of one key's
-//! state, its wire code and its spec name; [`AlgorithmKind`], [`Algo`], [`PolicyState`]
+//! state, its wire code and its spec name; [`AlgorithmKind`], [`AnyAlgorithm`], [`PolicyState`]
 //! and the dispatch from a policy to its algorithm all follow from the list, and what
 //! differs between algorithms lives beside each state machine ([`crate::Algorithm`]
 //! and the crate's spec trait: parameters, parsing, printing, sharing, carrying state
@@ -57,9 +57,11 @@ macro_rules! algorithms {
             }
         }
 
-        /// The algorithm of a [`Policy`](crate::Policy), with its parameters.
+        /// The algorithm of a [`Policy`](crate::Policy), with its parameters: any of
+        /// the list's, chosen at run time (from a spec), as [`crate::Algorithm`] is the
+        /// trait each of them implements and [`AlgorithmKind`] names which one it is.
         #[derive(Debug, Clone, PartialEq)]
-        pub enum Algo {
+        pub enum AnyAlgorithm {
             $(#[doc = concat!("`", $name, "`: ", $what, ".")] $v($t),)*
         }
 
@@ -69,18 +71,18 @@ macro_rules! algorithms {
             $(#[doc = concat!("The state of `", $name, "`: ", $what, ".")] $v($s),)*
         }
 
-        impl Algo {
+        impl AnyAlgorithm {
             /// Which algorithm this is.
             pub fn kind(&self) -> AlgorithmKind {
                 match self {
-                    $(Algo::$v(_) => AlgorithmKind::$v,)*
+                    $(AnyAlgorithm::$v(_) => AlgorithmKind::$v,)*
                 }
             }
 
             /// The state of a key created at `now`.
             pub(crate) fn init(&self, now: u64) -> PolicyState {
                 match self {
-                    $(Algo::$v(a) => PolicyState::$v(a.init(now)),)*
+                    $(AnyAlgorithm::$v(a) => PolicyState::$v(a.init(now)),)*
                 }
             }
 
@@ -94,7 +96,7 @@ macro_rules! algorithms {
                 mode: CheckMode,
             ) -> Result<Decision, CheckError> {
                 match self {
-                    $(Algo::$v(a) => {
+                    $(AnyAlgorithm::$v(a) => {
                         if !matches!(state, PolicyState::$v(_)) {
                             *state = PolicyState::$v(a.init(now));
                         }
@@ -104,7 +106,7 @@ macro_rules! algorithms {
                 }
             }
 
-            /// [`Algorithm::charge`], as [`Algo::check`] for a foreign state.
+            /// [`Algorithm::charge`], as [`AnyAlgorithm::check`] for a foreign state.
             pub(crate) fn charge(
                 &self,
                 state: &mut PolicyState,
@@ -113,7 +115,7 @@ macro_rules! algorithms {
                 max_debt: u64,
             ) -> Result<u64, CheckError> {
                 match self {
-                    $(Algo::$v(a) => {
+                    $(AnyAlgorithm::$v(a) => {
                         if !matches!(state, PolicyState::$v(_)) {
                             *state = PolicyState::$v(a.init(now));
                         }
@@ -126,7 +128,7 @@ macro_rules! algorithms {
             /// [`Algorithm::refund`]; nothing to give back to a foreign state.
             pub(crate) fn refund(&self, state: &mut PolicyState, now: u64, cost: u64) {
                 match (self, state) {
-                    $((Algo::$v(a), PolicyState::$v(s)) => a.refund(s, now, cost),)*
+                    $((AnyAlgorithm::$v(a), PolicyState::$v(s)) => a.refund(s, now, cost),)*
                     _ => {}
                 }
             }
@@ -134,7 +136,7 @@ macro_rules! algorithms {
             /// [`Algorithm::remaining`] (`None` for a foreign state).
             pub(crate) fn remaining(&self, state: &PolicyState, now: u64) -> Option<u64> {
                 match (self, state) {
-                    $((Algo::$v(a), PolicyState::$v(s)) => Some(a.remaining(s, now)),)*
+                    $((AnyAlgorithm::$v(a), PolicyState::$v(s)) => Some(a.remaining(s, now)),)*
                     _ => None,
                 }
             }
@@ -142,7 +144,7 @@ macro_rules! algorithms {
             /// [`Algorithm::reset_after`] (`None` for a foreign state).
             pub(crate) fn reset_after(&self, state: &PolicyState, now: u64) -> Option<u64> {
                 match (self, state) {
-                    $((Algo::$v(a), PolicyState::$v(s)) => Some(a.reset_after(s, now)),)*
+                    $((AnyAlgorithm::$v(a), PolicyState::$v(s)) => Some(a.reset_after(s, now)),)*
                     _ => None,
                 }
             }
@@ -150,7 +152,7 @@ macro_rules! algorithms {
             /// [`Algorithm::idle`] (`None` for a foreign state).
             pub(crate) fn idle(&self, state: &PolicyState, now: u64) -> Option<bool> {
                 match (self, state) {
-                    $((Algo::$v(a), PolicyState::$v(s)) => Some(a.idle(s, now)),)*
+                    $((AnyAlgorithm::$v(a), PolicyState::$v(s)) => Some(a.idle(s, now)),)*
                     _ => None,
                 }
             }
@@ -158,7 +160,7 @@ macro_rules! algorithms {
             /// [`Algorithm::last_active`] (`None` for a foreign state).
             pub(crate) fn last_active(&self, state: &PolicyState) -> Option<u64> {
                 match (self, state) {
-                    $((Algo::$v(a), PolicyState::$v(s)) => Some(a.last_active(s)),)*
+                    $((AnyAlgorithm::$v(a), PolicyState::$v(s)) => Some(a.last_active(s)),)*
                     _ => None,
                 }
             }
@@ -166,35 +168,35 @@ macro_rules! algorithms {
             /// [`Algorithm::limit`].
             pub(crate) fn limit(&self) -> u64 {
                 match self {
-                    $(Algo::$v(a) => a.limit(),)*
+                    $(AnyAlgorithm::$v(a) => a.limit(),)*
                 }
             }
 
             /// [`Algorithm::window_us`].
             pub(crate) fn window_us(&self) -> u64 {
                 match self {
-                    $(Algo::$v(a) => a.window_us(),)*
+                    $(AnyAlgorithm::$v(a) => a.window_us(),)*
                 }
             }
 
             /// [`Algorithm::debt_cap`].
             pub(crate) fn debt_cap(&self, max_debt: u64) -> u64 {
                 match self {
-                    $(Algo::$v(a) => a.debt_cap(max_debt),)*
+                    $(AnyAlgorithm::$v(a) => a.debt_cap(max_debt),)*
                 }
             }
 
             /// [`Algorithm::paces`].
             pub(crate) fn paces(&self) -> bool {
                 match self {
-                    $(Algo::$v(a) => a.paces(),)*
+                    $(AnyAlgorithm::$v(a) => a.paces(),)*
                 }
             }
 
             /// Its share for one of `n` instances (see the spec trait).
-            pub(crate) fn share(&self, n: u64) -> Res<Algo> {
+            pub(crate) fn share(&self, n: u64) -> Res<AnyAlgorithm> {
                 Ok(match self {
-                    $(Algo::$v(a) => Algo::$v(a.share(n)?),)*
+                    $(AnyAlgorithm::$v(a) => AnyAlgorithm::$v(a.share(n)?),)*
                 })
             }
 
@@ -202,12 +204,12 @@ macro_rules! algorithms {
             /// `None`: start afresh.
             pub(crate) fn carry_over(
                 &self,
-                old: &Algo,
+                old: &AnyAlgorithm,
                 state: PolicyState,
                 now: u64,
             ) -> Option<PolicyState> {
                 match (old, self, state) {
-                    $((Algo::$v(o), Algo::$v(n), PolicyState::$v(s)) => {
+                    $((AnyAlgorithm::$v(o), AnyAlgorithm::$v(n), PolicyState::$v(s)) => {
                         n.carry_over(o, s, now).map(PolicyState::$v)
                     })*
                     _ => None,
@@ -217,16 +219,16 @@ macro_rules! algorithms {
             /// Writes the algorithm's part of its spec (`gcra:rate=10/s,burst=5`).
             pub(crate) fn fmt_spec(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 match self {
-                    $(Algo::$v(a) => a.fmt_spec(f),)*
+                    $(AnyAlgorithm::$v(a) => a.fmt_spec(f),)*
                 }
             }
 
             /// Parses the parameters `p` of spec name `name`: the first row of that
             /// name that takes them.
-            pub(crate) fn from_spec(name: &str, p: &Params) -> Res<Algo> {
+            pub(crate) fn from_spec(name: &str, p: &Params) -> Res<AnyAlgorithm> {
                 $(if name == $name {
                     if let Some(a) = <$t as Spec>::from_spec(name, p)? {
-                        return Ok(Algo::$v(a));
+                        return Ok(AnyAlgorithm::$v(a));
                     }
                 })*
                 Err(format!("unknown algorithm '{name}'"))

@@ -3,7 +3,7 @@
 
 use crate::algorithm::CheckMode;
 use crate::decision::{CheckError, Decision};
-pub use crate::list::{Algo, PolicyState};
+pub use crate::list::{AnyAlgorithm, PolicyState};
 use crate::units::MAX_TIME_US;
 
 /// What a check does: try (reject), acquire (wait, bounded by the policy's
@@ -47,14 +47,14 @@ impl Op {
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
-    algo: Algo,
+    algo: AnyAlgorithm,
     max_wait_us: Option<u64>,
     shadow: bool,
     max_debt: Option<u64>,
 }
 
 impl Policy {
-    pub(crate) fn from_parts(algo: Algo, max_wait_us: Option<u64>, shadow: bool) -> Self {
+    pub(crate) fn from_parts(algo: AnyAlgorithm, max_wait_us: Option<u64>, shadow: bool) -> Self {
         Policy {
             algo,
             max_wait_us,
@@ -75,7 +75,7 @@ impl Policy {
     }
 
     /// The algorithm and its parameters.
-    pub fn algo(&self) -> &Algo {
+    pub fn algorithm(&self) -> &AnyAlgorithm {
         &self.algo
     }
 
@@ -168,7 +168,9 @@ impl Policy {
         if op.charges() {
             return self.check(state, now, cost, op);
         }
-        if let (Algo::Concurrency(a), PolicyState::Concurrency(s)) = (&self.algo, &mut *state) {
+        if let (AnyAlgorithm::Concurrency(a), PolicyState::Concurrency(s)) =
+            (&self.algo, &mut *state)
+        {
             let d = a.check_hold(s, now, cost, hold_us, self.mode(op))?;
             return Ok(self.shadowed(d));
         }
@@ -198,7 +200,7 @@ impl Policy {
         )
     }
 
-    /// Charges `cost` units of work already done (see [`Algorithm::charge`]): no limit
+    /// Charges `cost` units of work already done (see [`crate::Algorithm::charge`]): no limit
     /// test, so the state may go into debt, up to `max-debt`. The decision is always
     /// admitted; `remaining` is 0 while in debt, `retry_after` the time until a unit
     /// request fits again (absent when one fits now), `reset_after` until the state

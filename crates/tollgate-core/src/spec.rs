@@ -6,7 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::list::{params_of, spec_names, Algo, AlgorithmKind};
+use crate::list::{params_of, spec_names, AlgorithmKind, AnyAlgorithm};
 use crate::params::{Params, Res};
 use crate::policy::Policy;
 pub use crate::spec_error::SpecError;
@@ -100,7 +100,7 @@ impl Policy {
 
     /// This policy with `max-wait` (the longest `acquire` may wait).
     pub fn with_max_wait(&self, max_wait: Duration) -> Result<Policy, SpecError> {
-        let p = Policy::from_parts(self.algo().clone(), None, self.shadow())
+        let p = Policy::from_parts(self.algorithm().clone(), None, self.shadow())
             .max_debt_set(self.max_debt());
         Policy::parse(&format!("{p},max-wait={}", fmt_duration(micros(max_wait))))
     }
@@ -113,7 +113,7 @@ impl Policy {
 
     /// This policy in shadow mode (decides and reports, never rejects).
     pub fn in_shadow_mode(&self) -> Policy {
-        Policy::from_parts(self.algo().clone(), self.max_wait_us(), true)
+        Policy::from_parts(self.algorithm().clone(), self.max_wait_us(), true)
             .max_debt_set(self.max_debt())
     }
 }
@@ -172,7 +172,7 @@ fn parse_inner(spec: &str) -> Res<Policy> {
         .filter(|k| *k != "max-debt" || chargeable(algo))
         .collect();
     let p = Params::parse(algo, &known, body)?;
-    let algo = Algo::from_spec(algo, &p)?;
+    let algo = AnyAlgorithm::from_spec(algo, &p)?;
     let max_wait_us = match p.value("max-wait")? {
         Some(v) => Some(p.duration_of("max-wait", v)?),
         None => None,
@@ -188,7 +188,7 @@ fn parse_inner(spec: &str) -> Res<Policy> {
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = fmt_duration;
-        self.algo().fmt_spec(f)?;
+        self.algorithm().fmt_spec(f)?;
         if let Some(w) = self.max_wait_us() {
             write!(f, ",max-wait={}", d(w))?;
         }

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
-use tollgate::{Clock, MonotonicClock};
+use tollgate::clock::{Clock, MonotonicClock};
 
 /// What to load.
 #[derive(Debug, Clone)]

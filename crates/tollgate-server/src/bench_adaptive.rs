@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::Parser;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Empty};
-use tollgate::{Clock, MonotonicClock};
+use tollgate::clock::{Clock, MonotonicClock};
 
 #[derive(Debug, Parser)]
 /// `tollgate bench upstream` arguments.

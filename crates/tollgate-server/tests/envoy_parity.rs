@@ -562,7 +562,8 @@ descriptors:
         (1, 0),
         "whole seconds, as Envoy"
     );
-    let now = (tollgate::Clock::now_us(&tollgate::MonotonicClock::new()) / 1_000_000) as i64;
+    let now = (tollgate::clock::Clock::now_us(&tollgate::clock::MonotonicClock::new()) / 1_000_000)
+        as i64;
     let r = call(&s.server, vec![d(&[("m", "a")])], 1).await;
     let expected = 60 - now % 60;
     assert!(

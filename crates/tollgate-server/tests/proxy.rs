@@ -225,11 +225,11 @@ async fn dry_run_never_rejects_and_delays_are_held() {
         &up,
         "      policies: [\"limit-req:rate=10/s,burst=2\"]\n      status: 503\n",
     ));
-    let clock = tollgate::MonotonicClock::new();
-    let t0 = tollgate::Clock::now_us(&clock);
+    let clock = tollgate::clock::MonotonicClock::new();
+    let t0 = tollgate::clock::Clock::now_us(&clock);
     assert_eq!(get_as(&delayed, "/api/x", Some("d")).await.status(), 200);
     assert_eq!(get_as(&delayed, "/api/x", Some("d")).await.status(), 200);
-    let elapsed = tollgate::Clock::now_us(&clock) - t0;
+    let elapsed = tollgate::clock::Clock::now_us(&clock) - t0;
     assert!(
         elapsed >= 90_000,
         "the second request was held for its delay: {elapsed}us"

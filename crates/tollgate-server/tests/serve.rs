@@ -250,10 +250,10 @@ async fn acquire_waits_for_the_slot() {
     let burst = r#"{"domain":"example","descriptors":[{"entries":[{"key":"api_key","value":"w"}]}],"cost":20}"#;
     assert_eq!(post(&server, "/v1/check", burst).await.0, 200);
     let five = r#"{"domain":"example","descriptors":[{"entries":[{"key":"api_key","value":"w"}]}],"cost":5}"#;
-    let clock = tollgate::MonotonicClock::new();
-    let start_us = tollgate::Clock::now_us(&clock);
+    let clock = tollgate::clock::MonotonicClock::new();
+    let start_us = tollgate::clock::Clock::now_us(&clock);
     let (status, _, v) = post(&server, "/v1/acquire", five).await;
-    let waited = tollgate::Clock::now_us(&clock) - start_us;
+    let waited = tollgate::clock::Clock::now_us(&clock) - start_us;
     assert_eq!(status, 200, "{v}");
     let wait_ms = v["statuses"][0]["wait_ms"].as_u64().expect("a wait");
     assert!((300..=500).contains(&wait_ms), "{v}");

@@ -233,8 +233,8 @@ async fn redis_outage_applies_the_failure_policy_and_recovers() {
     );
     assert_eq!(check(&c, "user", "u1").await.0, 200);
     redis.stop(0);
-    let clock = tollgate::MonotonicClock::new();
-    let started = tollgate::Clock::now_us(&clock);
+    let clock = tollgate::clock::MonotonicClock::new();
+    let started = tollgate::clock::Clock::now_us(&clock);
     // Fail closed: rejected; fail open: admitted; local: one fifth of 5/day = 1/day.
     for _ in 0..3 {
         assert_eq!(check(&c, "user", "u2").await.0, 429);
@@ -243,7 +243,7 @@ async fn redis_outage_applies_the_failure_policy_and_recovers() {
     assert_eq!(check(&l, "user", "u3").await.0, 200);
     assert_eq!(check(&l, "user", "u3").await.0, 429);
     // No call waited much longer than the timeout (200 ms), however many were made.
-    let elapsed = tollgate::Clock::now_us(&clock) - started;
+    let elapsed = tollgate::clock::Clock::now_us(&clock) - started;
     assert!(elapsed < 3_000_000, "the outage calls took {elapsed}us");
     assert_eq!(send(&c, "GET", "/readyz", "").await.0, 503);
     let (_, metrics) = send(&c, "GET", "/metrics", "").await;

@@ -16,7 +16,8 @@ use std::task::{Context, Poll, Waker};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use tollgate::adaptive::{AdaptiveLimiter, Outcome, Priority, Request};
-use tollgate::{ConcurrencyLimiter, ManualClock};
+use tollgate::clock::ManualClock;
+use tollgate::concurrency::ConcurrencyLimiter;
 use tower::{Service, ServiceExt};
 
 /// Polls a future that is ready at once (a free permit never waits).

@@ -32,7 +32,9 @@ use std::time::Instant;
 use governor::{Quota, RateLimiter};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Zipf};
-use tollgate::{KeyedLimiter, KeyedOptions, MonotonicClock, Policy};
+use tollgate::clock::MonotonicClock;
+use tollgate::keyed::KeyedOptions;
+use tollgate::{KeyedLimiter, Policy};
 
 /// Checks timed per side and round (and the length of the key sequence): 4M, or a few
 /// under `cargo test`, which runs this once as a smoke test (without `--bench`).
@@ -363,7 +365,7 @@ fn store_keys(spec: &str) {
                     max_keys: (n as usize * 2).max(1_000_000),
                     ..Default::default()
                 },
-                std::sync::Arc::new(tollgate::ManualClock::new()),
+                std::sync::Arc::new(tollgate::clock::ManualClock::new()),
             );
             for k in 0..n {
                 keys.with(k, |k| limiter.allow(k).unwrap());

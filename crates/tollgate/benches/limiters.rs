@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
-use tollgate::{KeyedLimiter, KeyedOptions, Limiter, ManualClock, MonotonicClock, Policy};
+use tollgate::clock::{ManualClock, MonotonicClock};
+use tollgate::keyed::KeyedOptions;
+use tollgate::{KeyedLimiter, Limiter, Policy};
 
 const SPEC: &str = "gcra:rate=1000/s,burst=50";
 

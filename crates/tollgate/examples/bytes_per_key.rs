@@ -6,7 +6,8 @@
 
 use std::num::NonZeroU32;
 
-use tollgate::{KeyedLimiter, KeyedOptions, Policy};
+use tollgate::keyed::KeyedOptions;
+use tollgate::{KeyedLimiter, Policy};
 
 fn rss_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
@@ -39,7 +40,7 @@ fn main() {
                     ..Default::default()
                 },
                 // A frozen clock keeps every key live (none is swept as idle).
-                std::sync::Arc::new(tollgate::ManualClock::new()),
+                std::sync::Arc::new(tollgate::clock::ManualClock::new()),
             );
             for k in 0..n {
                 let _ = limiter.check(&k, 1).unwrap();

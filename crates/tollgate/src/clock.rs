@@ -1,7 +1,9 @@
-//! A clock that follows tokio's time, so that tests under `tokio::time::pause()` move
-//! the limiter's clock and its sleeps together.
+//! Clocks: every limiter decides with the time of a [`Clock`] —
+//! [`MonotonicClock`] (the default), [`ManualClock`] (tests move it by hand) and
+//! [`TokioClock`], which follows tokio's time, so that tests under
+//! `tokio::time::pause()` move the limiter's clock and its sleeps together.
 
-use tollgate_core::Clock;
+pub use tollgate_core::{Clock, ManualClock, MonotonicClock};
 
 /// Monotonic time from `tokio::time::Instant`, anchored at the Unix epoch like
 /// [`tollgate_core::MonotonicClock`]. Under `tokio::time::pause()` it advances only

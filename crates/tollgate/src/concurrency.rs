@@ -45,7 +45,7 @@ pub enum ConcurrencyError {
 /// # tokio_test();
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn tokio_test() {
-/// use tollgate::ConcurrencyLimiter;
+/// use tollgate::concurrency::ConcurrencyLimiter;
 /// let limiter = ConcurrencyLimiter::new(2);
 /// let a = limiter.try_acquire().unwrap();
 /// let _b = limiter.acquire().await.unwrap();

@@ -1,6 +1,8 @@
-//! [`Error`]: the one error type of the library's limiters, whatever the store.
+//! [`Error`]: the one error type of the library's limiters, whatever the store, and
+//! the errors it carries.
 
-use tollgate_core::{CheckError, Decision, RuleSet, SpecError};
+pub use tollgate_core::{CheckError, Rejected, SpecError};
+use tollgate_core::{Decision, RuleSet};
 
 /// Why a limiter could not decide, or could not be built.
 ///
@@ -21,7 +23,7 @@ use tollgate_core::{CheckError, Decision, RuleSet, SpecError};
 /// assert!(!e.is_transient());
 /// ```
 ///
-/// A rejection is not an error: it is a [`Decision`](crate::Decision) with
+/// A rejection is not an error: it is a [`Decision`] with
 /// `allowed: false` ([`Decision::into_result`](crate::Decision::into_result) turns it
 /// into one when `?` should stop at it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,7 +46,7 @@ pub enum Error {
     )]
     Paces(String),
     /// The memory store is full and refuses new keys
-    /// ([`OnFull::RefuseNew`](crate::OnFull::RefuseNew)).
+    /// ([`OnFull::RefuseNew`](crate::keyed::OnFull::RefuseNew)).
     #[error("too many keys: the limiter holds its maximum of {max} keys and refuses new ones")]
     TooManyKeys {
         /// The configured maximum.

@@ -20,7 +20,7 @@
 //!
 //! ```
 //! use tollgate::headers::RateLimitHeaders;
-//! use tollgate::{Op, Policy, PolicyState, RuleSet};
+//! use tollgate::{Op, RuleSet};
 //!
 //! let rules = RuleSet::parse(&["gcra:rate=10/s,burst=5", "fixed-window:limit=100,window=1m"])?;
 //! let mut states = rules.init(0);

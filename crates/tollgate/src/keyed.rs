@@ -17,7 +17,7 @@ use tollgate_core::{
     CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
 };
 
-use crate::config::{Config, FastGcra};
+use crate::fast_gcra::{Config, FastGcra};
 use crate::wait::{block, sleep_or_refund, RefundOnDrop};
 
 /// What a full keyed limiter does with a new key (after dropping idle ones).

@@ -9,7 +9,7 @@ use tollgate_core::{
     CheckError, Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet,
 };
 
-use crate::config::{Config, FastGcra};
+use crate::fast_gcra::{Config, FastGcra};
 use crate::wait::{block, sleep_or_refund, RefundOnDrop};
 use crate::Error;
 
@@ -22,7 +22,8 @@ use crate::Error;
 /// every rule set, keeps its state behind a mutex held only for the arithmetic.
 ///
 /// ```
-/// use tollgate::{Limiter, ManualClock};
+/// use tollgate::clock::ManualClock;
+/// use tollgate::Limiter;
 /// use std::time::Duration;
 ///
 /// let clock = std::sync::Arc::new(ManualClock::new());

@@ -262,7 +262,7 @@ macro_rules! each_store {
 }
 
 impl AnyLimiter {
-    /// A memory-store limiter of `rules` (default [`KeyedOptions`](crate::KeyedOptions)).
+    /// A memory-store limiter of `rules` (default [`KeyedOptions`](crate::keyed::KeyedOptions)).
     pub fn memory(rules: impl Into<RuleSet>) -> AnyLimiter {
         AnyLimiter::Memory(KeyedLimiter::new(rules))
     }

@@ -35,7 +35,9 @@ pub struct TooCostly<T> {
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// use futures::StreamExt;
-/// use tollgate::{Limiter, Paced, Policy, TokioClock};
+/// use tollgate::clock::TokioClock;
+/// use tollgate::stream::Paced;
+/// use tollgate::{Limiter, Policy};
 ///
 /// let limiter = Limiter::with_clock("shaper:rate=10/s,queue=100".parse::<Policy>().unwrap(), TokioClock::new());
 /// let start = tokio::time::Instant::now();

@@ -9,9 +9,9 @@ use std::time::Duration;
 ///
 /// ```
 /// let refunded = std::cell::Cell::new(false);
-/// drop(tollgate::RefundOnDrop::new(|| refunded.set(true))); // the waiter went away
+/// drop(tollgate::wait::RefundOnDrop::new(|| refunded.set(true))); // the waiter went away
 /// assert!(refunded.get());
-/// let kept = tollgate::RefundOnDrop::new(|| unreachable!());
+/// let kept = tollgate::wait::RefundOnDrop::new(|| unreachable!());
 /// kept.disarm(); // the wait completed: the reservation stands
 /// ```
 pub struct RefundOnDrop<F: FnOnce()> {

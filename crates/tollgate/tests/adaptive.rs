@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::adaptive::{AdaptiveLimiter, Priority, Request, Shed};
-use tollgate::TokioClock;
+use tollgate::clock::TokioClock;
 
 fn limiter(spec: &str) -> AdaptiveLimiter<TokioClock> {
     AdaptiveLimiter::with_clock(spec.parse().unwrap(), false, TokioClock::new())

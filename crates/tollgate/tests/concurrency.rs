@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tollgate::{ConcurrencyError, ConcurrencyLimiter, KeyedConcurrencyLimiter};
+use tollgate::concurrency::{ConcurrencyError, ConcurrencyLimiter, KeyedConcurrencyLimiter};
 
 #[tokio::test(start_paused = true)]
 async fn permits_are_released_on_drop_and_waiters_served_in_order() {

@@ -4,9 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate::{
-    Clock, Error, KeyedLimiter, KeyedOptions, ManualClock, OnFull, Op, Policy, PolicyState, RuleSet,
-};
+use tollgate::clock::{Clock, ManualClock};
+use tollgate::keyed::{KeyedOptions, OnFull};
+use tollgate::policy::PolicyState;
+use tollgate::{Error, KeyedLimiter, Op, Policy, RuleSet};
 
 fn keyed<K: std::hash::Hash + Eq>(
     spec: &str,
@@ -296,10 +297,10 @@ fn reconfiguration_migrates_every_key_lazily() {
 
 #[tokio::test(start_paused = true)]
 async fn keyed_acquire_is_fifo_per_key() {
-    let limiter: KeyedLimiter<String, tollgate::TokioClock> = KeyedLimiter::with_options(
+    let limiter: KeyedLimiter<String, tollgate::clock::TokioClock> = KeyedLimiter::with_options(
         "gcra:rate=10/s,burst=1".parse::<Policy>().unwrap(),
         KeyedOptions::default(),
-        tollgate::TokioClock::new(),
+        tollgate::clock::TokioClock::new(),
     );
     let start = tokio::time::Instant::now();
     let (a, b, c) = tokio::join!(

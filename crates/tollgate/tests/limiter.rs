@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate::{Clock, Limiter, ManualClock, Op, Policy, RuleSet, TokioClock};
+use tollgate::clock::{Clock, ManualClock, TokioClock};
+use tollgate::{Limiter, Op, Policy, RuleSet};
 
 fn manual() -> Arc<ManualClock> {
     Arc::new(ManualClock::new())

@@ -5,7 +5,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{Clock, KeyedLimiter, KeyedOptions, ManualClock, OnFull, Op, Policy, PolicyState};
+use tollgate::clock::{Clock, ManualClock};
+use tollgate::keyed::{KeyedOptions, OnFull};
+use tollgate::policy::PolicyState;
+use tollgate::{KeyedLimiter, Op, Policy};
 
 fn rss_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -5,8 +5,9 @@
 use tollgate_testkit as testkit;
 
 use testkit::{rt, RedisServers};
+use tollgate::error::CheckError;
 use tollgate::redis::{RedisCalls, RedisOptions, RedisStore};
-use tollgate::{AnyLimiter, CheckError, Error, Op, RateLimiter, RuleSet};
+use tollgate::{AnyLimiter, Error, Op, RateLimiter, RuleSet};
 
 /// What every store must do alike (a slow rate, so that nothing refills mid-test).
 async fn behaves(limiter: &impl RateLimiter, store: &str) {

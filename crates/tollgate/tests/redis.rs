@@ -133,15 +133,15 @@ fn hammer_child_process() {
             RuleSet::parse(&["gcra:rate=100/s,burst=10"]).unwrap(),
         )
         .unwrap();
-        let clock = tollgate::MonotonicClock::new();
-        let end = tollgate::Clock::now_us(&clock) + ms * 1000;
+        let clock = tollgate::clock::MonotonicClock::new();
+        let end = tollgate::clock::Clock::now_us(&clock) + ms * 1000;
         let mut tasks = Vec::new();
         for _ in 0..8 {
             let (window, gcra) = (window.clone(), gcra.clone());
             let clock = clock.clone();
             tasks.push(tokio::spawn(async move {
                 let (mut a, mut b) = (0u64, 0u64);
-                while tollgate::Clock::now_us(&clock) < end {
+                while tollgate::clock::Clock::now_us(&clock) < end {
                     a += u64::from(window.check("one-key", 1).await.unwrap().allowed);
                     b += u64::from(gcra.check("paced-key", 1).await.unwrap().allowed);
                 }
@@ -167,8 +167,8 @@ fn four_processes_share_one_global_limit() {
     let _serial = testkit::timing_sensitive();
     let servers = RedisServers::standalone();
     let ms = HAMMER_MS;
-    let clock = tollgate::MonotonicClock::new();
-    let started = tollgate::Clock::now_us(&clock);
+    let clock = tollgate::clock::MonotonicClock::new();
+    let started = tollgate::clock::Clock::now_us(&clock);
     let reports = testkit::run_children(
         "hammer_child_process",
         4,
@@ -179,7 +179,7 @@ fn four_processes_share_one_global_limit() {
     let reported = reports.len();
     let exact: i64 = reports.iter().map(|v| v[0]).sum();
     let paced: i64 = reports.iter().map(|v| v[1]).sum();
-    let elapsed_s = (tollgate::Clock::now_us(&clock) - started) as f64 / 1e6;
+    let elapsed_s = (tollgate::clock::Clock::now_us(&clock) - started) as f64 / 1e6;
     assert_eq!(reported, 4);
     // Every process hammered far past 500: exactly 500 got through in the hour window.
     assert_eq!(exact, 500);

@@ -10,11 +10,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use testkit::{rt, RedisServers};
+use tollgate::concurrency::ConcurrencyError;
 use tollgate::redis::{
     OnError, PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisOptions,
     RedisStore,
 };
-use tollgate::{ConcurrencyError, RuleSet};
+use tollgate::RuleSet;
 
 fn busy(r: Result<tollgate::redis::RedisPermit, PermitError>) -> bool {
     matches!(r, Err(PermitError::Denied(ConcurrencyError::Busy { .. })))

@@ -16,8 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use testkit::RedisServers;
+use tollgate::policy::PolicyState;
 use tollgate::redis::{RedisCalls, RedisLimiter, RedisOptions, RedisStore};
-use tollgate::{Op, PolicyState, RuleSet};
+use tollgate::{Op, RuleSet};
 
 /// A policy spec with random (often awkward) parameters.
 fn spec() -> impl Strategy<Value = String> {

@@ -13,9 +13,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use testkit::{rt, RedisServers};
+use tollgate::policy::PolicyState;
 use tollgate::redis::{LeaseOptions, LeasedLimiter, RedisStore};
 use tollgate::Error;
-use tollgate::{Op, PolicyState, RuleSet};
+use tollgate::{Op, RuleSet};
 
 fn spec() -> impl Strategy<Value = String> {
     let rate = prop_oneof![

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tollgate::{Limiter, Paced, Policy, TokioClock, TooCostly};
+use tollgate::clock::TokioClock;
+use tollgate::stream::{Paced, TooCostly};
+use tollgate::{Limiter, Policy};
 
 fn limiter(spec: &str) -> Limiter<TokioClock> {
     Limiter::with_clock(spec.parse::<Policy>().unwrap(), TokioClock::new())

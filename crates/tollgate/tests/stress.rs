@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{Clock, KeyedLimiter, KeyedOptions, Limiter, ManualClock, MonotonicClock, Policy};
+use tollgate::clock::{Clock, ManualClock, MonotonicClock};
+use tollgate::keyed::KeyedOptions;
+use tollgate::{KeyedLimiter, Limiter, Policy};
 
 const CHECKS_PER_THREAD: u64 = 500_000;
 

@@ -7,8 +7,9 @@ use axum::Router;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tollgate::clock::{Clock, MonotonicClock};
 use tollgate::tower::{OnLimit, RateLimitLayer};
-use tollgate::{Clock, KeyedLimiter, MonotonicClock, Policy};
+use tollgate::{KeyedLimiter, Policy};
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Empty<bytes::Bytes>>;
 

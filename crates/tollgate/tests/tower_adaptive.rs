@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use tollgate::adaptive::{AdaptiveLimiter, Request as Admission};
+use tollgate::clock::TokioClock;
 use tollgate::tower::{AdaptiveConcurrencyLayer, ResponseClass};
-use tollgate::TokioClock;
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 fn limiter(spec: &str) -> AdaptiveLimiter<TokioClock> {

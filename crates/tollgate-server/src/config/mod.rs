@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Deserialize;
 pub use tollgate::headers::HeaderStyle;
-use tollgate::{KeyedOptions, OnFull};
+use tollgate::keyed::{KeyedOptions, OnFull};
 
 /// The default HTTP listener (Envoy's ratelimit service uses 8080 too).
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
@@ -431,7 +431,7 @@ pub(crate) fn duration_opt<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<u64>, D::Error> {
     let s = String::deserialize(d)?;
-    tollgate::parse_duration(&s)
+    tollgate::policy::parse_duration(&s)
         .map(Some)
         .map_err(serde::de::Error::custom)
 }
@@ -440,7 +440,7 @@ pub(crate) fn duration_opt<'de, D: serde::Deserializer<'de>>(
 /// bound of nothing would refuse every client).
 fn duration_us<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     let s = String::deserialize(d)?;
-    match tollgate::parse_duration(&s) {
+    match tollgate::policy::parse_duration(&s) {
         Ok(0) => Err(serde::de::Error::custom("a timeout must be longer than 0")),
         Ok(us) => Ok(us),
         Err(e) => Err(serde::de::Error::custom(e)),
@@ -449,7 +449,7 @@ fn duration_us<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> 
 
 /// A duration on the command line (`250ms`, `10s`; the policy spec's syntax).
 pub fn duration_arg(s: &str) -> Result<std::time::Duration, String> {
-    tollgate::parse_duration(s).map(std::time::Duration::from_micros)
+    tollgate::policy::parse_duration(s).map(std::time::Duration::from_micros)
 }
 
 #[cfg(test)]

@@ -234,7 +234,7 @@ where
             .x_desc("time (s)")
             .y_desc(format!(
                 "requests per {}",
-                tollgate::fmt_duration(bucket_us)
+                tollgate::policy::fmt_duration(bucket_us)
             ))
             .label_style(("sans-serif", 13))
             .axis_desc_style(("sans-serif", 14))
@@ -265,7 +265,7 @@ where
             .label(format!(
                 "worst window: {} in {} (limit {})",
                 summary.worst_window,
-                tollgate::fmt_duration(summary.window_us),
+                tollgate::policy::fmt_duration(summary.window_us),
                 summary.limit
             ))
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], shade.filled()));

@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 
-use tollgate::{CheckError, Decision, Op, Policy, PolicyState, RateLimiter};
+use tollgate::error::CheckError;
+use tollgate::policy::PolicyState;
+use tollgate::{Decision, Op, Policy, RateLimiter};
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_BYTES: usize = 4096;
@@ -126,7 +128,10 @@ struct Redis {
 impl Redis {
     fn connect(policy: &Policy, url: &str) -> Result<Redis, ReplayError> {
         let store_err = |e: tollgate::Error| ReplayError::Store(e.to_string());
-        if matches!(policy.algo(), tollgate::Algo::Concurrency(_)) {
+        if matches!(
+            policy.algorithm(),
+            tollgate::policy::AnyAlgorithm::Concurrency(_)
+        ) {
             return Err(ReplayError::Store(
                 "concurrency: --store redis replays rate policies (concurrency permits in Redis are leases held by live processes)".into(),
             ));

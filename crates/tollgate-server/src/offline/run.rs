@@ -6,7 +6,8 @@ use std::path::Path;
 
 use anyhow::Context;
 use serde::Serialize;
-use tollgate::{Op, Policy, PolicyState};
+use tollgate::policy::PolicyState;
+use tollgate::{Op, Policy};
 
 use super::traffic::Arrival;
 
@@ -171,7 +172,7 @@ pub fn table(summaries: &[Summary], color: bool) -> String {
         let worst = format!(
             "{} in {} vs limit {}",
             s.worst_window,
-            tollgate::fmt_duration(s.window_us),
+            tollgate::policy::fmt_duration(s.window_us),
             s.limit
         );
         let worst = format!("{worst:<34}");
@@ -219,9 +220,9 @@ pub fn write_csv(path: &Path, runs: &[(Summary, Vec<Fate>)]) -> anyhow::Result<(
 /// Whether `policy` states its limit per window of a length (the window algorithms),
 /// so a window holding more is over it.
 fn per_window(policy: &Policy) -> bool {
-    use tollgate::AlgorithmKind::*;
+    use tollgate::policy::AlgorithmKind::*;
     matches!(
-        policy.algo().kind(),
+        policy.algorithm().kind(),
         FixedWindow | SlidingLog | SlidingWindow | SlidingWindowWeighted
     )
 }

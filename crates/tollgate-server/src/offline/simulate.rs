@@ -212,7 +212,7 @@ fn usage(
             "usage after the fact: median {} units (spread {}), charged {} after admission; {} req/s {:?}",
             dist.median,
             dist.sigma,
-            tollgate::fmt_duration(after_us),
+            tollgate::policy::fmt_duration(after_us),
             scenario.rate,
             scenario.pattern
         )

@@ -9,7 +9,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use serde::Serialize;
-use tollgate::{Op, Policy, PolicyState};
+use tollgate::policy::PolicyState;
+use tollgate::{Op, Policy};
 
 use super::traffic::{Arrival, Rng};
 
@@ -186,7 +187,7 @@ fn budget(policy: &Policy, state: &PolicyState, t: u64) -> f64 {
     // The fewest units given back that leave one: doubling, then halving.
     let mut hi = 1u64;
     while !frees(hi) {
-        if hi >= tollgate::MAX_COUNT * 4 {
+        if hi >= tollgate::policy::MAX_COUNT * 4 {
             return -(hi as f64);
         }
         hi *= 2;

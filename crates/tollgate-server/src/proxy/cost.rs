@@ -91,7 +91,7 @@ impl RouteCost {
         if c.max_body == 0 {
             anyhow::bail!("{at}.cost.max_body: must be at least 1 byte");
         }
-        if c.estimate == 0 || c.estimate > tollgate::MAX_COUNT {
+        if c.estimate == 0 || c.estimate > tollgate::policy::MAX_COUNT {
             anyhow::bail!(
                 "{at}.cost.estimate: {} is not between 1 and 2^40 (a request must find at least one unit left)",
                 c.estimate
@@ -116,7 +116,7 @@ impl RouteCost {
                     v.to_str()
                         .ok()
                         .and_then(|v| v.trim().parse::<u64>().ok())
-                        .filter(|&n| n <= tollgate::MAX_COUNT)
+                        .filter(|&n| n <= tollgate::policy::MAX_COUNT)
                         .map_or(
                             Outcome::Invalid("the usage header is not a whole number up to 2^40"),
                             Outcome::Reported,
@@ -267,11 +267,13 @@ impl Meter {
             // A whole number, also written as a float (`2.0`).
             let n = v.as_u64().or_else(|| {
                 v.as_f64()
-                    .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= tollgate::MAX_COUNT as f64)
+                    .filter(|f| {
+                        f.fract() == 0.0 && *f >= 0.0 && *f <= tollgate::policy::MAX_COUNT as f64
+                    })
                     .map(|f| f as u64)
             });
             Some(match n {
-                Some(n) if n <= tollgate::MAX_COUNT => Outcome::Reported(n),
+                Some(n) if n <= tollgate::policy::MAX_COUNT => Outcome::Reported(n),
                 Some(_) => Outcome::Invalid("the usage is more than 2^40"),
                 None => Outcome::Invalid("the usage field is not a whole number"),
             })

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use tollgate::concurrency::{ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit};
+use tollgate::keyed::KeyedOptions;
 use tollgate::redis::{
     PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit, RedisStore,
 };
-use tollgate::{
-    AnyLimiter, ConcurrencyError, Decision, KeyedConcurrencyLimiter, KeyedConcurrencyPermit,
-    KeyedLimiter, KeyedOptions, Op, RateLimiter, RuleDecision, RuleSet,
-};
+use tollgate::{AnyLimiter, Decision, KeyedLimiter, Op, RateLimiter, RuleDecision, RuleSet};
 
 use super::adaptive::AdaptiveHold;
 use super::cost::{Pending, RouteCost};
@@ -287,7 +286,7 @@ impl Limits {
             None => AnyLimiter::Memory(KeyedLimiter::with_options(
                 rules.clone(),
                 options,
-                tollgate::MonotonicClock::new(),
+                tollgate::clock::MonotonicClock::new(),
             )),
             Some((store, config)) => config
                 .limiter(store, &redis_name(route, name), rules.clone())

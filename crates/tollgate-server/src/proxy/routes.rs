@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::extract::Request;
 use axum::http::Uri;
 use ipnet::IpNet;
-use tollgate::KeyedOptions;
+use tollgate::keyed::KeyedOptions;
 
 use super::adaptive::RouteAdaptive;
 use super::keys::{self, KeyPart};

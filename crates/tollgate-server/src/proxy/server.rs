@@ -15,7 +15,7 @@ use axum::response::Response;
 use clap::Parser;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use tollgate::KeyedOptions;
+use tollgate::keyed::KeyedOptions;
 
 use super::forwarding::{forward, Upstream};
 use super::keys;

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use tollgate::keyed::KeyedOptions;
 use tollgate::redis::RedisStore;
-use tollgate::{AnyLimiter, KeyedLimiter, KeyedOptions, RuleSet};
+use tollgate::{AnyLimiter, KeyedLimiter, RuleSet};
 
 use crate::config::store::StoreConfig;
 
@@ -56,7 +57,7 @@ impl Counters {
             Counters::Memory(options) => Ok(AnyLimiter::Memory(KeyedLimiter::with_options(
                 rules,
                 *options,
-                tollgate::MonotonicClock::new(),
+                tollgate::clock::MonotonicClock::new(),
             ))),
             Counters::Redis(redis) => {
                 // Braces in the name would move the Cluster hash tag.

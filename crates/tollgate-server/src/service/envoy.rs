@@ -13,7 +13,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use serde::Deserialize;
 use tollgate::Op;
 
-use crate::service::rules::Unit;
+use crate::service::descriptors::Unit;
 use crate::service::{
     Api, CheckResult, Code, DecisionService, DescriptorRequest, DescriptorStatus as ServiceStatus,
     RequestError,

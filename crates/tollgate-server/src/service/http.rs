@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tollgate::Op;
 
-use crate::service::rules::Limit;
+use crate::service::descriptors::Limit;
 use crate::service::{Api, CheckResult, Code, DecisionService, DescriptorRequest};
 
 /// The largest request body accepted.
@@ -262,7 +262,7 @@ async fn acquire(
         // If the client goes away, axum drops this future: refund then (from a task
         // of its own: a refund may need Redis).
         let (svc, counted) = (service.clone(), result.clone());
-        let guard = tollgate::RefundOnDrop::new(move || {
+        let guard = tollgate::wait::RefundOnDrop::new(move || {
             tokio::spawn(async move { svc.refund(&counted).await });
         });
         tokio::time::sleep(wait).await;

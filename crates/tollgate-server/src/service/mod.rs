@@ -4,24 +4,27 @@
 //! [`metrics`] counts, and [`serve`] runs the whole with its listeners.
 
 pub mod counters;
+pub mod descriptors;
 pub mod envoy;
 pub mod grpc;
 pub mod headers;
 pub mod http;
 pub mod metrics;
-pub mod rules;
 pub mod serve;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use tollgate::{AnyLimiter, CheckError, Decision, Error, Op, RateLimiter, RuleDecision};
+use tollgate::error::CheckError;
+use tollgate::{AnyLimiter, Decision, Error, Op, RateLimiter, RuleDecision};
 
 use crate::service::counters::{Counters, StoreStats};
 
+use crate::service::descriptors::{
+    counter_key, override_limit, DescriptorRules, Limit, Match, Unit,
+};
 use crate::service::metrics::{Hits, Metrics, Verdict};
-use crate::service::rules::{counter_key, override_limit, DescriptorRules, Limit, Match, Unit};
 
 /// One descriptor of a request: its entries, in order, and its own hits (cost).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,7 +214,7 @@ pub struct DecisionService {
     retired: Mutex<StoreStats>,
     requests: crate::config::Requests,
     metrics: Metrics,
-    clock: tollgate::MonotonicClock,
+    clock: tollgate::clock::MonotonicClock,
     /// The rule files a reload reads again (none for the built-in rules).
     sources: Vec<std::path::PathBuf>,
     /// Set when the server starts to stop: health checks fail from then on, so a
@@ -239,7 +242,7 @@ impl DecisionService {
             retired: Mutex::default(),
             requests: crate::config::Requests::default(),
             metrics: Metrics::default(),
-            clock: tollgate::MonotonicClock::new(),
+            clock: tollgate::clock::MonotonicClock::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
             workers: None,
         }
@@ -311,7 +314,7 @@ impl DecisionService {
     /// Reads the rule files again. A bad file changes nothing (the old rules stay in
     /// force); limits whose definition did not change keep their counters. Counted in
     /// the metrics either way.
-    pub fn reload(&self) -> Result<(), crate::service::rules::RulesError> {
+    pub fn reload(&self) -> Result<(), crate::service::descriptors::RulesError> {
         if self.sources.is_empty() {
             return Ok(());
         }
@@ -422,7 +425,7 @@ impl DecisionService {
         op: Op,
     ) -> Result<CheckResult, RequestError> {
         self.validate(api, domain, descriptors)?;
-        let started = tollgate::Clock::now_ns(&self.clock);
+        let started = tollgate::clock::Clock::now_ns(&self.clock);
         let rules = self.rules.load_full();
         let found: Vec<_> = descriptors
             .iter()
@@ -488,7 +491,7 @@ impl DecisionService {
             statuses.push(status);
         }
         let overall = self.overall(&statuses);
-        let elapsed = tollgate::Clock::now_ns(&self.clock).saturating_sub(started);
+        let elapsed = tollgate::clock::Clock::now_ns(&self.clock).saturating_sub(started);
         self.metrics.latency(elapsed as f64 / 1e9);
         Ok(CheckResult { overall, statuses })
     }
@@ -588,7 +591,7 @@ impl DecisionService {
         let decision = if limit.deny {
             // Nothing is ever admitted; a look (hits 0) finds nothing counted.
             let reset = limit.envoy.map_or(0, |(unit, _)| {
-                unit.reset_after_us(tollgate::Clock::now_us(&self.clock))
+                unit.reset_after_us(tollgate::clock::Clock::now_us(&self.clock))
             });
             if cost == 0 {
                 RuleDecision::from(Decision::admitted(0, 0, reset, 0))

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use tollgate::KeyedOptions;
+use tollgate::keyed::KeyedOptions;
 
 use super::counters::Counters;
-use super::rules::DescriptorRules;
+use super::descriptors::DescriptorRules;
 use super::DecisionService;
 use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::{MainConfig, DEFAULT_GRPC, DEFAULT_HTTP};
@@ -130,7 +130,7 @@ fn load_rules(
     paths: &[PathBuf],
     counters: &Counters,
     merge_domains: bool,
-) -> Result<DescriptorRules, super::rules::RulesError> {
+) -> Result<DescriptorRules, super::descriptors::RulesError> {
     if paths.is_empty() {
         return DescriptorRules::built_in(counters);
     }

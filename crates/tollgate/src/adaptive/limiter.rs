@@ -71,7 +71,7 @@ impl AdaptiveLimiter<MonotonicClock> {
 }
 
 impl<C: Clock> AdaptiveLimiter<C> {
-    /// A limiter for `spec` on `clock` (e.g. [`crate::TokioClock`] in tests under
+    /// A limiter for `spec` on `clock` (e.g. [`crate::clock::TokioClock`] in tests under
     /// `tokio::time::pause()`); `fair`: share the limit among callers.
     pub fn with_clock(spec: AdaptiveSpec, fair: bool, clock: C) -> Self {
         AdaptiveLimiter {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::call::{CheckCall, CheckReply};
-use super::caller::Caller;
+use super::connection::Caller;
 use crate::Error;
 
 struct Pending {

@@ -6,13 +6,13 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::{Script, Value};
-use tollgate_core::{Algo, Clock, RuleSet};
+use tollgate_core::{AnyAlgorithm, Clock, RuleSet};
 
 use super::call::nonce;
 use super::health::{Event, Health, OnError, RedisStats};
 use super::store::RedisStore;
+use crate::concurrency::{ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit};
 use crate::Error;
-use crate::{ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit};
 
 static SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/concurrency.lua")));
@@ -353,7 +353,7 @@ impl Inner {
 /// policy, whose limit is this instance's.
 fn local_limit(rules: &RuleSet) -> Result<u32, Error> {
     match rules.policies() {
-        [p] if matches!(p.algo(), Algo::Concurrency(_)) => {
+        [p] if matches!(p.algorithm(), AnyAlgorithm::Concurrency(_)) => {
             u32::try_from(p.limit()).map_err(|_| Error::Config("local limit too large".into()))
         }
         _ => Err(Error::Config(format!(

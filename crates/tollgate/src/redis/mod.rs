@@ -32,8 +32,8 @@
 mod algorithms;
 mod batch;
 mod call;
-mod caller;
 mod concurrency;
+mod connection;
 #[cfg(test)]
 mod docs_tables;
 mod health;

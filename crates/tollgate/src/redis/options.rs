@@ -7,7 +7,7 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
     /// The longest a decision may take (connect, send, answer); past it the call
-    /// fails with [`Error::Timeout`](super::Error::Timeout). Default 250 ms.
+    /// fails with a transient [`Error::Unavailable`](crate::Error::Unavailable). Default 250 ms.
     pub timeout: Duration,
     /// Added to each key's time to live, which is otherwise the time until its state
     /// is fully replenished. Default 1 s.

@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use tollgate_core::{Algo, AlgorithmKind, CheckMode, Policy, RuleSet};
+use tollgate_core::{AlgorithmKind, AnyAlgorithm, CheckMode, Policy, RuleSet};
 
 #[cfg(test)]
 use super::algorithms::lua_name;
@@ -133,8 +133,8 @@ impl Wire {
         let mut families = 0;
         for (i, p) in rules.policies().iter().enumerate() {
             let (params, max_cost) = encode(p)?;
-            let code = p.algo().kind().wire_code();
-            families |= family(p.algo().kind());
+            let code = p.algorithm().kind().wire_code();
+            families |= family(p.algorithm().kind());
             suffixes.push(format!(":{i}.{code}"));
             words.push(code.to_string());
             words.push(if p.shadow() { "1" } else { "0" }.into());
@@ -148,7 +148,8 @@ impl Wire {
             suffixes,
             encoded: words.join(" "),
             words,
-            needs_nonce: (rules.policies().iter()).any(|p| matches!(p.algo(), Algo::SlidingLog(_))),
+            needs_nonce: (rules.policies().iter())
+                .any(|p| matches!(p.algorithm(), AnyAlgorithm::SlidingLog(_))),
             families,
             max_costs,
         })
@@ -208,7 +209,7 @@ pub(crate) fn leasable(p: &Policy) -> Result<(), String> {
             "{p}: a shadow policy cannot be leased (a lease charges every policy it admits for)"
         ));
     }
-    if leasable_kind(p.algo().kind()) {
+    if leasable_kind(p.algorithm().kind()) {
         return Ok(());
     }
     let mut keep: Vec<&str> = (AlgorithmKind::ALL.iter())

@@ -12,7 +12,7 @@ use tollgate_core::{Op, PolicyState, RuleDecision, RuleSet};
 
 use super::batch::Batcher;
 use super::call::CheckCall;
-use super::caller::{Caller, Conn, MODE_EVAL, MODE_FUNCTIONS};
+use super::connection::{Caller, Conn, MODE_EVAL, MODE_FUNCTIONS};
 use super::options::{CallStats, RedisCalls, RedisOptions};
 use super::script::parse_state;
 use crate::Error;

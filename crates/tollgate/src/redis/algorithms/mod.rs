@@ -11,7 +11,7 @@ mod shaper;
 mod smooth;
 mod windows;
 
-use tollgate_core::{Algo, Algorithm, AlgorithmKind, Policy, PolicyState};
+use tollgate_core::{Algorithm, AlgorithmKind, AnyAlgorithm, Policy, PolicyState};
 
 use crate::Error;
 
@@ -79,8 +79,8 @@ macro_rules! dispatch {
 
         /// (parameters, largest cost) of `p` for the script.
         pub(crate) fn encode(p: &Policy) -> Result<(Vec<String>, u64), Error> {
-            match p.algo() {
-                $(Algo::$v(a) => a.encode(p),)*
+            match p.algorithm() {
+                $(AnyAlgorithm::$v(a) => a.encode(p),)*
             }
         }
 
@@ -90,15 +90,15 @@ macro_rules! dispatch {
             if s.is_empty() {
                 return Ok(p.init(created));
             }
-            Ok(match p.algo() {
-                $(Algo::$v(a) => PolicyState::$v(a.parse_state(s)?),)*
+            Ok(match p.algorithm() {
+                $(AnyAlgorithm::$v(a) => PolicyState::$v(a.parse_state(s)?),)*
             })
         }
 
         /// `state` as the script keeps it for `p`, for the algorithms a lease keeps.
         pub(crate) fn encode_state(p: &Policy, state: &PolicyState) -> Result<String, Error> {
-            let encoded = match (p.algo(), state) {
-                $((Algo::$v(a), PolicyState::$v(s)) => a.encode_state(s),)*
+            let encoded = match (p.algorithm(), state) {
+                $((AnyAlgorithm::$v(a), PolicyState::$v(s)) => a.encode_state(s),)*
                 _ => None,
             };
             encoded.ok_or_else(|| Error::Unsupported(format!("{p}: no lease encoding for this state")))

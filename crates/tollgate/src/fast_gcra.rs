@@ -3,7 +3,7 @@
 //! u64, decided by plain 64-bit arithmetic).
 
 use tollgate_core::algorithms::GcraParams;
-use tollgate_core::{Algo, CheckError, CheckMode, Decision, Op, RuleSet};
+use tollgate_core::{AnyAlgorithm, CheckError, CheckMode, Decision, Op, RuleSet};
 
 /// A limiter's current configuration.
 #[derive(Debug)]
@@ -100,8 +100,8 @@ impl FastGcra {
 impl Config {
     pub fn new(rules: RuleSet) -> Self {
         let fast = match rules.policies() {
-            [p] => match p.algo() {
-                Algo::Gcra(g) => g.params().map(|params| FastGcra {
+            [p] => match p.algorithm() {
+                AnyAlgorithm::Gcra(g) => g.params().map(|params| FastGcra {
                     params,
                     max_wait_us: p.max_wait_us(),
                     shadow: p.shadow(),
