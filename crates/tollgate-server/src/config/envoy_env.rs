@@ -90,6 +90,27 @@ pub fn apply(
             bail!("--envoy-env: {name}={v}: {what} is not supported by tollgate");
         }
     }
+    listeners_and_rules(get, main)?;
+    store(get, &mut main.store)?;
+    answers(get, &mut main.service)?;
+    let ignored: Vec<&str> = IGNORED
+        .iter()
+        .copied()
+        .filter(|n| get(n).is_some())
+        .collect();
+    Ok((!ignored.is_empty()).then(|| {
+        format!(
+            "--envoy-env: ignored (tollgate does this its own way; see docs/envoy.md): {}",
+            ignored.join(", ")
+        )
+    }))
+}
+
+/// `HOST`/`PORT`, `GRPC_HOST`/`GRPC_PORT` and the runtime directory of rule files.
+fn listeners_and_rules(
+    get: &dyn Fn(&str) -> Option<String>,
+    main: &mut MainConfig,
+) -> anyhow::Result<()> {
     let addr = |host: &str, port: &str| -> anyhow::Result<Option<std::net::SocketAddr>> {
         let (h, p) = (get(host), get(port));
         if h.is_none() && p.is_none() {
@@ -113,6 +134,14 @@ pub fn apply(
         dir.push(get("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
         main.rules = vec![dir];
     }
+    Ok(())
+}
+
+/// The `REDIS_*` settings, the local cache and the key prefix.
+fn store(
+    get: &dyn Fn(&str) -> Option<String>,
+    store: &mut crate::config::store::StoreConfig,
+) -> anyhow::Result<()> {
     if let Some(url) = get("REDIS_URL") {
         let socket = get("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
         if !socket.eq_ignore_ascii_case("tcp") {
@@ -124,24 +153,33 @@ pub fn apply(
         });
         let auth = auth.unwrap_or_default();
         let kind = get("REDIS_TYPE").unwrap_or_else(|| "SINGLE".into());
-        main.store.url = Some(match kind.to_ascii_uppercase().as_str() {
+        store.url = Some(match kind.to_ascii_uppercase().as_str() {
             "SINGLE" => format!("redis://{auth}{url}"),
             "CLUSTER" => format!("redis+cluster://{auth}{url}"),
             _ => bail!("--envoy-env: REDIS_TYPE={kind}: tollgate speaks to a single Redis or a Cluster (SINGLE, CLUSTER)"),
         });
-        main.store.kind = StoreKind::Redis;
+        store.kind = StoreKind::Redis;
     }
     if let Some(t) = get("REDIS_TIMEOUT") {
-        main.store.timeout = Some(go_duration_us(&t).ok_or_else(|| {
+        store.timeout = Some(go_duration_us(&t).ok_or_else(|| {
             anyhow::anyhow!("--envoy-env: REDIS_TIMEOUT={t}: not a duration (e.g. 250ms, 10s)")
         })?);
     }
     if get("LOCAL_CACHE_SIZE_IN_BYTES").is_some_and(|v| v != "0") {
-        main.store.negative_cache = true;
+        store.negative_cache = true;
     }
     if let Some(p) = get("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
-        main.store.prefix = Some(p);
+        store.prefix = Some(p);
     }
+    Ok(())
+}
+
+/// How the service answers: shadow mode, merged domains, the over-limit switch, the
+/// near-limit ratio and the response headers.
+fn answers(
+    get: &dyn Fn(&str) -> Option<String>,
+    service: &mut crate::config::ServiceSettings,
+) -> anyhow::Result<()> {
     let flag = |name: &str| -> anyhow::Result<Option<bool>> {
         get(name)
             .map(|v| match v.to_ascii_lowercase().as_str() {
@@ -151,7 +189,6 @@ pub fn apply(
             })
             .transpose()
     };
-    let service = &mut main.service;
     if let Some(on) = flag("SHADOW_MODE")? {
         service.shadow_mode = on;
     }
@@ -180,17 +217,7 @@ pub fn apply(
             *field = v;
         }
     }
-    let ignored: Vec<&str> = IGNORED
-        .iter()
-        .copied()
-        .filter(|n| get(n).is_some())
-        .collect();
-    Ok((!ignored.is_empty()).then(|| {
-        format!(
-            "--envoy-env: ignored (tollgate does this its own way; see docs/envoy.md): {}",
-            ignored.join(", ")
-        )
-    }))
+    Ok(())
 }
 
 /// The log settings of Envoy's `LOG_FORMAT` (`json` or `text`) and `LOG_LEVEL` (as a

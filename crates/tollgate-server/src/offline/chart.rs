@@ -178,46 +178,17 @@ where
     head.titled(title, ("sans-serif", 22)).map_err(err)?;
     let panels = body.split_evenly((runs.len().max(1), 1));
     let seconds = duration_us.max(1) as f64 / 1e6;
-    // A round bucket (1, 2 or 5 times a power of ten, in us) near duration/120.
-    let target = (duration_us / 120).max(1_000);
-    let bucket_us = (0..12)
-        .flat_map(|e| [1u64, 2, 5].map(|m| m * 10u64.pow(e)))
-        .find(|&b| b >= target)
-        .unwrap_or(target);
-    let buckets = (duration_us / bucket_us + 1) as usize;
+    let bucket_us = bucket_for(duration_us);
     for (panel, (summary, fates)) in panels.iter().zip(runs) {
-        let mut offered = vec![0u64; buckets];
-        let mut admitted = vec![0u64; buckets];
-        let mut rejected = vec![0u64; buckets];
-        let mut delayed = vec![0u64; buckets];
-        let mut wait_sum = vec![0u64; buckets];
-        for f in fates {
-            let b = ((f.t / bucket_us) as usize).min(buckets - 1);
-            offered[b] += 1;
-            if f.allowed {
-                let a = (((f.t + f.wait) / bucket_us) as usize).min(buckets - 1);
-                admitted[a] += 1;
-                if f.wait > 0 {
-                    delayed[b] += 1;
-                    wait_sum[b] += f.wait;
-                }
-            } else {
-                rejected[b] += 1;
-            }
-        }
+        let Buckets {
+            offered,
+            admitted,
+            rejected,
+            delayed,
+            waits,
+        } = Buckets::count(fates, bucket_us, duration_us);
         let limit_line = summary.limit as f64 * bucket_us as f64 / summary.window_us.max(1) as f64;
         let ymax = (offered.iter().copied().max().unwrap_or(1) as f64).max(limit_line) * 1.15 + 1.0;
-        let waits: Vec<f64> = wait_sum
-            .iter()
-            .zip(&delayed)
-            .map(|(&w, &n)| {
-                if n == 0 {
-                    0.0
-                } else {
-                    w as f64 / n as f64 / 1000.0
-                }
-            })
-            .collect();
         let wmax = waits.iter().copied().fold(0.0, f64::max);
         let x = |b: usize| b as f64 * bucket_us as f64 / 1e6;
         let mut chart = ChartBuilder::on(panel)
@@ -328,6 +299,64 @@ where
             .map_err(err)?;
     }
     Ok(())
+}
+
+/// A round time bucket for a run of `duration_us`: 1, 2 or 5 times a power of ten, in
+/// us, near a 120th of the run (at least 1 ms).
+fn bucket_for(duration_us: u64) -> u64 {
+    let target = (duration_us / 120).max(1_000);
+    (0..12)
+        .flat_map(|e| [1u64, 2, 5].map(|m| m * 10u64.pow(e)))
+        .find(|&b| b >= target)
+        .unwrap_or(target)
+}
+
+/// A run's requests counted per time bucket: offered and rejected at arrival,
+/// admitted when released (after any wait), delayed with their mean wait (ms).
+struct Buckets {
+    offered: Vec<u64>,
+    admitted: Vec<u64>,
+    rejected: Vec<u64>,
+    delayed: Vec<u64>,
+    waits: Vec<f64>,
+}
+
+impl Buckets {
+    fn count(fates: &[Fate], bucket_us: u64, duration_us: u64) -> Buckets {
+        let n = (duration_us / bucket_us + 1) as usize;
+        let at = |t: u64| ((t / bucket_us) as usize).min(n - 1);
+        let (mut offered, mut admitted, mut rejected) = (vec![0; n], vec![0; n], vec![0; n]);
+        let (mut delayed, mut wait_sum) = (vec![0u64; n], vec![0u64; n]);
+        for f in fates {
+            let b = at(f.t);
+            offered[b] += 1;
+            if !f.allowed {
+                rejected[b] += 1;
+                continue;
+            }
+            admitted[at(f.t + f.wait)] += 1;
+            if f.wait > 0 {
+                delayed[b] += 1;
+                wait_sum[b] += f.wait;
+            }
+        }
+        let waits = (wait_sum.iter().zip(&delayed))
+            .map(|(&w, &k)| {
+                if k == 0 {
+                    0.0
+                } else {
+                    w as f64 / k as f64 / 1000.0
+                }
+            })
+            .collect();
+        Buckets {
+            offered,
+            admitted,
+            rejected,
+            delayed,
+            waits,
+        }
+    }
 }
 
 fn err<E: std::error::Error + Send + Sync + 'static>(e: DrawingAreaErrorKind<E>) -> anyhow::Error {
