@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use axum::body::Body;
 use axum::http::Request;
 use libfuzzer_sys::fuzz_target;
-use tollgate_server::service::http::{router, Admin};
+use tollgate_server::service::http::{router, AdminAccess};
 use tollgate_server::service::DecisionService;
 use tower::ServiceExt;
 
@@ -16,7 +16,7 @@ fn app() -> &'static (tokio::runtime::Runtime, axum::Router) {
     static APP: OnceLock<(tokio::runtime::Runtime, axum::Router)> = OnceLock::new();
     APP.get_or_init(|| {
         let service = DecisionService::example();
-        let admin = Admin {
+        let admin = AdminAccess {
             token: None,
             loopback: true,
         };

@@ -3,7 +3,10 @@
 
 use crate::decision::{CheckError, Decision};
 
-/// What a check asks for.
+/// What a check asks of an algorithm's state machine: a try, or an acquire bounded by
+/// a wait. A caller asks a [`Policy`](crate::Policy) for an [`Op`](crate::Op) (try,
+/// acquire, charge, Envoy's count); the policy turns it into this mode, with its own
+/// `max-wait` ([`Policy::mode`](crate::Policy::mode)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CheckMode {
     /// Admit now or reject. Never waits, except that `limit-req`'s delay and

@@ -29,9 +29,10 @@ use tollgate_core::{Decision, RuleSet};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A policy spec that does not parse (or a rule set without policies).
+    /// A policy spec that does not parse (or a rule set without policies). Boxed: it
+    /// is rare, and keeps every decision's `Result` as small as the decision.
     #[error(transparent)]
-    Spec(#[from] SpecError),
+    Spec(Box<SpecError>),
     /// The request itself is invalid: a cost of 0, more than a policy can ever
     /// admit, or a charge to a policy that cannot take one. Waiting does not help.
     #[error(transparent)]
@@ -66,6 +67,12 @@ pub enum Error {
     /// The store answered something it never sends.
     #[error("store error: {0}")]
     Store(String),
+}
+
+impl From<SpecError> for Error {
+    fn from(e: SpecError) -> Self {
+        Error::Spec(Box::new(e))
+    }
 }
 
 impl Error {

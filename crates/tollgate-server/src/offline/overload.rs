@@ -69,7 +69,7 @@ impl fmt::Display for Group {
 
 /// A limit in front of the upstream.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Limit {
+pub enum SimulatedLimit {
     /// Every request goes through.
     None,
     /// At most this many in flight; a request beyond is rejected at once (the
@@ -79,12 +79,12 @@ pub enum Limit {
     Adaptive(AdaptiveSpec),
 }
 
-impl fmt::Display for Limit {
+impl fmt::Display for SimulatedLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Limit::None => f.write_str("no limit"),
-            Limit::Static(n) => write!(f, "static {n}"),
-            Limit::Adaptive(spec) => f.write_str(spec.controller.name()),
+            SimulatedLimit::None => f.write_str("no limit"),
+            SimulatedLimit::Static(n) => write!(f, "static {n}"),
+            SimulatedLimit::Adaptive(spec) => f.write_str(spec.controller.name()),
         }
     }
 }
@@ -227,16 +227,16 @@ struct World<'a> {
 }
 
 /// Runs `model` through `limit`.
-pub fn simulate(model: &Model, limit: &Limit) -> Outcomes {
+pub fn simulate(model: &Model, limit: &SimulatedLimit) -> Outcomes {
     let gate = match limit {
-        Limit::None => None,
-        Limit::Static(n) => Some(AdaptiveGate::new(
+        SimulatedLimit::None => None,
+        SimulatedLimit::Static(n) => Some(AdaptiveGate::new(
             format!("aimd:min={n},max={n},initial={n},queue=0")
                 .parse()
                 .expect("a static limit as a fixed aimd spec"),
             false,
         )),
-        Limit::Adaptive(spec) => Some(AdaptiveGate::new(*spec, model.fair)),
+        SimulatedLimit::Adaptive(spec) => Some(AdaptiveGate::new(*spec, model.fair)),
     };
     let clients: Vec<(usize, u64, u64)> = model
         .groups
@@ -424,7 +424,7 @@ impl World<'_> {
         }
     }
 
-    fn finish(mut self, limit: &Limit) -> Outcomes {
+    fn finish(mut self, limit: &SimulatedLimit) -> Outcomes {
         let secs = self
             .model
             .duration_us
@@ -532,10 +532,10 @@ mod tests {
     #[test]
     fn the_adaptive_limit_beats_both_static_limits_on_the_same_world() {
         let m = model(&["32"], vec![]);
-        let none = simulate(&m, &Limit::None);
-        let high = simulate(&m, &Limit::Static(32));
-        let low = simulate(&m, &Limit::Static(4));
-        let adaptive = simulate(&m, &Limit::Adaptive("gradient".parse().unwrap()));
+        let none = simulate(&m, &SimulatedLimit::None);
+        let high = simulate(&m, &SimulatedLimit::Static(32));
+        let low = simulate(&m, &SimulatedLimit::Static(4));
+        let adaptive = simulate(&m, &SimulatedLimit::Adaptive("gradient".parse().unwrap()));
         let (n, h, l, a) = (
             &none.groups[0],
             &high.groups[0],
@@ -548,7 +548,7 @@ mod tests {
         assert!(a.ok_per_s >= 0.95 * 400.0, "{a:?}");
         assert!(a.p99_ms <= 40.0, "{a:?}");
         // The same world twice: the same numbers.
-        let again = simulate(&m, &Limit::Adaptive("gradient".parse().unwrap()));
+        let again = simulate(&m, &SimulatedLimit::Adaptive("gradient".parse().unwrap()));
         assert_eq!(
             format!("{:?}", again.groups),
             format!("{:?}", adaptive.groups)
@@ -559,7 +559,7 @@ mod tests {
     #[test]
     fn the_limit_follows_the_capacity_down_and_back() {
         let m = model(&["32"], vec![(5_000_000, 4), (10_000_000, 8)]);
-        let r = simulate(&m, &Limit::Adaptive("gradient".parse().unwrap()));
+        let r = simulate(&m, &SimulatedLimit::Adaptive("gradient".parse().unwrap()));
         let at = |from: f64, to: f64| -> Vec<f64> {
             r.limit
                 .iter()
@@ -584,15 +584,15 @@ mod tests {
         let mut m = model(&["32"], vec![]);
         m.timeout_us = Some(60_000);
         // 32 in flight take 80 ms: every request times out while the upstream works.
-        let none = simulate(&m, &Limit::None);
+        let none = simulate(&m, &SimulatedLimit::None);
         assert!(none.groups[0].ok_per_s < 10.0, "{:?}", none.groups);
         // AIMD learns only from the timeouts: it rides just below them, and the
         // work of the requests that still time out is lost.
-        let aimd = simulate(&m, &Limit::Adaptive("aimd".parse().unwrap()));
+        let aimd = simulate(&m, &SimulatedLimit::Adaptive("aimd".parse().unwrap()));
         assert!(aimd.groups[0].ok_per_s >= 0.6 * 400.0, "{:?}", aimd.groups);
         assert!(aimd.groups[0].p99_ms <= 60.0, "{:?}", aimd.groups);
         // The gradient sees the latency rise long before: no timeouts at all.
-        let gradient = simulate(&m, &Limit::Adaptive("gradient".parse().unwrap()));
+        let gradient = simulate(&m, &SimulatedLimit::Adaptive("gradient".parse().unwrap()));
         assert!(
             gradient.groups[0].ok_per_s >= 0.95 * 400.0,
             "{:?}",
@@ -604,7 +604,7 @@ mod tests {
     #[test]
     fn critical_clients_keep_their_latency_beside_sheddable_ones() {
         let m = model(&["4:critical", "20:sheddable"], vec![]);
-        let r = simulate(&m, &Limit::Adaptive("gradient".parse().unwrap()));
+        let r = simulate(&m, &SimulatedLimit::Adaptive("gradient".parse().unwrap()));
         let (critical, sheddable) = (&r.groups[0], &r.groups[1]);
         assert!(
             critical.success_pct >= 99.0 && critical.p99_ms <= 40.0,

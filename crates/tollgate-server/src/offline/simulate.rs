@@ -247,7 +247,7 @@ fn usage(
 /// `tollgate simulate --pattern closed-loop`: the clients through every limit, then
 /// the table (or JSON) and the chart asked for.
 fn closed_loop(args: SimulateArgs) -> anyhow::Result<()> {
-    use crate::offline::overload::{panels, simulate, table, Group, Limit, Model};
+    use crate::offline::overload::{panels, simulate, table, Group, Model, SimulatedLimit};
     if !args.policies.is_empty() {
         anyhow::bail!(
             "closed-loop compares concurrency limits: --limit N|none and --adaptive SPEC, not --policy"
@@ -258,17 +258,17 @@ fn closed_loop(args: SimulateArgs) -> anyhow::Result<()> {
         .limits
         .iter()
         .map(|l| match l.as_str() {
-            "none" => Ok(Limit::None),
+            "none" => Ok(SimulatedLimit::None),
             n => n
                 .parse::<u32>()
                 .ok()
                 .filter(|n| *n > 0)
-                .map(Limit::Static)
+                .map(SimulatedLimit::Static)
                 .ok_or_else(|| anyhow::anyhow!("--limit {n}: expected a number above 0 or none")),
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     for spec in &args.adaptive {
-        limits.push(Limit::Adaptive(spec.parse()?));
+        limits.push(SimulatedLimit::Adaptive(spec.parse()?));
     }
     if args.capacity == 0 {
         anyhow::bail!("--capacity must be at least 1");

@@ -25,7 +25,7 @@ use tollgate::headers::HeaderStyle;
 pub(super) type RedisBackend = (RedisStore, StoreConfig);
 
 /// One set of rate counters: a route's `policies:` or one tier's.
-struct Limits {
+struct RateCounters {
     /// "default", or the tier's name (shown as the RateLimit policy name).
     name: String,
     /// The counters, in memory or in Redis.
@@ -48,10 +48,10 @@ pub(super) enum ConnPermit {
 
 /// Everything a route limits with, and how it answers.
 pub(super) struct RouteLimits {
-    default: Option<Limits>,
+    default: Option<RateCounters>,
     /// Key values with their own limits (`None`: the route's), checked before
     /// `default`.
-    tiers: Vec<(Vec<String>, Option<Limits>)>,
+    tiers: Vec<(Vec<String>, Option<RateCounters>)>,
     conns: Option<Conns>,
     status: StatusCode,
     /// The problem+json body of a rate-limit reject, built once.
@@ -96,7 +96,7 @@ impl RouteLimits {
             .ok_or_else(|| {
                 anyhow::anyhow!("{at}.status: {} is not a 4xx or 5xx status", r.status)
             })?;
-        let tiers: Vec<(Vec<String>, Option<Limits>)> = r
+        let tiers: Vec<(Vec<String>, Option<RateCounters>)> = r
             .tiers
             .iter()
             .enumerate()
@@ -105,11 +105,17 @@ impl RouteLimits {
                 if tier.policies.is_empty() && tier.priority.is_none() {
                     anyhow::bail!("{at}: needs policies, a priority, or both");
                 }
-                let l = Limits::build((&r.name, &tier.name), &tier.policies, &at, options, redis)?;
+                let l = RateCounters::build(
+                    (&r.name, &tier.name),
+                    &tier.policies,
+                    &at,
+                    options,
+                    redis,
+                )?;
                 Ok((tier.values.clone(), l))
             })
             .collect::<anyhow::Result<_>>()?;
-        let default = Limits::build((&r.name, "default"), &r.policies, at, options, redis)?;
+        let default = RateCounters::build((&r.name, "default"), &r.policies, at, options, redis)?;
         if let Some(c) = &r.cost {
             check_cost(
                 c,
@@ -186,7 +192,7 @@ impl RouteLimits {
     }
 
     /// The tier's own limits, else the route's.
-    fn limits_of(&self, tier: Option<usize>) -> Option<&Limits> {
+    fn limits_of(&self, tier: Option<usize>) -> Option<&RateCounters> {
         tier.and_then(|t| self.tiers[t].1.as_ref())
             .or(self.default.as_ref())
     }
@@ -194,7 +200,7 @@ impl RouteLimits {
     /// One rate check of `key`; writes the headers; `Err` is the reject to send.
     async fn check_rate(
         &self,
-        l: &Limits,
+        l: &RateCounters,
         key: &str,
         cost: u64,
         headers: &mut HeaderMap,
@@ -248,7 +254,7 @@ impl RouteLimits {
 fn check_cost<'a>(
     c: &crate::config::proxy::CostConfig,
     at: &str,
-    limits: impl Iterator<Item = &'a Limits>,
+    limits: impl Iterator<Item = &'a RateCounters>,
 ) -> anyhow::Result<()> {
     let mut any = false;
     for l in limits {
@@ -268,7 +274,7 @@ fn check_cost<'a>(
     Ok(())
 }
 
-impl Limits {
+impl RateCounters {
     /// The counters of `specs` for route `route`'s part `name` (`default` or a tier);
     /// `None` when there are no specs.
     fn build(
@@ -277,7 +283,7 @@ impl Limits {
         at: &str,
         options: KeyedOptions,
         redis: Option<&RedisBackend>,
-    ) -> anyhow::Result<Option<Limits>> {
+    ) -> anyhow::Result<Option<RateCounters>> {
         if specs.is_empty() {
             return Ok(None);
         }
@@ -292,7 +298,7 @@ impl Limits {
                 .limiter(store, &redis_name(route, name), rules.clone())
                 .map_err(|e| anyhow::anyhow!("{at}.policies (store redis): {e}"))?,
         };
-        Ok(Some(Limits {
+        Ok(Some(RateCounters {
             name: name.to_string(),
             counter,
             rules,
@@ -331,7 +337,7 @@ impl Conns {
 
 /// The route's rate-limit headers in its style ([`tollgate::headers`], their one
 /// writer; the limit is named after the tier, or `default`).
-fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &RuleDecision, l: &Limits) {
+fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &RuleDecision, l: &RateCounters) {
     let h = tollgate::headers::RateLimitHeaders::new(&l.name, &l.rules, d);
     tollgate::headers::insert_all(headers, h.fields(style, false));
 }

@@ -190,7 +190,7 @@ impl<'de> Deserialize<'de> for SpecDoc {
 /// A limit attached to a descriptor node: its rule set and the per-key limiter that
 /// keeps its counters (one counter per distinct descriptor value).
 #[derive(Debug)]
-pub struct Limit {
+pub struct DescriptorLimit {
     /// Where it was defined: `domain/key=value/key2`.
     pub path: String,
     /// The same in envoyproxy/ratelimit's form (its statistics and config dump
@@ -208,7 +208,7 @@ pub struct Limit {
     /// Envoy's `detailed_metric`: statistics per request value, not per rule.
     pub detailed_metric: bool,
     /// Whether a rejected request's hits count, as the descriptor says (`None`: the
-    /// default, see [`Limit::counts_rejected`]).
+    /// default, see [`DescriptorLimit::counts_rejected`]).
     pub rejected_hits: Option<RejectedHits>,
     /// `None` for `unlimited: true` and for `requests_per_unit: 0`.
     pub rules: Option<RuleSet>,
@@ -226,7 +226,7 @@ pub struct Limit {
     pub stats: std::sync::OnceLock<crate::service::metrics::RuleStats>,
 }
 
-impl Limit {
+impl DescriptorLimit {
     /// Whether a rejected request's hits count here: as the descriptor says, else
     /// `default` for Envoy's `rate_limit` (and a request's own limit override), and
     /// not for tollgate's `policies` (all-or-nothing).
@@ -240,7 +240,7 @@ impl Limit {
     }
 
     /// Whether two limits are defined alike (so one's counters serve the other).
-    pub fn same_definition(&self, other: &Limit) -> bool {
+    pub fn same_definition(&self, other: &DescriptorLimit) -> bool {
         self.path == other.path
             && self.name == other.name
             && self.replaces == other.replaces
@@ -314,7 +314,7 @@ fn wildcard_fits(parts: &[String], value: &str) -> bool {
 struct Node {
     key: String,
     value: Option<ValueMatch>,
-    limit: Option<Arc<Limit>>,
+    limit: Option<Arc<DescriptorLimit>>,
     /// Envoy's `value_to_metric`: statistics name the request's value at this level.
     value_to_metric: bool,
     /// Envoy's `share_threshold` (wildcards only): every value this wildcard matches
@@ -329,7 +329,7 @@ struct Node {
 #[derive(Debug)]
 pub struct Match {
     /// The limit that applies.
-    pub limit: Arc<Limit>,
+    pub limit: Arc<DescriptorLimit>,
     /// The counter key: the domain and every entry (a shared wildcard's entries by
     /// their pattern).
     pub counter: String,
@@ -451,13 +451,13 @@ impl DescriptorRules {
     /// path, policies, name, replaces, shadow mode), with their counters: a reload
     /// keeps the state of unchanged rules.
     pub fn adopt(&mut self, old: &DescriptorRules) {
-        let mut previous: HashMap<String, Arc<Limit>> = HashMap::new();
+        let mut previous: HashMap<String, Arc<DescriptorLimit>> = HashMap::new();
         for domain in old.domains.keys() {
             for l in old.limits(domain) {
                 previous.insert(l.path.clone(), l);
             }
         }
-        fn walk(nodes: &mut [Node], previous: &HashMap<String, Arc<Limit>>) {
+        fn walk(nodes: &mut [Node], previous: &HashMap<String, Arc<DescriptorLimit>>) {
             for n in nodes {
                 if let Some(limit) = &n.limit {
                     if let Some(old) = previous
@@ -476,7 +476,7 @@ impl DescriptorRules {
     }
 
     /// Every limit of every domain.
-    pub fn all_limits(&self) -> Vec<Arc<Limit>> {
+    pub fn all_limits(&self) -> Vec<Arc<DescriptorLimit>> {
         (self.domains.keys()).flat_map(|d| self.limits(d)).collect()
     }
 
@@ -507,8 +507,8 @@ impl DescriptorRules {
     }
 
     /// Every limit of a domain, depth first.
-    pub fn limits(&self, domain: &str) -> Vec<Arc<Limit>> {
-        fn walk(nodes: &[Node], out: &mut Vec<Arc<Limit>>) {
+    pub fn limits(&self, domain: &str) -> Vec<Arc<DescriptorLimit>> {
+        fn walk(nodes: &[Node], out: &mut Vec<Arc<DescriptorLimit>>) {
             for n in nodes {
                 out.extend(n.limit.clone());
                 walk(&n.children, out);
@@ -618,7 +618,7 @@ pub fn override_limit(
     unit: Unit,
     n: u64,
     counters: &Counters,
-) -> Result<Arc<Limit>, String> {
+) -> Result<Arc<DescriptorLimit>, String> {
     let spec = format!("fixed-window:limit={n},window={}", unit.window());
     let policy: Policy = spec.parse().map_err(|e| format!("limit override: {e}"))?;
     limit_of(
@@ -758,7 +758,7 @@ fn envoy_limit(
     traits: Traits,
     at: &str,
     counters: &Counters,
-) -> Result<Arc<Limit>, String> {
+) -> Result<Arc<DescriptorLimit>, String> {
     for (i, r) in rl.replaces.iter().enumerate() {
         if r.name.is_empty() {
             return Err(format!(
@@ -807,11 +807,11 @@ fn limit_of(
     rules: Option<RuleSet>,
     envoy: Option<(Unit, u64)>,
     counters: &Counters,
-) -> Result<Arc<Limit>, String> {
+) -> Result<Arc<DescriptorLimit>, String> {
     let limiter = (rules.clone())
         .map(|r| counters.limiter(&path, r))
         .transpose()?;
-    Ok(Arc::new(Limit {
+    Ok(Arc::new(DescriptorLimit {
         path,
         full_key: traits.full_key,
         name: traits.name,

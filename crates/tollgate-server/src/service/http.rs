@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tollgate::Op;
 
-use crate::service::descriptors::Limit;
+use crate::service::descriptors::DescriptorLimit;
 use crate::service::{Api, CheckResult, Code, DecisionService, DescriptorRequest};
 
 /// The largest request body accepted.
@@ -24,7 +24,7 @@ pub const MAX_ACQUIRE_WAIT: Duration = Duration::from_secs(30);
 
 /// Who may call admin endpoints.
 #[derive(Debug, Clone)]
-pub struct Admin {
+pub struct AdminAccess {
     /// A bearer token every admin call must carry, if set.
     pub token: Option<String>,
     /// Whether the HTTP listener is on a loopback address (admin allowed without a
@@ -32,7 +32,7 @@ pub struct Admin {
     pub loopback: bool,
 }
 
-impl Admin {
+impl AdminAccess {
     /// The response refusing an admin call, or `None` when it may proceed.
     fn refusal(&self, headers: &HeaderMap) -> Option<Response> {
         match &self.token {
@@ -58,7 +58,7 @@ impl Admin {
 }
 
 /// The router over a decision service.
-pub fn router(service: Arc<DecisionService>, admin: Admin) -> Router {
+pub fn router(service: Arc<DecisionService>, admin: AdminAccess) -> Router {
     let admin = Arc::new(admin);
     let reset_admin = admin.clone();
     Router::new()
@@ -391,7 +391,7 @@ struct LimitOut<'a> {
     blocked: bool,
 }
 
-fn limit_out(l: &Limit) -> LimitOut<'_> {
+fn limit_out(l: &DescriptorLimit) -> LimitOut<'_> {
     LimitOut {
         descriptor: &l.path,
         name: l.name.as_deref(),

@@ -22,7 +22,7 @@ use tollgate::{AnyLimiter, Decision, Error, Op, RateLimiter, RuleDecision};
 use crate::service::counters::{Counters, StoreStats};
 
 use crate::service::descriptors::{
-    counter_key, override_limit, DescriptorRules, Limit, Match, Unit,
+    counter_key, override_limit, DescriptorLimit, DescriptorRules, Match, Unit,
 };
 use crate::service::metrics::{Hits, Metrics, Verdict};
 
@@ -70,7 +70,7 @@ pub struct DescriptorStatus {
     /// The descriptor's hits, as counted.
     pub hits: u64,
     /// The limit that applied, if any.
-    pub limit: Option<Arc<Limit>>,
+    pub limit: Option<Arc<DescriptorLimit>>,
     /// The counter of the limit that counted the hits (empty when none did): what a
     /// refund gives back to, without matching the descriptor again.
     pub counter: String,
@@ -133,7 +133,7 @@ pub struct EnvoyView {
 impl CheckResult {
     /// The decision that binds the response: the rejected one with the longest
     /// retry, or the admitted one with the least remaining.
-    pub fn binding(&self) -> Option<(&Arc<Limit>, &RuleDecision)> {
+    pub fn binding(&self) -> Option<(&Arc<DescriptorLimit>, &RuleDecision)> {
         let limited = self
             .statuses
             .iter()
@@ -206,7 +206,7 @@ pub struct Answers {
 /// The rules in force, swappable at run time.
 pub struct DecisionService {
     rules: ArcSwap<DescriptorRules>,
-    overrides: Mutex<HashMap<(String, Unit, u64), Arc<Limit>>>,
+    overrides: Mutex<HashMap<(String, Unit, u64), Arc<DescriptorLimit>>>,
     answers: Answers,
     merge_domains: bool,
     counters: Counters,
@@ -323,7 +323,7 @@ impl DecisionService {
                 let old = self.rules.load_full();
                 rules.adopt(&old);
                 // The counts of the limiters going away stay in the metrics' totals.
-                let kept: std::collections::HashSet<*const Limit> =
+                let kept: std::collections::HashSet<*const DescriptorLimit> =
                     rules.all_limits().iter().map(Arc::as_ptr).collect();
                 let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
                 for l in old.all_limits() {
@@ -372,7 +372,7 @@ impl DecisionService {
     }
 
     /// The limit for a request's own override in `domain`, created on first use.
-    fn override_for(&self, domain: &str, unit: Unit, n: u64) -> Option<Arc<Limit>> {
+    fn override_for(&self, domain: &str, unit: Unit, n: u64) -> Option<Arc<DescriptorLimit>> {
         let mut map = self.overrides.lock().unwrap_or_else(|e| e.into_inner());
         let key = (domain.to_string(), unit, n);
         if let Some(l) = map.get(&key) {
@@ -414,7 +414,7 @@ impl DecisionService {
     /// checks without counting. Each descriptor is counted on its own, as Envoy does;
     /// a descriptor whose limit another matched limit `replaces` is skipped, and one
     /// without entries matches nothing. Under a try, a descriptor whose limit counts
-    /// rejected hits ([`Limit::counts_rejected`]) is charged them even when over its
+    /// rejected hits ([`DescriptorLimit::counts_rejected`]) is charged them even when over its
     /// limit (and a look, hits 0, finds it over while it is in debt).
     pub async fn check(
         &self,
@@ -519,7 +519,7 @@ impl DecisionService {
     /// nothing).
     async fn would_be_over(
         &self,
-        limit: &Limit,
+        limit: &DescriptorLimit,
         key: &str,
         cost: u64,
     ) -> Result<bool, RequestError> {
@@ -583,7 +583,7 @@ impl DecisionService {
     /// One descriptor's status under `limit`, counting `cost` on `key`.
     async fn decide_one(
         &self,
-        limit: &Arc<Limit>,
+        limit: &Arc<DescriptorLimit>,
         key: &str,
         cost: u64,
         op: Op,
@@ -668,7 +668,7 @@ impl DecisionService {
 
     /// Gives `cost` back to `counter` of `limit` (best effort: a store that cannot
     /// answer keeps what it counted).
-    async fn give_back(&self, limit: &Limit, counter: &str, cost: u64) {
+    async fn give_back(&self, limit: &DescriptorLimit, counter: &str, cost: u64) {
         if let Some(l) = &limit.limiter {
             let _ = Box::pin(l.refund(counter, cost)).await;
         }
@@ -717,7 +717,7 @@ async fn decide(
     }
 }
 
-fn ok(limit: Option<Arc<Limit>>) -> DescriptorStatus {
+fn ok(limit: Option<Arc<DescriptorLimit>>) -> DescriptorStatus {
     DescriptorStatus {
         code: Code::Ok,
         hits: 0,

@@ -196,7 +196,7 @@ pub async fn serve_on(
         .with_answers(&settings.service)
         .with_workers(workers.stats());
     let service = Arc::new(service);
-    let admin = crate::service::http::Admin {
+    let admin = crate::service::http::AdminAccess {
         token: settings.admin_token.clone(),
         loopback: http.ip().is_loopback(),
     };
