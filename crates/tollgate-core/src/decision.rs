@@ -100,7 +100,7 @@ impl Decision {
     /// assert!(p.check(&mut s, 0, 1, Op::Try).unwrap().into_result().is_ok());
     /// let e = p.check(&mut s, 0, 1, Op::Try).unwrap().into_result().unwrap_err();
     /// assert_eq!(e.retry_after_us, Some(1_000_000));
-    /// assert_eq!(e.to_string(), "rate limited: retry after 1000000 us");
+    /// assert_eq!(e.to_string(), "rate limited: retry after 1s");
     /// ```
     pub fn into_result(self) -> Result<Decision, Rejected> {
         if self.allowed {
@@ -131,7 +131,7 @@ impl Decision {
 
 /// A request over the limit, as an error ([`Decision::into_result`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("rate limited: retry after {}", match .retry_after_us { Some(us) => format!("{us} us"), None => "an unknown time".into() })]
+#[error("rate limited: retry after {}", match .retry_after_us { Some(us) => format!("{:?}", std::time::Duration::from_micros(*us)), None => "an unknown time".into() })]
 pub struct Rejected {
     /// When the same request could pass (`None`: not known to ever pass).
     pub retry_after_us: Option<u64>,

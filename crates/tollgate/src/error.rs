@@ -23,9 +23,24 @@ use tollgate_core::{Decision, RuleSet};
 /// assert!(!e.is_transient());
 /// ```
 ///
-/// A rejection is not an error: it is a [`Decision`] with
-/// `allowed: false` ([`Decision::into_result`](crate::Decision::into_result) turns it
-/// into one when `?` should stop at it).
+/// A rejection is not an error: it is a [`Decision`] with `allowed: false`;
+/// [`Decision::into_result`] turns it into one ([`Error::Rejected`]) when `?` should
+/// stop at it:
+///
+/// ```
+/// use tollgate::{Error, Limiter, Policy, Rate};
+///
+/// fn work(api: &Limiter) -> Result<(), Error> {
+///     let admitted = api.check(1)?.into_result()?; // Err(Error::Rejected) over the limit
+///     assert!(admitted.allowed);
+///     Ok(())
+/// }
+/// let api = Limiter::new(Policy::gcra(Rate::per_minute(1)?, 1)?);
+/// assert!(work(&api).is_ok());
+/// let e = work(&api).unwrap_err();
+/// assert!(matches!(e, Error::Rejected(_)) && e.rejection().is_some());
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -46,6 +61,11 @@ pub enum Error {
          use acquire, which sleeps it, or check_rules with Op::Try and sleep decision.wait()"
     )]
     Paces(String),
+    /// The request is over the limit: a rejection turned into an error by
+    /// [`Decision::into_result`] (so `?` stops at it in a function returning this
+    /// error). Not transient; [`Error::rejection`] gives the decision back.
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
     /// The memory store is full and refuses new keys
     /// ([`OnFull::RefuseNew`](crate::keyed::OnFull::RefuseNew)).
     #[error("too many keys: the limiter holds its maximum of {max} keys and refuses new ones")]
@@ -110,6 +130,7 @@ impl Error {
     /// ```
     pub fn rejection(&self) -> Option<Decision> {
         match self {
+            Error::Rejected(r) => Some(r.decision),
             Error::Check(CheckError::InsufficientCapacity { capacity, .. }) => {
                 Some(Decision::rejected(*capacity, 0, 0, None))
             }
