@@ -8,7 +8,6 @@
 use std::sync::{Arc, OnceLock};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use http_body_util::{BodyExt, Full};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use tollgate_server::service::grpc;
@@ -40,22 +39,18 @@ fuzz_target!(|data: &[u8]| {
         data.to_vec()
     };
     let expected = refusal(&body);
-    let req = http::Request::post(grpc::PATH)
-        .header("content-type", "application/grpc")
-        .body(Full::new(bytes::Bytes::from(body)))
-        .unwrap();
-    let resp = runtime.block_on(grpc::call(service.clone(), req));
-    assert_eq!(resp.status(), 200);
-    match tonic::Status::from_header_map(resp.headers()) {
-        Some(status) => assert_eq!(status.code(), expected, "{status:?}"),
-        None => {
+    // The call as the HTTP/2 loop makes it: routed, then answered from its body.
+    let content_type = http::HeaderValue::from_static("application/grpc");
+    let method = grpc::route(grpc::PATH, Some(&content_type)).unwrap();
+    let reply = runtime.block_on(grpc::answer(service, method, Ok(bytes::Bytes::from(body))));
+    match reply {
+        grpc::Reply::Status(status) => assert_eq!(status.code(), expected, "{status:?}"),
+        grpc::Reply::Message(body) => {
             assert_eq!(expected, tonic::Code::InvalidArgument, "answered");
-            let collected = runtime.block_on(resp.into_body().collect()).unwrap();
-            assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
-            let body = collected.to_bytes();
             let r = RateLimitResponse::decode(&body[5..]).unwrap();
             assert!(r.overall_code == 1 || r.overall_code == 2, "{r:?}");
         }
+        grpc::Reply::UnsupportedMediaType => panic!("routed as gRPC"),
     }
 });
 

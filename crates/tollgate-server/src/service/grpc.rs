@@ -15,7 +15,6 @@
 //! that cannot answer `UNAVAILABLE`. A client's `grpc-timeout` is not timed here: a
 //! client that gives up resets its stream, which drops the call.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -26,7 +25,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use futures_util::FutureExt;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use prost::Message;
@@ -105,7 +104,8 @@ async fn connection(
                 // Routed as it arrives: the head is not kept (nor moved with the call).
                 Poll::Ready(Some(Ok((req, respond)))) => {
                     let (head, body) = req.into_parts();
-                    arrived.push((route(&head), body, respond));
+                    let content_type = head.headers.get(http::header::CONTENT_TYPE);
+                    arrived.push((route(head.uri.path(), content_type), body, respond));
                 }
                 Poll::Ready(Some(Err(e))) => break Some(Some(e)),
                 Poll::Ready(None) => break Some(None),
@@ -136,21 +136,36 @@ async fn stream(
     body: StallBody<H2Body>,
     mut respond: h2::server::SendResponse<Bytes>,
 ) {
-    let response = tokio::select! {
+    let call = async {
+        match method {
+            // Refused from its head: the body is not read.
+            Err(refusal) => Reply::from(refusal),
+            Ok(method) => answer(&service, method, read_body(body).await).await,
+        }
+    };
+    let reply = tokio::select! {
         biased;
-        response = routed_call(service, method, body) => response,
+        reply = call => reply,
         _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
     };
-    let (head, body) = response.into_parts();
-    let GrpcBody { message, trailers } = body;
-    let end = message.is_none() && !trailers;
-    let Ok(mut send) = respond.send_response(Response::from_parts(head, ()), end) else {
+    let (head, message) = match reply {
+        Reply::Message(message) => {
+            let mut head = Response::new(());
+            head.headers_mut().insert(http::header::CONTENT_TYPE, GRPC);
+            (head, Some(message))
+        }
+        Reply::Status(status) => (status.into_http::<()>(), None),
+        Reply::UnsupportedMediaType => {
+            let mut head = Response::new(());
+            *head.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            (head, None)
+        }
+    };
+    let Ok(mut send) = respond.send_response(head, message.is_none()) else {
         return; // the client is gone
     };
     if let Some(message) = message {
         let _ = send.send_data(message, false);
-    }
-    if trailers {
         let _ = send.send_trailers(ok_trailers());
     }
 }
@@ -186,57 +201,51 @@ impl Body for H2Body {
     }
 }
 
-/// Answers one gRPC call: `ShouldRateLimit`, or the gRPC error the call deserves.
-/// Never fails: every outcome is a gRPC response. The future holds the body and the
-/// decision's state, not the request's head: it is moved into a box per call (and a
-/// task when the call must wait), so it is kept small.
-pub fn call<B>(
-    service: Arc<DecisionService>,
-    req: Request<B>,
-) -> impl Future<Output = Response<GrpcBody>> + Send + 'static
-where
-    B: Body<Data = Bytes> + Unpin + Send + 'static,
-    B::Error: Into<axum::BoxError>,
-{
-    let (head, body) = req.into_parts();
-    routed_call(service, route(&head), body)
+/// What a call is answered with.
+#[derive(Debug)]
+pub enum Reply {
+    /// The framed response message; `grpc-status: 0` follows in the trailers.
+    Message(Bytes),
+    /// A gRPC error, sent as a trailers-only response.
+    Status(Status),
+    /// Not gRPC's content type: HTTP 415.
+    UnsupportedMediaType,
 }
 
-/// [`call`] once its head is read: `method` is what [`route`] made of it.
-async fn routed_call<B>(
-    service: Arc<DecisionService>,
-    method: Result<Method, Refusal>,
-    body: B,
-) -> Response<GrpcBody>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<axum::BoxError>,
-{
-    let answered = match method {
-        Ok(method) => answer(&service, method, body).await,
-        Err(refusal) => Err(refusal),
-    };
-    match answered {
-        Ok(message) => {
-            let mut response = Response::new(GrpcBody::message(message));
-            response
-                .headers_mut()
-                .insert(http::header::CONTENT_TYPE, GRPC);
-            response
+impl From<Refusal> for Reply {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Status(status) => Reply::Status(status),
+            Refusal::ContentType => Reply::UnsupportedMediaType,
         }
-        Err(Refusal::Status(status)) => status.into_http(),
-        Err(Refusal::ContentType) => {
-            let mut response = Response::new(GrpcBody::default());
-            *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
-            response
-        }
+    }
+}
+
+/// Answers one gRPC call of `method` ([`route`] made it of the call's head) from its
+/// request body (`framed`: the framed message, or why it could not be read): the
+/// response message, or the gRPC error the call deserves. The one function that
+/// answers a call, for the HTTP/2 loop, the tests and the fuzz target alike. Its
+/// future holds the decision's state, not the request's head: it is moved into a box
+/// per call (and a task when the call must wait), so it is kept small.
+pub async fn answer(
+    service: &DecisionService,
+    method: Method,
+    framed: Result<Bytes, Status>,
+) -> Reply {
+    match message_for(service, method, framed).await {
+        Ok(message) => Reply::Message(message),
+        Err(refusal) => refusal.into(),
     }
 }
 
 const GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
 
-enum Refusal {
+/// Why a call is not answered with a message.
+#[derive(Debug)]
+pub enum Refusal {
+    /// A gRPC error.
     Status(Status),
+    /// Not gRPC's content type.
     ContentType,
 }
 
@@ -248,17 +257,17 @@ impl From<Status> for Refusal {
 
 /// The methods served.
 #[derive(Debug, Clone, Copy)]
-enum Method {
+pub enum Method {
     /// Envoy's `ShouldRateLimit`.
     ShouldRateLimit,
     /// gRPC's health check (`grpc.health.v1.Health/Check`).
     HealthCheck,
 }
 
-/// The method a call asks for, or why it is refused from its head alone: an unknown
-/// method, a content type that is not gRPC's.
-fn route(head: &http::request::Parts) -> Result<Method, Refusal> {
-    let method = match head.uri.path() {
+/// The method a call asks for, from its path and content type, or why it is refused
+/// from its head alone: an unknown method, a content type that is not gRPC's.
+pub fn route(path: &str, content_type: Option<&HeaderValue>) -> Result<Method, Refusal> {
+    let method = match path {
         PATH => Method::ShouldRateLimit,
         HEALTH_CHECK => Method::HealthCheck,
         other => {
@@ -268,10 +277,7 @@ fn route(head: &http::request::Parts) -> Result<Method, Refusal> {
             .into())
         }
     };
-    let grpc_content = head
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    let grpc_content = content_type.is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
     if grpc_content {
         Ok(method)
     } else {
@@ -279,13 +285,13 @@ fn route(head: &http::request::Parts) -> Result<Method, Refusal> {
     }
 }
 
-/// The framed response message to a call's body, or why there is none.
-async fn answer<B>(service: &DecisionService, method: Method, body: B) -> Result<Bytes, Refusal>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<axum::BoxError>,
-{
-    let message = unframe(read_body(body).await?)?;
+/// The framed response message to a call's framed request, or why there is none.
+async fn message_for(
+    service: &DecisionService,
+    method: Method,
+    request: Result<Bytes, Status>,
+) -> Result<Bytes, Refusal> {
+    let message = unframe(request?)?;
     Ok(match method {
         Method::ShouldRateLimit => {
             let request = RateLimitRequest::decode(&message[..])
@@ -438,50 +444,11 @@ fn unframe(mut framed: Bytes) -> Result<Bytes, Status> {
     }
 }
 
-/// A gRPC response body: the framed message, then `grpc-status: 0` in the trailers;
-/// empty (the default) for a trailers-only error response.
-#[derive(Debug, Default)]
-pub struct GrpcBody {
-    message: Option<Bytes>,
-    trailers: bool,
-}
-
-impl GrpcBody {
-    fn message(framed: Bytes) -> Self {
-        GrpcBody {
-            message: Some(framed),
-            trailers: true,
-        }
-    }
-}
-
 /// The trailers of an answered call: `grpc-status: 0`.
 fn ok_trailers() -> HeaderMap {
     let mut trailers = HeaderMap::with_capacity(1);
     trailers.insert(Status::GRPC_STATUS, HeaderValue::from_static("0"));
     trailers
-}
-
-impl Body for GrpcBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if let Some(message) = self.message.take() {
-            return Poll::Ready(Some(Ok(Frame::data(message))));
-        }
-        if std::mem::take(&mut self.trailers) {
-            return Poll::Ready(Some(Ok(Frame::trailers(ok_trailers()))));
-        }
-        Poll::Ready(None)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.message.is_none() && !self.trailers
-    }
 }
 
 #[cfg(test)]
@@ -501,12 +468,14 @@ mod tests {
         Arc::new(DecisionService::example())
     }
 
-    async fn call_with(path: &str, content_type: &str, body: Bytes) -> Response<GrpcBody> {
-        let req = Request::post(path)
-            .header("content-type", content_type)
-            .body(Full::new(body))
-            .unwrap();
-        call(service(), req).await
+    /// A call as the HTTP/2 loop makes it: routed from its head, its body read (here
+    /// from memory), answered.
+    async fn call_with(path: &str, content_type: &str, body: Bytes) -> Reply {
+        let content_type = HeaderValue::from_str(content_type).unwrap();
+        match route(path, Some(&content_type)) {
+            Err(refusal) => refusal.into(),
+            Ok(method) => answer(&service(), method, read_body(Full::new(body)).await).await,
+        }
     }
 
     #[tokio::test]
@@ -522,11 +491,10 @@ mod tests {
             framed(0, &request.encode_to_vec()),
         )
         .await;
-        assert_eq!(resp.status(), 200);
-        assert!(Status::from_header_map(resp.headers()).is_none());
-        let collected = resp.into_body().collect().await.unwrap();
-        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
-        let body = collected.to_bytes();
+        let Reply::Message(body) = resp else {
+            panic!("not answered: {resp:?}")
+        };
+        assert_eq!(ok_trailers()["grpc-status"], "0");
         let message = unframe(body).unwrap();
         let answer =
             envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse::decode(message)
@@ -608,21 +576,14 @@ mod tests {
             ),
         ];
         for (path, content_type, body, code, says) in cases {
-            let resp = call_with(path, content_type, body).await;
-            assert_eq!(resp.status(), 200);
-            let status = Status::from_header_map(resp.headers()).expect(says);
+            let Reply::Status(status) = call_with(path, content_type, body).await else {
+                panic!("{says}: not refused")
+            };
             assert_eq!(status.code(), code, "{says}: {status:?}");
             assert!(status.message().contains(says), "{status:?}");
-            assert!(resp
-                .into_body()
-                .collect()
-                .await
-                .unwrap()
-                .to_bytes()
-                .is_empty());
         }
         let resp = call_with(PATH, "application/json", framed(0, &ok)).await;
-        assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert!(matches!(resp, Reply::UnsupportedMediaType), "{resp:?}");
     }
 
     #[tokio::test]
@@ -636,20 +597,17 @@ mod tests {
                 }
                 .encode_to_vec(),
             );
-            let req = Request::post(HEALTH_CHECK)
-                .header("content-type", "application/grpc")
-                .body(Full::new(body))
-                .unwrap();
-            call(service.clone(), req)
+            let service = service.clone();
+            async move { answer(&service, Method::HealthCheck, Ok(body)).await }
         };
-        let status = |resp: Response<GrpcBody>| async move {
-            if let Some(status) = Status::from_header_map(resp.headers()) {
-                return Err(status.code());
+        let status = |resp: Reply| async move {
+            match resp {
+                Reply::Message(body) => Ok(HealthCheckResponse::decode(unframe(body).unwrap())
+                    .unwrap()
+                    .status),
+                Reply::Status(status) => Err(status.code()),
+                Reply::UnsupportedMediaType => panic!("415"),
             }
-            let body = resp.into_body().collect().await.unwrap().to_bytes();
-            Ok(HealthCheckResponse::decode(unframe(body).unwrap())
-                .unwrap()
-                .status)
         };
         assert_eq!(status(ask("").await).await, Ok(1), "SERVING");
         assert_eq!(status(ask("ratelimit").await).await, Ok(1));
@@ -665,8 +623,9 @@ mod tests {
     /// instructions.
     #[test]
     fn a_call_future_stays_small() {
-        let req = Request::new(Full::new(Bytes::new()));
-        let size = std::mem::size_of_val(&call(service(), req));
+        let service = service();
+        let call = answer(&service, Method::ShouldRateLimit, Ok(Bytes::new()));
+        let size = std::mem::size_of_val(&call);
         assert!(size <= 1024, "{size} bytes");
     }
 
@@ -675,11 +634,15 @@ mod tests {
         let mut prefix = vec![0u8];
         prefix.extend_from_slice(&((MAX_MESSAGE_BYTES + 1) as u32).to_be_bytes());
         let resp = call_with(PATH, "application/grpc", Bytes::from(prefix)).await;
-        let status = Status::from_header_map(resp.headers()).unwrap();
+        let Reply::Status(status) = resp else {
+            panic!("{resp:?}")
+        };
         assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
         let body = Bytes::from(vec![0u8; MAX_MESSAGE_BYTES + 6]);
         let resp = call_with(PATH, "application/grpc", body).await;
-        let status = Status::from_header_map(resp.headers()).unwrap();
+        let Reply::Status(status) = resp else {
+            panic!("{resp:?}")
+        };
         assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     }
 }
