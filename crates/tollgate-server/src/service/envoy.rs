@@ -332,7 +332,7 @@ mod unit_enum {
 pub fn response_json(result: &CheckResult, headers: &[(String, String)]) -> String {
     let mut out = String::with_capacity(48 + 112 * result.statuses.len());
     out.push_str(r#"{"overallCode":""#);
-    out.push_str(code_name(result.overall));
+    out.push_str(result.overall.name());
     out.push('"');
     if !result.statuses.is_empty() {
         out.push_str(r#","statuses":["#);
@@ -365,28 +365,30 @@ pub fn response_json(result: &CheckResult, headers: &[(String, String)]) -> Stri
 fn status_json(s: &EnvoyStatus, out: &mut String) {
     use std::fmt::Write;
     out.push_str(r#"{"code":""#);
-    out.push_str(code_name(s.code));
+    out.push_str(s.code.name());
     out.push('"');
     if let Some((name, per_unit, unit)) = s.limit {
-        let mut fields = Vec::with_capacity(3);
+        out.push_str(r#","currentLimit":{"#);
+        let mut sep = "";
         if !name.is_empty() {
-            let mut n = String::from(r#""name":"#);
-            json_string(name, &mut n);
-            fields.push(n);
+            out.push_str(r#""name":"#);
+            json_string(name, out);
+            sep = ",";
         }
         if per_unit != 0 {
-            fields.push(format!(r#""requestsPerUnit":{per_unit}"#));
+            let _ = write!(out, r#"{sep}"requestsPerUnit":{per_unit}"#);
+            sep = ",";
         }
         if unit != PbUnit::Unknown {
-            fields.push(format!(r#""unit":"{}""#, unit.as_str_name()));
+            let _ = write!(out, r#"{sep}"unit":"{}""#, unit.as_str_name());
         }
-        let _ = write!(out, r#","currentLimit":{{{}}}"#, fields.join(","));
+        out.push('}');
     }
     if s.remaining != 0 {
         let _ = write!(out, r#","limitRemaining":{}"#, s.remaining);
     }
     if let Some(us) = s.reset_after_us {
-        let _ = write!(out, r#","durationUntilReset":"{}""#, duration_text(us));
+        let _ = write!(out, r#","durationUntilReset":"{}""#, DurationText(us));
     }
     out.push('}');
 }
@@ -396,22 +398,19 @@ fn json_string(s: &str, out: &mut String) {
     out.push_str(&serde_json::to_string(s).expect("a string serializes"));
 }
 
-fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::OverLimit => "OVER_LIMIT",
-    }
-}
+/// A `google.protobuf.Duration` of `us` microseconds as protojson writes it: seconds
+/// with 0, 3, 6 or 9 fractional digits, then `s` (written in place, no allocation).
+struct DurationText(u64);
 
-/// A `google.protobuf.Duration` of `us` as protojson writes it: seconds with 0, 3,
-/// 6 or 9 fractional digits, then `s`.
-fn duration_text(us: u64) -> String {
-    let (seconds, nanos) = (us / 1_000_000, (us % 1_000_000) * 1000);
-    match nanos {
-        0 => format!("{seconds}s"),
-        n if n % 1_000_000 == 0 => format!("{seconds}.{:03}s", n / 1_000_000),
-        n if n % 1_000 == 0 => format!("{seconds}.{:06}s", n / 1_000),
-        n => format!("{seconds}.{n:09}s"),
+impl std::fmt::Display for DurationText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (seconds, nanos) = (self.0 / 1_000_000, (self.0 % 1_000_000) * 1000);
+        match nanos {
+            0 => write!(f, "{seconds}s"),
+            n if n % 1_000_000 == 0 => write!(f, "{seconds}.{:03}s", n / 1_000_000),
+            n if n % 1_000 == 0 => write!(f, "{seconds}.{:06}s", n / 1_000),
+            n => write!(f, "{seconds}.{n:09}s"),
+        }
     }
 }
 
@@ -421,9 +420,9 @@ mod tests {
 
     #[test]
     fn durations_are_written_as_protojson_writes_them() {
-        assert_eq!(duration_text(60_000_000), "60s");
-        assert_eq!(duration_text(59_500_000), "59.500s");
-        assert_eq!(duration_text(250), "0.000250s");
+        assert_eq!(DurationText(60_000_000).to_string(), "60s");
+        assert_eq!(DurationText(59_500_000).to_string(), "59.500s");
+        assert_eq!(DurationText(250).to_string(), "0.000250s");
     }
 
     #[test]

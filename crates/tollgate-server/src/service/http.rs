@@ -409,7 +409,7 @@ fn respond(style: &crate::config::Headers, result: &CheckResult) -> Response {
         .statuses
         .iter()
         .map(|s| StatusOut {
-            code: code(s.code),
+            code: s.code.name(),
             limit: s.limit.as_deref().map(limit_out),
             limit_remaining: s.decision().map(|d| d.remaining),
             reset_after_ms: s.decision().map(|d| ms(d.reset_after_us)),
@@ -419,7 +419,7 @@ fn respond(style: &crate::config::Headers, result: &CheckResult) -> Response {
         })
         .collect();
     let body = CheckOut {
-        overall_code: code(result.overall),
+        overall_code: result.overall.name(),
         statuses,
     };
     let status = match result.overall {
@@ -429,13 +429,6 @@ fn respond(style: &crate::config::Headers, result: &CheckResult) -> Response {
     let mut response = (status, Json(body)).into_response();
     headers(response.headers_mut(), style, result);
     response
-}
-
-fn code(c: Code) -> &'static str {
-    match c {
-        Code::Ok => "OK",
-        Code::OverLimit => "OVER_LIMIT",
-    }
 }
 
 fn headers(headers: &mut HeaderMap, style: &crate::config::Headers, result: &CheckResult) {

@@ -62,6 +62,16 @@ pub enum Code {
     OverLimit,
 }
 
+impl Code {
+    /// Envoy's name for it (`OK`, `OVER_LIMIT`), as every API writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Code::Ok => "OK",
+            Code::OverLimit => "OVER_LIMIT",
+        }
+    }
+}
+
 /// The outcome for one descriptor.
 #[derive(Debug, Clone)]
 pub struct DescriptorStatus {

@@ -574,6 +574,12 @@ impl RateLimiter for LeasedLimiter {
         }
     }
 
+    /// Without the trait's pacing refusal, which reads (clones) the rules on every
+    /// call: a lease keeps no algorithm that paces (`new` refuses them).
+    async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        Ok(self.check_rules(key, cost, Op::Try).await?.decision)
+    }
+
     async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, Error> {
         self.unleased().peek(key, cost).await
     }
