@@ -13,7 +13,11 @@
 #    --charge`: FCALL of the one-charge function), alternating, median ratios.
 # 3. One hot key hammered by 4 client processes, unleased (batched) and leased.
 #
-# Usage: scripts/bench-redis.sh [seconds] [callers]
+# With BASELINE_BIN=/path/to/an/older/tollgate (e.g. the previous release build), the
+# checks/s section runs that binary's `bench redis` beside this one's in every round
+# (same Redis, same keys) and prints the ratios new/old (medians of 3).
+#
+# Usage: [BASELINE_BIN=...] scripts/bench-redis.sh [seconds] [callers]
 # BENCH_SECTIONS=calls,charge,checks,hot (the default: all) picks the sections to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -117,16 +121,24 @@ if want checks; then
 echo
 echo "== checks/s on one Redis core ($callers callers, 2 connections, ${secs}s, 3 rounds, medians) =="
 field() { echo "$1" | sed -E "s#.*$2: ([0-9.]+).*#\1#"; }
-incr=(); one=(); many=(); one_p99=(); many_p99=()
+incr=(); one=(); many=(); one_p99=(); many_p99=(); old_one=(); old_many=()
+checks() { # binary batch
+  "$1" bench redis --redis-url "$url" --policy "${policies[0]}" --concurrency "$callers" \
+    --connections 2 --keys "$keys" --duration "${secs}s" --batch "$2" 2>/dev/null | tail -1
+}
 for round in 1 2 3; do
   r=$(redis-benchmark -p "$port" -c 50 -P 16 -r "$keys" -n 3000000 -q --csv INCR 'k__rand_int__' | tail -1 | awk -F'","' '{print $2}' | tr -d '"')
   incr+=("$r")
   for b in 1 64; do
-    t=$("$bin" bench redis --redis-url "$url" --policy "${policies[0]}" --concurrency "$callers" \
-        --connections 2 --keys "$keys" --duration "${secs}s" --batch "$b" 2>/dev/null | tail -1)
+    t=$(checks "$bin" "$b")
     echo "round $round batch $b: $t" >&2
     if [ "$b" = 1 ]; then one+=("$(field "$t" 'checks/s')"); one_p99+=("$(field "$t" 'p99_us')")
     else many+=("$(field "$t" 'checks/s')"); many_p99+=("$(field "$t" 'p99_us')"); fi
+    if [ -n "${BASELINE_BIN:-}" ]; then
+      t=$(checks "$BASELINE_BIN" "$b")
+      echo "round $round batch $b, baseline: $t" >&2
+      if [ "$b" = 1 ]; then old_one+=("$(field "$t" 'checks/s')"); else old_many+=("$(field "$t" 'checks/s')"); fi
+    fi
   done
   echo "round $round INCR: $r" >&2
 done
@@ -135,6 +147,10 @@ echo "redis-benchmark INCR -c 50 -P 16:     $i calls/s"
 echo "tollgate unbatched (--batch 1):      $u checks/s, p99 $(median "${one_p99[@]}")us"
 echo "tollgate batched (--batch 64):       $b checks/s, p99 $(median "${many_p99[@]}")us"
 python3 -c "print('batched / unbatched: %.2f   batched / INCR: %.2f' % ($b / $u, $b / $i))"
+if [ -n "${BASELINE_BIN:-}" ]; then
+  ou=$(median "${old_one[@]}"); ob=$(median "${old_many[@]}")
+  echo "against $BASELINE_BIN, checks/s new/old: unbatched $u/$ou ($(python3 -c "print('%.2f' % ($u / $ou))")), batched $b/$ob ($(python3 -c "print('%.2f' % ($b / $ob))"))"
+fi
 fi
 
 if want hot; then

@@ -7,6 +7,8 @@
 //! 50, and keys drawn from a fixed pseudo-random sequence. Every loop consumes the
 //! admit bit only (`Decision::allowed`, governor's `is_ok()`): handing the whole
 //! 56-byte `Decision` to `black_box` costs tollgate about 5 ns more per check.
+//! `tollgate-allow` is the admit-only call (`allow()`), governor's `check().is_ok()`
+//! in kind.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -49,6 +51,9 @@ fn direct(c: &mut Criterion) {
     g.bench_function("tollgate/fake-clock", |b| {
         b.iter(|| black_box(limiter.check(1).unwrap().allowed))
     });
+    g.bench_function("tollgate-allow/fake-clock", |b| {
+        b.iter(|| black_box(limiter.allow().unwrap()))
+    });
     let gov = RateLimiter::direct_with_clock(quota(), FakeRelativeClock::default());
     g.bench_function("governor/fake-clock", |b| {
         b.iter(|| black_box(gov.check().is_ok()))
@@ -56,6 +61,9 @@ fn direct(c: &mut Criterion) {
     let limiter = Limiter::with_clock(policy(), MonotonicClock::new());
     g.bench_function("tollgate/default-clock", |b| {
         b.iter(|| black_box(limiter.check(1).unwrap().allowed))
+    });
+    g.bench_function("tollgate-allow/default-clock", |b| {
+        b.iter(|| black_box(limiter.allow().unwrap()))
     });
     let gov = RateLimiter::direct(quota());
     g.bench_function("governor/default-clock", |b| {

@@ -2,6 +2,8 @@
 //! is a single GCRA policy with a whole-microsecond interval (whose whole state is one
 //! u64, decided by plain 64-bit arithmetic).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use tollgate_core::algorithms::GcraParams;
 use tollgate_core::{AnyAlgorithm, CheckError, CheckMode, Decision, Op, RuleSet};
 
@@ -83,6 +85,22 @@ impl FastGcra {
             return Ok((tat, self.params.status(tat, now)));
         }
         self.decide(tat, now, cost, Op::Try)
+    }
+
+    /// A try of one unit on a TAT word shared between threads, the admit bit only
+    /// (shadow mode admits): none of a decision's arithmetic, a compare-and-swap loop.
+    #[inline(always)]
+    pub fn admit_word(&self, tat: &AtomicU64, now: u64) -> bool {
+        let mut current = tat.load(Ordering::Acquire);
+        loop {
+            let Some(new) = self.params.admit_one(current, now) else {
+                return self.shadow;
+            };
+            match tat.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// `tat` after giving back `cost` units at `now`: `max(tat - c*T, now)`, and

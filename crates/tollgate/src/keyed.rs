@@ -364,7 +364,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         let known = |f: &FastShard<K>| {
             let fast = f.config.fast?;
             let tat = f.tats.find(hash, |k| k.borrow() == key)?;
-            Some(admit_word(&fast, tat, now))
+            Some(fast.admit_word(tat, now))
         };
         if let Some(admitted) = self.quick(hash, known) {
             return Ok(admitted);
@@ -872,21 +872,6 @@ where
         // Nothing to store for a peek, or for a reject of a fresh key.
         Ok((new, d)) if peek || new == 0 => Some(Ok(KeyedDecision::One(d))),
         Ok(_) => None,
-    }
-}
-
-/// A try of one unit on a key's TAT word, the admit bit only (shadow mode admits).
-#[inline(always)]
-fn admit_word(fast: &FastGcra, tat: &AtomicU64, now: u64) -> bool {
-    let mut current = tat.load(Ordering::Acquire);
-    loop {
-        let Some(new) = fast.params.admit_one(current, now) else {
-            return fast.shadow;
-        };
-        match tat.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return true,
-            Err(actual) => current = actual,
-        }
     }
 }
 

@@ -166,8 +166,33 @@ impl<C: Clock> Limiter<C> {
         if let Some(words) = self.fast() {
             return Ok(self.gcra(words, now, cost, Op::Try)?);
         }
-        Error::refuse_pacing(&self.inner.config.load().rules)?;
-        Ok(self.decide_locked(now, cost, Op::Try)?)
+        self.try_locked(now, cost)
+    }
+
+    /// Tries one unit now and says only whether it is admitted: the same decision as
+    /// [`Limiter::check`]`(1)?.allowed`, with the same effect on the state (and the same
+    /// refusal of rules that pace).
+    ///
+    /// For a single GCRA policy it is decided from the state word alone, with none of
+    /// the arithmetic of `remaining`, `reset_after` and `retry_after` (governor's
+    /// `check().is_ok()` is the like of it). Use [`Limiter::check`] when the caller
+    /// reports headers or waits.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Policy, Rate};
+    /// let limiter = Limiter::new(Policy::gcra(Rate::per_second(1)?, 2)?);
+    /// assert!(limiter.allow()?);
+    /// assert!(limiter.allow()?);
+    /// assert!(!limiter.allow()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn allow(&self) -> Result<bool, Error> {
+        let now = self.inner.clock.now_us();
+        if let Some(words) = self.fast() {
+            return Ok(words.gcra().admit_word(&self.inner.tat, now));
+        }
+        Ok(self.try_locked(now, 1)?.allowed)
     }
 
     /// Decides `cost` units with `op` (see [`RateLimiter::check_rules`](crate::RateLimiter::check_rules)),
@@ -195,6 +220,14 @@ impl<C: Clock> Limiter<C> {
             return self.gcra(words, now, cost, op);
         }
         self.decide_locked(now, cost, op)
+    }
+
+    /// A try off the fast path: refused for rules that pace (see [`Limiter::check`]).
+    fn try_locked(&self, now: u64, cost: u64) -> Result<Decision, Error> {
+        let mut states = self.states();
+        let config = self.inner.config.load();
+        Error::refuse_pacing(&config.rules)?;
+        Ok(config.rules.decide(&mut states, now, cost, Op::Try)?)
     }
 
     fn decide_locked(&self, now: u64, cost: u64, op: Op) -> Result<Decision, CheckError> {

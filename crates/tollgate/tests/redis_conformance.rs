@@ -68,8 +68,9 @@ fn spec() -> impl Strategy<Value = String> {
             } else {
                 ""
             };
-            // Shaper takes no max-debt (it cannot be charged).
-            let debt = if which >= 13 { "" } else { &debt };
+            // A policy that cannot be charged (shaper) takes no max-debt.
+            let chargeable = body.parse::<tollgate::Policy>().unwrap().chargeable();
+            let debt = if chargeable.is_ok() { &debt } else { "" };
             format!("{body}{mw}{shadow}{debt}")
         },
     )

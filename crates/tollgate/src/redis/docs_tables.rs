@@ -164,6 +164,7 @@ fn docs_tables_follow_the_list_of_algorithms() {
     let want = with_block(&want, "choices", &choice_table());
     if std::env::var_os("TOLLGATE_BLESS").is_some() {
         std::fs::write(DOC, &want).unwrap();
+        return;
     }
     assert!(
         doc == want,

@@ -52,7 +52,9 @@ pub(crate) struct EvalScript {
 }
 
 pub(crate) fn eval_script(mask: u8) -> &'static EvalScript {
-    static SCRIPTS: [OnceLock<EvalScript>; 64] = [const { OnceLock::new() }; 64];
+    // One per mask, sized from FAMILIES: a new Lua file cannot index past the end.
+    const MASKS: usize = ALL_FAMILIES as usize + 1;
+    static SCRIPTS: [OnceLock<EvalScript>; MASKS] = [const { OnceLock::new() }; MASKS];
     SCRIPTS[usize::from(mask & ALL_FAMILIES)].get_or_init(|| {
         let source = body(mask) + include_str!("../../lua/eval.lua");
         EvalScript {
