@@ -24,6 +24,7 @@
 //! default; [`crate::workers`] says which serves which); on stop it asks every
 //! connection to drain ([`Drain`]) and waits for them up to [`DRAIN_GRACE`].
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -33,7 +34,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
+use axum::extract::{ConnectInfo, Request};
+use axum::response::Response;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -389,6 +391,31 @@ pub async fn serve_http(
     stop: impl Future<Output = ()>,
     workers: Option<&Workers>,
 ) {
+    let for_peer = move |peer: SocketAddr| {
+        let app = app.clone();
+        move |mut req: Request<Body>| {
+            req.extensions_mut().insert(ConnectInfo(peer));
+            app.clone().oneshot(req)
+        }
+    };
+    serve_http_with(listener, slots, for_peer, body, stop, workers).await;
+}
+
+/// [`serve_http`] with a handler made once per connection by `for_peer(peer)`, called
+/// for each of its requests: no router and no per-request extension, for the proxy's
+/// hot path.
+pub async fn serve_http_with<M, H, F>(
+    listener: TcpListener,
+    slots: Slots,
+    for_peer: M,
+    body: BodyTimeout,
+    stop: impl Future<Output = ()>,
+    workers: Option<&Workers>,
+) where
+    M: Fn(SocketAddr) -> H,
+    H: Fn(Request<Body>) -> F + Send + 'static,
+    F: Future<Output = Result<Response, Infallible>> + Send + 'static,
+{
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -400,11 +427,9 @@ pub async fn serve_http(
         .max_concurrent_streams(slots.bounds.max_streams);
     let builder = Arc::new(builder);
     let serve_one = move |peer: SocketAddr| {
-        let (builder, app) = (builder.clone(), app.clone());
+        let (builder, handler) = (builder.clone(), for_peer(peer));
         let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
-            let mut req = req.map(|b| Body::new(StallBody::new(b, body)));
-            req.extensions_mut().insert(ConnectInfo(peer));
-            app.clone().oneshot(req)
+            handler(req.map(|b| Body::new(StallBody::new(b, body))))
         });
         move |io: Bounded<WorkerStream>, mut drain: Drain| async move {
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);

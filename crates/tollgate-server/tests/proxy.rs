@@ -586,3 +586,89 @@ async fn slow_clients_and_absent_readers_are_cut_off_and_release_their_permits()
     let fds_after = tollgate_testkit::open_fds(proxy.child.id());
     assert!(fds_after <= fds_before + 2, "{fds_before} -> {fds_after}");
 }
+
+/// A raw HTTP/1.1 upstream on port 0 that answers every request with the request head
+/// it read (as its body) and counts the connections it accepted; with `close_after`,
+/// it closes each connection after one response without saying so (as an upstream
+/// whose keep-alive timeout is shorter than the proxy's reuse).
+async fn head_echo_upstream(
+    close_after: bool,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let mut chunk = [0u8; 4096];
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head: Vec<u8> = buf.drain(..end + 4).collect();
+                        let mut out =
+                            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", head.len())
+                                .into_bytes();
+                        out.extend_from_slice(&head);
+                        if s.write_all(&out).await.is_err() || close_after {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), accepted)
+}
+
+#[tokio::test]
+async fn upstream_connections_are_kept_and_one_closed_while_idle_is_replaced() {
+    let (up, accepted) = head_echo_upstream(false).await;
+    let proxy = start(&config(&up, ""));
+    for _ in 0..6 {
+        let r = send(
+            &proxy,
+            "GET",
+            "/api/x?q=1",
+            &[("x-api-key", "k")],
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+        let head = String::from_utf8_lossy(r.body()).to_lowercase();
+        // Origin-form, the client's Host, the peer as the client.
+        assert!(head.starts_with("get /api/x?q=1 http/1.1\r\n"), "{head}");
+        assert!(
+            head.contains(&format!("host: {}\r\n", &proxy.base[7..])),
+            "{head}"
+        );
+        assert!(head.contains("x-forwarded-for: 127.0.0.1\r\n"), "{head}");
+        assert!(head.contains("forwarded: for=127.0.0.1\r\n"), "{head}");
+    }
+    // One connection per proxy worker at most: sequential requests reuse them.
+    let n = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&n),
+        "{n} upstream connections for 6 requests"
+    );
+
+    // An upstream that closes every connection after one response: each request
+    // finds its kept connection closed and opens a new one, never a 502.
+    let (up, accepted) = head_echo_upstream(true).await;
+    let proxy = start(&config(&up, ""));
+    for i in 0..6 {
+        if i % 2 == 1 {
+            // Also when the close has surely been seen.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let r = get_as(&proxy, "/api/x", Some("k")).await;
+        assert_eq!(r.status(), 200, "{}", String::from_utf8_lossy(r.body()));
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 6);
+}

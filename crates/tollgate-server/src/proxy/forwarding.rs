@@ -2,14 +2,13 @@
 //! headers, `X-Forwarded-For` / `Forwarded`, the upstream timeout, and a response
 //! body that holds the `limit_conn` permit until it ends.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
+use axum::http::header::{CONNECTION, FORWARDED, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 
 use super::adaptive::AdaptiveHold;
 use super::cost::{Meter, Outcome, Pending, Settle};
@@ -17,31 +16,31 @@ use super::keys;
 use super::limits::{ConnPermit, Passed};
 use super::problem::problem;
 use super::routes::{Route, RouteTable};
+use super::upstream::{Failure, UpstreamPool};
 
-/// The upstream HTTP client of one worker thread (its own connection pool).
-pub(super) type Upstream = Client<HttpConnector, Body>;
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+static HOP_BY_HOP: [HeaderName; 7] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    TE,
+    TRAILER,
+    TRANSFER_ENCODING,
+    UPGRADE,
 ];
 
 /// Sends `req` to `route`'s upstream and answers with its response plus the
 /// rate-limit headers of `passed`; 502 / 504 problems when the upstream fails.
 pub(super) async fn forward(
-    client: &Upstream,
+    upstreams: &UpstreamPool,
     table: &RouteTable,
     route: &Route,
-    peer: SocketAddr,
+    peer: &Peer,
     mut req: Request,
     mut passed: Passed,
 ) -> Response {
-    if to_upstream(&mut req, table, route, peer).is_err() {
+    if to_upstream(&mut req, table, route, peer).is_none() {
         return problem(StatusCode::BAD_REQUEST, "bad request path", None);
     }
     let mut adaptive = passed.adaptive.take();
@@ -57,7 +56,12 @@ pub(super) async fn forward(
         }
         problem(status, &format!("upstream {} {what}", route.name), None)
     };
-    match tokio::time::timeout(table.upstream_timeout, client.request(req)).await {
+    match tokio::time::timeout(
+        table.upstream_timeout,
+        upstreams.send(route.upstream(), req),
+    )
+    .await
+    {
         Ok(Ok(resp)) => {
             let (mut parts, body) = resp.into_parts();
             if let Some(hold) = &mut adaptive {
@@ -95,13 +99,19 @@ pub(super) async fn forward(
             };
             Response::from_parts(parts, Body::new(body))
         }
-        Ok(Err(e)) if timed_out(&e) => failed(
+        Ok(Err(Failure::ConnectTimedOut)) => failed(
             adaptive,
             pending,
             StatusCode::GATEWAY_TIMEOUT,
             "timed out (connect)",
         ),
-        Ok(Err(e)) if crate::connections::is_body_timeout(&e) => problem(
+        Ok(Err(Failure::Unreachable(e))) if e.kind() == std::io::ErrorKind::TimedOut => failed(
+            adaptive,
+            pending,
+            StatusCode::GATEWAY_TIMEOUT,
+            "timed out (connect)",
+        ),
+        Ok(Err(Failure::Exchange(e))) if crate::connections::is_body_timeout(&e) => problem(
             StatusCode::REQUEST_TIMEOUT,
             "the request body stalled longer than connections.body_timeout",
             None,
@@ -111,72 +121,96 @@ pub(super) async fn forward(
     }
 }
 
-/// Rewrites `req` for the upstream: its URI, no hop-by-hop headers, the client in
-/// `X-Forwarded-For` (appended only to a trusted peer's) and `Forwarded`.
-fn to_upstream(
-    req: &mut Request,
-    table: &RouteTable,
-    route: &Route,
-    peer: SocketAddr,
-) -> Result<(), axum::http::uri::InvalidUri> {
-    let path_and_query = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "/".into());
-    let base = route.upstream.to_string();
-    let uri: Uri = format!("{}{}", base.trim_end_matches('/'), path_and_query).parse()?;
-    *req.uri_mut() = uri;
-    strip_hop_by_hop(req.headers_mut());
-    let client_ip = keys::client_ip(&table.trusted, peer.ip(), req.headers()).to_string();
-    let xff = match req
-        .headers()
-        .get("x-forwarded-for")
-        .and_then(|v| v.to_str().ok())
-    {
-        Some(prev) if table.trusted.iter().any(|n| n.contains(&peer.ip())) => {
-            format!("{prev}, {}", peer.ip())
+/// The client connection a request came on, with its address written as the
+/// forwarding headers carry it (formatted once per connection, not per request).
+#[derive(Clone)]
+pub(super) struct Peer {
+    pub addr: SocketAddr,
+    /// The peer's IP: `X-Forwarded-For` from a peer that is not a trusted proxy.
+    ip: HeaderValue,
+    /// `for=` the peer's IP: `Forwarded` when the client is the peer.
+    forwarded: HeaderValue,
+}
+
+impl Peer {
+    /// The connection from `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = addr.ip();
+        Peer {
+            addr,
+            ip: text_value(ip.to_string()),
+            forwarded: text_value(forwarded_for(ip)),
         }
-        _ => peer.ip().to_string(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        req.headers_mut().insert("x-forwarded-for", v);
     }
-    if let Ok(v) = HeaderValue::from_str(&format!("for={client_ip}")) {
-        req.headers_mut().append("forwarded", v);
+}
+
+/// `Forwarded`'s `for=` element (RFC 7239: an IPv6 address is bracketed and quoted).
+fn forwarded_for(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("for={v4}"),
+        IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
     }
-    Ok(())
+}
+
+/// A header value of text made here (an address): always valid.
+fn text_value(text: String) -> HeaderValue {
+    HeaderValue::try_from(text).expect("an address is a valid header value")
+}
+
+/// Rewrites `req` for the upstream: its URI, no hop-by-hop headers, the client in
+/// `X-Forwarded-For` (appended only to a trusted peer's) and `Forwarded`. `None`: the
+/// path cannot be joined to the upstream's.
+fn to_upstream(req: &mut Request, table: &RouteTable, route: &Route, peer: &Peer) -> Option<()> {
+    *req.uri_mut() = route.upstream_path(req.uri())?;
+    strip_hop_by_hop(req.headers_mut());
+    let ip = peer.addr.ip();
+    // Only a trusted proxy's X-Forwarded-For is kept, and so only then may the client
+    // differ from the peer.
+    if table.trusted.iter().any(|n| n.contains(&ip)) {
+        let client = keys::client_ip(&table.trusted, ip, req.headers());
+        let xff = match req.headers().get(&X_FORWARDED_FOR).map(|v| v.to_str()) {
+            Some(Ok(prev)) => text_value(format!("{prev}, {ip}")),
+            _ => peer.ip.clone(),
+        };
+        req.headers_mut().insert(&X_FORWARDED_FOR, xff);
+        let forwarded = if client == ip {
+            peer.forwarded.clone()
+        } else {
+            text_value(forwarded_for(client))
+        };
+        req.headers_mut().append(FORWARDED, forwarded);
+    } else {
+        req.headers_mut().insert(&X_FORWARDED_FOR, peer.ip.clone());
+        req.headers_mut().append(FORWARDED, peer.forwarded.clone());
+    }
+    Some(())
+}
+
+/// Whether `name` is a hop-by-hop header (RFC 9110 §7.6.1, and the older
+/// `keep-alive` and `proxy-connection`).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name)
 }
 
 /// Removes the hop-by-hop headers and those `Connection` names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names, no lookups.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
-        .get_all("connection")
+        .get_all(CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for h in HOP_BY_HOP {
-        headers.remove(*h);
+    for h in &HOP_BY_HOP {
+        headers.remove(h);
     }
     for h in named {
         headers.remove(h);
     }
-}
-
-/// Whether an upstream request failed because connecting took too long.
-fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(e);
-    while let Some(c) = cause {
-        if c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        {
-            return true;
-        }
-        cause = c.source();
-    }
-    false
 }
 
 /// A response body that holds the request's permits until it ends (or is dropped),

@@ -338,6 +338,9 @@ impl Conns {
 /// The route's rate-limit headers in its style ([`tollgate::headers`], their one
 /// writer; the limit is named after the tier, or `default`).
 fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &RuleDecision, l: &RateCounters) {
+    if style == HeaderStyle::None {
+        return;
+    }
     let h = tollgate::headers::RateLimitHeaders::new(&l.name, &l.rules, d);
     tollgate::headers::insert_all(headers, h.fields(style, false));
 }

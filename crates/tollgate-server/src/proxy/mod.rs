@@ -4,7 +4,7 @@
 //! A request goes down this list: [`server`] receives it, `routes` picks its route,
 //! `keys` makes its key, `limits` checks the rate counters and takes a `limit_conn`
 //! permit, `adaptive` takes a permit of the route's adaptive concurrency limit,
-//! `forwarding` sends it upstream, `cost` reads what the response says it used and
+//! `forwarding` sends it upstream over `upstream`'s kept connections, `cost` reads what the response says it used and
 //! charges it; `problem` writes the proxy's own answers; `metrics` serves the
 //! adaptive limits' state and the charges (`proxy.metrics`).
 
@@ -17,5 +17,6 @@ mod metrics;
 mod problem;
 mod routes;
 pub mod server;
+mod upstream;
 
 pub use server::{app, command, load, run, ProxyArgs};

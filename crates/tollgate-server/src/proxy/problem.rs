@@ -1,8 +1,10 @@
 //! The proxy's own responses: small problem+json bodies (RFC 9457), with
 //! `Retry-After` on a rate-limit reject.
 
+use axum::body::Body;
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 /// A problem+json response with `detail`.
 pub(super) fn problem(status: StatusCode, detail: &str, retry_after_us: Option<u64>) -> Response {
@@ -28,14 +30,15 @@ pub(super) fn problem_response(
     body: bytes::Bytes,
     retry_after_us: Option<u64>,
 ) -> Response {
-    let mut r = (status, body).into_response();
-    r.headers_mut().insert(
-        "content-type",
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    let headers = r.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
     if let Some(us) = retry_after_us {
-        r.headers_mut()
-            .insert("retry-after", HeaderValue::from(us.div_ceil(1_000_000)));
+        headers.insert(RETRY_AFTER, HeaderValue::from(us.div_ceil(1_000_000)));
     }
     r
 }

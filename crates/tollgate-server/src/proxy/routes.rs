@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Request;
+use axum::http::uri::{Authority, PathAndQuery};
 use axum::http::Uri;
 use ipnet::IpNet;
 use tollgate::keyed::KeyedOptions;
@@ -22,7 +23,7 @@ pub(super) struct Route {
     pub name: String,
     matcher: MatchConfig,
     /// Where requests go: `http://host:port`, maybe with a path prefix.
-    pub upstream: Uri,
+    target: Target,
     /// What a request's limiting key is made of.
     pub key: Vec<KeyPart>,
     /// Its rate and concurrency limits.
@@ -117,11 +118,11 @@ impl Route {
         redis: Option<&RedisBackend>,
         old_adaptive: Option<&RouteAdaptive>,
     ) -> anyhow::Result<Route> {
-        let upstream: Uri = r
+        let target = r
             .upstream
             .parse()
             .ok()
-            .filter(|u: &Uri| u.scheme_str() == Some("http") && u.authority().is_some())
+            .and_then(|u: Uri| Target::of(&u))
             .ok_or_else(|| {
                 anyhow::anyhow!(
                     "{at}.upstream: '{}' is not an http://host:port URL",
@@ -134,8 +135,51 @@ impl Route {
             adaptive: RouteAdaptive::build(&r, at, old_adaptive)?,
             name: r.name.clone(),
             matcher: r.matcher.clone(),
-            upstream,
+            target,
             config: r,
         })
+    }
+}
+
+/// A route's upstream, split once: a request goes to its authority, with the
+/// request's path and query after the upstream's path prefix.
+struct Target {
+    authority: Authority,
+    /// The upstream's path without its trailing `/`; `None` when that leaves nothing.
+    prefix: Option<String>,
+}
+
+impl Target {
+    /// The target of an `http://host:port[/prefix]` URL; `None` for any other.
+    fn of(uri: &Uri) -> Option<Target> {
+        if uri.scheme_str() != Some("http") {
+            return None;
+        }
+        let prefix = uri.path().trim_end_matches('/');
+        Some(Target {
+            authority: uri.authority()?.clone(),
+            prefix: (!prefix.is_empty()).then(|| prefix.to_string()),
+        })
+    }
+}
+
+impl Route {
+    /// The upstream's `host:port`.
+    pub fn upstream(&self) -> &Authority {
+        &self.target.authority
+    }
+
+    /// The origin-form URI a request for `uri` is sent upstream with; `None` when the
+    /// joined path is not a valid one.
+    pub fn upstream_path(&self, uri: &Uri) -> Option<Uri> {
+        let path_and_query = match (&self.target.prefix, uri.path_and_query()) {
+            (None, Some(p)) => p.clone(),
+            (None, None) => PathAndQuery::from_static("/"),
+            (Some(prefix), p) => {
+                let path = p.map_or("/", |p| p.as_str());
+                format!("{prefix}{path}").parse().ok()?
+            }
+        };
+        Some(Uri::from(path_and_query))
     }
 }

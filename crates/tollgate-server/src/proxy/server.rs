@@ -13,15 +13,14 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use clap::Parser;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use tollgate::keyed::KeyedOptions;
 
-use super::forwarding::{forward, Upstream};
+use super::forwarding::{forward, Peer};
 use super::keys;
 use super::limits::{Passed, RedisBackend};
 use super::problem::problem;
 use super::routes::RouteTable;
+use super::upstream::UpstreamPool;
 use crate::config::proxy::ProxyConfig;
 use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::Connections;
@@ -30,16 +29,12 @@ use crate::connections::{BodyTimeout, Slots};
 /// One worker thread's view: the shared routes and its own upstream connection pool.
 struct Proxy {
     table: Arc<ArcSwap<RouteTable>>,
-    client: Upstream,
+    upstreams: UpstreamPool,
 }
 
 /// Every request: its route, its key, its limits, then the upstream. A request whose
 /// key is empty is not limited (as nginx).
-async fn handle(
-    State(proxy): State<Arc<Proxy>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request,
-) -> Response {
+async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
     let table = proxy.table.load_full();
     let Some(route) = table.route(&req) else {
         return problem(StatusCode::NOT_FOUND, "no route matches this request", None);
@@ -47,7 +42,7 @@ async fn handle(
     let key = keys::key(
         &route.key,
         &table.trusted,
-        peer.ip(),
+        peer.addr.ip(),
         req.uri().path(),
         req.headers(),
     );
@@ -68,7 +63,7 @@ async fn handle(
             Err(response) => return response,
         }
     }
-    forward(&proxy.client, &table, route, peer, req, passed).await
+    forward(&proxy.upstreams, &table, route, peer, req, passed).await
 }
 
 /// What the proxy takes from a main config.
@@ -83,15 +78,15 @@ pub struct ProxySettings {
     pub connections: Connections,
 }
 
-/// One worker's request handling over the shared routes, with its own upstream
-/// connection pool. Handlers need the peer as `ConnectInfo<SocketAddr>`.
-fn router(table: Arc<ArcSwap<RouteTable>>, connect_timeout: Duration) -> axum::Router {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
-    axum::Router::new()
-        .fallback(handle)
-        .with_state(Arc::new(Proxy { table, client }))
+impl Proxy {
+    /// One worker's request handling over the shared routes, with its own upstream
+    /// connection pool.
+    fn new(table: Arc<ArcSwap<RouteTable>>, connect_timeout: Duration) -> Arc<Proxy> {
+        Arc::new(Proxy {
+            table,
+            upstreams: UpstreamPool::new(connect_timeout),
+        })
+    }
 }
 
 /// The proxy's request handling for `config` on the memory store, as one worker
@@ -100,10 +95,12 @@ fn router(table: Arc<ArcSwap<RouteTable>>, connect_timeout: Duration) -> axum::R
 pub fn app(config: ProxyConfig, options: KeyedOptions) -> anyhow::Result<axum::Router> {
     let connect_timeout = config.connect_timeout();
     let table = RouteTable::new(config, options, None, None)?;
-    Ok(router(
-        Arc::new(ArcSwap::from_pointee(table)),
-        connect_timeout,
-    ))
+    let proxy = Proxy::new(Arc::new(ArcSwap::from_pointee(table)), connect_timeout);
+    let handler =
+        |State(proxy): State<Arc<Proxy>>,
+         ConnectInfo(peer): ConnectInfo<SocketAddr>,
+         req: Request| async move { handle(&proxy, &Peer::new(peer), req).await };
+    Ok(axum::Router::new().fallback(handler).with_state(proxy))
 }
 
 /// Loads the `proxy:` section of a main config, with the sections it uses.
@@ -259,11 +256,19 @@ fn spawn_worker(
             if let Some(r) = report {
                 let _ = r.send(Ok(listener.local_addr()?));
             }
-            let app = router(table, connect_timeout);
+            let proxy = Proxy::new(table, connect_timeout);
+            // The peer's forwarding headers are written once per connection.
+            let for_peer = move |addr| {
+                let (proxy, peer) = (proxy.clone(), Arc::new(Peer::new(addr)));
+                move |req| {
+                    let (proxy, peer) = (proxy.clone(), peer.clone());
+                    async move { Ok(handle(&proxy, &peer, req).await) }
+                }
+            };
             let body =
                 BodyTimeout::BetweenReads(Duration::from_micros(slots.bounds().body_timeout));
             let stop = crate::lifecycle::shutdown_signal();
-            crate::connections::serve_http(listener, slots, app, body, stop, None).await;
+            crate::connections::serve_http_with(listener, slots, for_peer, body, stop, None).await;
             Ok(())
         })
     })

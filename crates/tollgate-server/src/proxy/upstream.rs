@@ -1,0 +1,141 @@
+//! The upstream connections of one proxy worker: HTTP/1.1 keep-alive connections per
+//! upstream address, reused in the order they became idle.
+//!
+//! Each worker thread has its own pool (as each nginx worker has its own `keepalive`
+//! cache), so the lock below is never contended and a request costs no hashing: the
+//! routes name a handful of upstreams, found by a scan. A connection goes back to the
+//! pool as soon as its response head has arrived; it takes a new request once that
+//! response's body has been read (hyper says when: `is_ready`).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::header::HOST;
+use axum::http::uri::Authority;
+use axum::http::{HeaderValue, Request, Response, Version};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+
+/// The most connections one worker keeps per upstream (idle, or finishing a response
+/// body); beyond it a connection closes once its response has been read.
+const MAX_KEPT: usize = 256;
+
+/// Why an upstream request failed.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// The connection was not established within `connect_timeout`.
+    ConnectTimedOut,
+    /// The upstream could not be reached (refused, unknown host, ...).
+    Unreachable(std::io::Error),
+    /// The exchange failed after connecting (the upstream closed the connection, the
+    /// request body failed or stalled, ...).
+    Exchange(hyper::Error),
+}
+
+/// One worker's connections to its upstreams.
+pub(super) struct UpstreamPool {
+    kept: Mutex<Vec<(Authority, Vec<SendRequest<Body>>)>>,
+    connect_timeout: Duration,
+}
+
+impl UpstreamPool {
+    /// An empty pool whose new connections must connect within `connect_timeout`.
+    pub fn new(connect_timeout: Duration) -> Self {
+        UpstreamPool {
+            kept: Mutex::new(Vec::new()),
+            connect_timeout,
+        }
+    }
+
+    /// Sends `req` (origin-form URI) to `upstream` on an idle connection, else a new
+    /// one; answers with the response head (its body streams on).
+    ///
+    /// A request an idle connection could not take (the upstream closed it meanwhile)
+    /// comes back unsent and goes to the next one, as hyper's pooled client retries.
+    pub async fn send(
+        &self,
+        upstream: &Authority,
+        mut req: Request<Body>,
+    ) -> Result<Response<Incoming>, Failure> {
+        if req.version() == Version::HTTP_2 {
+            // From an HTTP/2 client: the upstream speaks HTTP/1.1.
+            *req.version_mut() = Version::HTTP_11;
+        }
+        if !req.headers().contains_key(HOST) {
+            if let Ok(host) = HeaderValue::from_str(upstream.as_str()) {
+                req.headers_mut().insert(HOST, host);
+            }
+        }
+        while let Some(mut conn) = self.idle(upstream) {
+            match conn.try_send_request(req).await {
+                Ok(response) => {
+                    self.keep(upstream, conn);
+                    return Ok(response);
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => req = unsent,
+                    None => return Err(Failure::Exchange(e.into_error())),
+                },
+            }
+        }
+        let mut conn = self.connect(upstream).await?;
+        let response = conn.send_request(req).await.map_err(Failure::Exchange)?;
+        self.keep(upstream, conn);
+        Ok(response)
+    }
+
+    /// An idle connection to `upstream`, dropping those the upstream has closed.
+    fn idle(&self, upstream: &Authority) -> Option<SendRequest<Body>> {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let conns = &mut kept.iter_mut().find(|(a, _)| a == upstream)?.1;
+        conns.retain(|c| !c.is_closed());
+        let ready = conns.iter().position(SendRequest::is_ready)?;
+        Some(conns.swap_remove(ready))
+    }
+
+    /// Keeps `conn` for the next request to `upstream` (it becomes ready once the
+    /// response it carries has been read).
+    fn keep(&self, upstream: &Authority, conn: SendRequest<Body>) {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let conns = match kept.iter().position(|(a, _)| a == upstream) {
+            Some(i) => &mut kept[i].1,
+            None => {
+                kept.push((upstream.clone(), Vec::new()));
+                &mut kept.last_mut().expect("just pushed").1
+            }
+        };
+        if conns.len() < MAX_KEPT {
+            conns.push(conn);
+        }
+    }
+
+    /// A new connection to `upstream`, its HTTP/1.1 exchange driven by a task of this
+    /// worker.
+    async fn connect(&self, upstream: &Authority) -> Result<SendRequest<Body>, Failure> {
+        // An IPv6 literal is bracketed in a URL, not in an address lookup.
+        let host = upstream
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let port = upstream.port_u16().unwrap_or(80);
+        // A name is looked up (off this thread); an address literal is used as is.
+        let connecting = tokio::net::TcpStream::connect((host, port));
+        let stream = tokio::time::timeout(self.connect_timeout, connecting)
+            .await
+            .map_err(|_| Failure::ConnectTimedOut)?
+            .map_err(Failure::Unreachable)?;
+        // Requests are written whole: no reason to wait for an ACK (nginx's tcp_nodelay).
+        let _ = stream.set_nodelay(true);
+        let (conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(Failure::Exchange)?;
+        tokio::spawn(async move {
+            if let Err(e) = driver.await {
+                tracing::debug!("upstream connection ended: {e}");
+            }
+        });
+        Ok(conn)
+    }
+}
