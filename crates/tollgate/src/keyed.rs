@@ -617,6 +617,11 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             }
             return Ok(KeyedDecision::One(d));
         }
+        // Time is read again under the lock, so a key's decisions see it in the order
+        // they are made: read before, a thread could decide after a later reading had
+        // been applied, and a window or a limit-req node would be ahead of its `now`
+        // (a false reject). GCRA's word takes any order (`max(tat, now)`).
+        let now = self.inner.clock.now_us();
         let rules = &f.config.rules;
         if mode == Asked::Apply && op == Op::Try {
             // `check` and `allow` answer "allowed?": refused where that paces nothing.

@@ -162,11 +162,11 @@ impl<C: Clock> Limiter<C> {
     /// with `Op::Try` reports it).
     #[inline]
     pub fn check(&self, cost: u64) -> Result<Decision, Error> {
-        let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
+            let now = self.inner.clock.now_us();
             return Ok(self.gcra(words, now, cost, Op::Try)?);
         }
-        self.try_locked(now, cost)
+        self.try_locked(cost)
     }
 
     /// Tries one unit now and says only whether it is admitted: the same decision as
@@ -188,11 +188,11 @@ impl<C: Clock> Limiter<C> {
     /// ```
     #[inline]
     pub fn allow(&self) -> Result<bool, Error> {
-        let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
+            let now = self.inner.clock.now_us();
             return Ok(words.gcra().admit_word(&self.inner.tat, now));
         }
-        Ok(self.try_locked(now, 1)?.allowed)
+        Ok(self.try_locked(1)?.allowed)
     }
 
     /// Decides `cost` units with `op` (see [`RateLimiter::check_rules`](crate::RateLimiter::check_rules)),
@@ -202,11 +202,11 @@ impl<C: Clock> Limiter<C> {
     }
 
     fn rules_decision(&self, cost: u64, op: Op) -> Result<RuleDecision, CheckError> {
-        let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
+            let now = self.inner.clock.now_us();
             return self.gcra(words, now, cost, op).map(RuleDecision::from);
         }
-        let mut states = self.states();
+        let (mut states, now) = self.locked();
         // Read under the lock: a reconfiguration swaps config and states together.
         let config = self.inner.config.load();
         config.rules.check(&mut states, now, cost, op)
@@ -215,25 +215,21 @@ impl<C: Clock> Limiter<C> {
     #[inline(always)]
     /// Decides `cost` units with `op` (an acquire's reservation without the sleep).
     pub(crate) fn decide(&self, cost: u64, op: Op) -> Result<Decision, CheckError> {
-        let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
+            let now = self.inner.clock.now_us();
             return self.gcra(words, now, cost, op);
         }
-        self.decide_locked(now, cost, op)
+        let (mut states, now) = self.locked();
+        let config = self.inner.config.load();
+        config.rules.decide(&mut states, now, cost, op)
     }
 
     /// A try off the fast path: refused for rules that pace (see [`Limiter::check`]).
-    fn try_locked(&self, now: u64, cost: u64) -> Result<Decision, Error> {
-        let mut states = self.states();
+    fn try_locked(&self, cost: u64) -> Result<Decision, Error> {
+        let (mut states, now) = self.locked();
         let config = self.inner.config.load();
         Error::refuse_pacing(&config.rules)?;
         Ok(config.rules.decide(&mut states, now, cost, Op::Try)?)
-    }
-
-    fn decide_locked(&self, now: u64, cost: u64, op: Op) -> Result<Decision, CheckError> {
-        let mut states = self.states();
-        let config = self.inner.config.load();
-        config.rules.decide(&mut states, now, cost, op)
     }
 
     /// The fast path's words, read consistently (a seqlock), if the configuration has
@@ -289,21 +285,26 @@ impl<C: Clock> Limiter<C> {
         }
     }
 
-    fn states(&self) -> MutexGuard<'_, Vec<PolicyState>> {
+    /// The states, locked, and the time read under the lock: decisions then see time
+    /// in the order they are made (read before it, a thread could decide after a
+    /// later reading had been applied, and find a window or a limit-req node ahead of
+    /// its `now`: a false reject).
+    fn locked(&self) -> (MutexGuard<'_, Vec<PolicyState>>, u64) {
         // A panic elsewhere cannot leave a state half-written (updates are whole
         // assignments), so a poisoned lock is still usable.
-        self.inner.states.lock().unwrap_or_else(|e| e.into_inner())
+        let states = self.inner.states.lock().unwrap_or_else(|e| e.into_inner());
+        (states, self.inner.clock.now_us())
     }
 
     /// The decision a try of `cost` would get now, changing nothing; a cost of 0 is the
     /// state as it stands (admitted, `remaining` and `reset_after` of now).
     pub fn peek(&self, cost: u64) -> Result<RuleDecision, Error> {
-        let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
+            let now = self.inner.clock.now_us();
             let tat = self.inner.tat.load(Ordering::Acquire);
             return Ok(words.gcra().peek(tat, now, cost)?.1.into());
         }
-        let states = self.states();
+        let (states, now) = self.locked();
         let config = self.inner.config.load();
         Ok(config.rules.peek(&states, now, cost)?)
     }
@@ -317,8 +318,8 @@ impl<C: Clock> Limiter<C> {
 
     /// Gives back `cost` units admitted earlier (never beyond full capacity).
     pub fn refund(&self, cost: u64) {
-        let now = self.inner.clock.now_us();
         if let Some(words) = self.fast() {
+            let now = self.inner.clock.now_us();
             let fast = words.gcra();
             let _ = self
                 .inner
@@ -328,15 +329,14 @@ impl<C: Clock> Limiter<C> {
                 });
             return;
         }
-        let mut states = self.states();
+        let (mut states, now) = self.locked();
         let config = self.inner.config.load();
         config.rules.refund(&mut states, now, cost);
     }
 
     /// Forgets all state: the limiter is as new.
     pub fn reset(&self) {
-        let now = self.inner.clock.now_us();
-        let mut states = self.states();
+        let (mut states, now) = self.locked();
         let config = self.inner.config.load();
         *states = if self.fast().is_some() {
             Vec::new()
@@ -352,8 +352,7 @@ impl<C: Clock> Limiter<C> {
     /// fresh. A check racing the change is decided under either configuration.
     pub fn set_rules(&self, rules: impl Into<RuleSet>) {
         let rules = rules.into();
-        let now = self.inner.clock.now_us();
-        let mut states = self.states();
+        let (mut states, now) = self.locked();
         let old = self.inner.config.load_full();
         let current = match old.fast {
             Some(_) if states.is_empty() => vec![PolicyState::Gcra(GcraState {

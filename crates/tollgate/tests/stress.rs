@@ -239,3 +239,50 @@ fn exact_while_entries_move() {
         assert_eq!(n.load(Ordering::Relaxed), expected, "hot key {k}");
     }
 }
+
+/// A clock that moves 1 ms on every reading: each decision sees its own millisecond.
+struct TickingClock(AtomicU64);
+
+impl Clock for TickingClock {
+    fn now_ns(&self) -> u64 {
+        self.0.fetch_add(1_000_000, Ordering::Relaxed)
+    }
+}
+
+#[test]
+fn a_decision_never_sees_time_before_the_one_decided_before_it() {
+    // One unit per ms and no burst: each try fits exactly when time is read in the
+    // order the decisions are made. Read before the key's lock, a thread could decide
+    // after a later reading was applied and find the node ahead of its `now`: a
+    // false reject under two threads (the proxy's limit-req at 1M/s turned away a
+    // request or two per 350k).
+    const TRIES: u64 = 20_000;
+    for spec in [
+        "limit-req:rate=1000/s,nodelay",
+        "fixed-window:limit=1,window=1ms",
+    ] {
+        let keyed: KeyedLimiter<u64, _> = KeyedLimiter::with_options(
+            spec.parse::<Policy>().unwrap(),
+            KeyedOptions::default(),
+            Arc::new(TickingClock(AtomicU64::new(0))),
+        );
+        let limiter = Limiter::with_clock(
+            spec.parse::<Policy>().unwrap(),
+            Arc::new(TickingClock(AtomicU64::new(0))),
+        );
+        let admitted = Arc::new(AtomicU64::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                let (keyed, limiter, admitted) = (&keyed, &limiter, admitted.clone());
+                s.spawn(move || {
+                    for _ in 0..TRIES {
+                        let a = keyed.check(&7, 1).unwrap().allowed;
+                        let b = limiter.check(1).unwrap().allowed;
+                        admitted.fetch_add(u64::from(a) + u64::from(b), Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.load(Ordering::Relaxed), 4 * TRIES, "{spec}");
+    }
+}
