@@ -4,7 +4,9 @@
 # on loopback, under the limit (every request passes) and over it (most rejected).
 # With `redis` as the third argument, tollgate also runs on the Redis store (a
 # redis-server started here), without and with the negative cache.
-# Usage: scripts/bench-proxy.sh [seconds] [connections] [redis]
+# Each label runs ROUNDS times (default 3), nginx and tollgate alternating; the last
+# lines are the medians and the ratios tollgate/nginx of req/s and p99.
+# Usage: [ROUNDS=3] scripts/bench-proxy.sh [seconds] [connections] [redis]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
@@ -86,6 +88,26 @@ measure() { # $1 = name, $2 = port
   p99=$(echo "$out" | awk '$1=="99%" {print $2}')
   non2xx=$(echo "$out" | awk '/Non-2xx/ {print $5}')
   echo "$label $1: req/s $rps p99 $p99 non-2xx ${non2xx:-0}"
+  # p99 in ms, whatever unit wrk chose.
+  echo "$label|$1|$rps|$(python3 -c "v='$p99'; print(float(v[:-2])/1000 if v.endswith('us') else float(v[:-2]) if v.endswith('ms') else float(v[:-1])*1000)")" >> "$work/results"
 }
-label="under-limit" run_pair x "1000000r/s" "1000000/s"
-label="over-limit" run_pair x "10r/s" "10/s"
+for round in $(seq "${ROUNDS:-3}"); do
+  label="under-limit" run_pair x "1000000r/s" "1000000/s"
+  label="over-limit" run_pair x "10r/s" "10/s"
+done
+echo "== medians of ${ROUNDS:-3} rounds (tollgate / nginx) =="
+python3 - "$work/results" <<'PY'
+import sys, statistics
+rows = [l.strip().split("|") for l in open(sys.argv[1]) if l.strip()]
+for label in dict.fromkeys(r[0] for r in rows):
+    runs = {}
+    for r in rows:
+        if r[0] == label:
+            runs.setdefault(r[1], []).append((float(r[2]), float(r[3])))
+    ng = runs.pop("nginx")
+    ng_rps, ng_p99 = statistics.median(x[0] for x in ng), statistics.median(x[1] for x in ng)
+    print(f"{label} nginx: req/s {ng_rps:.0f} p99 {ng_p99:.2f}ms")
+    for name, rs in runs.items():
+        rps, p99 = statistics.median(x[0] for x in rs), statistics.median(x[1] for x in rs)
+        print(f"{label} {name}: req/s {rps:.0f} p99 {p99:.2f}ms  ratio req/s {rps / ng_rps:.2f}  p99 {p99 / ng_p99:.2f}")
+PY
