@@ -34,7 +34,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request};
+use axum::extract::Request;
 use axum::response::Response;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -382,7 +382,8 @@ pub fn is_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
 
 /// Serves `app` (HTTP/1.1, and HTTP/2 with prior knowledge, at most `max_streams`
 /// streams per connection) on `listener` within `slots`' bounds until `stop` resolves
-/// (see [`serve_accepted`]). Handlers see the peer as [`ConnectInfo<SocketAddr>`].
+/// (see [`serve_accepted`]). Its handlers do not ask who the peer is (no
+/// `ConnectInfo`: an extension per request costs as much as a decision's headers).
 pub async fn serve_http(
     listener: TcpListener,
     slots: Slots,
@@ -391,12 +392,9 @@ pub async fn serve_http(
     stop: impl Future<Output = ()>,
     workers: Option<&Workers>,
 ) {
-    let for_peer = move |peer: SocketAddr| {
+    let for_peer = move |_: SocketAddr| {
         let app = app.clone();
-        move |mut req: Request<Body>| {
-            req.extensions_mut().insert(ConnectInfo(peer));
-            app.clone().oneshot(req)
-        }
+        move |req: Request<Body>| app.clone().oneshot(req)
     };
     serve_http_with(listener, slots, for_peer, body, stop, workers).await;
 }

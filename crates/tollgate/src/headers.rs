@@ -95,29 +95,71 @@ fn seconds(us: u64) -> u64 {
     us.div_ceil(1_000_000)
 }
 
-impl RateLimitHeaders {
-    /// The headers of `d`, a decision of `rules` for a limit called `name`.
-    pub fn new(name: &str, rules: &RuleSet, d: &RuleDecision) -> Self {
+/// What a limit's headers say whatever the decision: its `RateLimit-Policy` value and
+/// each policy's item name. Formatting them is most of the headers' cost, so a
+/// server makes this once per limit and each decision's headers with
+/// [`RateLimitHeaders::of`].
+///
+/// ```
+/// use tollgate::headers::{PolicyHeader, RateLimitHeaders};
+/// use tollgate::{Op, RuleSet};
+///
+/// let rules = RuleSet::parse(&["fixed-window:limit=100,window=1m"])?;
+/// let policy = PolicyHeader::new("api", &rules); // once
+/// let mut states = rules.init(0);
+/// let d = rules.check(&mut states, 0, 1, Op::Try)?; // per request
+/// assert_eq!(RateLimitHeaders::of(&policy, &d), RateLimitHeaders::new("api", &rules, &d));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyHeader {
+    value: String,
+    /// `"NAME"` for a single policy; `"NAME.i"` for policy `i` of several.
+    items: Vec<String>,
+}
+
+impl PolicyHeader {
+    /// The policy header of `rules` for a limit called `name`.
+    pub fn new(name: &str, rules: &RuleSet) -> Self {
         let policies = rules.policies();
-        let item = |i: usize| {
-            if policies.len() == 1 {
-                format!("\"{name}\"")
-            } else {
-                format!("\"{name}.{i}\"")
-            }
-        };
-        let policy = policies
+        let items: Vec<String> = (0..policies.len())
+            .map(|i| match policies.len() {
+                1 => format!("\"{name}\""),
+                _ => format!("\"{name}.{i}\""),
+            })
+            .collect();
+        let value = policies
             .iter()
-            .enumerate()
-            .map(|(i, p)| Self::policy_item(&item(i), p))
+            .zip(&items)
+            .map(|(p, item)| RateLimitHeaders::policy_item(item, p))
             .collect::<Vec<_>>()
             .join(", ");
+        PolicyHeader { value, items }
+    }
+
+    /// The `RateLimit-Policy` value.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+impl RateLimitHeaders {
+    /// The headers of `d`, a decision of `rules` for a limit called `name` (a server
+    /// answering many decisions makes the [`PolicyHeader`] once and calls
+    /// [`RateLimitHeaders::of`]).
+    pub fn new(name: &str, rules: &RuleSet, d: &RuleDecision) -> Self {
+        Self::of(&PolicyHeader::new(name, rules), d)
+    }
+
+    /// The headers of `d`, a decision of the rules `policy` was made for.
+    pub fn of(policy: &PolicyHeader, d: &RuleDecision) -> Self {
         let overall = &d.decision;
         let binding = d.policies.get(d.binding).unwrap_or(overall);
         let reset_s = seconds(binding.reset_after_us);
+        let item = policy.items.get(d.binding).map_or("", String::as_str);
         RateLimitHeaders {
-            policy,
-            current: format!("{};r={};t={reset_s}", item(d.binding), binding.remaining),
+            policy: policy.value.clone(),
+            current: format!("{item};r={};t={reset_s}", binding.remaining),
             retry_after_s: (!overall.allowed)
                 .then_some(overall.retry_after_us)
                 .flatten()

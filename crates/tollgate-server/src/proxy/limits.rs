@@ -19,19 +19,20 @@ use super::cost::{Pending, RouteCost};
 use super::problem::{problem, problem_body, problem_response, store_unavailable};
 use crate::config::proxy::RouteConfig;
 use crate::config::store::StoreConfig;
-use tollgate::headers::HeaderStyle;
+use tollgate::headers::{HeaderStyle, PolicyHeader};
 
 /// Counters in Redis: the connection and the `store:` settings (failure policy, ...).
 pub(super) type RedisBackend = (RedisStore, StoreConfig);
 
 /// One set of rate counters: a route's `policies:` or one tier's.
 struct RateCounters {
-    /// "default", or the tier's name (shown as the RateLimit policy name).
-    name: String,
     /// The counters, in memory or in Redis.
     counter: AnyLimiter,
-    /// Their rules (for the headers).
+    /// Their rules.
     rules: RuleSet,
+    /// What their headers say whatever the decision (formatted once), named
+    /// "default" or after the tier.
+    policy_header: PolicyHeader,
 }
 
 /// Where a route's `limit_conn` permits live.
@@ -299,8 +300,8 @@ impl RateCounters {
                 .map_err(|e| anyhow::anyhow!("{at}.policies (store redis): {e}"))?,
         };
         Ok(Some(RateCounters {
-            name: name.to_string(),
             counter,
+            policy_header: PolicyHeader::new(name, &rules),
             rules,
         }))
     }
@@ -341,6 +342,6 @@ fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &RuleDecision, l
     if style == HeaderStyle::None {
         return;
     }
-    let h = tollgate::headers::RateLimitHeaders::new(&l.name, &l.rules, d);
+    let h = tollgate::headers::RateLimitHeaders::of(&l.policy_header, d);
     tollgate::headers::insert_all(headers, h.fields(style, false));
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::config::RejectedHits;
 use serde::Deserialize;
+use tollgate::headers::PolicyHeader;
 use tollgate::{AnyLimiter, Policy, RuleSet};
 
 use crate::service::counters::Counters;
@@ -214,6 +215,9 @@ pub struct DescriptorLimit {
     pub rules: Option<RuleSet>,
     /// The rule set's policies as specs (for responses, computed once).
     pub specs: Option<Vec<String>>,
+    /// What its rate-limit headers say whatever the decision (computed once), named
+    /// after the limit (`default` when unnamed).
+    pub policy_header: Option<PolicyHeader>,
     /// `requests_per_unit: 0` (Envoy's block list): every request is over the limit.
     pub deny: bool,
     /// Envoy's unit and requests per unit, when written that way (for Envoy's API).
@@ -811,6 +815,8 @@ fn limit_of(
     let limiter = (rules.clone())
         .map(|r| counters.limiter(&path, r))
         .transpose()?;
+    let name = traits.name.as_deref().unwrap_or("default");
+    let policy_header = rules.as_ref().map(|r| PolicyHeader::new(name, r));
     Ok(Arc::new(DescriptorLimit {
         path,
         full_key: traits.full_key,
@@ -823,6 +829,7 @@ fn limit_of(
         specs: rules
             .as_ref()
             .map(|r| r.policies().iter().map(ToString::to_string).collect()),
+        policy_header,
         rules,
         deny: false,
         envoy,

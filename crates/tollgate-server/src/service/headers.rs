@@ -16,8 +16,8 @@ pub fn response_headers(
     let mut out = Vec::new();
     let ietf = style.style.ietf();
     let retry = result.overall == Code::OverLimit && (retry_after || ietf);
-    // Built only when something of it is sent: formatting the policy list is most of
-    // a decision's own cost.
+    // Built only when something of it is sent (the policy list is formatted once per
+    // limit, at load).
     if let Some(h) = (ietf || retry).then(|| ietf_headers(result)).flatten() {
         let retry = h.retry_after_header().filter(|_| retry);
         out.extend(retry.map(|(k, v)| (k.to_string(), v)));
@@ -40,9 +40,8 @@ pub fn response_headers(
 /// (`requests_per_unit: 0` denies with no quota to state).
 fn ietf_headers(result: &CheckResult) -> Option<tollgate::headers::RateLimitHeaders> {
     let (limit, d) = result.binding()?;
-    let rules = limit.rules.as_ref()?;
-    let name = limit.name.as_deref().unwrap_or("default");
-    Some(tollgate::headers::RateLimitHeaders::new(name, rules, d))
+    let policy = limit.policy_header.as_ref()?;
+    Some(tollgate::headers::RateLimitHeaders::of(policy, d))
 }
 
 /// envoyproxy/ratelimit's draft-03 values `(limit, remaining, reset seconds)`, from
