@@ -193,6 +193,13 @@ macro_rules! algorithms {
                 }
             }
 
+            /// What it promises in any window of `w` us (see the spec trait).
+            pub(crate) fn envelope(&self, w: u64) -> Option<u64> {
+                match self {
+                    $(AnyAlgorithm::$v(a) => a.envelope(w),)*
+                }
+            }
+
             /// Its share for one of `n` instances (see the spec trait).
             pub(crate) fn share(&self, n: u64) -> Res<AnyAlgorithm> {
                 Ok(match self {

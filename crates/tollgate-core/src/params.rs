@@ -150,6 +150,33 @@ pub(crate) trait Spec: Algorithm + Sized {
     /// The state a key keeps when its policy changes from `old` to `self` at `now`;
     /// `None` to start afresh (see [`Policy::carry_over`]).
     fn carry_over(&self, old: &Self, state: Self::State, now: u64) -> Option<Self::State>;
+
+    /// What it promises: the most units it admits, by admission time (arrival plus
+    /// any wait), in any window of `w` microseconds (half-open: `[t, t + w)`), from
+    /// any state; `None` when it promises no rate (`concurrency` bounds what is in
+    /// flight, not what passes). See [`Policy::envelope`].
+    fn envelope(&self, w: u64) -> Option<u64>;
+}
+
+/// How many units a rate lets through at most in a window of `w` us when they are
+/// spaced at least one interval (`period / count`) apart: `n` of them span
+/// `(n - 1)` intervals, which must be shorter than `w`.
+pub(crate) fn paced(rate: Rate, w: u64) -> u64 {
+    if w == 0 {
+        return 0;
+    }
+    let n = (u128::from(w) * u128::from(rate.count)).div_ceil(u128::from(rate.period_us));
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// How many windows of `width` us (clock-aligned, or laid end to end as
+/// `align=first` opens them) a window of `w` us can touch: `w` instants reach across
+/// `ceil((w - 1) / width)` boundaries at most.
+pub(crate) fn windows_touched(width: u64, w: u64) -> u64 {
+    if w == 0 {
+        return 0;
+    }
+    (w - 1).div_ceil(width.max(1)) + 1
 }
 
 /// A count's share for one of `n` instances: rounded down, at least 1.

@@ -391,4 +391,40 @@ impl Policy {
     pub fn limit(&self) -> u64 {
         self.algo.limit()
     }
+
+    /// What the policy promises: the most units it admits, by admission time
+    /// (arrival plus any wait), in any window of `w_us` microseconds (`[t, t + w)`),
+    /// from any state and for any traffic; `None` for `concurrency`, which bounds the
+    /// work in flight, not the rate. Derived from each algorithm's semantics for unit
+    /// requests (Guava's and the shaper admit a larger request at once and pay it
+    /// forward: up to its cost less one more), and reached by some traffic except
+    /// where said (a property test holds every algorithm to it on random traffic):
+    ///
+    /// - `fixed-window`: `limit` times the windows `w` can touch, so up to twice the
+    ///   limit across one boundary (`sliding-window` with `mode=weighted` is held to
+    ///   the same bound, which its weighting keeps it a little under);
+    /// - `sliding-log`: `limit` per started window length, `limit * ceil(w / window)`;
+    /// - `sliding-window` with `buckets=K`: `limit` per K buckets `w` touches;
+    /// - `gcra`, `token-bucket`, `leaky-bucket`: the burst plus one unit per interval
+    ///   after the first, `burst - 1 + ceil(w * rate)`;
+    /// - `smooth-bursty`: the stored permits plus `ceil(w * rate)` (the first of those
+    ///   pays forward); `smooth-warmup`: `ceil(w * rate)` (its stored permits are never
+    ///   cheaper than the stable rate);
+    /// - `limit-req`: `burst + 1` at once plus the leak of the milliseconds `w` spans
+    ///   (with `nodelay`; delayed requests are released more evenly);
+    /// - `shaper`: `ceil(w * rate)` by release time.
+    ///
+    /// Shadow mode is not considered (it admits everything and reports).
+    ///
+    /// ```
+    /// use tollgate_core::Policy;
+    /// let gcra: Policy = "gcra:rate=150/s,burst=50".parse()?;
+    /// assert_eq!(gcra.envelope(333_334), Some(100)); // 50 + 50 in a third of a second
+    /// let fw: Policy = "fixed-window:limit=150,window=1s".parse()?;
+    /// assert_eq!(fw.envelope(1_000_000), Some(300)); // across a window boundary
+    /// # Ok::<(), tollgate_core::SpecError>(())
+    /// ```
+    pub fn envelope(&self, w_us: u64) -> Option<u64> {
+        self.algo.envelope(w_us)
+    }
 }

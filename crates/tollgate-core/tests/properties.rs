@@ -360,3 +360,85 @@ proptest! {
         }
     }
 }
+
+/// The most units admitted in any window `[x, x + w)`, over admissions `(time, units)`
+/// sorted by time.
+fn densest(admitted: &[(u64, u64)], w: u64) -> u64 {
+    let (mut lo, mut sum, mut best) = (0, 0u64, 0u64);
+    for hi in 0..admitted.len() {
+        sum += admitted[hi].1;
+        while admitted[hi].0 - admitted[lo].0 >= w {
+            sum -= admitted[lo].1;
+            lo += 1;
+        }
+        best = best.max(sum);
+    }
+    best
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// Every algorithm keeps its promise: on random traffic (tries and acquires,
+    /// bursts and gaps), the units admitted in any window of length w, by admission
+    /// time (arrival + wait), never exceed `Policy::envelope(w)`, for window lengths
+    /// around the policy's own (its window, its interval, nginx's millisecond) and
+    /// random ones. Guava's and the shaper's envelopes are for unit requests (a larger
+    /// one is admitted at once and paid forward).
+    #[test]
+    fn no_window_holds_more_than_the_envelope(
+        spec in any_spec(),
+        trace in trace(60_000, 3, 300),
+        dense in any::<bool>(),
+        extra in prop::collection::vec(1..5_000_000u64, 4),
+    ) {
+        let p = policy(&spec);
+        prop_assume!(p.envelope(1).is_some());
+        let unit = spec.starts_with("smooth") || spec.starts_with("shaper");
+        // Dense traffic: gaps a tenth as long, so bursts meet the limit.
+        let trace: Trace = trace
+            .into_iter()
+            .map(|(gap, cost, acq)| (if dense { gap / 10 } else { gap }, if unit { 1 } else { cost }, acq))
+            .collect();
+        let mut admitted: Vec<(u64, u64)> = run(&p, &trace, true)
+            .into_iter()
+            .filter_map(|(t, cost, d)| match d {
+                Ok(d) if d.allowed => Some((t + d.wait_us, cost)),
+                _ => None,
+            })
+            .collect();
+        admitted.sort_unstable();
+        let own = p.window_us().max(1);
+        let mut lengths = vec![1, 2, 999, 1000, 1001, 1999, 2001, own - 1, own, own + 1, 2 * own, 3 * own + 7];
+        lengths.extend(extra);
+        for w in lengths.into_iter().filter(|&w| w > 0) {
+            let envelope = p.envelope(w).unwrap();
+            let seen = densest(&admitted, w);
+            prop_assert!(seen <= envelope, "{spec}: {seen} units in a window of {w} us, envelope {envelope}");
+        }
+    }
+}
+
+#[test]
+fn envelopes_are_the_documented_ones() {
+    let env = |spec: &str, w: u64| policy(spec).envelope(w).unwrap();
+    // GCRA: burst + rate x w, less the unit the burst already counts.
+    assert_eq!(env("gcra:rate=150/s,burst=50", 333_334), 100);
+    assert_eq!(env("gcra:rate=150/s,burst=50", 1), 50);
+    assert_eq!(env("token-bucket:rate=10/s,capacity=5", 1_000_000), 14);
+    // Fixed window: twice the limit across one boundary, once within one instant.
+    assert_eq!(env("fixed-window:limit=150,window=1s", 1_000_000), 300);
+    assert_eq!(env("fixed-window:limit=150,window=1s", 1), 150);
+    assert_eq!(env("fixed-window:limit=150,window=1s", 1_000_002), 450);
+    // Sliding log: exactly the limit per window length.
+    assert_eq!(env("sliding-log:limit=150,window=1s", 1_000_000), 150);
+    assert_eq!(env("sliding-log:limit=150,window=1s", 1_000_001), 300);
+    // Guava: stored permits plus the rate (the first pays forward).
+    assert_eq!(env("smooth-bursty:rate=10/s", 1), 11);
+    assert_eq!(env("smooth-warmup:rate=150/s,warmup=5s", 5_000_000), 751);
+    // nginx: burst + 1 at once, then the leak per millisecond spanned.
+    assert_eq!(env("limit-req:rate=10/s,burst=5,nodelay", 1), 6);
+    assert_eq!(env("limit-req:rate=10/s,burst=5,nodelay", 1_000_000), 16);
+    assert_eq!(env("shaper:rate=10/s,queue=5", 1_000_000), 10);
+    assert_eq!(policy("concurrency:limit=3").envelope(1_000_000), None);
+}

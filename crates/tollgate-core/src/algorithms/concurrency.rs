@@ -195,6 +195,10 @@ impl Spec for Concurrency {
     }
 
     /// Held permits stay held.
+    fn envelope(&self, _: u64) -> Option<u64> {
+        None
+    }
+
     fn carry_over(&self, _: &Self, state: ConcurrencyState, _: u64) -> Option<ConcurrencyState> {
         Some(state)
     }

@@ -3,7 +3,7 @@
 use crate::algorithm::{schedule_algorithm, Schedule};
 use std::fmt;
 
-use crate::params::{share_count, Params, Res, Spec};
+use crate::params::{share_count, windows_touched, Params, Res, Spec};
 use crate::units::fmt_duration;
 
 /// Where fixed windows start.
@@ -190,6 +190,10 @@ impl Spec for FixedWindow {
     }
 
     /// The count stays while the windows are the same.
+    fn envelope(&self, w: u64) -> Option<u64> {
+        Some(self.limit.saturating_mul(windows_touched(self.window, w)))
+    }
+
     fn carry_over(&self, old: &Self, state: FixedWindowState, _: u64) -> Option<FixedWindowState> {
         (old.window_us() == self.window_us() && old.align() == self.align()).then_some(state)
     }

@@ -7,7 +7,7 @@ use crate::decision::{CheckError, Decision};
 use crate::units::{div, div_ceil, sat, Divisor, Rate};
 use std::fmt;
 
-use crate::params::{share_count, share_rate, Params, Res, Spec};
+use crate::params::{paced, share_count, share_rate, Params, Res, Spec};
 
 /// The largest [`Rate::scale`] GCRA accepts: its state is one u64 of scaled time, and
 /// an epoch-anchored clock (2^51 us in 2041) times 4096 stays below 2^64 until 2112.
@@ -306,6 +306,13 @@ impl Spec for Gcra {
     }
 
     /// The TAT, converted between tick units: a key keeps its debt.
+    fn envelope(&self, w: u64) -> Option<u64> {
+        Some(match paced(self.rate, w) {
+            0 => 0,
+            n => (self.burst - 1).saturating_add(n),
+        })
+    }
+
     fn carry_over(&self, old: &Self, state: GcraState, _: u64) -> Option<GcraState> {
         let (os, ns) = (
             u128::from(old.rate().scale()),

@@ -5,7 +5,7 @@ use crate::algorithm::{debt_units, exact_units, schedule_algorithm, Schedule};
 use crate::units::{div, sat, Rate};
 use std::fmt;
 
-use crate::params::{share_count, share_rate, Params, Res, Spec};
+use crate::params::{paced, share_count, share_rate, Params, Res, Spec};
 use crate::units::time_for;
 
 /// A leaky bucket (meter) of `capacity` draining at `rate`, continuously: fractions
@@ -152,6 +152,13 @@ impl Spec for LeakyBucket {
     }
 
     /// The level stays while the rate is the same.
+    fn envelope(&self, w: u64) -> Option<u64> {
+        Some(match paced(self.rate, w) {
+            0 => 0,
+            n => (self.capacity - 1).saturating_add(n),
+        })
+    }
+
     fn carry_over(&self, old: &Self, state: LeakyBucketState, _: u64) -> Option<LeakyBucketState> {
         (old.rate() == self.rate()).then_some(state)
     }

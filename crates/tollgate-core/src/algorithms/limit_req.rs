@@ -328,6 +328,18 @@ impl Spec for LimitReq {
     }
 
     /// The excess keeps its meaning under any rate.
+    fn envelope(&self, w: u64) -> Option<u64> {
+        if w == 0 {
+            return Some(0);
+        }
+        // `burst + 1` at one instant (the first from an excess of 0), then the leak
+        // of the milliseconds the window spans on nginx's ms clock: `w` us can reach
+        // across `ceil((w - 1) / 1000)` millisecond boundaries.
+        let ms = (w - 1).div_ceil(1000);
+        let leaked = (self.rate_milli as u128 * u128::from(ms)) / 1_000_000;
+        Some((self.burst + 1).saturating_add(u64::try_from(leaked).unwrap_or(u64::MAX)))
+    }
+
     fn carry_over(&self, _: &Self, state: LimitReqState, _: u64) -> Option<LimitReqState> {
         Some(state)
     }

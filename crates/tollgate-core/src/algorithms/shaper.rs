@@ -8,7 +8,7 @@ use crate::decision::{CheckError, Decision};
 use crate::units::{div_ceil, sat, Rate};
 use std::fmt;
 
-use crate::params::{share_rate, Params, Res, Spec};
+use crate::params::{paced, share_rate, Params, Res, Spec};
 
 /// Releases admitted requests one by one at `rate`: a request of cost `c` is scheduled
 /// at `s = max(t, last_s + c*T)` and carries `wait = s - t`. A request that must wait
@@ -207,6 +207,11 @@ impl Spec for Shaper {
     }
 
     /// The schedule stays while the rate is the same.
+    fn envelope(&self, w: u64) -> Option<u64> {
+        // By release time: one per interval, whatever the queue holds.
+        Some(paced(self.rate, w))
+    }
+
     fn carry_over(&self, old: &Self, state: ShaperState, _: u64) -> Option<ShaperState> {
         (old.rate() == self.rate()).then_some(state)
     }

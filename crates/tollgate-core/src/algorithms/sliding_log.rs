@@ -190,6 +190,10 @@ impl Spec for SlidingLog {
     }
 
     /// Timestamps keep their meaning under any window.
+    fn envelope(&self, w: u64) -> Option<u64> {
+        Some(self.limit.saturating_mul(w.div_ceil(self.window)))
+    }
+
     fn carry_over(&self, _: &Self, state: SlidingLogState, _: u64) -> Option<SlidingLogState> {
         Some(state)
     }

@@ -4,7 +4,7 @@ use crate::algorithm::{schedule_algorithm, Schedule};
 use crate::units::{idiv, sat};
 use std::fmt;
 
-use crate::params::{share_count, Params, Res, Spec};
+use crate::params::{share_count, windows_touched, Params, Res, Spec};
 use crate::units::fmt_duration;
 
 /// The most buckets a sliding window may have (each key keeps one counter per bucket).
@@ -436,6 +436,12 @@ impl Spec for SlidingWindow {
     }
 
     /// The counters stay while the buckets are the same.
+    fn envelope(&self, w: u64) -> Option<u64> {
+        // Every K consecutive buckets hold at most `limit`.
+        let touched = windows_touched(self.width, w);
+        Some(self.limit.saturating_mul(touched.div_ceil(self.buckets)))
+    }
+
     fn carry_over(
         &self,
         old: &Self,
@@ -472,6 +478,12 @@ impl Spec for SlidingWindowWeighted {
     }
 
     /// The two counts stay while the window is the same.
+    fn envelope(&self, w: u64) -> Option<u64> {
+        // The current window's count alone stays within the limit: at most the fixed
+        // window's bound.
+        Some(self.limit.saturating_mul(windows_touched(self.window, w)))
+    }
+
     fn carry_over(&self, old: &Self, state: WeightedState, _: u64) -> Option<WeightedState> {
         (old.window_us() == self.window_us()).then_some(state)
     }

@@ -396,6 +396,22 @@ impl Spec for Smooth {
 
     /// As Guava's `setRate`: stored permits scaled to the new maximum (bursty) or,
     /// from an empty maximum, full (warming up); the next free ticket kept.
+    fn envelope(&self, w: u64) -> Option<u64> {
+        if w == 0 {
+            return Some(0);
+        }
+        // A permit moves `next_free` by its price truncated to whole us, so spaced
+        // admissions are at least the truncated interval apart.
+        let spacing = (self.stable_interval as u64).max(1);
+        let paced = w.div_ceil(spacing);
+        Some(match self.kind {
+            // Stored permits are free, and the first after them pays forward.
+            SmoothKind::Bursty { .. } => (self.max_permits.ceil() as u64).saturating_add(paced),
+            // Stored permits cost at least the stable interval each.
+            SmoothKind::WarmingUp { .. } => paced,
+        })
+    }
+
     fn carry_over(&self, old: &Self, mut s: SmoothState, now: u64) -> Option<SmoothState> {
         old.resync(&mut s, now);
         s.stored = if old.max_permits == 0.0 {

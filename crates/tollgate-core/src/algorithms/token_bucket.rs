@@ -4,7 +4,7 @@ use crate::algorithm::{debt_units, exact_units, schedule_algorithm, Schedule};
 use crate::units::{div, div_ceil, sat, Rate};
 use std::fmt;
 
-use crate::params::{share_count, share_rate, Params, Res, Spec};
+use crate::params::{paced, share_count, share_rate, Params, Res, Spec};
 use crate::units::time_for;
 
 /// A token bucket of `capacity` tokens refilled at `rate`, continuously: fractions of
@@ -184,6 +184,13 @@ impl Spec for TokenBucket {
     }
 
     /// The tokens stay while the rate is the same.
+    fn envelope(&self, w: u64) -> Option<u64> {
+        Some(match paced(self.rate, w) {
+            0 => 0,
+            n => (self.capacity - 1).saturating_add(n),
+        })
+    }
+
     fn carry_over(&self, old: &Self, state: TokenBucketState, _: u64) -> Option<TokenBucketState> {
         (old.rate() == self.rate()).then_some(state)
     }
