@@ -90,7 +90,10 @@ fn the_boundary_pattern_shows_the_fixed_window_double_admission() {
         "--policy",
         "fixed-window:limit=100,window=1s",
     ]);
-    assert!(table.contains("200 in 1s vs limit 100"), "{table}");
+    assert!(
+        table.contains("200 in 1s (limit 100, promise 200)"),
+        "{table}"
+    );
     assert!(
         !table.contains('\x1b'),
         "no colour when not a terminal / NO_COLOR"
@@ -322,4 +325,51 @@ fn usage_after_the_fact_goes_into_debt_and_max_debt_bounds_it() {
     let (code, _, err) = simulate(&["--usage", "lots", "--policy", "gcra:rate=10/s"]);
     assert_ne!(code, 0);
     assert!(err.contains("expected MEDIAN[:SIGMA]"), "{err}");
+}
+
+#[test]
+fn each_policy_is_judged_against_its_promise_not_its_headline() {
+    // The run: GCRA's 96 in a third of a second is within its promise
+    // (burst + rate x w = 100), a fixed window's 208 in 1 s is its boundary burst
+    // (over its limit of 150, within its promise of 300), and smooth-warmup has no
+    // "limit of 1 per 5 s".
+    let v = json(&[
+        "--pattern",
+        "sine",
+        "--rate",
+        "200",
+        "--duration",
+        "20s",
+        "--policy",
+        "gcra:rate=150/s,burst=50",
+        "--policy",
+        "fixed-window:limit=150,window=1s",
+        "--policy",
+        "smooth-warmup:rate=150/s,warmup=5s",
+        "--policy",
+        "sliding-log:limit=150,window=1s",
+    ]);
+    for p in v.as_array().unwrap() {
+        let ratio = p["envelope_ratio"].as_f64().unwrap();
+        assert!(ratio <= 1.0, "{}: {ratio}", p["policy"]);
+    }
+    let (gcra, fixed, warmup, log) = (&v[0], &v[1], &v[2], &v[3]);
+    assert!(gcra["worst_window"].as_u64().unwrap() > gcra["limit"].as_u64().unwrap());
+    assert_eq!(gcra["envelope"], 100);
+    assert_eq!(
+        gcra["over_headline"], false,
+        "a burst plus the rate is the promise"
+    );
+    assert!(fixed["worst_window"].as_u64().unwrap() > 150);
+    assert_eq!(fixed["envelope"], 300);
+    assert_eq!(
+        fixed["over_headline"], true,
+        "the boundary burst, said as such"
+    );
+    assert_eq!(warmup["envelope"], 751);
+    assert_eq!(warmup["over_headline"], false);
+    assert!(log["worst_window"].as_u64().unwrap() <= 150);
+    assert_eq!(log["over_headline"], false);
+    // GCRA uses all it promises over some window (the traffic exceeds its rate).
+    assert_eq!(gcra["envelope_ratio"], 1.0);
 }

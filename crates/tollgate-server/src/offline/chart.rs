@@ -187,7 +187,14 @@ where
             delayed,
             waits,
         } = Buckets::count(fates, bucket_us, duration_us);
-        let limit_line = summary.limit as f64 * bucket_us as f64 / summary.window_us.max(1) as f64;
+        // What the policy promises in one bucket's length (its envelope): no bucket
+        // of admissions can rise above it.
+        let promise = summary
+            .policy
+            .parse::<tollgate::Policy>()
+            .ok()
+            .and_then(|p| p.envelope(bucket_us));
+        let limit_line = promise.map_or(0.0, |e| e as f64);
         let ymax = (offered.iter().copied().max().unwrap_or(1) as f64).max(limit_line) * 1.15 + 1.0;
         let wmax = waits.iter().copied().fold(0.0, f64::max);
         let x = |b: usize| b as f64 * bucket_us as f64 / 1e6;
@@ -225,8 +232,16 @@ where
             summary.worst_window_start_us as f64 / 1e6,
             (summary.worst_window_start_us + summary.window_us) as f64 / 1e6,
         );
-        let over = summary.over_limit;
-        let shade = if over { RED.mix(0.15) } else { BLUE.mix(0.08) };
+        // Red only for a broken promise (which never happens); amber for a burst over
+        // the headline limit that the policy allows (a fixed window's boundary).
+        let broken = summary.envelope_ratio.is_some_and(|r| r > 1.0);
+        let shade = if broken {
+            RED.mix(0.15)
+        } else if summary.over_headline {
+            RGBColor(240, 170, 30).mix(0.18)
+        } else {
+            BLUE.mix(0.08)
+        };
         chart
             .draw_series(std::iter::once(Rectangle::new(
                 [(ws, 0.0), (we.min(seconds), ymax)],
@@ -234,10 +249,10 @@ where
             )))
             .map_err(err)?
             .label(format!(
-                "worst window: {} in {} (limit {})",
-                summary.worst_window,
+                "densest {}: {} ({})",
                 tollgate::policy::fmt_duration(summary.window_us),
-                summary.limit
+                summary.worst_window,
+                super::run::bound(summary)
             ))
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], shade.filled()));
         let series: [(&str, &Vec<u64>, RGBColor); 4] = [
@@ -261,11 +276,10 @@ where
                     PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
                 });
         }
-        // A concurrency limit bounds requests in flight, not per time: no rate line.
-        let rate_limited = !summary.policy.starts_with("concurrency");
+        // A concurrency limit bounds requests in flight, not per time: no line.
         chart
             .draw_series(DashedLineSeries::new(
-                if rate_limited {
+                if promise.is_some() {
                     vec![(0.0, limit_line), (seconds, limit_line)]
                 } else {
                     vec![]
@@ -275,7 +289,7 @@ where
                 BLUE.stroke_width(1),
             ))
             .map_err(err)?
-            .label("limit per bucket")
+            .label("promise per bucket (the most it may admit)")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], BLUE));
         if wmax > 0.0 {
             chart
