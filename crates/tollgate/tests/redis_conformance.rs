@@ -249,3 +249,99 @@ fn memory_redis_and_cluster_decide_identically() {
         );
     }
 }
+
+/// The most units admitted in any window `[x, x + w)`, over sorted `(time, units)`.
+fn densest(admitted: &[(u64, u64)], w: u64) -> u64 {
+    let (mut lo, mut sum, mut best) = (0, 0u64, 0u64);
+    for hi in 0..admitted.len() {
+        sum += admitted[hi].1;
+        while admitted[hi].0 - admitted[lo].0 >= w {
+            sum -= admitted[lo].1;
+            lo += 1;
+        }
+        best = best.max(sum);
+    }
+    best
+}
+
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
+#[test]
+fn redis_keeps_every_promise_on_random_traffic() {
+    // A sample of the algorithms, deciding in Redis (time passed in): the units
+    // admitted in any window, by admission time, stay within Policy::envelope (the
+    // memory store is held to it by tollgate-core's property test on every algorithm).
+    let single = RedisServers::standalone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let opts = RedisOptions {
+        ttl_margin: std::time::Duration::from_secs(3600),
+        ..RedisOptions::default()
+    };
+    let store = rt.block_on(async { RedisStore::connect_with(&single.url(), opts).await.unwrap() });
+    let specs = prop::sample::select(
+        &[
+            "gcra:rate=3/s,burst=4",
+            "fixed-window:limit=5,window=250ms",
+            "sliding-window:limit=4,window=300ms,buckets=3",
+            "limit-req:rate=7/s,burst=2,nodelay",
+            "smooth-bursty:rate=5/s",
+            "token-bucket:rate=5/250ms,capacity=3",
+        ][..],
+    );
+    let gaps = prop::collection::vec(
+        (
+            prop_oneof![2 => Just(0u64), 3 => 0u64..20_000, 1 => 0u64..400_000],
+            any::<bool>(),
+        ),
+        1..150,
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&(specs, gaps), |(spec, gaps)| {
+            let policy: tollgate::Policy = spec.parse().unwrap();
+            let name = format!("env{}", CASE.fetch_add(1, Ordering::Relaxed));
+            let limiter = RedisLimiter::new(store.clone(), &name, policy.clone()).unwrap();
+            let mut admitted = Vec::new();
+            let mut t = 0;
+            for (gap, acquire) in gaps {
+                t += gap;
+                let op = if acquire { Op::Acquire } else { Op::Try };
+                let d = rt.block_on(limiter.check_at("k", t, 0, 1, op)).unwrap();
+                if d.decision.allowed {
+                    admitted.push((t + d.decision.wait_us, 1u64));
+                }
+            }
+            admitted.sort_unstable();
+            eprintln!("DEBUG {spec} admitted {} densest1 {} env1 {:?}", admitted.len(), densest(&admitted, 1), policy.envelope(1));
+            let own = policy.window_us().max(1);
+            for w in [
+                1,
+                999,
+                1000,
+                1001,
+                own - 1,
+                own,
+                own + 1,
+                2 * own,
+                1_000_000,
+            ] {
+                let envelope = policy.envelope(w).unwrap();
+                let seen = densest(&admitted, w);
+                prop_assert!(
+                    seen <= envelope,
+                    "{spec}: {seen} in {w} us, envelope {envelope}"
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+}
