@@ -1,9 +1,11 @@
 //! Charts, SVG or PNG (plotters; the PNG's text uses an embedded Liberation Sans, so
 //! no system font is needed):
 //!
-//! - [`draw`], for `tollgate simulate`: one panel per policy over time — offered,
-//!   admitted, rejected and delayed requests per time bucket, the limit line, the
-//!   worst window marked, and the mean wait on a second axis;
+//! - [`draw`], for `tollgate simulate`: one panel per policy over time, on one scale —
+//!   offered, admitted (when released) and rejected requests in a window sliding over
+//!   the run, against the policy's promise for that window (its envelope) and its
+//!   long-run rate, the densest window of the policy's own length marked, the mean
+//!   wait on a second axis, and the legend beside the plot;
 //! - [`draw_samples`], for `tollgate plot`: measured series over time (the soak
 //!   script's memory and open files), one panel per unit.
 
@@ -178,27 +180,46 @@ where
     head.titled(title, ("sans-serif", 22)).map_err(err)?;
     let panels = body.split_evenly((runs.len().max(1), 1));
     let seconds = duration_us.max(1) as f64 / 1e6;
-    let bucket_us = bucket_for(duration_us);
-    for (panel, (summary, fates)) in panels.iter().zip(runs) {
-        let Buckets {
-            offered,
-            admitted,
-            rejected,
-            delayed,
-            waits,
-        } = Buckets::count(fates, bucket_us, duration_us);
-        // What the policy promises in one bucket's length (its envelope): no bucket
-        // of admissions can rise above it.
-        let promise = summary
-            .policy
-            .parse::<tollgate::Policy>()
-            .ok()
-            .and_then(|p| p.envelope(bucket_us));
-        let limit_line = promise.map_or(0.0, |e| e as f64);
-        let ymax = (offered.iter().copied().max().unwrap_or(1) as f64).max(limit_line) * 1.15 + 1.0;
-        let wmax = waits.iter().copied().fold(0.0, f64::max);
-        let x = |b: usize| b as f64 * bucket_us as f64 / 1e6;
-        let mut chart = ChartBuilder::on(panel)
+    // Each policy is counted over a window of its own length (at least 1 ms, at most
+    // half the run) sliding over the run, sampled finely enough that a burst keeps
+    // its height, and drawn per second: one unit and one scale for every panel, so
+    // that policies compare at a glance.
+    let step = (duration_us / 600).max(1);
+    let windows: Vec<u64> = runs
+        .iter()
+        .map(|(s, _)| s.window_us.min(duration_us / 2).max(1_000))
+        .collect();
+    let counts: Vec<Sliding> = runs
+        .iter()
+        .zip(&windows)
+        .map(|((_, fates), &w)| Sliding::count(fates, w, step, duration_us))
+        .collect();
+    let promises: Vec<Option<(f64, f64)>> = runs
+        .iter()
+        .zip(&windows)
+        .map(|((s, _), &w)| promise_lines(&s.policy, w))
+        .collect();
+    let per_second = |n: u64, w: u64| n as f64 * 1e6 / w as f64;
+    let ymax = counts
+        .iter()
+        .zip(&windows)
+        .map(|(c, &w)| per_second(c.offered.iter().copied().max().unwrap_or(0), w))
+        .chain(promises.iter().flatten().map(|p| p.0))
+        .fold(1.0, f64::max)
+        * 1.1;
+    for ((((panel, (summary, _)), count), promise), &window) in panels
+        .iter()
+        .zip(runs)
+        .zip(&counts)
+        .zip(&promises)
+        .zip(&windows)
+    {
+        // The legend stands beside the plot, never over the data.
+        let (plot, legend_area) = panel.split_horizontally(WIDTH - LEGEND_WIDTH);
+        let wmax = count.waits.iter().copied().fold(0.0, f64::max);
+        let x = |i: usize| (i as u64 * step) as f64 / 1e6;
+        let rate = |n: u64| per_second(n, window);
+        let mut chart = ChartBuilder::on(&plot)
             .caption(&summary.policy, ("sans-serif", 17))
             .margin(10)
             .x_label_area_size(35)
@@ -211,8 +232,8 @@ where
             .configure_mesh()
             .x_desc("time (s)")
             .y_desc(format!(
-                "requests per {}",
-                tollgate::policy::fmt_duration(bucket_us)
+                "requests/s over {}",
+                tollgate::policy::fmt_duration(window)
             ))
             .label_style(("sans-serif", 13))
             .axis_desc_style(("sans-serif", 14))
@@ -227,149 +248,230 @@ where
                 .draw()
                 .map_err(err)?;
         }
-        // The worst window, shaded.
-        let (ws, we) = (
-            summary.worst_window_start_us as f64 / 1e6,
-            (summary.worst_window_start_us + summary.window_us) as f64 / 1e6,
-        );
-        // Red only for a broken promise (which never happens); amber for a burst over
-        // the headline limit that the policy allows (a fixed window's boundary).
+        let mut legend: Vec<(String, Swatch)> = Vec::new();
+        // The densest window of the policy's own length: amber for a window
+        // algorithm over its limit as it allows (a fixed window's boundary), red only
+        // for a broken promise (which the tests say never happens).
         let broken = summary.envelope_ratio.is_some_and(|r| r > 1.0);
         let shade = if broken {
             RED.mix(0.15)
         } else if summary.over_headline {
-            RGBColor(240, 170, 30).mix(0.18)
+            RGBColor(240, 170, 30).mix(0.2)
         } else {
             BLUE.mix(0.08)
         };
+        let (ws, we) = (
+            summary.worst_window_start_us as f64 / 1e6,
+            (summary.worst_window_start_us + summary.window_us) as f64 / 1e6,
+        );
         chart
             .draw_series(std::iter::once(Rectangle::new(
                 [(ws, 0.0), (we.min(seconds), ymax)],
                 shade.filled(),
             )))
-            .map_err(err)?
-            .label(format!(
+            .map_err(err)?;
+        legend.push((
+            format!(
                 "densest {}: {} ({})",
                 tollgate::policy::fmt_duration(summary.window_us),
                 summary.worst_window,
                 super::run::bound(summary)
+            ),
+            Swatch::Area(shade),
+        ));
+        let rejected_color = RGBColor(210, 40, 40);
+        chart
+            .draw_series(AreaSeries::new(
+                count
+                    .rejected
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| (x(i), rate(n))),
+                0.0,
+                rejected_color.mix(0.25),
             ))
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], shade.filled()));
-        let series: [(&str, &Vec<u64>, RGBColor); 4] = [
-            ("offered", &offered, RGBColor(140, 140, 140)),
-            ("admitted", &admitted, RGBColor(30, 150, 60)),
-            ("rejected", &rejected, RGBColor(210, 40, 40)),
-            ("delayed", &delayed, RGBColor(230, 140, 20)),
+            .map_err(err)?;
+        legend.push((
+            "rejected (by arrival)".into(),
+            Swatch::Area(rejected_color.mix(0.25)),
+        ));
+        let lines: [(&str, &Vec<u64>, RGBColor); 2] = [
+            ("offered", &count.offered, RGBColor(140, 140, 140)),
+            (
+                "admitted (when released)",
+                &count.admitted,
+                RGBColor(30, 150, 60),
+            ),
         ];
-        for (name, data, color) in series {
-            if name == "delayed" && data.iter().all(|&n| n == 0) {
-                continue;
-            }
+        for (name, data, color) in lines {
             chart
                 .draw_series(LineSeries::new(
-                    data.iter().enumerate().map(|(b, &n)| (x(b), n as f64)),
+                    data.iter().enumerate().map(|(i, &n)| (x(i), rate(n))),
                     color.stroke_width(2),
                 ))
-                .map_err(err)?
-                .label(name)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2))
-                });
+                .map_err(err)?;
+            legend.push((name.into(), Swatch::Line(color, false)));
         }
-        // A concurrency limit bounds requests in flight, not per time: no line.
-        chart
-            .draw_series(DashedLineSeries::new(
-                if promise.is_some() {
-                    vec![(0.0, limit_line), (seconds, limit_line)]
+        // What the policy promises in the window (its envelope: no window of
+        // admissions rises above it), and its rate over the long run.
+        if let Some((envelope, rate)) = *promise {
+            let navy = RGBColor(30, 60, 180);
+            for (y, dashed, name) in [
+                (envelope, true, "promise: the most it may admit in a window"),
+                (rate, false, "its rate over the long run"),
+            ] {
+                let line = vec![(0.0, y), (seconds, y)];
+                if dashed {
+                    chart
+                        .draw_series(DashedLineSeries::new(line, 8, 5, navy.stroke_width(2)))
+                        .map_err(err)?;
                 } else {
-                    vec![]
-                },
-                6,
-                4,
-                BLUE.stroke_width(1),
-            ))
-            .map_err(err)?
-            .label("promise per bucket (the most it may admit)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], BLUE));
+                    chart
+                        .draw_series(LineSeries::new(line, navy.stroke_width(1)))
+                        .map_err(err)?;
+                }
+                legend.push((name.into(), Swatch::Line(navy, dashed)));
+            }
+        }
         if wmax > 0.0 {
+            let purple = RGBColor(120, 60, 170);
             chart
                 .draw_secondary_series(LineSeries::new(
-                    waits.iter().enumerate().map(|(b, &w)| (x(b), w)),
-                    RGBColor(120, 60, 170).stroke_width(1),
+                    count.waits.iter().enumerate().map(|(i, &w)| (x(i), w)),
+                    purple.stroke_width(1),
                 ))
-                .map_err(err)?
-                .label("mean wait (ms, right axis)")
-                .legend(|(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 15, y)], RGBColor(120, 60, 170))
-                });
+                .map_err(err)?;
+            legend.push((
+                "mean wait (ms, right axis)".into(),
+                Swatch::Line(purple, false),
+            ));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .label_font(("sans-serif", 12))
-            .draw()
+        draw_legend(&legend_area, &legend)?;
+    }
+    Ok(())
+}
+
+/// Width of the legend column beside each panel.
+const LEGEND_WIDTH: u32 = 300;
+
+/// How a legend entry is drawn.
+enum Swatch {
+    Area(RGBAColor),
+    /// A line's colour, and whether it is dashed.
+    Line(RGBColor, bool),
+}
+
+/// The legend, a column of entries beside the plot.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    entries: &[(String, Swatch)],
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let font = ("sans-serif", 12).into_font().color(&BLACK);
+    for (i, (text, swatch)) in entries.iter().enumerate() {
+        let y = 40 + 20 * i as i32;
+        match swatch {
+            Swatch::Area(c) => area
+                .draw(&Rectangle::new([(4, y - 6), (22, y + 6)], c.filled()))
+                .map_err(err)?,
+            Swatch::Line(c, dashed) => {
+                let segments: Vec<(i32, i32)> = if *dashed {
+                    vec![(4, 10), (14, 22)]
+                } else {
+                    vec![(4, 22)]
+                };
+                for (a, b) in segments {
+                    area.draw(&PathElement::new(vec![(a, y), (b, y)], c.stroke_width(2)))
+                        .map_err(err)?;
+                }
+            }
+        }
+        area.draw(&Text::new(text.as_str(), (28, y - 7), font.clone()))
             .map_err(err)?;
     }
     Ok(())
 }
 
-/// A round time bucket for a run of `duration_us`: 1, 2 or 5 times a power of ten, in
-/// us, near a 120th of the run (at least 1 ms).
-fn bucket_for(duration_us: u64) -> u64 {
-    let target = (duration_us / 120).max(1_000);
-    (0..12)
-        .flat_map(|e| [1u64, 2, 5].map(|m| m * 10u64.pow(e)))
-        .find(|&b| b >= target)
-        .unwrap_or(target)
+/// The promise lines of `spec` for a window of `window` us, per second: its envelope
+/// there, and its long-run rate (the envelope over a thousand windows); `None` when it
+/// promises no rate (`concurrency`).
+fn promise_lines(spec: &str, window: u64) -> Option<(f64, f64)> {
+    let policy = spec.parse::<tollgate::Policy>().ok()?;
+    let seconds = window as f64 / 1e6;
+    let envelope = policy.envelope(window)?;
+    let long = policy.envelope(window.saturating_mul(1000))?;
+    Some((envelope as f64 / seconds, long as f64 / 1000.0 / seconds))
 }
 
-/// A run's requests counted per time bucket: offered and rejected at arrival,
-/// admitted when released (after any wait), delayed with their mean wait (ms).
-struct Buckets {
+/// A run's requests counted in a window sliding over the run, sampled every `step`:
+/// offered and rejected at arrival, admitted when released (after any wait), and the
+/// mean wait (ms) of the delayed requests in the window.
+struct Sliding {
     offered: Vec<u64>,
     admitted: Vec<u64>,
     rejected: Vec<u64>,
-    delayed: Vec<u64>,
     waits: Vec<f64>,
 }
 
-impl Buckets {
-    fn count(fates: &[Fate], bucket_us: u64, duration_us: u64) -> Buckets {
-        let n = (duration_us / bucket_us + 1) as usize;
-        let at = |t: u64| ((t / bucket_us) as usize).min(n - 1);
-        let (mut offered, mut admitted, mut rejected) = (vec![0; n], vec![0; n], vec![0; n]);
-        let (mut delayed, mut wait_sum) = (vec![0u64; n], vec![0u64; n]);
-        for f in fates {
-            let b = at(f.t);
-            offered[b] += 1;
-            if !f.allowed {
-                rejected[b] += 1;
-                continue;
-            }
-            admitted[at(f.t + f.wait)] += 1;
-            if f.wait > 0 {
-                delayed[b] += 1;
-                wait_sum[b] += f.wait;
-            }
-        }
-        let waits = (wait_sum.iter().zip(&delayed))
-            .map(|(&w, &k)| {
-                if k == 0 {
-                    0.0
-                } else {
-                    w as f64 / k as f64 / 1000.0
-                }
-            })
+impl Sliding {
+    fn count(fates: &[Fate], window: u64, step: u64, duration_us: u64) -> Sliding {
+        let mut arrivals: Vec<(u64, bool, u64)> =
+            fates.iter().map(|f| (f.t, f.allowed, f.wait)).collect();
+        arrivals.sort_unstable_by_key(|a| a.0);
+        let mut released: Vec<u64> = fates
+            .iter()
+            .filter(|f| f.allowed)
+            .map(|f| f.t + f.wait)
             .collect();
-        Buckets {
-            offered,
-            admitted,
-            rejected,
-            delayed,
-            waits,
+        released.sort_unstable();
+        let samples = (duration_us / step + 1) as usize;
+        let mut out = Sliding {
+            offered: Vec::with_capacity(samples),
+            admitted: Vec::with_capacity(samples),
+            rejected: Vec::with_capacity(samples),
+            waits: Vec::with_capacity(samples),
+        };
+        // Two cursors per series: the window is (x - window, x].
+        let (mut a_lo, mut a_hi, mut r_lo, mut r_hi) = (0, 0, 0, 0);
+        let (mut rejected, mut delayed, mut wait_sum) = (0u64, 0u64, 0u64);
+        for i in 0..samples {
+            let x = i as u64 * step;
+            while a_hi < arrivals.len() && arrivals[a_hi].0 <= x {
+                let (_, allowed, wait) = arrivals[a_hi];
+                rejected += u64::from(!allowed);
+                if allowed && wait > 0 {
+                    delayed += 1;
+                    wait_sum += wait;
+                }
+                a_hi += 1;
+            }
+            while a_lo < a_hi && arrivals[a_lo].0 + window <= x {
+                let (_, allowed, wait) = arrivals[a_lo];
+                rejected -= u64::from(!allowed);
+                if allowed && wait > 0 {
+                    delayed -= 1;
+                    wait_sum -= wait;
+                }
+                a_lo += 1;
+            }
+            while r_hi < released.len() && released[r_hi] <= x {
+                r_hi += 1;
+            }
+            while r_lo < r_hi && released[r_lo] + window <= x {
+                r_lo += 1;
+            }
+            out.offered.push((a_hi - a_lo) as u64);
+            out.rejected.push(rejected);
+            out.admitted.push((r_hi - r_lo) as u64);
+            out.waits.push(if delayed == 0 {
+                0.0
+            } else {
+                wait_sum as f64 / delayed as f64 / 1000.0
+            });
         }
+        out
     }
 }
 
