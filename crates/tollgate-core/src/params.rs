@@ -153,8 +153,9 @@ pub(crate) trait Spec: Algorithm + Sized {
 
     /// What it promises: the most units it admits, by admission time (arrival plus
     /// any wait), in any window of `w` microseconds (half-open: `[t, t + w)`), from
-    /// any state; `None` when it promises no rate (`concurrency` bounds what is in
-    /// flight, not what passes). See [`Policy::envelope`].
+    /// any state, under tries and acquires; `None` when it promises no rate
+    /// (`concurrency` bounds what is in flight, not what passes). See
+    /// [`Policy::envelope`].
     fn envelope(&self, w: u64) -> Option<u64>;
 }
 

@@ -394,10 +394,13 @@ impl Policy {
 
     /// What the policy promises: the most units it admits, by admission time
     /// (arrival plus any wait), in any window of `w_us` microseconds (`[t, t + w)`),
-    /// from any state and for any traffic; `None` for `concurrency`, which bounds the
-    /// work in flight, not the rate. Derived from each algorithm's semantics for unit
-    /// requests (Guava's and the shaper admit a larger request at once and pay it
-    /// forward: up to its cost less one more), and reached by some traffic except
+    /// from any state, for any tries and acquires (a charge or a refund may take a
+    /// key past it); `None` for `concurrency`, which bounds the work in flight, not
+    /// the rate, and for Guava's above a million a second, whose interval truncates
+    /// to 0 us. Derived from each algorithm's semantics for unit
+    /// requests (Guava's admit a larger request at once and pay it forward, the
+    /// shaper releases it at once and spaces the next by its cost: up to its cost
+    /// less one more), and reached by some traffic except
     /// where said (a property test holds every algorithm to it on random traffic):
     ///
     /// - `fixed-window`: `limit` times the windows `w` can touch, so up to twice the
@@ -407,9 +410,10 @@ impl Policy {
     /// - `sliding-window` with `buckets=K`: `limit` per K buckets `w` touches;
     /// - `gcra`, `token-bucket`, `leaky-bucket`: the burst plus one unit per interval
     ///   after the first, `burst - 1 + ceil(w * rate)`;
-    /// - `smooth-bursty`: the stored permits plus `ceil(w * rate)` (the first of those
-    ///   pays forward); `smooth-warmup`: `ceil(w * rate)` (its stored permits are never
-    ///   cheaper than the stable rate);
+    /// - `smooth-bursty`: the stored permits plus one per interval (the first of
+    ///   those pays forward); `smooth-warmup`: one per interval (its stored permits
+    ///   are never cheaper than the stable rate); the interval truncated to whole us,
+    ///   as Guava's arithmetic moves `nextFree`, so `ceil(w / floor(1s / rate))`;
     /// - `limit-req`: `burst + 1` at once plus the leak of the milliseconds `w` spans
     ///   (with `nodelay`; delayed requests are released more evenly);
     /// - `shaper`: `ceil(w * rate)` by release time.

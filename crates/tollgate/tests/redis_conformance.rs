@@ -321,12 +321,6 @@ fn redis_keeps_every_promise_on_random_traffic() {
                 }
             }
             admitted.sort_unstable();
-            eprintln!(
-                "DEBUG {spec} admitted {} densest1 {} env1 {:?}",
-                admitted.len(),
-                densest(&admitted, 1),
-                policy.envelope(1)
-            );
             let own = policy.window_us().max(1);
             for w in [
                 1,

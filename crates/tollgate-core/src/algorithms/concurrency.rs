@@ -194,11 +194,11 @@ impl Spec for Concurrency {
         Concurrency::new(share_count(Algorithm::limit(self), n))
     }
 
-    /// Held permits stay held.
     fn envelope(&self, _: u64) -> Option<u64> {
         None
     }
 
+    /// Held permits stay held.
     fn carry_over(&self, _: &Self, state: ConcurrencyState, _: u64) -> Option<ConcurrencyState> {
         Some(state)
     }

@@ -189,11 +189,11 @@ impl Spec for FixedWindow {
         FixedWindow::new(limit, self.window_us(), self.align())
     }
 
-    /// The count stays while the windows are the same.
     fn envelope(&self, w: u64) -> Option<u64> {
         Some(self.limit.saturating_mul(windows_touched(self.window, w)))
     }
 
+    /// The count stays while the windows are the same.
     fn carry_over(&self, old: &Self, state: FixedWindowState, _: u64) -> Option<FixedWindowState> {
         (old.window_us() == self.window_us() && old.align() == self.align()).then_some(state)
     }

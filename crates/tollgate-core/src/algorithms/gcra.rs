@@ -305,7 +305,6 @@ impl Spec for Gcra {
         Gcra::new(share_rate(self.rate(), n)?, share_count(self.burst(), n))
     }
 
-    /// The TAT, converted between tick units: a key keeps its debt.
     fn envelope(&self, w: u64) -> Option<u64> {
         Some(match paced(self.rate, w) {
             0 => 0,
@@ -313,6 +312,7 @@ impl Spec for Gcra {
         })
     }
 
+    /// The TAT, converted between tick units: a key keeps its debt.
     fn carry_over(&self, old: &Self, state: GcraState, _: u64) -> Option<GcraState> {
         let (os, ns) = (
             u128::from(old.rate().scale()),

@@ -151,7 +151,6 @@ impl Spec for LeakyBucket {
         )
     }
 
-    /// The level stays while the rate is the same.
     fn envelope(&self, w: u64) -> Option<u64> {
         Some(match paced(self.rate, w) {
             0 => 0,
@@ -159,6 +158,7 @@ impl Spec for LeakyBucket {
         })
     }
 
+    /// The level stays while the rate is the same.
     fn carry_over(&self, old: &Self, state: LeakyBucketState, _: u64) -> Option<LeakyBucketState> {
         (old.rate() == self.rate()).then_some(state)
     }

@@ -327,7 +327,6 @@ impl Spec for LimitReq {
         LimitReq::new(share_rate(self.rate(), n)?, self.burst() / n, delay)
     }
 
-    /// The excess keeps its meaning under any rate.
     fn envelope(&self, w: u64) -> Option<u64> {
         if w == 0 {
             return Some(0);
@@ -340,6 +339,7 @@ impl Spec for LimitReq {
         Some((self.burst + 1).saturating_add(u64::try_from(leaked).unwrap_or(u64::MAX)))
     }
 
+    /// The excess keeps its meaning under any rate.
     fn carry_over(&self, _: &Self, state: LimitReqState, _: u64) -> Option<LimitReqState> {
         Some(state)
     }

@@ -206,12 +206,12 @@ impl Spec for Shaper {
         Shaper::new(share_rate(self.rate(), n)?, self.queue() / n)
     }
 
-    /// The schedule stays while the rate is the same.
     fn envelope(&self, w: u64) -> Option<u64> {
         // By release time: one per interval, whatever the queue holds.
         Some(paced(self.rate, w))
     }
 
+    /// The schedule stays while the rate is the same.
     fn carry_over(&self, old: &Self, state: ShaperState, _: u64) -> Option<ShaperState> {
         (old.rate() == self.rate()).then_some(state)
     }

@@ -189,11 +189,11 @@ impl Spec for SlidingLog {
         SlidingLog::new(share_count(self.limit_per_window(), n), self.window_us())
     }
 
-    /// Timestamps keep their meaning under any window.
     fn envelope(&self, w: u64) -> Option<u64> {
         Some(self.limit.saturating_mul(w.div_ceil(self.window)))
     }
 
+    /// Timestamps keep their meaning under any window.
     fn carry_over(&self, _: &Self, state: SlidingLogState, _: u64) -> Option<SlidingLogState> {
         Some(state)
     }

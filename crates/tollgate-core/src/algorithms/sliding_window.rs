@@ -435,13 +435,13 @@ impl Spec for SlidingWindow {
         SlidingWindow::new(limit, self.window_us(), self.buckets())
     }
 
-    /// The counters stay while the buckets are the same.
     fn envelope(&self, w: u64) -> Option<u64> {
         // Every K consecutive buckets hold at most `limit`.
         let touched = windows_touched(self.width, w);
         Some(self.limit.saturating_mul(touched.div_ceil(self.buckets)))
     }
 
+    /// The counters stay while the buckets are the same.
     fn carry_over(
         &self,
         old: &Self,
@@ -477,13 +477,13 @@ impl Spec for SlidingWindowWeighted {
         SlidingWindowWeighted::new(share_count(self.limit_per_window(), n), self.window_us())
     }
 
-    /// The two counts stay while the window is the same.
     fn envelope(&self, w: u64) -> Option<u64> {
         // The current window's count alone stays within the limit: at most the fixed
         // window's bound.
         Some(self.limit.saturating_mul(windows_touched(self.window, w)))
     }
 
+    /// The two counts stay while the window is the same.
     fn carry_over(&self, old: &Self, state: WeightedState, _: u64) -> Option<WeightedState> {
         (old.window_us() == self.window_us()).then_some(state)
     }

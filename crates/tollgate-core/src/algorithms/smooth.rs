@@ -394,15 +394,17 @@ impl Spec for Smooth {
         Smooth::new(share_rate(self.rate(), n)?, self.kind())
     }
 
-    /// As Guava's `setRate`: stored permits scaled to the new maximum (bursty) or,
-    /// from an empty maximum, full (warming up); the next free ticket kept.
     fn envelope(&self, w: u64) -> Option<u64> {
         if w == 0 {
             return Some(0);
         }
         // A permit moves `next_free` by its price truncated to whole us, so spaced
-        // admissions are at least the truncated interval apart.
-        let spacing = (self.stable_interval as u64).max(1);
+        // admissions are at least the truncated interval apart; above a million a
+        // second that is 0 us and nothing bounds them (Guava's arithmetic).
+        let spacing = self.stable_interval as u64;
+        if spacing == 0 {
+            return None;
+        }
         let paced = w.div_ceil(spacing);
         Some(match self.kind {
             // Stored permits are free, and the first after them pays forward.
@@ -412,6 +414,8 @@ impl Spec for Smooth {
         })
     }
 
+    /// As Guava's `setRate`: stored permits scaled to the new maximum (bursty) or,
+    /// from an empty maximum, full (warming up); the next free ticket kept.
     fn carry_over(&self, old: &Self, mut s: SmoothState, now: u64) -> Option<SmoothState> {
         old.resync(&mut s, now);
         s.stored = if old.max_permits == 0.0 {

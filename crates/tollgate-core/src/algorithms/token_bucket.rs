@@ -183,7 +183,6 @@ impl Spec for TokenBucket {
         )
     }
 
-    /// The tokens stay while the rate is the same.
     fn envelope(&self, w: u64) -> Option<u64> {
         Some(match paced(self.rate, w) {
             0 => 0,
@@ -191,6 +190,7 @@ impl Spec for TokenBucket {
         })
     }
 
+    /// The tokens stay while the rate is the same.
     fn carry_over(&self, old: &Self, state: TokenBucketState, _: u64) -> Option<TokenBucketState> {
         (old.rate() == self.rate()).then_some(state)
     }

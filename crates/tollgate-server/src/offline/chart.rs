@@ -194,10 +194,20 @@ where
         .zip(&windows)
         .map(|((_, fates), &w)| Sliding::count(fates, w, step, duration_us))
         .collect();
+    // A promise is per key: the panels count every key, so it is drawn for all of
+    // them (as many as the run has).
+    let keys = runs.first().map_or(1, |(_, fates)| {
+        fates
+            .iter()
+            .map(|f| f.key)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            .max(1)
+    });
     let promises: Vec<Option<(f64, f64)>> = runs
         .iter()
         .zip(&windows)
-        .map(|((s, _), &w)| promise_lines(&s.policy, w))
+        .map(|((s, _), &w)| promise_lines(&s.policy, w, keys as f64))
         .collect();
     let per_second = |n: u64, w: u64| n as f64 * 1e6 / w as f64;
     let ymax = counts
@@ -330,7 +340,11 @@ where
                         .draw_series(LineSeries::new(line, navy.stroke_width(1)))
                         .map_err(err)?;
                 }
-                legend.push((name.into(), Swatch::Line(navy, dashed)));
+                let name = match keys {
+                    1 => name.to_string(),
+                    n => format!("{name} ({n} keys)"),
+                };
+                legend.push((name, Swatch::Line(navy, dashed)));
             }
         }
         if wmax > 0.0 {
@@ -394,12 +408,12 @@ where
     Ok(())
 }
 
-/// The promise lines of `spec` for a window of `window` us, per second: its envelope
-/// there, and its long-run rate (the envelope over a thousand windows); `None` when it
-/// promises no rate (`concurrency`).
-fn promise_lines(spec: &str, window: u64) -> Option<(f64, f64)> {
+/// The promise lines of `spec` for a window of `window` us, per second, for `keys`
+/// keys: its envelope there, and its long-run rate (the envelope over a thousand
+/// windows); `None` when it promises no rate (`concurrency`).
+fn promise_lines(spec: &str, window: u64, keys: f64) -> Option<(f64, f64)> {
     let policy = spec.parse::<tollgate::Policy>().ok()?;
-    let seconds = window as f64 / 1e6;
+    let seconds = window as f64 / 1e6 / keys;
     let envelope = policy.envelope(window)?;
     let long = policy.envelope(window.saturating_mul(1000))?;
     Some((envelope as f64 / seconds, long as f64 / 1000.0 / seconds))

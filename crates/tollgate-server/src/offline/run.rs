@@ -18,6 +18,8 @@ pub struct Fate {
     pub t: u64,
     /// Key index.
     pub key: u64,
+    /// Its cost (units).
+    pub cost: u64,
     /// Admitted.
     pub allowed: bool,
     /// Wait (acquire, delay, schedule), us.
@@ -37,8 +39,8 @@ pub struct Summary {
     pub rejected: u64,
     /// Admitted after a wait.
     pub delayed: u64,
-    /// The largest count admitted (by admission time) in any window of the policy's
-    /// own length, for one key: the burst a user of the policy sees.
+    /// The most units admitted (by admission time) in any window of the policy's own
+    /// length, for one key: the burst a user of the policy sees.
     pub worst_window: u64,
     /// That window's length, us.
     pub window_us: u64,
@@ -92,6 +94,7 @@ pub fn run(
         fates.push(Fate {
             t,
             key,
+            cost,
             allowed,
             wait,
         });
@@ -107,9 +110,12 @@ fn summarize(policy: &Policy, fates: &[Fate]) -> Summary {
     };
     // Keys in order, so that ties between equally bad windows resolve the same way on
     // every run.
-    let mut by_key: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    let mut by_key: std::collections::BTreeMap<u64, Vec<(u64, u64)>> = Default::default();
     for f in fates.iter().filter(|f| f.allowed) {
-        by_key.entry(f.key).or_default().push(f.t + f.wait);
+        by_key
+            .entry(f.key)
+            .or_default()
+            .push((f.t + f.wait, f.cost));
     }
     for times in by_key.values_mut() {
         times.sort_unstable();
@@ -166,20 +172,21 @@ fn summarize(policy: &Policy, fates: &[Fate]) -> Summary {
     }
 }
 
-/// The most admitted in any window `[x, x + w)` of one key, and where it starts, over
-/// each key's sorted admission times.
-fn densest(by_key: &std::collections::BTreeMap<u64, Vec<u64>>, w: u64) -> (u64, u64) {
+/// The most units admitted in any window `[x, x + w)` of one key, and where it
+/// starts, over each key's admissions `(time, cost)` sorted by time.
+fn densest(by_key: &std::collections::BTreeMap<u64, Vec<(u64, u64)>>, w: u64) -> (u64, u64) {
     let (mut worst, mut start) = (0u64, 0u64);
-    for times in by_key.values() {
-        let mut lo = 0;
-        for hi in 0..times.len() {
-            while times[hi] - times[lo] >= w {
+    for admitted in by_key.values() {
+        let (mut lo, mut units) = (0, 0u64);
+        for hi in 0..admitted.len() {
+            units += admitted[hi].1;
+            while admitted[hi].0 - admitted[lo].0 >= w {
+                units -= admitted[lo].1;
                 lo += 1;
             }
-            let n = (hi - lo + 1) as u64;
-            if n > worst {
-                worst = n;
-                start = times[lo];
+            if units > worst {
+                worst = units;
+                start = admitted[lo].0;
             }
         }
     }

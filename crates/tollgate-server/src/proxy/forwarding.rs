@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::header::{CONNECTION, FORWARDED, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use axum::http::header::{CONNECTION, FORWARDED, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 
@@ -161,6 +161,14 @@ fn text_value(text: String) -> HeaderValue {
 /// `X-Forwarded-For` (appended only to a trusted peer's) and `Forwarded`. `None`: the
 /// path cannot be joined to the upstream's.
 fn to_upstream(req: &mut Request, table: &RouteTable, route: &Route, peer: &Peer) -> Option<()> {
+    if !req.headers().contains_key(HOST) {
+        // An HTTP/2 client names the host in its URI (`:authority`), an HTTP/1.0 one
+        // maybe nowhere: the upstream gets that, else its own address.
+        let host = (req.uri().authority())
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .unwrap_or_else(|| route.upstream_host().clone());
+        req.headers_mut().insert(HOST, host);
+    }
     *req.uri_mut() = route.upstream_path(req.uri())?;
     strip_hop_by_hop(req.headers_mut());
     let ip = peer.addr.ip();
@@ -180,8 +188,10 @@ fn to_upstream(req: &mut Request, table: &RouteTable, route: &Route, peer: &Peer
         };
         req.headers_mut().append(FORWARDED, forwarded);
     } else {
+        // What a peer that is not a trusted proxy says of earlier hops is not passed
+        // on: both headers start from it.
         req.headers_mut().insert(&X_FORWARDED_FOR, peer.ip.clone());
-        req.headers_mut().append(FORWARDED, peer.forwarded.clone());
+        req.headers_mut().insert(FORWARDED, peer.forwarded.clone());
     }
     Some(())
 }

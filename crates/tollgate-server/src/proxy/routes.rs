@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::uri::{Authority, PathAndQuery};
-use axum::http::Uri;
+use axum::http::{HeaderValue, Uri};
 use ipnet::IpNet;
 use tollgate::keyed::KeyedOptions;
 
@@ -145,6 +145,8 @@ impl Route {
 /// request's path and query after the upstream's path prefix.
 struct Target {
     authority: Authority,
+    /// `host[:port]`: the Host a request without one is sent with.
+    host: HeaderValue,
     /// The upstream's path without its trailing `/`; `None` when that leaves nothing.
     prefix: Option<String>,
 }
@@ -156,8 +158,14 @@ impl Target {
             return None;
         }
         let prefix = uri.path().trim_end_matches('/');
+        let authority = uri.authority()?;
+        let host = match authority.port() {
+            Some(port) => format!("{}:{port}", authority.host()),
+            None => authority.host().to_string(),
+        };
         Some(Target {
-            authority: uri.authority()?.clone(),
+            host: HeaderValue::try_from(host).ok()?,
+            authority: authority.clone(),
             prefix: (!prefix.is_empty()).then(|| prefix.to_string()),
         })
     }
@@ -167,6 +175,11 @@ impl Route {
     /// The upstream's `host:port`.
     pub fn upstream(&self) -> &Authority {
         &self.target.authority
+    }
+
+    /// The Host header for a request that has none: the upstream's `host[:port]`.
+    pub fn upstream_host(&self) -> &HeaderValue {
+        &self.target.host
     }
 
     /// The origin-form URI a request for `uri` is sent upstream with; `None` when the

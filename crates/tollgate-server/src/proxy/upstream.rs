@@ -1,5 +1,5 @@
 //! The upstream connections of one proxy worker: HTTP/1.1 keep-alive connections per
-//! upstream address, reused in the order they became idle.
+//! upstream address, reused while idle for less than [`IDLE_TIMEOUT`].
 //!
 //! Each worker thread has its own pool (as each nginx worker has its own `keepalive`
 //! cache), so the lock below is never contended and a request costs no hashing: the
@@ -11,9 +11,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::header::HOST;
 use axum::http::uri::Authority;
-use axum::http::{HeaderValue, Request, Response, Version};
+use axum::http::{Request, Response, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -21,6 +20,27 @@ use hyper_util::rt::TokioIo;
 /// The most connections one worker keeps per upstream (idle, or finishing a response
 /// body); beyond it a connection closes once its response has been read.
 const MAX_KEPT: usize = 256;
+
+/// How long a kept connection may wait for its next request before it is closed
+/// (hyper-util's pooled client's default).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Every this many connections kept, the connections to every upstream are swept
+/// (an upstream a reload removed is never asked for again).
+const SWEEP_EVERY: u32 = 1024;
+
+/// A kept connection and when it was kept.
+struct Kept {
+    conn: SendRequest<Body>,
+    since: tokio::time::Instant,
+}
+
+impl Kept {
+    /// Still worth keeping at `now`: open, and not idle for too long.
+    fn alive(&self, now: tokio::time::Instant) -> bool {
+        !self.conn.is_closed() && now.duration_since(self.since) < IDLE_TIMEOUT
+    }
+}
 
 /// Why an upstream request failed.
 #[derive(Debug)]
@@ -36,21 +56,29 @@ pub(super) enum Failure {
 
 /// One worker's connections to its upstreams.
 pub(super) struct UpstreamPool {
-    kept: Mutex<Vec<(Authority, Vec<SendRequest<Body>>)>>,
+    kept: Mutex<KeptConns>,
     connect_timeout: Duration,
+}
+
+/// The kept connections per upstream, and how many were kept since the last sweep.
+#[derive(Default)]
+struct KeptConns {
+    by_upstream: Vec<(Authority, Vec<Kept>)>,
+    since_sweep: u32,
 }
 
 impl UpstreamPool {
     /// An empty pool whose new connections must connect within `connect_timeout`.
     pub fn new(connect_timeout: Duration) -> Self {
         UpstreamPool {
-            kept: Mutex::new(Vec::new()),
+            kept: Mutex::new(KeptConns::default()),
             connect_timeout,
         }
     }
 
-    /// Sends `req` (origin-form URI) to `upstream` on an idle connection, else a new
-    /// one; answers with the response head (its body streams on).
+    /// Sends `req` (origin-form URI, with its Host) to `upstream` on an idle
+    /// connection, else a new one; answers with the response head (its body streams
+    /// on).
     ///
     /// A request an idle connection could not take (the upstream closed it meanwhile)
     /// comes back unsent and goes to the next one, as hyper's pooled client retries.
@@ -62,11 +90,6 @@ impl UpstreamPool {
         if req.version() == Version::HTTP_2 {
             // From an HTTP/2 client: the upstream speaks HTTP/1.1.
             *req.version_mut() = Version::HTTP_11;
-        }
-        if !req.headers().contains_key(HOST) {
-            if let Ok(host) = HeaderValue::from_str(upstream.as_str()) {
-                req.headers_mut().insert(HOST, host);
-            }
         }
         while let Some(mut conn) = self.idle(upstream) {
             match conn.try_send_request(req).await {
@@ -86,28 +109,40 @@ impl UpstreamPool {
         Ok(response)
     }
 
-    /// An idle connection to `upstream`, dropping those the upstream has closed.
+    /// An idle connection to `upstream`, dropping those the upstream has closed or
+    /// that waited too long.
     fn idle(&self, upstream: &Authority) -> Option<SendRequest<Body>> {
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let conns = &mut kept.iter_mut().find(|(a, _)| a == upstream)?.1;
-        conns.retain(|c| !c.is_closed());
-        let ready = conns.iter().position(SendRequest::is_ready)?;
-        Some(conns.swap_remove(ready))
+        let conns = &mut kept.by_upstream.iter_mut().find(|(a, _)| a == upstream)?.1;
+        let now = tokio::time::Instant::now();
+        conns.retain(|k| k.alive(now));
+        let ready = conns.iter().position(|k| k.conn.is_ready())?;
+        Some(conns.swap_remove(ready).conn)
     }
 
     /// Keeps `conn` for the next request to `upstream` (it becomes ready once the
     /// response it carries has been read).
     fn keep(&self, upstream: &Authority, conn: SendRequest<Body>) {
+        let now = tokio::time::Instant::now();
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let conns = match kept.iter().position(|(a, _)| a == upstream) {
-            Some(i) => &mut kept[i].1,
+        kept.since_sweep += 1;
+        if kept.since_sweep >= SWEEP_EVERY {
+            kept.since_sweep = 0;
+            for (_, conns) in &mut kept.by_upstream {
+                conns.retain(|k| k.alive(now));
+            }
+            kept.by_upstream.retain(|(_, conns)| !conns.is_empty());
+        }
+        let by_upstream = &mut kept.by_upstream;
+        let conns = match by_upstream.iter().position(|(a, _)| a == upstream) {
+            Some(i) => &mut by_upstream[i].1,
             None => {
-                kept.push((upstream.clone(), Vec::new()));
-                &mut kept.last_mut().expect("just pushed").1
+                by_upstream.push((upstream.clone(), Vec::new()));
+                &mut by_upstream.last_mut().expect("just pushed").1
             }
         };
         if conns.len() < MAX_KEPT {
-            conns.push(conn);
+            conns.push(Kept { conn, since: now });
         }
     }
 
