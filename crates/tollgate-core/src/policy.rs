@@ -414,8 +414,9 @@ impl Policy {
     ///   those pays forward); `smooth-warmup`: one per interval (its stored permits
     ///   are never cheaper than the stable rate); the interval truncated to whole us,
     ///   as Guava's arithmetic moves `nextFree`, so `ceil(w / floor(1s / rate))`;
-    /// - `limit-req`: `burst + 1` at once plus the leak of the milliseconds `w` spans
-    ///   (with `nodelay`; delayed requests are released more evenly);
+    /// - `limit-req`: `burst + 1` at once plus the leak of the milliseconds `w` spans,
+    ///   one more when it delays (a delay is whole ms, truncated, so a request may be
+    ///   released up to 1 ms before its exact turn); reached with `nodelay`;
     /// - `shaper`: `ceil(w * rate)` by release time.
     ///
     /// Shadow mode is not considered (it admits everything and reports).
@@ -430,5 +431,20 @@ impl Policy {
     /// ```
     pub fn envelope(&self, w_us: u64) -> Option<u64> {
         self.algo.envelope(w_us)
+    }
+
+    /// [`Policy::envelope`] for requests of cost up to `max_cost`, in units: the
+    /// same, except for Guava's and the shaper, which admit a larger request at once
+    /// (paying it forward, or spacing the next by its cost) and so may hold up to
+    /// `max_cost - 1` units more in a window.
+    pub fn envelope_for(&self, w_us: u64, max_cost: u64) -> Option<u64> {
+        use crate::AlgorithmKind::*;
+        let e = self.envelope(w_us)?;
+        Some(match self.algorithm().kind() {
+            SmoothBursty | SmoothWarmup | Shaper if e > 0 => {
+                e.saturating_add(max_cost.saturating_sub(1))
+            }
+            _ => e,
+        })
     }
 }

@@ -334,7 +334,12 @@ impl Spec for LimitReq {
         // `burst + 1` at one instant (the first from an excess of 0), then the leak
         // of the milliseconds the window spans on nginx's ms clock: `w` us can reach
         // across `ceil((w - 1) / 1000)` millisecond boundaries.
-        let ms = (w - 1).div_ceil(1000);
+        let mut ms = (w - 1).div_ceil(1000);
+        if self.delay != Delay::Never {
+            // A delay is whole ms, truncated: a delayed request may be released up
+            // to 1 ms before its exact turn, so a window can hold one ms more.
+            ms += 1;
+        }
         let leaked = (self.rate_milli as u128 * u128::from(ms)) / 1_000_000;
         Some((self.burst + 1).saturating_add(u64::try_from(leaked).unwrap_or(u64::MAX)))
     }

@@ -184,16 +184,31 @@ where
     // half the run) sliding over the run, sampled finely enough that a burst keeps
     // its height, and drawn per second: one unit and one scale for every panel, so
     // that policies compare at a glance.
-    let step = (duration_us / 600).max(1);
     let windows: Vec<u64> = runs
         .iter()
         .map(|(s, _)| s.window_us.min(duration_us / 2).max(1_000))
         .collect();
+    // Samples at most half a window apart (a short window's bursts would alias
+    // between samples), at least 600 and at most 20,000 over the run.
+    let steps: Vec<u64> = windows
+        .iter()
+        .map(|&w| {
+            (duration_us / 600)
+                .min(w / 2)
+                .max(duration_us / 20_000)
+                .max(1)
+        })
+        .collect();
     let counts: Vec<Sliding> = runs
         .iter()
-        .zip(&windows)
-        .map(|((_, fates), &w)| Sliding::count(fates, w, step, duration_us))
+        .zip(windows.iter().zip(&steps))
+        .map(|((_, fates), (&w, &step))| Sliding::count(fates, w, step, duration_us))
         .collect();
+    let unit = if runs.iter().flat_map(|(_, f)| f).any(|f| f.cost > 1) {
+        "units"
+    } else {
+        "requests"
+    };
     // A promise is per key: the panels count every key, so it is drawn for all of
     // them (as many as the run has).
     let keys = runs.first().map_or(1, |(_, fates)| {
@@ -217,12 +232,13 @@ where
         .chain(promises.iter().flatten().map(|p| p.0))
         .fold(1.0, f64::max)
         * 1.1;
-    for ((((panel, (summary, _)), count), promise), &window) in panels
+    for (((((panel, (summary, _)), count), promise), &window), &step) in panels
         .iter()
         .zip(runs)
         .zip(&counts)
         .zip(&promises)
         .zip(&windows)
+        .zip(&steps)
     {
         // The legend stands beside the plot, never over the data.
         let (plot, legend_area) = panel.split_horizontally(WIDTH - LEGEND_WIDTH);
@@ -242,8 +258,8 @@ where
             .configure_mesh()
             .x_desc("time (s)")
             .y_desc(format!(
-                "requests/s over {}",
-                tollgate::policy::fmt_duration(window)
+                "{unit}/s over {}",
+                super::run::human_duration(window)
             ))
             .label_style(("sans-serif", 13))
             .axis_desc_style(("sans-serif", 14))
@@ -282,13 +298,46 @@ where
             .map_err(err)?;
         legend.push((
             format!(
-                "densest {}: {} ({})",
-                tollgate::policy::fmt_duration(summary.window_us),
+                "densest {} of one key: {}\n({}){}",
+                super::run::human_duration(summary.window_us),
                 summary.worst_window,
-                super::run::bound(summary)
+                super::run::bound(summary),
+                if broken {
+                    ": a broken promise"
+                } else if summary.over_headline {
+                    ": over its limit, as it allows"
+                } else {
+                    ""
+                }
             ),
             Swatch::Area(shade),
         ));
+        // What the policy promises in the window (its envelope: no window of
+        // admissions rises above it), and its rate over the long run: drawn first,
+        // so that the admitted line stays visible where it meets them.
+        if let Some((envelope, rate)) = *promise {
+            let navy = RGBColor(30, 60, 180);
+            for (y, dashed, name) in [
+                (envelope, true, "promise: the most it may admit in a window"),
+                (rate, false, "its rate over the long run"),
+            ] {
+                let line = vec![(0.0, y), (seconds, y)];
+                if dashed {
+                    chart
+                        .draw_series(DashedLineSeries::new(line, 8, 5, navy.stroke_width(2)))
+                        .map_err(err)?;
+                } else {
+                    chart
+                        .draw_series(LineSeries::new(line, navy.stroke_width(1)))
+                        .map_err(err)?;
+                }
+                let name = match keys {
+                    1 => name.to_string(),
+                    n => format!("{name} ({n} keys)"),
+                };
+                legend.push((name, Swatch::Line(navy, dashed)));
+            }
+        }
         let rejected_color = RGBColor(210, 40, 40);
         chart
             .draw_series(AreaSeries::new(
@@ -321,31 +370,6 @@ where
                 ))
                 .map_err(err)?;
             legend.push((name.into(), Swatch::Line(color, false)));
-        }
-        // What the policy promises in the window (its envelope: no window of
-        // admissions rises above it), and its rate over the long run.
-        if let Some((envelope, rate)) = *promise {
-            let navy = RGBColor(30, 60, 180);
-            for (y, dashed, name) in [
-                (envelope, true, "promise: the most it may admit in a window"),
-                (rate, false, "its rate over the long run"),
-            ] {
-                let line = vec![(0.0, y), (seconds, y)];
-                if dashed {
-                    chart
-                        .draw_series(DashedLineSeries::new(line, 8, 5, navy.stroke_width(2)))
-                        .map_err(err)?;
-                } else {
-                    chart
-                        .draw_series(LineSeries::new(line, navy.stroke_width(1)))
-                        .map_err(err)?;
-                }
-                let name = match keys {
-                    1 => name.to_string(),
-                    n => format!("{name} ({n} keys)"),
-                };
-                legend.push((name, Swatch::Line(navy, dashed)));
-            }
         }
         if wmax > 0.0 {
             let purple = RGBColor(120, 60, 170);
@@ -384,8 +408,9 @@ where
     DB::ErrorType: 'static,
 {
     let font = ("sans-serif", 12).into_font().color(&BLACK);
-    for (i, (text, swatch)) in entries.iter().enumerate() {
-        let y = 40 + 20 * i as i32;
+    // An entry's text may run over several lines (split at '\n').
+    let mut y = 40;
+    for (text, swatch) in entries {
         match swatch {
             Swatch::Area(c) => area
                 .draw(&Rectangle::new([(4, y - 6), (22, y + 6)], c.filled()))
@@ -402,8 +427,11 @@ where
                 }
             }
         }
-        area.draw(&Text::new(text.as_str(), (28, y - 7), font.clone()))
-            .map_err(err)?;
+        for (i, line) in text.lines().enumerate() {
+            area.draw(&Text::new(line, (28, y - 7 + 15 * i as i32), font.clone()))
+                .map_err(err)?;
+        }
+        y += 20 + 15 * (text.lines().count() as i32 - 1);
     }
     Ok(())
 }
@@ -429,15 +457,40 @@ struct Sliding {
     waits: Vec<f64>,
 }
 
+/// Running sums over the arrivals in a sliding window.
+#[derive(Default)]
+struct ArrivalSums {
+    offered: u64,
+    rejected: u64,
+    delayed: u64,
+    wait_sum: u64,
+}
+
+impl ArrivalSums {
+    /// Adds `f` (`sign` 1) as it enters the window, or takes it away (-1) as it
+    /// leaves.
+    fn account(&mut self, f: &Fate, sign: i64) {
+        let add = |sum: &mut u64, n: u64| *sum = sum.wrapping_add_signed(sign * n as i64);
+        add(&mut self.offered, f.cost);
+        if !f.allowed {
+            add(&mut self.rejected, f.cost);
+        } else if f.wait > 0 {
+            add(&mut self.delayed, 1);
+            add(&mut self.wait_sum, f.wait);
+        }
+    }
+}
+
 impl Sliding {
+    /// Counts `fates` (their costs) in a window of `window` us ending at every
+    /// multiple of `step` up to `duration_us`.
     fn count(fates: &[Fate], window: u64, step: u64, duration_us: u64) -> Sliding {
-        let mut arrivals: Vec<(u64, bool, u64)> =
-            fates.iter().map(|f| (f.t, f.allowed, f.wait)).collect();
-        arrivals.sort_unstable_by_key(|a| a.0);
-        let mut released: Vec<u64> = fates
+        let mut arrivals: Vec<&Fate> = fates.iter().collect();
+        arrivals.sort_unstable_by_key(|f| f.t);
+        let mut released: Vec<(u64, u64)> = fates
             .iter()
             .filter(|f| f.allowed)
-            .map(|f| f.t + f.wait)
+            .map(|f| (f.t + f.wait, f.cost))
             .collect();
         released.sort_unstable();
         let samples = (duration_us / step + 1) as usize;
@@ -447,42 +500,36 @@ impl Sliding {
             rejected: Vec::with_capacity(samples),
             waits: Vec::with_capacity(samples),
         };
-        // Two cursors per series: the window is (x - window, x].
+        // Two cursors per series: the window is (x - window, x]; running sums of what
+        // entered less what left.
         let (mut a_lo, mut a_hi, mut r_lo, mut r_hi) = (0, 0, 0, 0);
-        let (mut rejected, mut delayed, mut wait_sum) = (0u64, 0u64, 0u64);
+        let mut admitted = 0u64;
+        let mut sums = ArrivalSums::default();
         for i in 0..samples {
             let x = i as u64 * step;
-            while a_hi < arrivals.len() && arrivals[a_hi].0 <= x {
-                let (_, allowed, wait) = arrivals[a_hi];
-                rejected += u64::from(!allowed);
-                if allowed && wait > 0 {
-                    delayed += 1;
-                    wait_sum += wait;
-                }
+            while a_hi < arrivals.len() && arrivals[a_hi].t <= x {
+                sums.account(arrivals[a_hi], 1);
                 a_hi += 1;
             }
-            while a_lo < a_hi && arrivals[a_lo].0 + window <= x {
-                let (_, allowed, wait) = arrivals[a_lo];
-                rejected -= u64::from(!allowed);
-                if allowed && wait > 0 {
-                    delayed -= 1;
-                    wait_sum -= wait;
-                }
+            while a_lo < a_hi && arrivals[a_lo].t + window <= x {
+                sums.account(arrivals[a_lo], -1);
                 a_lo += 1;
             }
-            while r_hi < released.len() && released[r_hi] <= x {
+            while r_hi < released.len() && released[r_hi].0 <= x {
+                admitted += released[r_hi].1;
                 r_hi += 1;
             }
-            while r_lo < r_hi && released[r_lo] + window <= x {
+            while r_lo < r_hi && released[r_lo].0 + window <= x {
+                admitted -= released[r_lo].1;
                 r_lo += 1;
             }
-            out.offered.push((a_hi - a_lo) as u64);
-            out.rejected.push(rejected);
-            out.admitted.push((r_hi - r_lo) as u64);
-            out.waits.push(if delayed == 0 {
+            out.offered.push(sums.offered);
+            out.rejected.push(sums.rejected);
+            out.admitted.push(admitted);
+            out.waits.push(if sums.delayed == 0 {
                 0.0
             } else {
-                wait_sum as f64 / delayed as f64 / 1000.0
+                sums.wait_sum as f64 / sums.delayed as f64 / 1000.0
             });
         }
         out

@@ -26,6 +26,20 @@ pub struct Fate {
     pub wait: u64,
 }
 
+/// A share of a policy's promise used: what the densest window of a length admitted
+/// against the envelope there.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Share {
+    /// admitted / envelope.
+    pub ratio: f64,
+    /// The window length, us.
+    pub window_us: u64,
+    /// Units the densest window of that length admitted, for one key.
+    pub admitted: u64,
+    /// The envelope at that length.
+    pub envelope: u64,
+}
+
 /// A policy's totals.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
@@ -48,8 +62,8 @@ pub struct Summary {
     pub worst_window_start_us: u64,
     /// The policy's headline limit.
     pub limit: u64,
-    /// What the policy promises in a window of its own length
-    /// ([`Policy::envelope`]; `None` for `concurrency`).
+    /// What the policy promises in a window of its own length, in units for the
+    /// run's largest cost ([`Policy::envelope_for`]; `None` for `concurrency`).
     pub envelope: Option<u64>,
     /// Whether the worst window held more than the limit of a window algorithm (whose
     /// limit is a count per window) while keeping its promise: a fixed window's
@@ -61,11 +75,15 @@ pub struct Summary {
     /// must never happen.
     pub envelope_ratio: Option<f64>,
     /// The window length of that largest share, us.
-    pub envelope_ratio_window_us: u64,
-    /// What that window admitted, and the envelope there.
-    pub envelope_ratio_admitted: u64,
+    pub envelope_ratio_window_us: Option<u64>,
+    /// What that window admitted.
+    pub envelope_ratio_admitted: Option<u64>,
     /// The envelope at that length.
-    pub envelope_ratio_envelope: u64,
+    pub envelope_ratio_envelope: Option<u64>,
+    /// The largest share of its promise used over windows from the policy's own
+    /// length up (to the run's): how much of its rate it gave, where the largest
+    /// share over every length is 1 as soon as a burst of 1 admits one request.
+    pub promise_used: Option<Share>,
     /// Mean wait of delayed requests, us.
     pub mean_wait_us: u64,
     /// 99th percentile wait of delayed requests, us.
@@ -121,19 +139,31 @@ fn summarize(policy: &Policy, fates: &[Fate]) -> Summary {
         times.sort_unstable();
     }
     let (worst, worst_start) = densest(&by_key, window);
-    // The promise, judged at every length from an instant to the whole run.
+    // The promise, judged at every length from an instant to the whole run: the
+    // largest share anywhere (above 1 would be a broken promise), and the largest
+    // over lengths from the policy's own up (what it used of its rate; shorter
+    // windows hold one request of a burst of 1 and say 1.00 of nothing).
     let end = fates.iter().map(|f| f.t + f.wait).max().unwrap_or(0) + 1;
-    let mut best: Option<(f64, u64, u64, u64)> = None;
+    let max_cost = fates.iter().map(|f| f.cost).max().unwrap_or(1);
+    let (mut best, mut used): (Option<Share>, Option<Share>) = (None, None);
     for w in window_lengths(window, end) {
-        let Some(envelope) = policy.envelope(w).filter(|&e| e > 0) else {
+        let Some(envelope) = policy.envelope_for(w, max_cost).filter(|&e| e > 0) else {
             continue;
         };
         let (n, _) = densest(&by_key, w);
-        let ratio = n as f64 / envelope as f64;
+        let share = Share {
+            ratio: n as f64 / envelope as f64,
+            window_us: w,
+            admitted: n,
+            envelope,
+        };
         // Ties go to the longer window: "all of it over 5 s" says more than "at an
         // instant".
-        if best.is_none_or(|(r, ..)| ratio >= r) {
-            best = Some((ratio, w, n, envelope));
+        if best.is_none_or(|b| share.ratio >= b.ratio) {
+            best = Some(share);
+        }
+        if w >= window.min(end) && used.is_none_or(|u| share.ratio >= u.ratio) {
+            used = Some(share);
         }
     }
     let mut waits: Vec<u64> = fates
@@ -143,7 +173,7 @@ fn summarize(policy: &Policy, fates: &[Fate]) -> Summary {
         .collect();
     waits.sort_unstable();
     let admitted = fates.iter().filter(|f| f.allowed).count() as u64;
-    let envelope = policy.envelope(window);
+    let envelope = policy.envelope_for(window, max_cost);
     Summary {
         policy: policy.to_string(),
         offered: fates.len() as u64,
@@ -156,10 +186,11 @@ fn summarize(policy: &Policy, fates: &[Fate]) -> Summary {
         limit: policy.limit(),
         envelope,
         over_headline: worst > policy.limit() && counts_per_window(policy),
-        envelope_ratio: best.map(|b| b.0),
-        envelope_ratio_window_us: best.map_or(0, |b| b.1),
-        envelope_ratio_admitted: best.map_or(0, |b| b.2),
-        envelope_ratio_envelope: best.map_or(0, |b| b.3),
+        envelope_ratio: best.map(|b| b.ratio),
+        envelope_ratio_window_us: best.map(|b| b.window_us),
+        envelope_ratio_admitted: best.map(|b| b.admitted),
+        envelope_ratio_envelope: best.map(|b| b.envelope),
+        promise_used: used,
         mean_wait_us: if waits.is_empty() {
             0
         } else {
@@ -197,12 +228,14 @@ fn densest(by_key: &std::collections::BTreeMap<u64, Vec<(u64, u64)>>, w: u64) ->
 /// the run's length, and the policy's own window and its neighbours (where a
 /// window's boundary effect peaks).
 fn window_lengths(own: u64, run: u64) -> Vec<u64> {
-    let mut lengths = vec![1, own.saturating_sub(1).max(1), own, own + 1, 2 * own];
+    let mut lengths = vec![1, own.saturating_sub(1).max(1), own, own + 1, 2 * own, run];
     let mut step = 1_000u64;
-    while step <= run.max(1_000) {
+    while step <= run {
         lengths.extend([step, 2 * step, 5 * step]);
         step *= 10;
     }
+    // No longer than the run: a window past its end holds nothing more.
+    lengths.retain(|&w| w <= run.max(1));
     lengths.sort_unstable();
     lengths.dedup();
     lengths
@@ -239,7 +272,7 @@ pub fn table(summaries: &[Summary], color: bool) -> String {
         let worst = format!(
             "{} in {} ({})",
             s.worst_window,
-            tollgate::policy::fmt_duration(s.window_us),
+            human_duration(s.window_us),
             bound(s)
         );
         let worst = format!("{worst:<34}");
@@ -250,15 +283,18 @@ pub fn table(summaries: &[Summary], color: bool) -> String {
         } else {
             paint("32", worst)
         };
-        let used = match s.envelope_ratio {
-            Some(r) => format!(
-                "{r:.2} at {}",
-                tollgate::policy::fmt_duration(s.envelope_ratio_window_us)
-            ),
+        let broken = s.envelope_ratio.is_some_and(|r| r > 1.0);
+        let shown = if broken {
+            s.envelope_ratio.zip(s.envelope_ratio_window_us)
+        } else {
+            s.promise_used.map(|u| (u.ratio, u.window_us))
+        };
+        let used = match shown {
+            Some((r, w)) => format!("{r:.2} at {}", human_duration(w)),
             None => "-".to_string(),
         };
         let used = format!("{used:>16}");
-        let used = if s.envelope_ratio.is_some_and(|r| r > 1.0) {
+        let used = if broken {
             paint("31", used)
         } else {
             paint("32", used)
@@ -323,5 +359,21 @@ pub fn bound(s: &Summary) -> String {
         None => format!("limit {} in flight", s.limit),
         Some(e) if per_window => format!("limit {}, promise {e}", s.limit),
         Some(e) => format!("promise {e}"),
+    }
+}
+
+/// A duration as people read it: whole units where it has them (`1s`, `250ms`), else
+/// three significant figures (`333.3ms`, not `333334us`).
+pub fn human_duration(us: u64) -> String {
+    let whole = tollgate::policy::fmt_duration(us);
+    if !whole.ends_with("us") || us < 1_000 {
+        return whole;
+    }
+    if us < 1_000_000 {
+        format!("{:.1}ms", us as f64 / 1e3)
+    } else if us < 60_000_000 {
+        format!("{:.2}s", us as f64 / 1e6)
+    } else {
+        format!("{:.1}m", us as f64 / 6e7)
     }
 }

@@ -126,6 +126,12 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| Policy::parse(p))
         .collect::<Result<Vec<_>, _>>()?;
+    if args.duration < std::time::Duration::from_millis(1) {
+        anyhow::bail!(
+            "--duration {:?} is too short to simulate (at least 1ms)",
+            args.duration
+        );
+    }
     let scenario = Scenario {
         pattern: args.pattern.clone(),
         rate: args.rate,
@@ -138,6 +144,14 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
             .map(|h| u64::try_from(h.as_micros()).unwrap_or(u64::MAX)),
     };
     let arrivals = traffic(&scenario)?;
+    if arrivals.len() >= crate::offline::traffic::MAX_REQUESTS {
+        eprintln!(
+            "tollgate simulate: traffic cut at {} requests (t = {:.1} s of {:.1} s): lower --rate or --duration",
+            crate::offline::traffic::MAX_REQUESTS,
+            arrivals.last().map_or(0.0, |a| a.0 as f64 / 1e6),
+            scenario.duration_us as f64 / 1e6
+        );
+    }
     let duration_us = arrivals
         .last()
         .map_or(scenario.duration_us, |a| a.0.max(scenario.duration_us));
