@@ -132,6 +132,15 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
             args.duration
         );
     }
+    // Found out before the run, not after it.
+    if let Some(dir) = args.out.as_deref().and_then(std::path::Path::parent) {
+        if !dir.as_os_str().is_empty() && !dir.is_dir() {
+            anyhow::bail!("--out: no directory {}", dir.display());
+        }
+    }
+    if args.hold.is_some() && !policies.iter().any(|p| p.name() == "concurrency") {
+        eprintln!("tollgate simulate: --hold applies to concurrency policies only; none is given");
+    }
     let scenario = Scenario {
         pattern: args.pattern.clone(),
         rate: args.rate,
