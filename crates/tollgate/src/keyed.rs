@@ -443,7 +443,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         if self.quick(hash, refund_word).is_some() {
             return;
         }
-        let (cell, mut shard) = self.shard(hash, now);
+        let (cell, mut shard, now) = self.shard(hash);
         // SAFETY: the write lock is held.
         let f = unsafe { cell.fast() };
         if refund_word(f).is_none() {
@@ -461,9 +461,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
-        let (cell, mut shard) = self.shard(hash, now);
+        let (cell, mut shard, _) = self.shard(hash);
         let hasher = &self.inner.hasher;
         if TatTable::<K>::FLAT {
             // A flat word is not removed (that moves entries, which shuts readers
@@ -535,9 +534,14 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// Write-locks the shard of `hash`, bringing it to the current configuration.
-    fn shard(&self, hash: u64, now: u64) -> (&ShardCell<K>, RwLockWriteGuard<'_, Shard<K>>) {
+    fn shard(&self, hash: u64) -> (&ShardCell<K>, RwLockWriteGuard<'_, Shard<K>>, u64) {
         let cell = &self.inner.shards[self.shard_index(hash)].0;
         let mut shard = write(&cell.lock);
+        // Read under the lock, so a key's decisions see time in the order they are
+        // made: read before, a thread could decide after a later reading had been
+        // applied, and a window or a limit-req node would be ahead of its `now` (a
+        // false reject). GCRA's word takes any order (`max(tat, now)`).
+        let now = self.inner.clock.now_us();
         let version = self.inner.version.load(Ordering::Acquire);
         // SAFETY: the write lock is held.
         if unsafe { cell.fast() }.version != version {
@@ -553,7 +557,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
                 &self.inner.hasher,
             );
         }
-        (cell, shard)
+        (cell, shard, now)
     }
 
     /// Runs `f` on the fast part of the shard of `hash` when that shard is at the
@@ -580,16 +584,19 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.inner.clock.now_us();
         let hash = self.inner.hasher.hash_one(key);
         let peek = mode == Asked::Peek;
         // The GCRA fast path for a known key: one compare-and-swap, and no lock for
-        // plain keys (or a read lock).
-        let known = |f: &FastShard<K>| decide_known(f, key, hash, now, cost, op, peek);
+        // plain keys (or a read lock). Time is read there only when there is a word
+        // to decide on; the locked path reads it under the lock.
+        let known = |f: &FastShard<K>| {
+            f.config.fast?;
+            decide_known(f, key, hash, self.inner.clock.now_us(), cost, op, peek)
+        };
         if let Some(done) = self.quick(hash, known) {
             return done;
         }
-        let (cell, mut shard) = self.shard(hash, now);
+        let (cell, mut shard, now) = self.shard(hash);
         let Shard { states, sweep } = &mut *shard;
         let hasher = &self.inner.hasher;
         // SAFETY: the write lock is held (`f` is not used after a `fast_mut`).
@@ -617,11 +624,6 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             }
             return Ok(KeyedDecision::One(d));
         }
-        // Time is read again under the lock, so a key's decisions see it in the order
-        // they are made: read before, a thread could decide after a later reading had
-        // been applied, and a window or a limit-req node would be ahead of its `now`
-        // (a false reject). GCRA's word takes any order (`max(tat, now)`).
-        let now = self.inner.clock.now_us();
         let rules = &f.config.rules;
         if mode == Asked::Apply && op == Op::Try {
             // `check` and `allow` answer "allowed?": refused where that paces nothing.
