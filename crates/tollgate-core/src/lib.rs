@@ -67,7 +67,7 @@ pub use algorithm::{Algorithm, CheckMode};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::{CheckError, Decision, Rejected};
 pub use list::{params_of, spec_names, AlgorithmKind};
-pub use policy::{AnyAlgorithm, Op, Policy, PolicyState};
+pub use policy::{densest_window, AnyAlgorithm, Op, Policy, PolicyState};
 pub use rules::{RuleDecision, RuleSet};
 pub use spec::SpecError;
 pub use units::{

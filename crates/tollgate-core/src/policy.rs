@@ -448,3 +448,33 @@ impl Policy {
         })
     }
 }
+
+/// The most units admitted in any window `[x, x + w_us)`, and where the first such
+/// window starts, over admissions `(time, units)` sorted by time: what
+/// [`Policy::envelope`] bounds (`tollgate simulate` and the property tests measure
+/// with it). A window of 0 us holds nothing.
+///
+/// ```
+/// use tollgate_core::densest_window;
+/// let admitted = [(0, 1), (400, 2), (900, 1), (1_500, 1)];
+/// assert_eq!(densest_window(&admitted, 1_000), (4, 0));
+/// assert_eq!(densest_window(&admitted, 400), (2, 400)); // 0 and 400 are 400 us apart
+/// ```
+pub fn densest_window(admitted: &[(u64, u64)], w_us: u64) -> (u64, u64) {
+    if w_us == 0 {
+        return (0, 0);
+    }
+    let (mut lo, mut units, mut best, mut start) = (0, 0u64, 0u64, 0u64);
+    for hi in 0..admitted.len() {
+        units += admitted[hi].1;
+        while admitted[hi].0 - admitted[lo].0 >= w_us {
+            units -= admitted[lo].1;
+            lo += 1;
+        }
+        if units > best {
+            best = units;
+            start = admitted[lo].0;
+        }
+    }
+    (best, start)
+}

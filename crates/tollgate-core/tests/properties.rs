@@ -1,7 +1,7 @@
 //! Invariants on random traces (proptest).
 
 use proptest::prelude::*;
-use tollgate_core::{CheckError, Decision, Op, Policy};
+use tollgate_core::{densest_window, CheckError, Decision, Op, Policy};
 
 /// 400 cases per property unless PROPTEST_CASES says otherwise (soak runs).
 fn cases() -> u32 {
@@ -361,21 +361,6 @@ proptest! {
     }
 }
 
-/// The most units admitted in any window `[x, x + w)`, over admissions `(time, units)`
-/// sorted by time.
-fn densest(admitted: &[(u64, u64)], w: u64) -> u64 {
-    let (mut lo, mut sum, mut best) = (0, 0u64, 0u64);
-    for hi in 0..admitted.len() {
-        sum += admitted[hi].1;
-        while admitted[hi].0 - admitted[lo].0 >= w {
-            sum -= admitted[lo].1;
-            lo += 1;
-        }
-        best = best.max(sum);
-    }
-    best
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases()))]
 
@@ -418,7 +403,7 @@ proptest! {
         lengths.extend(extra);
         for w in lengths.into_iter().filter(|&w| w > 0) {
             let envelope = p.envelope_for(w, max_cost).unwrap();
-            let seen = densest(&admitted, w);
+            let seen = densest_window(&admitted, w).0;
             prop_assert!(seen <= envelope, "{spec}: {seen} units in a window of {w} us, envelope {envelope}");
         }
     }

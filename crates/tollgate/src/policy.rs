@@ -5,6 +5,6 @@
 
 pub use tollgate_core::algorithms;
 pub use tollgate_core::{
-    fmt_duration, params_of, parse_duration, Algorithm, AlgorithmKind, AnyAlgorithm, CheckMode,
-    PolicyState, MAX_COUNT, MAX_DEBT_US, MAX_DURATION_US, MAX_TIME_US,
+    densest_window, fmt_duration, params_of, parse_duration, Algorithm, AlgorithmKind,
+    AnyAlgorithm, CheckMode, PolicyState, MAX_COUNT, MAX_DEBT_US, MAX_DURATION_US, MAX_TIME_US,
 };

@@ -250,20 +250,6 @@ fn memory_redis_and_cluster_decide_identically() {
     }
 }
 
-/// The most units admitted in any window `[x, x + w)`, over sorted `(time, units)`.
-fn densest(admitted: &[(u64, u64)], w: u64) -> u64 {
-    let (mut lo, mut sum, mut best) = (0, 0u64, 0u64);
-    for hi in 0..admitted.len() {
-        sum += admitted[hi].1;
-        while admitted[hi].0 - admitted[lo].0 >= w {
-            sum -= admitted[lo].1;
-            lo += 1;
-        }
-        best = best.max(sum);
-    }
-    best
-}
-
 #[cfg_attr(
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
@@ -334,7 +320,7 @@ fn redis_keeps_every_promise_on_random_traffic() {
                 1_000_000,
             ] {
                 let envelope = policy.envelope(w).unwrap();
-                let seen = densest(&admitted, w);
+                let seen = tollgate::policy::densest_window(&admitted, w).0;
                 prop_assert!(
                     seen <= envelope,
                     "{spec}: {seen} in {w} us, envelope {envelope}"

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use serde::Serialize;
-use tollgate::policy::PolicyState;
+use tollgate::policy::{densest_window, PolicyState};
 use tollgate::{Op, Policy};
 
 use super::traffic::Arrival;
@@ -203,25 +203,14 @@ fn summarize(policy: &Policy, fates: &[Fate]) -> Summary {
     }
 }
 
-/// The most units admitted in any window `[x, x + w)` of one key, and where it
-/// starts, over each key's admissions `(time, cost)` sorted by time.
+/// The most units one key admitted in any window `[x, x + w)`, and where it starts,
+/// over each key's admissions `(time, cost)` sorted by time (the first key wins a
+/// tie).
 fn densest(by_key: &std::collections::BTreeMap<u64, Vec<(u64, u64)>>, w: u64) -> (u64, u64) {
-    let (mut worst, mut start) = (0u64, 0u64);
-    for admitted in by_key.values() {
-        let (mut lo, mut units) = (0, 0u64);
-        for hi in 0..admitted.len() {
-            units += admitted[hi].1;
-            while admitted[hi].0 - admitted[lo].0 >= w {
-                units -= admitted[lo].1;
-                lo += 1;
-            }
-            if units > worst {
-                worst = units;
-                start = admitted[lo].0;
-            }
-        }
-    }
-    (worst, start)
+    by_key
+        .values()
+        .map(|admitted| densest_window(admitted, w))
+        .fold((0, 0), |best, d| if d.0 > best.0 { d } else { best })
 }
 
 /// The window lengths a policy is judged at: an instant, 1-2-5 steps from 1 ms to
