@@ -414,37 +414,128 @@ pub async fn serve_http_with<M, H, F>(
     H: Fn(Request<Body>) -> F + Send + 'static,
     F: Future<Output = Result<Response, Infallible>> + Send + 'static,
 {
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_micros(slots.bounds.header_timeout));
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(slots.bounds.max_streams);
-    let builder = Arc::new(builder);
+    let hyper = HyperConns::new(slots.bounds(), body);
     let serve_one = move |peer: SocketAddr| {
-        let (builder, handler) = (builder.clone(), for_peer(peer));
-        let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
-            handler(req.map(|b| Body::new(StallBody::new(b, body))))
-        });
-        move |io: Bounded<WorkerStream>, mut drain: Drain| async move {
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-            tokio::pin!(conn);
-            let ended = tokio::select! {
-                ended = conn.as_mut() => ended,
-                () = drain.requested() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(e) = ended {
-                tracing::debug!("connection from {peer} ended: {e}");
-            }
+        let (hyper, handler) = (hyper.clone(), for_peer(peer));
+        move |io: Bounded<WorkerStream>, drain: Drain| async move {
+            hyper.serve(io, peer, handler, drain).await
         }
     };
     serve_accepted(listener, slots, serve_one, stop, workers).await;
+}
+
+/// hyper serving one connection (HTTP/1.1, and HTTP/2 with prior knowledge) within
+/// the `connections:` bounds: header and body timeouts, HTTP/2 stream limit, drain.
+#[derive(Clone)]
+pub struct HyperConns {
+    builder: Arc<Builder<TokioExecutor>>,
+    body: BodyTimeout,
+}
+
+impl HyperConns {
+    /// Connections bounded by `bounds`, request bodies by `body`.
+    pub fn new(bounds: &Connections, body: BodyTimeout) -> Self {
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_micros(bounds.header_timeout));
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(bounds.max_streams);
+        HyperConns {
+            builder: Arc::new(builder),
+            body,
+        }
+    }
+
+    /// Serves the connection `io` from `peer`, each request with `handler`, until it
+    /// ends or (gracefully) `drain` asks.
+    pub async fn serve<I, H, F>(&self, io: I, peer: SocketAddr, handler: H, mut drain: Drain)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        H: Fn(Request<Body>) -> F + Send + 'static,
+        F: Future<Output = Result<Response, Infallible>> + Send + 'static,
+    {
+        let body = self.body;
+        let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+            handler(req.map(|b| Body::new(StallBody::new(b, body))))
+        });
+        let conn = self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service);
+        tokio::pin!(conn);
+        let ended = tokio::select! {
+            ended = conn.as_mut() => ended,
+            () = drain.requested() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = ended {
+            tracing::debug!("connection from {peer} ended: {e}");
+        }
+    }
+}
+
+/// A connection whose first bytes were already read (into `prefix`): reads give them
+/// back first, so another server can take the connection over from its start.
+pub struct Rewind<S> {
+    prefix: bytes::Bytes,
+    inner: S,
+}
+
+impl<S> Rewind<S> {
+    /// `inner`, as if `prefix` had not been read from it yet.
+    pub fn new(prefix: bytes::Bytes, inner: S) -> Self {
+        Rewind { prefix, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.prefix.is_empty() {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        let n = self.prefix.len().min(buf.remaining());
+        buf.put_slice(&self.prefix.split_to(n));
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Accepts connections on `listener` within `slots`' bounds and serves each with

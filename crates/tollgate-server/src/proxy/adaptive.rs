@@ -3,12 +3,11 @@
 //! upstream answer tells the limit.
 
 use axum::http::StatusCode;
-use axum::response::Response;
 use tollgate::adaptive::{
     AdaptiveLimiter, AdaptivePermit, AdaptiveSpec, AdaptiveStats, Outcome, Priority, Request,
 };
 
-use super::problem::{problem_body, problem_response};
+use super::problem::{problem_body, problem_response, Problem};
 use crate::config::proxy::RouteConfig;
 
 /// The adaptive limit of one route.
@@ -138,7 +137,7 @@ impl RouteAdaptive {
         &self,
         key: &str,
         tier: Option<usize>,
-    ) -> Result<Option<AdaptiveHold>, Response> {
+    ) -> Result<Option<AdaptiveHold>, Problem> {
         let priority = tier.and_then(|t| self.tiers[t]).unwrap_or(self.priority);
         let mut req = Request::new(priority);
         if self.fair && !key.is_empty() {

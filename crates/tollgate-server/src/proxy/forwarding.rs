@@ -8,13 +8,14 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::header::{CONNECTION, FORWARDED, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use super::adaptive::AdaptiveHold;
 use super::cost::{Meter, Outcome, Pending, Settle};
 use super::keys;
+use super::keys::HeaderSource;
 use super::limits::{ConnPermit, Passed};
-use super::problem::problem;
+use super::problem::{problem, Problem};
 use super::routes::{Route, RouteTable};
 use super::upstream::{Failure, UpstreamPool};
 
@@ -41,84 +42,107 @@ pub(super) async fn forward(
     mut passed: Passed,
 ) -> Response {
     if to_upstream(&mut req, table, route, peer).is_none() {
-        return problem(StatusCode::BAD_REQUEST, "bad request path", None);
+        return problem(StatusCode::BAD_REQUEST, "bad request path", None).into_response();
     }
     let mut adaptive = passed.adaptive.take();
     let mut pending = passed.pending.take();
-    // An upstream that fails to answer is overloaded as far as the adaptive limit
-    // can tell; the request did no work, so its admission under `cost:` goes back.
-    let failed = |adaptive: Option<AdaptiveHold>, pending: Option<Pending>, status, what: &str| {
-        if let Some(hold) = adaptive {
-            hold.failed();
-        }
-        if let Some(p) = pending {
-            p.give_back();
-        }
-        problem(status, &format!("upstream {} {what}", route.name), None)
-    };
-    match tokio::time::timeout(
+    let answer = match tokio::time::timeout(
         table.upstream_timeout,
         upstreams.send(route.upstream(), req),
     )
     .await
     {
-        Ok(Ok(resp)) => {
-            let (mut parts, body) = resp.into_parts();
-            if let Some(hold) = &mut adaptive {
-                hold.answered(parts.status);
-            }
-            strip_hop_by_hop(&mut parts.headers);
-            // Under `cost:`, a usage in the headers settles now; one in the body when
-            // the body ends (or the client goes away).
-            let mut charge = None;
-            if let Some(pending) = pending.take() {
-                if let Some(outcome) = pending.cost().in_headers(&parts.headers) {
-                    pending.settle(outcome).await;
-                } else {
-                    match pending.cost().meter(&parts.headers) {
-                        // A body already at its end (Content-Length: 0, 204, 304, a
-                        // HEAD) is never polled: it reports nothing.
-                        Some(meter) if !http_body::Body::is_end_stream(&body) => {
-                            charge = Some((pending, meter))
-                        }
-                        _ => pending.settle(Outcome::Missing).await,
-                    }
-                }
-            }
-            parts.headers.extend(passed.headers);
-            // limit_conn's and the adaptive limit's permits are held until the
-            // response body has been sent, as nginx counts a connection until the
-            // request is finished.
-            let body = Held {
-                body,
-                _permit: passed.permit,
-                _adaptive: adaptive,
-                charge,
-                settling: None,
-                last: None,
-            };
-            Response::from_parts(parts, Body::new(body))
+        Ok(Ok(resp)) => resp,
+        Ok(Err(Failure::Exchange(e))) if crate::connections::is_body_timeout(&e) => {
+            return body_stalled().into_response()
         }
-        Ok(Err(Failure::ConnectTimedOut)) => failed(
-            adaptive,
-            pending,
-            StatusCode::GATEWAY_TIMEOUT,
-            "timed out (connect)",
-        ),
-        Ok(Err(Failure::Unreachable(e))) if e.kind() == std::io::ErrorKind::TimedOut => failed(
-            adaptive,
-            pending,
-            StatusCode::GATEWAY_TIMEOUT,
-            "timed out (connect)",
-        ),
-        Ok(Err(Failure::Exchange(e))) if crate::connections::is_body_timeout(&e) => problem(
-            StatusCode::REQUEST_TIMEOUT,
-            "the request body stalled longer than connections.body_timeout",
-            None,
-        ),
-        Ok(Err(_)) => failed(adaptive, pending, StatusCode::BAD_GATEWAY, "unreachable"),
-        Err(_) => failed(adaptive, pending, StatusCode::GATEWAY_TIMEOUT, "timed out"),
+        Ok(Err(f)) => return upstream_failed(route, adaptive, pending, f.answer()).into_response(),
+        Err(_) => {
+            return upstream_failed(route, adaptive, pending, TIMED_OUT).into_response();
+        }
+    };
+    let (mut parts, body) = answer.into_parts();
+    if let Some(hold) = &mut adaptive {
+        hold.answered(parts.status);
     }
+    strip_hop_by_hop(&mut parts.headers);
+    // Under `cost:`, a usage in the headers settles now; one in the body when
+    // the body ends (or the client goes away).
+    let mut charge = None;
+    if let Some(pending) = pending.take() {
+        if let Some(outcome) = pending.cost().in_headers(&parts.headers) {
+            pending.settle(outcome).await;
+        } else {
+            match pending.cost().meter(&parts.headers) {
+                // A body already at its end (Content-Length: 0, 204, 304, a
+                // HEAD) is never polled: it reports nothing.
+                Some(meter) if !http_body::Body::is_end_stream(&body) => {
+                    charge = Some((pending, meter))
+                }
+                _ => pending.settle(Outcome::Missing).await,
+            }
+        }
+    }
+    parts.headers.extend(passed.headers);
+    // limit_conn's and the adaptive limit's permits are held until the
+    // response body has been sent, as nginx counts a connection until the
+    // request is finished.
+    let body = Held {
+        body,
+        _permit: passed.permit,
+        _adaptive: adaptive,
+        charge,
+        settling: None,
+        last: None,
+    };
+    Response::from_parts(parts, Body::new(body))
+}
+
+/// An upstream that did not answer within `upstream_timeout`.
+pub(super) const TIMED_OUT: (StatusCode, &str) = (StatusCode::GATEWAY_TIMEOUT, "timed out");
+
+/// An upstream that failed or answered with something other than HTTP.
+pub(super) const UNREACHABLE: (StatusCode, &str) = (StatusCode::BAD_GATEWAY, "unreachable");
+
+impl Failure {
+    /// The status and words a client is answered with when this failure ends its
+    /// request before the upstream answered.
+    pub fn answer(&self) -> (StatusCode, &'static str) {
+        match self {
+            Failure::ConnectTimedOut => (StatusCode::GATEWAY_TIMEOUT, "timed out (connect)"),
+            Failure::Unreachable(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                (StatusCode::GATEWAY_TIMEOUT, "timed out (connect)")
+            }
+            _ => UNREACHABLE,
+        }
+    }
+}
+
+/// The answer to a request whose upstream failed to answer. The upstream is
+/// overloaded as far as the adaptive limit can tell; the request did no work, so its
+/// admission under `cost:` goes back.
+pub(super) fn upstream_failed(
+    route: &Route,
+    adaptive: Option<AdaptiveHold>,
+    pending: Option<Pending>,
+    (status, what): (StatusCode, &str),
+) -> Problem {
+    if let Some(hold) = adaptive {
+        hold.failed();
+    }
+    if let Some(p) = pending {
+        p.give_back();
+    }
+    problem(status, &format!("upstream {} {what}", route.name), None)
+}
+
+/// The answer to a request whose body stalled.
+pub(super) fn body_stalled() -> Problem {
+    problem(
+        StatusCode::REQUEST_TIMEOUT,
+        "the request body stalled longer than connections.body_timeout",
+        None,
+    )
 }
 
 /// The client connection a request came on, with its address written as the
@@ -171,29 +195,72 @@ fn to_upstream(req: &mut Request, table: &RouteTable, route: &Route, peer: &Peer
     }
     *req.uri_mut() = route.upstream_path(req.uri())?;
     strip_hop_by_hop(req.headers_mut());
-    let ip = peer.addr.ip();
-    // Only a trusted proxy's X-Forwarded-For is kept, and so only then may the client
-    // differ from the peer.
-    if table.trusted.iter().any(|n| n.contains(&ip)) {
-        let client = keys::client_ip(&table.trusted, ip, req.headers());
-        let xff = match req.headers().get(&X_FORWARDED_FOR).map(|v| v.to_str()) {
-            Some(Ok(prev)) => text_value(format!("{prev}, {ip}")),
-            _ => peer.ip.clone(),
-        };
-        req.headers_mut().insert(&X_FORWARDED_FOR, xff);
-        let forwarded = if client == ip {
-            peer.forwarded.clone()
-        } else {
-            text_value(forwarded_for(client))
-        };
-        req.headers_mut().append(FORWARDED, forwarded);
+    let Forwarding {
+        xff,
+        forwarded,
+        append,
+    } = forwarding(table, peer, req.headers());
+    let headers = req.headers_mut();
+    headers.insert(&X_FORWARDED_FOR, xff);
+    if append {
+        headers.append(FORWARDED, forwarded);
     } else {
-        // What a peer that is not a trusted proxy says of earlier hops is not passed
-        // on: both headers start from it.
-        req.headers_mut().insert(&X_FORWARDED_FOR, peer.ip.clone());
-        req.headers_mut().insert(FORWARDED, peer.forwarded.clone());
+        headers.insert(FORWARDED, forwarded);
     }
     Some(())
+}
+
+/// The forwarding headers a request goes upstream with.
+pub(super) struct Forwarding {
+    /// `X-Forwarded-For`, replacing the request's.
+    pub xff: HeaderValue,
+    /// The `Forwarded` element of this hop.
+    pub forwarded: HeaderValue,
+    /// Whether `forwarded` follows the request's own `Forwarded` (a trusted peer's),
+    /// or replaces it.
+    pub append: bool,
+}
+
+/// The forwarding headers of a request from `peer` with `headers`: only a trusted
+/// proxy's `X-Forwarded-For` is kept, and so only then may the client differ from the
+/// peer. What a peer that is not a trusted proxy says of earlier hops is not passed
+/// on: both headers start from it.
+pub(super) fn forwarding(
+    table: &RouteTable,
+    peer: &Peer,
+    headers: &(impl HeaderSource + ?Sized),
+) -> Forwarding {
+    let ip = peer.addr.ip();
+    if !table.trusted.iter().any(|n| n.contains(&ip)) {
+        return Forwarding {
+            xff: peer.ip.clone(),
+            forwarded: peer.forwarded.clone(),
+            append: false,
+        };
+    }
+    let client = keys::client_ip(&table.trusted, ip, headers);
+    let xff = match headers.first("x-forwarded-for") {
+        Some(prev) => text_value(format!("{prev}, {ip}")),
+        None => peer.ip.clone(),
+    };
+    let forwarded = if client == ip {
+        peer.forwarded.clone()
+    } else {
+        text_value(forwarded_for(client))
+    };
+    Forwarding {
+        xff,
+        forwarded,
+        append: true,
+    }
+}
+
+/// Whether the header `name` (any case) is hop-by-hop (for the fast path, which has
+/// no `HeaderName`s).
+pub(super) fn is_hop_by_hop_name(name: &str) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|h| h.as_str().eq_ignore_ascii_case(name))
 }
 
 /// Whether `name` is a hop-by-hop header (RFC 9110 §7.6.1, and the older

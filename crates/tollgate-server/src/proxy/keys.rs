@@ -44,18 +44,57 @@ pub fn parse(spec: &str, at: &str) -> anyhow::Result<Vec<KeyPart>> {
         .collect()
 }
 
+/// A request's headers as keys read them: hyper's `HeaderMap`, or the header list the
+/// HTTP/1.1 fast path parsed (no map built).
+pub trait HeaderSource {
+    /// Every value of the header `name` (lower-case), in order.
+    fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a;
+
+    /// The first value of `name`, when it is text (visible ASCII, as
+    /// `HeaderValue::to_str` accepts).
+    fn first<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        self.values(name).next().and_then(text)
+    }
+}
+
+impl HeaderSource for HeaderMap {
+    fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.get_all(name).into_iter().map(|v| v.as_bytes())
+    }
+}
+
+impl HeaderSource for [httparse::Header<'_>] {
+    fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.iter()
+            .filter(move |h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    }
+}
+
+/// A header value as text: visible ASCII, spaces and tabs only.
+pub fn text(value: &[u8]) -> Option<&str> {
+    value
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
+        .then(|| std::str::from_utf8(value).ok())
+        .flatten()
+}
+
 /// The client's address: the peer, or the rightmost `X-Forwarded-For` hop that is not
 /// a trusted proxy when the peer is one (nginx's `real_ip_recursive`). An untrusted
 /// peer's header is ignored, so a client cannot choose its own key.
-pub fn client_ip(trusted: &[IpNet], peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+pub fn client_ip(
+    trusted: &[IpNet],
+    peer: IpAddr,
+    headers: &(impl HeaderSource + ?Sized),
+) -> IpAddr {
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(&peer) {
         return peer;
     }
     let hops: Vec<IpAddr> = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
+        .values("x-forwarded-for")
+        .filter_map(text)
         .flat_map(|v| v.split(','))
         .filter_map(|h| h.trim().parse().ok())
         .collect();
@@ -72,22 +111,17 @@ pub fn key(
     trusted: &[IpNet],
     peer: IpAddr,
     path: &str,
-    headers: &HeaderMap,
+    headers: &(impl HeaderSource + ?Sized),
 ) -> String {
     let mut values = Vec::with_capacity(parts.len());
     for part in parts {
         let v = match part {
             KeyPart::ClientIp => client_ip(trusted, peer, headers).to_string(),
             KeyPart::Path => path.to_string(),
-            KeyPart::Header(h) => headers
-                .get(h)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string(),
+            KeyPart::Header(h) => headers.first(h.as_str()).unwrap_or("").to_string(),
             KeyPart::Cookie(name) => headers
-                .get_all("cookie")
-                .iter()
-                .filter_map(|v| v.to_str().ok())
+                .values("cookie")
+                .filter_map(text)
                 .flat_map(|v| v.split(';'))
                 .filter_map(|c| c.trim().split_once('='))
                 .find(|(k, _)| k == name)

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
 use tollgate::concurrency::{ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit};
 use tollgate::keyed::KeyedOptions;
 use tollgate::redis::{
@@ -16,7 +15,7 @@ use tollgate::{AnyLimiter, Decision, KeyedLimiter, Op, RateLimiter, RuleDecision
 
 use super::adaptive::AdaptiveHold;
 use super::cost::{Pending, RouteCost};
-use super::problem::{problem, problem_body, problem_response, store_unavailable};
+use super::problem::{problem, problem_body, problem_response, store_unavailable, Problem};
 use crate::config::proxy::RouteConfig;
 use crate::config::store::StoreConfig;
 use tollgate::headers::{HeaderStyle, PolicyHeader};
@@ -159,7 +158,7 @@ impl RouteLimits {
     /// counters first (a delay of `limit-req` without `nodelay` is slept here), then
     /// a `limit_conn` permit. `Err` is the response to send instead of forwarding (a
     /// dry run forwards everything).
-    pub async fn pass(&self, key: &str, tier: Option<usize>) -> Result<Passed, Response> {
+    pub async fn pass(&self, key: &str, tier: Option<usize>) -> Result<Passed, Problem> {
         let mut headers = HeaderMap::new();
         let mut pending = None;
         if let Some(l) = self.limits_of(tier) {
@@ -205,7 +204,7 @@ impl RouteLimits {
         key: &str,
         cost: u64,
         headers: &mut HeaderMap,
-    ) -> Result<Decision, Response> {
+    ) -> Result<Decision, Problem> {
         let rd = match l.counter.check_rules(key, cost, Op::Try).await {
             Ok(d) => d,
             Err(e) => match e.rejection() {
@@ -220,7 +219,7 @@ impl RouteLimits {
         let d = rd.decision;
         if !d.allowed && !self.dry_run {
             let mut r = problem_response(self.status, self.reject_body.clone(), d.retry_after_us);
-            r.headers_mut().extend(std::mem::take(headers));
+            r.headers = std::mem::take(headers);
             return Err(r);
         }
         Ok(d)
@@ -228,7 +227,7 @@ impl RouteLimits {
 
     /// A `limit_conn` permit for `key` (none without `limit_conn`, or when a dry run
     /// finds none free); `Err` is the reject to send.
-    async fn take_conn(&self, key: &str) -> Result<Option<ConnPermit>, Response> {
+    async fn take_conn(&self, key: &str) -> Result<Option<ConnPermit>, Problem> {
         let busy = || problem(self.status, "too many concurrent requests", None);
         match &self.conns {
             None => Ok(None),

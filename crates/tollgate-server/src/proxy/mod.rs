@@ -1,7 +1,8 @@
 //! `tollgate proxy`: a limiting reverse proxy (nginx `limit_req` / `limit_conn`
 //! semantics) configured by the `proxy:` section of the main config.
 //!
-//! A request goes down this list: [`server`] receives it, `routes` picks its route,
+//! A request goes down this list: [`server`] receives it (an HTTP/1.1 request on the
+//! fast path, `h1`; anything else through hyper), `routes` picks its route,
 //! `keys` makes its key, `limits` checks the rate counters and takes a `limit_conn`
 //! permit, `adaptive` takes a permit of the route's adaptive concurrency limit,
 //! `forwarding` sends it upstream over `upstream`'s kept connections, `cost` reads what the response says it used and
@@ -11,6 +12,7 @@
 mod adaptive;
 mod cost;
 mod forwarding;
+mod h1;
 pub mod keys;
 mod limits;
 mod metrics;

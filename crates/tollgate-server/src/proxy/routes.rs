@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::Request;
 use axum::http::uri::{Authority, PathAndQuery};
 use axum::http::{HeaderValue, Uri};
 use ipnet::IpNet;
@@ -90,14 +89,10 @@ impl RouteTable {
         self.routes.len()
     }
 
-    /// The first route that matches `req` (path, path prefix, host without port).
-    pub fn route(&self, req: &Request) -> Option<&Arc<Route>> {
-        let path = req.uri().path();
-        let host = req
-            .headers()
-            .get("host")
-            .and_then(|h| h.to_str().ok())
-            .map(|h| h.split(':').next().unwrap_or(h));
+    /// The first route that matches a request for `path` with the Host header `host`
+    /// (its port is ignored).
+    pub fn route_for(&self, host: Option<&str>, path: &str) -> Option<&Arc<Route>> {
+        let host = host.map(|h| h.split(':').next().unwrap_or(h));
         self.routes.iter().find(|r| {
             r.matcher.path.as_deref().is_none_or(|p| p == path)
                 && r.matcher
@@ -180,6 +175,12 @@ impl Route {
     /// The Host header for a request that has none: the upstream's `host[:port]`.
     pub fn upstream_host(&self) -> &HeaderValue {
         &self.target.host
+    }
+
+    /// The upstream's path prefix (without its trailing `/`), written before a
+    /// request's own path.
+    pub fn upstream_prefix(&self) -> &str {
+        self.target.prefix.as_deref().unwrap_or("")
     }
 
     /// The origin-form URI a request for `uri` is sent upstream with; `None` when the

@@ -10,60 +10,75 @@ use std::time::Duration;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header::HOST;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use clap::Parser;
 use tollgate::keyed::KeyedOptions;
 
 use super::forwarding::{forward, Peer};
-use super::keys;
+use super::h1;
+use super::keys::{self, HeaderSource};
 use super::limits::{Passed, RedisBackend};
-use super::problem::problem;
-use super::routes::RouteTable;
+use super::problem::{problem, Problem};
+use super::routes::{Route, RouteTable};
 use super::upstream::UpstreamPool;
 use crate::config::proxy::ProxyConfig;
 use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::Connections;
-use crate::connections::{BodyTimeout, Slots};
+use crate::connections::{BodyTimeout, HyperConns, Rewind, Slots};
 
-/// One worker thread's view: the shared routes and its own upstream connection pool.
-struct Proxy {
-    table: Arc<ArcSwap<RouteTable>>,
+/// One worker thread's view: the shared routes and its own upstream connections.
+pub(super) struct Proxy {
+    pub table: Arc<ArcSwap<RouteTable>>,
+    /// hyper's connections (HTTP/2 clients, and what the fast path hands over).
     upstreams: UpstreamPool,
+    /// The fast path's connections.
+    pub conns: h1::Upstreams,
+    /// The client connection bounds (`connections:`).
+    pub bounds: Connections,
 }
 
-/// Every request: its route, its key, its limits, then the upstream. A request whose
-/// key is empty is not limited (as nginx).
+/// Every request hyper serves: its route, its key, its limits, then the upstream.
 async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
     let table = proxy.table.load_full();
-    let Some(route) = table.route(&req) else {
-        return problem(StatusCode::NOT_FOUND, "no route matches this request", None);
+    let host = req.headers().get(HOST).and_then(|h| h.to_str().ok());
+    let Some(route) = table.route_for(host, req.uri().path()) else {
+        return no_route().into_response();
     };
-    let key = keys::key(
-        &route.key,
-        &table.trusted,
-        peer.addr.ip(),
-        req.uri().path(),
-        req.headers(),
-    );
+    match admit(&table, route, peer, req.uri().path(), req.headers()).await {
+        Ok(passed) => forward(&proxy.upstreams, &table, route, peer, req, passed).await,
+        Err(answer) => answer.into_response(),
+    }
+}
+
+/// The answer to a request no route takes.
+pub(super) fn no_route() -> Problem {
+    problem(StatusCode::NOT_FOUND, "no route matches this request", None)
+}
+
+/// A request's key and limits on its `route`: what it goes upstream with, or the
+/// answer instead. A request whose key is empty is not limited (as nginx).
+pub(super) async fn admit(
+    table: &RouteTable,
+    route: &Route,
+    peer: &Peer,
+    path: &str,
+    headers: &(impl HeaderSource + ?Sized),
+) -> Result<Passed, Problem> {
+    let key = keys::key(&route.key, &table.trusted, peer.addr.ip(), path, headers);
     let tier = route.limits.tier_of(&key);
     let mut passed = if key.is_empty() {
         Passed::default()
     } else {
-        match route.limits.pass(&key, tier).await {
-            Ok(passed) => passed,
-            Err(response) => return response,
-        }
+        route.limits.pass(&key, tier).await?
     };
     // The adaptive limit protects the upstream: every request of the route meets it,
     // keyed or not.
     if let Some(adaptive) = &route.adaptive {
-        match adaptive.admit(&key, tier).await {
-            Ok(hold) => passed.adaptive = hold,
-            Err(response) => return response,
-        }
+        passed.adaptive = adaptive.admit(&key, tier).await?;
     }
-    forward(&proxy.upstreams, &table, route, peer, req, passed).await
+    Ok(passed)
 }
 
 /// What the proxy takes from a main config.
@@ -80,11 +95,17 @@ pub struct ProxySettings {
 
 impl Proxy {
     /// One worker's request handling over the shared routes, with its own upstream
-    /// connection pool.
-    fn new(table: Arc<ArcSwap<RouteTable>>, connect_timeout: Duration) -> Arc<Proxy> {
+    /// connections.
+    fn new(
+        table: Arc<ArcSwap<RouteTable>>,
+        connect_timeout: Duration,
+        bounds: Connections,
+    ) -> Arc<Proxy> {
         Arc::new(Proxy {
             table,
             upstreams: UpstreamPool::new(connect_timeout),
+            conns: h1::Upstreams::new(connect_timeout),
+            bounds,
         })
     }
 }
@@ -95,7 +116,11 @@ impl Proxy {
 pub fn app(config: ProxyConfig, options: KeyedOptions) -> anyhow::Result<axum::Router> {
     let connect_timeout = config.connect_timeout();
     let table = RouteTable::new(config, options, None, None)?;
-    let proxy = Proxy::new(Arc::new(ArcSwap::from_pointee(table)), connect_timeout);
+    let proxy = Proxy::new(
+        Arc::new(ArcSwap::from_pointee(table)),
+        connect_timeout,
+        Connections::default(),
+    );
     let handler =
         |State(proxy): State<Arc<Proxy>>,
          ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -256,19 +281,31 @@ fn spawn_worker(
             if let Some(r) = report {
                 let _ = r.send(Ok(listener.local_addr()?));
             }
-            let proxy = Proxy::new(table, connect_timeout);
-            // The peer's forwarding headers are written once per connection.
-            let for_peer = move |addr| {
-                let (proxy, peer) = (proxy.clone(), Arc::new(Peer::new(addr)));
-                move |req| {
-                    let (proxy, peer) = (proxy.clone(), peer.clone());
-                    async move { Ok(handle(&proxy, &peer, req).await) }
-                }
-            };
+            let proxy = Proxy::new(table, connect_timeout, *slots.bounds());
             let body =
                 BodyTimeout::BetweenReads(Duration::from_micros(slots.bounds().body_timeout));
+            let hyper = HyperConns::new(slots.bounds(), body);
+            // HTTP/1.1 requests take the fast path; the rest of a connection goes to
+            // hyper from the first request the fast path does not take. The peer's
+            // forwarding headers are written once per connection.
+            let serve_one = move |addr| {
+                let (proxy, hyper, peer) =
+                    (proxy.clone(), hyper.clone(), Arc::new(Peer::new(addr)));
+                move |io, mut drain| async move {
+                    let Some((io, read)) = h1::serve(&proxy, &peer, io, &mut drain).await else {
+                        return;
+                    };
+                    let handler = move |req| {
+                        let (proxy, peer) = (proxy.clone(), peer.clone());
+                        async move { Ok(handle(&proxy, &peer, req).await) }
+                    };
+                    hyper
+                        .serve(Rewind::new(read, io), addr, handler, drain)
+                        .await;
+                }
+            };
             let stop = crate::lifecycle::shutdown_signal();
-            crate::connections::serve_http_with(listener, slots, for_peer, body, stop, None).await;
+            crate::connections::serve_accepted(listener, slots, serve_one, stop, None).await;
             Ok(())
         })
     })

@@ -29,16 +29,35 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// (an upstream a reload removed is never asked for again).
 const SWEEP_EVERY: u32 = 1024;
 
+/// A connection a [`ConnCache`] can keep: hyper's client half, or the fast path's
+/// raw socket.
+pub(super) trait Reusable {
+    /// The upstream is known to have closed it.
+    fn closed(&self) -> bool;
+    /// It can take a new request now.
+    fn ready(&self) -> bool;
+}
+
+impl Reusable for SendRequest<Body> {
+    fn closed(&self) -> bool {
+        self.is_closed()
+    }
+
+    fn ready(&self) -> bool {
+        self.is_ready()
+    }
+}
+
 /// A kept connection and when it was kept.
-struct Kept {
-    conn: SendRequest<Body>,
+struct Kept<C> {
+    conn: C,
     since: tokio::time::Instant,
 }
 
-impl Kept {
+impl<C: Reusable> Kept<C> {
     /// Still worth keeping at `now`: open, and not idle for too long.
     fn alive(&self, now: tokio::time::Instant) -> bool {
-        !self.conn.is_closed() && now.duration_since(self.since) < IDLE_TIMEOUT
+        !self.conn.closed() && now.duration_since(self.since) < IDLE_TIMEOUT
     }
 }
 
@@ -54,16 +73,21 @@ pub(super) enum Failure {
     Exchange(hyper::Error),
 }
 
-/// One worker's connections to its upstreams.
+/// One worker's hyper connections to its upstreams (HTTP/2 clients and what the
+/// fast path hands to hyper).
 pub(super) struct UpstreamPool {
-    kept: Mutex<KeptConns>,
+    kept: ConnCache<SendRequest<Body>>,
     connect_timeout: Duration,
 }
 
+/// One worker's kept connections per upstream.
+pub(super) struct ConnCache<C> {
+    kept: Mutex<KeptConns<C>>,
+}
+
 /// The kept connections per upstream, and how many were kept since the last sweep.
-#[derive(Default)]
-struct KeptConns {
-    by_upstream: Vec<(Authority, Vec<Kept>)>,
+struct KeptConns<C> {
+    by_upstream: Vec<(Authority, Vec<Kept<C>>)>,
     since_sweep: u32,
 }
 
@@ -71,7 +95,7 @@ impl UpstreamPool {
     /// An empty pool whose new connections must connect within `connect_timeout`.
     pub fn new(connect_timeout: Duration) -> Self {
         UpstreamPool {
-            kept: Mutex::new(KeptConns::default()),
+            kept: ConnCache::default(),
             connect_timeout,
         }
     }
@@ -91,10 +115,10 @@ impl UpstreamPool {
             // From an HTTP/2 client: the upstream speaks HTTP/1.1.
             *req.version_mut() = Version::HTTP_11;
         }
-        while let Some(mut conn) = self.idle(upstream) {
+        while let Some(mut conn) = self.kept.idle(upstream) {
             match conn.try_send_request(req).await {
                 Ok(response) => {
-                    self.keep(upstream, conn);
+                    self.kept.keep(upstream, conn);
                     return Ok(response);
                 }
                 Err(mut e) => match e.take_message() {
@@ -105,24 +129,52 @@ impl UpstreamPool {
         }
         let mut conn = self.connect(upstream).await?;
         let response = conn.send_request(req).await.map_err(Failure::Exchange)?;
-        self.keep(upstream, conn);
+        self.kept.keep(upstream, conn);
         Ok(response)
     }
 
+    /// A new connection to `upstream`, its HTTP/1.1 exchange driven by a task of this
+    /// worker.
+    async fn connect(&self, upstream: &Authority) -> Result<SendRequest<Body>, Failure> {
+        let stream = connect(upstream, self.connect_timeout).await?;
+        let (conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(Failure::Exchange)?;
+        tokio::spawn(async move {
+            if let Err(e) = driver.await {
+                tracing::debug!("upstream connection ended: {e}");
+            }
+        });
+        Ok(conn)
+    }
+}
+
+impl<C> Default for ConnCache<C> {
+    fn default() -> Self {
+        ConnCache {
+            kept: Mutex::new(KeptConns {
+                by_upstream: Vec::new(),
+                since_sweep: 0,
+            }),
+        }
+    }
+}
+
+impl<C: Reusable> ConnCache<C> {
     /// An idle connection to `upstream`, dropping those the upstream has closed or
     /// that waited too long.
-    fn idle(&self, upstream: &Authority) -> Option<SendRequest<Body>> {
+    pub fn idle(&self, upstream: &Authority) -> Option<C> {
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         let conns = &mut kept.by_upstream.iter_mut().find(|(a, _)| a == upstream)?.1;
         let now = tokio::time::Instant::now();
         conns.retain(|k| k.alive(now));
-        let ready = conns.iter().position(|k| k.conn.is_ready())?;
+        let ready = conns.iter().position(|k| k.conn.ready())?;
         Some(conns.swap_remove(ready).conn)
     }
 
     /// Keeps `conn` for the next request to `upstream` (it becomes ready once the
     /// response it carries has been read).
-    fn keep(&self, upstream: &Authority, conn: SendRequest<Body>) {
+    pub fn keep(&self, upstream: &Authority, conn: C) {
         let now = tokio::time::Instant::now();
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         kept.since_sweep += 1;
@@ -145,32 +197,26 @@ impl UpstreamPool {
             conns.push(Kept { conn, since: now });
         }
     }
+}
 
-    /// A new connection to `upstream`, its HTTP/1.1 exchange driven by a task of this
-    /// worker.
-    async fn connect(&self, upstream: &Authority) -> Result<SendRequest<Body>, Failure> {
-        // An IPv6 literal is bracketed in a URL, not in an address lookup.
-        let host = upstream
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let port = upstream.port_u16().unwrap_or(80);
-        // A name is looked up (off this thread); an address literal is used as is.
-        let connecting = tokio::net::TcpStream::connect((host, port));
-        let stream = tokio::time::timeout(self.connect_timeout, connecting)
-            .await
-            .map_err(|_| Failure::ConnectTimedOut)?
-            .map_err(Failure::Unreachable)?;
-        // Requests are written whole: no reason to wait for an ACK (nginx's tcp_nodelay).
-        let _ = stream.set_nodelay(true);
-        let (conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(Failure::Exchange)?;
-        tokio::spawn(async move {
-            if let Err(e) = driver.await {
-                tracing::debug!("upstream connection ended: {e}");
-            }
-        });
-        Ok(conn)
-    }
+/// A new TCP connection to `upstream`, within `timeout`.
+pub(super) async fn connect(
+    upstream: &Authority,
+    timeout: Duration,
+) -> Result<tokio::net::TcpStream, Failure> {
+    // An IPv6 literal is bracketed in a URL, not in an address lookup.
+    let host = upstream
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = upstream.port_u16().unwrap_or(80);
+    // A name is looked up (off this thread); an address literal is used as is.
+    let connecting = tokio::net::TcpStream::connect((host, port));
+    let stream = tokio::time::timeout(timeout, connecting)
+        .await
+        .map_err(|_| Failure::ConnectTimedOut)?
+        .map_err(Failure::Unreachable)?;
+    // Requests are written whole: no reason to wait for an ACK (nginx's tcp_nodelay).
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
 }

@@ -1,0 +1,587 @@
+//! The proxy's HTTP/1.1 fast path: a client connection served by one task that reads
+//! each request head into the connection's buffer, decides on its parsed headers (no
+//! header map is built), writes the upstream request head from the parsed slices,
+//! passes the bodies on in their own framing, and writes the response head from the
+//! upstream's, as nginx does.
+//!
+//! What it takes: HTTP/1.1 requests in origin form on routes without `cost:`.
+//! Anything else (HTTP/2 with prior knowledge, HTTP/1.0, an absolute-form target, an
+//! `Upgrade`, an `Expect` other than `100-continue`, a route that meters response
+//! bodies) is handed with the rest of the connection to hyper, from that request on
+//! (see `server`), so every request gets the same answer either way.
+//!
+//! The upstream side keeps its own HTTP/1.1 connections per worker ([`Upstreams`]).
+//! A kept connection the upstream closed while idle is found when it is taken (for a
+//! request that cannot be sent twice) or when its answer is an immediate end (a
+//! request without a body and of an idempotent method is then sent on the next).
+
+mod body;
+mod message;
+
+use std::io;
+use std::time::Duration;
+
+use axum::http::uri::Authority;
+use axum::http::StatusCode;
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use self::body::BodyError;
+use self::message::{BadHead, Framing, RequestHead, ResponseHead, MAX_HEAD, MAX_HEADERS};
+use super::forwarding::{body_stalled, forwarding, upstream_failed, Peer, TIMED_OUT, UNREACHABLE};
+use super::problem::{problem, Problem};
+use super::routes::{Route, RouteTable};
+use super::server::{admit, no_route, Proxy};
+use super::upstream::{self, ConnCache, Failure, Reusable};
+use crate::connections::{Bounded, Drain};
+use crate::workers::WorkerStream;
+
+/// A client connection.
+type Client = Bounded<WorkerStream>;
+
+/// How long a connection closed with unread input is still read from (and what it
+/// sends discarded), so that the client sees the answer before the close (nginx's
+/// lingering close).
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Serves `io` from `peer` until it closes, fails, or `drain` asks (between
+/// requests). `Some`: a request the fast path does not take arrived; the connection
+/// and what was read of it (from that request on) go to hyper.
+pub(in crate::proxy) async fn serve(
+    proxy: &Proxy,
+    peer: &Peer,
+    mut io: Client,
+    drain: &mut Drain,
+) -> Option<(Client, Bytes)> {
+    let mut conn = Conn {
+        buf: BytesMut::with_capacity(4096),
+        out: Vec::with_capacity(1024),
+        up_head: Vec::with_capacity(1024),
+    };
+    let header_timeout = Duration::from_micros(proxy.bounds.header_timeout);
+    loop {
+        let end = match read_head(&mut io, &mut conn.buf, header_timeout, drain).await {
+            Ok(end) => end,
+            Err(HeadWait::Ended) => return None,
+            Err(HeadWait::TooLarge) => {
+                let p = problem(
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "the request head is too large",
+                    None,
+                );
+                refuse(&mut io, &mut conn.out, &p, false).await;
+                return None;
+            }
+        };
+        match conn.request(proxy, peer, &mut io, end).await {
+            Next::KeepAlive => {}
+            Next::Close => return None,
+            Next::Hyper => {
+                let read = conn.buf.split().freeze();
+                return Some((io, read));
+            }
+        }
+    }
+}
+
+/// A connection's buffers, kept across its requests.
+struct Conn {
+    /// What was read from the client and not yet used.
+    buf: BytesMut,
+    /// What is written to the client next.
+    out: Vec<u8>,
+    /// The upstream request head.
+    up_head: Vec<u8>,
+}
+
+/// What a connection does after a request.
+enum Next {
+    KeepAlive,
+    Close,
+    /// The request goes to hyper, with the rest of the connection.
+    Hyper,
+}
+
+/// Why no request head came.
+enum HeadWait {
+    /// The client closed, failed, was silent past the header timeout, or the server
+    /// is draining.
+    Ended,
+    /// The head outgrew [`MAX_HEAD`].
+    TooLarge,
+}
+
+/// Reads until `buf` holds a whole head, within `limit` (the wait for a kept-alive
+/// connection's next request included); returns the head's length. A drain ends an
+/// idle wait.
+async fn read_head(
+    io: &mut Client,
+    buf: &mut BytesMut,
+    limit: Duration,
+    drain: &mut Drain,
+) -> Result<usize, HeadWait> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(end) = message::head_end(buf) {
+            return Ok(end);
+        }
+        if buf.len() >= MAX_HEAD {
+            return Err(HeadWait::TooLarge);
+        }
+        buf.reserve(4096);
+        let idle = buf.is_empty();
+        let read = tokio::time::timeout_at(deadline, io.read_buf(buf));
+        let read = if idle {
+            tokio::select! {
+                read = read => read,
+                () = drain.requested() => return Err(HeadWait::Ended),
+            }
+        } else {
+            read.await
+        };
+        match read {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return Err(HeadWait::Ended),
+        }
+    }
+}
+
+impl Conn {
+    /// Serves the request whose head is `buf[..end]`.
+    async fn request(&mut self, proxy: &Proxy, peer: &Peer, io: &mut Client, end: usize) -> Next {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&self.buf[..end]) {
+            Ok(httparse::Status::Complete(_)) => {}
+            Err(httparse::Error::Version) => return Next::Hyper,
+            Err(httparse::Error::TooManyHeaders) => {
+                let p = problem(
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "too many request headers",
+                    None,
+                );
+                return refuse(io, &mut self.out, &p, false).await;
+            }
+            _ => {
+                let p = problem(StatusCode::BAD_REQUEST, "malformed request head", None);
+                return refuse(io, &mut self.out, &p, false).await;
+            }
+        }
+        let (Some(method), Some(target)) = (req.method, req.path) else {
+            return Next::Hyper;
+        };
+        if req.version != Some(1) || !target.starts_with('/') {
+            return Next::Hyper;
+        }
+        let to_head = method == "HEAD";
+        let head = match RequestHead::of(req.headers) {
+            Ok(head) if head.unusual => return Next::Hyper,
+            Ok(head) => head,
+            Err(bad) => {
+                let (status, detail) = match bad {
+                    BadHead::Malformed(what) => (StatusCode::BAD_REQUEST, what),
+                    BadHead::Coding => (
+                        StatusCode::NOT_IMPLEMENTED,
+                        "only the chunked transfer coding is taken",
+                    ),
+                };
+                return refuse(io, &mut self.out, &problem(status, detail, None), to_head).await;
+            }
+        };
+        let framing = head.framing();
+        // The answer instead of forwarding: the connection goes on only when no
+        // request body is left unread.
+        let instead = framing != Framing::Empty || head.close;
+        let table = proxy.table.load_full();
+        let path = target.split('?').next().unwrap_or(target);
+        let Some(route) = table.route_for(head.host, path) else {
+            return self.answer(io, end, &no_route(), instead, to_head).await;
+        };
+        if route.limits.cost.is_some() {
+            return Next::Hyper;
+        }
+        let passed = match admit(&table, route, peer, path, req.headers).await {
+            Ok(passed) => passed,
+            Err(answer) => return self.answer(io, end, &answer, instead, to_head).await,
+        };
+        write_upstream_head(&mut self.up_head, &table, route, peer, &req, &head);
+        let request = Request {
+            framing,
+            to_head,
+            close: head.close,
+            expect_continue: head.continue_expected,
+            // Sent again on a second connection when the first was closed unseen.
+            resendable: framing == Framing::Empty
+                && matches!(
+                    method,
+                    "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+                ),
+        };
+        let route = route.clone();
+        self.buf.advance(end);
+        self.exchange(proxy, &table, &route, io, request, passed)
+            .await
+    }
+
+    /// Writes `answer` instead of forwarding the request whose head is
+    /// `buf[..end]`; `close` ends the connection.
+    async fn answer(
+        &mut self,
+        io: &mut Client,
+        end: usize,
+        answer: &Problem,
+        close: bool,
+        to_head: bool,
+    ) -> Next {
+        if close {
+            return refuse(io, &mut self.out, answer, to_head).await;
+        }
+        self.buf.advance(end);
+        self.out.clear();
+        message::with_date(|d| answer.write(&mut self.out, d, false, to_head));
+        match io.write_all(&self.out).await {
+            Ok(()) => Next::KeepAlive,
+            Err(_) => Next::Close,
+        }
+    }
+
+    /// Sends the request upstream and its response back to the client, with the
+    /// rate-limit headers of `passed`, whose permits are held until the response
+    /// body has been sent.
+    async fn exchange(
+        &mut self,
+        proxy: &Proxy,
+        table: &RouteTable,
+        route: &Route,
+        io: &mut Client,
+        req: Request,
+        mut passed: super::limits::Passed,
+    ) -> Next {
+        let adaptive = passed.adaptive.take();
+        let pending = passed.pending.take();
+        let sent = tokio::time::timeout(
+            table.upstream_timeout,
+            self.send(proxy, route.upstream(), io, &req),
+        )
+        .await;
+        // A failure before the response: the connection goes on only when the
+        // request body was not left half read.
+        let close = req.close || req.framing != Framing::Empty;
+        let sent = match sent {
+            Ok(Ok(sent)) => Ok(sent),
+            Ok(Err(Sent::Connect(f))) => Err(f.answer()),
+            Ok(Err(Sent::Client(BodyError::Stalled))) => {
+                return self.fail(io, &body_stalled(), true, &req).await;
+            }
+            // The client went away mid-body.
+            Ok(Err(Sent::Client(_))) => return Next::Close,
+            Ok(Err(Sent::Upstream)) => Err(UNREACHABLE),
+            Err(_) => Err(TIMED_OUT),
+        };
+        let (mut up, head_len) = match sent {
+            Ok(sent) => sent,
+            Err(failure) => {
+                let answer = upstream_failed(route, adaptive, pending, failure);
+                return self.fail(io, &answer, close, &req).await;
+            }
+        };
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut headers);
+        let parsed = resp.parse(&up.buf[..head_len]);
+        let head = match (parsed, resp.code, resp.version) {
+            (Ok(httparse::Status::Complete(_)), Some(code), Some(version)) => {
+                ResponseHead::of(code, version, resp.headers, req.to_head).map(|h| (code, h))
+            }
+            _ => None,
+        };
+        let Some((code, head)) = head else {
+            let answer = upstream_failed(route, adaptive, None, UNREACHABLE);
+            return self.fail(io, &answer, close, &req).await;
+        };
+        let mut adaptive = adaptive;
+        if let (Some(hold), Ok(status)) = (&mut adaptive, StatusCode::from_u16(code)) {
+            hold.answered(status);
+        }
+        let keep_client = !req.close && head.framing != Framing::UntilClose;
+        let out = &mut self.out;
+        out.clear();
+        message::status_line(out, code, resp.reason.unwrap_or(""));
+        let named = message::connection_named(resp.headers);
+        for h in resp.headers.iter() {
+            if message::passes(h.name, &named, &[]) {
+                message::header(out, h.name.as_bytes(), h.value);
+            }
+        }
+        if !head.dated {
+            message::with_date(|d| message::header(out, b"date", d));
+        }
+        for (name, value) in &passed.headers {
+            message::header(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+        message::framing_header(out, head.framing);
+        if !keep_client {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        up.buf.advance(head_len);
+        let passed_on = body::pass(head.framing, &mut up.io, &mut up.buf, io, out, None).await;
+        // limit_conn's and the adaptive limit's permits end with the response.
+        drop((passed, adaptive));
+        match passed_on {
+            Ok(()) => {
+                if head.reusable && up.buf.is_empty() {
+                    proxy.conns.cache.keep(route.upstream(), up);
+                }
+                if keep_client {
+                    Next::KeepAlive
+                } else {
+                    Next::Close
+                }
+            }
+            Err(e) => {
+                tracing::debug!("response body cut short: {e:?}");
+                Next::Close
+            }
+        }
+    }
+
+    /// Answers a request whose exchange failed before its response.
+    async fn fail(
+        &mut self,
+        io: &mut Client,
+        answer: &Problem,
+        close: bool,
+        req: &Request,
+    ) -> Next {
+        if close {
+            return refuse(io, &mut self.out, answer, req.to_head).await;
+        }
+        self.out.clear();
+        message::with_date(|d| answer.write(&mut self.out, d, false, req.to_head));
+        match io.write_all(&self.out).await {
+            Ok(()) => Next::KeepAlive,
+            Err(_) => Next::Close,
+        }
+    }
+
+    /// Writes the request (head, then body from the client) to a connection to
+    /// `upstream` and reads the response head; returns the connection and the head's
+    /// length in its buffer.
+    async fn send(
+        &mut self,
+        proxy: &Proxy,
+        upstream: &Authority,
+        io: &mut Client,
+        req: &Request,
+    ) -> Result<(RawConn, usize), Sent> {
+        loop {
+            let (mut up, reused) = proxy
+                .conns
+                .get(upstream, !req.resendable)
+                .await
+                .map_err(Sent::Connect)?;
+            if req.framing == Framing::Empty {
+                if up.io.write_all(&self.up_head).await.is_err() {
+                    if reused && req.resendable {
+                        continue;
+                    }
+                    return Err(Sent::Upstream);
+                }
+            } else {
+                if req.expect_continue && self.buf.is_empty() {
+                    io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                        .await
+                        .map_err(|_| Sent::Client(BodyError::Write))?;
+                }
+                let stall = Duration::from_micros(proxy.bounds.body_timeout);
+                let sent = body::pass(
+                    req.framing,
+                    io,
+                    &mut self.buf,
+                    &mut up.io,
+                    &mut self.up_head,
+                    Some(stall),
+                )
+                .await;
+                match sent {
+                    Ok(()) => {}
+                    Err(BodyError::Write) => return Err(Sent::Upstream),
+                    Err(e) => return Err(Sent::Client(e)),
+                }
+            }
+            match response_head(&mut up).await {
+                Ok(end) => return Ok((up, end)),
+                Err(ResponseWait::Nothing) if reused && req.resendable => continue,
+                Err(_) => return Err(Sent::Upstream),
+            }
+        }
+    }
+}
+
+/// The upstream request head: the request line with the upstream's path prefix,
+/// the headers that pass this hop, Host when the client sent none, the
+/// forwarding headers and the body's framing.
+fn write_upstream_head(
+    out: &mut Vec<u8>,
+    table: &RouteTable,
+    route: &Route,
+    peer: &Peer,
+    req: &httparse::Request<'_, '_>,
+    head: &RequestHead<'_>,
+) {
+    out.clear();
+    out.extend_from_slice(req.method.unwrap_or("GET").as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(route.upstream_prefix().as_bytes());
+    out.extend_from_slice(req.path.unwrap_or("/").as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let fwd = forwarding(table, peer, req.headers);
+    // The proxy writes these itself; a 100-continue is answered here.
+    let skip: &[&str] = if fwd.append {
+        &["x-forwarded-for", "expect"]
+    } else {
+        &["x-forwarded-for", "forwarded", "expect"]
+    };
+    let named = message::connection_named(req.headers);
+    for h in req.headers.iter() {
+        if message::passes(h.name, &named, skip) {
+            message::header(out, h.name.as_bytes(), h.value);
+        }
+    }
+    if head.host.is_none() {
+        message::header(out, b"host", route.upstream_host().as_bytes());
+    }
+    message::header(out, b"x-forwarded-for", fwd.xff.as_bytes());
+    message::header(out, b"forwarded", fwd.forwarded.as_bytes());
+    message::framing_header(out, head.framing());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// What the fast path keeps of a request once its head is let go.
+struct Request {
+    framing: Framing,
+    to_head: bool,
+    close: bool,
+    expect_continue: bool,
+    resendable: bool,
+}
+
+/// Why a request did not get its response head.
+enum Sent {
+    /// No connection to the upstream.
+    Connect(Failure),
+    /// The client's body did not come.
+    Client(BodyError),
+    /// The upstream closed, failed, or sent something other than a response head.
+    Upstream,
+}
+
+/// Why no response head came.
+enum ResponseWait {
+    /// The connection ended before any byte of a response.
+    Nothing,
+    /// It failed, or what came is not a response head.
+    Broken,
+}
+
+/// Reads the response head into `up`'s buffer, passing over interim (1xx) responses;
+/// returns its length.
+async fn response_head(up: &mut RawConn) -> Result<usize, ResponseWait> {
+    up.buf.clear();
+    loop {
+        if let Some(end) = message::head_end(&up.buf) {
+            // "HTTP/1.1 1xx": an interim response, not forwarded (a 100 Continue is
+            // the proxy's to send).
+            if up.buf.get(9) == Some(&b'1') && up.buf.starts_with(b"HTTP/1.") {
+                up.buf.advance(end);
+                continue;
+            }
+            return Ok(end);
+        }
+        if up.buf.len() >= MAX_HEAD {
+            return Err(ResponseWait::Broken);
+        }
+        let nothing = up.buf.is_empty();
+        match body::fill(&mut up.io, &mut up.buf, None).await {
+            Ok(()) => {}
+            Err(_) if nothing => return Err(ResponseWait::Nothing),
+            Err(_) => return Err(ResponseWait::Broken),
+        }
+    }
+}
+
+/// Writes `answer` and closes the connection, reading (and discarding) what the
+/// client still sends for up to [`LINGER`], so that the answer is not lost to a
+/// reset.
+async fn refuse(io: &mut Client, out: &mut Vec<u8>, answer: &Problem, to_head: bool) -> Next {
+    out.clear();
+    message::with_date(|d| answer.write(out, d, true, to_head));
+    if io.write_all(out).await.is_ok() && io.shutdown().await.is_ok() {
+        let mut sink = [0u8; 4096];
+        let linger = async {
+            while let Ok(n) = io.read(&mut sink).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER, linger).await;
+    }
+    Next::Close
+}
+
+/// One worker's fast-path connections to its upstreams.
+pub(in crate::proxy) struct Upstreams {
+    cache: ConnCache<RawConn>,
+    connect_timeout: Duration,
+}
+
+/// A connection to an upstream, with what was read from it.
+struct RawConn {
+    io: TcpStream,
+    buf: BytesMut,
+}
+
+impl Reusable for RawConn {
+    // Kept only between whole exchanges: always ready; a close is found on use.
+    fn closed(&self) -> bool {
+        false
+    }
+
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+impl RawConn {
+    /// Whether the upstream has neither closed this idle connection nor sent on it,
+    /// as far as the events seen so far tell.
+    fn still_open(&self) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(self.io.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+impl Upstreams {
+    /// No connections yet; new ones connect within `connect_timeout`.
+    pub fn new(connect_timeout: Duration) -> Self {
+        Upstreams {
+            cache: ConnCache::default(),
+            connect_timeout,
+        }
+    }
+
+    /// A kept connection to `upstream` (`checked`: one not seen closed), else a new
+    /// one; `true` when kept.
+    async fn get(&self, upstream: &Authority, checked: bool) -> Result<(RawConn, bool), Failure> {
+        while let Some(conn) = self.cache.idle(upstream) {
+            if !checked || conn.still_open() {
+                return Ok((conn, true));
+            }
+        }
+        let io = upstream::connect(upstream, self.connect_timeout).await?;
+        let buf = BytesMut::with_capacity(4096);
+        Ok((RawConn { io, buf }, false))
+    }
+}
