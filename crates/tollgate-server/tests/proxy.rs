@@ -676,3 +676,125 @@ async fn upstream_connections_are_kept_and_one_closed_while_idle_is_replaced() {
     }
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 6);
 }
+
+/// Writes `raw` on a new connection and returns all the proxy sends until it closes
+/// the connection (or 3 s pass).
+async fn raw_exchange(proxy: &Proxy, raw: &[u8]) -> String {
+    raw_trickle(proxy, raw, &[]).await
+}
+
+/// [`raw_exchange`] writing `head` at once and `then` a byte every millisecond.
+async fn raw_trickle(proxy: &Proxy, head: &[u8], then: &[u8]) -> String {
+    let addr = proxy.base.trim_start_matches("http://").parse().unwrap();
+    let (every, limit) = (Duration::from_millis(1), Duration::from_secs(3));
+    let ended = tollgate_testkit::dribble(addr, head, then, every, limit).await;
+    String::from_utf8_lossy(&ended.answer).into_owned()
+}
+
+/// HTTP/1.1 takes the proxy's fast path; what it does not take (HTTP/1.0, HTTP/2)
+/// goes through hyper. Either way a client gets the same answers, framed right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_http_1_1_message_and_http_2_are_proxied() {
+    let up = upstream().await;
+    let proxy = start(&config(
+        &up,
+        "      policies: [\"fixed-window:limit=8,window=1h\"]\n      headers: none\n",
+    ));
+    // Pipelined: two requests in one write, two answers in order; a HEAD's answer
+    // has no body and the connection goes on after it.
+    let two = raw_exchange(
+        &proxy,
+        b"GET /api/a HTTP/1.1\r\nHost: a\r\nX-Api-Key: p\r\n\r\nHEAD /api/b HTTP/1.1\r\nHost: a\r\nX-Api-Key: p\r\n\r\nGET /api/c HTTP/1.1\r\nHost: a\r\nX-Api-Key: p\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(two.matches("HTTP/1.1 200 OK").count(), 3, "{two}");
+    assert_eq!(two.matches("\r\n\r\nup").count(), 2, "{two}");
+    assert!(two.contains("content-length: 2"), "{two}");
+    // A chunked upload passes as it is, with its trailers; 100-continue is answered
+    // by the proxy before the body comes.
+    let chunked = raw_trickle(
+        &proxy,
+        b"POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: q\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+        b"5\r\nhello\r\n6\r\n world\r\n0\r\nx-t: 1\r\n\r\n",
+    )
+    .await;
+    assert!(
+        chunked.starts_with("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK"),
+        "{chunked}"
+    );
+    assert!(chunked.ends_with("\r\n\r\nhello world"), "{chunked}");
+    // HTTP/1.0 goes to hyper, also in the middle of a connection.
+    let old = raw_exchange(
+        &proxy,
+        b"GET /api/x HTTP/1.1\r\nHost: a\r\nX-Api-Key: r\r\n\r\nGET /api/y HTTP/1.0\r\nX-Api-Key: r\r\n\r\n",
+    )
+    .await;
+    let (first, second) = old.split_once("\r\n\r\nup").unwrap_or_default();
+    assert!(first.starts_with("HTTP/1.1 200 OK"), "{old}");
+    assert!(
+        second.starts_with("HTTP/1.0 200 OK") && second.ends_with("up"),
+        "{old}"
+    );
+    // Over the limit on both paths: the same problem+json.
+    for _ in 0..8 {
+        get_as(&proxy, "/api/x", Some("s")).await;
+    }
+    let fast = raw_exchange(
+        &proxy,
+        b"GET /api/x HTTP/1.1\r\nHost: a\r\nX-Api-Key: s\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let slow = raw_exchange(
+        &proxy,
+        b"GET /api/x HTTP/1.0\r\nHost: a\r\nX-Api-Key: s\r\n\r\n",
+    )
+    .await;
+    let body = |text: &str| text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    assert!(
+        fast.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
+        "{fast}"
+    );
+    assert!(
+        slow.starts_with("HTTP/1.0 429 Too Many Requests\r\n"),
+        "{slow}"
+    );
+    assert_eq!(body(&fast), body(&slow));
+    for text in [&fast, &slow] {
+        let lower = text.to_lowercase();
+        assert!(
+            lower.contains("content-type: application/problem+json"),
+            "{text}"
+        );
+        assert!(lower.contains("retry-after: "), "{text}");
+        assert!(lower.contains("date: "), "{text}");
+    }
+    // A rejected upload is answered, and its connection closed (its body unread).
+    let refused = raw_exchange(
+        &proxy,
+        b"POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: s\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    assert!(refused.contains("connection: close"), "{refused}");
+    // Bad framing on the fast path: a clear status.
+    let coding = raw_exchange(
+        &proxy,
+        b"POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: t\r\nTransfer-Encoding: gzip\r\n\r\n",
+    )
+    .await;
+    assert!(coding.starts_with("HTTP/1.1 501"), "{coding}");
+
+    // HTTP/2 with prior knowledge (through hyper), a streamed answer included.
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<bytes::Bytes>>();
+    let req = http::Request::get(format!("{}/api/stream", proxy.base))
+        .header("x-api-key", "h2")
+        .body(Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 4000);
+}
