@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::header::{CONNECTION, FORWARDED, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use axum::http::header::{CONNECTION, FORWARDED, HOST};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -21,14 +21,16 @@ use super::upstream::{Failure, UpstreamPool};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-static HOP_BY_HOP: [HeaderName; 7] = [
-    CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    TE,
-    TRAILER,
-    TRANSFER_ENCODING,
-    UPGRADE,
+/// The hop-by-hop headers (RFC 9110 §7.6.1, and the older `keep-alive` and
+/// `proxy-connection`), lower-case.
+static HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
 ];
 
 /// Sends `req` to `route`'s upstream and answers with its response plus the
@@ -255,18 +257,14 @@ pub(super) fn forwarding(
     }
 }
 
-/// Whether the header `name` (any case) is hop-by-hop (for the fast path, which has
-/// no `HeaderName`s).
+/// Whether the header `name` (any case) is hop-by-hop.
 pub(super) fn is_hop_by_hop_name(name: &str) -> bool {
-    HOP_BY_HOP
-        .iter()
-        .any(|h| h.as_str().eq_ignore_ascii_case(name))
+    HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
 }
 
-/// Whether `name` is a hop-by-hop header (RFC 9110 §7.6.1, and the older
-/// `keep-alive` and `proxy-connection`).
+/// Whether `name` is a hop-by-hop header.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name)
+    is_hop_by_hop_name(name.as_str())
 }
 
 /// Removes the hop-by-hop headers and those `Connection` names.
@@ -282,7 +280,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for h in &HOP_BY_HOP {
+    for h in HOP_BY_HOP {
         headers.remove(h);
     }
     for h in named {

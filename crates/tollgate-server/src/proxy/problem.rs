@@ -2,8 +2,6 @@
 //! on a rate-limit reject. An answer is a [`Problem`], sent through hyper as a
 //! `Response` or written as bytes by the HTTP/1.1 fast path.
 
-use std::io::Write;
-
 use axum::body::Body;
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -52,6 +50,7 @@ pub(super) fn problem_response(
     }
 }
 
+/// The media type of every answer.
 const PROBLEM_JSON: &str = "application/problem+json";
 
 impl Problem {
@@ -62,13 +61,17 @@ impl Problem {
     /// Writes the answer as an HTTP/1.1 message (`close`: it ends the connection;
     /// `head_only`: to a HEAD request, without the body).
     pub fn write(&self, out: &mut Vec<u8>, date: &[u8], close: bool, head_only: bool) {
-        let reason = self.status.canonical_reason().unwrap_or("");
-        let _ = write!(out, "HTTP/1.1 {} {reason}\r\n", self.status.as_u16());
-        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(self.status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.status.canonical_reason().unwrap_or("").as_bytes());
+        out.extend_from_slice(b"\r\ndate: ");
         out.extend_from_slice(date);
-        let _ = write!(out, "\r\ncontent-type: {PROBLEM_JSON}\r\n");
+        out.extend_from_slice(b"\r\ncontent-type: application/problem+json\r\n");
         if let Some(s) = self.retry_after() {
-            let _ = write!(out, "retry-after: {s}\r\n");
+            out.extend_from_slice(b"retry-after: ");
+            push_decimal(out, s);
+            out.extend_from_slice(b"\r\n");
         }
         for (name, value) in &self.headers {
             out.extend_from_slice(name.as_str().as_bytes());
@@ -79,11 +82,29 @@ impl Problem {
         if close {
             out.extend_from_slice(b"connection: close\r\n");
         }
-        let _ = write!(out, "content-length: {}\r\n\r\n", self.body.len());
+        out.extend_from_slice(b"content-length: ");
+        push_decimal(out, self.body.len() as u64);
+        out.extend_from_slice(b"\r\n\r\n");
         if !head_only {
             out.extend_from_slice(&self.body);
         }
     }
+}
+
+/// Writes `n` in decimal (without `fmt`, which costs more than the rest of an
+/// answer).
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 impl IntoResponse for Problem {
@@ -110,4 +131,38 @@ pub(super) fn store_unavailable(e: &dyn std::fmt::Display) -> Problem {
         "rate limit store unavailable",
         None,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_is_written_as_hyper_would_send_it() {
+        let mut p = problem(StatusCode::TOO_MANY_REQUESTS, "slow down", Some(1_500_001));
+        p.headers
+            .insert("ratelimit", HeaderValue::from_static("\"default\";r=0"));
+        let mut out = Vec::new();
+        p.write(&mut out, b"Thu, 01 Jan 1970 00:00:00 GMT", true, false);
+        let text = String::from_utf8(out).unwrap();
+        let body = String::from_utf8(p.body.to_vec()).unwrap();
+        assert_eq!(
+            text,
+            format!(
+                "HTTP/1.1 429 Too Many Requests\r\ndate: Thu, 01 Jan 1970 00:00:00 GMT\r\n\
+                 content-type: application/problem+json\r\nretry-after: 2\r\n\
+                 ratelimit: \"default\";r=0\r\nconnection: close\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        );
+        let mut head = Vec::new();
+        p.write(&mut head, b"-", false, true);
+        assert!(head.ends_with(format!("content-length: {}\r\n\r\n", body.len()).as_bytes()));
+        for n in [0, 7, 10, 99, 1234567890, u64::MAX] {
+            let mut out = Vec::new();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
+        }
+    }
 }

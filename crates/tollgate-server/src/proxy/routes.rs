@@ -92,7 +92,7 @@ impl RouteTable {
     /// The first route that matches a request for `path` with the Host header `host`
     /// (its port is ignored).
     pub fn route_for(&self, host: Option<&str>, path: &str) -> Option<&Arc<Route>> {
-        let host = host.map(|h| h.split(':').next().unwrap_or(h));
+        let host = host.map(|h| memchr::memchr(b':', h.as_bytes()).map_or(h, |c| &h[..c]));
         self.routes.iter().find(|r| {
             r.matcher.path.as_deref().is_none_or(|p| p == path)
                 && r.matcher

@@ -165,7 +165,11 @@ impl<C: Reusable> ConnCache<C> {
     /// that waited too long.
     pub fn idle(&self, upstream: &Authority) -> Option<C> {
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let conns = &mut kept.by_upstream.iter_mut().find(|(a, _)| a == upstream)?.1;
+        let conns = &mut kept
+            .by_upstream
+            .iter_mut()
+            .find(|(a, _)| same(a, upstream))?
+            .1;
         let now = tokio::time::Instant::now();
         conns.retain(|k| k.alive(now));
         let ready = conns.iter().position(|k| k.conn.ready())?;
@@ -186,7 +190,7 @@ impl<C: Reusable> ConnCache<C> {
             kept.by_upstream.retain(|(_, conns)| !conns.is_empty());
         }
         let by_upstream = &mut kept.by_upstream;
-        let conns = match by_upstream.iter().position(|(a, _)| a == upstream) {
+        let conns = match by_upstream.iter().position(|(a, _)| same(a, upstream)) {
             Some(i) => &mut by_upstream[i].1,
             None => {
                 by_upstream.push((upstream.clone(), Vec::new()));
@@ -197,6 +201,12 @@ impl<C: Reusable> ConnCache<C> {
             conns.push(Kept { conn, since: now });
         }
     }
+}
+
+/// Whether two upstreams are one: their text compared as is (`Authority`'s `==`
+/// ignores case, byte by byte, and cost more than the rest of the lookup).
+fn same(a: &Authority, b: &Authority) -> bool {
+    a.as_str() == b.as_str()
 }
 
 /// A new TCP connection to `upstream`, within `timeout`.

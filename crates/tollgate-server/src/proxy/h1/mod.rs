@@ -19,6 +19,7 @@ mod body;
 mod message;
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use axum::http::uri::Authority;
@@ -150,9 +151,11 @@ async fn read_head(
 impl Conn {
     /// Serves the request whose head is `buf[..end]`.
     async fn request(&mut self, proxy: &Proxy, peer: &Peer, io: &mut Client, end: usize) -> Next {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&self.buf[..end]) {
+        // Not initialised: httparse writes those it fills (3 KB less to clear per
+        // request).
+        let mut headers = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut []);
+        match req.parse_with_uninit_headers(&self.buf[..end], &mut headers) {
             Ok(httparse::Status::Complete(_)) => {}
             Err(httparse::Error::Version) => return Next::Hyper,
             Err(httparse::Error::TooManyHeaders) => {
@@ -194,7 +197,7 @@ impl Conn {
         // request body is left unread.
         let instead = framing != Framing::Empty || head.close;
         let table = proxy.table.load_full();
-        let path = target.split('?').next().unwrap_or(target);
+        let path = memchr::memchr(b'?', target.as_bytes()).map_or(target, |q| &target[..q]);
         let Some(route) = table.route_for(head.host, path) else {
             return self.answer(io, end, &no_route(), instead, to_head).await;
         };
@@ -286,9 +289,13 @@ impl Conn {
                 return self.fail(io, &answer, close, &req).await;
             }
         };
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut headers);
-        let parsed = resp.parse(&up.buf[..head_len]);
+        let mut headers = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut resp,
+            &up.buf[..head_len],
+            &mut headers,
+        );
         let head = match (parsed, resp.code, resp.version) {
             (Ok(httparse::Status::Complete(_)), Some(code), Some(version)) => {
                 ResponseHead::of(code, version, resp.headers, req.to_head).map(|h| (code, h))
