@@ -576,6 +576,17 @@ pub async fn serve_accepted<M, F, Fut>(
 pub struct Drain(tokio::sync::watch::Receiver<bool>);
 
 impl Drain {
+    /// A drain never asked for: a connection served outside a listener's loop.
+    pub fn never() -> Drain {
+        static NEVER: std::sync::OnceLock<tokio::sync::watch::Sender<bool>> =
+            std::sync::OnceLock::new();
+        Drain(
+            NEVER
+                .get_or_init(|| tokio::sync::watch::channel(false).0)
+                .subscribe(),
+        )
+    }
+
     /// Resolves once the server asks its connections to drain.
     pub async fn requested(&mut self) {
         let _ = self.0.wait_for(|draining| *draining).await;

@@ -21,4 +21,4 @@ mod routes;
 pub mod server;
 mod upstream;
 
-pub use server::{app, command, load, run, ProxyArgs};
+pub use server::{command, load, run, ProxyApp, ProxyArgs};

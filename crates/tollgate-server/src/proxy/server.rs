@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::Request;
 use axum::http::header::HOST;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use clap::Parser;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tollgate::keyed::KeyedOptions;
 
 use super::forwarding::{forward, Peer};
@@ -26,7 +27,7 @@ use super::upstream::UpstreamPool;
 use crate::config::proxy::ProxyConfig;
 use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::Connections;
-use crate::connections::{BodyTimeout, HyperConns, Rewind, Slots};
+use crate::connections::{BodyTimeout, Drain, HyperConns, Rewind, Slots};
 
 /// One worker thread's view: the shared routes and its own upstream connections.
 pub(super) struct Proxy {
@@ -110,22 +111,63 @@ impl Proxy {
     }
 }
 
-/// The proxy's request handling for `config` on the memory store, as one worker
-/// serves it, without a listener: for tests and fuzzing, which insert the peer's
-/// `ConnectInfo<SocketAddr>` themselves.
-pub fn app(config: ProxyConfig, options: KeyedOptions) -> anyhow::Result<axum::Router> {
-    let connect_timeout = config.connect_timeout();
-    let table = RouteTable::new(config, options, None, None)?;
-    let proxy = Proxy::new(
-        Arc::new(ArcSwap::from_pointee(table)),
-        connect_timeout,
-        Connections::default(),
-    );
-    let handler =
-        |State(proxy): State<Arc<Proxy>>,
-         ConnectInfo(peer): ConnectInfo<SocketAddr>,
-         req: Request| async move { handle(&proxy, &Peer::new(peer), req).await };
-    Ok(axum::Router::new().fallback(handler).with_state(proxy))
+/// The proxy for `config` on the memory store as one worker serves it, without a
+/// listener: for tests and fuzzing, which bring their own connections.
+pub struct ProxyApp {
+    proxy: Arc<Proxy>,
+    hyper: HyperConns,
+}
+
+impl ProxyApp {
+    /// Builds the routes of `config` (the errors name the field, as at start).
+    pub fn new(config: ProxyConfig, options: KeyedOptions) -> anyhow::Result<ProxyApp> {
+        let connect_timeout = config.connect_timeout();
+        let table = RouteTable::new(config, options, None, None)?;
+        let bounds = Connections::default();
+        let proxy = Proxy::new(
+            Arc::new(ArcSwap::from_pointee(table)),
+            connect_timeout,
+            bounds,
+        );
+        let body = BodyTimeout::BetweenReads(Duration::from_micros(bounds.body_timeout));
+        Ok(ProxyApp {
+            proxy,
+            hyper: HyperConns::new(&bounds, body),
+        })
+    }
+
+    /// Serves the client connection `io` from `peer` until it ends, as a worker does.
+    pub async fn serve<I>(&self, io: I, peer: SocketAddr)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (proxy, hyper) = (self.proxy.clone(), self.hyper.clone());
+        serve_connection(proxy, hyper, Arc::new(Peer::new(peer)), io, Drain::never()).await;
+    }
+}
+
+/// Serves one client connection: HTTP/1.1 requests on the fast path; the rest of the
+/// connection through hyper from the first request the fast path does not take.
+async fn serve_connection<I>(
+    proxy: Arc<Proxy>,
+    hyper: HyperConns,
+    peer: Arc<Peer>,
+    io: I,
+    mut drain: Drain,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Some((io, read)) = h1::serve(&proxy, &peer, io, &mut drain).await else {
+        return;
+    };
+    let addr = peer.addr;
+    let handler = move |req| {
+        let (proxy, peer) = (proxy.clone(), peer.clone());
+        async move { Ok(handle(&proxy, &peer, req).await) }
+    };
+    hyper
+        .serve(Rewind::new(read, io), addr, handler, drain)
+        .await;
 }
 
 /// Loads the `proxy:` section of a main config, with the sections it uses.
@@ -285,23 +327,11 @@ fn spawn_worker(
             let body =
                 BodyTimeout::BetweenReads(Duration::from_micros(slots.bounds().body_timeout));
             let hyper = HyperConns::new(slots.bounds(), body);
-            // HTTP/1.1 requests take the fast path; the rest of a connection goes to
-            // hyper from the first request the fast path does not take. The peer's
-            // forwarding headers are written once per connection.
+            // The peer's forwarding headers are written once per connection.
             let serve_one = move |addr| {
-                let (proxy, hyper, peer) =
-                    (proxy.clone(), hyper.clone(), Arc::new(Peer::new(addr)));
-                move |io, mut drain| async move {
-                    let Some((io, read)) = h1::serve(&proxy, &peer, io, &mut drain).await else {
-                        return;
-                    };
-                    let handler = move |req| {
-                        let (proxy, peer) = (proxy.clone(), peer.clone());
-                        async move { Ok(handle(&proxy, &peer, req).await) }
-                    };
-                    hyper
-                        .serve(Rewind::new(read, io), addr, handler, drain)
-                        .await;
+                let (proxy, hyper) = (proxy.clone(), hyper.clone());
+                move |io, drain| {
+                    serve_connection(proxy, hyper, Arc::new(Peer::new(addr)), io, drain)
                 }
             };
             let stop = crate::lifecycle::shutdown_signal();

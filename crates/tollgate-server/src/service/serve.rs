@@ -379,7 +379,7 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<()> {
             Some(_) => {
                 let loaded = crate::proxy::load(path)?;
                 let n = loaded.proxy.routes.len();
-                let _routes = crate::proxy::app(loaded.proxy, loaded.options)?;
+                let _routes = crate::proxy::ProxyApp::new(loaded.proxy, loaded.options)?;
                 format!("; proxy: {n} route(s)")
             }
             None => String::new(),

@@ -254,6 +254,54 @@ mod tests {
         assert!(ChunkedScan::new().scan(&endless).is_err());
     }
 
+    proptest::proptest! {
+        /// Any chunked body, cut into any reads, is found to end exactly where it
+        /// ends; bytes that are not one are refused or taken in part, never past
+        /// their end, and never panic.
+        #[test]
+        fn the_scan_ends_exactly_at_the_end_of_any_chunked_body(
+            chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 1..40), 0..6),
+            upper in proptest::bool::ANY,
+            trailers in proptest::collection::vec("[a-z]{1,8}: [a-z0-9]{0,8}", 0..3),
+            cuts in proptest::collection::vec(0usize..400, 0..6),
+            garbage in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+        ) {
+            let mut body = Vec::new();
+            for c in &chunks {
+                let size = if upper { format!("{:X}", c.len()) } else { format!("{:x}", c.len()) };
+                body.extend_from_slice(size.as_bytes());
+                body.extend_from_slice(b"\r\n");
+                body.extend_from_slice(c);
+                body.extend_from_slice(b"\r\n");
+            }
+            body.extend_from_slice(b"0\r\n");
+            for t in &trailers {
+                body.extend_from_slice(t.as_bytes());
+                body.extend_from_slice(b"\r\n");
+            }
+            body.extend_from_slice(b"\r\n");
+            let mut all = body.clone();
+            all.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+            // Reads end at the cuts; what a scan leaves is seen again with the next.
+            let mut ends: Vec<usize> = cuts.iter().map(|c| c % (all.len() + 1)).collect();
+            ends.push(all.len());
+            ends.sort_unstable();
+            let (mut scan, mut taken) = (ChunkedScan::new(), 0);
+            for end in ends {
+                if scan.done() {
+                    break;
+                }
+                taken += scan.scan(&all[taken..end.max(taken)]).unwrap();
+            }
+            proptest::prop_assert!(scan.done());
+            proptest::prop_assert_eq!(taken, body.len());
+            let mut scan = ChunkedScan::new();
+            if let Ok(n) = scan.scan(&garbage) {
+                proptest::prop_assert!(n <= garbage.len());
+            }
+        }
+    }
+
     #[tokio::test]
     async fn pass_copies_exactly_the_body_and_leaves_the_rest() {
         for (framing, input, expect) in [

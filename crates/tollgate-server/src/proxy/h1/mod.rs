@@ -25,7 +25,7 @@ use std::time::Duration;
 use axum::http::uri::Authority;
 use axum::http::StatusCode;
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use self::body::BodyError;
@@ -35,11 +35,7 @@ use super::problem::{problem, Problem};
 use super::routes::{Route, RouteTable};
 use super::server::{admit, no_route, Proxy};
 use super::upstream::{self, ConnCache, Failure, Reusable};
-use crate::connections::{Bounded, Drain};
-use crate::workers::WorkerStream;
-
-/// A client connection.
-type Client = Bounded<WorkerStream>;
+use crate::connections::Drain;
 
 /// How long a connection closed with unread input is still read from (and what it
 /// sends discarded), so that the client sees the answer before the close (nginx's
@@ -49,12 +45,12 @@ const LINGER: Duration = Duration::from_secs(2);
 /// Serves `io` from `peer` until it closes, fails, or `drain` asks (between
 /// requests). `Some`: a request the fast path does not take arrived; the connection
 /// and what was read of it (from that request on) go to hyper.
-pub(in crate::proxy) async fn serve(
+pub(in crate::proxy) async fn serve<C: Client>(
     proxy: &Proxy,
     peer: &Peer,
-    mut io: Client,
+    mut io: C,
     drain: &mut Drain,
-) -> Option<(Client, Bytes)> {
+) -> Option<(C, Bytes)> {
     let mut conn = Conn {
         buf: BytesMut::with_capacity(4096),
         out: Vec::with_capacity(1024),
@@ -85,6 +81,12 @@ pub(in crate::proxy) async fn serve(
         }
     }
 }
+
+/// A client connection (a socket bounded in time by `connections:`; a pipe in
+/// fuzzing).
+pub(in crate::proxy) trait Client: AsyncRead + AsyncWrite + Unpin {}
+
+impl<C: AsyncRead + AsyncWrite + Unpin> Client for C {}
 
 /// A connection's buffers, kept across its requests.
 struct Conn {
@@ -117,7 +119,7 @@ enum HeadWait {
 /// connection's next request included); returns the head's length. A drain ends an
 /// idle wait.
 async fn read_head(
-    io: &mut Client,
+    io: &mut impl Client,
     buf: &mut BytesMut,
     limit: Duration,
     drain: &mut Drain,
@@ -150,7 +152,13 @@ async fn read_head(
 
 impl Conn {
     /// Serves the request whose head is `buf[..end]`.
-    async fn request(&mut self, proxy: &Proxy, peer: &Peer, io: &mut Client, end: usize) -> Next {
+    async fn request(
+        &mut self,
+        proxy: &Proxy,
+        peer: &Peer,
+        io: &mut impl Client,
+        end: usize,
+    ) -> Next {
         // Not initialised: httparse writes those it fills (3 KB less to clear per
         // request).
         let mut headers = [const { MaybeUninit::uninit() }; MAX_HEADERS];
@@ -231,7 +239,7 @@ impl Conn {
     /// `buf[..end]`; `close` ends the connection.
     async fn answer(
         &mut self,
-        io: &mut Client,
+        io: &mut impl Client,
         end: usize,
         answer: &Problem,
         close: bool,
@@ -257,7 +265,7 @@ impl Conn {
         proxy: &Proxy,
         table: &RouteTable,
         route: &Route,
-        io: &mut Client,
+        io: &mut impl Client,
         req: Request,
         mut passed: super::limits::Passed,
     ) -> Next {
@@ -356,7 +364,7 @@ impl Conn {
     /// Answers a request whose exchange failed before its response.
     async fn fail(
         &mut self,
-        io: &mut Client,
+        io: &mut impl Client,
         answer: &Problem,
         close: bool,
         req: &Request,
@@ -379,7 +387,7 @@ impl Conn {
         &mut self,
         proxy: &Proxy,
         upstream: &Authority,
-        io: &mut Client,
+        io: &mut impl Client,
         req: &Request,
     ) -> Result<(RawConn, usize), Sent> {
         loop {
@@ -521,7 +529,7 @@ async fn response_head(up: &mut RawConn) -> Result<usize, ResponseWait> {
 /// Writes `answer` and closes the connection, reading (and discarding) what the
 /// client still sends for up to [`LINGER`], so that the answer is not lost to a
 /// reset.
-async fn refuse(io: &mut Client, out: &mut Vec<u8>, answer: &Problem, to_head: bool) -> Next {
+async fn refuse(io: &mut impl Client, out: &mut Vec<u8>, answer: &Problem, to_head: bool) -> Next {
     out.clear();
     message::with_date(|d| answer.write(out, d, true, to_head));
     if io.write_all(out).await.is_ok() && io.shutdown().await.is_ok() {
