@@ -543,9 +543,17 @@ async fn slow_clients_and_absent_readers_are_cut_off_and_release_their_permits()
         tollgate_testkit::dribble(addr, head, &[b'a'; 100], byte, Duration::from_secs(8)).await;
     slow_headers.assert_ended_within(low, high, "slow headers");
     // The upload stalls after 10 bytes: 408 one body timeout later (between reads).
+    // Its limit_conn permit goes back with the answer, while the proxy still reads
+    // what the client might send before closing.
     let head = b"POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: up\r\nContent-Length: 1000\r\n\r\n0123456789";
-    let stalled = tollgate_testkit::dribble(addr, head, &[], byte, Duration::from_secs(8)).await;
+    let stalled = tollgate_testkit::dribble(addr, head, &[], byte, Duration::from_secs(8));
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        get_as(&proxy, "/api/x", Some("up")).await.status()
+    };
+    let (stalled, meanwhile) = tokio::join!(stalled, meanwhile);
     assert_eq!(stalled.statuses(), vec![408], "{stalled:?}");
+    assert_eq!(meanwhile, 200, "the permit was held past the 408");
     // A steady upload slower than the bound in total but not between reads passes:
     // 30 bytes over 3 s.
     let head = b"POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: up2\r\nContent-Length: 30\r\nConnection: close\r\n\r\n";
@@ -588,7 +596,8 @@ async fn slow_clients_and_absent_readers_are_cut_off_and_release_their_permits()
 }
 
 /// A raw HTTP/1.1 upstream on port 0 that answers every request with the request head
-/// it read (as its body) and counts the connections it accepted; with `close_after`,
+/// it read (as its body, with an `X-RateLimit-Limit: 999` of its own) and counts the
+/// connections it accepted; with `close_after`,
 /// it closes each connection after one response without saying so (as an upstream
 /// whose keep-alive timeout is shorter than the proxy's reuse).
 async fn head_echo_upstream(
@@ -612,9 +621,11 @@ async fn head_echo_upstream(
                     }
                     while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                         let head: Vec<u8> = buf.drain(..end + 4).collect();
-                        let mut out =
-                            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", head.len())
-                                .into_bytes();
+                        let mut out = format!(
+                            "HTTP/1.1 200 OK\r\nx-ratelimit-limit: 999\r\ncontent-length: {}\r\n\r\n",
+                            head.len()
+                        )
+                        .into_bytes();
                         out.extend_from_slice(&head);
                         if s.write_all(&out).await.is_err() || close_after {
                             return;
@@ -797,4 +808,61 @@ async fn every_kind_of_http_1_1_message_and_http_2_are_proxied() {
     assert_eq!(resp.version(), http::Version::HTTP_2);
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body.len(), 4000);
+}
+
+/// What a client says about framing never decides where a body ends for the
+/// upstream: a `Connection` header naming `Content-Length`, chunk syntax another
+/// parser reads otherwise. The upstream sees the body as the proxy read it, or the
+/// request is refused: no request of the client's making reaches the upstream
+/// unrouted and unlimited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framing_tricks_do_not_smuggle_a_request_past_the_proxy() {
+    let up = upstream().await;
+    let proxy = start(&config(&up, ""));
+    let inner = b"GET /admin/secret HTTP/1.1\r\nHost: internal\r\n\r\n";
+    let mut raw = format!(
+        "POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: k\r\nConnection: keep-alive, content-length, host\r\nContent-Length: {}\r\n\r\n",
+        inner.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(inner);
+    raw.extend_from_slice(
+        b"GET /api/after HTTP/1.1\r\nHost: a\r\nX-Api-Key: k\r\nConnection: close\r\n\r\n",
+    );
+    let answer = raw_exchange(&proxy, &raw).await;
+    // The inner request came back as the body it was, then the next request's "up".
+    assert_eq!(answer.matches("HTTP/1.1 200 OK").count(), 2, "{answer}");
+    assert!(
+        answer.contains("GET /admin/secret HTTP/1.1\r\nHost: internal"),
+        "{answer}"
+    );
+    assert!(answer.ends_with("\r\n\r\nup"), "{answer}");
+    // A bare LF in a chunk extension: refused, and the connection closed.
+    let chunk = raw_exchange(
+        &proxy,
+        b"POST /api/echo HTTP/1.1\r\nHost: a\r\nX-Api-Key: k\r\nTransfer-Encoding: chunked\r\n\r\n4c;\nxx\r\n0\r\n\r\nGET /admin/chunk HTTP/1.1\r\nHost: internal\r\n\r\n",
+    )
+    .await;
+    assert!(chunk.starts_with("HTTP/1.1 400"), "{chunk}");
+    assert_eq!(chunk.matches("HTTP/1.1").count(), 1, "{chunk}");
+
+    // A fragment is not sent on, and the route's rate-limit headers replace the
+    // upstream's of the same name.
+    let (up, _) = head_echo_upstream(false).await;
+    let proxy = start(&config(
+        &up,
+        "      policies: [\"fixed-window:limit=50,window=1h\"]\n      headers: legacy\n",
+    ));
+    let answer = raw_exchange(
+        &proxy,
+        b"GET /api/x#frag?q HTTP/1.1\r\nHost: a\r\nX-Api-Key: f\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        answer.contains("\r\n\r\nGET /api/x HTTP/1.1\r\n"),
+        "{answer}"
+    );
+    let lower = answer.to_lowercase();
+    assert_eq!(lower.matches("x-ratelimit-limit:").count(), 1, "{answer}");
+    assert!(lower.contains("x-ratelimit-limit: 50\r\n"), "{answer}");
 }

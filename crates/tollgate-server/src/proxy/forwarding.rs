@@ -262,6 +262,15 @@ pub(super) fn is_hop_by_hop_name(name: &str) -> bool {
     HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
 }
 
+/// Whether a header named in `Connection` stays all the same: `Host` and the framing
+/// headers are the proxy's to decide on, never a client's or an upstream's to take
+/// away from the next hop.
+pub(super) fn kept_when_named(name: &[u8]) -> bool {
+    [&b"host"[..], b"content-length", b"transfer-encoding"]
+        .iter()
+        .any(|k| k.eq_ignore_ascii_case(name))
+}
+
 /// Whether `name` is a hop-by-hop header.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     is_hop_by_hop_name(name.as_str())
@@ -278,7 +287,9 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|n| !kept_when_named(n.as_bytes()))
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
         .collect();
     for h in HOP_BY_HOP {
         headers.remove(h);

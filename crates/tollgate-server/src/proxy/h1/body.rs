@@ -1,7 +1,7 @@
-//! Passing a body from one connection to the other as it comes, in its own framing
-//! (a chunked body stays chunked: the scanner below only finds where it ends).
+//! Passing a body from one connection to the other as it comes: a body of known
+//! length as it is, a chunked body decoded strictly and chunked again.
 
-use std::io;
+use std::io::{self, Write as _};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -28,29 +28,36 @@ pub enum BodyError {
     BadChunk,
 }
 
-/// Where a chunked body is: the scanner keeps it across reads.
+/// Where a chunked body is: the decoder keeps it across reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Chunk {
     /// At a chunk-size line.
     Size,
     /// In a chunk, with this many data bytes left.
     Data(u64),
-    /// After a chunk's data, with this many bytes of its CRLF left.
-    DataEnd(u8),
-    /// In the trailer section (after the last chunk).
-    Trailers,
+    /// After a chunk's data, at its CRLF.
+    DataEnd,
+    /// In the trailer section (after the last chunk), with this many bytes of it read.
+    Trailers(usize),
     /// Past the body's end.
     Done,
 }
 
-/// Finds the end of a chunked body across reads.
-#[derive(Debug)]
-pub struct ChunkedScan(Chunk);
+/// The most bytes of trailer fields read (they are not passed on).
+const MAX_TRAILERS: usize = 8 * 1024;
 
-impl ChunkedScan {
-    /// A scan from the body's start.
+/// Reads a chunked body strictly and writes it chunked again, as nginx does: the
+/// same data in the same chunks, without chunk extensions or trailers. Passing the
+/// bytes on as they came would let a receiver that reads the chunk syntax differently
+/// (a bare LF ending a size line, an empty size) find another end to the body than
+/// this proxy did, and take the rest for a request of its own.
+#[derive(Debug)]
+pub struct Rechunk(Chunk);
+
+impl Rechunk {
+    /// A decoder at the body's start.
     pub fn new() -> Self {
-        ChunkedScan(Chunk::Size)
+        Rechunk(Chunk::Size)
     }
 
     /// Whether the body's end was seen.
@@ -58,66 +65,113 @@ impl ChunkedScan {
         self.0 == Chunk::Done
     }
 
-    /// How many bytes at the start of `buf` belong to the body (all that can be
-    /// told without more bytes); stops at the body's end.
-    pub fn scan(&mut self, buf: &[u8]) -> Result<usize, BodyError> {
+    /// Decodes what it can of `buf` (all that can be told without more bytes,
+    /// stopping at the body's end), appending the body chunked again to `out`;
+    /// returns how many bytes of `buf` it used.
+    pub fn feed(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<usize, BodyError> {
         let mut at = 0;
         loop {
             let rest = &buf[at..];
             match self.0 {
                 Chunk::Done => return Ok(at),
-                Chunk::Size => match httparse::parse_chunk_size(rest) {
-                    Ok(httparse::Status::Complete((n, size))) => {
-                        at += n;
-                        self.0 = if size == 0 {
-                            Chunk::Trailers
-                        } else {
-                            Chunk::Data(size)
-                        };
-                    }
-                    Ok(httparse::Status::Partial) if rest.len() < MAX_LINE => return Ok(at),
-                    _ => return Err(BodyError::BadChunk),
-                },
+                Chunk::Size => {
+                    let Some(line) = crlf_line(rest)? else {
+                        return Ok(at);
+                    };
+                    at += line.len() + 2;
+                    let size = chunk_size(line)?;
+                    self.0 = if size == 0 {
+                        Chunk::Trailers(0)
+                    } else {
+                        let _ = write!(out, "{size:x}\r\n");
+                        Chunk::Data(size)
+                    };
+                }
                 Chunk::Data(left) => {
                     if rest.is_empty() {
                         return Ok(at);
                     }
-                    let take = left.min(rest.len() as u64);
-                    at += take as usize;
-                    self.0 = match left - take {
-                        0 => Chunk::DataEnd(2),
+                    let take = left.min(rest.len() as u64) as usize;
+                    out.extend_from_slice(&rest[..take]);
+                    at += take;
+                    self.0 = match left - take as u64 {
+                        0 => Chunk::DataEnd,
                         n => Chunk::Data(n),
                     };
                 }
-                Chunk::DataEnd(left) => {
-                    let Some(&b) = rest.first() else {
+                Chunk::DataEnd => match rest {
+                    [b'\r', b'\n', ..] => {
+                        at += 2;
+                        out.extend_from_slice(b"\r\n");
+                        self.0 = Chunk::Size;
+                    }
+                    [] | [b'\r'] => return Ok(at),
+                    _ => return Err(BodyError::BadChunk),
+                },
+                Chunk::Trailers(read) => {
+                    let Some(line) = crlf_line(rest)? else {
                         return Ok(at);
                     };
-                    let want = if left == 2 { b'\r' } else { b'\n' };
-                    if b != want {
+                    at += line.len() + 2;
+                    let read = read + line.len() + 2;
+                    if line.is_empty() {
+                        out.extend_from_slice(b"0\r\n\r\n");
+                        self.0 = Chunk::Done;
+                    } else if read > MAX_TRAILERS || !is_field_line(line) {
                         return Err(BodyError::BadChunk);
-                    }
-                    at += 1;
-                    self.0 = if left == 2 {
-                        Chunk::DataEnd(1)
                     } else {
-                        Chunk::Size
-                    };
-                }
-                Chunk::Trailers => match memchr::memchr(b'\n', rest) {
-                    Some(nl) => {
-                        let line = &rest[..nl];
-                        at += nl + 1;
-                        if line.is_empty() || line == b"\r" {
-                            self.0 = Chunk::Done;
-                        }
+                        self.0 = Chunk::Trailers(read);
                     }
-                    None if rest.len() < MAX_LINE => return Ok(at),
-                    None => return Err(BodyError::BadChunk),
-                },
+                }
             }
         }
     }
+}
+
+/// The line at the start of `buf` without its CRLF; `None` while it is not all there.
+/// A line must end in CRLF and hold no other CR or LF.
+fn crlf_line(buf: &[u8]) -> Result<Option<&[u8]>, BodyError> {
+    match memchr::memchr(b'\n', buf) {
+        None if buf.len() < MAX_LINE => Ok(None),
+        None => Err(BodyError::BadChunk),
+        Some(nl) => {
+            let line = &buf[..nl];
+            match line.split_last() {
+                Some((b'\r', line)) if !line.contains(&b'\r') => Ok(Some(line)),
+                _ => Err(BodyError::BadChunk),
+            }
+        }
+    }
+}
+
+/// A chunk-size line's size (RFC 9112 §7.1): 1 to 15 hex digits, then optional
+/// whitespace and `;` extensions of visible characters, spaces and tabs.
+fn chunk_size(line: &[u8]) -> Result<u64, BodyError> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 15 {
+        return Err(BodyError::BadChunk);
+    }
+    let ext = &line[digits..];
+    let ext = ext.trim_ascii_start();
+    let visible = |b: &u8| *b == b'\t' || (b' '..=b'~').contains(b);
+    if !ext.is_empty() && (ext[0] != b';' || !ext.iter().all(visible)) {
+        return Err(BodyError::BadChunk);
+    }
+    let hex = std::str::from_utf8(&line[..digits]).map_err(|_| BodyError::BadChunk)?;
+    u64::from_str_radix(hex, 16).map_err(|_| BodyError::BadChunk)
+}
+
+/// A trailer field line: a token, a colon, visible characters.
+fn is_field_line(line: &[u8]) -> bool {
+    let Some(colon) = memchr::memchr(b':', line) else {
+        return false;
+    };
+    let token = |b: &u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b);
+    colon > 0
+        && line[..colon].iter().all(token)
+        && line[colon + 1..]
+            .iter()
+            .all(|b| *b == b'\t' || (b' '..=b'~').contains(b))
 }
 
 /// Passes one body framed by `framing` from `src` to `dst`: first whatever `head`
@@ -138,7 +192,7 @@ where
 {
     let write = |_| BodyError::Write;
     match framing {
-        Framing::Empty => {}
+        Framing::Empty | Framing::Length(0) => {}
         Framing::Length(mut left) => loop {
             let take = left.min(buf.len() as u64) as usize;
             left -= take as u64;
@@ -156,18 +210,15 @@ where
             fill(src, buf, stall).await?;
         },
         Framing::Chunked => {
-            let mut scan = ChunkedScan::new();
+            let mut chunks = Rechunk::new();
             loop {
-                let take = scan.scan(buf)?;
+                let used = chunks.feed(buf, head)?;
+                buf.advance(used);
                 if !head.is_empty() {
-                    head.extend_from_slice(&buf[..take]);
                     dst.write_all(head).await.map_err(write)?;
                     head.clear();
-                } else if take > 0 {
-                    dst.write_all(&buf[..take]).await.map_err(write)?;
                 }
-                buf.advance(take);
-                if scan.done() {
+                if chunks.done() {
                     return Ok(());
                 }
                 fill(src, buf, stall).await?;
@@ -221,58 +272,92 @@ pub async fn fill<R: AsyncRead + Unpin>(
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_scan_finds_a_chunked_body_end_across_any_split() {
-        let body =
-            b"5\r\nhello\r\n1a;ext=1\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-trailer: 1\r\n\r\n";
-        let mut next = b"GET /next HTTP/1.1\r\n\r\n".to_vec();
-        let mut all = body.to_vec();
-        all.append(&mut next);
-        for split in 0..all.len() {
-            let mut scan = ChunkedScan::new();
-            let first = scan.scan(&all[..split]).unwrap();
-            // What was not taken is scanned again with more bytes behind it.
-            let second = scan.scan(&all[first..]).unwrap();
-            assert!(scan.done(), "split at {split}");
-            assert_eq!(first + second, body.len(), "split at {split}");
+    /// Feeds `all` to a decoder in reads ending at `ends`; what a read leaves is fed
+    /// again with the next. Returns the bytes used and the output, or the error.
+    fn decode(all: &[u8], ends: &[usize]) -> Result<(usize, Vec<u8>), BodyError> {
+        let (mut chunks, mut used, mut out) = (Rechunk::new(), 0, Vec::new());
+        for &end in ends.iter().chain(std::iter::once(&all.len())) {
+            if chunks.done() {
+                break;
+            }
+            used += chunks.feed(&all[used..end.max(used)], &mut out)?;
         }
-        let mut scan = ChunkedScan::new();
-        assert_eq!(scan.scan(b"0\r\n\r\n").unwrap(), 5);
-        assert!(scan.done());
+        assert!(
+            chunks.done(),
+            "no end in {:?}",
+            String::from_utf8_lossy(all)
+        );
+        Ok((used, out))
     }
 
     #[test]
-    fn broken_chunks_are_refused() {
-        for bad in [&b"zz\r\n"[..], b"3\r\nabcX\r\n", b"ffffffffffffffffff\r\n"] {
+    fn a_chunked_body_is_chunked_again_without_extensions_or_trailers() {
+        let body = b"5\r\nhello\r\n1A;ext=1;q=\"a b\"\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-trailer: 1\r\n\r\n";
+        let mut all = body.to_vec();
+        all.extend_from_slice(b"GET /next HTTP/1.1\r\n\r\n");
+        for split in 0..all.len() {
+            let (used, out) = decode(&all, &[split]).unwrap();
+            assert_eq!(used, body.len(), "split at {split}");
+            assert_eq!(
+                out,
+                b"5\r\nhello\r\n1a\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\n\r\n"
+            );
+        }
+        assert_eq!(
+            decode(b"0\r\n\r\n", &[]).unwrap(),
+            (5, b"0\r\n\r\n".to_vec())
+        );
+    }
+
+    #[test]
+    fn chunk_syntax_that_another_parser_may_read_otherwise_is_refused() {
+        for bad in [
+            &b"zz\r\n"[..],
+            b"\r\n",                     // an empty size
+            b" 5\r\nhello\r\n0\r\n\r\n", // whitespace before the size
+            b"4c;\nx\r\n",               // a bare LF in an extension
+            b"5\nhello\r\n",             // a bare LF ending the size line
+            b"5;a\rb\r\nhello\r\n",      // a CR inside
+            b"3\r\nabcX\r\n",            // no CRLF after the data
+            b"ffffffffffffffff\r\n",     // 16 digits
+            b"0\r\nno colon\r\n\r\n",    // a trailer that is not a field
+            b"0\r\nx: 1\n\r\n",          // a trailer ending in a bare LF
+        ] {
+            let mut out = Vec::new();
+            let mut chunks = Rechunk::new();
+            let got = chunks.feed(bad, &mut out);
             assert!(
-                matches!(ChunkedScan::new().scan(bad), Err(BodyError::BadChunk)),
-                "{:?}",
+                matches!(got, Err(BodyError::BadChunk)),
+                "{:?}: {got:?}",
                 String::from_utf8_lossy(bad)
             );
         }
         let endless = vec![b'1'; MAX_LINE + 1];
-        assert!(ChunkedScan::new().scan(&endless).is_err());
+        assert!(Rechunk::new().feed(&endless, &mut Vec::new()).is_err());
     }
 
     proptest::proptest! {
-        /// Any chunked body, cut into any reads, is found to end exactly where it
-        /// ends; bytes that are not one are refused or taken in part, never past
-        /// their end, and never panic.
+        /// Any chunked body, cut into any reads, is decoded to its end exactly and
+        /// chunked again in the canonical form; any bytes at all are refused or taken
+        /// in part, never past their end, and never panic.
         #[test]
-        fn the_scan_ends_exactly_at_the_end_of_any_chunked_body(
+        fn any_chunked_body_in_any_reads_is_rechunked_exactly(
             chunks in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 1..40), 0..6),
             upper in proptest::bool::ANY,
             trailers in proptest::collection::vec("[a-z]{1,8}: [a-z0-9]{0,8}", 0..3),
             cuts in proptest::collection::vec(0usize..400, 0..6),
             garbage in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
         ) {
-            let mut body = Vec::new();
+            let (mut body, mut canonical) = (Vec::new(), Vec::new());
             for c in &chunks {
                 let size = if upper { format!("{:X}", c.len()) } else { format!("{:x}", c.len()) };
                 body.extend_from_slice(size.as_bytes());
-                body.extend_from_slice(b"\r\n");
+                body.extend_from_slice(b";e=1\r\n");
                 body.extend_from_slice(c);
                 body.extend_from_slice(b"\r\n");
+                canonical.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+                canonical.extend_from_slice(c);
+                canonical.extend_from_slice(b"\r\n");
             }
             body.extend_from_slice(b"0\r\n");
             for t in &trailers {
@@ -280,23 +365,15 @@ mod tests {
                 body.extend_from_slice(b"\r\n");
             }
             body.extend_from_slice(b"\r\n");
+            canonical.extend_from_slice(b"0\r\n\r\n");
             let mut all = body.clone();
             all.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
-            // Reads end at the cuts; what a scan leaves is seen again with the next.
             let mut ends: Vec<usize> = cuts.iter().map(|c| c % (all.len() + 1)).collect();
-            ends.push(all.len());
             ends.sort_unstable();
-            let (mut scan, mut taken) = (ChunkedScan::new(), 0);
-            for end in ends {
-                if scan.done() {
-                    break;
-                }
-                taken += scan.scan(&all[taken..end.max(taken)]).unwrap();
-            }
-            proptest::prop_assert!(scan.done());
-            proptest::prop_assert_eq!(taken, body.len());
-            let mut scan = ChunkedScan::new();
-            if let Ok(n) = scan.scan(&garbage) {
+            let (used, out) = decode(&all, &ends).unwrap();
+            proptest::prop_assert_eq!(used, body.len());
+            proptest::prop_assert_eq!(out, canonical);
+            if let Ok(n) = Rechunk::new().feed(&garbage, &mut Vec::new()) {
                 proptest::prop_assert!(n <= garbage.len());
             }
         }

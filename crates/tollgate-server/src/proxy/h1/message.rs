@@ -36,9 +36,10 @@ pub enum BadHead {
 }
 
 /// The length of the head at the start of `buf` (through its empty line), if it is
-/// all there. Lines may end in CRLF or a bare LF (as httparse reads them).
-pub fn head_end(buf: &[u8]) -> Option<usize> {
-    let mut from = 0;
+/// all there, looking from `from` on (where an earlier look stopped, less 3 bytes).
+/// Lines may end in CRLF or a bare LF (as httparse reads them).
+pub fn head_end(buf: &[u8], from: usize) -> Option<usize> {
+    let mut from = from.min(buf.len());
     while let Some(i) = memchr::memchr(b'\n', &buf[from..]) {
         let nl = from + i;
         match buf.get(nl + 1) {
@@ -48,6 +49,15 @@ pub fn head_end(buf: &[u8]) -> Option<usize> {
         }
     }
     None
+}
+
+/// The length of an empty line at the start of `buf` (CRLF or LF), if there is one.
+pub fn empty_line(buf: &[u8]) -> Option<usize> {
+    match buf {
+        [b'\r', b'\n', ..] => Some(2),
+        [b'\n', ..] => Some(1),
+        _ => None,
+    }
 }
 
 /// What the fast path needs of a request's headers, read in one pass.
@@ -66,6 +76,11 @@ pub struct RequestHead<'h> {
 }
 
 impl<'h> RequestHead<'h> {
+    /// Whether a body follows the head.
+    pub fn has_body(&self) -> bool {
+        !matches!(self.framing(), Framing::Empty | Framing::Length(0))
+    }
+
     /// Reads `headers`; `Err` when the request must be refused.
     pub fn of(headers: &'h [httparse::Header<'h>]) -> Result<Self, BadHead> {
         let mut head = RequestHead::default();
@@ -108,7 +123,7 @@ impl<'h> RequestHead<'h> {
                 ))
             }
             (_, true) => Framing::Chunked,
-            (Some(0) | None, false) => Framing::Empty,
+            (None, false) => Framing::Empty,
             (Some(n), false) => Framing::Length(n),
         });
         Ok(head)
@@ -151,6 +166,9 @@ fn has_token(value: &[u8], token: &str) -> bool {
 pub struct ResponseHead {
     /// The body's framing, given the request's method.
     pub framing: Framing,
+    /// The `Content-Length` the upstream sent (passed on for a HEAD or a 304, which
+    /// have no body).
+    pub length: Option<u64>,
     /// The upstream connection can take another request after this one.
     pub reusable: bool,
     /// The response has a `Date`.
@@ -158,22 +176,25 @@ pub struct ResponseHead {
 }
 
 impl ResponseHead {
-    /// Reads a response's status, version and headers (to a HEAD request when
-    /// `to_head`); `None` when its framing is broken.
+    /// Reads a final response's status, version and headers (to a HEAD request when
+    /// `to_head`); `None` when its framing is broken or is a transfer coding other
+    /// than `chunked` alone.
     pub fn of(
         status: u16,
         version: u8,
         headers: &[httparse::Header<'_>],
         to_head: bool,
     ) -> Option<Self> {
-        let (mut length, mut coding, mut close, mut keep_alive, mut dated) =
-            (None, None, false, false, false);
+        let (mut length, mut codings, mut close, mut keep_alive, mut dated) =
+            (None, 0, false, false, false);
+        let mut chunked = false;
         for h in headers {
             let name = h.name;
             if name.eq_ignore_ascii_case("content-length") {
                 length = Some(content_length(h.value, length).ok()?);
             } else if name.eq_ignore_ascii_case("transfer-encoding") {
-                coding = Some(coding.unwrap_or(true) && is_chunked(h.value));
+                codings += 1;
+                chunked = is_chunked(h.value);
             } else if name.eq_ignore_ascii_case("connection") {
                 close |= has_token(h.value, "close");
                 keep_alive |= has_token(h.value, "keep-alive");
@@ -181,37 +202,54 @@ impl ResponseHead {
                 dated = true;
             }
         }
-        let framing = if to_head || status == 204 || status == 304 || status < 200 {
+        if status < 200 || codings > 1 || (codings == 1 && !chunked) {
+            return None;
+        }
+        let framing = if to_head || status == 204 || status == 304 {
             Framing::Empty
+        } else if chunked {
+            // A length beside the chunked coding is ignored (RFC 9112 §6.3).
+            Framing::Chunked
         } else {
-            match (coding, length) {
-                (Some(true), _) => Framing::Chunked,
-                // Another coding: its end is the connection's.
-                (Some(false), _) => Framing::UntilClose,
-                (None, Some(0)) => Framing::Empty,
-                (None, Some(n)) => Framing::Length(n),
-                (None, None) => Framing::UntilClose,
-            }
+            length.map_or(Framing::UntilClose, Framing::Length)
         };
         let persistent = if version == 1 { !close } else { keep_alive };
         Some(ResponseHead {
             framing,
+            length: if chunked { None } else { length },
             reusable: persistent && framing != Framing::UntilClose,
             dated,
         })
     }
+
+    /// The framing header the client is sent: the length of a body, or of the body a
+    /// HEAD or 304 stands for; chunked; or nothing (the connection's end).
+    pub fn write_framing(&self, out: &mut Vec<u8>, status: u16) {
+        match self.framing {
+            Framing::Empty if status != 204 => {
+                if let Some(n) = self.length {
+                    write_length(out, n);
+                }
+            }
+            framing => framing_header(out, framing),
+        }
+    }
 }
 
-/// Names the request's `Connection` header lists, which go no further than this hop.
+/// Names a message's `Connection` header lists, which go no further than this hop
+/// (except `Host` and the framing headers, which the proxy decides on itself).
 pub fn connection_named<'h>(headers: &'h [httparse::Header<'h>]) -> Vec<&'h [u8]> {
     headers
         .iter()
         .filter(|h| h.name.eq_ignore_ascii_case("connection"))
         .flat_map(|h| h.value.split(|&b| b == b','))
         .map(|t| t.trim_ascii())
-        .filter(|t| !t.is_empty())
+        .filter(|t| !t.is_empty() && !crate::proxy::forwarding::kept_when_named(t))
         .collect()
 }
+
+/// The headers the proxy writes itself on every message it sends on: the framing.
+pub const FRAMING: [&str; 2] = ["content-length", "transfer-encoding"];
 
 /// Whether `name` goes on to the next hop: not hop-by-hop, not named by
 /// `Connection`, and not one of `skip` (headers the proxy writes itself).
@@ -231,12 +269,19 @@ pub fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Writes the framing header of `framing` (a length is already among the headers
-/// that pass).
+/// Writes the framing header of `framing`: the proxy's own, whatever the message
+/// came with (a header a `Connection` named or a length beside a chunked coding must
+/// not decide where a body ends for the next hop).
 pub fn framing_header(out: &mut Vec<u8>, framing: Framing) {
-    if framing == Framing::Chunked {
-        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    match framing {
+        Framing::Length(n) => write_length(out, n),
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Empty | Framing::UntilClose => {}
     }
+}
+
+fn write_length(out: &mut Vec<u8>, n: u64) {
+    let _ = write!(out, "content-length: {n}\r\n");
 }
 
 /// Writes a status line.
@@ -282,10 +327,21 @@ mod tests {
 
     #[test]
     fn a_head_ends_at_its_empty_line_with_either_line_ending() {
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nrest"), Some(27));
-        assert_eq!(head_end(b"GET / HTTP/1.1\nHost: a\n\nrest"), Some(24));
-        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n"), None);
-        assert_eq!(head_end(b""), None);
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\nrest";
+        assert_eq!(head_end(head, 0), Some(27));
+        // Looking again from where a shorter read (without the end) stopped finds it.
+        for stop in 0..27usize {
+            assert_eq!(
+                head_end(head, stop.saturating_sub(3)),
+                Some(27),
+                "from {stop}"
+            );
+        }
+        assert_eq!(head_end(b"GET / HTTP/1.1\nHost: a\n\nrest", 0), Some(24));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n", 0), None);
+        assert_eq!(head_end(b"", 5), None);
+        assert_eq!(empty_line(b"\r\nGET"), Some(2));
+        assert_eq!(empty_line(b"GET"), None);
     }
 
     #[test]
@@ -357,6 +413,31 @@ mod tests {
         assert_eq!((r.framing, r.reusable), (Framing::UntilClose, false));
         let r = ResponseHead::of(200, 1, &[length[0], h("connection", b"close")], false).unwrap();
         assert!(!r.reusable);
+        // Chunked beside a length: chunked, the length dropped.
+        let both = [length[0], h("transfer-encoding", b"chunked")];
+        let r = ResponseHead::of(200, 1, &both, false).unwrap();
+        assert_eq!((r.framing, r.length), (Framing::Chunked, None));
+        // Other codings, or chunked over two headers: refused.
+        assert!(
+            ResponseHead::of(200, 1, &[h("transfer-encoding", b"gzip, chunked")], false).is_none()
+        );
+        let two = [
+            h("transfer-encoding", b"gzip"),
+            h("transfer-encoding", b"chunked"),
+        ];
+        assert!(ResponseHead::of(200, 1, &two, false).is_none());
+        assert!(ResponseHead::of(99, 1, &length, false).is_none());
+        // A HEAD's length is passed on; a 204 has none.
+        let mut out = Vec::new();
+        ResponseHead::of(200, 1, &length, true)
+            .unwrap()
+            .write_framing(&mut out, 200);
+        assert_eq!(out, b"content-length: 5\r\n");
+        let mut out = Vec::new();
+        ResponseHead::of(204, 1, &length, false)
+            .unwrap()
+            .write_framing(&mut out, 204);
+        assert!(out.is_empty());
         let r = ResponseHead::of(200, 0, &length, false).unwrap();
         assert!(!r.reusable);
         assert!(ResponseHead::of(200, 1, &[length[0], h("content-length", b"6")], false).is_none());
@@ -376,6 +457,12 @@ mod tests {
         ];
         let named = connection_named(&headers);
         assert!(!passes("connection", &named, &[]));
+        // Connection may not take the framing or the Host away.
+        let framing = [httparse::Header {
+            name: "Connection",
+            value: b"content-length, host, Transfer-Encoding",
+        }];
+        assert!(connection_named(&framing).is_empty());
         assert!(!passes("x-secret", &named, &[]));
         assert!(!passes("Keep-Alive", &named, &[]));
         assert!(!passes("X-Forwarded-For", &named, &["x-forwarded-for"]));

@@ -1,8 +1,8 @@
 //! The proxy's HTTP/1.1 fast path: a client connection served by one task that reads
 //! each request head into the connection's buffer, decides on its parsed headers (no
 //! header map is built), writes the upstream request head from the parsed slices,
-//! passes the bodies on in their own framing, and writes the response head from the
-//! upstream's, as nginx does.
+//! streams the bodies (a chunked one decoded strictly and chunked again), and writes
+//! the response head from the upstream's with its own framing headers, as nginx does.
 //!
 //! What it takes: HTTP/1.1 requests in origin form on routes without `cost:`.
 //! Anything else (HTTP/2 with prior knowledge, HTTP/1.0, an absolute-form target, an
@@ -73,7 +73,11 @@ pub(in crate::proxy) async fn serve<C: Client>(
         };
         match conn.request(proxy, peer, &mut io, end).await {
             Next::KeepAlive => {}
-            Next::Close => return None,
+            Next::Close => {
+                // A FIN after the last answer, not a reset that could lose it.
+                let _ = io.shutdown().await;
+                return None;
+            }
             Next::Hyper => {
                 let read = conn.buf.split().freeze();
                 return Some((io, read));
@@ -125,10 +129,18 @@ async fn read_head(
     drain: &mut Drain,
 ) -> Result<usize, HeadWait> {
     let deadline = tokio::time::Instant::now() + limit;
+    let mut scanned = 0;
     loop {
-        if let Some(end) = message::head_end(buf) {
+        // Empty lines before a request line are ignored (RFC 9112 §2.2).
+        while let Some(n) = message::empty_line(buf) {
+            buf.advance(n);
+            scanned = 0;
+        }
+        if let Some(end) = message::head_end(buf, scanned) {
             return Ok(end);
         }
+        // The next scan starts where this one could not find the end.
+        scanned = buf.len().saturating_sub(3);
         if buf.len() >= MAX_HEAD {
             return Err(HeadWait::TooLarge);
         }
@@ -182,6 +194,8 @@ impl Conn {
         let (Some(method), Some(target)) = (req.method, req.path) else {
             return Next::Hyper;
         };
+        // A fragment is not part of what is asked for (hyper drops it too).
+        let target = memchr::memchr(b'#', target.as_bytes()).map_or(target, |f| &target[..f]);
         if req.version != Some(1) || !target.starts_with('/') {
             return Next::Hyper;
         }
@@ -203,7 +217,7 @@ impl Conn {
         let framing = head.framing();
         // The answer instead of forwarding: the connection goes on only when no
         // request body is left unread.
-        let instead = framing != Framing::Empty || head.close;
+        let instead = head.has_body() || head.close;
         let table = proxy.table.load_full();
         let path = memchr::memchr(b'?', target.as_bytes()).map_or(target, |q| &target[..q]);
         let Some(route) = table.route_for(head.host, path) else {
@@ -216,14 +230,22 @@ impl Conn {
             Ok(passed) => passed,
             Err(answer) => return self.answer(io, end, &answer, instead, to_head).await,
         };
-        write_upstream_head(&mut self.up_head, &table, route, peer, &req, &head);
+        write_upstream_head(
+            &mut self.up_head,
+            (&table, route, peer),
+            method,
+            target,
+            &req,
+            &head,
+        );
         let request = Request {
             framing,
             to_head,
             close: head.close,
             expect_continue: head.continue_expected,
             // Sent again on a second connection when the first was closed unseen.
-            resendable: framing == Framing::Empty
+            has_body: head.has_body(),
+            resendable: !head.has_body()
                 && matches!(
                     method,
                     "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
@@ -278,21 +300,30 @@ impl Conn {
         .await;
         // A failure before the response: the connection goes on only when the
         // request body was not left half read.
-        let close = req.close || req.framing != Framing::Empty;
+        let close = req.close || req.has_body;
         let sent = match sent {
             Ok(Ok(sent)) => Ok(sent),
             Ok(Err(Sent::Connect(f))) => Err(f.answer()),
-            Ok(Err(Sent::Client(BodyError::Stalled))) => {
-                return self.fail(io, &body_stalled(), true, &req).await;
+            Ok(Err(Sent::Client(e))) => {
+                // The permits go back before the answer (and a close's linger).
+                drop((passed, adaptive));
+                let answer = match e {
+                    BodyError::Stalled => body_stalled(),
+                    BodyError::BadChunk => {
+                        problem(StatusCode::BAD_REQUEST, "malformed chunked body", None)
+                    }
+                    // The client went away mid-body.
+                    BodyError::Read(_) | BodyError::Write => return Next::Close,
+                };
+                return self.fail(io, &answer, true, &req).await;
             }
-            // The client went away mid-body.
-            Ok(Err(Sent::Client(_))) => return Next::Close,
             Ok(Err(Sent::Upstream)) => Err(UNREACHABLE),
             Err(_) => Err(TIMED_OUT),
         };
-        let (mut up, head_len) = match sent {
+        let (mut up, head_len, body_sent) = match sent {
             Ok(sent) => sent,
             Err(failure) => {
+                drop(passed);
                 let answer = upstream_failed(route, adaptive, pending, failure);
                 return self.fail(io, &answer, close, &req).await;
             }
@@ -311,6 +342,7 @@ impl Conn {
             _ => None,
         };
         let Some((code, head)) = head else {
+            drop(passed);
             let answer = upstream_failed(route, adaptive, None, UNREACHABLE);
             return self.fail(io, &answer, close, &req).await;
         };
@@ -318,13 +350,18 @@ impl Conn {
         if let (Some(hold), Ok(status)) = (&mut adaptive, StatusCode::from_u16(code)) {
             hold.answered(status);
         }
-        let keep_client = !req.close && head.framing != Framing::UntilClose;
+        // A request body the upstream answered before reading all of: the client's
+        // connection cannot go on.
+        let keep_client = !req.close && head.framing != Framing::UntilClose && body_sent;
         let out = &mut self.out;
         out.clear();
         message::status_line(out, code, resp.reason.unwrap_or(""));
         let named = message::connection_named(resp.headers);
+        // The route's rate-limit headers replace the upstream's of the same name.
+        let ours =
+            |name: &str| (passed.headers.keys()).any(|k| k.as_str().eq_ignore_ascii_case(name));
         for h in resp.headers.iter() {
-            if message::passes(h.name, &named, &[]) {
+            if message::passes(h.name, &named, &message::FRAMING) && !ours(h.name) {
                 message::header(out, h.name.as_bytes(), h.value);
             }
         }
@@ -334,7 +371,7 @@ impl Conn {
         for (name, value) in &passed.headers {
             message::header(out, name.as_str().as_bytes(), value.as_bytes());
         }
-        message::framing_header(out, head.framing);
+        head.write_framing(out, code);
         if !keep_client {
             out.extend_from_slice(b"connection: close\r\n");
         }
@@ -389,14 +426,11 @@ impl Conn {
         upstream: &Authority,
         io: &mut impl Client,
         req: &Request,
-    ) -> Result<(RawConn, usize), Sent> {
+    ) -> Result<(RawConn, usize, bool), Sent> {
         loop {
-            let (mut up, reused) = proxy
-                .conns
-                .get(upstream, !req.resendable)
-                .await
-                .map_err(Sent::Connect)?;
-            if req.framing == Framing::Empty {
+            let (mut up, reused) = proxy.conns.get(upstream).await.map_err(Sent::Connect)?;
+            let mut body_sent = true;
+            if !req.has_body {
                 if up.io.write_all(&self.up_head).await.is_err() {
                     if reused && req.resendable {
                         continue;
@@ -421,12 +455,13 @@ impl Conn {
                 .await;
                 match sent {
                     Ok(()) => {}
-                    Err(BodyError::Write) => return Err(Sent::Upstream),
+                    // The upstream stopped reading: maybe it answered early (413, 401).
+                    Err(BodyError::Write) => body_sent = false,
                     Err(e) => return Err(Sent::Client(e)),
                 }
             }
             match response_head(&mut up).await {
-                Ok(end) => return Ok((up, end)),
+                Ok(end) => return Ok((up, end, body_sent)),
                 Err(ResponseWait::Nothing) if reused && req.resendable => continue,
                 Err(_) => return Err(Sent::Upstream),
             }
@@ -439,24 +474,36 @@ impl Conn {
 /// forwarding headers and the body's framing.
 fn write_upstream_head(
     out: &mut Vec<u8>,
-    table: &RouteTable,
-    route: &Route,
-    peer: &Peer,
+    (table, route, peer): (&RouteTable, &Route, &Peer),
+    method: &str,
+    target: &str,
     req: &httparse::Request<'_, '_>,
     head: &RequestHead<'_>,
 ) {
     out.clear();
-    out.extend_from_slice(req.method.unwrap_or("GET").as_bytes());
+    out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(route.upstream_prefix().as_bytes());
-    out.extend_from_slice(req.path.unwrap_or("/").as_bytes());
+    out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let fwd = forwarding(table, peer, req.headers);
-    // The proxy writes these itself; a 100-continue is answered here.
+    // The proxy writes these itself (the framing, the forwarding headers); a
+    // 100-continue is answered here.
     let skip: &[&str] = if fwd.append {
-        &["x-forwarded-for", "expect"]
+        &[
+            "x-forwarded-for",
+            "expect",
+            "content-length",
+            "transfer-encoding",
+        ]
     } else {
-        &["x-forwarded-for", "forwarded", "expect"]
+        &[
+            "x-forwarded-for",
+            "forwarded",
+            "expect",
+            "content-length",
+            "transfer-encoding",
+        ]
     };
     let named = message::connection_named(req.headers);
     for h in req.headers.iter() {
@@ -476,6 +523,7 @@ fn write_upstream_head(
 /// What the fast path keeps of a request once its head is let go.
 struct Request {
     framing: Framing,
+    has_body: bool,
     to_head: bool,
     close: bool,
     expect_continue: bool,
@@ -505,7 +553,7 @@ enum ResponseWait {
 async fn response_head(up: &mut RawConn) -> Result<usize, ResponseWait> {
     up.buf.clear();
     loop {
-        if let Some(end) = message::head_end(&up.buf) {
+        if let Some(end) = message::head_end(&up.buf, 0) {
             // "HTTP/1.1 1xx": an interim response, not forwarded (a 100 Continue is
             // the proxy's to send).
             if up.buf.get(9) == Some(&b'1') && up.buf.starts_with(b"HTTP/1.") {
@@ -587,11 +635,12 @@ impl Upstreams {
         }
     }
 
-    /// A kept connection to `upstream` (`checked`: one not seen closed), else a new
-    /// one; `true` when kept.
-    async fn get(&self, upstream: &Authority, checked: bool) -> Result<(RawConn, bool), Failure> {
+    /// A kept connection to `upstream` that was not seen closed, or sent on while
+    /// idle (late bytes of an earlier answer must not become the next one's), else a
+    /// new one; `true` when kept.
+    async fn get(&self, upstream: &Authority) -> Result<(RawConn, bool), Failure> {
         while let Some(conn) = self.cache.idle(upstream) {
-            if !checked || conn.still_open() {
+            if conn.still_open() {
                 return Ok((conn, true));
             }
         }
