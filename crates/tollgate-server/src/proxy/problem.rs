@@ -93,7 +93,7 @@ impl Problem {
 
 /// Writes `n` in decimal (without `fmt`, which costs more than the rest of an
 /// answer).
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+pub(super) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {

@@ -2,8 +2,6 @@
 //! how a body is framed (RFC 9112 §6), which headers go on, and the `Date` a
 //! response carries.
 
-use std::io::Write;
-
 use crate::proxy::forwarding::is_hop_by_hop_name;
 
 /// The most headers a head may carry (hyper's default as well).
@@ -281,12 +279,18 @@ pub fn framing_header(out: &mut Vec<u8>, framing: Framing) {
 }
 
 fn write_length(out: &mut Vec<u8>, n: u64) {
-    let _ = write!(out, "content-length: {n}\r\n");
+    out.extend_from_slice(b"content-length: ");
+    crate::proxy::problem::push_decimal(out, n);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Writes a status line.
 pub fn status_line(out: &mut Vec<u8>, status: u16, reason: &str) {
-    let _ = write!(out, "HTTP/1.1 {status} {reason}\r\n");
+    out.extend_from_slice(b"HTTP/1.1 ");
+    crate::proxy::problem::push_decimal(out, u64::from(status));
+    out.push(b' ');
+    out.extend_from_slice(reason.as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 thread_local! {
