@@ -58,6 +58,7 @@ mod decision;
 mod list;
 mod params;
 mod policy;
+pub mod quota;
 mod rules;
 mod spec;
 mod spec_error;

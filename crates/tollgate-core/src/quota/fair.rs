@@ -44,8 +44,14 @@ mod tests {
 
     #[test]
     fn small_demands_are_met_and_the_rest_is_shared_equally() {
-        assert_eq!(max_min(100, &[Some(10), Some(500), Some(500)], 0), [10, 45, 45]);
-        assert_eq!(max_min(100, &[Some(10), Some(20), Some(30)], 0), [10, 20, 30]);
+        assert_eq!(
+            max_min(100, &[Some(10), Some(500), Some(500)], 0),
+            [10, 45, 45]
+        );
+        assert_eq!(
+            max_min(100, &[Some(10), Some(20), Some(30)], 0),
+            [10, 20, 30]
+        );
         assert_eq!(max_min(100, &[None, None, None], 0), [33, 33, 34]);
         assert_eq!(max_min(10, &[Some(0), Some(0), None], 1), [1, 1, 8]);
         assert_eq!(max_min(2, &[None, None, None], 1), [0, 1, 1]);

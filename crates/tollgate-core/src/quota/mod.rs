@@ -408,9 +408,19 @@ impl QuotaBucket {
             }
         };
         // What the ledger can give this client now (its older grants stay counted).
-        let older_rate = c.older.iter().filter(|g| g.until > now).map(|g| g.rate).max().unwrap_or(0);
+        let older_rate = c
+            .older
+            .iter()
+            .filter(|g| g.until > now)
+            .map(|g| g.rate)
+            .max()
+            .unwrap_or(0);
         let room = self.budget.rate.count.saturating_sub(others_rate);
-        let rate = if older_rate > room { 0 } else { target.min(room) };
+        let rate = if older_rate > room {
+            0
+        } else {
+            target.min(room)
+        };
         let grow = cur.is_none_or(|cur| rate != cur) && moved;
         if !grow {
             // Unchanged: extended when due.
@@ -420,15 +430,23 @@ impl QuotaBucket {
                 return None;
             }
             g.until = now + s.ttl_us + s.grace_us;
+            let (rate, burst) = (g.rate, g.burst);
             c.renew_at = now + s.ttl_us / 2;
-            let share = self.share(g.rate, g.burst);
+            let share = self.share(rate, burst);
             return Some(self.assignment(id, share));
         }
         let burst = if rate == 0 {
             0
         } else {
-            let fair = u128::from(self.budget.burst) * u128::from(rate) / u128::from(self.budget.rate.count);
-            let older_burst = c.older.iter().filter(|g| g.until > now).map(|g| g.burst).max().unwrap_or(0);
+            let fair = u128::from(self.budget.burst) * u128::from(rate)
+                / u128::from(self.budget.rate.count);
+            let older_burst = c
+                .older
+                .iter()
+                .filter(|g| g.until > now)
+                .map(|g| g.burst)
+                .max()
+                .unwrap_or(0);
             let cur_burst = c.current.map_or(0, |g| g.burst);
             let free = self.budget.burst.saturating_sub(others_burst);
             if older_burst.max(cur_burst) > free {

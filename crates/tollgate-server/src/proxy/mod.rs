@@ -1,15 +1,17 @@
 //! `tollgate proxy`: a limiting reverse proxy (nginx `limit_req` / `limit_conn`
 //! semantics) configured by the `proxy:` section of the main config.
 //!
-//! A request goes down this list: [`server`] receives it (an HTTP/1.1 request on the
-//! fast path, `h1`; anything else through hyper), `routes` picks its route,
-//! `keys` makes its key, `limits` checks the rate counters and takes a `limit_conn`
-//! permit, `adaptive` takes a permit of the route's adaptive concurrency limit,
-//! `forwarding` sends it upstream over `upstream`'s kept connections, `cost` reads what the response says it used and
-//! charges it; `problem` writes the proxy's own answers; `metrics` serves the
-//! adaptive limits' state and the charges (`proxy.metrics`).
+//! A request goes down this list: [`server`] receives it on a worker (`worker`: its
+//! routes and connections) — an HTTP/1.1 request on the fast path (`h1`), anything
+//! else through hyper; `routes` picks its route; `admission` meets the route: `keys`
+//! makes its key, `limits` checks the rate counters and takes a `limit_conn` permit,
+//! `adaptive` a permit of the route's adaptive concurrency limit; `h1` or `forwarding`
+//! sends it upstream over `upstream`'s kept connections; `cost` reads what the response
+//! says it used and charges it; `problem` writes the proxy's own answers; `metrics`
+//! serves the adaptive limits' state and the charges (`proxy.metrics`).
 
 mod adaptive;
+mod admission;
 mod cost;
 mod forwarding;
 mod h1;
@@ -20,5 +22,6 @@ mod problem;
 mod routes;
 pub mod server;
 mod upstream;
+mod worker;
 
 pub use server::{command, load, run, ProxyApp, ProxyArgs};

@@ -122,6 +122,11 @@ impl IntoResponse for Problem {
     }
 }
 
+/// The answer to a request no route takes.
+pub(super) fn no_route() -> Problem {
+    problem(StatusCode::NOT_FOUND, "no route matches this request", None)
+}
+
 /// 503 when the Redis store failed and its failure policy is `error`.
 pub(super) fn store_unavailable(e: &dyn std::fmt::Display) -> Problem {
     // The limiter logs the outage itself, once; this is per request.

@@ -11,34 +11,22 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use axum::extract::Request;
 use axum::http::header::HOST;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use clap::Parser;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tollgate::keyed::KeyedOptions;
 
+use super::admission::admit;
 use super::forwarding::{forward, Peer};
 use super::h1;
-use super::keys::{self, HeaderSource};
-use super::limits::{Passed, RedisBackend};
-use super::problem::{problem, Problem};
-use super::routes::{Route, RouteTable};
-use super::upstream::UpstreamPool;
+use super::limits::RedisBackend;
+use super::problem::no_route;
+use super::routes::RouteTable;
+use super::worker::Proxy;
 use crate::config::proxy::ProxyConfig;
 use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::Connections;
 use crate::connections::{BodyTimeout, Drain, HyperConns, Rewind, Slots};
-
-/// One worker thread's view: the shared routes and its own upstream connections.
-pub(super) struct Proxy {
-    pub table: Arc<ArcSwap<RouteTable>>,
-    /// hyper's connections (HTTP/2 clients, and what the fast path hands over).
-    upstreams: UpstreamPool,
-    /// The fast path's connections.
-    pub conns: h1::Upstreams,
-    /// The client connection bounds (`connections:`).
-    pub bounds: Connections,
-}
 
 /// Every request hyper serves: its route, its key, its limits, then the upstream.
 async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
@@ -53,35 +41,6 @@ async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
     }
 }
 
-/// The answer to a request no route takes.
-pub(super) fn no_route() -> Problem {
-    problem(StatusCode::NOT_FOUND, "no route matches this request", None)
-}
-
-/// A request's key and limits on its `route`: what it goes upstream with, or the
-/// answer instead. A request whose key is empty is not limited (as nginx).
-pub(super) async fn admit(
-    table: &RouteTable,
-    route: &Route,
-    peer: &Peer,
-    path: &str,
-    headers: &(impl HeaderSource + ?Sized),
-) -> Result<Passed, Problem> {
-    let key = keys::key(&route.key, &table.trusted, peer.addr.ip(), path, headers);
-    let tier = route.limits.tier_of(&key);
-    let mut passed = if key.is_empty() {
-        Passed::default()
-    } else {
-        route.limits.pass(&key, tier).await?
-    };
-    // The adaptive limit protects the upstream: every request of the route meets it,
-    // keyed or not.
-    if let Some(adaptive) = &route.adaptive {
-        passed.adaptive = adaptive.admit(&key, tier).await?;
-    }
-    Ok(passed)
-}
-
 /// What the proxy takes from a main config.
 pub struct ProxySettings {
     /// The `proxy:` section.
@@ -92,23 +51,6 @@ pub struct ProxySettings {
     pub store: StoreConfig,
     /// Client connection bounds (`connections:`).
     pub connections: Connections,
-}
-
-impl Proxy {
-    /// One worker's request handling over the shared routes, with its own upstream
-    /// connections.
-    fn new(
-        table: Arc<ArcSwap<RouteTable>>,
-        connect_timeout: Duration,
-        bounds: Connections,
-    ) -> Arc<Proxy> {
-        Arc::new(Proxy {
-            table,
-            upstreams: UpstreamPool::new(connect_timeout),
-            conns: h1::Upstreams::new(connect_timeout),
-            bounds,
-        })
-    }
 }
 
 /// The proxy for `config` on the memory store as one worker serves it, without a

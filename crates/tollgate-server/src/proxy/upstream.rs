@@ -1,11 +1,15 @@
 //! The upstream connections of one proxy worker: HTTP/1.1 keep-alive connections per
-//! upstream address, reused while idle for less than [`IDLE_TIMEOUT`].
+//! upstream address, reused while idle for less than [`IDLE_TIMEOUT`] — hyper's
+//! ([`UpstreamPool`], for what hyper serves) and the fast path's raw sockets
+//! ([`StreamPool`]).
 //!
-//! Each worker thread has its own pool (as each nginx worker has its own `keepalive`
+//! Each worker thread has its own pools (as each nginx worker has its own `keepalive`
 //! cache), so the lock below is never contended and a request costs no hashing: the
-//! routes name a handful of upstreams, found by a scan. A connection goes back to the
-//! pool as soon as its response head has arrived; it takes a new request once that
-//! response's body has been read (hyper says when: `is_ready`).
+//! routes name a handful of upstreams, found by a scan. A hyper connection goes back
+//! to the pool as soon as its response head has arrived; it takes a new request once
+//! that response's body has been read (hyper says when: `is_ready`). A raw socket goes
+//! back once its exchange is complete, and is taken only when no byte or close came on
+//! it meanwhile.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -13,9 +17,11 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::uri::Authority;
 use axum::http::{Request, Response, Version};
+use bytes::BytesMut;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 /// The most connections one worker keeps per upstream (idle, or finishing a response
 /// body); beyond it a connection closes once its response has been read.
@@ -229,4 +235,65 @@ pub(super) async fn connect(
     // Requests are written whole: no reason to wait for an ACK (nginx's tcp_nodelay).
     let _ = stream.set_nodelay(true);
     Ok(stream)
+}
+
+/// One worker's raw connections to its upstreams (the HTTP/1.1 fast path's).
+pub(super) struct StreamPool {
+    cache: ConnCache<Stream>,
+    connect_timeout: Duration,
+}
+
+/// A connection to an upstream, with what was read from it.
+pub(super) struct Stream {
+    pub io: TcpStream,
+    pub buf: BytesMut,
+}
+
+impl Reusable for Stream {
+    // Kept only between whole exchanges: always ready; a close is found on use.
+    fn closed(&self) -> bool {
+        false
+    }
+
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+impl Stream {
+    /// Whether the upstream has neither closed this idle connection nor sent on it,
+    /// as far as the events seen so far tell.
+    fn still_open(&self) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(self.io.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+impl StreamPool {
+    /// Keeps `conn` for the next request to `upstream` (its exchange is complete).
+    pub fn keep(&self, upstream: &Authority, conn: Stream) {
+        self.cache.keep(upstream, conn);
+    }
+
+    /// No connections yet; new ones connect within `connect_timeout`.
+    pub fn new(connect_timeout: Duration) -> Self {
+        StreamPool {
+            cache: ConnCache::default(),
+            connect_timeout,
+        }
+    }
+
+    /// A kept connection to `upstream` that was not seen closed, or sent on while
+    /// idle (late bytes of an earlier answer must not become the next one's), else a
+    /// new one; `true` when kept.
+    pub async fn get(&self, upstream: &Authority) -> Result<(Stream, bool), Failure> {
+        while let Some(conn) = self.cache.idle(upstream) {
+            if conn.still_open() {
+                return Ok((conn, true));
+            }
+        }
+        let io = connect(upstream, self.connect_timeout).await?;
+        let buf = BytesMut::with_capacity(4096);
+        Ok((Stream { io, buf }, false))
+    }
 }

@@ -18,7 +18,6 @@
 mod body;
 mod message;
 
-use std::io;
 use std::mem::MaybeUninit;
 use std::time::Duration;
 
@@ -26,15 +25,17 @@ use axum::http::uri::Authority;
 use axum::http::StatusCode;
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use self::body::BodyError;
 use self::message::{BadHead, Framing, RequestHead, ResponseHead, MAX_HEAD, MAX_HEADERS};
+use super::admission::admit;
 use super::forwarding::{body_stalled, forwarding, upstream_failed, Peer, TIMED_OUT, UNREACHABLE};
+use super::limits::Passed;
+use super::problem::no_route;
 use super::problem::{problem, Problem};
 use super::routes::{Route, RouteTable};
-use super::server::{admit, no_route, Proxy};
-use super::upstream::{self, ConnCache, Failure, Reusable};
+use super::upstream::{Failure, Stream};
+use super::worker::Proxy;
 use crate::connections::Drain;
 
 /// How long a connection closed with unread input is still read from (and what it
@@ -289,7 +290,7 @@ impl Conn {
         route: &Route,
         io: &mut impl Client,
         req: Request,
-        mut passed: super::limits::Passed,
+        mut passed: Passed,
     ) -> Next {
         let adaptive = passed.adaptive.take();
         let pending = passed.pending.take();
@@ -383,7 +384,7 @@ impl Conn {
         match passed_on {
             Ok(()) => {
                 if head.reusable && up.buf.is_empty() {
-                    proxy.conns.cache.keep(route.upstream(), up);
+                    proxy.conns.keep(route.upstream(), up);
                 }
                 if keep_client {
                     Next::KeepAlive
@@ -426,7 +427,7 @@ impl Conn {
         upstream: &Authority,
         io: &mut impl Client,
         req: &Request,
-    ) -> Result<(RawConn, usize, bool), Sent> {
+    ) -> Result<(Stream, usize, bool), Sent> {
         loop {
             let (mut up, reused) = proxy.conns.get(upstream).await.map_err(Sent::Connect)?;
             let mut body_sent = true;
@@ -550,7 +551,7 @@ enum ResponseWait {
 
 /// Reads the response head into `up`'s buffer, passing over interim (1xx) responses;
 /// returns its length.
-async fn response_head(up: &mut RawConn) -> Result<usize, ResponseWait> {
+async fn response_head(up: &mut Stream) -> Result<usize, ResponseWait> {
     up.buf.clear();
     loop {
         if let Some(end) = message::head_end(&up.buf, 0) {
@@ -592,60 +593,4 @@ async fn refuse(io: &mut impl Client, out: &mut Vec<u8>, answer: &Problem, to_he
         let _ = tokio::time::timeout(LINGER, linger).await;
     }
     Next::Close
-}
-
-/// One worker's fast-path connections to its upstreams.
-pub(in crate::proxy) struct Upstreams {
-    cache: ConnCache<RawConn>,
-    connect_timeout: Duration,
-}
-
-/// A connection to an upstream, with what was read from it.
-struct RawConn {
-    io: TcpStream,
-    buf: BytesMut,
-}
-
-impl Reusable for RawConn {
-    // Kept only between whole exchanges: always ready; a close is found on use.
-    fn closed(&self) -> bool {
-        false
-    }
-
-    fn ready(&self) -> bool {
-        true
-    }
-}
-
-impl RawConn {
-    /// Whether the upstream has neither closed this idle connection nor sent on it,
-    /// as far as the events seen so far tell.
-    fn still_open(&self) -> bool {
-        let mut byte = [0u8; 1];
-        matches!(self.io.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-    }
-}
-
-impl Upstreams {
-    /// No connections yet; new ones connect within `connect_timeout`.
-    pub fn new(connect_timeout: Duration) -> Self {
-        Upstreams {
-            cache: ConnCache::default(),
-            connect_timeout,
-        }
-    }
-
-    /// A kept connection to `upstream` that was not seen closed, or sent on while
-    /// idle (late bytes of an earlier answer must not become the next one's), else a
-    /// new one; `true` when kept.
-    async fn get(&self, upstream: &Authority) -> Result<(RawConn, bool), Failure> {
-        while let Some(conn) = self.cache.idle(upstream) {
-            if conn.still_open() {
-                return Ok((conn, true));
-            }
-        }
-        let io = upstream::connect(upstream, self.connect_timeout).await?;
-        let buf = BytesMut::with_capacity(4096);
-        Ok((RawConn { io, buf }, false))
-    }
 }

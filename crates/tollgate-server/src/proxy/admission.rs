@@ -1,0 +1,32 @@
+//! A request meets its route: its key, then the route's rate limits, `limit_conn`
+//! and adaptive limit, on either serving path (hyper's or the HTTP/1.1 fast path).
+
+use super::forwarding::Peer;
+use super::keys::{self, HeaderSource};
+use super::limits::Passed;
+use super::problem::Problem;
+use super::routes::{Route, RouteTable};
+
+/// A request's key and limits on its `route`: what it goes upstream with, or the
+/// answer instead. A request whose key is empty is not limited (as nginx).
+pub(super) async fn admit(
+    table: &RouteTable,
+    route: &Route,
+    peer: &Peer,
+    path: &str,
+    headers: &(impl HeaderSource + ?Sized),
+) -> Result<Passed, Problem> {
+    let key = keys::key(&route.key, &table.trusted, peer.addr.ip(), path, headers);
+    let tier = route.limits.tier_of(&key);
+    let mut passed = if key.is_empty() {
+        Passed::default()
+    } else {
+        route.limits.pass(&key, tier).await?
+    };
+    // The adaptive limit protects the upstream: every request of the route meets it,
+    // keyed or not.
+    if let Some(adaptive) = &route.adaptive {
+        passed.adaptive = adaptive.admit(&key, tier).await?;
+    }
+    Ok(passed)
+}
