@@ -38,3 +38,34 @@ fn python_grpcio_and_protobuf_json_clients_get_envoys_answers() {
         "the Python clients failed:\n{stdout}\n{stderr}"
     );
 }
+
+/// The rate limit quota stream (RLQS) from grpcio with the `xds-protos` stubs
+/// (tests/python/rlqs_client.py): subscription, shares within the budget, an unknown
+/// bucket, refused reports.
+#[test]
+fn python_grpcio_streams_rate_limit_quota_reports() {
+    let dir = std::env::temp_dir().join(format!("tollgate-foreign-rlqs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("quota.yaml");
+    std::fs::write(
+        &rules,
+        "domain: py\nquota_buckets:\n  - bucket: { name: api }\n    policy: \"gcra:rate=100/s,burst=20\"\n",
+    )
+    .unwrap();
+    let server = serve_process::start(&["--rules", rules.to_str().unwrap()], &[]);
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/rlqs_client.py");
+    let grpc = server.grpc.trim_start_matches("http://");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(grpc)
+        .output()
+        .expect("python3 runs (scripts/test.sh installs grpcio and xds-protos)");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("all checks passed"),
+        "the Python RLQS client failed:\n{stdout}\n{stderr}"
+    );
+}

@@ -270,8 +270,10 @@ impl QuotaBucket {
         c.gone = false;
         c.reported_at = now;
         if elapsed_us > 0 {
-            let wanted = u128::from(allowed.saturating_add(denied)) * u128::from(period)
-                / u128::from(elapsed_us);
+            // Rounded up: a client asking 5/s over a report a little over 1 s long
+            // still wants 5.
+            let wanted = (u128::from(allowed.saturating_add(denied)) * u128::from(period))
+                .div_ceil(u128::from(elapsed_us));
             c.demand = Some(u64::try_from(wanted).unwrap_or(u64::MAX));
         }
         self.divide(now)

@@ -41,6 +41,20 @@ struct Document {
     domain: String,
     #[serde(default)]
     descriptors: Vec<DescriptorDoc>,
+    /// Envoy rate limit quota buckets (RLQS) and their budgets.
+    #[serde(default)]
+    quota_buckets: Vec<QuotaBucketDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaBucketDoc {
+    #[serde(default)]
+    name: Option<String>,
+    bucket: std::collections::BTreeMap<String, String>,
+    policy: SpecDoc,
+    #[serde(default)]
+    assignment_ttl: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -187,6 +201,84 @@ impl<'de> Deserialize<'de> for SpecDoc {
 }
 
 // --- The loaded form. ---
+
+/// A `quota_buckets` rule: the Envoy quota buckets it takes (by their bucket ids, as
+/// the filter's `bucket_id_builder` makes them: every key named, each value exact or a
+/// `*` pattern) and the budget each of those buckets divides among the Envoys that
+/// report on it. Each distinct bucket id is a budget of its own.
+#[derive(Debug)]
+pub struct QuotaRule {
+    /// `name`, else the bucket id pattern (`key=value,key=value`).
+    pub name: String,
+    keys: Vec<(String, ValueMatch)>,
+    /// The budget's policy, as written.
+    pub policy: Policy,
+    /// What it allows, as the division reads it.
+    pub budget: tollgate::policy::quota::Budget,
+    /// How it is divided.
+    pub settings: tollgate::policy::quota::QuotaSettings,
+}
+
+/// The longest `assignment_ttl` taken: a share handed out for longer is a share the
+/// budget cannot take back for as long.
+const MAX_ASSIGNMENT_TTL_US: u64 = 3_600_000_000;
+
+impl QuotaRule {
+    fn build(doc: QuotaBucketDoc, at: &str) -> Result<QuotaRule, String> {
+        if doc.bucket.is_empty() {
+            return Err(format!(
+                "{at}.bucket: name at least one key (as the Envoy filter's bucket_id_builder does)"
+            ));
+        }
+        if let Some((k, _)) = doc
+            .bucket
+            .iter()
+            .find(|(k, v)| k.is_empty() || v.is_empty())
+        {
+            return Err(format!(
+                "{at}.bucket: '{k}': keys and values must not be empty (use \"*\" for any value)"
+            ));
+        }
+        let policy = doc.policy.0;
+        let budget = tollgate::policy::quota::Budget::of(&policy)
+            .map_err(|e| format!("{at}.policy: {e}"))?;
+        let mut settings = tollgate::policy::quota::QuotaSettings::default();
+        if let Some(ttl) = &doc.assignment_ttl {
+            let us = tollgate::policy::parse_duration(ttl)
+                .map_err(|e| format!("{at}.assignment_ttl: {e}"))?;
+            if !(100_000..=MAX_ASSIGNMENT_TTL_US).contains(&us) {
+                return Err(format!("{at}.assignment_ttl: {ttl} is outside 100ms..1h"));
+            }
+            settings.ttl_us = us;
+        }
+        let pattern = (doc.bucket.iter())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(QuotaRule {
+            name: doc.name.unwrap_or(pattern),
+            keys: (doc.bucket.into_iter())
+                .map(|(k, v)| (k, ValueMatch::new(v)))
+                .collect(),
+            policy,
+            budget,
+            settings,
+        })
+    }
+
+    /// Whether the bucket `id` is one of this rule's: the same keys, each value
+    /// matching.
+    pub fn takes(&self, id: &std::collections::BTreeMap<String, String>) -> bool {
+        id.len() == self.keys.len()
+            && self.keys.iter().zip(id).all(|((k, m), (ik, iv))| {
+                k == ik
+                    && match m {
+                        ValueMatch::Exact(v) => v == iv,
+                        ValueMatch::Wildcard { parts, .. } => wildcard_fits(parts, iv),
+                    }
+            })
+    }
+}
 
 /// A limit attached to a descriptor node: its rule set and the per-key limiter that
 /// keeps its counters (one counter per distinct descriptor value).
@@ -345,6 +437,8 @@ pub struct Match {
 #[derive(Debug, Default)]
 pub struct DescriptorRules {
     domains: HashMap<String, Vec<Node>>,
+    /// Each domain's `quota_buckets`, in file order.
+    quota: HashMap<String, Vec<Arc<QuotaRule>>>,
     /// Where each domain came from (for errors and `/v1/config`).
     sources: HashMap<String, String>,
     /// Envoy's `MERGE_DOMAIN_CONFIG`: documents naming a domain already loaded add
@@ -435,6 +529,15 @@ impl DescriptorRules {
             }
             added.push(node);
         }
+        let mut quota = Vec::with_capacity(doc.quota_buckets.len());
+        for (i, q) in doc.quota_buckets.into_iter().enumerate() {
+            let at = format!("quota_buckets[{i}]");
+            quota.push(Arc::new(QuotaRule::build(q, &at).map_err(invalid)?));
+        }
+        self.quota
+            .entry(doc.domain.clone())
+            .or_default()
+            .extend(quota);
         let mut nodes = self.domains.remove(&doc.domain).unwrap_or_default();
         nodes.extend(added);
         let source = match self.sources.get(&doc.domain) {
@@ -444,6 +547,20 @@ impl DescriptorRules {
         self.sources.insert(doc.domain.clone(), source);
         self.domains.insert(doc.domain, nodes);
         Ok(())
+    }
+
+    /// The first `quota_buckets` rule of `domain` that takes the quota bucket `id`.
+    pub fn quota_rule(
+        &self,
+        domain: &str,
+        id: &std::collections::BTreeMap<String, String>,
+    ) -> Option<&Arc<QuotaRule>> {
+        self.quota.get(domain)?.iter().find(|r| r.takes(id))
+    }
+
+    /// Every `quota_buckets` rule, by domain.
+    pub fn quota_rules(&self) -> impl Iterator<Item = (&str, &Arc<QuotaRule>)> {
+        (self.quota.iter()).flat_map(|(d, rules)| rules.iter().map(move |r| (d.as_str(), r)))
     }
 
     /// The domains loaded, with their sources.

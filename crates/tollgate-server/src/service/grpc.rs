@@ -23,6 +23,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use futures_util::FutureExt;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
@@ -36,8 +37,12 @@ use crate::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody};
 use crate::service::{DecisionService, RequestError};
 use crate::workers::{WorkerStream, Workers};
 
-/// The one method served.
+/// Envoy's rate limit call.
 pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// Envoy's rate limit quota stream (RLQS).
+pub const QUOTA_PATH: &str =
+    "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
 
 /// The largest request message accepted (gRPC's usual default, 4 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
@@ -114,6 +119,11 @@ async fn connection(
             next = std::future::poll_fn(|cx| Poll::Ready(conn.poll_accept(cx))).await;
         };
         for (method, body, respond) in arrived.drain(..) {
+            if let Ok(Method::StreamRateLimitQuotas) = method {
+                // A stream lives as long as its Envoy: no body timeout.
+                tokio::spawn(quota_stream(service.clone(), body, respond));
+                continue;
+            }
             let body = StallBody::new(H2Body(body), body_timeout);
             let mut call = Box::pin(stream(service.clone(), method, body, respond));
             if (&mut call).now_or_never().is_none() {
@@ -262,6 +272,9 @@ pub enum Method {
     ShouldRateLimit,
     /// gRPC's health check (`grpc.health.v1.Health/Check`).
     HealthCheck,
+    /// Envoy's `StreamRateLimitQuotas` (a stream, not a unary call: served by
+    /// `quota_stream`).
+    StreamRateLimitQuotas,
 }
 
 /// The method a call asks for, from its path and content type, or why it is refused
@@ -270,12 +283,11 @@ pub fn route(path: &str, content_type: Option<&HeaderValue>) -> Result<Method, R
     let method = match path {
         PATH => Method::ShouldRateLimit,
         HEALTH_CHECK => Method::HealthCheck,
-        other => {
-            return Err(Status::unimplemented(format!(
-                "unknown method {other}: this server answers {PATH} and {HEALTH_CHECK}"
-            ))
-            .into())
-        }
+        QUOTA_PATH => Method::StreamRateLimitQuotas,
+        other => return Err(Status::unimplemented(format!(
+            "unknown method {other}: this server answers {PATH}, {QUOTA_PATH} and {HEALTH_CHECK}"
+        ))
+        .into()),
     };
     let grpc_content = content_type.is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
     if grpc_content {
@@ -305,7 +317,98 @@ async fn message_for(
             framed(&response)
         }
         Method::HealthCheck => framed(&health(service, message)?),
+        Method::StreamRateLimitQuotas => {
+            return Err(Status::unimplemented(format!("{QUOTA_PATH} is a stream")).into())
+        }
     })
+}
+
+/// One RLQS stream (one Envoy): its usage reports go to their quota buckets as they
+/// arrive, and what the buckets decide for it is sent as it is decided. The stream
+/// ends when the Envoy ends it (`OK`), sends what is not a report (`INVALID_ARGUMENT`,
+/// `RESOURCE_EXHAUSTED`, ...) or resets it; its shares free when they end.
+async fn quota_stream(
+    service: Arc<DecisionService>,
+    mut body: h2::RecvStream,
+    mut respond: h2::server::SendResponse<Bytes>,
+) {
+    let quota = service.quota();
+    let (client, mut inbox) = quota.open();
+    let mut head = Response::new(());
+    head.headers_mut().insert(http::header::CONTENT_TYPE, GRPC);
+    let Ok(mut send) = respond.send_response(head, false) else {
+        quota.close(client);
+        return;
+    };
+    let mut pending = BytesMut::new();
+    let status = loop {
+        tokio::select! {
+            data = body.data() => match data {
+                None => break Status::ok(""),
+                Some(Err(e)) => break Status::cancelled(format!("the stream broke: {e}")),
+                Some(Ok(data)) => {
+                    let _ = body.flow_control().release_capacity(data.len());
+                    pending.extend_from_slice(&data);
+                    let reported = next_messages(&mut pending).and_then(|messages| {
+                        messages.into_iter().try_for_each(|m| {
+                            let reports = RateLimitQuotaUsageReports::decode(m).map_err(|e| {
+                                Status::invalid_argument(format!("not a RateLimitQuotaUsageReports: {e}"))
+                            })?;
+                            quota.report(client, reports, &service.rules())
+                        })
+                    });
+                    if let Err(status) = reported {
+                        break status;
+                    }
+                }
+            },
+            Some(response) = inbox.recv() => {
+                if send.send_data(framed(&response), false).is_err() {
+                    break Status::cancelled("the client is gone");
+                }
+            }
+            _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => break Status::cancelled("reset"),
+        }
+    };
+    quota.close(client);
+    let mut trailers = HeaderMap::new();
+    let code = (status.code() as i32).to_string();
+    trailers.insert(
+        Status::GRPC_STATUS,
+        HeaderValue::from_str(&code).expect("digits"),
+    );
+    if !status.message().is_empty() {
+        if let Ok(message) = HeaderValue::from_str(&status.message().replace(['\r', '\n'], " ")) {
+            trailers.insert("grpc-message", message);
+        }
+    }
+    let _ = send.send_trailers(trailers);
+}
+
+/// The whole messages at the start of a stream's `pending` bytes, taken off it.
+fn next_messages(pending: &mut BytesMut) -> Result<Vec<Bytes>, Status> {
+    let mut messages = Vec::new();
+    while pending.len() >= 5 {
+        let len = u32::from_be_bytes([pending[1], pending[2], pending[3], pending[4]]) as usize;
+        match pending[0] {
+            0 => {}
+            1 => {
+                return Err(Status::unimplemented(
+                    "compressed messages are not accepted: send grpc-encoding identity",
+                ))
+            }
+            flag => return Err(Status::internal(format!("message prefix flag {flag}"))),
+        }
+        if len > MAX_MESSAGE_BYTES {
+            return Err(too_large(len));
+        }
+        if pending.len() < 5 + len {
+            break;
+        }
+        pending.advance(5);
+        messages.push(pending.split_to(len).freeze());
+    }
+    Ok(messages)
 }
 
 /// `message` as one gRPC message: the 5-byte prefix, then its bytes.

@@ -10,6 +10,7 @@ pub mod grpc;
 pub mod headers;
 pub mod http;
 pub mod metrics;
+pub mod quota;
 pub mod serve;
 
 use std::collections::{HashMap, HashSet};
@@ -232,6 +233,8 @@ pub struct DecisionService {
     draining: std::sync::atomic::AtomicBool,
     /// The workers serving its connections, reported at `/metrics`.
     workers: Option<crate::workers::WorkerStats>,
+    /// Envoy's quota buckets (RLQS) and the streams reporting on them.
+    quota: crate::service::quota::QuotaBuckets,
 }
 
 impl DecisionService {
@@ -255,6 +258,7 @@ impl DecisionService {
             clock: tollgate::clock::MonotonicClock::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
             workers: None,
+            quota: Default::default(),
         }
     }
 
@@ -414,7 +418,12 @@ impl DecisionService {
         }
     }
 
-    /// The rules in force.
+    /// Envoy's quota buckets (RLQS) and the streams reporting on them.
+    pub fn quota(&self) -> &crate::service::quota::QuotaBuckets {
+        &self.quota
+    }
+
+    /// The rules in force (a reload replaces them whole).
     pub fn rules(&self) -> Arc<DescriptorRules> {
         self.rules.load_full()
     }

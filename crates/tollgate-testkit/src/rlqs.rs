@@ -1,0 +1,247 @@
+//! A simulated Envoy for the rate limit quota service (RLQS), behaving as Envoy's
+//! `rate_limit_quota` filter documents: one bidirectional stream to the server; the
+//! first report of a bucket subscribes it; usage (allowed, denied, time elapsed) is
+//! reported every reporting interval; an assignment is enforced locally — a token
+//! bucket that starts full and refills continuously, `DENY_ALL`, `ALLOW_ALL` — until its
+//! time to live ends (counted from its arrival); the same strategy again only extends
+//! an unexpired assignment, another replaces it (a new bucket); without an assignment,
+//! or once it has expired, requests are denied (`no_assignment_behavior` and
+//! `expired_assignment_behavior` as `DENY_ALL`); an `AbandonAction` forgets the
+//! bucket (the next request subscribes again).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// One bucket's state in the filter.
+#[derive(Debug, Default)]
+struct Bucket {
+    /// The strategy in force and when it expires.
+    active: Option<(Strategy, Instant)>,
+    /// Tokens of the token bucket, as a fraction.
+    tokens: f64,
+    at: Option<Instant>,
+    allowed: u64,
+    denied: u64,
+}
+
+impl Bucket {
+    fn apply(&mut self, strategy: Strategy, ttl: Duration, now: Instant) {
+        match &mut self.active {
+            Some((s, expires)) if *s == strategy && now < *expires => *expires = now + ttl,
+            _ => {
+                if let Strategy::TokenBucket(tb) = &strategy {
+                    self.tokens = f64::from(tb.max_tokens);
+                    self.at = Some(now);
+                }
+                self.active = Some((strategy, now + ttl));
+            }
+        }
+    }
+
+    fn admit(&mut self, now: Instant) -> bool {
+        let ok = match &self.active {
+            Some((strategy, expires)) if now < *expires => match strategy {
+                Strategy::BlanketRule(r) => *r == BlanketRule::AllowAll as i32,
+                Strategy::TokenBucket(tb) => {
+                    let fill = tb
+                        .fill_interval
+                        .map_or(1.0, |d| d.seconds as f64 + f64::from(d.nanos) / 1e9);
+                    let per_fill = f64::from(tb.tokens_per_fill.map_or(1, |v| v.value));
+                    let elapsed = self.at.map_or(0.0, |at| (now - at).as_secs_f64());
+                    self.tokens =
+                        (self.tokens + elapsed * per_fill / fill).min(f64::from(tb.max_tokens));
+                    self.at = Some(now);
+                    if self.tokens >= 1.0 {
+                        self.tokens -= 1.0;
+                        true
+                    } else {
+                        false
+                    }
+                }
+                Strategy::RequestsPerTimeUnit(_) => false,
+            },
+            _ => false,
+        };
+        if ok {
+            self.allowed += 1;
+        } else {
+            self.denied += 1;
+        }
+        ok
+    }
+}
+
+/// A bucket id as the simulated filter keys it: its pairs in order.
+type Key = Vec<(String, String)>;
+
+/// The filter's buckets, shared by the request path and the stream's reader.
+type Buckets = Arc<Mutex<HashMap<Key, Bucket>>>;
+
+/// A simulated Envoy with one stream to an RLQS server.
+pub struct QuotaClient {
+    buckets: Buckets,
+    reports: mpsc::UnboundedSender<RateLimitQuotaUsageReports>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Assignments received, in all.
+    pub received: Arc<std::sync::atomic::AtomicU64>,
+}
+
+fn key(bucket: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut k: Vec<(String, String)> = bucket
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    k.sort();
+    k
+}
+
+fn bucket_id(key: &[(String, String)]) -> BucketId {
+    BucketId {
+        bucket: key.iter().cloned().collect(),
+    }
+}
+
+impl QuotaClient {
+    /// Opens a stream to the RLQS server at `addr` (gRPC) for `domain`; reports on
+    /// every bucket it has seen every `interval`.
+    pub async fn connect(
+        addr: SocketAddr,
+        domain: &str,
+        interval: Duration,
+    ) -> Result<QuotaClient, tonic::transport::Error> {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}")).await?;
+        let (reports, rx) = mpsc::unbounded_channel::<RateLimitQuotaUsageReports>();
+        let outbound =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
+        let buckets: Buckets = Arc::default();
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (b, r) = (buckets.clone(), received.clone());
+        let reader = tokio::spawn(async move {
+            let Ok(response) = client.stream_rate_limit_quotas(outbound).await else {
+                return;
+            };
+            let mut inbound = response.into_inner();
+            while let Ok(Some(RateLimitQuotaResponse { bucket_action })) = inbound.message().await {
+                let now = Instant::now();
+                let mut buckets = b.lock().unwrap();
+                for a in bucket_action {
+                    let Some(id) = a.bucket_id else { continue };
+                    let mut k: Vec<(String, String)> = id.bucket.into_iter().collect();
+                    k.sort();
+                    match a.bucket_action {
+                        Some(Action::QuotaAssignmentAction(q)) => {
+                            let ttl = q.assignment_time_to_live.map_or(Duration::MAX / 4, |d| {
+                                Duration::new(d.seconds as u64, d.nanos as u32)
+                            });
+                            let strategy = q
+                                .rate_limit_strategy
+                                .and_then(|s| s.strategy)
+                                .unwrap_or(Strategy::BlanketRule(BlanketRule::AllowAll as i32));
+                            r.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            buckets.entry(k).or_default().apply(strategy, ttl, now);
+                        }
+                        Some(Action::AbandonAction(_)) => {
+                            buckets.remove(&k);
+                        }
+                        None => {}
+                    }
+                }
+            }
+        });
+        let (b, tx, domain) = (buckets.clone(), reports.clone(), domain.to_string());
+        let reporter = tokio::spawn(async move {
+            let mut last = Instant::now();
+            let mut first = true;
+            loop {
+                tokio::time::sleep(interval).await;
+                let now = Instant::now();
+                let elapsed = now - last;
+                last = now;
+                let usages: Vec<BucketQuotaUsage> = {
+                    let mut buckets = b.lock().unwrap();
+                    buckets
+                        .iter_mut()
+                        .map(|(k, bucket)| {
+                            let usage = BucketQuotaUsage {
+                                bucket_id: Some(bucket_id(k)),
+                                time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                                    seconds: elapsed.as_secs() as i64,
+                                    nanos: elapsed.subsec_nanos() as i32,
+                                }),
+                                num_requests_allowed: bucket.allowed,
+                                num_requests_denied: bucket.denied,
+                            };
+                            (bucket.allowed, bucket.denied) = (0, 0);
+                            usage
+                        })
+                        .collect()
+                };
+                if usages.is_empty() {
+                    continue;
+                }
+                let domain = if first { domain.clone() } else { String::new() };
+                first = false;
+                let report = RateLimitQuotaUsageReports {
+                    domain,
+                    bucket_quota_usages: usages,
+                };
+                if tx.send(report).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(QuotaClient {
+            buckets,
+            reports,
+            tasks: vec![reader, reporter],
+            received,
+        })
+    }
+
+    /// A request matched into `bucket`: allowed or denied by the assignment in force.
+    /// The first request of a bucket subscribes it (reported at once, denied until an
+    /// assignment arrives).
+    pub fn try_admit(&self, domain: &str, bucket: &[(&str, &str)]) -> bool {
+        let k = key(bucket);
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap();
+        if !buckets.contains_key(&k) {
+            let first = RateLimitQuotaUsageReports {
+                domain: domain.to_string(),
+                bucket_quota_usages: vec![BucketQuotaUsage {
+                    bucket_id: Some(bucket_id(&k)),
+                    time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                        seconds: 0,
+                        nanos: 1000,
+                    }),
+                    num_requests_allowed: 0,
+                    num_requests_denied: 1,
+                }],
+            };
+            let _ = self.reports.send(first);
+        }
+        buckets.entry(k).or_default().admit(now)
+    }
+
+    /// Ends the stream (as an Envoy that goes away).
+    pub fn close(self) {
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}
