@@ -103,3 +103,56 @@ async fn fifty_envoys_share_one_budget_and_never_exceed_it() {
     assert!(low[4..].iter().all(|&n| n <= 25 * 5 + 10), "{low:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The buckets reported on are visible: `/v1/config` lists the rules and each live
+/// bucket with its clients and shares, `/metrics` has them as gauges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_show_in_the_config_dump_and_the_metrics() {
+    let dir = std::env::temp_dir().join(format!("tollgate-rlqs-view-{}", std::process::id()));
+    let path = rules(
+        &dir,
+        "domain: envoy\nquota_buckets:\n  - name: per-tenant\n    bucket: { tenant: \"*\" }\n    policy: \"gcra:rate=100/s,burst=20\"\n",
+    );
+    let server = support::start(&["--rules", path.to_str().unwrap()], &[]);
+    let addr = grpc_addr(&server);
+    let (a, b) = (
+        QuotaClient::connect(addr, "envoy", Duration::from_millis(200))
+            .await
+            .unwrap(),
+        QuotaClient::connect(addr, "envoy", Duration::from_millis(200))
+            .await
+            .unwrap(),
+    );
+    for _ in 0..30 {
+        a.try_admit("envoy", &[("tenant", "t1")]);
+        b.try_admit("envoy", &[("tenant", "t1")]);
+        b.try_admit("envoy", &[("tenant", "t2")]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, _, config) = support::request(&server, "GET", "/v1/config", "", None).await;
+    assert_eq!(status, 200);
+    let quota = &config["quota_buckets"];
+    assert_eq!(quota["rules"][0]["name"], "per-tenant", "{config}");
+    assert_eq!(quota["streams"], 2, "{config}");
+    let buckets = quota["buckets"].as_array().unwrap();
+    assert_eq!(buckets.len(), 2, "{config}");
+    assert_eq!(buckets[0]["bucket"], "tenant=t1");
+    assert_eq!(buckets[0]["clients"], 2);
+    assert!(
+        buckets[0]["assigned_per_second"].as_f64().unwrap() <= 100.0,
+        "{config}"
+    );
+    assert_eq!(buckets[1]["clients"], 1);
+    let (_, _, metrics) = support::request(&server, "GET", "/metrics", "", None).await;
+    let metrics = metrics.as_str().unwrap_or_default().to_string();
+    assert!(
+        metrics.contains(
+            "tollgate_quota_bucket{domain=\"envoy\",bucket=\"tenant=t1\",figure=\"clients\"} 2"
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tollgate_quota_streams 2"), "{metrics}");
+    a.close();
+    b.close();
+    let _ = std::fs::remove_dir_all(&dir);
+}

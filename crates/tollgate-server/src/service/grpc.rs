@@ -284,10 +284,12 @@ pub fn route(path: &str, content_type: Option<&HeaderValue>) -> Result<Method, R
         PATH => Method::ShouldRateLimit,
         HEALTH_CHECK => Method::HealthCheck,
         QUOTA_PATH => Method::StreamRateLimitQuotas,
-        other => return Err(Status::unimplemented(format!(
+        other => {
+            return Err(Status::unimplemented(format!(
             "unknown method {other}: this server answers {PATH}, {QUOTA_PATH} and {HEALTH_CHECK}"
         ))
-        .into()),
+            .into())
+        }
     };
     let grpc_content = content_type.is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
     if grpc_content {

@@ -354,7 +354,37 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
             json!({ "domain": domain, "source": source, "limits": limits })
         })
         .collect();
-    Json(json!({ "domains": domains }))
+    let mut quota_rules: Vec<Value> = (rules.quota_rules())
+        .map(|(domain, r)| {
+            json!({
+                "domain": domain,
+                "name": r.name,
+                "policy": r.policy.to_string(),
+                "assignment_ttl_ms": r.settings.ttl_us / 1000,
+            })
+        })
+        .collect();
+    quota_rules.sort_by_key(|v| v.to_string());
+    // The buckets reported on now, with what the division holds for them.
+    let buckets: Vec<Value> = (service.quota().views().into_iter())
+        .map(|b| {
+            let per_second = |n: u64| n as f64 * 1e6 / b.period_us as f64;
+            json!({
+                "domain": b.domain,
+                "bucket": b.bucket,
+                "rule": b.rule,
+                "policy": b.policy,
+                "clients": b.stats.clients,
+                "demand_per_second": per_second(b.stats.demand),
+                "assigned_per_second": per_second(b.stats.assigned),
+                "reserved_per_second": per_second(b.stats.reserved),
+            })
+        })
+        .collect();
+    Json(json!({
+        "domains": domains,
+        "quota_buckets": { "rules": quota_rules, "buckets": buckets, "streams": service.quota().streams() },
+    }))
 }
 
 /// The tollgate JSON answer: 200 or 429, `Retry-After` and RateLimit headers from the

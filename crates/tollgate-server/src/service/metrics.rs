@@ -36,6 +36,10 @@ pub struct Metrics {
     worker_moves: Family<Labels, Gauge>,
     /// Each worker's busy share of the last balancing period.
     worker_busy: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Each RLQS quota bucket's standing, by domain, bucket and figure.
+    quota: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// RLQS streams open.
+    quota_streams: Gauge,
 }
 
 /// A decision's outcome, as counted.
@@ -144,7 +148,18 @@ impl Metrics {
             "Each worker's busy share of the last 100 ms",
             worker_busy.clone(),
         );
+        let quota = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "quota_bucket",
+            "Each RLQS quota bucket: clients (Envoys reporting or holding a share), \
+             demand, assigned and reserved (requests per second)",
+            quota.clone(),
+        );
+        let quota_streams = Gauge::default();
+        registry.register("quota_streams", "RLQS streams open", quota_streams.clone());
         Metrics {
+            quota,
+            quota_streams,
             worker_connections,
             worker_moves,
             worker_busy,
@@ -262,6 +277,31 @@ impl Metrics {
                 .set(i64::try_from(w.moved_in).unwrap_or(i64::MAX));
             self.worker_busy.get_or_create(&label).set(w.busy);
         }
+    }
+
+    /// Sets the RLQS figures: every bucket's (buckets gone are dropped) and the
+    /// streams open.
+    pub fn quota(&self, buckets: &[crate::service::quota::BucketView], streams: usize) {
+        self.quota.clear();
+        for b in buckets {
+            let per_second = |n: u64| n as f64 * 1e6 / b.period_us as f64;
+            let figures = [
+                ("clients", b.stats.clients as f64),
+                ("demand_per_second", per_second(b.stats.demand)),
+                ("assigned_per_second", per_second(b.stats.assigned)),
+                ("reserved_per_second", per_second(b.stats.reserved)),
+            ];
+            for (figure, value) in figures {
+                let labels = vec![
+                    ("domain", b.domain.clone()),
+                    ("bucket", b.bucket.clone()),
+                    ("figure", figure.to_string()),
+                ];
+                self.quota.get_or_create(&labels).set(value);
+            }
+        }
+        self.quota_streams
+            .set(i64::try_from(streams).unwrap_or(i64::MAX));
     }
 
     /// Lease counters of the leased limiters, as more `redis_events`.

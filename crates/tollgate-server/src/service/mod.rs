@@ -382,6 +382,8 @@ impl DecisionService {
         if let Some(w) = &self.workers {
             self.metrics.workers(&w.read());
         }
+        self.metrics
+            .quota(&self.quota.views(), self.quota.streams());
         self.metrics.render()
     }
 
