@@ -31,7 +31,9 @@ use crate::connections::{BodyTimeout, Drain, HyperConns, Rewind, Slots};
 /// Every request hyper serves: its route, its key, its limits, then the upstream.
 async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
     let table = proxy.table.load_full();
-    let host = req.headers().get(HOST).and_then(|h| h.to_str().ok());
+    // An HTTP/2 client names the host in its URI (`:authority`).
+    let host = (req.headers().get(HOST).and_then(|h| h.to_str().ok()))
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
     let Some(route) = table.route_for(host, req.uri().path()) else {
         return no_route().into_response();
     };

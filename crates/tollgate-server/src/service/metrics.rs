@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use tollgate::policy::quota::QuotaStats;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -281,20 +282,25 @@ impl Metrics {
 
     /// Sets the RLQS figures: every bucket's (buckets gone are dropped) and the
     /// streams open.
-    pub fn quota(&self, buckets: &[crate::service::quota::BucketView], streams: usize) {
+    /// Each bucket is `(domain, bucket id, stats, the period its rates are per)`.
+    pub fn quota<'a>(
+        &self,
+        buckets: impl IntoIterator<Item = (&'a str, &'a str, QuotaStats, u64)>,
+        streams: usize,
+    ) {
         self.quota.clear();
-        for b in buckets {
-            let per_second = |n: u64| n as f64 * 1e6 / b.period_us as f64;
+        for (domain, bucket, stats, period_us) in buckets {
+            let per_second = |n: u64| n as f64 * 1e6 / period_us as f64;
             let figures = [
-                ("clients", b.stats.clients as f64),
-                ("demand_per_second", per_second(b.stats.demand)),
-                ("assigned_per_second", per_second(b.stats.assigned)),
-                ("reserved_per_second", per_second(b.stats.reserved)),
+                ("clients", stats.clients as f64),
+                ("demand_per_second", per_second(stats.demand)),
+                ("assigned_per_second", per_second(stats.assigned)),
+                ("reserved_per_second", per_second(stats.reserved)),
             ];
             for (figure, value) in figures {
                 let labels = vec![
-                    ("domain", b.domain.clone()),
-                    ("bucket", b.bucket.clone()),
+                    ("domain", domain.to_string()),
+                    ("bucket", bucket.to_string()),
                     ("figure", figure.to_string()),
                 ];
                 self.quota.get_or_create(&labels).set(value);

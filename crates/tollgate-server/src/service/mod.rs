@@ -382,8 +382,11 @@ impl DecisionService {
         if let Some(w) = &self.workers {
             self.metrics.workers(&w.read());
         }
-        self.metrics
-            .quota(&self.quota.views(), self.quota.streams());
+        let buckets = self.quota.views();
+        let figures = buckets
+            .iter()
+            .map(|b| (b.domain.as_str(), b.bucket.as_str(), b.stats, b.period_us));
+        self.metrics.quota(figures, self.quota.streams());
         self.metrics.render()
     }
 
