@@ -3,7 +3,8 @@
 //! first report of a bucket subscribes it; usage (allowed, denied, time elapsed) is
 //! reported every reporting interval; an assignment is enforced locally — a token
 //! bucket that starts full and refills continuously, `DENY_ALL`, `ALLOW_ALL` — until its
-//! time to live ends (counted from its arrival); the same strategy again only extends
+//! time to live ends (counted from its arrival; Envoy reads the time to live and the
+//! fill interval in whole seconds, and so does this client); the same strategy again only extends
 //! an unexpired assignment, another replaces it (a new bucket); without an assignment,
 //! or once it has expired, requests are denied (`no_assignment_behavior` and
 //! `expired_assignment_behavior` as `DENY_ALL`); an `AbandonAction` forgets the
@@ -55,9 +56,8 @@ impl Bucket {
             Some((strategy, expires)) if now < *expires => match strategy {
                 Strategy::BlanketRule(r) => *r == BlanketRule::AllowAll as i32,
                 Strategy::TokenBucket(tb) => {
-                    let fill = tb
-                        .fill_interval
-                        .map_or(1.0, |d| d.seconds as f64 + f64::from(d.nanos) / 1e9);
+                    // Envoy reads the fill interval in whole seconds (0: no bound).
+                    let fill = tb.fill_interval.map_or(1.0, |d| d.seconds as f64);
                     let per_fill = f64::from(tb.tokens_per_fill.map_or(1, |v| v.value));
                     let elapsed = self.at.map_or(0.0, |at| (now - at).as_secs_f64());
                     self.tokens =
@@ -145,8 +145,9 @@ impl QuotaClient {
                     k.sort();
                     match a.bucket_action {
                         Some(Action::QuotaAssignmentAction(q)) => {
+                            // Envoy counts the time to live in whole seconds.
                             let ttl = q.assignment_time_to_live.map_or(Duration::MAX / 4, |d| {
-                                Duration::new(d.seconds as u64, d.nanos as u32)
+                                Duration::from_secs(d.seconds as u64)
                             });
                             let strategy = q
                                 .rate_limit_strategy

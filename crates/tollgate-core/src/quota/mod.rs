@@ -94,17 +94,28 @@ impl Budget {
     }
 }
 
-/// `rate` written with at least 1000 units per period where the period may grow (up
-/// to [`MAX_PERIOD_US`]).
+/// `rate` written over a whole number of seconds (Envoy reads a token bucket's
+/// `fill_interval` in whole seconds: 100 ms would be read as 0, 2.5 s as 2), exactly
+/// where a period of up to [`MAX_PERIOD_US`] allows, else rounded down (a smaller
+/// budget, never a larger); then with at least 1000 units per period where the period
+/// may grow, so that shares are fine-grained.
 fn finer(rate: Rate) -> Rate {
-    if rate.count >= 1000 {
-        return rate;
+    const SECOND: u128 = 1_000_000;
+    let (count, period) = (u128::from(rate.count), u128::from(rate.period_us));
+    let exact = (1..=MAX_PERIOD_US as u128 / SECOND).find(|n| (count * n * SECOND) % period == 0);
+    let seconds = exact.unwrap_or_else(|| period.div_ceil(SECOND).max(1));
+    let whole = Rate {
+        count: u64::try_from(count * seconds * SECOND / period).unwrap_or(u64::MAX),
+        period_us: u64::try_from(seconds * SECOND).unwrap_or(u64::MAX),
+    };
+    if whole.count >= 1000 || whole.count == 0 {
+        return whole;
     }
-    let k = 1000u64.div_ceil(rate.count);
-    let k = k.min((MAX_PERIOD_US / rate.period_us).max(1));
+    let k = 1000u64.div_ceil(whole.count);
+    let k = k.min((MAX_PERIOD_US / whole.period_us).max(1));
     Rate {
-        count: rate.count * k,
-        period_us: rate.period_us * k,
+        count: whole.count * k,
+        period_us: whole.period_us * k,
     }
 }
 
@@ -187,6 +198,9 @@ struct Client {
     demand: Option<u64>,
     /// When it last reported.
     reported_at: u64,
+    /// The time its last report covered: a client that reports every few seconds is
+    /// not taken for gone between its reports.
+    interval_us: u64,
     /// The share last sent, and when it ends in the ledger.
     current: Option<Grant>,
     /// Shares sent before it that may still be in force.
@@ -198,6 +212,12 @@ struct Client {
 }
 
 impl Client {
+    /// Whether it reported recently enough to be counted (within `stale_us`, or three
+    /// of its own report intervals).
+    fn live(&self, now: u64, stale_us: u64) -> bool {
+        !self.gone && now.saturating_sub(self.reported_at) < stale_us.max(3 * self.interval_us)
+    }
+
     /// Every grant that may be in force after `now`.
     fn grants(&self, now: u64) -> impl Iterator<Item = &Grant> {
         self.current
@@ -265,11 +285,13 @@ impl QuotaBucket {
         elapsed_us: u64,
         now: u64,
     ) -> Vec<Assignment> {
+        let now = now.max(self.level_at);
         let period = self.budget.rate.period_us;
         let c = self.clients.entry(client).or_default();
         c.gone = false;
         c.reported_at = now;
         if elapsed_us > 0 {
+            c.interval_us = elapsed_us;
             // Rounded up: a client asking 5/s over a report a little over 1 s long
             // still wants 5.
             let wanted = (u128::from(allowed.saturating_add(denied)) * u128::from(period))
@@ -282,6 +304,7 @@ impl QuotaBucket {
     /// `client`'s stream ended at `now`: it is sent nothing more, and its share frees
     /// when its last assignment ends. Returns the assignments to send to the others.
     pub fn leave(&mut self, client: ClientId, now: u64) -> Vec<Assignment> {
+        let now = now.max(self.level_at);
         if let Some(c) = self.clients.get_mut(&client) {
             c.gone = true;
         }
@@ -290,7 +313,7 @@ impl QuotaBucket {
 
     /// Renewals due and shares freed by `now`: the assignments to send.
     pub fn tick(&mut self, now: u64) -> Vec<Assignment> {
-        self.divide(now)
+        self.divide(now.max(self.level_at))
     }
 
     /// When [`Self::tick`] has something to do next (a renewal, or a share that frees).
@@ -319,15 +342,16 @@ impl QuotaBucket {
     pub fn stats(&self, now: u64) -> QuotaStats {
         let mut s = QuotaStats::default();
         for c in self.clients.values() {
-            let live = !c.gone && now.saturating_sub(c.reported_at) < self.settings.stale_us;
+            let live = c.live(now, self.settings.stale_us);
             if live || c.grants(now).next().is_some() {
                 s.clients += 1;
             }
             if live {
-                s.demand += c.demand.unwrap_or(0);
+                s.demand = s.demand.saturating_add(c.demand.unwrap_or(0));
             }
-            s.assigned += c.current.filter(|g| g.until > now).map_or(0, |g| g.rate);
-            s.reserved += c.reserved(now).0;
+            let assigned = c.current.filter(|g| g.until > now).map_or(0, |g| g.rate);
+            s.assigned = s.assigned.saturating_add(assigned);
+            s.reserved = s.reserved.saturating_add(c.reserved(now).0);
         }
         s
     }
@@ -362,7 +386,7 @@ impl QuotaBucket {
         // A client gone, or silent past `stale`, with nothing left in force.
         let stale = self.settings.stale_us;
         self.clients.retain(|_, c| {
-            let quiet = c.gone || now.saturating_sub(c.reported_at) >= stale;
+            let quiet = !c.live(now, stale);
             !(quiet && c.current.is_none() && c.older.is_empty())
         });
     }
@@ -385,7 +409,7 @@ impl QuotaBucket {
         let live: Vec<ClientId> = self
             .clients
             .iter()
-            .filter(|(_, c)| !c.gone && now.saturating_sub(c.reported_at) < s.stale_us)
+            .filter(|(_, c)| c.live(now, s.stale_us))
             .map(|(id, _)| *id)
             .collect();
         let demands: Vec<Option<u64>> = live.iter().map(|id| self.clients[id].demand).collect();
@@ -735,6 +759,26 @@ mod tests {
             let high = in_second(s, &|c| c >= 25);
             assert!(low <= 25 * 5 + 25, "second {s}: low {low}");
             assert!(low + high >= 900, "second {s}: {low} + {high}");
+        }
+    }
+
+    #[test]
+    fn a_budget_is_written_over_whole_seconds_never_larger() {
+        let rate = |spec: &str| Budget::of(&spec.parse().unwrap()).unwrap().rate;
+        let per = |r: Rate| (r.count, r.period_us);
+        // Exact where a period of whole seconds (at most a minute) allows, then with
+        // at least 1000 units per period where the period may grow.
+        assert_eq!(per(rate("gcra:rate=5000/100ms")), (50_000, 1_000_000));
+        assert_eq!(per(rate("gcra:rate=100/250ms")), (1200, 3_000_000));
+        assert_eq!(per(rate("token-bucket:rate=7/m")), (7, 60_000_000));
+        assert_eq!(per(rate("gcra:rate=3/s")), (180, 60_000_000));
+        for spec in ["gcra:rate=1/1500ms", "gcra:rate=2/7s", "leaky-bucket:rate=9/2300ms", "gcra:rate=1/h"] {
+            let r = rate(spec);
+            assert_eq!(r.period_us % 1_000_000, 0, "{spec}: {r:?}");
+            // Never more than the policy's rate.
+            let policy: Policy = spec.parse().unwrap();
+            let whole = policy.envelope(r.period_us).unwrap();
+            assert!(r.count <= whole, "{spec}: {r:?} vs {whole}");
         }
     }
 

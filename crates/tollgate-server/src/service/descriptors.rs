@@ -246,8 +246,12 @@ impl QuotaRule {
         if let Some(ttl) = &doc.assignment_ttl {
             let us = tollgate::policy::parse_duration(ttl)
                 .map_err(|e| format!("{at}.assignment_ttl: {e}"))?;
-            if !(100_000..=MAX_ASSIGNMENT_TTL_US).contains(&us) {
-                return Err(format!("{at}.assignment_ttl: {ttl} is outside 100ms..1h"));
+            // Envoy reads a time to live in whole seconds.
+            if us % 1_000_000 != 0 || !(1_000_000..=MAX_ASSIGNMENT_TTL_US).contains(&us) {
+                return Err(format!(
+                    "{at}.assignment_ttl: {ttl} is not a whole number of seconds in 1s..1h \
+                     (Envoy reads a time to live in whole seconds)"
+                ));
             }
             settings.ttl_us = us;
         }

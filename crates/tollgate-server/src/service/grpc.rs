@@ -334,17 +334,35 @@ async fn quota_stream(
     mut body: h2::RecvStream,
     mut respond: h2::server::SendResponse<Bytes>,
 ) {
-    let quota = service.quota();
-    let (client, mut inbox) = quota.open();
+    let (client, mut inbox) = service.quota().open();
+    // The stream's shares are let go however it ends (an error, a panic, a reset).
+    struct Closing(Arc<DecisionService>, u64);
+    impl Drop for Closing {
+        fn drop(&mut self) {
+            self.0.quota().close(self.1);
+        }
+    }
+    let _closing = Closing(service.clone(), client);
     let mut head = Response::new(());
     head.headers_mut().insert(http::header::CONTENT_TYPE, GRPC);
     let Ok(mut send) = respond.send_response(head, false) else {
-        quota.close(client);
         return;
     };
     let mut pending = BytesMut::new();
     let status = loop {
         tokio::select! {
+            // Answers first: one queued before the client's end still goes out.
+            biased;
+            response = inbox.recv() => match response {
+                Some(response) => {
+                    if let Err(status) = send_within_window(&mut send, framed(&response)).await {
+                        break status;
+                    }
+                }
+                None => break Status::resource_exhausted(format!(
+                    "the client left {} assignments unread", crate::service::quota::MAX_QUEUED
+                )),
+            },
             data = body.data() => match data {
                 None => break Status::ok(""),
                 Some(Err(e)) => break Status::cancelled(format!("the stream broke: {e}")),
@@ -356,7 +374,7 @@ async fn quota_stream(
                             let reports = RateLimitQuotaUsageReports::decode(m).map_err(|e| {
                                 Status::invalid_argument(format!("not a RateLimitQuotaUsageReports: {e}"))
                             })?;
-                            quota.report(client, reports, &service.rules())
+                            service.quota().report(client, reports, &service.rules())
                         })
                     });
                     if let Err(status) = reported {
@@ -364,15 +382,18 @@ async fn quota_stream(
                     }
                 }
             },
-            Some(response) = inbox.recv() => {
-                if send.send_data(framed(&response), false).is_err() {
-                    break Status::cancelled("the client is gone");
-                }
-            }
             _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => break Status::cancelled("reset"),
         }
     };
-    quota.close(client);
+    // What was decided for it before its end still goes out.
+    while let Ok(response) = inbox.try_recv() {
+        if send_within_window(&mut send, framed(&response))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
     let mut trailers = HeaderMap::new();
     let code = (status.code() as i32).to_string();
     trailers.insert(
@@ -385,6 +406,37 @@ async fn quota_stream(
         }
     }
     let _ = send.send_trailers(trailers);
+}
+
+/// How long an answer may wait for the client's HTTP/2 window.
+const WINDOW_WAIT: Duration = Duration::from_secs(5);
+
+/// Sends `data` once the client's flow-control window takes it (h2 would otherwise
+/// buffer whatever a client that does not read is sent), within [`WINDOW_WAIT`].
+async fn send_within_window(send: &mut h2::SendStream<Bytes>, data: Bytes) -> Result<(), Status> {
+    // A large answer need not fit whole: room for a frame's worth bounds what h2
+    // holds for a client that does not read to one answer.
+    let len = data.len().min(16 * 1024);
+    send.reserve_capacity(data.len());
+    let granted = tokio::time::timeout(WINDOW_WAIT, async {
+        while send.capacity() < len {
+            match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(_)) => {}
+                _ => return false,
+            }
+        }
+        true
+    })
+    .await;
+    match granted {
+        Ok(true) => send
+            .send_data(data, false)
+            .map_err(|_| Status::cancelled("the client is gone")),
+        Ok(false) => Err(Status::cancelled("the client is gone")),
+        Err(_) => Err(Status::resource_exhausted(
+            "the client does not read its assignments",
+        )),
+    }
 }
 
 /// The whole messages at the start of a stream's `pending` bytes, taken off it.

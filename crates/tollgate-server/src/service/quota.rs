@@ -37,6 +37,14 @@ pub const TICK: Duration = Duration::from_millis(50);
 /// `RESOURCE_EXHAUSTED`).
 pub const MAX_BUCKETS_PER_STREAM: usize = 10_000;
 
+/// The most buckets kept in all (a report that would add one more ends its stream
+/// with `RESOURCE_EXHAUSTED`).
+pub const MAX_BUCKETS: usize = 100_000;
+
+/// The most answers waiting for a stream's client to read them; past it the client
+/// is not reading, and its stream ends with `RESOURCE_EXHAUSTED`.
+pub const MAX_QUEUED: usize = 256;
+
 /// The time to live of the `ALLOW_ALL` sent for a bucket no rule takes.
 const UNRULED_TTL: Duration = Duration::from_secs(60);
 
@@ -63,9 +71,10 @@ struct Bucket {
     quota: QuotaBucket,
 }
 
-/// One stream: where its answers go, its domain, and the buckets it reported on.
+/// One stream: where its answers go (`None` once its client stopped reading them),
+/// its domain, and the buckets it reported on.
 struct Stream {
-    outbox: mpsc::UnboundedSender<RateLimitQuotaResponse>,
+    outbox: Option<mpsc::Sender<RateLimitQuotaResponse>>,
     domain: Option<String>,
     buckets: HashSet<BucketKey>,
 }
@@ -103,11 +112,11 @@ impl QuotaBuckets {
     }
 
     /// A new stream: its client id and the receiver of what it is sent.
-    pub fn open(&self) -> (ClientId, mpsc::UnboundedReceiver<RateLimitQuotaResponse>) {
+    pub fn open(&self) -> (ClientId, mpsc::Receiver<RateLimitQuotaResponse>) {
         let id = self.next_client.fetch_add(1, Ordering::Relaxed);
-        let (outbox, inbox) = mpsc::unbounded_channel();
+        let (outbox, inbox) = mpsc::channel(MAX_QUEUED);
         let stream = Stream {
-            outbox,
+            outbox: Some(outbox),
             domain: None,
             buckets: HashSet::new(),
         };
@@ -123,8 +132,9 @@ impl QuotaBuckets {
         reports: RateLimitQuotaUsageReports,
         rules: &DescriptorRules,
     ) -> Result<(), Status> {
-        let now = self.clock.now_us();
         let mut state = self.state();
+        // Read under the lock: time spent waiting for it must not eat the grace.
+        let now = self.clock.now_us();
         let State { buckets, streams } = &mut *state;
         let stream = streams
             .get_mut(&client)
@@ -136,10 +146,7 @@ impl QuotaBuckets {
                     "the first report must name its domain",
                 ))
             }
-            (None, d) => {
-                stream.domain = Some(d.to_string());
-                d.to_string()
-            }
+            (None, d) => d.to_string(),
             (Some(d), "") => d.clone(),
             (Some(d), r) if d == r => d.clone(),
             (Some(d), r) => {
@@ -148,52 +155,40 @@ impl QuotaBuckets {
                 )))
             }
         };
+        // The whole message is checked before any of it is applied: a bad usage must
+        // not leave the good ones before it decided but unsent.
+        let usages = usages(reports, &domain)?;
+        let new = usages
+            .iter()
+            .filter(|u| !stream.buckets.contains(&u.key))
+            .count();
+        if stream.buckets.len() + new > MAX_BUCKETS_PER_STREAM {
+            return Err(Status::resource_exhausted(format!(
+                "a stream may report on at most {MAX_BUCKETS_PER_STREAM} buckets"
+            )));
+        }
+        if buckets.len() + new > MAX_BUCKETS {
+            return Err(Status::resource_exhausted(format!(
+                "the server keeps at most {MAX_BUCKETS} buckets"
+            )));
+        }
+        stream.domain = Some(domain.clone());
         let mut sends: Vec<(ClientId, BucketAction)> = Vec::new();
-        for usage in reports.bucket_quota_usages {
-            let id = usage
-                .bucket_id
-                .filter(|b| !b.bucket.is_empty())
-                .ok_or_else(|| Status::invalid_argument("a usage report without a bucket_id"))?;
-            let elapsed_us = match usage.time_elapsed {
-                Some(d) if d.seconds >= 0 && d.nanos >= 0 => {
-                    (d.seconds as u64).saturating_mul(1_000_000) + (d.nanos as u64) / 1000
-                }
-                _ => {
-                    return Err(Status::invalid_argument(
-                        "a usage report needs a positive time_elapsed",
-                    ))
-                }
-            };
-            let key: BucketKey = (
-                domain.clone(),
-                id.bucket
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            );
-            if !stream.buckets.contains(&key) && stream.buckets.len() >= MAX_BUCKETS_PER_STREAM {
-                return Err(Status::resource_exhausted(format!(
-                    "a stream may report on at most {MAX_BUCKETS_PER_STREAM} buckets"
-                )));
-            }
-            let Some(rule) = rules.quota_rule(&domain, &key.1) else {
+        for u in usages {
+            let Some(rule) = rules.quota_rule(&domain, &u.key.1) else {
                 // No rule takes it: not limited here.
-                sends.push((client, allow_all(id)));
+                sends.push((client, allow_all(u.id)));
                 continue;
             };
-            stream.buckets.insert(key.clone());
-            let bucket = buckets.entry(key).or_insert_with(|| Bucket {
+            stream.buckets.insert(u.key.clone());
+            let bucket = buckets.entry(u.key).or_insert_with(|| Bucket {
                 rule: rule.clone(),
-                id: id.clone(),
+                id: u.id,
                 quota: QuotaBucket::new(rule.budget, rule.settings, now),
             });
-            let out = bucket.quota.report(
-                client,
-                usage.num_requests_allowed,
-                usage.num_requests_denied,
-                elapsed_us,
-                now,
-            );
+            let out = bucket
+                .quota
+                .report(client, u.allowed, u.denied, u.elapsed_us, now);
             sends.extend(out.into_iter().map(|a| (a.client, action(&bucket.id, &a))));
         }
         deliver(streams, sends);
@@ -203,8 +198,8 @@ impl QuotaBuckets {
     /// Stream `client` ended: its shares free when they end, and the others of its
     /// buckets are divided again.
     pub fn close(&self, client: ClientId) {
-        let now = self.clock.now_us();
         let mut state = self.state();
+        let now = self.clock.now_us();
         let State { buckets, streams } = &mut *state;
         let Some(stream) = streams.remove(&client) else {
             return;
@@ -221,8 +216,8 @@ impl QuotaBuckets {
 
     /// Sends what is due (renewals, freed shares) and forgets buckets nobody holds.
     pub fn tick(&self) {
-        let now = self.clock.now_us();
         let mut state = self.state();
+        let now = self.clock.now_us();
         let State { buckets, streams } = &mut *state;
         let mut sends = Vec::new();
         buckets.retain(|_, b| {
@@ -263,17 +258,82 @@ impl QuotaBuckets {
     }
 }
 
-/// Sends each client its bucket actions, in one response.
-fn deliver(streams: &HashMap<ClientId, Stream>, sends: Vec<(ClientId, BucketAction)>) {
+/// Sends each client its bucket actions, in one response. A client with
+/// [`MAX_QUEUED`] answers unread loses its outbox: its stream ends.
+fn deliver(streams: &mut HashMap<ClientId, Stream>, sends: Vec<(ClientId, BucketAction)>) {
     let mut by_client: BTreeMap<ClientId, Vec<BucketAction>> = BTreeMap::new();
     for (client, a) in sends {
         by_client.entry(client).or_default().push(a);
     }
     for (client, bucket_action) in by_client {
-        if let Some(s) = streams.get(&client) {
-            let _ = s.outbox.send(RateLimitQuotaResponse { bucket_action });
+        let Some(s) = streams.get_mut(&client) else {
+            continue;
+        };
+        let response = RateLimitQuotaResponse { bucket_action };
+        if let Some(outbox) = &s.outbox {
+            if let Err(mpsc::error::TrySendError::Full(_)) = outbox.try_send(response) {
+                s.outbox = None;
+            }
         }
     }
+}
+
+/// One usage report, checked.
+struct Usage {
+    key: BucketKey,
+    id: BucketId,
+    allowed: u64,
+    denied: u64,
+    elapsed_us: u64,
+}
+
+/// The usage reports of a message, each checked as the protocol requires: at least
+/// one; a bucket id of non-empty keys and values; a positive `time_elapsed`.
+fn usages(reports: RateLimitQuotaUsageReports, domain: &str) -> Result<Vec<Usage>, Status> {
+    if reports.bucket_quota_usages.is_empty() {
+        return Err(Status::invalid_argument(
+            "a message must carry at least one usage report",
+        ));
+    }
+    (reports.bucket_quota_usages.into_iter())
+        .map(|u| {
+            let id = u
+                .bucket_id
+                .filter(|b| !b.bucket.is_empty())
+                .ok_or_else(|| Status::invalid_argument("a usage report without a bucket_id"))?;
+            if id.bucket.iter().any(|(k, v)| k.is_empty() || v.is_empty()) {
+                return Err(Status::invalid_argument(
+                    "a bucket_id's keys and values must not be empty",
+                ));
+            }
+            let elapsed_us = match u.time_elapsed {
+                Some(d) if d.seconds >= 0 && (0..1_000_000_000).contains(&d.nanos) => (d.seconds
+                    as u64)
+                    .saturating_mul(1_000_000)
+                    .saturating_add(d.nanos as u64 / 1000),
+                _ => 0,
+            };
+            if elapsed_us == 0 {
+                return Err(Status::invalid_argument(
+                    "a usage report needs a positive time_elapsed",
+                ));
+            }
+            let key = (
+                domain.to_string(),
+                id.bucket
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            );
+            Ok(Usage {
+                key,
+                id,
+                allowed: u.num_requests_allowed,
+                denied: u.num_requests_denied,
+                elapsed_us,
+            })
+        })
+        .collect()
 }
 
 /// An assignment as the protocol writes it.
