@@ -772,7 +772,12 @@ mod tests {
         assert_eq!(per(rate("gcra:rate=100/250ms")), (1200, 3_000_000));
         assert_eq!(per(rate("token-bucket:rate=7/m")), (7, 60_000_000));
         assert_eq!(per(rate("gcra:rate=3/s")), (180, 60_000_000));
-        for spec in ["gcra:rate=1/1500ms", "gcra:rate=2/7s", "leaky-bucket:rate=9/2300ms", "gcra:rate=1/h"] {
+        for spec in [
+            "gcra:rate=1/1500ms",
+            "gcra:rate=2/7s",
+            "leaky-bucket:rate=9/2300ms",
+            "gcra:rate=1/h",
+        ] {
             let r = rate(spec);
             assert_eq!(r.period_us % 1_000_000, 0, "{spec}: {r:?}");
             // Never more than the policy's rate.

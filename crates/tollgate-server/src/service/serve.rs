@@ -209,7 +209,7 @@ pub async fn serve_on(
     // Caught before the banner: a SIGHUP right after it must reload, not kill.
     let hup = crate::lifecycle::hangups();
     println!(
-        "tollgate serve: HTTP on http://{http} and Envoy RLS gRPC on {grpc} ({}, {} worker(s), {}) with {}",
+        "tollgate serve: HTTP on http://{http} and Envoy RLS + RLQS gRPC on {grpc} ({}, {} worker(s), {}) with {}",
         settings.store.describe(),
         settings.workers,
         settings.balance.describe(),
@@ -313,7 +313,7 @@ pub struct ServeArgs {
     /// The HTTP listen address [default: 127.0.0.1:8080].
     #[arg(long)]
     pub http: Option<std::net::SocketAddr>,
-    /// The Envoy RLS gRPC listen address [default: 127.0.0.1:8081].
+    /// The gRPC listen address (Envoy RLS and RLQS) [default: 127.0.0.1:8081].
     #[arg(long)]
     pub grpc: Option<std::net::SocketAddr>,
     /// Where counters live: memory, redis://host:port/db or
