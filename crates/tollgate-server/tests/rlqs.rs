@@ -70,6 +70,23 @@ async fn fifty_envoys_share_one_budget_and_never_exceed_it() {
         t.await.unwrap();
     }
     let admitted = admitted.lock().unwrap().clone();
+    // What serve spent on it: CPU (user + system, from /proc) per request admitted.
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", server.pid())).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| {
+        f.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
+    });
+    eprintln!(
+        "serve: {:.2} s of CPU for {} admitted requests ({:.2} us each; 100 ticks a second)",
+        ticks / 100.0,
+        admitted.len(),
+        ticks / 100.0 * 1e6 / admitted.len().max(1) as f64
+    );
     let mut times: Vec<(u64, u64)> = admitted
         .iter()
         .map(|(t, _)| (t.as_micros() as u64, 1))
