@@ -268,16 +268,8 @@ impl Conn {
         close: bool,
         to_head: bool,
     ) -> Next {
-        if close {
-            return refuse(io, &mut self.out, answer, to_head).await;
-        }
         self.buf.advance(end);
-        self.out.clear();
-        message::with_date(|d| answer.write(&mut self.out, d, false, to_head));
-        match io.write_all(&self.out).await {
-            Ok(()) => Next::KeepAlive,
-            Err(_) => Next::Close,
-        }
+        self.reply(io, answer, close, to_head).await
     }
 
     /// Sends the request upstream and its response back to the client, with the
@@ -316,7 +308,7 @@ impl Conn {
                     // The client went away mid-body.
                     BodyError::Read(_) | BodyError::Write => return Next::Close,
                 };
-                return self.fail(io, &answer, true, &req).await;
+                return self.reply(io, &answer, true, req.to_head).await;
             }
             Ok(Err(Sent::Upstream)) => Err(UNREACHABLE),
             Err(_) => Err(TIMED_OUT),
@@ -326,7 +318,7 @@ impl Conn {
             Err(failure) => {
                 drop(passed);
                 let answer = upstream_failed(route, adaptive, pending, failure);
-                return self.fail(io, &answer, close, &req).await;
+                return self.reply(io, &answer, close, req.to_head).await;
             }
         };
         let mut headers = [const { MaybeUninit::uninit() }; MAX_HEADERS];
@@ -345,7 +337,7 @@ impl Conn {
         let Some((code, head)) = head else {
             drop(passed);
             let answer = upstream_failed(route, adaptive, None, UNREACHABLE);
-            return self.fail(io, &answer, close, &req).await;
+            return self.reply(io, &answer, close, req.to_head).await;
         };
         let mut adaptive = adaptive;
         if let (Some(hold), Ok(status)) = (&mut adaptive, StatusCode::from_u16(code)) {
@@ -399,19 +391,20 @@ impl Conn {
         }
     }
 
-    /// Answers a request whose exchange failed before its response.
-    async fn fail(
+    /// Writes one of the proxy's own answers (`to_head`: to a HEAD request); `close`
+    /// ends the connection after it (see [`refuse`]).
+    async fn reply(
         &mut self,
         io: &mut impl Client,
         answer: &Problem,
         close: bool,
-        req: &Request,
+        to_head: bool,
     ) -> Next {
         if close {
-            return refuse(io, &mut self.out, answer, req.to_head).await;
+            return refuse(io, &mut self.out, answer, to_head).await;
         }
         self.out.clear();
-        message::with_date(|d| answer.write(&mut self.out, d, false, req.to_head));
+        message::with_date(|d| answer.write(&mut self.out, d, false, to_head));
         match io.write_all(&self.out).await {
             Ok(()) => Next::KeepAlive,
             Err(_) => Next::Close,
