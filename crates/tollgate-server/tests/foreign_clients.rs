@@ -7,27 +7,26 @@
 #[path = "support/serve.rs"]
 mod serve_process;
 
-#[test]
-fn python_grpcio_and_protobuf_json_clients_get_envoys_answers() {
-    tollgate_testkit::clear_of_window_end(
-        std::time::Duration::from_secs(60),
-        std::time::Duration::from_secs(5),
-    );
-    let dir = std::env::temp_dir().join(format!("tollgate-foreign-{}", std::process::id()));
+/// Starts `serve` on a rule file of `rules` and runs `tests/python/SCRIPT` with its
+/// gRPC address (and its HTTP base when `with_http`); the script must end with "all
+/// checks passed".
+fn python_checks(name: &str, rules: &str, script: &str, with_http: bool) {
+    let dir = std::env::temp_dir().join(format!("tollgate-foreign-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let rules = dir.join("py.yaml");
-    std::fs::write(
-        &rules,
-        "domain: py\ndescriptors:\n  - key: user\n    rate_limit: {name: per_user, unit: minute, requests_per_unit: 3}\n",
-    )
-    .unwrap();
-    let server = serve_process::start(&["--rules", rules.to_str().unwrap()], &[]);
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/envoy_clients.py");
-    let grpc = server.grpc.trim_start_matches("http://");
-    let out = std::process::Command::new("python3")
+    let path = dir.join("rules.yaml");
+    std::fs::write(&path, rules).unwrap();
+    let server = serve_process::start(&["--rules", path.to_str().unwrap()], &[]);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let mut command = std::process::Command::new("python3");
+    command
         .arg(&script)
-        .args([grpc, server.base.as_str()])
+        .arg(server.grpc.trim_start_matches("http://"));
+    if with_http {
+        command.arg(&server.base);
+    }
+    let out = command
         .output()
         .expect("python3 runs (scripts/test.sh installs grpcio and xds-protos)");
     let _ = std::fs::remove_dir_all(&dir);
@@ -35,7 +34,22 @@ fn python_grpcio_and_protobuf_json_clients_get_envoys_answers() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stdout.contains("all checks passed"),
-        "the Python clients failed:\n{stdout}\n{stderr}"
+        "{} failed:\n{stdout}\n{stderr}",
+        script.display()
+    );
+}
+
+#[test]
+fn python_grpcio_and_protobuf_json_clients_get_envoys_answers() {
+    tollgate_testkit::clear_of_window_end(
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(5),
+    );
+    python_checks(
+        "rls",
+        "domain: py\ndescriptors:\n  - key: user\n    rate_limit: {name: per_user, unit: minute, requests_per_unit: 3}\n",
+        "envoy_clients.py",
+        true,
     );
 }
 
@@ -44,28 +58,10 @@ fn python_grpcio_and_protobuf_json_clients_get_envoys_answers() {
 /// bucket, refused reports.
 #[test]
 fn python_grpcio_streams_rate_limit_quota_reports() {
-    let dir = std::env::temp_dir().join(format!("tollgate-foreign-rlqs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let rules = dir.join("quota.yaml");
-    std::fs::write(
-        &rules,
+    python_checks(
+        "rlqs",
         "domain: py\nquota_buckets:\n  - bucket: { name: api }\n    policy: \"gcra:rate=100/s,burst=20\"\n",
-    )
-    .unwrap();
-    let server = serve_process::start(&["--rules", rules.to_str().unwrap()], &[]);
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/rlqs_client.py");
-    let grpc = server.grpc.trim_start_matches("http://");
-    let out = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(grpc)
-        .output()
-        .expect("python3 runs (scripts/test.sh installs grpcio and xds-protos)");
-    let _ = std::fs::remove_dir_all(&dir);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("all checks passed"),
-        "the Python RLQS client failed:\n{stdout}\n{stderr}"
+        "rlqs_client.py",
+        false,
     );
 }
