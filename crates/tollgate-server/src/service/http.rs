@@ -368,17 +368,17 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
     // The buckets reported on now, with what the division holds for them.
     let buckets: Vec<Value> = (service.quota().views().into_iter())
         .map(|b| {
-            let per_second = |n: u64| n as f64 * 1e6 / b.period_us as f64;
-            json!({
+            let mut v = json!({
                 "domain": b.domain,
                 "bucket": b.bucket,
                 "rule": b.rule,
                 "policy": b.policy,
-                "clients": b.stats.clients,
-                "demand_per_second": per_second(b.stats.demand),
-                "assigned_per_second": per_second(b.stats.assigned),
-                "reserved_per_second": per_second(b.stats.reserved),
-            })
+                "clients": b.clients,
+            });
+            for (name, rate) in b.rates {
+                v[name] = json!(rate);
+            }
+            v
         })
         .collect();
     Json(json!({

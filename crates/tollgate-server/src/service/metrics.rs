@@ -6,7 +6,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tollgate::policy::quota::QuotaStats;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -281,22 +280,15 @@ impl Metrics {
     }
 
     /// Sets the RLQS figures: every bucket's (buckets gone are dropped) and the
-    /// streams open.
-    /// Each bucket is `(domain, bucket id, stats, the period its rates are per)`.
+    /// streams open. Each bucket is `(domain, bucket id, clients, its named rates)`.
     pub fn quota<'a>(
         &self,
-        buckets: impl IntoIterator<Item = (&'a str, &'a str, QuotaStats, u64)>,
+        buckets: impl IntoIterator<Item = (&'a str, &'a str, u64, &'a [(&'static str, f64)])>,
         streams: usize,
     ) {
         self.quota.clear();
-        for (domain, bucket, stats, period_us) in buckets {
-            let per_second = |n: u64| n as f64 * 1e6 / period_us as f64;
-            let figures = [
-                ("clients", stats.clients as f64),
-                ("demand_per_second", per_second(stats.demand)),
-                ("assigned_per_second", per_second(stats.assigned)),
-                ("reserved_per_second", per_second(stats.reserved)),
-            ];
+        for (domain, bucket, clients, rates) in buckets {
+            let figures = std::iter::once(("clients", clients as f64)).chain(rates.iter().copied());
             for (figure, value) in figures {
                 let labels = vec![
                     ("domain", domain.to_string()),

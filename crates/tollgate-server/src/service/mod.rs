@@ -383,9 +383,14 @@ impl DecisionService {
             self.metrics.workers(&w.read());
         }
         let buckets = self.quota.views();
-        let figures = buckets
-            .iter()
-            .map(|b| (b.domain.as_str(), b.bucket.as_str(), b.stats, b.period_us));
+        let figures = buckets.iter().map(|b| {
+            (
+                b.domain.as_str(),
+                b.bucket.as_str(),
+                b.clients,
+                &b.rates[..],
+            )
+        });
         self.metrics.quota(figures, self.quota.streams());
         self.metrics.render()
     }

@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use tokio::sync::mpsc;
 use tollgate::clock::{Clock, MonotonicClock};
-use tollgate::policy::quota::{Assignment, ClientId, QuotaBucket, QuotaStats, Share};
+use tollgate::policy::quota::{Assignment, ClientId, QuotaBucket, Share};
 use tonic::Status;
 
 use crate::service::descriptors::{DescriptorRules, QuotaRule};
@@ -90,10 +90,10 @@ pub struct BucketView {
     pub rule: String,
     /// Its rule's policy.
     pub policy: String,
-    /// Its clients, demand and shares, in units per `period_us`.
-    pub stats: QuotaStats,
-    /// The period the stats' rates are per.
-    pub period_us: u64,
+    /// Envoys reporting on it or holding a share.
+    pub clients: u64,
+    /// Its demand, assigned and reserved rates, per second, named as reported.
+    pub rates: [(&'static str, f64); 3],
 }
 
 impl Default for QuotaBuckets {
@@ -235,17 +235,26 @@ impl QuotaBuckets {
         let now = self.clock.now_us();
         let state = self.state();
         let mut views: Vec<BucketView> = (state.buckets.iter())
-            .map(|((domain, id), b)| BucketView {
-                domain: domain.clone(),
-                bucket: id
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(","),
-                rule: b.rule.name.clone(),
-                policy: b.rule.policy.to_string(),
-                stats: b.quota.stats(now),
-                period_us: b.quota.budget().rate.period_us,
+            .map(|((domain, id), b)| {
+                let stats = b.quota.stats(now);
+                let period = b.quota.budget().rate.period_us as f64;
+                let per_second = |n: u64| n as f64 * 1e6 / period;
+                BucketView {
+                    domain: domain.clone(),
+                    bucket: id
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    rule: b.rule.name.clone(),
+                    policy: b.rule.policy.to_string(),
+                    clients: stats.clients,
+                    rates: [
+                        ("demand_per_second", per_second(stats.demand)),
+                        ("assigned_per_second", per_second(stats.assigned)),
+                        ("reserved_per_second", per_second(stats.reserved)),
+                    ],
+                }
             })
             .collect();
         views.sort_by(|a, b| (&a.domain, &a.bucket).cmp(&(&b.domain, &b.bucket)));
