@@ -432,7 +432,9 @@ impl Conn {
                     return Err(Sent::Upstream);
                 }
             } else {
-                if req.expect_continue && self.buf.is_empty() {
+                // Sent even when some of the body is already here (RFC 9110 §10.1.1
+                // allows either): whether it is depends on how reads fall.
+                if req.expect_continue {
                     io.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
                         .await
                         .map_err(|_| Sent::Client(BodyError::Write))?;
