@@ -59,6 +59,7 @@ pub mod headers;
 pub mod keyed;
 mod limiter;
 pub mod policy;
+pub mod quota;
 mod rate_limiter;
 mod reader_gate;
 #[cfg(feature = "redis")]

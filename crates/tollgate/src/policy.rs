@@ -4,9 +4,6 @@
 //! the pure core (`tollgate_core`) under the library's roof.
 
 pub use tollgate_core::algorithms;
-/// A budget divided among clients that enforce their shares themselves (Envoy's rate
-/// limit quota service): the division and its ledger.
-pub use tollgate_core::quota;
 pub use tollgate_core::{
     densest_window, fmt_duration, params_of, parse_duration, Algorithm, AlgorithmKind,
     AnyAlgorithm, CheckMode, PolicyState, MAX_COUNT, MAX_DEBT_US, MAX_DURATION_US, MAX_TIME_US,

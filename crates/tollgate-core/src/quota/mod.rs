@@ -40,6 +40,16 @@
 //! part within three seconds (one report interval to see the drop, one to be sure of
 //! it, then the time to live of the shares given up).
 //!
+//! # Several servers, one ledger
+//!
+//! The clients of one bucket may report to different servers (each Envoy streams to
+//! one of them), and the servers share the bucket's state ([`QuotaBucket::encode`],
+//! [`QuotaBucket::decode`]: e.g. in Redis, changed by one server at a time). Each
+//! client belongs to the server it reports to ([`ServerId`]): the division counts
+//! every client's demand and every grant in the ledger, but a server moves and renews
+//! only its own clients' shares, since only it can deliver them (a share decided for a
+//! client that is never told would let the ledger and the client part ways).
+//!
 //! Clients must deny when they have no assignment and when theirs has expired (for
 //! Envoy: `no_assignment_behavior` and `expired_assignment_behavior` falling back to
 //! `DENY_ALL`); a client that goes on spending an expired assignment is outside the
@@ -54,8 +64,13 @@ pub use fair::max_min;
 use crate::algorithms::{Gcra, LeakyBucket, TokenBucket};
 use crate::{AnyAlgorithm, Policy, Rate};
 
-/// A client of a bucket (one Envoy's stream), named by the server.
+/// A client of a bucket (one Envoy's stream), named by the server, unique among the
+/// servers that share the bucket.
 pub type ClientId = u64;
+
+/// A server that shares a bucket's ledger and delivers its own clients' assignments
+/// (0 when one server keeps the bucket alone).
+pub type ServerId = u64;
 
 /// What a bucket's policy allows: `count` units per `period_us`, at most `burst` at
 /// once.
@@ -67,6 +82,9 @@ pub struct Budget {
     /// The most units at once.
     pub burst: u64,
 }
+
+/// The first word of an encoded state: its layout's version.
+const STATE_FORMAT: u64 = 1;
 
 /// The longest period a budget's rate is written over to make its shares finer.
 const MAX_PERIOD_US: u64 = 60_000_000;
@@ -91,6 +109,21 @@ impl Budget {
             rate: finer(rate),
             burst,
         })
+    }
+}
+
+impl Budget {
+    /// One `n`th of this budget (rounded down): what one of `n` servers may divide
+    /// alone when they cannot share a ledger.
+    pub fn share(self, n: u64) -> Budget {
+        let n = n.max(1);
+        Budget {
+            rate: Rate {
+                count: self.rate.count / n,
+                period_us: self.rate.period_us,
+            },
+            burst: self.burst / n,
+        }
     }
 }
 
@@ -179,9 +212,21 @@ pub struct Assignment {
     pub ttl_us: u64,
 }
 
+/// A client's usage report: `allowed` and `denied` requests over the `elapsed_us`
+/// since its previous report (0 for the first, which only subscribes it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Requests it allowed.
+    pub allowed: u64,
+    /// Requests it denied.
+    pub denied: u64,
+    /// The time the report covers.
+    pub elapsed_us: u64,
+}
+
 /// A share sent, as the ledger counts it: `rate` units per period and `burst` until
 /// `until` (sent + ttl + grace).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Grant {
     rate: u64,
     burst: u64,
@@ -191,8 +236,10 @@ struct Grant {
 }
 
 /// One client's standing.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Client {
+    /// The server it reports to, which delivers its assignments.
+    server: ServerId,
     /// Units per period it wanted at its last report (allowed + denied); `None` before
     /// its first report with an elapsed time.
     demand: Option<u64>,
@@ -234,7 +281,7 @@ impl Client {
 }
 
 /// One bucket's budget, its clients and the ledger of what they were sent.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaBucket {
     budget: Budget,
     settings: QuotaSettings,
@@ -274,54 +321,60 @@ impl QuotaBucket {
         self.budget
     }
 
-    /// A usage report from `client` at `now`: `allowed` and `denied` requests over
-    /// the `elapsed_us` since its previous report (its first report subscribes it).
-    /// Returns the assignments to send (to any client).
+    /// A usage report from `client`, a client of `server`, at `now`: `allowed` and
+    /// `denied` requests over the `elapsed_us` since its previous report (its first
+    /// report subscribes it). Returns the assignments `server` is to send (to any of
+    /// its clients).
     pub fn report(
         &mut self,
         client: ClientId,
-        allowed: u64,
-        denied: u64,
-        elapsed_us: u64,
+        server: ServerId,
+        usage: Usage,
         now: u64,
     ) -> Vec<Assignment> {
         let now = now.max(self.level_at);
         let period = self.budget.rate.period_us;
         let c = self.clients.entry(client).or_default();
+        c.server = server;
         c.gone = false;
         c.reported_at = now;
-        if elapsed_us > 0 {
-            c.interval_us = elapsed_us;
+        if usage.elapsed_us > 0 {
+            c.interval_us = usage.elapsed_us;
             // Rounded up: a client asking 5/s over a report a little over 1 s long
             // still wants 5.
-            let wanted = (u128::from(allowed.saturating_add(denied)) * u128::from(period))
-                .div_ceil(u128::from(elapsed_us));
+            let wanted = (u128::from(usage.allowed.saturating_add(usage.denied))
+                * u128::from(period))
+            .div_ceil(u128::from(usage.elapsed_us));
             c.demand = Some(u64::try_from(wanted).unwrap_or(u64::MAX));
         }
-        self.divide(now)
+        self.divide(server, now)
     }
 
     /// `client`'s stream ended at `now`: it is sent nothing more, and its share frees
-    /// when its last assignment ends. Returns the assignments to send to the others.
+    /// when its last assignment ends. Returns the assignments its server is to send
+    /// to its other clients.
     pub fn leave(&mut self, client: ClientId, now: u64) -> Vec<Assignment> {
         let now = now.max(self.level_at);
-        if let Some(c) = self.clients.get_mut(&client) {
-            c.gone = true;
-        }
-        self.divide(now)
+        let Some(c) = self.clients.get_mut(&client) else {
+            return Vec::new();
+        };
+        c.gone = true;
+        let server = c.server;
+        self.divide(server, now)
     }
 
-    /// Renewals due and shares freed by `now`: the assignments to send.
-    pub fn tick(&mut self, now: u64) -> Vec<Assignment> {
-        self.divide(now.max(self.level_at))
+    /// Renewals due and shares freed by `now`: the assignments `server` is to send.
+    pub fn tick(&mut self, server: ServerId, now: u64) -> Vec<Assignment> {
+        self.divide(server, now.max(self.level_at))
     }
 
-    /// When [`Self::tick`] has something to do next (a renewal, or a share that frees).
-    pub fn next_event(&self) -> Option<u64> {
+    /// When [`Self::tick`] has something to do next for `server` (a renewal of one of
+    /// its clients, or a share that frees).
+    pub fn next_event(&self, server: ServerId) -> Option<u64> {
         let mut next: Option<u64> = None;
         let mut at = |t: u64| next = Some(next.map_or(t, |n| n.min(t)));
         for c in self.clients.values() {
-            if !c.gone && c.current.is_some() {
+            if c.server == server && !c.gone && c.current.is_some() {
                 at(c.renew_at);
             }
             for g in c.current.iter().chain(c.older.iter()) {
@@ -400,9 +453,9 @@ impl QuotaBucket {
             .fold((0, 0), |(r, b), (cr, cb)| (r + cr, b + cb))
     }
 
-    /// The division at `now`: each live client's fair share, sent where it moved
-    /// and the ledger allows, and the renewals due.
-    fn divide(&mut self, now: u64) -> Vec<Assignment> {
+    /// The division at `now`: each live client's fair share, sent (to the clients of
+    /// `server`) where it moved and the ledger allows, and the renewals due.
+    fn divide(&mut self, server: ServerId, now: u64) -> Vec<Assignment> {
         self.advance(now);
         let s = self.settings;
         let count = self.budget.rate.count;
@@ -419,7 +472,9 @@ impl QuotaBucket {
         let mut out = Vec::new();
         // Shrinking shares first: what they give up is counted until their old
         // assignments end, but their new ones are in the ledger before any growth.
-        let mut order: Vec<(ClientId, u64)> = live.iter().copied().zip(targets).collect();
+        let mut order: Vec<(ClientId, u64)> = (live.iter().copied().zip(targets))
+            .filter(|(id, _)| self.clients[id].server == server)
+            .collect();
         order.sort_by_key(|(id, target)| {
             let cur = self.clients[id].current.map_or(0, |g| g.rate);
             (*target >= cur, *id)
@@ -519,6 +574,101 @@ impl QuotaBucket {
         c.renew_at = now + s.ttl_us / 2;
         let share = self.share(rate, burst);
         Some(self.assignment(id, share))
+    }
+
+    /// The bucket's state (its ledger and clients, not its budget or settings) as
+    /// bytes, for servers that share it ([`Self::decode`] reads it back).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w: Vec<u64> = vec![
+            STATE_FORMAT,
+            (self.level >> 64) as u64,
+            self.level as u64,
+            self.level_at,
+            self.clients.len() as u64,
+        ];
+        let grant = |w: &mut Vec<u64>, g: &Grant| w.extend([g.rate, g.burst, g.sent_at, g.until]);
+        for (id, c) in &self.clients {
+            w.extend([
+                *id,
+                c.server,
+                u64::from(c.demand.is_some()),
+                c.demand.unwrap_or(0),
+                c.reported_at,
+                c.interval_us,
+                c.renew_at,
+                u64::from(c.gone),
+                u64::from(c.current.is_some()),
+            ]);
+            grant(&mut w, &c.current.unwrap_or_default());
+            w.push(c.older.len() as u64);
+            for g in &c.older {
+                grant(&mut w, g);
+            }
+        }
+        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// A bucket dividing `budget` from a state [`Self::encode`] wrote; an error says
+    /// what is wrong with the bytes.
+    pub fn decode(budget: Budget, settings: QuotaSettings, bytes: &[u8]) -> Result<Self, String> {
+        if bytes.len() % 8 != 0 {
+            return Err(format!(
+                "a quota state of {} bytes (not whole words)",
+                bytes.len()
+            ));
+        }
+        let mut words = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        let mut next = || words.next().ok_or("a quota state cut short");
+        if next()? != STATE_FORMAT {
+            return Err("a quota state of another format (another tollgate version?)".into());
+        }
+        let level = (u128::from(next()?) << 64) | u128::from(next()?);
+        let level_at = next()?;
+        let n = next()?;
+        let mut clients = BTreeMap::new();
+        for _ in 0..n {
+            let id = next()?;
+            let server = next()?;
+            let has_demand = next()? == 1;
+            let demand = next()?;
+            let (reported_at, interval_us, renew_at, gone) = (next()?, next()?, next()?, next()?);
+            let has_current = next()? == 1;
+            let grant = |next: &mut dyn FnMut() -> Result<u64, &'static str>| {
+                Ok::<_, &str>(Grant {
+                    rate: next()?,
+                    burst: next()?,
+                    sent_at: next()?,
+                    until: next()?,
+                })
+            };
+            let current = grant(&mut next)?;
+            let older = (0..next()?)
+                .map(|_| grant(&mut next))
+                .collect::<Result<_, _>>()?;
+            let c = Client {
+                server,
+                demand: has_demand.then_some(demand),
+                reported_at,
+                interval_us,
+                current: has_current.then_some(current),
+                older,
+                renew_at,
+                gone: gone == 1,
+            };
+            clients.insert(id, c);
+        }
+        if words.next().is_some() {
+            return Err("a quota state with words past its end".into());
+        }
+        Ok(QuotaBucket {
+            budget,
+            settings,
+            level,
+            level_at,
+            clients,
+        })
     }
 
     fn share(&self, rate: u64, burst: u64) -> Share {
@@ -631,16 +781,28 @@ mod tests {
 
     /// Runs clients against one bucket for `ms` milliseconds, assignments arriving
     /// `delay(n)` us after they are sent (n counts them); returns the admissions
-    /// (time in us, client) and the bucket.
+    /// (time in us, client) and the bucket. Client `i` reports to server
+    /// `i % servers`; with several servers the bucket goes through its encoding
+    /// between any two steps, as servers sharing it through a store see it.
     fn run(
         policy: &str,
         settings: QuotaSettings,
         clients: &[Traffic],
         ms: u64,
+        servers: u64,
         delay: impl Fn(u64) -> u64,
     ) -> (Vec<(u64, usize)>, QuotaBucket) {
         let policy: Policy = policy.parse().unwrap();
-        let mut bucket = QuotaBucket::new(Budget::of(&policy).unwrap(), settings, 0);
+        let budget = Budget::of(&policy).unwrap();
+        let mut bucket = QuotaBucket::new(budget, settings, 0);
+        let shared = |bucket: &mut QuotaBucket| {
+            if servers > 1 {
+                let back = QuotaBucket::decode(budget, settings, &bucket.encode()).unwrap();
+                assert_eq!(&back, bucket);
+                *bucket = back;
+            }
+        };
+        let server = |i: usize| i as u64 % servers;
         let mut filters: Vec<Filter> = clients.iter().map(|_| Filter::default()).collect();
         let mut in_flight: Vec<(u64, Assignment)> = Vec::new();
         let mut sent = 0u64;
@@ -652,16 +814,20 @@ mod tests {
         let mut last_arrival: Vec<u64> = vec![0; clients.len()];
         for t in 0..ms {
             let now = t * 1000;
-            let mut send = |out: Vec<Assignment>, in_flight: &mut Vec<(u64, Assignment)>| {
-                for a in out {
+            // A server reaches only its own clients' streams.
+            let mut send = |srv: u64, out: Vec<Assignment>, in_flight: &mut Vec<_>| {
+                for a in out.into_iter().filter(|a| server(a.client as usize) == srv) {
                     let last = &mut last_arrival[a.client as usize];
                     *last = (now + delay(sent)).max(*last);
                     in_flight.push((*last, a));
                     sent += 1;
                 }
             };
-            if bucket.next_event().is_some_and(|e| e <= now) {
-                send(bucket.tick(now), &mut in_flight);
+            for srv in 0..servers {
+                if bucket.next_event(srv).is_some_and(|e| e <= now) {
+                    shared(&mut bucket);
+                    send(srv, bucket.tick(srv, now), &mut in_flight);
+                }
             }
             in_flight.sort_by_key(|(at, _)| *at);
             while in_flight.first().is_some_and(|(at, _)| *at <= now) {
@@ -671,7 +837,8 @@ mod tests {
             for (i, c) in clients.iter().enumerate() {
                 if t >= c.leave_ms {
                     if t == c.leave_ms {
-                        send(bucket.leave(i as u64, now), &mut in_flight);
+                        shared(&mut bucket);
+                        send(server(i), bucket.leave(i as u64, now), &mut in_flight);
                     }
                     continue;
                 }
@@ -687,10 +854,16 @@ mod tests {
                 if t >= c.offset_ms && (t - c.offset_ms) % c.every_ms == 0 {
                     let f = &mut filters[i];
                     let elapsed = last_report[i].map_or(0, |l| now - l);
-                    let out = bucket.report(i as u64, f.allowed, f.denied, elapsed, now);
+                    let usage = Usage {
+                        allowed: f.allowed,
+                        denied: f.denied,
+                        elapsed_us: elapsed,
+                    };
+                    shared(&mut bucket);
+                    let out = bucket.report(i as u64, server(i), usage, now);
                     (f.allowed, f.denied) = (0, 0);
                     last_report[i] = Some(now);
-                    send(out, &mut in_flight);
+                    send(server(i), out, &mut in_flight);
                 }
             }
         }
@@ -724,6 +897,15 @@ mod tests {
 
     #[test]
     fn fifty_clients_share_a_thousand_a_second_fairly_and_never_over() {
+        fifty_clients(1);
+    }
+
+    #[test]
+    fn fifty_clients_of_three_servers_sharing_one_ledger_do_as_well() {
+        fifty_clients(3);
+    }
+
+    fn fifty_clients(servers: u64) {
         let policy = "token-bucket:rate=1000/s";
         // 50 clients, each wanting 40/s (2,000/s in all); at 10 s the first 25 drop
         // to 5/s and the other 25 want 100/s.
@@ -734,9 +916,14 @@ mod tests {
                 ..steady(40, i)
             })
             .collect();
-        let (admitted, _) = run(policy, QuotaSettings::default(), &clients, 20_000, |n| {
-            n % 50 * 1000
-        });
+        let (admitted, _) = run(
+            policy,
+            QuotaSettings::default(),
+            &clients,
+            20_000,
+            servers,
+            |n| n % 50 * 1000,
+        );
         assert_within(policy, &admitted);
         let in_second = |s: u64, who: &dyn Fn(usize) -> bool| {
             admitted
@@ -798,7 +985,7 @@ mod tests {
         let mut clients = vec![steady(1000, 0), steady(1000, 1)];
         clients[0].leave_ms = 5_000;
         let settings = QuotaSettings::default();
-        let (admitted, bucket) = run(policy, settings, &clients, 10_000, |_| 0);
+        let (admitted, bucket) = run(policy, settings, &clients, 10_000, 1, |_| 0);
         assert_within(policy, &admitted);
         let of = |c: usize, s: u64| {
             admitted
@@ -841,7 +1028,7 @@ mod tests {
             ..QuotaSettings::default()
         };
         let delay = |n: u64| (n.wrapping_mul(2654435761) ^ 256) % (269_000 + 1);
-        let (admitted, _) = run(policy, settings, &clients, 10_000, delay);
+        let (admitted, _) = run(policy, settings, &clients, 10_000, 1, delay);
         assert_within(policy, &admitted);
     }
 
@@ -869,6 +1056,7 @@ mod tests {
             ttl_ms in 200u64..2000,
             grace_ms in 0u64..300,
             seed in 0u64..1000,
+            servers in 1u64..4,
         ) {
             let clients: Vec<Traffic> = traffic
                 .iter()
@@ -883,7 +1071,7 @@ mod tests {
             };
             let grace = settings.grace_us;
             let delay = move |n: u64| (n.wrapping_mul(2654435761) ^ seed) % (grace + 1);
-            let (admitted, _) = run(policy, settings, &clients, 10_000, delay);
+            let (admitted, _) = run(policy, settings, &clients, 10_000, servers, delay);
             assert_within(policy, &admitted);
         }
     }

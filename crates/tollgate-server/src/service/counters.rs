@@ -8,7 +8,10 @@ use tollgate::keyed::KeyedOptions;
 use tollgate::redis::RedisStore;
 use tollgate::{AnyLimiter, KeyedLimiter, RuleSet};
 
-use crate::config::store::StoreConfig;
+use tollgate::quota::QuotaLedger;
+
+use crate::config::store::{OnErrorDoc, StoreConfig};
+use crate::service::quota::{LedgerFailure, QuotaBuckets};
 
 /// The store every limit of the rules counts in.
 #[derive(Clone)]
@@ -65,6 +68,25 @@ impl Counters {
                 (redis.config)
                     .limiter(&redis.store, &name, rules)
                     .map_err(|e| format!("with store redis (limit {path}): {e}"))
+            }
+        }
+    }
+
+    /// The quota buckets (RLQS) of the rules, kept where the counts are: with Redis,
+    /// shared by every server on it, and divided as `on_error` says while it fails.
+    pub fn quota_buckets(&self) -> QuotaBuckets {
+        match self {
+            Counters::Memory(_) => QuotaBuckets::new(QuotaLedger::memory(), LedgerFailure::Nothing),
+            Counters::Redis(redis) => {
+                let on_error = match redis.config.on_error {
+                    OnErrorDoc::Error => LedgerFailure::Nothing,
+                    OnErrorDoc::FailClosed => LedgerFailure::Deny,
+                    OnErrorDoc::FailOpen => LedgerFailure::Allow,
+                    OnErrorDoc::Local => {
+                        LedgerFailure::Local(redis.config.local_share.unwrap_or(1))
+                    }
+                };
+                QuotaBuckets::new(QuotaLedger::redis(redis.store.clone()), on_error)
             }
         }
     }

@@ -214,9 +214,9 @@ pub struct QuotaRule {
     /// The budget's policy, as written.
     pub policy: Policy,
     /// What it allows, as the division reads it.
-    pub budget: tollgate::policy::quota::Budget,
+    pub budget: tollgate::quota::Budget,
     /// How it is divided.
-    pub settings: tollgate::policy::quota::QuotaSettings,
+    pub settings: tollgate::quota::QuotaSettings,
 }
 
 /// The longest `assignment_ttl` taken: a share handed out for longer is a share the
@@ -240,9 +240,9 @@ impl QuotaRule {
             ));
         }
         let policy = doc.policy.0;
-        let budget = tollgate::policy::quota::Budget::of(&policy)
-            .map_err(|e| format!("{at}.policy: {e}"))?;
-        let mut settings = tollgate::policy::quota::QuotaSettings::default();
+        let budget =
+            tollgate::quota::Budget::of(&policy).map_err(|e| format!("{at}.policy: {e}"))?;
+        let mut settings = tollgate::quota::QuotaSettings::default();
         if let Some(ttl) = &doc.assignment_ttl {
             let us = tollgate::policy::parse_duration(ttl)
                 .map_err(|e| format!("{at}.assignment_ttl: {e}"))?;

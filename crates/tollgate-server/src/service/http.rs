@@ -375,8 +375,8 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
                 "policy": b.policy,
                 "clients": b.clients,
             });
-            for (name, rate) in b.rates {
-                v[name] = json!(rate);
+            for (name, figure) in b.figures {
+                v[name] = json!(figure);
             }
             v
         })

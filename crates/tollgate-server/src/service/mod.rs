@@ -251,14 +251,14 @@ impl DecisionService {
             overrides: Mutex::new(HashMap::new()),
             answers: Answers::default(),
             merge_domains: false,
-            counters,
             retired: Mutex::default(),
             requests: crate::config::Requests::default(),
             metrics: Metrics::default(),
             clock: tollgate::clock::MonotonicClock::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
             workers: None,
-            quota: Default::default(),
+            quota: counters.quota_buckets(),
+            counters,
         }
     }
 
@@ -388,7 +388,7 @@ impl DecisionService {
                 b.domain.as_str(),
                 b.bucket.as_str(),
                 b.clients,
-                &b.rates[..],
+                &b.figures[..],
             )
         });
         self.metrics.quota(figures, self.quota.streams());

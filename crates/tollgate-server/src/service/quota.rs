@@ -1,16 +1,20 @@
 //! Envoy's rate limit quota service (RLQS, `envoy.service.rate_limit_quota.v3`): the
 //! quota buckets the Envoys of a fleet report on, each dividing the budget of its
-//! `quota_buckets` rule among them by demand ([`tollgate::policy::quota`]), and the
+//! `quota_buckets` rule among them by demand ([`tollgate::quota`]), and the
 //! conversions between the protocol's messages and the division's.
 //!
 //! A stream is one Envoy (a client of every bucket it reports on). Its reports go to
-//! their buckets; what a bucket decides goes to whichever of its clients it concerns,
-//! on that client's stream. Renewals and freed shares are sent by [`QuotaBuckets::tick`]
-//! (every [`TICK`]). A bucket no rule takes is answered `ALLOW_ALL` (as Envoy's
-//! ratelimit service answers a descriptor no rule matches), renewed while reported.
+//! their buckets; what a bucket decides goes to whichever of this server's clients it
+//! concerns, on that client's stream. The buckets are kept in the store's
+//! [`QuotaLedger`]: with Redis, the servers on it share each bucket, and each sends
+//! only its own clients' assignments. Renewals and freed shares are sent by
+//! [`QuotaBuckets::tick`] (every [`TICK`], for the buckets with something due). A
+//! bucket no rule takes is answered `ALLOW_ALL` (as Envoy's ratelimit service answers
+//! a descriptor no rule matches), renewed while reported.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,9 +27,10 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_resp
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
+use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tollgate::clock::{Clock, MonotonicClock};
-use tollgate::policy::quota::{Assignment, ClientId, QuotaBucket, Share};
+use tollgate::quota::{Assignment, ClientId, QuotaLedger, QuotaStats, ServerId, Share, Usage};
 use tonic::Status;
 
 use crate::service::descriptors::{DescriptorRules, QuotaRule};
@@ -48,12 +53,38 @@ pub const MAX_QUEUED: usize = 256;
 /// The time to live of the `ALLOW_ALL` sent for a bucket no rule takes.
 const UNRULED_TTL: Duration = Duration::from_secs(60);
 
+/// How many buckets one tick changes at once (with Redis, calls in flight).
+const TICK_CONCURRENCY: usize = 64;
+
 /// A bucket, named by its domain and bucket id (keys in order).
 type BucketKey = (String, BTreeMap<String, String>);
 
-/// Every quota bucket reported on, and the streams reporting.
+/// What a server sends while its ledger (Redis) fails, from the store's `on_error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerFailure {
+    /// Nothing (`error`): assignments are not renewed, and each Envoy falls back to
+    /// its `expired_assignment_behavior` when its own ends.
+    Nothing,
+    /// `DENY_ALL` to each Envoy that reports (`fail-closed`).
+    Deny,
+    /// `ALLOW_ALL` to each Envoy that reports (`fail-open`).
+    Allow,
+    /// This server divides `1/n` of each budget among its own Envoys, alone
+    /// (`local`, with `local_share: n`).
+    Local(u64),
+}
+
+/// Every quota bucket this server's streams report on, and the streams.
 pub struct QuotaBuckets {
     state: Mutex<State>,
+    ledger: QuotaLedger,
+    on_error: LedgerFailure,
+    /// For [`LedgerFailure::Local`]: the buckets divided alone while the ledger fails.
+    alone: QuotaLedger,
+    /// Whether the ledger failed at its last use (a change is logged once).
+    failing: AtomicBool,
+    /// This server, among those sharing the ledger.
+    server: ServerId,
     next_client: AtomicU64,
     clock: MonotonicClock,
 }
@@ -64,11 +95,23 @@ struct State {
     streams: HashMap<ClientId, Stream>,
 }
 
-/// One bucket: its rule, its id as Envoy sent it, and its division.
+/// One bucket as this server knows it: its rule, its id as Envoy sent it, its name in
+/// the ledger, and its standing as of this server's last change.
 struct Bucket {
     rule: Arc<QuotaRule>,
     id: BucketId,
-    quota: QuotaBucket,
+    name: String,
+    /// Held through a change: this server changes a bucket one report or tick at a
+    /// time (with Redis, others' changes are retried against).
+    turn: Arc<tokio::sync::Mutex<()>>,
+    stats: QuotaStats,
+    /// When a tick has something to do (this server's clock), if ever.
+    due: Option<u64>,
+    /// This server's streams reporting on it.
+    streams: usize,
+    /// Requests the reports to this server counted, allowed and denied.
+    allowed: u64,
+    denied: u64,
 }
 
 /// One stream: where its answers go (`None` once its client stopped reading them),
@@ -77,6 +120,22 @@ struct Stream {
     outbox: Option<mpsc::Sender<RateLimitQuotaResponse>>,
     domain: Option<String>,
     buckets: HashSet<BucketKey>,
+}
+
+/// One change to a bucket.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Report(ClientId, Usage),
+    Leave(ClientId),
+    Tick,
+}
+
+/// What a change decided: the assignments to send, the bucket's standing, and how
+/// long until its next tick for this server.
+struct Decided {
+    sends: Vec<Assignment>,
+    stats: QuotaStats,
+    next_in: Option<u64>,
 }
 
 /// One bucket's standing, for `/metrics` and `/v1/config`.
@@ -90,30 +149,39 @@ pub struct BucketView {
     pub rule: String,
     /// Its rule's policy.
     pub policy: String,
-    /// Envoys reporting on it or holding a share.
+    /// Envoys reporting on it or holding a share (on every server sharing it).
     pub clients: u64,
-    /// Its demand, assigned and reserved rates, per second, named as reported.
-    pub rates: [(&'static str, f64); 3],
+    /// Its demand, assigned and reserved rates, per second (on every server sharing
+    /// it), and the requests allowed and denied in the reports to this server, named
+    /// as reported.
+    pub figures: [(&'static str, f64); 5],
 }
 
-impl Default for QuotaBuckets {
-    fn default() -> Self {
+impl QuotaBuckets {
+    /// Buckets kept in `ledger`, with `on_error` while it fails.
+    pub fn new(ledger: QuotaLedger, on_error: LedgerFailure) -> Self {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
         QuotaBuckets {
-            state: Mutex::new(State::default()),
+            state: Mutex::default(),
+            ledger,
+            on_error,
+            alone: QuotaLedger::memory(),
+            failing: AtomicBool::new(false),
+            server: h.finish(),
             next_client: AtomicU64::new(1),
             clock: MonotonicClock::new(),
         }
     }
-}
 
-impl QuotaBuckets {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new stream: its client id and the receiver of what it is sent.
+    /// A new stream: its client id (unique among the servers sharing the ledger) and
+    /// the receiver of what it is sent.
     pub fn open(&self) -> (ClientId, mpsc::Receiver<RateLimitQuotaResponse>) {
-        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let id = self.server ^ self.next_client.fetch_add(1, Ordering::Relaxed);
         let (outbox, inbox) = mpsc::channel(MAX_QUEUED);
         let stream = Stream {
             outbox: Some(outbox),
@@ -126,118 +194,199 @@ impl QuotaBuckets {
 
     /// One message of stream `client`: its usage reports, each to its bucket (found
     /// under `rules`). `Err` ends the stream with that status.
-    pub fn report(
+    pub async fn report(
         &self,
         client: ClientId,
         reports: RateLimitQuotaUsageReports,
         rules: &DescriptorRules,
     ) -> Result<(), Status> {
-        let mut state = self.state();
-        // Read under the lock: time spent waiting for it must not eat the grace.
-        let now = self.clock.now_us();
-        let State { buckets, streams } = &mut *state;
-        let stream = streams
-            .get_mut(&client)
-            .ok_or_else(|| Status::internal("the stream is closed"))?;
-        // The first message names the domain; later ones may repeat it, not change it.
-        let domain = match (&stream.domain, reports.domain.as_str()) {
-            (None, "") => {
-                return Err(Status::invalid_argument(
-                    "the first report must name its domain",
-                ))
-            }
-            (None, d) => d.to_string(),
-            (Some(d), "") => d.clone(),
-            (Some(d), r) if d == r => d.clone(),
-            (Some(d), r) => {
-                return Err(Status::invalid_argument(format!(
+        let changes = {
+            let mut state = self.state();
+            let State { buckets, streams } = &mut *state;
+            let stream = streams
+                .get_mut(&client)
+                .ok_or_else(|| Status::internal("the stream is closed"))?;
+            // The first message names the domain; later ones may repeat it, not change it.
+            let domain = match (&stream.domain, reports.domain.as_str()) {
+                (None, "") => {
+                    return Err(Status::invalid_argument(
+                        "the first report must name its domain",
+                    ))
+                }
+                (None, d) => d.to_string(),
+                (Some(d), "") => d.clone(),
+                (Some(d), r) if d == r => d.clone(),
+                (Some(d), r) => return Err(Status::invalid_argument(format!(
                     "the domain of a stream cannot change ('{d}', then '{r}'): open another stream"
-                )))
-            }
-        };
-        // The whole message is checked before any of it is applied: a bad usage must
-        // not leave the good ones before it decided but unsent.
-        let usages = usages(reports, &domain)?;
-        let new = usages
-            .iter()
-            .filter(|u| !stream.buckets.contains(&u.key))
-            .count();
-        if stream.buckets.len() + new > MAX_BUCKETS_PER_STREAM {
-            return Err(Status::resource_exhausted(format!(
-                "a stream may report on at most {MAX_BUCKETS_PER_STREAM} buckets"
-            )));
-        }
-        if buckets.len() + new > MAX_BUCKETS {
-            return Err(Status::resource_exhausted(format!(
-                "the server keeps at most {MAX_BUCKETS} buckets"
-            )));
-        }
-        stream.domain = Some(domain.clone());
-        let mut sends: Vec<(ClientId, BucketAction)> = Vec::new();
-        for u in usages {
-            let Some(rule) = rules.quota_rule(&domain, &u.key.1) else {
-                // No rule takes it: not limited here.
-                sends.push((client, allow_all(u.id)));
-                continue;
+                ))),
             };
-            stream.buckets.insert(u.key.clone());
-            let bucket = buckets.entry(u.key).or_insert_with(|| Bucket {
-                rule: rule.clone(),
-                id: u.id,
-                quota: QuotaBucket::new(rule.budget, rule.settings, now),
-            });
-            let out = bucket
-                .quota
-                .report(client, u.allowed, u.denied, u.elapsed_us, now);
-            sends.extend(out.into_iter().map(|a| (a.client, action(&bucket.id, &a))));
-        }
-        deliver(streams, sends);
+            // The whole message is checked before any of it is applied: a bad usage
+            // must not leave the good ones before it decided but unsent.
+            let usages = usages(reports, &domain)?;
+            let new = usages
+                .iter()
+                .filter(|u| !stream.buckets.contains(&u.key))
+                .count();
+            if stream.buckets.len() + new > MAX_BUCKETS_PER_STREAM {
+                return Err(Status::resource_exhausted(format!(
+                    "a stream may report on at most {MAX_BUCKETS_PER_STREAM} buckets"
+                )));
+            }
+            if buckets.len() + new > MAX_BUCKETS {
+                return Err(Status::resource_exhausted(format!(
+                    "the server keeps at most {MAX_BUCKETS} buckets"
+                )));
+            }
+            stream.domain = Some(domain.clone());
+            let mut unruled = Vec::new();
+            let mut changes = Vec::new();
+            for u in usages {
+                let Some(rule) = rules.quota_rule(&domain, &u.key.1) else {
+                    // No rule takes it: not limited here.
+                    unruled.push((client, allow_all(u.id)));
+                    continue;
+                };
+                let bucket = buckets.entry(u.key.clone()).or_insert_with(|| Bucket {
+                    rule: rule.clone(),
+                    name: ledger_name(&u.key),
+                    id: u.id,
+                    turn: Arc::default(),
+                    stats: QuotaStats::default(),
+                    due: None,
+                    streams: 0,
+                    allowed: 0,
+                    denied: 0,
+                });
+                if stream.buckets.insert(u.key.clone()) {
+                    bucket.streams += 1;
+                }
+                bucket.allowed = bucket.allowed.saturating_add(u.usage.allowed);
+                bucket.denied = bucket.denied.saturating_add(u.usage.denied);
+                changes.push((u.key, Change::Report(client, u.usage)));
+            }
+            deliver(streams, unruled);
+            changes
+        };
+        futures_util::future::join_all(changes.iter().map(|(key, c)| self.apply(key, *c))).await;
         Ok(())
     }
 
     /// Stream `client` ended: its shares free when they end, and the others of its
     /// buckets are divided again.
-    pub fn close(&self, client: ClientId) {
-        let mut state = self.state();
-        let now = self.clock.now_us();
-        let State { buckets, streams } = &mut *state;
-        let Some(stream) = streams.remove(&client) else {
-            return;
-        };
-        let mut sends = Vec::new();
-        for key in stream.buckets {
-            if let Some(b) = buckets.get_mut(&key) {
-                let out = b.quota.leave(client, now);
-                sends.extend(out.into_iter().map(|a| (a.client, action(&b.id, &a))));
+    pub async fn close(&self, client: ClientId) {
+        let keys: Vec<BucketKey> = {
+            let mut state = self.state();
+            let Some(stream) = state.streams.remove(&client) else {
+                return;
+            };
+            for key in &stream.buckets {
+                if let Some(b) = state.buckets.get_mut(key) {
+                    b.streams -= 1;
+                }
             }
-        }
-        deliver(streams, sends);
+            stream.buckets.into_iter().collect()
+        };
+        futures_util::future::join_all(keys.iter().map(|k| self.apply(k, Change::Leave(client))))
+            .await;
     }
 
-    /// Sends what is due (renewals, freed shares) and forgets buckets nobody holds.
-    pub fn tick(&self) {
-        let mut state = self.state();
+    /// Sends what is due (renewals, freed shares) and forgets the buckets this
+    /// server has nothing more to do for.
+    pub async fn tick(&self) {
         let now = self.clock.now_us();
-        let State { buckets, streams } = &mut *state;
-        let mut sends = Vec::new();
-        buckets.retain(|_, b| {
-            if b.quota.next_event().is_some_and(|e| e <= now) {
-                let out = b.quota.tick(now);
-                sends.extend(out.into_iter().map(|a| (a.client, action(&b.id, &a))));
+        let due: Vec<BucketKey> = {
+            let mut state = self.state();
+            state
+                .buckets
+                .retain(|_, b| b.streams > 0 || b.due.is_some());
+            (state.buckets.iter())
+                .filter(|(_, b)| b.due.is_some_and(|d| d <= now))
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        futures_util::stream::iter(&due)
+            .for_each_concurrent(TICK_CONCURRENCY, |k| self.apply(k, Change::Tick))
+            .await;
+    }
+
+    /// Applies `change` to bucket `key` in the ledger (or, while it fails, as
+    /// `on_error` says) and sends what it decided.
+    async fn apply(&self, key: &BucketKey, change: Change) {
+        let Some((rule, name, turn)) = (self.state().buckets.get(key))
+            .map(|b| (b.rule.clone(), b.name.clone(), b.turn.clone()))
+        else {
+            return;
+        };
+        let _turn = turn.lock().await;
+        let server = self.server;
+        let decide = |b: &mut tollgate::quota::QuotaBucket, now: u64| {
+            let sends = match change {
+                Change::Report(client, usage) => b.report(client, server, usage, now),
+                Change::Leave(client) => b.leave(client, now),
+                Change::Tick => b.tick(server, now),
+            };
+            Decided {
+                sends,
+                stats: b.stats(now),
+                next_in: b.next_event(server).map(|e| e.saturating_sub(now)),
             }
-            !b.quota.is_idle(now)
-        });
+        };
+        let (budget, settings) = (rule.budget, rule.settings);
+        let decided = match self.ledger.update(&name, budget, settings, decide).await {
+            Ok(d) => {
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("quota buckets: the store answers again");
+                }
+                Some(d)
+            }
+            Err(e) => {
+                if !self.failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, on_error = ?self.on_error, "quota buckets: the store fails");
+                }
+                match (self.on_error, change) {
+                    (LedgerFailure::Local(n), _) => {
+                        let alone = self.alone.update(&name, budget.share(n), settings, decide);
+                        alone.await.ok()
+                    }
+                    (LedgerFailure::Deny | LedgerFailure::Allow, Change::Report(client, _)) => {
+                        let share = if self.on_error == LedgerFailure::Deny {
+                            BlanketRule::DenyAll
+                        } else {
+                            BlanketRule::AllowAll
+                        };
+                        let id = self.state().buckets.get(key).map(|b| b.id.clone());
+                        let strategy = Strategy::BlanketRule(share as i32);
+                        let sends = id.map(|id| (client, assign(id, strategy, settings.ttl_us)));
+                        deliver(&mut self.state().streams, sends.into_iter().collect());
+                        None
+                    }
+                    _ => None,
+                }
+            }
+        };
+        let Some(d) = decided else {
+            return;
+        };
+        let now = self.clock.now_us();
+        let mut state = self.state();
+        let State { buckets, streams } = &mut *state;
+        let Some(b) = buckets.get_mut(key) else {
+            return;
+        };
+        b.stats = d.stats;
+        b.due = d.next_in.map(|n| now + n);
+        let sends = (d.sends.iter())
+            .map(|a| (a.client, action(&b.id, a)))
+            .collect();
         deliver(streams, sends);
     }
 
     /// Every bucket's standing.
     pub fn views(&self) -> Vec<BucketView> {
-        let now = self.clock.now_us();
         let state = self.state();
         let mut views: Vec<BucketView> = (state.buckets.iter())
             .map(|((domain, id), b)| {
-                let stats = b.quota.stats(now);
-                let period = b.quota.budget().rate.period_us as f64;
+                let period = b.rule.budget.rate.period_us as f64;
                 let per_second = |n: u64| n as f64 * 1e6 / period;
                 BucketView {
                     domain: domain.clone(),
@@ -248,11 +397,13 @@ impl QuotaBuckets {
                         .join(","),
                     rule: b.rule.name.clone(),
                     policy: b.rule.policy.to_string(),
-                    clients: stats.clients,
-                    rates: [
-                        ("demand_per_second", per_second(stats.demand)),
-                        ("assigned_per_second", per_second(stats.assigned)),
-                        ("reserved_per_second", per_second(stats.reserved)),
+                    clients: b.stats.clients,
+                    figures: [
+                        ("demand_per_second", per_second(b.stats.demand)),
+                        ("assigned_per_second", per_second(b.stats.assigned)),
+                        ("reserved_per_second", per_second(b.stats.reserved)),
+                        ("reported_allowed", b.allowed as f64),
+                        ("reported_denied", b.denied as f64),
                     ],
                 }
             })
@@ -265,6 +416,16 @@ impl QuotaBuckets {
     pub fn streams(&self) -> usize {
         self.state().streams.len()
     }
+}
+
+/// A bucket's name in the ledger: its domain and id, each part prefixed with its
+/// length, so that no two buckets share a name whatever their text.
+fn ledger_name((domain, id): &BucketKey) -> String {
+    let mut name = format!("{}:{domain}", domain.len());
+    for (k, v) in id {
+        name.push_str(&format!("{}:{k}{}:{v}", k.len(), v.len()));
+    }
+    name
 }
 
 /// Sends each client its bucket actions, in one response. A client with
@@ -288,17 +449,15 @@ fn deliver(streams: &mut HashMap<ClientId, Stream>, sends: Vec<(ClientId, Bucket
 }
 
 /// One usage report, checked.
-struct Usage {
+struct Reported {
     key: BucketKey,
     id: BucketId,
-    allowed: u64,
-    denied: u64,
-    elapsed_us: u64,
+    usage: Usage,
 }
 
 /// The usage reports of a message, each checked as the protocol requires: at least
 /// one; a bucket id of non-empty keys and values; a positive `time_elapsed`.
-fn usages(reports: RateLimitQuotaUsageReports, domain: &str) -> Result<Vec<Usage>, Status> {
+fn usages(reports: RateLimitQuotaUsageReports, domain: &str) -> Result<Vec<Reported>, Status> {
     if reports.bucket_quota_usages.is_empty() {
         return Err(Status::invalid_argument(
             "a message must carry at least one usage report",
@@ -334,12 +493,14 @@ fn usages(reports: RateLimitQuotaUsageReports, domain: &str) -> Result<Vec<Usage
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
             );
-            Ok(Usage {
+            Ok(Reported {
                 key,
                 id,
-                allowed: u.num_requests_allowed,
-                denied: u.num_requests_denied,
-                elapsed_us,
+                usage: Usage {
+                    allowed: u.num_requests_allowed,
+                    denied: u.num_requests_denied,
+                    elapsed_us,
+                },
             })
         })
         .collect()

@@ -242,7 +242,7 @@ pub async fn serve_on(
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            quota.quota().tick();
+            quota.quota().tick().await;
         }
     });
     let bounds = settings.connections;

@@ -40,6 +40,7 @@ mod health;
 mod lease;
 mod limiter;
 mod options;
+pub(crate) mod quota;
 mod script;
 mod store;
 

@@ -226,11 +226,11 @@ impl RedisStore {
     }
 
     /// Runs `script` (EVALSHA, loading it on NOSCRIPT) within the timeout.
-    pub(crate) async fn eval(
+    pub(crate) async fn eval<A: redis::ToRedisArgs>(
         &self,
         script: &Script,
         keys: &[String],
-        args: &[String],
+        args: &[A],
     ) -> Result<Value, Error> {
         let mut inv = script.prepare_invoke();
         for k in keys {

@@ -1,0 +1,122 @@
+//! Quota buckets: one budget divided among clients that enforce their shares
+//! themselves (the Envoys of a fleet, under Envoy's rate limit quota service). The
+//! division and its ledger are the pure core's ([`QuotaBucket`], re-exported here);
+//! [`QuotaLedger`] keeps the buckets in this process or in Redis, where several
+//! servers share them.
+
+pub use tollgate_core::quota::*;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use tollgate_core::{Clock, MonotonicClock};
+
+use crate::Error;
+
+/// Where quota buckets are kept: in this process, or in Redis for several servers
+/// (each Envoy of a fleet may stream to any of them; the budget is one).
+///
+/// Every change is [`Self::update`]: a bucket's state as it stands, changed by the
+/// core and kept, atomically — in Redis, applied again to the newer state when
+/// another server changed the bucket in between, so the servers' changes are
+/// applied one after another, as on one server.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use tollgate::quota::{Budget, QuotaLedger, QuotaSettings, Usage};
+///
+/// let ledger = QuotaLedger::memory();
+/// let budget = Budget::of(&"token-bucket:rate=1000/s,capacity=100".parse()?)
+///     .map_err(tollgate::Error::Unsupported)?;
+/// let usage = Usage { allowed: 0, denied: 0, elapsed_us: 0 };
+/// // Envoy 7 (of server 0) subscribes: it is sent a share at once.
+/// let sent = ledger
+///     .update("api", budget, QuotaSettings::default(), |b, now| b.report(7, 0, usage, now))
+///     .await?;
+/// assert_eq!(sent[0].client, 7);
+/// # Ok::<_, tollgate::Error>(()) }).unwrap();
+/// ```
+pub struct QuotaLedger {
+    kept: Kept,
+}
+
+enum Kept {
+    Memory {
+        buckets: Mutex<HashMap<String, QuotaBucket>>,
+        clock: MonotonicClock,
+    },
+    #[cfg(feature = "redis")]
+    Redis(crate::redis::RedisStore),
+}
+
+impl std::fmt::Debug for QuotaLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.kept {
+            Kept::Memory { .. } => "QuotaLedger::Memory",
+            #[cfg(feature = "redis")]
+            Kept::Redis(_) => "QuotaLedger::Redis",
+        })
+    }
+}
+
+impl QuotaLedger {
+    /// Buckets kept in this process (one server alone divides each budget).
+    pub fn memory() -> Self {
+        QuotaLedger {
+            kept: Kept::Memory {
+                buckets: Mutex::default(),
+                clock: MonotonicClock::new(),
+            },
+        }
+    }
+
+    /// Buckets kept in Redis (or a Redis Cluster: one bucket, one slot), shared by
+    /// every server on it; time is Redis' `TIME`.
+    #[cfg(feature = "redis")]
+    pub fn redis(store: crate::redis::RedisStore) -> Self {
+        QuotaLedger {
+            kept: Kept::Redis(store),
+        }
+    }
+
+    /// Applies `f` to bucket `name` at the ledger's time (microseconds, passed to
+    /// `f`), the bucket created dividing `budget` when nobody holds it; returns what
+    /// `f` returns. A bucket with nobody left to count is forgotten.
+    ///
+    /// `f` may run more than once (in Redis, once more each time another server
+    /// changed the bucket first): only its last result counts, so it must not act
+    /// on the bucket's answers itself — send the assignments it returns once this
+    /// returns.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when Redis does not answer in time, or the bucket was
+    /// changed by others too often in a row; [`Error::Store`] for a state this
+    /// version cannot read.
+    pub async fn update<R>(
+        &self,
+        name: &str,
+        budget: Budget,
+        settings: QuotaSettings,
+        mut f: impl FnMut(&mut QuotaBucket, u64) -> R,
+    ) -> Result<R, Error> {
+        match &self.kept {
+            Kept::Memory { buckets, clock } => {
+                let mut buckets = buckets.lock().unwrap_or_else(|e| e.into_inner());
+                // Read under the lock: time spent waiting for it must not eat the grace.
+                let now = clock.now_us();
+                let bucket = buckets
+                    .entry(name.to_string())
+                    .or_insert_with(|| QuotaBucket::new(budget, settings, now));
+                let r = f(bucket, now);
+                if bucket.is_idle(now) {
+                    buckets.remove(name);
+                }
+                Ok(r)
+            }
+            #[cfg(feature = "redis")]
+            Kept::Redis(store) => {
+                crate::redis::quota::update(store, name, budget, settings, f).await
+            }
+        }
+    }
+}

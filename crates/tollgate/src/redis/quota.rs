@@ -1,0 +1,94 @@
+//! Quota buckets in Redis ([`crate::quota::QuotaLedger::redis`]): each bucket's state
+//! in one key, changed by one server at a time (`crates/tollgate/lua/quota.lua`: load,
+//! apply with the core, store if nobody stored in between, else apply again to the
+//! newer state). Time is Redis' `TIME`, so servers with skewed clocks agree.
+
+use std::sync::LazyLock;
+
+use redis::{Script, Value};
+use tollgate_core::quota::{Budget, QuotaBucket, QuotaSettings};
+
+use super::RedisStore;
+use crate::Error;
+
+static SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/quota.lua")));
+
+/// How many times a change is applied again to a state another server stored first
+/// before the update gives up (as [`Error::Unavailable`]: the bucket is too busy).
+const MAX_ATTEMPTS: usize = 32;
+
+/// A bucket as the script answers: whether it stored, Redis' time, the version, and
+/// the state (none for a new bucket, or after a store).
+struct Reply {
+    stored: bool,
+    now: u64,
+    version: i64,
+    state: Option<Vec<u8>>,
+}
+
+/// Applies `f` to bucket `name` at Redis' time, as [`crate::quota::QuotaLedger::update`].
+pub(crate) async fn update<R>(
+    store: &RedisStore,
+    name: &str,
+    budget: Budget,
+    settings: QuotaSettings,
+    mut f: impl FnMut(&mut QuotaBucket, u64) -> R,
+) -> Result<R, Error> {
+    let keys = store.keys("quota", name, &[String::new()]);
+    let mut reply = call(store, &keys, &[b"load".as_slice()]).await?;
+    for _ in 0..MAX_ATTEMPTS {
+        let now = reply.now;
+        let mut bucket = match &reply.state {
+            Some(bytes) => QuotaBucket::decode(budget, settings, bytes)
+                .map_err(|e| Error::Store(format!("quota bucket {name:?}: {e}")))?,
+            None => QuotaBucket::new(budget, settings, now),
+        };
+        let r = f(&mut bucket, now);
+        let state = if bucket.is_idle(now) {
+            Vec::new()
+        } else {
+            bucket.encode()
+        };
+        // Past every share's end and every client's staleness, with a second to spare.
+        let ttl_ms = (settings.ttl_us + settings.grace_us + settings.stale_us) / 1000 + 1000;
+        let version = reply.version.to_string();
+        let ttl = ttl_ms.to_string();
+        let args = [
+            b"store".as_slice(),
+            version.as_bytes(),
+            &state,
+            ttl.as_bytes(),
+        ];
+        reply = call(store, &keys, &args).await?;
+        if reply.stored {
+            return Ok(r);
+        }
+    }
+    Err(Error::Unavailable(format!(
+        "quota bucket {name:?}: changed by other servers {MAX_ATTEMPTS} times in a row"
+    )))
+}
+
+async fn call(store: &RedisStore, keys: &[String], args: &[&[u8]]) -> Result<Reply, Error> {
+    let value = store.eval(&SCRIPT, keys, args).await?;
+    let bad = || Error::Store(format!("quota script reply: {value:?}"));
+    let Value::Array(items) = &value else {
+        return Err(bad());
+    };
+    let int = |i: usize| match items.get(i) {
+        Some(Value::Int(v)) => Ok(*v),
+        _ => Err(bad()),
+    };
+    let state = match items.get(3) {
+        Some(Value::BulkString(b)) => Some(b.clone()),
+        Some(Value::Nil) => None,
+        _ => return Err(bad()),
+    };
+    Ok(Reply {
+        stored: int(0)? == 1,
+        now: u64::try_from(int(1)?).map_err(|_| bad())?,
+        version: int(2)?,
+        state,
+    })
+}
