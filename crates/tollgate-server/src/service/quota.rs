@@ -216,9 +216,11 @@ impl QuotaBuckets {
                 (None, d) => d.to_string(),
                 (Some(d), "") => d.clone(),
                 (Some(d), r) if d == r => d.clone(),
-                (Some(d), r) => return Err(Status::invalid_argument(format!(
+                (Some(d), r) => {
+                    return Err(Status::invalid_argument(format!(
                     "the domain of a stream cannot change ('{d}', then '{r}'): open another stream"
-                ))),
+                )))
+                }
             };
             // The whole message is checked before any of it is applied: a bad usage
             // must not leave the good ones before it decided but unsent.
