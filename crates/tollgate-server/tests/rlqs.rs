@@ -208,3 +208,96 @@ async fn buckets_show_in_the_config_dump_and_the_metrics() {
     b.close();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Redis stops for 5 s under three servers sharing one bucket of 100/s, each with
+/// its own `on_error`, two Envoys each (wanting 100/s apiece). While it is down:
+/// `fail-closed` answers the next report `DENY_ALL` (nothing admitted), `fail-open`
+/// `ALLOW_ALL`, `local` with `local_share: 2` divides half the budget alone. Once it
+/// is back, the three share the budget again.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_applies_each_servers_failure_policy_and_recovers() {
+    let mut redis = RedisServers::standalone();
+    let dir = std::env::temp_dir().join(format!("tollgate-rlqs-outage-{}", std::process::id()));
+    let path = rules(
+        &dir,
+        "domain: envoy\nquota_buckets:\n  - bucket: { name: api }\n    policy: \"token-bucket:rate=100/s,capacity=10\"\n",
+    );
+    let start_with = |on_error: &str| {
+        let config = dir.join(format!("{on_error}.yaml"));
+        let store = format!(
+            "rules: [{}]\nstore:\n  kind: redis\n  url: {}\n  timeout: 200ms\n  on_error: {on_error}\n  local_share: 2\n",
+            path.display(),
+            redis.url()
+        );
+        std::fs::write(&config, store).unwrap();
+        support::start(&["--config", config.to_str().unwrap()], &[])
+    };
+    let servers = [
+        start_with("fail-closed"),
+        start_with("fail-open"),
+        start_with("local"),
+    ];
+    let start = Instant::now();
+    let admitted: Arc<Mutex<Vec<(Duration, usize)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for i in 0..6usize {
+        let addr = grpc_addr(&servers[i / 2]);
+        let client = QuotaClient::connect(addr, "envoy", Duration::from_secs(1))
+            .await
+            .unwrap();
+        let admitted = admitted.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut next = start + Duration::from_micros(i as u64 * 1709);
+            while next - start < Duration::from_secs(14) {
+                tokio::time::sleep_until(next).await;
+                if client.try_admit("envoy", &[("name", "api")]) {
+                    admitted.lock().unwrap().push((start.elapsed(), i / 2));
+                }
+                next += Duration::from_millis(10);
+            }
+            client.close();
+        }));
+    }
+    tokio::time::sleep_until(start + Duration::from_secs(3)).await;
+    redis.stop(0);
+    tokio::time::sleep_until(start + Duration::from_secs(8)).await;
+    redis.restart(0);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let admitted = admitted.lock().unwrap().clone();
+    let count = |from: u64, to: u64, server: usize| {
+        (admitted.iter())
+            .filter(|(t, s)| *s == server && (from..to).contains(&(t.as_millis() as u64)))
+            .count()
+    };
+    let table: Vec<Vec<usize>> = (0..3)
+        .map(|server| {
+            (0..14)
+                .map(|s| count(s * 1000, s * 1000 + 1000, server))
+                .collect()
+        })
+        .collect();
+    eprintln!("admitted per second, fail-closed / fail-open / local: {table:?}");
+    // Before: one budget of 100/s (and 10 at once) for the six Envoys.
+    let before: usize = (0..3).map(|s| count(1000, 3000, s)).sum();
+    assert!(before <= 2 * 100 + 10, "{table:?}");
+    // Down from 3 s; by 5.5 s every Envoy has reported since (every second) and been
+    // answered as its server's policy says.
+    assert_eq!(count(5500, 8000, 0), 0, "fail-closed admitted: {table:?}");
+    assert!(count(5500, 8000, 1) >= 400, "fail-open: {table:?}");
+    let alone = count(5500, 8000, 2);
+    assert!(alone > 0 && alone <= 50 * 5 / 2 + 5, "local: {table:?}");
+    // Back from 8 s: one shared budget again (once the outage's shares have ended).
+    let after: usize = (0..3).map(|s| count(11_000, 14_000, s)).sum();
+    assert!(after <= 3 * 100 + 10, "{table:?}");
+    assert!(
+        count(11_000, 14_000, 0) > 0,
+        "fail-closed never recovered: {table:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
