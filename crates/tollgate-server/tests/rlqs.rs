@@ -301,3 +301,79 @@ async fn a_redis_outage_applies_each_servers_failure_policy_and_recovers() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A reload keeps the division of a bucket whose rule is unchanged (its Envoy goes
+/// on admitting at the budget with no gap), divides a bucket whose rule changed under
+/// the new budget from the next report, and abandons a bucket no rule takes any more
+/// (its Envoy forgets it, subscribes again, and is answered as for an unruled bucket:
+/// `ALLOW_ALL`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_unchanged_buckets_changes_the_changed_and_abandons_the_removed() {
+    let dir = std::env::temp_dir().join(format!("tollgate-rlqs-reload-{}", std::process::id()));
+    let bucket = |name: &str, policy: &str| {
+        format!("  - bucket: {{ name: {name} }}\n    policy: \"{policy}\"\n")
+    };
+    let v1 = format!(
+        "domain: envoy\nquota_buckets:\n{}{}{}",
+        bucket("kept", "token-bucket:rate=100/s"),
+        bucket("changed", "token-bucket:rate=100/s"),
+        bucket("removed", "token-bucket:rate=100/s"),
+    );
+    let path = rules(&dir, &v1);
+    let server = support::start(&["--rules", path.to_str().unwrap()], &[]);
+    let client = QuotaClient::connect(grpc_addr(&server), "envoy", Duration::from_millis(200))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let names = ["kept", "changed", "removed"];
+    let mut admitted: Vec<Vec<Duration>> = vec![Vec::new(); 3];
+    let mut next = start;
+    let mut reloaded = false;
+    while next - start < Duration::from_secs(7) {
+        tokio::time::sleep_until(next).await;
+        if !reloaded && next - start >= Duration::from_secs(3) {
+            let v2 = format!(
+                "domain: envoy\nquota_buckets:\n{}{}",
+                bucket("kept", "token-bucket:rate=100/s"),
+                bucket("changed", "token-bucket:rate=20/s"),
+            );
+            std::fs::write(&path, v2).unwrap();
+            let (status, _, v) = support::request(&server, "POST", "/v1/reload", "", None).await;
+            assert_eq!(status, 200, "{v}");
+            reloaded = true;
+        }
+        for (i, name) in names.iter().enumerate() {
+            if client.try_admit("envoy", &[("name", name)]) {
+                admitted[i].push(start.elapsed());
+            }
+        }
+        next += Duration::from_millis(5);
+    }
+    client.close();
+    let per_second = |i: usize| -> Vec<usize> {
+        (0..7)
+            .map(|s| admitted[i].iter().filter(|t| t.as_secs() == s).count())
+            .collect()
+    };
+    let table: Vec<Vec<usize>> = (0..3).map(per_second).collect();
+    eprintln!("admitted per second, kept / changed / removed: {table:?}");
+    // Kept: the budget (95 % of 100/s) before and after, never a gap of 100 ms.
+    assert!(
+        table[0][1..].iter().all(|&n| (85..=110).contains(&n)),
+        "{table:?}"
+    );
+    let gaps = admitted[0]
+        .windows(2)
+        .filter(|w| w[0] > Duration::from_secs(1));
+    assert!(gaps
+        .clone()
+        .all(|w| w[1] - w[0] < Duration::from_millis(100)));
+    // Changed: the new budget once the next report has been answered.
+    assert!(
+        table[1][5..].iter().all(|&n| (15..=21).contains(&n)),
+        "{table:?}"
+    );
+    // Removed: abandoned, subscribed again, allowed (all 200 a second).
+    assert!(table[2][5..].iter().all(|&n| n >= 190), "{table:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -79,6 +79,18 @@ impl QuotaLedger {
         }
     }
 
+    /// Forgets bucket `name` in this process (its division is no longer wanted, e.g.
+    /// its rule changed). In Redis, where other servers may still use it, it is
+    /// forgotten by itself once nobody changed it for its time to live.
+    pub fn forget(&self, name: &str) {
+        if let Kept::Memory { buckets, .. } = &self.kept {
+            buckets
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(name);
+        }
+    }
+
     /// Applies `f` to bucket `name` at the ledger's time (microseconds, passed to
     /// `f`), the bucket created dividing `budget` when nobody holds it; returns what
     /// `f` returns. A bucket with nobody left to count is forgotten.

@@ -345,6 +345,7 @@ impl DecisionService {
                         l.limiter.iter().for_each(|l| retired.add(l));
                     }
                 }
+                self.quota.reload(&rules);
                 self.rules.store(Arc::new(rules));
                 self.metrics.reload(true);
                 Ok(())

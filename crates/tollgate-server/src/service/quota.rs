@@ -21,7 +21,7 @@ use std::time::Duration;
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
-    self, QuotaAssignmentAction,
+    self, AbandonAction, QuotaAssignmentAction,
 };
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
@@ -250,7 +250,7 @@ impl QuotaBuckets {
                 };
                 let bucket = buckets.entry(u.key.clone()).or_insert_with(|| Bucket {
                     rule: rule.clone(),
-                    name: ledger_name(&u.key),
+                    name: ledger_name(&u.key, rule),
                     id: u.id,
                     turn: Arc::default(),
                     stats: QuotaStats::default(),
@@ -383,6 +383,51 @@ impl QuotaBuckets {
         deliver(streams, sends);
     }
 
+    /// The rules were loaded again: a bucket whose rule is unchanged keeps its
+    /// division (every share stays as it is); a bucket whose rule changed is divided
+    /// anew under it from each Envoy's next report (which replaces the Envoy's share
+    /// at once: the old share may be spent until the new one arrives); a bucket no
+    /// rule takes any more is abandoned (`AbandonAction`: each Envoy forgets it, and
+    /// a request that subscribes it again is answered as an unruled bucket is).
+    pub fn reload(&self, rules: &DescriptorRules) {
+        let mut state = self.state();
+        let State { buckets, streams } = &mut *state;
+        let mut abandoned = Vec::new();
+        for (key, b) in buckets.iter_mut() {
+            match rules.quota_rule(&key.0, &key.1) {
+                None => abandoned.push(key.clone()),
+                Some(rule) => {
+                    let name = ledger_name(key, rule);
+                    if name != b.name {
+                        self.ledger.forget(&b.name);
+                        b.name = name;
+                        b.stats = QuotaStats::default();
+                        b.due = None;
+                    }
+                    b.rule = rule.clone();
+                }
+            }
+        }
+        let mut sends = Vec::new();
+        for key in abandoned {
+            let Some(b) = buckets.remove(&key) else {
+                continue;
+            };
+            self.ledger.forget(&b.name);
+            for (client, s) in streams.iter_mut() {
+                if s.buckets.remove(&key) {
+                    let abandon = bucket_action::BucketAction::AbandonAction(AbandonAction {});
+                    let action = BucketAction {
+                        bucket_id: Some(b.id.clone()),
+                        bucket_action: Some(abandon),
+                    };
+                    sends.push((*client, action));
+                }
+            }
+        }
+        deliver(streams, sends);
+    }
+
     /// Every bucket's standing.
     pub fn views(&self) -> Vec<BucketView> {
         let state = self.state();
@@ -421,12 +466,15 @@ impl QuotaBuckets {
 }
 
 /// A bucket's name in the ledger: its domain and id, each part prefixed with its
-/// length, so that no two buckets share a name whatever their text.
-fn ledger_name((domain, id): &BucketKey) -> String {
+/// length (no two buckets share a name whatever their text), then what its rule
+/// divides (a changed rule starts a new division; an unchanged one, reloaded or on
+/// another server, finds its own).
+fn ledger_name((domain, id): &BucketKey, rule: &QuotaRule) -> String {
     let mut name = format!("{}:{domain}", domain.len());
     for (k, v) in id {
         name.push_str(&format!("{}:{k}{}:{v}", k.len(), v.len()));
     }
+    name.push_str(&format!("|{}|{}", rule.policy, rule.settings.ttl_us));
     name
 }
 
