@@ -381,6 +381,10 @@ pub enum BenchCommand {
     /// 429/503 and a pause), and sends again. Ends with
     /// `ok/s: .. shed/s: .. success: ..% p50_us: .. p99_us: .. errors: ..`.
     ClosedLoop(crate::bench_adaptive::ClosedLoopArgs),
+    /// A fleet of simulated Envoys on a service's rate limit quota stream (RLQS):
+    /// each reports its usage and admits or denies by its own assignment. Ends with
+    /// `admitted/s: .. denied/s: .. assignments/s: .. envoys: .. buckets: ..`.
+    Rlqs(crate::bench_rlqs::RlqsArgs),
     /// Serve 200 to every request: the HTTP stack's ceiling, to compare against.
     Ceiling {
         /// The listen address.
@@ -468,6 +472,7 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
     let (protocol, args) = match cmd {
         BenchCommand::Ceiling { listen } => return runtime.block_on(ceiling(listen)),
         BenchCommand::Upstream(a) => return runtime.block_on(crate::bench_adaptive::upstream(a)),
+        BenchCommand::Rlqs(a) => return runtime.block_on(crate::bench_rlqs::fleet(a)),
         BenchCommand::ClosedLoop(a) => {
             return runtime.block_on(crate::bench_adaptive::closed_loop(a))
         }

@@ -22,6 +22,7 @@
 
 pub mod bench;
 pub mod bench_adaptive;
+pub mod bench_rlqs;
 pub mod cli;
 pub mod config;
 pub mod connections;

@@ -1,5 +1,5 @@
 //! Envoy's rate limit quota service (RLQS) on `tollgate serve`: simulated Envoys
-//! (`tollgate_testkit::QuotaClient`, behaving as the filter documents) on real gRPC
+//! (`tollgate_server::bench_rlqs::QuotaClient`, behaving as the filter documents) on real gRPC
 //! streams to a real `serve` process share one budget.
 
 #[path = "support/serve.rs"]
@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate_testkit::{QuotaClient, RedisServers};
+use tollgate_server::bench_rlqs::QuotaClient;
+use tollgate_testkit::RedisServers;
 
 fn rules(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(dir).unwrap();

@@ -19,14 +19,12 @@ mod nginx;
 mod process;
 mod redis;
 mod relay;
-mod rlqs;
 
 pub use clients::{dribble, idle, open_fds, read_until_closed, rss_kib, Ended};
 pub use nginx::{FrozenClock, Nginx, LIBFAKETIME};
 pub use process::{distinct_ports, free_port, release, Killed};
 pub use redis::{rt, run_children, timing_sensitive, RedisServers};
 pub use relay::DelayRelay;
-pub use rlqs::QuotaClient;
 
 /// Sleeps past the end of the current clock-aligned window of `window` (windows start
 /// at multiples of it since the Unix epoch, as `fixed-window` and Envoy's units do)

@@ -321,10 +321,9 @@ impl QuotaBucket {
         self.budget
     }
 
-    /// A usage report from `client`, a client of `server`, at `now`: `allowed` and
-    /// `denied` requests over the `elapsed_us` since its previous report (its first
-    /// report subscribes it). Returns the assignments `server` is to send (to any of
-    /// its clients).
+    /// A usage report from `client`, a client of `server`, at `now` (its first
+    /// report subscribes it), and the division it moves: the assignments `server` is
+    /// to send (to any of its clients). [`Self::record`] and then [`Self::tick`].
     pub fn report(
         &mut self,
         client: ClientId,
@@ -332,6 +331,14 @@ impl QuotaBucket {
         usage: Usage,
         now: u64,
     ) -> Vec<Assignment> {
+        self.record(client, server, usage, now);
+        self.tick(server, now)
+    }
+
+    /// Records a usage report from `client`, a client of `server`, at `now`, for the
+    /// next division ([`Self::tick`]): a server that receives many reports divides
+    /// once for all of them.
+    pub fn record(&mut self, client: ClientId, server: ServerId, usage: Usage, now: u64) {
         let now = now.max(self.level_at);
         let period = self.budget.rate.period_us;
         let c = self.clients.entry(client).or_default();
@@ -347,20 +354,24 @@ impl QuotaBucket {
             .div_ceil(u128::from(usage.elapsed_us));
             c.demand = Some(u64::try_from(wanted).unwrap_or(u64::MAX));
         }
-        self.divide(server, now)
     }
 
     /// `client`'s stream ended at `now`: it is sent nothing more, and its share frees
     /// when its last assignment ends. Returns the assignments its server is to send
-    /// to its other clients.
+    /// to its other clients ([`Self::depart`], then [`Self::tick`]).
     pub fn leave(&mut self, client: ClientId, now: u64) -> Vec<Assignment> {
-        let now = now.max(self.level_at);
-        let Some(c) = self.clients.get_mut(&client) else {
-            return Vec::new();
-        };
+        match self.depart(client) {
+            Some(server) => self.tick(server, now),
+            None => Vec::new(),
+        }
+    }
+
+    /// Records that `client`'s stream ended, for the next division; returns its
+    /// server (`None` for a client the bucket does not know).
+    pub fn depart(&mut self, client: ClientId) -> Option<ServerId> {
+        let c = self.clients.get_mut(&client)?;
         c.gone = true;
-        let server = c.server;
-        self.divide(server, now)
+        Some(c.server)
     }
 
     /// Renewals due and shares freed by `now`: the assignments `server` is to send.
@@ -414,21 +425,35 @@ impl QuotaBucket {
     fn advance(&mut self, now: u64) {
         let period = u128::from(self.budget.rate.period_us);
         let count = self.budget.rate.count;
-        while self.level_at < now {
-            let from = self.level_at;
-            // The next instant the reservations change.
-            let to = self
-                .clients
-                .values()
-                .flat_map(|c| c.grants(from).map(|g| g.until))
-                .filter(|&u| u < now)
-                .min()
-                .unwrap_or(now);
-            let (rate, burst) = self.reserved_total(from, None);
-            let inflow = u128::from(count.saturating_sub(rate)) * u128::from(to - from);
-            let cap = u128::from(self.budget.burst.saturating_sub(burst)) * period;
-            self.level = (self.level + inflow).min(cap);
-            self.level_at = to;
+        if self.level_at < now {
+            let mut from = self.level_at;
+            // The instants the reservations change, in order: each client's, once.
+            let mut ends: Vec<(u64, ClientId)> = (self.clients.iter())
+                .flat_map(|(id, c)| {
+                    c.grants(from)
+                        .filter(|g| g.until < now)
+                        .map(move |g| (g.until, *id))
+                })
+                .collect();
+            ends.sort_unstable();
+            ends.dedup();
+            let (mut rate, mut burst) = self.reserved_total(from);
+            for to in ends.into_iter().map(Some).chain([None]) {
+                let to_at = to.map_or(now, |(t, _)| t);
+                let inflow = u128::from(count.saturating_sub(rate)) * u128::from(to_at - from);
+                let cap = u128::from(self.budget.burst.saturating_sub(burst)) * period;
+                self.level = (self.level + inflow).min(cap);
+                from = to_at;
+                if let Some((t, id)) = to {
+                    // The client's part before its grant ended (counted since its
+                    // last change) and after.
+                    let c = &self.clients[&id];
+                    let (before, after) = (c.reserved(t - 1), c.reserved(t));
+                    rate = rate - before.0 + after.0;
+                    burst = burst - before.1 + after.1;
+                }
+            }
+            self.level_at = now;
         }
         for c in self.clients.values_mut() {
             if c.current.is_some_and(|g| g.until <= now) {
@@ -444,12 +469,10 @@ impl QuotaBucket {
         });
     }
 
-    /// What the ledger counts after `at`, over every client but `except`.
-    fn reserved_total(&self, at: u64, except: Option<ClientId>) -> (u64, u64) {
-        self.clients
-            .iter()
-            .filter(|(id, _)| Some(**id) != except)
-            .map(|(_, c)| c.reserved(at))
+    /// What the ledger counts after `at`, over every client.
+    fn reserved_total(&self, at: u64) -> (u64, u64) {
+        (self.clients.values())
+            .map(|c| c.reserved(at))
             .fold((0, 0), |(r, b), (cr, cb)| (r + cr, b + cb))
     }
 
@@ -479,20 +502,33 @@ impl QuotaBucket {
             let cur = self.clients[id].current.map_or(0, |g| g.rate);
             (*target >= cur, *id)
         });
+        // What the ledger counts, kept up to date as shares change (the others'
+        // part of each client is the total less its own).
+        let mut total = self.reserved_total(now);
         for (id, target) in order {
-            if let Some(a) = self.settle(id, target, now) {
+            let before = self.clients[&id].reserved(now);
+            let others = (total.0 - before.0, total.1 - before.1);
+            if let Some(a) = self.settle(id, target, now, others) {
                 out.push(a);
             }
+            let after = self.clients.get(&id).map_or((0, 0), |c| c.reserved(now));
+            total = (others.0 + after.0, others.1 + after.1);
         }
         out
     }
 
     /// Moves client `id` toward `target` units per period as far as the ledger
-    /// allows, else renews its share when due; the assignment to send, if any.
-    fn settle(&mut self, id: ClientId, target: u64, now: u64) -> Option<Assignment> {
+    /// allows (the other clients counting `others`: rate and burst), else renews its
+    /// share when due; the assignment to send, if any.
+    fn settle(
+        &mut self,
+        id: ClientId,
+        target: u64,
+        now: u64,
+        (others_rate, others_burst): (u64, u64),
+    ) -> Option<Assignment> {
         let s = self.settings;
         let (count, burst_max) = (self.budget.rate.count, self.budget.burst);
-        let (others_rate, others_burst) = self.reserved_total(now, Some(id));
         let c = &self.clients[&id];
         let cur = c.current;
         // The ledger counts this client at the most of every share it may use; a new

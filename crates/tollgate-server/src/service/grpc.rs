@@ -339,10 +339,7 @@ async fn quota_stream(
     struct Closing(Arc<DecisionService>, u64);
     impl Drop for Closing {
         fn drop(&mut self) {
-            let (service, client) = (self.0.clone(), self.1);
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move { service.quota().close(client).await });
-            }
+            self.0.quota().close(self.1);
         }
     }
     let _closing = Closing(service.clone(), client);
@@ -372,16 +369,15 @@ async fn quota_stream(
                 Some(Ok(data)) => {
                     let _ = body.flow_control().release_capacity(data.len());
                     pending.extend_from_slice(&data);
-                    let reported = async {
-                        for m in next_messages(&mut pending)? {
+                    let reported = next_messages(&mut pending).and_then(|messages| {
+                        messages.into_iter().try_for_each(|m| {
                             let reports = RateLimitQuotaUsageReports::decode(m).map_err(|e| {
                                 Status::invalid_argument(format!("not a RateLimitQuotaUsageReports: {e}"))
                             })?;
-                            service.quota().report(client, reports, &service.rules()).await?;
-                        }
-                        Ok::<_, Status>(())
-                    };
-                    if let Err(status) = reported.await {
+                            service.quota().report(client, reports, &service.rules())
+                        })
+                    });
+                    if let Err(status) = reported {
                         break status;
                     }
                 }

@@ -7,10 +7,12 @@
 //! their buckets; what a bucket decides goes to whichever of this server's clients it
 //! concerns, on that client's stream. The buckets are kept in the store's
 //! [`QuotaLedger`]: with Redis, the servers on it share each bucket, and each sends
-//! only its own clients' assignments. Renewals and freed shares are sent by
-//! [`QuotaBuckets::tick`] (every [`TICK`], for the buckets with something due). A
-//! bucket no rule takes is answered `ALLOW_ALL` (as Envoy's ratelimit service answers
-//! a descriptor no rule matches), renewed while reported.
+//! only its own clients' assignments. Reports are recorded as they arrive and applied
+//! by [`QuotaBuckets::run`], one ledger change per bucket for every report that came
+//! since its last (a bucket with a thousand Envoys is divided a few times a second,
+//! not a thousand), with the renewals and freed shares due (checked every [`TICK`]).
+//! A bucket no rule takes is answered `ALLOW_ALL` (as Envoy's ratelimit service
+//! answers a descriptor no rule matches), renewed while reported.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
@@ -35,7 +37,7 @@ use tonic::Status;
 
 use crate::service::descriptors::{DescriptorRules, QuotaRule};
 
-/// How often renewals are sent and freed shares divided again.
+/// How often the buckets are checked for renewals due and freed shares.
 pub const TICK: Duration = Duration::from_millis(50);
 
 /// The most buckets one stream may report on (a stream past it is ended with
@@ -53,7 +55,7 @@ pub const MAX_QUEUED: usize = 256;
 /// The time to live of the `ALLOW_ALL` sent for a bucket no rule takes.
 const UNRULED_TTL: Duration = Duration::from_secs(60);
 
-/// How many buckets one tick changes at once (with Redis, calls in flight).
+/// How many buckets one pass changes at once (with Redis, calls in flight).
 const TICK_CONCURRENCY: usize = 64;
 
 /// A bucket, named by its domain and bucket id (keys in order).
@@ -83,6 +85,8 @@ pub struct QuotaBuckets {
     alone: QuotaLedger,
     /// Whether the ledger failed at its last use (a change is logged once).
     failing: AtomicBool,
+    /// Woken when a bucket has reports to apply.
+    wake: tokio::sync::Notify,
     /// This server, among those sharing the ledger.
     server: ServerId,
     next_client: AtomicU64,
@@ -93,6 +97,8 @@ pub struct QuotaBuckets {
 struct State {
     buckets: HashMap<BucketKey, Bucket>,
     streams: HashMap<ClientId, Stream>,
+    /// The buckets with changes to apply.
+    dirty: HashSet<BucketKey>,
 }
 
 /// One bucket as this server knows it: its rule, its id as Envoy sent it, its name in
@@ -101,9 +107,8 @@ struct Bucket {
     rule: Arc<QuotaRule>,
     id: BucketId,
     name: String,
-    /// Held through a change: this server changes a bucket one report or tick at a
-    /// time (with Redis, others' changes are retried against).
-    turn: Arc<tokio::sync::Mutex<()>>,
+    /// Reports and departures not yet applied.
+    pending: Vec<Change>,
     stats: QuotaStats,
     /// When a tick has something to do (this server's clock), if ever.
     due: Option<u64>,
@@ -122,12 +127,11 @@ struct Stream {
     buckets: HashSet<BucketKey>,
 }
 
-/// One change to a bucket.
+/// A change to a bucket, applied with the next division.
 #[derive(Debug, Clone, Copy)]
 enum Change {
     Report(ClientId, Usage),
     Leave(ClientId),
-    Tick,
 }
 
 /// What a change decided: the assignments to send, the bucket's standing, and how
@@ -168,6 +172,7 @@ impl QuotaBuckets {
             on_error,
             alone: QuotaLedger::memory(),
             failing: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
             server: h.finish(),
             next_client: AtomicU64::new(1),
             clock: MonotonicClock::new(),
@@ -192,17 +197,22 @@ impl QuotaBuckets {
         (id, inbox)
     }
 
-    /// One message of stream `client`: its usage reports, each to its bucket (found
-    /// under `rules`). `Err` ends the stream with that status.
-    pub async fn report(
+    /// One message of stream `client`: its usage reports, each recorded for its
+    /// bucket (found under `rules`) and applied by [`Self::run`]. `Err` ends the
+    /// stream with that status.
+    pub fn report(
         &self,
         client: ClientId,
         reports: RateLimitQuotaUsageReports,
         rules: &DescriptorRules,
     ) -> Result<(), Status> {
-        let changes = {
+        {
             let mut state = self.state();
-            let State { buckets, streams } = &mut *state;
+            let State {
+                buckets,
+                streams,
+                dirty,
+            } = &mut *state;
             let stream = streams
                 .get_mut(&client)
                 .ok_or_else(|| Status::internal("the stream is closed"))?;
@@ -241,7 +251,6 @@ impl QuotaBuckets {
             }
             stream.domain = Some(domain.clone());
             let mut unruled = Vec::new();
-            let mut changes = Vec::new();
             for u in usages {
                 let Some(rule) = rules.quota_rule(&domain, &u.key.1) else {
                     // No rule takes it: not limited here.
@@ -252,7 +261,7 @@ impl QuotaBuckets {
                     rule: rule.clone(),
                     name: ledger_name(&u.key, rule),
                     id: u.id,
-                    turn: Arc::default(),
+                    pending: Vec::new(),
                     stats: QuotaStats::default(),
                     due: None,
                     streams: 0,
@@ -264,71 +273,102 @@ impl QuotaBuckets {
                 }
                 bucket.allowed = bucket.allowed.saturating_add(u.usage.allowed);
                 bucket.denied = bucket.denied.saturating_add(u.usage.denied);
-                changes.push((u.key, Change::Report(client, u.usage)));
+                bucket.pending.push(Change::Report(client, u.usage));
+                dirty.insert(u.key);
             }
             deliver(streams, unruled);
-            changes
-        };
-        futures_util::future::join_all(changes.iter().map(|(key, c)| self.apply(key, *c))).await;
+        }
+        self.wake.notify_one();
         Ok(())
     }
 
     /// Stream `client` ended: its shares free when they end, and the others of its
     /// buckets are divided again.
-    pub async fn close(&self, client: ClientId) {
-        let keys: Vec<BucketKey> = {
+    pub fn close(&self, client: ClientId) {
+        {
             let mut state = self.state();
-            let Some(stream) = state.streams.remove(&client) else {
+            let State {
+                buckets,
+                streams,
+                dirty,
+            } = &mut *state;
+            let Some(stream) = streams.remove(&client) else {
                 return;
             };
-            for key in &stream.buckets {
-                if let Some(b) = state.buckets.get_mut(key) {
+            for key in stream.buckets {
+                if let Some(b) = buckets.get_mut(&key) {
                     b.streams -= 1;
+                    b.pending.push(Change::Leave(client));
+                    dirty.insert(key);
                 }
             }
-            stream.buckets.into_iter().collect()
-        };
-        futures_util::future::join_all(keys.iter().map(|k| self.apply(k, Change::Leave(client))))
-            .await;
+        }
+        self.wake.notify_one();
     }
 
-    /// Sends what is due (renewals, freed shares) and forgets the buckets this
-    /// server has nothing more to do for.
-    pub async fn tick(&self) {
+    /// Applies reports as they come and sends what falls due (renewals, freed
+    /// shares), for as long as the server runs.
+    pub async fn run(&self) {
+        let mut every = tokio::time::interval(TICK);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let due = tokio::select! {
+                _ = every.tick() => true,
+                _ = self.wake.notified() => false,
+            };
+            self.flush(due).await;
+        }
+    }
+
+    /// One pass: every bucket with reports to apply (and, with `due`, every bucket
+    /// with a renewal or a freed share due, the others forgotten where this server
+    /// has nothing more to do for them) is divided, once.
+    pub async fn flush(&self, due: bool) {
         let now = self.clock.now_us();
-        let due: Vec<BucketKey> = {
+        let keys: Vec<BucketKey> = {
             let mut state = self.state();
-            state
-                .buckets
-                .retain(|_, b| b.streams > 0 || b.due.is_some());
-            (state.buckets.iter())
-                .filter(|(_, b)| b.due.is_some_and(|d| d <= now))
-                .map(|(k, _)| k.clone())
-                .collect()
+            let State { buckets, dirty, .. } = &mut *state;
+            let mut keys: Vec<BucketKey> = dirty.drain().collect();
+            if due {
+                buckets.retain(|_, b| b.streams > 0 || b.due.is_some() || !b.pending.is_empty());
+                keys.extend(
+                    (buckets.iter())
+                        .filter(|(_, b)| b.due.is_some_and(|d| d <= now) && b.pending.is_empty())
+                        .map(|(k, _)| k.clone()),
+                );
+            }
+            keys
         };
-        futures_util::stream::iter(&due)
-            .for_each_concurrent(TICK_CONCURRENCY, |k| self.apply(k, Change::Tick))
+        futures_util::stream::iter(&keys)
+            .for_each_concurrent(TICK_CONCURRENCY, |k| self.apply(k))
             .await;
     }
 
-    /// Applies `change` to bucket `key` in the ledger (or, while it fails, as
-    /// `on_error` says) and sends what it decided.
-    async fn apply(&self, key: &BucketKey, change: Change) {
-        let Some((rule, name, turn)) = (self.state().buckets.get(key))
-            .map(|b| (b.rule.clone(), b.name.clone(), b.turn.clone()))
-        else {
+    /// Divides bucket `key` in the ledger with the reports and departures recorded
+    /// for it (or, while the ledger fails, as `on_error` says) and sends what the
+    /// division decided.
+    async fn apply(&self, key: &BucketKey) {
+        let Some((rule, name, pending)) = (self.state().buckets.get_mut(key)).map(|b| {
+            (
+                b.rule.clone(),
+                b.name.clone(),
+                std::mem::take(&mut b.pending),
+            )
+        }) else {
             return;
         };
-        let _turn = turn.lock().await;
         let server = self.server;
         let decide = |b: &mut tollgate::quota::QuotaBucket, now: u64| {
-            let sends = match change {
-                Change::Report(client, usage) => b.report(client, server, usage, now),
-                Change::Leave(client) => b.leave(client, now),
-                Change::Tick => b.tick(server, now),
-            };
+            for change in &pending {
+                match *change {
+                    Change::Report(client, usage) => b.record(client, server, usage, now),
+                    Change::Leave(client) => {
+                        b.depart(client);
+                    }
+                }
+            }
             Decided {
-                sends,
+                sends: b.tick(server, now),
                 stats: b.stats(now),
                 next_in: b.next_event(server).map(|e| e.saturating_sub(now)),
             }
@@ -345,33 +385,53 @@ impl QuotaBuckets {
                 if !self.failing.swap(true, Ordering::Relaxed) {
                     tracing::warn!(error = %e, on_error = ?self.on_error, "quota buckets: the store fails");
                 }
-                match (self.on_error, change) {
-                    (LedgerFailure::Local(n), _) => {
+                let blanket = match self.on_error {
+                    LedgerFailure::Local(n) => {
                         let alone = self.alone.update(&name, budget.share(n), settings, decide);
-                        alone.await.ok()
+                        return self.sent(key, alone.await.ok());
                     }
-                    (LedgerFailure::Deny | LedgerFailure::Allow, Change::Report(client, _)) => {
-                        let share = if self.on_error == LedgerFailure::Deny {
-                            BlanketRule::DenyAll
-                        } else {
-                            BlanketRule::AllowAll
-                        };
-                        let id = self.state().buckets.get(key).map(|b| b.id.clone());
-                        let strategy = Strategy::BlanketRule(share as i32);
-                        let sends = id.map(|id| (client, assign(id, strategy, settings.ttl_us)));
-                        deliver(&mut self.state().streams, sends.into_iter().collect());
-                        None
-                    }
-                    _ => None,
-                }
+                    LedgerFailure::Nothing => return,
+                    LedgerFailure::Deny => BlanketRule::DenyAll,
+                    LedgerFailure::Allow => BlanketRule::AllowAll,
+                };
+                // Each Envoy that reported is answered as the policy says.
+                let mut state = self.state();
+                let State {
+                    buckets, streams, ..
+                } = &mut *state;
+                let Some(b) = buckets.get(key) else {
+                    return;
+                };
+                let sends = (pending.iter())
+                    .filter_map(|c| match c {
+                        Change::Report(client, _) => Some(*client),
+                        Change::Leave(_) => None,
+                    })
+                    .collect::<HashSet<_>>()
+                    .into_iter()
+                    .map(|client| {
+                        let strategy = Strategy::BlanketRule(blanket as i32);
+                        (client, assign(b.id.clone(), strategy, settings.ttl_us))
+                    })
+                    .collect();
+                deliver(streams, sends);
+                None
             }
         };
+        self.sent(key, decided);
+    }
+
+    /// Keeps what a division of bucket `key` decided (its standing, its next tick)
+    /// and sends its assignments.
+    fn sent(&self, key: &BucketKey, decided: Option<Decided>) {
         let Some(d) = decided else {
             return;
         };
         let now = self.clock.now_us();
         let mut state = self.state();
-        let State { buckets, streams } = &mut *state;
+        let State {
+            buckets, streams, ..
+        } = &mut *state;
         let Some(b) = buckets.get_mut(key) else {
             return;
         };
@@ -391,7 +451,9 @@ impl QuotaBuckets {
     /// a request that subscribes it again is answered as an unruled bucket is).
     pub fn reload(&self, rules: &DescriptorRules) {
         let mut state = self.state();
-        let State { buckets, streams } = &mut *state;
+        let State {
+            buckets, streams, ..
+        } = &mut *state;
         let mut abandoned = Vec::new();
         for (key, b) in buckets.iter_mut() {
             match rules.quota_rule(&key.0, &key.1) {

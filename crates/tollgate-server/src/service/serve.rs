@@ -235,16 +235,9 @@ pub async fn serve_on(
         let _ = rx.wait_for(|stop| *stop).await;
     };
     tokio::spawn(watch_rules(service.clone(), hup, stop_rx.clone()));
-    // RLQS: renewals and freed shares go out as they fall due.
+    // RLQS: reports applied as they come, renewals and freed shares as they fall due.
     let quota = service.clone();
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(crate::service::quota::TICK);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            every.tick().await;
-            quota.quota().tick().await;
-        }
-    });
+    tokio::spawn(async move { quota.quota().run().await });
     let bounds = settings.connections;
     crate::connections::warn_if_fd_limit_below(2 * bounds.max);
     let http_server = crate::connections::serve_http(

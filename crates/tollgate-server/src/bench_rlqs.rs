@@ -1,3 +1,8 @@
+//! `tollgate bench rlqs`: a fleet of simulated Envoys on a rate limit quota service
+//! (RLQS), offering requests that each Envoy admits or denies by its own assignment,
+//! with no call per request; and [`QuotaClient`], the simulated Envoy (the tests'
+//! too).
+//!
 //! A simulated Envoy for the rate limit quota service (RLQS), behaving as Envoy's
 //! `rate_limit_quota` filter documents: one bidirectional stream to the server; the
 //! first report of a bucket subscribes it; usage (allowed, denied, time elapsed) is
@@ -245,4 +250,102 @@ impl QuotaClient {
             t.abort();
         }
     }
+}
+
+#[derive(Debug, clap::Parser)]
+/// `tollgate bench rlqs` arguments.
+pub struct RlqsArgs {
+    /// The service's gRPC listener: host:port (or http://host:port).
+    #[arg(long)]
+    pub target: String,
+    /// Simulated Envoys (one stream each).
+    #[arg(long, default_value_t = 50)]
+    pub envoys: usize,
+    /// Buckets each Envoy reports on: `name=b0` .. `name=b{buckets-1}` (the same
+    /// buckets for every Envoy).
+    #[arg(long, default_value_t = 1)]
+    pub buckets: usize,
+    /// Requests each Envoy offers per bucket per second.
+    #[arg(long, default_value_t = 100)]
+    pub rate: u64,
+    /// How often each Envoy reports its usage.
+    #[arg(long, default_value = "1s", value_parser = crate::config::duration_arg)]
+    pub report_interval: Duration,
+    /// How long to offer requests (after every Envoy has connected).
+    #[arg(long, default_value = "10s", value_parser = crate::config::duration_arg)]
+    pub duration: Duration,
+    /// Seconds at the start not counted (while the first assignments arrive).
+    #[arg(long, default_value = "2s", value_parser = crate::config::duration_arg)]
+    pub warmup: Duration,
+    /// The domain reported.
+    #[arg(long, default_value = "envoy")]
+    pub domain: String,
+}
+
+/// Runs the fleet; prints `admitted/s: .. denied/s: .. assignments/s: .. envoys: ..
+/// buckets: ..` (admissions and denials counted after the warm-up).
+pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
+    let target = args.target.strip_prefix("http://").unwrap_or(&args.target);
+    let addr: SocketAddr = target
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--target {target}: host:port of the gRPC listener: {e}"))?;
+    if args.envoys == 0 || args.buckets == 0 {
+        anyhow::bail!("--envoys and --buckets must be at least 1");
+    }
+    let mut clients = Vec::with_capacity(args.envoys);
+    for _ in 0..args.envoys {
+        clients.push(QuotaClient::connect(addr, &args.domain, args.report_interval).await?);
+    }
+    let names: Arc<Vec<String>> = Arc::new((0..args.buckets).map(|b| format!("b{b}")).collect());
+    let start = Instant::now();
+    let (warm, end) = (start + args.warmup, start + args.warmup + args.duration);
+    let totals: Arc<[std::sync::atomic::AtomicU64; 2]> = Arc::default();
+    // Each Envoy offers its requests every STEP, spread over its buckets.
+    const STEP: Duration = Duration::from_millis(10);
+    let per_step = args.rate as f64 * STEP.as_secs_f64();
+    let mut tasks = Vec::new();
+    for (i, client) in clients.into_iter().enumerate() {
+        let (names, totals, domain) = (names.clone(), totals.clone(), args.domain.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut next = start + STEP.mul_f64(i as f64 / args.envoys as f64);
+            let mut owed = 0.0;
+            while next < end {
+                tokio::time::sleep_until(next).await;
+                owed += per_step;
+                let n = owed as u64;
+                owed -= n as f64;
+                let (mut allowed, mut denied) = (0, 0);
+                for _ in 0..n {
+                    for name in names.iter() {
+                        if client.try_admit(&domain, &[("name", name)]) {
+                            allowed += 1;
+                        } else {
+                            denied += 1;
+                        }
+                    }
+                }
+                if Instant::now() >= warm {
+                    totals[0].fetch_add(allowed, std::sync::atomic::Ordering::Relaxed);
+                    totals[1].fetch_add(denied, std::sync::atomic::Ordering::Relaxed);
+                }
+                next += STEP;
+            }
+            client.received.load(std::sync::atomic::Ordering::Relaxed)
+        }));
+    }
+    let mut assignments = 0;
+    for t in tasks {
+        assignments += t.await?;
+    }
+    let secs = args.duration.as_secs_f64();
+    let total = |i: usize| totals[i].load(std::sync::atomic::Ordering::Relaxed) as f64 / secs;
+    println!(
+        "admitted/s: {:.0} denied/s: {:.0} assignments/s: {:.0} envoys: {} buckets: {}",
+        total(0),
+        total(1),
+        assignments as f64 / (args.warmup + args.duration).as_secs_f64(),
+        args.envoys,
+        args.buckets
+    );
+    Ok(())
 }
