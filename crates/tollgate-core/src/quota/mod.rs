@@ -491,7 +491,15 @@ impl QuotaBucket {
         let demands: Vec<Option<u64>> = live.iter().map(|id| self.clients[id].demand).collect();
         let headroom = (count * s.headroom_permille).div_ceil(1000);
         let capacity = count.saturating_sub(headroom);
-        let targets = max_min(capacity, &demands, 1);
+        let mut targets = max_min(capacity, &demands, 1);
+        // What no one wants now is shared out too, equally: a client whose demand
+        // grows before its next report has room (under contention nothing is left).
+        let surplus = capacity.saturating_sub(targets.iter().sum());
+        if let Ok(n) = u64::try_from(targets.len()) {
+            for (i, t) in targets.iter_mut().enumerate() {
+                *t += surplus / n.max(1) + u64::from((i as u64) < surplus % n.max(1));
+            }
+        }
         let mut out = Vec::new();
         // Shrinking shares first: what they give up is counted until their old
         // assignments end, but their new ones are in the ledger before any growth.
@@ -1013,6 +1021,35 @@ mod tests {
             let whole = policy.envelope(r.period_us).unwrap();
             assert!(r.count <= whole, "{spec}: {r:?} vs {whole}");
         }
+    }
+
+    #[test]
+    fn what_no_one_wants_is_shared_out_so_a_sudden_rise_is_admitted_at_once() {
+        let policy = "token-bucket:rate=1000/s";
+        // Two clients wanting 50/s each, then 300/s each from 5 s; they report at
+        // 0.5 s past each second, so the rise is not known until 5.5 s.
+        let clients: Vec<Traffic> = (0..2)
+            .map(|i| Traffic {
+                then: 300,
+                switch_ms: 5_000,
+                offset_ms: 500,
+                ..steady(50, i)
+            })
+            .collect();
+        let (admitted, _) = run(policy, QuotaSettings::default(), &clients, 8_000, 1, |_| 0);
+        assert_within(policy, &admitted);
+        let between = |from: u64, to: u64| {
+            (admitted.iter())
+                .filter(|(t, _)| (from * 1000..to * 1000).contains(t))
+                .count()
+        };
+        // Everything they ask is admitted, before and right after the rise.
+        assert_eq!(between(2_000, 5_000), 2 * 50 * 3);
+        assert!(
+            between(5_000, 5_500) >= 2 * 150 - 2,
+            "{}",
+            between(5_000, 5_500)
+        );
     }
 
     #[test]
