@@ -8,6 +8,11 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
 use tokio::time::Instant;
 use tollgate_server::bench_rlqs::QuotaClient;
 use tollgate_testkit::RedisServers;
@@ -376,5 +381,116 @@ async fn a_reload_keeps_unchanged_buckets_changes_the_changed_and_abandons_the_r
     );
     // Removed: abandoned, subscribed again, allowed (all 200 a second).
     assert!(table[2][5..].iter().all(|&n| n >= 190), "{table:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One RLQS stream driven by hand: reports go out as sent, and what comes back is
+/// read one message (or the stream's end) at a time.
+struct RawStream {
+    out: tokio::sync::mpsc::UnboundedSender<RateLimitQuotaUsageReports>,
+    inbound: tonic::Streaming<RateLimitQuotaResponse>,
+}
+
+impl RawStream {
+    async fn open(addr: std::net::SocketAddr) -> RawStream {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let (out, rx) = tokio::sync::mpsc::unbounded_channel();
+        let outbound = tokio_stream_of(rx);
+        let inbound = client
+            .stream_rate_limit_quotas(outbound)
+            .await
+            .unwrap()
+            .into_inner();
+        RawStream { out, inbound }
+    }
+
+    /// Sends a report on `buckets` (`name=...` each).
+    fn report(&self, buckets: &[&str]) {
+        let usages = buckets
+            .iter()
+            .map(|b| BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [("name".to_string(), b.to_string())].into(),
+                }),
+                time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                    seconds: 1,
+                    nanos: 0,
+                }),
+                num_requests_allowed: 1,
+                num_requests_denied: 0,
+            })
+            .collect();
+        let _ = self.out.send(RateLimitQuotaUsageReports {
+            domain: "envoy".into(),
+            bucket_quota_usages: usages,
+        });
+    }
+
+    /// The next message, or the status the stream ended with.
+    async fn next(&mut self) -> Result<RateLimitQuotaResponse, tonic::Status> {
+        tokio::time::timeout(Duration::from_secs(5), self.inbound.message())
+            .await
+            .expect("an answer or an end within 5 s")
+            .and_then(|m| m.ok_or_else(|| tonic::Status::ok("ended")))
+    }
+}
+
+fn tokio_stream_of<T: Send + 'static>(
+    rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
+}
+
+/// The bounds of `quota:` in the main config, each ending only the stream that
+/// crosses it with a status that names the setting: too many buckets on one stream,
+/// too many in all, a stream that sends no report. The other streams go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_past_a_bound_end_with_a_status_naming_it_and_the_others_go_on() {
+    let dir = std::env::temp_dir().join(format!("tollgate-rlqs-bounds-{}", std::process::id()));
+    let path = rules(
+        &dir,
+        "domain: envoy\nquota_buckets:\n  - bucket: { name: \"*\" }\n    policy: \"gcra:rate=100/s,burst=10\"\n",
+    );
+    let config = dir.join("tollgate.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "rules: [{}]\nquota:\n  max_buckets: 5\n  max_buckets_per_stream: 3\n  stream_idle: 1s\n",
+            path.display()
+        ),
+    )
+    .unwrap();
+    let server = support::start(&["--config", config.to_str().unwrap()], &[]);
+    let addr = grpc_addr(&server);
+
+    let mut silent = RawStream::open(addr).await;
+    let mut good = RawStream::open(addr).await;
+    good.report(&["a", "b", "c"]);
+    assert_eq!(good.next().await.unwrap().bucket_action.len(), 3);
+
+    let mut wide = RawStream::open(addr).await;
+    wide.report(&["d", "e", "f", "g"]);
+    let status = wide.next().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("quota.max_buckets_per_stream"),
+        "{status:?}"
+    );
+
+    let mut more = RawStream::open(addr).await;
+    more.report(&["d", "e", "f"]);
+    let status = more.next().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("quota.max_buckets"), "{status:?}");
+
+    let status = silent.next().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(status.message().contains("quota.stream_idle"), "{status:?}");
+
+    // The stream within the bounds is still answered (its shares renewed).
+    good.report(&["a", "b", "c"]);
+    assert!(!good.next().await.unwrap().bucket_action.is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -38,6 +38,9 @@ pub struct MainConfig {
     /// Bounds on one decision request.
     #[serde(default)]
     pub requests: Requests,
+    /// Bounds on Envoy's quota streams (RLQS).
+    #[serde(default)]
+    pub quota: QuotaLimits,
     /// Bounds on client connections (serve's HTTP and gRPC listeners, the proxy's).
     #[serde(default)]
     pub connections: Connections,
@@ -286,6 +289,48 @@ fn default_max_descriptors() -> usize {
 
 fn default_max_key_bytes() -> usize {
     1024
+}
+
+/// `quota:` bounds on Envoy's rate limit quota streams (RLQS), so that a hostile or
+/// broken client cannot make the server keep unbounded state. Past a bound, the
+/// stream that crossed it ends (`RESOURCE_EXHAUSTED`, or `DEADLINE_EXCEEDED` for a
+/// silent stream); the other streams and buckets are untouched.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaLimits {
+    /// The most buckets the server keeps in all (default 100000).
+    #[serde(default = "default_quota_buckets")]
+    pub max_buckets: usize,
+    /// The most buckets one stream may report on (default 10000).
+    #[serde(default = "default_quota_buckets_per_stream")]
+    pub max_buckets_per_stream: usize,
+    /// How long a stream may go without sending a report, its first included
+    /// (default 5m; an Envoy reports every `reporting_interval`, and opens its
+    /// stream again when it next has something to report).
+    #[serde(default = "default_stream_idle", deserialize_with = "duration_us")]
+    pub stream_idle: u64,
+}
+
+impl Default for QuotaLimits {
+    fn default() -> Self {
+        QuotaLimits {
+            max_buckets: default_quota_buckets(),
+            max_buckets_per_stream: default_quota_buckets_per_stream(),
+            stream_idle: default_stream_idle(),
+        }
+    }
+}
+
+fn default_quota_buckets() -> usize {
+    100_000
+}
+
+fn default_quota_buckets_per_stream() -> usize {
+    10_000
+}
+
+fn default_stream_idle() -> u64 {
+    300_000_000
 }
 
 /// `connections:` bounds on client connections, so that slow or idle clients cannot

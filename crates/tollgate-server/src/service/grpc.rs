@@ -349,6 +349,8 @@ async fn quota_stream(
         return;
     };
     let mut pending = BytesMut::new();
+    let idle = Duration::from_micros(service.quota().limits.stream_idle);
+    let mut silent_until = tokio::time::Instant::now() + idle;
     let status = loop {
         tokio::select! {
             // Answers first: one queued before the client's end still goes out.
@@ -370,19 +372,27 @@ async fn quota_stream(
                     let _ = body.flow_control().release_capacity(data.len());
                     pending.extend_from_slice(&data);
                     let reported = next_messages(&mut pending).and_then(|messages| {
+                        let any = !messages.is_empty();
                         messages.into_iter().try_for_each(|m| {
                             let reports = RateLimitQuotaUsageReports::decode(m).map_err(|e| {
                                 Status::invalid_argument(format!("not a RateLimitQuotaUsageReports: {e}"))
                             })?;
                             service.quota().report(client, reports, &service.rules())
-                        })
+                        })?;
+                        Ok(any)
                     });
-                    if let Err(status) = reported {
-                        break status;
+                    match reported {
+                        Err(status) => break status,
+                        // Only a whole report counts as one: bytes trickled in do not.
+                        Ok(true) => silent_until = tokio::time::Instant::now() + idle,
+                        Ok(false) => {}
                     }
                 }
             },
             _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => break Status::cancelled("reset"),
+            _ = tokio::time::sleep_until(silent_until) => break Status::deadline_exceeded(format!(
+                "no report for {} (quota.stream_idle)", tollgate::policy::fmt_duration(idle.as_micros() as u64)
+            )),
         }
     };
     // What was decided for it before its end still goes out.

@@ -306,6 +306,13 @@ impl DecisionService {
         &self.answers
     }
 
+    /// Bounds the RLQS streams as `limits` says (default:
+    /// [`crate::config::QuotaLimits`]).
+    pub fn with_quota_limits(mut self, limits: crate::config::QuotaLimits) -> Self {
+        self.quota.limits = limits;
+        self
+    }
+
     /// Bounds every request as `requests` says (default: [`crate::config::Requests`]).
     pub fn with_request_limits(mut self, requests: crate::config::Requests) -> Self {
         self.requests = requests;

@@ -40,14 +40,6 @@ use crate::service::descriptors::{DescriptorRules, QuotaRule};
 /// How often the buckets are checked for renewals due and freed shares.
 pub const TICK: Duration = Duration::from_millis(50);
 
-/// The most buckets one stream may report on (a stream past it is ended with
-/// `RESOURCE_EXHAUSTED`).
-pub const MAX_BUCKETS_PER_STREAM: usize = 10_000;
-
-/// The most buckets kept in all (a report that would add one more ends its stream
-/// with `RESOURCE_EXHAUSTED`).
-pub const MAX_BUCKETS: usize = 100_000;
-
 /// The most answers waiting for a stream's client to read them; past it the client
 /// is not reading, and its stream ends with `RESOURCE_EXHAUSTED`.
 pub const MAX_QUEUED: usize = 256;
@@ -78,6 +70,8 @@ pub enum LedgerFailure {
 
 /// Every quota bucket this server's streams report on, and the streams.
 pub struct QuotaBuckets {
+    /// The bounds on streams (`quota:` in the main config).
+    pub limits: crate::config::QuotaLimits,
     state: Mutex<State>,
     ledger: QuotaLedger,
     on_error: LedgerFailure,
@@ -167,6 +161,7 @@ impl QuotaBuckets {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u32(std::process::id());
         QuotaBuckets {
+            limits: crate::config::QuotaLimits::default(),
             state: Mutex::default(),
             ledger,
             on_error,
@@ -239,14 +234,17 @@ impl QuotaBuckets {
                 .iter()
                 .filter(|u| !stream.buckets.contains(&u.key))
                 .count();
-            if stream.buckets.len() + new > MAX_BUCKETS_PER_STREAM {
+            let limits = &self.limits;
+            if stream.buckets.len() + new > limits.max_buckets_per_stream {
                 return Err(Status::resource_exhausted(format!(
-                    "a stream may report on at most {MAX_BUCKETS_PER_STREAM} buckets"
+                    "a stream may report on at most {} buckets (quota.max_buckets_per_stream)",
+                    limits.max_buckets_per_stream
                 )));
             }
-            if buckets.len() + new > MAX_BUCKETS {
+            if buckets.len() + new > limits.max_buckets {
                 return Err(Status::resource_exhausted(format!(
-                    "the server keeps at most {MAX_BUCKETS} buckets"
+                    "the server keeps at most {} buckets (quota.max_buckets)",
+                    limits.max_buckets
                 )));
             }
             stream.domain = Some(domain.clone());
@@ -339,15 +337,21 @@ impl QuotaBuckets {
             }
             keys
         };
-        futures_util::stream::iter(&keys)
-            .for_each_concurrent(TICK_CONCURRENCY, |k| self.apply(k))
+        let sends: Vec<Vec<(ClientId, BucketAction)>> = futures_util::stream::iter(keys)
+            .map(|k| async move { self.apply(&k).await })
+            .buffer_unordered(TICK_CONCURRENCY)
+            .collect()
             .await;
+        // One message per Envoy for the whole pass.
+        deliver(
+            &mut self.state().streams,
+            sends.into_iter().flatten().collect(),
+        );
     }
 
     /// Divides bucket `key` in the ledger with the reports and departures recorded
-    /// for it (or, while the ledger fails, as `on_error` says) and sends what the
-    /// division decided.
-    async fn apply(&self, key: &BucketKey) {
+    /// for it (or, while the ledger fails, as `on_error` says); returns what to send.
+    async fn apply(&self, key: &BucketKey) -> Vec<(ClientId, BucketAction)> {
         let Some((rule, name, pending)) = (self.state().buckets.get_mut(key)).map(|b| {
             (
                 b.rule.clone(),
@@ -355,7 +359,7 @@ impl QuotaBuckets {
                 std::mem::take(&mut b.pending),
             )
         }) else {
-            return;
+            return Vec::new();
         };
         let server = self.server;
         let decide = |b: &mut tollgate::quota::QuotaBucket, now: u64| {
@@ -388,21 +392,18 @@ impl QuotaBuckets {
                 let blanket = match self.on_error {
                     LedgerFailure::Local(n) => {
                         let alone = self.alone.update(&name, budget.share(n), settings, decide);
-                        return self.sent(key, alone.await.ok());
+                        return self.kept(key, alone.await.ok());
                     }
-                    LedgerFailure::Nothing => return,
+                    LedgerFailure::Nothing => return Vec::new(),
                     LedgerFailure::Deny => BlanketRule::DenyAll,
                     LedgerFailure::Allow => BlanketRule::AllowAll,
                 };
                 // Each Envoy that reported is answered as the policy says.
-                let mut state = self.state();
-                let State {
-                    buckets, streams, ..
-                } = &mut *state;
-                let Some(b) = buckets.get(key) else {
-                    return;
+                let state = self.state();
+                let Some(b) = state.buckets.get(key) else {
+                    return Vec::new();
                 };
-                let sends = (pending.iter())
+                return (pending.iter())
                     .filter_map(|c| match c {
                         Change::Report(client, _) => Some(*client),
                         Change::Leave(_) => None,
@@ -414,33 +415,27 @@ impl QuotaBuckets {
                         (client, assign(b.id.clone(), strategy, settings.ttl_us))
                     })
                     .collect();
-                deliver(streams, sends);
-                None
             }
         };
-        self.sent(key, decided);
+        self.kept(key, decided)
     }
 
-    /// Keeps what a division of bucket `key` decided (its standing, its next tick)
-    /// and sends its assignments.
-    fn sent(&self, key: &BucketKey, decided: Option<Decided>) {
+    /// Keeps what a division of bucket `key` decided (its standing, its next tick);
+    /// returns its assignments as the protocol writes them.
+    fn kept(&self, key: &BucketKey, decided: Option<Decided>) -> Vec<(ClientId, BucketAction)> {
         let Some(d) = decided else {
-            return;
+            return Vec::new();
         };
         let now = self.clock.now_us();
         let mut state = self.state();
-        let State {
-            buckets, streams, ..
-        } = &mut *state;
-        let Some(b) = buckets.get_mut(key) else {
-            return;
+        let Some(b) = state.buckets.get_mut(key) else {
+            return Vec::new();
         };
         b.stats = d.stats;
         b.due = d.next_in.map(|n| now + n);
-        let sends = (d.sends.iter())
+        (d.sends.iter())
             .map(|a| (a.client, action(&b.id, a)))
-            .collect();
-        deliver(streams, sends);
+            .collect()
     }
 
     /// The rules were loaded again: a bucket whose rule is unchanged keeps its

@@ -29,6 +29,8 @@ pub struct Settings {
     pub options: KeyedOptions,
     /// Request bounds.
     pub requests: crate::config::Requests,
+    /// Bounds on RLQS streams.
+    pub quota: crate::config::QuotaLimits,
     /// How long to serve with failing health checks after a stop signal.
     pub drain_delay: Duration,
     /// How many worker threads serve connections.
@@ -108,6 +110,7 @@ impl Settings {
             grpc,
             options,
             requests: main.requests,
+            quota: main.quota,
             connections: main.connections,
             drain_delay: Duration::from_micros(main.listen.drain_delay.unwrap_or(0)),
             balance: main.listen.balance,
@@ -193,6 +196,7 @@ pub async fn serve_on(
     };
     let service = DecisionService::new(rules, settings.rule_paths.clone(), counters)
         .with_request_limits(settings.requests)
+        .with_quota_limits(settings.quota)
         .with_answers(&settings.service)
         .with_workers(workers.stats());
     let service = Arc::new(service);
