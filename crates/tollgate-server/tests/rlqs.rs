@@ -31,13 +31,17 @@ fn grpc_addr(server: &support::Server) -> std::net::SocketAddr {
 const FLEET_RULES: &str = "domain: envoy\nquota_buckets:\n  - name: api\n    bucket: { name: api }\n    policy: \"token-bucket:rate=1000/s\"\n    assignment_ttl: 1s\n";
 
 /// 50 Envoys on one bucket of 1000 requests/s, on one `serve`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fifty_envoys_share_one_budget_and_never_exceed_it() {
-    let dir = std::env::temp_dir().join(format!("tollgate-rlqs-{}", std::process::id()));
-    let path = rules(&dir, FLEET_RULES);
-    let server = support::start(&["--rules", path.to_str().unwrap()], &[]);
-    fifty_envoys(&[&server]).await;
-    let _ = std::fs::remove_dir_all(&dir);
+#[test]
+fn fifty_envoys_share_one_budget_and_never_exceed_it() {
+    // Counted in real time: not beside this binary's other timed tests.
+    let _alone = tollgate_testkit::timing_sensitive();
+    tollgate_testkit::rt().block_on(async {
+        let dir = std::env::temp_dir().join(format!("tollgate-rlqs-{}", std::process::id()));
+        let path = rules(&dir, FLEET_RULES);
+        let server = support::start(&["--rules", path.to_str().unwrap()], &[]);
+        fifty_envoys(&[&server]).await;
+        let _ = std::fs::remove_dir_all(&dir);
+    })
 }
 
 /// The same fleet spread over three `serve` instances sharing their buckets in one
@@ -46,22 +50,26 @@ async fn fifty_envoys_share_one_budget_and_never_exceed_it() {
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
 )]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fifty_envoys_on_three_servers_share_one_budget_in_redis_and_in_a_cluster() {
-    let dir = std::env::temp_dir().join(format!("tollgate-rlqs-redis-{}", std::process::id()));
-    let path = rules(&dir, FLEET_RULES);
-    for redis in [RedisServers::standalone(), RedisServers::cluster()] {
-        let url = redis.url();
-        let args = ["--rules", path.to_str().unwrap(), "--store", url.as_str()];
-        let servers: Vec<_> = (0..3).map(|_| support::start(&args, &[])).collect();
-        assert!(
-            servers[0].banner.contains("redis store"),
-            "{}",
-            servers[0].banner
-        );
-        fifty_envoys(&servers.iter().collect::<Vec<_>>()).await;
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+#[test]
+fn fifty_envoys_on_three_servers_share_one_budget_in_redis_and_in_a_cluster() {
+    // Counted in real time: not beside this binary's other timed tests.
+    let _alone = tollgate_testkit::timing_sensitive();
+    tollgate_testkit::rt().block_on(async {
+        let dir = std::env::temp_dir().join(format!("tollgate-rlqs-redis-{}", std::process::id()));
+        let path = rules(&dir, FLEET_RULES);
+        for redis in [RedisServers::standalone(), RedisServers::cluster()] {
+            let url = redis.url();
+            let args = ["--rules", path.to_str().unwrap(), "--store", url.as_str()];
+            let servers: Vec<_> = (0..3).map(|_| support::start(&args, &[])).collect();
+            assert!(
+                servers[0].banner.contains("redis store"),
+                "{}",
+                servers[0].banner
+            );
+            fifty_envoys(&servers.iter().collect::<Vec<_>>()).await;
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    })
 }
 
 /// 50 Envoys, Envoy `i` on `servers[i % n]`, on one bucket of 1000 requests/s, each
@@ -224,88 +232,92 @@ async fn buckets_show_in_the_config_dump_and_the_metrics() {
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
 )]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_outage_applies_each_servers_failure_policy_and_recovers() {
-    let mut redis = RedisServers::standalone();
-    let dir = std::env::temp_dir().join(format!("tollgate-rlqs-outage-{}", std::process::id()));
-    let path = rules(
-        &dir,
-        "domain: envoy\nquota_buckets:\n  - bucket: { name: api }\n    policy: \"token-bucket:rate=100/s,capacity=10\"\n",
-    );
-    let start_with = |on_error: &str| {
-        let config = dir.join(format!("{on_error}.yaml"));
-        let store = format!(
-            "rules: [{}]\nstore:\n  kind: redis\n  url: {}\n  timeout: 200ms\n  on_error: {on_error}\n  local_share: 2\n",
-            path.display(),
-            redis.url()
+#[test]
+fn a_redis_outage_applies_each_servers_failure_policy_and_recovers() {
+    // Counted in real time: not beside this binary's other timed tests.
+    let _alone = tollgate_testkit::timing_sensitive();
+    tollgate_testkit::rt().block_on(async {
+        let mut redis = RedisServers::standalone();
+        let dir = std::env::temp_dir().join(format!("tollgate-rlqs-outage-{}", std::process::id()));
+        let path = rules(
+            &dir,
+            "domain: envoy\nquota_buckets:\n  - bucket: { name: api }\n    policy: \"token-bucket:rate=100/s,capacity=10\"\n",
         );
-        std::fs::write(&config, store).unwrap();
-        support::start(&["--config", config.to_str().unwrap()], &[])
-    };
-    let servers = [
-        start_with("fail-closed"),
-        start_with("fail-open"),
-        start_with("local"),
-    ];
-    let start = Instant::now();
-    let admitted: Arc<Mutex<Vec<(Duration, usize)>>> = Arc::default();
-    let mut tasks = Vec::new();
-    for i in 0..6usize {
-        let addr = grpc_addr(&servers[i / 2]);
-        let client = QuotaClient::connect(addr, "envoy", Duration::from_secs(1))
-            .await
-            .unwrap();
-        let admitted = admitted.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut next = start + Duration::from_micros(i as u64 * 1709);
-            while next - start < Duration::from_secs(14) {
-                tokio::time::sleep_until(next).await;
-                if client.try_admit("envoy", &[("name", "api")]) {
-                    admitted.lock().unwrap().push((start.elapsed(), i / 2));
+        let start_with = |on_error: &str| {
+            let config = dir.join(format!("{on_error}.yaml"));
+            let store = format!(
+                "rules: [{}]\nstore:\n  kind: redis\n  url: {}\n  timeout: 200ms\n  on_error: {on_error}\n  local_share: 2\n",
+                path.display(),
+                redis.url()
+            );
+            std::fs::write(&config, store).unwrap();
+            support::start(&["--config", config.to_str().unwrap()], &[])
+        };
+        let servers = [
+            start_with("fail-closed"),
+            start_with("fail-open"),
+            start_with("local"),
+        ];
+        let start = Instant::now();
+        let admitted: Arc<Mutex<Vec<(Duration, usize)>>> = Arc::default();
+        let mut tasks = Vec::new();
+        for i in 0..6usize {
+            let addr = grpc_addr(&servers[i / 2]);
+            let client = QuotaClient::connect(addr, "envoy", Duration::from_secs(1))
+                .await
+                .unwrap();
+            let admitted = admitted.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut next = start + Duration::from_micros(i as u64 * 1709);
+                while next - start < Duration::from_secs(14) {
+                    tokio::time::sleep_until(next).await;
+                    if client.try_admit("envoy", &[("name", "api")]) {
+                        admitted.lock().unwrap().push((start.elapsed(), i / 2));
+                    }
+                    next += Duration::from_millis(10);
                 }
-                next += Duration::from_millis(10);
-            }
-            client.close();
-        }));
-    }
-    tokio::time::sleep_until(start + Duration::from_secs(3)).await;
-    redis.stop(0);
-    tokio::time::sleep_until(start + Duration::from_secs(8)).await;
-    redis.restart(0);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let admitted = admitted.lock().unwrap().clone();
-    let count = |from: u64, to: u64, server: usize| {
-        (admitted.iter())
-            .filter(|(t, s)| *s == server && (from..to).contains(&(t.as_millis() as u64)))
-            .count()
-    };
-    let table: Vec<Vec<usize>> = (0..3)
-        .map(|server| {
-            (0..14)
-                .map(|s| count(s * 1000, s * 1000 + 1000, server))
-                .collect()
-        })
-        .collect();
-    eprintln!("admitted per second, fail-closed / fail-open / local: {table:?}");
-    // Before: one budget of 100/s (and 10 at once) for the six Envoys.
-    let before: usize = (0..3).map(|s| count(1000, 3000, s)).sum();
-    assert!(before <= 2 * 100 + 10, "{table:?}");
-    // Down from 3 s; by 5.5 s every Envoy has reported since (every second) and been
-    // answered as its server's policy says.
-    assert_eq!(count(5500, 8000, 0), 0, "fail-closed admitted: {table:?}");
-    assert!(count(5500, 8000, 1) >= 400, "fail-open: {table:?}");
-    let alone = count(5500, 8000, 2);
-    assert!(alone > 0 && alone <= 50 * 5 / 2 + 5, "local: {table:?}");
-    // Back from 8 s: one shared budget again (once the outage's shares have ended).
-    let after: usize = (0..3).map(|s| count(11_000, 14_000, s)).sum();
-    assert!(after <= 3 * 100 + 10, "{table:?}");
-    assert!(
-        count(11_000, 14_000, 0) > 0,
-        "fail-closed never recovered: {table:?}"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
+                client.close();
+            }));
+        }
+        tokio::time::sleep_until(start + Duration::from_secs(3)).await;
+        redis.stop(0);
+        tokio::time::sleep_until(start + Duration::from_secs(8)).await;
+        redis.restart(0);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let admitted = admitted.lock().unwrap().clone();
+        let count = |from: u64, to: u64, server: usize| {
+            (admitted.iter())
+                .filter(|(t, s)| *s == server && (from..to).contains(&(t.as_millis() as u64)))
+                .count()
+        };
+        let table: Vec<Vec<usize>> = (0..3)
+            .map(|server| {
+                (0..14)
+                    .map(|s| count(s * 1000, s * 1000 + 1000, server))
+                    .collect()
+            })
+            .collect();
+        eprintln!("admitted per second, fail-closed / fail-open / local: {table:?}");
+        // Before: one budget of 100/s (and 10 at once) for the six Envoys.
+        let before: usize = (0..3).map(|s| count(1000, 3000, s)).sum();
+        assert!(before <= 2 * 100 + 10, "{table:?}");
+        // Down from 3 s; by 5.5 s every Envoy has reported since (every second) and been
+        // answered as its server's policy says.
+        assert_eq!(count(5500, 8000, 0), 0, "fail-closed admitted: {table:?}");
+        assert!(count(5500, 8000, 1) >= 400, "fail-open: {table:?}");
+        let alone = count(5500, 8000, 2);
+        assert!(alone > 0 && alone <= 50 * 5 / 2 + 5, "local: {table:?}");
+        // Back from 8 s: one shared budget again (once the outage's shares have ended).
+        let after: usize = (0..3).map(|s| count(11_000, 14_000, s)).sum();
+        assert!(after <= 3 * 100 + 10, "{table:?}");
+        assert!(
+            count(11_000, 14_000, 0) > 0,
+            "fail-closed never recovered: {table:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    })
 }
 
 /// A reload keeps the division of a bucket whose rule is unchanged (its Envoy goes
@@ -313,75 +325,80 @@ async fn a_redis_outage_applies_each_servers_failure_policy_and_recovers() {
 /// the new budget from the next report, and abandons a bucket no rule takes any more
 /// (its Envoy forgets it, subscribes again, and is answered as for an unruled bucket:
 /// `ALLOW_ALL`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_keeps_unchanged_buckets_changes_the_changed_and_abandons_the_removed() {
-    let dir = std::env::temp_dir().join(format!("tollgate-rlqs-reload-{}", std::process::id()));
-    let bucket = |name: &str, policy: &str| {
-        format!("  - bucket: {{ name: {name} }}\n    policy: \"{policy}\"\n")
-    };
-    let v1 = format!(
-        "domain: envoy\nquota_buckets:\n{}{}{}",
-        bucket("kept", "token-bucket:rate=100/s"),
-        bucket("changed", "token-bucket:rate=100/s"),
-        bucket("removed", "token-bucket:rate=100/s"),
-    );
-    let path = rules(&dir, &v1);
-    let server = support::start(&["--rules", path.to_str().unwrap()], &[]);
-    let client = QuotaClient::connect(grpc_addr(&server), "envoy", Duration::from_millis(200))
-        .await
-        .unwrap();
-    let start = Instant::now();
-    let names = ["kept", "changed", "removed"];
-    let mut admitted: Vec<Vec<Duration>> = vec![Vec::new(); 3];
-    let mut next = start;
-    let mut reloaded = false;
-    while next - start < Duration::from_secs(7) {
-        tokio::time::sleep_until(next).await;
-        if !reloaded && next - start >= Duration::from_secs(3) {
-            let v2 = format!(
-                "domain: envoy\nquota_buckets:\n{}{}",
-                bucket("kept", "token-bucket:rate=100/s"),
-                bucket("changed", "token-bucket:rate=20/s"),
-            );
-            std::fs::write(&path, v2).unwrap();
-            let (status, _, v) = support::request(&server, "POST", "/v1/reload", "", None).await;
-            assert_eq!(status, 200, "{v}");
-            reloaded = true;
-        }
-        for (i, name) in names.iter().enumerate() {
-            if client.try_admit("envoy", &[("name", name)]) {
-                admitted[i].push(start.elapsed());
+#[test]
+fn a_reload_keeps_unchanged_buckets_changes_the_changed_and_abandons_the_removed() {
+    // Counted in real time: not beside this binary's other timed tests.
+    let _alone = tollgate_testkit::timing_sensitive();
+    tollgate_testkit::rt().block_on(async {
+        let dir = std::env::temp_dir().join(format!("tollgate-rlqs-reload-{}", std::process::id()));
+        let bucket = |name: &str, policy: &str| {
+            format!("  - bucket: {{ name: {name} }}\n    policy: \"{policy}\"\n")
+        };
+        let v1 = format!(
+            "domain: envoy\nquota_buckets:\n{}{}{}",
+            bucket("kept", "token-bucket:rate=100/s"),
+            bucket("changed", "token-bucket:rate=100/s"),
+            bucket("removed", "token-bucket:rate=100/s"),
+        );
+        let path = rules(&dir, &v1);
+        let server = support::start(&["--rules", path.to_str().unwrap()], &[]);
+        let client = QuotaClient::connect(grpc_addr(&server), "envoy", Duration::from_millis(200))
+            .await
+            .unwrap();
+        let start = Instant::now();
+        let names = ["kept", "changed", "removed"];
+        let mut admitted: Vec<Vec<Duration>> = vec![Vec::new(); 3];
+        let mut next = start;
+        let mut reloaded = false;
+        while next - start < Duration::from_secs(7) {
+            tokio::time::sleep_until(next).await;
+            if !reloaded && next - start >= Duration::from_secs(3) {
+                let v2 = format!(
+                    "domain: envoy\nquota_buckets:\n{}{}",
+                    bucket("kept", "token-bucket:rate=100/s"),
+                    bucket("changed", "token-bucket:rate=20/s"),
+                );
+                std::fs::write(&path, v2).unwrap();
+                let (status, _, v) =
+                    support::request(&server, "POST", "/v1/reload", "", None).await;
+                assert_eq!(status, 200, "{v}");
+                reloaded = true;
             }
+            for (i, name) in names.iter().enumerate() {
+                if client.try_admit("envoy", &[("name", name)]) {
+                    admitted[i].push(start.elapsed());
+                }
+            }
+            next += Duration::from_millis(5);
         }
-        next += Duration::from_millis(5);
-    }
-    client.close();
-    let per_second = |i: usize| -> Vec<usize> {
-        (0..7)
-            .map(|s| admitted[i].iter().filter(|t| t.as_secs() == s).count())
-            .collect()
-    };
-    let table: Vec<Vec<usize>> = (0..3).map(per_second).collect();
-    eprintln!("admitted per second, kept / changed / removed: {table:?}");
-    // Kept: the budget (95 % of 100/s) before and after, never a gap of 100 ms.
-    assert!(
-        table[0][1..].iter().all(|&n| (85..=110).contains(&n)),
-        "{table:?}"
-    );
-    let gaps = admitted[0]
-        .windows(2)
-        .filter(|w| w[0] > Duration::from_secs(1));
-    assert!(gaps
-        .clone()
-        .all(|w| w[1] - w[0] < Duration::from_millis(100)));
-    // Changed: the new budget once the next report has been answered.
-    assert!(
-        table[1][5..].iter().all(|&n| (15..=21).contains(&n)),
-        "{table:?}"
-    );
-    // Removed: abandoned, subscribed again, allowed (all 200 a second).
-    assert!(table[2][5..].iter().all(|&n| n >= 190), "{table:?}");
-    let _ = std::fs::remove_dir_all(&dir);
+        client.close();
+        let per_second = |i: usize| -> Vec<usize> {
+            (0..7)
+                .map(|s| admitted[i].iter().filter(|t| t.as_secs() == s).count())
+                .collect()
+        };
+        let table: Vec<Vec<usize>> = (0..3).map(per_second).collect();
+        eprintln!("admitted per second, kept / changed / removed: {table:?}");
+        // Kept: the budget (95 % of 100/s) before and after, never a gap of 100 ms.
+        assert!(
+            table[0][1..].iter().all(|&n| (85..=110).contains(&n)),
+            "{table:?}"
+        );
+        let gaps = admitted[0]
+            .windows(2)
+            .filter(|w| w[0] > Duration::from_secs(1));
+        assert!(gaps
+            .clone()
+            .all(|w| w[1] - w[0] < Duration::from_millis(100)));
+        // Changed: the new budget once the next report has been answered.
+        assert!(
+            table[1][5..].iter().all(|&n| (15..=21).contains(&n)),
+            "{table:?}"
+        );
+        // Removed: abandoned, subscribed again, allowed (all 200 a second).
+        assert!(table[2][5..].iter().all(|&n| n >= 190), "{table:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    })
 }
 
 /// One RLQS stream driven by hand: reports go out as sent, and what comes back is
