@@ -14,7 +14,8 @@ pub fn max_min(capacity: u64, demands: &[Option<u64>], floor: u64) -> Vec<u64> {
     }
     let want = |i: usize| demands[i].map_or(u64::MAX, |d| d.max(floor));
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&i| (want(i), i));
+    // The index in the key makes it a total order: an unstable sort gives the same.
+    order.sort_unstable_by_key(|&i| (want(i), i));
     let mut left = capacity;
     for (k, &i) in order.iter().enumerate() {
         let others = (n - k) as u64;

@@ -506,7 +506,7 @@ impl QuotaBucket {
         let mut order: Vec<(ClientId, u64)> = (live.iter().copied().zip(targets))
             .filter(|(id, _)| self.clients[id].server == server)
             .collect();
-        order.sort_by_key(|(id, target)| {
+        order.sort_unstable_by_key(|(id, target)| {
             let cur = self.clients[id].current.map_or(0, |g| g.rate);
             (*target >= cur, *id)
         });

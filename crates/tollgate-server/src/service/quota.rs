@@ -8,9 +8,9 @@
 //! concerns, on that client's stream. The buckets are kept in the store's
 //! [`QuotaLedger`]: with Redis, the servers on it share each bucket, and each sends
 //! only its own clients' assignments. Reports are recorded as they arrive and applied
-//! by [`QuotaBuckets::run`], one ledger change per bucket for every report that came
-//! since its last (a bucket with a thousand Envoys is divided a few times a second,
-//! not a thousand), with the renewals and freed shares due (checked every [`TICK`]).
+//! by [`QuotaBuckets::run`] every [`TICK`], one ledger change per bucket for every
+//! report that came since its last (a bucket with a thousand Envoys is divided twenty
+//! times a second, not a thousand), with the renewals and freed shares due.
 //! A bucket no rule takes is answered `ALLOW_ALL` (as Envoy's ratelimit service
 //! answers a descriptor no rule matches), renewed while reported.
 
@@ -37,7 +37,9 @@ use tonic::Status;
 
 use crate::service::descriptors::{DescriptorRules, QuotaRule};
 
-/// How often the buckets are checked for renewals due and freed shares.
+/// How often reports are applied (with the others that arrived meanwhile: a bucket
+/// with thousands of Envoys reporting every second is divided at most this often, not
+/// once per report) and the buckets checked for renewals due and freed shares.
 pub const TICK: Duration = Duration::from_millis(50);
 
 /// The most answers waiting for a stream's client to read them; past it the client
@@ -79,8 +81,6 @@ pub struct QuotaBuckets {
     alone: QuotaLedger,
     /// Whether the ledger failed at its last use (a change is logged once).
     failing: AtomicBool,
-    /// Woken when a bucket has reports to apply.
-    wake: tokio::sync::Notify,
     /// This server, among those sharing the ledger.
     server: ServerId,
     next_client: AtomicU64,
@@ -167,7 +167,6 @@ impl QuotaBuckets {
             on_error,
             alone: QuotaLedger::memory(),
             failing: AtomicBool::new(false),
-            wake: tokio::sync::Notify::new(),
             server: h.finish(),
             next_client: AtomicU64::new(1),
             clock: MonotonicClock::new(),
@@ -276,7 +275,6 @@ impl QuotaBuckets {
             }
             deliver(streams, unruled);
         }
-        self.wake.notify_one();
         Ok(())
     }
 
@@ -301,7 +299,6 @@ impl QuotaBuckets {
                 }
             }
         }
-        self.wake.notify_one();
     }
 
     /// Applies reports as they come and sends what falls due (renewals, freed
@@ -310,31 +307,26 @@ impl QuotaBuckets {
         let mut every = tokio::time::interval(TICK);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let due = tokio::select! {
-                _ = every.tick() => true,
-                _ = self.wake.notified() => false,
-            };
-            self.flush(due).await;
+            every.tick().await;
+            self.flush().await;
         }
     }
 
-    /// One pass: every bucket with reports to apply (and, with `due`, every bucket
-    /// with a renewal or a freed share due, the others forgotten where this server
-    /// has nothing more to do for them) is divided, once.
-    pub async fn flush(&self, due: bool) {
+    /// One pass: every bucket with reports to apply, a renewal or a freed share due
+    /// is divided, once; the others are forgotten where this server has nothing more
+    /// to do for them.
+    pub async fn flush(&self) {
         let now = self.clock.now_us();
         let keys: Vec<BucketKey> = {
             let mut state = self.state();
             let State { buckets, dirty, .. } = &mut *state;
             let mut keys: Vec<BucketKey> = dirty.drain().collect();
-            if due {
-                buckets.retain(|_, b| b.streams > 0 || b.due.is_some() || !b.pending.is_empty());
-                keys.extend(
-                    (buckets.iter())
-                        .filter(|(_, b)| b.due.is_some_and(|d| d <= now) && b.pending.is_empty())
-                        .map(|(k, _)| k.clone()),
-                );
-            }
+            buckets.retain(|_, b| b.streams > 0 || b.due.is_some() || !b.pending.is_empty());
+            keys.extend(
+                (buckets.iter())
+                    .filter(|(_, b)| b.due.is_some_and(|d| d <= now) && b.pending.is_empty())
+                    .map(|(k, _)| k.clone()),
+            );
             keys
         };
         let sends: Vec<Vec<(ClientId, BucketAction)>> = futures_util::stream::iter(keys)
