@@ -425,6 +425,11 @@ impl RawStream {
 
     /// Sends a report on `buckets` (`name=...` each).
     fn report(&self, buckets: &[&str]) {
+        self.report_over(buckets, 1);
+    }
+
+    /// Sends a report on `buckets` covering `seconds`.
+    fn report_over(&self, buckets: &[&str], seconds: i64) {
         let usages = buckets
             .iter()
             .map(|b| BucketQuotaUsage {
@@ -432,7 +437,7 @@ impl RawStream {
                     bucket: [("name".to_string(), b.to_string())].into(),
                 }),
                 time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
-                    seconds: 1,
+                    seconds,
                     nanos: 0,
                 }),
                 num_requests_allowed: 1,
@@ -462,7 +467,9 @@ fn tokio_stream_of<T: Send + 'static>(
 
 /// The bounds of `quota:` in the main config, each ending only the stream that
 /// crosses it with a status that names the setting: too many buckets on one stream,
-/// too many in all, a stream that sends no report. The other streams go on.
+/// too many in all (counting each bucket once, and only those not kept already), a
+/// stream that sends no report. The other streams go on, also beside a report of an
+/// absurd `time_elapsed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_past_a_bound_end_with_a_status_naming_it_and_the_others_go_on() {
     let dir = std::env::temp_dir().join(format!("tollgate-rlqs-bounds-{}", std::process::id()));
@@ -496,18 +503,35 @@ async fn streams_past_a_bound_end_with_a_status_naming_it_and_the_others_go_on()
         "{status:?}"
     );
 
+    // One bucket named three times is one bucket; buckets already kept are not new.
+    let mut repeats = RawStream::open(addr).await;
+    repeats.report(&["d", "d", "d"]);
+    assert!(repeats.next().await.is_ok());
+    let mut shares = RawStream::open(addr).await;
+    shares.report(&["a", "b", "e"]);
+    assert!(shares.next().await.is_ok());
+    // Five kept: a sixth is refused, a kept one is not.
     let mut more = RawStream::open(addr).await;
-    more.report(&["d", "e", "f"]);
+    more.report(&["f"]);
     let status = more.next().await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert!(status.message().contains("quota.max_buckets"), "{status:?}");
+    let mut kept = RawStream::open(addr).await;
+    kept.report(&["a"]);
+    assert!(kept.next().await.is_ok());
+    // A report over an absurd time (saturated to its longest reading).
+    let huge = RawStream::open(addr).await;
+    huge.report_over(&["b"], i64::MAX);
 
     let status = silent.next().await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     assert!(status.message().contains("quota.stream_idle"), "{status:?}");
 
-    // The stream within the bounds is still answered (its shares renewed).
+    // The streams within the bounds are still answered (their shares renewed).
     good.report(&["a", "b", "c"]);
     assert!(!good.next().await.unwrap().bucket_action.is_empty());
+    kept.report(&["a"]);
+    assert!(!kept.next().await.unwrap().bucket_action.is_empty());
+    drop(huge);
     let _ = std::fs::remove_dir_all(&dir);
 }

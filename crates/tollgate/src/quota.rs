@@ -33,7 +33,7 @@ use crate::Error;
 /// let sent = ledger
 ///     .update("api", budget, QuotaSettings::default(), |b, now| b.report(7, 0, usage, now))
 ///     .await?;
-/// assert_eq!(sent[0].client, 7);
+/// assert_eq!(sent.value[0].client, 7);
 /// # Ok::<_, tollgate::Error>(()) }).unwrap();
 /// ```
 pub struct QuotaLedger {
@@ -46,7 +46,24 @@ enum Kept {
         clock: MonotonicClock,
     },
     #[cfg(feature = "redis")]
-    Redis(crate::redis::RedisStore),
+    Redis {
+        store: crate::redis::RedisStore,
+        clock: MonotonicClock,
+    },
+}
+
+/// What [`QuotaLedger::update`] returns: what the change returned, and how long ago
+/// (in this process) the ledger's time it decided at was read. An assignment must
+/// reach its client within the bucket's `grace_us` of that time; the caller drops
+/// what it could not send in time (the ledger counts it all the same: dropping is
+/// safe, sending late is not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Updated<R> {
+    /// What the change returned.
+    pub value: R,
+    /// Microseconds since the ledger's time was read (0 in memory: read under the
+    /// bucket's lock just now).
+    pub age_us: u64,
 }
 
 impl std::fmt::Debug for QuotaLedger {
@@ -54,7 +71,7 @@ impl std::fmt::Debug for QuotaLedger {
         f.write_str(match self.kept {
             Kept::Memory { .. } => "QuotaLedger::Memory",
             #[cfg(feature = "redis")]
-            Kept::Redis(_) => "QuotaLedger::Redis",
+            Kept::Redis { .. } => "QuotaLedger::Redis",
         })
     }
 }
@@ -75,7 +92,10 @@ impl QuotaLedger {
     #[cfg(feature = "redis")]
     pub fn redis(store: crate::redis::RedisStore) -> Self {
         QuotaLedger {
-            kept: Kept::Redis(store),
+            kept: Kept::Redis {
+                store,
+                clock: MonotonicClock::new(),
+            },
         }
     }
 
@@ -93,7 +113,8 @@ impl QuotaLedger {
 
     /// Applies `f` to bucket `name` at the ledger's time (microseconds, passed to
     /// `f`), the bucket created dividing `budget` when nobody holds it; returns what
-    /// `f` returns. A bucket with nobody left to count is forgotten.
+    /// `f` returns, and how old the time it decided at is. A bucket that may be
+    /// forgotten ([`QuotaBucket::is_idle`]) is.
     ///
     /// `f` may run more than once (in Redis, once more each time another server
     /// changed the bucket first): only its last result counts, so it must not act
@@ -110,7 +131,7 @@ impl QuotaLedger {
         budget: Budget,
         settings: QuotaSettings,
         mut f: impl FnMut(&mut QuotaBucket, u64) -> R,
-    ) -> Result<R, Error> {
+    ) -> Result<Updated<R>, Error> {
         match &self.kept {
             Kept::Memory { buckets, clock } => {
                 let mut buckets = buckets.lock().unwrap_or_else(|e| e.into_inner());
@@ -119,15 +140,17 @@ impl QuotaLedger {
                 let bucket = buckets
                     .entry(name.to_string())
                     .or_insert_with(|| QuotaBucket::new(budget, settings, now));
-                let r = f(bucket, now);
+                let value = f(bucket, now);
                 if bucket.is_idle(now) {
                     buckets.remove(name);
                 }
-                Ok(r)
+                Ok(Updated { value, age_us: 0 })
             }
             #[cfg(feature = "redis")]
-            Kept::Redis(store) => {
-                crate::redis::quota::update(store, name, budget, settings, f).await
+            Kept::Redis { store, clock } => {
+                let (value, age_us) =
+                    crate::redis::quota::update(store, clock, name, budget, settings, f).await?;
+                Ok(Updated { value, age_us })
             }
         }
     }

@@ -262,7 +262,9 @@ impl Client {
     /// Whether it reported recently enough to be counted (within `stale_us`, or three
     /// of its own report intervals).
     fn live(&self, now: u64, stale_us: u64) -> bool {
-        !self.gone && now.saturating_sub(self.reported_at) < stale_us.max(3 * self.interval_us)
+        !self.gone
+            && now.saturating_sub(self.reported_at)
+                < stale_us.max(self.interval_us.saturating_mul(3))
     }
 
     /// Every grant that may be in force after `now`.
@@ -395,11 +397,42 @@ impl QuotaBucket {
         next
     }
 
-    /// Whether the bucket has nobody left to count (it can be forgotten).
-    pub fn is_idle(&self, now: u64) -> bool {
-        self.clients
-            .values()
-            .all(|c| c.gone && c.grants(now).next().is_none())
+    /// Whether the bucket can be forgotten at `now`: nobody left to count, and the
+    /// budget's tokens refilled to its burst (a bucket made anew starts full: one
+    /// forgotten while its tokens were spent would hand them out again).
+    pub fn is_idle(&mut self, now: u64) -> bool {
+        self.advance(now.max(self.level_at));
+        let full = u128::from(self.budget.burst) * u128::from(self.budget.rate.period_us);
+        self.level >= full
+            && self
+                .clients
+                .values()
+                .all(|c| c.gone && c.grants(now).next().is_none())
+    }
+
+    /// How long after `at` a bucket nobody changes is sure to be idle: its grants
+    /// ended, its clients stale, its tokens refilled from empty (for a store that
+    /// forgets what nobody changed for that long).
+    pub fn forgettable_after(&self) -> u64 {
+        let s = self.settings;
+        let b = self.budget;
+        let refill = (u128::from(b.burst) * u128::from(b.rate.period_us))
+            .div_ceil(u128::from(b.rate.count.max(1)));
+        (s.ttl_us + s.grace_us)
+            .max(s.stale_us)
+            .saturating_add(u64::try_from(refill).unwrap_or(u64::MAX))
+    }
+
+    /// `client`'s share was replaced outside this ledger (its server answered it
+    /// alone, or with a blanket rule, while the ledger could not be reached): its
+    /// next assignment is a new one (the client will start it full), not a renewal.
+    /// What it was sent stays counted until it ends.
+    pub fn superseded(&mut self, client: ClientId) {
+        if let Some(c) = self.clients.get_mut(&client) {
+            if let Some(g) = c.current.take() {
+                c.older.push(g);
+            }
+        }
     }
 
     /// The bucket's standing at `now`.
@@ -489,7 +522,7 @@ impl QuotaBucket {
             .map(|(id, _)| *id)
             .collect();
         let demands: Vec<Option<u64>> = live.iter().map(|id| self.clients[id].demand).collect();
-        let headroom = (count * s.headroom_permille).div_ceil(1000);
+        let headroom = count.saturating_mul(s.headroom_permille).div_ceil(1000);
         let capacity = count.saturating_sub(headroom);
         let mut targets = max_min(capacity, &demands, 1);
         // What no one wants now is shared out too, equally: a client whose demand
@@ -551,7 +584,7 @@ impl QuotaBucket {
         let moved = match cur {
             None => true,
             Some(g) => {
-                let band = (g.rate * s.hysteresis_permille / 1000).max(1);
+                let band = (g.rate.saturating_mul(s.hysteresis_permille) / 1000).max(1);
                 // A share given a small burst while the budget was short gets its
                 // part once it can.
                 (target.abs_diff(g.rate) > band && rate != g.rate)
@@ -858,6 +891,10 @@ mod tests {
         let mut last_arrival: Vec<u64> = vec![0; clients.len()];
         for t in 0..ms {
             let now = t * 1000;
+            // A ledger forgets a bucket it may (a store keeps none it needs not).
+            if bucket.is_idle(now) {
+                bucket = QuotaBucket::new(budget, settings, now);
+            }
             // A server reaches only its own clients' streams.
             let mut send = |srv: u64, out: Vec<Assignment>, in_flight: &mut Vec<_>| {
                 for a in out.into_iter().filter(|a| server(a.client as usize) == srv) {
@@ -918,7 +955,7 @@ mod tests {
     fn assert_within(policy: &str, admitted: &[(u64, usize)]) {
         let policy: Policy = policy.parse().unwrap();
         let times: Vec<(u64, u64)> = admitted.iter().map(|(t, _)| (*t, 1)).collect();
-        for w in [1_000, 10_000, 100_000, 1_000_000, 3_000_000] {
+        for w in [1_000, 10_000, 100_000, 1_000_000, 3_000_000, 10_000_000] {
             let (most, _) = densest_window(&times, w);
             let allowed = policy.envelope(w).unwrap();
             assert!(
@@ -1050,6 +1087,24 @@ mod tests {
             "{}",
             between(5_000, 5_500)
         );
+    }
+
+    #[test]
+    fn a_bucket_whose_tokens_were_spent_is_not_forgotten_until_they_are_back() {
+        // A burst of 1000 refilling at 10/s: clients that drain it one after another,
+        // each gone before the next comes, still share one burst.
+        let policy = "token-bucket:rate=10/s,capacity=1000";
+        let drain = |offset_ms, leave_ms| Traffic {
+            rate: 2000,
+            then: 2000,
+            switch_ms: u64::MAX,
+            every_ms: 1000,
+            offset_ms,
+            leave_ms,
+        };
+        let clients = [drain(0, 300), drain(1200, 1300), drain(2500, 5000)];
+        let (admitted, _) = run(policy, QuotaSettings::default(), &clients, 8_000, 1, |_| 0);
+        assert_within(policy, &admitted);
     }
 
     #[test]

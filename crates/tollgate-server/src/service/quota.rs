@@ -8,7 +8,7 @@
 //! concerns, on that client's stream. The buckets are kept in the store's
 //! [`QuotaLedger`]: with Redis, the servers on it share each bucket, and each sends
 //! only its own clients' assignments. Reports are recorded as they arrive and applied
-//! by [`QuotaBuckets::run`] every [`TICK`], one ledger change per bucket for every
+//! by [`QuotaBuckets::flush`] every [`TICK`], one ledger change per bucket for every
 //! report that came since its last (a bucket with a thousand Envoys is divided twenty
 //! times a second, not a thousand), with the renewals and freed shares due.
 //! A bucket no rule takes is answered `ALLOW_ALL` (as Envoy's ratelimit service
@@ -46,6 +46,9 @@ pub const TICK: Duration = Duration::from_millis(50);
 /// is not reading, and its stream ends with `RESOURCE_EXHAUSTED`.
 pub const MAX_QUEUED: usize = 256;
 
+/// The longest `time_elapsed` a report is read as (longer ones are read as this).
+const MAX_ELAPSED_US: u64 = 3_600_000_000;
+
 /// The time to live of the `ALLOW_ALL` sent for a bucket no rule takes.
 const UNRULED_TTL: Duration = Duration::from_secs(60);
 
@@ -81,6 +84,8 @@ pub struct QuotaBuckets {
     alone: QuotaLedger,
     /// Whether the ledger failed at its last use (a change is logged once).
     failing: AtomicBool,
+    /// Whether the last pass had assignments too late to send (logged once).
+    late: AtomicBool,
     /// This server, among those sharing the ledger.
     server: ServerId,
     next_client: AtomicU64,
@@ -126,6 +131,15 @@ struct Stream {
 enum Change {
     Report(ClientId, Usage),
     Leave(ClientId),
+    /// The client was answered outside the ledger while it failed.
+    Superseded(ClientId),
+}
+
+/// What one bucket's division sends, and by when (this server's clock) it must be
+/// sent to reach its Envoys within the bucket's grace.
+struct Outgoing {
+    sends: Vec<(ClientId, BucketAction)>,
+    send_by: u64,
 }
 
 /// What a change decided: the assignments to send, the bucket's standing, and how
@@ -167,6 +181,7 @@ impl QuotaBuckets {
             on_error,
             alone: QuotaLedger::memory(),
             failing: AtomicBool::new(false),
+            late: AtomicBool::new(false),
             server: h.finish(),
             next_client: AtomicU64::new(1),
             clock: MonotonicClock::new(),
@@ -192,7 +207,7 @@ impl QuotaBuckets {
     }
 
     /// One message of stream `client`: its usage reports, each recorded for its
-    /// bucket (found under `rules`) and applied by [`Self::run`]. `Err` ends the
+    /// bucket (found under `rules`) and applied by [`Self::flush`]. `Err` ends the
     /// stream with that status.
     pub fn report(
         &self,
@@ -229,18 +244,24 @@ impl QuotaBuckets {
             // The whole message is checked before any of it is applied: a bad usage
             // must not leave the good ones before it decided but unsent.
             let usages = usages(reports, &domain)?;
-            let new = usages
+            // Only the buckets a rule takes are kept, each once however often named.
+            let ruled: HashSet<&BucketKey> = (usages.iter())
+                .filter(|u| rules.quota_rule(&domain, &u.key.1).is_some())
+                .map(|u| &u.key)
+                .collect();
+            let new_here = ruled
                 .iter()
-                .filter(|u| !stream.buckets.contains(&u.key))
+                .filter(|k| !stream.buckets.contains(**k))
                 .count();
+            let new_kept = ruled.iter().filter(|k| !buckets.contains_key(**k)).count();
             let limits = &self.limits;
-            if stream.buckets.len() + new > limits.max_buckets_per_stream {
+            if stream.buckets.len() + new_here > limits.max_buckets_per_stream {
                 return Err(Status::resource_exhausted(format!(
                     "a stream may report on at most {} buckets (quota.max_buckets_per_stream)",
                     limits.max_buckets_per_stream
                 )));
             }
-            if buckets.len() + new > limits.max_buckets {
+            if buckets.len() + new_kept > limits.max_buckets {
                 return Err(Status::resource_exhausted(format!(
                     "the server keeps at most {} buckets (quota.max_buckets)",
                     limits.max_buckets
@@ -301,17 +322,6 @@ impl QuotaBuckets {
         }
     }
 
-    /// Applies reports as they come and sends what falls due (renewals, freed
-    /// shares), for as long as the server runs.
-    pub async fn run(&self) {
-        let mut every = tokio::time::interval(TICK);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            every.tick().await;
-            self.flush().await;
-        }
-    }
-
     /// One pass: every bucket with reports to apply, a renewal or a freed share due
     /// is divided, once; the others are forgotten where this server has nothing more
     /// to do for them.
@@ -329,21 +339,37 @@ impl QuotaBuckets {
             );
             keys
         };
-        let sends: Vec<Vec<(ClientId, BucketAction)>> = futures_util::stream::iter(keys)
+        // Each group of divisions is sent as it completes (one message per Envoy
+        // for the group), at most TICK_CONCURRENCY at once.
+        let mut done = futures_util::stream::iter(keys)
             .map(|k| async move { self.apply(&k).await })
             .buffer_unordered(TICK_CONCURRENCY)
-            .collect()
-            .await;
-        // One message per Envoy for the whole pass.
-        deliver(
-            &mut self.state().streams,
-            sends.into_iter().flatten().collect(),
-        );
+            .ready_chunks(TICK_CONCURRENCY);
+        while let Some(group) = done.next().await {
+            let now = self.clock.now_us();
+            let (on_time, late): (Vec<Outgoing>, Vec<Outgoing>) =
+                group.into_iter().partition(|o| now <= o.send_by);
+            if !late.is_empty() && !self.late.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    buckets = late.len(),
+                    "quota buckets: assignments decided too long ago (a slow store) are not \
+                     sent; the ledger still counts them, so their Envoys are under-admitted"
+                );
+            } else if late.is_empty() {
+                self.late.store(false, Ordering::Relaxed);
+            }
+            let sends = on_time.into_iter().flat_map(|o| o.sends).collect();
+            deliver(&mut self.state().streams, sends);
+        }
     }
 
     /// Divides bucket `key` in the ledger with the reports and departures recorded
     /// for it (or, while the ledger fails, as `on_error` says); returns what to send.
-    async fn apply(&self, key: &BucketKey) -> Vec<(ClientId, BucketAction)> {
+    async fn apply(&self, key: &BucketKey) -> Outgoing {
+        let nothing = Outgoing {
+            sends: Vec::new(),
+            send_by: u64::MAX,
+        };
         let Some((rule, name, pending)) = (self.state().buckets.get_mut(key)).map(|b| {
             (
                 b.rule.clone(),
@@ -351,7 +377,7 @@ impl QuotaBuckets {
                 std::mem::take(&mut b.pending),
             )
         }) else {
-            return Vec::new();
+            return nothing;
         };
         let server = self.server;
         let decide = |b: &mut tollgate::quota::QuotaBucket, now: u64| {
@@ -361,6 +387,7 @@ impl QuotaBuckets {
                     Change::Leave(client) => {
                         b.depart(client);
                     }
+                    Change::Superseded(client) => b.superseded(client),
                 }
             }
             Decided {
@@ -370,46 +397,84 @@ impl QuotaBuckets {
             }
         };
         let (budget, settings) = (rule.budget, rule.settings);
-        let decided = match self.ledger.update(&name, budget, settings, decide).await {
+        // An assignment must reach its Envoy within the grace of the ledger's time:
+        // half of it for this server, half for the network.
+        let send_by =
+            |age_us: u64| self.clock.now_us().saturating_sub(age_us) + settings.grace_us / 2;
+        let e = match self.ledger.update(&name, budget, settings, decide).await {
             Ok(d) => {
                 if self.failing.swap(false, Ordering::Relaxed) {
                     tracing::info!("quota buckets: the store answers again");
                 }
-                Some(d)
-            }
-            Err(e) => {
-                if !self.failing.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(error = %e, on_error = ?self.on_error, "quota buckets: the store fails");
-                }
-                let blanket = match self.on_error {
-                    LedgerFailure::Local(n) => {
-                        let alone = self.alone.update(&name, budget.share(n), settings, decide);
-                        return self.kept(key, alone.await.ok());
-                    }
-                    LedgerFailure::Nothing => return Vec::new(),
-                    LedgerFailure::Deny => BlanketRule::DenyAll,
-                    LedgerFailure::Allow => BlanketRule::AllowAll,
+                return Outgoing {
+                    send_by: send_by(d.age_us),
+                    sends: self.kept(key, Some(d.value)),
                 };
-                // Each Envoy that reported is answered as the policy says.
-                let state = self.state();
-                let Some(b) = state.buckets.get(key) else {
-                    return Vec::new();
-                };
-                return (pending.iter())
-                    .filter_map(|c| match c {
-                        Change::Report(client, _) => Some(*client),
-                        Change::Leave(_) => None,
-                    })
-                    .collect::<HashSet<_>>()
-                    .into_iter()
-                    .map(|client| {
-                        let strategy = Strategy::BlanketRule(blanket as i32);
-                        (client, assign(b.id.clone(), strategy, settings.ttl_us))
-                    })
-                    .collect();
             }
+            Err(e) => e,
         };
-        self.kept(key, decided)
+        if !self.failing.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %e, on_error = ?self.on_error, "quota buckets: the store fails");
+        }
+        let blanket = match self.on_error {
+            LedgerFailure::Local(n) => {
+                let alone = self.alone.update(&name, budget.share(n), settings, decide);
+                let sends = self.kept(key, alone.await.ok().map(|d| d.value));
+                let answered: Vec<ClientId> = sends.iter().map(|(c, _)| *c).collect();
+                self.answered_alone(key, &pending, &answered);
+                return Outgoing {
+                    sends,
+                    send_by: send_by(0),
+                };
+            }
+            LedgerFailure::Nothing => {
+                self.answered_alone(key, &pending, &[]);
+                return nothing;
+            }
+            LedgerFailure::Deny => BlanketRule::DenyAll,
+            LedgerFailure::Allow => BlanketRule::AllowAll,
+        };
+        // Each Envoy that reported is answered as the policy says.
+        let reported: Vec<ClientId> = (pending.iter())
+            .filter_map(|c| match c {
+                Change::Report(client, _) => Some(*client),
+                _ => None,
+            })
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        self.answered_alone(key, &pending, &reported);
+        let Some(id) = self.state().buckets.get(key).map(|b| b.id.clone()) else {
+            return nothing;
+        };
+        let strategy = Strategy::BlanketRule(blanket as i32);
+        Outgoing {
+            sends: (reported.into_iter())
+                .map(|client| (client, assign(id.clone(), strategy, settings.ttl_us)))
+                .collect(),
+            send_by: u64::MAX,
+        }
+    }
+
+    /// While the ledger failed, `answered` were sent shares it does not know (which
+    /// replace theirs at the Envoy): their next share from it is a new one. Kept, with
+    /// the marks of earlier failures among `pending`, for the next division.
+    fn answered_alone(&self, key: &BucketKey, pending: &[Change], answered: &[ClientId]) {
+        let mut state = self.state();
+        let State { buckets, dirty, .. } = &mut *state;
+        let Some(b) = buckets.get_mut(key) else {
+            return;
+        };
+        let before = b.pending.len();
+        b.pending.extend(
+            (pending.iter())
+                .filter(|c| matches!(c, Change::Superseded(_)))
+                .copied()
+                .chain(answered.iter().map(|c| Change::Superseded(*c))),
+        );
+        if b.pending.len() > before {
+            dirty.insert(key.clone());
+        }
     }
 
     /// Keeps what a division of bucket `key` decided (its standing, its next tick);
@@ -585,6 +650,9 @@ fn usages(reports: RateLimitQuotaUsageReports, domain: &str) -> Result<Vec<Repor
                     "a usage report needs a positive time_elapsed",
                 ));
             }
+            // Longer says no more about the demand (and a huge one must not make
+            // its client count as reporting for ever).
+            let elapsed_us = elapsed_us.min(MAX_ELAPSED_US);
             let key = (
                 domain.to_string(),
                 id.bucket

@@ -241,7 +241,18 @@ pub async fn serve_on(
     tokio::spawn(watch_rules(service.clone(), hup, stop_rx.clone()));
     // RLQS: reports applied as they come, renewals and freed shares as they fall due.
     let quota = service.clone();
-    tokio::spawn(async move { quota.quota().run().await });
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(crate::service::quota::TICK);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let quota = quota.clone();
+            // A pass that panics is reported and the next one runs.
+            if let Err(e) = tokio::spawn(async move { quota.quota().flush().await }).await {
+                tracing::error!(error = %e, "quota buckets: a pass failed");
+            }
+        }
+    });
     let bounds = settings.connections;
     crate::connections::warn_if_fd_limit_below(2 * bounds.max);
     let http_server = crate::connections::serve_http(

@@ -7,6 +7,7 @@ use std::sync::LazyLock;
 
 use redis::{Script, Value};
 use tollgate_core::quota::{Budget, QuotaBucket, QuotaSettings};
+use tollgate_core::{Clock, MonotonicClock};
 
 use super::RedisStore;
 use crate::Error;
@@ -27,15 +28,18 @@ struct Reply {
     state: Option<Vec<u8>>,
 }
 
-/// Applies `f` to bucket `name` at Redis' time, as [`crate::quota::QuotaLedger::update`].
+/// Applies `f` to bucket `name` at Redis' time, as [`crate::quota::QuotaLedger::update`];
+/// also returns how long ago (on `clock`) the call that read that time was sent.
 pub(crate) async fn update<R>(
     store: &RedisStore,
+    clock: &MonotonicClock,
     name: &str,
     budget: Budget,
     settings: QuotaSettings,
     mut f: impl FnMut(&mut QuotaBucket, u64) -> R,
-) -> Result<R, Error> {
+) -> Result<(R, u64), Error> {
     let keys = store.keys("quota", name, &[String::new()]);
+    let mut sent = clock.now_us();
     let mut reply = call(store, &keys, &[b"load".as_slice()]).await?;
     for _ in 0..MAX_ATTEMPTS {
         let now = reply.now;
@@ -50,8 +54,8 @@ pub(crate) async fn update<R>(
         } else {
             bucket.encode()
         };
-        // Past every share's end and every client's staleness, with a second to spare.
-        let ttl_ms = (settings.ttl_us + settings.grace_us + settings.stale_us) / 1000 + 1000;
+        // Unchanged that long, it would be idle anyway (with a second to spare).
+        let ttl_ms = bucket.forgettable_after() / 1000 + 1000;
         let version = reply.version.to_string();
         let ttl = ttl_ms.to_string();
         let args = [
@@ -60,9 +64,11 @@ pub(crate) async fn update<R>(
             &state,
             ttl.as_bytes(),
         ];
+        let read = sent;
+        sent = clock.now_us();
         reply = call(store, &keys, &args).await?;
         if reply.stored {
-            return Ok(r);
+            return Ok((r, clock.now_us().saturating_sub(read)));
         }
     }
     Err(Error::Unavailable(format!(
