@@ -10,8 +10,7 @@ use tollgate::{AnyLimiter, KeyedLimiter, RuleSet};
 
 use tollgate::quota::QuotaLedger;
 
-use crate::config::store::{OnErrorDoc, StoreConfig};
-use crate::service::quota::{LedgerFailure, QuotaBuckets};
+use crate::config::store::StoreConfig;
 
 /// The store every limit of the rules counts in.
 #[derive(Clone)]
@@ -72,22 +71,20 @@ impl Counters {
         }
     }
 
-    /// The quota buckets (RLQS) of the rules, kept where the counts are: with Redis,
-    /// shared by every server on it, and divided as `on_error` says while it fails.
-    pub fn quota_buckets(&self) -> QuotaBuckets {
+    /// Where the quota buckets (RLQS) are kept: with the counts (with Redis, shared
+    /// by every server on it).
+    pub fn quota_ledger(&self) -> QuotaLedger {
         match self {
-            Counters::Memory(_) => QuotaBuckets::new(QuotaLedger::memory(), LedgerFailure::Nothing),
-            Counters::Redis(redis) => {
-                let on_error = match redis.config.on_error {
-                    OnErrorDoc::Error => LedgerFailure::Nothing,
-                    OnErrorDoc::FailClosed => LedgerFailure::Deny,
-                    OnErrorDoc::FailOpen => LedgerFailure::Allow,
-                    OnErrorDoc::Local => {
-                        LedgerFailure::Local(redis.config.local_share.unwrap_or(1))
-                    }
-                };
-                QuotaBuckets::new(QuotaLedger::redis(redis.store.clone()), on_error)
-            }
+            Counters::Memory(_) => QuotaLedger::memory(),
+            Counters::Redis(redis) => QuotaLedger::redis(redis.store.clone()),
+        }
+    }
+
+    /// The store's configuration, when the counts live in Redis.
+    pub fn store_config(&self) -> Option<&StoreConfig> {
+        match self {
+            Counters::Memory(_) => None,
+            Counters::Redis(r) => Some(&r.config),
         }
     }
 

@@ -257,7 +257,10 @@ impl DecisionService {
             clock: tollgate::clock::MonotonicClock::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
             workers: None,
-            quota: counters.quota_buckets(),
+            quota: crate::service::quota::QuotaBuckets::new(
+                counters.quota_ledger(),
+                crate::service::quota::LedgerFailure::of(counters.store_config()),
+            ),
             counters,
         }
     }

@@ -35,6 +35,7 @@ use tollgate::clock::{Clock, MonotonicClock};
 use tollgate::quota::{Assignment, ClientId, QuotaLedger, QuotaStats, ServerId, Share, Usage};
 use tonic::Status;
 
+use crate::config::store::{OnErrorDoc, StoreConfig};
 use crate::service::descriptors::{DescriptorRules, QuotaRule};
 
 /// How often reports are applied (with the others that arrived meanwhile: a bucket
@@ -71,6 +72,22 @@ pub enum LedgerFailure {
     /// This server divides `1/n` of each budget among its own Envoys, alone
     /// (`local`, with `local_share: n`).
     Local(u64),
+}
+
+impl LedgerFailure {
+    /// What `store.on_error` says for quota buckets (`Nothing` for the memory store,
+    /// which does not fail).
+    pub fn of(store: Option<&StoreConfig>) -> LedgerFailure {
+        let Some(config) = store else {
+            return LedgerFailure::Nothing;
+        };
+        match config.on_error {
+            OnErrorDoc::Error => LedgerFailure::Nothing,
+            OnErrorDoc::FailClosed => LedgerFailure::Deny,
+            OnErrorDoc::FailOpen => LedgerFailure::Allow,
+            OnErrorDoc::Local => LedgerFailure::Local(config.local_share.unwrap_or(1)),
+        }
+    }
 }
 
 /// Every quota bucket this server's streams report on, and the streams.

@@ -1,4 +1,4 @@
-//! Quota buckets in Redis ([`crate::quota::QuotaLedger::redis`]): each bucket's state
+//! Quota buckets in Redis (the ledger `QuotaLedger::redis` keeps): each bucket's state
 //! in one key, changed by one server at a time (`crates/tollgate/lua/quota.lua`: load,
 //! apply with the core, store if nobody stored in between, else apply again to the
 //! newer state). Time is Redis' `TIME`, so servers with skewed clocks agree.
@@ -28,7 +28,7 @@ struct Reply {
     state: Option<Vec<u8>>,
 }
 
-/// Applies `f` to bucket `name` at Redis' time, as [`crate::quota::QuotaLedger::update`];
+/// Applies `f` to bucket `name` at Redis' time, as `QuotaLedger::update` says;
 /// also returns how long ago (on `clock`) the call that read that time was sent.
 pub(crate) async fn update<R>(
     store: &RedisStore,
