@@ -232,109 +232,105 @@ impl QuotaBuckets {
         reports: RateLimitQuotaUsageReports,
         rules: &DescriptorRules,
     ) -> Result<(), Status> {
-        {
-            let mut state = self.state();
-            let State {
-                buckets,
-                streams,
-                dirty,
-            } = &mut *state;
-            let stream = streams
-                .get_mut(&client)
-                .ok_or_else(|| Status::internal("the stream is closed"))?;
-            // The first message names the domain; later ones may repeat it, not change it.
-            let domain = match (&stream.domain, reports.domain.as_str()) {
-                (None, "") => {
-                    return Err(Status::invalid_argument(
-                        "the first report must name its domain",
-                    ))
-                }
-                (None, d) => d.to_string(),
-                (Some(d), "") => d.clone(),
-                (Some(d), r) if d == r => d.clone(),
-                (Some(d), r) => {
-                    return Err(Status::invalid_argument(format!(
+        let mut state = self.state();
+        let State {
+            buckets,
+            streams,
+            dirty,
+        } = &mut *state;
+        let stream = streams
+            .get_mut(&client)
+            .ok_or_else(|| Status::internal("the stream is closed"))?;
+        // The first message names the domain; later ones may repeat it, not change it.
+        let domain = match (&stream.domain, reports.domain.as_str()) {
+            (None, "") => {
+                return Err(Status::invalid_argument(
+                    "the first report must name its domain",
+                ))
+            }
+            (None, d) => d.to_string(),
+            (Some(d), "") => d.clone(),
+            (Some(d), r) if d == r => d.clone(),
+            (Some(d), r) => {
+                return Err(Status::invalid_argument(format!(
                     "the domain of a stream cannot change ('{d}', then '{r}'): open another stream"
                 )))
-                }
-            };
-            // The whole message is checked before any of it is applied: a bad usage
-            // must not leave the good ones before it decided but unsent.
-            let usages = usages(reports, &domain)?;
-            // Only the buckets a rule takes are kept, each once however often named.
-            let ruled: HashSet<&BucketKey> = (usages.iter())
-                .filter(|u| rules.quota_rule(&domain, &u.key.1).is_some())
-                .map(|u| &u.key)
-                .collect();
-            let new_here = ruled
-                .iter()
-                .filter(|k| !stream.buckets.contains(**k))
-                .count();
-            let new_kept = ruled.iter().filter(|k| !buckets.contains_key(**k)).count();
-            let limits = &self.limits;
-            if stream.buckets.len() + new_here > limits.max_buckets_per_stream {
-                return Err(Status::resource_exhausted(format!(
-                    "a stream may report on at most {} buckets (quota.max_buckets_per_stream)",
-                    limits.max_buckets_per_stream
-                )));
             }
-            if buckets.len() + new_kept > limits.max_buckets {
-                return Err(Status::resource_exhausted(format!(
-                    "the server keeps at most {} buckets (quota.max_buckets)",
-                    limits.max_buckets
-                )));
-            }
-            stream.domain = Some(domain.clone());
-            let mut unruled = Vec::new();
-            for u in usages {
-                let Some(rule) = rules.quota_rule(&domain, &u.key.1) else {
-                    // No rule takes it: not limited here.
-                    unruled.push((client, allow_all(u.id)));
-                    continue;
-                };
-                let bucket = buckets.entry(u.key.clone()).or_insert_with(|| Bucket {
-                    rule: rule.clone(),
-                    name: ledger_name(&u.key, rule),
-                    id: u.id,
-                    pending: Vec::new(),
-                    stats: QuotaStats::default(),
-                    due: None,
-                    streams: 0,
-                    allowed: 0,
-                    denied: 0,
-                });
-                if stream.buckets.insert(u.key.clone()) {
-                    bucket.streams += 1;
-                }
-                bucket.allowed = bucket.allowed.saturating_add(u.usage.allowed);
-                bucket.denied = bucket.denied.saturating_add(u.usage.denied);
-                bucket.pending.push(Change::Report(client, u.usage));
-                dirty.insert(u.key);
-            }
-            deliver(streams, unruled);
+        };
+        // The whole message is checked before any of it is applied: a bad usage
+        // must not leave the good ones before it decided but unsent.
+        let usages = usages(reports, &domain)?;
+        // Only the buckets a rule takes are kept, each once however often named.
+        let ruled: HashSet<&BucketKey> = (usages.iter())
+            .filter(|u| rules.quota_rule(&domain, &u.key.1).is_some())
+            .map(|u| &u.key)
+            .collect();
+        let new_here = ruled
+            .iter()
+            .filter(|k| !stream.buckets.contains(**k))
+            .count();
+        let new_kept = ruled.iter().filter(|k| !buckets.contains_key(**k)).count();
+        let limits = &self.limits;
+        if stream.buckets.len() + new_here > limits.max_buckets_per_stream {
+            return Err(Status::resource_exhausted(format!(
+                "a stream may report on at most {} buckets (quota.max_buckets_per_stream)",
+                limits.max_buckets_per_stream
+            )));
         }
+        if buckets.len() + new_kept > limits.max_buckets {
+            return Err(Status::resource_exhausted(format!(
+                "the server keeps at most {} buckets (quota.max_buckets)",
+                limits.max_buckets
+            )));
+        }
+        stream.domain = Some(domain.clone());
+        let mut unruled = Vec::new();
+        for u in usages {
+            let Some(rule) = rules.quota_rule(&domain, &u.key.1) else {
+                // No rule takes it: not limited here.
+                unruled.push((client, allow_all(u.id)));
+                continue;
+            };
+            let bucket = buckets.entry(u.key.clone()).or_insert_with(|| Bucket {
+                rule: rule.clone(),
+                name: ledger_name(&u.key, rule),
+                id: u.id,
+                pending: Vec::new(),
+                stats: QuotaStats::default(),
+                due: None,
+                streams: 0,
+                allowed: 0,
+                denied: 0,
+            });
+            if stream.buckets.insert(u.key.clone()) {
+                bucket.streams += 1;
+            }
+            bucket.allowed = bucket.allowed.saturating_add(u.usage.allowed);
+            bucket.denied = bucket.denied.saturating_add(u.usage.denied);
+            bucket.pending.push(Change::Report(client, u.usage));
+            dirty.insert(u.key);
+        }
+        deliver(streams, unruled);
         Ok(())
     }
 
     /// Stream `client` ended: its shares free when they end, and the others of its
     /// buckets are divided again.
     pub fn close(&self, client: ClientId) {
-        {
-            let mut state = self.state();
-            let State {
-                buckets,
-                streams,
-                dirty,
-            } = &mut *state;
-            let Some(stream) = streams.remove(&client) else {
-                return;
-            };
-            for key in stream.buckets {
-                if let Some(b) = buckets.get_mut(&key) {
-                    b.streams -= 1;
-                    b.pending.push(Change::Leave(client));
-                    dirty.insert(key);
-                }
+        let mut state = self.state();
+        let State {
+            buckets,
+            streams,
+            dirty,
+        } = &mut *state;
+        let Some(stream) = streams.remove(&client) else {
+            return;
+        };
+        for key in stream.buckets {
+            if let Some(b) = buckets.get_mut(&key) {
+                b.streams -= 1;
+                b.pending.push(Change::Leave(client));
+                dirty.insert(key);
             }
         }
     }
