@@ -24,7 +24,7 @@ mode=${1:-memory}
 secs=${2:-10}
 envoys=${3:-50}
 cargo build --release -q -p tollgate-server
-bin=target/release/tollgate
+bin=${CARGO_TARGET_DIR:-target}/release/tollgate
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # CPU seconds (user + system) of PID so far.
 cpu() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }

@@ -383,7 +383,7 @@ pub enum BenchCommand {
     ClosedLoop(crate::bench_adaptive::ClosedLoopArgs),
     /// A fleet of simulated Envoys on a service's rate limit quota stream (RLQS):
     /// each reports its usage and admits or denies by its own assignment. Ends with
-    /// `admitted/s: .. denied/s: .. assignments/s: .. envoys: .. buckets: ..`.
+    /// `admitted/s: .. denied/s: .. assignments/s: .. envoys: .. buckets: .. errors: ..`.
     Rlqs(crate::bench_rlqs::RlqsArgs),
     /// Serve 200 to every request: the HTTP stack's ceiling, to compare against.
     Ceiling {

@@ -101,6 +101,8 @@ pub struct QuotaClient {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Assignments received, in all.
     pub received: Arc<std::sync::atomic::AtomicU64>,
+    /// Why the stream ended, once it has (`None` while it runs).
+    ended: Arc<Mutex<Option<String>>>,
 }
 
 fn key(bucket: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -136,12 +138,29 @@ impl QuotaClient {
         let buckets: Buckets = Arc::default();
         let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (b, r) = (buckets.clone(), received.clone());
+        let ended: Arc<Mutex<Option<String>>> = Arc::default();
+        let end = ended.clone();
         let reader = tokio::spawn(async move {
-            let Ok(response) = client.stream_rate_limit_quotas(outbound).await else {
-                return;
+            let response = match client.stream_rate_limit_quotas(outbound).await {
+                Ok(r) => r,
+                Err(status) => {
+                    *end.lock().unwrap() = Some(status.to_string());
+                    return;
+                }
             };
             let mut inbound = response.into_inner();
-            while let Ok(Some(RateLimitQuotaResponse { bucket_action })) = inbound.message().await {
+            loop {
+                let bucket_action = match inbound.message().await {
+                    Ok(Some(RateLimitQuotaResponse { bucket_action })) => bucket_action,
+                    Ok(None) => {
+                        *end.lock().unwrap() = Some("the server ended the stream".into());
+                        return;
+                    }
+                    Err(status) => {
+                        *end.lock().unwrap() = Some(status.to_string());
+                        return;
+                    }
+                };
                 let now = Instant::now();
                 let mut buckets = b.lock().unwrap();
                 for a in bucket_action {
@@ -216,6 +235,7 @@ impl QuotaClient {
             reports,
             tasks: vec![reader, reporter],
             received,
+            ended,
         })
     }
 
@@ -231,9 +251,10 @@ impl QuotaClient {
                 domain: domain.to_string(),
                 bucket_quota_usages: vec![BucketQuotaUsage {
                     bucket_id: Some(bucket_id(&k)),
+                    // As Envoy: the time since the bucket was made, in whole seconds.
                     time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
                         seconds: 0,
-                        nanos: 1000,
+                        nanos: 0,
                     }),
                     num_requests_allowed: 0,
                     num_requests_denied: 1,
@@ -242,6 +263,12 @@ impl QuotaClient {
             let _ = self.reports.send(first);
         }
         buckets.entry(k).or_default().admit(now)
+    }
+
+    /// Why the stream ended (a status from the server, a broken connection), if it
+    /// has.
+    pub fn ended(&self) -> Option<String> {
+        self.ended.lock().unwrap().clone()
     }
 
     /// Ends the stream (as an Envoy that goes away).
@@ -274,7 +301,8 @@ pub struct RlqsArgs {
     /// How long to offer requests (after every Envoy has connected).
     #[arg(long, default_value = "10s", value_parser = crate::config::duration_arg)]
     pub duration: Duration,
-    /// Seconds at the start not counted (while the first assignments arrive).
+    /// How long at the start is not counted (while the first assignments arrive), before
+    /// `--duration`.
     #[arg(long, default_value = "2s", value_parser = crate::config::duration_arg)]
     pub warmup: Duration,
     /// The domain reported.
@@ -283,7 +311,8 @@ pub struct RlqsArgs {
 }
 
 /// Runs the fleet; prints `admitted/s: .. denied/s: .. assignments/s: .. envoys: ..
-/// buckets: ..` (admissions and denials counted after the warm-up).
+/// buckets: .. errors: ..` (admissions and denials counted after the warm-up; errors:
+/// streams that ended before the run did, the first one's status on stderr).
 pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
     let target = args.target.strip_prefix("http://").unwrap_or(&args.target);
     let addr: SocketAddr = target
@@ -330,22 +359,32 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
                 }
                 next += STEP;
             }
-            client.received.load(std::sync::atomic::Ordering::Relaxed)
+            let received = client.received.load(std::sync::atomic::Ordering::Relaxed);
+            (received, client.ended())
         }));
     }
-    let mut assignments = 0;
+    let (mut assignments, mut errors, mut first_error) = (0, 0, None);
     for t in tasks {
-        assignments += t.await?;
+        let (received, ended) = t.await?;
+        assignments += received;
+        if let Some(e) = ended {
+            errors += 1;
+            first_error.get_or_insert(e);
+        }
+    }
+    if let Some(e) = &first_error {
+        eprintln!("tollgate bench rlqs: {errors} streams ended early; the first: {e}");
     }
     let secs = args.duration.as_secs_f64();
     let total = |i: usize| totals[i].load(std::sync::atomic::Ordering::Relaxed) as f64 / secs;
     println!(
-        "admitted/s: {:.0} denied/s: {:.0} assignments/s: {:.0} envoys: {} buckets: {}",
+        "admitted/s: {:.0} denied/s: {:.0} assignments/s: {:.0} envoys: {} buckets: {} errors: {}",
         total(0),
         total(1),
         assignments as f64 / (args.warmup + args.duration).as_secs_f64(),
         args.envoys,
-        args.buckets
+        args.buckets,
+        errors
     );
     Ok(())
 }

@@ -93,6 +93,12 @@ impl Budget {
     /// The budget of `policy`: a `gcra`, `token-bucket` or `leaky-bucket` (their
     /// envelopes are alike: `burst + rate·w`). Other algorithms are refused with why.
     pub fn of(policy: &Policy) -> Result<Budget, String> {
+        if policy.shadow() || policy.max_wait_us().is_some() {
+            return Err(format!(
+                "a quota bucket's budget takes no shadow or max-wait ({policy}): the Envoys \
+                 enforce their shares themselves, without waiting"
+            ));
+        }
         let (rate, burst) = match policy.algorithm() {
             AnyAlgorithm::Gcra(g) => (Gcra::rate(g), g.burst()),
             AnyAlgorithm::TokenBucket(t) => (TokenBucket::rate(t), t.capacity_tokens()),
@@ -522,7 +528,9 @@ impl QuotaBucket {
             .map(|(id, _)| *id)
             .collect();
         let demands: Vec<Option<u64>> = live.iter().map(|id| self.clients[id].demand).collect();
-        let headroom = count.saturating_mul(s.headroom_permille).div_ceil(1000);
+        // Rounded down: a budget of a few units a period keeps none back (else a
+        // budget of 1 a minute would be all headroom, and every share a denial).
+        let headroom = count.saturating_mul(s.headroom_permille) / 1000;
         let capacity = count.saturating_sub(headroom);
         let mut targets = max_min(capacity, &demands, 1);
         // What no one wants now is shared out too, equally: a client whose demand
@@ -1032,6 +1040,40 @@ mod tests {
             let high = in_second(s, &|c| c >= 25);
             assert!(low <= 25 * 5 + 25, "second {s}: low {low}");
             assert!(low + high >= 900, "second {s}: {low} + {high}");
+        }
+    }
+
+    #[test]
+    fn a_budget_of_one_a_minute_is_shared_not_denied() {
+        for spec in [
+            "gcra:rate=1/m",
+            "token-bucket:rate=60/h,capacity=60",
+            "gcra:rate=1/h",
+        ] {
+            let budget = Budget::of(&spec.parse().unwrap()).unwrap();
+            let mut bucket = QuotaBucket::new(budget, QuotaSettings::default(), 0);
+            let sent = bucket.report(1, 0, Usage::default(), 0);
+            assert!(
+                matches!(
+                    sent[..],
+                    [Assignment {
+                        share: Share::TokenBucket { .. },
+                        ..
+                    }]
+                ),
+                "{spec}: {sent:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_budget_that_would_shadow_or_wait_is_refused() {
+        for spec in [
+            "gcra:rate=10/s,shadow=true",
+            "token-bucket:rate=10/s,max-wait=1s",
+        ] {
+            let e = Budget::of(&spec.parse().unwrap()).unwrap_err();
+            assert!(e.contains("no shadow or max-wait"), "{e}");
         }
     }
 

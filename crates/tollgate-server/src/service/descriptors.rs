@@ -227,7 +227,7 @@ impl QuotaRule {
     fn build(doc: QuotaBucketDoc, at: &str) -> Result<QuotaRule, String> {
         if doc.bucket.is_empty() {
             return Err(format!(
-                "{at}.bucket: name at least one key (as the Envoy filter's bucket_id_builder does)"
+                "{at}.bucket: expected at least one key: value pair (the bucket id's keys, as the Envoy filter's bucket_id_builder makes them)"
             ));
         }
         if let Some((k, _)) = doc
@@ -249,7 +249,7 @@ impl QuotaRule {
             // Envoy reads a time to live in whole seconds.
             if us % 1_000_000 != 0 || !(1_000_000..=MAX_ASSIGNMENT_TTL_US).contains(&us) {
                 return Err(format!(
-                    "{at}.assignment_ttl: {ttl} is not a whole number of seconds in 1s..1h \
+                    "{at}.assignment_ttl: {ttl}: expected whole seconds from 1s to 1h \
                      (Envoy reads a time to live in whole seconds)"
                 ));
             }

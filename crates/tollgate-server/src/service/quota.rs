@@ -651,18 +651,20 @@ fn usages(reports: RateLimitQuotaUsageReports, domain: &str) -> Result<Vec<Repor
                     "a bucket_id's keys and values must not be empty",
                 ));
             }
+            // Zero is what Envoy sends with a bucket's first report (it counts the
+            // time in whole seconds from the bucket's creation): a subscription,
+            // whose demand is learned from the next one.
             let elapsed_us = match u.time_elapsed {
                 Some(d) if d.seconds >= 0 && (0..1_000_000_000).contains(&d.nanos) => (d.seconds
                     as u64)
                     .saturating_mul(1_000_000)
                     .saturating_add(d.nanos as u64 / 1000),
-                _ => 0,
+                _ => {
+                    return Err(Status::invalid_argument(
+                        "a usage report needs a time_elapsed (not negative)",
+                    ))
+                }
             };
-            if elapsed_us == 0 {
-                return Err(Status::invalid_argument(
-                    "a usage report needs a positive time_elapsed",
-                ));
-            }
             // Longer says no more about the demand (and a huge one must not make
             // its client count as reporting for ever).
             let elapsed_us = elapsed_us.min(MAX_ELAPSED_US);

@@ -70,9 +70,10 @@ class Stream:
 
 channel = grpc.insecure_channel(grpc_addr)
 
-# The first report subscribes the bucket: an assignment comes back for it.
+# The first report subscribes the bucket: an assignment comes back for it. Its
+# time_elapsed is 0, as Envoy's first report of a bucket has it.
 a = Stream(channel)
-a.send("py", [usage({"name": "api"})])
+a.send("py", [usage({"name": "api"}, elapsed_ms=0)])
 actions = a.next_actions()
 check("one action for the reported bucket", len(actions) == 1, actions)
 act = actions[0]
