@@ -7,9 +7,11 @@
 -- KEYS[1]  the bucket: HASH 'v' -> version (an integer), 's' -> state (bytes)
 -- ARGV[1]  op: 'load' | 'store'
 -- ARGV[2]  (store) the version the state was computed from (0: none existed)
--- ARGV[3]  (store) the new state; '' deletes the bucket (nobody left to count)
+-- ARGV[3]  (store) the new state; '' deletes the bucket (nobody left to count, and
+--          its tokens back to the full burst)
 -- ARGV[4]  (store) the bucket's time to live (ms): past it, every share it counted
---          has ended and every client is stale, so forgetting it loses nothing
+--          has ended, every client is stale and its tokens have refilled, so
+--          forgetting it loses nothing
 --
 -- Returns {stored, now, version, state}: stored 1 if this call stored ARGV[3] (the
 -- rest then describe the new state: version, no state), else 0 with the state as it
