@@ -442,6 +442,13 @@ impl MainConfig {
         if self.connections.max == 0 || self.connections.max_streams == 0 {
             anyhow::bail!("connections.max and connections.max_streams: must be at least 1");
         }
+        let q = &self.quota;
+        if q.max_buckets == 0 || q.max_buckets_per_stream == 0 {
+            anyhow::bail!(
+                "quota.max_buckets and quota.max_buckets_per_stream: must be at least 1 \
+                 (0 would end every stream at its first report)"
+            );
+        }
         let ratio = self.service.near_limit_ratio;
         if !(0.0..=1.0).contains(&ratio) {
             anyhow::bail!("service.near_limit_ratio: {ratio} is not between 0 and 1");
@@ -522,6 +529,7 @@ mod tests {
         for (text, named) in [
             ("listen:\n  workers: 0\n", "listen.workers"),
             ("connections:\n  max: 0\n", "connections.max"),
+            ("quota:\n  max_buckets: 0\n", "quota.max_buckets"),
             (
                 "service:\n  near_limit_ratio: 1.5\n",
                 "service.near_limit_ratio",

@@ -152,7 +152,9 @@ impl Metrics {
         registry.register(
             "quota_bucket",
             "Each RLQS quota bucket: clients (Envoys reporting or holding a share), \
-             demand, assigned and reserved (requests per second)",
+             demand, assigned and reserved (requests per second, every server sharing \
+             it), reported_allowed and reported_denied (requests the reports to this \
+             server counted, since it started)",
             quota.clone(),
         );
         let quota_streams = Gauge::default();
