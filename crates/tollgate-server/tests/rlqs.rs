@@ -316,6 +316,13 @@ fn a_redis_outage_applies_each_servers_failure_policy_and_recovers() {
             count(11_000, 14_000, 0) > 0,
             "fail-closed never recovered: {table:?}"
         );
+        // The failures are counted where an operator looks.
+        let (_, _, metrics) = support::request(&servers[0], "GET", "/metrics", "", None).await;
+        let metrics = metrics.as_str().unwrap_or_default().to_string();
+        let errors = (metrics.lines())
+            .find_map(|l| l.strip_prefix("tollgate_redis_events{event=\"quota_store_errors\"} "))
+            .and_then(|n| n.trim().parse::<u64>().ok());
+        assert!(errors.is_some_and(|n| n > 0), "{metrics}");
         let _ = std::fs::remove_dir_all(&dir);
     })
 }

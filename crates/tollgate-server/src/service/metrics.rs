@@ -127,7 +127,7 @@ impl Metrics {
         let redis = Family::<Labels, Gauge>::default();
         registry.register(
             "redis_events",
-            "Redis store events since start: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries; failing is 1 while Redis fails",
+            "Redis store events since start: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries; failing is 1 while Redis fails; quota_store_errors (RLQS bucket changes that failed), quota_late_assignments (RLQS assignments not sent: decided too long ago)",
             redis.clone(),
         );
         let worker_connections = Family::<Labels, Gauge>::default();
@@ -302,6 +302,11 @@ impl Metrics {
         }
         self.quota_streams
             .set(i64::try_from(streams).unwrap_or(i64::MAX));
+    }
+
+    /// The quota buckets' store troubles, as more `redis_events`.
+    pub fn quota_events(&self, events: &[(&'static str, u64)]) {
+        self.redis_events(events);
     }
 
     /// Lease counters of the leased limiters, as more `redis_events`.

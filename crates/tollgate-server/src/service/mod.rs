@@ -389,6 +389,7 @@ impl DecisionService {
         if let Counters::Redis(_) = self.counters {
             self.metrics.redis(&stats.redis);
             self.metrics.leases(&stats.leases);
+            self.metrics.quota_events(&self.quota.events());
         }
         if let Some(w) = &self.workers {
             self.metrics.workers(&w.read());

@@ -103,6 +103,10 @@ pub struct QuotaBuckets {
     failing: AtomicBool,
     /// Whether the last pass had assignments too late to send (logged once).
     late: AtomicBool,
+    /// Bucket changes the store failed, and assignments not sent for being decided
+    /// too long ago, since start.
+    store_errors: AtomicU64,
+    late_assignments: AtomicU64,
     /// This server, among those sharing the ledger.
     server: ServerId,
     next_client: AtomicU64,
@@ -199,6 +203,8 @@ impl QuotaBuckets {
             alone: QuotaLedger::memory(),
             failing: AtomicBool::new(false),
             late: AtomicBool::new(false),
+            store_errors: AtomicU64::new(0),
+            late_assignments: AtomicU64::new(0),
             server: h.finish(),
             next_client: AtomicU64::new(1),
             clock: MonotonicClock::new(),
@@ -362,6 +368,8 @@ impl QuotaBuckets {
             let now = self.clock.now_us();
             let (on_time, late): (Vec<Outgoing>, Vec<Outgoing>) =
                 group.into_iter().partition(|o| now <= o.send_by);
+            let dropped: usize = late.iter().map(|o| o.sends.len()).sum();
+            (self.late_assignments).fetch_add(dropped as u64, Ordering::Relaxed);
             if !late.is_empty() && !self.late.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     buckets = late.len(),
@@ -426,6 +434,7 @@ impl QuotaBuckets {
             }
             Err(e) => e,
         };
+        self.store_errors.fetch_add(1, Ordering::Relaxed);
         if !self.failing.swap(true, Ordering::Relaxed) {
             tracing::warn!(error = %e, on_error = ?self.on_error, "quota buckets: the store fails");
         }
@@ -584,6 +593,22 @@ impl QuotaBuckets {
             .collect();
         views.sort_by(|a, b| (&a.domain, &a.bucket).cmp(&(&b.domain, &b.bucket)));
         views
+    }
+
+    /// The store's troubles since start, as `redis_events`: bucket changes it failed
+    /// (`quota_store_errors`), assignments not sent because a slow store decided
+    /// them too long ago (`quota_late_assignments`).
+    pub fn events(&self) -> [(&'static str, u64); 2] {
+        [
+            (
+                "quota_store_errors",
+                self.store_errors.load(Ordering::Relaxed),
+            ),
+            (
+                "quota_late_assignments",
+                self.late_assignments.load(Ordering::Relaxed),
+            ),
+        ]
     }
 
     /// How many streams are open.
