@@ -282,6 +282,20 @@ impl QuotaRule {
                     }
             })
     }
+
+    /// Whether this rule takes every bucket `later` would (so `later`, after it,
+    /// would never be used): the same keys, each of its values `*`, the same
+    /// pattern, or a pattern that fits `later`'s exact value.
+    fn covers(&self, later: &QuotaRule) -> bool {
+        self.keys.len() == later.keys.len()
+            && self.keys.iter().zip(&later.keys).all(|((k, m), (lk, lm))| {
+                k == lk
+                    && (m.text() == "*"
+                        || m.text() == lm.text()
+                        || matches!((m, lm), (ValueMatch::Wildcard { parts, .. }, ValueMatch::Exact(v))
+                            if wildcard_fits(parts, v)))
+            })
+    }
 }
 
 /// A limit attached to a descriptor node: its rule set and the per-key limiter that
@@ -536,7 +550,18 @@ impl DescriptorRules {
         let mut quota = Vec::with_capacity(doc.quota_buckets.len());
         for (i, q) in doc.quota_buckets.into_iter().enumerate() {
             let at = format!("quota_buckets[{i}]");
-            quota.push(Arc::new(QuotaRule::build(q, &at).map_err(invalid)?));
+            let rule = QuotaRule::build(q, &at).map_err(invalid)?;
+            // The first rule that takes a bucket is used: one after a rule that takes
+            // all its buckets is a mistake, not a rule.
+            let earlier = (self.quota.get(&doc.domain).into_iter().flatten()).chain(&quota);
+            if let Some(e) = earlier.into_iter().find(|e| e.covers(&rule)) {
+                return Err(invalid(format!(
+                    "{at}.bucket: never used: '{}' before it takes every bucket it would \
+                     (the first rule that takes a bucket is used)",
+                    e.name
+                )));
+            }
+            quota.push(Arc::new(rule));
         }
         self.quota
             .entry(doc.domain.clone())
@@ -974,6 +999,35 @@ mod tests {
         let mut r = DescriptorRules::default();
         r.add(text, "test.yaml", &Counters::default())?;
         Ok(r)
+    }
+
+    #[test]
+    fn a_quota_rule_that_an_earlier_one_shadows_is_refused() {
+        let two = |a: &str, b: &str| {
+            format!(
+                "domain: d\nquota_buckets:\n  - bucket: {{ {a} }}\n    policy: \"gcra:rate=1/s\"\n  - bucket: {{ {b} }}\n    policy: \"gcra:rate=2/s\"\n"
+            )
+        };
+        for (a, b) in [
+            ("t: x", "t: x"),
+            ("t: \"*\"", "t: x"),
+            ("t: \"a*\"", "t: ab"),
+            ("t: \"a*\"", "t: \"a*\""),
+        ] {
+            let e = rules(&two(a, b)).unwrap_err().to_string();
+            assert!(
+                e.contains("quota_buckets[1].bucket: never used"),
+                "{a} / {b}: {e}"
+            );
+        }
+        // More specific first, or other keys: both used.
+        for (a, b) in [
+            ("t: x", "t: \"*\""),
+            ("t: x", "u: x"),
+            ("t: \"a*\"", "t: b"),
+        ] {
+            rules(&two(a, b)).unwrap();
+        }
     }
 
     #[test]
