@@ -265,11 +265,18 @@ impl QuotaBuckets {
         };
         // The whole message is checked before any of it is applied: a bad usage
         // must not leave the good ones before it decided but unsent.
-        let usages = usages(reports, &domain)?;
+        // Each usage with the rule that takes its bucket, looked up once.
+        let usages: Vec<(Reported, Option<&Arc<QuotaRule>>)> = (usages(reports, &domain)?)
+            .into_iter()
+            .map(|u| {
+                let rule = rules.quota_rule(&domain, &u.key.1);
+                (u, rule)
+            })
+            .collect();
         // Only the buckets a rule takes are kept, each once however often named.
         let ruled: HashSet<&BucketKey> = (usages.iter())
-            .filter(|u| rules.quota_rule(&domain, &u.key.1).is_some())
-            .map(|u| &u.key)
+            .filter(|(_, rule)| rule.is_some())
+            .map(|(u, _)| &u.key)
             .collect();
         let new_here = ruled
             .iter()
@@ -291,8 +298,8 @@ impl QuotaBuckets {
         }
         stream.domain = Some(domain.clone());
         let mut unruled = Vec::new();
-        for u in usages {
-            let Some(rule) = rules.quota_rule(&domain, &u.key.1) else {
+        for (u, rule) in usages {
+            let Some(rule) = rule else {
                 // No rule takes it: not limited here.
                 unruled.push((client, allow_all(u.id)));
                 continue;
