@@ -73,11 +73,11 @@ fn fifty_envoys_on_three_servers_share_one_budget_in_redis_and_in_a_cluster() {
 }
 
 /// 50 Envoys, Envoy `i` on `servers[i % n]`, on one bucket of 1000 requests/s, each
-/// wanting 40/s (twice the budget in all); at 6 s half of them drop to 5/s and the
-/// others want 100/s; at 12 s ten of the busy ones go away. Counted here: no window of
-/// 1 s (or 100 ms, or 3 s) ever holds more than the budget allows; at least 90 % of
-/// it is used while demand exceeds it; after the shift, and after the ten leave, the
-/// others take the freed share.
+/// wanting 40/s (twice the budget in all); at 15 s (the division settled) half of
+/// them drop to 5/s and the others want 100/s; at 21 s ten of the busy ones go away.
+/// Counted here: no window of 1 s (or 100 ms, or 3 s) ever holds more than the budget
+/// allows; at least 90 % of it is used while demand exceeds it; after the shift, and
+/// after the ten leave, the others take the freed share within two report intervals.
 async fn fifty_envoys(servers: &[&support::Server]) {
     let start = Instant::now();
     let admitted: Arc<Mutex<Vec<(Duration, usize)>>> = Arc::default();
@@ -94,11 +94,11 @@ async fn fifty_envoys(servers: &[&support::Server]) {
             loop {
                 let at = next - start;
                 let rate: u64 = match at.as_secs() {
-                    0..6 => 40,
+                    0..15 => 40,
                     _ if i < 25 => 5,
                     _ => 100,
                 };
-                if at >= Duration::from_secs(18) || (i >= 40 && at >= Duration::from_secs(12)) {
+                if at >= Duration::from_secs(27) || (i >= 40 && at >= Duration::from_secs(21)) {
                     client.close();
                     return;
                 }
@@ -155,19 +155,19 @@ async fn fifty_envoys(servers: &[&support::Server]) {
             .filter(|(t, c)| t.as_secs() == s && who(*c))
             .count()
     };
-    let per_second: Vec<usize> = (0..18).map(|s| in_second(s, &|_| true)).collect();
+    let per_second: Vec<usize> = (0..27).map(|s| in_second(s, &|_| true)).collect();
     eprintln!("admitted per second: {per_second:?}");
-    let low: Vec<usize> = (6..18).map(|s| in_second(s, &|c| c < 25)).collect();
-    eprintln!("the 25 that dropped to 5/s, per second from 6 s: {low:?}");
-    // Demand above the budget: at least 90 % used once the shares have settled, before
-    // and after each change (settling takes up to four report intervals: one to see
-    // part of a drop, one to see it whole, then the time to live of the shares given
-    // up, which Envoy counts in whole seconds).
-    for s in [3, 4, 5, 10, 11, 16, 17] {
-        assert!(per_second[s as usize] >= 900, "second {s}: {per_second:?}");
+    let low: Vec<usize> = (15..27).map(|s| in_second(s, &|c| c < 25)).collect();
+    eprintln!("the 25 that dropped to 5/s, per second from 15 s: {low:?}");
+    // Demand above the budget: at least 90 % used once the shares have settled, and
+    // from the second report interval after each change on (the first sees the
+    // change; what the shares given up still hold back is bridged from the budget's
+    // tokens, which a bucket settled for some seconds has).
+    for s in (3..15).chain(16..21).chain(22..27) {
+        assert!(per_second[s] >= 900, "second {s}: {per_second:?}");
     }
     // The ones that dropped get what they ask (5/s each), no more.
-    assert!(low[4..].iter().all(|&n| n <= 25 * 5 + 10), "{low:?}");
+    assert!(low[3..].iter().all(|&n| n <= 25 * 5 + 10), "{low:?}");
 }
 
 /// The buckets reported on are visible: `/v1/config` lists the rules and each live
