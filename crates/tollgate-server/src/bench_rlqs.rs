@@ -315,15 +315,25 @@ pub struct RlqsArgs {
 /// streams that ended before the run did, the first one's status on stderr).
 pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
     let target = args.target.strip_prefix("http://").unwrap_or(&args.target);
-    let addr: SocketAddr = target
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--target {target}: host:port of the gRPC listener: {e}"))?;
+    let addr: SocketAddr = match tokio::net::lookup_host(target).await {
+        Ok(mut addrs) => addrs.next(),
+        Err(e) => anyhow::bail!("--target {target}: expected host:port of the gRPC listener ({e})"),
+    }
+    .ok_or_else(|| anyhow::anyhow!("--target {target}: the name has no address"))?;
     if args.envoys == 0 || args.buckets == 0 {
         anyhow::bail!("--envoys and --buckets must be at least 1");
     }
     let mut clients = Vec::with_capacity(args.envoys);
     for _ in 0..args.envoys {
-        clients.push(QuotaClient::connect(addr, &args.domain, args.report_interval).await?);
+        let client = QuotaClient::connect(addr, &args.domain, args.report_interval).await;
+        clients.push(client.map_err(|e| {
+            // The innermost cause alone (tonic repeats its chain in each layer).
+            let mut cause: &dyn std::error::Error = &e;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            anyhow::anyhow!("--target {target}: cannot connect to {addr}: {cause}")
+        })?);
     }
     let names: Arc<Vec<String>> = Arc::new((0..args.buckets).map(|b| format!("b{b}")).collect());
     let start = Instant::now();

@@ -30,8 +30,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the rate-limit decision service (HTTP/JSON API) on the memory store. With no
-    /// rules it serves a built-in example rule set.
+    /// Run the rate-limit decision service: HTTP/JSON, Envoy's rate limit service and
+    /// quota service (gRPC), on the memory store or Redis. With no rules it serves a
+    /// built-in example rule set.
     Serve(ServeArgs),
     /// Run the limiting reverse proxy from the `proxy:` section of a config file.
     Proxy(ProxyArgs),

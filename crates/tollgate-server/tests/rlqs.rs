@@ -218,6 +218,13 @@ async fn buckets_show_in_the_config_dump_and_the_metrics() {
         "{metrics}"
     );
     assert!(metrics.contains("tollgate_quota_streams 2"), "{metrics}");
+    assert!(
+        metrics.contains(
+            "tollgate_quota_reported_requests_total{domain=\"envoy\",bucket=\"tenant=t1\",outcome=\"denied\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(buckets[0]["reported_denied"].as_u64().is_some(), "{config}");
     a.close();
     b.close();
     let _ = std::fs::remove_dir_all(&dir);

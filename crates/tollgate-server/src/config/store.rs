@@ -80,6 +80,18 @@ pub enum OnErrorDoc {
     Local,
 }
 
+impl OnErrorDoc {
+    /// Its name in the config (`store.on_error`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OnErrorDoc::Error => "error",
+            OnErrorDoc::FailOpen => "fail-open",
+            OnErrorDoc::FailClosed => "fail-closed",
+            OnErrorDoc::Local => "local",
+        }
+    }
+}
+
 /// The store kinds.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -213,9 +225,9 @@ impl StoreConfig {
         match self.kind {
             StoreKind::Memory => "memory store".into(),
             StoreKind::Redis => format!(
-                "redis store at {}, on error: {:?}",
+                "redis store at {}, on error: {}",
                 self.url.as_deref().unwrap_or(""),
-                self.on_error
+                self.on_error.name()
             ),
         }
     }

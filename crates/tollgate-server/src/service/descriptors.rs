@@ -52,9 +52,9 @@ struct QuotaBucketDoc {
     #[serde(default)]
     name: Option<String>,
     bucket: std::collections::BTreeMap<String, String>,
-    policy: SpecDoc,
+    policy: BudgetDoc,
     #[serde(default)]
-    assignment_ttl: Option<String>,
+    assignment_ttl: Option<TtlDoc>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -200,6 +200,45 @@ impl<'de> Deserialize<'de> for SpecDoc {
     }
 }
 
+/// A quota bucket's budget: a policy spec that [`tollgate::quota::Budget::of`] takes,
+/// checked while the YAML is read so that its error carries a location.
+#[derive(Debug)]
+struct BudgetDoc(Policy, tollgate::quota::Budget);
+
+impl<'de> Deserialize<'de> for BudgetDoc {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let SpecDoc(policy) = SpecDoc::deserialize(d)?;
+        // Named here: the location serde gives is the rule's, not the field's.
+        let budget = tollgate::quota::Budget::of(&policy)
+            .map_err(|e| serde::de::Error::custom(format!("policy: {e}")))?;
+        Ok(BudgetDoc(policy, budget))
+    }
+}
+
+/// The longest `assignment_ttl` taken: a share handed out for longer is a share the
+/// budget cannot take back for as long.
+const MAX_ASSIGNMENT_TTL_US: u64 = 3_600_000_000;
+
+/// An `assignment_ttl`: whole seconds from 1 s to 1 h (Envoy reads a time to live in
+/// whole seconds), checked while the YAML is read.
+#[derive(Debug)]
+struct TtlDoc(u64);
+
+impl<'de> Deserialize<'de> for TtlDoc {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let ttl = String::deserialize(d)?;
+        let us = tollgate::policy::parse_duration(&ttl)
+            .map_err(|e| serde::de::Error::custom(format!("assignment_ttl: {e}")))?;
+        if us % 1_000_000 != 0 || !(1_000_000..=MAX_ASSIGNMENT_TTL_US).contains(&us) {
+            return Err(serde::de::Error::custom(format!(
+                "assignment_ttl: {ttl}: expected whole seconds from 1s to 1h (Envoy reads a time to live in \
+                 whole seconds)"
+            )));
+        }
+        Ok(TtlDoc(us))
+    }
+}
+
 // --- The loaded form. ---
 
 /// A `quota_buckets` rule: the Envoy quota buckets it takes (by their bucket ids, as
@@ -219,10 +258,6 @@ pub struct QuotaRule {
     pub settings: tollgate::quota::QuotaSettings,
 }
 
-/// The longest `assignment_ttl` taken: a share handed out for longer is a share the
-/// budget cannot take back for as long.
-const MAX_ASSIGNMENT_TTL_US: u64 = 3_600_000_000;
-
 impl QuotaRule {
     fn build(doc: QuotaBucketDoc, at: &str) -> Result<QuotaRule, String> {
         if doc.bucket.is_empty() {
@@ -239,20 +274,9 @@ impl QuotaRule {
                 "{at}.bucket: '{k}': keys and values must not be empty (use \"*\" for any value)"
             ));
         }
-        let policy = doc.policy.0;
-        let budget =
-            tollgate::quota::Budget::of(&policy).map_err(|e| format!("{at}.policy: {e}"))?;
+        let BudgetDoc(policy, budget) = doc.policy;
         let mut settings = tollgate::quota::QuotaSettings::default();
-        if let Some(ttl) = &doc.assignment_ttl {
-            let us = tollgate::policy::parse_duration(ttl)
-                .map_err(|e| format!("{at}.assignment_ttl: {e}"))?;
-            // Envoy reads a time to live in whole seconds.
-            if us % 1_000_000 != 0 || !(1_000_000..=MAX_ASSIGNMENT_TTL_US).contains(&us) {
-                return Err(format!(
-                    "{at}.assignment_ttl: {ttl}: expected whole seconds from 1s to 1h \
-                     (Envoy reads a time to live in whole seconds)"
-                ));
-            }
+        if let Some(TtlDoc(us)) = doc.assignment_ttl {
             settings.ttl_us = us;
         }
         let pattern = (doc.bucket.iter())
@@ -999,6 +1023,49 @@ mod tests {
         let mut r = DescriptorRules::default();
         r.add(text, "test.yaml", &Counters::default())?;
         Ok(r)
+    }
+
+    #[test]
+    fn a_bad_quota_budget_or_time_to_live_is_refused_with_its_line() {
+        let rule = |policy: &str, ttl: &str| {
+            format!(
+                "domain: d\nquota_buckets:\n  - bucket: {{ t: x }}\n    policy: \"{policy}\"\n    assignment_ttl: {ttl}\n"
+            )
+        };
+        for (policy, ttl, says) in [
+            (
+                "concurrency:limit=5",
+                "1s",
+                "policy: a quota bucket's budget is",
+            ),
+            (
+                "fixed-window:limit=1,window=1m",
+                "1s",
+                "policy: a window budget needs a limit of at least 2",
+            ),
+            (
+                "gcra:rate=5/s,shadow=true",
+                "1s",
+                "policy: a quota bucket's budget takes no shadow",
+            ),
+            (
+                "gcra:rate=5/s",
+                "500ms",
+                "assignment_ttl: 500ms: expected whole seconds",
+            ),
+            (
+                "gcra:rate=5/s",
+                "2h",
+                "assignment_ttl: 2h: expected whole seconds",
+            ),
+        ] {
+            let e = rules(&rule(policy, ttl)).unwrap_err().to_string();
+            assert!(
+                e.contains(says) && e.contains("at line 3"),
+                "{policy} {ttl}: {e}"
+            );
+        }
+        assert!(rules(&rule("sliding-log:limit=100,window=1m", "5s")).is_ok());
     }
 
     #[test]

@@ -374,6 +374,8 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
                 "rule": b.rule,
                 "policy": b.policy,
                 "clients": b.clients,
+                "reported_allowed": b.reported[0],
+                "reported_denied": b.reported[1],
             });
             for (name, figure) in b.figures {
                 v[name] = json!(figure);

@@ -38,6 +38,8 @@ pub struct Metrics {
     worker_busy: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Each RLQS quota bucket's standing, by domain, bucket and figure.
     quota: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// The requests each bucket's reports to this server counted, by outcome.
+    quota_reported: Family<Labels, Counter>,
     /// RLQS streams open.
     quota_streams: Gauge,
 }
@@ -152,15 +154,22 @@ impl Metrics {
         registry.register(
             "quota_bucket",
             "Each RLQS quota bucket: clients (Envoys reporting or holding a share), \
-             demand, assigned and reserved (requests per second, every server sharing \
-             it), reported_allowed and reported_denied (requests the reports to this \
-             server counted, since it started)",
+             demand_per_second, assigned_per_second and reserved_per_second (of every \
+             server sharing it)",
             quota.clone(),
+        );
+        let quota_reported = Family::<Labels, Counter>::default();
+        registry.register(
+            "quota_reported_requests",
+            "Requests the reports on each RLQS quota bucket to this server counted, by \
+             outcome (allowed, denied), since the bucket was made here",
+            quota_reported.clone(),
         );
         let quota_streams = Gauge::default();
         registry.register("quota_streams", "RLQS streams open", quota_streams.clone());
         Metrics {
             quota,
+            quota_reported,
             quota_streams,
             worker_connections,
             worker_moves,
@@ -282,22 +291,33 @@ impl Metrics {
     }
 
     /// Sets the RLQS figures: every bucket's (buckets gone are dropped) and the
-    /// streams open. Each bucket is `(domain, bucket id, clients, its named rates)`.
+    /// streams open. Each bucket is `(domain, bucket id, clients, its named rates,
+    /// the requests its reports counted: allowed, denied)`.
     pub fn quota<'a>(
         &self,
-        buckets: impl IntoIterator<Item = (&'a str, &'a str, u64, &'a [(&'static str, f64)])>,
+        buckets: impl IntoIterator<Item = (&'a str, &'a str, u64, &'a [(&'static str, f64)], [u64; 2])>,
         streams: usize,
     ) {
         self.quota.clear();
-        for (domain, bucket, clients, rates) in buckets {
-            let figures = std::iter::once(("clients", clients as f64)).chain(rates.iter().copied());
-            for (figure, value) in figures {
-                let labels = vec![
+        self.quota_reported.clear();
+        for (domain, bucket, clients, rates, reported) in buckets {
+            let labels = |name: &'static str, value: &str| {
+                vec![
                     ("domain", domain.to_string()),
                     ("bucket", bucket.to_string()),
-                    ("figure", figure.to_string()),
-                ];
-                self.quota.get_or_create(&labels).set(value);
+                    (name, value.to_string()),
+                ]
+            };
+            let figures = std::iter::once(("clients", clients as f64)).chain(rates.iter().copied());
+            for (figure, value) in figures {
+                self.quota
+                    .get_or_create(&labels("figure", figure))
+                    .set(value);
+            }
+            for (outcome, n) in ["allowed", "denied"].into_iter().zip(reported) {
+                self.quota_reported
+                    .get_or_create(&labels("outcome", outcome))
+                    .inc_by(n);
             }
         }
         self.quota_streams

@@ -401,6 +401,7 @@ impl DecisionService {
                 b.bucket.as_str(),
                 b.clients,
                 &b.figures[..],
+                b.reported,
             )
         });
         self.metrics.quota(figures, self.quota.streams());

@@ -185,9 +185,10 @@ pub struct BucketView {
     /// Envoys reporting on it or holding a share (on every server sharing it).
     pub clients: u64,
     /// Its demand, assigned and reserved rates, per second (on every server sharing
-    /// it), and the requests allowed and denied in the reports to this server, named
-    /// as reported.
-    pub figures: [(&'static str, f64); 5],
+    /// it), named as reported.
+    pub figures: [(&'static str, f64); 3],
+    /// The requests allowed and denied in the reports to this server.
+    pub reported: [u64; 2],
 }
 
 impl QuotaBuckets {
@@ -592,9 +593,8 @@ impl QuotaBuckets {
                         ("demand_per_second", per_second(b.stats.demand)),
                         ("assigned_per_second", per_second(b.stats.assigned)),
                         ("reserved_per_second", per_second(b.stats.reserved)),
-                        ("reported_allowed", b.allowed as f64),
-                        ("reported_denied", b.denied as f64),
                     ],
+                    reported: [b.allowed, b.denied],
                 }
             })
             .collect();

@@ -44,6 +44,8 @@ pub struct Settings {
     pub rules: DescriptorRules,
     /// Where the rules came from.
     pub rules_source: String,
+    /// Whether the rules are the built-in example (the banner's `curl` hint is for it).
+    pub builtin_rules: bool,
     /// The rule files (empty: built-in), for reloads.
     pub rule_paths: Vec<PathBuf>,
     /// The bearer token that guards admin endpoints, if any.
@@ -120,6 +122,7 @@ impl Settings {
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
             rules,
             rules_source,
+            builtin_rules: paths.is_empty(),
             rule_paths: paths,
             admin_token,
             store,
@@ -220,7 +223,9 @@ pub async fn serve_on(
         settings.rules_source
     );
     println!("  domains: {}", domains.join(", "));
-    println!("  try: curl -s http://{http}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
+    if settings.builtin_rules {
+        println!("  try: curl -s http://{http}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
+    }
     println!("  rules in force: curl -s http://{http}/v1/config");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (draining, drain_delay) = (service.clone(), settings.drain_delay);
