@@ -111,6 +111,16 @@ impl QuotaLedger {
         }
     }
 
+    /// Forgets, in this process, every bucket that may be forgotten
+    /// ([`QuotaBucket::is_idle`]): those nobody updates any more. In Redis, keys
+    /// expire by themselves.
+    pub fn sweep(&self) {
+        if let Kept::Memory { buckets, clock } = &self.kept {
+            let now = clock.now_us();
+            (buckets.lock().unwrap_or_else(|e| e.into_inner())).retain(|_, b| !b.is_idle(now));
+        }
+    }
+
     /// Applies `f` to bucket `name` at the ledger's time (microseconds, passed to
     /// `f`), the bucket created dividing `budget` when nobody holds it; returns what
     /// `f` returns, and how old the time it decided at is. A bucket that may be
@@ -153,5 +163,41 @@ impl QuotaLedger {
                 Ok(Updated { value, age_us })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(ledger: &QuotaLedger) -> usize {
+        match &ledger.kept {
+            Kept::Memory { buckets, .. } => buckets.lock().unwrap().len(),
+            #[cfg(feature = "redis")]
+            Kept::Redis { .. } => unreachable!(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bucket_nobody_updates_is_swept_once_idle_not_before() {
+        let ledger = QuotaLedger::memory();
+        let budget = Budget::of(&"gcra:rate=1000/s,burst=2".parse().unwrap()).unwrap();
+        let settings = QuotaSettings {
+            ttl_us: 200_000,
+            grace_us: 0,
+            stale_us: 200_000,
+            ..QuotaSettings::default()
+        };
+        let report = |b: &mut QuotaBucket, now| {
+            b.report(1, 0, Usage::default(), now);
+            b.leave(1, now);
+        };
+        ledger.update("b", budget, settings, report).await.unwrap();
+        ledger.sweep();
+        // Its share is still in force.
+        assert_eq!(kept(&ledger), 1);
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        ledger.sweep();
+        assert_eq!(kept(&ledger), 0);
     }
 }

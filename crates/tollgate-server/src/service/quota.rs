@@ -354,6 +354,9 @@ impl QuotaBuckets {
     /// to do for them.
     pub async fn flush(&self) {
         let now = self.clock.now_us();
+        // What was divided alone while the store failed is dropped once idle (after
+        // an outage, nothing updates it again).
+        self.alone.sweep();
         let keys: Vec<BucketKey> = {
             let mut state = self.state();
             let State { buckets, dirty, .. } = &mut *state;
