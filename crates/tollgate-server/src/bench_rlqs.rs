@@ -373,6 +373,27 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
             (received, client.ended())
         }));
     }
+    // Each second counted, on stderr: what the fleet admitted and denied in it.
+    let progress = {
+        let totals = totals.clone();
+        tokio::spawn(async move {
+            let (mut at, mut last) = (warm, [0, 0]);
+            while at + Duration::from_secs(1) <= end {
+                at += Duration::from_secs(1);
+                tokio::time::sleep_until(at).await;
+                let now = totals
+                    .each_ref()
+                    .map(|t| t.load(std::sync::atomic::Ordering::Relaxed));
+                eprintln!(
+                    "tollgate bench rlqs: second {}: admitted {} denied {}",
+                    (at - warm).as_secs(),
+                    now[0] - last[0],
+                    now[1] - last[1]
+                );
+                last = now;
+            }
+        })
+    };
     let (mut assignments, mut errors, mut first_error) = (0, 0, None);
     for t in tasks {
         let (received, ended) = t.await?;
@@ -382,6 +403,7 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
             first_error.get_or_insert(e);
         }
     }
+    let _ = progress.await;
     if let Some(e) = &first_error {
         eprintln!("tollgate bench rlqs: {errors} streams ended early; the first: {e}");
     }

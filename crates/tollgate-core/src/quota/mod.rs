@@ -111,10 +111,11 @@ impl Budget {
     /// assert_eq!((b.burst, b.rate.count, b.rate.period_us), (100, 900, 60_000_000));
     /// ```
     pub fn of(policy: &Policy) -> Result<Budget, String> {
-        if policy.shadow() || policy.max_wait_us().is_some() {
+        if policy.shadow() || policy.max_wait_us().is_some() || policy.max_debt().is_some() {
             return Err(format!(
-                "a quota bucket's budget takes no shadow or max-wait ({policy}): the Envoys \
-                 enforce their shares themselves, without waiting"
+                "a quota bucket's budget takes no shadow, max-wait or max-debt ({policy}): \
+                 the Envoys enforce their shares themselves, without waiting, and count \
+                 each request as one"
             ));
         }
         let (rate, burst) = match policy.algorithm() {
@@ -873,14 +874,17 @@ impl QuotaBucket {
         })
     }
 
-    /// A share's part of a quarter of the burst, at least two tokens (one token
-    /// refilled at exactly the rate of the requests loses those that come a little
-    /// early): the rest stays with the budget, to start the shares that change and
-    /// to bridge the growth of those held back ([`Bridge`]).
+    /// A share's part of a quarter of the burst, at least two tokens where the burst
+    /// has four per client (one token refilled at exactly the rate of the requests
+    /// loses those that come a little early), else one: the rest stays with the
+    /// budget, to start the shares that change and to bridge the growth of those
+    /// held back ([`Bridge`]).
     fn fair_burst(&self, rate: u64) -> u64 {
         let (count, burst) = (self.budget.rate.count, self.budget.burst);
         let b = u128::from(burst) * u128::from(rate) / (4 * u128::from(count.max(1)));
-        u64::try_from(b.max(2)).unwrap_or(u64::MAX)
+        let clients = u64::try_from(self.clients.len()).unwrap_or(u64::MAX);
+        let floor = if burst / 2 >= clients { 2 } else { 1 };
+        u64::try_from(b.max(floor)).unwrap_or(u64::MAX)
     }
 
     fn share(&self, rate: u64, burst: u64) -> Share {
@@ -1211,6 +1215,31 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_of_few_tokens_per_client_uses_less_of_the_rate() {
+        // Each share starts with at least one of the budget's tokens, and together
+        // the shares never hold more than its burst: with few tokens per client, a
+        // client's bucket of one token loses the requests that come early, and with
+        // fewer tokens than clients some clients hold no share at a time. Clients
+        // wanting 400/s in all; per second, from 10 s to 20 s.
+        for (policy, n, least) in [
+            ("gcra:rate=100/s,burst=50", 5, 90),
+            ("gcra:rate=100/s,burst=50", 10, 88),
+            ("gcra:rate=100/s,burst=50", 20, 80),
+            ("gcra:rate=100/s,burst=50", 50, 72),
+            ("gcra:rate=100/s,burst=10", 30, 20),
+            ("fixed-window:limit=600,window=10s", 50, 45),
+        ] {
+            let clients: Vec<Traffic> = (0..n).map(|i| steady(400 / n, i)).collect();
+            let delay = |n| n % 10 * 1000;
+            let (admitted, _) = run(policy, QuotaSettings::default(), &clients, 20_000, 1, delay);
+            assert_within(policy, &admitted);
+            let per_second = admitted.iter().filter(|(t, _)| *t >= 10_000_000).count() / 10;
+            eprintln!("{policy}, {n} clients: {per_second} per second");
+            assert!(per_second >= least, "{policy}, {n} clients: {per_second}");
+        }
+    }
+
+    #[test]
     fn a_budget_of_one_a_minute_is_shared_not_denied() {
         for spec in [
             "gcra:rate=1/m",
@@ -1238,9 +1267,10 @@ mod tests {
         for spec in [
             "gcra:rate=10/s,shadow=true",
             "token-bucket:rate=10/s,max-wait=1s",
+            "gcra:rate=10/s,max-debt=5",
         ] {
             let e = Budget::of(&spec.parse().unwrap()).unwrap_err();
-            assert!(e.contains("no shadow or max-wait"), "{e}");
+            assert!(e.contains("no shadow, max-wait or max-debt"), "{e}");
         }
     }
 

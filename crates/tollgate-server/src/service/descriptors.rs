@@ -227,8 +227,11 @@ struct TtlDoc(u64);
 impl<'de> Deserialize<'de> for TtlDoc {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let ttl = String::deserialize(d)?;
-        let us = tollgate::policy::parse_duration(&ttl)
-            .map_err(|e| serde::de::Error::custom(format!("assignment_ttl: {e}")))?;
+        let us = tollgate::policy::parse_duration(&ttl).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "assignment_ttl: {e}; a time to live is whole seconds from 1s to 1h"
+            ))
+        })?;
         if us % 1_000_000 != 0 || !(1_000_000..=MAX_ASSIGNMENT_TTL_US).contains(&us) {
             return Err(serde::de::Error::custom(format!(
                 "assignment_ttl: {ttl}: expected whole seconds from 1s to 1h (Envoy reads a time to live in \
@@ -292,6 +295,15 @@ impl QuotaRule {
             budget,
             settings,
         })
+    }
+
+    /// The bucket ids it takes, as written: `key=value,...` (values exact or `*`
+    /// patterns).
+    pub fn pattern(&self) -> String {
+        (self.keys.iter())
+            .map(|(k, m)| format!("{k}={}", m.text()))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Whether the bucket `id` is one of this rule's: the same keys, each value
@@ -580,8 +592,8 @@ impl DescriptorRules {
             let earlier = (self.quota.get(&doc.domain).into_iter().flatten()).chain(&quota);
             if let Some(e) = earlier.into_iter().find(|e| e.covers(&rule)) {
                 return Err(invalid(format!(
-                    "{at}.bucket: never used: '{}' before it takes every bucket it would \
-                     (the first rule that takes a bucket is used)",
+                    "{at}.bucket: never used: the earlier rule '{}' takes every bucket \
+                     this one would (the first rule that takes a bucket is used)",
                     e.name
                 )));
             }
@@ -1048,6 +1060,7 @@ mod tests {
                 "1s",
                 "policy: a quota bucket's budget takes no shadow",
             ),
+            ("gcra:rate=5/s", "5", "whole seconds from 1s to 1h"),
             (
                 "gcra:rate=5/s",
                 "500ms",

@@ -359,7 +359,14 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
             json!({
                 "domain": domain,
                 "name": r.name,
+                "bucket": r.pattern(),
                 "policy": r.policy.to_string(),
+                // What each bucket divides, as sent to the Envoys (a window budget
+                // as the token bucket that fits inside it).
+                "divided_as": {
+                    "rate_per_second": r.budget.rate.count as f64 * 1e6 / r.budget.rate.period_us as f64,
+                    "burst": r.budget.burst,
+                },
                 "assignment_ttl_ms": r.settings.ttl_us / 1000,
             })
         })

@@ -299,11 +299,11 @@ async fn watch_rules(
             return;
         }
         match service.reload() {
-            Ok(()) => tracing::info!(reason, "tollgate serve: rules reloaded ({reason})"),
+            Ok(()) => tracing::info!(reason, "tollgate serve: rules reloaded"),
             Err(e) => tracing::error!(
                 reason,
                 error = %e,
-                "tollgate serve: reload rejected, the previous rules stay in force: {e}"
+                "tollgate serve: reload rejected, the previous rules stay in force"
             ),
         }
     };
