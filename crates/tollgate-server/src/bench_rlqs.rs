@@ -312,7 +312,8 @@ pub struct RlqsArgs {
 
 /// Runs the fleet; prints `admitted/s: .. denied/s: .. assignments/s: .. envoys: ..
 /// buckets: .. errors: ..` (admissions and denials counted after the warm-up; errors:
-/// streams that ended before the run did, the first one's status on stderr).
+/// streams that ended before the run did, the first one's status on stderr), and on
+/// stderr each second counted (`second 1: admitted .. denied ..`).
 pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
     let target = args.target.strip_prefix("http://").unwrap_or(&args.target);
     let addr: SocketAddr = match tokio::net::lookup_host(target).await {

@@ -9,7 +9,8 @@
 //! Whatever the clients do within their assignments, all of them together admit no
 //! more in any window than the bucket's policy would on its own ([`Budget`]: a GCRA,
 //! token bucket or leaky bucket of rate `R` and burst `B` admits at most `B + R·w` in
-//! any window of length `w`). The bucket keeps a ledger, as a hierarchical token
+//! any window of length `w`; a window budget is divided as the token bucket that fits
+//! inside it). The bucket keeps a ledger, as a hierarchical token
 //! bucket: a client's share is a sub-bucket whose refill (its rate) is taken from the
 //! budget's and whose first tokens (its burst, a new assignment starts full) are taken
 //! from the budget's tokens when it is sent. At every instant the rates of the
@@ -653,15 +654,16 @@ impl QuotaBucket {
         // What the ledger counts, kept up to date as shares change (the others'
         // part of each client is the total less its own).
         let mut total = self.reserved_total(now);
-        // Made once the shrinking shares are settled (what they give up counts).
+        // Made once the shrinking shares are settled (what they give up counts), for
+        // the first share whose growth the others hold back.
         let mut bridge: Option<Bridge> = None;
         for (id, target) in order {
             let before = self.clients[&id].reserved(now);
             let others = (total.0 - before.0, total.1 - before.1);
-            let grows = target >= self.clients[&id].current.map_or(0, |g| g.rate);
+            let held_back = target > count.saturating_sub(others.0);
             let b = match &bridge {
                 Some(b) => b,
-                None if grows => bridge.insert(self.bridge(&targeted, now)),
+                None if held_back => bridge.insert(self.bridge(&targeted, now)),
                 None => &Bridge::NONE,
             };
             if let Some(a) = self.settle(id, target, now, others, b) {
@@ -897,7 +899,7 @@ impl QuotaBucket {
     }
 
     /// A share's part of a quarter of the burst, at least two tokens where the burst
-    /// has four per client (one token refilled at exactly the rate of the requests
+    /// has two per client (one token refilled at exactly the rate of the requests
     /// loses those that come a little early), else one: the rest stays with the
     /// budget, to start the shares that change and to bridge the growth of those
     /// held back ([`Bridge`]).
@@ -1158,22 +1160,44 @@ mod tests {
         fifty_clients(1);
     }
 
+    /// The same shift 6 s into the bucket's life, its tokens still spent on
+    /// starting the shares (the headroom refills them): nothing to bridge the wait
+    /// with, so the others have their part a report interval later.
+    #[test]
+    fn a_shift_in_a_young_bucket_settles_within_three_intervals() {
+        let policy = "token-bucket:rate=1000/s";
+        let clients = fifty_shifting_at(6_000);
+        let delay = |n| n % 50 * 1000;
+        let (admitted, _) = run(policy, QuotaSettings::default(), &clients, 12_000, 1, delay);
+        assert_within(policy, &admitted);
+        let per_second: Vec<usize> = (0..12)
+            .map(|s| admitted.iter().filter(|(t, _)| *t / 1_000_000 == s).count())
+            .collect();
+        eprintln!("per second: {per_second:?}");
+        assert!(per_second[9..].iter().all(|&n| n >= 900), "{per_second:?}");
+    }
+
     #[test]
     fn fifty_clients_of_three_servers_sharing_one_ledger_do_as_well() {
         fifty_clients(3);
     }
 
-    fn fifty_clients(servers: u64) {
-        let policy = "token-bucket:rate=1000/s";
-        // 50 clients, each wanting 40/s (2,000/s in all); at 15 s (the division long
-        // settled) the first 25 drop to 5/s and the other 25 want 100/s.
-        let clients: Vec<Traffic> = (0..50)
+    /// 50 clients, each wanting 40/s (2,000/s in all); at `switch_ms` the first 25
+    /// drop to 5/s and the other 25 want 100/s.
+    fn fifty_shifting_at(switch_ms: u64) -> Vec<Traffic> {
+        (0..50)
             .map(|i| Traffic {
                 then: if i < 25 { 5 } else { 100 },
-                switch_ms: 15_000,
+                switch_ms,
                 ..steady(40, i)
             })
-            .collect();
+            .collect()
+    }
+
+    fn fifty_clients(servers: u64) {
+        let policy = "token-bucket:rate=1000/s";
+        // The shift at 15 s, the division long settled.
+        let clients = fifty_shifting_at(15_000);
         let (admitted, _) = run(
             policy,
             QuotaSettings::default(),

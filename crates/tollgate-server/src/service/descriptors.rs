@@ -297,8 +297,8 @@ impl QuotaRule {
         })
     }
 
-    /// The bucket ids it takes, as written: `key=value,...` (values exact or `*`
-    /// patterns).
+    /// The bucket ids it takes: `key=value,...`, keys in sorted order (values exact
+    /// or `*` patterns).
     pub fn pattern(&self) -> String {
         (self.keys.iter())
             .map(|(k, m)| format!("{k}={}", m.text()))
