@@ -33,10 +33,11 @@
 //! handed out, and its refill, with the burst the clients do not hold, pays for the
 //! first tokens of changed assignments (a bucket whose rate and burst were all handed
 //! out could never start a new assignment); the clients hold a quarter of the burst
-//! in all, or their floor of a token or two each where that is more. A client whose share stays is not sent a new one (its assignment is extended,
-//! which keeps its local bucket as it is): shares change only when the division
-//! moves a client by more than `hysteresis_permille` of its share, or when a share
-//! given a small burst while the budget was short can get its part.
+//! in all, or their floor of a token or two each where that is more. A client whose
+//! share stays is not sent a new one (its assignment is extended, which keeps its
+//! local bucket as it is): shares change only when the division moves a client by
+//! more than `hysteresis_permille` of its share, or when a share given a small burst
+//! while the budget was short can get its part.
 //!
 //! A share given up stays counted until its assignment ends (the server cannot know
 //! when the client applied the smaller one), which holds back the shares that are to
