@@ -124,26 +124,17 @@ impl Budget {
             AnyAlgorithm::Gcra(g) => (Gcra::rate(g), g.burst()),
             AnyAlgorithm::TokenBucket(t) => (TokenBucket::rate(t), t.capacity_tokens()),
             AnyAlgorithm::LeakyBucket(l) => (LeakyBucket::rate(l), l.capacity_units()),
-            AnyAlgorithm::FixedWindow(w) => {
-                Budget::within_window(w.limit_per_window(), w.window_us(), policy)?
-            }
-            AnyAlgorithm::SlidingLog(w) => {
-                Budget::within_window(w.limit_per_window(), w.window_us(), policy)?
-            }
-            AnyAlgorithm::SlidingWindow(w) => {
-                Budget::within_window(w.limit_per_window(), w.window_us(), policy)?
-            }
-            AnyAlgorithm::SlidingWindowWeighted(w) => {
-                Budget::within_window(w.limit_per_window(), w.window_us(), policy)?
-            }
-            _ => {
-                return Err(format!(
-                    "a quota bucket's budget is a gcra, token-bucket, leaky-bucket, \
+            a => match window_of(a) {
+                Some((limit, window)) => Budget::within_window(limit, window, policy)?,
+                None => {
+                    return Err(format!(
+                        "a quota bucket's budget is a gcra, token-bucket, leaky-bucket, \
                      fixed-window, sliding-log or sliding-window policy (each Envoy enforces \
                      its share as a token bucket), not {}",
-                    policy.name()
-                ))
-            }
+                        policy.name()
+                    ))
+                }
+            },
         };
         Ok(Budget {
             rate: finer(rate),
@@ -187,6 +178,18 @@ impl Budget {
             },
             burst: self.burst / n,
         }
+    }
+}
+
+/// The limit and window of a window algorithm (`fixed-window`, `sliding-log`,
+/// `sliding-window`): `limit` per `window_us`.
+fn window_of(algorithm: &AnyAlgorithm) -> Option<(u64, u64)> {
+    match algorithm {
+        AnyAlgorithm::FixedWindow(w) => Some((w.limit_per_window(), w.window_us())),
+        AnyAlgorithm::SlidingLog(w) => Some((w.limit_per_window(), w.window_us())),
+        AnyAlgorithm::SlidingWindow(w) => Some((w.limit_per_window(), w.window_us())),
+        AnyAlgorithm::SlidingWindowWeighted(w) => Some((w.limit_per_window(), w.window_us())),
+        _ => None,
     }
 }
 
@@ -1121,14 +1124,7 @@ mod tests {
     fn assert_within(policy: &str, admitted: &[(u64, usize)]) {
         let policy: Policy = policy.parse().unwrap();
         let times: Vec<(u64, u64)> = admitted.iter().map(|(t, _)| (*t, 1)).collect();
-        let window = match policy.algorithm() {
-            AnyAlgorithm::FixedWindow(w) => Some((w.limit_per_window(), w.window_us())),
-            AnyAlgorithm::SlidingLog(w) => Some((w.limit_per_window(), w.window_us())),
-            AnyAlgorithm::SlidingWindow(w) => Some((w.limit_per_window(), w.window_us())),
-            AnyAlgorithm::SlidingWindowWeighted(w) => Some((w.limit_per_window(), w.window_us())),
-            _ => None,
-        };
-        if let Some((limit, w)) = window {
+        if let Some((limit, w)) = window_of(policy.algorithm()) {
             let (most, at) = densest_window(&times, w);
             assert!(
                 most <= limit,
