@@ -704,7 +704,7 @@ impl QuotaBucket {
             .sum();
         Bridge {
             frees_by,
-            held: (self.level / u128::from(self.budget.rate.period_us)).saturating_sub(starts),
+            held: u128::from(self.held()).saturating_sub(starts),
             short: (targets.iter())
                 .map(|(id, t)| u128::from(short(id, *t)))
                 .sum(),
@@ -729,15 +729,15 @@ impl QuotaBucket {
         // The ledger counts this client at the most of every share it may use; a new
         // one may raise that to what the others leave.
         let rate = target.min(count.saturating_sub(others_rate));
-        let fair_burst = |rate: u64| self.fair_burst(rate);
         let extra = bridge.extra(target, rate, cur.map_or(0, |g| g.rate), now, s, self.budget);
         let moved = match cur {
             None => true,
             Some(g) => {
                 let band = (g.rate.saturating_mul(s.hysteresis_permille) / 1000).max(1);
+                let fair = self.fair_burst(g.rate);
                 // A share given a small burst while the budget was short gets its
-                // part once it can.
-                let fair = fair_burst(g.rate);
+                // part once it can; one held back by shares still counted gets the
+                // tokens that bridge the wait (once: not again for less than half).
                 (target.abs_diff(g.rate) > band && rate != g.rate)
                     || (g.rate > 0 && (g.burst * 2 < fair || g.burst < fair.min(2)))
                     || (target > g.rate.saturating_add(band)
@@ -760,12 +760,10 @@ impl QuotaBucket {
             0
         } else {
             // Within what the others leave and what the budget holds now.
-            let period = u128::from(self.budget.rate.period_us);
-            let held = u64::try_from(self.level / period).unwrap_or(u64::MAX);
-            fair_burst(rate)
+            self.fair_burst(rate)
                 .saturating_add(extra)
                 .min(burst_max.saturating_sub(others_burst))
-                .min(held)
+                .min(self.held())
         };
         let smaller_burst = cur.is_some_and(|g| g.rate == rate && burst <= g.burst && !late);
         if (rate > 0 && burst == 0) || smaller_burst {
@@ -900,6 +898,12 @@ impl QuotaBucket {
             level_at,
             clients,
         })
+    }
+
+    /// The budget's tokens not handed out, whole.
+    fn held(&self) -> u64 {
+        let period = u128::from(self.budget.rate.period_us);
+        u64::try_from(self.level / period).unwrap_or(u64::MAX)
     }
 
     /// A share's part of a quarter of the burst, at least two tokens where the burst

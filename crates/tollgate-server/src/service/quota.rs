@@ -356,7 +356,9 @@ impl QuotaBuckets {
         let now = self.clock.now_us();
         // What was divided alone while the store failed is dropped once idle (after
         // an outage, nothing updates it again).
-        self.alone.sweep();
+        if matches!(self.on_error, LedgerFailure::Local(_)) {
+            self.alone.sweep();
+        }
         let keys: Vec<BucketKey> = {
             let mut state = self.state();
             let State { buckets, dirty, .. } = &mut *state;
