@@ -103,11 +103,13 @@ impl QuotaLedger {
     /// its rule changed). In Redis, where other servers may still use it, it is
     /// forgotten by itself once nobody changed it for its time to live.
     pub fn forget(&self, name: &str) {
-        if let Kept::Memory { buckets, .. } = &self.kept {
-            buckets
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(name);
+        match &self.kept {
+            Kept::Memory { buckets, .. } => {
+                let mut buckets = buckets.lock().unwrap_or_else(|e| e.into_inner());
+                buckets.remove(name);
+            }
+            #[cfg(feature = "redis")]
+            Kept::Redis { .. } => {}
         }
     }
 
@@ -115,9 +117,14 @@ impl QuotaLedger {
     /// ([`QuotaBucket::is_idle`]): those nobody updates any more. In Redis, keys
     /// expire by themselves.
     pub fn sweep(&self) {
-        if let Kept::Memory { buckets, clock } = &self.kept {
-            let now = clock.now_us();
-            (buckets.lock().unwrap_or_else(|e| e.into_inner())).retain(|_, b| !b.is_idle(now));
+        match &self.kept {
+            Kept::Memory { buckets, clock } => {
+                let now = clock.now_us();
+                let mut buckets = buckets.lock().unwrap_or_else(|e| e.into_inner());
+                buckets.retain(|_, b| !b.is_idle(now));
+            }
+            #[cfg(feature = "redis")]
+            Kept::Redis { .. } => {}
         }
     }
 
