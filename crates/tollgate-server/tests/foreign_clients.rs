@@ -55,12 +55,12 @@ fn python_grpcio_and_protobuf_json_clients_get_envoys_answers() {
 
 /// The rate limit quota stream (RLQS) from grpcio with the `xds-protos` stubs
 /// (tests/python/rlqs_client.py): subscription, shares within the budget, an unknown
-/// bucket, refused reports.
+/// bucket, a `deny_all` bucket, refused reports.
 #[test]
 fn python_grpcio_streams_rate_limit_quota_reports() {
     python_checks(
         "rlqs",
-        "domain: py\nquota_buckets:\n  - bucket: { name: api }\n    policy: \"gcra:rate=100/s,burst=20\"\n",
+        "domain: py\nquota_buckets:\n  - bucket: { name: api }\n    policy: \"gcra:rate=100/s,burst=20\"\n  - bucket: { name: blocked }\n    blanket: deny_all\n",
         "rlqs_client.py",
         false,
     );

@@ -464,6 +464,17 @@ impl RawStream {
         });
     }
 
+    /// What the next message that names bucket `name` tells of it (others are skipped:
+    /// renewals of other buckets' shares come when they are due).
+    async fn told_of(&mut self, name: &str) -> (String, String, i64) {
+        loop {
+            let response = self.next().await.unwrap();
+            if let Some(t) = told(&response).into_iter().find(|t| t.0 == name) {
+                return t;
+            }
+        }
+    }
+
     /// The next message, or the status the stream ended with.
     async fn next(&mut self) -> Result<RateLimitQuotaResponse, tonic::Status> {
         tokio::time::timeout(Duration::from_secs(5), self.inbound.message())
@@ -547,5 +558,117 @@ async fn streams_past_a_bound_end_with_a_status_naming_it_and_the_others_go_on()
     kept.report(&["a"]);
     assert!(!kept.next().await.unwrap().bucket_action.is_empty());
     drop(huge);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a response tells its Envoy, bucket by bucket (by `name`): the strategy
+/// (`ALLOW_ALL`, `DENY_ALL`, `token_bucket`, `abandon`) and the time to live (s).
+fn told(r: &RateLimitQuotaResponse) -> Vec<(String, String, i64)> {
+    use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+    let mut told: Vec<(String, String, i64)> = (r.bucket_action.iter())
+        .map(|a| {
+            let name = a.bucket_id.as_ref().unwrap().bucket["name"].clone();
+            let (what, ttl) = match a.bucket_action.as_ref().unwrap() {
+                Action::QuotaAssignmentAction(q) => {
+                    let what = match q.rate_limit_strategy.as_ref().unwrap().strategy.as_ref() {
+                        Some(Strategy::BlanketRule(b)) => {
+                            BlanketRule::try_from(*b).unwrap().as_str_name().to_string()
+                        }
+                        Some(Strategy::TokenBucket(_)) => "token_bucket".to_string(),
+                        other => format!("{other:?}"),
+                    };
+                    (what, q.assignment_time_to_live.unwrap().seconds)
+                }
+                Action::AbandonAction(_) => ("abandon".to_string(), 0),
+            };
+            (name, what, ttl)
+        })
+        .collect();
+    told.sort();
+    told
+}
+
+/// `blanket:` rules: a bucket of `deny_all` is answered `DENY_ALL` at once, one of
+/// `allow_all` `ALLOW_ALL` (a bucket the wildcard budget after it would take), each
+/// with its time to live (60 s unless `assignment_ttl` says); nothing is divided for
+/// them. A reload that turns a divided bucket into a blanket one tells its Envoys at
+/// once, without waiting for their next report. `/v1/config` and `/metrics` show them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blanket_rules_allow_or_deny_a_bucket_and_a_reload_to_one_is_sent_at_once() {
+    let dir = std::env::temp_dir().join(format!("tollgate-rlqs-blanket-{}", std::process::id()));
+    let v1 =
+        "domain: envoy\nquota_buckets:\n  - bucket: { name: scraper }\n    blanket: deny_all\n  \
+              - bucket: { name: internal }\n    blanket: allow_all\n    assignment_ttl: 5s\n  \
+              - bucket: { name: \"*\" }\n    policy: \"gcra:rate=100/s,burst=10\"\n";
+    let path = rules(&dir, v1);
+    let server = support::start(&["--rules", path.to_str().unwrap()], &[]);
+    let mut envoy = RawStream::open(grpc_addr(&server)).await;
+    envoy.report(&["scraper", "internal", "api"]);
+    // The blanket answers first (at once), then the division's share.
+    let mut answers = told(&envoy.next().await.unwrap());
+    answers.extend(told(&envoy.next().await.unwrap()));
+    answers.sort();
+    assert_eq!(
+        answers,
+        [
+            ("api".to_string(), "token_bucket".to_string(), 1),
+            ("internal".to_string(), "ALLOW_ALL".to_string(), 5),
+            ("scraper".to_string(), "DENY_ALL".to_string(), 60),
+        ]
+    );
+    // Renewed at each report.
+    envoy.report(&["scraper"]);
+    assert_eq!(
+        envoy.told_of("scraper").await,
+        ("scraper".to_string(), "DENY_ALL".to_string(), 60)
+    );
+
+    let (_, _, config) = support::request(&server, "GET", "/v1/config", "", None).await;
+    let quota = &config["quota_buckets"];
+    let rule = (quota["rules"].as_array().unwrap().iter())
+        .find(|r| r["bucket"] == "name=scraper")
+        .unwrap();
+    assert_eq!(rule["blanket"], "deny_all", "{config}");
+    assert!(rule.get("divided_as").is_none(), "{config}");
+    let bucket = (quota["buckets"].as_array().unwrap().iter())
+        .find(|b| b["bucket"] == "name=scraper")
+        .unwrap();
+    assert_eq!(
+        (
+            &bucket["policy"],
+            &bucket["clients"],
+            &bucket["reported_allowed"]
+        ),
+        (&"deny_all".into(), &1.into(), &2.into()),
+        "{config}"
+    );
+    let (_, _, metrics) = support::request(&server, "GET", "/metrics", "", None).await;
+    let metrics = metrics.as_str().unwrap_or_default().to_string();
+    assert!(
+        metrics.contains(
+            "tollgate_quota_reported_requests_total{domain=\"envoy\",bucket=\"name=scraper\",outcome=\"allowed\"} 2"
+        ),
+        "{metrics}"
+    );
+
+    // `api` is denied by a reload: its Envoy is told without reporting.
+    let v2 = format!(
+        "domain: envoy\nquota_buckets:\n  - bucket: {{ name: api }}\n    blanket: deny_all\n{}",
+        v1.trim_start_matches("domain: envoy\nquota_buckets:\n")
+    );
+    std::fs::write(&path, v2).unwrap();
+    let (status, _, v) = support::request(&server, "POST", "/v1/reload", "", None).await;
+    assert_eq!(status, 200, "{v}");
+    let deadline = Instant::now() + Duration::from_millis(500);
+    loop {
+        // Renewals of the share may come first; the denial, within a pass.
+        let about_api = envoy.told_of("api").await;
+        if about_api.1 != "token_bucket" {
+            assert_eq!(about_api, ("api".to_string(), "DENY_ALL".to_string(), 60));
+            break;
+        }
+        assert!(Instant::now() < deadline, "no DENY_ALL after the reload");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -52,7 +52,10 @@ struct QuotaBucketDoc {
     #[serde(default)]
     name: Option<String>,
     bucket: std::collections::BTreeMap<String, String>,
-    policy: BudgetDoc,
+    #[serde(default)]
+    policy: Option<BudgetDoc>,
+    #[serde(default)]
+    blanket: Option<Blanket>,
     #[serde(default)]
     assignment_ttl: Option<TtlDoc>,
 }
@@ -244,21 +247,71 @@ impl<'de> Deserialize<'de> for TtlDoc {
 
 // --- The loaded form. ---
 
+/// The time to live of a blanket answer (a `blanket:` rule's default
+/// `assignment_ttl`, and the `ALLOW_ALL` of a bucket no rule takes): renewed at each
+/// report, and replaced at once when its rule changes, so it need not be short.
+pub const BLANKET_TTL_US: u64 = 60_000_000;
+
 /// A `quota_buckets` rule: the Envoy quota buckets it takes (by their bucket ids, as
 /// the filter's `bucket_id_builder` makes them: every key named, each value exact or a
-/// `*` pattern) and the budget each of those buckets divides among the Envoys that
-/// report on it. Each distinct bucket id is a budget of its own.
+/// `*` pattern) and what their Envoys are told: a budget each of those buckets divides
+/// among the Envoys that report on it (each distinct bucket id is a budget of its
+/// own), or a blanket rule.
 #[derive(Debug)]
 pub struct QuotaRule {
     /// `name`, else the bucket id pattern (`key=value,key=value`).
     pub name: String,
     keys: Vec<(String, ValueMatch)>,
-    /// The budget's policy, as written.
-    pub policy: Policy,
-    /// What it allows, as the division reads it.
-    pub budget: tollgate::quota::Budget,
-    /// How it is divided.
+    /// What its buckets' Envoys are told.
+    pub strategy: QuotaStrategy,
+    /// How it is divided (for a blanket rule, only the time to live is read).
     pub settings: tollgate::quota::QuotaSettings,
+}
+
+/// What a quota rule tells the Envoys of its buckets.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuotaStrategy {
+    /// `policy:` a budget divided among them by demand.
+    Budget {
+        /// The budget's policy, as written.
+        policy: Policy,
+        /// What it allows, as the division reads it.
+        budget: tollgate::quota::Budget,
+    },
+    /// `blanket:` every request allowed, or every request denied, by each Envoy
+    /// (nothing divided, nothing kept in the store).
+    Blanket(Blanket),
+}
+
+impl std::fmt::Display for QuotaStrategy {
+    /// The policy spec, or `allow_all` / `deny_all`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuotaStrategy::Budget { policy, .. } => policy.fmt(f),
+            QuotaStrategy::Blanket(b) => f.write_str(b.name()),
+        }
+    }
+}
+
+/// A quota rule's `blanket:` the same answer to every Envoy, as the protocol's
+/// blanket rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Blanket {
+    /// `allow_all`: not limited (e.g. a bucket a later wildcard rule would take).
+    AllowAll,
+    /// `deny_all`: every request denied, as the Envoy filter's deny response says.
+    DenyAll,
+}
+
+impl Blanket {
+    /// As written in the rules.
+    pub fn name(self) -> &'static str {
+        match self {
+            Blanket::AllowAll => "allow_all",
+            Blanket::DenyAll => "deny_all",
+        }
+    }
 }
 
 impl QuotaRule {
@@ -277,8 +330,25 @@ impl QuotaRule {
                 "{at}.bucket: '{k}': keys and values must not be empty (use \"*\" for any value)"
             ));
         }
-        let BudgetDoc(policy, budget) = doc.policy;
+        let strategy = match (doc.policy, doc.blanket) {
+            (Some(BudgetDoc(policy, budget)), None) => QuotaStrategy::Budget { policy, budget },
+            (None, Some(blanket)) => QuotaStrategy::Blanket(blanket),
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "{at}: policy and blanket: a rule either divides a budget or is a blanket rule, not both"
+                ))
+            }
+            (None, None) => {
+                return Err(format!(
+                    "{at}: expected policy (the budget its buckets divide, e.g. \"token-bucket:rate=1000/s\") \
+                     or blanket (allow_all or deny_all)"
+                ))
+            }
+        };
         let mut settings = tollgate::quota::QuotaSettings::default();
+        if let QuotaStrategy::Blanket(_) = strategy {
+            settings.ttl_us = BLANKET_TTL_US;
+        }
         if let Some(TtlDoc(us)) = doc.assignment_ttl {
             settings.ttl_us = us;
         }
@@ -291,8 +361,7 @@ impl QuotaRule {
             keys: (doc.bucket.into_iter())
                 .map(|(k, v)| (k, ValueMatch::new(v)))
                 .collect(),
-            policy,
-            budget,
+            strategy,
             settings,
         })
     }
@@ -1035,6 +1104,37 @@ mod tests {
         let mut r = DescriptorRules::default();
         r.add(text, "test.yaml", &Counters::default())?;
         Ok(r)
+    }
+
+    #[test]
+    fn a_quota_rule_is_a_budget_or_a_blanket_rule() {
+        let rule =
+            |body: &str| format!("domain: d\nquota_buckets:\n  - bucket: {{ t: x }}\n{body}");
+        let bucket = [("t".into(), "x".into())].into();
+        let r = rules(&rule("    blanket: deny_all\n    assignment_ttl: 30s\n")).unwrap();
+        let q = r.quota_rule("d", &bucket).unwrap();
+        assert_eq!(q.strategy, QuotaStrategy::Blanket(Blanket::DenyAll));
+        assert_eq!(
+            (q.strategy.to_string(), q.settings.ttl_us),
+            ("deny_all".into(), 30_000_000)
+        );
+        let r = rules(&rule("    blanket: allow_all\n")).unwrap();
+        let q = r.quota_rule("d", &bucket).unwrap();
+        assert_eq!(
+            (q.strategy.to_string(), q.settings.ttl_us),
+            ("allow_all".into(), BLANKET_TTL_US)
+        );
+        for (body, says) in [
+            (
+                "    blanket: deny_all\n    policy: \"gcra:rate=1/s\"\n",
+                "quota_buckets[0]: policy and blanket: a rule either divides a budget or is a blanket rule",
+            ),
+            ("    name: n\n", "quota_buckets[0]: expected policy (the budget"),
+            ("    blanket: deny\n", "unknown variant `deny`, expected `allow_all` or `deny_all`"),
+        ] {
+            let e = rules(&rule(body)).unwrap_err().to_string();
+            assert!(e.contains(says), "{body}: {e}");
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tollgate::Op;
 
-use crate::service::descriptors::DescriptorLimit;
+use crate::service::descriptors::{DescriptorLimit, QuotaStrategy};
 use crate::service::{Api, CheckResult, Code, DecisionService, DescriptorRequest};
 
 /// The largest request body accepted.
@@ -356,19 +356,25 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
         .collect();
     let mut quota_rules: Vec<Value> = (rules.quota_rules())
         .map(|(domain, r)| {
-            json!({
+            let mut v = json!({
                 "domain": domain,
                 "name": r.name,
                 "bucket": r.pattern(),
-                "policy": r.policy.to_string(),
-                // What each bucket divides, as sent to the Envoys (a window budget
-                // as the token bucket that fits inside it).
-                "divided_as": {
-                    "rate_per_second": r.budget.rate.count as f64 * 1e6 / r.budget.rate.period_us as f64,
-                    "burst": r.budget.burst,
-                },
                 "assignment_ttl_ms": r.settings.ttl_us / 1000,
-            })
+            });
+            match &r.strategy {
+                QuotaStrategy::Budget { policy, budget } => {
+                    v["policy"] = json!(policy.to_string());
+                    // What each bucket divides, as sent to the Envoys (a window
+                    // budget as the token bucket that fits inside it).
+                    v["divided_as"] = json!({
+                        "rate_per_second": budget.rate.count as f64 * 1e6 / budget.rate.period_us as f64,
+                        "burst": budget.burst,
+                    });
+                }
+                QuotaStrategy::Blanket(b) => v["blanket"] = json!(b.name()),
+            }
+            v
         })
         .collect();
     quota_rules.sort_by_key(|v| v.to_string());

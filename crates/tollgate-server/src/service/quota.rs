@@ -12,7 +12,9 @@
 //! report that came since its last (a bucket with a thousand Envoys is divided twenty
 //! times a second, not a thousand), with the renewals and freed shares due.
 //! A bucket no rule takes is answered `ALLOW_ALL` (as Envoy's ratelimit service
-//! answers a descriptor no rule matches), renewed while reported.
+//! answers a descriptor no rule matches), renewed while reported; a bucket of a
+//! `blanket:` rule, its `ALLOW_ALL` or `DENY_ALL` the same way (kept only for its
+//! figures: nothing is divided or stored).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
@@ -36,7 +38,7 @@ use tollgate::quota::{Assignment, ClientId, QuotaLedger, QuotaStats, ServerId, S
 use tonic::Status;
 
 use crate::config::store::{OnErrorDoc, StoreConfig};
-use crate::service::descriptors::{DescriptorRules, QuotaRule};
+use crate::service::descriptors::{self, DescriptorRules, QuotaRule, QuotaStrategy};
 
 /// How often reports are applied (with the others that arrived meanwhile: a bucket
 /// with thousands of Envoys reporting every second is divided at most this often, not
@@ -49,9 +51,6 @@ pub const MAX_QUEUED: usize = 256;
 
 /// The longest `time_elapsed` a report is read as (longer ones are read as this).
 const MAX_ELAPSED_US: u64 = 3_600_000_000;
-
-/// The time to live of the `ALLOW_ALL` sent for a bucket no rule takes.
-const UNRULED_TTL: Duration = Duration::from_secs(60);
 
 /// How many buckets one pass changes at once (with Redis, calls in flight).
 const TICK_CONCURRENCY: usize = 64;
@@ -180,13 +179,14 @@ pub struct BucketView {
     pub bucket: String,
     /// Its rule's name.
     pub rule: String,
-    /// Its rule's policy.
+    /// Its rule's policy, or its blanket rule (`allow_all`, `deny_all`).
     pub policy: String,
-    /// Envoys reporting on it or holding a share (on every server sharing it).
+    /// Envoys reporting on it or holding a share (on every server sharing it); for
+    /// a blanket rule's bucket, those reporting to this server.
     pub clients: u64,
     /// Its demand, assigned and reserved rates, per second (on every server sharing
-    /// it), named as reported.
-    pub figures: [(&'static str, f64); 3],
+    /// it), named as reported; none for a blanket rule's bucket.
+    pub figures: Vec<(&'static str, f64)>,
     /// The requests allowed and denied in the reports to this server.
     pub reported: [u64; 2],
 }
@@ -298,11 +298,13 @@ impl QuotaBuckets {
             )));
         }
         stream.domain = Some(domain.clone());
-        let mut unruled = Vec::new();
+        // Blanket answers, sent at once.
+        let mut blanket = Vec::new();
         for (u, rule) in usages {
             let Some(rule) = rule else {
                 // No rule takes it: not limited here.
-                unruled.push((client, allow_all(u.id)));
+                let strategy = Strategy::BlanketRule(BlanketRule::AllowAll as i32);
+                blanket.push((client, assign(u.id, strategy, descriptors::BLANKET_TTL_US)));
                 continue;
             };
             let bucket = buckets.entry(u.key.clone()).or_insert_with(|| Bucket {
@@ -321,10 +323,14 @@ impl QuotaBuckets {
             }
             bucket.allowed = bucket.allowed.saturating_add(u.usage.allowed);
             bucket.denied = bucket.denied.saturating_add(u.usage.denied);
+            if let Some(action) = blanket_action(&bucket.id, rule) {
+                blanket.push((client, action));
+                continue;
+            }
             bucket.pending.push(Change::Report(client, u.usage));
             dirty.insert(u.key);
         }
-        deliver(streams, unruled);
+        deliver(streams, blanket);
         Ok(())
     }
 
@@ -413,6 +419,10 @@ impl QuotaBuckets {
         }) else {
             return nothing;
         };
+        let QuotaStrategy::Budget { budget, .. } = rule.strategy else {
+            // A blanket rule's bucket: answered at each report, nothing divided.
+            return nothing;
+        };
         let server = self.server;
         let decide = |b: &mut tollgate::quota::QuotaBucket, now: u64| {
             for change in &pending {
@@ -430,7 +440,7 @@ impl QuotaBuckets {
                 next_in: b.next_event(server).map(|e| e.saturating_sub(now)),
             }
         };
-        let (budget, settings) = (rule.budget, rule.settings);
+        let settings = rule.settings;
         // An assignment must reach its Envoy within the grace of the ledger's time:
         // half of it for this server, half for the network.
         let send_by =
@@ -533,15 +543,17 @@ impl QuotaBuckets {
     /// The rules were loaded again: a bucket whose rule is unchanged keeps its
     /// division (every share stays as it is); a bucket whose rule changed is divided
     /// anew under it from each Envoy's next report (which replaces the Envoy's share
-    /// at once: the old share may be spent until the new one arrives); a bucket no
-    /// rule takes any more is abandoned (`AbandonAction`: each Envoy forgets it, and
-    /// a request that subscribes it again is answered as an unruled bucket is).
+    /// at once: the old share may be spent until the new one arrives), or, if it is
+    /// now a blanket rule, each Envoy is sent it at once; a bucket no rule takes any
+    /// more is abandoned (`AbandonAction`: each Envoy forgets it, and a request that
+    /// subscribes it again is answered as an unruled bucket is).
     pub fn reload(&self, rules: &DescriptorRules) {
         let mut state = self.state();
         let State {
             buckets, streams, ..
         } = &mut *state;
         let mut abandoned = Vec::new();
+        let mut sends = Vec::new();
         for (key, b) in buckets.iter_mut() {
             match rules.quota_rule(&key.0, &key.1) {
                 None => abandoned.push(key.clone()),
@@ -552,12 +564,19 @@ impl QuotaBuckets {
                         b.name = name;
                         b.stats = QuotaStats::default();
                         b.due = None;
+                        if let Some(action) = blanket_action(&b.id, rule) {
+                            b.pending.clear();
+                            sends.extend(
+                                (streams.iter())
+                                    .filter(|(_, s)| s.buckets.contains(key))
+                                    .map(|(client, _)| (*client, action.clone())),
+                            );
+                        }
                     }
                     b.rule = rule.clone();
                 }
             }
         }
-        let mut sends = Vec::new();
         for key in abandoned {
             let Some(b) = buckets.remove(&key) else {
                 continue;
@@ -582,8 +601,20 @@ impl QuotaBuckets {
         let state = self.state();
         let mut views: Vec<BucketView> = (state.buckets.iter())
             .map(|((domain, id), b)| {
-                let period = b.rule.budget.rate.period_us as f64;
-                let per_second = |n: u64| n as f64 * 1e6 / period;
+                let (clients, figures) = match &b.rule.strategy {
+                    QuotaStrategy::Budget { budget, .. } => {
+                        let period = budget.rate.period_us as f64;
+                        let per_second = |n: u64| n as f64 * 1e6 / period;
+                        let figures = vec![
+                            ("demand_per_second", per_second(b.stats.demand)),
+                            ("assigned_per_second", per_second(b.stats.assigned)),
+                            ("reserved_per_second", per_second(b.stats.reserved)),
+                        ];
+                        (b.stats.clients, figures)
+                    }
+                    // Nothing divided: the Envoys reporting here, and no rates.
+                    QuotaStrategy::Blanket(_) => (b.streams as u64, Vec::new()),
+                };
                 BucketView {
                     domain: domain.clone(),
                     bucket: id
@@ -592,13 +623,9 @@ impl QuotaBuckets {
                         .collect::<Vec<_>>()
                         .join(","),
                     rule: b.rule.name.clone(),
-                    policy: b.rule.policy.to_string(),
-                    clients: b.stats.clients,
-                    figures: [
-                        ("demand_per_second", per_second(b.stats.demand)),
-                        ("assigned_per_second", per_second(b.stats.assigned)),
-                        ("reserved_per_second", per_second(b.stats.reserved)),
-                    ],
+                    policy: b.rule.strategy.to_string(),
+                    clients,
+                    figures,
                     reported: [b.allowed, b.denied],
                 }
             })
@@ -638,7 +665,7 @@ fn ledger_name((domain, id): &BucketKey, rule: &QuotaRule) -> String {
     for (k, v) in id {
         name.push_str(&format!("{}:{k}{}:{v}", k.len(), v.len()));
     }
-    name.push_str(&format!("|{}|{}", rule.policy, rule.settings.ttl_us));
+    name.push_str(&format!("|{}|{}", rule.strategy, rule.settings.ttl_us));
     name
 }
 
@@ -757,10 +784,17 @@ fn action(id: &BucketId, a: &Assignment) -> BucketAction {
     assign(id.clone(), strategy, a.ttl_us)
 }
 
-/// `ALLOW_ALL` for a bucket no rule takes.
-fn allow_all(id: BucketId) -> BucketAction {
-    let strategy = Strategy::BlanketRule(BlanketRule::AllowAll as i32);
-    assign(id, strategy, UNRULED_TTL.as_micros() as u64)
+/// What a blanket rule sends for bucket `id` (`None` for a budget's rule).
+fn blanket_action(id: &BucketId, rule: &QuotaRule) -> Option<BucketAction> {
+    let QuotaStrategy::Blanket(blanket) = rule.strategy else {
+        return None;
+    };
+    let blanket = match blanket {
+        descriptors::Blanket::AllowAll => BlanketRule::AllowAll,
+        descriptors::Blanket::DenyAll => BlanketRule::DenyAll,
+    };
+    let strategy = Strategy::BlanketRule(blanket as i32);
+    Some(assign(id.clone(), strategy, rule.settings.ttl_us))
 }
 
 fn assign(id: BucketId, strategy: Strategy, ttl_us: u64) -> BucketAction {

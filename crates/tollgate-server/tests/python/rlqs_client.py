@@ -104,6 +104,18 @@ check(
     act,
 )
 
+# A bucket of a blanket rule (blanket: deny_all): DENY_ALL at once, for a minute
+# (renewals of the api share may come first).
+b.send("", [usage({"name": "blocked"})])
+for _ in range(5):
+    acts = [x for x in b.next_actions() if dict(x.bucket_id.bucket) == {"name": "blocked"}]
+    if acts:
+        break
+check("a deny_all bucket is answered", len(acts) == 1, acts)
+q = acts[0].quota_assignment_action
+check("as DENY_ALL", q.rate_limit_strategy.blanket_rule == Blanket.DENY_ALL, q)
+check("for 60 s", q.assignment_time_to_live.seconds == 60, q)
+
 # A stream whose first report names no domain ends with INVALID_ARGUMENT.
 c = Stream(channel)
 c.send("", [usage({"name": "api"})])
