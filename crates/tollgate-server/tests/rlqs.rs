@@ -475,6 +475,18 @@ impl RawStream {
         }
     }
 
+    /// Waits `time`, failing if a message names any of `buckets` meanwhile.
+    async fn quiet_for(&mut self, time: Duration, buckets: &[&str]) {
+        let end = Instant::now() + time;
+        while let Ok(m) = tokio::time::timeout_at(end, self.inbound.message()).await {
+            let told = told(&m.unwrap().unwrap());
+            assert!(
+                !told.iter().any(|t| buckets.contains(&t.0.as_str())),
+                "{told:?}"
+            );
+        }
+    }
+
     /// The next message, or the status the stream ended with.
     async fn next(&mut self) -> Result<RateLimitQuotaResponse, tonic::Status> {
         tokio::time::timeout(Duration::from_secs(5), self.inbound.message())
@@ -591,20 +603,29 @@ fn told(r: &RateLimitQuotaResponse) -> Vec<(String, String, i64)> {
 
 /// `blanket:` rules: a bucket of `deny_all` is answered `DENY_ALL` at once, one of
 /// `allow_all` `ALLOW_ALL` (a bucket the wildcard budget after it would take), each
-/// with its time to live (60 s unless `assignment_ttl` says); nothing is divided for
-/// them. A reload that turns a divided bucket into a blanket one tells its Envoys at
-/// once, without waiting for their next report. `/v1/config` and `/metrics` show them.
+/// with its time to live (60 s unless `assignment_ttl` says, or twice the reporting
+/// interval if longer); nothing is divided for them. A reload that makes a bucket's
+/// rule a blanket one tells its Envoys at once (a divided bucket, or one no rule took),
+/// and no share of the old rule follows; one that makes it a budget again divides it
+/// from the next report; one that removes a blanket rule abandons its buckets.
+/// `/v1/config` and `/metrics` show them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blanket_rules_allow_or_deny_a_bucket_and_a_reload_to_one_is_sent_at_once() {
     let dir = std::env::temp_dir().join(format!("tollgate-rlqs-blanket-{}", std::process::id()));
-    let v1 =
-        "domain: envoy\nquota_buckets:\n  - bucket: { name: scraper }\n    blanket: deny_all\n  \
-              - bucket: { name: internal }\n    blanket: allow_all\n    assignment_ttl: 5s\n  \
-              - bucket: { name: \"*\" }\n    policy: \"gcra:rate=100/s,burst=10\"\n";
-    let path = rules(&dir, v1);
+    let scraper = "  - bucket: { name: scraper }\n    blanket: deny_all\n";
+    let internal =
+        "  - bucket: { name: internal }\n    blanket: allow_all\n    assignment_ttl: 5s\n";
+    let api = "  - bucket: { name: \"api*\" }\n    policy: \"gcra:rate=100/s,burst=10\"\n";
+    let file = |rules: &[&str]| format!("domain: envoy\nquota_buckets:\n{}", rules.concat());
+    let path = rules(&dir, &file(&[scraper, internal, api]));
     let server = support::start(&["--rules", path.to_str().unwrap()], &[]);
+    let reload = |rules: String| {
+        std::fs::write(&path, rules).unwrap();
+        support::request(&server, "POST", "/v1/reload", "", None)
+    };
+    let told_as = |name: &str, what: &str, ttl: i64| (name.to_string(), what.to_string(), ttl);
     let mut envoy = RawStream::open(grpc_addr(&server)).await;
-    envoy.report(&["scraper", "internal", "api"]);
+    envoy.report(&["scraper", "internal", "api", "stranger"]);
     // The blanket answers first (at once), then the division's share.
     let mut answers = told(&envoy.next().await.unwrap());
     answers.extend(told(&envoy.next().await.unwrap()));
@@ -612,16 +633,17 @@ async fn blanket_rules_allow_or_deny_a_bucket_and_a_reload_to_one_is_sent_at_onc
     assert_eq!(
         answers,
         [
-            ("api".to_string(), "token_bucket".to_string(), 1),
-            ("internal".to_string(), "ALLOW_ALL".to_string(), 5),
-            ("scraper".to_string(), "DENY_ALL".to_string(), 60),
+            told_as("api", "token_bucket", 1),
+            told_as("internal", "ALLOW_ALL", 5),
+            told_as("scraper", "DENY_ALL", 60),
+            told_as("stranger", "ALLOW_ALL", 60),
         ]
     );
-    // Renewed at each report.
-    envoy.report(&["scraper"]);
+    // Renewed at each report, for twice its interval where that is longer.
+    envoy.report_over(&["scraper"], 45);
     assert_eq!(
         envoy.told_of("scraper").await,
-        ("scraper".to_string(), "DENY_ALL".to_string(), 60)
+        told_as("scraper", "DENY_ALL", 90)
     );
 
     let (_, _, config) = support::request(&server, "GET", "/v1/config", "", None).await;
@@ -636,39 +658,67 @@ async fn blanket_rules_allow_or_deny_a_bucket_and_a_reload_to_one_is_sent_at_onc
         .unwrap();
     assert_eq!(
         (
-            &bucket["policy"],
-            &bucket["clients"],
+            &bucket["blanket"],
+            &bucket["streams"],
             &bucket["reported_allowed"]
         ),
         (&"deny_all".into(), &1.into(), &2.into()),
         "{config}"
     );
+    assert!(bucket.get("demand_per_second").is_none(), "{config}");
     let (_, _, metrics) = support::request(&server, "GET", "/metrics", "", None).await;
     let metrics = metrics.as_str().unwrap_or_default().to_string();
-    assert!(
-        metrics.contains(
-            "tollgate_quota_reported_requests_total{domain=\"envoy\",bucket=\"name=scraper\",outcome=\"allowed\"} 2"
-        ),
-        "{metrics}"
-    );
-
-    // `api` is denied by a reload: its Envoy is told without reporting.
-    let v2 = format!(
-        "domain: envoy\nquota_buckets:\n  - bucket: {{ name: api }}\n    blanket: deny_all\n{}",
-        v1.trim_start_matches("domain: envoy\nquota_buckets:\n")
-    );
-    std::fs::write(&path, v2).unwrap();
-    let (status, _, v) = support::request(&server, "POST", "/v1/reload", "", None).await;
-    assert_eq!(status, 200, "{v}");
-    let deadline = Instant::now() + Duration::from_millis(500);
-    loop {
-        // Renewals of the share may come first; the denial, within a pass.
-        let about_api = envoy.told_of("api").await;
-        if about_api.1 != "token_bucket" {
-            assert_eq!(about_api, ("api".to_string(), "DENY_ALL".to_string(), 60));
-            break;
-        }
-        assert!(Instant::now() < deadline, "no DENY_ALL after the reload");
+    for line in [
+        "tollgate_quota_reported_requests_total{domain=\"envoy\",bucket=\"name=scraper\",outcome=\"allowed\"} 2",
+        "tollgate_quota_bucket{domain=\"envoy\",bucket=\"name=scraper\",figure=\"streams\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
     }
+
+    // `api` (divided) and `stranger` (no rule) are denied by a reload: the Envoy is
+    // told without reporting, and no share of the old budget follows.
+    let stranger = "  - bucket: { name: stranger }\n    blanket: deny_all\n";
+    let deny_api = "  - bucket: { name: api }\n    blanket: deny_all\n";
+    let (status, _, v) = reload(file(&[stranger, deny_api, scraper, internal, api])).await;
+    assert_eq!(status, 200, "{v}");
+    let mut denied = Vec::new();
+    while denied.len() < 2 {
+        // Renewals of the api share may come before the reload.
+        let now_told = told(&envoy.next().await.unwrap());
+        denied.extend(now_told.into_iter().filter(|t| t.1 != "token_bucket"));
+    }
+    denied.sort();
+    assert_eq!(
+        denied,
+        [
+            told_as("api", "DENY_ALL", 60),
+            told_as("stranger", "DENY_ALL", 60)
+        ]
+    );
+    envoy
+        .quiet_for(Duration::from_millis(1500), &["api", "stranger"])
+        .await;
+
+    // Back: api divided again from its next report, scraper allowed at once,
+    // internal's rule removed (abandoned), stranger's removed (its next report is
+    // answered as for a bucket no rule takes).
+    let allow_scraper = "  - bucket: { name: scraper }\n    blanket: allow_all\n";
+    let (status, _, v) = reload(file(&[allow_scraper, api])).await;
+    assert_eq!(status, 200, "{v}");
+    let mut changed = told(&envoy.next().await.unwrap());
+    changed.sort();
+    assert_eq!(
+        changed,
+        [
+            told_as("internal", "abandon", 0),
+            told_as("scraper", "ALLOW_ALL", 60),
+            told_as("stranger", "abandon", 0),
+        ]
+    );
+    envoy.report(&["api"]);
+    assert_eq!(
+        envoy.told_of("api").await,
+        told_as("api", "token_bucket", 1)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

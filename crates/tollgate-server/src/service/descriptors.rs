@@ -220,7 +220,7 @@ impl<'de> Deserialize<'de> for BudgetDoc {
 
 /// The longest `assignment_ttl` taken: a share handed out for longer is a share the
 /// budget cannot take back for as long.
-const MAX_ASSIGNMENT_TTL_US: u64 = 3_600_000_000;
+pub const MAX_ASSIGNMENT_TTL_US: u64 = 3_600_000_000;
 
 /// An `assignment_ttl`: whole seconds from 1 s to 1 h (Envoy reads a time to live in
 /// whole seconds), checked while the YAML is read.
@@ -335,7 +335,7 @@ impl QuotaRule {
             (None, Some(blanket)) => QuotaStrategy::Blanket(blanket),
             (Some(_), Some(_)) => {
                 return Err(format!(
-                    "{at}: policy and blanket: a rule either divides a budget or is a blanket rule, not both"
+                    "{at}: policy and blanket cannot both be set: a rule divides a budget or is a blanket rule"
                 ))
             }
             (None, None) => {
@@ -1127,10 +1127,16 @@ mod tests {
         for (body, says) in [
             (
                 "    blanket: deny_all\n    policy: \"gcra:rate=1/s\"\n",
-                "quota_buckets[0]: policy and blanket: a rule either divides a budget or is a blanket rule",
+                "quota_buckets[0]: policy and blanket cannot both be set",
             ),
-            ("    name: n\n", "quota_buckets[0]: expected policy (the budget"),
-            ("    blanket: deny\n", "unknown variant `deny`, expected `allow_all` or `deny_all`"),
+            (
+                "    name: n\n",
+                "quota_buckets[0]: expected policy (the budget",
+            ),
+            (
+                "    blanket: deny\n",
+                "unknown variant `deny`, expected `allow_all` or `deny_all`",
+            ),
         ] {
             let e = rules(&rule(body)).unwrap_err().to_string();
             assert!(e.contains(says), "{body}: {e}");

@@ -385,11 +385,14 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
                 "domain": b.domain,
                 "bucket": b.bucket,
                 "rule": b.rule,
-                "policy": b.policy,
-                "clients": b.clients,
                 "reported_allowed": b.reported[0],
                 "reported_denied": b.reported[1],
             });
+            match &b.strategy {
+                QuotaStrategy::Budget { policy, .. } => v["policy"] = json!(policy.to_string()),
+                QuotaStrategy::Blanket(blanket) => v["blanket"] = json!(blanket.name()),
+            }
+            v[b.count.0] = json!(b.count.1);
             for (name, figure) in b.figures {
                 v[name] = json!(figure);
             }

@@ -155,7 +155,8 @@ impl Metrics {
             "quota_bucket",
             "Each RLQS quota bucket: clients (Envoys reporting or holding a share), \
              demand_per_second, assigned_per_second and reserved_per_second (of every \
-             server sharing it)",
+             server sharing it); for a blanket rule's bucket, streams (this server's \
+             streams reporting on it)",
             quota.clone(),
         );
         let quota_reported = Family::<Labels, Counter>::default();
@@ -291,16 +292,24 @@ impl Metrics {
     }
 
     /// Sets the RLQS figures: every bucket's (buckets gone are dropped) and the
-    /// streams open. Each bucket is `(domain, bucket id, clients, its named rates,
-    /// the requests its reports counted: allowed, denied)`.
+    /// streams open. Each bucket is `(domain, bucket id, its named count (clients or
+    /// streams), its named rates, the requests its reports counted: allowed, denied)`.
     pub fn quota<'a>(
         &self,
-        buckets: impl IntoIterator<Item = (&'a str, &'a str, u64, &'a [(&'static str, f64)], [u64; 2])>,
+        buckets: impl IntoIterator<
+            Item = (
+                &'a str,
+                &'a str,
+                (&'static str, u64),
+                &'a [(&'static str, f64)],
+                [u64; 2],
+            ),
+        >,
         streams: usize,
     ) {
         self.quota.clear();
         self.quota_reported.clear();
-        for (domain, bucket, clients, rates, reported) in buckets {
+        for (domain, bucket, (counted, count), rates, reported) in buckets {
             let labels = |name: &'static str, value: &str| {
                 vec![
                     ("domain", domain.to_string()),
@@ -308,7 +317,7 @@ impl Metrics {
                     (name, value.to_string()),
                 ]
             };
-            let figures = std::iter::once(("clients", clients as f64)).chain(rates.iter().copied());
+            let figures = std::iter::once((counted, count as f64)).chain(rates.iter().copied());
             for (figure, value) in figures {
                 self.quota
                     .get_or_create(&labels("figure", figure))

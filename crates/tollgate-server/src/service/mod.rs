@@ -399,7 +399,7 @@ impl DecisionService {
             (
                 b.domain.as_str(),
                 b.bucket.as_str(),
-                b.clients,
+                b.count,
                 &b.figures[..],
                 b.reported,
             )

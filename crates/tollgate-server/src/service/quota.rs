@@ -138,12 +138,30 @@ struct Bucket {
     denied: u64,
 }
 
+impl Bucket {
+    fn new(key: &BucketKey, rule: &Arc<QuotaRule>, id: BucketId) -> Bucket {
+        Bucket {
+            rule: rule.clone(),
+            name: ledger_name(key, rule),
+            id,
+            pending: Vec::new(),
+            stats: QuotaStats::default(),
+            due: None,
+            streams: 0,
+            allowed: 0,
+            denied: 0,
+        }
+    }
+}
+
 /// One stream: where its answers go (`None` once its client stopped reading them),
-/// its domain, and the buckets it reported on.
+/// its domain, the buckets it reported on that a rule takes, and those no rule took
+/// (answered `ALLOW_ALL`; kept so that a reload that denies one tells it at once).
 struct Stream {
     outbox: Option<mpsc::Sender<RateLimitQuotaResponse>>,
     domain: Option<String>,
     buckets: HashSet<BucketKey>,
+    unruled: HashMap<BucketKey, BucketId>,
 }
 
 /// A change to a bucket, applied with the next division.
@@ -179,11 +197,12 @@ pub struct BucketView {
     pub bucket: String,
     /// Its rule's name.
     pub rule: String,
-    /// Its rule's policy, or its blanket rule (`allow_all`, `deny_all`).
-    pub policy: String,
-    /// Envoys reporting on it or holding a share (on every server sharing it); for
-    /// a blanket rule's bucket, those reporting to this server.
-    pub clients: u64,
+    /// Its rule's budget, or blanket rule.
+    pub strategy: QuotaStrategy,
+    /// `clients`: the Envoys reporting on it or holding a share (on every server
+    /// sharing it); for a blanket rule's bucket, `streams`: this server's streams
+    /// reporting on it (nothing is shared).
+    pub count: (&'static str, u64),
     /// Its demand, assigned and reserved rates, per second (on every server sharing
     /// it), named as reported; none for a blanket rule's bucket.
     pub figures: Vec<(&'static str, f64)>,
@@ -225,6 +244,7 @@ impl QuotaBuckets {
             outbox: Some(outbox),
             domain: None,
             buckets: HashSet::new(),
+            unruled: HashMap::new(),
         };
         self.state().streams.insert(id, stream);
         (id, inbox)
@@ -274,18 +294,19 @@ impl QuotaBuckets {
                 (u, rule)
             })
             .collect();
-        // Only the buckets a rule takes are kept, each once however often named.
-        let ruled: HashSet<&BucketKey> = (usages.iter())
-            .filter(|(_, rule)| rule.is_some())
-            .map(|(u, _)| &u.key)
-            .collect();
-        let new_here = ruled
-            .iter()
-            .filter(|k| !stream.buckets.contains(**k))
+        // Each bucket once however often named; only those a rule takes are kept
+        // for the server.
+        let named: HashSet<&BucketKey> = usages.iter().map(|(u, _)| &u.key).collect();
+        let new_here = (named.iter())
+            .filter(|k| !stream.buckets.contains(**k) && !stream.unruled.contains_key(**k))
             .count();
-        let new_kept = ruled.iter().filter(|k| !buckets.contains_key(**k)).count();
+        let new_kept = (usages.iter())
+            .filter(|(u, rule)| rule.is_some() && !buckets.contains_key(&u.key))
+            .map(|(u, _)| &u.key)
+            .collect::<HashSet<_>>()
+            .len();
         let limits = &self.limits;
-        if stream.buckets.len() + new_here > limits.max_buckets_per_stream {
+        if stream.buckets.len() + stream.unruled.len() + new_here > limits.max_buckets_per_stream {
             return Err(Status::resource_exhausted(format!(
                 "a stream may report on at most {} buckets (quota.max_buckets_per_stream)",
                 limits.max_buckets_per_stream
@@ -303,27 +324,20 @@ impl QuotaBuckets {
         for (u, rule) in usages {
             let Some(rule) = rule else {
                 // No rule takes it: not limited here.
+                let ttl_us = blanket_ttl(descriptors::BLANKET_TTL_US, u.usage.elapsed_us);
                 let strategy = Strategy::BlanketRule(BlanketRule::AllowAll as i32);
-                blanket.push((client, assign(u.id, strategy, descriptors::BLANKET_TTL_US)));
+                blanket.push((client, assign(u.id.clone(), strategy, ttl_us)));
+                stream.unruled.insert(u.key, u.id);
                 continue;
             };
-            let bucket = buckets.entry(u.key.clone()).or_insert_with(|| Bucket {
-                rule: rule.clone(),
-                name: ledger_name(&u.key, rule),
-                id: u.id,
-                pending: Vec::new(),
-                stats: QuotaStats::default(),
-                due: None,
-                streams: 0,
-                allowed: 0,
-                denied: 0,
-            });
+            let bucket =
+                (buckets.entry(u.key.clone())).or_insert_with(|| Bucket::new(&u.key, rule, u.id));
             if stream.buckets.insert(u.key.clone()) {
                 bucket.streams += 1;
             }
             bucket.allowed = bucket.allowed.saturating_add(u.usage.allowed);
             bucket.denied = bucket.denied.saturating_add(u.usage.denied);
-            if let Some(action) = blanket_action(&bucket.id, rule) {
+            if let Some(action) = blanket_action(&bucket.id, rule, u.usage.elapsed_us) {
                 blanket.push((client, action));
                 continue;
             }
@@ -410,18 +424,20 @@ impl QuotaBuckets {
             sends: Vec::new(),
             send_by: u64::MAX,
         };
-        let Some((rule, name, pending)) = (self.state().buckets.get_mut(key)).map(|b| {
-            (
-                b.rule.clone(),
-                b.name.clone(),
-                std::mem::take(&mut b.pending),
-            )
-        }) else {
-            return nothing;
-        };
-        let QuotaStrategy::Budget { budget, .. } = rule.strategy else {
-            // A blanket rule's bucket: answered at each report, nothing divided.
-            return nothing;
+        let (rule, budget, name, pending) = {
+            let mut state = self.state();
+            let Some(b) = state.buckets.get_mut(key) else {
+                return nothing;
+            };
+            let pending = std::mem::take(&mut b.pending);
+            let QuotaStrategy::Budget { budget, .. } = b.rule.strategy else {
+                // A blanket rule's bucket: answered at each report, nothing divided
+                // (and no division of an earlier rule left due).
+                b.due = None;
+                b.stats = QuotaStats::default();
+                return nothing;
+            };
+            (b.rule.clone(), budget, b.name.clone(), pending)
         };
         let server = self.server;
         let decide = |b: &mut tollgate::quota::QuotaBucket, now: u64| {
@@ -452,7 +468,7 @@ impl QuotaBuckets {
                 }
                 return Outgoing {
                     send_by: send_by(d.age_us),
-                    sends: self.kept(key, Some(d.value)),
+                    sends: self.kept(key, &name, Some(d.value)),
                 };
             }
             Err(e) => e,
@@ -464,7 +480,7 @@ impl QuotaBuckets {
         let blanket = match self.on_error {
             LedgerFailure::Local(n) => {
                 let alone = self.alone.update(&name, budget.share(n), settings, decide);
-                let sends = self.kept(key, alone.await.ok().map(|d| d.value));
+                let sends = self.kept(key, &name, alone.await.ok().map(|d| d.value));
                 let answered: Vec<ClientId> = sends.iter().map(|(c, _)| *c).collect();
                 self.answered_alone(key, &pending, &answered);
                 return Outgoing {
@@ -522,15 +538,22 @@ impl QuotaBuckets {
         }
     }
 
-    /// Keeps what a division of bucket `key` decided (its standing, its next tick);
-    /// returns its assignments as the protocol writes them.
-    fn kept(&self, key: &BucketKey, decided: Option<Decided>) -> Vec<(ClientId, BucketAction)> {
+    /// Keeps what a division of bucket `key` under ledger name `name` decided (its
+    /// standing, its next tick); returns its assignments as the protocol writes them.
+    /// Nothing if a reload changed the bucket's rule meanwhile: its Envoys have been
+    /// told of the new one, and must not get a share of the old one after it.
+    fn kept(
+        &self,
+        key: &BucketKey,
+        name: &str,
+        decided: Option<Decided>,
+    ) -> Vec<(ClientId, BucketAction)> {
         let Some(d) = decided else {
             return Vec::new();
         };
         let now = self.clock.now_us();
         let mut state = self.state();
-        let Some(b) = state.buckets.get_mut(key) else {
+        let Some(b) = state.buckets.get_mut(key).filter(|b| b.name == name) else {
             return Vec::new();
         };
         b.stats = d.stats;
@@ -544,36 +567,62 @@ impl QuotaBuckets {
     /// division (every share stays as it is); a bucket whose rule changed is divided
     /// anew under it from each Envoy's next report (which replaces the Envoy's share
     /// at once: the old share may be spent until the new one arrives), or, if it is
-    /// now a blanket rule, each Envoy is sent it at once; a bucket no rule takes any
-    /// more is abandoned (`AbandonAction`: each Envoy forgets it, and a request that
+    /// now a blanket rule (or a rule now takes a bucket that had none, and it is a
+    /// blanket rule), each Envoy is sent it at once; a bucket no rule takes any more
+    /// is abandoned (`AbandonAction`: each Envoy forgets it, and a request that
     /// subscribes it again is answered as an unruled bucket is).
     pub fn reload(&self, rules: &DescriptorRules) {
         let mut state = self.state();
         let State {
-            buckets, streams, ..
+            buckets,
+            streams,
+            dirty,
         } = &mut *state;
         let mut abandoned = Vec::new();
         let mut sends = Vec::new();
         for (key, b) in buckets.iter_mut() {
-            match rules.quota_rule(&key.0, &key.1) {
-                None => abandoned.push(key.clone()),
-                Some(rule) => {
-                    let name = ledger_name(key, rule);
-                    if name != b.name {
-                        self.ledger.forget(&b.name);
-                        b.name = name;
-                        b.stats = QuotaStats::default();
-                        b.due = None;
-                        if let Some(action) = blanket_action(&b.id, rule) {
-                            b.pending.clear();
-                            sends.extend(
-                                (streams.iter())
-                                    .filter(|(_, s)| s.buckets.contains(key))
-                                    .map(|(client, _)| (*client, action.clone())),
-                            );
-                        }
-                    }
-                    b.rule = rule.clone();
+            let Some(rule) = rules.quota_rule(&key.0, &key.1) else {
+                abandoned.push(key.clone());
+                continue;
+            };
+            let name = ledger_name(key, rule);
+            if name != b.name {
+                self.ledger.forget(&b.name);
+                b.name = name;
+                b.stats = QuotaStats::default();
+                b.due = None;
+                let holders = (streams.iter())
+                    .filter(|(_, s)| s.buckets.contains(key))
+                    .map(|(client, _)| *client);
+                if let Some(action) = blanket_action(&b.id, rule, 0) {
+                    b.pending.clear();
+                    sends.extend(holders.map(|client| (client, action.clone())));
+                } else if matches!(b.rule.strategy, QuotaStrategy::Blanket(_)) {
+                    // Their blanket answer replaced any share a division (in Redis,
+                    // one still kept under this name) counts them as holding: their
+                    // next share is a new one, not a renewal.
+                    b.pending.extend(holders.map(Change::Superseded));
+                    dirty.insert(key.clone());
+                }
+            }
+            b.rule = rule.clone();
+        }
+        // A bucket reported on with no rule that a blanket rule now takes is told at
+        // once, and kept as if reported (one a budget now takes is divided from its
+        // next report).
+        for (client, s) in streams.iter_mut() {
+            for (key, id) in std::mem::take(&mut s.unruled) {
+                let Some(rule) = rules.quota_rule(&key.0, &key.1) else {
+                    s.unruled.insert(key, id);
+                    continue;
+                };
+                let Some(action) = blanket_action(&id, rule, 0) else {
+                    continue;
+                };
+                sends.push((*client, action));
+                let b = (buckets.entry(key.clone())).or_insert_with(|| Bucket::new(&key, rule, id));
+                if s.buckets.insert(key) {
+                    b.streams += 1;
                 }
             }
         }
@@ -601,7 +650,7 @@ impl QuotaBuckets {
         let state = self.state();
         let mut views: Vec<BucketView> = (state.buckets.iter())
             .map(|((domain, id), b)| {
-                let (clients, figures) = match &b.rule.strategy {
+                let (count, figures) = match &b.rule.strategy {
                     QuotaStrategy::Budget { budget, .. } => {
                         let period = budget.rate.period_us as f64;
                         let per_second = |n: u64| n as f64 * 1e6 / period;
@@ -610,10 +659,10 @@ impl QuotaBuckets {
                             ("assigned_per_second", per_second(b.stats.assigned)),
                             ("reserved_per_second", per_second(b.stats.reserved)),
                         ];
-                        (b.stats.clients, figures)
+                        (("clients", b.stats.clients), figures)
                     }
-                    // Nothing divided: the Envoys reporting here, and no rates.
-                    QuotaStrategy::Blanket(_) => (b.streams as u64, Vec::new()),
+                    // Nothing divided, nothing shared: this server's streams on it.
+                    QuotaStrategy::Blanket(_) => (("streams", b.streams as u64), Vec::new()),
                 };
                 BucketView {
                     domain: domain.clone(),
@@ -623,8 +672,8 @@ impl QuotaBuckets {
                         .collect::<Vec<_>>()
                         .join(","),
                     rule: b.rule.name.clone(),
-                    policy: b.rule.strategy.to_string(),
-                    clients,
+                    strategy: b.rule.strategy.clone(),
+                    count,
                     figures,
                     reported: [b.allowed, b.denied],
                 }
@@ -784,8 +833,9 @@ fn action(id: &BucketId, a: &Assignment) -> BucketAction {
     assign(id.clone(), strategy, a.ttl_us)
 }
 
-/// What a blanket rule sends for bucket `id` (`None` for a budget's rule).
-fn blanket_action(id: &BucketId, rule: &QuotaRule) -> Option<BucketAction> {
+/// What a blanket rule sends for bucket `id` to an Envoy whose report covered
+/// `elapsed_us` (0 if unknown); `None` for a budget's rule.
+fn blanket_action(id: &BucketId, rule: &QuotaRule, elapsed_us: u64) -> Option<BucketAction> {
     let QuotaStrategy::Blanket(blanket) = rule.strategy else {
         return None;
     };
@@ -794,7 +844,16 @@ fn blanket_action(id: &BucketId, rule: &QuotaRule) -> Option<BucketAction> {
         descriptors::Blanket::DenyAll => BlanketRule::DenyAll,
     };
     let strategy = Strategy::BlanketRule(blanket as i32);
-    Some(assign(id.clone(), strategy, rule.settings.ttl_us))
+    let ttl_us = blanket_ttl(rule.settings.ttl_us, elapsed_us);
+    Some(assign(id.clone(), strategy, ttl_us))
+}
+
+/// A blanket answer's time to live: `ttl_us`, or twice the Envoy's reporting
+/// interval (`elapsed_us`, in whole seconds) if that is longer (at most an hour).
+/// It is renewed only by reports, so it must outlast the time between two.
+fn blanket_ttl(ttl_us: u64, elapsed_us: u64) -> u64 {
+    let twice = elapsed_us.div_ceil(1_000_000).saturating_mul(2_000_000);
+    ttl_us.max(twice.min(descriptors::MAX_ASSIGNMENT_TTL_US))
 }
 
 fn assign(id: BucketId, strategy: Strategy, ttl_us: u64) -> BucketAction {
