@@ -88,6 +88,35 @@ impl Bucket {
     }
 }
 
+/// The bucket ids of `--bucket pattern` for `--buckets n`: `{i}` in a value is the
+/// bucket's number.
+fn bucket_ids(pattern: &str, n: usize) -> anyhow::Result<Vec<Key>> {
+    let pairs = (pattern.split(','))
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
+                Ok((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => anyhow::bail!(
+                "--bucket {pattern}: '{pair}': expected key=value pairs separated by commas, \
+                 e.g. tenant=t{{i}},api=chat"
+            ),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if n > 1 && !pairs.iter().any(|(_, v)| v.contains("{i}")) {
+        anyhow::bail!("--bucket {pattern}: with --buckets {n}, a value must hold {{i}} (the bucket's number), else every bucket is the same");
+    }
+    Ok((0..n)
+        .map(|i| {
+            let id = pairs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.replace("{i}", &i.to_string())));
+            let mut id: Key = id.collect();
+            id.sort();
+            id
+        })
+        .collect())
+}
+
 /// A bucket id as the simulated filter keys it: its pairs in order.
 type Key = Vec<(String, String)>;
 
@@ -265,6 +294,21 @@ impl QuotaClient {
         buckets.entry(k).or_default().admit(now)
     }
 
+    /// How many of its buckets are under a blanket rule now: `[ALLOW_ALL, DENY_ALL]`.
+    pub fn blankets(&self) -> [usize; 2] {
+        let now = Instant::now();
+        let buckets = self.buckets.lock().unwrap();
+        let mut n = [0, 0];
+        for b in buckets.values() {
+            if let Some((Strategy::BlanketRule(r), expires)) = &b.active {
+                if now < *expires {
+                    n[usize::from(*r != BlanketRule::AllowAll as i32)] += 1;
+                }
+            }
+        }
+        n
+    }
+
     /// Why the stream ended (a status from the server, a broken connection), if it
     /// has.
     pub fn ended(&self) -> Option<String> {
@@ -288,10 +332,14 @@ pub struct RlqsArgs {
     /// Simulated Envoys (one stream each).
     #[arg(long, default_value_t = 50)]
     pub envoys: usize,
-    /// Buckets each Envoy reports on: `name=b0` .. `name=b{buckets-1}` (the same
-    /// buckets for every Envoy).
+    /// Buckets each Envoy reports on (the same buckets for every Envoy), each made
+    /// from `--bucket`.
     #[arg(long, default_value_t = 1)]
     pub buckets: usize,
+    /// The bucket id: `key=value,...`, where `{i}` in a value is the bucket's
+    /// number (0 .. buckets-1; needed with more than one bucket).
+    #[arg(long, default_value = "name=b{i}")]
+    pub bucket: String,
     /// Requests each Envoy offers per bucket per second.
     #[arg(long, default_value_t = 100)]
     pub rate: u64,
@@ -313,7 +361,9 @@ pub struct RlqsArgs {
 /// Runs the fleet; prints `admitted/s: .. denied/s: .. assignments/s: .. envoys: ..
 /// buckets: .. errors: ..` (admissions and denials counted after the warm-up; errors:
 /// streams that ended before the run did, the first one's status on stderr), and on
-/// stderr each second counted (`second 1: admitted .. denied ..`).
+/// stderr each second counted (`second 1: admitted .. denied ..`) and how many
+/// buckets ended under a blanket rule (an `ALLOW_ALL` most often means that no rule
+/// takes the bucket ids sent).
 pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
     let target = args.target.strip_prefix("http://").unwrap_or(&args.target);
     let addr: SocketAddr = match tokio::net::lookup_host(target).await {
@@ -336,7 +386,7 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
             anyhow::anyhow!("--target {target}: cannot connect to {addr}: {cause}")
         })?);
     }
-    let names: Arc<Vec<String>> = Arc::new((0..args.buckets).map(|b| format!("b{b}")).collect());
+    let ids: Arc<Vec<Key>> = Arc::new(bucket_ids(&args.bucket, args.buckets)?);
     let start = Instant::now();
     let (warm, end) = (start + args.warmup, start + args.warmup + args.duration);
     let totals: Arc<[std::sync::atomic::AtomicU64; 2]> = Arc::default();
@@ -345,8 +395,11 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
     let per_step = args.rate as f64 * STEP.as_secs_f64();
     let mut tasks = Vec::new();
     for (i, client) in clients.into_iter().enumerate() {
-        let (names, totals, domain) = (names.clone(), totals.clone(), args.domain.clone());
+        let (ids, totals, domain) = (ids.clone(), totals.clone(), args.domain.clone());
         tasks.push(tokio::spawn(async move {
+            let ids: Vec<Vec<(&str, &str)>> = (ids.iter())
+                .map(|id| id.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
+                .collect();
             let mut next = start + STEP.mul_f64(i as f64 / args.envoys as f64);
             let mut owed = 0.0;
             while next < end {
@@ -356,8 +409,8 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
                 owed -= n as f64;
                 let (mut allowed, mut denied) = (0, 0);
                 for _ in 0..n {
-                    for name in names.iter() {
-                        if client.try_admit(&domain, &[("name", name)]) {
+                    for id in &ids {
+                        if client.try_admit(&domain, id) {
                             allowed += 1;
                         } else {
                             denied += 1;
@@ -371,7 +424,7 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
                 next += STEP;
             }
             let received = client.received.load(std::sync::atomic::Ordering::Relaxed);
-            (received, client.ended())
+            (received, client.ended(), client.blankets())
         }));
     }
     // Each second counted, on stderr: what the fleet admitted and denied in it.
@@ -396,15 +449,27 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
         })
     };
     let (mut assignments, mut errors, mut first_error) = (0, 0, None);
+    let mut blankets = [0, 0];
     for t in tasks {
-        let (received, ended) = t.await?;
+        let (received, ended, blanket) = t.await?;
         assignments += received;
+        blankets = [blankets[0] + blanket[0], blankets[1] + blanket[1]];
         if let Some(e) = ended {
             errors += 1;
             first_error.get_or_insert(e);
         }
     }
     let _ = progress.await;
+    // A bucket no rule takes is answered ALLOW_ALL: a run that measured nothing.
+    let held = args.envoys * args.buckets;
+    for (n, rule, why) in [
+        (blankets[0], "ALLOW_ALL", "no quota_buckets rule of the domain takes those bucket ids (check --bucket and --domain), or an allow_all rule does: nothing limited them"),
+        (blankets[1], "DENY_ALL", "a deny_all rule, or the store's on_error: fail-closed"),
+    ] {
+        if n > 0 {
+            eprintln!("tollgate bench rlqs: {n} of {held} buckets (one per Envoy and bucket) ended under {rule}: {why}");
+        }
+    }
     if let Some(e) = &first_error {
         eprintln!("tollgate bench rlqs: {errors} streams ended early; the first: {e}");
     }
@@ -420,4 +485,31 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
         errors
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_ids_number_each_bucket_and_refuse_what_cannot_be_one() {
+        let pairs = |id: &Key| {
+            id.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+        };
+        let ids = bucket_ids("tenant=t{i}, api=chat", 2).unwrap();
+        assert_eq!(pairs(&ids[0]), ["api=chat", "tenant=t0"]);
+        assert_eq!(pairs(&ids[1]), ["api=chat", "tenant=t1"]);
+        assert_eq!(pairs(&bucket_ids("name=b{i}", 1).unwrap()[0]), ["name=b0"]);
+        assert_eq!(pairs(&bucket_ids("name=x", 1).unwrap()[0]), ["name=x"]);
+        for (pattern, n, says) in [
+            ("name=x", 2, "a value must hold {i}"),
+            ("tenant", 1, "'tenant': expected key=value pairs"),
+            ("a=1,=2", 1, "'=2': expected key=value pairs"),
+        ] {
+            let e = bucket_ids(pattern, n).unwrap_err().to_string();
+            assert!(e.contains(says), "{pattern}: {e}");
+        }
+    }
 }

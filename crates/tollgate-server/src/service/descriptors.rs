@@ -298,9 +298,13 @@ impl std::fmt::Display for QuotaStrategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Blanket {
-    /// `allow_all`: not limited (e.g. a bucket a later wildcard rule would take).
+    /// `allow_all` (or Envoy's `ALLOW_ALL`): not limited (e.g. a bucket a later
+    /// wildcard rule would take).
+    #[serde(alias = "ALLOW_ALL")]
     AllowAll,
-    /// `deny_all`: every request denied, as the Envoy filter's deny response says.
+    /// `deny_all` (or `DENY_ALL`): every request denied, as the Envoy filter's deny
+    /// response says.
+    #[serde(alias = "DENY_ALL")]
     DenyAll,
 }
 
@@ -333,6 +337,8 @@ impl QuotaRule {
         let strategy = match (doc.policy, doc.blanket) {
             (Some(BudgetDoc(policy, budget)), None) => QuotaStrategy::Budget { policy, budget },
             (None, Some(blanket)) => QuotaStrategy::Blanket(blanket),
+            // Checked here, not while the YAML is read: serde would locate the error
+            // at the list, not at the rule.
             (Some(_), Some(_)) => {
                 return Err(format!(
                     "{at}: policy and blanket cannot both be set: a rule divides a budget or is a blanket rule"
@@ -389,16 +395,17 @@ impl QuotaRule {
     }
 
     /// Whether this rule takes every bucket `later` would (so `later`, after it,
-    /// would never be used): the same keys, each of its values `*`, the same
-    /// pattern, or a pattern that fits `later`'s exact value.
+    /// would never be used): the same keys, each of its values the same as
+    /// `later`'s, or a pattern that fits `later`'s value, exact or pattern. (A
+    /// pattern fits another's text only if it fits every value that one takes: its
+    /// literal parts hold no `*`, so they match only literal text there, and each of
+    /// its `*` takes whatever the other's stands for.)
     fn covers(&self, later: &QuotaRule) -> bool {
         self.keys.len() == later.keys.len()
             && self.keys.iter().zip(&later.keys).all(|((k, m), (lk, lm))| {
                 k == lk
-                    && (m.text() == "*"
-                        || m.text() == lm.text()
-                        || matches!((m, lm), (ValueMatch::Wildcard { parts, .. }, ValueMatch::Exact(v))
-                            if wildcard_fits(parts, v)))
+                    && (m.text() == lm.text()
+                        || matches!(m, ValueMatch::Wildcard { parts, .. } if wildcard_fits(parts, lm.text())))
             })
     }
 }
@@ -1118,7 +1125,7 @@ mod tests {
             (q.strategy.to_string(), q.settings.ttl_us),
             ("deny_all".into(), 30_000_000)
         );
-        let r = rules(&rule("    blanket: allow_all\n")).unwrap();
+        let r = rules(&rule("    blanket: ALLOW_ALL\n")).unwrap();
         let q = r.quota_rule("d", &bucket).unwrap();
         assert_eq!(
             (q.strategy.to_string(), q.settings.ttl_us),
@@ -1199,6 +1206,9 @@ mod tests {
             ("t: \"*\"", "t: x"),
             ("t: \"a*\"", "t: ab"),
             ("t: \"a*\"", "t: \"a*\""),
+            ("t: \"team-*\"", "t: \"team-red*\""),
+            ("t: \"*-prod\"", "t: \"eu-*-prod\""),
+            ("t: \"*\"", "t: \"*x*\""),
         ] {
             let e = rules(&two(a, b)).unwrap_err().to_string();
             assert!(
@@ -1211,6 +1221,9 @@ mod tests {
             ("t: x", "t: \"*\""),
             ("t: x", "u: x"),
             ("t: \"a*\"", "t: b"),
+            ("t: \"team-red*\"", "t: \"team-*\""),
+            ("t: \"a*b\"", "t: \"a*\""),
+            ("t: \"*a*\"", "t: \"*\""),
         ] {
             rules(&two(a, b)).unwrap();
         }

@@ -85,13 +85,25 @@ pub fn router(service: Arc<DecisionService>, admin: AdminAccess) -> Router {
                     if let Some(r) = admin.refusal(&headers) {
                         return r;
                     }
+                    // Logged as the other reasons are (SIGHUP, a file changed).
+                    let reason = "POST /v1/reload";
                     match service.reload() {
-                        Ok(()) => Json(json!({ "reloaded": true })).into_response(),
-                        Err(e) => (
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            Json(json!({ "error": e.to_string() })),
-                        )
-                            .into_response(),
+                        Ok(()) => {
+                            tracing::info!(reason, "tollgate serve: rules reloaded");
+                            Json(json!({ "reloaded": true })).into_response()
+                        }
+                        Err(e) => {
+                            tracing::error!(
+                                reason,
+                                error = %e,
+                                "tollgate serve: reload rejected, the previous rules stay in force"
+                            );
+                            (
+                                StatusCode::UNPROCESSABLE_ENTITY,
+                                Json(json!({ "error": e.to_string() })),
+                            )
+                                .into_response()
+                        }
                     }
                 },
             ),
@@ -377,7 +389,9 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
             v
         })
         .collect();
-    quota_rules.sort_by_key(|v| v.to_string());
+    // By domain, each domain's in the order they are matched (the first that takes
+    // a bucket is its rule).
+    quota_rules.sort_by(|a, b| a["domain"].as_str().cmp(&b["domain"].as_str()));
     // The buckets reported on now, with what the division holds for them.
     let buckets: Vec<Value> = (service.quota().views().into_iter())
         .map(|b| {

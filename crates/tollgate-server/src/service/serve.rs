@@ -409,8 +409,12 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<()> {
         },
         None => String::new(),
     };
+    let quota = match settings.rules.quota_rules().count() {
+        0 => String::new(),
+        n => format!("; quota_buckets: {n} rule(s)"),
+    };
     println!(
-        "ok: {} domain(s): {}{routes}",
+        "ok: {} domain(s): {}{quota}{routes}",
         domains.len(),
         domains.join(", ")
     );
