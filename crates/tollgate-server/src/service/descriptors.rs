@@ -295,17 +295,27 @@ impl std::fmt::Display for QuotaStrategy {
 
 /// A quota rule's `blanket:` the same answer to every Envoy, as the protocol's
 /// blanket rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blanket {
     /// `allow_all` (or Envoy's `ALLOW_ALL`): not limited (e.g. a bucket a later
     /// wildcard rule would take).
-    #[serde(alias = "ALLOW_ALL")]
     AllowAll,
     /// `deny_all` (or `DENY_ALL`): every request denied, as the Envoy filter's deny
     /// response says.
-    #[serde(alias = "DENY_ALL")]
     DenyAll,
+}
+
+impl<'de> Deserialize<'de> for Blanket {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "allow_all" | "ALLOW_ALL" => Ok(Blanket::AllowAll),
+            "deny_all" | "DENY_ALL" => Ok(Blanket::DenyAll),
+            _ => Err(serde::de::Error::custom(format!(
+                "blanket: '{s}': expected allow_all or deny_all (or Envoy's ALLOW_ALL, DENY_ALL)"
+            ))),
+        }
+    }
 }
 
 impl Blanket {
@@ -1142,7 +1152,7 @@ mod tests {
             ),
             (
                 "    blanket: deny\n",
-                "unknown variant `deny`, expected `allow_all` or `deny_all`",
+                "blanket: 'deny': expected allow_all or deny_all (or Envoy's ALLOW_ALL, DENY_ALL) at line 3",
             ),
         ] {
             let e = rules(&rule(body)).unwrap_err().to_string();
