@@ -26,15 +26,35 @@ fn python_checks(name: &str, rules: &str, script: &str, with_http: bool) {
     if with_http {
         command.arg(&server.base);
     }
-    let out = command
-        .output()
+    // Bounded: a client that hangs fails the test with what it printed.
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("python3 runs (scripts/test.sh installs grpcio and xds-protos)");
+    let pid = child.id();
+    let (done, waited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let (out, hung) = match waited.recv_timeout(std::time::Duration::from_secs(120)) {
+        Ok(out) => (out.unwrap(), ""),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+            (
+                waited.recv().unwrap().unwrap(),
+                " (killed: no exit within 120 s)",
+            )
+        }
+    };
     let _ = std::fs::remove_dir_all(&dir);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stdout.contains("all checks passed"),
-        "{} failed:\n{stdout}\n{stderr}",
+        "{} failed{hung}:\n{stdout}\n{stderr}",
         script.display()
     );
 }

@@ -156,7 +156,8 @@ impl Bucket {
 
 /// One stream: where its answers go (`None` once its client stopped reading them),
 /// its domain, the buckets it reported on that a rule takes, and those no rule took
-/// (answered `ALLOW_ALL`; kept so that a reload that denies one tells it at once).
+/// (answered `ALLOW_ALL`; kept, up to `max_buckets_per_stream` of them, so that a
+/// reload that denies one tells it at once).
 struct Stream {
     outbox: Option<mpsc::Sender<RateLimitQuotaResponse>>,
     domain: Option<String>,
@@ -296,17 +297,18 @@ impl QuotaBuckets {
             .collect();
         // Each bucket once however often named; only those a rule takes are kept
         // for the server.
-        let named: HashSet<&BucketKey> = usages.iter().map(|(u, _)| &u.key).collect();
-        let new_here = (named.iter())
-            .filter(|k| !stream.buckets.contains(**k) && !stream.unruled.contains_key(**k))
-            .count();
+        let new_here = (usages.iter())
+            .filter(|(u, rule)| rule.is_some() && !stream.buckets.contains(&u.key))
+            .map(|(u, _)| &u.key)
+            .collect::<HashSet<_>>()
+            .len();
         let new_kept = (usages.iter())
             .filter(|(u, rule)| rule.is_some() && !buckets.contains_key(&u.key))
             .map(|(u, _)| &u.key)
             .collect::<HashSet<_>>()
             .len();
         let limits = &self.limits;
-        if stream.buckets.len() + stream.unruled.len() + new_here > limits.max_buckets_per_stream {
+        if stream.buckets.len() + new_here > limits.max_buckets_per_stream {
             return Err(Status::resource_exhausted(format!(
                 "a stream may report on at most {} buckets (quota.max_buckets_per_stream)",
                 limits.max_buckets_per_stream
@@ -327,7 +329,11 @@ impl QuotaBuckets {
                 let ttl_us = blanket_ttl(descriptors::BLANKET_TTL_US, u.usage.elapsed_us);
                 let strategy = Strategy::BlanketRule(BlanketRule::AllowAll as i32);
                 blanket.push((client, assign(u.id.clone(), strategy, ttl_us)));
-                stream.unruled.insert(u.key, u.id);
+                // Not limited, so not bounded either: past the bound, a reload that
+                // denies one is told at the stream's next report.
+                if stream.unruled.len() < limits.max_buckets_per_stream {
+                    stream.unruled.insert(u.key, u.id);
+                }
                 continue;
             };
             let bucket =
