@@ -38,7 +38,7 @@ use tollgate::quota::{Assignment, ClientId, QuotaLedger, QuotaStats, ServerId, S
 use tonic::Status;
 
 use crate::config::store::{OnErrorDoc, StoreConfig};
-use crate::service::descriptors::{self, DescriptorRules, QuotaRule, QuotaStrategy};
+use crate::service::descriptors::{self, Blanket, DescriptorRules, QuotaRule, QuotaStrategy};
 
 /// How often reports are applied (with the others that arrived meanwhile: a bucket
 /// with thousands of Envoys reporting every second is divided at most this often, not
@@ -326,9 +326,9 @@ impl QuotaBuckets {
         for (u, rule) in usages {
             let Some(rule) = rule else {
                 // No rule takes it: not limited here.
-                let ttl_us = blanket_ttl(descriptors::BLANKET_TTL_US, u.usage.elapsed_us);
-                let strategy = Strategy::BlanketRule(BlanketRule::AllowAll as i32);
-                blanket.push((client, assign(u.id.clone(), strategy, ttl_us)));
+                let (allow, ttl_us) = (Blanket::AllowAll, descriptors::BLANKET_TTL_US);
+                let action = blanket_answer(&u.id, allow, ttl_us, u.usage.elapsed_us);
+                blanket.push((client, action));
                 // Not limited, so not bounded either: past the bound, a reload that
                 // denies one is told at the stream's next report.
                 if stream.unruled.len() < limits.max_buckets_per_stream {
@@ -845,21 +845,25 @@ fn blanket_action(id: &BucketId, rule: &QuotaRule, elapsed_us: u64) -> Option<Bu
     let QuotaStrategy::Blanket(blanket) = rule.strategy else {
         return None;
     };
-    let blanket = match blanket {
-        descriptors::Blanket::AllowAll => BlanketRule::AllowAll,
-        descriptors::Blanket::DenyAll => BlanketRule::DenyAll,
-    };
-    let strategy = Strategy::BlanketRule(blanket as i32);
-    let ttl_us = blanket_ttl(rule.settings.ttl_us, elapsed_us);
-    Some(assign(id.clone(), strategy, ttl_us))
+    Some(blanket_answer(
+        id,
+        blanket,
+        rule.settings.ttl_us,
+        elapsed_us,
+    ))
 }
 
-/// A blanket answer's time to live: `ttl_us`, or twice the Envoy's reporting
-/// interval (`elapsed_us`, in whole seconds) if that is longer (at most an hour).
-/// It is renewed only by reports, so it must outlast the time between two.
-fn blanket_ttl(ttl_us: u64, elapsed_us: u64) -> u64 {
+/// `blanket` for bucket `id`, for `ttl_us` or twice the Envoy's reporting interval
+/// (`elapsed_us`, in whole seconds) if that is longer (at most an hour): only its
+/// reports renew it, so it must outlast the time between two.
+fn blanket_answer(id: &BucketId, blanket: Blanket, ttl_us: u64, elapsed_us: u64) -> BucketAction {
+    let rule = match blanket {
+        Blanket::AllowAll => BlanketRule::AllowAll,
+        Blanket::DenyAll => BlanketRule::DenyAll,
+    };
     let twice = elapsed_us.div_ceil(1_000_000).saturating_mul(2_000_000);
-    ttl_us.max(twice.min(descriptors::MAX_ASSIGNMENT_TTL_US))
+    let ttl_us = ttl_us.max(twice.min(descriptors::MAX_ASSIGNMENT_TTL_US));
+    assign(id.clone(), Strategy::BlanketRule(rule as i32), ttl_us)
 }
 
 fn assign(id: BucketId, strategy: Strategy, ttl_us: u64) -> BucketAction {
