@@ -368,10 +368,7 @@ impl QuotaRule {
         if let Some(TtlDoc(us)) = doc.assignment_ttl {
             settings.ttl_us = us;
         }
-        let pattern = (doc.bucket.iter())
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",");
+        let pattern = bucket_text(doc.bucket.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         Ok(QuotaRule {
             name: doc.name.unwrap_or(pattern),
             keys: (doc.bucket.into_iter())
@@ -385,10 +382,7 @@ impl QuotaRule {
     /// The bucket ids it takes: `key=value,...`, keys in sorted order (values exact
     /// or `*` patterns).
     pub fn pattern(&self) -> String {
-        (self.keys.iter())
-            .map(|(k, m)| format!("{k}={}", m.text()))
-            .collect::<Vec<_>>()
-            .join(",")
+        bucket_text(self.keys.iter().map(|(k, m)| (k.as_str(), m.text())))
     }
 
     /// Whether the bucket `id` is one of this rule's: the same keys, each value
@@ -418,6 +412,15 @@ impl QuotaRule {
                         || matches!(m, ValueMatch::Wildcard { parts, .. } if wildcard_fits(parts, lm.text())))
             })
     }
+}
+
+/// A bucket id, or a rule's pattern of them, as written in the config dump and the
+/// metrics: `key=value,...`.
+pub fn bucket_text<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+    pairs
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A limit attached to a descriptor node: its rule set and the per-key limiter that

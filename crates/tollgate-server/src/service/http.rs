@@ -85,25 +85,13 @@ pub fn router(service: Arc<DecisionService>, admin: AdminAccess) -> Router {
                     if let Some(r) = admin.refusal(&headers) {
                         return r;
                     }
-                    // Logged as the other reasons are (SIGHUP, a file changed).
-                    let reason = "POST /v1/reload";
-                    match service.reload() {
-                        Ok(()) => {
-                            tracing::info!(reason, "tollgate serve: rules reloaded");
-                            Json(json!({ "reloaded": true })).into_response()
-                        }
-                        Err(e) => {
-                            tracing::error!(
-                                reason,
-                                error = %e,
-                                "tollgate serve: reload rejected, the previous rules stay in force"
-                            );
-                            (
-                                StatusCode::UNPROCESSABLE_ENTITY,
-                                Json(json!({ "error": e.to_string() })),
-                            )
-                                .into_response()
-                        }
+                    match service.reload("POST /v1/reload") {
+                        Ok(()) => Json(json!({ "reloaded": true })).into_response(),
+                        Err(e) => (
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            Json(json!({ "error": e.to_string() })),
+                        )
+                            .into_response(),
                     }
                 },
             ),

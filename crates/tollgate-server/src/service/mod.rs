@@ -335,14 +335,28 @@ impl DecisionService {
         &self.sources
     }
 
-    /// Reads the rule files again. A bad file changes nothing (the old rules stay in
-    /// force); limits whose definition did not change keep their counters. Counted in
-    /// the metrics either way.
-    pub fn reload(&self) -> Result<(), crate::service::descriptors::RulesError> {
+    /// Reads the rule files again, for `reason` (SIGHUP, a file changed, `POST
+    /// /v1/reload`). A bad file changes nothing (the old rules stay in force); limits
+    /// whose definition did not change keep their counters. Logged with its reason,
+    /// and counted in the metrics either way.
+    pub fn reload(&self, reason: &str) -> Result<(), crate::service::descriptors::RulesError> {
         if self.sources.is_empty() {
+            tracing::info!(
+                reason,
+                "tollgate serve: the built-in rules are in force: nothing to reload"
+            );
             return Ok(());
         }
-        match DescriptorRules::load(&self.sources, &self.counters, self.merge_domains) {
+        let loaded = DescriptorRules::load(&self.sources, &self.counters, self.merge_domains);
+        match &loaded {
+            Ok(_) => tracing::info!(reason, "tollgate serve: rules reloaded"),
+            Err(e) => tracing::error!(
+                reason,
+                error = %e,
+                "tollgate serve: reload rejected, the previous rules stay in force"
+            ),
+        }
+        match loaded {
             Ok(mut rules) => {
                 let old = self.rules.load_full();
                 rules.adopt(&old);

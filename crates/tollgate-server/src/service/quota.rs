@@ -672,11 +672,9 @@ impl QuotaBuckets {
                 };
                 BucketView {
                     domain: domain.clone(),
-                    bucket: id
-                        .iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect::<Vec<_>>()
-                        .join(","),
+                    bucket: descriptors::bucket_text(
+                        id.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                    ),
                     rule: b.rule.name.clone(),
                     strategy: b.rule.strategy.clone(),
                     count,

@@ -289,23 +289,9 @@ async fn watch_rules(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let paths = service.sources().to_vec();
-    let built_in = paths.is_empty();
+    // Logged and counted by the service.
     let reload = |reason: &str| {
-        if built_in {
-            tracing::info!(
-                reason,
-                "tollgate serve: the built-in rules are in force: nothing to reload"
-            );
-            return;
-        }
-        match service.reload() {
-            Ok(()) => tracing::info!(reason, "tollgate serve: rules reloaded"),
-            Err(e) => tracing::error!(
-                reason,
-                error = %e,
-                "tollgate serve: reload rejected, the previous rules stay in force"
-            ),
-        }
+        let _ = service.reload(reason);
     };
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
