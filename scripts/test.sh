@@ -19,7 +19,7 @@ need() { # package, a file it installs
     [ -e "$2" ] || { echo "scripts/test.sh: $1 is required ($2)" >&2; exit 1; }
 }
 need nginx /usr/sbin/nginx
-need faketime /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+need faketime /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 # The Redis store's tests start their own redis-server processes (a standalone
 # server and a 3-master Cluster made with redis-cli --cluster) on free loopback
 # ports, and stop them by PID.

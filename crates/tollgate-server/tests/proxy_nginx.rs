@@ -92,7 +92,9 @@ async fn tollgate_proxy_decides_exactly_as_nginx_limit_req() {
         &format!("127.0.0.1:{tg_port}"),
     ]);
     clock.apply(&mut tg);
-    tg.stdout(Stdio::piped()).stderr(Stdio::null());
+    let log = dir.join("tollgate.log");
+    tg.stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap());
     let mut tollgate = Killed(tg.spawn().unwrap());
     let mut line = String::new();
     BufReader::new(tollgate.0.stdout.as_mut().unwrap())
@@ -137,6 +139,12 @@ async fn tollgate_proxy_decides_exactly_as_nginx_limit_req() {
             clock.set(t);
             let n = status(ng_port, zone, key).await;
             let g = status(tg_port, zone, key).await;
+            // A 5xx is the proxy failing, not a decision: say so, with its log.
+            assert!(
+                g < 500,
+                "request {i} of {spec}: tollgate answered {g}; its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
             assert_eq!(
                 g, n,
                 "request {i} of {spec} (key {key}, t={t}us): tollgate {g}, nginx {n}"

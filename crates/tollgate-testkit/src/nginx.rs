@@ -7,8 +7,12 @@ use std::time::Duration;
 
 use crate::process::{free_port, Killed};
 
-/// libfaketime, from Debian's `faketime` package (`scripts/test.sh` installs it).
-pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// libfaketime, from Debian's `faketime` package (`scripts/test.sh` installs it): its
+/// thread-safe build. The plain one reads the timestamp file into shared buffers
+/// without a lock, so a multi-threaded process (tollgate) now and then reads a
+/// half-written instant, or the real time: one such read moves tokio's timers months
+/// ahead and every pending timeout fires (a proxied request answered 504).
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 /// A clock frozen at an instant the test sets, for processes started with
 /// [`FrozenClock::apply`]: libfaketime reads the instant from a file on every call.

@@ -118,7 +118,9 @@ impl ControllerState {
             }
         };
         self.cut = next < l;
-        self.limit = next.max(l * MAX_CUT).clamp(f64::from(min), f64::from(max));
+        // Cuts come out of the lowest class's permits first.
+        let protected = f64::from(w.protected).min(l);
+        self.limit = (next.max(l * MAX_CUT).max(protected)).clamp(f64::from(min), f64::from(max));
     }
 
     /// The gradient rule (docs/adaptive.md): cut to `used / ratio` when the mean
@@ -134,7 +136,11 @@ impl ControllerState {
             return l;
         };
         let ratio = m as f64 / b.max(1) as f64;
-        if ratio > tolerance {
+        // Queueing, not chance: the mean passes the tolerance by more than twice its
+        // standard error (a service whose times jitter +-20 % strays ~4 % in a window
+        // of ten, and the baseline is the least of many such means).
+        let sure = m.saturating_sub(2 * w.mean_error_us) as f64 / b.max(1) as f64;
+        if sure > tolerance {
             // Little's law: at `ratio` times the unloaded latency, `used / ratio`
             // requests in flight would have been served without queueing.
             self.knee = l;
@@ -171,9 +177,11 @@ mod tests {
         WindowSummary {
             drops: 0,
             mean_us: Some(mean),
+            mean_error_us: 0,
             baseline_us: Some(baseline),
             max_in_flight: in_flight,
             limit_bound: true,
+            protected: 0,
         }
     }
 
@@ -212,6 +220,22 @@ mod tests {
             limits[4..].iter().all(|&l| (8..=10).contains(&l)),
             "{limits:?}"
         );
+    }
+
+    #[test]
+    fn a_cut_leaves_the_higher_classes_what_they_held() {
+        // 10 in flight, 8 of them critical, at 1.25x the baseline: Little's law says
+        // 8; at twice the baseline it would say 5, but the sheddable work goes
+        // first: the limit stops at what critical work held.
+        let mut s = ControllerState::new(10);
+        let mut w = window(40_000, 20_000, 10);
+        w.protected = 8;
+        s.on_window(&GRADIENT, &w, 1, 1000);
+        assert_eq!(s.limit, 8.0);
+        assert!(s.cut);
+        // With one class in flight, nothing is protected: the cut is whole.
+        s.on_window(&GRADIENT, &window(40_000, 20_000, 8), 1, 1000);
+        assert_eq!(s.limit, 4.0);
     }
 
     #[test]

@@ -10,6 +10,12 @@ use super::request::{Outcome, Priority, Shed};
 use super::spec::{AdaptiveSpec, QueueDelay};
 use super::window::{Window, WindowSummary, WindowedMin};
 
+/// How many standard errors above its mean a window counts towards the baseline.
+/// The least of many noisy means is lower than the service's unloaded latency (by
+/// about three standard errors over a few hundred windows); a baseline that low
+/// reads chance as queueing, and cuts overshoot.
+const BASELINE_ERRORS: u64 = 2;
+
 /// The fewest outcomes in a window: below this a mean says too little.
 pub const MIN_WINDOW: u32 = 10;
 
@@ -60,6 +66,7 @@ pub struct Ticket {
     epoch: u64,
     admitted_us: u64,
     caller: Option<u64>,
+    priority: Priority,
 }
 
 impl Ticket {
@@ -134,6 +141,10 @@ pub struct AdaptiveStats {
     pub in_flight: u32,
     /// Requests waiting now.
     pub queued: u32,
+    /// Permits kept free now for priorities above the most important waiter's: the
+    /// most those priorities held lately beyond what they hold now (0 when nobody
+    /// waits). Requests wait under a free permit only when it is kept so.
+    pub reserved: u32,
     /// The unloaded-latency baseline (the least window mean lately), in us.
     pub baseline_us: Option<u64>,
     /// The trimmed mean latency of the last window, in us.
@@ -159,6 +170,25 @@ struct Waiter {
     deadline_us: Option<u64>,
     /// The caller's own bound came first (`Shed::MaxWait`), not the target.
     by_max_wait: bool,
+}
+
+/// The permits one priority holds, and the most it held lately: what the classes
+/// below it must leave free for it.
+#[derive(Debug, Clone, Copy)]
+struct ClassLoad {
+    priority: Priority,
+    held: u32,
+    /// The most held at once since the current window opened.
+    peak: u32,
+    /// The most held at once during the previous window.
+    peak_before: u32,
+}
+
+impl ClassLoad {
+    /// The permits this class held lately and does not hold now.
+    fn reserve(&self) -> u32 {
+        self.peak.max(self.peak_before).saturating_sub(self.held)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -204,6 +234,8 @@ pub struct AdaptiveGate {
     waiters: HashMap<WaiterId, Waiter>,
     next_id: WaiterId,
     callers: HashMap<u64, CallerLoad>,
+    /// Permits held by priority, the highest first (a handful of entries).
+    classes: Vec<ClassLoad>,
     events: Vec<GateEvent>,
     admitted: u64,
     shed: ShedCounts,
@@ -228,6 +260,7 @@ impl AdaptiveGate {
             waiters: HashMap::new(),
             next_id: 0,
             callers: HashMap::new(),
+            classes: Vec::new(),
             events: Vec::new(),
             admitted: 0,
             shed: ShedCounts::default(),
@@ -252,9 +285,9 @@ impl AdaptiveGate {
     }
 
     /// A permit now, or [`Shed::Busy`] at once (never waits, never jumps the queue:
-    /// while anyone waits no permit is free).
+    /// while a request of its priority or above waits, no permit is free for it).
     pub fn try_acquire(&mut self, now_us: u64, req: Request) -> Result<Ticket, Shed> {
-        if self.in_flight < self.limit {
+        if self.fits(req.priority) && !self.waiting_at_or_above(req.priority) {
             return Ok(self.admit(now_us, req));
         }
         self.window.saturated = true;
@@ -265,7 +298,7 @@ impl AdaptiveGate {
     /// rejection. `max_wait_us` bounds the wait besides the queueing-delay target.
     /// Other waiters may be shed by this arrival: see [`Self::drain_events`].
     pub fn enqueue(&mut self, now_us: u64, req: Request, max_wait_us: Option<u64>) -> Enqueued {
-        if self.in_flight < self.limit {
+        if self.fits(req.priority) && !self.waiting_at_or_above(req.priority) {
             return Enqueued::Granted(self.admit(now_us, req));
         }
         self.window.saturated = true;
@@ -338,6 +371,13 @@ impl AdaptiveGate {
     pub fn release(&mut self, now_us: u64, ticket: Ticket, outcome: Outcome) {
         debug_assert!(self.in_flight > 0, "a permit released twice");
         self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(c) = self
+            .classes
+            .iter_mut()
+            .find(|c| c.priority == ticket.priority)
+        {
+            c.held = c.held.saturating_sub(1);
+        }
         if let Some(caller) = ticket.caller {
             if let Some(c) = self.callers.get_mut(&caller) {
                 c.held = c.held.saturating_sub(1);
@@ -404,6 +444,10 @@ impl AdaptiveGate {
             limit: self.limit,
             in_flight: self.in_flight,
             queued: self.order.len() as u32,
+            reserved: self
+                .order
+                .first()
+                .map_or(0, |&(Reverse(p), _)| self.reserved_above(p)),
             baseline_us: self.baseline.get(),
             last_mean_us: self.last_mean,
             queue_delay_us: self.queue_delay_us(),
@@ -432,11 +476,72 @@ impl AdaptiveGate {
         if let Some(c) = self.caller_load(req.caller) {
             c.held += 1;
         }
+        let at = match self.classes.iter().position(|c| c.priority <= req.priority) {
+            Some(i) if self.classes[i].priority == req.priority => i,
+            at => {
+                let at = at.unwrap_or(self.classes.len());
+                let class = ClassLoad {
+                    priority: req.priority,
+                    held: 0,
+                    peak: 0,
+                    peak_before: 0,
+                };
+                self.classes.insert(at, class);
+                at
+            }
+        };
+        let class = &mut self.classes[at];
+        class.held += 1;
+        class.peak = class.peak.max(class.held);
         Ticket {
             epoch: self.epoch,
             admitted_us: now_us,
             caller: req.caller.filter(|_| self.fair),
+            priority: req.priority,
         }
+    }
+
+    /// Whether a request of `priority` may take a permit now: one is free beyond
+    /// those the higher priorities held lately and do not hold now (a critical
+    /// client between two requests keeps its place; lower work never takes it).
+    fn fits(&self, priority: Priority) -> bool {
+        self.in_flight.saturating_add(self.reserved_above(priority)) < self.limit
+    }
+
+    /// The permits kept for priorities above `priority`.
+    fn reserved_above(&self, priority: Priority) -> u32 {
+        (self.classes.iter())
+            .take_while(|c| c.priority > priority)
+            .map(ClassLoad::reserve)
+            .sum()
+    }
+
+    /// Whether a request of `priority` or above is waiting (it goes first).
+    fn waiting_at_or_above(&self, priority: Priority) -> bool {
+        self.order
+            .first()
+            .is_some_and(|&(Reverse(p), _)| p >= priority)
+    }
+
+    /// The permits the classes above the lowest one that held any during the window
+    /// held at most: a cut does not take the limit below them, so the lowest class
+    /// absorbs it first (it is left no permit beyond their reserve).
+    fn protected(&self) -> u32 {
+        let Some(lowest) = self.classes.iter().rposition(|c| c.peak > 0) else {
+            return 0;
+        };
+        self.classes[..lowest].iter().map(|c| c.peak).sum()
+    }
+
+    /// A new window: what each class held at most in the one that closed is
+    /// remembered for one more window; classes that hold nothing and reserve
+    /// nothing are forgotten.
+    fn roll_classes(&mut self) {
+        for c in &mut self.classes {
+            c.peak_before = c.peak;
+            c.peak = c.held;
+        }
+        self.classes.retain(|c| c.held > 0 || c.peak_before > 0);
     }
 
     fn caller_load(&mut self, caller: Option<u64>) -> Option<&mut CallerLoad> {
@@ -494,17 +599,20 @@ impl AdaptiveGate {
     }
 
     fn close_window(&mut self, now_us: u64) {
-        let mean = self.window.trimmed_mean();
-        if let Some(m) = mean {
-            self.baseline.push(now_us, m);
+        let trimmed = self.window.trimmed();
+        let mean = trimmed.map(|(m, _)| m);
+        if let Some((m, e)) = trimmed {
+            self.baseline.push(now_us, m + BASELINE_ERRORS * e);
             self.last_mean = Some(m);
         }
         let summary = WindowSummary {
             drops: self.window.drops,
             mean_us: mean,
+            mean_error_us: trimmed.map_or(0, |(_, e)| e),
             baseline_us: self.baseline.get(),
             max_in_flight: self.window.max_in_flight,
             limit_bound: self.window.saturated || self.window.max_in_flight >= self.limit,
+            protected: self.protected(),
         };
         let before = self.ctl.limit;
         self.ctl.on_window(
@@ -523,6 +631,7 @@ impl AdaptiveGate {
         }
         self.windows += 1;
         self.window.reset(self.in_flight);
+        self.roll_classes();
     }
 
     /// Grants free permits to waiters: the most important first, FIFO within a
@@ -530,10 +639,10 @@ impl AdaptiveGate {
     /// the caller holding the fewest permits (max-min fairness, filled one permit at
     /// a time; a waiter without a caller counts as holding none).
     fn pump(&mut self, now_us: u64) {
-        while self.in_flight < self.limit {
-            let Some(&(Reverse(top), first)) = self.order.first() else {
+        while let Some(&(Reverse(top), first)) = self.order.first() {
+            if !self.fits(top) {
                 return;
-            };
+            }
             let id = if self.fair {
                 let held = |id: &WaiterId| {
                     self.waiters[id]

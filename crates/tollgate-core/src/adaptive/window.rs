@@ -30,6 +30,10 @@ pub struct WindowSummary {
     pub drops: u32,
     /// The trimmed mean latency of the successful samples, in us (`None` without any).
     pub mean_us: Option<u64>,
+    /// The standard error of that mean (the kept samples' standard deviation over
+    /// the square root of their number), in us: how far the mean of a window this
+    /// size strays by chance on a service whose times jitter.
+    pub mean_error_us: u64,
     /// The unloaded-latency baseline after this window, in us.
     pub baseline_us: Option<u64>,
     /// The most permits held at once during the window.
@@ -38,6 +42,10 @@ pub struct WindowSummary {
     /// a request found none free): only then does a controller learn that a higher
     /// limit would be used.
     pub limit_bound: bool,
+    /// The permits that priorities above the lowest one in the window held at most:
+    /// a cut never takes the limit below them (below the limit itself), so the lowest
+    /// class absorbs cuts first. 0 when one priority held every permit.
+    pub protected: u32,
 }
 
 impl Window {
@@ -60,6 +68,11 @@ impl Window {
     /// The mean of the samples without the `max(1, n/20)` lowest and highest (all of
     /// them below three samples), reordering the samples.
     pub(crate) fn trimmed_mean(&mut self) -> Option<u64> {
+        self.trimmed().map(|(mean, _)| mean)
+    }
+
+    /// The trimmed mean and its standard error, reordering the samples.
+    pub(crate) fn trimmed(&mut self) -> Option<(u64, u64)> {
         let n = self.latencies.len();
         if n == 0 {
             return None;
@@ -68,7 +81,13 @@ impl Window {
         self.latencies.sort_unstable();
         let kept = &self.latencies[k..n - k];
         let sum: u128 = kept.iter().map(|&l| u128::from(l)).sum();
-        Some((sum / kept.len() as u128) as u64)
+        let mean = (sum / kept.len() as u128) as u64;
+        let m = kept.len() as f64;
+        let var = (kept.iter())
+            .map(|&l| (l as f64 - mean as f64).powi(2))
+            .sum::<f64>()
+            / (m - 1.0).max(1.0);
+        Some((mean, (var / m).sqrt() as u64))
     }
 }
 

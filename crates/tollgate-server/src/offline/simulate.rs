@@ -62,9 +62,13 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 8)]
     pub capacity: u32,
     /// closed-loop: service time at or below the capacity (each request's varies by
-    /// up to 10 % either way, seeded by --seed).
+    /// up to --jitter either way, seeded by --seed).
     #[arg(long, default_value = "20ms", value_parser = crate::config::duration_arg)]
     pub service: std::time::Duration,
+    /// closed-loop: how much each request's service time varies either way, a
+    /// fraction from 0 to 0.9 (0.2: +-20 %, uniformly).
+    #[arg(long, default_value_t = 0.1)]
+    pub jitter: f64,
     /// closed-loop: capacity changes, e.g. `5s=4,10s=8`.
     #[arg(long, value_parser = crate::bench_adaptive::parse_schedule)]
     pub schedule: Option<crate::bench_adaptive::Schedule>,
@@ -296,10 +300,16 @@ fn closed_loop(args: SimulateArgs) -> anyhow::Result<()> {
     if args.capacity == 0 {
         anyhow::bail!("--capacity must be at least 1");
     }
+    if !(0.0..=0.9).contains(&args.jitter) {
+        anyhow::bail!(
+            "--jitter {}: expected a fraction from 0 to 0.9",
+            args.jitter
+        );
+    }
     let model = Model {
         capacity: args.capacity,
         service_us: us(args.service).max(1),
-        jitter: 0.1,
+        jitter: args.jitter,
         seed: args.seed,
         schedule: args
             .schedule
