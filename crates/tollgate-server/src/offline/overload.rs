@@ -213,6 +213,8 @@ impl Tally {
 
 struct World<'a> {
     model: &'a Model,
+    /// Whether the limit orders requests by priority (an adaptive one does).
+    prioritised: bool,
     rng: Rng,
     gate: Option<AdaptiveGate>,
     agenda: Agenda,
@@ -246,6 +248,7 @@ pub fn simulate(model: &Model, limit: &SimulatedLimit) -> Outcomes {
         .collect();
     let mut w = World {
         model,
+        prioritised: matches!(limit, SimulatedLimit::Adaptive(_)),
         rng: Rng(model.seed.max(1)),
         gate,
         agenda: Agenda::default(),
@@ -284,7 +287,13 @@ pub fn simulate(model: &Model, limit: &SimulatedLimit) -> Outcomes {
 impl World<'_> {
     fn request(&self, c: usize) -> Request {
         let group = &self.model.groups[self.clients[c].0];
-        let req = Request::new(group.priority);
+        // A static limit (the proxy's limit_conn) knows no priorities.
+        let priority = if self.prioritised {
+            group.priority
+        } else {
+            Priority::NORMAL
+        };
+        let req = Request::new(priority);
         if group.caller.is_empty() {
             req
         } else {

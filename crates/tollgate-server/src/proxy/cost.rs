@@ -15,10 +15,10 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, HeaderName};
-use bytes::Bytes;
+use axum::http::HeaderName;
 use tollgate::{AnyLimiter, RateLimiter};
 
+use super::keys::HeaderSource;
 use crate::config::proxy::CostConfig;
 
 /// Where a usage is read.
@@ -108,13 +108,12 @@ impl RouteCost {
     }
 
     /// The usage a header source finds in the response headers, if one does.
-    pub fn in_headers(&self, headers: &HeaderMap) -> Option<Outcome> {
+    pub fn in_headers(&self, headers: &(impl HeaderSource + ?Sized)) -> Option<Outcome> {
         self.sources.iter().find_map(|s| match s {
             Source::Header(name) => {
-                let v = headers.get(name)?;
+                let v = headers.values(name.as_str()).next()?;
                 Some(
-                    v.to_str()
-                        .ok()
+                    super::keys::text(v)
                         .and_then(|v| v.trim().parse::<u64>().ok())
                         .filter(|&n| n <= tollgate::policy::MAX_COUNT)
                         .map_or(
@@ -128,7 +127,7 @@ impl RouteCost {
     }
 
     /// A reader of the body for the JSON sources, if the route has any.
-    pub fn meter(&self, headers: &HeaderMap) -> Option<Meter> {
+    pub fn meter(&self, headers: &(impl HeaderSource + ?Sized)) -> Option<Meter> {
         let paths: Vec<Vec<String>> = (self.sources.iter())
             .filter_map(|s| match s {
                 Source::Json(p) => Some(p.clone()),
@@ -139,8 +138,7 @@ impl RouteCost {
             return None;
         }
         let sse = headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
+            .first("content-type")
             .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
         Some(Meter {
             paths,
@@ -197,7 +195,7 @@ pub(super) struct Meter {
 
 impl Meter {
     /// Reads one chunk of the body.
-    pub fn feed(&mut self, chunk: &Bytes) {
+    pub fn feed(&mut self, chunk: &[u8]) {
         if !self.sse {
             if self.buf.len() + chunk.len() > self.max {
                 self.overflow = true;
@@ -426,6 +424,7 @@ impl Drop for Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderMap;
 
     fn cost(from: &[&str], max_body: usize) -> RouteCost {
         let c = CostConfig {
@@ -441,7 +440,7 @@ mod tests {
         headers.insert("content-type", content_type.parse().unwrap());
         let mut m = c.meter(&headers).unwrap();
         for chunk in chunks {
-            m.feed(&Bytes::from(chunk.to_string()));
+            m.feed(chunk.as_bytes());
         }
         m.finish()
     }

@@ -8,6 +8,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::message::Framing;
+use crate::proxy::cost::Meter;
 
 /// The longest chunk-size line or trailer line read.
 const MAX_LINE: usize = 4096;
@@ -69,6 +70,16 @@ impl Rechunk {
     /// stopping at the body's end), appending the body chunked again to `out`;
     /// returns how many bytes of `buf` it used.
     pub fn feed(&mut self, buf: &[u8], out: &mut Vec<u8>) -> Result<usize, BodyError> {
+        self.feed_tapped(buf, out, &mut |_| {})
+    }
+
+    /// [`Rechunk::feed`], handing each piece of the body's data to `tap` as well.
+    pub fn feed_tapped(
+        &mut self,
+        buf: &[u8],
+        out: &mut Vec<u8>,
+        tap: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, BodyError> {
         let mut at = 0;
         loop {
             let rest = &buf[at..];
@@ -93,6 +104,7 @@ impl Rechunk {
                     }
                     let take = left.min(rest.len() as u64) as usize;
                     out.extend_from_slice(&rest[..take]);
+                    tap(&rest[..take]);
                     at += take;
                     self.0 = match left - take as u64 {
                         0 => Chunk::DataEnd,
@@ -190,12 +202,41 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    pass_metered(framing, src, buf, dst, head, stall, None).await
+}
+
+/// [`pass`], with the body's data read by `meter` as it passes; then the last
+/// bytes (with a body of known length or chunked, what ends it; without a body, the
+/// head) are left unwritten in `head`, for the caller to send once the usage has
+/// been charged: a client has the whole response only after the charge landed.
+pub async fn pass_metered<R, W>(
+    framing: Framing,
+    src: &mut R,
+    buf: &mut BytesMut,
+    dst: &mut W,
+    head: &mut Vec<u8>,
+    stall: Option<Duration>,
+    mut meter: Option<&mut Meter>,
+) -> Result<(), BodyError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let write = |_| BodyError::Write;
+    let hold = meter.is_some();
     match framing {
         Framing::Empty | Framing::Length(0) => {}
         Framing::Length(mut left) => loop {
             let take = left.min(buf.len() as u64) as usize;
             left -= take as u64;
+            if let Some(m) = meter.as_deref_mut() {
+                m.feed(&buf[..take]);
+            }
+            if hold && left == 0 {
+                head.extend_from_slice(&buf[..take]);
+                buf.advance(take);
+                return Ok(());
+            }
             if head.is_empty() {
                 dst.write_all(&buf[..take]).await.map_err(write)?;
             } else {
@@ -212,8 +253,14 @@ where
         Framing::Chunked => {
             let mut chunks = Rechunk::new();
             loop {
-                let used = chunks.feed(buf, head)?;
+                let used = match meter.as_deref_mut() {
+                    Some(m) => chunks.feed_tapped(buf, head, &mut |data| m.feed(data))?,
+                    None => chunks.feed(buf, head)?,
+                };
                 buf.advance(used);
+                if hold && chunks.done() {
+                    return Ok(());
+                }
                 if !head.is_empty() {
                     dst.write_all(head).await.map_err(write)?;
                     head.clear();
@@ -225,6 +272,9 @@ where
             }
         }
         Framing::UntilClose => loop {
+            if let Some(m) = meter.as_deref_mut() {
+                m.feed(buf);
+            }
             head.extend_from_slice(buf);
             buf.clear();
             if !head.is_empty() {
@@ -240,7 +290,7 @@ where
             }
         },
     }
-    if !head.is_empty() {
+    if !head.is_empty() && !hold {
         dst.write_all(head).await.map_err(write)?;
         head.clear();
     }

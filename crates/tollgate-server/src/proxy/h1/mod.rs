@@ -4,11 +4,12 @@
 //! streams the bodies (a chunked one decoded strictly and chunked again), and writes
 //! the response head from the upstream's with its own framing headers, as nginx does.
 //!
-//! What it takes: HTTP/1.1 requests in origin form on routes without `cost:`.
-//! Anything else (HTTP/2 with prior knowledge, HTTP/1.0, an absolute-form target, an
-//! `Upgrade`, an `Expect` other than `100-continue`, a route that meters response
-//! bodies) is handed with the rest of the connection to hyper, from that request on
-//! (see `server`), so every request gets the same answer either way.
+//! What it takes: HTTP/1.1 requests in origin form, on every route (under `cost:`
+//! the response's usage is read from its head or its body as it passes, and the
+//! body's last bytes wait for the charge). Anything else (HTTP/2 with prior
+//! knowledge, HTTP/1.0, an absolute-form target, an `Upgrade`, an `Expect` other than
+//! `100-continue`) is handed with the rest of the connection to hyper, from that
+//! request on (see `server`), so every request gets the same answer either way.
 //!
 //! The upstream side keeps its own HTTP/1.1 connections per worker ([`Upstreams`]).
 //! A kept connection the upstream closed while idle is found when it is taken (for a
@@ -29,6 +30,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use self::body::BodyError;
 use self::message::{BadHead, Framing, RequestHead, ResponseHead, MAX_HEAD, MAX_HEADERS};
 use super::admission::admit;
+use super::cost::Outcome;
 use super::forwarding::{body_stalled, forwarding, upstream_failed, Peer, TIMED_OUT, UNREACHABLE};
 use super::limits::Passed;
 use super::problem::no_route;
@@ -224,9 +226,6 @@ impl Conn {
         let Some(route) = table.route_for(head.host, path) else {
             return self.answer(io, end, &no_route(), instead, to_head).await;
         };
-        if route.limits.cost.is_some() {
-            return Next::Hyper;
-        }
         let passed = match admit(&table, route, peer, path, req.headers).await {
             Ok(passed) => passed,
             Err(answer) => return self.answer(io, end, &answer, instead, to_head).await,
@@ -343,6 +342,19 @@ impl Conn {
         if let (Some(hold), Ok(status)) = (&mut adaptive, StatusCode::from_u16(code)) {
             hold.answered(status);
         }
+        // Under `cost:`, a usage in the headers settles now; one in the body as it
+        // ends (or when the client goes away).
+        let mut metering = None;
+        if let Some(pending) = pending {
+            let body = !matches!(head.framing, Framing::Empty | Framing::Length(0));
+            match pending.cost().in_headers(resp.headers) {
+                Some(outcome) => pending.settle(outcome).await,
+                None => match pending.cost().meter(resp.headers) {
+                    Some(meter) if body => metering = Some((pending, meter)),
+                    _ => pending.settle(Outcome::Missing).await,
+                },
+            }
+        }
         // A request body the upstream answered before reading all of: the client's
         // connection cannot go on.
         let keep_client = !req.close && head.framing != Framing::UntilClose && body_sent;
@@ -370,7 +382,21 @@ impl Conn {
         }
         out.extend_from_slice(b"\r\n");
         up.buf.advance(head_len);
-        let passed_on = body::pass(head.framing, &mut up.io, &mut up.buf, io, out, None).await;
+        let meter = metering.as_mut().map(|(_, meter)| meter);
+        let mut passed_on =
+            body::pass_metered(head.framing, &mut up.io, &mut up.buf, io, out, None, meter).await;
+        if let Some((pending, meter)) = metering {
+            match passed_on {
+                // The end of the response waits for its charge.
+                Ok(()) => {
+                    pending.settle(meter.finish()).await;
+                    if !out.is_empty() && io.write_all(out).await.is_err() {
+                        passed_on = Err(BodyError::Write);
+                    }
+                }
+                Err(_) => pending.settle_later(Outcome::Disconnected(meter.so_far())),
+            }
+        }
         // limit_conn's and the adaptive limit's permits end with the response.
         drop((passed, adaptive));
         match passed_on {
