@@ -25,12 +25,15 @@ need faketime /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 # ports, and stop them by PID.
 need redis-server /usr/bin/redis-server
 need redis-tools /usr/bin/redis-cli
-# The foreign-client test drives `serve` from Python: grpcio with the stubs xds-protos
+# The foreign-client tests drive `serve` from Python: grpcio with the stubs xds-protos
 # generates from Envoy's published protos (from the Python package index).
-if ! python3 -c 'import grpc, envoy.service.ratelimit.v3.rls_pb2_grpc' >/dev/null 2>&1; then
-    echo "scripts/test.sh: installing grpcio and xds-protos (needed by the tests)" >&2
-    python3 -m pip install -q --disable-pip-version-check grpcio==1.85.1 xds-protos==1.85.0 >/dev/null 2>&1 \
-        || { echo "scripts/test.sh: pip install grpcio xds-protos failed" >&2; exit 1; }
+# The proxy's foreign-client test speaks through it with http.client, httpx and the
+# `openai` package.
+if ! python3 -c 'import grpc, envoy.service.ratelimit.v3.rls_pb2_grpc, httpx, openai' >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing grpcio, xds-protos, httpx and openai (needed by the tests)" >&2
+    python3 -m pip install -q --disable-pip-version-check grpcio==1.85.1 xds-protos==1.85.0 \
+        httpx==0.28.1 openai==3.57.0 >/dev/null 2>&1 \
+        || { echo "scripts/test.sh: pip install grpcio xds-protos httpx openai failed" >&2; exit 1; }
 fi
 # Servers already running on this machine (a packaged nginx on port 80, redis-server on
 # 6379) are left alone: the tests run their own on free loopback ports.

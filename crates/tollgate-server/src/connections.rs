@@ -587,6 +587,11 @@ impl Drain {
         )
     }
 
+    /// Whether the server has asked its connections to drain.
+    pub fn is_requested(&self) -> bool {
+        *self.0.borrow()
+    }
+
     /// Resolves once the server asks its connections to drain.
     pub async fn requested(&mut self) {
         let _ = self.0.wait_for(|draining| *draining).await;

@@ -1,37 +1,43 @@
 //! Wire compatibility checked by clients no one here wrote: Python's grpcio, with the
 //! stubs `xds-protos` generates from Envoy's published protos, calls
 //! `ShouldRateLimit`, and protobuf's own proto3 JSON writer and reader talk to `/json`
-//! (tests/python/envoy_clients.py). `scripts/test.sh` installs `grpcio` and
-//! `xds-protos` from the Python package index.
+//! (tests/python/envoy_clients.py); Python's http.client, httpx and the `openai`
+//! package go through `tollgate proxy` to an upstream on Python's http.server
+//! (tests/python/proxy_clients.py). `scripts/test.sh` installs `grpcio`,
+//! `xds-protos`, `httpx` and `openai` from the Python package index.
 
 #[path = "support/serve.rs"]
 mod serve_process;
 
 /// Starts `serve` on a rule file of `rules` and runs `tests/python/SCRIPT` with its
-/// gRPC address (and its HTTP base when `with_http`); the script must end with "all
-/// checks passed".
+/// gRPC address (and its HTTP base when `with_http`).
 fn python_checks(name: &str, rules: &str, script: &str, with_http: bool) {
     let dir = std::env::temp_dir().join(format!("tollgate-foreign-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("rules.yaml");
     std::fs::write(&path, rules).unwrap();
     let server = serve_process::start(&["--rules", path.to_str().unwrap()], &[]);
+    let mut args = vec![server.grpc.trim_start_matches("http://").to_string()];
+    if with_http {
+        args.push(server.base.clone());
+    }
+    run_python(script, &args);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `tests/python/SCRIPT ARGS...`; it must end with "all checks passed".
+fn run_python(script: &str, args: &[String]) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/python")
         .join(script);
     let mut command = std::process::Command::new("python3");
-    command
-        .arg(&script)
-        .arg(server.grpc.trim_start_matches("http://"));
-    if with_http {
-        command.arg(&server.base);
-    }
+    command.arg(&script).args(args);
     // Bounded: a client that hangs fails the test with what it printed.
     let child = command
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("python3 runs (scripts/test.sh installs grpcio and xds-protos)");
+        .expect("python3 runs (scripts/test.sh installs its packages)");
     let pid = child.id();
     let (done, waited) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -49,13 +55,25 @@ fn python_checks(name: &str, rules: &str, script: &str, with_http: bool) {
             )
         }
     };
-    let _ = std::fs::remove_dir_all(&dir);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stdout.contains("all checks passed"),
         "{} failed{hung}:\n{stdout}\n{stderr}",
         script.display()
+    );
+}
+
+/// `tollgate proxy` before an OpenAI-shaped upstream on Python's http.server:
+/// http.client connections kept across 429s on a `cost:` route never meet a close
+/// the answer did not announce (an unread body, a 404, HTTP/1.0), httpx's pool sees
+/// no transport error, and the `openai` package's completions (plain and streamed)
+/// are charged their usage until the key's budget refuses one.
+#[test]
+fn python_http_clients_and_openai_go_through_the_proxy() {
+    run_python(
+        "proxy_clients.py",
+        &[env!("CARGO_BIN_EXE_tollgate").to_string()],
     );
 }
 

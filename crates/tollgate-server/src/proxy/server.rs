@@ -10,7 +10,8 @@ use std::time::Duration;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use axum::extract::Request;
-use axum::http::header::HOST;
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use axum::http::{HeaderValue, Version};
 use axum::response::{IntoResponse, Response};
 use clap::Parser;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -34,13 +35,39 @@ async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
     // An HTTP/2 client names the host in its URI (`:authority`).
     let host = (req.headers().get(HOST).and_then(|h| h.to_str().ok()))
         .or_else(|| req.uri().authority().map(|a| a.as_str()));
-    let Some(route) = table.route_for(host, req.uri().path()) else {
-        return no_route().into_response();
+    // hyper closes an HTTP/1 connection after an answer that left the request body
+    // unread, and one from an HTTP/1.0 client that did not ask to keep it, without
+    // saying so: the answer says it (RFC 9112 §9.6), as nginx's does, so that a
+    // client keeping its connections does not send its next request into a close.
+    let http1 = req.version() <= Version::HTTP_11;
+    let unread = http1
+        && (req.headers().contains_key(TRANSFER_ENCODING) || {
+            let length = req.headers().get(CONTENT_LENGTH);
+            length.is_some_and(|v| v.as_bytes() != b"0")
+        });
+    let ends = req.version() < Version::HTTP_11
+        && !(req.headers().get_all(CONNECTION).iter())
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"keep-alive"));
+    // Forwarded: the body went upstream (unless the exchange failed: then the
+    // answer is an error, and closes too).
+    let (mut answer, forwarded) = match table.route_for(host, req.uri().path()) {
+        None => (no_route().into_response(), false),
+        Some(route) => match admit(&table, route, peer, req.uri().path(), req.headers()).await {
+            Ok(passed) => {
+                let upstream = &proxy.upstreams;
+                (
+                    forward(upstream, &table, route, peer, req, passed).await,
+                    true,
+                )
+            }
+            Err(answer) => (answer.into_response(), false),
+        },
     };
-    match admit(&table, route, peer, req.uri().path(), req.headers()).await {
-        Ok(passed) => forward(&proxy.upstreams, &table, route, peer, req, passed).await,
-        Err(answer) => answer.into_response(),
+    let failed = answer.status().is_client_error() || answer.status().is_server_error();
+    if ends || (unread && (!forwarded || failed)) {
+        (answer.headers_mut()).insert(CONNECTION, HeaderValue::from_static("close"));
     }
+    answer
 }
 
 /// What the proxy takes from a main config.

@@ -58,6 +58,7 @@ pub(in crate::proxy) async fn serve<C: Client>(
         buf: BytesMut::with_capacity(4096),
         out: Vec::with_capacity(1024),
         up_head: Vec::with_capacity(1024),
+        closing: false,
     };
     let header_timeout = Duration::from_micros(proxy.bounds.header_timeout);
     loop {
@@ -74,6 +75,8 @@ pub(in crate::proxy) async fn serve<C: Client>(
                 return None;
             }
         };
+        // A server draining ends each connection after its answer, and says so.
+        conn.closing = drain.is_requested();
         match conn.request(proxy, peer, &mut io, end).await {
             Next::KeepAlive => {}
             Next::Close => {
@@ -103,6 +106,8 @@ struct Conn {
     out: Vec<u8>,
     /// The upstream request head.
     up_head: Vec<u8>,
+    /// The connection ends after this request's answer.
+    closing: bool,
 }
 
 /// What a connection does after a request.
@@ -220,7 +225,7 @@ impl Conn {
         let framing = head.framing();
         // The answer instead of forwarding: the connection goes on only when no
         // request body is left unread.
-        let instead = head.has_body() || head.close;
+        let instead = head.has_body() || head.close || self.closing;
         let table = proxy.table.load_full();
         let path = memchr::memchr(b'?', target.as_bytes()).map_or(target, |q| &target[..q]);
         let Some(route) = table.route_for(head.host, path) else {
@@ -241,7 +246,7 @@ impl Conn {
         let request = Request {
             framing,
             to_head,
-            close: head.close,
+            close: head.close || self.closing,
             expect_continue: head.continue_expected,
             // Sent again on a second connection when the first was closed unseen.
             has_body: head.has_body(),
