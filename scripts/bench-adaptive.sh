@@ -8,7 +8,10 @@
 #   2. C halves at 1/3 of the run and recovers at 2/3 (adaptive, per-second lines);
 #   3. 0.8x C clients (adaptive): nothing may be shed;
 #   4. 3x C: 4 critical clients beside 20 sheddable ones;
-#   5. fair shares: one caller with 20 clients beside three with 2 each (10x).
+#   5. fair shares: one caller with 20 clients beside three with 2 each (10x);
+#   6. an upstream whose service times jitter +-20 %: 8 critical clients (demand = C)
+#      beside 16 sheddable ones, then 32 clients through a static limit of exactly C
+#      and through the adaptive limit, alternating, three rounds (medians).
 # Usage: scripts/bench-adaptive.sh [seconds per scenario]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +40,7 @@ proxy:
     - { name: none, match: { path_prefix: /none/ }, upstream: "http://127.0.0.1:$up" }
     - { name: static32, match: { path_prefix: /static32/ }, upstream: "http://127.0.0.1:$up", key: client_ip, limit_conn: 32 }
     - { name: static4, match: { path_prefix: /static4/ }, upstream: "http://127.0.0.1:$up", key: client_ip, limit_conn: 4 }
+    - { name: static8, match: { path_prefix: /static8/ }, upstream: "http://127.0.0.1:$up", key: client_ip, limit_conn: 8 }
     - { name: adaptive, match: { path_prefix: /adaptive/ }, upstream: "http://127.0.0.1:$up", adaptive: gradient }
     - name: classes
       match: { path_prefix: /classes/ }
@@ -99,3 +103,20 @@ greedy=$(load /fair/ 20 --header "x-api-key: greedy" | tail -1)
 wait "${quiet[@]}"
 echo "greedy    $greedy"
 for caller in a b c; do echo "quiet $caller   $(cat "$work/quiet-$caller")"; done
+echo
+echo "6. service times jitter +-20 %"
+start_upstream --jitter 0.2
+echo "unloaded latency through the proxy: $(load /none/ 1 | tail -1)"
+echo "8 critical clients (demand = C) beside 16 sheddable ones:"
+load /classes/ 8 --header "x-api-key: checkout" | tail -1 > "$work/critical" &
+crit=$!
+sheddable=$(load /classes/ 16 --header "x-api-key: batch" | tail -1)
+wait $crit
+echo "critical  $(cat "$work/critical")"
+echo "sheddable $sheddable"
+echo "32 clients (4x C), static limit of C against adaptive, alternating:"
+for round in 1 2 3; do
+  for route in static8 adaptive; do
+    printf '%-9s %s\n' "$route" "$(load /$route/ 32 | tail -1)"
+  done
+done

@@ -52,6 +52,7 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
     let mut holders: BTreeMap<u64, u32> = BTreeMap::new();
     for op in ops {
         let in_flight_before = gate.in_flight();
+        let mut arrival = None;
         match *op {
             Op::Arrive {
                 priority,
@@ -62,32 +63,9 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
                     priority: Priority(priority),
                     caller: Some(u64::from(caller)),
                 };
-                match gate.enqueue(now, req, max_wait_ms.map(|m| u64::from(m) * 1000)) {
-                    Enqueued::Granted(t) => {
-                        // Only past waiters of a lower priority (held back by the
-                        // permits kept for higher ones).
-                        assert!(
-                            queued.values().all(|q| q.priority < req.priority),
-                            "a permit was free while others waited"
-                        );
-                        held.push((t, u64::from(caller)));
-                        *holders.entry(u64::from(caller)).or_default() += 1;
-                    }
-                    Enqueued::Waiting { id, .. } => {
-                        queued.insert(
-                            id,
-                            Queued {
-                                priority: req.priority,
-                                caller: u64::from(caller),
-                            },
-                        );
-                    }
-                    Enqueued::Rejected(Shed::Outranked) => {
-                        assert!(req.priority.is_sheddable());
-                        assert!(queued.values().any(|q| q.priority > req.priority));
-                    }
-                    Enqueued::Rejected(_) => {}
-                }
+                let got = gate.enqueue(now, req, max_wait_ms.map(|m| u64::from(m) * 1000));
+                // Waiters granted on its way (a reserve that lapsed) come first.
+                arrival = Some((req, got));
             }
             Op::Release {
                 pick,
@@ -153,6 +131,35 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
                         assert!(me.priority.is_sheddable() || full, "{me:?} outranked");
                     }
                 }
+            }
+        }
+        if let Some((req, got)) = arrival.take() {
+            let caller = req.caller.unwrap();
+            match got {
+                Enqueued::Granted(t) => {
+                    // Only past waiters of a lower priority (held back by the
+                    // permits kept for higher ones).
+                    assert!(
+                        queued.values().all(|q| q.priority < req.priority),
+                        "a permit was free while others waited"
+                    );
+                    held.push((t, caller));
+                    *holders.entry(caller).or_default() += 1;
+                }
+                Enqueued::Waiting { id, .. } => {
+                    queued.insert(
+                        id,
+                        Queued {
+                            priority: req.priority,
+                            caller,
+                        },
+                    );
+                }
+                Enqueued::Rejected(Shed::Outranked) => {
+                    assert!(req.priority.is_sheddable());
+                    assert!(queued.values().any(|q| q.priority > req.priority));
+                }
+                Enqueued::Rejected(_) => {}
             }
         }
         let s = gate.stats();

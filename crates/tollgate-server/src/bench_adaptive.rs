@@ -13,6 +13,8 @@ use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Empty};
 use tollgate::clock::{Clock, MonotonicClock};
 
+use crate::offline::traffic::Rng;
+
 #[derive(Debug, Parser)]
 /// `tollgate bench upstream` arguments.
 pub struct UpstreamArgs {
@@ -28,6 +30,14 @@ pub struct UpstreamArgs {
     /// Capacity changes after the start, e.g. `5s=4,10s=8`.
     #[arg(long, value_parser = parse_schedule)]
     pub schedule: Option<Schedule>,
+    /// How much each request's service time varies either way, a fraction from 0 to
+    /// 0.9 (0.2: +-20 %, uniformly), as a real service's does.
+    #[arg(long, default_value_t = 0.0)]
+    pub jitter: f64,
+    /// Answer `{"usage":{"total_tokens":N}}` (JSON) instead of `ok`: what a `cost:`
+    /// route reads.
+    #[arg(long)]
+    pub usage: Option<u64>,
 }
 
 /// Capacity changes: (time after the start, new capacity), in order.
@@ -59,6 +69,12 @@ pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
     if args.capacity == 0 {
         anyhow::bail!("--capacity must be at least 1");
     }
+    if !(0.0..=0.9).contains(&args.jitter) {
+        anyhow::bail!(
+            "--jitter {}: expected a fraction from 0 to 0.9",
+            args.jitter
+        );
+    }
     let capacity = Arc::new(AtomicU32::new(args.capacity));
     let in_flight = Arc::new(AtomicU32::new(0));
     if let Some(Schedule(schedule)) = args.schedule {
@@ -71,15 +87,27 @@ pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
             }
         });
     }
-    let service = args.service;
+    let (service, jitter) = (args.service, args.jitter);
+    let body: &'static str = match args.usage {
+        Some(n) => format!("{{\"usage\":{{\"total_tokens\":{n}}}}}").leak(),
+        None => "ok\n",
+    };
+    let content_type = if args.usage.is_some() {
+        "application/json"
+    } else {
+        "text/plain"
+    };
+    let requests = Arc::new(AtomicU64::new(0));
     let app = axum::Router::new().fallback(move || {
         let (capacity, in_flight) = (capacity.clone(), in_flight.clone());
+        let nth = requests.fetch_add(1, Ordering::Relaxed);
         async move {
             let n = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             let c = capacity.load(Ordering::SeqCst);
-            tokio::time::sleep(service * n.max(c) / c).await;
+            let spread = 1.0 + jitter * (2.0 * Rng(nth).unit() - 1.0);
+            tokio::time::sleep((service * n.max(c) / c).mul_f64(spread)).await;
             in_flight.fetch_sub(1, Ordering::SeqCst);
-            "ok\n"
+            ([(axum::http::header::CONTENT_TYPE, content_type)], body)
         }
     });
     let listener = tokio::net::TcpListener::bind(args.listen).await?;

@@ -560,7 +560,25 @@ async fn streams_past_a_bound_end_with_a_status_naming_it_and_the_others_go_on()
     let huge = RawStream::open(addr).await;
     huge.report_over(&["b"], i64::MAX);
 
-    let status = silent.next().await.unwrap_err();
+    // While the silent stream runs out its idle time, the others keep reporting (each
+    // has the same bound: on a slow machine a test that waited without reporting
+    // would see them end too).
+    let status = {
+        let ended = silent.next();
+        tokio::pin!(ended);
+        loop {
+            tokio::select! {
+                status = &mut ended => break status,
+                () = tokio::time::sleep(std::time::Duration::from_millis(200)) => {
+                    good.report(&["a", "b", "c"]);
+                    good.next().await.unwrap();
+                    kept.report(&["a"]);
+                    kept.next().await.unwrap();
+                }
+            }
+        }
+    }
+    .unwrap_err();
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     assert!(status.message().contains("quota.stream_idle"), "{status:?}");
 

@@ -14,7 +14,7 @@ use super::window::{Window, WindowSummary, WindowedMin};
 /// The least of many noisy means is lower than the service's unloaded latency (by
 /// about three standard errors over a few hundred windows); a baseline that low
 /// reads chance as queueing, and cuts overshoot.
-const BASELINE_ERRORS: u64 = 2;
+const BASELINE_ERRORS: u64 = 1;
 
 /// The fewest outcomes in a window: below this a mean says too little.
 pub const MIN_WINDOW: u32 = 10;
@@ -182,11 +182,18 @@ struct ClassLoad {
     peak: u32,
     /// The most held at once during the previous window.
     peak_before: u32,
+    /// When it last released a permit (us).
+    released_us: u64,
 }
 
 impl ClassLoad {
-    /// The permits this class held lately and does not hold now.
-    fn reserve(&self) -> u32 {
+    /// The permits this class held lately and does not hold now, kept for it while
+    /// its last release is at most `span_us` old (a client between two requests
+    /// comes back within about one unloaded latency).
+    fn reserve(&self, now_us: u64, span_us: u64) -> u32 {
+        if now_us.saturating_sub(self.released_us) > span_us {
+            return 0;
+        }
         self.peak.max(self.peak_before).saturating_sub(self.held)
     }
 }
@@ -236,6 +243,8 @@ pub struct AdaptiveGate {
     callers: HashMap<u64, CallerLoad>,
     /// Permits held by priority, the highest first (a handful of entries).
     classes: Vec<ClassLoad>,
+    /// The latest time handed in (us): reserves lapse with it.
+    now_us: u64,
     events: Vec<GateEvent>,
     admitted: u64,
     shed: ShedCounts,
@@ -261,6 +270,7 @@ impl AdaptiveGate {
             next_id: 0,
             callers: HashMap::new(),
             classes: Vec::new(),
+            now_us: 0,
             events: Vec::new(),
             admitted: 0,
             shed: ShedCounts::default(),
@@ -287,6 +297,7 @@ impl AdaptiveGate {
     /// A permit now, or [`Shed::Busy`] at once (never waits, never jumps the queue:
     /// while a request of its priority or above waits, no permit is free for it).
     pub fn try_acquire(&mut self, now_us: u64, req: Request) -> Result<Ticket, Shed> {
+        self.catch_up(now_us);
         if self.fits(req.priority) && !self.waiting_at_or_above(req.priority) {
             return Ok(self.admit(now_us, req));
         }
@@ -298,6 +309,7 @@ impl AdaptiveGate {
     /// rejection. `max_wait_us` bounds the wait besides the queueing-delay target.
     /// Other waiters may be shed by this arrival: see [`Self::drain_events`].
     pub fn enqueue(&mut self, now_us: u64, req: Request, max_wait_us: Option<u64>) -> Enqueued {
+        self.catch_up(now_us);
         if self.fits(req.priority) && !self.waiting_at_or_above(req.priority) {
             return Enqueued::Granted(self.admit(now_us, req));
         }
@@ -370,6 +382,7 @@ impl AdaptiveGate {
     /// granted the free permits.
     pub fn release(&mut self, now_us: u64, ticket: Ticket, outcome: Outcome) {
         debug_assert!(self.in_flight > 0, "a permit released twice");
+        self.now_us = self.now_us.max(now_us);
         self.in_flight = self.in_flight.saturating_sub(1);
         if let Some(c) = self
             .classes
@@ -377,6 +390,7 @@ impl AdaptiveGate {
             .find(|c| c.priority == ticket.priority)
         {
             c.held = c.held.saturating_sub(1);
+            c.released_us = now_us;
         }
         if let Some(caller) = ticket.caller {
             if let Some(c) = self.callers.get_mut(&caller) {
@@ -398,8 +412,12 @@ impl AdaptiveGate {
     }
 
     /// Removes a waiter whose deadline has come and says why it was shed; `None` if it
-    /// is no longer waiting (granted or shed meanwhile: see the events).
+    /// is no longer waiting (granted or shed meanwhile, or granted now: a permit kept
+    /// for higher priorities lapsed since the last event; see the events).
     pub fn shed_waiter(&mut self, now_us: u64, id: WaiterId) -> Option<Shed> {
+        // A permit kept for higher work may have lapsed since the last event: a
+        // waiter it held back takes it now rather than be shed.
+        self.catch_up(now_us);
         let w = self.remove_waiter(id)?;
         let waited_us = now_us.saturating_sub(w.arrived_us);
         let reason = if w.by_max_wait {
@@ -485,6 +503,7 @@ impl AdaptiveGate {
                     held: 0,
                     peak: 0,
                     peak_before: 0,
+                    released_us: 0,
                 };
                 self.classes.insert(at, class);
                 at
@@ -501,6 +520,15 @@ impl AdaptiveGate {
         }
     }
 
+    /// Moves the gate's time to `now_us` and grants the waiters that the permits
+    /// kept for higher priorities held back, where those reserves have lapsed.
+    fn catch_up(&mut self, now_us: u64) {
+        self.now_us = self.now_us.max(now_us);
+        if !self.order.is_empty() {
+            self.pump(now_us);
+        }
+    }
+
     /// Whether a request of `priority` may take a permit now: one is free beyond
     /// those the higher priorities held lately and do not hold now (a critical
     /// client between two requests keeps its place; lower work never takes it).
@@ -510,9 +538,11 @@ impl AdaptiveGate {
 
     /// The permits kept for priorities above `priority`.
     fn reserved_above(&self, priority: Priority) -> u32 {
+        // Before any window closed: a millisecond, the timers' resolution.
+        let span = self.baseline.get().unwrap_or(MIN_AUTO_DELAY_US);
         (self.classes.iter())
             .take_while(|c| c.priority > priority)
-            .map(ClassLoad::reserve)
+            .map(|c| c.reserve(self.now_us, span))
             .sum()
     }
 

@@ -25,6 +25,16 @@
 //!   passes the queueing-delay target (`queue-delay`, by default half the baseline
 //!   once the service has shown its knee), when the queue is full, or — sheddable
 //!   work — as soon as more important work has to wait.
+//! * Higher priorities are protected at capacity: a request takes a permit only if one
+//!   is free beyond those the priorities above it held lately (this window or the
+//!   last, while their last release is at most one baseline old) and do not hold
+//!   now; a cut never takes the limit below what the priorities above the lowest one
+//!   in flight held during the window, so the lowest class absorbs it. While the work
+//!   of one priority and above fits the capacity on its own, it is neither shed nor
+//!   slowed by lower work.
+//! * A service whose times jitter: a window counts towards the baseline at its mean
+//!   plus one standard error, and the gradient cuts only when the mean minus two
+//!   standard errors passes the tolerance (chance is not read as queueing).
 //! * Fair shares (optional): a freed permit goes to the waiter (of the top priority)
 //!   whose caller holds the fewest permits, FIFO among equals — max-min fairness,
 //!   filled one permit at a time; held permits are never taken back. Nobody is

@@ -354,6 +354,8 @@ impl World<'_> {
                         self.shed(t, c);
                     }
                 }
+                // Or granted, where a reserve lapsed.
+                self.settle(t);
             }
             Event::Capacity(c) => self.capacity = c,
             Event::Sample => {

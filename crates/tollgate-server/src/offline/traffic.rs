@@ -80,7 +80,7 @@ pub type Arrival = (u64, u64, u64);
 
 /// splitmix64: a tiny, well-known seeded generator (reproducible on every platform).
 /// A seeded xorshift generator: the same seed, the same numbers.
-pub(super) struct Rng(pub(super) u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -93,7 +93,7 @@ impl Rng {
 
     /// Uniform in [0, 1).
     /// A number in [0, 1).
-    pub(super) fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }

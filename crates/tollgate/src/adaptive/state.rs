@@ -59,7 +59,10 @@ impl<C: Clock> Inner<C> {
     pub(super) fn try_acquire(&self, req: Request) -> Result<Ticket, Shed> {
         let mut state = self.lock();
         let now = self.clock.now_us();
-        state.gate.try_acquire(now, req)
+        let got = state.gate.try_acquire(now, req);
+        // Waiters whose reserve lapsed may have been granted on the way.
+        self.settle(state);
+        got
     }
 
     /// A permit now, or a place in the queue, or shed; `now` is when it was asked.
@@ -70,26 +73,32 @@ impl<C: Clock> Inner<C> {
     ) -> Result<Result<Ticket, Place>, Shed> {
         let mut state = self.lock();
         let now = self.clock.now_us();
-        match state.gate.enqueue(now, req, max_wait_us) {
+        let got = match state.gate.enqueue(now, req, max_wait_us) {
             Enqueued::Granted(t) => Ok(Ok(t)),
             Enqueued::Rejected(shed) => Err(shed),
             Enqueued::Waiting { id, deadline_us } => {
                 let (tx, rx) = oneshot::channel();
                 state.waiters.insert(id, tx);
-                // The arrival may have shed sheddable waiters: tell them.
-                self.settle(state);
                 Ok(Err((id, deadline_us, rx)))
             }
-        }
+        };
+        // The arrival may have shed sheddable waiters, or granted waiters whose
+        // reserve lapsed: tell them.
+        self.settle(state);
+        got
     }
 
-    /// Sheds a waiter at its deadline; `None` if it was answered meanwhile.
+    /// Sheds a waiter at its deadline; `None` if it was answered meanwhile, or is
+    /// granted now (its answer is then on its way).
     pub(super) fn shed_waiter(&self, id: WaiterId) -> Option<Shed> {
         let mut state = self.lock();
         let now = self.clock.now_us();
-        let shed = state.gate.shed_waiter(now, id)?;
-        state.waiters.remove(&id);
-        Some(shed)
+        let shed = state.gate.shed_waiter(now, id);
+        if shed.is_some() {
+            state.waiters.remove(&id);
+        }
+        self.settle(state);
+        shed
     }
 
     /// A waiter went away before its answer: its place is given up, and a permit
