@@ -12,7 +12,7 @@ use std::time::Duration;
 use serve_process::{request, Server};
 use testkit::RedisServers;
 
-const RULES: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: { unit: day, requests_per_unit: 5 }\n  - key: paced\n    policies: [\"gcra:rate=10/s,burst=2\", \"sliding-log:limit=4,window=1m\"]\n";
+const RULES: &str = "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: { unit: day, requests_per_unit: 5 }\n  - key: paced\n    policies: [\"gcra:rate=10/m,burst=2\", \"sliding-log:limit=4,window=1m\"]\n";
 
 /// Writes a config (store section `store`) and rules into a fresh directory.
 ///

@@ -204,6 +204,55 @@ fn concurrency_permits_are_held_for_the_hold_time() {
     assert_eq!(v[1]["rejected"], 0, "{v}");
 }
 
+/// The guarantee of priorities at capacity, on a service whose times jitter +-20 %:
+/// 8 critical clients (demand = the capacity C = 8) beside 16 sheddable ones are
+/// neither shed nor slowed past twice the unloaded latency; and at 4x C, one class,
+/// the adaptive limit serves at least 95 % of what a static limit of exactly C does.
+#[test]
+fn critical_work_at_the_capacity_is_kept_whole_on_a_jittery_service() {
+    let classes = json(&[
+        "--pattern",
+        "closed-loop",
+        "--duration",
+        "30s",
+        "--jitter",
+        "0.2",
+        "--clients",
+        "8:critical",
+        "--clients",
+        "16:sheddable",
+        "--adaptive",
+        "gradient",
+    ]);
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap();
+    let critical = &classes[0];
+    assert!(f(critical, "success_pct") >= 99.0, "{classes}");
+    assert!(f(critical, "p99_ms") <= 40.0, "{classes}");
+    assert!(
+        f(&classes[1], "ok_per_s") > 0.0,
+        "sheddable takes the rest: {classes}"
+    );
+    let one = json(&[
+        "--pattern",
+        "closed-loop",
+        "--duration",
+        "30s",
+        "--jitter",
+        "0.2",
+        "--clients",
+        "32",
+        "--limit",
+        "8",
+        "--adaptive",
+        "gradient",
+    ]);
+    let (fixed, adaptive) = (f(&one[0], "ok_per_s"), f(&one[1], "ok_per_s"));
+    assert!(
+        adaptive >= 0.95 * fixed,
+        "adaptive {adaptive} vs static C {fixed}: {one}"
+    );
+}
+
 #[test]
 fn closed_loop_compares_concurrency_limits_on_a_modelled_upstream() {
     let dir = std::env::temp_dir().join(format!("tollgate-sim-closed-{}", std::process::id()));
