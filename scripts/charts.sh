@@ -46,3 +46,7 @@ $t simulate --pattern closed-loop --duration 10s --capacity 8 --service 20ms \
   --clients 4:critical:checkout --clients 20:sheddable:batch \
   --limit none --limit 8 --adaptive gradient \
   --out docs/charts/adaptive-priorities.png
+$t simulate --pattern closed-loop --duration 15s --capacity 8 --service 20ms --jitter 0.2 \
+  --clients 8:critical:checkout --clients 16:sheddable:batch \
+  --limit 8 --adaptive gradient \
+  --out docs/charts/adaptive-critical-at-capacity.png

@@ -335,10 +335,11 @@ fn closed_loop(args: SimulateArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.out {
         let clients: Vec<String> = model.groups.iter().map(|g| g.to_string()).collect();
         let mut title = format!(
-            "closed loop: {} clients, capacity {} at {} ms",
+            "closed loop: {} clients, capacity {} at {} ms +-{}%",
             clients.join(" + "),
             model.capacity,
             model.service_us as f64 / 1000.0,
+            (model.jitter * 100.0).round(),
         );
         for (at, c) in &model.schedule {
             title += &format!(", {c} at {} s", *at as f64 / 1e6);
