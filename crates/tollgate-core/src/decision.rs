@@ -30,8 +30,9 @@ pub struct Decision {
     /// Time from arrival to admission: the wait of an admitted `acquire`, the delay of
     /// `limit-req`, the schedule of `shaper`. Zero on a reject.
     pub wait_us: u64,
-    /// For a charge: the policy's `max-debt` capped it, so fewer units than asked were
-    /// charged. Always false for other operations.
+    /// For a charge: fewer units than asked were charged — the policy's `max-debt`
+    /// capped it, or, without one, the most a state counts (2^40 units, the exact
+    /// range shared with the Redis scripts). Always false for other operations.
     pub capped: bool,
 }
 

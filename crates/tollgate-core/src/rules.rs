@@ -33,7 +33,8 @@ pub struct RuleDecision {
     /// Overall: allowed iff every policy allows; `limit` and `remaining` of the binding
     /// policy; the largest `reset_after`, `retry_after` and `wait`.
     pub decision: Decision,
-    /// Index of the binding policy: the one with the least `remaining`.
+    /// Index of the binding policy: the one with the least `remaining` (among equals,
+    /// the longest `retry_after`, then the latest `reset_after`).
     pub binding: usize,
     /// Each policy's decision, in order. On an overall reject, policies that would
     /// have admitted report their unchanged state.
@@ -76,6 +77,12 @@ impl RuleSet {
     /// The first policy that paces ([`Policy::paces`]), if any.
     pub fn pacing(&self) -> Option<&Policy> {
         self.policies.iter().find(|p| p.paces())
+    }
+
+    /// The first `concurrency` policy, if any: it counts permits held for the length
+    /// of the work, which an answer alone cannot give back.
+    pub fn holding(&self) -> Option<&Policy> {
+        self.policies.iter().find(|p| p.name() == "concurrency")
     }
 
     /// The policies, in order.
@@ -333,10 +340,19 @@ impl RuleSet {
     }
 
     fn combine(&self, policies: Vec<Decision>, allowed: bool, retry: Option<u64>) -> RuleDecision {
+        // The fewest left; among equals, the one that binds longest (a rejecting
+        // policy's retry, then the latest reset): so that the RateLimit header's `t`
+        // agrees with Retry-After when several are exhausted.
         let binding = policies
             .iter()
             .enumerate()
-            .min_by_key(|(_, d)| d.remaining)
+            .min_by_key(|(_, d)| {
+                (
+                    d.remaining,
+                    std::cmp::Reverse(d.retry_after_us.unwrap_or(0)),
+                    std::cmp::Reverse(d.reset_after_us),
+                )
+            })
             .map_or(0, |(i, _)| i);
         let b = policies[binding];
         let decision = Decision {
@@ -358,6 +374,20 @@ impl RuleSet {
             binding,
             policies,
         }
+    }
+}
+
+impl std::fmt::Display for RuleSet {
+    /// The specs joined by ` AND `, each as [`Policy`]'s `Display` writes it (and
+    /// parses back): `gcra:rate=10/s,burst=10 AND fixed-window:limit=500,window=1m`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, p) in self.policies.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" AND ")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
     }
 }
 

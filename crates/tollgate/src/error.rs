@@ -61,6 +61,18 @@ pub enum Error {
          use acquire, which sleeps it, or check_rules with Op::Try and sleep decision.wait()"
     )]
     Paces(String),
+    /// `check` (or `allow`) was asked of rules with a `concurrency` policy: it counts
+    /// permits held while the work runs, and a yes/no answer has nothing to give them
+    /// back with (the key would lock out after `limit` answers). Use a
+    /// [`ConcurrencyLimiter`](crate::concurrency::ConcurrencyLimiter) or
+    /// [`KeyedConcurrencyLimiter`](crate::concurrency::KeyedConcurrencyLimiter), whose
+    /// permits release on drop (or, in tower, `ConcurrencyLimitLayer`).
+    #[error(
+        "policy '{0}' holds permits while the work runs, which a check cannot give back: \
+         use ConcurrencyLimiter or KeyedConcurrencyLimiter (permits released on drop), \
+         or tollgate::tower::ConcurrencyLimitLayer"
+    )]
+    HoldsPermits(String),
     /// The request is over the limit: a rejection turned into an error by
     /// [`Decision::into_result`] (so `?` stops at it in a function returning this
     /// error). Not transient; [`Error::rejection`] gives the decision back.
@@ -96,10 +108,14 @@ impl From<SpecError> for Error {
 }
 
 impl Error {
-    /// `Err(Paces)` for rules a plain `check` would misread (see [`Error::Paces`]).
+    /// `Err(Paces)` or `Err(HoldsPermits)` for rules a plain `check` would misread
+    /// (see [`Error::Paces`], [`Error::HoldsPermits`]).
     pub(crate) fn refuse_pacing(rules: &RuleSet) -> Result<(), Error> {
-        match rules.pacing() {
-            Some(p) => Err(Error::Paces(p.to_string())),
+        if let Some(p) = rules.pacing() {
+            return Err(Error::Paces(p.to_string()));
+        }
+        match rules.holding() {
+            Some(p) => Err(Error::HoldsPermits(p.to_string())),
             None => Ok(()),
         }
     }

@@ -268,9 +268,26 @@ impl<K: Hash + Eq> KeyedLimiter<K, MonotonicClock> {
 }
 
 impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
+    /// A keyed limiter for `rules` with default options on `clock` (a
+    /// [`ManualClock`](crate::clock::ManualClock) in tests), as
+    /// [`Limiter::with_clock`](crate::Limiter::with_clock) is for one key.
+    pub fn with_clock(rules: impl Into<RuleSet>, clock: C) -> Self {
+        Self::with_options(rules, KeyedOptions::default(), clock)
+    }
+}
+
+impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     /// A keyed limiter for `rules` with `options` on `clock`.
+    ///
+    /// # Panics
+    ///
+    /// When `options.max_keys` is 0 (a limiter that can hold no key limits nothing).
     pub fn with_options(rules: impl Into<RuleSet>, options: KeyedOptions, clock: C) -> Self {
-        let max_keys = options.max_keys.max(1);
+        assert!(
+            options.max_keys > 0,
+            "KeyedOptions::max_keys must be at least 1: a limiter that can hold no key limits nothing"
+        );
+        let max_keys = options.max_keys;
         // About 4096 keys per shard, between 1 and 64 shards (a power of two).
         let wanted = (max_keys / 4096).clamp(1, 64);
         let shards = 1usize << (usize::BITS - 1 - wanted.leading_zeros());

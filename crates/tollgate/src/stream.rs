@@ -9,14 +9,23 @@ use tollgate_core::{CheckError, Clock, Op};
 
 use crate::Limiter;
 
-/// An item whose cost the policy can never admit, handed back.
+/// An item whose cost the policy can never admit (or a cost of 0, which is
+/// invalid), handed back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("an item of cost {cost} can never be admitted by this policy")]
+#[error("{}", too_costly(*.cost))]
 pub struct TooCostly<T> {
     /// The item, given back untouched.
     pub item: T,
     /// Its cost.
     pub cost: u64,
+}
+
+fn too_costly(cost: u64) -> String {
+    if cost == 0 {
+        "a cost of 0 is invalid: an item costs at least 1".to_string()
+    } else {
+        format!("an item of cost {cost} can never be admitted by this policy")
+    }
 }
 
 /// A stream that yields its inner stream's items no faster than a limiter admits them

@@ -348,3 +348,57 @@ fn a_plain_check_of_rules_that_pace_is_refused_and_acquire_paces_them() {
     );
     assert!(nodelay.check("k", 1).unwrap().allowed);
 }
+
+/// What a plain check cannot do is refused by name: `concurrency` (its permits would
+/// never come back: the key would lock out after `limit` answers).
+#[test]
+fn a_plain_check_of_a_concurrency_policy_is_refused_by_name() {
+    let l: KeyedLimiter<String> =
+        KeyedLimiter::new("concurrency:limit=2".parse::<Policy>().unwrap());
+    for _ in 0..3 {
+        let e = l.check("k", 1).unwrap_err();
+        assert!(matches!(e, Error::HoldsPermits(_)), "{e}");
+        assert!(e.to_string().contains("KeyedConcurrencyLimiter"), "{e}");
+    }
+    let single = tollgate::Limiter::new("concurrency:limit=2".parse::<Policy>().unwrap());
+    assert!(matches!(single.check(1), Err(Error::HoldsPermits(_))));
+}
+
+/// A rule set writes itself as its specs joined by AND, which parse back; a keyed
+/// limiter runs on a clock the test drives; no key at all is refused at construction.
+#[test]
+fn rule_sets_display_and_keyed_limiters_take_a_clock() {
+    let rules = RuleSet::parse(&[
+        "gcra:rate=10/s,burst=10",
+        "fixed-window:limit=500,window=1m",
+    ])
+    .unwrap();
+    let text = rules.to_string();
+    let parts: Vec<&str> = text.split(" AND ").collect();
+    assert_eq!(parts.len(), 2, "{text}");
+    assert_eq!(RuleSet::parse(&parts).unwrap(), rules);
+
+    let clock = Arc::new(ManualClock::new());
+    let l: KeyedLimiter<u64, Arc<ManualClock>> = KeyedLimiter::with_clock(
+        "gcra:rate=1/s,burst=1".parse::<Policy>().unwrap(),
+        clock.clone(),
+    );
+    assert!(l.check(&7, 1).unwrap().allowed);
+    assert!(!l.check(&7, 1).unwrap().allowed);
+    clock.advance(Duration::from_secs(1));
+    assert!(l.check(&7, 1).unwrap().allowed);
+
+    let zero = std::panic::catch_unwind(|| {
+        let options = KeyedOptions {
+            max_keys: 0,
+            ..KeyedOptions::default()
+        };
+        KeyedLimiter::<u64, ManualClock>::with_options(
+            "gcra:rate=1/s,burst=1".parse::<Policy>().unwrap(),
+            options,
+            ManualClock::new(),
+        )
+    });
+    let message = *zero.unwrap_err().downcast::<&str>().unwrap();
+    assert!(message.contains("max_keys must be at least 1"), "{message}");
+}

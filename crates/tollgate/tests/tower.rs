@@ -80,10 +80,10 @@ async fn rejects_with_429_and_headers_and_shares_the_limit_across_connections() 
         third.body(),
         r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"rate limit exceeded","retry_after_s":60}"#
     );
-    // Other keys, and requests without a key, are not affected.
+    // Other keys are not affected; a request without a key is refused (400).
     assert_eq!(get_as(&c, &url, Some("bob")).await.status(), 200);
-    for _ in 0..5 {
-        assert_eq!(get_as(&c, &url, None).await.status(), 200);
+    for _ in 0..3 {
+        assert_eq!(get_as(&c, &url, None).await.status(), 400);
     }
 }
 
@@ -221,10 +221,11 @@ async fn charges_what_the_response_reports_and_refuses_while_in_debt() {
 }
 
 /// A key closure that finds nothing (here the peer address, with axum served
-/// without connect info: a setup mistake) limits nothing: the layer counts those
-/// requests, and with `MissingKey::Reject` refuses them instead of passing them.
+/// without connect info: a setup mistake) is refused by default (400, a problem
+/// body), as the server's fault with `ServerError` (500), and passed unlimited only
+/// with `PassThrough`; every such request is counted.
 #[tokio::test]
-async fn requests_without_a_key_are_counted_or_refused() {
+async fn requests_without_a_key_are_refused_unless_passing_is_asked_for() {
     use tollgate::tower::MissingKey;
     let peer = |req: &axum::extract::Request| {
         req.extensions()
@@ -233,10 +234,18 @@ async fn requests_without_a_key_are_counted_or_refused() {
     };
     let mut urls = Vec::new();
     let mut layers = Vec::new();
-    for missing in [MissingKey::PassThrough, MissingKey::Reject] {
+    for missing in [
+        None,
+        Some(MissingKey::ServerError),
+        Some(MissingKey::PassThrough),
+    ] {
         let limiter: KeyedLimiter<std::net::IpAddr> =
             KeyedLimiter::new("gcra:rate=1/m,burst=1".parse::<Policy>().unwrap());
-        let layer = RateLimitLayer::new(limiter, peer).on_missing_key(missing);
+        let layer = RateLimitLayer::new(limiter, peer);
+        let layer = match missing {
+            Some(m) => layer.on_missing_key(m),
+            None => layer,
+        };
         layers.push(layer.clone());
         let app = Router::new()
             .route("/", get(|| async { "ok" }))
@@ -246,11 +255,23 @@ async fn requests_without_a_key_are_counted_or_refused() {
     }
     let c = client();
     for _ in 0..3 {
-        assert_eq!(get_as(&c, &urls[0], None).await.status(), 200);
+        let refused = get_as(&c, &urls[0], None).await;
+        assert_eq!(refused.status(), 400);
+        assert_eq!(
+            refused.headers()["content-type"],
+            "application/problem+json"
+        );
+        assert!(
+            refused.body().contains("no rate-limit key"),
+            "{}",
+            refused.body()
+        );
         assert_eq!(get_as(&c, &urls[1], None).await.status(), 500);
+        assert_eq!(get_as(&c, &urls[2], None).await.status(), 200);
     }
-    assert_eq!(layers[0].unkeyed(), 3);
-    assert_eq!(layers[1].unkeyed(), 3);
+    for layer in &layers {
+        assert_eq!(layer.unkeyed(), 3);
+    }
 }
 
 /// `per_peer_ip` limits each client address, served with connect info; served without
@@ -283,4 +304,187 @@ async fn per_peer_ip_limits_each_client_and_fails_loudly_without_the_address() {
     let url = format!("{}/", spawn_app(bare).await);
     assert_eq!(get_as(&c, &url, None).await.status(), 500);
     assert_eq!(layer.unkeyed(), 1);
+}
+
+/// Serves `layer` over a handler that counts the requests in flight (and the most at
+/// once) and sleeps `hold`; returns the base URL and the most in flight.
+async fn counted<L>(
+    layer: L,
+    hold: Duration,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicU32>)
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<axum::extract::Request> + Clone + Send + Sync + 'static,
+    <L::Service as tower::Service<axum::extract::Request>>::Response:
+        axum::response::IntoResponse + 'static,
+    <L::Service as tower::Service<axum::extract::Request>>::Error:
+        Into<std::convert::Infallible> + 'static,
+    <L::Service as tower::Service<axum::extract::Request>>::Future: Send + 'static,
+{
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let now = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let (n, m) = (now.clone(), most.clone());
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let (n, m) = (n.clone(), m.clone());
+                async move {
+                    let held = n.fetch_add(1, Ordering::SeqCst) + 1;
+                    m.fetch_max(held, Ordering::SeqCst);
+                    tokio::time::sleep(hold).await;
+                    n.fetch_sub(1, Ordering::SeqCst);
+                    "ok"
+                }
+            }),
+        )
+        .layer(layer);
+    (format!("{}/", spawn_app(app).await), most)
+}
+
+/// A pacing policy is paced in the default (reject) mode too: a shaper at 5/s lets
+/// 20 sequential requests through one every 200 ms (3.8 s at least), never early.
+#[tokio::test]
+#[allow(clippy::disallowed_methods)] // times a real server
+async fn a_shaper_paces_sequential_requests_in_reject_mode() {
+    let url = serve("shaper:rate=5/s,queue=20", OnLimit::Reject).await;
+    let c = client();
+    let t = std::time::Instant::now();
+    for _ in 0..20 {
+        assert_eq!(get_as(&c, &url, Some("paced")).await.status(), 200);
+    }
+    assert!(
+        t.elapsed() >= Duration::from_millis(3_750),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+/// `limit-req` with a burst and no `nodelay` delays as nginx does: at 1/s with burst
+/// 3, five requests at once are answered at 0, 1, 2 and 3 s, the fifth refused (in
+/// wait mode it waits its turn too: 4 s).
+#[tokio::test]
+#[allow(clippy::disallowed_methods)] // times a real server
+async fn limit_req_with_a_burst_delays_the_excess_as_nginx_does() {
+    for mode in [OnLimit::Reject, OnLimit::Wait] {
+        let url = serve("limit-req:rate=1/s,burst=3", mode).await;
+        let c = client();
+        let t = std::time::Instant::now();
+        let answers = futures::future::join_all((0..5).map(|_| {
+            let (c, url) = (c.clone(), url.clone());
+            async move {
+                let r = get_as(&c, &url, Some("burst")).await;
+                (r.status().as_u16(), t.elapsed())
+            }
+        }))
+        .await;
+        let mut ok: Vec<Duration> = answers.iter().filter(|a| a.0 == 200).map(|a| a.1).collect();
+        ok.sort();
+        let admitted = if mode == OnLimit::Reject { 4 } else { 5 };
+        assert_eq!(ok.len(), admitted, "{mode:?}: {answers:?}");
+        assert_eq!(
+            answers.iter().filter(|a| a.0 == 429).count(),
+            5 - admitted,
+            "{answers:?}"
+        );
+        // Each held for its turn: the k-th admitted at least k - 1 seconds after the
+        // first (less however far apart the five arrived).
+        for (k, at) in ok.iter().enumerate().skip(1) {
+            assert!(
+                *at >= Duration::from_millis(1000 * k as u64 - 300),
+                "{mode:?}: {ok:?}"
+            );
+        }
+    }
+}
+
+/// `concurrency:limit=N` in a rate-limit layer is refused (a check cannot give its
+/// permits back), with a 500 saying so; `ConcurrencyLimitLayer` holds each permit
+/// until the response ends: 10 concurrent requests never have more than 2 in flight,
+/// and 20 sequential ones all pass (nothing is locked out).
+#[tokio::test]
+async fn concurrency_is_held_for_the_response_by_its_own_layer() {
+    use tollgate::tower::ConcurrencyLimitLayer;
+    let url = serve("concurrency:limit=2", OnLimit::Reject).await;
+    let refused = get_as(&client(), &url, Some("c")).await;
+    assert_eq!(refused.status(), 500);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+
+    let key = |req: &axum::extract::Request| {
+        req.headers()
+            .get("x-user")?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    };
+    for mode in [OnLimit::Reject, OnLimit::Wait] {
+        let layer = ConcurrencyLimitLayer::new(2, key).on_limit(mode);
+        let (url, most) = counted(layer, Duration::from_millis(100)).await;
+        let c = client();
+        let answers: Vec<u16> =
+            futures::future::join_all((0..10).map(|_| get_as(&c, &url, Some("k"))))
+                .await
+                .iter()
+                .map(|r| r.status().as_u16())
+                .collect();
+        assert!(
+            most.load(std::sync::atomic::Ordering::SeqCst) <= 2,
+            "{mode:?}"
+        );
+        let ok = answers.iter().filter(|&&s| s == 200).count();
+        match mode {
+            OnLimit::Wait => assert_eq!(ok, 10, "{answers:?}"),
+            OnLimit::Reject => {
+                assert!((2..10).contains(&ok), "{answers:?}");
+                assert!(answers.iter().all(|&s| s == 200 || s == 429), "{answers:?}");
+            }
+        }
+        for _ in 0..20 {
+            assert_eq!(get_as(&c, &url, Some("k")).await.status(), 200, "{mode:?}");
+        }
+        // Without a key: refused (400) by default.
+        assert_eq!(get_as(&c, &url, None).await.status(), 400);
+    }
+}
+
+/// A rule set with both policies exhausted: `RateLimit`'s `t` is the binding
+/// policy's — the one that binds longest — and agrees with `Retry-After`.
+#[tokio::test]
+async fn a_rule_set_s_headers_agree_with_retry_after() {
+    let limiter: KeyedLimiter<String> = KeyedLimiter::new(
+        tollgate::RuleSet::parse(&[
+            "fixed-window:limit=1,window=1s,align=first",
+            "fixed-window:limit=1,window=1h,align=first",
+        ])
+        .unwrap(),
+    );
+    let layer = RateLimitLayer::new(limiter, |req: &axum::extract::Request| {
+        req.headers()
+            .get("x-user")?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let url = format!("{}/", spawn_app(app).await);
+    let c = client();
+    assert_eq!(get_as(&c, &url, Some("u")).await.status(), 200);
+    let r = get_as(&c, &url, Some("u")).await;
+    assert_eq!(r.status(), 429);
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let current = r.headers()["ratelimit"].to_str().unwrap();
+    assert!(current.starts_with("\"default.1\";r=0;t="), "{current}");
+    let t: u64 = current.rsplit("t=").next().unwrap().parse().unwrap();
+    assert!(retry > 1 && t >= retry, "Retry-After {retry}, {current}");
 }

@@ -141,11 +141,14 @@ pub struct AdaptiveStats {
     pub in_flight: u32,
     /// Requests waiting now.
     pub queued: u32,
-    /// Permits kept free now for priorities above the most important waiter's: the
-    /// most those priorities held lately beyond what they hold now (0 when nobody
-    /// waits). Requests wait under a free permit only when it is kept so.
+    /// Free permits kept for priorities above the most important waiter's, as of the
+    /// last call to the gate: the most those priorities held lately beyond what they
+    /// hold now (0 when nobody waits; `try_acquire` of a lower priority is refused
+    /// as `Busy` by the same reserve). Requests wait under a free permit only when it
+    /// is kept so, and at most until their deadline.
     pub reserved: u32,
-    /// The unloaded-latency baseline (the least window mean lately), in us.
+    /// The unloaded-latency baseline (the least window mean lately, each counted one
+    /// standard error up), in us.
     pub baseline_us: Option<u64>,
     /// The trimmed mean latency of the last window, in us.
     pub last_mean_us: Option<u64>,
@@ -412,12 +415,27 @@ impl AdaptiveGate {
     }
 
     /// Removes a waiter whose deadline has come and says why it was shed; `None` if it
-    /// is no longer waiting (granted or shed meanwhile, or granted now: a permit kept
-    /// for higher priorities lapsed since the last event; see the events).
+    /// is no longer waiting (granted or shed meanwhile), or is granted now: a permit
+    /// kept for higher priorities goes to a waiter at its deadline rather than stay
+    /// idle, unless more important work waits (see the events).
     pub fn shed_waiter(&mut self, now_us: u64, id: WaiterId) -> Option<Shed> {
         // A permit kept for higher work may have lapsed since the last event: a
         // waiter it held back takes it now rather than be shed.
         self.catch_up(now_us);
+        let w = *self.waiters.get(&id)?;
+        // Nor does a permit kept for higher work stay idle past a waiter's deadline:
+        // it goes to the waiter, unless more important work waits for it.
+        let outranked = (self.order.first()).is_some_and(|&(Reverse(p), _)| p > w.priority);
+        if self.in_flight < self.limit && !outranked {
+            self.remove_waiter(id);
+            let req = Request {
+                priority: w.priority,
+                caller: w.caller,
+            };
+            let ticket = self.admit(now_us, req);
+            self.events.push(GateEvent::Granted { id, ticket });
+            return None;
+        }
         let w = self.remove_waiter(id)?;
         let waited_us = now_us.saturating_sub(w.arrived_us);
         let reason = if w.by_max_wait {
@@ -462,10 +480,9 @@ impl AdaptiveGate {
             limit: self.limit,
             in_flight: self.in_flight,
             queued: self.order.len() as u32,
-            reserved: self
-                .order
-                .first()
-                .map_or(0, |&(Reverse(p), _)| self.reserved_above(p)),
+            reserved: (self.order.first())
+                .map_or(0, |&(Reverse(p), _)| self.reserved_above(p))
+                .min(self.limit.saturating_sub(self.in_flight)),
             baseline_us: self.baseline.get(),
             last_mean_us: self.last_mean,
             queue_delay_us: self.queue_delay_us(),

@@ -73,7 +73,8 @@ pub struct AdaptiveSpec {
     pub queue: u32,
     /// The queueing-delay target (default `auto`).
     pub queue_delay: QueueDelay,
-    /// How long the least window mean stays the baseline (default 10 s): a service
+    /// How long the least window mean (plus one standard error) stays the baseline
+    /// (default 10 s): a service
     /// that became slower for good is re-learned after this long.
     pub baseline_window_us: u64,
 }

@@ -1,5 +1,6 @@
 //! Measurement: outcomes collected into windows, each summarised by its trimmed mean
-//! latency, and the unloaded-latency baseline as the least window mean seen lately.
+//! latency, and the unloaded-latency baseline as the least window mean seen lately
+//! (each counted one standard error up: see the gate).
 //!
 //! A mean, because Little's law holds for means: a service of capacity C with a FIFO
 //! queue delays only the requests past C, which a median does not see until they are

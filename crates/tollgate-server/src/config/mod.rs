@@ -439,6 +439,9 @@ impl MainConfig {
         if self.listen.workers == Some(0) {
             anyhow::bail!("listen.workers: must be at least 1");
         }
+        if self.keys.max == 0 {
+            anyhow::bail!("keys.max: must be at least 1 (a limiter holding no key limits nothing)");
+        }
         if self.connections.max == 0 || self.connections.max_streams == 0 {
             anyhow::bail!("connections.max and connections.max_streams: must be at least 1");
         }

@@ -49,6 +49,8 @@ pub(super) enum Outcome {
 #[derive(Debug)]
 pub(super) struct RouteCost {
     sources: Vec<Source>,
+    /// The JSON sources' paths, shared by every response's [`Meter`].
+    json_paths: Arc<[Vec<String>]>,
     /// Units a request takes at admission, and is charged when its response does not
     /// say what it used.
     pub estimate: u64,
@@ -87,7 +89,7 @@ impl RouteCost {
                     "{at}.cost.from: '{s}' is not header:NAME or json:PATH (e.g. json:usage.total_tokens)"
                 )),
             })
-            .collect::<anyhow::Result<_>>()?;
+            .collect::<anyhow::Result<Vec<_>>>()?;
         if c.max_body == 0 {
             anyhow::bail!("{at}.cost.max_body: must be at least 1 byte");
         }
@@ -97,8 +99,15 @@ impl RouteCost {
                 c.estimate
             );
         }
+        let json_paths = (sources.iter())
+            .filter_map(|s| match s {
+                Source::Json(p) => Some(p.clone()),
+                Source::Header(_) => None,
+            })
+            .collect();
         Ok(RouteCost {
             sources,
+            json_paths,
             estimate: c.estimate,
             max_body: c.max_body,
             used: AtomicU64::new(0),
@@ -128,15 +137,10 @@ impl RouteCost {
 
     /// A reader of the body for the JSON sources, if the route has any.
     pub fn meter(&self, headers: &(impl HeaderSource + ?Sized)) -> Option<Meter> {
-        let paths: Vec<Vec<String>> = (self.sources.iter())
-            .filter_map(|s| match s {
-                Source::Json(p) => Some(p.clone()),
-                Source::Header(_) => None,
-            })
-            .collect();
-        if paths.is_empty() {
+        if self.json_paths.is_empty() {
             return None;
         }
+        let paths = self.json_paths.clone();
         let sse = headers
             .first("content-type")
             .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
@@ -180,7 +184,7 @@ impl RouteCost {
 /// events of a server-sent event stream (each up to `max`), keeping the last usage.
 #[derive(Debug)]
 pub(super) struct Meter {
-    paths: Vec<Vec<String>>,
+    paths: Arc<[Vec<String>]>,
     sse: bool,
     /// The JSON body so far, or the event stream's current line.
     buf: Vec<u8>,
@@ -366,6 +370,10 @@ impl Pending {
             }
         };
         self.cost.used.fetch_add(used, Ordering::Relaxed);
+        if used == self.admitted {
+            // Nothing to charge or give back (a usage equal to the estimate).
+            return Box::pin(std::future::ready(()));
+        }
         let work = self.apply(used);
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
@@ -398,6 +406,41 @@ impl Pending {
                 tracing::warn!(key, error = %e, "tollgate: proxy: a usage could not be settled (the store failed)");
             }
         })
+    }
+}
+
+/// A response body being read for its usage ([`Meter`]) under a route's `cost:`:
+/// settled with what it reported when it ends ([`Metered::finish`]); dropped before
+/// (the client went away, the upstream broke off, the connection's task ended), with
+/// the usage seen so far, else the estimate.
+pub(super) struct Metered(Option<(Pending, Meter)>);
+
+impl Metered {
+    pub fn new(pending: Pending, meter: Meter) -> Self {
+        Metered(Some((pending, meter)))
+    }
+
+    /// Reads one chunk of the body.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if let Some((_, meter)) = &mut self.0 {
+            meter.feed(chunk);
+        }
+    }
+
+    /// The body has ended: its usage settles.
+    pub fn finish(mut self) -> Settle {
+        match self.0.take() {
+            Some((pending, meter)) => pending.settle(meter.finish()),
+            None => Box::pin(std::future::ready(())),
+        }
+    }
+}
+
+impl Drop for Metered {
+    fn drop(&mut self) {
+        if let Some((pending, meter)) = self.0.take() {
+            pending.settle_later(Outcome::Disconnected(meter.so_far()));
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::adaptive::AdaptiveHold;
-use super::cost::{Meter, Outcome, Pending, Settle};
+use super::cost::{Metered, Outcome, Pending, Settle};
 use super::keys;
 use super::keys::HeaderSource;
 use super::limits::{ConnPermit, Passed};
@@ -34,7 +34,9 @@ static HOP_BY_HOP: [&str; 7] = [
 ];
 
 /// Sends `req` to `route`'s upstream and answers with its response plus the
-/// rate-limit headers of `passed`; 502 / 504 problems when the upstream fails.
+/// rate-limit headers of `passed`; `Err`: the proxy's own answer (a bad path, a
+/// stalled body, 502 / 504 problems when the upstream fails), the request body
+/// perhaps left unread.
 pub(super) async fn forward(
     upstreams: &UpstreamPool,
     table: &RouteTable,
@@ -42,9 +44,9 @@ pub(super) async fn forward(
     peer: &Peer,
     mut req: Request,
     mut passed: Passed,
-) -> Response {
+) -> Result<Response, Response> {
     if to_upstream(&mut req, table, route, peer).is_none() {
-        return problem(StatusCode::BAD_REQUEST, "bad request path", None).into_response();
+        return Err(problem(StatusCode::BAD_REQUEST, "bad request path", None).into_response());
     }
     let mut adaptive = passed.adaptive.take();
     let mut pending = passed.pending.take();
@@ -56,11 +58,13 @@ pub(super) async fn forward(
     {
         Ok(Ok(resp)) => resp,
         Ok(Err(Failure::Exchange(e))) if crate::connections::is_body_timeout(&e) => {
-            return body_stalled().into_response()
+            return Err(body_stalled().into_response());
         }
-        Ok(Err(f)) => return upstream_failed(route, adaptive, pending, f.answer()).into_response(),
+        Ok(Err(f)) => {
+            return Err(upstream_failed(route, adaptive, pending, f.answer()).into_response())
+        }
         Err(_) => {
-            return upstream_failed(route, adaptive, pending, TIMED_OUT).into_response();
+            return Err(upstream_failed(route, adaptive, pending, TIMED_OUT).into_response());
         }
     };
     let (mut parts, body) = answer.into_parts();
@@ -79,7 +83,7 @@ pub(super) async fn forward(
                 // A body already at its end (Content-Length: 0, 204, 304, a
                 // HEAD) is never polled: it reports nothing.
                 Some(meter) if !http_body::Body::is_end_stream(&body) => {
-                    charge = Some((pending, meter))
+                    charge = Some(Metered::new(pending, meter))
                 }
                 _ => pending.settle(Outcome::Missing).await,
             }
@@ -97,7 +101,7 @@ pub(super) async fn forward(
         settling: None,
         last: None,
     };
-    Response::from_parts(parts, Body::new(body))
+    Ok(Response::from_parts(parts, Body::new(body)))
 }
 
 /// An upstream that did not answer within `upstream_timeout`.
@@ -305,7 +309,7 @@ struct Held {
     body: hyper::body::Incoming,
     _permit: Option<ConnPermit>,
     _adaptive: Option<AdaptiveHold>,
-    charge: Option<(Pending, Meter)>,
+    charge: Option<Metered>,
     /// The usage being charged: the body ends when it has landed.
     settling: Option<Settle>,
     /// The body's last frame, sent once the charge has landed.
@@ -315,8 +319,8 @@ struct Held {
 impl Held {
     /// The body has ended: its usage starts to settle.
     fn ended(&mut self) {
-        if let Some((pending, meter)) = self.charge.take() {
-            self.settling = Some(pending.settle(meter.finish()));
+        if let Some(metered) = self.charge.take() {
+            self.settling = Some(metered.finish());
         }
     }
 }
@@ -341,8 +345,8 @@ impl http_body::Body for Held {
         }
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
-                if let (Some((_, meter)), Some(data)) = (&mut self.charge, frame.data_ref()) {
-                    meter.feed(data);
+                if let (Some(metered), Some(data)) = (&mut self.charge, frame.data_ref()) {
+                    metered.feed(data);
                 }
                 if !self.body.is_end_stream() {
                     return Poll::Ready(Some(Ok(frame)));
@@ -375,12 +379,9 @@ impl http_body::Body for Held {
 }
 
 impl Drop for Held {
-    /// The client went away (or the upstream broke off) before the end: the usage
-    /// seen so far, else the estimate.
+    /// A charge under way lands, whoever drops the body (a charge not yet under way
+    /// settles as [`Metered`] says).
     fn drop(&mut self) {
-        if let Some((pending, meter)) = self.charge.take() {
-            pending.settle_later(Outcome::Disconnected(meter.so_far()));
-        }
         if let Some(settling) = self.settling.take() {
             super::cost::spawn(settling);
         }

@@ -47,24 +47,19 @@ async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
         });
     let ends = req.version() < Version::HTTP_11
         && !(req.headers().get_all(CONNECTION).iter())
-            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"keep-alive"));
-    // Forwarded: the body went upstream (unless the exchange failed: then the
-    // answer is an error, and closes too).
+            .any(|v| h1::has_token(v.as_bytes(), "keep-alive"));
+    // Forwarded: the body went upstream (the proxy's own answers may have left it).
     let (mut answer, forwarded) = match table.route_for(host, req.uri().path()) {
         None => (no_route().into_response(), false),
         Some(route) => match admit(&table, route, peer, req.uri().path(), req.headers()).await {
-            Ok(passed) => {
-                let upstream = &proxy.upstreams;
-                (
-                    forward(upstream, &table, route, peer, req, passed).await,
-                    true,
-                )
-            }
+            Ok(passed) => match forward(&proxy.upstreams, &table, route, peer, req, passed).await {
+                Ok(answer) => (answer, true),
+                Err(own) => (own, false),
+            },
             Err(answer) => (answer.into_response(), false),
         },
     };
-    let failed = answer.status().is_client_error() || answer.status().is_server_error();
-    if ends || (unread && (!forwarded || failed)) {
+    if ends || (unread && !forwarded) {
         (answer.headers_mut()).insert(CONNECTION, HeaderValue::from_static("close"));
     }
     answer

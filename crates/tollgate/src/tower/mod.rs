@@ -3,16 +3,20 @@
 //! * [`RateLimitLayer`] / [`ErrorLayer`]: one rate limit per key, shared by every
 //!   clone of the service, rejecting with 429 (or an error) or waiting, and charging
 //!   what a response says it used ([`RateLimitLayer::charge_with`]);
+//! * [`ConcurrencyLimitLayer`]: at most N requests in flight per key, each permit
+//!   held until its response body has been sent;
 //! * [`AdaptiveConcurrencyLayer`]: an adaptive concurrency limit in front of a
 //!   service, fed by its responses, shedding with 503 by priority.
 
 mod adaptive;
+mod concurrency;
 mod rate_limit;
 
 pub use adaptive::{
     AdaptiveConcurrency, AdaptiveConcurrencyLayer, ByStatus, Classify, NormalPriority, Prioritize,
     ResponseClass,
 };
+pub use concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer, HeldBody};
 #[cfg(feature = "axum")]
 pub use rate_limit::{peer_ip, PeerIp};
 pub use rate_limit::{

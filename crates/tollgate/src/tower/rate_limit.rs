@@ -62,18 +62,23 @@ impl Usage {
     }
 }
 
-/// What the layer does with a request whose key closure returns `None`.
+/// What the layer does with a request whose key closure returns `None`. Every
+/// choice counts the request ([`RateLimitLayer::unkeyed`]) and logs the first one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MissingKey {
-    /// Pass it through, unlimited (as nginx does for an empty key): counted
-    /// ([`RateLimitLayer::unkeyed`]) and logged, a warning, the first time — a key that
-    /// is never there (axum served without `into_make_service_with_connect_info`,
-    /// a header no client sends) would otherwise limit nothing, silently.
+    /// Refuse it (the default): `400 Bad Request` with a problem body saying the
+    /// request has no rate-limit key ([`ErrorLayer`]: the error [`NoKey`]). Leaving out
+    /// a header must not be a way around the limit.
     #[default]
-    PassThrough,
-    /// Refuse it: `500 Internal Server Error` ([`ErrorLayer`]: the error [`NoKey`]),
-    /// for a key that is always there unless the service is set up wrong.
     Reject,
+    /// Refuse it as the server's fault: `500 Internal Server Error` ([`ErrorLayer`]:
+    /// [`NoKey`]), for a key that is always there unless the service is set up wrong
+    /// (the peer address of [`RateLimitLayer::per_peer_ip`]).
+    ServerError,
+    /// Pass it through, unlimited, as Envoy does for a request without a descriptor
+    /// and nginx for an empty key: a choice to make on purpose (a limit only for
+    /// requests that carry an API key, say).
+    PassThrough,
 }
 
 /// The error [`ErrorLayer`]'s services return for a request without a key under
@@ -97,18 +102,21 @@ impl Unkeyed {
         if self.warned.swap(true, Ordering::Relaxed) {
             return;
         }
-        if missing == MissingKey::Reject {
-            tracing::error!(
+        match missing {
+            MissingKey::ServerError => tracing::error!(
                 "tollgate: a request had no rate-limit key (the layer's key closure returned None) \
                  and was refused with 500; with a peer-address key, serve axum with \
                  into_make_service_with_connect_info::<SocketAddr>()"
-            );
-        } else {
-            tracing::warn!(
+            ),
+            MissingKey::Reject => tracing::warn!(
                 "tollgate: a request had no rate-limit key (the layer's key closure returned None) \
-                 and was not limited; with a peer-address key, serve axum with \
-                 into_make_service_with_connect_info; MissingKey::Reject refuses such requests"
-            );
+                 and was refused with 400 (logged once); MissingKey::PassThrough lets such \
+                 requests through unlimited"
+            ),
+            MissingKey::PassThrough => tracing::warn!(
+                "tollgate: a request had no rate-limit key (the layer's key closure returned None) \
+                 and was not limited, as MissingKey::PassThrough asks (logged once)"
+            ),
         }
     }
 }
@@ -136,7 +144,7 @@ impl<L> RateLimitLayer<L, PeerIp> {
     /// `IpAddr` (e.g. `KeyedLimiter<IpAddr>`). Fails loudly when the address is
     /// missing — a router served without `into_make_service_with_connect_info` —
     /// answering `500` and logging why, rather than limiting nothing
-    /// ([`MissingKey::Reject`]).
+    /// ([`MissingKey::ServerError`]).
     ///
     /// ```
     /// use std::net::{IpAddr, SocketAddr};
@@ -153,11 +161,14 @@ impl<L> RateLimitLayer<L, PeerIp> {
     /// ```
     pub fn per_peer_ip(limiter: L) -> Self {
         RateLimitLayer::new(limiter, peer_ip::<axum::body::Body> as PeerIp)
-            .on_missing_key(MissingKey::Reject)
+            .on_missing_key(MissingKey::ServerError)
     }
 }
 
-/// What the layer does with a request over the limit.
+/// What the layer does with a request over the limit. In both modes, a request a
+/// pacing policy admits with a wait (`shaper`, `limit-req` without `nodelay`) waits
+/// it before the inner service is called: its schedule is part of the decision, so
+/// nothing is forwarded before its turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnLimit {
     /// Answer `429 Too Many Requests` with `Retry-After`, `RateLimit-Policy` and
@@ -170,8 +181,8 @@ pub enum OnLimit {
 }
 
 /// Limits requests per key, the key extracted by a closure (peer IP, a header, the
-/// path, or any compound): `None` means "not limited" (counted and logged once; or
-/// refused, see [`MissingKey`]). The limiter is any [`RateLimiter`] for the key type:
+/// path, or any compound): `None` is a request without a key, refused with `400` by
+/// default (see [`MissingKey`]). The limiter is any [`RateLimiter`] for the key type:
 /// a [`KeyedLimiter`](crate::KeyedLimiter) in memory (keys of any type), or an
 /// [`AnyLimiter`](crate::AnyLimiter) or Redis limiter (`String` keys) shared by every
 /// instance of the service. Every clone of the layer and of the services it makes
@@ -217,7 +228,7 @@ impl<L, F> RateLimitLayer<L, F> {
             key: Arc::new(key),
             on_limit: OnLimit::Reject,
             charge: Arc::new(NoCharge),
-            missing: MissingKey::PassThrough,
+            missing: MissingKey::Reject,
             unkeyed: Arc::default(),
         }
     }
@@ -230,8 +241,8 @@ impl<L, F, C> RateLimitLayer<L, F, C> {
         self
     }
 
-    /// What to do with a request whose key closure returns `None` (default: pass it
-    /// through, counted and logged once; see [`MissingKey`]).
+    /// What to do with a request whose key closure returns `None` (default: refuse it
+    /// with `400`; see [`MissingKey`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
         self.missing = missing;
         self
@@ -331,10 +342,13 @@ where
         let mut inner = super::take_ready(&mut self.inner);
         let Some(key) = (self.key)(&req) else {
             self.unkeyed.note(self.missing);
-            if self.missing == MissingKey::Reject {
-                return Box::pin(async { Ok(no_key()) });
-            }
-            return Box::pin(inner.call(req));
+            return match self.missing {
+                MissingKey::Reject => Box::pin(async { Ok(no_key(StatusCode::BAD_REQUEST)) }),
+                MissingKey::ServerError => {
+                    Box::pin(async { Ok(no_key(StatusCode::INTERNAL_SERVER_ERROR)) })
+                }
+                MissingKey::PassThrough => Box::pin(inner.call(req)),
+            };
         };
         let limiter = self.limiter.clone();
         let on_limit = self.on_limit;
@@ -344,18 +358,28 @@ where
                 OnLimit::Reject => Op::Try,
                 OnLimit::Wait => Op::Acquire,
             };
+            let rules = limiter.rules();
+            if let Some(p) = rules.holding() {
+                // Nothing would give its permits back: refused, loudly.
+                tracing::error!(
+                    "tollgate: {}; the request was answered 500",
+                    crate::Error::HoldsPermits(p.to_string())
+                );
+                return Ok(no_key(StatusCode::INTERNAL_SERVER_ERROR));
+            }
             let decision = match limiter.check_rules(&key, 1, op).await {
                 Ok(d) => d,
                 Err(e) => match e.rejection() {
                     // A full limiter refusing new keys: over the limit.
-                    Some(d) => return Ok(too_many(&d.into(), &limiter.rules())),
+                    Some(d) => return Ok(too_many(&d.into(), &rules)),
                     None => return Ok(super::unavailable()),
                 },
             };
             if !decision.decision.allowed {
-                return Ok(too_many(&decision, &limiter.rules()));
+                return Ok(too_many(&decision, &rules));
             }
-            if op == Op::Acquire && decision.decision.wait_us > 0 {
+            // A pacing policy's schedule is part of its decision, whatever the mode.
+            if decision.decision.wait_us > 0 {
                 let refund = crate::wait::RefundOnDrop::new(|| refund_detached(&limiter, &key, 1));
                 crate::wait::sleep_or_refund(decision.decision.wait(), refund).await;
             }
@@ -373,16 +397,31 @@ where
                 },
                 _ => decision,
             };
-            rate_limit_headers(response.headers_mut(), &shown, &limiter.rules());
+            rate_limit_headers(response.headers_mut(), &shown, &rules);
             Ok(response)
         })
     }
 }
 
-/// A 500 for a request without a key under [`MissingKey::Reject`].
-fn no_key<B: Default>() -> Response<B> {
-    let mut response = Response::new(B::default());
-    *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+/// The answer to a request without a key ([`MissingKey`]): a problem document
+/// saying so; also the 500 of a rule set the layer cannot apply.
+pub(super) fn no_key<B: From<String>>(status: StatusCode) -> Response<B> {
+    let detail = if status == StatusCode::BAD_REQUEST {
+        "the request has no rate-limit key"
+    } else {
+        "the rate limit is not set up to apply to this request"
+    };
+    let body = format!(
+        r#"{{"type":"about:blank","title":"{}","status":{},"detail":"{detail}"}}"#,
+        status.canonical_reason().unwrap_or(""),
+        status.as_u16()
+    );
+    let mut response = Response::new(B::from(body));
+    *response.status_mut() = status;
+    let json = HeaderValue::from_static("application/problem+json");
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, json);
     response
 }
 
@@ -432,7 +471,8 @@ pub struct ErrorLayer<L, F> {
 }
 
 impl<L, F> ErrorLayer<L, F> {
-    /// Limits with `limiter`, keyed by `key(&request)` (`None`: not limited).
+    /// Limits with `limiter`, keyed by `key(&request)` (`None`: the error [`NoKey`],
+    /// unless [`ErrorLayer::on_missing_key`] says to pass it through).
     pub fn new(limiter: L, key: F) -> Self {
         ErrorLayer {
             layer: RateLimitLayer::new(limiter, key),
@@ -487,7 +527,7 @@ where
         let mut inner = super::take_ready(&mut svc.inner);
         let Some(key) = (svc.key)(&req) else {
             svc.unkeyed.note(svc.missing);
-            if svc.missing == MissingKey::Reject {
+            if svc.missing != MissingKey::PassThrough {
                 return Box::pin(async { Err(NoKey.into()) });
             }
             return Box::pin(async move { inner.call(req).await.map_err(Into::into) });
@@ -498,6 +538,9 @@ where
             OnLimit::Wait => Op::Acquire,
         };
         Box::pin(async move {
+            if let Some(p) = limiter.rules().holding() {
+                return Err(crate::Error::HoldsPermits(p.to_string()).into());
+            }
             let d = limiter
                 .check_rules(&key, 1, op)
                 .await?

@@ -8,7 +8,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::message::Framing;
-use crate::proxy::cost::Meter;
+use crate::proxy::cost::Metered;
 
 /// The longest chunk-size line or trailer line read.
 const MAX_LINE: usize = 4096;
@@ -216,7 +216,7 @@ pub async fn pass_metered<R, W>(
     dst: &mut W,
     head: &mut Vec<u8>,
     stall: Option<Duration>,
-    mut meter: Option<&mut Meter>,
+    mut meter: Option<&mut Metered>,
 ) -> Result<(), BodyError>
 where
     R: AsyncRead + Unpin,

@@ -153,7 +153,7 @@ fn is_chunked(value: &[u8]) -> bool {
 }
 
 /// Whether the comma-separated `value` holds `token` (any case).
-fn has_token(value: &[u8], token: &str) -> bool {
+pub fn has_token(value: &[u8], token: &str) -> bool {
     value
         .split(|&b| b == b',')
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))

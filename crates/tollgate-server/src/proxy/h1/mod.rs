@@ -19,6 +19,8 @@
 mod body;
 mod message;
 
+pub(super) use self::message::has_token;
+
 use std::mem::MaybeUninit;
 use std::time::Duration;
 
@@ -30,7 +32,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use self::body::BodyError;
 use self::message::{BadHead, Framing, RequestHead, ResponseHead, MAX_HEAD, MAX_HEADERS};
 use super::admission::admit;
-use super::cost::Outcome;
+use super::cost::{Metered, Outcome};
 use super::forwarding::{body_stalled, forwarding, upstream_failed, Peer, TIMED_OUT, UNREACHABLE};
 use super::limits::Passed;
 use super::problem::no_route;
@@ -340,7 +342,7 @@ impl Conn {
         };
         let Some((code, head)) = head else {
             drop(passed);
-            let answer = upstream_failed(route, adaptive, None, UNREACHABLE);
+            let answer = upstream_failed(route, adaptive, pending, UNREACHABLE);
             return self.reply(io, &answer, close, req.to_head).await;
         };
         let mut adaptive = adaptive;
@@ -355,7 +357,7 @@ impl Conn {
             match pending.cost().in_headers(resp.headers) {
                 Some(outcome) => pending.settle(outcome).await,
                 None => match pending.cost().meter(resp.headers) {
-                    Some(meter) if body => metering = Some((pending, meter)),
+                    Some(meter) if body => metering = Some(Metered::new(pending, meter)),
                     _ => pending.settle(Outcome::Missing).await,
                 },
             }
@@ -387,19 +389,22 @@ impl Conn {
         }
         out.extend_from_slice(b"\r\n");
         up.buf.advance(head_len);
-        let meter = metering.as_mut().map(|(_, meter)| meter);
-        let mut passed_on =
-            body::pass_metered(head.framing, &mut up.io, &mut up.buf, io, out, None, meter).await;
-        if let Some((pending, meter)) = metering {
-            match passed_on {
-                // The end of the response waits for its charge.
-                Ok(()) => {
-                    pending.settle(meter.finish()).await;
-                    if !out.is_empty() && io.write_all(out).await.is_err() {
-                        passed_on = Err(BodyError::Write);
-                    }
-                }
-                Err(_) => pending.settle_later(Outcome::Disconnected(meter.so_far())),
+        let mut passed_on = body::pass_metered(
+            head.framing,
+            &mut up.io,
+            &mut up.buf,
+            io,
+            out,
+            None,
+            metering.as_mut(),
+        )
+        .await;
+        // The end of the response waits for its charge (cut short, the body settles
+        // as disconnected when `metering` drops).
+        if let (Some(metered), Ok(())) = (metering, &passed_on) {
+            metered.finish().await;
+            if !out.is_empty() && io.write_all(out).await.is_err() {
+                passed_on = Err(BodyError::Write);
             }
         }
         // limit_conn's and the adaptive limit's permits end with the response.
