@@ -778,6 +778,25 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         Ok(d)
     }
 
+    /// [`KeyedLimiter::acquire`], then a random extra delay of up to the jitter's
+    /// bound when admitted (see [`crate::Limiter::acquire_with_jitter`]).
+    pub async fn acquire_with_jitter<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        jitter: crate::wait::Jitter,
+    ) -> Result<Decision, Error>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let d = self.acquire(key, cost).await?;
+        if d.allowed {
+            tokio::time::sleep(jitter.draw()).await;
+        }
+        Ok(d)
+    }
+
     /// [`KeyedLimiter::acquire`] for synchronous code: blocks the thread for the wait.
     pub fn acquire_blocking<Q>(&self, key: &Q, cost: u64) -> Result<Decision, Error>
     where

@@ -393,6 +393,22 @@ impl<C: Clock> Limiter<C> {
         Ok(d)
     }
 
+    /// [`Limiter::acquire`], then a random extra delay of up to the jitter's bound
+    /// when admitted (governor's `until_ready_with_jitter`): spreads out callers
+    /// admitted for the same instant. The decision's `wait` is the limiter's; the
+    /// jitter comes on top of it.
+    pub async fn acquire_with_jitter(
+        &self,
+        cost: u64,
+        jitter: crate::wait::Jitter,
+    ) -> Result<Decision, Error> {
+        let d = self.acquire(cost).await?;
+        if d.allowed {
+            tokio::time::sleep(jitter.draw()).await;
+        }
+        Ok(d)
+    }
+
     /// [`Limiter::acquire`] for synchronous code: blocks the thread for the wait.
     pub fn acquire_blocking(&self, cost: u64) -> Result<Decision, Error> {
         let d = self.decide(cost, Op::Acquire)?;

@@ -40,6 +40,46 @@ impl<F: FnOnce()> Drop for RefundOnDrop<F> {
     }
 }
 
+/// A random extra delay after an admitted wait, of up to `max` (governor's
+/// `Jitter`): callers admitted for the same instant spread out instead of reaching
+/// the service together. Jitter only ever adds: a request never starts before the
+/// slot its limiter admitted, so no limit is exceeded.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::wait::Jitter;
+/// let jitter = Jitter::up_to(Duration::from_millis(50));
+/// assert!((0..100).all(|_| jitter.draw() < Duration::from_millis(50)));
+/// assert_eq!(Jitter::default().draw(), Duration::ZERO);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Jitter {
+    max: Duration,
+}
+
+impl Jitter {
+    /// Up to `max` more, drawn uniformly for each wait.
+    pub fn up_to(max: Duration) -> Self {
+        Jitter { max }
+    }
+
+    /// One delay, uniform in `[0, max)` (zero without a `max`).
+    pub fn draw(&self) -> Duration {
+        use std::hash::BuildHasher;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static DRAWS: AtomicU64 = AtomicU64::new(0);
+        let max = self.max.as_nanos().min(u128::from(u64::MAX)) as u64;
+        if max == 0 {
+            return Duration::ZERO;
+        }
+        // A process-random hash of a counter: uniform enough to spread waiters, no
+        // generator to share.
+        let n = DRAWS.fetch_add(1, Ordering::Relaxed);
+        let r = std::collections::hash_map::RandomState::new().hash_one(n);
+        Duration::from_nanos(((u128::from(r) * u128::from(max)) >> 64) as u64)
+    }
+}
+
 /// Sleeps `wait` on tokio's timer; dropping the future refunds through `guard`.
 pub(crate) async fn sleep_or_refund<F: FnOnce()>(wait: Duration, guard: RefundOnDrop<F>) {
     tokio::time::sleep(wait).await;

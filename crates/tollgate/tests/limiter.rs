@@ -215,3 +215,25 @@ fn into_result_turns_a_reject_into_an_error() {
     clock.advance(Duration::from_secs(1));
     assert!(limiter.check(1).unwrap().into_result().is_ok());
 }
+
+/// Jitter comes on top of the limiter's wait, never before it: the second request of
+/// a 1/s limit starts between 1 s and 1.1 s after the first.
+#[tokio::test(start_paused = true)]
+async fn jitter_adds_to_the_wait_and_never_shortens_it() {
+    let limiter = Limiter::with_clock(
+        "gcra:rate=1/s,burst=1".parse::<Policy>().unwrap(),
+        tollgate::clock::TokioClock::new(),
+    );
+    let jitter = tollgate::wait::Jitter::up_to(Duration::from_millis(100));
+    let start = tokio::time::Instant::now();
+    limiter.acquire_with_jitter(1, jitter).await.unwrap();
+    let first = start.elapsed();
+    let d = limiter.acquire_with_jitter(1, jitter).await.unwrap();
+    assert!(d.allowed);
+    let second = start.elapsed();
+    assert!(first < Duration::from_millis(100), "{first:?}");
+    assert!(
+        second >= Duration::from_secs(1) && second < Duration::from_millis(1_200),
+        "{second:?}"
+    );
+}
