@@ -3,6 +3,8 @@
 //!
 //! cargo run -p tollgate --features tower --example axum
 //! then: for i in $(seq 8); do curl -si http://127.0.0.1:3000/ | head -1; done
+//! (`-- --check` serves on a free port, sends the eight requests itself and exits:
+//! what `scripts/test.sh` runs.)
 
 use std::net::SocketAddr;
 
@@ -28,12 +30,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(
+    // `--check` (what the test command runs): serve on a free port, send eight
+    // requests from one address, check that the burst of 5 passed and the rest were
+    // refused with Retry-After, and exit.
+    let check = std::env::args().any(|a| a == "--check");
+    let addr = if check {
+        "127.0.0.1:0"
+    } else {
+        "127.0.0.1:3000"
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    println!("listening on http://{local}");
+    let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await?;
+    );
+    if !check {
+        server.await?;
+        return Ok(());
+    }
+    tokio::spawn(async move { server.await });
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        let response = client.get(format!("http://{local}/").parse()?).await?;
+        if response.status() == 429 {
+            assert!(response.headers().contains_key("retry-after"));
+        }
+        statuses.push(response.status().as_u16());
+    }
+    println!("statuses: {statuses:?}");
+    assert_eq!(&statuses[..5], [200; 5], "the burst of 5 passes");
+    assert!(
+        statuses[5..].contains(&429),
+        "past the burst, 429: {statuses:?}"
+    );
     Ok(())
 }
