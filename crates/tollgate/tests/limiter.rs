@@ -226,7 +226,13 @@ async fn jitter_adds_to_the_wait_and_never_shortens_it() {
     );
     let jitter = tollgate::wait::Jitter::up_to(Duration::from_millis(100));
     let start = tokio::time::Instant::now();
-    limiter.acquire_with_jitter(1, jitter).await.unwrap();
+    assert!(
+        limiter
+            .acquire_with_jitter(1, jitter)
+            .await
+            .unwrap()
+            .allowed
+    );
     let first = start.elapsed();
     let d = limiter.acquire_with_jitter(1, jitter).await.unwrap();
     assert!(d.allowed);
