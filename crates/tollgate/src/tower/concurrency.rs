@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use tower::{Layer, Service};
 
 use crate::concurrency::{ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit};
@@ -185,19 +185,8 @@ where
 
 /// The 429 of a key at its limit (or a limiter full of keys).
 fn busy<B: From<String>, K: Hash + Eq>(e: ConcurrencyError) -> Response<HeldBody<B, K>> {
-    let body = format!(
-        r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"{e}"}}"#
-    );
-    let mut response = Response::new(HeldBody {
-        body: B::from(body),
-        permit: None,
-    });
-    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    let json = HeaderValue::from_static("application/problem+json");
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, json);
-    response
+    let response = super::problem(StatusCode::TOO_MANY_REQUESTS, &e.to_string(), "");
+    response.map(|body| HeldBody { body, permit: None })
 }
 
 /// A response body holding its request's permit until the body ends (or is

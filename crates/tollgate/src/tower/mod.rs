@@ -31,6 +31,25 @@ fn take_ready<S: Clone>(inner: &mut S) -> S {
     std::mem::replace(inner, clone)
 }
 
+/// An answer with a problem document (RFC 9457) for a body: `status`, its reason as
+/// the title, `detail`, and `extra` JSON members (`,"retry_after_s":60`).
+fn problem<B: From<String>>(
+    status: http::StatusCode,
+    detail: &str,
+    extra: &str,
+) -> http::Response<B> {
+    let body = format!(
+        r#"{{"type":"about:blank","title":"{}","status":{},"detail":"{detail}"{extra}}}"#,
+        status.canonical_reason().unwrap_or(""),
+        status.as_u16()
+    );
+    let mut response = http::Response::new(B::from(body));
+    *response.status_mut() = status;
+    let json = http::HeaderValue::from_static("application/problem+json");
+    (response.headers_mut()).insert(http::header::CONTENT_TYPE, json);
+    response
+}
+
 /// An empty 503: the limiter's store cannot answer (rate limits), or the request was
 /// shed (adaptive, which adds `Retry-After`).
 fn unavailable<B: Default>() -> http::Response<B> {

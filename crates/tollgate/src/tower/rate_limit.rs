@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use tollgate_core::{Op, RuleDecision, RuleSet};
 use tower::{Layer, Service};
 
@@ -411,41 +411,19 @@ pub(super) fn no_key<B: From<String>>(status: StatusCode) -> Response<B> {
     } else {
         "the rate limit is not set up to apply to this request"
     };
-    let body = format!(
-        r#"{{"type":"about:blank","title":"{}","status":{},"detail":"{detail}"}}"#,
-        status.canonical_reason().unwrap_or(""),
-        status.as_u16()
-    );
-    let mut response = Response::new(B::from(body));
-    *response.status_mut() = status;
-    let json = HeaderValue::from_static("application/problem+json");
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, json);
-    response
+    super::problem(status, detail, "")
 }
 
-/// A 429 with `Retry-After` and the RateLimit headers ([`crate::headers`]).
+/// A 429 with `Retry-After` and the RateLimit headers ([`crate::headers`]), its body
+/// a problem document saying when to come back.
 fn too_many<B: From<String>>(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
-    let mut response = Response::new(B::from(problem_body(decision)));
-    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    let json = HeaderValue::from_static("application/problem+json");
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, json);
-    rate_limit_headers(response.headers_mut(), decision, rules);
-    response
-}
-
-/// The 429's body: a problem document (RFC 9457) saying when to come back.
-fn problem_body(decision: &RuleDecision) -> String {
     let retry = match decision.decision.retry_after_us {
         Some(us) => format!(r#","retry_after_s":{}"#, us.div_ceil(1_000_000)),
         None => String::new(),
     };
-    format!(
-        r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"rate limit exceeded"{retry}}}"#
-    )
+    let mut response = super::problem(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded", &retry);
+    rate_limit_headers(response.headers_mut(), decision, rules);
+    response
 }
 
 /// The layer's headers ([`crate::headers`]; its limit is called `default`): the IETF
