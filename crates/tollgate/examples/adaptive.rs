@@ -5,7 +5,8 @@
 //!
 //! cargo run -p tollgate --features tower --example adaptive
 //! then, e.g. with wrk or hey: 64 connections of sheddable work beside a few critical
-//! ones, and watch http://127.0.0.1:3000/stats.
+//! ones, and watch http://127.0.0.1:3000/stats. (`-- --check` serves on a free port,
+//! loads it for 2 s itself and exits: what `scripts/test.sh` runs.)
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use tollgate::tower::AdaptiveConcurrencyLayer;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limiter = AdaptiveLimiter::fair("gradient:max=200".parse()?);
+    let limiter_stats = limiter.clone();
     let layer = AdaptiveConcurrencyLayer::new(limiter.clone()).prioritize(
         |req: &axum::extract::Request| {
             let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
@@ -46,8 +48,52 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             async move { format!("{:#?}\n", limiter.stats()) }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).await?;
+    // `--check` (what the test command runs): serve on a free port, send 32 clients'
+    // worth of requests for 2 s (4x the capacity), check that every one was answered
+    // (200, or 503 when shed) and that the limit moved, and exit.
+    let check = std::env::args().any(|a| a == "--check");
+    let addr = if check {
+        "127.0.0.1:0"
+    } else {
+        "127.0.0.1:3000"
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    println!("listening on http://{local}");
+    let server = axum::serve(listener, app);
+    if !check {
+        server.await?;
+        return Ok(());
+    }
+    tokio::spawn(async move { server.await });
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    let clients = (0..32).map(|_| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let (mut ok, mut shed) = (0u32, 0u32);
+            while tokio::time::Instant::now() < until {
+                let uri: http::Uri = format!("http://{local}/").parse().unwrap();
+                match client.get(uri).await.map(|r| r.status().as_u16()) {
+                    Ok(200) => ok += 1,
+                    Ok(503) => shed += 1,
+                    other => panic!("unexpected answer {other:?}"),
+                }
+            }
+            (ok, shed)
+        })
+    });
+    let (mut ok, mut shed) = (0, 0);
+    for c in clients.collect::<Vec<_>>() {
+        let (o, s) = c.await?;
+        (ok, shed) = (ok + o, shed + s);
+    }
+    let stats = limiter_stats.stats();
+    println!(
+        "{ok} served, {shed} shed; limit {} (started at 4)",
+        stats.limit
+    );
+    assert!(ok > 0 && stats.windows > 0, "{stats:?}");
     Ok(())
 }
