@@ -422,19 +422,12 @@ impl AdaptiveGate {
         // A permit kept for higher work may have lapsed since the last event: a
         // waiter it held back takes it now rather than be shed.
         self.catch_up(now_us);
-        let w = *self.waiters.get(&id)?;
         // Nor does a permit kept for higher work stay idle past a waiter's deadline:
-        // it goes to the waiter, unless more important work waits for it.
-        let outranked = (self.order.first()).is_some_and(|&(Reverse(p), _)| p > w.priority);
-        if self.in_flight < self.limit && !outranked {
-            self.remove_waiter(id);
-            let req = Request {
-                priority: w.priority,
-                caller: w.caller,
-            };
-            let ticket = self.admit(now_us, req);
-            self.events.push(GateEvent::Granted { id, ticket });
-            return None;
+        // the free permits go to the waiters in their order (priority, then first
+        // come or the fair share), reserves aside, and so to this one unless others
+        // come first.
+        if self.in_flight < self.limit {
+            self.pump_with(now_us, false);
         }
         let w = self.remove_waiter(id)?;
         let waited_us = now_us.saturating_sub(w.arrived_us);
@@ -686,8 +679,18 @@ impl AdaptiveGate {
     /// the caller holding the fewest permits (max-min fairness, filled one permit at
     /// a time; a waiter without a caller counts as holding none).
     fn pump(&mut self, now_us: u64) {
+        self.pump_with(now_us, true);
+    }
+
+    /// [`Self::pump`], keeping the permits reserved for higher priorities or not.
+    fn pump_with(&mut self, now_us: u64, keep_reserves: bool) {
         while let Some(&(Reverse(top), first)) = self.order.first() {
-            if !self.fits(top) {
+            let free = if keep_reserves {
+                self.fits(top)
+            } else {
+                self.in_flight < self.limit
+            };
+            if !free {
                 return;
             }
             let id = if self.fair {
