@@ -415,9 +415,9 @@ impl AdaptiveGate {
     }
 
     /// Removes a waiter whose deadline has come and says why it was shed; `None` if it
-    /// is no longer waiting (granted or shed meanwhile), or is granted now: a permit
-    /// kept for higher priorities goes to a waiter at its deadline rather than stay
-    /// idle, unless more important work waits (see the events).
+    /// is no longer waiting (granted or shed meanwhile), or is granted now: permits
+    /// kept for higher priorities do not stay idle past a waiter's deadline, they go
+    /// to the waiters in their order (see the events).
     pub fn shed_waiter(&mut self, now_us: u64, id: WaiterId) -> Option<Shed> {
         // A permit kept for higher work may have lapsed since the last event: a
         // waiter it held back takes it now rather than be shed.
