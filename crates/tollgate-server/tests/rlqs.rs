@@ -162,9 +162,15 @@ async fn fifty_envoys(servers: &[&support::Server]) {
     // Demand above the budget: at least 90 % used once the shares have settled, and
     // from the second report interval after each change on (the first sees the
     // change; what the shares given up still hold back is bridged from the budget's
-    // tokens, which a bucket settled for some seconds has).
-    for s in (3..15).chain(16..21).chain(22..27) {
-        assert!(per_second[s] >= 900, "second {s}: {per_second:?}");
+    // tokens, which a bucket settled for some seconds has). Used over each span: a
+    // single second dips below 900 when this process (the 50 Envoys) is held off the
+    // CPU on a loaded machine, so one second only has to show no gross loss.
+    for span in [3..15, 16..21, 22..27] {
+        let mean = per_second[span.clone()].iter().sum::<usize>() / span.len();
+        assert!(mean >= 900, "seconds {span:?}: {mean}/s, {per_second:?}");
+        for s in span {
+            assert!(per_second[s] >= 750, "second {s}: {per_second:?}");
+        }
     }
     // The ones that dropped get what they ask (5/s each), no more.
     assert!(low[3..].iter().all(|&n| n <= 25 * 5 + 10), "{low:?}");
@@ -362,6 +368,7 @@ fn a_reload_keeps_unchanged_buckets_changes_the_changed_and_abandons_the_removed
         let start = Instant::now();
         let names = ["kept", "changed", "removed"];
         let mut admitted: Vec<Vec<Duration>> = vec![Vec::new(); 3];
+        let mut asked: Vec<Duration> = Vec::new();
         let mut next = start;
         let mut reloaded = false;
         while next - start < Duration::from_secs(7) {
@@ -378,6 +385,7 @@ fn a_reload_keeps_unchanged_buckets_changes_the_changed_and_abandons_the_removed
                 assert_eq!(status, 200, "{v}");
                 reloaded = true;
             }
+            asked.push(start.elapsed());
             for (i, name) in names.iter().enumerate() {
                 if client.try_admit("envoy", &[("name", name)]) {
                     admitted[i].push(start.elapsed());
@@ -398,12 +406,20 @@ fn a_reload_keeps_unchanged_buckets_changes_the_changed_and_abandons_the_removed
             table[0][1..].iter().all(|&n| (85..=110).contains(&n)),
             "{table:?}"
         );
-        let gaps = admitted[0]
+        // A gap counts only while this loop kept asking (every 5 ms, never 50 ms
+        // apart): a loaded machine that holds the test itself off is not a refusal.
+        let asking = |from: Duration, to: Duration| {
+            let inside: Vec<_> = asked.iter().filter(|&&t| t >= from && t <= to).collect();
+            inside
+                .windows(2)
+                .all(|w| *w[1] - *w[0] < Duration::from_millis(50))
+        };
+        let gaps: Vec<_> = admitted[0]
             .windows(2)
-            .filter(|w| w[0] > Duration::from_secs(1));
-        assert!(gaps
-            .clone()
-            .all(|w| w[1] - w[0] < Duration::from_millis(100)));
+            .filter(|w| w[0] > Duration::from_secs(1))
+            .filter(|w| w[1] - w[0] >= Duration::from_millis(100) && asking(w[0], w[1]))
+            .collect();
+        assert!(gaps.is_empty(), "refused throughout: {gaps:?}");
         // Changed: the new budget once the next report has been answered.
         assert!(
             table[1][5..].iter().all(|&n| (15..=21).contains(&n)),
