@@ -424,7 +424,7 @@ async fn concurrency_is_held_for_the_response_by_its_own_layer() {
     };
     for mode in [OnLimit::Reject, OnLimit::Wait] {
         let layer = ConcurrencyLimitLayer::new(2, key).on_limit(mode);
-        let (url, most) = counted(layer, Duration::from_millis(100)).await;
+        let (url, most) = counted(layer.clone(), Duration::from_millis(100)).await;
         let c = client();
         let answers: Vec<u16> =
             futures::future::join_all((0..10).map(|_| get_as(&c, &url, Some("k"))))
@@ -447,8 +447,9 @@ async fn concurrency_is_held_for_the_response_by_its_own_layer() {
         for _ in 0..20 {
             assert_eq!(get_as(&c, &url, Some("k")).await.status(), 200, "{mode:?}");
         }
-        // Without a key: refused (400) by default.
+        // Without a key: refused (400) by default, and counted.
         assert_eq!(get_as(&c, &url, None).await.status(), 400);
+        assert_eq!(layer.unkeyed(), 1);
     }
 }
 

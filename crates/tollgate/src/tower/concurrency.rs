@@ -13,6 +13,7 @@ use http::{Request, Response, StatusCode};
 use tower::{Layer, Service};
 
 use crate::concurrency::{ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit};
+use crate::tower::rate_limit::Unkeyed;
 use crate::tower::{MissingKey, OnLimit};
 
 /// At most `limit` requests in flight per key, the key extracted by a closure (as
@@ -44,6 +45,7 @@ pub struct ConcurrencyLimitLayer<K, F> {
     on_limit: OnLimit,
     max_wait: Duration,
     missing: MissingKey,
+    unkeyed: Arc<Unkeyed>,
 }
 
 /// Keys holding or awaiting permits at once, at most (each key is kept only while
@@ -67,6 +69,7 @@ impl<K: Hash + Eq, F> ConcurrencyLimitLayer<K, F> {
             on_limit: OnLimit::Reject,
             max_wait: Duration::from_secs(30),
             missing: MissingKey::Reject,
+            unkeyed: Arc::default(),
         }
     }
 
@@ -88,6 +91,13 @@ impl<K: Hash + Eq, F> ConcurrencyLimitLayer<K, F> {
         self.missing = missing;
         self
     }
+
+    /// Requests that had no key so far (passed through or refused, as
+    /// [`ConcurrencyLimitLayer::on_missing_key`] says), over every service the layer
+    /// made.
+    pub fn unkeyed(&self) -> u64 {
+        self.unkeyed.count()
+    }
 }
 
 impl<S, K, F> Layer<S> for ConcurrencyLimitLayer<K, F> {
@@ -101,6 +111,7 @@ impl<S, K, F> Layer<S> for ConcurrencyLimitLayer<K, F> {
             on_limit: self.on_limit,
             max_wait: self.max_wait,
             missing: self.missing,
+            unkeyed: self.unkeyed.clone(),
         }
     }
 }
@@ -113,6 +124,7 @@ pub struct ConcurrencyLimit<S, K, F> {
     on_limit: OnLimit,
     max_wait: Duration,
     missing: MissingKey,
+    unkeyed: Arc<Unkeyed>,
 }
 
 impl<S: Clone, K, F> Clone for ConcurrencyLimit<S, K, F> {
@@ -124,6 +136,7 @@ impl<S: Clone, K, F> Clone for ConcurrencyLimit<S, K, F> {
             on_limit: self.on_limit,
             max_wait: self.max_wait,
             missing: self.missing,
+            unkeyed: self.unkeyed.clone(),
         }
     }
 }
@@ -148,19 +161,14 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let mut inner = super::take_ready(&mut self.inner);
         let Some(key) = (self.key)(&req) else {
-            return match self.missing {
-                MissingKey::PassThrough => Box::pin(async move {
+            self.unkeyed.note(self.missing);
+            return match self.missing.refusal::<ResBody>() {
+                Some(refused) => {
+                    Box::pin(async { Ok(refused.map(|body| HeldBody { body, permit: None })) })
+                }
+                None => Box::pin(async move {
                     let response = inner.call(req).await?;
                     Ok(response.map(|body| HeldBody { body, permit: None }))
-                }),
-                refused => Box::pin(async move {
-                    let status = if refused == MissingKey::Reject {
-                        StatusCode::BAD_REQUEST
-                    } else {
-                        StatusCode::INTERNAL_SERVER_ERROR
-                    };
-                    Ok(super::rate_limit::no_key(status)
-                        .map(|body| HeldBody { body, permit: None }))
                 }),
             };
         };

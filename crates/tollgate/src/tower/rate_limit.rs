@@ -87,16 +87,32 @@ pub enum MissingKey {
 #[error("the request has no rate-limit key (the layer's key closure returned None)")]
 pub struct NoKey;
 
+impl MissingKey {
+    /// The answer to a request without a key: `None` to pass it through.
+    pub(super) fn refusal<B: From<String>>(self) -> Option<Response<B>> {
+        match self {
+            MissingKey::Reject => Some(no_key(StatusCode::BAD_REQUEST)),
+            MissingKey::ServerError => Some(no_key(StatusCode::INTERNAL_SERVER_ERROR)),
+            MissingKey::PassThrough => None,
+        }
+    }
+}
+
 /// Requests without a key, shared by a layer and the services it makes.
 #[derive(Debug, Default)]
-struct Unkeyed {
+pub(super) struct Unkeyed {
     count: std::sync::atomic::AtomicU64,
     warned: std::sync::atomic::AtomicBool,
 }
 
 impl Unkeyed {
+    /// How many so far.
+    pub(super) fn count(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Counts one; logs the first time (an error when such requests are refused).
-    fn note(&self, missing: MissingKey) {
+    pub(super) fn note(&self, missing: MissingKey) {
         use std::sync::atomic::Ordering;
         self.count.fetch_add(1, Ordering::Relaxed);
         if self.warned.swap(true, Ordering::Relaxed) {
@@ -251,9 +267,7 @@ impl<L, F, C> RateLimitLayer<L, F, C> {
     /// Requests that had no key so far (passed through or refused, as
     /// [`RateLimitLayer::on_missing_key`] says), over every service the layer made.
     pub fn unkeyed(&self) -> u64 {
-        self.unkeyed
-            .count
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.unkeyed.count()
     }
 
     /// Charges each request what its response says it used (`cost(&response)`):
@@ -342,12 +356,9 @@ where
         let mut inner = super::take_ready(&mut self.inner);
         let Some(key) = (self.key)(&req) else {
             self.unkeyed.note(self.missing);
-            return match self.missing {
-                MissingKey::Reject => Box::pin(async { Ok(no_key(StatusCode::BAD_REQUEST)) }),
-                MissingKey::ServerError => {
-                    Box::pin(async { Ok(no_key(StatusCode::INTERNAL_SERVER_ERROR)) })
-                }
-                MissingKey::PassThrough => Box::pin(inner.call(req)),
+            return match self.missing.refusal() {
+                Some(refused) => Box::pin(async { Ok(refused) }),
+                None => Box::pin(inner.call(req)),
             };
         };
         let limiter = self.limiter.clone();
@@ -405,7 +416,7 @@ where
 
 /// The answer to a request without a key ([`MissingKey`]): a problem document
 /// saying so; also the 500 of a rule set the layer cannot apply.
-pub(super) fn no_key<B: From<String>>(status: StatusCode) -> Response<B> {
+fn no_key<B: From<String>>(status: StatusCode) -> Response<B> {
     let detail = if status == StatusCode::BAD_REQUEST {
         "the request has no rate-limit key"
     } else {
