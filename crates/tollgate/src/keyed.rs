@@ -779,7 +779,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// [`KeyedLimiter::acquire`], then a random extra delay of up to the jitter's
-    /// bound when admitted (see [`crate::Limiter::acquire_with_jitter`]).
+    /// bound when admitted after a wait (see [`crate::Limiter::acquire_with_jitter`]).
     pub async fn acquire_with_jitter<Q>(
         &self,
         key: &Q,
@@ -791,7 +791,8 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let d = self.acquire(key, cost).await?;
-        if d.allowed {
+        // As governor: only a caller that had to wait is spread out.
+        if d.allowed && !d.wait().is_zero() {
             tokio::time::sleep(jitter.draw()).await;
         }
         Ok(d)

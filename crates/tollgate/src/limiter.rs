@@ -394,16 +394,17 @@ impl<C: Clock> Limiter<C> {
     }
 
     /// [`Limiter::acquire`], then a random extra delay of up to the jitter's bound
-    /// when admitted (governor's `until_ready_with_jitter`): spreads out callers
-    /// admitted for the same instant. The decision's `wait` is the limiter's; the
-    /// jitter comes on top of it.
+    /// when admitted after a wait (governor's `until_ready_with_jitter`): spreads
+    /// out callers that waited for the same instant; one admitted at once goes at
+    /// once. The decision's `wait` is the limiter's; the jitter comes on top of it.
     pub async fn acquire_with_jitter(
         &self,
         cost: u64,
         jitter: crate::wait::Jitter,
     ) -> Result<Decision, Error> {
         let d = self.acquire(cost).await?;
-        if d.allowed {
+        // As governor: only a caller that had to wait is spread out.
+        if d.allowed && !d.wait().is_zero() {
             tokio::time::sleep(jitter.draw()).await;
         }
         Ok(d)
