@@ -25,6 +25,9 @@ need faketime /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 # ports, and stop them by PID.
 need redis-server /usr/bin/redis-server
 need redis-tools /usr/bin/redis-cli
+# TLS to Redis: the tests make their certificates with openssl (an expired one under
+# faketime) and start redis-server with --tls-port.
+need openssl /usr/bin/openssl
 # The foreign-client tests drive `serve` from Python: grpcio with the stubs xds-protos
 # generates from Envoy's published protos (from the Python package index).
 # The proxy's foreign-client test speaks through it with http.client, httpx and the

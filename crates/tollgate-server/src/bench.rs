@@ -483,7 +483,11 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
         } => {
             let rules = tollgate::RuleSet::parse(&[policy]).map_err(anyhow::Error::msg)?;
             return runtime.block_on(async {
-                let store = tollgate::redis::RedisStore::connect("redis://127.0.0.1:1/").await?;
+                // Only the call's words are printed: nothing connects.
+                let store = tollgate::redis::RedisStore::connect_later(
+                    "redis://127.0.0.1:1/",
+                    tollgate::redis::RedisOptions::default(),
+                )?;
                 let limiter = tollgate::redis::RedisLimiter::new(store, "bench", rules)?;
                 let mut out = Vec::new();
                 let call = limiter.script_call("k__rand_int__", 1, eval, charge);

@@ -304,6 +304,11 @@ async fn a_hundred_thousand_new_keys_a_second_stay_within_the_key_bound() {
     let mut checks = 0;
     while clients.iter().any(|c| !c.is_finished()) {
         tokio::time::sleep(Duration::from_millis(250)).await;
+        // The bystander's budget is 100 a day: on a loaded machine the churn takes
+        // longer than 25 s, and checking on past 90 would spend it all.
+        if checks == 90 {
+            continue;
+        }
         let now = bystander(&server).await;
         checks += 1;
         assert_eq!(now, remaining - 1, "the bystander's count moved");

@@ -412,3 +412,185 @@ async fn leased_servers_share_one_limit_and_refuse_rules_a_lease_cannot_keep() {
     let metrics = send(&a, "GET", "/metrics", "").await.1;
     assert!(metrics.contains("leases_taken"), "{metrics}");
 }
+
+/// The password of the production tests: `/`, `+` and `=` as an Azure key has them.
+const KEY: &str = "k3y/with+slash=";
+
+/// `tollgate serve ARGS` that must refuse to start: its exit status and stderr.
+fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .envs(env.iter().copied())
+        .arg("serve")
+        .args(args)
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Refused within the connect timeout (2 s); a serve still up after 20 s started.
+    let mut waited = 0;
+    while child.try_wait().unwrap().is_none() {
+        waited += 1;
+        if waited > 400 {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("it started");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "it started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// envoyproxy/ratelimit's own Redis settings, unchanged, under `--envoy-env`: mutual
+/// TLS with a CA, a client certificate and a password holding `/+=` (`REDIS_AUTH`);
+/// the config file's equivalent (`password_file`, `tls:`); and a refusal at start for
+/// a wrong password, naming it, the password never printed.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_reaches_redis_over_mutual_tls_with_envoys_settings_or_its_own() {
+    let pki = testkit::Pki::new();
+    let redis = RedisServers::standalone_tls(&pki, true, &["--requirepass", KEY]);
+    let port = redis.ports[0].to_string();
+    let dir = config("  kind: memory\n");
+    let runtime = dir.path.join("srv/ratelimit/config");
+    std::fs::create_dir_all(&runtime).unwrap();
+    std::fs::copy(dir.path.join("rules.yaml"), runtime.join("rules.yaml")).unwrap();
+    let file = |name: &str| pki.path(name).display().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let url = format!("127.0.0.1:{port}");
+    let root = dir.path.join("srv").display().to_string();
+    let env = |auth: &'static str| {
+        vec![
+            ("RUNTIME_ROOT", root.clone()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
+            ("USE_STATSD", "false".to_string()),
+            ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+            ("REDIS_URL", url.clone()),
+            ("REDIS_AUTH", auth.to_string()),
+            ("REDIS_TLS", "true".to_string()),
+            ("REDIS_TLS_CACERT", ca.clone()),
+            ("REDIS_TLS_CLIENT_CERT", cert.clone()),
+            ("REDIS_TLS_CLIENT_KEY", key.clone()),
+        ]
+    };
+    let as_refs = |v: &Vec<(&'static str, String)>| -> Vec<(&'static str, String)> { v.clone() };
+    let good = as_refs(&env(KEY));
+    let pairs: Vec<(&str, &str)> = good.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = serve_process::start(&["--envoy-env"], &pairs);
+    assert!(
+        a.banner.contains("redis store at rediss://"),
+        "{}",
+        a.banner
+    );
+    assert!(!a.banner.contains(KEY), "{}", a.banner);
+
+    // The config file's way: the password from a mounted secret (with its newline).
+    std::fs::write(dir.path.join("password"), format!("{KEY}\n")).unwrap();
+    let own = dir.path.join("own.yaml");
+    std::fs::write(
+        &own,
+        format!(
+            "rules: [rules.yaml]\nstore:\n  kind: redis\n  url: rediss://127.0.0.1:{port}/\n  \
+             password_file: {}\n  tls:\n    ca_file: {ca}\n    cert_file: {cert}\n    key_file: {key}\n",
+            dir.path.join("password").display()
+        ),
+    )
+    .unwrap();
+    let b = start(&own);
+    // One limit in that Redis, over TLS from both.
+    assert_eq!(alternate(&a, &b, 8).await, 5);
+    assert!(redis.cli(0, &["dbsize"]).trim().parse::<u64>().unwrap() > 0);
+
+    // A wrong password: refused at start, by name, the password never shown.
+    let bad = as_refs(&env("not-the-key"));
+    let pairs: Vec<(&str, &str)> = bad.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let err = refused(&["--envoy-env"], &pairs);
+    assert!(err.contains("refused the login"), "{err}");
+    assert!(!err.contains("not-the-key") && !err.contains(KEY), "{err}");
+    // No client certificate: refused, saying which one is missing.
+    let missing: Vec<(&str, &str)> = pairs
+        .iter()
+        .copied()
+        .filter(|(k, _)| !k.starts_with("REDIS_TLS_CLIENT"))
+        .collect();
+    let err = refused(&["--envoy-env"], &missing);
+    assert!(err.contains("client certificate"), "{err}");
+}
+
+/// A Cluster whose every node asks for a password, given once by `REDIS_AUTH` for
+/// several seeds (every seed and every discovered node logs in with it).
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_a_password_on_every_node_from_envoy_settings() {
+    let redis = RedisServers::cluster_of(0, &["--requirepass", KEY]);
+    let dir = config("  kind: memory\n");
+    let runtime = dir.path.join("srv/ratelimit/config");
+    std::fs::create_dir_all(&runtime).unwrap();
+    std::fs::copy(dir.path.join("rules.yaml"), runtime.join("rules.yaml")).unwrap();
+    let seeds: Vec<String> = redis
+        .ports
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let (root, seeds) = (dir.path.join("srv").display().to_string(), seeds.join(","));
+    let env = [
+        ("RUNTIME_ROOT", root.as_str()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("USE_STATSD", "false"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_TYPE", "CLUSTER"),
+        ("REDIS_URL", seeds.as_str()),
+        ("REDIS_AUTH", KEY),
+    ];
+    let a = serve_process::start(&["--envoy-env"], &env);
+    let b = serve_process::start(&["--envoy-env"], &env);
+    assert!(
+        a.banner.contains("redis store at redis+cluster://"),
+        "{}",
+        a.banner
+    );
+    assert_eq!(alternate(&a, &b, 8).await, 5);
+    for user in ["u1", "u2", "u3", "u4", "u5", "u6"] {
+        assert_eq!(check(&a, "user", user).await.0, 200);
+    }
+}
+
+/// `serve` starts while its Redis is down: `/readyz` says so, the failure policy
+/// answers; once Redis starts, decisions are Redis's and `/readyz` is 200.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_starts_before_its_redis_and_decides_once_it_answers() {
+    let mut redis = RedisServers::standalone();
+    let url = redis.url();
+    redis.stop(0);
+    let dir = config(&format!(
+        "  kind: redis\n  url: {url}\n  timeout: 200ms\n  on_error: fail-closed\n"
+    ));
+    let server = start(&dir.path.join("tollgate.yaml"));
+    let (status, body) = send(&server, "GET", "/readyz", "").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(check(&server, "user", "early").await.0, 429);
+    redis.restart(0);
+    let mut ready = false;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if check(&server, "user", "early").await.0 == 200 {
+            ready = true;
+            break;
+        }
+    }
+    assert!(ready, "Redis never decided");
+    assert_eq!(send(&server, "GET", "/readyz", "").await.0, 200);
+}

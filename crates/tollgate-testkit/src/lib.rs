@@ -6,22 +6,25 @@
 //! ([`run_children`], [`timing_sensitive`], [`rt`]); real nginx ([`Nginx`]) on a clock
 //! the test steps ([`FrozenClock`], libfaketime); raw clients that misbehave on purpose
 //! ([`dribble`], [`idle`]) and a process's open files and memory ([`open_fds`],
-//! [`rss_kib`]); a relay that adds latency on the way to a server ([`DelayRelay`]).
+//! [`rss_kib`]); a relay that adds latency on the way to a server ([`DelayRelay`]);
+//! certificates made with `openssl` ([`Pki`]) for servers that speak TLS.
 //!
-//! `scripts/test.sh` installs `redis-server` / `redis-tools`, `nginx` and `faketime`
-//! when they are missing.
+//! `scripts/test.sh` installs `redis-server` / `redis-tools`, `nginx`, `faketime` and
+//! `openssl` when they are missing.
 
 // Waiting for a server to come up is timed with the OS clock.
 #![allow(clippy::disallowed_methods)]
 
 mod clients;
 mod nginx;
+mod pki;
 mod process;
 mod redis;
 mod relay;
 
 pub use clients::{dribble, idle, open_fds, read_until_closed, rss_kib, Ended};
 pub use nginx::{FrozenClock, Nginx, LIBFAKETIME};
+pub use pki::Pki;
 pub use process::{distinct_ports, free_port, release, Killed};
 pub use redis::{rt, run_children, timing_sensitive, RedisServers};
 pub use relay::DelayRelay;

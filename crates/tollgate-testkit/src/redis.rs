@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::pki::Pki;
 use crate::process::{distinct_ports, release};
 
 /// Running redis-server processes.
@@ -17,6 +18,10 @@ pub struct RedisServers {
     dir: PathBuf,
     /// Each server's arguments, to start it again the same way.
     args: Vec<Vec<String>>,
+    /// `redis-cli`'s TLS arguments, when the servers speak TLS only.
+    cli_tls: Vec<String>,
+    /// The password of `--requirepass` in the servers' arguments, for `redis-cli`.
+    cli_auth: Option<String>,
 }
 
 impl RedisServers {
@@ -27,14 +32,30 @@ impl RedisServers {
 
     /// One standalone server with extra `redis-server` arguments.
     pub fn standalone_with(extra: &[&str]) -> RedisServers {
-        let mut s = RedisServers::spawn(1, false, extra);
+        let mut s = RedisServers::spawn(1, false, extra, None);
         s.wait_ready();
         s
     }
 
+    /// One standalone server speaking TLS only, with `pki`'s server certificate;
+    /// `mutual`: every client must present a certificate signed by `pki`'s CA
+    /// (`tls-auth-clients yes`). `extra` as for [`RedisServers::standalone_with`].
+    pub fn standalone_tls(pki: &Pki, mutual: bool, extra: &[&str]) -> RedisServers {
+        let mut s = RedisServers::spawn(1, false, extra, Some((pki, mutual)));
+        s.wait_ready();
+        s
+    }
+
+    /// A Cluster of three masters speaking TLS only, among themselves too
+    /// (`tls-cluster yes`); clients need no certificate.
+    pub fn cluster_tls(pki: &Pki) -> RedisServers {
+        RedisServers::make_cluster(0, &[], Some((pki, false)))
+    }
+
     /// `redis-cli -p PORT args...` against server `i`: its output.
     pub fn cli(&self, i: usize, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
+        let out = self
+            .redis_cli()
             .args(["-p", &self.ports[i].to_string()])
             .args(args)
             .output()
@@ -51,10 +72,15 @@ impl RedisServers {
     /// masters), slots assigned; `extra` goes to every `redis-server` (e.g. a short
     /// `--cluster-node-timeout` for a quick failover).
     pub fn cluster_of(replicas: usize, extra: &[&str]) -> RedisServers {
-        let mut s = RedisServers::spawn(3 * (1 + replicas), true, extra);
+        RedisServers::make_cluster(replicas, extra, None)
+    }
+
+    fn make_cluster(replicas: usize, extra: &[&str], tls: Option<(&Pki, bool)>) -> RedisServers {
+        let mut s = RedisServers::spawn(3 * (1 + replicas), true, extra, tls);
         s.wait_ready();
         let nodes: Vec<String> = s.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let out = Command::new("redis-cli")
+        let out = s
+            .redis_cli()
             .args(["--cluster", "create"])
             .args(&nodes)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
@@ -69,7 +95,8 @@ impl RedisServers {
         let deadline = Instant::now() + Duration::from_secs(20);
         for port in s.ports.clone() {
             loop {
-                let info = Command::new("redis-cli")
+                let info = s
+                    .redis_cli()
                     .args(["-p", &port.to_string(), "cluster", "info"])
                     .output()
                     .unwrap();
@@ -94,7 +121,7 @@ impl RedisServers {
         s
     }
 
-    fn spawn(n: usize, cluster: bool, extra: &[&str]) -> RedisServers {
+    fn spawn(n: usize, cluster: bool, extra: &[&str], tls: Option<(&Pki, bool)>) -> RedisServers {
         static MADE: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "tollgate-redis-{}-{}",
@@ -111,7 +138,23 @@ impl RedisServers {
                 .iter()
                 .map(|a| a.to_string())
                 .collect();
-            args.extend(["--port".into(), port.to_string()]);
+            match tls {
+                None => args.extend(["--port".into(), port.to_string()]),
+                Some((pki, mutual)) => {
+                    let file = |name: &str| pki.path(name).display().to_string();
+                    args.extend(["--port".into(), "0".into()]);
+                    args.extend(["--tls-port".into(), port.to_string()]);
+                    args.extend(["--tls-cert-file".into(), file("server.pem")]);
+                    args.extend(["--tls-key-file".into(), file("server.key")]);
+                    args.extend(["--tls-ca-cert-file".into(), file("ca.pem")]);
+                    let auth = if mutual { "yes" } else { "no" };
+                    args.extend(["--tls-auth-clients".into(), auth.into()]);
+                    if cluster {
+                        args.extend(["--tls-cluster".into(), "yes".into()]);
+                        args.extend(["--tls-replication".into(), "yes".into()]);
+                    }
+                }
+            }
             args.extend(["--dir".into(), dir.display().to_string()]);
             if cluster {
                 args.extend(["--cluster-enabled".into(), "yes".into()]);
@@ -125,12 +168,46 @@ impl RedisServers {
             ports.push(port);
             all_args.push(args);
         }
+        let cli_tls = match tls {
+            None => Vec::new(),
+            Some((pki, _)) => [
+                "--tls",
+                "--cacert",
+                "ca.pem",
+                "--cert",
+                "client.pem",
+                "--key",
+                "client.key",
+            ]
+            .iter()
+            .map(|a| match *a {
+                "ca.pem" | "client.pem" | "client.key" => pki.path(a).display().to_string(),
+                _ => a.to_string(),
+            })
+            .collect(),
+        };
         RedisServers {
             children,
             ports,
             dir,
             args: all_args,
+            cli_tls,
+            cli_auth: extra
+                .iter()
+                .position(|a| *a == "--requirepass")
+                .and_then(|i| extra.get(i + 1))
+                .map(|p| p.to_string()),
         }
+    }
+
+    /// A `redis-cli` command that speaks to these servers (TLS, password).
+    fn redis_cli(&self) -> Command {
+        let mut cli = Command::new("redis-cli");
+        cli.args(&self.cli_tls);
+        if let Some(password) = &self.cli_auth {
+            cli.env("REDISCLI_AUTH", password);
+        }
+        cli
     }
 
     /// The process id of server `i`.
@@ -150,15 +227,16 @@ impl RedisServers {
 
     /// The URL tollgate connects with.
     pub fn url(&self) -> String {
+        let tls = if self.cli_tls.is_empty() { "" } else { "s" };
         if self.ports.len() == 1 {
-            format!("redis://127.0.0.1:{}/", self.ports[0])
+            format!("redis{tls}://127.0.0.1:{}/", self.ports[0])
         } else {
             let nodes: Vec<String> = self
                 .ports
                 .iter()
                 .map(|p| format!("127.0.0.1:{p}"))
                 .collect();
-            format!("redis+cluster://{}", nodes.join(","))
+            format!("redis{tls}+cluster://{}", nodes.join(","))
         }
     }
 

@@ -176,9 +176,14 @@ fn an_unreachable_redis_is_a_transient_error() {
             timeout: std::time::Duration::from_millis(200),
             ..RedisOptions::default()
         };
-        let store = RedisStore::connect_with(&format!("redis://127.0.0.1:{port}/"), opts)
+        let url = format!("redis://127.0.0.1:{port}/");
+        // Connecting now says so; a store that connects later decides by its failure
+        // policy, here none: the error, transient.
+        let e = RedisStore::connect_with(&url, opts.clone())
             .await
-            .unwrap();
+            .unwrap_err();
+        assert!(e.is_transient(), "{e:?}");
+        let store = RedisStore::connect_later(&url, opts).unwrap();
         let limiter = AnyLimiter::redis(store, "down", rules()).unwrap();
         let e = limiter.check("k", 1).await.unwrap_err();
         assert!(e.is_transient(), "{e:?}");

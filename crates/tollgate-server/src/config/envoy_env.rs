@@ -64,7 +64,6 @@ const IGNORED: &[&str] = &[
 const REFUSED: &[(&str, &str, &str)] = &[
     ("GRPC_UDS", "", "gRPC on a unix socket"),
     ("GRPC_SERVER_USE_TLS", "false", "TLS on the gRPC listener"),
-    ("REDIS_TLS", "false", "TLS to Redis"),
     (
         "REDIS_PERSECOND",
         "false",
@@ -147,17 +146,38 @@ fn store(
         if !socket.eq_ignore_ascii_case("tcp") {
             bail!("--envoy-env: REDIS_SOCKET_TYPE={socket}: tollgate reaches Redis over tcp only (set REDIS_SOCKET_TYPE=tcp)");
         }
-        let auth = get("REDIS_AUTH").map(|a| match a.split_once(':') {
-            Some((user, pass)) => format!("{user}:{pass}@"),
-            None => format!(":{a}@"),
-        });
-        let auth = auth.unwrap_or_default();
+        // `user:password` (an ACL user) or a password alone, as envoyproxy/ratelimit
+        // reads it; kept out of the URL, so no character of it needs encoding.
+        if let Some(auth) = get("REDIS_AUTH").filter(|a| !a.is_empty()) {
+            let (user, password) = match auth.split_once(':') {
+                Some((user, password)) => (Some(user.to_string()), password.to_string()),
+                None => (None, auth),
+            };
+            store.username = user.filter(|u| !u.is_empty());
+            store.password = Some(tollgate::redis::Password::new(password));
+        }
+        let tls = flag(get, "REDIS_TLS")?.unwrap_or(false);
+        let s = if tls { "s" } else { "" };
         let kind = get("REDIS_TYPE").unwrap_or_else(|| "SINGLE".into());
         store.url = Some(match kind.to_ascii_uppercase().as_str() {
-            "SINGLE" => format!("redis://{auth}{url}"),
-            "CLUSTER" => format!("redis+cluster://{auth}{url}"),
-            _ => bail!("--envoy-env: REDIS_TYPE={kind}: tollgate speaks to a single Redis or a Cluster (SINGLE, CLUSTER)"),
+            "SINGLE" => format!("redis{s}://{url}"),
+            "CLUSTER" => format!("redis{s}+cluster://{url}"),
+            _ => bail!("--envoy-env: REDIS_TYPE={kind}: tollgate speaks to a single Redis or a Cluster (SINGLE, CLUSTER); Sentinel is not supported yet"),
         });
+        if tls {
+            let path = |name: &str| get(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+            store.tls = Some(crate::config::store::RedisTlsDoc {
+                ca_file: path("REDIS_TLS_CACERT"),
+                cert_file: path("REDIS_TLS_CLIENT_CERT"),
+                key_file: path("REDIS_TLS_CLIENT_KEY"),
+                insecure_skip_hostname_verification: flag(
+                    get,
+                    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+                )?
+                .unwrap_or(false),
+                insecure_skip_verify: false,
+            });
+        }
         store.kind = StoreKind::Redis;
     }
     if let Some(t) = get("REDIS_TIMEOUT") {
@@ -174,21 +194,24 @@ fn store(
     Ok(())
 }
 
+/// A boolean setting as envoyproxy/ratelimit reads it (Go's `strconv.ParseBool`).
+fn flag(get: &dyn Fn(&str) -> Option<String>, name: &str) -> anyhow::Result<Option<bool>> {
+    get(name)
+        .map(|v| match v.to_ascii_lowercase().as_str() {
+            "true" | "1" | "t" => Ok(true),
+            "false" | "0" | "f" | "" => Ok(false),
+            _ => bail!("--envoy-env: {name}={v}: expected true or false"),
+        })
+        .transpose()
+}
+
 /// How the service answers: shadow mode, merged domains, the over-limit switch, the
 /// near-limit ratio and the response headers.
 fn answers(
     get: &dyn Fn(&str) -> Option<String>,
     service: &mut crate::config::ServiceSettings,
 ) -> anyhow::Result<()> {
-    let flag = |name: &str| -> anyhow::Result<Option<bool>> {
-        get(name)
-            .map(|v| match v.to_ascii_lowercase().as_str() {
-                "true" | "1" | "t" => Ok(true),
-                "false" | "0" | "f" | "" => Ok(false),
-                _ => bail!("--envoy-env: {name}={v}: expected true or false"),
-            })
-            .transpose()
-    };
+    let flag = |name: &str| flag(get, name);
     if let Some(on) = flag("SHADOW_MODE")? {
         service.shadow_mode = on;
     }
@@ -311,7 +334,12 @@ mod tests {
         assert_eq!(main.store.kind, StoreKind::Redis);
         assert_eq!(
             main.store.url.as_deref(),
-            Some("redis+cluster://user:secret@r1:7000,r2:7000")
+            Some("redis+cluster://r1:7000,r2:7000")
+        );
+        assert_eq!(main.store.username.as_deref(), Some("user"));
+        assert_eq!(
+            main.store.password.as_ref().map(|p| p.expose()),
+            Some("secret")
         );
         assert_eq!(main.store.timeout, Some(90_000_000));
         assert!(main.service.shadow_mode);

@@ -12,11 +12,28 @@ pub struct StoreConfig {
     /// `memory` (default) or `redis`.
     #[serde(default)]
     pub kind: StoreKind,
-    /// For `redis`: `redis://host:port/db` or `redis+cluster://host:port,host:port`.
+    /// For `redis`: `redis://host:port/db`, `rediss://` (TLS), or
+    /// `redis+cluster://host:port,host:port` (`rediss+cluster://` over TLS). A password
+    /// in the URL is percent-encoded; better kept out of it (`password_file`).
     pub url: Option<String>,
+    /// The ACL user to log in as (Redis 6+), when it is not in the URL.
+    pub username: Option<String>,
+    /// A file holding the password (a mounted Kubernetes secret); one trailing
+    /// newline is ignored.
+    pub password_file: Option<std::path::PathBuf>,
+    /// An environment variable holding the password (a secret exposed as env).
+    pub password_env: Option<String>,
+    /// TLS settings for a `rediss://` URL.
+    pub tls: Option<RedisTlsDoc>,
+    /// A password given by `--envoy-env` (`REDIS_AUTH`); not a config file key.
+    #[serde(skip)]
+    pub password: Option<tollgate::redis::Password>,
     /// The longest one decision may wait for Redis (default 250ms).
     #[serde(default, deserialize_with = "duration_opt")]
     pub timeout: Option<u64>,
+    /// The longest connecting may take: TCP, TLS and the login (default 2s).
+    #[serde(default, deserialize_with = "duration_opt")]
+    pub connect_timeout: Option<u64>,
     /// What decides while Redis fails: `error` (default: 503 / gRPC UNAVAILABLE, so
     /// the caller's own failure mode applies), `fail-open`, `fail-closed`, or `local`
     /// (an in-memory limiter with `1/local_share` of each limit).
@@ -39,6 +56,32 @@ pub struct StoreConfig {
     /// Leased quotas for every limit (hot keys decided locally from slices of their
     /// budget, never over the limit); absent: one Redis call per check.
     pub lease: Option<LeaseDoc>,
+}
+
+/// The URL schemes of a Redis store.
+const REDIS_SCHEMES: [&str; 4] = [
+    "redis://",
+    "rediss://",
+    "redis+cluster://",
+    "rediss+cluster://",
+];
+
+/// `store.tls`: whom to trust and who we are, over TLS to Redis.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisTlsDoc {
+    /// PEM CA certificates of the server (default: the system's roots).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate, for mutual TLS.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<std::path::PathBuf>,
+    /// Check the chain but not the host name (a server reached by IP). Warned at start.
+    #[serde(default)]
+    pub insecure_skip_hostname_verification: bool,
+    /// Check nothing (encryption without authentication). Warned at start.
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
 }
 
 /// `store.lease`.
@@ -110,16 +153,21 @@ impl StoreConfig {
         match flag {
             None => {}
             Some("memory") => self.kind = StoreKind::Memory,
-            Some(url) if url.starts_with("redis://") || url.starts_with("redis+cluster://") => {
+            Some(url) if REDIS_SCHEMES.iter().any(|s| url.starts_with(s)) => {
                 self.kind = StoreKind::Redis;
                 self.url = Some(url.to_string());
             }
             Some(other) => anyhow::bail!(
-                "--store {other}: expected memory, redis://host:port or redis+cluster://host:port,host:port"
+                "--store {}: expected memory, redis://host:port, rediss://host:port (TLS) or \
+                 redis+cluster://host:port,host:port (rediss+cluster:// over TLS)",
+                tollgate::redis::redacted(other)
             ),
         }
         if self.kind == StoreKind::Redis && self.url.is_none() {
             anyhow::bail!("store: kind redis needs url (redis://host:port or redis+cluster://...)");
+        }
+        if self.password_file.is_some() && self.password_env.is_some() {
+            anyhow::bail!("store: password_file and password_env are both set: keep one");
         }
         if self.local_share == Some(0) {
             anyhow::bail!("store.local_share: must be at least 1");
@@ -127,12 +175,37 @@ impl StoreConfig {
         Ok(self)
     }
 
-    /// Connects to the configured Redis (a single node lazily; a Cluster must answer).
+    /// Connects to the configured Redis. A setting that can never work (a refused
+    /// login, a bad database index, a certificate that does not verify, an unreadable
+    /// file) is an error naming it, so the command refuses to start; a Redis that is
+    /// not reachable yet is not: the store connects when it answers (the failure policy
+    /// decides meanwhile and `/readyz` says why), and a warning says so.
     pub async fn connect(&self) -> anyhow::Result<tollgate::redis::RedisStore> {
         let url = self.url.as_deref().unwrap_or_default();
+        let opts = self.options()?;
+        match tollgate::redis::RedisStore::connect_with(url, opts.clone()).await {
+            Ok(store) => Ok(store),
+            Err(e) if e.is_transient() => {
+                tracing::warn!(
+                    url = %tollgate::redis::redacted(url),
+                    error = %e,
+                    "redis does not answer yet: starting anyway; the failure policy decides \
+                     until it does (/readyz answers 503 meanwhile)"
+                );
+                Ok(tollgate::redis::RedisStore::connect_later(url, opts)?)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The store options: timeouts, prefix, batching, credentials and TLS.
+    pub fn options(&self) -> anyhow::Result<tollgate::redis::RedisOptions> {
         let mut opts = tollgate::redis::RedisOptions::default();
         if let Some(t) = self.timeout {
             opts.timeout = std::time::Duration::from_micros(t);
+        }
+        if let Some(t) = self.connect_timeout {
+            opts.connect_timeout = std::time::Duration::from_micros(t);
         }
         if let Some(p) = &self.prefix {
             opts.prefix = p.clone();
@@ -149,7 +222,33 @@ impl StoreConfig {
             CallsDoc::Functions => tollgate::redis::RedisCalls::Functions,
             CallsDoc::Eval => tollgate::redis::RedisCalls::Eval,
         };
-        Ok(tollgate::redis::RedisStore::connect_with(url, opts).await?)
+        opts.username = self.username.clone();
+        opts.password = self.password.clone();
+        if let Some(path) = &self.password_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!(
+                    "store.password_file {}: cannot read it: {e}",
+                    path.display()
+                )
+            })?;
+            let password = text.strip_suffix('\n').unwrap_or(&text);
+            let password = password.strip_suffix('\r').unwrap_or(password);
+            opts.password = Some(tollgate::redis::Password::new(password));
+        }
+        if let Some(var) = &self.password_env {
+            let password = std::env::var(var).map_err(|_| {
+                anyhow::anyhow!("store.password_env: the environment variable {var} is not set")
+            })?;
+            opts.password = Some(tollgate::redis::Password::new(password));
+        }
+        opts.tls = self.tls.as_ref().map(|t| tollgate::redis::RedisTls {
+            ca_file: t.ca_file.clone(),
+            cert_file: t.cert_file.clone(),
+            key_file: t.key_file.clone(),
+            insecure_skip_hostname_verification: t.insecure_skip_hostname_verification,
+            insecure_skip_verify: t.insecure_skip_verify,
+        });
+        Ok(opts)
     }
 
     /// The Redis limiter of `rules` named `name` on `store`: leased when `lease:` is
@@ -226,7 +325,7 @@ impl StoreConfig {
             StoreKind::Memory => "memory store".into(),
             StoreKind::Redis => format!(
                 "redis store at {}, on error: {}",
-                self.url.as_deref().unwrap_or(""),
+                tollgate::redis::redacted(self.url.as_deref().unwrap_or("")),
                 self.on_error.name()
             ),
         }

@@ -3,6 +3,7 @@
 //! Redis lacks it. Shared by the store and its batching task.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -17,7 +18,32 @@ use crate::Error;
 #[derive(Clone)]
 pub(super) enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    /// A Cluster, reached on the first call that finds it up (each call tries until
+    /// one does; the client learns the slot map then).
+    Cluster(Arc<LaterCluster>),
+}
+
+/// A Cluster client and, once reached, its connection.
+pub(crate) struct LaterCluster {
+    client: redis::cluster::ClusterClient,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+}
+
+impl LaterCluster {
+    pub(super) fn new(client: redis::cluster::ClusterClient) -> LaterCluster {
+        LaterCluster {
+            client,
+            conn: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The connection, made now if there is none yet.
+    async fn get(&self) -> redis::RedisResult<ClusterConnection> {
+        let conn = (self.conn)
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await?;
+        Ok(conn.clone())
+    }
 }
 
 /// Either connection, so that every command and the script are sent one way.
@@ -25,7 +51,9 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(l) => {
+                Box::pin(async move { l.get().await?.req_packed_command(cmd).await })
+            }
         }
     }
 
@@ -37,14 +65,17 @@ impl ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(l) => Box::pin(async move {
+                let mut c = l.get().await?;
+                c.req_packed_commands(cmd, offset, count).await
+            }),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(_) => 0,
         }
     }
 }

@@ -33,6 +33,7 @@ mod algorithms;
 mod batch;
 mod call;
 mod concurrency;
+mod connect;
 mod connection;
 #[cfg(test)]
 mod docs_tables;
@@ -45,10 +46,11 @@ mod script;
 mod store;
 
 pub use concurrency::{PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit};
+pub use connect::redacted;
 pub use health::{OnError, RedisStats};
 pub use lease::{LeaseOptions, LeaseStats, LeasedLimiter};
 pub use limiter::{RedisLimiter, RedisLimiterOptions};
-pub use options::{CallStats, RedisCalls, RedisOptions};
+pub use options::{CallStats, Password, RedisCalls, RedisOptions, RedisTls};
 pub use store::RedisStore;
 
 use std::time::Duration;

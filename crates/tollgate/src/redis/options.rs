@@ -27,6 +27,74 @@ pub struct RedisOptions {
     /// are out; past that, checks queue and ride batches. 0 queues every check.
     /// Default 8.
     pub direct_calls: usize,
+    /// The longest connecting may take: TCP, the TLS handshake and the login, and the
+    /// first `PING` of [`RedisStore::connect_with`](super::RedisStore::connect_with).
+    /// Longer than `timeout`, so that a slow handshake to a distant managed Redis is
+    /// not mistaken for an unreachable one. Default 2 s.
+    pub connect_timeout: Duration,
+    /// The ACL user to log in as (Redis 6+), when it is not in the URL.
+    pub username: Option<String>,
+    /// The password, when it is not in the URL (read from a file or the environment:
+    /// the usual shapes of a Kubernetes secret). Wins over one in the URL.
+    pub password: Option<Password>,
+    /// TLS settings for a `rediss://` or `rediss+cluster://` URL (`None`: the system's
+    /// roots, no client certificate). Given with a plain URL, connecting is refused.
+    pub tls: Option<RedisTls>,
+}
+
+/// TLS to Redis (rustls; TLS 1.2 and 1.3): whom to trust and who we are. Every Cluster
+/// node, seeds and discovered ones alike, is reached with the same settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// PEM file of the CA certificates that sign the server's certificate (a managed
+    /// service's server CA); `None`: the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate (chain), for mutual TLS (`tls-auth-clients yes`).
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<std::path::PathBuf>,
+    /// Verify the certificate chain but not that it names the host in the URL (a
+    /// server reached by IP address with a certificate for its DNS name). Insecure: a
+    /// warning is logged when connecting.
+    pub insecure_skip_hostname_verification: bool,
+    /// Verify nothing: any certificate is accepted (encryption without
+    /// authentication). Insecure: a warning is logged when connecting.
+    pub insecure_skip_verify: bool,
+}
+
+impl RedisTls {
+    /// Whether a setting turns a check off.
+    pub fn insecure(&self) -> bool {
+        self.insecure_skip_hostname_verification || self.insecure_skip_verify
+    }
+}
+
+/// A password that never prints: `Debug` and `Display` show `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl Password {
+    /// Wraps `password`.
+    pub fn new(password: impl Into<String>) -> Password {
+        Password(password.into())
+    }
+
+    /// The password itself, to send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl std::fmt::Display for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
 }
 
 /// Counters of a [`RedisStore`](super::RedisStore)'s decision calls.
@@ -62,6 +130,10 @@ impl Default for RedisOptions {
             batch: 64,
             in_flight: 2,
             direct_calls: 8,
+            connect_timeout: Duration::from_secs(2),
+            username: None,
+            password: None,
+            tls: None,
         }
     }
 }

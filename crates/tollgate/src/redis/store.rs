@@ -12,7 +12,8 @@ use tollgate_core::{Op, PolicyState, RuleDecision, RuleSet};
 
 use super::batch::Batcher;
 use super::call::CheckCall;
-use super::connection::{Caller, Conn, MODE_EVAL, MODE_FUNCTIONS};
+use super::connect::Target;
+use super::connection::{Caller, Conn, LaterCluster, MODE_EVAL, MODE_FUNCTIONS};
 use super::options::{CallStats, RedisCalls, RedisOptions};
 use super::script::parse_state;
 use crate::Error;
@@ -41,7 +42,7 @@ pub struct RedisStore {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("url", &self.url)
+            .field("url", &super::connect::redacted(&self.url))
             .field("opts", &self.caller.opts)
             .finish()
     }
@@ -60,47 +61,71 @@ impl RedisStore {
         RedisStore::connect_with(url, RedisOptions::default()).await
     }
 
-    /// Connects to `url`. A single node is connected lazily (so a service can start
-    /// while Redis is down, and reconnects by itself); a Cluster needs one reachable
-    /// node now to learn the slot map.
+    /// Connects to `url` now and checks the login: `Ok` once Redis has answered a
+    /// `PING` within the timeout. A refused login, an unknown ACL user, a bad database
+    /// index, a certificate that does not verify or TLS spoken to a plain port is
+    /// [`Error::Config`] (waiting will not help); an unreachable server is
+    /// [`Error::Unavailable`] (to start before Redis does, use
+    /// [`RedisStore::connect_later`]). Afterwards the connection is kept up by itself:
+    /// a lost connection is made again on the next call.
+    ///
+    /// URLs: `redis://[user:password@]host:port[/db]` for one node, `rediss://...` for
+    /// one node over TLS; `redis+cluster://host:port,host:port` (or `rediss+cluster://`)
+    /// for a Cluster (any reachable nodes; the rest are discovered, `MOVED` and `ASK`
+    /// are followed). A password in a URL is percent-encoded (`/` as `%2F`, `+` as
+    /// `%2B`, `=` as `%3D`); [`RedisOptions::password`] takes it unencoded.
     pub async fn connect_with(url: &str, opts: RedisOptions) -> Result<RedisStore, Error> {
+        let tls = url.starts_with("rediss");
+        let first = opts.connect_timeout.max(opts.timeout);
+        let store = RedisStore::connect_later(url, opts)?;
+        let mut conn = store.caller.conn.clone();
+        let ping = async move { redis::cmd("PING").query_async::<String>(&mut conn).await };
+        let answered = match tokio::time::timeout(first, ping).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(Error::from(e)),
+            Err(_) => Err(super::timeout(first)),
+        };
+        match answered {
+            Ok(()) => Ok(store),
+            Err(e) => Err(super::connect::first_contact(url, tls, e)),
+        }
+    }
+
+    /// A store for `url` that connects on its first call, so that a service can start
+    /// while Redis (or every Cluster seed) is down: until Redis answers, each call
+    /// fails as [`Error::Unavailable`] (a limiter's failure policy decides), and every
+    /// call tries again. Only what can be checked without Redis is checked here: the
+    /// URL, the TLS files, the options. Use [`RedisStore::ping`] to see whether Redis
+    /// answers (a readiness check).
+    pub fn connect_later(url: &str, opts: RedisOptions) -> Result<RedisStore, Error> {
         if opts.prefix.contains(['{', '}']) {
             return Err(Error::Config(format!(
                 "key prefix {:?} must not contain '{{' or '}}' (they would move the hash tag)",
                 opts.prefix
             )));
         }
-        let conn = if let Some(nodes) = url.strip_prefix("redis+cluster://") {
-            let nodes: Vec<String> = nodes
-                .trim_end_matches('/')
-                .split(',')
-                .filter(|n| !n.is_empty())
-                .map(|n| format!("redis://{n}"))
-                .collect();
-            if nodes.is_empty() {
-                return Err(Error::Config(format!(
-                    "{url}: expected redis+cluster://host:port[,host:port...]"
-                )));
+        if let Some(tls) = opts.tls.as_ref().filter(|t| t.insecure()) {
+            tracing::warn!(
+                url = %super::connect::redacted(url),
+                skip_hostname_verification = tls.insecure_skip_hostname_verification,
+                skip_verify = tls.insecure_skip_verify,
+                "redis tls: certificate checks are off (insecure): anyone on the path can pose as Redis"
+            );
+        }
+        let conn = match super::connect::target(url, &opts)? {
+            Target::Cluster(client) => Conn::Cluster(Arc::new(LaterCluster::new(client))),
+            Target::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(opts.connect_timeout.max(opts.timeout)))
+                    .set_response_timeout(Some(opts.timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(100));
+                Conn::Single(
+                    ConnectionManager::new_lazy_with_config(client, config).map_err(|e| {
+                        Error::Config(format!("{}: {e}", super::connect::redacted(url)))
+                    })?,
+                )
             }
-            let client = redis::cluster::ClusterClientBuilder::new(nodes)
-                .connection_timeout(opts.timeout)
-                .response_timeout(opts.timeout)
-                .retries(2)
-                .build()
-                .map_err(|e| Error::Config(format!("{url}: {e}")))?;
-            let conn = tokio::time::timeout(opts.timeout * 4, client.get_async_connection())
-                .await
-                .map_err(|_| super::timeout(opts.timeout * 4))??;
-            Conn::Cluster(conn)
-        } else {
-            let client =
-                redis::Client::open(url).map_err(|e| Error::Config(format!("{url}: {e}")))?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(opts.timeout))
-                .set_response_timeout(Some(opts.timeout))
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_millis(100));
-            Conn::Single(ConnectionManager::new_lazy_with_config(client, config)?)
         };
         let cluster = matches!(conn, Conn::Cluster(_));
         let mode = match opts.calls {
