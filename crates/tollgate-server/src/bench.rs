@@ -48,6 +48,8 @@ pub struct RedisLoad {
     pub calls: tollgate::redis::RedisCalls,
     /// Decide through leased slices (hot keys) instead of one call per check.
     pub lease: Option<tollgate::redis::LeaseOptions>,
+    /// TLS settings for a `rediss://` URL.
+    pub tls: Option<tollgate::redis::RedisTls>,
 }
 
 /// Totals of a run.
@@ -171,6 +173,7 @@ async fn redis_limiter(url: &str, load: &RedisLoad) -> anyhow::Result<tollgate::
         timeout: Duration::from_secs(2),
         batch: load.batch,
         calls: load.calls,
+        tls: load.tls.clone(),
         ..Default::default()
     };
     let store = tollgate::redis::RedisStore::connect_with(url, options).await?;
@@ -396,9 +399,19 @@ pub enum BenchCommand {
 #[derive(Debug, Parser)]
 /// `tollgate bench redis` arguments.
 pub struct RedisBenchArgs {
-    /// `redis://host:port` or `redis+cluster://host:port,host:port`.
+    /// `redis://host:port` or `redis+cluster://host:port,host:port` (`rediss://`,
+    /// `rediss+cluster://` over TLS).
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     pub redis_url: String,
+    /// For `rediss://`: the server's CA (PEM; default: the system's roots).
+    #[arg(long)]
+    pub redis_ca: Option<std::path::PathBuf>,
+    /// For `rediss://`: a client certificate (PEM), for mutual TLS.
+    #[arg(long, requires = "redis_key")]
+    pub redis_cert: Option<std::path::PathBuf>,
+    /// Its key (PEM).
+    #[arg(long, requires = "redis_cert")]
+    pub redis_key: Option<std::path::PathBuf>,
     /// The policy spec checked (repeat for a rule set).
     #[arg(long, required = true)]
     pub policy: Vec<String>,
@@ -524,6 +537,14 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
                     lease: a.lease.map(|duration| tollgate::redis::LeaseOptions {
                         duration,
                         ..Default::default()
+                    }),
+                    tls: (a.redis_ca.is_some() || a.redis_cert.is_some()).then(|| {
+                        tollgate::redis::RedisTls {
+                            ca_file: a.redis_ca.clone(),
+                            cert_file: a.redis_cert.clone(),
+                            key_file: a.redis_key.clone(),
+                            ..Default::default()
+                        }
                     }),
                 }),
             };

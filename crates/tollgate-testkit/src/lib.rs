@@ -26,7 +26,7 @@ pub use clients::{dribble, idle, open_fds, read_until_closed, rss_kib, Ended};
 pub use nginx::{FrozenClock, Nginx, LIBFAKETIME};
 pub use pki::Pki;
 pub use process::{distinct_ports, free_port, release, Killed};
-pub use redis::{rt, run_children, timing_sensitive, RedisServers};
+pub use redis::{cli_binary, rt, run_children, server_binary, timing_sensitive, RedisServers};
 pub use relay::DelayRelay;
 
 /// Sleeps past the end of the current clock-aligned window of `window` (windows start

@@ -202,7 +202,7 @@ impl RedisServers {
 
     /// A `redis-cli` command that speaks to these servers (TLS, password).
     fn redis_cli(&self) -> Command {
-        let mut cli = Command::new("redis-cli");
+        let mut cli = Command::new(cli_binary());
         cli.args(&self.cli_tls);
         if let Some(password) = &self.cli_auth {
             cli.env("REDISCLI_AUTH", password);
@@ -292,8 +292,20 @@ impl RedisServers {
     }
 }
 
+/// The server the tests start: `redis-server`, or the binary named by
+/// `TOLLGATE_REDIS_SERVER` (the test command runs the Redis suites again with Valkey's
+/// `valkey-server`).
+pub fn server_binary() -> String {
+    std::env::var("TOLLGATE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// Its command-line client: `redis-cli`, or `TOLLGATE_REDIS_CLI` (`valkey-cli`).
+pub fn cli_binary() -> String {
+    std::env::var("TOLLGATE_REDIS_CLI").unwrap_or_else(|_| "redis-cli".into())
+}
+
 fn spawn_server(args: &[String]) -> Child {
-    Command::new("redis-server")
+    Command::new(server_binary())
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())

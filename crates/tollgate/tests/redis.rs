@@ -563,7 +563,7 @@ fn redis_frozen_or_sleeping_answers_within_the_timeout_and_never_over_admits() {
     let cli = std::thread::spawn({
         let port = servers.ports[0].to_string();
         move || {
-            std::process::Command::new("redis-cli")
+            std::process::Command::new(testkit::cli_binary())
                 .args(["-p", &port, "DEBUG", "SLEEP", "1"])
                 .output()
                 .unwrap()

@@ -200,26 +200,9 @@ const AWKWARD: &str = "p/a+s=s@w:rd";
 fn acl_users_and_awkward_passwords_log_in_and_refusals_are_configuration_errors() {
     let server = RedisServers::standalone_with(&["--requirepass", "admin-secret"]);
     let port = server.ports[0];
-    let out = std::process::Command::new("redis-cli")
-        .args([
-            "-p",
-            &port.to_string(),
-            "--no-auth-warning",
-            "-a",
-            "admin-secret",
-        ])
-        .args([
-            "ACL",
-            "SETUSER",
-            "app",
-            "on",
-            &format!(">{AWKWARD}"),
-            "~*",
-            "+@all",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+    let password = format!(">{AWKWARD}");
+    let set = ["ACL", "SETUSER", "app", "on", &password, "~*", "+@all"];
+    assert_eq!(server.cli(0, &set).trim(), "OK");
     rt().block_on(async {
         // Percent-encoded in the URL.
         let url = format!("redis://app:p%2Fa%2Bs%3Ds%40w%3Ard@127.0.0.1:{port}/");

@@ -237,7 +237,7 @@ impl RedisConcurrencyLimiter {
                 .await
             {
                 Ok(a) => {
-                    health.healthy();
+                    health.healthy(sent);
                     if a.ok {
                         health.count(Event::Decision);
                         leave.disarm();

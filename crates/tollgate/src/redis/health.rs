@@ -77,6 +77,9 @@ pub(crate) struct Health {
     /// Local time (us) of the last recovery: a call sent before it that fails late
     /// (it waited out its timeout on the connection Redis dropped) is not a new outage.
     recovered_at: AtomicU64,
+    /// Local time (us) the last outage began: a call sent before it that succeeds late
+    /// (its answer was on the way when Redis died) is not a recovery.
+    failed_at: AtomicU64,
     stats: [AtomicU64; 6],
 }
 
@@ -89,6 +92,7 @@ impl Health {
             failing: AtomicBool::new(false),
             next_probe: AtomicU64::new(0),
             recovered_at: AtomicU64::new(0),
+            failed_at: AtomicU64::new(0),
             stats: Default::default(),
         }
     }
@@ -134,8 +138,12 @@ impl Health {
                 .is_ok()
     }
 
-    /// Redis answered.
-    pub fn healthy(&self) {
+    /// Redis answered a call sent at `sent` (local us). An answer to a call sent
+    /// before the outage began says nothing of Redis now.
+    pub fn healthy(&self, sent: u64) {
+        if !self.failing.load(Ordering::Relaxed) || sent < self.failed_at.load(Ordering::Relaxed) {
+            return;
+        }
         if self.failing.swap(false, Ordering::Relaxed) {
             self.recovered_at
                 .store(self.clock.now_us(), Ordering::Relaxed);
@@ -155,6 +163,7 @@ impl Health {
         let probe = self.clock.now_us() + self.probe_interval.as_micros() as u64;
         self.next_probe.store(probe, Ordering::Relaxed);
         if !self.failing.swap(true, Ordering::Relaxed) {
+            self.failed_at.store(self.clock.now_us(), Ordering::Relaxed);
             self.count(Event::Outage);
             tracing::error!(
                 limiter = %self.name,
@@ -163,5 +172,32 @@ impl Health {
                 "redis is failing: the failure policy decides until it answers again"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Redis dies while calls are out: one sent before the failure that is answered
+    /// late is no recovery, and one sent before the recovery that fails late is no new
+    /// outage; only the probe after the failure flips the state.
+    #[test]
+    fn late_answers_to_calls_sent_before_a_change_do_not_flip_it() {
+        let health = Health::new("t", Duration::from_millis(250));
+        let e = Error::Unavailable("redis: broken pipe".into());
+        let before = health.clock.now_us();
+        std::thread::sleep(Duration::from_millis(2));
+        health.failed(&e, &OnError::FailClosed, health.clock.now_us());
+        health.healthy(before);
+        assert!(health.stats().failing, "a stale success is no recovery");
+        std::thread::sleep(Duration::from_millis(2));
+        let probe = health.clock.now_us();
+        std::thread::sleep(Duration::from_millis(2));
+        health.healthy(probe);
+        assert!(!health.stats().failing);
+        health.failed(&e, &OnError::FailClosed, before);
+        let s = health.stats();
+        assert_eq!((s.outages, s.recoveries, s.failing), (1, 1, false));
     }
 }

@@ -368,7 +368,7 @@ impl RateLimiter for RedisLimiter {
         let sent = health.clock.now_us();
         match self.decide(&compiled, key, None, None, cost, op).await {
             Ok(d) => {
-                health.healthy();
+                health.healthy(sent);
                 health.count(Event::Decision);
                 if matches!(op, Op::Try | Op::Count)
                     && self.inner.opts.negative_cache
