@@ -77,11 +77,10 @@ pub(super) fn target(url: &str, opts: &RedisOptions) -> Result<Target, Error> {
                 other => other,
             });
         }
+        // With a client certificate, insecure or not, it is still presented.
         let client = match certs {
-            Some(certs) if !settings.insecure_skip_verify => {
-                redis::Client::build_with_tls(info, certs)
-            }
-            _ => redis::Client::open(info),
+            Some(certs) => redis::Client::build_with_tls(info, certs),
+            None => redis::Client::open(info),
         }
         .map_err(|e| config(e.to_string()))?;
         if !(tls && settings.insecure_skip_hostname_verification) {
@@ -127,9 +126,9 @@ pub(super) fn target(url: &str, opts: &RedisOptions) -> Result<Target, Error> {
             builder = builder
                 .tls(redis::cluster::TlsMode::Secure)
                 .danger_accept_invalid_hostnames(settings.insecure_skip_hostname_verification);
-            if let Some(certs) = certs {
-                builder = builder.certs(certs);
-            }
+        }
+        if let Some(certs) = certs {
+            builder = builder.certs(certs);
         }
     }
     let client = builder.build().map_err(|e| config(e.to_string()))?;
@@ -226,6 +225,20 @@ pub(super) fn first_contact(url: &str, tls: bool, e: Error) -> Error {
     };
     let lower = msg.to_ascii_lowercase();
     let config = |why: &str| Error::Config(format!("{}: {why} ({msg})", redacted(url)));
+    // A Redis that is full, loading or busy answers the login with its error, which
+    // the client reports as a failed login: waiting helps, so it is no configuration.
+    if [
+        "max number of clients",
+        "loading",
+        "busy",
+        "tryagain",
+        "masterdown",
+    ]
+    .iter()
+    .any(|m| lower.contains(m))
+    {
+        return e;
+    }
     if lower.contains("noauth") {
         return config("Redis requires a login: give a password (and a username for an ACL user)");
     }
@@ -274,7 +287,11 @@ pub(super) fn first_contact(url: &str, tls: bool, e: Error) -> Error {
 /// `url` with any password replaced by `***`, for logs, errors and `/v1/config`.
 pub fn redacted(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+        // Not a URL (a mistyped one is reported): still no password.
+        return match url.rsplit_once('@') {
+            Some((_, hosts)) => format!("***@{hosts}"),
+            None => url.to_string(),
+        };
     };
     match rest.rsplit_once('@') {
         Some((userinfo, hosts)) => match userinfo.split_once(':') {
@@ -302,6 +319,20 @@ mod tests {
         );
         assert_eq!(redacted("redis://h:1"), "redis://h:1");
         assert_eq!(redacted("redis://pw@h:1"), "redis://***@h:1");
+        assert_eq!(redacted("user:secret@redis:6379"), "***@redis:6379");
+    }
+
+    #[test]
+    fn a_full_redis_is_no_bad_login() {
+        let full = Error::Unavailable(
+            "redis: Password authentication failed - AuthenticationFailed: ERR max number of clients reached".into(),
+        );
+        assert!(first_contact("redis://:pw@h:1", false, full).is_transient());
+        let wrong = Error::Unavailable(
+            "redis: Password authentication failed - AuthenticationFailed".into(),
+        );
+        let e = first_contact("redis://:pw@h:1", false, wrong);
+        assert!(!e.is_transient() && !e.to_string().contains("pw@"), "{e}");
     }
 
     #[test]

@@ -25,24 +25,35 @@ pub(super) enum Conn {
 
 /// A Cluster client and, once reached, its connection.
 pub(crate) struct LaterCluster {
-    client: redis::cluster::ClusterClient,
-    conn: tokio::sync::OnceCell<ClusterConnection>,
+    client: Arc<redis::cluster::ClusterClient>,
+    conn: Arc<tokio::sync::OnceCell<ClusterConnection>>,
 }
 
 impl LaterCluster {
     pub(super) fn new(client: redis::cluster::ClusterClient) -> LaterCluster {
         LaterCluster {
-            client,
-            conn: tokio::sync::OnceCell::new(),
+            client: Arc::new(client),
+            conn: Arc::default(),
         }
     }
 
-    /// The connection, made now if there is none yet.
+    /// The connection, made now if there is none yet: in a task of its own (one at a
+    /// time), so that a call's timeout, shorter than a first connection to a TLS
+    /// Cluster may take, does not cut it short and leave the store never connected.
     async fn get(&self) -> redis::RedisResult<ClusterConnection> {
-        let conn = (self.conn)
-            .get_or_try_init(|| self.client.get_async_connection())
-            .await?;
-        Ok(conn.clone())
+        if let Some(conn) = self.conn.get() {
+            return Ok(conn.clone());
+        }
+        let (cell, client) = (self.conn.clone(), self.client.clone());
+        let connecting = tokio::spawn(async move {
+            let conn = cell
+                .get_or_try_init(|| client.get_async_connection())
+                .await?;
+            Ok(conn.clone())
+        });
+        connecting.await.map_err(|e| {
+            redis::RedisError::from(std::io::Error::other(format!("connecting: {e}")))
+        })?
     }
 }
 

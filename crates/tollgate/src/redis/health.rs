@@ -141,12 +141,14 @@ impl Health {
     /// Redis answered a call sent at `sent` (local us). An answer to a call sent
     /// before the outage began says nothing of Redis now.
     pub fn healthy(&self, sent: u64) {
-        if !self.failing.load(Ordering::Relaxed) || sent < self.failed_at.load(Ordering::Relaxed) {
+        // `failed_at` is written before `failing` is set (release), so a reader that
+        // sees the outage (acquire) sees when it began.
+        if !self.failing.load(Ordering::Acquire) || sent < self.failed_at.load(Ordering::Relaxed) {
             return;
         }
-        if self.failing.swap(false, Ordering::Relaxed) {
-            self.recovered_at
-                .store(self.clock.now_us(), Ordering::Relaxed);
+        self.recovered_at
+            .store(self.clock.now_us(), Ordering::Relaxed);
+        if self.failing.swap(false, Ordering::AcqRel) {
             self.count(Event::Recovery);
             tracing::warn!(limiter = %self.name, "redis is back: decisions are global again");
         }
@@ -157,13 +159,16 @@ impl Health {
     /// counts as an error only: Redis has answered since.
     pub fn failed(&self, e: &Error, policy: &OnError, sent: u64) {
         self.count(Event::Error);
-        if sent < self.recovered_at.load(Ordering::Relaxed) {
+        if sent < self.recovered_at.load(Ordering::Acquire) {
             return;
         }
         let probe = self.clock.now_us() + self.probe_interval.as_micros() as u64;
         self.next_probe.store(probe, Ordering::Relaxed);
-        if !self.failing.swap(true, Ordering::Relaxed) {
-            self.failed_at.store(self.clock.now_us(), Ordering::Relaxed);
+        if self.failing.load(Ordering::Acquire) {
+            return;
+        }
+        self.failed_at.store(self.clock.now_us(), Ordering::Relaxed);
+        if !self.failing.swap(true, Ordering::AcqRel) {
             self.count(Event::Outage);
             tracing::error!(
                 limiter = %self.name,
