@@ -7,7 +7,8 @@
 //! the test steps ([`FrozenClock`], libfaketime); raw clients that misbehave on purpose
 //! ([`dribble`], [`idle`]) and a process's open files and memory ([`open_fds`],
 //! [`rss_kib`]); a relay that adds latency on the way to a server ([`DelayRelay`]);
-//! certificates made with `openssl` ([`Pki`]) for servers that speak TLS.
+//! certificates made with `openssl` ([`Pki`]) for servers that speak TLS; a master,
+//! its replica and three Sentinels ([`Sentinels`]).
 //!
 //! `scripts/test.sh` installs `redis-server` / `redis-tools`, `nginx`, `faketime` and
 //! `openssl` when they are missing.
@@ -21,6 +22,7 @@ mod pki;
 mod process;
 mod redis;
 mod relay;
+mod sentinel;
 
 pub use clients::{dribble, idle, open_fds, read_until_closed, rss_kib, Ended};
 pub use nginx::{FrozenClock, Nginx, LIBFAKETIME};
@@ -28,6 +30,7 @@ pub use pki::Pki;
 pub use process::{distinct_ports, free_port, release, Killed};
 pub use redis::{cli_binary, rt, run_children, server_binary, timing_sensitive, RedisServers};
 pub use relay::DelayRelay;
+pub use sentinel::{SentinelSetup, Sentinels};
 
 /// Sleeps past the end of the current clock-aligned window of `window` (windows start
 /// at multiples of it since the Unix epoch, as `fixed-window` and Envoy's units do)

@@ -52,6 +52,45 @@ impl RedisServers {
         RedisServers::make_cluster(0, &[], Some((pki, false)))
     }
 
+    /// A master (server 0) and its replica (server 1), synced; `extra` and `tls` as for
+    /// [`RedisServers::standalone_with`] and [`RedisServers::standalone_tls`] (clients
+    /// need no certificate).
+    pub fn master_and_replica(extra: &[&str], tls: Option<&Pki>) -> RedisServers {
+        let mut s = RedisServers::spawn(2, false, extra, tls.map(|pki| (pki, false)));
+        s.wait_ready();
+        let master = s.ports[0].to_string();
+        let ok = s.cli(1, &["REPLICAOF", "127.0.0.1", &master]);
+        assert!(ok.contains("OK"), "REPLICAOF: {ok}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !s
+            .cli(1, &["info", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s
+    }
+
+    /// The directory the servers run in.
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// `redis-cli`'s arguments for a server with `pki`'s certificates.
+    pub(crate) fn cli_tls_args(pki: &Pki) -> Vec<String> {
+        let file = |f: &str| pki.path(f).display().to_string();
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            file("ca.pem"),
+            "--cert".into(),
+            file("client.pem"),
+            "--key".into(),
+            file("client.key"),
+        ]
+    }
+
     /// `redis-cli -p PORT args...` against server `i`: its output.
     pub fn cli(&self, i: usize, args: &[&str]) -> String {
         let out = self
@@ -149,9 +188,9 @@ impl RedisServers {
                     args.extend(["--tls-ca-cert-file".into(), file("ca.pem")]);
                     let auth = if mutual { "yes" } else { "no" };
                     args.extend(["--tls-auth-clients".into(), auth.into()]);
+                    args.extend(["--tls-replication".into(), "yes".into()]);
                     if cluster {
                         args.extend(["--tls-cluster".into(), "yes".into()]);
-                        args.extend(["--tls-replication".into(), "yes".into()]);
                     }
                 }
             }
@@ -168,24 +207,9 @@ impl RedisServers {
             ports.push(port);
             all_args.push(args);
         }
-        let cli_tls = match tls {
-            None => Vec::new(),
-            Some((pki, _)) => [
-                "--tls",
-                "--cacert",
-                "ca.pem",
-                "--cert",
-                "client.pem",
-                "--key",
-                "client.key",
-            ]
-            .iter()
-            .map(|a| match *a {
-                "ca.pem" | "client.pem" | "client.key" => pki.path(a).display().to_string(),
-                _ => a.to_string(),
-            })
-            .collect(),
-        };
+        let cli_tls = tls
+            .map(|(pki, _)| RedisServers::cli_tls_args(pki))
+            .unwrap_or_default();
         RedisServers {
             children,
             ports,

@@ -14,7 +14,8 @@ use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::options::{RedisOptions, RedisTls};
+use super::options::{Password, RedisOptions, RedisTls};
+use super::sentinel::SentinelConn;
 use crate::Error;
 
 /// What a URL names, with every setting applied: the clients to connect with.
@@ -22,6 +23,7 @@ use crate::Error;
 pub(super) enum Target {
     Single(redis::Client),
     Cluster(redis::cluster::ClusterClient),
+    Sentinel(SentinelConn),
 }
 
 /// The clients for `url` under `opts`, checked but not connected: a bad URL, an
@@ -29,76 +31,193 @@ pub(super) enum Target {
 /// certificate, or TLS settings on a plain URL are errors naming the setting.
 pub(super) fn target(url: &str, opts: &RedisOptions) -> Result<Target, Error> {
     let config = |why: String| Error::Config(format!("{}: {why}", redacted(url)));
-    let (scheme, rest, cluster) = match url.split_once("://") {
-        Some((s @ ("redis" | "rediss"), rest)) => (s, rest, false),
-        Some(("redis+cluster", rest)) => ("redis", rest, true),
-        Some(("rediss+cluster", rest)) => ("rediss", rest, true),
+    let (scheme, rest, kind) = match url.split_once("://") {
+        Some((s @ ("redis" | "rediss"), rest)) => (s, rest, Kind::Single),
+        Some(("redis+cluster", rest)) => ("redis", rest, Kind::Cluster),
+        Some(("rediss+cluster", rest)) => ("rediss", rest, Kind::Cluster),
+        Some(("redis+sentinel", rest)) => ("redis", rest, Kind::Sentinel),
+        Some(("rediss+sentinel", rest)) => ("rediss", rest, Kind::Sentinel),
         _ => {
             return Err(config(
-                "expected redis://, rediss:// (TLS), redis+cluster:// or rediss+cluster://".into(),
+                "expected redis://, rediss:// (TLS), redis+cluster://, rediss+cluster://, redis+sentinel:// or rediss+sentinel://".into(),
             ))
         }
     };
     let tls = scheme == "rediss";
     if let (false, Some(_)) = (tls, &opts.tls) {
         return Err(config(
-            "TLS settings are given but the URL is plain: use rediss:// (or rediss+cluster://)"
-                .into(),
+            "TLS settings are given but the URL is plain: use rediss:// (or rediss+cluster://, rediss+sentinel://)".into(),
         ));
     }
-    let default_tls = RedisTls::default();
-    let settings = opts.tls.as_ref().unwrap_or(&default_tls);
-    let certs = if tls { certificates(settings)? } else { None };
-    if !cluster {
+    let settings = opts.tls.clone().unwrap_or_default();
+    let certs = if tls { certificates(&settings)? } else { None };
+    let node = Node {
+        settings,
+        certs,
+        tls,
+    };
+    match kind {
+        Kind::Single => Ok(Target::Single(node.client(
+            url,
+            opts.username.as_deref(),
+            opts.password.as_ref(),
+        )?)),
+        Kind::Cluster => cluster(url, scheme, rest, opts, node),
+        Kind::Sentinel => sentinel(url, scheme, rest, opts, node),
+    }
+}
+
+enum Kind {
+    Single,
+    Cluster,
+    Sentinel,
+}
+
+/// How every node of a URL is reached: its TLS settings and certificates.
+#[derive(Clone)]
+struct Node {
+    settings: RedisTls,
+    certs: Option<TlsCertificates>,
+    tls: bool,
+}
+
+impl Node {
+    /// The client of the one node `url` names, logging in as `user` with `password`
+    /// where given (over what the URL says).
+    fn client(
+        &self,
+        url: &str,
+        user: Option<&str>,
+        password: Option<&Password>,
+    ) -> Result<redis::Client, Error> {
+        let config = |why: String| Error::Config(format!("{}: {why}", redacted(url)));
         let mut info = url
             .into_connection_info()
             .map_err(|e| config(e.to_string()))?;
         let mut redis = info.redis_settings().clone();
-        if let Some(user) = &opts.username {
+        if let Some(user) = user {
             redis = redis.set_username(user);
         }
-        if let Some(password) = &opts.password {
+        if let Some(password) = password {
             redis = redis.set_password(password.expose());
         }
         info = info.set_redis_settings(redis);
-        let url_insecure = matches!(
-            info.addr(),
-            redis::ConnectionAddr::TcpTls { insecure: true, .. }
-        );
-        if tls && (settings.insecure_skip_verify || url_insecure) {
-            let addr = info.addr().clone();
-            info = info.set_addr(match addr {
-                redis::ConnectionAddr::TcpTls { host, port, .. } => redis::ConnectionAddr::TcpTls {
-                    host,
-                    port,
-                    insecure: true,
-                    tls_params: None,
-                },
-                other => other,
+        if let redis::ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure,
+            ..
+        } = info.addr().clone()
+        {
+            info = info.set_addr(redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: insecure || self.settings.insecure_skip_verify,
+                tls_params: None,
             });
         }
         // With a client certificate, insecure or not, it is still presented.
-        let client = match certs {
-            Some(certs) => redis::Client::build_with_tls(info, certs),
+        let client = match &self.certs {
+            Some(certs) => redis::Client::build_with_tls(info, certs.clone()),
             None => redis::Client::open(info),
         }
         .map_err(|e| config(e.to_string()))?;
-        if !(tls && settings.insecure_skip_hostname_verification) {
-            return Ok(Target::Single(client));
+        if !(self.tls && self.settings.insecure_skip_hostname_verification) {
+            return Ok(client);
         }
         // After the certificates: building with them resets the hostname setting.
         let info = client.get_connection_info().clone();
         let mut addr = info.addr().clone();
         addr.set_danger_accept_invalid_hostnames(true);
-        let client = redis::Client::open(info.set_addr(addr)).map_err(|e| config(e.to_string()))?;
-        return Ok(Target::Single(client));
+        redis::Client::open(info.set_addr(addr)).map_err(|e| config(e.to_string()))
     }
-    // A Cluster: the same credentials for every seed (and every node it discovers).
-    let rest = rest.trim_end_matches('/');
-    let (userinfo, hosts) = match rest.rsplit_once('@') {
+}
+
+/// `rest` split at its last `@`: the userinfo with its `@` (or nothing), and the rest.
+fn userinfo(rest: &str) -> (String, &str) {
+    match rest.rsplit_once('@') {
         Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
         None => (String::new(), rest),
+    }
+}
+
+/// The Sentinels of `redis+sentinel://[user:password@]host:port,.../master[/db]`:
+/// the userinfo logs in to the master (and the replica promoted after it); the
+/// Sentinels' own login is [`RedisOptions::sentinel_username`] and
+/// [`RedisOptions::sentinel_password`]; TLS settings apply to both.
+fn sentinel(
+    url: &str,
+    scheme: &str,
+    rest: &str,
+    opts: &RedisOptions,
+    node: Node,
+) -> Result<Target, Error> {
+    let form = || {
+        Error::Config(format!(
+            "{}: expected {scheme}+sentinel://[user:password@]host:port[,host:port...]/master-name[/db]",
+            redacted(url)
+        ))
     };
+    let (userinfo, after) = userinfo(rest);
+    let (hosts, path) = after.split_once('/').ok_or_else(form)?;
+    let (name, db) = match path.trim_end_matches('/').split_once('/') {
+        Some((name, db)) => (name, db.parse::<i64>().map_err(|_| form())?),
+        None => (path.trim_end_matches('/'), 0),
+    };
+    let sentinels = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| {
+            // A Sentinel's port is 26379 unless given.
+            let h = if h.ends_with(']') || !h.contains(':') {
+                format!("{h}:26379")
+            } else {
+                h.to_string()
+            };
+            let client = node.client(
+                &format!("{scheme}://{h}"),
+                opts.sentinel_username.as_deref(),
+                opts.sentinel_password.as_ref(),
+            )?;
+            Ok((h, client))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    if name.is_empty() || sentinels.is_empty() {
+        return Err(form());
+    }
+    let (scheme, user, password) = (
+        scheme.to_string(),
+        opts.username.clone(),
+        opts.password.clone(),
+    );
+    let master = move |host: &str, port: u16| {
+        let addr = super::sentinel::address(host, port);
+        node.client(
+            &format!("{scheme}://{userinfo}{addr}/{db}"),
+            user.as_deref(),
+            password.as_ref(),
+        )
+    };
+    Ok(Target::Sentinel(SentinelConn::new(
+        name.to_string(),
+        sentinels,
+        Box::new(master),
+        db,
+        opts.connect_timeout.max(opts.timeout),
+        opts.timeout,
+    )))
+}
+
+/// A Cluster: the same credentials for every seed (and every node it discovers).
+fn cluster(
+    url: &str,
+    scheme: &str,
+    rest: &str,
+    opts: &RedisOptions,
+    node: Node,
+) -> Result<Target, Error> {
+    let config = |why: String| Error::Config(format!("{}: {why}", redacted(url)));
+    let (userinfo, hosts) = userinfo(rest.trim_end_matches('/'));
     let nodes: Vec<String> = hosts
         .split(',')
         .filter(|n| !n.is_empty())
@@ -119,6 +238,11 @@ pub(super) fn target(url: &str, opts: &RedisOptions) -> Result<Target, Error> {
     if let Some(password) = &opts.password {
         builder = builder.password(password.expose());
     }
+    let Node {
+        settings,
+        certs,
+        tls,
+    } = node;
     if tls {
         if settings.insecure_skip_verify {
             builder = builder.tls(redis::cluster::TlsMode::Insecure);
@@ -217,71 +341,80 @@ fn certificates(tls: &RedisTls) -> Result<Option<TlsCertificates>, Error> {
 
 /// What a failed first contact means: the configuration's fault (a refused login, an
 /// unknown ACL user, a bad database index, a certificate that does not verify, TLS to
-/// a plain port or plain to a TLS port) is [`Error::Config`], naming the cause; an
-/// unreachable server stays [`Error::Unavailable`] (transient).
-pub(super) fn first_contact(url: &str, tls: bool, e: Error) -> Error {
-    let Error::Unavailable(msg) = &e else {
-        return e;
-    };
+/// a plain port or plain to a TLS port, an unknown Sentinel master name) is
+/// [`Error::Config`], naming the cause; an unreachable server stays
+/// [`Error::Unavailable`] (transient). By the error's kind and code where Redis gives
+/// one; TLS failures reach us only as the text of an I/O error.
+pub(super) fn first_contact(url: &str, tls: bool, e: redis::RedisError) -> Error {
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    let msg = e.to_string();
     let lower = msg.to_ascii_lowercase();
     let config = |why: &str| Error::Config(format!("{}: {why} ({msg})", redacted(url)));
+    let has = |marks: &[&str]| marks.iter().any(|m| lower.contains(m));
     // A Redis that is full, loading or busy answers the login with its error, which
     // the client reports as a failed login: waiting helps, so it is no configuration.
-    if [
+    let busy = matches!(
+        e.kind(),
+        K::Server(S::BusyLoading | S::TryAgain | S::MasterDown | S::ClusterDown)
+    ) || has(&[
         "max number of clients",
         "loading",
         "busy",
         "tryagain",
         "masterdown",
-    ]
-    .iter()
-    .any(|m| lower.contains(m))
-    {
-        return e;
-    }
-    if lower.contains("noauth") {
-        return config("Redis requires a login: give a password (and a username for an ACL user)");
-    }
-    if lower.contains("authentication failed")
-        || lower.contains("wrongpass")
-        || lower.contains("invalid username-password")
-    {
-        return config("Redis refused the login: check the username and password");
-    }
-    if lower.contains("certificaterequired") || lower.contains("certificate required") {
-        return config("the server requires a client certificate (cert_file and key_file)");
-    }
-    if lower.contains("unknownca")
-        || lower.contains("badcertificate")
-        || lower.contains("bad certificate")
-    {
-        return config(
+    ]);
+    let code = e.code().unwrap_or_default();
+    let why = match e.kind() {
+        _ if busy => None,
+        K::MasterNameNotFoundBySentinel => {
+            Some("no Sentinel knows this master name (the name after the hosts in the URL)")
+        }
+        _ if has(&[super::sentinel::SENTINEL_REFUSED_LOGIN]) => Some(
+            "a Sentinel refused the login: check sentinel_username and sentinel_password",
+        ),
+        K::Server(S::NoPerm) => Some(
+            "the Redis user lacks a permission tollgate needs (FCALL, EVALSHA, FUNCTION, SCRIPT, TIME, PING; ROLE with Sentinel)",
+        ),
+        _ if code == "NOAUTH" || has(&["noauth"]) => {
+            Some("Redis requires a login: give a password (and a username for an ACL user)")
+        }
+        K::AuthenticationFailed => Some("Redis refused the login: check the username and password"),
+        _ if code == "WRONGPASS" || has(&["wrongpass", "invalid username-password"]) => {
+            Some("Redis refused the login: check the username and password")
+        }
+        _ if has(&["switch database", "db index"]) => {
+            Some("Redis refused the database index in the URL")
+        }
+        _ if has(&["certificaterequired", "certificate required"]) => {
+            Some("the server requires a client certificate (cert_file and key_file)")
+        }
+        _ if has(&["unknownca", "badcertificate", "bad certificate"]) => Some(
             "the server refused our client certificate (is it signed by a CA the server trusts?)",
-        );
-    }
-    if lower.contains("switch database") || lower.contains("db index") {
-        return config("Redis refused the database index in the URL");
-    }
-    if lower.contains("noperm") {
-        return config("the Redis user lacks a permission tollgate needs (FCALL, EVALSHA, FUNCTION, SCRIPT, TIME, PING)");
-    }
-    if lower.contains("certificate") || lower.contains("unknownissuer") {
-        return config("the server's certificate does not verify against the CA and server name");
-    }
-    if tls && (lower.contains("corrupt message") || lower.contains("invalidcontenttype")) {
-        return config("the server does not speak TLS on this port (rediss:// to a plain port?)");
+        ),
+        _ if has(&["certificate", "unknownissuer"]) => {
+            Some("the server's certificate does not verify against the CA and server name")
+        }
+        _ if tls && has(&["corrupt message", "invalidcontenttype"]) => {
+            Some("the server does not speak TLS on this port (rediss:// to a plain port?)")
+        }
+        _ => None,
+    };
+    if let Some(why) = why {
+        return config(why);
     }
     if !tls
-        && (lower.contains("connection reset")
-            || lower.contains("broken pipe")
-            || lower.contains("unexpected end")
-            || lower.contains("connection closed"))
+        && has(&[
+            "connection reset",
+            "broken pipe",
+            "unexpected end",
+            "connection closed",
+        ])
     {
         return Error::Unavailable(format!(
-            "{msg} (a TLS port answered plain text? use rediss:// for a TLS server)"
+            "redis: {msg} (a TLS port answered plain text? use rediss:// for a TLS server)"
         ));
     }
-    e
+    Error::from(e)
 }
 
 /// `url` with any password replaced by `***`, for logs, errors and `/v1/config`.
@@ -324,13 +457,14 @@ mod tests {
 
     #[test]
     fn a_full_redis_is_no_bad_login() {
-        let full = Error::Unavailable(
-            "redis: Password authentication failed - AuthenticationFailed: ERR max number of clients reached".into(),
-        );
+        let failed = "Password authentication failed";
+        let full = redis::RedisError::from((
+            redis::ErrorKind::AuthenticationFailed,
+            failed,
+            "ERR max number of clients reached".to_string(),
+        ));
         assert!(first_contact("redis://:pw@h:1", false, full).is_transient());
-        let wrong = Error::Unavailable(
-            "redis: Password authentication failed - AuthenticationFailed".into(),
-        );
+        let wrong = redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, failed));
         let e = first_contact("redis://:pw@h:1", false, wrong);
         assert!(!e.is_transient() && !e.to_string().contains("pw@"), "{e}");
     }

@@ -13,6 +13,7 @@ use redis::Value;
 use super::call::{nonce, push_call, push_try, split_reply, CallOp, CheckCall, CheckReply};
 use super::options::{RedisCalls, RedisOptions};
 use super::script::{eval_script, library};
+use super::sentinel::{Pending, SentinelConn};
 use crate::Error;
 
 #[derive(Clone)]
@@ -21,6 +22,8 @@ pub(super) enum Conn {
     /// A Cluster, reached on the first call that finds it up (each call tries until
     /// one does; the client learns the slot map then).
     Cluster(Arc<LaterCluster>),
+    /// A master found through Sentinel, followed across failovers.
+    Sentinel(Arc<SentinelConn>),
 }
 
 /// A Cluster client and, once reached, its connection.
@@ -65,6 +68,18 @@ impl ConnectionLike for Conn {
             Conn::Cluster(l) => {
                 Box::pin(async move { l.get().await?.req_packed_command(cmd).await })
             }
+            Conn::Sentinel(s) => Box::pin(async move {
+                let master = s.get().await?;
+                let mut conn = master.conn();
+                let pending = Pending {
+                    sentinel: s,
+                    master,
+                    done: false,
+                };
+                let r = conn.req_packed_command(cmd).await;
+                pending.done(&r);
+                r
+            }),
         }
     }
 
@@ -80,6 +95,18 @@ impl ConnectionLike for Conn {
                 let mut c = l.get().await?;
                 c.req_packed_commands(cmd, offset, count).await
             }),
+            Conn::Sentinel(s) => Box::pin(async move {
+                let master = s.get().await?;
+                let mut conn = master.conn();
+                let pending = Pending {
+                    sentinel: s,
+                    master,
+                    done: false,
+                };
+                let r = conn.req_packed_commands(cmd, offset, count).await;
+                pending.done(&r);
+                r
+            }),
         }
     }
 
@@ -87,6 +114,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(_) => 0,
+            Conn::Sentinel(s) => s.db(),
         }
     }
 }

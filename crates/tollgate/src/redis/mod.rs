@@ -43,6 +43,7 @@ mod limiter;
 mod options;
 pub(crate) mod quota;
 mod script;
+mod sentinel;
 mod store;
 
 pub use concurrency::{PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit};

@@ -40,6 +40,12 @@ pub struct RedisOptions {
     /// TLS settings for a `rediss://` or `rediss+cluster://` URL (`None`: the system's
     /// roots, no client certificate). Given with a plain URL, connecting is refused.
     pub tls: Option<RedisTls>,
+    /// With a `redis+sentinel://` URL: the ACL user to log in to the Sentinels as
+    /// (the URL's user and [`RedisOptions::username`] log in to the master).
+    pub sentinel_username: Option<String>,
+    /// With a `redis+sentinel://` URL: the Sentinels' password (`requirepass` in
+    /// their config), when they ask for one.
+    pub sentinel_password: Option<Password>,
 }
 
 /// TLS to Redis (rustls; TLS 1.2 and 1.3): whom to trust and who we are. Every Cluster
@@ -134,6 +140,8 @@ impl Default for RedisOptions {
             username: None,
             password: None,
             tls: None,
+            sentinel_username: None,
+            sentinel_password: None,
         }
     }
 }

@@ -78,16 +78,10 @@ impl RedisStore {
         let tls = url.starts_with("rediss");
         let first = opts.connect_timeout.max(opts.timeout);
         let store = RedisStore::connect_later(url, opts)?;
-        let mut conn = store.caller.conn.clone();
-        let ping = async move { redis::cmd("PING").query_async::<String>(&mut conn).await };
-        let answered = match tokio::time::timeout(first, ping).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(Error::from(e)),
-            Err(_) => Err(super::timeout(first)),
-        };
-        match answered {
+        match store.ping_within(first).await {
             Ok(()) => Ok(store),
-            Err(e) => Err(super::connect::first_contact(url, tls, e)),
+            Err(Ok(e)) => Err(super::connect::first_contact(url, tls, e)),
+            Err(Err(timeout)) => Err(timeout),
         }
     }
 
@@ -114,6 +108,7 @@ impl RedisStore {
         }
         let conn = match super::connect::target(url, &opts)? {
             Target::Cluster(client) => Conn::Cluster(Arc::new(LaterCluster::new(client))),
+            Target::Sentinel(sentinels) => Conn::Sentinel(Arc::new(sentinels)),
             Target::Single(client) => {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(opts.connect_timeout.max(opts.timeout)))
@@ -193,10 +188,21 @@ impl RedisStore {
 
     /// Whether Redis answers a `PING` within the timeout.
     pub async fn ping(&self) -> Result<(), Error> {
-        let cmd = redis::cmd("PING");
-        self.timed(|mut c| async move { cmd.query_async::<String>(&mut c).await })
-            .await?;
-        Ok(())
+        self.ping_within(self.caller.opts.timeout)
+            .await
+            .map_err(|e| e.map_or_else(|e| e, Error::from))
+    }
+
+    /// A `PING` within `limit`: Redis's error as it came (`Err(Ok)`), or no answer in
+    /// time (`Err(Err)`).
+    async fn ping_within(&self, limit: Duration) -> Result<(), Result<redis::RedisError, Error>> {
+        let mut conn = self.caller.conn.clone();
+        let ping = async move { redis::cmd("PING").query_async::<String>(&mut conn).await };
+        match tokio::time::timeout(limit, ping).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(Ok(e)),
+            Err(_) => Err(Err(super::timeout(limit))),
+        }
     }
 
     /// The Redis keys of `key`'s states under a limiter `name`: one per policy, all
