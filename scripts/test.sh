@@ -61,12 +61,14 @@ python3 scripts/import-graph.py
 # redis-server and nginx run too.
 cargo test --workspace --all-targets --all-features --locked
 # The Redis suites again on Valkey 8: decisions and conformance (memory = Functions =
-# EVALSHA = Cluster), the one interface, leases, permits, faults, and the quota
-# ledger shared by serve instances (TLS is left to Redis: this Valkey has none).
+# EVALSHA = Cluster), the one interface, leases, permits, faults, Sentinel failovers,
+# and the quota ledger shared by serve instances (TLS is left to Redis: this Valkey
+# has none).
 export TOLLGATE_REDIS_SERVER="$valkey_bin/valkey-server" TOLLGATE_REDIS_CLI="$valkey_bin/valkey-cli"
 # (--workspace: the same features as the build above, so nothing is rebuilt.)
 cargo test --workspace --all-features --locked --test redis --test redis_conformance \
     --test rate_limiter --test redis_lease --test redis_concurrency
+cargo test --workspace --all-features --locked --test redis_sentinel -- failover
 cargo test --workspace --all-features --locked --test rlqs --test serve_redis -- \
     in_redis redis_outage two_servers cluster_with
 unset TOLLGATE_REDIS_SERVER TOLLGATE_REDIS_CLI

@@ -416,6 +416,25 @@ async fn leased_servers_share_one_limit_and_refuse_rules_a_lease_cannot_keep() {
 /// The password of the production tests: `/`, `+` and `=` as an Azure key has them.
 const KEY: &str = "k3y/with+slash=";
 
+/// envoyproxy/ratelimit's runtime layout under `dir` (`srv/ratelimit/config/`,
+/// holding the rules): the `RUNTIME_*` settings that find it.
+fn envoy_runtime(dir: &tempdir::Dir) -> Vec<(&'static str, String)> {
+    let runtime = dir.path.join("srv/ratelimit/config");
+    std::fs::create_dir_all(&runtime).unwrap();
+    std::fs::copy(dir.path.join("rules.yaml"), runtime.join("rules.yaml")).unwrap();
+    vec![
+        ("RUNTIME_ROOT", dir.path.join("srv").display().to_string()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("USE_STATSD", "false".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+    ]
+}
+
+/// Borrowed pairs of `env`, as `serve_process::start` takes them.
+fn pairs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
 /// `tollgate serve ARGS` that must refuse to start: its exit status and stderr.
 fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
@@ -458,31 +477,21 @@ async fn serve_reaches_redis_over_mutual_tls_with_envoys_settings_or_its_own() {
     let redis = RedisServers::standalone_tls(&pki, true, &["--requirepass", KEY]);
     let port = redis.ports[0].to_string();
     let dir = config("  kind: memory\n");
-    let runtime = dir.path.join("srv/ratelimit/config");
-    std::fs::create_dir_all(&runtime).unwrap();
-    std::fs::copy(dir.path.join("rules.yaml"), runtime.join("rules.yaml")).unwrap();
     let file = |name: &str| pki.path(name).display().to_string();
     let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
-    let url = format!("127.0.0.1:{port}");
-    let root = dir.path.join("srv").display().to_string();
-    let env = |auth: &'static str| {
-        vec![
-            ("RUNTIME_ROOT", root.clone()),
-            ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
-            ("USE_STATSD", "false".to_string()),
-            ("REDIS_SOCKET_TYPE", "tcp".to_string()),
-            ("REDIS_URL", url.clone()),
+    let env = |auth: &str| {
+        let mut env = envoy_runtime(&dir);
+        env.extend([
+            ("REDIS_URL", format!("127.0.0.1:{port}")),
             ("REDIS_AUTH", auth.to_string()),
             ("REDIS_TLS", "true".to_string()),
             ("REDIS_TLS_CACERT", ca.clone()),
             ("REDIS_TLS_CLIENT_CERT", cert.clone()),
             ("REDIS_TLS_CLIENT_KEY", key.clone()),
-        ]
+        ]);
+        env
     };
-    let as_refs = |v: &Vec<(&'static str, String)>| -> Vec<(&'static str, String)> { v.clone() };
-    let good = as_refs(&env(KEY));
-    let pairs: Vec<(&str, &str)> = good.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let a = serve_process::start(&["--envoy-env"], &pairs);
+    let a = serve_process::start(&["--envoy-env"], &pairs(&env(KEY)));
     assert!(
         a.banner.contains("redis store at rediss://"),
         "{}",
@@ -508,15 +517,13 @@ async fn serve_reaches_redis_over_mutual_tls_with_envoys_settings_or_its_own() {
     assert!(redis.cli(0, &["dbsize"]).trim().parse::<u64>().unwrap() > 0);
 
     // A wrong password: refused at start, by name, the password never shown.
-    let bad = as_refs(&env("not-the-key"));
-    let pairs: Vec<(&str, &str)> = bad.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let err = refused(&["--envoy-env"], &pairs);
+    let bad = env("not-the-key");
+    let err = refused(&["--envoy-env"], &pairs(&bad));
     assert!(err.contains("refused the login"), "{err}");
     assert!(!err.contains("not-the-key") && !err.contains(KEY), "{err}");
     // No client certificate: refused, saying which one is missing.
-    let missing: Vec<(&str, &str)> = pairs
-        .iter()
-        .copied()
+    let missing: Vec<(&str, &str)> = pairs(&bad)
+        .into_iter()
         .filter(|(k, _)| !k.starts_with("REDIS_TLS_CLIENT"))
         .collect();
     let err = refused(&["--envoy-env"], &missing);
@@ -533,26 +540,19 @@ async fn serve_reaches_redis_over_mutual_tls_with_envoys_settings_or_its_own() {
 async fn a_cluster_with_a_password_on_every_node_from_envoy_settings() {
     let redis = RedisServers::cluster_of(0, &["--requirepass", KEY]);
     let dir = config("  kind: memory\n");
-    let runtime = dir.path.join("srv/ratelimit/config");
-    std::fs::create_dir_all(&runtime).unwrap();
-    std::fs::copy(dir.path.join("rules.yaml"), runtime.join("rules.yaml")).unwrap();
     let seeds: Vec<String> = redis
         .ports
         .iter()
         .map(|p| format!("127.0.0.1:{p}"))
         .collect();
-    let (root, seeds) = (dir.path.join("srv").display().to_string(), seeds.join(","));
-    let env = [
-        ("RUNTIME_ROOT", root.as_str()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("USE_STATSD", "false"),
-        ("REDIS_SOCKET_TYPE", "tcp"),
-        ("REDIS_TYPE", "CLUSTER"),
-        ("REDIS_URL", seeds.as_str()),
-        ("REDIS_AUTH", KEY),
-    ];
-    let a = serve_process::start(&["--envoy-env"], &env);
-    let b = serve_process::start(&["--envoy-env"], &env);
+    let mut env = envoy_runtime(&dir);
+    env.extend([
+        ("REDIS_TYPE", "CLUSTER".to_string()),
+        ("REDIS_URL", seeds.join(",")),
+        ("REDIS_AUTH", KEY.to_string()),
+    ]);
+    let a = serve_process::start(&["--envoy-env"], &pairs(&env));
+    let b = serve_process::start(&["--envoy-env"], &pairs(&env));
     assert!(
         a.banner.contains("redis store at redis+cluster://"),
         "{}",
@@ -562,6 +562,72 @@ async fn a_cluster_with_a_password_on_every_node_from_envoy_settings() {
     for user in ["u1", "u2", "u3", "u4", "u5", "u6"] {
         assert_eq!(check(&a, "user", user).await.0, 200);
     }
+}
+
+/// Redis behind Sentinel, TLS to the Sentinels and the master, each with a password
+/// of its own: envoyproxy/ratelimit's settings (`REDIS_TYPE=SENTINEL`,
+/// `REDIS_URL=name,sentinels`, `REDIS_AUTH`, `REDIS_SENTINEL_AUTH`) and the config
+/// file's (`rediss+sentinel://`, `password_env`, `sentinel_password_file`) share one
+/// limit; a wrong Sentinel password or master name refuses to start, by name.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_finds_its_master_through_tls_sentinels_with_envoys_settings_or_its_own() {
+    let pki = testkit::Pki::new();
+    let sentinel_key = "s3nt/+=";
+    let sentinels = testkit::Sentinels::start(
+        "limits",
+        testkit::SentinelSetup {
+            tls: Some(&pki),
+            password: Some(KEY),
+            sentinel_password: Some(sentinel_key),
+            ..Default::default()
+        },
+    );
+    let dir = config("  kind: memory\n");
+    let ca = pki.path("ca.pem").display().to_string();
+    let env = |name: &str, sentinel_auth: &str| {
+        let mut env = envoy_runtime(&dir);
+        env.extend([
+            ("REDIS_TYPE", "SENTINEL".to_string()),
+            ("REDIS_URL", format!("{name},{}", sentinels.hosts())),
+            ("REDIS_TLS", "true".to_string()),
+            ("REDIS_TLS_CACERT", ca.clone()),
+            ("REDIS_AUTH", KEY.to_string()),
+            ("REDIS_SENTINEL_AUTH", sentinel_auth.to_string()),
+        ]);
+        env
+    };
+    let a = serve_process::start(&["--envoy-env"], &pairs(&env("limits", sentinel_key)));
+    assert!(
+        a.banner.contains("redis store at rediss+sentinel://"),
+        "{}",
+        a.banner
+    );
+    std::fs::write(dir.path.join("sentinel-password"), sentinel_key).unwrap();
+    let own = dir.path.join("own.yaml");
+    std::fs::write(
+        &own,
+        format!(
+            "rules: [rules.yaml]\nstore:\n  kind: redis\n  url: {}\n  password_env: TG_REDIS_KEY\n  \
+             sentinel_password_file: {}\n  tls:\n    ca_file: {ca}\n",
+            sentinels.url(),
+            dir.path.join("sentinel-password").display()
+        ),
+    )
+    .unwrap();
+    let own = own.display().to_string();
+    let b = serve_process::start(&["--config", &own], &[("TG_REDIS_KEY", KEY)]);
+    assert_eq!(alternate(&a, &b, 8).await, 5);
+    assert!(sentinels.data.cli(0, &["dbsize"]).trim() != "0");
+
+    let err = refused(&["--envoy-env"], &pairs(&env("limits", "wrong")));
+    assert!(err.contains("a Sentinel refused the login"), "{err}");
+    assert!(!err.contains(KEY) && !err.contains(sentinel_key), "{err}");
+    let err = refused(&["--envoy-env"], &pairs(&env("billing", sentinel_key)));
+    assert!(err.contains("no Sentinel knows this master name"), "{err}");
 }
 
 /// `serve` starts while its Redis is down: `/readyz` says so, the failure policy

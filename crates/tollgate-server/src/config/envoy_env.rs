@@ -3,7 +3,7 @@
 //! tollgate unchanged. Each setting with a tollgate equivalent is applied to the main
 //! config with the meaning docs/envoy.md gives it (after the file, before the flags);
 //! one that would change what is served in a way tollgate cannot follow (TLS, unix
-//! sockets, xDS, memcached, Sentinel) is an error naming it; the rest are listed in a
+//! sockets, xDS, memcached) is an error naming it; the rest are listed in a
 //! warning and ignored. Only variables that are set count: Envoy's defaults for unset
 //! ones are tollgate's where it matters (ports 8080/8081, the near-limit ratio 0.8,
 //! the header names).
@@ -148,13 +148,9 @@ fn store(
         }
         // `user:password` (an ACL user) or a password alone, as envoyproxy/ratelimit
         // reads it; kept out of the URL, so no character of it needs encoding.
-        if let Some(auth) = get("REDIS_AUTH").filter(|a| !a.is_empty()) {
-            let (user, password) = match auth.split_once(':') {
-                Some((user, password)) => (Some(user.to_string()), password.to_string()),
-                None => (None, auth),
-            };
-            store.username = user.filter(|u| !u.is_empty());
-            store.password = Some(tollgate::redis::Password::new(password));
+        if let Some((user, password)) = auth(get, "REDIS_AUTH") {
+            store.username = user;
+            store.password = Some(password);
         }
         let tls = flag(get, "REDIS_TLS")?.unwrap_or(false);
         let s = if tls { "s" } else { "" };
@@ -162,8 +158,19 @@ fn store(
         store.url = Some(match kind.to_ascii_uppercase().as_str() {
             "SINGLE" => format!("redis{s}://{url}"),
             "CLUSTER" => format!("redis{s}+cluster://{url}"),
-            _ => bail!("--envoy-env: REDIS_TYPE={kind}: tollgate speaks to a single Redis or a Cluster (SINGLE, CLUSTER); Sentinel is not supported yet"),
+            // `master-name,host:port,...`: the master's name, then the Sentinels.
+            "SENTINEL" => match url.split_once(',') {
+                Some((name, sentinels)) if !name.is_empty() && !sentinels.is_empty() => {
+                    format!("redis{s}+sentinel://{sentinels}/{name}")
+                }
+                _ => bail!("--envoy-env: REDIS_URL={url}: with REDIS_TYPE=SENTINEL, expected the master name and the Sentinels: name,host:port[,host:port...]"),
+            },
+            _ => bail!("--envoy-env: REDIS_TYPE={kind}: expected SINGLE, CLUSTER or SENTINEL"),
         });
+        if let Some((user, password)) = auth(get, "REDIS_SENTINEL_AUTH") {
+            store.sentinel_username = user;
+            store.sentinel_password = Some(password);
+        }
         if tls {
             let path = |name: &str| get(name).filter(|v| !v.is_empty()).map(PathBuf::from);
             store.tls = Some(crate::config::store::RedisTlsDoc {
@@ -192,6 +199,23 @@ fn store(
         store.prefix = Some(p);
     }
     Ok(())
+}
+
+/// `user:password` or a password alone, as envoyproxy/ratelimit reads `REDIS_AUTH` and
+/// `REDIS_SENTINEL_AUTH` (unset or empty: no login).
+fn auth(
+    get: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+) -> Option<(Option<String>, tollgate::redis::Password)> {
+    let auth = get(name).filter(|a| !a.is_empty())?;
+    let (user, password) = match auth.split_once(':') {
+        Some((user, password)) => (Some(user.to_string()), password.to_string()),
+        None => (None, auth),
+    };
+    Some((
+        user.filter(|u| !u.is_empty()),
+        tollgate::redis::Password::new(password),
+    ))
 }
 
 /// A boolean setting as envoyproxy/ratelimit reads it (Go's `strconv.ParseBool`).
@@ -354,6 +378,34 @@ mod tests {
     }
 
     #[test]
+    fn a_sentinel_url_names_the_master_first_and_the_sentinels_log_in_apart() {
+        let mut main = MainConfig::default();
+        let get = env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_AUTH", "p/+=w"),
+            ("REDIS_SENTINEL_AUTH", "watcher:s3cret"),
+        ]);
+        apply(&get, &mut main).unwrap();
+        assert_eq!(
+            main.store.url.as_deref(),
+            Some("rediss+sentinel://s1:26379,s2:26379/mymaster")
+        );
+        assert_eq!(main.store.username, None);
+        assert_eq!(
+            main.store.password.as_ref().map(|p| p.expose()),
+            Some("p/+=w")
+        );
+        assert_eq!(main.store.sentinel_username.as_deref(), Some("watcher"));
+        assert_eq!(
+            main.store.sentinel_password.as_ref().map(|p| p.expose()),
+            Some("s3cret")
+        );
+    }
+
+    #[test]
     fn settings_tollgate_cannot_follow_are_refused_by_name() {
         for (pairs, expect) in [
             (
@@ -371,7 +423,7 @@ mod tests {
                     ("REDIS_URL", "r:1"),
                     ("REDIS_TYPE", "SENTINEL"),
                 ],
-                "REDIS_TYPE=SENTINEL",
+                "with REDIS_TYPE=SENTINEL, expected the master name",
             ),
             (vec![("NEAR_LIMIT_RATIO", "most")], "NEAR_LIMIT_RATIO=most"),
         ] {

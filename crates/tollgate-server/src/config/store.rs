@@ -12,9 +12,11 @@ pub struct StoreConfig {
     /// `memory` (default) or `redis`.
     #[serde(default)]
     pub kind: StoreKind,
-    /// For `redis`: `redis://host:port/db`, `rediss://` (TLS), or
-    /// `redis+cluster://host:port,host:port` (`rediss+cluster://` over TLS). A password
-    /// in the URL is percent-encoded; better kept out of it (`password_file`).
+    /// For `redis`: `redis://host:port/db`, `rediss://` (TLS),
+    /// `redis+cluster://host:port,host:port` (`rediss+cluster://` over TLS), or
+    /// `redis+sentinel://host:port,host:port/master-name[/db]` (`rediss+sentinel://`
+    /// over TLS, to the Sentinels and the master alike). A password in the URL is
+    /// percent-encoded; better kept out of it (`password_file`).
     pub url: Option<String>,
     /// The ACL user to log in as (Redis 6+), when it is not in the URL.
     pub username: Option<String>,
@@ -28,6 +30,16 @@ pub struct StoreConfig {
     /// A password given by `--envoy-env` (`REDIS_AUTH`); not a config file key.
     #[serde(skip)]
     pub password: Option<tollgate::redis::Password>,
+    /// With Sentinel: the ACL user to log in to the Sentinels as (`username` and the
+    /// URL's user log in to the master).
+    pub sentinel_username: Option<String>,
+    /// With Sentinel: a file holding the Sentinels' password (their `requirepass`).
+    pub sentinel_password_file: Option<std::path::PathBuf>,
+    /// With Sentinel: an environment variable holding the Sentinels' password.
+    pub sentinel_password_env: Option<String>,
+    /// A Sentinels' password given by `--envoy-env` (`REDIS_SENTINEL_AUTH`).
+    #[serde(skip)]
+    pub sentinel_password: Option<tollgate::redis::Password>,
     /// The longest one decision may wait for Redis (default 250ms).
     #[serde(default, deserialize_with = "duration_opt")]
     pub timeout: Option<u64>,
@@ -58,12 +70,41 @@ pub struct StoreConfig {
     pub lease: Option<LeaseDoc>,
 }
 
+/// The password `{prefix}password_file` or `{prefix}password_env` gives, if either
+/// is set (one trailing newline of a file is ignored).
+fn secret(
+    prefix: &str,
+    file: &Option<std::path::PathBuf>,
+    env: &Option<String>,
+) -> anyhow::Result<Option<tollgate::redis::Password>> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            anyhow::anyhow!(
+                "store.{prefix}password_file {}: cannot read it: {e}",
+                path.display()
+            )
+        })?;
+        let password = text.strip_suffix('\n').unwrap_or(&text);
+        let password = password.strip_suffix('\r').unwrap_or(password);
+        return Ok(Some(tollgate::redis::Password::new(password)));
+    }
+    if let Some(var) = env {
+        let password = std::env::var(var).map_err(|_| {
+            anyhow::anyhow!("store.{prefix}password_env: the environment variable {var} is not set")
+        })?;
+        return Ok(Some(tollgate::redis::Password::new(password)));
+    }
+    Ok(None)
+}
+
 /// The URL schemes of a Redis store.
-const REDIS_SCHEMES: [&str; 4] = [
+const REDIS_SCHEMES: [&str; 6] = [
     "redis://",
     "rediss://",
     "redis+cluster://",
     "rediss+cluster://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
 ];
 
 /// `store.tls`: whom to trust and who we are, over TLS to Redis.
@@ -158,8 +199,9 @@ impl StoreConfig {
                 self.url = Some(url.to_string());
             }
             Some(other) => anyhow::bail!(
-                "--store {}: expected memory, redis://host:port, rediss://host:port (TLS) or \
-                 redis+cluster://host:port,host:port (rediss+cluster:// over TLS)",
+                "--store {}: expected memory, redis://host:port, rediss://host:port (TLS), \
+                 redis+cluster://host:port,host:port (rediss+cluster:// over TLS) or \
+                 redis+sentinel://host:port,host:port/master-name (rediss+sentinel://)",
                 tollgate::redis::redacted(other)
             ),
         }
@@ -168,6 +210,11 @@ impl StoreConfig {
         }
         if self.password_file.is_some() && self.password_env.is_some() {
             anyhow::bail!("store: password_file and password_env are both set: keep one");
+        }
+        if self.sentinel_password_file.is_some() && self.sentinel_password_env.is_some() {
+            anyhow::bail!(
+                "store: sentinel_password_file and sentinel_password_env are both set: keep one"
+            );
         }
         if self.local_share == Some(0) {
             anyhow::bail!("store.local_share: must be at least 1");
@@ -223,24 +270,15 @@ impl StoreConfig {
             CallsDoc::Eval => tollgate::redis::RedisCalls::Eval,
         };
         opts.username = self.username.clone();
-        opts.password = self.password.clone();
-        if let Some(path) = &self.password_file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                anyhow::anyhow!(
-                    "store.password_file {}: cannot read it: {e}",
-                    path.display()
-                )
-            })?;
-            let password = text.strip_suffix('\n').unwrap_or(&text);
-            let password = password.strip_suffix('\r').unwrap_or(password);
-            opts.password = Some(tollgate::redis::Password::new(password));
-        }
-        if let Some(var) = &self.password_env {
-            let password = std::env::var(var).map_err(|_| {
-                anyhow::anyhow!("store.password_env: the environment variable {var} is not set")
-            })?;
-            opts.password = Some(tollgate::redis::Password::new(password));
-        }
+        opts.password =
+            secret("", &self.password_file, &self.password_env)?.or_else(|| self.password.clone());
+        opts.sentinel_username = self.sentinel_username.clone();
+        opts.sentinel_password = secret(
+            "sentinel_",
+            &self.sentinel_password_file,
+            &self.sentinel_password_env,
+        )?
+        .or_else(|| self.sentinel_password.clone());
         opts.tls = self.tls.as_ref().map(|t| tollgate::redis::RedisTls {
             ca_file: t.ca_file.clone(),
             cert_file: t.cert_file.clone(),

@@ -3,7 +3,9 @@
 //! the configuration's fault, and URLs with their passwords hidden.
 //!
 //! URL forms: `redis://` and `rediss://` (TLS) for one node; `redis+cluster://` and
-//! `rediss+cluster://` with a comma-separated list of seed nodes for a Cluster. A
+//! `rediss+cluster://` with a comma-separated list of seed nodes for a Cluster;
+//! `redis+sentinel://` and `rediss+sentinel://` with the Sentinels and the master's
+//! name (`sentinel.rs` finds and follows the master). A
 //! password in a URL is percent-decoded (`%2F` for `/`, `%2B` for `+`, `%3D` for `=`,
 //! `%40` for `@`); one given in [`RedisOptions::password`] needs no encoding and wins.
 

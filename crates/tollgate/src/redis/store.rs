@@ -31,7 +31,8 @@ use crate::Error;
 ///
 /// URLs: `redis://host:port/db` for one node; `redis+cluster://host:port,host:port`
 /// for a Cluster (any reachable nodes; the rest are discovered, `MOVED` and `ASK` are
-/// followed).
+/// followed); `redis+sentinel://host:port,host:port/master-name` for the master a set
+/// of Sentinels names (followed across failovers). `rediss...` for TLS.
 #[derive(Clone)]
 pub struct RedisStore {
     caller: Arc<Caller>,
@@ -72,7 +73,10 @@ impl RedisStore {
     /// URLs: `redis://[user:password@]host:port[/db]` for one node, `rediss://...` for
     /// one node over TLS; `redis+cluster://host:port,host:port` (or `rediss+cluster://`)
     /// for a Cluster (any reachable nodes; the rest are discovered, `MOVED` and `ASK`
-    /// are followed). A password in a URL is percent-encoded (`/` as `%2F`, `+` as
+    /// are followed); `redis+sentinel://host:port,host:port/master-name[/db]` (or
+    /// `rediss+sentinel://`) for the master the Sentinels name, found again after a
+    /// failover (the Sentinels' own login: [`RedisOptions::sentinel_password`]); an
+    /// unknown master name is [`Error::Config`]. A password in a URL is percent-encoded (`/` as `%2F`, `+` as
     /// `%2B`, `=` as `%3D`); [`RedisOptions::password`] takes it unencoded.
     pub async fn connect_with(url: &str, opts: RedisOptions) -> Result<RedisStore, Error> {
         let tls = url.starts_with("rediss");
