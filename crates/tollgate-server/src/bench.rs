@@ -399,8 +399,8 @@ pub enum BenchCommand {
 #[derive(Debug, Parser)]
 /// `tollgate bench redis` arguments.
 pub struct RedisBenchArgs {
-    /// `redis://host:port` or `redis+cluster://host:port,host:port` (`rediss://`,
-    /// `rediss+cluster://` over TLS).
+    /// `redis://host:port`, `redis+cluster://host:port,host:port` or
+    /// `redis+sentinel://host:port,host:port/master-name` (`rediss...` over TLS).
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     pub redis_url: String,
     /// For `rediss://`: the server's CA (PEM; default: the system's roots).

@@ -431,8 +431,9 @@ pub struct ReplayArgs {
     /// passed in: the decisions must be identical).
     #[arg(long, value_enum, default_value = "memory")]
     pub store: StoreArg,
-    /// The Redis URL for --store redis (`redis://host:port/db` or
-    /// `redis+cluster://host:port,host:port`).
+    /// The Redis URL for --store redis (`redis://host:port/db`,
+    /// `redis+cluster://host:port,host:port` or
+    /// `redis+sentinel://host:port,host:port/master-name`; `rediss...` over TLS).
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     pub redis_url: String,
     /// Read the trace from this file instead of standard input.

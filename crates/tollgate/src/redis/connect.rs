@@ -369,7 +369,11 @@ pub(super) fn first_contact(url: &str, tls: bool, e: redis::RedisError) -> Error
     let why = match e.kind() {
         _ if busy => None,
         K::MasterNameNotFoundBySentinel => {
-            Some("no Sentinel knows this master name (the name after the hosts in the URL)")
+            return Error::Config(format!(
+                "{}: no Sentinel knows this master name: {} (the name after the hosts in the URL)",
+                redacted(url),
+                e.detail().unwrap_or_default()
+            ))
         }
         _ if has(&[super::sentinel::SENTINEL_REFUSED_LOGIN]) => Some(
             "a Sentinel refused the login: check sentinel_username and sentinel_password",

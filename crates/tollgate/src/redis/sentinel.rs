@@ -225,10 +225,7 @@ impl SentinelConn {
             return Err(RedisError::from((
                 ErrorKind::MasterNameNotFoundBySentinel,
                 "no Sentinel knows this master name",
-                format!(
-                    "{:?} (check the name after the hosts in the URL)",
-                    self.name
-                ),
+                format!("{:?}", self.name),
             )));
         }
         let what = if sentinel_login {
