@@ -630,6 +630,56 @@ async fn serve_finds_its_master_through_tls_sentinels_with_envoys_settings_or_it
     assert!(err.contains("no Sentinel knows this master name"), "{err}");
 }
 
+/// envoyproxy/ratelimit's `REDIS_PERSECOND`: limits of `unit: second` count in a Redis
+/// of their own, the others in the main one; `/readyz` watches both.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_second_limits_count_in_the_per_second_redis() {
+    let main = RedisServers::standalone();
+    let mut fast = RedisServers::standalone_with(&["--requirepass", KEY]);
+    let dir = config("  kind: memory\n");
+    let rules = format!(
+        "{RULES}  - key: burst\n    rate_limit: {{ unit: second, requests_per_unit: 3 }}\n"
+    );
+    std::fs::write(dir.path.join("rules.yaml"), rules).unwrap();
+    let mut env = envoy_runtime(&dir);
+    env.extend([
+        ("REDIS_URL", format!("127.0.0.1:{}", main.ports[0])),
+        ("REDIS_PERSECOND", "true".to_string()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_string()),
+        (
+            "REDIS_PERSECOND_URL",
+            format!("127.0.0.1:{}", fast.ports[0]),
+        ),
+        ("REDIS_PERSECOND_AUTH", KEY.to_string()),
+    ]);
+    let a = serve_process::start(&["--envoy-env"], &pairs(&env));
+    assert!(
+        a.banner
+            .contains("(per-second limits at redis://127.0.0.1:"),
+        "{}",
+        a.banner
+    );
+    let keys = |r: &RedisServers| r.cli(0, &["dbsize"]).trim().parse::<u64>().unwrap();
+    assert_eq!(check(&a, "user", "u1").await.0, 200);
+    assert_eq!((keys(&main), keys(&fast)), (1, 0));
+    testkit::clear_of_window_end(Duration::from_secs(1), Duration::from_millis(300));
+    let mut admitted = 0;
+    for _ in 0..5 {
+        admitted += usize::from(check(&a, "burst", "b1").await.0 == 200);
+    }
+    assert_eq!(admitted, 3);
+    assert_eq!((keys(&main), keys(&fast)), (1, 1));
+    assert_eq!(send(&a, "GET", "/readyz", "").await.0, 200);
+    fast.stop(0);
+    let (status, body) = send(&a, "GET", "/readyz", "").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("per-second Redis"), "{body}");
+}
+
 /// `serve` starts while its Redis is down: `/readyz` says so, the failure policy
 /// answers; once Redis starts, decisions are Redis's and `/readyz` is 200.
 #[cfg_attr(

@@ -2,8 +2,8 @@
 //! deployment written for it (its Kubernetes manifest, its docker-compose file) runs
 //! tollgate unchanged. Each setting with a tollgate equivalent is applied to the main
 //! config with the meaning docs/envoy.md gives it (after the file, before the flags);
-//! one that would change what is served in a way tollgate cannot follow (TLS, unix
-//! sockets, xDS, memcached) is an error naming it; the rest are listed in a
+//! one that would change what is served in a way tollgate cannot follow (TLS on the
+//! gRPC listener, unix sockets, xDS, memcached) is an error naming it; the rest are listed in a
 //! warning and ignored. Only variables that are set count: Envoy's defaults for unset
 //! ones are tollgate's where it matters (ports 8080/8081, the near-limit ratio 0.8,
 //! the header names).
@@ -50,6 +50,11 @@ const IGNORED: &[&str] = &[
     "REDIS_STARTUP_INITIAL_INTERVAL",
     "REDIS_STARTUP_MAX_INTERVAL",
     "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "REDIS_PERSECOND_POOL_SIZE",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PERSECOND_PIPELINE_WINDOW",
+    "REDIS_PERSECOND_PIPELINE_LIMIT",
+    "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
     "RESPONSE_DYNAMIC_METADATA",
     "TRACING_ENABLED",
     "TRACING_SERVICE_NAME",
@@ -64,11 +69,6 @@ const IGNORED: &[&str] = &[
 const REFUSED: &[(&str, &str, &str)] = &[
     ("GRPC_UDS", "", "gRPC on a unix socket"),
     ("GRPC_SERVER_USE_TLS", "false", "TLS on the gRPC listener"),
-    (
-        "REDIS_PERSECOND",
-        "false",
-        "a second Redis for per-second limits",
-    ),
     ("CONFIG_TYPE", "FILE", "rules from an xDS server"),
     ("BACKEND_TYPE", "redis", "the memcached backend"),
     (
@@ -136,61 +136,53 @@ fn listeners_and_rules(
     Ok(())
 }
 
-/// The `REDIS_*` settings, the local cache and the key prefix.
+/// The `REDIS_*` settings (and `REDIS_PERSECOND_*`), the local cache and the key
+/// prefix.
 fn store(
     get: &dyn Fn(&str) -> Option<String>,
     store: &mut crate::config::store::StoreConfig,
 ) -> anyhow::Result<()> {
-    if let Some(url) = get("REDIS_URL") {
-        let socket = get("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
-        if !socket.eq_ignore_ascii_case("tcp") {
-            bail!("--envoy-env: REDIS_SOCKET_TYPE={socket}: tollgate reaches Redis over tcp only (set REDIS_SOCKET_TYPE=tcp)");
+    // One set of TLS files for both Redis, as envoyproxy/ratelimit reads them.
+    let path = |name: &str| get(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let tls = crate::config::store::RedisTlsDoc {
+        ca_file: path("REDIS_TLS_CACERT"),
+        cert_file: path("REDIS_TLS_CLIENT_CERT"),
+        key_file: path("REDIS_TLS_CLIENT_KEY"),
+        insecure_skip_hostname_verification: flag(get, "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")?
+            .unwrap_or(false),
+        insecure_skip_verify: false,
+    };
+    if let Some(r) = redis(get, "REDIS")? {
+        store.url = Some(r.url);
+        // Only what is set replaces the file's settings.
+        if r.login.1.is_some() {
+            (store.username, store.password) = r.login;
         }
-        // `user:password` (an ACL user) or a password alone, as envoyproxy/ratelimit
-        // reads it; kept out of the URL, so no character of it needs encoding.
-        if let Some((user, password)) = auth(get, "REDIS_AUTH") {
-            store.username = user;
-            store.password = Some(password);
+        if r.sentinel_login.1.is_some() {
+            (store.sentinel_username, store.sentinel_password) = r.sentinel_login;
         }
-        let tls = flag(get, "REDIS_TLS")?.unwrap_or(false);
-        let s = if tls { "s" } else { "" };
-        let kind = get("REDIS_TYPE").unwrap_or_else(|| "SINGLE".into());
-        store.url = Some(match kind.to_ascii_uppercase().as_str() {
-            "SINGLE" => format!("redis{s}://{url}"),
-            "CLUSTER" => format!("redis{s}+cluster://{url}"),
-            // `master-name,host:port,...`: the master's name, then the Sentinels.
-            "SENTINEL" => match url.split_once(',') {
-                Some((name, sentinels)) if !name.is_empty() && !sentinels.is_empty() => {
-                    format!("redis{s}+sentinel://{sentinels}/{name}")
-                }
-                _ => bail!("--envoy-env: REDIS_URL={url}: with REDIS_TYPE=SENTINEL, expected the master name and the Sentinels: name,host:port[,host:port...]"),
-            },
-            _ => bail!("--envoy-env: REDIS_TYPE={kind}: expected SINGLE, CLUSTER or SENTINEL"),
-        });
-        if let Some((user, password)) = auth(get, "REDIS_SENTINEL_AUTH") {
-            store.sentinel_username = user;
-            store.sentinel_password = Some(password);
-        }
-        if tls {
-            let path = |name: &str| get(name).filter(|v| !v.is_empty()).map(PathBuf::from);
-            store.tls = Some(crate::config::store::RedisTlsDoc {
-                ca_file: path("REDIS_TLS_CACERT"),
-                cert_file: path("REDIS_TLS_CLIENT_CERT"),
-                key_file: path("REDIS_TLS_CLIENT_KEY"),
-                insecure_skip_hostname_verification: flag(
-                    get,
-                    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-                )?
-                .unwrap_or(false),
-                insecure_skip_verify: false,
-            });
-        }
+        store.tls = r.tls.then(|| tls.clone());
         store.kind = StoreKind::Redis;
     }
-    if let Some(t) = get("REDIS_TIMEOUT") {
-        store.timeout = Some(go_duration_us(&t).ok_or_else(|| {
-            anyhow::anyhow!("--envoy-env: REDIS_TIMEOUT={t}: not a duration (e.g. 250ms, 10s)")
-        })?);
+    if let Some(t) = duration(get, "REDIS_TIMEOUT")? {
+        store.timeout = Some(t);
+    }
+    if flag(get, "REDIS_PERSECOND")?.unwrap_or(false) {
+        let Some(r) = redis(get, "REDIS_PERSECOND")? else {
+            bail!("--envoy-env: REDIS_PERSECOND=true needs REDIS_PERSECOND_URL");
+        };
+        let ((username, password), (sentinel_username, sentinel_password)) =
+            (r.login, r.sentinel_login);
+        store.per_second = Some(crate::config::store::PerSecondStore {
+            url: r.url,
+            username,
+            password,
+            sentinel_username,
+            sentinel_password,
+            tls: r.tls.then(|| tls.clone()),
+            timeout: duration(get, "REDIS_PERSECOND_TIMEOUT")?,
+            ..Default::default()
+        });
     }
     if get("LOCAL_CACHE_SIZE_IN_BYTES").is_some_and(|v| v != "0") {
         store.negative_cache = true;
@@ -201,21 +193,76 @@ fn store(
     Ok(())
 }
 
+/// One Redis as `{p}_URL`, `{p}_TYPE`, `{p}_SOCKET_TYPE`, `{p}_AUTH`,
+/// `{p}_SENTINEL_AUTH` and `{p}_TLS` describe it (`p`: `REDIS` or `REDIS_PERSECOND`).
+struct Redis {
+    url: String,
+    /// The user and password (`{p}_AUTH`).
+    login: Login,
+    /// The Sentinels' (`{p}_SENTINEL_AUTH`).
+    sentinel_login: Login,
+    tls: bool,
+}
+
+type Login = (Option<String>, Option<tollgate::redis::Password>);
+
+fn redis(get: &dyn Fn(&str) -> Option<String>, p: &str) -> anyhow::Result<Option<Redis>> {
+    let Some(url) = get(&format!("{p}_URL")) else {
+        return Ok(None);
+    };
+    let socket = get(&format!("{p}_SOCKET_TYPE")).unwrap_or_else(|| "unix".into());
+    if !socket.eq_ignore_ascii_case("tcp") {
+        bail!("--envoy-env: {p}_SOCKET_TYPE={socket}: tollgate reaches Redis over tcp only (set {p}_SOCKET_TYPE=tcp)");
+    }
+    let tls = flag(get, &format!("{p}_TLS"))?.unwrap_or(false);
+    let s = if tls { "s" } else { "" };
+    let kind = get(&format!("{p}_TYPE")).unwrap_or_else(|| "SINGLE".into());
+    let url = match kind.to_ascii_uppercase().as_str() {
+        "SINGLE" => format!("redis{s}://{url}"),
+        "CLUSTER" => format!("redis{s}+cluster://{url}"),
+        // `master-name,host:port,...`: the master's name, then the Sentinels.
+        "SENTINEL" => match url.split_once(',') {
+            Some((name, sentinels)) if !name.is_empty() && !sentinels.is_empty() => {
+                format!("redis{s}+sentinel://{sentinels}/{name}")
+            }
+            _ => bail!("--envoy-env: {p}_URL={url}: with {p}_TYPE=SENTINEL, expected the master name and the Sentinels: name,host:port[,host:port...]"),
+        },
+        _ => bail!("--envoy-env: {p}_TYPE={kind}: expected SINGLE, CLUSTER or SENTINEL"),
+    };
+    // Kept out of the URL, so no character of a password needs encoding.
+    Ok(Some(Redis {
+        url,
+        login: auth(get, &format!("{p}_AUTH")),
+        sentinel_login: auth(get, &format!("{p}_SENTINEL_AUTH")),
+        tls,
+    }))
+}
+
+/// A Go duration setting (`250ms`, `1m30s`) in microseconds.
+fn duration(get: &dyn Fn(&str) -> Option<String>, name: &str) -> anyhow::Result<Option<u64>> {
+    get(name)
+        .map(|t| {
+            go_duration_us(&t).ok_or_else(|| {
+                anyhow::anyhow!("--envoy-env: {name}={t}: not a duration (e.g. 250ms, 10s)")
+            })
+        })
+        .transpose()
+}
+
 /// `user:password` or a password alone, as envoyproxy/ratelimit reads `REDIS_AUTH` and
-/// `REDIS_SENTINEL_AUTH` (unset or empty: no login).
-fn auth(
-    get: &dyn Fn(&str) -> Option<String>,
-    name: &str,
-) -> Option<(Option<String>, tollgate::redis::Password)> {
-    let auth = get(name).filter(|a| !a.is_empty())?;
+/// `REDIS_SENTINEL_AUTH` (unset or empty: no login): the user and the password.
+fn auth(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Login {
+    let Some(auth) = get(name).filter(|a| !a.is_empty()) else {
+        return (None, None);
+    };
     let (user, password) = match auth.split_once(':') {
         Some((user, password)) => (Some(user.to_string()), password.to_string()),
         None => (None, auth),
     };
-    Some((
+    (
         user.filter(|u| !u.is_empty()),
-        tollgate::redis::Password::new(password),
-    ))
+        Some(tollgate::redis::Password::new(password)),
+    )
 }
 
 /// A boolean setting as envoyproxy/ratelimit reads it (Go's `strconv.ParseBool`).
@@ -403,6 +450,49 @@ mod tests {
             main.store.sentinel_password.as_ref().map(|p| p.expose()),
             Some("s3cret")
         );
+    }
+
+    #[test]
+    fn a_per_second_redis_is_described_as_the_main_one() {
+        let mut main = MainConfig::default();
+        let get = env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "main:6379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.pem"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_TYPE", "cluster"),
+            ("REDIS_PERSECOND_URL", "s1:7000,s2:7000"),
+            ("REDIS_PERSECOND_AUTH", "fast:p/+="),
+            ("REDIS_PERSECOND_TLS", "true"),
+            ("REDIS_PERSECOND_TIMEOUT", "50ms"),
+            ("REDIS_PERSECOND_POOL_SIZE", "4"),
+        ]);
+        let warning = apply(&get, &mut main).unwrap();
+        assert!(warning.unwrap().contains("REDIS_PERSECOND_POOL_SIZE"));
+        assert_eq!(main.store.url.as_deref(), Some("rediss://main:6379"));
+        let second = main.store.per_second.as_ref().unwrap();
+        assert_eq!(second.url, "rediss+cluster://s1:7000,s2:7000");
+        assert_eq!(second.username.as_deref(), Some("fast"));
+        assert_eq!(second.password.as_ref().unwrap().expose(), "p/+=");
+        assert_eq!(
+            second.tls.as_ref().unwrap().ca_file.as_deref(),
+            Some(std::path::Path::new("/ca.pem"))
+        );
+        assert_eq!(second.timeout, Some(50_000));
+        let per_second = main.store.per_second_config().unwrap();
+        assert_eq!(
+            per_second.url.as_deref(),
+            Some("rediss+cluster://s1:7000,s2:7000")
+        );
+        // Without a URL: refused by name.
+        let e = apply(
+            &env(&[("REDIS_PERSECOND", "true")]),
+            &mut MainConfig::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("REDIS_PERSECOND_URL"), "{e}");
     }
 
     #[test]

@@ -68,6 +68,46 @@ pub struct StoreConfig {
     /// Leased quotas for every limit (hot keys decided locally from slices of their
     /// budget, never over the limit); absent: one Redis call per check.
     pub lease: Option<LeaseDoc>,
+    /// A second Redis for the per-second limits (every policy of the limit forgets
+    /// within a second: Envoy's `unit: second`), as envoyproxy/ratelimit's
+    /// `REDIS_PERSECOND` keeps them apart from the longer ones. `serve` only.
+    pub per_second: Option<PerSecondStore>,
+}
+
+/// `store.per_second`: how to reach the Redis of the per-second limits; everything
+/// else (failure policy, prefix, batching, leases) is `store:`'s.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerSecondStore {
+    /// Its URL (every form `store.url` takes).
+    pub url: String,
+    /// As `store.username`.
+    pub username: Option<String>,
+    /// As `store.password_file`.
+    pub password_file: Option<std::path::PathBuf>,
+    /// As `store.password_env`.
+    pub password_env: Option<String>,
+    /// As `store.sentinel_username`.
+    pub sentinel_username: Option<String>,
+    /// As `store.sentinel_password_file`.
+    pub sentinel_password_file: Option<std::path::PathBuf>,
+    /// As `store.sentinel_password_env`.
+    pub sentinel_password_env: Option<String>,
+    /// As `store.tls` (not inherited: a per-second Redis may be reached otherwise).
+    pub tls: Option<RedisTlsDoc>,
+    /// As `store.timeout` (default: `store.timeout`).
+    #[serde(default, deserialize_with = "duration_opt")]
+    pub timeout: Option<u64>,
+    /// As `store.connect_timeout` (default: `store.connect_timeout`).
+    #[serde(default, deserialize_with = "duration_opt")]
+    pub connect_timeout: Option<u64>,
+    /// Passwords given by `--envoy-env` (`REDIS_PERSECOND_AUTH`,
+    /// `REDIS_PERSECOND_SENTINEL_AUTH`); not config file keys.
+    #[serde(skip)]
+    pub password: Option<tollgate::redis::Password>,
+    /// See `password`.
+    #[serde(skip)]
+    pub sentinel_password: Option<tollgate::redis::Password>,
 }
 
 /// The password `{prefix}password_file` or `{prefix}password_env` gives, if either
@@ -219,7 +259,45 @@ impl StoreConfig {
         if self.local_share == Some(0) {
             anyhow::bail!("store.local_share: must be at least 1");
         }
+        if let Some(second) = self.per_second_config() {
+            if self.kind != StoreKind::Redis {
+                anyhow::bail!("store.per_second: needs kind: redis (a Redis for the other limits)");
+            }
+            second
+                .with_flag(None)
+                .map_err(|e| anyhow::anyhow!("store.per_second: {e}"))?;
+        }
         Ok(self)
+    }
+
+    /// The store config of the per-second Redis, if there is one: this one's settings
+    /// with `per_second`'s connection.
+    pub fn per_second_config(&self) -> Option<StoreConfig> {
+        let p = self.per_second.as_ref()?;
+        let mut c = self.clone();
+        c.per_second = None;
+        c.url = Some(p.url.clone());
+        c.username = p.username.clone();
+        c.password_file = p.password_file.clone();
+        c.password_env = p.password_env.clone();
+        c.password = p.password.clone();
+        c.sentinel_username = p.sentinel_username.clone();
+        c.sentinel_password_file = p.sentinel_password_file.clone();
+        c.sentinel_password_env = p.sentinel_password_env.clone();
+        c.sentinel_password = p.sentinel_password.clone();
+        c.tls = p.tls.clone();
+        c.timeout = p.timeout.or(self.timeout);
+        c.connect_timeout = p.connect_timeout.or(self.connect_timeout);
+        Some(c)
+    }
+
+    /// Whether a limit of `rules` goes to the per-second Redis (when there is one):
+    /// every policy forgets within a second.
+    pub fn is_per_second(rules: &tollgate::RuleSet) -> bool {
+        rules
+            .policies()
+            .iter()
+            .all(|p| (1..=1_000_000).contains(&p.window_us()))
     }
 
     /// Connects to the configured Redis. A setting that can never work (a refused
@@ -362,8 +440,15 @@ impl StoreConfig {
         match self.kind {
             StoreKind::Memory => "memory store".into(),
             StoreKind::Redis => format!(
-                "redis store at {}, on error: {}",
+                "redis store at {}{}, on error: {}",
                 tollgate::redis::redacted(self.url.as_deref().unwrap_or("")),
+                match &self.per_second {
+                    Some(p) => format!(
+                        " (per-second limits at {})",
+                        tollgate::redis::redacted(&p.url)
+                    ),
+                    None => String::new(),
+                },
                 self.on_error.name()
             ),
         }

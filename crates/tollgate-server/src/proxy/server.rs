@@ -249,6 +249,11 @@ fn spawn_metrics(addr: SocketAddr, table: Arc<ArcSwap<RouteTable>>) -> anyhow::R
 fn connect(
     store: &StoreConfig,
 ) -> anyhow::Result<(Option<tokio::runtime::Runtime>, Option<RedisBackend>)> {
+    if store.per_second.is_some() {
+        anyhow::bail!(
+            "store.per_second: serve only (envoyproxy/ratelimit's per-second Redis); the proxy keeps every limit in store.url"
+        );
+    }
     match store.kind {
         StoreKind::Memory => Ok((None, None)),
         StoreKind::Redis => {

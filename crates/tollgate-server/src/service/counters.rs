@@ -40,15 +40,27 @@ impl std::fmt::Debug for Counters {
 pub struct RedisCounters {
     store: RedisStore,
     config: StoreConfig,
+    /// The Redis of the per-second limits, when `store.per_second` names one.
+    per_second: Option<(RedisStore, StoreConfig)>,
 }
 
 impl Counters {
     /// Counts in Redis as `config` says (connects now; a single node may still be
     /// down, a Cluster must answer).
     pub async fn redis(config: &StoreConfig) -> anyhow::Result<Counters> {
+        let per_second = match config.per_second_config() {
+            Some(c) => Some((
+                c.connect()
+                    .await
+                    .map_err(|e| e.context("store.per_second"))?,
+                c,
+            )),
+            None => None,
+        };
         Ok(Counters::Redis(Arc::new(RedisCounters {
             store: config.connect().await?,
             config: config.clone(),
+            per_second,
         })))
     }
 
@@ -64,8 +76,12 @@ impl Counters {
             Counters::Redis(redis) => {
                 // Braces in the name would move the Cluster hash tag.
                 let name = path.replace(['{', '}'], "_");
-                (redis.config)
-                    .limiter(&redis.store, &name, rules)
+                let (store, config) = match &redis.per_second {
+                    Some((store, config)) if StoreConfig::is_per_second(&rules) => (store, config),
+                    _ => (&redis.store, &redis.config),
+                };
+                config
+                    .limiter(store, &name, rules)
                     .map_err(|e| format!("with store redis (limit {path}): {e}"))
             }
         }
@@ -93,6 +109,14 @@ impl Counters {
         match self {
             Counters::Memory(_) => None,
             Counters::Redis(r) => Some(&r.store),
+        }
+    }
+
+    /// The Redis of the per-second limits, when there is one.
+    pub fn per_second_store(&self) -> Option<&RedisStore> {
+        match self {
+            Counters::Memory(_) => None,
+            Counters::Redis(r) => r.per_second.as_ref().map(|(s, _)| s),
         }
     }
 }

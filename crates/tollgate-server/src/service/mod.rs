@@ -322,12 +322,16 @@ impl DecisionService {
         self
     }
 
-    /// Whether the service can decide: with Redis, whether it answers.
+    /// Whether the service can decide: with Redis, whether it answers (and the
+    /// per-second Redis, when there is one).
     pub async fn ready(&self) -> Result<(), String> {
-        match self.counters.store() {
-            None => Ok(()),
-            Some(store) => store.ping().await.map_err(|e| e.to_string()),
+        if let Some(store) = self.counters.store() {
+            store.ping().await.map_err(|e| e.to_string())?;
         }
+        if let Some(store) = self.counters.per_second_store() {
+            (store.ping().await).map_err(|e| format!("the per-second Redis: {e}"))?;
+        }
+        Ok(())
     }
 
     /// The rule files a reload reads.
