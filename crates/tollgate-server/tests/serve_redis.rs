@@ -515,6 +515,25 @@ async fn serve_reaches_redis_over_mutual_tls_with_envoys_settings_or_its_own() {
     // One limit in that Redis, over TLS from both.
     assert_eq!(alternate(&a, &b, 8).await, 5);
     assert!(redis.cli(0, &["dbsize"]).trim().parse::<u64>().unwrap() > 0);
+    // A switch that turns a check off shows in the metrics for as long as it is on.
+    let tls_insecure = |metrics: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("tollgate_redis_events{event=\"tls_insecure\"}"))
+            .map(|l| l.ends_with(" 1"))
+    };
+    assert_eq!(
+        tls_insecure(&send(&a, "GET", "/metrics", "").await.1),
+        Some(false)
+    );
+    let mut lax = env(KEY);
+    lax.push(("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true".into()));
+    let c = serve_process::start(&["--envoy-env"], &pairs(&lax));
+    assert_eq!(check(&c, "user", "carol").await.0, 200);
+    assert_eq!(
+        tls_insecure(&send(&c, "GET", "/metrics", "").await.1),
+        Some(true)
+    );
 
     // A wrong password: refused at start, by name, the password never shown.
     let bad = env("not-the-key");

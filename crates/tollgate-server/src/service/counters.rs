@@ -112,6 +112,12 @@ impl Counters {
         }
     }
 
+    /// Whether a Redis connection skips certificate checks (an `insecure_*` switch).
+    pub fn tls_insecure(&self) -> bool {
+        let insecure = |s: &RedisStore| s.options().tls.as_ref().is_some_and(|t| t.insecure());
+        self.store().is_some_and(insecure) || self.per_second_store().is_some_and(insecure)
+    }
+
     /// The Redis of the per-second limits, when there is one.
     pub fn per_second_store(&self) -> Option<&RedisStore> {
         match self {

@@ -129,7 +129,7 @@ impl Metrics {
         let redis = Family::<Labels, Gauge>::default();
         registry.register(
             "redis_events",
-            "Redis store events since start: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries; failing is 1 while Redis fails; quota_store_errors (RLQS bucket changes that failed), quota_late_assignments (RLQS assignments not sent: decided too long ago)",
+            "Redis store events since start: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries; failing is 1 while Redis fails; quota_store_errors (RLQS bucket changes that failed), quota_late_assignments (RLQS assignments not sent: decided too long ago); tls_insecure is 1 when a Redis connection skips certificate checks (an insecure_* switch)",
             redis.clone(),
         );
         let worker_connections = Family::<Labels, Gauge>::default();
@@ -265,8 +265,9 @@ impl Metrics {
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    /// Sets the Redis store's counters.
-    pub fn redis(&self, s: &tollgate::redis::RedisStats) {
+    /// Sets the Redis store's counters, and whether a connection to it skips
+    /// certificate checks.
+    pub fn redis(&self, s: &tollgate::redis::RedisStats, tls_insecure: bool) {
         let events = [
             ("decisions", s.redis_decisions),
             ("errors", s.redis_errors),
@@ -275,6 +276,7 @@ impl Metrics {
             ("outages", s.outages),
             ("recoveries", s.recoveries),
             ("failing", u64::from(s.failing)),
+            ("tls_insecure", u64::from(tls_insecure)),
         ];
         self.redis_events(&events);
     }

@@ -405,7 +405,8 @@ impl DecisionService {
             .for_each(|l| stats.add(l));
         drop(overrides);
         if let Counters::Redis(_) = self.counters {
-            self.metrics.redis(&stats.redis);
+            self.metrics
+                .redis(&stats.redis, self.counters.tls_insecure());
             self.metrics.leases(&stats.leases);
             self.metrics.quota_events(&self.quota.events());
         }
