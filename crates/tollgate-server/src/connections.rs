@@ -46,6 +46,7 @@ use tokio::time::Sleep;
 use tower::ServiceExt;
 
 use crate::config::Connections;
+use crate::tls::ServerTls;
 use crate::workers::{WorkerStream, Workers};
 
 /// How long a stopping server lets open requests finish (the longest `/v1/acquire`
@@ -391,12 +392,13 @@ pub async fn serve_http(
     body: BodyTimeout,
     stop: impl Future<Output = ()>,
     workers: Option<&Workers>,
+    tls: Option<ServerTls>,
 ) {
     let for_peer = move |_: SocketAddr| {
         let app = app.clone();
         move |req: Request<Body>| app.clone().oneshot(req)
     };
-    serve_http_with(listener, slots, for_peer, body, stop, workers).await;
+    serve_http_with(listener, slots, for_peer, body, stop, workers, tls).await;
 }
 
 /// [`serve_http`] with a handler made once per connection by `for_peer(peer)`, called
@@ -409,19 +411,54 @@ pub async fn serve_http_with<M, H, F>(
     body: BodyTimeout,
     stop: impl Future<Output = ()>,
     workers: Option<&Workers>,
+    tls: Option<ServerTls>,
 ) where
     M: Fn(SocketAddr) -> H,
     H: Fn(Request<Body>) -> F + Send + 'static,
     F: Future<Output = Result<Response, Infallible>> + Send + 'static,
 {
     let hyper = HyperConns::new(slots.bounds(), body);
+    let handshake = Duration::from_micros(slots.bounds().header_timeout);
     let serve_one = move |peer: SocketAddr| {
         let (hyper, handler) = (hyper.clone(), for_peer(peer));
+        let tls = tls.as_ref().map(ServerTls::acceptor);
         move |io: Bounded<WorkerStream>, drain: Drain| async move {
-            hyper.serve(io, peer, handler, drain).await
+            match tls {
+                None => hyper.serve(io, peer, handler, drain).await,
+                Some(tls) => {
+                    if let Some(io) = handshake_within(handshake, tls, io, peer).await {
+                        hyper.serve(io, peer, handler, drain).await
+                    }
+                }
+            }
         }
     };
     serve_accepted(listener, slots, serve_one, stop, workers).await;
+}
+
+/// The TLS handshake of a connection from `peer`, within `limit` (the header
+/// timeout: a client that starts one and stalls holds its slot no longer): `None`
+/// when it fails (logged at debug: a client's mistake, or a scanner's).
+pub async fn handshake_within<S>(
+    limit: Duration,
+    tls: tokio_rustls::TlsAcceptor,
+    io: S,
+    peer: SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(limit, tls.accept(io)).await {
+        Ok(Ok(io)) => Some(io),
+        Ok(Err(e)) => {
+            tracing::debug!("tls handshake with {peer} failed: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("tls handshake with {peer}: not done within {limit:?}");
+            None
+        }
+    }
 }
 
 /// hyper serving one connection (HTTP/1.1, and HTTP/2 with prior knowledge) within

@@ -31,4 +31,5 @@ pub mod logging;
 pub mod offline;
 pub mod proxy;
 pub mod service;
+pub mod tls;
 pub mod workers;

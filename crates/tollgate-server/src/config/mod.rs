@@ -209,6 +209,10 @@ pub struct Listen {
     /// `serve`: how connections are shared among the workers (default `pack`).
     #[serde(default)]
     pub balance: Balance,
+    /// `serve`: TLS on the HTTP listener (HTTP/1.1 and HTTP/2 by ALPN).
+    pub http_tls: Option<crate::tls::ListenerTls>,
+    /// `serve`: TLS on the gRPC listener (ALPN `h2`).
+    pub grpc_tls: Option<crate::tls::ListenerTls>,
 }
 
 /// How `serve` shares connections among its workers (`listen.balance`).

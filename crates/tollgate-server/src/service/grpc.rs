@@ -35,6 +35,7 @@ use tonic::Status;
 use crate::config::Connections;
 use crate::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody};
 use crate::service::{DecisionService, RequestError};
+use crate::tls::ServerTls;
 use crate::workers::{WorkerStream, Workers};
 
 /// Envoy's rate limit call.
@@ -48,18 +49,31 @@ pub const QUOTA_PATH: &str =
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
 /// Serves the gRPC API on `listener` within `slots`' bounds, on `workers`, until
-/// `stop` resolves (see [`connections::serve_accepted`]).
+/// `stop` resolves (see [`connections::serve_accepted`]); over TLS when `tls` is given.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     slots: Slots,
     service: Arc<DecisionService>,
     stop: impl Future<Output = ()>,
     workers: Option<&Workers>,
+    tls: Option<ServerTls>,
 ) {
     let bounds = *slots.bounds();
+    let handshake = Duration::from_micros(bounds.header_timeout);
     let serve_one = move |peer: SocketAddr| {
         let service = service.clone();
-        move |io, drain| connection(io, peer, service, bounds, drain)
+        let tls = tls.as_ref().map(ServerTls::acceptor);
+        move |io: Bounded<WorkerStream>, drain| async move {
+            match tls {
+                None => connection(io, peer, service, bounds, drain).await,
+                Some(tls) => {
+                    if let Some(io) = connections::handshake_within(handshake, tls, io, peer).await
+                    {
+                        connection(io, peer, service, bounds, drain).await
+                    }
+                }
+            }
+        }
     };
     connections::serve_accepted(listener, slots, serve_one, stop, workers).await;
 }
@@ -69,13 +83,15 @@ pub async fn serve(
 /// on the memory store can; a call that must wait (for the rest of its body, for
 /// Redis) goes on in a task of its own. The answers of a round of reads leave in one
 /// write.
-async fn connection(
-    io: Bounded<WorkerStream>,
+async fn connection<I>(
+    io: I,
     peer: SocketAddr,
     service: Arc<DecisionService>,
     bounds: Connections,
     mut drain: Drain,
-) {
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     // hyper's HTTP/2 server settings: 1 MiB windows, 16 KiB header lists.
     let mut builder = h2::server::Builder::new();
     builder

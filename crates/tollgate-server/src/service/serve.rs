@@ -18,6 +18,7 @@ use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::{MainConfig, DEFAULT_GRPC, DEFAULT_HTTP};
 use crate::connections::{BodyTimeout, Slots};
 use crate::lifecycle::shutdown_signal;
+use crate::tls::ServerTls;
 
 /// What `serve` runs with, after flags are applied to the file.
 pub struct Settings {
@@ -54,7 +55,14 @@ pub struct Settings {
     pub store: StoreConfig,
     /// How the service answers beyond its rules.
     pub service: crate::config::ServiceSettings,
+    /// TLS on the HTTP listener, its files read.
+    pub http_tls: Option<ServerTls>,
+    /// TLS on the gRPC listener, its files read.
+    pub grpc_tls: Option<ServerTls>,
 }
+
+/// ALPN of the HTTP listener: both versions, HTTP/2 preferred.
+const HTTP_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 impl Settings {
     /// Loads everything, binding nothing: errors surface before any port is taken.
@@ -103,6 +111,13 @@ impl Settings {
         let grpc = grpc
             .or(main.listen.grpc)
             .unwrap_or_else(|| DEFAULT_GRPC.parse().expect("valid default"));
+        let listener_tls = |tls: &Option<crate::tls::ListenerTls>, setting, alpn: &[&[u8]]| {
+            (tls.as_ref())
+                .map(|t| ServerTls::load(t, setting, alpn))
+                .transpose()
+        };
+        let http_tls = listener_tls(&main.listen.http_tls, "listen.http_tls", &HTTP_ALPN)?;
+        let grpc_tls = listener_tls(&main.listen.grpc_tls, "listen.grpc_tls", &[b"h2"])?;
         let admin_token = std::env::var("TOLLGATE_ADMIN_TOKEN")
             .ok()
             .or(main.admin.token.clone())
@@ -127,6 +142,8 @@ impl Settings {
             admin_token,
             store,
             service: main.service,
+            http_tls,
+            grpc_tls,
         })
     }
 }
@@ -215,8 +232,18 @@ pub async fn serve_on(
     domains.sort();
     // Caught before the banner: a SIGHUP right after it must reload, not kill.
     let hup = crate::lifecycle::hangups();
+    let http_scheme = if settings.http_tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let grpc_tls = if settings.grpc_tls.is_some() {
+        " over TLS"
+    } else {
+        ""
+    };
     println!(
-        "tollgate serve: HTTP on http://{http} and Envoy RLS + RLQS gRPC on {grpc} ({}, {} worker(s), {}) with {}",
+        "tollgate serve: HTTP on {http_scheme}://{http} and Envoy RLS + RLQS gRPC on {grpc}{grpc_tls} ({}, {} worker(s), {}) with {}",
         settings.store.describe(),
         settings.workers,
         settings.balance.describe(),
@@ -224,9 +251,9 @@ pub async fn serve_on(
     );
     println!("  domains: {}", domains.join(", "));
     if settings.builtin_rules {
-        println!("  try: curl -s http://{http}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
+        println!("  try: curl -s {http_scheme}://{http}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
     }
-    println!("  rules in force: curl -s http://{http}/v1/config");
+    println!("  rules in force: curl -s {http_scheme}://{http}/v1/config");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (draining, drain_delay) = (service.clone(), settings.drain_delay);
     tokio::spawn(async move {
@@ -258,6 +285,12 @@ pub async fn serve_on(
             }
         }
     });
+    for tls in [&settings.http_tls, &settings.grpc_tls]
+        .into_iter()
+        .flatten()
+    {
+        tls.watch();
+    }
     let bounds = settings.connections;
     crate::connections::warn_if_fd_limit_below(2 * bounds.max);
     let http_server = crate::connections::serve_http(
@@ -267,6 +300,7 @@ pub async fn serve_on(
         BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
         stopped(stop_rx.clone()),
         Some(&workers),
+        settings.http_tls,
     );
     let grpc_server = crate::service::grpc::serve(
         grpc_listener,
@@ -274,6 +308,7 @@ pub async fn serve_on(
         service,
         stopped(stop_rx),
         Some(&workers),
+        settings.grpc_tls,
     );
     tokio::join!(http_server, grpc_server);
     drop(workers);

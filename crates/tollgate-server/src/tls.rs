@@ -1,0 +1,330 @@
+//! TLS on the listeners (rustls; TLS 1.2 and 1.3): a certificate chain and key from PEM
+//! files, mutual TLS when a client CA is given (a client without a certificate that
+//! chains to it is refused in the handshake), optionally a name the client
+//! certificate must carry. The files are read again when they change (a Kubernetes
+//! secret is a swapped symlink): the next connection gets the new certificate, open
+//! ones keep theirs; a change that does not load keeps the old configuration and says
+//! why.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
+use serde::Deserialize;
+
+/// A listener's `tls:` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTls {
+    /// The certificate chain (PEM), the server's first.
+    pub cert_file: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// CA certificates (PEM): when given, every client must present a certificate
+    /// that chains to one of them (mutual TLS).
+    pub client_ca_file: Option<PathBuf>,
+    /// With `client_ca_file`: a DNS name the client certificate must also carry
+    /// (envoyproxy/ratelimit's `GRPC_CLIENT_TLS_SAN`).
+    pub client_san: Option<String>,
+}
+
+/// How often the files are looked at for a change.
+const WATCH_EVERY: Duration = Duration::from_secs(2);
+
+/// A listener's TLS configuration, swapped whole when its files change.
+#[derive(Clone)]
+pub struct ServerTls {
+    current: Arc<ArcSwap<Loaded>>,
+    source: Arc<Source>,
+}
+
+/// Where a configuration comes from: the files, the setting that names them, ALPN.
+struct Source {
+    files: ListenerTls,
+    setting: String,
+    alpn: Vec<Vec<u8>>,
+}
+
+/// What one reading of the files gave.
+struct Loaded {
+    config: Arc<ServerConfig>,
+    /// The files' bytes, to tell a change.
+    files: Vec<Vec<u8>>,
+    /// The server certificate's end of validity.
+    not_after: SystemTime,
+}
+
+impl ServerTls {
+    /// Reads `tls`'s files for the listener `setting` (as the config names it, e.g.
+    /// `listen.grpc_tls`), offering `alpn` (e.g. `h2`): an error names the setting
+    /// and the file. An expired certificate, or one that expires within 14 days, is
+    /// a warning with its date.
+    pub fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<ServerTls> {
+        let loaded = load(tls, setting, alpn)?;
+        warn_expiry(setting, &tls.cert_file, loaded.not_after);
+        Ok(ServerTls {
+            current: Arc::new(ArcSwap::from_pointee(loaded)),
+            source: Arc::new(Source {
+                files: tls.clone(),
+                setting: setting.into(),
+                alpn: alpn.iter().map(|a| a.to_vec()).collect(),
+            }),
+        })
+    }
+
+    /// The acceptor of the configuration in force.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.current.load().config.clone())
+    }
+
+    /// The server certificate's end of validity.
+    pub fn not_after(&self) -> SystemTime {
+        self.current.load().not_after
+    }
+
+    /// Looks at the files every 2 s until the process ends, and loads them again when
+    /// their bytes change.
+    pub fn watch(&self) {
+        let (current, source) = (self.current.clone(), self.source.clone());
+        tokio::spawn(async move {
+            let (tls, setting) = (&source.files, &source.setting);
+            let alpn: Vec<&[u8]> = source.alpn.iter().map(Vec::as_slice).collect();
+            let mut failed: Option<String> = None;
+            loop {
+                tokio::time::sleep(WATCH_EVERY).await;
+                let files = read_all(tls);
+                if files.as_ref().ok() == Some(&current.load().files) {
+                    continue;
+                }
+                match files.and_then(|_| load(tls, setting, &alpn)) {
+                    Ok(loaded) => {
+                        tracing::info!(
+                            listener = %setting,
+                            cert_file = %tls.cert_file.display(),
+                            not_after = %httpdate::fmt_http_date(loaded.not_after),
+                            "tls: the certificate files changed: new connections get the new ones"
+                        );
+                        warn_expiry(setting, &tls.cert_file, loaded.not_after);
+                        current.store(Arc::new(loaded));
+                        failed = None;
+                    }
+                    Err(e) => {
+                        // Once per distinct failure: a half-written secret is retried.
+                        let why = format!("{e:#}");
+                        if failed.as_deref() != Some(&why) {
+                            tracing::error!(
+                                listener = %setting,
+                                error = %why,
+                                "tls: the changed certificate files do not load: keeping the ones in force"
+                            );
+                            failed = Some(why);
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The files' bytes: cert, key, client CA.
+fn read_all(tls: &ListenerTls) -> anyhow::Result<Vec<Vec<u8>>> {
+    let mut files = vec![
+        std::fs::read(&tls.cert_file)?,
+        std::fs::read(&tls.key_file)?,
+    ];
+    if let Some(ca) = &tls.client_ca_file {
+        files.push(std::fs::read(ca)?);
+    }
+    Ok(files)
+}
+
+fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Loaded> {
+    let read = |key: &str, path: &Path| {
+        std::fs::read(path)
+            .with_context(|| format!("{setting}.{key} {}: cannot read it", path.display()))
+    };
+    let certs_in =
+        |key: &str, path: &Path, pem: &[u8]| -> anyhow::Result<Vec<CertificateDer<'static>>> {
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "{setting}.{key} {}: not PEM certificates: {e}",
+                        path.display()
+                    )
+                })?;
+            anyhow::ensure!(
+            !certs.is_empty(),
+            "{setting}.{key} {}: no certificate in it (expected PEM: -----BEGIN CERTIFICATE-----)",
+            path.display()
+        );
+            Ok(certs)
+        };
+    let cert_pem = read("cert_file", &tls.cert_file)?;
+    let key_pem = read("key_file", &tls.key_file)?;
+    let certs = certs_in("cert_file", &tls.cert_file, &cert_pem)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        anyhow::anyhow!(
+            "{setting}.key_file {}: no private key in it ({e})",
+            tls.key_file.display()
+        )
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let signing = provider
+        .key_provider
+        .load_private_key(key.clone_key())
+        .map_err(|e| anyhow::anyhow!("{setting}.key_file {}: {e}", tls.key_file.display()))?;
+    rustls::sign::CertifiedKey::new(certs.clone(), signing)
+        .keys_match()
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "{setting}.key_file {} does not match the certificate in {setting}.cert_file {}",
+                tls.key_file.display(),
+                tls.cert_file.display()
+            )
+        })?;
+    let not_after = not_after(&certs[0])
+        .with_context(|| format!("{setting}.cert_file {}", tls.cert_file.display()))?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    let mut files = vec![cert_pem, key_pem];
+    let builder = match &tls.client_ca_file {
+        None => {
+            if tls.client_san.is_some() {
+                anyhow::bail!("{setting}.client_san needs {setting}.client_ca_file (mutual TLS)");
+            }
+            builder.with_no_client_auth()
+        }
+        Some(path) => {
+            let pem = read("client_ca_file", path)?;
+            let mut roots = RootCertStore::empty();
+            for ca in certs_in("client_ca_file", path, &pem)? {
+                roots.add(ca).map_err(|e| {
+                    anyhow::anyhow!("{setting}.client_ca_file {}: {e}", path.display())
+                })?;
+            }
+            files.push(pem);
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| anyhow::anyhow!("{setting}.client_ca_file {}: {e}", path.display()))?;
+            match &tls.client_san {
+                None => builder.with_client_cert_verifier(verifier),
+                Some(san) => {
+                    let name = ServerName::try_from(san.clone()).map_err(|_| {
+                        anyhow::anyhow!("{setting}.client_san {san:?}: not a DNS name")
+                    })?;
+                    builder.with_client_cert_verifier(Arc::new(NamedClients { verifier, name }))
+                }
+            }
+        }
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| anyhow::anyhow!("{setting}: {e}"))?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Loaded {
+        config: Arc::new(config),
+        files,
+        not_after,
+    })
+}
+
+/// The end of a certificate's validity.
+fn not_after(cert: &CertificateDer<'_>) -> anyhow::Result<SystemTime> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert)
+        .map_err(|e| anyhow::anyhow!("the certificate does not parse: {e}"))?;
+    let secs = parsed.validity().not_after.timestamp();
+    Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0)))
+}
+
+/// The wall clock: a certificate's validity is wall-clock time by definition; no
+/// limiter reads it.
+#[allow(clippy::disallowed_methods)]
+fn wall_now() -> SystemTime {
+    SystemTime::now()
+}
+
+/// Warns when the certificate has expired or expires within 14 days.
+fn warn_expiry(setting: &str, path: &Path, not_after: SystemTime) {
+    let date = httpdate::fmt_http_date(not_after);
+    match not_after.duration_since(wall_now()) {
+        Err(_) => tracing::warn!(
+            listener = %setting,
+            cert_file = %path.display(),
+            "tls: the certificate expired on {date}: clients will refuse it"
+        ),
+        Ok(left) if left < Duration::from_secs(14 * 86_400) => tracing::warn!(
+            listener = %setting,
+            cert_file = %path.display(),
+            "tls: the certificate expires on {date} ({} days left)",
+            left.as_secs() / 86_400
+        ),
+        Ok(_) => {}
+    }
+}
+
+/// Days until `not_after` (negative once past), for the metrics.
+pub fn days_left(not_after: SystemTime) -> f64 {
+    match not_after.duration_since(wall_now()) {
+        Ok(left) => left.as_secs_f64() / 86_400.0,
+        Err(past) => -past.duration().as_secs_f64() / 86_400.0,
+    }
+}
+
+/// A client verifier that also wants a DNS name in the client certificate.
+#[derive(Debug)]
+struct NamedClients {
+    verifier: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for NamedClients {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.verifier.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .verifier
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let parsed = ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&parsed, &self.name)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.verifier.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.verifier.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.verifier.supported_verify_schemes()
+    }
+}
