@@ -39,6 +39,12 @@ impl Pki {
         pki
     }
 
+    /// Another certificate `name.pem` (key `name.key`) signed by `ca.pem`, for `san`
+    /// (e.g. `DNS:localhost,IP:127.0.0.1`): a renewed server certificate.
+    pub fn issue(&self, name: &str, san: &str) {
+        self.leaf(name, "ca", san, None);
+    }
+
     /// The path of `name` (e.g. `ca.pem`, `server.pem`, `server.key`).
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)

@@ -68,7 +68,6 @@ const IGNORED: &[&str] = &[
 /// deployment asked for, so they are refused when set to anything but their default.
 const REFUSED: &[(&str, &str, &str)] = &[
     ("GRPC_UDS", "", "gRPC on a unix socket"),
-    ("GRPC_SERVER_USE_TLS", "false", "TLS on the gRPC listener"),
     ("CONFIG_TYPE", "FILE", "rules from an xDS server"),
     ("BACKEND_TYPE", "redis", "the memcached backend"),
     (
@@ -105,7 +104,8 @@ pub fn apply(
     }))
 }
 
-/// `HOST`/`PORT`, `GRPC_HOST`/`GRPC_PORT` and the runtime directory of rule files.
+/// `HOST`/`PORT`, `GRPC_HOST`/`GRPC_PORT`, TLS on the gRPC listener and the runtime
+/// directory of rule files.
 fn listeners_and_rules(
     get: &dyn Fn(&str) -> Option<String>,
     main: &mut MainConfig,
@@ -126,6 +126,30 @@ fn listeners_and_rules(
     }
     if let Some(a) = addr("GRPC_HOST", "GRPC_PORT")? {
         main.listen.grpc = Some(a);
+    }
+    if flag(get, "GRPC_SERVER_USE_TLS")?.unwrap_or(false) {
+        let path = |name: &str| get(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let (Some(cert_file), Some(key_file)) =
+            (path("GRPC_SERVER_TLS_CERT"), path("GRPC_SERVER_TLS_KEY"))
+        else {
+            bail!("--envoy-env: GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY");
+        };
+        // envoyproxy/ratelimit asks for client certificates with GRPC_CLIENT_TLS_CACERT
+        // and ignores Envoy Gateway's GRPC_SERVER_TLS_CA_CERT; tollgate takes either:
+        // Envoy Gateway's Envoys present a certificate from that very CA, and without
+        // it any pod that reaches the port can spend everyone's limits.
+        let client_ca_file =
+            path("GRPC_CLIENT_TLS_CACERT").or_else(|| path("GRPC_SERVER_TLS_CA_CERT"));
+        let client_san = get("GRPC_CLIENT_TLS_SAN").filter(|v| !v.is_empty());
+        if client_san.is_some() && client_ca_file.is_none() {
+            bail!("--envoy-env: GRPC_CLIENT_TLS_SAN needs GRPC_CLIENT_TLS_CACERT (the CA of the client certificates)");
+        }
+        main.listen.grpc_tls = Some(crate::tls::ListenerTls {
+            cert_file,
+            key_file,
+            client_ca_file,
+            client_san,
+        });
     }
     if let Some(root) = get("RUNTIME_ROOT") {
         let mut dir = PathBuf::from(root);
@@ -496,11 +520,36 @@ mod tests {
     }
 
     #[test]
+    fn envoy_gateways_grpc_tls_settings_ask_for_client_certificates() {
+        let mut main = MainConfig::default();
+        let get = env(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+        ]);
+        apply(&get, &mut main).unwrap();
+        let tls = main.listen.grpc_tls.unwrap();
+        assert_eq!(tls.cert_file, PathBuf::from("/certs/tls.crt"));
+        assert_eq!(tls.client_ca_file, Some(PathBuf::from("/certs/ca.crt")));
+        assert_eq!(tls.client_san, None);
+    }
+
+    #[test]
     fn settings_tollgate_cannot_follow_are_refused_by_name() {
         for (pairs, expect) in [
             (
                 vec![("GRPC_SERVER_USE_TLS", "true")],
-                "GRPC_SERVER_USE_TLS=true",
+                "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
+            ),
+            (
+                vec![
+                    ("GRPC_SERVER_USE_TLS", "true"),
+                    ("GRPC_SERVER_TLS_CERT", "/c.pem"),
+                    ("GRPC_SERVER_TLS_KEY", "/c.key"),
+                    ("GRPC_CLIENT_TLS_SAN", "envoy"),
+                ],
+                "GRPC_CLIENT_TLS_SAN needs GRPC_CLIENT_TLS_CACERT",
             ),
             (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
             (

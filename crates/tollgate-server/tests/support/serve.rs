@@ -13,7 +13,7 @@ use serde_json::Value;
 /// A running `tollgate serve`.
 pub struct Server {
     child: Child,
-    /// `http://ADDR` of the HTTP API.
+    /// `http://ADDR` of the HTTP API (`https://` over TLS).
     pub base: String,
     /// `http://ADDR` of the gRPC API.
     pub grpc: String,
@@ -58,10 +58,10 @@ pub fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
             .unwrap_or_else(|| panic!("no {marker} address in {banner:?}"))
             .to_string()
     };
-    let (http, grpc) = (after("http://"), after("gRPC on "));
+    let (http, grpc) = (after("HTTP on "), after("gRPC on "));
     Server {
         child,
-        base: format!("http://{http}"),
+        base: http,
         grpc: format!("http://{grpc}"),
         banner,
     }

@@ -1,0 +1,363 @@
+//! TLS on `serve`'s listeners with certificates made for the test (`openssl`): clients
+//! no one here wrote (Python's grpcio and httpx, `openssl s_client`, curl), mutual TLS
+//! accepted and refused, a certificate rotated by a symlink swap as Kubernetes does
+//! it, and every bad setting refused by name.
+
+#[path = "support/serve.rs"]
+mod serve_process;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tollgate_testkit::Pki;
+
+const RULES: &str = "domain: tls\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n";
+
+/// A directory with the rules and a config whose `listen:` section is `listen`.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str, listen: &str) -> Dir {
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-tls-{name}-{}-{}",
+            std::process::id(),
+            tollgate_testkit::free_port()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("rules.yaml"), RULES).unwrap();
+        std::fs::write(
+            dir.join("tollgate.yaml"),
+            format!("rules: [rules.yaml]\nlisten:\n{listen}"),
+        )
+        .unwrap();
+        Dir(dir)
+    }
+
+    fn config(&self) -> String {
+        self.0.join("tollgate.yaml").display().to_string()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn file(pki: &Pki, name: &str) -> String {
+    pki.path(name).display().to_string()
+}
+
+/// envoyproxy/ratelimit's gRPC TLS settings under `--envoy-env` (mutual TLS, as
+/// Envoy Gateway sets them) and the config file's `listen.http_tls`, driven by
+/// grpcio and httpx (tests/python/tls_clients.py).
+#[test]
+fn python_clients_speak_grpc_over_mutual_tls_and_https() {
+    let pki = Pki::new();
+    let dir = Dir::new(
+        "python",
+        &format!(
+            "  http_tls: {{cert_file: {}, key_file: {}}}\n",
+            file(&pki, "server.pem"),
+            file(&pki, "server.key")
+        ),
+    );
+    let (cert, key, ca) = (
+        file(&pki, "server.pem"),
+        file(&pki, "server.key"),
+        file(&pki, "ca.pem"),
+    );
+    let server = serve_process::start(
+        &["--config", &dir.config(), "--envoy-env"],
+        &[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", &cert),
+            ("GRPC_SERVER_TLS_KEY", &key),
+            ("GRPC_SERVER_TLS_CA_CERT", &ca),
+        ],
+    );
+    assert!(server.base.starts_with("https://"), "{}", server.banner);
+    assert!(server.banner.contains("over TLS"), "{}", server.banner);
+    run_python(
+        "tls_clients.py",
+        &[
+            server.grpc.trim_start_matches("http://").to_string(),
+            server.base.clone(),
+            pki.dir.display().to_string(),
+        ],
+    );
+}
+
+/// `openssl s_client` and curl: the certificate, ALPN (`h2` on gRPC; `h2` and
+/// `http/1.1` on HTTP), TLS 1.2 and 1.3 but not 1.1.
+#[test]
+fn openssl_and_curl_see_the_certificate_and_alpn() {
+    let pki = Pki::new();
+    let tls = format!(
+        "{{cert_file: {}, key_file: {}}}",
+        file(&pki, "server.pem"),
+        file(&pki, "server.key")
+    );
+    let dir = Dir::new(
+        "openssl",
+        &format!("  http_tls: {tls}\n  grpc_tls: {tls}\n"),
+    );
+    let server = serve_process::start(&["--config", &dir.config()], &[]);
+    let http = server.base.trim_start_matches("https://").to_string();
+    let grpc = server.grpc.trim_start_matches("http://").to_string();
+    let s_client = |addr: &str, extra: &[&str]| {
+        let out = Command::new("openssl")
+            .args([
+                "s_client",
+                "-connect",
+                addr,
+                "-CAfile",
+                &file(&pki, "ca.pem"),
+            ])
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("openssl (scripts/test.sh installs it)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = s_client(&grpc, &["-alpn", "h2"]);
+    assert!(out.contains("ALPN protocol: h2"), "{out}");
+    assert!(out.contains("Verify return code: 0 (ok)"), "{out}");
+    assert!(
+        out.contains("CN=server") || out.contains("CN = server"),
+        "{out}"
+    );
+    let out = s_client(&http, &["-alpn", "http/1.1"]);
+    assert!(out.contains("ALPN protocol: http/1.1"), "{out}");
+    let out = s_client(&http, &["-tls1_2"]);
+    assert!(
+        out.contains("Protocol  : TLSv1.2") || out.contains("TLSv1.2"),
+        "{out}"
+    );
+    let out = s_client(&http, &["-tls1_1"]);
+    assert!(
+        out.contains("no peer certificate available"),
+        "TLS 1.1 accepted: {out}"
+    );
+    for (flag, version) in [("--http1.1", "1.1"), ("--http2", "2")] {
+        let out = Command::new("curl")
+            .args(["-s", flag, "--cacert", &file(&pki, "ca.pem")])
+            .args(["-o", "/dev/null", "-w", "%{http_version} %{http_code}"])
+            .arg(format!("https://localhost:{}/healthcheck", port(&http)))
+            .output()
+            .expect("curl");
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out, format!("{version} 200"), "curl {flag}");
+    }
+}
+
+fn port(addr: &str) -> &str {
+    addr.rsplit(':').next().unwrap()
+}
+
+/// A client that trusts `pki`'s CA: the certificate the server shows on a new
+/// connection, and that connection.
+async fn connect(
+    pki: &Pki,
+    addr: &str,
+) -> (
+    Vec<u8>,
+    tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+) {
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(pki.path("ca.pem")).unwrap();
+    use rustls::pki_types::pem::PemObject;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let shown = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    (shown, tls)
+}
+
+/// The DER of the first certificate in a PEM file.
+fn der(path: &Path) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_file(path)
+        .unwrap()
+        .to_vec()
+}
+
+/// One keep-alive request on an open connection: its status line.
+async fn get(tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> String {
+    tls.write_all(b"GET /healthcheck HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0; 4096];
+    let n = tls.read(&mut buf).await.unwrap();
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Kubernetes renews a secret by pointing `..data` at a new directory: the next
+/// connection gets the new certificate, the open one goes on, no restart; a broken
+/// renewal (a key of another certificate) keeps the one in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_renewed_by_a_symlink_swap_is_served_to_the_next_connection() {
+    let pki = Pki::new();
+    pki.issue("renewed", "DNS:localhost,IP:127.0.0.1");
+    let secret = pki.dir.join("secret");
+    for (version, cert) in [("v1", "server"), ("v2", "renewed"), ("v3", "broken")] {
+        let d = secret.join(version);
+        std::fs::create_dir_all(&d).unwrap();
+        let (pem, key) = match cert {
+            "broken" => ("renewed.pem".to_string(), "server.key".to_string()),
+            c => (format!("{c}.pem"), format!("{c}.key")),
+        };
+        std::fs::copy(pki.path(&pem), d.join("tls.crt")).unwrap();
+        std::fs::copy(pki.path(&key), d.join("tls.key")).unwrap();
+    }
+    let swap = |to: &str| {
+        let tmp = secret.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(to, &tmp).unwrap();
+        std::fs::rename(&tmp, secret.join("..data")).unwrap();
+    };
+    swap("v1");
+    for f in ["tls.crt", "tls.key"] {
+        std::os::unix::fs::symlink(format!("..data/{f}"), secret.join(f)).unwrap();
+    }
+    let dir = Dir::new(
+        "rotate",
+        &format!(
+            "  http_tls: {{cert_file: {}, key_file: {}}}\n",
+            secret.join("tls.crt").display(),
+            secret.join("tls.key").display()
+        ),
+    );
+    let server = serve_process::start(&["--config", &dir.config()], &[]);
+    let addr = server.base.trim_start_matches("https://").to_string();
+    let (shown, mut open) = connect(&pki, &addr).await;
+    assert_eq!(shown, der(&pki.path("server.pem")));
+    assert_eq!(get(&mut open).await, "HTTP/1.1 200 OK");
+
+    swap("v2");
+    let renewed = der(&pki.path("renewed.pem"));
+    let mut seen = false;
+    for _ in 0..100 {
+        if connect(&pki, &addr).await.0 == renewed {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen, "the renewed certificate was never served");
+    // The connection opened before goes on with the old one.
+    assert_eq!(get(&mut open).await, "HTTP/1.1 200 OK");
+
+    // A renewal whose key does not match: refused, the renewed one stays.
+    swap("v3");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(connect(&pki, &addr).await.0, renewed);
+}
+
+/// Each bad setting refuses to start, naming the setting and the file; an expired
+/// certificate starts with a warning giving its date.
+#[test]
+fn bad_tls_settings_are_refused_by_name() {
+    let pki = Pki::new();
+    std::fs::write(pki.path("not-pem.txt"), "hello").unwrap();
+    let (cert, key) = (file(&pki, "server.pem"), file(&pki, "server.key"));
+    for (tls, expect) in [
+        (
+            format!("{{cert_file: /nonexistent/tls.crt, key_file: {key}}}"),
+            "listen.grpc_tls.cert_file /nonexistent/tls.crt: cannot read it",
+        ),
+        (
+            format!(
+                "{{cert_file: {cert}, key_file: {}}}",
+                file(&pki, "client.key")
+            ),
+            "does not match the certificate in listen.grpc_tls.cert_file",
+        ),
+        (
+            format!(
+                "{{cert_file: {cert}, key_file: {key}, client_ca_file: {}}}",
+                file(&pki, "not-pem.txt")
+            ),
+            "listen.grpc_tls.client_ca_file",
+        ),
+        (
+            format!("{{cert_file: {cert}, key_file: {key}, client_san: envoy}}"),
+            "listen.grpc_tls.client_san needs listen.grpc_tls.client_ca_file",
+        ),
+        (
+            format!(
+                "{{cert_file: {}, key_file: {key}}}",
+                file(&pki, "not-pem.txt")
+            ),
+            "no certificate in it",
+        ),
+    ] {
+        let dir = Dir::new("bad", &format!("  grpc_tls: {tls}\n"));
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["check-config", "--config", &dir.config()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{tls}: accepted");
+        assert!(err.contains(expect), "{tls}: {err}");
+    }
+    let dir = Dir::new(
+        "expired",
+        &format!(
+            "  grpc_tls: {{cert_file: {}, key_file: {}}}\n",
+            file(&pki, "expired.pem"),
+            file(&pki, "expired.key")
+        ),
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check-config", "--config", &dir.config()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("the certificate expired on") && err.contains("2020"),
+        "{err}"
+    );
+}
+
+/// Runs `tests/python/SCRIPT ARGS...`; it must end with "all checks passed".
+fn run_python(script: &str, args: &[String]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let out = Command::new("timeout")
+        .arg("120")
+        .arg("python3")
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("python3 runs (scripts/test.sh installs its packages)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("all checks passed"),
+        "{} failed:\n{stdout}\n{stderr}",
+        script.display()
+    );
+}
