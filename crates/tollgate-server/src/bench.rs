@@ -33,6 +33,20 @@ pub struct LoadSpec {
     pub key: String,
     /// For Redis: the policy and the number of connections.
     pub redis: Option<RedisLoad>,
+    /// gRPC over TLS: the CA that signs the server's certificate (PEM), and a client
+    /// certificate and key for mutual TLS.
+    pub tls: Option<ClientTls>,
+}
+
+/// How `bench grpc` reaches a listener over TLS.
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    /// The server's CA (PEM).
+    pub ca: std::path::PathBuf,
+    /// A client certificate and its key (PEM), for mutual TLS.
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The name the server's certificate must carry (default: the target's host).
+    pub server_name: Option<String>,
 }
 
 /// What `tollgate bench redis` loads.
@@ -118,6 +132,25 @@ impl Caller {
     }
 }
 
+/// tonic's TLS settings for `tls`.
+fn client_tls(tls: &ClientTls) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| anyhow::anyhow!("{}: cannot read it: {e}", p.display()))
+    };
+    let mut config = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(read(&tls.ca)?));
+    if let Some((cert, key)) = &tls.identity {
+        config = config.identity(tonic::transport::Identity::from_pem(
+            read(cert)?,
+            read(key)?,
+        ));
+    }
+    if let Some(name) = &tls.server_name {
+        config = config.domain_name(name.clone());
+    }
+    Ok(config)
+}
+
 /// Connections shared among the callers of a run.
 struct Connections {
     http: HttpClient,
@@ -133,8 +166,12 @@ impl Connections {
         let mut grpc = Vec::new();
         if protocol == Protocol::Grpc {
             for _ in 0..spec.concurrency.div_ceil(8) {
-                let endpoint =
-                    tonic::transport::Endpoint::from_shared(format!("http://{}", spec.target))?;
+                let scheme = if spec.tls.is_some() { "https" } else { "http" };
+                let mut endpoint =
+                    tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", spec.target))?;
+                if let Some(tls) = &spec.tls {
+                    endpoint = endpoint.tls_config(client_tls(tls)?)?;
+                }
                 grpc.push(endpoint.connect().await?);
             }
         }
@@ -475,6 +512,19 @@ pub struct LoadArgs {
     /// The descriptor key; its values are k0..k{keys-1}.
     #[arg(long, default_value = "api_key")]
     pub key: String,
+    /// `bench grpc` over TLS: the CA of the server's certificate (PEM).
+    #[arg(long)]
+    pub ca: Option<std::path::PathBuf>,
+    /// With --ca: a client certificate (PEM), for mutual TLS.
+    #[arg(long, requires_all = ["ca", "key_file"])]
+    pub cert: Option<std::path::PathBuf>,
+    /// Its key (PEM).
+    #[arg(long = "key-file", requires = "cert")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// With --ca: the name the server's certificate must carry (default: the host of
+    /// --target).
+    #[arg(long, requires = "ca")]
+    pub server_name: Option<String>,
 }
 
 /// Runs a `tollgate bench` subcommand; prints its totals line.
@@ -547,6 +597,7 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
                         }
                     }),
                 }),
+                tls: None,
             };
             let totals = runtime.block_on(run(Protocol::Redis, spec))?;
             println!("{totals}");
@@ -576,7 +627,15 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
         domain: args.domain,
         key: args.key,
         redis: None,
+        tls: args.ca.map(|ca| ClientTls {
+            ca,
+            identity: args.cert.zip(args.key_file),
+            server_name: args.server_name,
+        }),
     };
+    if spec.tls.is_some() && protocol != Protocol::Grpc {
+        anyhow::bail!("--ca: bench grpc only (drive HTTPS with wrk or curl)");
+    }
     let totals = runtime.block_on(run(protocol, spec))?;
     println!("{totals}");
     Ok(())

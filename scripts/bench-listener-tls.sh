@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# What TLS on serve's listeners costs, side by side in one run: two `tollgate serve`
+# processes from one binary and one config, one plain and one with TLS on both
+# listeners (gRPC with mutual TLS, as Envoy Gateway runs it), answering the same
+# loads in alternating rounds on kept connections: gRPC ShouldRateLimit from
+# `tollgate bench grpc` (a heavy client: the server's CPU per decision is reported
+# too, from /proc/PID/stat) and HTTP /v1/check from wrk (a light one). Then what a
+# new TLS connection costs: full handshakes a second from `openssl s_time -new` and
+# the server's CPU per handshake. Medians of ROUNDS rounds; TLS/plain ratios.
+#
+# Usage: scripts/bench-listener-tls.sh [seconds] [rounds] [concurrency]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-5}
+rounds=${2:-3}
+conc=${3:-32}
+command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+cargo build --release -q -p tollgate-server
+bin=$PWD/target/release/tollgate
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+dir=$(mktemp -d)
+(
+    cd "$dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key \
+        -out ca.pem -days 2 -subj "/CN=bench ca" 2>/dev/null
+    for leaf in server client; do
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout $leaf.key \
+            -out $leaf.csr -subj "/CN=$leaf" 2>/dev/null
+        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >$leaf.ext
+        openssl x509 -req -in $leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+            -out $leaf.pem -days 2 -extfile $leaf.ext 2>/dev/null
+    done
+    cat >tls.yaml <<EOF
+listen:
+  grpc_tls: {cert_file: $dir/server.pem, key_file: $dir/server.key, client_ca_file: $dir/ca.pem}
+  http_tls: {cert_file: $dir/server.pem, key_file: $dir/server.key}
+EOF
+    echo "listen: {}" >plain.yaml
+    cat >check.lua <<'EOF'
+wrk.method = "POST"
+wrk.headers["content-type"] = "application/json"
+counter = 0
+request = function()
+  counter = counter + 1
+  return wrk.format(nil, "/v1/check", nil,
+    '{"domain":"example","descriptors":[{"entries":[{"key":"api_key","value":"k' .. (counter % 1000) .. '"}]}]}')
+end
+EOF
+)
+declare -A http grpc pid
+for form in plain tls; do
+    http[$form]=$(free_port)
+    grpc[$form]=$(free_port)
+    "$bin" serve --config "$dir/$form.yaml" --http "127.0.0.1:${http[$form]}" \
+        --grpc "127.0.0.1:${grpc[$form]}" >/dev/null 2>&1 &
+    pid[$form]=$!
+done
+trap 'kill "${pid[plain]}" "${pid[tls]}" 2>/dev/null || true; rm -rf "$dir"' EXIT
+sleep 1
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
+
+# gRPC: prints "decisions/s us-of-server-cpu-per-decision".
+grpc_run() { # form
+    local form=$1 before after out rate
+    local tls=()
+    [ "$form" = tls ] && tls=(--ca "$dir/ca.pem" --cert "$dir/client.pem" --key-file "$dir/client.key")
+    before=$(ticks "${pid[$form]}")
+    out=$("$bin" bench grpc --target "127.0.0.1:${grpc[$form]}" "${tls[@]}" \
+        --concurrency "$conc" --duration "${secs}s" 2>/dev/null | tail -1)
+    after=$(ticks "${pid[$form]}")
+    rate=$(echo "$out" | sed -E 's#.*req/s: ([0-9.]+).*#\1#')
+    python3 -c "r=$rate; print(f'{r:.0f} {($after-$before)/$hz*1e6/(r*$secs):.2f}')"
+}
+# HTTP: wrk's requests/s and the server's CPU per request (us).
+http_run() { # form
+    local form=$1 scheme=http before after rate
+    [ "$form" = tls ] && scheme=https
+    before=$(ticks "${pid[$form]}")
+    rate=$(wrk -t 1 -c "$conc" -d "${secs}s" -s "$dir/check.lua" "$scheme://127.0.0.1:${http[$form]}" \
+        | awk '/Requests\/sec/ {print int($2)}')
+    after=$(ticks "${pid[$form]}")
+    python3 -c "r=$rate; print(f'{r:.0f} {($after-$before)/$hz*1e6/(r*$secs):.2f}')"
+}
+declare -A g gc h hc
+for round in $(seq "$rounds"); do
+    for form in plain tls; do
+        read -r rate cpu < <(grpc_run "$form")
+        g[$form]+="$rate "; gc[$form]+="$cpu "
+        read -r hr hcpu < <(http_run "$form")
+        h[$form]+="$hr "; hc[$form]+="$hcpu "
+        echo "round $round $form: gRPC $rate decisions/s, ${cpu} us server CPU each; HTTP (wrk) $hr req/s, ${hcpu} us each" >&2
+    done
+done
+# New connections: full TLS handshakes a second, and the server's CPU for each.
+before=$(ticks "${pid[tls]}")
+hs=$(openssl s_time -connect "127.0.0.1:${http[tls]}" -new -time "$secs" 2>/dev/null \
+    | awk '/connections in/ && /real seconds/ {print $1; exit}')
+after=$(ticks "${pid[tls]}")
+echo "concurrency $conc, ${secs}s runs, medians of $rounds rounds"
+for what in g gc h hc; do
+    declare -n m=$what
+    p=$(median ${m[plain]}); t=$(median ${m[tls]})
+    case $what in
+        g) label="gRPC ShouldRateLimit decisions/s (kept connections; mutual TLS)" ;;
+        gc) label="gRPC server CPU per decision (us)" ;;
+        h) label="HTTP /v1/check req/s (wrk, kept connections)" ;;
+        hc) label="HTTP server CPU per request (us)" ;;
+    esac
+    echo "$label: plain $p, TLS $t, TLS/plain $(python3 -c "print(round($t/$p, 2))")"
+done
+python3 -c "n=$hs; print(f'new TLS connections (openssl s_time -new, full handshakes): {n/$secs:.0f}/s, server CPU {($after-$before)/$hz*1e6/max(n,1):.0f} us each')"
