@@ -69,6 +69,36 @@ impl Cli {
     }
 }
 
+/// The command line to parse: the process's own, or, for a binary invoked as
+/// `ratelimit` (envoyproxy/ratelimit's image runs `/bin/ratelimit`), `tollgate serve
+/// --envoy-env` with its arguments after, listening where envoyproxy/ratelimit does
+/// unless `HOST`/`GRPC_HOST` say otherwise: on every interface, ports `PORT` (8080)
+/// and `GRPC_PORT` (8081).
+pub fn args() -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let invoked = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str().map(str::to_string));
+    if invoked.as_deref() != Some("ratelimit") {
+        return args;
+    }
+    let get = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let mut serve: Vec<std::ffi::OsString> =
+        vec!["tollgate".into(), "serve".into(), "--envoy-env".into()];
+    for (flag, host, port, default) in [
+        ("--http", "HOST", "PORT", "8080"),
+        ("--grpc", "GRPC_HOST", "GRPC_PORT", "8081"),
+    ] {
+        if get(host).is_none() {
+            let port = get(port).unwrap_or_else(|| default.into());
+            serve.extend([flag.into(), format!("0.0.0.0:{port}").into()]);
+        }
+    }
+    serve.extend(args.drain(1..));
+    serve
+}
+
 /// Runs the command `cli` names.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {

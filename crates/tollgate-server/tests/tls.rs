@@ -361,3 +361,71 @@ fn run_python(script: &str, args: &[String]) {
         script.display()
     );
 }
+
+/// The binary invoked as `ratelimit` (envoyproxy/ratelimit's image runs
+/// `/bin/ratelimit`, no arguments) is `tollgate serve --envoy-env`: here with Envoy
+/// Gateway's gRPC TLS settings, its rules from `RUNTIME_ROOT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoked_as_ratelimit_it_serves_envoys_environment() {
+    let pki = Pki::new();
+    let dir = Dir::new("ratelimit", "  {}\n");
+    let config = dir.0.join("srv/ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("rules.yaml"), RULES).unwrap();
+    let bin = dir.0.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tollgate"), bin.join("ratelimit")).unwrap();
+    let (cert, key, ca) = (
+        file(&pki, "server.pem"),
+        file(&pki, "server.key"),
+        file(&pki, "ca.pem"),
+    );
+    let root = dir.0.join("srv").display().to_string();
+    let mut child = Command::new(bin.join("ratelimit"))
+        .envs([
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("RUNTIME_ROOT", &root),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("LOG_LEVEL", "info"),
+            ("USE_STATSD", "false"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", &cert),
+            ("GRPC_SERVER_TLS_KEY", &key),
+            ("GRPC_SERVER_TLS_CA_CERT", &ca),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut banner,
+    )
+    .unwrap();
+    let _killed = tollgate_testkit::Killed(child);
+    assert!(
+        banner.starts_with("tollgate serve: HTTP on http://127.0.0.1:"),
+        "{banner}"
+    );
+    assert!(banner.contains("over TLS"), "{banner}");
+    let base = banner
+        .split("HTTP on ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    let (status, _, body) = serve_process::request_to(base, "GET", "/healthcheck", "", None).await;
+    assert_eq!((status, body.as_str()), (200, Some("OK\n")));
+    let (_, _, rules) = serve_process::request_to(base, "GET", "/rlconfig", "", None).await;
+    assert!(
+        rules.as_str().unwrap_or_default().contains("tls.user"),
+        "{rules}"
+    );
+}
