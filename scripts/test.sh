@@ -67,12 +67,31 @@ cargo test --workspace --all-targets --all-features --locked
 # and the quota ledger shared by serve instances (TLS is left to Redis: this Valkey
 # has none).
 export TOLLGATE_REDIS_SERVER="$valkey_bin/valkey-server" TOLLGATE_REDIS_CLI="$valkey_bin/valkey-cli"
-# (--workspace: the same features as the build above, so nothing is rebuilt.)
-cargo test --workspace --all-features --locked --test redis --test redis_conformance \
-    --test rate_limiter --test redis_lease --test redis_concurrency
-cargo test --workspace --all-features --locked --test redis_sentinel -- failover
-cargo test --workspace --all-features --locked --test rlqs --test serve_redis -- \
-    in_redis redis_outage two_servers cluster_with
+# The test binaries the build above made, run as cargo runs them (from their
+# package's directory): `cargo test --test X` alone would unify features differently
+# and build some of them again.
+declare -A test_bin test_dir
+while read -r name exe dir; do
+    test_bin[$name]=$exe
+    test_dir[$name]=$dir
+done < <(cargo test --workspace --all-targets --all-features --locked --no-run --message-format=json 2>/dev/null \
+    | python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and t.get("kind") == ["test"] and m.get("executable"):
+        print(t["name"], m["executable"], os.path.dirname(m["manifest_path"]))')
+run_test() { # test-target [filters...]
+    local name=$1
+    shift
+    echo "     Running tests/$name.rs on Valkey"
+    (cd "${test_dir[$name]}" && "${test_bin[$name]}" "$@")
+}
+for t in redis redis_conformance rate_limiter redis_lease redis_concurrency; do run_test "$t"; done
+run_test redis_sentinel failover
+run_test rlqs in_redis redis_outage two_servers cluster_with
+run_test serve_redis in_redis redis_outage two_servers cluster_with
 unset TOLLGATE_REDIS_SERVER TOLLGATE_REDIS_CLI
 # The doctests (the guide's recipes among them: docs/library.md) and the per-store
 # example (docs/redis.md), run against a redis-server of their own, stopped by PID.
@@ -89,6 +108,15 @@ cargo run -q -p tollgate --features tower --locked --example adaptive -- --check
 cargo run -q -p tollgate --features axum --locked --example per_peer_ip -- --check
 cargo run -q -p tollgate --features http --locked --example headers -- --check
 kill "$redis_pid"
+# The image (deploy/Containerfile, FROM scratch) built with podman from the debug build
+# and run as Envoy Gateway runs it: user 65534, read-only root, no capabilities, as
+# /bin/ratelimit; it must answer /healthcheck, find Redis by a service name, and
+# decide a gRPC call from the host.
+need podman /usr/bin/podman
+need runc /usr/sbin/runc
+# (The binary the server tests ran.)
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+TOLLGATE_BIN="$target_dir/debug/tollgate" scripts/image.sh tollgate:test --run
 # The keyed fast path's gate, model-checked with loom (all interleavings of a reader
 # and a writer; own target directory, since the cfg rebuilds every dependency).
 RUSTFLAGS="--cfg tollgate_loom" CARGO_TARGET_DIR=target/loom \
