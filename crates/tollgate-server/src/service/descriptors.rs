@@ -610,8 +610,15 @@ impl DescriptorRules {
                         source,
                     })?
                     .filter_map(|e| e.ok().map(|e| e.path()))
+                    // Hidden files are no rules (an editor's, or a mounted volume's
+                    // `..data` machinery), as envoyproxy/ratelimit's
+                    // RUNTIME_IGNOREDOTFILES has it.
                     .filter(|p| {
                         matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+                            && !p
+                                .file_name()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(|n| n.starts_with('.'))
                     })
                     .collect();
                 entries.sort();
