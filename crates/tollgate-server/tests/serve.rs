@@ -1059,6 +1059,7 @@ async fn the_app_serves_in_process_on_listeners_passed_in() {
     let listeners = Listeners {
         http: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
         grpc: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        metrics: None,
     };
     let base = format!("http://{}", listeners.http.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -429,3 +429,93 @@ async fn invoked_as_ratelimit_it_serves_envoys_environment() {
         "{rules}"
     );
 }
+
+/// `tollgate serve ARGS` with `env`: the process (killed on drop) and the first
+/// `lines` lines it printed.
+fn serve_lines(
+    args: &[&str],
+    env: &[(&str, &str)],
+    lines: usize,
+) -> (tollgate_testkit::Killed, Vec<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("serve")
+        .args(args)
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut printed = Vec::new();
+    for _ in 0..lines {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        printed.push(line.trim_end().to_string());
+    }
+    // Its output is not read again: dropped, a write would fail, and it prints no more.
+    std::mem::forget(out);
+    (tollgate_testkit::Killed(child), printed)
+}
+
+/// The metrics on a listener of their own: the config's `listen.metrics` over TLS,
+/// and envoyproxy/ratelimit's `USE_PROMETHEUS`, `PROMETHEUS_ADDR` and
+/// `PROMETHEUS_PATH`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_have_a_listener_of_their_own_over_tls_or_as_envoys_settings_say() {
+    let pki = Pki::new();
+    let dir = Dir::new(
+        "metrics",
+        &format!(
+            "  metrics: 127.0.0.1:0\n  metrics_tls: {{cert_file: {}, key_file: {}}}\n",
+            file(&pki, "server.pem"),
+            file(&pki, "server.key")
+        ),
+    );
+    let (_server, lines) = serve_lines(&["--config", &dir.config()], &[], 2);
+    let url = lines[1]
+        .strip_prefix("  metrics: ")
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    assert!(
+        url.starts_with("https://127.0.0.1:") && url.ends_with("/metrics"),
+        "{url}"
+    );
+    let out = Command::new("curl")
+        .args(["-s", "--cacert", &file(&pki, "ca.pem")])
+        .arg(url.replace("127.0.0.1", "localhost"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("tollgate_decision_duration_seconds"),
+        "{text}"
+    );
+
+    let (_envoy, lines) = serve_lines(
+        &["--envoy-env"],
+        &[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "127.0.0.1:0"),
+            ("PROMETHEUS_PATH", "/stats/prometheus"),
+        ],
+        2,
+    );
+    let url = lines[1]
+        .strip_prefix("  metrics: ")
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    assert!(
+        url.starts_with("http://") && url.ends_with("/stats/prometheus"),
+        "{url}"
+    );
+    let (base, path) = url.split_at(url.find("/stats").unwrap());
+    let (status, _, body) = serve_process::request_to(base, "GET", path, "", None).await;
+    assert_eq!(status, 200);
+    assert!(
+        body.as_str()
+            .unwrap_or_default()
+            .contains("tollgate_decision_duration_seconds"),
+        "{body}"
+    );
+    let (status, _, _) = serve_process::request_to(base, "GET", "/v1/config", "", None).await;
+    assert_eq!(status, 404, "the metrics listener serves the metrics only");
+}

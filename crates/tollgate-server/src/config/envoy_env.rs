@@ -27,9 +27,6 @@ const IGNORED: &[&str] = &[
     "STATS_FLUSH_INTERVAL",
     "DISABLE_STATS",
     "EXTRA_TAGS",
-    "USE_PROMETHEUS",
-    "PROMETHEUS_ADDR",
-    "PROMETHEUS_PATH",
     "PROMETHEUS_MAPPER_YAML",
     "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
     "DEBUG_HOST",
@@ -104,8 +101,8 @@ pub fn apply(
     }))
 }
 
-/// `HOST`/`PORT`, `GRPC_HOST`/`GRPC_PORT`, TLS on the gRPC listener and the runtime
-/// directory of rule files.
+/// `HOST`/`PORT`, `GRPC_HOST`/`GRPC_PORT`, TLS on the gRPC listener, the Prometheus
+/// listener and the runtime directory of rule files.
 fn listeners_and_rules(
     get: &dyn Fn(&str) -> Option<String>,
     main: &mut MainConfig,
@@ -150,6 +147,22 @@ fn listeners_and_rules(
             client_ca_file,
             client_san,
         });
+    }
+    // Prometheus on a listener of its own, as envoyproxy/ratelimit serves it
+    // (`:19001` is every interface, as Go reads it).
+    if flag(get, "USE_PROMETHEUS")?.unwrap_or(false) {
+        let addr = get("PROMETHEUS_ADDR").unwrap_or_else(|| ":9090".into());
+        let full = match addr.strip_prefix(':') {
+            Some(port) => format!("0.0.0.0:{port}"),
+            None => addr.clone(),
+        };
+        main.listen.metrics =
+            Some(full.parse().map_err(|_| {
+                anyhow::anyhow!("--envoy-env: PROMETHEUS_ADDR={addr}: not [IP]:port")
+            })?);
+        if let Some(path) = get("PROMETHEUS_PATH").filter(|p| !p.is_empty()) {
+            main.listen.metrics_path = Some(path);
+        }
     }
     if let Some(root) = get("RUNTIME_ROOT") {
         let mut dir = PathBuf::from(root);
@@ -517,6 +530,26 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("REDIS_PERSECOND_URL"), "{e}");
+    }
+
+    #[test]
+    fn prometheus_gets_a_listener_of_its_own() {
+        let mut main = MainConfig::default();
+        let get = env(&[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+        ]);
+        let warning = apply(&get, &mut main).unwrap().unwrap();
+        assert_eq!(main.listen.metrics, Some("0.0.0.0:19001".parse().unwrap()));
+        assert_eq!(main.listen.metrics_path, None);
+        assert!(warning.contains("PROMETHEUS_MAPPER_YAML") && !warning.contains("PROMETHEUS_ADDR"));
+        let e = apply(
+            &env(&[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", "metrics:9")]),
+            &mut MainConfig::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("PROMETHEUS_ADDR=metrics:9"), "{e}");
     }
 
     #[test]

@@ -213,6 +213,13 @@ pub struct Listen {
     pub http_tls: Option<crate::tls::ListenerTls>,
     /// `serve`: TLS on the gRPC listener (ALPN `h2`).
     pub grpc_tls: Option<crate::tls::ListenerTls>,
+    /// `serve`: a listener of its own for the metrics (Prometheus scrapes it; the HTTP
+    /// listener's `/metrics` stays), as envoyproxy/ratelimit's `PROMETHEUS_ADDR`.
+    pub metrics: Option<SocketAddr>,
+    /// The path the metrics listener serves them on (default `/metrics`).
+    pub metrics_path: Option<String>,
+    /// TLS on the metrics listener.
+    pub metrics_tls: Option<crate::tls::ListenerTls>,
 }
 
 /// How `serve` shares connections among its workers (`listen.balance`).

@@ -323,6 +323,11 @@ async fn readyz(State(service): State<Arc<DecisionService>>) -> Response {
     }
 }
 
+/// The metrics listener's app: the metrics on `path`, nothing else.
+pub fn metrics_router(service: Arc<DecisionService>, path: &str) -> Router {
+    Router::new().route(path, get(metrics)).with_state(service)
+}
+
 async fn metrics(State(service): State<Arc<DecisionService>>) -> Response {
     (
         [(

@@ -59,6 +59,8 @@ pub struct Settings {
     pub http_tls: Option<ServerTls>,
     /// TLS on the gRPC listener, its files read.
     pub grpc_tls: Option<ServerTls>,
+    /// The metrics listener's address, path and TLS, when it has one.
+    pub metrics: Option<(SocketAddr, String, Option<ServerTls>)>,
 }
 
 /// ALPN of the HTTP listener: both versions, HTTP/2 preferred.
@@ -118,6 +120,26 @@ impl Settings {
         };
         let http_tls = listener_tls(&main.listen.http_tls, "listen.http_tls", &HTTP_ALPN)?;
         let grpc_tls = listener_tls(&main.listen.grpc_tls, "listen.grpc_tls", &[b"h2"])?;
+        let metrics = match main.listen.metrics {
+            Some(addr) => {
+                let path = main
+                    .listen
+                    .metrics_path
+                    .clone()
+                    .unwrap_or("/metrics".into());
+                if !path.starts_with('/') {
+                    anyhow::bail!("listen.metrics_path {path:?}: must start with /");
+                }
+                let tls = listener_tls(&main.listen.metrics_tls, "listen.metrics_tls", &HTTP_ALPN)?;
+                Some((addr, path, tls))
+            }
+            None if main.listen.metrics_tls.is_some() => {
+                anyhow::bail!(
+                    "listen.metrics_tls: needs listen.metrics (the metrics listener's address)"
+                )
+            }
+            None => None,
+        };
         let admin_token = std::env::var("TOLLGATE_ADMIN_TOKEN")
             .ok()
             .or(main.admin.token.clone())
@@ -144,6 +166,7 @@ impl Settings {
             service: main.service,
             http_tls,
             grpc_tls,
+            metrics,
         })
     }
 }
@@ -168,6 +191,8 @@ pub struct Listeners {
     pub http: tokio::net::TcpListener,
     /// The Envoy RLS gRPC API's.
     pub grpc: tokio::net::TcpListener,
+    /// The metrics listener's, when the settings name one.
+    pub metrics: Option<tokio::net::TcpListener>,
 }
 
 impl Listeners {
@@ -179,7 +204,19 @@ impl Listeners {
         let grpc = tokio::net::TcpListener::bind(settings.grpc)
             .await
             .with_context(|| format!("cannot listen on {} (gRPC)", settings.grpc))?;
-        Ok(Listeners { http, grpc })
+        let metrics = match &settings.metrics {
+            Some((addr, _, _)) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (metrics)"))?,
+            ),
+            None => None,
+        };
+        Ok(Listeners {
+            http,
+            grpc,
+            metrics,
+        })
     }
 }
 
@@ -199,6 +236,7 @@ pub async fn serve_on(
     let Listeners {
         http: http_listener,
         grpc: grpc_listener,
+        metrics: metrics_listener,
     } = listeners;
     let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
     // Before the banner: whoever waits for it finds every thread and file in place.
@@ -249,6 +287,10 @@ pub async fn serve_on(
         settings.balance.describe(),
         settings.rules_source
     );
+    if let (Some(l), Some((_, path, tls))) = (&metrics_listener, &settings.metrics) {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        println!("  metrics: {scheme}://{}{path}", l.local_addr()?);
+    }
     println!("  domains: {}", domains.join(", "));
     if settings.builtin_rules {
         println!("  try: curl -s {http_scheme}://{http}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
@@ -302,15 +344,29 @@ pub async fn serve_on(
         Some(&workers),
         settings.http_tls,
     );
+    let metrics_server = async {
+        if let (Some(listener), Some((_, path, tls))) = (metrics_listener, settings.metrics) {
+            crate::connections::serve_http(
+                listener,
+                Slots::new(bounds),
+                crate::service::http::metrics_router(service.clone(), &path),
+                BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
+                stopped(stop_rx.clone()),
+                None,
+                tls,
+            )
+            .await
+        }
+    };
     let grpc_server = crate::service::grpc::serve(
         grpc_listener,
         Slots::new(bounds),
-        service,
-        stopped(stop_rx),
+        service.clone(),
+        stopped(stop_rx.clone()),
         Some(&workers),
         settings.grpc_tls,
     );
-    tokio::join!(http_server, grpc_server);
+    tokio::join!(http_server, grpc_server, metrics_server);
     drop(workers);
     // Whoever read the banner may be gone (`| head -1`): not a reason to panic.
     let _ = writeln!(std::io::stdout(), "tollgate serve: stopped");
