@@ -21,6 +21,7 @@ tag=${1:-tollgate:dev}
 run=${2:-}
 command -v podman >/dev/null || { apt-get update -qq && apt-get install -y -qq podman runc >/dev/null; }
 bin=${TOLLGATE_BIN:-}
+[ -n "$bin" ] && bin=$(realpath "$bin")
 if [ -z "$bin" ]; then
     cargo build --release -q -p tollgate-server
     bin=target/release/tollgate
@@ -39,6 +40,9 @@ done
 printf 'root:x:0:0:root:/:/bin/tollgate\nnobody:x:65534:65534:nobody:/:/bin/tollgate\n' >"$root/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
 printf 'hosts: files dns\n' >"$root/etc/nsswitch.conf"
+# The system's roots, for TLS to a managed Redis whose CA is a public one.
+mkdir -p "$root/etc/ssl/certs"
+cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 cp deploy/Containerfile "$ctx/Containerfile"
 podman build -q -t "$tag" "$ctx" >/dev/null
 echo "built $tag ($(podman image inspect "$tag" --format '{{.Size}}') bytes)"
@@ -48,9 +52,11 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 http=$(free_port)
 grpc=$(free_port)
 redis=$(free_port)
+name=tollgate-image-check-$$
+redis_pid=
+trap 'podman rm -f "$name" >/dev/null 2>&1 || true; [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null; rm -rf "$ctx"' EXIT
 redis-server --port "$redis" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
 redis_pid=$!
-name=tollgate-image-check-$$
 service=redis-master.limits.svc.cluster.local
 podman run -d --rm --name "$name" --runtime runc --network host \
     --add-host "$service:127.0.0.1" \
@@ -59,18 +65,18 @@ podman run -d --rm --name "$name" --runtime runc --network host \
     --ulimit nofile="$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=4096:4096 \
     -e HOST=127.0.0.1 -e PORT="$http" -e GRPC_HOST=127.0.0.1 -e GRPC_PORT="$grpc" \
     --entrypoint /bin/ratelimit "$tag" >/dev/null
-trap 'podman rm -f "$name" >/dev/null 2>&1 || true; kill "$redis_pid" 2>/dev/null || true; rm -rf "$ctx"' EXIT
 for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$http/healthcheck" >/dev/null && break
     sleep 0.1
 done
-health=$(curl -s "http://127.0.0.1:$http/healthcheck")
-ready=$(curl -s "http://127.0.0.1:$http/readyz")
-calls=$("$bin" bench grpc --target "127.0.0.1:$grpc" --concurrency 1 --duration 1s | tail -1)
+health=$(curl -s "http://127.0.0.1:$http/healthcheck" || true)
+ready=$(curl -s "http://127.0.0.1:$http/readyz" || true)
+calls=$("$bin" bench grpc --target "127.0.0.1:$grpc" --concurrency 1 --duration 1s 2>&1 | tail -1 || true)
 echo "healthcheck: $health"
 echo "readyz (Redis at $service): $ready"
 echo "gRPC from the host: $calls"
-podman logs "$name" 2>&1 | head -1
+logs=$(podman logs "$name" 2>&1 || true)
+echo "${logs%%$'\n'*}"
 [ "$health" = OK ] && [ "$ready" = OK ] && [[ "$calls" == *"errors: 0"* ]] || {
     echo "scripts/image.sh: the image does not serve as it should" >&2
     exit 1

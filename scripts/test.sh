@@ -74,7 +74,7 @@ declare -A test_bin test_dir
 while read -r name exe dir; do
     test_bin[$name]=$exe
     test_dir[$name]=$dir
-done < <(cargo test --workspace --all-targets --all-features --locked --no-run --message-format=json 2>/dev/null \
+done < <(cargo test --workspace --all-targets --all-features --locked --no-run --message-format=json \
     | python3 -c '
 import json, os, sys
 for line in sys.stdin:
@@ -85,6 +85,10 @@ for line in sys.stdin:
 run_test() { # test-target [filters...]
     local name=$1
     shift
+    [ -n "${test_bin[$name]:-}" ] || {
+        echo "scripts/test.sh: the build above made no test binary named $name" >&2
+        exit 1
+    }
     echo "     Running tests/$name.rs on Valkey"
     (cd "${test_dir[$name]}" && "${test_bin[$name]}" "$@")
 }

@@ -190,6 +190,11 @@ impl<S> Bounded<S> {
         }
     }
 
+    /// Reads fail with `TimedOut` unless a byte arrives within `limit` from now.
+    fn expect_first_read(&mut self, limit: Duration) {
+        self.first_read = Some(Box::pin(tokio::time::sleep(limit)));
+    }
+
     /// Wraps one write attempt: pending arms the send timeout, progress disarms it.
     fn write_with<T>(
         &mut self,
@@ -438,18 +443,21 @@ pub async fn serve_http_with<M, H, F>(
 
 /// The TLS handshake of a connection from `peer`, within `limit` (the header
 /// timeout: a client that starts one and stalls holds its slot no longer): `None`
-/// when it fails (logged at debug: a client's mistake, or a scanner's).
-pub async fn handshake_within<S>(
+/// when it fails (logged at debug: a client's mistake, or a scanner's). The first
+/// bytes of the protocol inside must then come within `limit` too: the ClientHello
+/// satisfied the connection's first-read bound, and a client that completes the
+/// handshake and goes silent would otherwise hold its slot for good.
+pub async fn handshake_within(
     limit: Duration,
     tls: tokio_rustls::TlsAcceptor,
-    io: S,
+    io: Bounded<WorkerStream>,
     peer: SocketAddr,
-) -> Option<tokio_rustls::server::TlsStream<S>>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+) -> Option<tokio_rustls::server::TlsStream<Bounded<WorkerStream>>> {
     match tokio::time::timeout(limit, tls.accept(io)).await {
-        Ok(Ok(io)) => Some(io),
+        Ok(Ok(mut io)) => {
+            io.get_mut().0.expect_first_read(limit);
+            Some(io)
+        }
         Ok(Err(e)) => {
             tracing::debug!("tls handshake with {peer} failed: {e}");
             None

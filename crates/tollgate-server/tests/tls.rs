@@ -519,3 +519,30 @@ async fn metrics_have_a_listener_of_their_own_over_tls_or_as_envoys_settings_say
     let (status, _, _) = serve_process::request_to(base, "GET", "/v1/config", "", None).await;
     assert_eq!(status, 404, "the metrics listener serves the metrics only");
 }
+
+/// A client that completes the TLS handshake and then says nothing is closed after
+/// the header timeout, as one that never starts it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_after_the_handshake_is_closed_at_the_header_timeout() {
+    let pki = Pki::new();
+    let dir = Dir::new(
+        "silent",
+        &format!(
+            "  http_tls: {{cert_file: {}, key_file: {}}}\nconnections: {{header_timeout: 1s}}\n",
+            file(&pki, "server.pem"),
+            file(&pki, "server.key")
+        ),
+    );
+    let server = serve_process::start(&["--config", &dir.config()], &[]);
+    let addr = server.base.trim_start_matches("https://").to_string();
+    let (_, mut silent) = connect(&pki, &addr).await;
+    let start = tokio::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf)).await;
+    let closed = start.elapsed();
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    assert!(
+        closed >= Duration::from_millis(900) && closed < Duration::from_secs(5),
+        "{closed:?}"
+    );
+}

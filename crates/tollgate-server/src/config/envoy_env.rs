@@ -2,8 +2,8 @@
 //! deployment written for it (its Kubernetes manifest, its docker-compose file) runs
 //! tollgate unchanged. Each setting with a tollgate equivalent is applied to the main
 //! config with the meaning docs/envoy.md gives it (after the file, before the flags);
-//! one that would change what is served in a way tollgate cannot follow (TLS on the
-//! gRPC listener, unix sockets, xDS, memcached) is an error naming it; the rest are listed in a
+//! one that would change what is served in a way tollgate cannot follow (unix
+//! sockets, xDS, memcached) is an error naming it; the rest are listed in a
 //! warning and ignored. Only variables that are set count: Envoy's defaults for unset
 //! ones are tollgate's where it matters (ports 8080/8081, the near-limit ratio 0.8,
 //! the header names).
@@ -107,21 +107,29 @@ fn listeners_and_rules(
     get: &dyn Fn(&str) -> Option<String>,
     main: &mut MainConfig,
 ) -> anyhow::Result<()> {
-    let addr = |host: &str, port: &str| -> anyhow::Result<Option<std::net::SocketAddr>> {
-        let (h, p) = (get(host), get(port));
+    // An unset or empty host is every interface and an unset port Envoy's, as
+    // envoyproxy/ratelimit reads them; an IPv6 host needs no brackets.
+    let addr = |host: &str, port: &str, default_port: &str| {
+        let set = |name: &str| get(name).filter(|v| !v.is_empty());
+        let (h, p) = (set(host), set(port));
         if h.is_none() && p.is_none() {
             return Ok(None);
         }
         let h = h.unwrap_or_else(|| "0.0.0.0".into());
-        let p = p.unwrap_or_default();
-        format!("{h}:{p}").parse().map(Some).map_err(|_| {
-            anyhow::anyhow!("--envoy-env: {host}={h} {port}={p}: not an IP address and port")
-        })
+        let p = p.unwrap_or_else(|| default_port.into());
+        let ip: std::net::IpAddr = h
+            .trim_matches(['[', ']'])
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--envoy-env: {host}={h}: not an IP address"))?;
+        let p: u16 = p
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--envoy-env: {port}={p}: not a port"))?;
+        anyhow::Ok(Some(std::net::SocketAddr::new(ip, p)))
     };
-    if let Some(a) = addr("HOST", "PORT")? {
+    if let Some(a) = addr("HOST", "PORT", "8080")? {
         main.listen.http = Some(a);
     }
-    if let Some(a) = addr("GRPC_HOST", "GRPC_PORT")? {
+    if let Some(a) = addr("GRPC_HOST", "GRPC_PORT", "8081")? {
         main.listen.grpc = Some(a);
     }
     if flag(get, "GRPC_SERVER_USE_TLS")?.unwrap_or(false) {
@@ -530,6 +538,17 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("REDIS_PERSECOND_URL"), "{e}");
+    }
+
+    #[test]
+    fn listen_addresses_are_read_as_envoy_reads_them() {
+        let mut main = MainConfig::default();
+        let get = env(&[("HOST", "::"), ("GRPC_HOST", ""), ("GRPC_PORT", "9000")]);
+        apply(&get, &mut main).unwrap();
+        assert_eq!(main.listen.http, Some("[::]:8080".parse().unwrap()));
+        assert_eq!(main.listen.grpc, Some("0.0.0.0:9000".parse().unwrap()));
+        let e = apply(&env(&[("PORT", "http")]), &mut MainConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("PORT=http: not a port"), "{e}");
     }
 
     #[test]

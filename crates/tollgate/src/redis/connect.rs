@@ -163,9 +163,12 @@ fn sentinel(
     let (userinfo, after) = userinfo(rest);
     let (hosts, path) = after.split_once('/').ok_or_else(form)?;
     let (name, db) = match path.trim_end_matches('/').split_once('/') {
-        Some((name, db)) => (name, db.parse::<i64>().map_err(|_| form())?),
+        Some((name, db)) => (name, db.parse::<u16>().map_err(|_| form())?),
         None => (path.trim_end_matches('/'), 0),
     };
+    if name.contains(['?', '#', '/']) {
+        return Err(form());
+    }
     let sentinels = hosts
         .split(',')
         .filter(|h| !h.is_empty())
@@ -200,11 +203,14 @@ fn sentinel(
             password.as_ref(),
         )
     };
+    // The master's settings are checked now (a userinfo that does not decode), not at
+    // the first search.
+    master("127.0.0.1", 6379)?;
     Ok(Target::Sentinel(SentinelConn::new(
         name.to_string(),
         sentinels,
         Box::new(master),
-        db,
+        i64::from(db),
         opts.connect_timeout.max(opts.timeout),
         opts.timeout,
     )))
@@ -365,16 +371,16 @@ pub(super) fn first_contact(url: &str, tls: bool, e: redis::RedisError) -> Error
         "tryagain",
         "masterdown",
     ]);
+    if e.kind() == K::MasterNameNotFoundBySentinel {
+        return Error::Config(format!(
+            "{}: no Sentinel knows this master name: {} (the name after the hosts in the URL)",
+            redacted(url),
+            e.detail().unwrap_or_default()
+        ));
+    }
     let code = e.code().unwrap_or_default();
     let why = match e.kind() {
         _ if busy => None,
-        K::MasterNameNotFoundBySentinel => {
-            return Error::Config(format!(
-                "{}: no Sentinel knows this master name: {} (the name after the hosts in the URL)",
-                redacted(url),
-                e.detail().unwrap_or_default()
-            ))
-        }
         _ if has(&[super::sentinel::SENTINEL_REFUSED_LOGIN]) => Some(
             "a Sentinel refused the login: check sentinel_username and sentinel_password",
         ),
@@ -483,6 +489,41 @@ mod tests {
             &opts,
         );
         assert!(matches!(t, Ok(Target::Cluster(_))), "{:?}", t.err());
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_master_after_the_sentinels() {
+        let opts = RedisOptions::default();
+        for good in [
+            "redis+sentinel://u:p%2F@127.0.0.1:26379,127.0.0.1:26380/orders/2",
+            "rediss+sentinel://s1,s2/orders",
+        ] {
+            let tls = good.starts_with("rediss");
+            let opts = RedisOptions {
+                tls: tls.then(RedisTls::default),
+                ..opts.clone()
+            };
+            assert!(
+                matches!(target(good, &opts), Ok(Target::Sentinel(_))),
+                "{good}"
+            );
+        }
+        for bad in [
+            "redis+sentinel://127.0.0.1:26379",
+            "redis+sentinel://127.0.0.1:26379/",
+            "redis+sentinel://127.0.0.1:26379/orders/-1",
+            "redis+sentinel://127.0.0.1:26379/orders?x=1",
+            "redis+sentinel:///orders",
+        ] {
+            let e = target(bad, &opts)
+                .err()
+                .unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(e.to_string().contains("/master-name[/db]"), "{bad}: {e}");
+        }
+        let e = target("redis+sentinel://u:%FF@s1/orders", &opts)
+            .err()
+            .unwrap();
+        assert!(!e.to_string().contains("%FF"), "{e}");
     }
 
     #[test]

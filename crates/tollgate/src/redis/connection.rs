@@ -13,7 +13,7 @@ use redis::Value;
 use super::call::{nonce, push_call, push_try, split_reply, CallOp, CheckCall, CheckReply};
 use super::options::{RedisCalls, RedisOptions};
 use super::script::{eval_script, library};
-use super::sentinel::{Pending, SentinelConn};
+use super::sentinel::SentinelConn;
 use crate::Error;
 
 #[derive(Clone)]
@@ -68,18 +68,9 @@ impl ConnectionLike for Conn {
             Conn::Cluster(l) => {
                 Box::pin(async move { l.get().await?.req_packed_command(cmd).await })
             }
-            Conn::Sentinel(s) => Box::pin(async move {
-                let master = s.get().await?;
-                let mut conn = master.conn();
-                let pending = Pending {
-                    sentinel: s,
-                    master,
-                    done: false,
-                };
-                let r = conn.req_packed_command(cmd).await;
-                pending.done(&r);
-                r
-            }),
+            Conn::Sentinel(s) => {
+                Box::pin(s.send(move |mut c| async move { c.req_packed_command(cmd).await }))
+            }
         }
     }
 
@@ -95,18 +86,11 @@ impl ConnectionLike for Conn {
                 let mut c = l.get().await?;
                 c.req_packed_commands(cmd, offset, count).await
             }),
-            Conn::Sentinel(s) => Box::pin(async move {
-                let master = s.get().await?;
-                let mut conn = master.conn();
-                let pending = Pending {
-                    sentinel: s,
-                    master,
-                    done: false,
-                };
-                let r = conn.req_packed_commands(cmd, offset, count).await;
-                pending.done(&r);
-                r
-            }),
+            Conn::Sentinel(s) => {
+                Box::pin(s.send(move |mut c| async move {
+                    c.req_packed_commands(cmd, offset, count).await
+                }))
+            }
         }
     }
 

@@ -49,6 +49,10 @@ pub(crate) struct SentinelConn {
     clock: MonotonicClock,
     /// Whether the task that listens for `+switch-master` runs.
     watching: std::sync::atomic::AtomicBool,
+    /// The last `+switch-master` heard: where the master went, and when (clock ms).
+    /// A search that finds another master meanwhile (the old one, still saying it is
+    /// one) is not believed for a while.
+    announced: Mutex<Option<(String, u64)>>,
     current: Mutex<Option<Master>>,
     search: tokio::sync::Mutex<Search>,
 }
@@ -99,6 +103,7 @@ impl SentinelConn {
             stall: timeout,
             clock: MonotonicClock::new(),
             watching: Default::default(),
+            announced: Mutex::new(None),
             current: Mutex::new(None),
             search: Default::default(),
         }
@@ -128,6 +133,27 @@ impl SentinelConn {
             .map_err(|e| RedisError::from(std::io::Error::other(format!("sentinel search: {e}"))))?
     }
 
+    /// Sends one call on the master's connection (found first if need be), and
+    /// learns from how it ended whether to ask the Sentinels again.
+    pub(crate) async fn send<T, F>(
+        self: &Arc<Self>,
+        call: impl FnOnce(MultiplexedConnection) -> F,
+    ) -> RedisResult<T>
+    where
+        F: std::future::Future<Output = RedisResult<T>>,
+    {
+        let master = self.get().await?;
+        let conn = master.conn();
+        let pending = Pending {
+            sentinel: self,
+            master,
+            done: false,
+        };
+        let r = call(conn).await;
+        pending.done(&r);
+        r
+    }
+
     async fn find(&self) -> RedisResult<Master> {
         let mut search = self.search.lock().await;
         if let Some(m) = self.current.lock().unwrap().clone() {
@@ -149,6 +175,7 @@ impl SentinelConn {
                     ),
                 )))
             });
+        let found = found.and_then(|(addr, conn)| self.believed(addr).map(|addr| (addr, conn)));
         let (addr, conn) = match found {
             Ok(found) => found,
             Err(e) => {
@@ -179,49 +206,88 @@ impl SentinelConn {
         Ok(master)
     }
 
+    /// `addr`, unless a Sentinel announced another master less than 30 s ago: then a
+    /// failover is under way and the search found the old master.
+    fn believed(&self, addr: Arc<str>) -> RedisResult<Arc<str>> {
+        let mut announced = self.announced.lock().unwrap();
+        match announced.as_ref() {
+            Some((to, at)) if **to != *addr && self.now_ms().saturating_sub(*at) < 30_000 => {
+                Err(RedisError::from((
+                    ErrorKind::Server(redis::ServerErrorKind::MasterDown),
+                    "a failover is under way",
+                    format!("a Sentinel announced the master at {to}, the search found {addr}"),
+                )))
+            }
+            _ => {
+                *announced = None;
+                Ok(addr)
+            }
+        }
+    }
+
     /// Asks each Sentinel in turn, from the one that answered last, and connects to
     /// the first master named that says it is one.
     async fn search(&self, s: &mut Search) -> RedisResult<(Arc<str>, MultiplexedConnection)> {
         let n = self.sentinels.len();
+        // Each Sentinel gets its share of the search's time, so that one that drops
+        // packets (its node gone, its address still listed) cannot use it all up; the
+        // whole stays within the search's bound, a little short of the first PING's,
+        // so that its own error, not a bare timeout, is what a caller sees.
+        let per = (self.search_timeout * 9 / 10) / n as u32;
         let mut problems = Vec::new();
-        let (mut unknown, mut kind, mut sentinel_login) = (0, None, false);
+        let (mut answered, mut unknown, mut kind, mut sentinel_login) = (0, 0, None, false);
         for i in 0..n {
             let at = (s.first + i) % n;
-            let sentinel = &self.sentinels[at].0;
-            let named = match self.ask(s, at).await {
-                Ok(Some(named)) => named,
+            let sentinel = self.sentinels[at].0.clone();
+            let attempt = async {
+                let named = self.ask(s, at).await.map_err(|e| (true, e))?;
+                match named {
+                    None => Ok(None),
+                    Some((host, port)) => match self.open(&host, port).await {
+                        Ok(conn) => Ok(Some((address(&host, port), conn))),
+                        Err(e) => Err((false, e).with_master(&host, port)),
+                    },
+                }
+            };
+            let outcome = tokio::time::timeout(per, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err((
+                        true,
+                        RedisError::from(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no answer within {per:?}"),
+                        )),
+                    ))
+                });
+            match outcome {
+                Ok(Some((addr, conn))) => {
+                    s.first = at;
+                    return Ok((addr.into(), conn));
+                }
                 Ok(None) => {
+                    answered += 1;
                     unknown += 1;
                     problems.push(format!(
                         "sentinel {sentinel}: no master named {:?}",
                         self.name
                     ));
-                    continue;
                 }
-                Err(e) => {
-                    sentinel_login |=
-                        e.kind() == ErrorKind::AuthenticationFailed || e.code() == Some("NOAUTH");
+                Err((from_sentinel, e)) => {
+                    answered += usize::from(!from_sentinel);
+                    sentinel_login |= from_sentinel
+                        && (e.kind() == ErrorKind::AuthenticationFailed
+                            || e.code() == Some("NOAUTH"));
                     kind = kind.or(significant(&e));
                     problems.push(format!("sentinel {sentinel}: {e}"));
-                    continue;
-                }
-            };
-            let (host, port) = named;
-            match self.open(&host, port).await {
-                Ok(conn) => {
-                    s.first = at;
-                    return Ok((address(&host, port).into(), conn));
-                }
-                Err(e) => {
-                    kind = kind.or(significant(&e));
-                    problems.push(format!(
-                        "master {} (named by sentinel {sentinel}): {e}",
-                        address(&host, port)
-                    ));
                 }
             }
+            // The next search starts past a Sentinel that failed.
+            if s.first == at {
+                s.first = (at + 1) % n;
+            }
         }
-        if unknown == n {
+        if unknown > 0 && unknown == answered {
             return Err(RedisError::from((
                 ErrorKind::MasterNameNotFoundBySentinel,
                 "no Sentinel knows this master name",
@@ -312,7 +378,9 @@ impl SentinelConn {
                     )
             }
             None => {
-                let quiet = self.now_ms() - m.answered.load(Ordering::Relaxed);
+                let quiet = self
+                    .now_ms()
+                    .saturating_sub(m.answered.load(Ordering::Relaxed));
                 quiet >= self.stall.as_millis() as u64
             }
         };
@@ -331,6 +399,7 @@ impl SentinelConn {
 
     /// A Sentinel announced that the master is now at `to`.
     fn moved(&self, to: &str) {
+        *self.announced.lock().unwrap() = Some((to.to_string(), self.now_ms()));
         let generation = match self.current.lock().unwrap().as_ref() {
             Some(m) if &*m.addr != to => m.generation,
             _ => return,
@@ -407,15 +476,15 @@ impl Master {
 
 /// Forgets the master when dropped before `done`: the call was cut off (its timeout)
 /// before any answer.
-pub(crate) struct Pending<'a> {
-    pub(crate) sentinel: &'a SentinelConn,
-    pub(crate) master: Master,
-    pub(crate) done: bool,
+struct Pending<'a> {
+    sentinel: &'a SentinelConn,
+    master: Master,
+    done: bool,
 }
 
 impl Pending<'_> {
     /// The call ended with `r`.
-    pub(crate) fn done<T>(mut self, r: &RedisResult<T>) {
+    fn done<T>(mut self, r: &RedisResult<T>) {
         self.done = true;
         match r {
             Ok(_) => self.sentinel.answered(&self.master),
@@ -434,6 +503,27 @@ impl Drop for Pending<'_> {
         if !self.done {
             self.sentinel.failed(&self.master, None);
         }
+    }
+}
+
+/// A failure of the master a Sentinel named, said as such.
+trait WithMaster {
+    fn with_master(self, host: &str, port: u16) -> Self;
+}
+
+impl WithMaster for (bool, RedisError) {
+    fn with_master(self, host: &str, port: u16) -> Self {
+        let (from_sentinel, e) = self;
+        let said = format!("the master it names, {}: {e}", address(host, port));
+        let e = match e.kind() {
+            // Keep what makes it a configuration error.
+            kind @ (ErrorKind::AuthenticationFailed | ErrorKind::Server(_)) => {
+                RedisError::from((kind, "master", said))
+            }
+            _ if e.code() == Some("NOAUTH") => e,
+            _ => RedisError::from(std::io::Error::other(said)),
+        };
+        (from_sentinel, e)
     }
 }
 
