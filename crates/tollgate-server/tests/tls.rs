@@ -490,6 +490,14 @@ async fn metrics_have_a_listener_of_their_own_over_tls_or_as_envoys_settings_say
         text.contains("tollgate_decision_duration_seconds"),
         "{text}"
     );
+    // The certificate's days left (the test's certificates are made for 30 days).
+    let days: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_tls_certificate_expiry_days{listener=\"metrics\"} "))
+        .unwrap_or_else(|| panic!("{text}"))
+        .parse()
+        .unwrap();
+    assert!((29.0..=30.0).contains(&days), "{days}");
 
     let (_envoy, lines) = serve_lines(
         &["--envoy-env"],

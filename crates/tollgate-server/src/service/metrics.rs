@@ -42,6 +42,7 @@ pub struct Metrics {
     quota_reported: Family<Labels, Counter>,
     /// RLQS streams open.
     quota_streams: Gauge,
+    certificate_days: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 /// A decision's outcome, as counted.
@@ -168,7 +169,15 @@ impl Metrics {
         );
         let quota_streams = Gauge::default();
         registry.register("quota_streams", "RLQS streams open", quota_streams.clone());
+        let certificate_days =
+            Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "tls_certificate_expiry_days",
+            "Days until each TLS listener's certificate expires (negative once it has), by listener",
+            certificate_days.clone(),
+        );
         Metrics {
+            certificate_days,
             quota,
             quota_reported,
             quota_streams,
@@ -279,6 +288,14 @@ impl Metrics {
             ("tls_insecure", u64::from(tls_insecure)),
         ];
         self.redis_events(&events);
+    }
+
+    /// Sets the days left of `listener`'s certificate.
+    pub fn certificate_days_left(&self, listener: &str, days: f64) {
+        (self
+            .certificate_days
+            .get_or_create(&vec![("listener", listener.to_string())]))
+        .set(days);
     }
 
     /// Sets the workers' figures.

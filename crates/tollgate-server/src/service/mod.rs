@@ -235,6 +235,8 @@ pub struct DecisionService {
     workers: Option<crate::workers::WorkerStats>,
     /// Envoy's quota buckets (RLQS) and the streams reporting on them.
     quota: crate::service::quota::QuotaBuckets,
+    /// The listeners' TLS, by listener, for the certificates' days left.
+    tls: Vec<(&'static str, crate::tls::ServerTls)>,
 }
 
 impl DecisionService {
@@ -257,6 +259,7 @@ impl DecisionService {
             clock: tollgate::clock::MonotonicClock::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
             workers: None,
+            tls: Vec::new(),
             quota: crate::service::quota::QuotaBuckets::new(
                 counters.quota_ledger(),
                 crate::service::quota::LedgerFailure::of(counters.store_config()),
@@ -276,6 +279,12 @@ impl DecisionService {
     /// Reports `workers` at `/metrics` (connections, busy share, moves, per worker).
     pub fn with_workers(mut self, workers: crate::workers::WorkerStats) -> Self {
         self.workers = Some(workers);
+        self
+    }
+
+    /// Reports the certificates of `listeners` (name, TLS) at `/metrics`.
+    pub fn with_tls(mut self, listeners: Vec<(&'static str, crate::tls::ServerTls)>) -> Self {
+        self.tls = listeners;
         self
     }
 
@@ -412,6 +421,9 @@ impl DecisionService {
         }
         if let Some(w) = &self.workers {
             self.metrics.workers(&w.read());
+        }
+        for (listener, tls) in &self.tls {
+            (self.metrics).certificate_days_left(listener, crate::tls::days_left(tls.not_after()));
         }
         let buckets = self.quota.views();
         let figures = buckets.iter().map(|b| {

@@ -256,7 +256,20 @@ pub async fn serve_on(
         .with_request_limits(settings.requests)
         .with_quota_limits(settings.quota)
         .with_answers(&settings.service)
-        .with_workers(workers.stats());
+        .with_workers(workers.stats())
+        .with_tls(
+            [
+                ("http", settings.http_tls.clone()),
+                ("grpc", settings.grpc_tls.clone()),
+                (
+                    "metrics",
+                    settings.metrics.as_ref().and_then(|(_, _, t)| t.clone()),
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(name, tls)| tls.map(|t| (name, t)))
+            .collect(),
+        );
     let service = Arc::new(service);
     let admin = crate::service::http::AdminAccess {
         token: settings.admin_token.clone(),
