@@ -202,13 +202,14 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    pass_metered(framing, src, buf, dst, head, stall, None).await
+    pass_metered(framing, src, buf, dst, head, stall, None, false).await
 }
 
-/// [`pass`], with the body's data read by `meter` as it passes; then the last
-/// bytes (with a body of known length or chunked, what ends it; without a body, the
-/// head) are left unwritten in `head`, for the caller to send once the usage has
-/// been charged: a client has the whole response only after the charge landed.
+/// [`pass`], with the body's data read by `meter` as it passes; then, with `meter`
+/// or `hold`, the last bytes (with a body of known length or chunked, what ends it;
+/// without a body, the head) are left unwritten in `head`, for the caller to send
+/// once the usage has been charged or a permit given back: a client has the whole
+/// response only after that.
 pub async fn pass_metered<R, W>(
     framing: Framing,
     src: &mut R,
@@ -217,13 +218,14 @@ pub async fn pass_metered<R, W>(
     head: &mut Vec<u8>,
     stall: Option<Duration>,
     mut meter: Option<&mut Metered>,
+    hold: bool,
 ) -> Result<(), BodyError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let write = |_| BodyError::Write;
-    let hold = meter.is_some();
+    let hold = hold || meter.is_some();
     match framing {
         Framing::Empty | Framing::Length(0) => {}
         Framing::Length(mut left) => loop {

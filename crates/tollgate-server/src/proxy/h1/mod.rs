@@ -34,7 +34,7 @@ use self::message::{BadHead, Framing, RequestHead, ResponseHead, MAX_HEAD, MAX_H
 use super::admission::admit;
 use super::cost::{Metered, Outcome};
 use super::forwarding::{body_stalled, forwarding, upstream_failed, Peer, TIMED_OUT, UNREACHABLE};
-use super::limits::Passed;
+use super::limits::{ConnPermit, Passed};
 use super::problem::no_route;
 use super::problem::{problem, Problem};
 use super::routes::{Route, RouteTable};
@@ -389,6 +389,10 @@ impl Conn {
         }
         out.extend_from_slice(b"\r\n");
         up.buf.advance(head_len);
+        // A limit_conn permit kept in Redis goes back before the client has the whole
+        // response: released after it, a client that asks again at once (another
+        // proxy on the same Redis) could find its own permit still held.
+        let shared_permit = matches!(passed.permit, Some(ConnPermit::Redis(_)));
         let mut passed_on = body::pass_metered(
             head.framing,
             &mut up.io,
@@ -397,12 +401,21 @@ impl Conn {
             out,
             None,
             metering.as_mut(),
+            shared_permit,
         )
         .await;
         // The end of the response waits for its charge (cut short, the body settles
-        // as disconnected when `metering` drops).
-        if let (Some(metered), Ok(())) = (metering, &passed_on) {
-            metered.finish().await;
+        // as disconnected when `metering` drops) and for its permit's release.
+        if passed_on.is_ok() && (metering.is_some() || shared_permit) {
+            if let Some(metered) = metering {
+                metered.finish().await;
+            }
+            if let Some(ConnPermit::Redis(permit)) = passed.permit.take() {
+                if let Err(e) = permit.release().await {
+                    // It expires with its lease.
+                    tracing::debug!("limit_conn permit not released: {e}");
+                }
+            }
             if !out.is_empty() && io.write_all(out).await.is_err() {
                 passed_on = Err(BodyError::Write);
             }
