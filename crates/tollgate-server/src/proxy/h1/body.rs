@@ -202,14 +202,26 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    pass_metered(framing, src, buf, dst, head, stall, None, false).await
+    pass_metered(framing, src, buf, dst, head, stall, End::Send).await
 }
 
-/// [`pass`], with the body's data read by `meter` as it passes; then, with `meter`
-/// or `hold`, the last bytes (with a body of known length or chunked, what ends it;
-/// without a body, the head) are left unwritten in `head`, for the caller to send
-/// once the usage has been charged or a permit given back: a client has the whole
-/// response only after that.
+/// What [`pass_metered`] does with the end of a body.
+pub enum End<'a> {
+    /// Sends it.
+    Send,
+    /// Leaves the last bytes in `head`, for the caller to send (once a permit is
+    /// given back).
+    Hold,
+    /// Feeds the body's data to the meter, and leaves the last bytes in `head` (for
+    /// the caller to send once the usage has been charged).
+    Metered(&'a mut Metered),
+}
+
+/// [`pass`], with the body's data read by a meter as it passes; then, unless `end`
+/// is [`End::Send`], the last bytes (with a body of known length or chunked, what
+/// ends it; without a body, the head) are left unwritten in `head`, for the caller
+/// to send once the usage has been charged or a permit given back: a client has the
+/// whole response only after that.
 pub async fn pass_metered<R, W>(
     framing: Framing,
     src: &mut R,
@@ -217,15 +229,18 @@ pub async fn pass_metered<R, W>(
     dst: &mut W,
     head: &mut Vec<u8>,
     stall: Option<Duration>,
-    mut meter: Option<&mut Metered>,
-    hold: bool,
+    end: End<'_>,
 ) -> Result<(), BodyError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let write = |_| BodyError::Write;
-    let hold = hold || meter.is_some();
+    let hold = !matches!(end, End::Send);
+    let mut meter = match end {
+        End::Metered(m) => Some(m),
+        End::Send | End::Hold => None,
+    };
     match framing {
         Framing::Empty | Framing::Length(0) => {}
         Framing::Length(mut left) => loop {

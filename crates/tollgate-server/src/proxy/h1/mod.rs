@@ -400,8 +400,11 @@ impl Conn {
             io,
             out,
             None,
-            metering.as_mut(),
-            shared_permit,
+            match (metering.as_mut(), shared_permit) {
+                (Some(metered), _) => body::End::Metered(metered),
+                (None, true) => body::End::Hold,
+                (None, false) => body::End::Send,
+            },
         )
         .await;
         // The end of the response waits for its charge (cut short, the body settles
