@@ -6,8 +6,12 @@
 //! (tests/python/proxy_clients.py). `scripts/test.sh` installs `grpcio`,
 //! `xds-protos`, `httpx` and `openai` from the Python package index.
 
+#[path = "support/python.rs"]
+mod python;
 #[path = "support/serve.rs"]
 mod serve_process;
+
+use python::run_python;
 
 /// Starts `serve` on a rule file of `rules` and runs `tests/python/SCRIPT` with its
 /// gRPC address (and its HTTP base when `with_http`).
@@ -23,45 +27,6 @@ fn python_checks(name: &str, rules: &str, script: &str, with_http: bool) {
     }
     run_python(script, &args);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Runs `tests/python/SCRIPT ARGS...`; it must end with "all checks passed".
-fn run_python(script: &str, args: &[String]) {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/python")
-        .join(script);
-    let mut command = std::process::Command::new("python3");
-    command.arg(&script).args(args);
-    // Bounded: a client that hangs fails the test with what it printed.
-    let child = command
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs (scripts/test.sh installs its packages)");
-    let pid = child.id();
-    let (done, waited) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(child.wait_with_output());
-    });
-    let (out, hung) = match waited.recv_timeout(std::time::Duration::from_secs(120)) {
-        Ok(out) => (out.unwrap(), ""),
-        Err(_) => {
-            let _ = std::process::Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .status();
-            (
-                waited.recv().unwrap().unwrap(),
-                " (killed: no exit within 120 s)",
-            )
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("all checks passed"),
-        "{} failed{hung}:\n{stdout}\n{stderr}",
-        script.display()
-    );
 }
 
 /// `tollgate proxy` before an OpenAI-shaped upstream on Python's http.server:

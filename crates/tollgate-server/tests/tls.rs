@@ -3,8 +3,12 @@
 //! accepted and refused, a certificate rotated by a symlink swap as Kubernetes does
 //! it, and every bad setting refused by name.
 
+#[path = "support/python.rs"]
+mod python;
 #[path = "support/serve.rs"]
 mod serve_process;
+
+use python::run_python;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -338,27 +342,6 @@ fn bad_tls_settings_are_refused_by_name() {
     assert!(
         err.contains("the certificate expired on") && err.contains("2020"),
         "{err}"
-    );
-}
-
-/// Runs `tests/python/SCRIPT ARGS...`; it must end with "all checks passed".
-fn run_python(script: &str, args: &[String]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/python")
-        .join(script);
-    let out = Command::new("timeout")
-        .arg("120")
-        .arg("python3")
-        .arg(&script)
-        .args(args)
-        .output()
-        .expect("python3 runs (scripts/test.sh installs its packages)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("all checks passed"),
-        "{} failed:\n{stdout}\n{stderr}",
-        script.display()
     );
 }
 

@@ -10,33 +10,13 @@ use std::time::{Duration, Instant};
 use tollgate::redis::{
     OnError, Password, RedisLimiter, RedisLimiterOptions, RedisOptions, RedisStore, RedisTls,
 };
-use tollgate::{Error, RateLimiter, RuleSet};
+use tollgate::{RateLimiter, RuleSet};
 use tollgate_testkit::{rt, Pki, SentinelSetup, Sentinels};
 
-/// Connects to `url` with `opts` and decides a burst of three on a fresh key: the
-/// admissions.
-async fn three_of_a_burst_of_two(url: &str, opts: RedisOptions) -> Result<Vec<bool>, Error> {
-    let store = RedisStore::connect_with(url, opts).await?;
-    let rules = RuleSet::parse(&["gcra:rate=1/m,burst=2"])?;
-    let limiter = RedisLimiter::new(store, "sentinel", rules)?;
-    let key = format!("k{}", std::process::id());
-    let mut out = Vec::new();
-    for _ in 0..3 {
-        out.push(limiter.check(&key, 1).await?.allowed);
-    }
-    Ok(out)
-}
+#[path = "support/connect.rs"]
+mod connect;
 
-/// The error's text, which must name the cause.
-fn config_error(r: Result<Vec<bool>, Error>) -> String {
-    match r {
-        Err(e @ Error::Config(_)) => {
-            eprintln!("refused: {e}");
-            e.to_string()
-        }
-        other => panic!("expected a configuration error, got {other:?}"),
-    }
-}
+use connect::{config_error, three_of_a_burst_of_two};
 
 const PASSWORD: &str = "p/a+s=s@w:rd";
 const SENTINEL_PASSWORD: &str = "s3nt/+=inel";
