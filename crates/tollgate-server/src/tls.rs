@@ -147,51 +147,86 @@ fn read_all(tls: &ListenerTls) -> anyhow::Result<Vec<Vec<u8>>> {
     Ok(files)
 }
 
-fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Loaded> {
-    let read = |key: &str, path: &Path| {
-        std::fs::read(path)
-            .with_context(|| format!("{setting}.{key} {}: cannot read it", path.display()))
-    };
-    let certs_in =
-        |key: &str, path: &Path, pem: &[u8]| -> anyhow::Result<Vec<CertificateDer<'static>>> {
-            let certs = CertificateDer::pem_slice_iter(pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "{setting}.{key} {}: not PEM certificates: {e}",
-                        path.display()
-                    )
-                })?;
-            anyhow::ensure!(
-            !certs.is_empty(),
-            "{setting}.{key} {}: no certificate in it (expected PEM: -----BEGIN CERTIFICATE-----)",
-            path.display()
-        );
-            Ok(certs)
-        };
-    let cert_pem = read("cert_file", &tls.cert_file)?;
-    let key_pem = read("key_file", &tls.key_file)?;
-    let certs = certs_in("cert_file", &tls.cert_file, &cert_pem)?;
+/// Reads a PEM file for `setting.key`, naming both when it cannot be read.
+fn read_pem(setting: &str, key: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path)
+        .with_context(|| format!("{setting}.{key} {}: cannot read it", path.display()))
+}
+
+/// The certificates of a PEM file (at least one), errors naming the setting.
+fn certs_in(
+    setting: &str,
+    key: &str,
+    path: &Path,
+    pem: &[u8],
+) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{setting}.{key} {}: not PEM certificates: {e}",
+                path.display()
+            )
+        })?;
+    anyhow::ensure!(
+        !certs.is_empty(),
+        "{setting}.{key} {}: no certificate in it (expected PEM: -----BEGIN CERTIFICATE-----)",
+        path.display()
+    );
+    Ok(certs)
+}
+
+/// A certificate chain and its key, read and checked to belong together: (chain,
+/// key, the two files' bytes).
+type Identity = (
+    Vec<CertificateDer<'static>>,
+    PrivateKeyDer<'static>,
+    [Vec<u8>; 2],
+);
+
+fn identity(setting: &str, cert_file: &Path, key_file: &Path) -> anyhow::Result<Identity> {
+    let cert_pem = read_pem(setting, "cert_file", cert_file)?;
+    let key_pem = read_pem(setting, "key_file", key_file)?;
+    let certs = certs_in(setting, "cert_file", cert_file, &cert_pem)?;
     let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
         anyhow::anyhow!(
             "{setting}.key_file {}: no private key in it ({e})",
-            tls.key_file.display()
+            key_file.display()
         )
     })?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let signing = provider
+    let signing = provider()
         .key_provider
         .load_private_key(key.clone_key())
-        .map_err(|e| anyhow::anyhow!("{setting}.key_file {}: {e}", tls.key_file.display()))?;
+        .map_err(|e| anyhow::anyhow!("{setting}.key_file {}: {e}", key_file.display()))?;
     rustls::sign::CertifiedKey::new(certs.clone(), signing)
         .keys_match()
         .map_err(|_| {
             anyhow::anyhow!(
                 "{setting}.key_file {} does not match the certificate in {setting}.cert_file {}",
-                tls.key_file.display(),
-                tls.cert_file.display()
+                key_file.display(),
+                cert_file.display()
             )
         })?;
+    Ok((certs, key, [cert_pem, key_pem]))
+}
+
+/// CA certificates from a PEM file, as trust anchors.
+fn roots(setting: &str, key: &str, path: &Path) -> anyhow::Result<(RootCertStore, Vec<u8>)> {
+    let pem = read_pem(setting, key, path)?;
+    let mut roots = RootCertStore::empty();
+    for ca in certs_in(setting, key, path, &pem)? {
+        (roots.add(ca)).map_err(|e| anyhow::anyhow!("{setting}.{key} {}: {e}", path.display()))?;
+    }
+    Ok((roots, pem))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Loaded> {
+    let (certs, key, [cert_pem, key_pem]) = identity(setting, &tls.cert_file, &tls.key_file)?;
+    let provider = provider();
     let not_after = not_after(&certs[0])
         .with_context(|| format!("{setting}.cert_file {}", tls.cert_file.display()))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
@@ -205,13 +240,7 @@ fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Load
             builder.with_no_client_auth()
         }
         Some(path) => {
-            let pem = read("client_ca_file", path)?;
-            let mut roots = RootCertStore::empty();
-            for ca in certs_in("client_ca_file", path, &pem)? {
-                roots.add(ca).map_err(|e| {
-                    anyhow::anyhow!("{setting}.client_ca_file {}: {e}", path.display())
-                })?;
-            }
+            let (roots, pem) = roots(setting, "client_ca_file", path)?;
             files.push(pem);
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
@@ -236,6 +265,45 @@ fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Load
         files,
         not_after,
     })
+}
+
+/// The TLS of a client connection (TLS 1.2 and 1.3, ALPN `alpn`): the server's
+/// certificate must chain to `ca_file`'s CAs (default: the system's); with
+/// `identity` (certificate chain, key), the client presents that certificate. The
+/// files are read now: a caller that builds one per connection follows rotations.
+/// Errors name `setting` and the file.
+pub fn client_config(
+    setting: &str,
+    ca_file: Option<&Path>,
+    identity_files: Option<(&Path, &Path)>,
+    alpn: &[&[u8]],
+) -> anyhow::Result<rustls::ClientConfig> {
+    let roots = match ca_file {
+        Some(path) => roots(setting, "ca_file", path)?.0,
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            let mut roots = RootCertStore::empty();
+            roots.add_parsable_certificates(found.certs);
+            anyhow::ensure!(
+                !roots.is_empty(),
+                "{setting}.ca_file: not given, and the system has no CA certificates to verify the server with"
+            );
+            roots
+        }
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_root_certificates(roots);
+    let mut config = match identity_files {
+        None => builder.with_no_client_auth(),
+        Some((cert_file, key_file)) => {
+            let (certs, key, _) = identity(setting, cert_file, key_file)?;
+            (builder.with_client_auth_cert(certs, key))
+                .map_err(|e| anyhow::anyhow!("{setting}: {e}"))?
+        }
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
 }
 
 /// The end of a certificate's validity.

@@ -10,7 +10,7 @@ mod serve_process;
 
 use python::run_python;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,33 +21,21 @@ use tollgate_testkit::Pki;
 const RULES: &str = "domain: tls\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n";
 
 /// A directory with the rules and a config whose `listen:` section is `listen`.
-struct Dir(PathBuf);
+struct Dir(tollgate_testkit::ScratchDir);
 
 impl Dir {
     fn new(name: &str, listen: &str) -> Dir {
-        let dir = std::env::temp_dir().join(format!(
-            "tollgate-tls-{name}-{}-{}",
-            std::process::id(),
-            tollgate_testkit::free_port()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("rules.yaml"), RULES).unwrap();
-        std::fs::write(
-            dir.join("tollgate.yaml"),
-            format!("rules: [rules.yaml]\nlisten:\n{listen}"),
-        )
-        .unwrap();
+        let dir = tollgate_testkit::ScratchDir::new(&format!("tls-{name}"));
+        dir.write("rules.yaml", RULES);
+        dir.write(
+            "tollgate.yaml",
+            &format!("rules: [rules.yaml]\nlisten:\n{listen}"),
+        );
         Dir(dir)
     }
 
     fn config(&self) -> String {
-        self.0.join("tollgate.yaml").display().to_string()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0 .0.join("tollgate.yaml").display().to_string()
     }
 }
 
@@ -352,10 +340,10 @@ fn bad_tls_settings_are_refused_by_name() {
 async fn invoked_as_ratelimit_it_serves_envoys_environment() {
     let pki = Pki::new();
     let dir = Dir::new("ratelimit", "  {}\n");
-    let config = dir.0.join("srv/ratelimit/config");
+    let config = dir.0 .0.join("srv/ratelimit/config");
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(config.join("rules.yaml"), RULES).unwrap();
-    let bin = dir.0.join("bin");
+    let bin = dir.0 .0.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tollgate"), bin.join("ratelimit")).unwrap();
     let (cert, key, ca) = (
@@ -363,8 +351,8 @@ async fn invoked_as_ratelimit_it_serves_envoys_environment() {
         file(&pki, "server.key"),
         file(&pki, "ca.pem"),
     );
-    let root = dir.0.join("srv").display().to_string();
-    let mut child = Command::new(bin.join("ratelimit"))
+    let root = dir.0 .0.join("srv").display().to_string();
+    let child = Command::new(bin.join("ratelimit"))
         .envs([
             ("HOST", "127.0.0.1"),
             ("PORT", "0"),
@@ -385,25 +373,14 @@ async fn invoked_as_ratelimit_it_serves_envoys_environment() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut banner = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
-        &mut banner,
-    )
-    .unwrap();
-    let _killed = tollgate_testkit::Killed(child);
+    let server = serve_process::attach(child);
+    let banner = &server.banner;
     assert!(
         banner.starts_with("tollgate serve: HTTP on http://127.0.0.1:"),
         "{banner}"
     );
     assert!(banner.contains("over TLS"), "{banner}");
-    let base = banner
-        .split("HTTP on ")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap();
+    let base = server.base.as_str();
     let (status, _, body) = serve_process::request_to(base, "GET", "/healthcheck", "", None).await;
     assert_eq!((status, body.as_str()), (200, Some("OK\n")));
     let (_, _, rules) = serve_process::request_to(base, "GET", "/rlconfig", "", None).await;

@@ -27,7 +27,7 @@ mod sentinel;
 pub use clients::{dribble, idle, open_fds, read_until_closed, rss_kib, Ended};
 pub use nginx::{FrozenClock, Nginx, LIBFAKETIME};
 pub use pki::Pki;
-pub use process::{distinct_ports, free_port, release, Killed};
+pub use process::{distinct_ports, free_port, release, Killed, ScratchDir};
 pub use redis::{cli_binary, rt, run_children, server_binary, timing_sensitive, RedisServers};
 pub use relay::DelayRelay;
 pub use sentinel::{SentinelSetup, Sentinels};

@@ -52,3 +52,33 @@ pub fn release(ports: &[u16]) {
         taken.remove(p);
     }
 }
+
+/// A directory of its own under the system's temporary directory, removed (with what
+/// it holds) on drop.
+pub struct ScratchDir(pub std::path::PathBuf);
+
+impl ScratchDir {
+    /// A new, empty directory whose name carries `tag`.
+    pub fn new(tag: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-{tag}-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        ScratchDir(dir)
+    }
+
+    /// Writes `text` to `name` in the directory; its path, as text.
+    pub fn write(&self, name: &str, text: &str) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).expect("a file in the scratch directory");
+        path.display().to_string()
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

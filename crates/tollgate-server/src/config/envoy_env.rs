@@ -36,8 +36,9 @@ const IGNORED: &[&str] = &[
     "RUNTIME_IGNOREDOTFILES",
     "RUNTIME_WATCH_ROOT",
     "EXPIRATION_JITTER_MAX_SECONDS",
-    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "XDS_CLIENT_BACKOFF_JITTER",
     "REDIS_POOL_SIZE",
     "REDIS_POOL_ON_EMPTY_BEHAVIOR",
     "REDIS_PIPELINE_WINDOW",
@@ -65,7 +66,6 @@ const IGNORED: &[&str] = &[
 /// deployment asked for, so they are refused when set to anything but their default.
 const REFUSED: &[(&str, &str, &str)] = &[
     ("GRPC_UDS", "", "gRPC on a unix socket"),
-    ("CONFIG_TYPE", "FILE", "rules from an xDS server"),
     ("BACKEND_TYPE", "redis", "the memcached backend"),
     (
         "QUOTA_MODE",
@@ -86,10 +86,18 @@ pub fn apply(
         }
     }
     listeners_and_rules(get, main)?;
+    xds(get, main)?;
     store(get, &mut main.store)?;
     answers(get, &mut main.service)?;
-    let ignored: Vec<&str> = IGNORED
-        .iter()
+    // These two speak of xDS rules only.
+    let xds_only: &[&str] = match main.xds {
+        Some(_) => &[],
+        None => &[
+            "FORCE_START_WITHOUT_INITIAL_CONFIG",
+            "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        ],
+    };
+    let ignored: Vec<&str> = (IGNORED.iter().chain(xds_only))
         .copied()
         .filter(|n| get(n).is_some())
         .collect();
@@ -178,6 +186,75 @@ fn listeners_and_rules(
         dir.push(get("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
         main.rules = vec![dir];
     }
+    Ok(())
+}
+
+/// `CONFIG_TYPE=GRPC_XDS_SOTW` and the `CONFIG_GRPC_XDS_*` settings: rules from an xDS
+/// server, in place of the runtime directory's files (whose `RUNTIME_*` settings,
+/// which Envoy Gateway sets anyway, then go unused, as in envoyproxy/ratelimit).
+/// `FORCE_START_WITHOUT_INITIAL_CONFIG` and `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`
+/// apply to xDS only: rule files are read before serving, or the start fails.
+fn xds(get: &dyn Fn(&str) -> Option<String>, main: &mut MainConfig) -> anyhow::Result<()> {
+    let kind = get("CONFIG_TYPE").unwrap_or_else(|| "FILE".into());
+    if kind.eq_ignore_ascii_case("FILE") {
+        return Ok(());
+    }
+    if !kind.eq_ignore_ascii_case("GRPC_XDS_SOTW") {
+        bail!("--envoy-env: CONFIG_TYPE={kind}: expected FILE or GRPC_XDS_SOTW");
+    }
+    let set = |name: &str| get(name).filter(|v| !v.is_empty());
+    let mut x = crate::config::xds::XdsConfig::new(
+        set("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or_else(|| "localhost:18000".into()),
+    );
+    if let Some(id) = set("CONFIG_GRPC_XDS_NODE_ID") {
+        x.node_id = id;
+    }
+    // `key=value,...` (pairs without `=` are skipped, as envoyproxy/ratelimit does).
+    for pair in set("CONFIG_GRPC_XDS_NODE_METADATA")
+        .iter()
+        .flat_map(|m| m.split(','))
+    {
+        if let Some((k, v)) = pair.split_once('=') {
+            x.node_metadata.insert(k.to_string(), v.to_string());
+        }
+    }
+    // `name:value,...`, envconfig's map syntax.
+    if let Some(headers) = set("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS") {
+        for pair in headers.split(',') {
+            let Some((k, v)) = pair.split_once(':') else {
+                bail!("--envoy-env: CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: {pair:?} is not name:value");
+            };
+            x.headers
+                .insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    if flag(get, "CONFIG_GRPC_XDS_SERVER_USE_TLS")?.unwrap_or(false) {
+        let path = |name: &str| set(name).map(PathBuf::from);
+        x.tls = Some(crate::config::xds::XdsTls {
+            ca_file: path("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+            cert_file: path("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+            key_file: path("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+            server_name: set("CONFIG_GRPC_XDS_SERVER_TLS_SAN"),
+        });
+    }
+    if let Some(us) = duration(get, "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")? {
+        x.backoff_initial = us.max(1);
+    }
+    if let Some(us) = duration(get, "XDS_CLIENT_BACKOFF_MAX_INTERVAL")? {
+        x.backoff_max = us.max(x.backoff_initial);
+    }
+    if let Some(n) = set("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES") {
+        x.max_message_bytes = n.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "--envoy-env: XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES={n}: not a number of bytes"
+            )
+        })?;
+    }
+    x.start_without_rules = flag(get, "FORCE_START_WITHOUT_INITIAL_CONFIG")?.unwrap_or(false);
+    x.healthy_only_with_rules =
+        flag(get, "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")?.unwrap_or(false);
+    main.rules.clear();
+    main.xds = Some(x);
     Ok(())
 }
 
@@ -569,6 +646,58 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("PROMETHEUS_ADDR=metrics:9"), "{e}");
+    }
+
+    #[test]
+    fn envoy_gateways_xds_settings_become_the_xds_section() {
+        // As Envoy Gateway's generated Deployment sets them.
+        let mut main = MainConfig::default();
+        let get = env(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=a,bad,team=x=y"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "X-Token: t1"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "500ms"),
+        ]);
+        assert_eq!(apply(&get, &mut main).unwrap(), None);
+        main.validate().unwrap();
+        assert!(main.rules.is_empty(), "no rule files beside xDS");
+        let x = main.xds.unwrap();
+        assert_eq!(
+            (x.server.as_str(), x.node_id.as_str()),
+            ("envoy-gateway:18001", "envoy-ratelimit")
+        );
+        let tls = x.tls.unwrap();
+        assert_eq!(tls.ca_file, Some(PathBuf::from("/certs/ca.crt")));
+        assert_eq!(tls.cert_file, Some(PathBuf::from("/certs/tls.crt")));
+        assert!(x.start_without_rules && !x.healthy_only_with_rules);
+        assert_eq!(x.node_metadata.len(), 2);
+        assert_eq!(x.node_metadata["team"], "x=y");
+        assert_eq!(x.headers["x-token"], "t1");
+        assert_eq!(x.backoff_initial, 500_000);
+        // Without CONFIG_TYPE the xDS-only settings are named as ignored.
+        let w = apply(
+            &env(&[("FORCE_START_WITHOUT_INITIAL_CONFIG", "true")]),
+            &mut MainConfig::default(),
+        );
+        assert!(w
+            .unwrap()
+            .unwrap()
+            .contains("FORCE_START_WITHOUT_INITIAL_CONFIG"));
+        let e = apply(
+            &env(&[("CONFIG_TYPE", "GRPC_XDS_DELTA")]),
+            &mut MainConfig::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("CONFIG_TYPE=GRPC_XDS_DELTA"), "{e}");
     }
 
     #[test]

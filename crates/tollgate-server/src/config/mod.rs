@@ -5,6 +5,7 @@
 pub mod envoy_env;
 pub mod proxy;
 pub mod store;
+pub mod xds;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,9 @@ pub struct MainConfig {
     /// Rule files or directories.
     #[serde(default)]
     pub rules: Vec<PathBuf>,
+    /// Rules from an xDS server instead of files.
+    #[serde(default)]
+    pub xds: Option<xds::XdsConfig>,
     /// Where counters live.
     #[serde(default)]
     pub store: store::StoreConfig,
@@ -447,6 +451,14 @@ impl MainConfig {
 
     /// Checks what the types alone cannot (also after `--envoy-env` changed it).
     pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(x) = &self.xds {
+            if !self.rules.is_empty() {
+                anyhow::bail!(
+                    "rules and xds: the rules come from files or from an xDS server, not both"
+                );
+            }
+            x.validate()?;
+        }
         if self.listen.workers == Some(0) {
             anyhow::bail!("listen.workers: must be at least 1");
         }

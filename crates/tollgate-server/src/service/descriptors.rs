@@ -37,18 +37,18 @@ pub enum RulesError {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Document {
-    domain: String,
+pub(crate) struct Document {
+    pub(crate) domain: String,
     #[serde(default)]
-    descriptors: Vec<DescriptorDoc>,
+    pub(crate) descriptors: Vec<DescriptorDoc>,
     /// Envoy rate limit quota buckets (RLQS) and their budgets.
     #[serde(default)]
-    quota_buckets: Vec<QuotaBucketDoc>,
+    pub(crate) quota_buckets: Vec<QuotaBucketDoc>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct QuotaBucketDoc {
+pub(crate) struct QuotaBucketDoc {
     #[serde(default)]
     name: Option<String>,
     bucket: std::collections::BTreeMap<String, String>,
@@ -62,56 +62,56 @@ struct QuotaBucketDoc {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DescriptorDoc {
-    key: String,
+pub(crate) struct DescriptorDoc {
+    pub(crate) key: String,
     #[serde(default)]
-    value: Option<String>,
+    pub(crate) value: Option<String>,
     #[serde(default)]
-    rate_limit: Option<RateLimitDoc>,
+    pub(crate) rate_limit: Option<RateLimitDoc>,
     #[serde(default)]
-    policies: Option<Vec<SpecDoc>>,
+    pub(crate) policies: Option<Vec<SpecDoc>>,
     #[serde(default)]
-    shadow_mode: bool,
+    pub(crate) shadow_mode: bool,
     #[serde(default)]
-    quota_mode: bool,
+    pub(crate) quota_mode: bool,
     #[serde(default)]
-    detailed_metric: bool,
+    pub(crate) detailed_metric: bool,
     #[serde(default)]
-    value_to_metric: bool,
+    pub(crate) value_to_metric: bool,
     #[serde(default)]
-    share_threshold: bool,
+    pub(crate) share_threshold: bool,
     /// tollgate's: whether a rejected request's hits count here (default: the
     /// service's `rejected_hits` for `rate_limit`, `not_counted` for `policies`).
     #[serde(default)]
-    rejected_hits: Option<RejectedHits>,
+    pub(crate) rejected_hits: Option<RejectedHits>,
     /// Envoy's per-descriptor metadata (returned in its dynamic metadata, which
     /// tollgate does not send): accepted so that such files load; no effect.
     #[serde(default)]
     #[allow(dead_code)]
-    metadata: Option<serde_yaml_ng::Value>,
+    pub(crate) metadata: Option<serde_yaml_ng::Value>,
     #[serde(default)]
-    descriptors: Vec<DescriptorDoc>,
+    pub(crate) descriptors: Vec<DescriptorDoc>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RateLimitDoc {
+pub(crate) struct RateLimitDoc {
     #[serde(default)]
-    unit: Option<Unit>,
+    pub(crate) unit: Option<Unit>,
     #[serde(default)]
-    requests_per_unit: Option<u64>,
+    pub(crate) requests_per_unit: Option<u64>,
     #[serde(default)]
-    unlimited: bool,
+    pub(crate) unlimited: bool,
     #[serde(default)]
-    name: Option<String>,
+    pub(crate) name: Option<String>,
     #[serde(default)]
-    replaces: Vec<ReplacesDoc>,
+    pub(crate) replaces: Vec<ReplacesDoc>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ReplacesDoc {
-    name: String,
+pub(crate) struct ReplacesDoc {
+    pub(crate) name: String,
 }
 
 /// Envoy's units: a clock-aligned fixed window of one unit (month = 30 days, year =
@@ -192,7 +192,7 @@ impl Unit {
 
 /// A policy spec, parsed while the YAML is read so that its error carries a location.
 #[derive(Debug)]
-struct SpecDoc(Policy);
+pub(crate) struct SpecDoc(Policy);
 
 impl<'de> Deserialize<'de> for SpecDoc {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -627,10 +627,7 @@ impl DescriptorRules {
                 files.push(path.clone());
             }
         }
-        let mut rules = DescriptorRules {
-            merge_domains,
-            ..DescriptorRules::default()
-        };
+        let mut rules = DescriptorRules::empty(merge_domains);
         for file in files {
             let text = std::fs::read_to_string(&file).map_err(|source| RulesError::Io {
                 path: file.clone(),
@@ -639,6 +636,15 @@ impl DescriptorRules {
             rules.add(&text, &file.display().to_string(), counters)?;
         }
         Ok(rules)
+    }
+
+    /// No rules (what an xDS server's first version replaces); documents added later
+    /// with a domain already loaded merge into it when `merge_domains`.
+    pub fn empty(merge_domains: bool) -> Self {
+        DescriptorRules {
+            merge_domains,
+            ..DescriptorRules::default()
+        }
     }
 
     /// The built-in example rules (valid; a store that cannot keep one of their
@@ -656,6 +662,20 @@ impl DescriptorRules {
             message,
         };
         let doc: Document = serde_yaml_ng::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        self.add_document(doc, source, counters)
+    }
+
+    /// Adds one document, from `source` (a path or an xDS resource, for errors).
+    pub(crate) fn add_document(
+        &mut self,
+        doc: Document,
+        source: &str,
+        counters: &Counters,
+    ) -> Result<(), RulesError> {
+        let invalid = |message: String| RulesError::Invalid {
+            path: source.to_string(),
+            message,
+        };
         if doc.domain.trim().is_empty() {
             return Err(invalid("domain: must not be empty".into()));
         }

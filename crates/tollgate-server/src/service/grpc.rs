@@ -533,7 +533,7 @@ fn health(service: &DecisionService, message: Bytes) -> Result<HealthCheckRespon
             request.service
         )));
     }
-    let status = if service.draining() { 2 } else { 1 };
+    let status = if service.health().is_ok() { 1 } else { 2 };
     Ok(HealthCheckResponse { status })
 }
 

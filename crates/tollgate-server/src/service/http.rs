@@ -99,9 +99,14 @@ pub fn router(service: Arc<DecisionService>, admin: AdminAccess) -> Router {
         .route("/v1/config", get(config))
         .route(
             "/rlconfig",
-            get(
-                |State(service): State<Arc<DecisionService>>| async move { service.rules().dump() },
-            ),
+            get(|State(service): State<Arc<DecisionService>>| async move {
+                // Rules from xDS: which version, on a first line of its own.
+                let version = (service.xds_version()).map(|(server, v)| match v {
+                    Some(v) => format!("# xDS {server}: version {v}\n"),
+                    None => format!("# xDS {server}: no version yet\n"),
+                });
+                version.unwrap_or_default() + &service.rules().dump()
+            }),
         )
         .route("/json", post(envoy_json))
         .route("/metrics", get(metrics))
@@ -299,12 +304,13 @@ async fn reset(
 }
 
 /// Envoy ratelimit's health check: `OK` while serving, 500 once the server is
-/// draining (stopping), so that a load balancer stops sending before it is gone.
+/// draining (stopping), so that a load balancer stops sending before it is gone, and
+/// (rules from xDS) while the rules it needs are not in force
+/// ([`DecisionService::health`]).
 async fn healthcheck(State(service): State<Arc<DecisionService>>) -> Response {
-    if service.draining() {
-        (StatusCode::INTERNAL_SERVER_ERROR, "draining\n").into_response()
-    } else {
-        "OK\n".into_response()
+    match service.health() {
+        Ok(()) => "OK\n".into_response(),
+        Err(why) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")).into_response(),
     }
 }
 
@@ -406,10 +412,14 @@ async fn config(State(service): State<Arc<DecisionService>>) -> Json<Value> {
             v
         })
         .collect();
-    Json(json!({
+    let mut out = json!({
         "domains": domains,
         "quota_buckets": { "rules": quota_rules, "buckets": buckets, "streams": service.quota().streams() },
-    }))
+    });
+    if let Some((server, version)) = service.xds_version() {
+        out["xds"] = json!({ "server": server, "version": version });
+    }
+    Json(out)
 }
 
 /// The tollgate JSON answer: 200 or 429, `Retry-After` and RateLimit headers from the

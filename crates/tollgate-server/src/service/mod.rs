@@ -12,6 +12,7 @@ pub mod http;
 pub mod metrics;
 pub mod quota;
 pub mod serve;
+pub mod xds;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -237,6 +238,20 @@ pub struct DecisionService {
     quota: crate::service::quota::QuotaBuckets,
     /// The listeners' TLS, by listener, for the certificates' days left.
     tls: Vec<(&'static str, crate::tls::ServerTls)>,
+    /// Set when the rules come from an xDS server.
+    xds: Option<XdsState>,
+}
+
+/// Where the rules stand when an xDS server sends them.
+struct XdsState {
+    /// The server, for `/v1/config`.
+    server: String,
+    /// The version in force; none before the first.
+    version: Mutex<Option<String>>,
+    /// `/healthcheck` passes before the first version (`xds.start_without_rules`).
+    healthy_before_rules: bool,
+    /// `/healthcheck` fails while no domain is in force (`xds.healthy_only_with_rules`).
+    healthy_only_with_rules: bool,
 }
 
 impl DecisionService {
@@ -260,6 +275,7 @@ impl DecisionService {
             draining: std::sync::atomic::AtomicBool::new(false),
             workers: None,
             tls: Vec::new(),
+            xds: None,
             quota: crate::service::quota::QuotaBuckets::new(
                 counters.quota_ledger(),
                 crate::service::quota::LedgerFailure::of(counters.store_config()),
@@ -286,6 +302,85 @@ impl DecisionService {
     pub fn with_tls(mut self, listeners: Vec<(&'static str, crate::tls::ServerTls)>) -> Self {
         self.tls = listeners;
         self
+    }
+
+    /// Takes its rules from the xDS server of `config` (see [`xds`]): none are in
+    /// force until [`DecisionService::apply_xds`] brings the first version, and
+    /// decisions until then fail as unavailable.
+    pub fn with_xds(mut self, config: &crate::config::xds::XdsConfig) -> Self {
+        self.rules = ArcSwap::from_pointee(DescriptorRules::empty(self.merge_domains));
+        self.sources = Vec::new();
+        self.xds = Some(XdsState {
+            server: config.server.clone(),
+            version: Mutex::new(None),
+            healthy_before_rules: config.start_without_rules,
+            healthy_only_with_rules: config.healthy_only_with_rules,
+        });
+        self
+    }
+
+    /// The xDS server and the version in force, when the rules come from xDS.
+    pub fn xds_version(&self) -> Option<(String, Option<String>)> {
+        let x = self.xds.as_ref()?;
+        let version = x.version.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Some((x.server.clone(), version))
+    }
+
+    /// Whether no rules are in force yet (an xDS server has not sent its first).
+    fn awaiting_rules(&self) -> bool {
+        self.xds_version().is_some_and(|(_, v)| v.is_none())
+    }
+
+    /// Whether `/healthcheck` passes, and if not why: not while draining, nor (with
+    /// xDS) before the first version unless told to start without one, nor without a
+    /// domain when told to want one.
+    pub fn health(&self) -> Result<(), &'static str> {
+        if self.draining() {
+            return Err("draining");
+        }
+        if let Some(x) = &self.xds {
+            if self.awaiting_rules() && !x.healthy_before_rules {
+                return Err("no rules yet: waiting for the first version from the xDS server");
+            }
+            if x.healthy_only_with_rules && self.rules.load().domains().next().is_none() {
+                return Err("no rules with a domain are in force");
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one version of the xDS server's `RateLimitConfig` resources: the same
+    /// validation and reload as a rule file's ([`DecisionService::reload`]), every
+    /// resource a document. A version that does not load changes nothing and its error
+    /// is returned (for the NACK).
+    pub fn apply_xds(
+        &self,
+        configs: Vec<xds::rls_conf::RateLimitConfig>,
+        version: &str,
+    ) -> Result<(), String> {
+        let Some(x) = &self.xds else {
+            return Err("the rules of this server come from files, not xDS".into());
+        };
+        let mut rules = DescriptorRules::empty(self.merge_domains);
+        let mut loaded = Ok(());
+        for c in configs {
+            let source = format!("xDS resource '{}' (version {version})", c.name);
+            loaded = c
+                .into_document()
+                .map_err(|message| crate::service::descriptors::RulesError::Invalid {
+                    path: source.clone(),
+                    message,
+                })
+                .and_then(|doc| rules.add_document(doc, &source, &self.counters));
+            if loaded.is_err() {
+                break;
+            }
+        }
+        let reason = format!("xDS version {version}");
+        self.install(loaded.map(|()| rules), &reason)
+            .map_err(|e| e.to_string())?;
+        *x.version.lock().unwrap_or_else(|e| e.into_inner()) = Some(version.to_string());
+        Ok(())
     }
 
     /// Marks the service as stopping: [`DecisionService::draining`] is true from now on.
@@ -360,7 +455,24 @@ impl DecisionService {
             );
             return Ok(());
         }
+        if self.xds.is_some() {
+            tracing::info!(
+                reason,
+                "tollgate serve: the rules come from the xDS server: nothing to reload"
+            );
+            return Ok(());
+        }
         let loaded = DescriptorRules::load(&self.sources, &self.counters, self.merge_domains);
+        self.install(loaded, reason)
+    }
+
+    /// Puts `loaded` in force (keeping the counters of unchanged limits), or keeps the
+    /// rules in force when it failed; logged with `reason` and counted either way.
+    fn install(
+        &self,
+        loaded: Result<DescriptorRules, crate::service::descriptors::RulesError>,
+        reason: &str,
+    ) -> Result<(), crate::service::descriptors::RulesError> {
         match &loaded {
             Ok(_) => tracing::info!(reason, "tollgate serve: rules reloaded"),
             Err(e) => tracing::error!(
@@ -622,6 +734,11 @@ impl DecisionService {
         domain: &str,
         descriptors: &[DescriptorRequest],
     ) -> Result<(), RequestError> {
+        if self.awaiting_rules() {
+            return Err(RequestError::Unavailable(
+                "no rate limit configuration loaded yet: waiting for the first version from the xDS server".into(),
+            ));
+        }
         if domain.is_empty() {
             return Err(RequestError::NoDomain);
         }

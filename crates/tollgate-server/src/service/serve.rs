@@ -61,6 +61,8 @@ pub struct Settings {
     pub grpc_tls: Option<ServerTls>,
     /// The metrics listener's address, path and TLS, when it has one.
     pub metrics: Option<(SocketAddr, String, Option<ServerTls>)>,
+    /// Rules from this xDS server instead of files.
+    pub xds: Option<crate::config::xds::XdsConfig>,
 }
 
 /// ALPN of the HTTP listener: both versions, HTTP/2 preferred.
@@ -88,18 +90,36 @@ impl Settings {
             main.validate()?;
         }
         let store = main.store.clone().with_flag(store)?;
+        if main.xds.is_some() && !rules.is_empty() {
+            anyhow::bail!(
+                "--rules: the config's xds section gives the rules (files or xDS, not both)"
+            );
+        }
         let paths = if rules.is_empty() {
             main.rules.clone()
         } else {
             rules.to_vec()
         };
+        if let Some(x) = &main.xds {
+            // Read once now so that a missing or bad file stops the start; each
+            // connection reads them again (rotation).
+            crate::service::xds::tls_config(x)?;
+        }
         let options = main.key_options();
-        let rules = load_rules(
-            &paths,
-            &Counters::Memory(options),
-            main.service.merge_domains,
-        )?;
-        let rules_source = if paths.is_empty() {
+        let rules = match &main.xds {
+            Some(_) => DescriptorRules::empty(main.service.merge_domains),
+            None => load_rules(
+                &paths,
+                &Counters::Memory(options),
+                main.service.merge_domains,
+            )?,
+        };
+        let rules_source = if let Some(x) = &main.xds {
+            format!(
+                "rules from the xDS server {} (node {})",
+                x.server, x.node_id
+            )
+        } else if paths.is_empty() {
             "the built-in example rules".to_string()
         } else {
             (paths.iter())
@@ -159,7 +179,7 @@ impl Settings {
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
             rules,
             rules_source,
-            builtin_rules: paths.is_empty(),
+            builtin_rules: paths.is_empty() && main.xds.is_none(),
             rule_paths: paths,
             admin_token,
             store,
@@ -167,6 +187,7 @@ impl Settings {
             http_tls,
             grpc_tls,
             metrics,
+            xds: main.xds,
         })
     }
 }
@@ -242,6 +263,10 @@ pub async fn serve_on(
     // Before the banner: whoever waits for it finds every thread and file in place.
     let workers = crate::workers::Workers::start(settings.workers, settings.balance)?;
     let (rules, counters) = match settings.store.kind {
+        StoreKind::Redis if settings.xds.is_some() => (
+            DescriptorRules::empty(settings.service.merge_domains),
+            Counters::redis(&settings.store).await?,
+        ),
         StoreKind::Redis => {
             let counters = Counters::redis(&settings.store).await?;
             let merge = settings.service.merge_domains;
@@ -270,7 +295,10 @@ pub async fn serve_on(
             .filter_map(|(name, tls)| tls.map(|t| (name, t)))
             .collect(),
         );
-    let service = Arc::new(service);
+    let service = Arc::new(match &settings.xds {
+        Some(x) => service.with_xds(x),
+        None => service,
+    });
     let admin = crate::service::http::AdminAccess {
         token: settings.admin_token.clone(),
         loopback: http.ip().is_loopback(),
@@ -325,6 +353,14 @@ pub async fn serve_on(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    if let Some(x) = settings.xds.clone() {
+        tokio::spawn(crate::service::xds::run(
+            x,
+            service.clone(),
+            stopped(stop_rx.clone()),
+        ));
+    }
+    // With xDS, a SIGHUP has nothing to read again: said, not fatal.
     tokio::spawn(watch_rules(service.clone(), hup, stop_rx.clone()));
     // RLQS: reports applied as they come, renewals and freed shares as they fall due.
     let quota = service.clone();

@@ -37,7 +37,7 @@ impl Drop for Server {
 
 /// Starts `tollgate serve ARGS --http 127.0.0.1:0 --grpc 127.0.0.1:0` with `env`.
 pub fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .envs(env.iter().copied())
         .arg("serve")
         .args(args)
@@ -46,6 +46,12 @@ pub fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    attach(child)
+}
+
+/// The server `child` runs (started with its stdout piped): its addresses read from
+/// the banner; killed on drop.
+pub fn attach(mut child: Child) -> Server {
     let mut banner = String::new();
     BufReader::new(child.stdout.as_mut().unwrap())
         .read_line(&mut banner)

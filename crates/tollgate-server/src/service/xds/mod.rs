@@ -1,0 +1,297 @@
+//! Rules over xDS: an ADS stream (State of the World) to a management server, asking
+//! for envoyproxy/ratelimit's `RateLimitConfig` resources (what Envoy Gateway serves
+//! its rate limit backend). Each version received is applied as a reload is
+//! ([`DecisionService::apply_xds`]: the same validation, unchanged limits keep their
+//! counters) and ACKed; a version that does not load is NACKed with the error in
+//! `error_detail`, and the last good rules stay in force. When the stream ends or
+//! cannot be opened, the client waits (exponential backoff with jitter) and opens
+//! another, asking with the version in force so the server resends only what changed;
+//! decisions go on with the last good rules meanwhile.
+
+pub mod rls_conf;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use prost::Message;
+use tokio::sync::mpsc;
+
+use crate::config::xds::XdsConfig;
+use crate::service::DecisionService;
+use rls_conf::{RateLimitConfig, TYPE_URL};
+
+/// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
+const INVALID_ARGUMENT: i32 = 3;
+
+/// Keeps the rules of `service` in step with the xDS server of `config` until
+/// `stop` completes.
+pub async fn run(
+    config: XdsConfig,
+    service: Arc<DecisionService>,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::select! {
+        () = follow(&config, &service) => {}
+        () = stop => {}
+    }
+}
+
+async fn follow(config: &XdsConfig, service: &DecisionService) {
+    let mut backoff = Backoff::new(config);
+    loop {
+        let mut session = Session::default();
+        let ended = session.run(config, service).await;
+        if session.versions > 0 {
+            backoff.reset();
+        }
+        let wait = backoff.next();
+        match ended {
+            Ok(()) => tracing::warn!(
+                server = %config.server,
+                "xds: the server closed the stream; the rules in force stay, connecting again in {wait:?}"
+            ),
+            Err(e) => tracing::warn!(
+                server = %config.server,
+                error = %format!("{e:#}"),
+                "xds: no stream; the rules in force stay, connecting again in {wait:?}"
+            ),
+        }
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// One stream's life.
+#[derive(Default)]
+struct Session {
+    /// Versions received on it (applied or not).
+    versions: u64,
+}
+
+impl Session {
+    /// Connects, opens the stream, and answers each response until the stream ends
+    /// (`Ok`) or fails.
+    async fn run(&mut self, config: &XdsConfig, service: &DecisionService) -> anyhow::Result<()> {
+        let channel = connect(config).await?;
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(config.max_message_bytes);
+        let node = node(config);
+        let (tx, rx) = mpsc::channel::<DiscoveryRequest>(4);
+        // The first request: the version in force (none after a start), so that a
+        // server that already sent it has nothing to resend.
+        let in_force = service
+            .xds_version()
+            .and_then(|(_, v)| v)
+            .unwrap_or_default();
+        let request = |version_info: String, response_nonce: String, error: Option<String>| {
+            DiscoveryRequest {
+                version_info,
+                node: Some(node.clone()),
+                type_url: TYPE_URL.into(),
+                response_nonce,
+                error_detail: error.map(|message| RpcStatus {
+                    code: INVALID_ARGUMENT,
+                    message,
+                    details: Vec::new(),
+                }),
+                ..Default::default()
+            }
+        };
+        tx.send(request(in_force, String::new(), None)).await?;
+        let outgoing =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
+            );
+        let mut call = tonic::Request::new(outgoing);
+        for (name, value) in &config.headers {
+            let name = tonic::metadata::MetadataKey::from_bytes(name.as_bytes())?;
+            call.metadata_mut().insert(name, value.parse()?);
+        }
+        let mut incoming = client.stream_aggregated_resources(call).await?.into_inner();
+        tracing::info!(server = %config.server, node = %config.node_id, "xds: stream open");
+        while let Some(response) = incoming.message().await? {
+            self.versions += 1;
+            let nonce = response.nonce.clone();
+            let version = response.version_info.clone();
+            let answer = match apply(service, response) {
+                Ok(()) => {
+                    tracing::info!(version, "xds: rules of version {version} in force");
+                    request(version, nonce, None)
+                }
+                Err(e) => {
+                    tracing::error!(
+                        version,
+                        error = %e,
+                        "xds: version {version} refused (NACK); the rules in force stay"
+                    );
+                    let kept = service
+                        .xds_version()
+                        .and_then(|(_, v)| v)
+                        .unwrap_or_default();
+                    request(kept, nonce, Some(e))
+                }
+            };
+            // The stream's sender ends only with the stream.
+            tx.send(answer).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Decodes a response's resources and applies them.
+fn apply(service: &DecisionService, response: DiscoveryResponse) -> Result<(), String> {
+    if response.type_url != TYPE_URL {
+        return Err(format!(
+            "type_url {:?}: this client asks only for {TYPE_URL}",
+            response.type_url
+        ));
+    }
+    let mut configs = Vec::with_capacity(response.resources.len());
+    for (i, any) in response.resources.into_iter().enumerate() {
+        if any.type_url != TYPE_URL {
+            return Err(format!(
+                "resources[{i}]: type_url {:?}, expected {TYPE_URL}",
+                any.type_url
+            ));
+        }
+        let config = RateLimitConfig::decode(&any.value[..])
+            .map_err(|e| format!("resources[{i}]: not a RateLimitConfig: {e}"))?;
+        configs.push(config);
+    }
+    service.apply_xds(configs, &response.version_info)
+}
+
+/// The node this client speaks as.
+fn node(config: &XdsConfig) -> Node {
+    let fields = (config.node_metadata.iter())
+        .map(|(k, v)| {
+            let value = Value {
+                kind: Some(Kind::StringValue(v.clone())),
+            };
+            (k.clone(), value)
+        })
+        .collect();
+    Node {
+        id: config.node_id.clone(),
+        metadata: (!config.node_metadata.is_empty()).then_some(Struct { fields }),
+        user_agent_name: "tollgate".into(),
+        ..Default::default()
+    }
+}
+
+/// A channel to the server: plaintext, or TLS built by [`crate::tls::client_config`]
+/// from files read now (a rotated client certificate is used from the next
+/// connection on).
+async fn connect(config: &XdsConfig) -> anyhow::Result<tonic::transport::Channel> {
+    let (tls, host, port) = config.endpoint()?;
+    let authority = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))?
+        .connect_timeout(Duration::from_micros(config.connect_timeout))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10));
+    if !tls {
+        return Ok(endpoint.connect().await?);
+    }
+    let Some(client) = tls_config(config)? else {
+        anyhow::bail!("xds: TLS without a configuration");
+    };
+    let name = (config.tls.as_ref())
+        .and_then(|t| t.server_name.clone())
+        .unwrap_or_else(|| host.clone());
+    let server_name = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|_| {
+        anyhow::anyhow!("xds.tls.server_name {name:?}: not a DNS name or IP address")
+    })?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let connect = tower::service_fn(move |_: http::Uri| {
+        let (connector, server_name, host) = (connector.clone(), server_name.clone(), host.clone());
+        async move {
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let tls = connector.connect(server_name, tcp).await?;
+            std::io::Result::Ok(hyper_util::rt::TokioIo::new(tls))
+        }
+    });
+    Ok(endpoint.connect_with_connector(connect).await?)
+}
+
+/// The TLS to the server, when it is TLS: its files read now.
+pub fn tls_config(config: &XdsConfig) -> anyhow::Result<Option<rustls::ClientConfig>> {
+    if !config.endpoint()?.0 {
+        return Ok(None);
+    }
+    let files = config.tls.clone().unwrap_or_default();
+    let identity = match (&files.cert_file, &files.key_file) {
+        (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+        _ => None,
+    };
+    crate::tls::client_config("xds.tls", files.ca_file.as_deref(), identity, &[b"h2"]).map(Some)
+}
+
+/// Exponential backoff with up to half of each wait random.
+struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+    seed: u64,
+}
+
+impl Backoff {
+    fn new(config: &XdsConfig) -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let initial = Duration::from_micros(config.backoff_initial);
+        Backoff {
+            initial,
+            max: Duration::from_micros(config.backoff_max),
+            next: initial,
+            seed: h.finish() | 1,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = self.initial;
+    }
+
+    /// The next wait: between half and all of the current step, which then doubles.
+    fn next(&mut self) -> Duration {
+        // xorshift64: jitter, not secrecy.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let step = self.next;
+        self.next = (self.next * 2).min(self.max);
+        let share = 0.5 + (self.seed % 1000) as f64 / 2000.0;
+        step.mul_f64(share)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_to_its_bound_with_jitter_and_starts_over() {
+        let mut config = XdsConfig::new("h:1");
+        config.backoff_initial = 1_000_000;
+        config.backoff_max = 4_000_000;
+        let mut b = Backoff::new(&config);
+        let steps = [1.0, 2.0, 4.0, 4.0, 4.0];
+        for step in steps {
+            let w = b.next().as_secs_f64();
+            assert!(w >= step / 2.0 && w <= step, "{w} for a step of {step}");
+        }
+        b.reset();
+        assert!(b.next() <= Duration::from_secs(1));
+    }
+}
