@@ -35,6 +35,21 @@ pub struct ListenerTls {
     /// With `client_ca_file`: a DNS name the client certificate must also carry
     /// (envoyproxy/ratelimit's `GRPC_CLIENT_TLS_SAN`).
     pub client_san: Option<String>,
+    /// More certificates on the same listener: each is served to a client that asks
+    /// (SNI) for one of the DNS names it carries (`*.example.com` included); the
+    /// first `cert_file` goes to every other client.
+    #[serde(default)]
+    pub certificates: Vec<SniCertificate>,
+}
+
+/// A certificate chosen by the name a client asks for (SNI).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SniCertificate {
+    /// The certificate chain (PEM).
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
 }
 
 /// How often the files are looked at for a change.
@@ -144,6 +159,10 @@ fn read_all(tls: &ListenerTls) -> anyhow::Result<Vec<Vec<u8>>> {
     if let Some(ca) = &tls.client_ca_file {
         files.push(std::fs::read(ca)?);
     }
+    for c in &tls.certificates {
+        files.push(std::fs::read(&c.cert_file)?);
+        files.push(std::fs::read(&c.key_file)?);
+    }
     Ok(files)
 }
 
@@ -177,11 +196,12 @@ fn certs_in(
 }
 
 /// A certificate chain and its key, read and checked to belong together: (chain,
-/// key, the two files' bytes).
+/// key, the two files' bytes, the pair as rustls serves it).
 type Identity = (
     Vec<CertificateDer<'static>>,
     PrivateKeyDer<'static>,
     [Vec<u8>; 2],
+    Arc<rustls::sign::CertifiedKey>,
 );
 
 fn identity(setting: &str, cert_file: &Path, key_file: &Path) -> anyhow::Result<Identity> {
@@ -198,16 +218,15 @@ fn identity(setting: &str, cert_file: &Path, key_file: &Path) -> anyhow::Result<
         .key_provider
         .load_private_key(key.clone_key())
         .map_err(|e| anyhow::anyhow!("{setting}.key_file {}: {e}", key_file.display()))?;
-    rustls::sign::CertifiedKey::new(certs.clone(), signing)
-        .keys_match()
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "{setting}.key_file {} does not match the certificate in {setting}.cert_file {}",
-                key_file.display(),
-                cert_file.display()
-            )
-        })?;
-    Ok((certs, key, [cert_pem, key_pem]))
+    let certified = rustls::sign::CertifiedKey::new(certs.clone(), signing);
+    certified.keys_match().map_err(|_| {
+        anyhow::anyhow!(
+            "{setting}.key_file {} does not match the certificate in {setting}.cert_file {}",
+            key_file.display(),
+            cert_file.display()
+        )
+    })?;
+    Ok((certs, key, [cert_pem, key_pem], Arc::new(certified)))
 }
 
 /// CA certificates from a PEM file, as trust anchors.
@@ -225,9 +244,10 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Loaded> {
-    let (certs, key, [cert_pem, key_pem]) = identity(setting, &tls.cert_file, &tls.key_file)?;
+    let (certs, _, [cert_pem, key_pem], default) =
+        identity(setting, &tls.cert_file, &tls.key_file)?;
     let provider = provider();
-    let not_after = not_after(&certs[0])
+    let mut not_after = not_after(&certs[0])
         .with_context(|| format!("{setting}.cert_file {}", tls.cert_file.display()))?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
@@ -256,9 +276,25 @@ fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Load
             }
         }
     };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .map_err(|e| anyhow::anyhow!("{setting}: {e}"))?;
+    // The certificates chosen by name, after the default's own names.
+    let mut named = Vec::new();
+    for (i, c) in tls.certificates.iter().enumerate() {
+        let at = format!("{setting}.certificates[{i}]");
+        let (chain, _, [cert_pem, key_pem], key) = identity(&at, &c.cert_file, &c.key_file)?;
+        let names = dns_names(&chain[0])
+            .with_context(|| format!("{at}.cert_file {}", c.cert_file.display()))?;
+        anyhow::ensure!(
+            !names.is_empty(),
+            "{at}.cert_file {}: it names no DNS host (subjectAltName), so no client could ask for it",
+            c.cert_file.display()
+        );
+        let end = self::not_after(&chain[0])
+            .with_context(|| format!("{at}.cert_file {}", c.cert_file.display()))?;
+        not_after = not_after.min(end);
+        named.extend(names.into_iter().map(|n| (n, key.clone())));
+        files.extend([cert_pem, key_pem]);
+    }
+    let mut config = builder.with_cert_resolver(Arc::new(BySni { default, named }));
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Loaded {
         config: Arc::new(config),
@@ -297,7 +333,7 @@ pub fn client_config(
     let mut config = match identity_files {
         None => builder.with_no_client_auth(),
         Some((cert_file, key_file)) => {
-            let (certs, key, _) = identity(setting, cert_file, key_file)?;
+            let (certs, key, _, _) = identity(setting, cert_file, key_file)?;
             (builder.with_client_auth_cert(certs, key))
                 .map_err(|e| anyhow::anyhow!("{setting}: {e}"))?
         }
@@ -345,6 +381,53 @@ pub fn days_left(not_after: SystemTime) -> f64 {
     match not_after.duration_since(wall_now()) {
         Ok(left) => left.as_secs_f64() / 86_400.0,
         Err(past) => -past.duration().as_secs_f64() / 86_400.0,
+    }
+}
+
+/// The DNS names a certificate carries (subjectAltName), lowercase.
+fn dns_names(cert: &CertificateDer<'_>) -> anyhow::Result<Vec<String>> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert)
+        .map_err(|e| anyhow::anyhow!("the certificate does not parse: {e}"))?;
+    let Some(san) = parsed
+        .subject_alternative_name()
+        .map_err(|e| anyhow::anyhow!("its subjectAltName does not parse: {e}"))?
+    else {
+        return Ok(Vec::new());
+    };
+    Ok((san.value.general_names.iter())
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_ascii_lowercase()),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The certificate for the name a client asks for: an exact name first, then a
+/// wildcard one label deep (`*.example.com` for `a.example.com`), else the default.
+#[derive(Debug)]
+struct BySni {
+    default: Arc<rustls::sign::CertifiedKey>,
+    named: Vec<(String, Arc<rustls::sign::CertifiedKey>)>,
+}
+
+impl BySni {
+    fn pick(&self, name: Option<&str>) -> Arc<rustls::sign::CertifiedKey> {
+        let Some(name) = name.map(str::to_ascii_lowercase) else {
+            return self.default.clone();
+        };
+        let wildcard = name.split_once('.').map(|(_, rest)| format!("*.{rest}"));
+        let find = |wanted: &str| self.named.iter().find(|(n, _)| n == wanted);
+        (find(&name).or_else(|| wildcard.as_deref().and_then(find)))
+            .map_or_else(|| self.default.clone(), |(_, key)| key.clone())
+    }
+}
+
+impl rustls::server::ResolvesServerCert for BySni {
+    fn resolve(
+        &self,
+        hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.pick(hello.server_name()))
     }
 }
 

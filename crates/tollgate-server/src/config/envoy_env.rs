@@ -162,6 +162,7 @@ fn listeners_and_rules(
             key_file,
             client_ca_file,
             client_san,
+            certificates: Vec::new(),
         });
     }
     // Prometheus on a listener of its own, as envoyproxy/ratelimit serves it

@@ -18,6 +18,11 @@ pub struct ProxyConfig {
     /// none by default.
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
+    /// HTTPS on the listener: certificate and key (PEM), more certificates chosen by
+    /// the name a client asks for (SNI), a client CA for mutual TLS; ALPN `h2` and
+    /// `http/1.1`; the files are read again when they change.
+    #[serde(default)]
+    pub tls: Option<crate::tls::ListenerTls>,
     /// Peers whose `X-Forwarded-For` is believed.
     #[serde(default)]
     pub trusted_proxies: Vec<IpNet>,

@@ -160,25 +160,30 @@ pub(super) struct Peer {
     ip: HeaderValue,
     /// `for=` the peer's IP: `Forwarded` when the client is the peer.
     forwarded: HeaderValue,
+    /// It came over TLS: `Forwarded` says `proto=https`.
+    tls: bool,
 }
 
 impl Peer {
-    /// The connection from `addr`.
-    pub fn new(addr: SocketAddr) -> Self {
+    /// The connection from `addr`, over TLS or not.
+    pub fn new(addr: SocketAddr, tls: bool) -> Self {
         let ip = addr.ip();
         Peer {
             addr,
             ip: text_value(ip.to_string()),
-            forwarded: text_value(forwarded_for(ip)),
+            forwarded: text_value(forwarded_for(ip, tls)),
+            tls,
         }
     }
 }
 
-/// `Forwarded`'s `for=` element (RFC 7239: an IPv6 address is bracketed and quoted).
-fn forwarded_for(ip: IpAddr) -> String {
+/// `Forwarded`'s element for this hop: `for=` (RFC 7239: an IPv6 address is bracketed
+/// and quoted), and `proto=https` when the client spoke TLS to the proxy.
+fn forwarded_for(ip: IpAddr, tls: bool) -> String {
+    let proto = if tls { ";proto=https" } else { "" };
     match ip {
-        IpAddr::V4(v4) => format!("for={v4}"),
-        IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
+        IpAddr::V4(v4) => format!("for={v4}{proto}"),
+        IpAddr::V6(v6) => format!("for=\"[{v6}]\"{proto}"),
     }
 }
 
@@ -252,7 +257,7 @@ pub(super) fn forwarding(
     let forwarded = if client == ip {
         peer.forwarded.clone()
     } else {
-        text_value(forwarded_for(client))
+        text_value(forwarded_for(client, peer.tls))
     };
     Forwarding {
         xff,

@@ -108,7 +108,8 @@ impl ProxyApp {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let (proxy, hyper) = (self.proxy.clone(), self.hyper.clone());
-        serve_connection(proxy, hyper, Arc::new(Peer::new(peer)), io, Drain::never()).await;
+        let peer = Arc::new(Peer::new(peer, false));
+        serve_connection(proxy, hyper, peer, io, Drain::never()).await;
     }
 }
 
@@ -174,6 +175,10 @@ pub fn run(
     let connect_timeout = config.connect_timeout();
     let metrics_addr = config.metrics;
     let at_start = AtStart::of(&config);
+    const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+    let tls = (config.tls.as_ref())
+        .map(|t| crate::tls::ServerTls::load(t, "proxy.tls", &ALPN))
+        .transpose()?;
     let addr = listen
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
@@ -194,8 +199,13 @@ pub fn run(
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The first worker binds (resolving port 0) and reports the address.
     let (bound_tx, bound_rx) = std::sync::mpsc::channel::<anyhow::Result<SocketAddr>>();
-    let worker =
-        |addr, report| spawn_worker(addr, report, table.clone(), slots.clone(), connect_timeout);
+    let worker = |addr, report| {
+        let listener = Listener {
+            slots: slots.clone(),
+            tls: tls.clone(),
+        };
+        spawn_worker(addr, report, table.clone(), listener, connect_timeout)
+    };
     let mut threads = vec![worker(addr, Some(bound_tx))];
     let bound = bound_rx
         .recv()
@@ -208,8 +218,9 @@ pub fn run(
         .transpose()?
         .map(|bound| format!(", metrics on http://{bound}/metrics"))
         .unwrap_or_default();
+    let scheme = if tls.is_some() { "https" } else { "http" };
     println!(
-        "tollgate proxy: listening on http://{bound} ({} route(s), {workers} worker(s), {}{metrics})",
+        "tollgate proxy: listening on {scheme}://{bound} ({} route(s), {workers} worker(s), {}{metrics})",
         table.load().len(),
         store.describe()
     );
@@ -268,13 +279,19 @@ fn connect(
     }
 }
 
+/// What a worker's listener serves with: its connection bounds and its TLS.
+struct Listener {
+    slots: Slots,
+    tls: Option<crate::tls::ServerTls>,
+}
+
 /// One worker thread: binds `addr` (reporting the bound address or the error on
 /// `report`), then serves until the shutdown signal.
 fn spawn_worker(
     addr: SocketAddr,
     report: Option<std::sync::mpsc::Sender<anyhow::Result<SocketAddr>>>,
     table: Arc<ArcSwap<RouteTable>>,
-    slots: Slots,
+    Listener { slots, tls }: Listener,
     connect_timeout: Duration,
 ) -> std::thread::JoinHandle<anyhow::Result<()>> {
     std::thread::spawn(move || -> anyhow::Result<()> {
@@ -293,16 +310,32 @@ fn spawn_worker(
             };
             if let Some(r) = report {
                 let _ = r.send(Ok(listener.local_addr()?));
+                // One watcher of the certificate files, on the first worker.
+                if let Some(tls) = &tls {
+                    tls.watch();
+                }
             }
             let proxy = Proxy::new(table, connect_timeout, *slots.bounds());
             let body =
                 BodyTimeout::BetweenReads(Duration::from_micros(slots.bounds().body_timeout));
             let hyper = HyperConns::new(slots.bounds(), body);
+            let handshake = Duration::from_micros(slots.bounds().header_timeout);
             // The peer's forwarding headers are written once per connection.
             let serve_one = move |addr| {
                 let (proxy, hyper) = (proxy.clone(), hyper.clone());
-                move |io, drain| {
-                    serve_connection(proxy, hyper, Arc::new(Peer::new(addr)), io, drain)
+                let tls = tls.as_ref().map(crate::tls::ServerTls::acceptor);
+                move |io, drain| async move {
+                    let peer = Arc::new(Peer::new(addr, tls.is_some()));
+                    match tls {
+                        None => serve_connection(proxy, hyper, peer, io, drain).await,
+                        Some(tls) => {
+                            let handshake =
+                                crate::connections::handshake_within(handshake, tls, io, addr);
+                            if let Some(io) = handshake.await {
+                                serve_connection(proxy, hyper, peer, io, drain).await
+                            }
+                        }
+                    }
                 }
             };
             let stop = crate::lifecycle::shutdown_signal();
@@ -319,6 +352,7 @@ struct AtStart {
     listen: Option<SocketAddr>,
     metrics: Option<SocketAddr>,
     connect_timeout: Option<u64>,
+    tls: Option<crate::tls::ListenerTls>,
 }
 
 impl AtStart {
@@ -327,6 +361,7 @@ impl AtStart {
             listen: config.listen,
             metrics: config.metrics,
             connect_timeout: config.connect_timeout,
+            tls: config.tls.clone(),
         }
     }
 }
@@ -353,7 +388,8 @@ fn watch(
         let reloaded = load(path).and_then(|loaded| {
             if AtStart::of(&loaded.proxy) != at_start {
                 tracing::warn!(
-                    "tollgate proxy: listen, metrics and connect_timeout take a restart; \
+                    "tollgate proxy: listen, metrics, connect_timeout and tls take a restart \
+                     (the certificate files themselves are reloaded when they change); \
                      the ones the proxy started with stay in force"
                 );
             }

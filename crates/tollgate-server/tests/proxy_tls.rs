@@ -1,0 +1,175 @@
+//! `tollgate proxy` terminating HTTPS, driven by curl (a client no one here wrote):
+//! HTTP/1.1 and HTTP/2 (ALPN), a certificate per name (SNI, wildcards too) with the
+//! first as the default, `limit_req` decisions the same over both protocols as nginx's
+//! semantics give them, `Forwarded: ...;proto=https` upstream, plaintext refused, bad
+//! settings named.
+
+use std::process::{Command, Stdio};
+
+use tollgate_testkit::{Pki, ScratchDir};
+
+/// An upstream that echoes the `Forwarded` header it got.
+async fn upstream() -> String {
+    let app = axum::Router::new().fallback(|headers: axum::http::HeaderMap| async move {
+        let forwarded = headers.get("forwarded").and_then(|v| v.to_str().ok());
+        format!("forwarded: {}", forwarded.unwrap_or("-"))
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+/// `tollgate proxy --config FILE`: its child and the banner's first line.
+fn start(config: &str) -> (tollgate_testkit::Killed, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["proxy", "--config", config, "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    (tollgate_testkit::Killed(child), line)
+}
+
+/// curl to `https://NAME:PORT/PATH` resolved to the proxy, verifying with the test
+/// CA: (exit code, `http_version status body`).
+fn curl(pki: &Pki, port: u16, name: &str, path: &str, extra: &[&str]) -> (i32, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(pki.path("ca.pem"))
+        .args(["--resolve", &format!("{name}:{port}:127.0.0.1")])
+        .args(["-H", "x-api-key: k1", "-w", " %{http_version} %{http_code}"])
+        .args(extra)
+        .arg(format!("https://{name}:{port}{path}"))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_terminates_https_for_http1_and_http2_with_a_certificate_per_name() {
+    let pki = Pki::new();
+    pki.issue("api", "DNS:api.example.test");
+    pki.issue("apps", "DNS:*.apps.example.test");
+    let up = upstream().await;
+    let dir = ScratchDir::new("proxy-tls");
+    let p = |n: &str| pki.path(n).display().to_string();
+    let config = dir.write(
+        "tollgate.yaml",
+        &format!(
+            "proxy:\n  tls:\n    cert_file: {}\n    key_file: {}\n    certificates:\n      \
+             - {{cert_file: {}, key_file: {}}}\n      - {{cert_file: {}, key_file: {}}}\n  \
+             routes:\n    - name: api\n      match: {{path_prefix: /api/}}\n      upstream: {up}\n      \
+             key: header:X-Api-Key\n      policies: [\"limit-req:rate=1/m,burst=2,nodelay\"]\n",
+            p("server.pem"),
+            p("server.key"),
+            p("api.pem"),
+            p("api.key"),
+            p("apps.pem"),
+            p("apps.key"),
+        ),
+    );
+    let (_proxy, banner) = start(&config);
+    assert!(
+        banner.contains("listening on https://127.0.0.1:"),
+        "{banner}"
+    );
+    let port: u16 = banner
+        .split("https://127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {banner:?}"));
+
+    // Each name gets its certificate (curl checks the name); a name without one gets
+    // the default, which does not carry it.
+    for name in ["localhost", "api.example.test", "x.apps.example.test"] {
+        let (code, out) = curl(&pki, port, name, "/health", &["-o", "/dev/null"]);
+        assert_eq!(code, 0, "{name}: {out}");
+    }
+    let (code, out) = curl(&pki, port, "other.example.test", "/health", &[]);
+    assert_eq!(code, 60, "no certificate for that name: {out}");
+    assert!(
+        out.contains("localhost") || out.contains("no alternative"),
+        "{out}"
+    );
+
+    // limit_req over HTTP/1.1 and HTTP/2 alike, one counter for the key: burst 2 and
+    // nodelay admit three at once, then refuse, as nginx does.
+    let mut seen = Vec::new();
+    for (i, version) in ["--http1.1", "--http2", "--http1.1", "--http2"]
+        .iter()
+        .enumerate()
+    {
+        let (code, out) = curl(&pki, port, "api.example.test", "/api/x", &[version]);
+        assert_eq!(code, 0, "{out}");
+        let tail: Vec<&str> = out.split_whitespace().rev().take(2).collect();
+        let expected_version = if *version == "--http2" { "2" } else { "1.1" };
+        assert_eq!(tail[1], expected_version, "request {i}: {out}");
+        if tail[0] == "200" {
+            assert!(
+                out.contains("proto=https"),
+                "Forwarded tells the upstream: {out}"
+            );
+        }
+        seen.push(tail[0].to_string());
+    }
+    assert_eq!(seen, ["200", "200", "200", "429"]);
+
+    // Plaintext on the TLS port gets no HTTP answer.
+    let plain = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            &format!("http://127.0.0.1:{port}/api/x"),
+        ])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success(), "plaintext was answered");
+}
+
+#[test]
+fn bad_proxy_tls_settings_are_named() {
+    let pki = Pki::new();
+    let dir = ScratchDir::new("proxy-tls-bad");
+    let p = |n: &str| pki.path(n).display().to_string();
+    let refused = |tls: &str| {
+        let config = dir.write(
+            "tollgate.yaml",
+            &format!(
+                "proxy:\n  tls: {tls}\n  routes:\n    - name: a\n      upstream: http://127.0.0.1:9\n"
+            ),
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["proxy", "--config", &config, "--listen", "127.0.0.1:0"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let e = refused(&format!(
+        "{{cert_file: {}, key_file: {}, certificates: [{{cert_file: /nonexistent.pem, key_file: {}}}]}}",
+        p("server.pem"),
+        p("server.key"),
+        p("server.key")
+    ));
+    assert!(
+        e.contains("proxy.tls.certificates[0].cert_file /nonexistent.pem: cannot read it"),
+        "{e}"
+    );
+    let e = refused(&format!(
+        "{{cert_file: {}, key_file: {}}}",
+        p("server.pem"),
+        p("client.key")
+    ));
+    assert!(e.contains("does not match the certificate"), "{e}");
+}
