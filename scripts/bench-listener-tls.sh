@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# What TLS on serve's listeners costs, side by side in one run: two `tollgate serve`
+# What TLS on the listeners costs, side by side in one run: two `tollgate serve`
 # processes from one binary and one config, one plain and one with TLS on both
-# listeners (gRPC with mutual TLS, as Envoy Gateway runs it), answering the same
-# loads in alternating rounds on kept connections: gRPC ShouldRateLimit from
-# `tollgate bench grpc` (a heavy client: the server's CPU per decision is reported
-# too, from /proc/PID/stat) and HTTP /v1/check from wrk (a light one). Then what a
-# new TLS connection costs: full handshakes a second from `openssl s_time -new` and
-# the server's CPU per handshake. Medians of ROUNDS rounds; TLS/plain ratios.
+# listeners (gRPC with mutual TLS, as Envoy Gateway runs it), and two `tollgate proxy`
+# (plain, HTTPS) in front of one upstream (`tollgate bench ceiling`), answering the
+# same loads in alternating rounds on kept connections: gRPC ShouldRateLimit from
+# `tollgate bench grpc`, HTTP /v1/check and proxied GETs from wrk. Each server runs
+# on CPU 0 with one worker, every client (and the upstream) on CPU 1, so the servers
+# do not share a core with what drives them; the server's CPU per request (from
+# /proc/PID/stat) is the figure that says what TLS costs it, since a TLS client
+# spends more too (decisions/s shows that as well). Then what a new TLS connection
+# costs: full handshakes a second from `openssl s_time -new` and the server's CPU per
+# handshake. Medians of ROUNDS rounds; TLS/plain ratios.
 #
 # Usage: scripts/bench-listener-tls.sh [seconds] [rounds] [concurrency]
+# (needs two CPUs; taskset is util-linux's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
@@ -36,6 +41,27 @@ listen:
   http_tls: {cert_file: $dir/server.pem, key_file: $dir/server.key}
 EOF
     echo "listen: {}" >plain.yaml
+    for form in plain tls; do
+        tls=""
+        [ "$form" = tls ] && tls="  tls: {cert_file: $dir/server.pem, key_file: $dir/server.key}"
+        cat >proxy-$form.yaml <<EOF
+proxy:
+$tls
+  routes:
+    - name: api
+      match: { path_prefix: /api/ }
+      upstream: http://127.0.0.1:UPSTREAM
+      key: header:X-Api-Key
+      policies: ["limit-req:rate=1000000/s,burst=1000,nodelay"]
+EOF
+    done
+    cat >key.lua <<'EOF'
+counter = 0
+request = function()
+  counter = counter + 1
+  return wrk.format("GET", "/api/x", {["X-Api-Key"] = "k" .. (counter % 1000)})
+end
+EOF
     cat >check.lua <<'EOF'
 wrk.method = "POST"
 wrk.headers["content-type"] = "application/json"
@@ -47,15 +73,23 @@ request = function()
 end
 EOF
 )
-declare -A http grpc pid
+declare -A http grpc pid proxy ppid
+upstream=$(free_port)
+taskset -c 1 "$bin" bench ceiling --listen "127.0.0.1:$upstream" >/dev/null 2>&1 &
+uppid=$!
 for form in plain tls; do
     http[$form]=$(free_port)
     grpc[$form]=$(free_port)
-    "$bin" serve --config "$dir/$form.yaml" --http "127.0.0.1:${http[$form]}" \
-        --grpc "127.0.0.1:${grpc[$form]}" >/dev/null 2>&1 &
+    taskset -c 0 "$bin" serve --config "$dir/$form.yaml" --http "127.0.0.1:${http[$form]}" \
+        --grpc "127.0.0.1:${grpc[$form]}" --workers 1 >/dev/null 2>&1 &
     pid[$form]=$!
+    proxy[$form]=$(free_port)
+    sed -i "s/UPSTREAM/$upstream/" "$dir/proxy-$form.yaml"
+    taskset -c 0 "$bin" proxy --config "$dir/proxy-$form.yaml" --listen "127.0.0.1:${proxy[$form]}" \
+        >/dev/null 2>&1 &
+    ppid[$form]=$!
 done
-trap 'kill "${pid[plain]}" "${pid[tls]}" 2>/dev/null || true; rm -rf "$dir"' EXIT
+trap 'kill "${pid[plain]}" "${pid[tls]}" "${ppid[plain]}" "${ppid[tls]}" "$uppid" 2>/dev/null || true; rm -rf "$dir"' EXIT
 sleep 1
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
@@ -67,39 +101,44 @@ grpc_run() { # form
     local tls=()
     [ "$form" = tls ] && tls=(--ca "$dir/ca.pem" --cert "$dir/client.pem" --key-file "$dir/client.key")
     before=$(ticks "${pid[$form]}")
-    out=$("$bin" bench grpc --target "127.0.0.1:${grpc[$form]}" "${tls[@]}" \
+    out=$(taskset -c 1 "$bin" bench grpc --target "127.0.0.1:${grpc[$form]}" "${tls[@]}" \
         --concurrency "$conc" --duration "${secs}s" 2>/dev/null | tail -1)
     after=$(ticks "${pid[$form]}")
     rate=$(echo "$out" | sed -E 's#.*req/s: ([0-9.]+).*#\1#')
     python3 -c "r=$rate; print(f'{r:.0f} {($after-$before)/$hz*1e6/(r*$secs):.2f}')"
 }
-# HTTP: wrk's requests/s and the server's CPU per request (us).
-http_run() { # form
-    local form=$1 scheme=http before after rate
+# wrk against a server: its requests/s and the server's CPU per request (us).
+wrk_run() { # form server-pid port script
+    local form=$1 server=$2 port=$3 script=$4 scheme=http before after rate
     [ "$form" = tls ] && scheme=https
-    before=$(ticks "${pid[$form]}")
-    rate=$(wrk -t 1 -c "$conc" -d "${secs}s" -s "$dir/check.lua" "$scheme://127.0.0.1:${http[$form]}" \
+    before=$(ticks "$server")
+    rate=$(taskset -c 1 wrk -t 1 -c "$conc" -d "${secs}s" -s "$dir/$script" "$scheme://127.0.0.1:$port" \
         | awk '/Requests\/sec/ {print int($2)}')
-    after=$(ticks "${pid[$form]}")
+    after=$(ticks "$server")
     python3 -c "r=$rate; print(f'{r:.0f} {($after-$before)/$hz*1e6/(r*$secs):.2f}')"
 }
-declare -A g gc h hc
+# HTTP /v1/check on serve, and GETs through the proxy.
+http_run() { wrk_run "$1" "${pid[$1]}" "${http[$1]}" check.lua; }
+proxy_run() { wrk_run "$1" "${ppid[$1]}" "${proxy[$1]}" key.lua; }
+declare -A g gc h hc x xc
 for round in $(seq "$rounds"); do
     for form in plain tls; do
         read -r rate cpu < <(grpc_run "$form")
         g[$form]+="$rate "; gc[$form]+="$cpu "
         read -r hr hcpu < <(http_run "$form")
         h[$form]+="$hr "; hc[$form]+="$hcpu "
-        echo "round $round $form: gRPC $rate decisions/s, ${cpu} us server CPU each; HTTP (wrk) $hr req/s, ${hcpu} us each" >&2
+        read -r xr xcpu < <(proxy_run "$form")
+        x[$form]+="$xr "; xc[$form]+="$xcpu "
+        echo "round $round $form: gRPC $rate decisions/s, ${cpu} us server CPU each; HTTP (wrk) $hr req/s, ${hcpu} us each; proxy (wrk) $xr req/s, ${xcpu} us each" >&2
     done
 done
 # New connections: full TLS handshakes a second, and the server's CPU for each.
 before=$(ticks "${pid[tls]}")
-hs=$(openssl s_time -connect "127.0.0.1:${http[tls]}" -new -time "$secs" 2>/dev/null \
+hs=$(taskset -c 1 openssl s_time -connect "127.0.0.1:${http[tls]}" -new -time "$secs" 2>/dev/null \
     | awk '/connections in/ && /real seconds/ {print $1; exit}')
 after=$(ticks "${pid[tls]}")
 echo "concurrency $conc, ${secs}s runs, medians of $rounds rounds"
-for what in g gc h hc; do
+for what in g gc h hc x xc; do
     declare -n m=$what
     p=$(median ${m[plain]}); t=$(median ${m[tls]})
     case $what in
@@ -107,6 +146,8 @@ for what in g gc h hc; do
         gc) label="gRPC server CPU per decision (us)" ;;
         h) label="HTTP /v1/check req/s (wrk, kept connections)" ;;
         hc) label="HTTP server CPU per request (us)" ;;
+        x) label="proxy GET req/s (wrk, kept connections)" ;;
+        xc) label="proxy CPU per request (us)" ;;
     esac
     echo "$label: plain $p, TLS $t, TLS/plain $(python3 -c "print(round($t/$p, 2))")"
 done

@@ -37,6 +37,16 @@ fn start(config: &str) -> (tollgate_testkit::Killed, String) {
     (tollgate_testkit::Killed(child), line)
 }
 
+/// The port of the first `https://127.0.0.1:PORT` a banner names.
+fn https_port(banner: &str) -> u16 {
+    banner
+        .split("https://127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no https port in {banner:?}"))
+}
+
 /// curl to `https://NAME:PORT/PATH` resolved to the proxy, verifying with the test
 /// CA: (exit code, `http_version status body`).
 fn curl(pki: &Pki, port: u16, name: &str, path: &str, extra: &[&str]) -> (i32, String) {
@@ -82,12 +92,7 @@ async fn the_proxy_terminates_https_for_http1_and_http2_with_a_certificate_per_n
         banner.contains("listening on https://127.0.0.1:"),
         "{banner}"
     );
-    let port: u16 = banner
-        .split("https://127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {banner:?}"));
+    let port = https_port(&banner);
 
     // Each name gets its certificate (curl checks the name); a name without one gets
     // the default, which does not carry it.
@@ -137,24 +142,27 @@ async fn the_proxy_terminates_https_for_http1_and_http2_with_a_certificate_per_n
     assert!(!plain.status.success(), "plaintext was answered");
 }
 
+/// What `tollgate proxy` says on stderr when `config` stops its start.
+fn refused_start(dir: &ScratchDir, config: &str) -> String {
+    let config = dir.write("tollgate.yaml", config);
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["proxy", "--config", &config, "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
 #[test]
 fn bad_proxy_tls_settings_are_named() {
     let pki = Pki::new();
     let dir = ScratchDir::new("proxy-tls-bad");
     let p = |n: &str| pki.path(n).display().to_string();
     let refused = |tls: &str| {
-        let config = dir.write(
-            "tollgate.yaml",
-            &format!(
-                "proxy:\n  tls: {tls}\n  routes:\n    - name: a\n      upstream: http://127.0.0.1:9\n"
-            ),
-        );
-        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["proxy", "--config", &config, "--listen", "127.0.0.1:0"])
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        String::from_utf8_lossy(&out.stderr).to_string()
+        refused_start(
+            &dir,
+            &format!("proxy:\n  tls: {tls}\n  routes:\n    - name: a\n      upstream: http://127.0.0.1:9\n"),
+        )
     };
     let e = refused(&format!(
         "{{cert_file: {}, key_file: {}, certificates: [{{cert_file: /nonexistent.pem, key_file: {}}}]}}",
@@ -172,4 +180,124 @@ fn bad_proxy_tls_settings_are_named() {
         p("client.key")
     ));
     assert!(e.contains("does not match the certificate"), "{e}");
+}
+
+/// `https://` upstreams: the proxy verifies the upstream's certificate with the
+/// route's CA and presents its client certificate (the upstream, a `tollgate serve`
+/// with mutual TLS on its HTTP listener, refuses a client without one), for
+/// HTTP/1.1 and HTTP/2 clients alike; a certificate that does not verify is a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_speaks_tls_to_https_upstreams() {
+    let pki = Pki::new();
+    let dir = ScratchDir::new("proxy-tls-up");
+    let p = |n: &str| pki.path(n).display().to_string();
+    let serve_config = dir.write(
+        "serve.yaml",
+        &format!(
+            "listen:\n  http_tls: {{cert_file: {}, key_file: {}, client_ca_file: {}}}\n",
+            p("server.pem"),
+            p("server.key"),
+            p("ca.pem")
+        ),
+    );
+    let upstream = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "serve",
+            "--config",
+            &serve_config,
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut upstream = tollgate_testkit::Killed(upstream);
+    let mut banner = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(upstream.0.stdout.as_mut().unwrap()),
+        &mut banner,
+    )
+    .unwrap();
+    let port = https_port(&banner);
+    let config = dir.write(
+        "proxy.yaml",
+        &format!(
+            "proxy:\n  routes:\n    \
+             - name: good\n      match: {{path_prefix: /v1/}}\n      upstream: https://localhost:{port}\n      \
+               upstream_tls: {{ca_file: {ca}, cert_file: {cert}, key_file: {key}}}\n    \
+             - name: stranger\n      match: {{path_prefix: /healthz}}\n      upstream: https://127.0.0.1:{port}\n      \
+               upstream_tls: {{ca_file: {other}, cert_file: {cert}, key_file: {key}}}\n",
+            ca = p("ca.pem"),
+            cert = p("client.pem"),
+            key = p("client.key"),
+            other = p("other-ca.pem"),
+        ),
+    );
+    let (_proxy, line) = start(&config);
+    let base = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let status = |path: &str, version: &str| {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                version,
+            ])
+            .arg(format!("{base}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert_eq!(status("/v1/config", "--http1.1"), "200");
+    assert_eq!(status("/v1/config", "--http2-prior-knowledge"), "200");
+    assert_eq!(
+        status("/v1/config", "--http1.1"),
+        "200",
+        "a kept TLS connection"
+    );
+    assert_eq!(
+        status("/healthz", "--http1.1"),
+        "502",
+        "a CA that does not verify the upstream"
+    );
+}
+
+#[test]
+fn bad_upstream_tls_settings_are_named() {
+    let pki = Pki::new();
+    let dir = ScratchDir::new("proxy-tls-up-bad");
+    let refused = |routes: &str| refused_start(&dir, &format!("proxy:\n  routes:\n{routes}"));
+    let ca = pki.path("ca.pem").display().to_string();
+    let e = refused(&format!(
+        "    - {{name: a, upstream: 'http://127.0.0.1:9', upstream_tls: {{ca_file: {ca}}}}}\n"
+    ));
+    assert!(
+        e.contains("proxy.routes[0].upstream_tls: the upstream is http://"),
+        "{e}"
+    );
+    let e = refused("    - {name: a, upstream: 'https://127.0.0.1:9', upstream_tls: {ca_file: /nonexistent/ca.pem}}\n");
+    assert!(
+        e.contains("proxy.routes[0].upstream_tls.ca_file /nonexistent/ca.pem: cannot read it"),
+        "{e}"
+    );
+    let e = refused(&format!(
+        "    - {{name: a, upstream: 'https://127.0.0.1:9', upstream_tls: {{ca_file: {ca}}}}}\n    \
+         - {{name: b, upstream: 'https://127.0.0.1:9'}}\n"
+    ));
+    assert!(
+        e.contains("proxy.routes[1].upstream_tls: differs from route 'a'"),
+        "{e}"
+    );
 }

@@ -45,6 +45,23 @@ impl ProxyConfig {
     }
 }
 
+/// `upstream_tls:` how a route speaks TLS to its `https://` upstream. The files are
+/// read at start and at each reload.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsConfig {
+    /// CA certificates (PEM) the upstream's certificate must chain to (default: the
+    /// system's).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A client certificate chain (PEM), for an upstream that asks for one.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// Its private key (PEM).
+    pub key_file: Option<std::path::PathBuf>,
+    /// The name the upstream's certificate must carry, also sent as SNI (default: the
+    /// upstream URL's host).
+    pub server_name: Option<String>,
+}
+
 /// One route.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -56,6 +73,10 @@ pub struct RouteConfig {
     pub matcher: MatchConfig,
     /// Where matching requests go (`http://host:port`).
     pub upstream: String,
+    /// TLS to an `https://` upstream: its CA (default: the system's), a client
+    /// certificate, the name to verify (default: the upstream's host).
+    #[serde(default)]
+    pub upstream_tls: Option<UpstreamTlsConfig>,
     /// The limiting key: `client_ip`, `header:NAME`, `cookie:NAME`, `path`, or several
     /// joined with `+`.
     #[serde(default = "default_key")]

@@ -52,7 +52,7 @@ pub(super) async fn forward(
     let mut pending = passed.pending.take();
     let answer = match tokio::time::timeout(
         table.upstream_timeout,
-        upstreams.send(route.upstream(), req),
+        upstreams.send(route.upstream(), route.upstream_tls(), req),
     )
     .await
     {

@@ -71,7 +71,24 @@ impl RouteTable {
                     }
                 }
             })
-            .collect::<anyhow::Result<_>>()?;
+            .collect::<anyhow::Result<Vec<Arc<Route>>>>()?;
+        // Kept connections are found by the upstream's address: two routes that name
+        // one https:// upstream must speak TLS to it the same way.
+        for (i, a) in routes.iter().enumerate() {
+            let same = routes[..i].iter().find(|b| {
+                b.target.https == a.target.https
+                    && b.upstream().as_str() == a.upstream().as_str()
+                    && b.config.upstream_tls != a.config.upstream_tls
+            });
+            if let Some(b) = same {
+                anyhow::bail!(
+                    "proxy.routes[{i}].upstream_tls: differs from route '{}''s for the same upstream {}: \
+                     one upstream, one TLS setting",
+                    b.name,
+                    a.upstream()
+                );
+            }
+        }
         Ok(RouteTable {
             routes,
             trusted: config.trusted_proxies,
@@ -120,10 +137,11 @@ impl Route {
             .and_then(|u: Uri| Target::of(&u))
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "{at}.upstream: '{}' is not an http://host:port URL",
+                    "{at}.upstream: '{}' is not an http://host:port or https://host:port URL",
                     r.upstream
                 )
             })?;
+        let target = target.with_tls(r.upstream_tls.as_ref(), at)?;
         Ok(Route {
             key: keys::parse(&r.key, at)?,
             limits: RouteLimits::build(&r, at, options, redis)?,
@@ -140,6 +158,10 @@ impl Route {
 /// request's path and query after the upstream's path prefix.
 struct Target {
     authority: Authority,
+    /// `https://`: how to speak TLS to it (else `None`, plaintext).
+    tls: Option<UpstreamTls>,
+    /// Whether the URL said `https`.
+    https: bool,
     /// `host[:port]`: the Host a request without one is sent with.
     host: HeaderValue,
     /// The upstream's path without its trailing `/`; `None` when that leaves nothing.
@@ -147,11 +169,14 @@ struct Target {
 }
 
 impl Target {
-    /// The target of an `http://host:port[/prefix]` URL; `None` for any other.
+    /// The target of an `http://host:port[/prefix]` or `https://...` URL (its TLS
+    /// still to be set: [`Target::with_tls`]); `None` for any other.
     fn of(uri: &Uri) -> Option<Target> {
-        if uri.scheme_str() != Some("http") {
-            return None;
-        }
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return None,
+        };
         let prefix = uri.path().trim_end_matches('/');
         let authority = uri.authority()?;
         let host = match authority.port() {
@@ -162,11 +187,65 @@ impl Target {
             host: HeaderValue::try_from(host).ok()?,
             authority: authority.clone(),
             prefix: (!prefix.is_empty()).then(|| prefix.to_string()),
+            tls: None,
+            https,
         })
+    }
+
+    /// Reads the TLS files of an `https://` target (`upstream_tls`, else the system's
+    /// CAs); `upstream_tls` beside `http://` is an error.
+    fn with_tls(
+        mut self,
+        config: Option<&crate::config::proxy::UpstreamTlsConfig>,
+        at: &str,
+    ) -> anyhow::Result<Target> {
+        if !self.https {
+            if config.is_some() {
+                anyhow::bail!("{at}.upstream_tls: the upstream is http://; TLS needs https://");
+            }
+            return Ok(self);
+        }
+        let files = config.cloned().unwrap_or_default();
+        let setting = format!("{at}.upstream_tls");
+        let identity = match (&files.cert_file, &files.key_file) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            (None, None) => None,
+            _ => anyhow::bail!("{setting}: cert_file and key_file go together"),
+        };
+        let config = crate::tls::client_config(
+            &setting,
+            files.ca_file.as_deref(),
+            identity,
+            &[b"http/1.1"],
+        )?;
+        let host = self.authority.host().trim_matches(['[', ']']).to_string();
+        let name = files.server_name.unwrap_or(host);
+        let server_name = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|_| {
+            anyhow::anyhow!("{setting}.server_name {name:?}: not a DNS name or IP address")
+        })?;
+        self.tls = Some(UpstreamTls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            server_name,
+        });
+        Ok(self)
     }
 }
 
+/// How a route speaks TLS to its upstream.
+#[derive(Clone)]
+pub(super) struct UpstreamTls {
+    /// rustls with the route's CAs and client certificate.
+    pub connector: tokio_rustls::TlsConnector,
+    /// The name verified and sent as SNI.
+    pub server_name: rustls::pki_types::ServerName<'static>,
+}
+
 impl Route {
+    /// TLS to the upstream, for an `https://` one.
+    pub fn upstream_tls(&self) -> Option<&UpstreamTls> {
+        self.target.tls.as_ref()
+    }
+
     /// The upstream's `host:port`.
     pub fn upstream(&self) -> &Authority {
         &self.target.authority

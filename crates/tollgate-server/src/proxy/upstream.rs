@@ -23,6 +23,8 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use super::routes::UpstreamTls;
+
 /// The most connections one worker keeps per upstream (idle, or finishing a response
 /// body); beyond it a connection closes once its response has been read.
 const MAX_KEPT: usize = 256;
@@ -83,6 +85,9 @@ pub(super) enum Failure {
 /// fast path hands to hyper).
 pub(super) struct UpstreamPool {
     kept: ConnCache<SendRequest<Body>>,
+    /// The connections to `https://` upstreams (one TLS setting per upstream: the
+    /// route table checks it).
+    kept_tls: ConnCache<SendRequest<Body>>,
     connect_timeout: Duration,
 }
 
@@ -102,6 +107,7 @@ impl UpstreamPool {
     pub fn new(connect_timeout: Duration) -> Self {
         UpstreamPool {
             kept: ConnCache::default(),
+            kept_tls: ConnCache::default(),
             connect_timeout,
         }
     }
@@ -115,16 +121,22 @@ impl UpstreamPool {
     pub async fn send(
         &self,
         upstream: &Authority,
+        tls: Option<&UpstreamTls>,
         mut req: Request<Body>,
     ) -> Result<Response<Incoming>, Failure> {
         if req.version() == Version::HTTP_2 {
             // From an HTTP/2 client: the upstream speaks HTTP/1.1.
             *req.version_mut() = Version::HTTP_11;
         }
-        while let Some(mut conn) = self.kept.idle(upstream) {
+        let kept = if tls.is_some() {
+            &self.kept_tls
+        } else {
+            &self.kept
+        };
+        while let Some(mut conn) = kept.idle(upstream) {
             match conn.try_send_request(req).await {
                 Ok(response) => {
-                    self.kept.keep(upstream, conn);
+                    kept.keep(upstream, conn);
                     return Ok(response);
                 }
                 Err(mut e) => match e.take_message() {
@@ -133,25 +145,41 @@ impl UpstreamPool {
                 },
             }
         }
-        let mut conn = self.connect(upstream).await?;
+        let mut conn = match tls {
+            None => self.connect(upstream).await?,
+            Some(tls) => self.connect_tls(upstream, tls).await?,
+        };
         let response = conn.send_request(req).await.map_err(Failure::Exchange)?;
-        self.kept.keep(upstream, conn);
+        kept.keep(upstream, conn);
         Ok(response)
     }
 
     /// A new connection to `upstream`, its HTTP/1.1 exchange driven by a task of this
     /// worker.
     async fn connect(&self, upstream: &Authority) -> Result<SendRequest<Body>, Failure> {
-        let stream = connect(upstream, self.connect_timeout).await?;
-        let (conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(Failure::Exchange)?;
-        tokio::spawn(async move {
-            if let Err(e) = driver.await {
-                tracing::debug!("upstream connection ended: {e}");
+        let stream = connect(upstream, 80, self.connect_timeout).await?;
+        handshake(stream).await
+    }
+
+    /// [`UpstreamPool::connect`] over TLS; the handshake is bounded by the connect
+    /// timeout too, and its failure (a certificate that does not verify) is an
+    /// unreachable upstream (502), logged at warn since it is a setting to fix.
+    async fn connect_tls(
+        &self,
+        upstream: &Authority,
+        tls: &UpstreamTls,
+    ) -> Result<SendRequest<Body>, Failure> {
+        let stream = connect(upstream, 443, self.connect_timeout).await?;
+        let handshake_tls = tls.connector.connect(tls.server_name.clone(), stream);
+        let stream = match tokio::time::timeout(self.connect_timeout, handshake_tls).await {
+            Err(_) => return Err(Failure::ConnectTimedOut),
+            Ok(Err(e)) => {
+                tracing::warn!("TLS to upstream {upstream} failed: {e}");
+                return Err(Failure::Unreachable(e));
             }
-        });
-        Ok(conn)
+            Ok(Ok(s)) => s,
+        };
+        handshake(stream).await
     }
 }
 
@@ -215,9 +243,27 @@ fn same(a: &Authority, b: &Authority) -> bool {
     a.as_str() == b.as_str()
 }
 
-/// A new TCP connection to `upstream`, within `timeout`.
+/// hyper's HTTP/1.1 client on `stream`, its exchange driven by a task of this worker.
+async fn handshake<S>(stream: S) -> Result<SendRequest<Body>, Failure>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (conn, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(Failure::Exchange)?;
+    tokio::spawn(async move {
+        if let Err(e) = driver.await {
+            tracing::debug!("upstream connection ended: {e}");
+        }
+    });
+    Ok(conn)
+}
+
+/// A new TCP connection to `upstream` (port `default_port` when it names none),
+/// within `timeout`.
 pub(super) async fn connect(
     upstream: &Authority,
+    default_port: u16,
     timeout: Duration,
 ) -> Result<tokio::net::TcpStream, Failure> {
     // An IPv6 literal is bracketed in a URL, not in an address lookup.
@@ -225,7 +271,7 @@ pub(super) async fn connect(
         .host()
         .trim_start_matches('[')
         .trim_end_matches(']');
-    let port = upstream.port_u16().unwrap_or(80);
+    let port = upstream.port_u16().unwrap_or(default_port);
     // A name is looked up (off this thread); an address literal is used as is.
     let connecting = tokio::net::TcpStream::connect((host, port));
     let stream = tokio::time::timeout(timeout, connecting)
@@ -292,7 +338,7 @@ impl StreamPool {
                 return Ok((conn, true));
             }
         }
-        let io = connect(upstream, self.connect_timeout).await?;
+        let io = connect(upstream, 80, self.connect_timeout).await?;
         let buf = BytesMut::with_capacity(4096);
         Ok((Stream { io, buf }, false))
     }

@@ -233,6 +233,10 @@ impl Conn {
         let Some(route) = table.route_for(head.host, path) else {
             return self.answer(io, end, &no_route(), instead, to_head).await;
         };
+        if route.upstream_tls().is_some() {
+            // Its raw upstream sockets are plaintext: hyper's pool speaks TLS.
+            return Next::Hyper;
+        }
         let passed = match admit(&table, route, peer, path, req.headers).await {
             Ok(passed) => passed,
             Err(answer) => return self.answer(io, end, &answer, instead, to_head).await,
