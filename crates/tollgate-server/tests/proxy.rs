@@ -464,6 +464,58 @@ async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
     assert!(String::from_utf8_lossy(down.body()).contains("rate limit store unavailable"));
 }
 
+/// A Redis `limit_conn` permit is back in Redis before the response's last bytes
+/// reach the client, over HTTP/1.1 (the fast path) and HTTP/2 (hyper) alike. Proxy A
+/// reaches Redis through a relay that holds every chunk 50 ms, proxy B directly: a
+/// client that has A's whole answer and asks B at once finds its key free. (Were
+/// A's permit given back after the response, its release would still be on the way
+/// and B would refuse.)
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_limit_conn_permit_is_back_before_the_response_ends() {
+    let redis = tollgate_testkit::RedisServers::standalone();
+    let direct = redis.url();
+    let target = direct.trim_start_matches("redis://").trim_end_matches('/');
+    let relay = tollgate_testkit::DelayRelay::start(target.parse().unwrap()).await;
+    let up = upstream().await;
+    let cfg = |url: &str| {
+        format!(
+            "store:\n  kind: redis\n  url: {url}\n  timeout: 2s\n{}",
+            config(&up, "      limit_conn: 1\n")
+        )
+    };
+    let (slow, fast) = (
+        start(&cfg(&format!("redis://{}/", relay.addr))),
+        start(&cfg(&direct)),
+    );
+    relay.set_delay(Duration::from_millis(50));
+    let h2 = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<bytes::Bytes>>();
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        for p in [&slow, &fast] {
+            // HTTP/1.1 (the fast path)...
+            codes.push(get_as(p, "/api/x", Some("k")).await.status().as_u16());
+        }
+        for p in [&slow, &fast] {
+            // ... and HTTP/2 (hyper).
+            let req = http::Request::get(format!("{}/api/x", p.base))
+                .header("x-api-key", "k")
+                .body(Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let resp = h2.request(req).await.unwrap();
+            assert_eq!(resp.version(), http::Version::HTTP_2);
+            codes.push(resp.status().as_u16());
+            let _ = resp.into_body().collect().await;
+        }
+    }
+    assert_eq!(codes, [200; 12]);
+}
+
 /// Writes `raw` on a new connection and reads what comes back until the proxy closes
 /// it or 3 s pass: the status codes of every response, in order.
 async fn raw_statuses(proxy: &Proxy, raw: &[u8]) -> Vec<u16> {

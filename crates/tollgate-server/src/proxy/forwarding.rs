@@ -95,7 +95,7 @@ pub(super) async fn forward(
     // request is finished.
     let body = Held {
         body,
-        _permit: passed.permit,
+        permit: passed.permit,
         _adaptive: adaptive,
         charge,
         settling: None,
@@ -309,24 +309,52 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// A response body that holds the request's permits until it ends (or is dropped),
-/// and under `cost:` reads it for the usage, settled when it ends.
+/// and under `cost:` reads it for the usage, settled when it ends. A Redis
+/// `limit_conn` permit is given back before the last frame goes (as the HTTP/1.1
+/// fast path does): a client that asks again at once, through any proxy on that
+/// Redis, never finds its finished request still counted.
 struct Held {
     body: hyper::body::Incoming,
-    _permit: Option<ConnPermit>,
+    permit: Option<ConnPermit>,
     _adaptive: Option<AdaptiveHold>,
     charge: Option<Metered>,
-    /// The usage being charged: the body ends when it has landed.
+    /// The usage being charged and the permit being given back: the body ends when
+    /// both have landed.
     settling: Option<Settle>,
-    /// The body's last frame, sent once the charge has landed.
+    /// The body's last frame, sent once they have.
     last: Option<http_body::Frame<bytes::Bytes>>,
 }
 
 impl Held {
-    /// The body has ended: its usage starts to settle.
+    /// Whether the end of the body waits for something (a charge, a Redis permit).
+    fn holds_end(&self) -> bool {
+        self.charge.is_some() || matches!(self.permit, Some(ConnPermit::Redis(_)))
+    }
+
+    /// The body has ended: its usage starts to settle and its Redis permit to go back.
     fn ended(&mut self) {
-        if let Some(metered) = self.charge.take() {
-            self.settling = Some(metered.finish());
+        let settle = self.charge.take().map(Metered::finish);
+        let permit = match self.permit.take() {
+            Some(ConnPermit::Redis(p)) => Some(p),
+            other => {
+                self.permit = other;
+                None
+            }
+        };
+        if settle.is_none() && permit.is_none() {
+            return;
         }
+        self.settling = Some(Box::pin(async move {
+            if let Some(settle) = settle {
+                settle.await;
+            }
+            if let Some(permit) = permit {
+                if let Err(e) = permit.release().await {
+                    // It expires with its lease.
+                    tracing::debug!("limit_conn permit not released: {e}");
+                }
+            }
+        }));
     }
 }
 
@@ -345,7 +373,7 @@ impl http_body::Body for Held {
             return Poll::Ready(self.last.take().map(Ok));
         }
         let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
-        if self.charge.is_none() {
+        if !self.holds_end() {
             return polled;
         }
         match polled {
@@ -371,8 +399,8 @@ impl http_body::Body for Held {
     }
 
     fn is_end_stream(&self) -> bool {
-        // Not while a usage is still to be read or charged.
-        self.charge.is_none()
+        // Not while a usage is still to be read or charged, or a permit given back.
+        !self.holds_end()
             && self.settling.is_none()
             && self.last.is_none()
             && self.body.is_end_stream()
@@ -384,8 +412,9 @@ impl http_body::Body for Held {
 }
 
 impl Drop for Held {
-    /// A charge under way lands, whoever drops the body (a charge not yet under way
-    /// settles as [`Metered`] says).
+    /// A charge (or a permit's return) under way lands, whoever drops the body (a
+    /// charge not yet under way settles as [`Metered`] says; a permit not yet going
+    /// back goes when it drops).
     fn drop(&mut self) {
         if let Some(settling) = self.settling.take() {
             super::cost::spawn(settling);
