@@ -423,6 +423,18 @@ fn bad_xds_settings_are_named() {
         assert!(!out.status.success());
         String::from_utf8_lossy(&out.stderr).to_string()
     };
+    // check-config says where the rules will come from.
+    let dir = tollgate_testkit::ScratchDir::new("xds-check");
+    let config = dir.write("tollgate.yaml", "xds: {server: 'envoy-gateway:18001'}\n");
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check-config", "--config", &config])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("from the xDS server envoy-gateway:18001"),
+        "{said}"
+    );
     let e = refused("xds: {server: 'envoy-gateway'}\n", &[], &[]);
     assert!(
         e.contains("xds.server \"envoy-gateway\": needs host:port"),
