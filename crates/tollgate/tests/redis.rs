@@ -427,7 +427,9 @@ fn cluster_slot_migration_under_load_keeps_the_limit_exact() {
             timeout: Duration::from_secs(3),
             ..RedisOptions::default()
         };
-        let store = RedisStore::connect_with(&servers.url(), opts).await.unwrap();
+        let store = RedisStore::connect_with(&servers.url(), opts)
+            .await
+            .unwrap();
         let rules = RuleSet::parse(&[
             "fixed-window:limit=500,window=1h",
             "gcra:rate=100000/s,burst=100000",
