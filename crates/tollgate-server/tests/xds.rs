@@ -279,6 +279,18 @@ async fn serve_follows_the_xds_server_through_versions_nacks_and_outages() {
         "unchanged across the outage"
     );
     assert_eq!(get(&server, "/v1/config").await.1["xds"]["version"], "4");
+    // What happened, in the metrics: two streams, versions 1, 2 and 4 in force, 3
+    // refused.
+    let (_, metrics) = get(&server, "/metrics").await;
+    let metrics = metrics.as_str().unwrap().to_string();
+    for line in [
+        "tollgate_xds_events{event=\"stream_up\"} 1",
+        "tollgate_xds_events{event=\"streams_opened\"} 2",
+        "tollgate_xds_events{event=\"versions_acked\"} 3",
+        "tollgate_xds_events{event=\"versions_nacked\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
 }
 
 /// Envoy Gateway's generated environment (internal/infrastructure/kubernetes/

@@ -43,6 +43,8 @@ pub struct Metrics {
     /// RLQS streams open.
     quota_streams: Gauge,
     certificate_days: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// The xDS client's figures, by event.
+    xds: Family<Labels, Gauge>,
 }
 
 /// A decision's outcome, as counted.
@@ -176,7 +178,16 @@ impl Metrics {
             "Days until each TLS listener's certificate expires (negative once it has), by listener",
             certificate_days.clone(),
         );
+        let xds = Family::<Labels, Gauge>::default();
+        registry.register(
+            "xds_events",
+            "The xDS client (rules from an xDS server), by event: stream_up is 1 while \
+             its stream is open; streams_opened, versions_acked and versions_nacked count \
+             since start",
+            xds.clone(),
+        );
         Metrics {
+            xds,
             certificate_days,
             quota,
             quota_reported,
@@ -296,6 +307,14 @@ impl Metrics {
             .certificate_days
             .get_or_create(&vec![("listener", listener.to_string())]))
         .set(days);
+    }
+
+    /// Sets the xDS client's figures: (event, value) pairs.
+    pub fn xds(&self, events: &[(&str, u64)]) {
+        for (event, value) in events {
+            let label = vec![("event", event.to_string())];
+            (self.xds.get_or_create(&label)).set(i64::try_from(*value).unwrap_or(i64::MAX));
+        }
     }
 
     /// Sets the workers' figures.

@@ -252,6 +252,12 @@ struct XdsState {
     healthy_before_rules: bool,
     /// `/healthcheck` fails while no domain is in force (`xds.healthy_only_with_rules`).
     healthy_only_with_rules: bool,
+    /// The stream is open now.
+    stream_up: std::sync::atomic::AtomicBool,
+    /// Streams opened, versions put in force, versions refused, since start.
+    streams: std::sync::atomic::AtomicU64,
+    acked: std::sync::atomic::AtomicU64,
+    nacked: std::sync::atomic::AtomicU64,
 }
 
 impl DecisionService {
@@ -315,8 +321,31 @@ impl DecisionService {
             version: Mutex::new(None),
             healthy_before_rules: config.start_without_rules,
             healthy_only_with_rules: config.healthy_only_with_rules,
+            stream_up: Default::default(),
+            streams: Default::default(),
+            acked: Default::default(),
+            nacked: Default::default(),
         });
         self
+    }
+
+    /// Notes a version ACKed (`true`) or NACKed (for `/metrics`).
+    pub fn xds_answered(&self, acked: bool) {
+        if let Some(x) = &self.xds {
+            let counter = if acked { &x.acked } else { &x.nacked };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Notes that the xDS stream opened (`true`) or ended (for `/metrics`).
+    pub fn xds_stream(&self, up: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(x) = &self.xds {
+            x.stream_up.store(up, Relaxed);
+            if up {
+                x.streams.fetch_add(1, Relaxed);
+            }
+        }
     }
 
     /// The xDS server and the version in force, when the rules come from xDS.
@@ -533,6 +562,15 @@ impl DecisionService {
         }
         if let Some(w) = &self.workers {
             self.metrics.workers(&w.read());
+        }
+        if let Some(x) = &self.xds {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.metrics.xds(&[
+                ("stream_up", u64::from(x.stream_up.load(Relaxed))),
+                ("streams_opened", x.streams.load(Relaxed)),
+                ("versions_acked", x.acked.load(Relaxed)),
+                ("versions_nacked", x.nacked.load(Relaxed)),
+            ]);
         }
         for (listener, tls) in &self.tls {
             (self.metrics).certificate_days_left(listener, crate::tls::days_left(tls.not_after()));

@@ -114,11 +114,16 @@ impl Session {
         }
         let mut incoming = client.stream_aggregated_resources(call).await?.into_inner();
         tracing::info!(server = %config.server, node = %config.node_id, "xds: stream open");
+        service.xds_stream(true);
+        // Down again however this function ends.
+        let _down = StreamDown(service);
         while let Some(response) = incoming.message().await? {
             self.versions += 1;
             let nonce = response.nonce.clone();
             let version = response.version_info.clone();
-            let answer = match apply(service, response) {
+            let applied = apply(service, response);
+            service.xds_answered(applied.is_ok());
+            let answer = match applied {
                 Ok(()) => {
                     tracing::info!(version, "xds: rules of version {version} in force");
                     request(version, nonce, None)
@@ -140,6 +145,15 @@ impl Session {
             tx.send(answer).await?;
         }
         Ok(())
+    }
+}
+
+/// Marks the stream down when dropped.
+struct StreamDown<'a>(&'a DecisionService);
+
+impl Drop for StreamDown<'_> {
+    fn drop(&mut self) {
+        self.0.xds_stream(false);
     }
 }
 
