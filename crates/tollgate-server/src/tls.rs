@@ -74,8 +74,9 @@ struct Loaded {
     config: Arc<ServerConfig>,
     /// The files' bytes, to tell a change.
     files: Vec<Vec<u8>>,
-    /// The server certificate's end of validity.
+    /// The end of validity of the certificate that expires first, and its file.
     not_after: SystemTime,
+    earliest: PathBuf,
 }
 
 impl ServerTls {
@@ -85,7 +86,7 @@ impl ServerTls {
     /// a warning with its date.
     pub fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<ServerTls> {
         let loaded = load(tls, setting, alpn)?;
-        warn_expiry(setting, &tls.cert_file, loaded.not_after);
+        warn_expiry(setting, &loaded.earliest, loaded.not_after);
         Ok(ServerTls {
             current: Arc::new(ArcSwap::from_pointee(loaded)),
             source: Arc::new(Source {
@@ -101,7 +102,7 @@ impl ServerTls {
         tokio_rustls::TlsAcceptor::from(self.current.load().config.clone())
     }
 
-    /// The server certificate's end of validity.
+    /// The end of validity of its certificate that expires first.
     pub fn not_after(&self) -> SystemTime {
         self.current.load().not_after
     }
@@ -128,7 +129,7 @@ impl ServerTls {
                             not_after = %httpdate::fmt_http_date(loaded.not_after),
                             "tls: the certificate files changed: new connections get the new ones"
                         );
-                        warn_expiry(setting, &tls.cert_file, loaded.not_after);
+                        warn_expiry(setting, &loaded.earliest, loaded.not_after);
                         current.store(Arc::new(loaded));
                         failed = None;
                     }
@@ -249,6 +250,7 @@ fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Load
     let provider = provider();
     let mut not_after = not_after(&certs[0])
         .with_context(|| format!("{setting}.cert_file {}", tls.cert_file.display()))?;
+    let mut earliest = tls.cert_file.clone();
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
     let mut files = vec![cert_pem, key_pem];
@@ -276,8 +278,11 @@ fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Load
             }
         }
     };
-    // The certificates chosen by name, after the default's own names.
-    let mut named = Vec::new();
+    // The certificates chosen by name, after the default's own names (an exact
+    // name the default carries is never served another's wildcard).
+    let own = dns_names(&certs[0])
+        .with_context(|| format!("{setting}.cert_file {}", tls.cert_file.display()))?;
+    let mut named: Vec<_> = own.into_iter().map(|n| (n, default.clone())).collect();
     for (i, c) in tls.certificates.iter().enumerate() {
         let at = format!("{setting}.certificates[{i}]");
         let (chain, _, [cert_pem, key_pem], key) = identity(&at, &c.cert_file, &c.key_file)?;
@@ -290,7 +295,9 @@ fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Load
         );
         let end = self::not_after(&chain[0])
             .with_context(|| format!("{at}.cert_file {}", c.cert_file.display()))?;
-        not_after = not_after.min(end);
+        if end < not_after {
+            (not_after, earliest) = (end, c.cert_file.clone());
+        }
         named.extend(names.into_iter().map(|n| (n, key.clone())));
         files.extend([cert_pem, key_pem]);
     }
@@ -300,6 +307,7 @@ fn load(tls: &ListenerTls, setting: &str, alpn: &[&[u8]]) -> anyhow::Result<Load
         config: Arc::new(config),
         files,
         not_after,
+        earliest,
     })
 }
 

@@ -465,7 +465,8 @@ async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
 }
 
 /// A Redis `limit_conn` permit is back in Redis before the response's last bytes
-/// reach the client, over HTTP/1.1 (the fast path) and HTTP/2 (hyper) alike. Proxy A
+/// reach the client, over HTTP/1.1 (the fast path) and HTTP/2 (hyper) alike, HEAD
+/// included. Proxy A
 /// reaches Redis through a relay that holds every chunk 50 ms, proxy B directly: a
 /// client that has A's whole answer and asks B at once finds its key free. (Were
 /// A's permit given back after the response, its release would still be on the way
@@ -501,19 +502,32 @@ async fn a_redis_limit_conn_permit_is_back_before_the_response_ends() {
             // HTTP/1.1 (the fast path)...
             codes.push(get_as(p, "/api/x", Some("k")).await.status().as_u16());
         }
-        for p in [&slow, &fast] {
-            // ... and HTTP/2 (hyper).
-            let req = http::Request::get(format!("{}/api/x", p.base))
-                .header("x-api-key", "k")
-                .body(Full::new(bytes::Bytes::new()))
-                .unwrap();
-            let resp = h2.request(req).await.unwrap();
-            assert_eq!(resp.version(), http::Version::HTTP_2);
-            codes.push(resp.status().as_u16());
-            let _ = resp.into_body().collect().await;
+        // ... and HTTP/2 (hyper), with a body and without one (HEAD: hyper sends
+        // the head alone and never reads the body).
+        for method in ["GET", "HEAD"] {
+            for p in [&slow, &fast] {
+                let req = http::Request::builder()
+                    .method(method)
+                    .uri(format!("{}/api/x", p.base))
+                    .header("x-api-key", "k")
+                    .body(Full::new(bytes::Bytes::new()))
+                    .unwrap();
+                let resp = h2.request(req).await.unwrap();
+                assert_eq!(resp.version(), http::Version::HTTP_2);
+                codes.push(resp.status().as_u16());
+                let _ = resp.into_body().collect().await;
+            }
         }
     }
-    assert_eq!(codes, [200; 12]);
+    // HTTP/1.0 goes through hyper too, whose HTTP/1 side never polls a body it
+    // knows to be empty (HEAD).
+    for _ in 0..3 {
+        let head = b"HEAD /api/x HTTP/1.0\r\nHost: a\r\nX-Api-Key: k\r\n\r\n";
+        let answer = raw_exchange(&slow, head).await;
+        codes.push(answer.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0));
+        codes.push(get_as(&fast, "/api/x", Some("k")).await.status().as_u16());
+    }
+    assert_eq!(codes, [200; 24]);
 }
 
 /// Writes `raw` on a new connection and reads what comes back until the proxy closes

@@ -16,6 +16,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tollgate_testkit::Pki;
 
+/// A day: the unit of the tests' limits, so that no count straddles two windows.
+const DAY: Duration = Duration::from_secs(86_400);
+
 /// The xDS server process: commands in, events out.
 struct XdsServer {
     child: Child,
@@ -80,11 +83,18 @@ impl XdsServer {
     }
 
     /// Sets version `version` and waits for the client's answer to it: the request
-    /// that carries its nonce (ACK: `version_info` is it; NACK: an error).
+    /// that echoes the nonce it was sent with (ACK: `version_info` is it; NACK: an
+    /// error).
     fn set(&mut self, version: &str, configs: Value) -> Value {
         self.send(json!({"cmd": "set", "version": version, "configs": configs}));
-        self.wait_for("set", |e| e["version"] == version);
-        self.wait_for("request", |e| e["nonce"] != "")
+        self.answer_to(version)
+    }
+
+    /// The client's answer to the next sending of `version`.
+    fn answer_to(&self, version: &str) -> Value {
+        let sent = self.wait_for("sent", |e| e["version"] == version);
+        let nonce = sent["nonce"].clone();
+        self.wait_for("request", |e| e["nonce"] == nonce)
     }
 
     /// One ShouldRateLimit from grpcio over TLS with the client certificate.
@@ -133,6 +143,8 @@ async fn get(server: &serve_process::Server, path: &str) -> (u16, Value) {
 /// Versions 1 to 4 over mutual TLS, as the script has it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_follows_the_xds_server_through_versions_nacks_and_outages() {
+    // Every limit counts per UTC day: the test never straddles two windows.
+    tollgate_testkit::clear_of_window_end(DAY, Duration::from_secs(120));
     let pki = Pki::new();
     let mut xds = XdsServer::start(&pki);
     let dir = tollgate_testkit::ScratchDir::new("xds");
@@ -180,7 +192,7 @@ async fn serve_follows_the_xds_server_through_versions_nacks_and_outages() {
         json!([resource(
             "one",
             "xds",
-            vec![limit("user", "MINUTE", 3), limit("team", "MINUTE", 2)]
+            vec![limit("user", "DAY", 3), limit("team", "DAY", 2)]
         )]),
     );
     assert_eq!(
@@ -209,7 +221,7 @@ async fn serve_follows_the_xds_server_through_versions_nacks_and_outages() {
         json!([resource(
             "one",
             "xds",
-            vec![limit("user", "MINUTE", 5), limit("team", "MINUTE", 2)]
+            vec![limit("user", "DAY", 5), limit("team", "DAY", 2)]
         )]),
     );
     assert_eq!(ack["version_info"], "2", "{ack}");
@@ -262,14 +274,14 @@ async fn serve_follows_the_xds_server_through_versions_nacks_and_outages() {
 
     // It comes back with version 4: the client asks with version 2 and takes 4.
     xds.send(json!({"cmd": "set", "version": "4", "configs": [
-        resource("one", "xds", vec![limit("user", "MINUTE", 5), limit("team", "MINUTE", 2)]),
-        resource("two", "other", vec![limit("ip", "SECOND", 1)]),
+        resource("one", "xds", vec![limit("user", "DAY", 5), limit("team", "DAY", 2)]),
+        resource("two", "other", vec![limit("ip", "DAY", 1)]),
     ]}));
     xds.send(json!({"cmd": "start"}));
     xds.wait_for("started", |_| true);
     let hello = xds.wait_for("request", |e| e["nonce"] == "");
     assert_eq!(hello["version_info"], "2", "{hello}");
-    let ack = xds.wait_for("request", |e| e["nonce"] != "");
+    let ack = xds.answer_to("4");
     assert_eq!(ack["version_info"], "4", "{ack}");
     assert_eq!(check(&server, "other", "ip", "a").await, 200);
     assert_eq!(check(&server, "other", "ip", "a").await, 429);
@@ -279,15 +291,25 @@ async fn serve_follows_the_xds_server_through_versions_nacks_and_outages() {
         "unchanged across the outage"
     );
     assert_eq!(get(&server, "/v1/config").await.1["xds"]["version"], "4");
+    // A version without a name is refused too.
+    let nack = xds.set("", json!([]));
+    assert_eq!(nack["version_info"], "4", "{nack}");
+    assert!(
+        nack["error"]
+            .as_str()
+            .unwrap()
+            .contains("version_info is empty"),
+        "{nack}"
+    );
     // What happened, in the metrics: two streams, versions 1, 2 and 4 in force, 3
-    // refused.
+    // and the nameless one refused.
     let (_, metrics) = get(&server, "/metrics").await;
     let metrics = metrics.as_str().unwrap().to_string();
     for line in [
         "tollgate_xds_events{event=\"stream_up\"} 1",
         "tollgate_xds_events{event=\"streams_opened\"} 2",
         "tollgate_xds_events{event=\"versions_acked\"} 3",
-        "tollgate_xds_events{event=\"versions_nacked\"} 1",
+        "tollgate_xds_events{event=\"versions_nacked\"} 2",
     ] {
         assert!(metrics.contains(line), "{line} in:\n{metrics}");
     }
@@ -302,6 +324,7 @@ async fn serve_follows_the_xds_server_through_versions_nacks_and_outages() {
 /// healthy, with Envoy's calls failing as unavailable until the rules arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_gateways_environment_runs_the_binary_as_ratelimit() {
+    tollgate_testkit::clear_of_window_end(DAY, Duration::from_secs(120));
     let pki = Pki::new();
     let mut xds = XdsServer::start(&pki);
     let dir = tollgate_testkit::ScratchDir::new("xds-gateway");
@@ -379,7 +402,7 @@ async fn envoy_gateways_environment_runs_the_binary_as_ratelimit() {
     // Envoy Gateway's translation of a BackendTrafficPolicy: domain, nested keys.
     let rule = json!({"key": "httproute/default/backend/rule/0/match/0/example_com", "value": "httproute/default/backend/rule/0/match/0/example_com",
         "descriptors": [{"key": "rule-0-match-0", "value": "rule-0-match-0",
-            "rate_limit": {"unit": "HOUR", "requests_per_unit": 2}}]});
+            "rate_limit": {"unit": "DAY", "requests_per_unit": 2}}]});
     let ack = xds.set(
         "1",
         json!([resource("default/eg/http", "default/eg/http", vec![rule])]),

@@ -221,9 +221,10 @@ fn xds(get: &dyn Fn(&str) -> Option<String>, main: &mut MainConfig) -> anyhow::R
     }
     // `name:value,...`, envconfig's map syntax.
     if let Some(headers) = set("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS") {
-        for pair in headers.split(',') {
+        for (i, pair) in headers.split(',').enumerate() {
+            // Not printed: a value may be a credential.
             let Some((k, v)) = pair.split_once(':') else {
-                bail!("--envoy-env: CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: {pair:?} is not name:value");
+                bail!("--envoy-env: CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: entry {} is not name:value", i + 1);
             };
             x.headers
                 .insert(k.trim().to_ascii_lowercase(), v.trim().to_string());

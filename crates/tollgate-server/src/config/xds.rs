@@ -158,10 +158,21 @@ impl XdsConfig {
             anyhow::bail!("xds.max_message_bytes: at least 1024");
         }
         for (name, value) in &self.headers {
-            if http::HeaderName::from_bytes(name.as_bytes()).is_err()
-                || http::HeaderValue::from_str(value).is_err()
+            let reserved = name.starts_with("grpc-")
+                || name.starts_with(':')
+                || matches!(name.as_str(), "te" | "content-type" | "user-agent" | "host");
+            let ascii =
+                tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(name.as_bytes());
+            // The value is not printed: it may be a credential.
+            if reserved
+                || ascii.is_err()
+                || value
+                    .parse::<tonic::metadata::AsciiMetadataValue>()
+                    .is_err()
             {
-                anyhow::bail!("xds.headers: {name:?} is not a valid gRPC metadata entry");
+                anyhow::bail!(
+                    "xds.headers: {name:?} cannot be sent (a reserved or binary name, or a value that is not printable ASCII)"
+                );
             }
         }
         if let Some(tls) = &self.tls {

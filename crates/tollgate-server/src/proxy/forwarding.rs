@@ -90,12 +90,23 @@ pub(super) async fn forward(
         }
     }
     parts.headers.extend(passed.headers);
+    let mut permit = passed.permit;
+    if http_body::Body::is_end_stream(&body) {
+        // A body already at its end is never polled (hyper writes the head
+        // alone): a Redis permit goes back now, before the answer leaves.
+        if let Some(ConnPermit::Redis(p)) = permit.take_if(|p| matches!(p, ConnPermit::Redis(_))) {
+            if let Err(e) = p.release().await {
+                // It expires with its lease.
+                tracing::debug!("limit_conn permit not released: {e}");
+            }
+        }
+    }
     // limit_conn's and the adaptive limit's permits are held until the
     // response body has been sent, as nginx counts a connection until the
     // request is finished.
     let body = Held {
         body,
-        permit: passed.permit,
+        permit,
         _adaptive: adaptive,
         charge,
         settling: None,

@@ -72,8 +72,9 @@ impl RouteTable {
                 }
             })
             .collect::<anyhow::Result<Vec<Arc<Route>>>>()?;
-        // Kept connections are found by the upstream's address: two routes that name
-        // one https:// upstream must speak TLS to it the same way.
+        // Kept connections are found by the upstream's address (and the reading of
+        // the TLS settings): two routes that name one https:// upstream must speak
+        // TLS to it the same way.
         for (i, a) in routes.iter().enumerate() {
             let same = routes[..i].iter().find(|b| {
                 b.target.https == a.target.https
@@ -223,9 +224,11 @@ impl Target {
         let server_name = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|_| {
             anyhow::anyhow!("{setting}.server_name {name:?}: not a DNS name or IP address")
         })?;
+        static BUILT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         self.tls = Some(UpstreamTls {
             connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
             server_name,
+            id: BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         });
         Ok(self)
     }
@@ -238,6 +241,9 @@ pub(super) struct UpstreamTls {
     pub connector: tokio_rustls::TlsConnector,
     /// The name verified and sent as SNI.
     pub server_name: rustls::pki_types::ServerName<'static>,
+    /// Which reading of the settings this is: kept connections are reused only by
+    /// the same (a reload that changes a route's TLS starts new connections).
+    pub id: u64,
 }
 
 impl Route {

@@ -33,6 +33,10 @@ const MAX_KEPT: usize = 256;
 /// (hyper-util's pooled client's default).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How many readings of `https://` routes' TLS settings keep connections at once
+/// (each route's current one, and a few a reload replaced).
+const TLS_SETTINGS_KEPT: usize = 64;
+
 /// Every this many connections kept, the connections to every upstream are swept
 /// (an upstream a reload removed is never asked for again).
 const SWEEP_EVERY: u32 = 1024;
@@ -85,11 +89,14 @@ pub(super) enum Failure {
 /// fast path hands to hyper).
 pub(super) struct UpstreamPool {
     kept: ConnCache<SendRequest<Body>>,
-    /// The connections to `https://` upstreams (one TLS setting per upstream: the
-    /// route table checks it).
-    kept_tls: ConnCache<SendRequest<Body>>,
+    /// The connections to `https://` upstreams, by the TLS settings they were made
+    /// with ([`UpstreamTls::id`]; the most recent [`TLS_SETTINGS_KEPT`]).
+    kept_tls: Mutex<Vec<(u64, std::sync::Arc<HyperCache>)>>,
     connect_timeout: Duration,
 }
+
+/// Kept hyper client connections.
+type HyperCache = ConnCache<SendRequest<Body>>;
 
 /// One worker's kept connections per upstream.
 pub(super) struct ConnCache<C> {
@@ -107,7 +114,7 @@ impl UpstreamPool {
     pub fn new(connect_timeout: Duration) -> Self {
         UpstreamPool {
             kept: ConnCache::default(),
-            kept_tls: ConnCache::default(),
+            kept_tls: Mutex::default(),
             connect_timeout,
         }
     }
@@ -128,11 +135,8 @@ impl UpstreamPool {
             // From an HTTP/2 client: the upstream speaks HTTP/1.1.
             *req.version_mut() = Version::HTTP_11;
         }
-        let kept = if tls.is_some() {
-            &self.kept_tls
-        } else {
-            &self.kept
-        };
+        let tls_kept = tls.map(|t| self.tls_cache(t.id));
+        let kept = tls_kept.as_deref().unwrap_or(&self.kept);
         while let Some(mut conn) = kept.idle(upstream) {
             match conn.try_send_request(req).await {
                 Ok(response) => {
@@ -154,6 +158,22 @@ impl UpstreamPool {
         Ok(response)
     }
 
+    /// The kept connections made with the TLS settings `id`; the caches of the
+    /// oldest settings go (their connections close) past [`TLS_SETTINGS_KEPT`].
+    fn tls_cache(&self, id: u64) -> std::sync::Arc<HyperCache> {
+        let mut caches = self.kept_tls.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, c)) = caches.iter().find(|(i, _)| *i == id) {
+            return c.clone();
+        }
+        if caches.len() >= TLS_SETTINGS_KEPT {
+            let oldest = (0..caches.len()).min_by_key(|&i| caches[i].0).unwrap_or(0);
+            caches.swap_remove(oldest);
+        }
+        let cache = std::sync::Arc::new(ConnCache::default());
+        caches.push((id, cache.clone()));
+        cache
+    }
+
     /// A new connection to `upstream`, its HTTP/1.1 exchange driven by a task of this
     /// worker.
     async fn connect(&self, upstream: &Authority) -> Result<SendRequest<Body>, Failure> {
@@ -169,12 +189,14 @@ impl UpstreamPool {
         upstream: &Authority,
         tls: &UpstreamTls,
     ) -> Result<SendRequest<Body>, Failure> {
+        // One budget for the TCP connection and the handshake.
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let stream = connect(upstream, 443, self.connect_timeout).await?;
         let handshake_tls = tls.connector.connect(tls.server_name.clone(), stream);
-        let stream = match tokio::time::timeout(self.connect_timeout, handshake_tls).await {
+        let stream = match tokio::time::timeout_at(deadline, handshake_tls).await {
             Err(_) => return Err(Failure::ConnectTimedOut),
             Ok(Err(e)) => {
-                tracing::warn!("TLS to upstream {upstream} failed: {e}");
+                warn_tls_failed(upstream, &e);
                 return Err(Failure::Unreachable(e));
             }
             Ok(Ok(s)) => s,
@@ -241,6 +263,30 @@ impl<C: Reusable> ConnCache<C> {
 /// ignores case, byte by byte, and cost more than the rest of the lookup).
 fn same(a: &Authority, b: &Authority) -> bool {
     a.as_str() == b.as_str()
+}
+
+/// A failed TLS handshake with an upstream: a warning (a setting to fix) at most once
+/// a minute per worker, the rest at debug, so that a wrong certificate under load does
+/// not flood the log.
+fn warn_tls_failed(upstream: &Authority, e: &std::io::Error) {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<tokio::time::Instant>> = const { std::cell::Cell::new(None) };
+    }
+    let now = tokio::time::Instant::now();
+    let due = LAST.with(|last| {
+        let due = last
+            .get()
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60));
+        if due {
+            last.set(Some(now));
+        }
+        due
+    });
+    if due {
+        tracing::warn!("TLS to upstream {upstream} failed: {e} (repeats within a minute at debug)");
+    } else {
+        tracing::debug!("TLS to upstream {upstream} failed: {e}");
+    }
 }
 
 /// hyper's HTTP/1.1 client on `stream`, its exchange driven by a task of this worker.

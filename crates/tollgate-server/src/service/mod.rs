@@ -248,6 +248,8 @@ struct XdsState {
     server: String,
     /// The version in force; none before the first.
     version: Mutex<Option<String>>,
+    /// Whether a version is in force (read by every decision, without the lock).
+    has_version: std::sync::atomic::AtomicBool,
     /// `/healthcheck` passes before the first version (`xds.start_without_rules`).
     healthy_before_rules: bool,
     /// `/healthcheck` fails while no domain is in force (`xds.healthy_only_with_rules`).
@@ -319,6 +321,7 @@ impl DecisionService {
         self.xds = Some(XdsState {
             server: config.server.clone(),
             version: Mutex::new(None),
+            has_version: Default::default(),
             healthy_before_rules: config.start_without_rules,
             healthy_only_with_rules: config.healthy_only_with_rules,
             stream_up: Default::default(),
@@ -357,7 +360,8 @@ impl DecisionService {
 
     /// Whether no rules are in force yet (an xDS server has not sent its first).
     fn awaiting_rules(&self) -> bool {
-        self.xds_version().is_some_and(|(_, v)| v.is_none())
+        (self.xds.as_ref())
+            .is_some_and(|x| !x.has_version.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// Whether `/healthcheck` passes, and if not why: not while draining, nor (with
@@ -409,6 +413,8 @@ impl DecisionService {
         self.install(loaded.map(|()| rules), &reason)
             .map_err(|e| e.to_string())?;
         *x.version.lock().unwrap_or_else(|e| e.into_inner()) = Some(version.to_string());
+        x.has_version
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -477,17 +483,17 @@ impl DecisionService {
     /// whose definition did not change keep their counters. Logged with its reason,
     /// and counted in the metrics either way.
     pub fn reload(&self, reason: &str) -> Result<(), crate::service::descriptors::RulesError> {
-        if self.sources.is_empty() {
-            tracing::info!(
-                reason,
-                "tollgate serve: the built-in rules are in force: nothing to reload"
-            );
-            return Ok(());
-        }
         if self.xds.is_some() {
             tracing::info!(
                 reason,
                 "tollgate serve: the rules come from the xDS server: nothing to reload"
+            );
+            return Ok(());
+        }
+        if self.sources.is_empty() {
+            tracing::info!(
+                reason,
+                "tollgate serve: the built-in rules are in force: nothing to reload"
             );
             return Ok(());
         }

@@ -18,7 +18,8 @@ stdout, one JSON object per line:
         one ShouldRateLimit over TLS: {"event": "rls", "code": "OK"} or an error
     {"cmd": "quit"}
 
-Events: {"event": "listening", "port": P}, and {"event": "request", ...} for every
+Events: {"event": "listening", "port": P}, {"event": "sent", "version": V, "nonce": N}
+for every response sent, and {"event": "request", ...} for every
 DiscoveryRequest received (version_info, nonce, error, node, and on a stream's first
 request the client certificate's names and the gRPC metadata).
 """
@@ -126,7 +127,9 @@ class Ads(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 item = q.get()
                 if item is None:
                     return
-                yield response(*item)
+                r = response(*item)
+                emit(event="sent", version=r.version_info, nonce=r.nonce)
+                yield r
         finally:
             with lock:
                 streams.remove(q)

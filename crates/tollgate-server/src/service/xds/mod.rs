@@ -28,6 +28,12 @@ use rls_conf::{RateLimitConfig, TYPE_URL};
 /// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
 
+/// A stream that stayed open this long was a working one: the next wait starts
+/// over from `backoff_initial`. (A server that has nothing new for a client asking
+/// with the version it holds sends nothing, so a working stream may carry no
+/// response at all.)
+const STREAM_WORKED: Duration = Duration::from_secs(10);
+
 /// Keeps the rules of `service` in step with the xDS server of `config` until
 /// `stop` completes.
 pub async fn run(
@@ -45,8 +51,9 @@ async fn follow(config: &XdsConfig, service: &DecisionService) {
     let mut backoff = Backoff::new(config);
     loop {
         let mut session = Session::default();
+        let started = tokio::time::Instant::now();
         let ended = session.run(config, service).await;
-        if session.versions > 0 {
+        if session.versions > 0 || started.elapsed() >= STREAM_WORKED {
             backoff.reset();
         }
         let wait = backoff.next();
@@ -79,6 +86,11 @@ impl Session {
         let channel = connect(config).await?;
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(config.max_message_bytes);
+        // Connected (TCP, TLS, HTTP/2): the stream is up from here until this ends,
+        // whether or not the server answers (it may have nothing new to send).
+        tracing::info!(server = %config.server, node = %config.node_id, "xds: connected, opening the stream");
+        service.xds_stream(true);
+        let _down = StreamDown(service);
         let node = node(config);
         let (tx, rx) = mpsc::channel::<DiscoveryRequest>(4);
         // The first request: the version in force (none after a start), so that a
@@ -113,14 +125,13 @@ impl Session {
             call.metadata_mut().insert(name, value.parse()?);
         }
         let mut incoming = client.stream_aggregated_resources(call).await?.into_inner();
-        tracing::info!(server = %config.server, node = %config.node_id, "xds: stream open");
-        service.xds_stream(true);
-        // Down again however this function ends.
-        let _down = StreamDown(service);
         while let Some(response) = incoming.message().await? {
-            self.versions += 1;
             let nonce = response.nonce.clone();
             let version = response.version_info.clone();
+            let type_url = response.type_url.clone();
+            if type_url == TYPE_URL {
+                self.versions += 1;
+            }
             let applied = apply(service, response);
             service.xds_answered(applied.is_ok());
             let answer = match applied {
@@ -138,7 +149,10 @@ impl Session {
                         .xds_version()
                         .and_then(|(_, v)| v)
                         .unwrap_or_default();
-                    request(kept, nonce, Some(e))
+                    let mut nack = request(kept, nonce, Some(e));
+                    // Nonces are per type: a NACK answers the response's own.
+                    nack.type_url = type_url;
+                    nack
                 }
             };
             // The stream's sender ends only with the stream.
@@ -164,6 +178,11 @@ fn apply(service: &DecisionService, response: DiscoveryResponse) -> Result<(), S
             "type_url {:?}: this client asks only for {TYPE_URL}",
             response.type_url
         ));
+    }
+    if response.version_info.is_empty() {
+        // An empty version is what a client that has none sends: kept, it would ask
+        // for everything again on the next stream.
+        return Err("version_info is empty: every version needs a name".into());
     }
     let mut configs = Vec::with_capacity(response.resources.len());
     for (i, any) in response.resources.into_iter().enumerate() {
@@ -208,11 +227,13 @@ async fn connect(config: &XdsConfig) -> anyhow::Result<tonic::transport::Channel
     } else {
         format!("{host}:{port}")
     };
+    // TCP keepalive finds a dead peer; HTTP/2 pings are not sent: gRPC servers
+    // close a stream that pings more often than every 5 minutes while they have
+    // nothing to send (GOAWAY too_many_pings), which a quiet stream is.
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))?
         .connect_timeout(Duration::from_micros(config.connect_timeout))
         .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(10));
+        .tcp_keepalive(Some(Duration::from_secs(60)));
     if !tls {
         return Ok(endpoint.connect().await?);
     }
