@@ -8,11 +8,20 @@ use std::process::{Command, Stdio};
 
 use tollgate_testkit::{Pki, ScratchDir};
 
-/// An upstream that echoes the `Forwarded` header it got.
+/// An upstream that echoes the `Forwarded` and `X-Forwarded-Proto` headers it got.
 async fn upstream() -> String {
     let app = axum::Router::new().fallback(|headers: axum::http::HeaderMap| async move {
-        let forwarded = headers.get("forwarded").and_then(|v| v.to_str().ok());
-        format!("forwarded: {}", forwarded.unwrap_or("-"))
+        let got = |name: &str| {
+            let values: Vec<&str> = (headers.get_all(name).iter())
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            values.join(" | ")
+        };
+        format!(
+            "forwarded: {}; x-forwarded-proto: {}",
+            got("forwarded"),
+            got("x-forwarded-proto")
+        )
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -55,6 +64,8 @@ fn curl(pki: &Pki, port: u16, name: &str, path: &str, extra: &[&str]) -> (i32, S
         .arg(pki.path("ca.pem"))
         .args(["--resolve", &format!("{name}:{port}:127.0.0.1")])
         .args(["-H", "x-api-key: k1", "-w", " %{http_version} %{http_code}"])
+        // What a client says of the scheme is not what the upstream hears.
+        .args(["-H", "x-forwarded-proto: gopher"])
         .args(extra)
         .arg(format!("https://{name}:{port}{path}"))
         .output()
@@ -123,6 +134,10 @@ async fn the_proxy_terminates_https_for_http1_and_http2_with_a_certificate_per_n
             assert!(
                 out.contains("proto=https"),
                 "Forwarded tells the upstream: {out}"
+            );
+            assert!(
+                out.contains("x-forwarded-proto: https "),
+                "and X-Forwarded-Proto, alone: {out}"
             );
         }
         seen.push(tail[0].to_string());

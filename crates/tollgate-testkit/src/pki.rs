@@ -55,8 +55,13 @@ impl Pki {
     }
 
     fn run(&self, program: &str, args: &[&str]) {
+        self.run_with(program, args, &[]);
+    }
+
+    fn run_with(&self, program: &str, args: &[&str], env: &[(&str, &str)]) {
         let out = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .current_dir(&self.dir)
             .output()
             .unwrap_or_else(|e| panic!("{program} (scripts/test.sh installs it): {e}"));
@@ -136,11 +141,17 @@ impl Pki {
         ];
         match back_then {
             None => self.openssl(&sign),
-            Some(date) => {
-                let mut args = vec![date, "openssl"];
-                args.extend(sign);
-                self.run("faketime", &args);
-            }
+            // libfaketime preloaded, not the `faketime` wrapper: the wrapper's named
+            // semaphore collides with a stale one of a recycled PID when many tests
+            // make certificates at once ("sem_open: File exists").
+            Some(date) => self.run_with(
+                "openssl",
+                &sign,
+                &[
+                    ("LD_PRELOAD", crate::LIBFAKETIME),
+                    ("FAKETIME", &format!("@{date} 00:00:00")),
+                ],
+            ),
         }
     }
 }

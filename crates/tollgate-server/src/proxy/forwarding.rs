@@ -20,6 +20,7 @@ use super::routes::{Route, RouteTable};
 use super::upstream::{Failure, UpstreamPool};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// The hop-by-hop headers (RFC 9110 §7.6.1, and the older `keep-alive` and
 /// `proxy-connection`), lower-case.
@@ -221,9 +222,13 @@ fn to_upstream(req: &mut Request, table: &RouteTable, route: &Route, peer: &Peer
         xff,
         forwarded,
         append,
+        proto,
     } = forwarding(table, peer, req.headers());
     let headers = req.headers_mut();
     headers.insert(&X_FORWARDED_FOR, xff);
+    if let Some(proto) = proto {
+        headers.insert(&X_FORWARDED_PROTO, proto);
+    }
     if append {
         headers.append(FORWARDED, forwarded);
     } else {
@@ -241,6 +246,14 @@ pub(super) struct Forwarding {
     /// Whether `forwarded` follows the request's own `Forwarded` (a trusted peer's),
     /// or replaces it.
     pub append: bool,
+    /// `X-Forwarded-Proto` to write (`https` when the client spoke TLS to the proxy,
+    /// else `http`), replacing the request's; `None`: a trusted peer's is kept.
+    pub proto: Option<HeaderValue>,
+}
+
+/// `X-Forwarded-Proto` for a client connection.
+fn proto_of(peer: &Peer) -> HeaderValue {
+    HeaderValue::from_static(if peer.tls { "https" } else { "http" })
 }
 
 /// The forwarding headers of a request from `peer` with `headers`: only a trusted
@@ -254,10 +267,12 @@ pub(super) fn forwarding(
 ) -> Forwarding {
     let ip = peer.addr.ip();
     if !table.trusted.iter().any(|n| n.contains(&ip)) {
+        // What an untrusted client says of its scheme is not passed on.
         return Forwarding {
             xff: peer.ip.clone(),
             forwarded: peer.forwarded.clone(),
             append: false,
+            proto: Some(proto_of(peer)),
         };
     }
     let client = keys::client_ip(&table.trusted, ip, headers);
@@ -270,10 +285,16 @@ pub(super) fn forwarding(
     } else {
         text_value(forwarded_for(client, peer.tls))
     };
+    // A trusted proxy's word on the scheme stands; without one, this hop's.
+    let proto = headers
+        .first("x-forwarded-proto")
+        .is_none()
+        .then(|| proto_of(peer));
     Forwarding {
         xff,
         forwarded,
         append: true,
+        proto,
     }
 }
 

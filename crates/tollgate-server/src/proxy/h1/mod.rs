@@ -552,6 +552,7 @@ fn write_upstream_head(
         &[
             "x-forwarded-for",
             "forwarded",
+            "x-forwarded-proto",
             "expect",
             "content-length",
             "transfer-encoding",
@@ -568,6 +569,9 @@ fn write_upstream_head(
     }
     message::header(out, b"x-forwarded-for", fwd.xff.as_bytes());
     message::header(out, b"forwarded", fwd.forwarded.as_bytes());
+    if let Some(proto) = &fwd.proto {
+        message::header(out, b"x-forwarded-proto", proto.as_bytes());
+    }
     message::framing_header(out, head.framing());
     out.extend_from_slice(b"\r\n");
 }
