@@ -5,7 +5,7 @@
 //! counters) and ACKed; a version that does not load is NACKed with the error in
 //! `error_detail`, and the last good rules stay in force. When the stream ends or
 //! cannot be opened, the client waits (exponential backoff with jitter) and opens
-//! another, asking with the version in force so the server resends only what changed;
+//! another, asking for everything the server holds (see `Session::run`);
 //! decisions go on with the last good rules meanwhile.
 
 pub mod rls_conf;
@@ -93,12 +93,12 @@ impl Session {
         let _down = StreamDown(service);
         let node = node(config);
         let (tx, rx) = mpsc::channel::<DiscoveryRequest>(4);
-        // The first request: the version in force (none after a start), so that a
-        // server that already sent it has nothing to resend.
-        let in_force = service
-            .xds_version()
-            .and_then(|(_, v)| v)
-            .unwrap_or_default();
+        // The first request names no version, so the server sends what it holds
+        // now, even when its name is the one in force: a server that numbers its
+        // versions from 1 again after a restart (Envoy Gateway's does) could
+        // otherwise hold back other rules under a name this client already has.
+        // Taking the same rules again keeps every limit's counters.
+        let in_force = String::new();
         let request = |version_info: String, response_nonce: String, error: Option<String>| {
             DiscoveryRequest {
                 version_info,
