@@ -86,19 +86,41 @@ async fn the_proxy_terminates_https_for_http1_and_http2_with_a_certificate_per_n
     let config = dir.write(
         "tollgate.yaml",
         &format!(
-            "proxy:\n  tls:\n    cert_file: {}\n    key_file: {}\n    certificates:\n      \
+            "proxy:\n  metrics: 127.0.0.1:{metrics}\n  \
+             metrics_tls: {{cert_file: {cert}, key_file: {key}}}\n  \
+             tls:\n    cert_file: {cert}\n    key_file: {key}\n    certificates:\n      \
              - {{cert_file: {}, key_file: {}}}\n      - {{cert_file: {}, key_file: {}}}\n  \
              routes:\n    - name: api\n      match: {{path_prefix: /api/}}\n      upstream: {up}\n      \
              key: header:X-Api-Key\n      policies: [\"limit-req:rate=1/m,burst=2,nodelay\"]\n",
-            p("server.pem"),
-            p("server.key"),
             p("api.pem"),
             p("api.key"),
             p("apps.pem"),
             p("apps.key"),
+            cert = p("server.pem"),
+            key = p("server.key"),
+            metrics = tollgate_testkit::free_port(),
         ),
     );
     let (_proxy, banner) = start(&config);
+    // The metrics listener speaks TLS too.
+    assert!(banner.contains("metrics on https://127.0.0.1:"), "{banner}");
+    let metrics_url = banner
+        .split("metrics on ")
+        .nth(1)
+        .and_then(|r| r.split([')', ' ']).next())
+        .unwrap()
+        .to_string();
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(pki.path("ca.pem"))
+        .arg(&metrics_url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("# EOF"),
+        "{metrics_url}: {text}"
+    );
     assert!(
         banner.contains("listening on https://127.0.0.1:"),
         "{banner}"

@@ -18,6 +18,9 @@ pub struct ProxyConfig {
     /// none by default.
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
+    /// TLS on the metrics listener (as `tls`, ALPN `h2` and `http/1.1`).
+    #[serde(default)]
+    pub metrics_tls: Option<crate::tls::ListenerTls>,
     /// HTTPS on the listener: certificate and key (PEM), more certificates chosen by
     /// the name a client asks for (SNI), a client CA for mutual TLS; ALPN `h2` and
     /// `http/1.1`; the files are read again when they change.

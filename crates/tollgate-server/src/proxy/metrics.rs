@@ -128,7 +128,12 @@ pub(super) fn render(table: &RouteTable) -> String {
 }
 
 /// Serves `GET /metrics` on `listener` until the process ends.
-pub(super) async fn serve(listener: tokio::net::TcpListener, table: Arc<ArcSwap<RouteTable>>) {
+pub(super) async fn serve(
+    listener: tokio::net::TcpListener,
+    table: Arc<ArcSwap<RouteTable>>,
+    slots: crate::connections::Slots,
+    tls: Option<crate::tls::ServerTls>,
+) {
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
@@ -144,5 +149,9 @@ pub(super) async fn serve(listener: tokio::net::TcpListener, table: Arc<ArcSwap<
             }
         }),
     );
-    let _ = axum::serve(listener, app).await;
+    let body = crate::connections::BodyTimeout::Whole(std::time::Duration::from_micros(
+        slots.bounds().body_timeout,
+    ));
+    let stop = crate::lifecycle::shutdown_signal();
+    crate::connections::serve_http(listener, slots, app, body, stop, None, tls).await;
 }

@@ -179,6 +179,14 @@ pub fn run(
     let tls = (config.tls.as_ref())
         .map(|t| crate::tls::ServerTls::load(t, "proxy.tls", &ALPN))
         .transpose()?;
+    let metrics_tls = match (&config.metrics_tls, config.metrics) {
+        (Some(_), None) => {
+            anyhow::bail!("proxy.metrics_tls: needs proxy.metrics (the metrics listener's address)")
+        }
+        (t, _) => (t.as_ref())
+            .map(|t| crate::tls::ServerTls::load(t, "proxy.metrics_tls", &ALPN))
+            .transpose()?,
+    };
     let addr = listen
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
@@ -213,10 +221,15 @@ pub fn run(
     for _ in 1..workers {
         threads.push(worker(bound, None));
     }
+    let metrics_scheme = if metrics_tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let metrics = metrics_addr
-        .map(|addr| spawn_metrics(addr, table.clone()))
+        .map(|addr| spawn_metrics(addr, table.clone(), slots.clone(), metrics_tls))
         .transpose()?
-        .map(|bound| format!(", metrics on http://{bound}/metrics"))
+        .map(|bound| format!(", metrics on {metrics_scheme}://{bound}/metrics"))
         .unwrap_or_default();
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!(
@@ -233,8 +246,14 @@ pub fn run(
     Ok(())
 }
 
-/// The metrics listener on a thread of its own; returns the bound address.
-fn spawn_metrics(addr: SocketAddr, table: Arc<ArcSwap<RouteTable>>) -> anyhow::Result<SocketAddr> {
+/// The metrics listener on a thread of its own, within the `connections:` bounds,
+/// over TLS when `tls`; returns the bound address.
+fn spawn_metrics(
+    addr: SocketAddr,
+    table: Arc<ArcSwap<RouteTable>>,
+    slots: Slots,
+    tls: Option<crate::tls::ServerTls>,
+) -> anyhow::Result<SocketAddr> {
     let std_listener = std::net::TcpListener::bind(addr)
         .with_context(|| format!("proxy.metrics: cannot listen on {addr}"))?;
     std_listener.set_nonblocking(true)?;
@@ -248,7 +267,10 @@ fn spawn_metrics(addr: SocketAddr, table: Arc<ArcSwap<RouteTable>>) -> anyhow::R
         };
         runtime.block_on(async move {
             if let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) {
-                super::metrics::serve(listener, table).await;
+                if let Some(tls) = &tls {
+                    tls.watch();
+                }
+                super::metrics::serve(listener, table, slots, tls).await;
             }
         });
     });
@@ -353,6 +375,7 @@ struct AtStart {
     metrics: Option<SocketAddr>,
     connect_timeout: Option<u64>,
     tls: Option<crate::tls::ListenerTls>,
+    metrics_tls: Option<crate::tls::ListenerTls>,
 }
 
 impl AtStart {
@@ -362,6 +385,7 @@ impl AtStart {
             metrics: config.metrics,
             connect_timeout: config.connect_timeout,
             tls: config.tls.clone(),
+            metrics_tls: config.metrics_tls.clone(),
         }
     }
 }
