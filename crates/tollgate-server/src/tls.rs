@@ -350,6 +350,116 @@ pub fn client_config(
     Ok(config)
 }
 
+/// A client's TLS configuration ([`client_config`]) that follows its files: when a
+/// connection asks for it, at most every [`WATCH_EVERY`], the files are read again and
+/// a change (a rotated client certificate, a new CA) builds a new configuration for the
+/// connections from then on. A change that does not load keeps the one in force and
+/// says why, once per distinct error.
+#[derive(Clone)]
+pub struct ClientTls {
+    inner: Arc<ClientSource>,
+}
+
+/// A client configuration and the bytes of the files it was built from.
+type Built = (Arc<rustls::ClientConfig>, Vec<Vec<u8>>);
+
+struct ClientSource {
+    setting: String,
+    ca_file: Option<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
+    alpn: Vec<Vec<u8>>,
+    /// The configuration in force and the bytes of the files it was built from
+    /// (always `Some` once loaded).
+    current: ArcSwap<Option<Built>>,
+    /// When the files were last looked at, and the last error (said once).
+    checked: std::sync::Mutex<(tokio::time::Instant, Option<String>)>,
+}
+
+impl ClientTls {
+    /// Reads the files now (errors name `setting` and the file).
+    pub fn load(
+        setting: &str,
+        ca_file: Option<&Path>,
+        identity: Option<(&Path, &Path)>,
+        alpn: &[&[u8]],
+    ) -> anyhow::Result<ClientTls> {
+        let mut source = ClientSource {
+            setting: setting.to_string(),
+            ca_file: ca_file.map(Path::to_path_buf),
+            identity: identity.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
+            alpn: alpn.iter().map(|a| a.to_vec()).collect(),
+            current: ArcSwap::from_pointee(None),
+            checked: std::sync::Mutex::new((tokio::time::Instant::now(), None)),
+        };
+        source.current = ArcSwap::from_pointee(Some(source.build()?));
+        Ok(ClientTls {
+            inner: Arc::new(source),
+        })
+    }
+
+    /// The configuration for a new connection (the files looked at again when due).
+    pub fn config(&self) -> Arc<rustls::ClientConfig> {
+        let s = &self.inner;
+        let due = {
+            let mut checked = s.checked.lock().unwrap_or_else(|e| e.into_inner());
+            let now = tokio::time::Instant::now();
+            let due = now.duration_since(checked.0) >= WATCH_EVERY;
+            if due {
+                checked.0 = now;
+            }
+            due
+        };
+        let in_force = s.current.load_full();
+        let unchanged =
+            |files: &Vec<Vec<u8>>| in_force.as_ref().as_ref().is_some_and(|b| &b.1 == files);
+        if due && !s.read().is_ok_and(|files| unchanged(&files)) {
+            match s.build() {
+                Ok(built) => {
+                    tracing::info!(setting = %s.setting, "tls: the client certificate files changed: new connections use them");
+                    s.current.store(Arc::new(Some(built)));
+                }
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    let mut checked = s.checked.lock().unwrap_or_else(|e| e.into_inner());
+                    if checked.1.as_deref() != Some(&why) {
+                        tracing::error!(setting = %s.setting, error = %why, "tls: the changed files do not load: keeping the ones in force");
+                        checked.1 = Some(why);
+                    }
+                }
+            }
+        }
+        let in_force: Arc<Option<Built>> = s.current.load_full();
+        let built: Option<&Built> = Option::as_ref(&in_force);
+        built.expect("loaded at start").0.clone()
+    }
+}
+
+impl ClientSource {
+    /// The files' bytes, to tell a change.
+    fn read(&self) -> std::io::Result<Vec<Vec<u8>>> {
+        let mut files = Vec::new();
+        for path in self
+            .ca_file
+            .iter()
+            .chain(self.identity.iter().flat_map(|(c, k)| [c, k]))
+        {
+            files.push(std::fs::read(path)?);
+        }
+        Ok(files)
+    }
+
+    fn build(&self) -> anyhow::Result<Built> {
+        let files = self.read().unwrap_or_default();
+        let alpn: Vec<&[u8]> = self.alpn.iter().map(Vec::as_slice).collect();
+        let identity = self
+            .identity
+            .as_ref()
+            .map(|(c, k)| (c.as_path(), k.as_path()));
+        let config = client_config(&self.setting, self.ca_file.as_deref(), identity, &alpn)?;
+        Ok((Arc::new(config), files))
+    }
+}
+
 /// The end of a certificate's validity.
 fn not_after(cert: &CertificateDer<'_>) -> anyhow::Result<SystemTime> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert)

@@ -259,6 +259,8 @@ async fn the_proxy_speaks_tls_to_https_upstreams() {
     )
     .unwrap();
     let port = https_port(&banner);
+    std::fs::copy(pki.path("stranger.pem"), dir.0.join("proxy.pem")).unwrap();
+    std::fs::copy(pki.path("stranger.key"), dir.0.join("proxy.key")).unwrap();
     let config = dir.write(
         "proxy.yaml",
         &format!(
@@ -268,8 +270,8 @@ async fn the_proxy_speaks_tls_to_https_upstreams() {
              - name: stranger\n      match: {{path_prefix: /healthz}}\n      upstream: https://127.0.0.1:{port}\n      \
                upstream_tls: {{ca_file: {other}, cert_file: {cert}, key_file: {key}}}\n",
             ca = p("ca.pem"),
-            cert = p("client.pem"),
-            key = p("client.key"),
+            cert = dir.0.join("proxy.pem").display(),
+            key = dir.0.join("proxy.key").display(),
             other = p("other-ca.pem"),
         ),
     );
@@ -297,6 +299,13 @@ async fn the_proxy_speaks_tls_to_https_upstreams() {
             .unwrap();
         String::from_utf8_lossy(&out.stdout).to_string()
     };
+    // The proxy's client certificate starts as one from another CA: the upstream
+    // refuses it. Rotated in place (as a renewed secret), it is used by the next
+    // connection, without a reload.
+    assert_eq!(status("/v1/config", "--http1.1"), "502");
+    std::fs::copy(pki.path("client.pem"), dir.0.join("proxy.pem")).unwrap();
+    std::fs::copy(pki.path("client.key"), dir.0.join("proxy.key")).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
     assert_eq!(status("/v1/config", "--http1.1"), "200");
     assert_eq!(status("/v1/config", "--http2-prior-knowledge"), "200");
     assert_eq!(

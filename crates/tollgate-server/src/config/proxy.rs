@@ -49,7 +49,7 @@ impl ProxyConfig {
 }
 
 /// `upstream_tls:` how a route speaks TLS to its `https://` upstream. The files are
-/// read at start and at each reload.
+/// followed: a change is used by the next new connection.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamTlsConfig {

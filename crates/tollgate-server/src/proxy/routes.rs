@@ -213,7 +213,7 @@ impl Target {
             (None, None) => None,
             _ => anyhow::bail!("{setting}: cert_file and key_file go together"),
         };
-        let config = crate::tls::client_config(
+        let config = crate::tls::ClientTls::load(
             &setting,
             files.ca_file.as_deref(),
             identity,
@@ -226,7 +226,7 @@ impl Target {
         })?;
         static BUILT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         self.tls = Some(UpstreamTls {
-            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            config,
             server_name,
             id: BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         });
@@ -237,8 +237,8 @@ impl Target {
 /// How a route speaks TLS to its upstream.
 #[derive(Clone)]
 pub(super) struct UpstreamTls {
-    /// rustls with the route's CAs and client certificate.
-    pub connector: tokio_rustls::TlsConnector,
+    /// rustls with the route's CAs and client certificate (the files followed).
+    pub config: crate::tls::ClientTls,
     /// The name verified and sent as SNI.
     pub server_name: rustls::pki_types::ServerName<'static>,
     /// Which reading of the settings this is: kept connections are reused only by

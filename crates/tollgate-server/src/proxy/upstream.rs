@@ -192,7 +192,8 @@ impl UpstreamPool {
         // One budget for the TCP connection and the handshake.
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let stream = connect(upstream, 443, self.connect_timeout).await?;
-        let handshake_tls = tls.connector.connect(tls.server_name.clone(), stream);
+        let connector = tokio_rustls::TlsConnector::from(tls.config.config());
+        let handshake_tls = connector.connect(tls.server_name.clone(), stream);
         let stream = match tokio::time::timeout_at(deadline, handshake_tls).await {
             Err(_) => return Err(Failure::ConnectTimedOut),
             Ok(Err(e)) => {
