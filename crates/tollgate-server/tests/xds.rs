@@ -186,6 +186,8 @@ async fn serve_follows_the_xds_server_through_versions_nacks_and_outages() {
     assert_eq!(check(&server, "xds", "user", "u1").await, 503);
     let (status, body) = get(&server, "/healthcheck").await;
     assert_eq!(status, 500, "{body}");
+    let (status, body) = get(&server, "/readyz").await;
+    assert_eq!(status, 503, "not ready without rules: {body}");
 
     // Version 1.
     let ack = xds.set(

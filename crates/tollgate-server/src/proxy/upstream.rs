@@ -267,21 +267,27 @@ fn same(a: &Authority, b: &Authority) -> bool {
 }
 
 /// A failed TLS handshake with an upstream: a warning (a setting to fix) at most once
-/// a minute per worker, the rest at debug, so that a wrong certificate under load does
-/// not flood the log.
+/// a minute per upstream and worker, the rest at debug, so that a wrong certificate
+/// under load does not flood the log.
 fn warn_tls_failed(upstream: &Authority, e: &std::io::Error) {
     thread_local! {
-        static LAST: std::cell::Cell<Option<tokio::time::Instant>> = const { std::cell::Cell::new(None) };
+        static LAST: std::cell::RefCell<Vec<(String, tokio::time::Instant)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
     }
     let now = tokio::time::Instant::now();
     let due = LAST.with(|last| {
-        let due = last
-            .get()
-            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60));
-        if due {
-            last.set(Some(now));
+        let mut last = last.borrow_mut();
+        match last.iter_mut().find(|(u, _)| u == upstream.as_str()) {
+            Some((_, t)) if now.duration_since(*t) < Duration::from_secs(60) => false,
+            Some((_, t)) => {
+                *t = now;
+                true
+            }
+            None => {
+                last.push((upstream.as_str().to_string(), now));
+                true
+            }
         }
-        due
     });
     if due {
         tracing::warn!("TLS to upstream {upstream} failed: {e} (repeats within a minute at debug)");

@@ -330,6 +330,7 @@ async fn message_for(
                 .await
                 .map_err(|e| match e {
                     RequestError::Unavailable(m) => Status::unavailable(m),
+                    e @ RequestError::NoRules => Status::unavailable(e.to_string()),
                     e => Status::invalid_argument(e.to_string()),
                 })?;
             framed(&response)

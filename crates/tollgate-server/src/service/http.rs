@@ -165,7 +165,7 @@ impl CheckBody {
 /// 400 for a bad request, 503 when the store cannot decide now.
 fn request_error(e: crate::service::RequestError) -> Response {
     match e {
-        crate::service::RequestError::Unavailable(_) => (
+        crate::service::RequestError::Unavailable(_) | crate::service::RequestError::NoRules => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({ "error": e.to_string() })),
         )

@@ -192,6 +192,11 @@ pub enum RequestError {
     /// The store cannot decide now (Redis unreachable and `on_error: error`).
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// No rules are in force yet: the xDS server has not sent its first version.
+    #[error(
+        "no rate limit configuration loaded yet: waiting for the first version from the xDS server"
+    )]
+    NoRules,
     /// A charge was asked of a limit that cannot be charged (`shaper`, `concurrency`).
     #[error("descriptors[{0}]: {1}")]
     NotChargeable(usize, String),
@@ -464,6 +469,10 @@ impl DecisionService {
     /// Whether the service can decide: with Redis, whether it answers (and the
     /// per-second Redis, when there is one).
     pub async fn ready(&self) -> Result<(), String> {
+        if self.awaiting_rules() {
+            // It could only answer 503: not ready, whatever the health check says.
+            return Err(RequestError::NoRules.to_string());
+        }
         if let Some(store) = self.counters.store() {
             store.ping().await.map_err(|e| e.to_string())?;
         }
@@ -779,9 +788,7 @@ impl DecisionService {
         descriptors: &[DescriptorRequest],
     ) -> Result<(), RequestError> {
         if self.awaiting_rules() {
-            return Err(RequestError::Unavailable(
-                "no rate limit configuration loaded yet: waiting for the first version from the xDS server".into(),
-            ));
+            return Err(RequestError::NoRules);
         }
         if domain.is_empty() {
             return Err(RequestError::NoDomain);

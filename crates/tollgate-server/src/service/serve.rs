@@ -332,7 +332,12 @@ pub async fn serve_on(
         let scheme = if tls.is_some() { "https" } else { "http" };
         println!("  metrics: {scheme}://{}{path}", l.local_addr()?);
     }
-    println!("  domains: {}", domains.join(", "));
+    match &settings.xds {
+        Some(_) if domains.is_empty() => {
+            println!("  domains: none yet (they come from the xDS server)")
+        }
+        _ => println!("  domains: {}", domains.join(", ")),
+    }
     if settings.builtin_rules {
         println!("  try: curl -s {http_scheme}://{http}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
     }
@@ -507,14 +512,24 @@ pub struct CheckConfigArgs {
     /// A main configuration file to validate (with the rule files it names).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Also read envoyproxy/ratelimit's environment settings, as `serve --envoy-env`.
+    #[arg(long)]
+    pub envoy_env: bool,
 }
 
 /// `tollgate check-config`: loads the config and rules as `serve` would, binding nothing.
 pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<()> {
-    if args.config.is_none() && args.rules.is_empty() {
-        anyhow::bail!("check-config needs --config FILE and/or --rules PATH");
+    if args.config.is_none() && args.rules.is_empty() && !args.envoy_env {
+        anyhow::bail!("check-config needs --config FILE, --rules PATH or --envoy-env");
     }
-    let settings = Settings::resolve(args.config.as_deref(), &args.rules, None, None, None, false)?;
+    let settings = Settings::resolve(
+        args.config.as_deref(),
+        &args.rules,
+        None,
+        None,
+        None,
+        args.envoy_env,
+    )?;
     let mut domains: Vec<_> = settings
         .rules
         .domains()
@@ -528,6 +543,15 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<()> {
             Some(_) => {
                 let loaded = crate::proxy::load(path)?;
                 let n = loaded.proxy.routes.len();
+                // Its TLS files, as `tollgate proxy` reads them at start.
+                for (setting, tls) in [
+                    ("proxy.tls", &loaded.proxy.tls),
+                    ("proxy.metrics_tls", &loaded.proxy.metrics_tls),
+                ] {
+                    if let Some(tls) = tls {
+                        crate::tls::ServerTls::load(tls, setting, &[b"h2", b"http/1.1"])?;
+                    }
+                }
                 let _routes = crate::proxy::ProxyApp::new(loaded.proxy, loaded.options)?;
                 format!("; proxy: {n} route(s)")
             }

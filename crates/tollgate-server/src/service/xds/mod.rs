@@ -60,12 +60,12 @@ async fn follow(config: &XdsConfig, service: &DecisionService) {
         match ended {
             Ok(()) => tracing::warn!(
                 server = %config.server,
-                "xds: the server closed the stream; the rules in force stay, connecting again in {wait:?}"
+                "xds: the server closed the stream; the rules in force (if any) stay, connecting again in {wait:?}"
             ),
             Err(e) => tracing::warn!(
                 server = %config.server,
                 error = %format!("{e:#}"),
-                "xds: no stream; the rules in force stay, connecting again in {wait:?}"
+                "xds: no stream; the rules in force (if any) stay, connecting again in {wait:?}"
             ),
         }
         tokio::time::sleep(wait).await;
@@ -173,9 +173,10 @@ impl Drop for StreamDown<'_> {
 
 /// Decodes a response's resources and applies them.
 fn apply(service: &DecisionService, response: DiscoveryResponse) -> Result<(), String> {
+    let version = &response.version_info;
     if response.type_url != TYPE_URL {
         return Err(format!(
-            "type_url {:?}: this client asks only for {TYPE_URL}",
+            "version {version}: type_url {:?}: this client asks only for {TYPE_URL}",
             response.type_url
         ));
     }
@@ -188,12 +189,13 @@ fn apply(service: &DecisionService, response: DiscoveryResponse) -> Result<(), S
     for (i, any) in response.resources.into_iter().enumerate() {
         if any.type_url != TYPE_URL {
             return Err(format!(
-                "resources[{i}]: type_url {:?}, expected {TYPE_URL}",
+                "version {version}: resources[{i}]: type_url {:?}, expected {TYPE_URL}",
                 any.type_url
             ));
         }
-        let config = RateLimitConfig::decode(&any.value[..])
-            .map_err(|e| format!("resources[{i}]: not a RateLimitConfig: {e}"))?;
+        let config = RateLimitConfig::decode(&any.value[..]).map_err(|e| {
+            format!("version {version}: resources[{i}]: not a RateLimitConfig: {e}")
+        })?;
         configs.push(config);
     }
     service.apply_xds(configs, &response.version_info)
