@@ -14,19 +14,9 @@ rounds=${2:-3}
 callers=${3:-256}
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib/bench.sh
 dir=$(mktemp -d)
-# Certificates: a CA and a server certificate for 127.0.0.1.
-(
-    cd "$dir"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key \
-        -out ca.pem -days 2 -subj "/CN=bench ca" 2>/dev/null
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout server.key \
-        -out server.csr -subj "/CN=bench" 2>/dev/null
-    printf 'subjectAltName=IP:127.0.0.1\n' >server.ext
-    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
-        -out server.pem -days 2 -extfile server.ext 2>/dev/null
-)
+bench_pki "$dir" server
 port=$(free_port)
 tls_port=$(free_port)
 (cd "$dir" && exec redis-server --port "$port" --tls-port "$tls_port" --bind 127.0.0.1 \

@@ -16,33 +16,14 @@ for tool in valgrind wrk nginx; do
 done
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib/bench.sh
+port() { free_port; }
 work=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 up=$(port)
 "$bin" bench ceiling --listen "127.0.0.1:$up" >/dev/null 2>&1 & pids+=($!)
-
-# Counts one server started by "$@" (under callgrind) that listens on $port.
-count() { # $1 = label, $2 = port, then the command
-  local label=$1 p=$2; shift 2
-  valgrind --tool=callgrind --callgrind-out-file="$work/cg.$label.%p" "$@" >/dev/null 2>&1 &
-  local vpid=$!
-  pids+=($vpid)
-  for _ in $(seq 120); do curl -s -o /dev/null "http://127.0.0.1:$p/" && break; sleep 0.5; done
-  wrk -t1 -c4 -d3s -H 'X-Api-Key: k1' "http://127.0.0.1:$p/api/x" >/dev/null
-  callgrind_control -z "$vpid" >/dev/null 2>&1
-  local n
-  n=$(wrk -t1 -c4 -d5s -H 'X-Api-Key: k1' "http://127.0.0.1:$p/api/x" | awk '/requests in/ {print $1}')
-  callgrind_control -d "$vpid" >/dev/null 2>&1
-  sleep 1
-  kill "$vpid" 2>/dev/null || true
-  wait "$vpid" 2>/dev/null || true
-  local ir
-  ir=$(cat "$work"/cg."$label".*.1 | awk '/^summary:/ {s += $2} END {print s}')
-  printf '%-28s %8d requests %12d instructions %8d per request\n' "$label" "$n" "$ir" $((ir / n))
-}
 
 for traffic in under over; do
   rate=1000000; [ "$traffic" = over ] && rate=10
@@ -70,7 +51,7 @@ http {
   }
 }
 NGINX
-  count "nginx-$traffic" "$p" nginx -p "$work" -c "$work/nginx-$traffic.conf"
+  callgrind_per_request "$work" "nginx-$traffic" "http://127.0.0.1:$p/api/x" "-H X-Api-Key:k1" nginx -p "$work" -c "$work/nginx-$traffic.conf"
   cat > "$work/tollgate-$traffic.yaml" <<YAML
 proxy:
   routes:
@@ -83,9 +64,9 @@ proxy:
       headers: none
 YAML
   p=$(port)
-  count "tollgate-$traffic" "$p" "$bin" proxy --config "$work/tollgate-$traffic.yaml" --listen "127.0.0.1:$p"
+  callgrind_per_request "$work" "tollgate-$traffic" "http://127.0.0.1:$p/api/x" "-H X-Api-Key:k1" "$bin" proxy --config "$work/tollgate-$traffic.yaml" --listen "127.0.0.1:$p"
   if [ -n "${BASELINE_BIN:-}" ]; then
     p=$(port)
-    count "baseline-$traffic" "$p" "$BASELINE_BIN" proxy --config "$work/tollgate-$traffic.yaml" --listen "127.0.0.1:$p"
+    callgrind_per_request "$work" "baseline-$traffic" "http://127.0.0.1:$p/api/x" "-H X-Api-Key:k1" "$BASELINE_BIN" proxy --config "$work/tollgate-$traffic.yaml" --listen "127.0.0.1:$p"
   fi
 done

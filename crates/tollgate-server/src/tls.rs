@@ -55,6 +55,9 @@ pub struct SniCertificate {
 /// How often the files are looked at for a change.
 const WATCH_EVERY: Duration = Duration::from_secs(2);
 
+/// ALPN of an HTTP listener that speaks both versions, HTTP/2 preferred.
+pub const HTTP_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
+
 /// A listener's TLS configuration, swapped whole when its files change.
 #[derive(Clone)]
 pub struct ServerTls {

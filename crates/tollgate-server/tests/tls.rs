@@ -313,6 +313,30 @@ fn bad_tls_settings_are_refused_by_name() {
         assert!(!out.status.success(), "{tls}: accepted");
         assert!(err.contains(expect), "{tls}: {err}");
     }
+    // The proxy's section: its TLS files are read as `tollgate proxy` reads them.
+    let dir = Dir::new("proxy", "  {}\n");
+    for (proxy, expect) in [
+        (
+            format!("  metrics_tls: {{cert_file: {cert}, key_file: {key}}}\n"),
+            "proxy.metrics_tls: needs proxy.metrics",
+        ),
+        (
+            "  tls: {cert_file: /nonexistent/tls.crt, key_file: /nonexistent/tls.key}\n".into(),
+            "proxy.tls.cert_file /nonexistent/tls.crt: cannot read it",
+        ),
+    ] {
+        let config = dir.0.write(
+            "proxy.yaml",
+            &format!("proxy:\n{proxy}  routes:\n    - name: r\n      upstream: http://127.0.0.1:9\n      policies: [\"fixed-window:limit=1,window=1s\"]\n"),
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["check-config", "--config", &config])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{proxy}: accepted");
+        assert!(err.contains(expect), "{proxy}: {err}");
+    }
     let dir = Dir::new(
         "expired",
         &format!(

@@ -155,6 +155,33 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<ProxySettings> {
     })
 }
 
+/// The proxy's listeners' TLS (`proxy.tls`, `proxy.metrics_tls`), its files read.
+pub struct ListenersTls {
+    /// HTTPS on the proxy's listener.
+    pub tls: Option<crate::tls::ServerTls>,
+    /// HTTPS on the metrics listener.
+    pub metrics_tls: Option<crate::tls::ServerTls>,
+}
+
+impl ListenersTls {
+    /// Reads the files as `tollgate proxy` does at start; an error names the setting
+    /// and the file.
+    pub fn load(config: &ProxyConfig) -> anyhow::Result<ListenersTls> {
+        let load = |tls: &Option<crate::tls::ListenerTls>, setting| {
+            (tls.as_ref())
+                .map(|t| crate::tls::ServerTls::load(t, setting, crate::tls::HTTP_ALPN))
+                .transpose()
+        };
+        if config.metrics_tls.is_some() && config.metrics.is_none() {
+            anyhow::bail!("proxy.metrics_tls: needs proxy.metrics (the metrics listener's address)")
+        }
+        Ok(ListenersTls {
+            tls: load(&config.tls, "proxy.tls")?,
+            metrics_tls: load(&config.metrics_tls, "proxy.metrics_tls")?,
+        })
+    }
+}
+
 /// Runs the proxy until SIGTERM or Ctrl-C: one single-threaded runtime per CPU, each
 /// accepting on its own `SO_REUSEPORT` socket with its own upstream pool (as nginx's
 /// workers), sharing the routes and their limiters.
@@ -175,18 +202,7 @@ pub fn run(
     let connect_timeout = config.connect_timeout();
     let metrics_addr = config.metrics;
     let at_start = AtStart::of(&config);
-    const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
-    let tls = (config.tls.as_ref())
-        .map(|t| crate::tls::ServerTls::load(t, "proxy.tls", &ALPN))
-        .transpose()?;
-    let metrics_tls = match (&config.metrics_tls, config.metrics) {
-        (Some(_), None) => {
-            anyhow::bail!("proxy.metrics_tls: needs proxy.metrics (the metrics listener's address)")
-        }
-        (t, _) => (t.as_ref())
-            .map(|t| crate::tls::ServerTls::load(t, "proxy.metrics_tls", &ALPN))
-            .transpose()?,
-    };
+    let ListenersTls { tls, metrics_tls } = ListenersTls::load(&config)?;
     let addr = listen
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));

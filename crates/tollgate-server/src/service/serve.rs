@@ -18,7 +18,7 @@ use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::{MainConfig, DEFAULT_GRPC, DEFAULT_HTTP};
 use crate::connections::{BodyTimeout, Slots};
 use crate::lifecycle::shutdown_signal;
-use crate::tls::ServerTls;
+use crate::tls::{ServerTls, HTTP_ALPN};
 
 /// What `serve` runs with, after flags are applied to the file.
 pub struct Settings {
@@ -63,10 +63,9 @@ pub struct Settings {
     pub metrics: Option<(SocketAddr, String, Option<ServerTls>)>,
     /// Rules from this xDS server instead of files.
     pub xds: Option<crate::config::xds::XdsConfig>,
+    /// TLS to the xDS server, when it is TLS: its files read, followed on rotation.
+    pub xds_tls: Option<crate::tls::ClientTls>,
 }
-
-/// ALPN of the HTTP listener: both versions, HTTP/2 preferred.
-const HTTP_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 impl Settings {
     /// Loads everything, binding nothing: errors surface before any port is taken.
@@ -100,11 +99,12 @@ impl Settings {
         } else {
             rules.to_vec()
         };
-        if let Some(x) = &main.xds {
-            // Read once now so that a missing or bad file stops the start; each
-            // connection reads them again (rotation).
-            crate::service::xds::tls_config(x)?;
-        }
+        // Read now so that a missing or bad file stops the start; connections read
+        // them again when they change (rotation).
+        let xds_tls = (main.xds.as_ref())
+            .map(crate::service::xds::client_tls)
+            .transpose()?
+            .flatten();
         let options = main.key_options();
         let rules = match &main.xds {
             Some(_) => DescriptorRules::empty(main.service.merge_domains),
@@ -138,7 +138,7 @@ impl Settings {
                 .map(|t| ServerTls::load(t, setting, alpn))
                 .transpose()
         };
-        let http_tls = listener_tls(&main.listen.http_tls, "listen.http_tls", &HTTP_ALPN)?;
+        let http_tls = listener_tls(&main.listen.http_tls, "listen.http_tls", HTTP_ALPN)?;
         let grpc_tls = listener_tls(&main.listen.grpc_tls, "listen.grpc_tls", &[b"h2"])?;
         let metrics = match main.listen.metrics {
             Some(addr) => {
@@ -150,7 +150,7 @@ impl Settings {
                 if !path.starts_with('/') {
                     anyhow::bail!("listen.metrics_path {path:?}: must start with /");
                 }
-                let tls = listener_tls(&main.listen.metrics_tls, "listen.metrics_tls", &HTTP_ALPN)?;
+                let tls = listener_tls(&main.listen.metrics_tls, "listen.metrics_tls", HTTP_ALPN)?;
                 Some((addr, path, tls))
             }
             None if main.listen.metrics_tls.is_some() => {
@@ -188,6 +188,7 @@ impl Settings {
             grpc_tls,
             metrics,
             xds: main.xds,
+            xds_tls,
         })
     }
 }
@@ -361,6 +362,7 @@ pub async fn serve_on(
     if let Some(x) = settings.xds.clone() {
         tokio::spawn(crate::service::xds::run(
             x,
+            settings.xds_tls.clone(),
             service.clone(),
             stopped(stop_rx.clone()),
         ));
@@ -544,14 +546,7 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<()> {
                 let loaded = crate::proxy::load(path)?;
                 let n = loaded.proxy.routes.len();
                 // Its TLS files, as `tollgate proxy` reads them at start.
-                for (setting, tls) in [
-                    ("proxy.tls", &loaded.proxy.tls),
-                    ("proxy.metrics_tls", &loaded.proxy.metrics_tls),
-                ] {
-                    if let Some(tls) = tls {
-                        crate::tls::ServerTls::load(tls, setting, &[b"h2", b"http/1.1"])?;
-                    }
-                }
+                crate::proxy::server::ListenersTls::load(&loaded.proxy)?;
                 let _routes = crate::proxy::ProxyApp::new(loaded.proxy, loaded.options)?;
                 format!("; proxy: {n} route(s)")
             }

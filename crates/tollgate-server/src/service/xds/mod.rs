@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 
 use crate::config::xds::XdsConfig;
 use crate::service::DecisionService;
+use crate::tls::ClientTls;
 use rls_conf::{RateLimitConfig, TYPE_URL};
 
 /// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
@@ -35,24 +36,25 @@ const INVALID_ARGUMENT: i32 = 3;
 const STREAM_WORKED: Duration = Duration::from_secs(10);
 
 /// Keeps the rules of `service` in step with the xDS server of `config` until
-/// `stop` completes.
+/// `stop` completes; `tls` ([`client_tls`]) when the server is `https://`.
 pub async fn run(
     config: XdsConfig,
+    tls: Option<ClientTls>,
     service: Arc<DecisionService>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::select! {
-        () = follow(&config, &service) => {}
+        () = follow(&config, tls.as_ref(), &service) => {}
         () = stop => {}
     }
 }
 
-async fn follow(config: &XdsConfig, service: &DecisionService) {
+async fn follow(config: &XdsConfig, tls: Option<&ClientTls>, service: &DecisionService) {
     let mut backoff = Backoff::new(config);
     loop {
         let mut session = Session::default();
         let started = tokio::time::Instant::now();
-        let ended = session.run(config, service).await;
+        let ended = session.run(config, tls, service).await;
         if session.versions > 0 || started.elapsed() >= STREAM_WORKED {
             backoff.reset();
         }
@@ -82,8 +84,13 @@ struct Session {
 impl Session {
     /// Connects, opens the stream, and answers each response until the stream ends
     /// (`Ok`) or fails.
-    async fn run(&mut self, config: &XdsConfig, service: &DecisionService) -> anyhow::Result<()> {
-        let channel = connect(config).await?;
+    async fn run(
+        &mut self,
+        config: &XdsConfig,
+        tls: Option<&ClientTls>,
+        service: &DecisionService,
+    ) -> anyhow::Result<()> {
+        let channel = connect(config, tls).await?;
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(config.max_message_bytes);
         // Connected (TCP, TLS, HTTP/2): the stream is up from here until this ends,
@@ -222,7 +229,10 @@ fn node(config: &XdsConfig) -> Node {
 /// A channel to the server: plaintext, or TLS built by [`crate::tls::client_config`]
 /// from files read now (a rotated client certificate is used from the next
 /// connection on).
-async fn connect(config: &XdsConfig) -> anyhow::Result<tonic::transport::Channel> {
+async fn connect(
+    config: &XdsConfig,
+    client: Option<&ClientTls>,
+) -> anyhow::Result<tonic::transport::Channel> {
     let (tls, host, port) = config.endpoint()?;
     let authority = if host.contains(':') {
         format!("[{host}]:{port}")
@@ -239,7 +249,7 @@ async fn connect(config: &XdsConfig) -> anyhow::Result<tonic::transport::Channel
     if !tls {
         return Ok(endpoint.connect().await?);
     }
-    let Some(client) = tls_config(config)? else {
+    let Some(client) = client else {
         anyhow::bail!("xds: TLS without a configuration");
     };
     let name = (config.tls.as_ref())
@@ -248,9 +258,11 @@ async fn connect(config: &XdsConfig) -> anyhow::Result<tonic::transport::Channel
     let server_name = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|_| {
         anyhow::anyhow!("xds.tls.server_name {name:?}: not a DNS name or IP address")
     })?;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let client = client.clone();
     let connect = tower::service_fn(move |_: http::Uri| {
-        let (connector, server_name, host) = (connector.clone(), server_name.clone(), host.clone());
+        let (server_name, host) = (server_name.clone(), host.clone());
+        // The configuration in force, the files looked at again when due.
+        let connector = tokio_rustls::TlsConnector::from(client.config());
         async move {
             let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
             tcp.set_nodelay(true)?;
@@ -261,8 +273,9 @@ async fn connect(config: &XdsConfig) -> anyhow::Result<tonic::transport::Channel
     Ok(endpoint.connect_with_connector(connect).await?)
 }
 
-/// The TLS to the server, when it is TLS: its files read now.
-pub fn tls_config(config: &XdsConfig) -> anyhow::Result<Option<rustls::ClientConfig>> {
+/// The TLS to the server, when it is TLS: its files read now (an error names the
+/// setting and the file), and again when they change.
+pub fn client_tls(config: &XdsConfig) -> anyhow::Result<Option<ClientTls>> {
     if !config.endpoint()?.0 {
         return Ok(None);
     }
@@ -271,7 +284,7 @@ pub fn tls_config(config: &XdsConfig) -> anyhow::Result<Option<rustls::ClientCon
         (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
         _ => None,
     };
-    crate::tls::client_config("xds.tls", files.ca_file.as_deref(), identity, &[b"h2"]).map(Some)
+    ClientTls::load("xds.tls", files.ca_file.as_deref(), identity, &[b"h2"]).map(Some)
 }
 
 /// Exponential backoff with up to half of each wait random.
