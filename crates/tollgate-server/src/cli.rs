@@ -12,7 +12,11 @@ use crate::service::serve::{CheckConfigArgs, ServeArgs};
 
 /// tollgate: rate limiting with exact, documented semantics.
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about)]
+#[command(
+    name = "tollgate",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TOLLGATE_COMMIT"), ")"),
+    about
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

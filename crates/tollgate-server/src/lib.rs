@@ -29,6 +29,7 @@ pub mod connections;
 pub mod lifecycle;
 pub mod logging;
 pub mod offline;
+pub mod process_metrics;
 pub mod proxy;
 pub mod service;
 pub mod tls;

@@ -910,3 +910,40 @@ async fn envoys_environment_settings_run_unchanged_with_envoy_env() {
         ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]
     );
 }
+
+/// What operators read besides the decisions: every call by API, method and code
+/// (gRPC status names as gRPC's libraries give them), its time, each rule's limit,
+/// the build.
+#[tokio::test]
+async fn calls_are_counted_by_api_method_and_code_and_rules_show_their_limits() {
+    let s = serve(&[THREE_A_MINUTE], "");
+    for _ in 0..4 {
+        call(&s.server, vec![d(&[("k", "a")])], 1).await;
+    }
+    let refused = rls(&s.server, "", vec![d(&[("k", "a")])], 1).await;
+    assert_eq!(refused.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let (status, _, _) = json_call(
+        &s.server,
+        r#"{"domain":"parity","descriptors":[{"entries":[{"key":"k","value":"a"}]}]}"#,
+    )
+    .await;
+    assert_eq!(status, 429);
+    let metrics = get_text(&s.server, "/metrics").await;
+    for line in [
+        // Over the limit is still an answered call: OK.
+        r#"tollgate_requests_total{api="grpc",method="ShouldRateLimit",code="OK"} 4"#,
+        r#"tollgate_requests_total{api="grpc",method="ShouldRateLimit",code="InvalidArgument"} 1"#,
+        r#"tollgate_request_duration_seconds_count{api="grpc",method="ShouldRateLimit"} 5"#,
+        r#"tollgate_requests_total{api="http",method="/json",code="429"} 1"#,
+        r#"tollgate_rule_limit{domain="parity",rule="parity/k",policy="fixed-window:limit=3,window=1m"} 3"#,
+        r#"tollgate_rule_window_seconds{domain="parity",rule="parity/k",policy="fixed-window:limit=3,window=1m"} 60.0"#,
+        concat!(
+            r#"tollgate_build_info{version=""#,
+            env!("CARGO_PKG_VERSION"),
+            r#"",commit=""#
+        ),
+        "process_resident_memory_bytes ",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+}

@@ -1,5 +1,6 @@
 //! The proxy's metrics (`proxy.metrics: ADDR`, `GET /metrics`, Prometheus text): each
-//! route's adaptive limit, and what its `cost:` charged, read at scrape time.
+//! route's adaptive limit, and what its `cost:` charged, read at scrape time; the
+//! build and the process ([`crate::process_metrics`]).
 
 use std::sync::Arc;
 
@@ -73,7 +74,8 @@ pub(super) fn render(table: &RouteTable) -> String {
                 .inc_by(n);
         }
     }
-    let mut registry = Registry::with_prefix("tollgate_proxy");
+    let mut root = Registry::default();
+    let registry = crate::process_metrics::register(&mut root, "tollgate_proxy");
     registry.register(
         "cost_usage_units",
         "Units the requests of cost: routes used: the usage reported, or the estimate (max-debt may forgive part of a charge)",
@@ -123,7 +125,7 @@ pub(super) fn render(table: &RouteTable) -> String {
     );
     let mut out = String::new();
     // Writing into a String cannot fail.
-    let _ = encode(&mut out, &registry);
+    let _ = encode(&mut out, &root);
     out
 }
 

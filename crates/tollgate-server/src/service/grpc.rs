@@ -34,6 +34,7 @@ use tonic::Status;
 
 use crate::config::Connections;
 use crate::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody};
+use crate::service::metrics::CallCode;
 use crate::service::{DecisionService, RequestError};
 use crate::tls::ServerTls;
 use crate::workers::{WorkerStream, Workers};
@@ -162,6 +163,8 @@ async fn stream(
     body: StallBody<H2Body>,
     mut respond: h2::server::SendResponse<Bytes>,
 ) {
+    let started = service.now_ns();
+    let served = method.as_ref().ok().copied();
     let call = async {
         match method {
             // Refused from its head: the body is not read.
@@ -172,8 +175,18 @@ async fn stream(
     let reply = tokio::select! {
         biased;
         reply = call => reply,
-        _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => return,
+        _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => {
+            let code = CallCode::Grpc(tonic::Code::Cancelled);
+            return service.metrics().grpc_call(served, code, None);
+        }
     };
+    let code = match &reply {
+        Reply::Message(_) => CallCode::Grpc(tonic::Code::Ok),
+        Reply::Status(status) => CallCode::Grpc(status.code()),
+        Reply::UnsupportedMediaType => CallCode::Http(415),
+    };
+    let seconds = service.now_ns().saturating_sub(started) as f64 / 1e9;
+    service.metrics().grpc_call(served, code, Some(seconds));
     let (head, message) = match reply {
         Reply::Message(message) => {
             let mut head = Response::new(());
@@ -291,6 +304,25 @@ pub enum Method {
     /// Envoy's `StreamRateLimitQuotas` (a stream, not a unary call: served by
     /// `quota_stream`).
     StreamRateLimitQuotas,
+}
+
+impl Method {
+    /// Every method, in declaration order (`method as usize` indexes it).
+    pub const ALL: [Method; 3] = [
+        Method::ShouldRateLimit,
+        Method::HealthCheck,
+        Method::StreamRateLimitQuotas,
+    ];
+
+    /// Its name, as its service names it (envoyproxy/ratelimit's statistics and
+    /// gRPC's own metrics name methods so).
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::ShouldRateLimit => "ShouldRateLimit",
+            Method::HealthCheck => "Check",
+            Method::StreamRateLimitQuotas => "StreamRateLimitQuotas",
+        }
+    }
 }
 
 /// The method a call asks for, from its path and content type, or why it is refused
@@ -433,6 +465,8 @@ async fn quota_stream(
         }
     }
     let _ = send.send_trailers(trailers);
+    let code = CallCode::Grpc(status.code());
+    (service.metrics()).grpc_call(Some(Method::StreamRateLimitQuotas), code, None);
 }
 
 /// How long an answer may wait for the client's HTTP/2 window.

@@ -57,6 +57,39 @@ impl AdminAccess {
     }
 }
 
+/// The routes [`router`] serves: a call's `method` label in `tollgate_requests_total`
+/// (`other` for a path none matches; [`counted_call`] counts by these).
+pub const ROUTES: [&str; 12] = [
+    "/v1/check",
+    "/v1/acquire",
+    "/v1/charge",
+    "/v1/reset",
+    "/v1/reload",
+    "/v1/config",
+    "/rlconfig",
+    "/json",
+    "/metrics",
+    "/healthz",
+    "/readyz",
+    "/healthcheck",
+];
+
+/// Answers `request` with `app` (the [`router`]), counting the call by route and
+/// status and timing it: the one way `serve` calls its router.
+pub async fn counted_call(
+    service: Arc<DecisionService>,
+    app: Router,
+    request: axum::extract::Request,
+) -> Result<Response, std::convert::Infallible> {
+    use tower::ServiceExt;
+    let started = service.now_ns();
+    let route = ROUTES.iter().position(|r| *r == request.uri().path());
+    let response = app.oneshot(request).await?;
+    let seconds = service.now_ns().saturating_sub(started) as f64 / 1e9;
+    (service.metrics()).http_call(route, response.status().as_u16(), seconds);
+    Ok(response)
+}
+
 /// The router over a decision service.
 pub fn router(service: Arc<DecisionService>, admin: AdminAccess) -> Router {
     let admin = Arc::new(admin);
@@ -537,5 +570,59 @@ async fn envoy_json(
             (status, content_type, json).into_response()
         }
         Err(e) => request_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every route of [`ROUTES`] is served, and each call is counted under its route
+    /// with its status; a path no route matches is counted as `other`.
+    #[tokio::test]
+    async fn each_call_is_counted_by_route_and_status() {
+        let service = Arc::new(DecisionService::example());
+        let admin = AdminAccess {
+            token: None,
+            loopback: true,
+        };
+        let app = router(service.clone(), admin);
+        let call = |method: &str, path: &str| {
+            let request = axum::http::Request::builder()
+                .method(method)
+                .uri(path)
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from("{}"))
+                .unwrap();
+            counted_call(service.clone(), app.clone(), request)
+        };
+        let mut statuses = Vec::new();
+        for route in ROUTES {
+            let get = call("GET", route).await.unwrap().status();
+            let status = if get == StatusCode::METHOD_NOT_ALLOWED {
+                call("POST", route).await.unwrap().status()
+            } else {
+                get
+            };
+            assert_ne!(status, StatusCode::NOT_FOUND, "{route} is not served");
+            statuses.push((route, status));
+        }
+        call("GET", "/nowhere").await.unwrap();
+        let text = service.render_metrics();
+        for (route, status) in statuses {
+            let line = format!(
+                "tollgate_requests_total{{api=\"http\",method=\"{route}\",code=\"{}\"}} 1",
+                status.as_u16()
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+            let count = format!(
+                "tollgate_request_duration_seconds_count{{api=\"http\",method=\"{route}\"}}"
+            );
+            assert!(text.contains(&count), "{count} in {text}");
+        }
+        assert!(
+            text.contains("tollgate_requests_total{api=\"http\",method=\"other\",code=\"404\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -1,6 +1,10 @@
 //! Prometheus metrics (text format at `GET /metrics`).
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
+
+use crate::service::grpc::Method;
+use crate::service::http::ROUTES;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -45,6 +49,104 @@ pub struct Metrics {
     certificate_days: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// The xDS client's figures, by event.
     xds: Family<Labels, Gauge>,
+    /// Calls by API, method and code.
+    calls: Family<CallLabels, Counter>,
+    /// Each gRPC method's series ([`Method`] order, then unknown methods), and each
+    /// HTTP route's ([`ROUTES`] order, then other paths), resolved once: a call
+    /// counts with an atomic add, not a look-up by labels.
+    grpc_series: Vec<MethodSeries>,
+    http_series: Vec<MethodSeries>,
+    /// Each rule's policies: their headline limits, and the time those refer to.
+    rule_limit: Family<Labels, Gauge>,
+    rule_window: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+/// A call's API and method.
+type MethodLabels = [(&'static str, &'static str); 2];
+
+/// One API method's series: its usual codes' counters and its durations.
+struct MethodSeries {
+    labels: MethodLabels,
+    usual: Vec<(CallCode, Counter)>,
+    duration: Histogram,
+}
+
+impl MethodSeries {
+    fn new(
+        calls: &Family<CallLabels, Counter>,
+        durations: &Family<MethodLabels, Histogram, fn() -> Histogram>,
+        labels: MethodLabels,
+        usual: &[CallCode],
+    ) -> MethodSeries {
+        MethodSeries {
+            labels,
+            usual: (usual.iter())
+                .map(|&code| {
+                    (
+                        code,
+                        calls.get_or_create(&(labels, [("code", code)])).clone(),
+                    )
+                })
+                .collect(),
+            duration: durations.get_or_create(&labels).clone(),
+        }
+    }
+
+    fn record(&self, calls: &Family<CallLabels, Counter>, code: CallCode, seconds: Option<f64>) {
+        match self.usual.iter().find(|(usual, _)| *usual == code) {
+            Some((_, counter)) => counter.inc(),
+            None => calls.get_or_create(&(self.labels, [("code", code)])).inc(),
+        };
+        if let Some(seconds) = seconds {
+            self.duration.observe(seconds);
+        }
+    }
+}
+/// A call's API, method and code.
+type CallLabels = (MethodLabels, [(&'static str, CallCode); 1]);
+
+/// The `code` of a call: the name of its gRPC status, as gRPC's own libraries name
+/// them (`OK`, `Unavailable`, ...), or its HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallCode {
+    /// A gRPC status.
+    Grpc(tonic::Code),
+    /// An HTTP status.
+    Http(u16),
+}
+
+impl EncodeLabelValue for CallCode {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        match self {
+            CallCode::Grpc(code) => encoder.write_str(grpc_code_name(*code)),
+            CallCode::Http(status) => write!(encoder, "{status}"),
+        }
+    }
+}
+
+/// gRPC's names of its status codes (as Go's `codes.Code.String()`).
+fn grpc_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
 }
 
 /// A decision's outcome, as counted.
@@ -96,7 +198,8 @@ impl Metrics {
     /// The metrics, with hits past `near_limit_ratio` (0 to 1) of a limit counted as
     /// near it.
     pub fn new(near_limit_ratio: f32) -> Self {
-        let mut registry = Registry::with_prefix("tollgate");
+        let mut root = Registry::default();
+        let registry = crate::process_metrics::register(&mut root, "tollgate");
         let decisions = Family::<Labels, Counter>::default();
         registry.register(
             "decisions",
@@ -186,7 +289,65 @@ impl Metrics {
              since start",
             xds.clone(),
         );
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Calls answered, by API (grpc, http), method (the gRPC method's name, the \
+             HTTP route) and code (the gRPC status's name, the HTTP status)",
+            calls.clone(),
+        );
+        let call_duration =
+            Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(1e-6, 2.0, 24))
+            });
+        registry.register(
+            "request_duration_seconds",
+            "Time from a call's request to its answer, by API and method (RLQS streams, \
+             which last as long as their Envoy, are not timed)",
+            call_duration.clone(),
+        );
+        let rule_limit = Family::<Labels, Gauge>::default();
+        registry.register(
+            "rule_limit",
+            "Each rule's limit (per policy: the headline limit of its spec), by domain, \
+             rule and policy; divide by tollgate_rule_window_seconds for a rate",
+            rule_limit.clone(),
+        );
+        let rule_window = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "rule_window_seconds",
+            "The time each rule's limit refers to: the window, or how long an empty \
+             bucket takes to refill",
+            rule_window.clone(),
+        );
+        let grpc_series = (Method::ALL.iter().map(|m| m.name()).chain(["unknown"]))
+            .map(|method| {
+                let ok = [CallCode::Grpc(tonic::Code::Ok)];
+                MethodSeries::new(
+                    &calls,
+                    &call_duration,
+                    [("api", "grpc"), ("method", method)],
+                    &ok,
+                )
+            })
+            .collect();
+        let http_series = (ROUTES.iter().copied().chain(["other"]))
+            .map(|route| {
+                let usual = [CallCode::Http(200), CallCode::Http(429)];
+                MethodSeries::new(
+                    &calls,
+                    &call_duration,
+                    [("api", "http"), ("method", route)],
+                    &usual,
+                )
+            })
+            .collect();
         Metrics {
+            calls,
+            grpc_series,
+            http_series,
+            rule_limit,
+            rule_window,
             xds,
             certificate_days,
             quota,
@@ -196,7 +357,7 @@ impl Metrics {
             worker_moves,
             worker_busy,
             redis,
-            registry,
+            registry: root,
             decisions,
             hits,
             global_shadow,
@@ -260,6 +421,44 @@ impl Metrics {
     /// Counts a request the global shadow mode answered OK.
     pub fn global_shadow_mode(&self) {
         self.global_shadow.inc();
+    }
+
+    /// Counts a gRPC call of `method` (`None`: one this server does not serve)
+    /// answered with `code`, and its duration when it has one.
+    pub fn grpc_call(&self, method: Option<Method>, code: CallCode, seconds: Option<f64>) {
+        let i = method.map_or(self.grpc_series.len() - 1, |m| m as usize);
+        self.grpc_series[i].record(&self.calls, code, seconds);
+    }
+
+    /// Counts an HTTP call of the route at `route` in [`ROUTES`] (`None`: a path no
+    /// route matches) answered with `status`, and its duration.
+    pub fn http_call(&self, route: Option<usize>, status: u16, seconds: f64) {
+        let i = route.map_or(self.http_series.len() - 1, |r| {
+            r.min(self.http_series.len() - 1)
+        });
+        self.http_series[i].record(&self.calls, CallCode::Http(status), Some(seconds));
+    }
+
+    /// Sets the rules' limits: `(domain, rule, policies)` for each rule in force (the
+    /// rules gone are dropped).
+    pub fn rule_limits<'a>(
+        &self,
+        rules: impl IntoIterator<Item = (&'a str, &'a str, &'a [tollgate::Policy])>,
+    ) {
+        self.rule_limit.clear();
+        self.rule_window.clear();
+        for (domain, rule, policies) in rules {
+            for policy in policies {
+                let labels = vec![
+                    ("domain", domain.to_string()),
+                    ("rule", rule.to_string()),
+                    ("policy", policy.to_string()),
+                ];
+                (self.rule_limit.get_or_create(&labels))
+                    .set(i64::try_from(policy.limit()).unwrap_or(i64::MAX));
+                (self.rule_window.get_or_create(&labels)).set(policy.window_us() as f64 / 1e6);
+            }
+        }
     }
 
     /// Records how long a request took to decide.
@@ -417,6 +616,32 @@ mod tests {
             verdict: Verdict::Allowed,
             limit,
             remaining,
+        }
+    }
+
+    #[test]
+    fn each_grpc_method_indexes_its_own_series() {
+        for (i, method) in Method::ALL.iter().enumerate() {
+            assert_eq!(*method as usize, i);
+        }
+        let m = Metrics::new(0.8);
+        m.grpc_call(
+            Some(Method::HealthCheck),
+            CallCode::Grpc(tonic::Code::Ok),
+            Some(0.001),
+        );
+        m.grpc_call(
+            None,
+            CallCode::Grpc(tonic::Code::Unimplemented),
+            Some(0.001),
+        );
+        let text = m.render();
+        for line in [
+            r#"tollgate_requests_total{api="grpc",method="Check",code="OK"} 1"#,
+            r#"tollgate_requests_total{api="grpc",method="ShouldRateLimit",code="OK"} 0"#,
+            r#"tollgate_requests_total{api="grpc",method="unknown",code="Unimplemented"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
         }
     }
 

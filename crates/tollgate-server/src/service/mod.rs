@@ -550,17 +550,33 @@ impl DecisionService {
         }
     }
 
+    /// The service's metrics, for the servers in front of it to count their calls.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Now on the service's clock, in ns (for timing calls).
+    pub fn now_ns(&self) -> u64 {
+        tollgate::clock::Clock::now_ns(&self.clock)
+    }
+
     /// The metrics text, with the current counter counts.
     pub fn render_metrics(&self) -> String {
         let rules = self.rules.load();
         let mut stats = *self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        for (domain, _) in rules.domains() {
-            for limit in rules.limits(domain) {
-                match &limit.limiter {
-                    Some(AnyLimiter::Memory(l)) => self.metrics.keys(domain, &limit.path, l.len()),
-                    Some(l) => stats.add(l),
-                    None => {}
-                }
+        let limits: Vec<_> = (rules.domains())
+            .flat_map(|(domain, _)| rules.limits(domain).into_iter().map(move |l| (domain, l)))
+            .collect();
+        self.metrics
+            .rule_limits(limits.iter().filter_map(|(domain, l)| {
+                let rules = l.rules.as_ref()?;
+                Some((*domain, l.path.as_str(), rules.policies()))
+            }));
+        for (domain, limit) in &limits {
+            match &limit.limiter {
+                Some(AnyLimiter::Memory(l)) => self.metrics.keys(domain, &limit.path, l.len()),
+                Some(l) => stats.add(l),
+                None => {}
             }
         }
         let overrides = self.overrides.lock().unwrap_or_else(|e| e.into_inner());

@@ -391,10 +391,15 @@ pub async fn serve_on(
     }
     let bounds = settings.connections;
     crate::connections::warn_if_fd_limit_below(2 * bounds.max);
-    let http_server = crate::connections::serve_http(
+    let app = crate::service::http::router(service.clone(), admin);
+    let counting = service.clone();
+    let http_server = crate::connections::serve_http_with(
         http_listener,
         Slots::new(bounds),
-        crate::service::http::router(service.clone(), admin),
+        move |_| {
+            let (app, service) = (app.clone(), counting.clone());
+            move |request| crate::service::http::counted_call(service.clone(), app.clone(), request)
+        },
         BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
         stopped(stop_rx.clone()),
         Some(&workers),
