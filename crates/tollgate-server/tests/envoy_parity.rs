@@ -947,3 +947,113 @@ async fn calls_are_counted_by_api_method_and_code_and_rules_show_their_limits() 
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
 }
+
+/// `service.envoy_metrics`: envoyproxy/ratelimit's metric names beside tollgate's,
+/// through its built-in mappings (one key level by glob, two or more by regex, the
+/// server's calls and their times, failed calls, loads), and through a mapping file
+/// of the user's (here Envoy Gateway's way: the response time unscaled, so in ms).
+#[tokio::test]
+async fn envoyproxy_ratelimit_metric_names_come_through_its_statsd_mapping() {
+    let rules = "domain: parity
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: a
+    value: x
+    descriptors:
+      - key: b
+        rate_limit: {unit: minute, requests_per_unit: 100}
+";
+    let s = serve(&[rules], "service: {envoy_metrics: true}\n");
+    for _ in 0..4 {
+        call(&s.server, vec![d(&[("k", "1")])], 1).await;
+    }
+    call(&s.server, vec![d(&[("a", "x"), ("b", "y")])], 2).await;
+    let refused = rls(&s.server, "", vec![d(&[("k", "1")])], 1).await;
+    assert_eq!(refused.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let metrics = get_text(&s.server, "/metrics").await;
+    for line in [
+        "# TYPE ratelimit_service_rate_limit_total_hits unknown",
+        r#"ratelimit_service_rate_limit_total_hits{domain="parity",key1="k"} 4"#,
+        r#"ratelimit_service_rate_limit_within_limit{domain="parity",key1="k"} 3"#,
+        r#"ratelimit_service_rate_limit_over_limit{domain="parity",key1="k"} 1"#,
+        r#"ratelimit_service_rate_limit_near_limit{domain="parity",key1="k"} 1"#,
+        r#"ratelimit_service_rate_limit_total_hits{domain="parity",key1="a_x",key2="b"} 2"#,
+        r#"ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 6"#,
+        r#"ratelimit_service_should_rate_limit_error{err_type="service_error"} 1"#,
+        "ratelimit_service_config_load_success 1",
+        "# TYPE ratelimit_service_response_time_seconds histogram",
+        r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="+Inf"} 6"#,
+        r#"ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"} 6"#,
+        // tollgate's own are still there, and the end marker is last.
+        r#"tollgate_requests_total{api="grpc",method="ShouldRateLimit",code="OK"} 5"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    assert!(metrics.ends_with("# EOF\n"), "{metrics}");
+    // Calls of a few ms at most: all in the first bucket (5 ms) once scaled to seconds.
+    assert!(
+        metrics.contains(r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="0.005"} 6"#),
+        "{metrics}"
+    );
+    drop(s);
+
+    // A mapping file of the user's: the time in ms, the hits under a name of its own.
+    let dir = std::env::temp_dir().join(format!("tollgate-parity-mapping-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mapping = dir.join("conf.yaml");
+    std::fs::write(
+        &mapping,
+        r#"mappings:
+  - match: "ratelimit_server.*.response_time"
+    name: "ratelimit_service_response_time_seconds"
+    timer_type: histogram
+    labels: {grpc_method: "$1"}
+  - match: "ratelimit.service.rate_limit.*.*.total_hits"
+    name: "hits"
+    labels: {domain: "$1", rule: "$2"}
+"#,
+    )
+    .unwrap();
+    let s = serve(
+        &[rules],
+        &format!(
+            "service: {{envoy_metrics_mapping: {}}}\n",
+            mapping.display()
+        ),
+    );
+    call(&s.server, vec![d(&[("k", "1")])], 1).await;
+    let metrics = get_text(&s.server, "/metrics").await;
+    for line in [
+        r#"hits{domain="parity",rule="k"} 1"#,
+        // Unmapped: its own name, escaped, no labels.
+        "ratelimit_service_rate_limit_parity_k_within_limit 1",
+        r#"ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    drop(s);
+    // A mapping file that does not parse stops the start, naming the file and the entry.
+    std::fs::write(&mapping, "mappings: [{match: 'a.b*', name: x}]\n").unwrap();
+    std::fs::write(
+        dir.join("main.yaml"),
+        format!(
+            "service: {{envoy_metrics_mapping: {}}}\n",
+            mapping.display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check-config", "--config"])
+        .arg(dir.join("main.yaml"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("service.envoy_metrics_mapping")
+            && err.contains("mappings[0] (match \"a.b*\"): not a glob"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -27,7 +27,6 @@ const IGNORED: &[&str] = &[
     "STATS_FLUSH_INTERVAL",
     "DISABLE_STATS",
     "EXTRA_TAGS",
-    "PROMETHEUS_MAPPER_YAML",
     "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
     "DEBUG_HOST",
     "DEBUG_PORT",
@@ -179,6 +178,11 @@ fn listeners_and_rules(
             })?);
         if let Some(path) = get("PROMETHEUS_PATH").filter(|p| !p.is_empty()) {
             main.listen.metrics_path = Some(path);
+        }
+        // Its own metric names too, through the mapping file it would read.
+        main.service.envoy_metrics = true;
+        if let Some(file) = get("PROMETHEUS_MAPPER_YAML").filter(|p| !p.is_empty()) {
+            main.service.envoy_metrics_mapping = Some(file.into());
         }
     }
     if let Some(root) = get("RUNTIME_ROOT") {
@@ -638,10 +642,19 @@ mod tests {
             ("PROMETHEUS_ADDR", ":19001"),
             ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
         ]);
-        let warning = apply(&get, &mut main).unwrap().unwrap();
+        let warning = apply(&get, &mut main).unwrap();
         assert_eq!(main.listen.metrics, Some("0.0.0.0:19001".parse().unwrap()));
         assert_eq!(main.listen.metrics_path, None);
-        assert!(warning.contains("PROMETHEUS_MAPPER_YAML") && !warning.contains("PROMETHEUS_ADDR"));
+        // Read, not ignored: envoyproxy/ratelimit's names through that mapping file.
+        assert!(
+            warning.as_ref().is_none_or(|w| !w.contains("PROMETHEUS")),
+            "{warning:?}"
+        );
+        assert!(main.service.envoy_metrics);
+        assert_eq!(
+            main.service.envoy_metrics_mapping,
+            Some("/etc/statsd-exporter/conf.yaml".into())
+        );
         let e = apply(
             &env(&[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", "metrics:9")]),
             &mut MainConfig::default(),

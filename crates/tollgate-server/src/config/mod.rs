@@ -104,6 +104,16 @@ pub struct ServiceSettings {
     /// the others are looked at, not counted. Default false.
     #[serde(default)]
     pub stop_increment_when_over_limit: bool,
+    /// envoyproxy/ratelimit's metric names beside tollgate's at `/metrics`
+    /// (`ratelimit_service_rate_limit_total_hits{domain,key1,key2}`, ...), named as its
+    /// Prometheus sink names its statistics: through its built-in mappings, or
+    /// `envoy_metrics_mapping`'s. Default off (`USE_PROMETHEUS` under `--envoy-env`).
+    #[serde(default)]
+    pub envoy_metrics: bool,
+    /// A statsd mapping file (statsd_exporter's format, Envoy's
+    /// `PROMETHEUS_MAPPER_YAML`) for `envoy_metrics`, in place of the built-in one.
+    #[serde(default)]
+    pub envoy_metrics_mapping: Option<std::path::PathBuf>,
 }
 
 /// Whether a rejected request's hits count (see [`ServiceSettings::rejected_hits`]).
@@ -126,6 +136,8 @@ impl Default for ServiceSettings {
             merge_domains: false,
             rejected_hits: RejectedHits::default(),
             stop_increment_when_over_limit: false,
+            envoy_metrics: false,
+            envoy_metrics_mapping: None,
         }
     }
 }

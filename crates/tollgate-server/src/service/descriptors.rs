@@ -572,8 +572,9 @@ pub struct Match {
     /// The counter key: the domain and every entry (a shared wildcard's entries by
     /// their pattern).
     pub counter: String,
-    /// The statistics name when it differs from the limit's path.
-    pub stat_name: Option<String>,
+    /// The statistics name when it differs from the limit's path: in tollgate's
+    /// path form, and in envoyproxy/ratelimit's dotted form (its `full_key`).
+    pub stat_name: Option<(String, String)>,
 }
 
 /// All loaded rules, by domain.
@@ -871,17 +872,19 @@ impl DescriptorRules {
     }
 }
 
-/// The statistics name of a matched descriptor, as Envoy builds it, in tollgate's
-/// path form (`domain/key=value/...`): with `detailed_metric`, every entry's request
-/// value; else each level's configured value, or the request's value where that level
-/// has `value_to_metric`. A shared wildcard is named by its pattern either way.
+/// The statistics name of a matched descriptor, as Envoy builds it: with
+/// `detailed_metric`, every entry's request value; else each level's configured
+/// value, or the request's value where that level has `value_to_metric`. A shared
+/// wildcard is named by its pattern either way. In tollgate's path form
+/// (`domain/key=value/...`) and in Envoy's dotted one (`domain.key_value...`, where
+/// `detailed_metric` writes `key_` for an empty value).
 fn stat_name(
     domain: &str,
     entries: &[(String, String)],
     matched: &[&Node],
     detailed: bool,
-) -> String {
-    let mut name = domain.to_string();
+) -> (String, String) {
+    let (mut name, mut envoy) = (domain.to_string(), domain.to_string());
     for ((key, value), node) in entries.iter().zip(matched) {
         let shown = match &node.value {
             Some(m) if node.share_threshold => Some(m.text()),
@@ -891,12 +894,18 @@ fn stat_name(
         };
         name.push('/');
         name.push_str(key);
+        envoy.push('.');
+        envoy.push_str(key);
         if let Some(v) = shown.filter(|v| !v.is_empty()) {
             name.push('=');
             name.push_str(v);
         }
+        if let Some(v) = shown.filter(|v| detailed || !v.is_empty()) {
+            envoy.push('_');
+            envoy.push_str(v);
+        }
     }
-    name
+    (name, envoy)
 }
 
 /// The counter of a descriptor: its domain and every entry's key and value.
@@ -1424,8 +1433,14 @@ descriptors:
         );
         assert_eq!(find("file", "files/a").stat_name, None);
         assert_eq!(find("file", "docs/a").stat_name, None);
-        assert_eq!(find("user", "u1").stat_name.as_deref(), Some("d/user=u1"));
-        assert_eq!(find("path", "/x").stat_name.as_deref(), Some("d/path=/x"));
+        assert_eq!(
+            find("user", "u1").stat_name,
+            Some(("d/user=u1".into(), "d.user_u1".into()))
+        );
+        assert_eq!(
+            find("path", "/x").stat_name,
+            Some(("d/path=/x".into(), "d.path_/x".into()))
+        );
         let e =
             rules("domain: d\ndescriptors:\n  - key: k\n    value: v\n    share_threshold: true\n")
                 .unwrap_err()

@@ -3,6 +3,7 @@
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 
+use crate::service::envoy_metrics::EnvoyMetrics;
 use crate::service::grpc::Method;
 use crate::service::http::ROUTES;
 use prometheus_client::metrics::counter::Counter;
@@ -59,6 +60,8 @@ pub struct Metrics {
     /// Each rule's policies: their headline limits, and the time those refer to.
     rule_limit: Family<Labels, Gauge>,
     rule_window: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// envoyproxy/ratelimit's names too, when asked for.
+    envoy: Option<EnvoyMetrics>,
 }
 
 /// A call's API and method.
@@ -164,7 +167,7 @@ pub enum Verdict {
 /// One rule's counters (or one value's, under `detailed_metric`): its decisions by
 /// outcome and envoyproxy/ratelimit's per-descriptor statistics, in hits. Held by the
 /// rule itself, so counting is a few atomic adds.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RuleStats {
     decisions: [Counter; 3],
     total_hits: Counter,
@@ -172,6 +175,19 @@ pub struct RuleStats {
     near_limit: Counter,
     within_limit: Counter,
     shadow_mode: Counter,
+}
+
+impl RuleStats {
+    /// Its hits by envoyproxy/ratelimit's statistic.
+    pub fn hit_counts(&self) -> [(&'static str, u64); 5] {
+        [
+            ("total_hits", self.total_hits.get()),
+            ("over_limit", self.over_limit.get()),
+            ("near_limit", self.near_limit.get()),
+            ("within_limit", self.within_limit.get()),
+            ("shadow_mode", self.shadow_mode.get()),
+        ]
+    }
 }
 
 /// What one descriptor's decision counts: its hits, and where its limit stood.
@@ -343,6 +359,7 @@ impl Metrics {
             })
             .collect();
         Metrics {
+            envoy: None,
             calls,
             grpc_series,
             http_series,
@@ -370,9 +387,25 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// These metrics with envoyproxy/ratelimit's names beside them (see
+    /// [`EnvoyMetrics`]).
+    pub fn with_envoy(mut self, envoy: EnvoyMetrics) -> Self {
+        self.envoy = Some(envoy);
+        self
+    }
+
     /// The counters of a rule (or of one value of it), made on first use: the same
     /// labels always give the same counters, so a reloaded rule counts on.
-    pub fn rule_stats(&self, domain: &str, rule: &str) -> RuleStats {
+    /// `envoy_key` is its name in envoyproxy/ratelimit's statistics.
+    pub fn rule_stats(&self, domain: &str, rule: &str, envoy_key: &str) -> RuleStats {
+        let stats = self.new_rule_stats(domain, rule);
+        if let Some(envoy) = &self.envoy {
+            envoy.rule(envoy_key, &stats);
+        }
+        stats
+    }
+
+    fn new_rule_stats(&self, domain: &str, rule: &str) -> RuleStats {
         let counter = |family: &Family<Labels, Counter>, label: &'static str, value: &str| {
             family
                 .get_or_create(&vec![
@@ -428,6 +461,9 @@ impl Metrics {
     pub fn grpc_call(&self, method: Option<Method>, code: CallCode, seconds: Option<f64>) {
         let i = method.map_or(self.grpc_series.len() - 1, |m| m as usize);
         self.grpc_series[i].record(&self.calls, code, seconds);
+        if let (Some(envoy), Some(method), CallCode::Grpc(code)) = (&self.envoy, method, code) {
+            envoy.call(method, code, seconds);
+        }
     }
 
     /// Counts an HTTP call of the route at `route` in [`ROUTES`] (`None`: a path no
@@ -468,6 +504,9 @@ impl Metrics {
 
     /// Counts a reload.
     pub fn reload(&self, ok: bool) {
+        if let Some(envoy) = &self.envoy {
+            envoy.load(ok);
+        }
         let result = if ok { "ok" } else { "failed" };
         self.reloads
             .get_or_create(&vec![("result", result.to_string())])
@@ -602,6 +641,11 @@ impl Metrics {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);
+        if let Some(envoy) = &self.envoy {
+            // Before the end marker.
+            let end = out.rfind("# EOF").unwrap_or(out.len());
+            out.insert_str(end, &envoy.render(self.global_shadow.get()));
+        }
         out
     }
 }
@@ -661,7 +705,7 @@ mod tests {
     #[test]
     fn hits_are_counted_by_stat_and_rejected_hits_are_all_over_the_limit() {
         let m = Metrics::new(0.8);
-        let stats = m.rule_stats("d", "d/k");
+        let stats = m.rule_stats("d", "d/k", "d.k");
         m.count(&stats, admitted(4, 5, 1));
         m.count(&stats, admitted(1, 5, 0));
         m.count(

@@ -6,12 +6,14 @@
 pub mod counters;
 pub mod descriptors;
 pub mod envoy;
+pub mod envoy_metrics;
 pub mod grpc;
 pub mod headers;
 pub mod http;
 pub mod metrics;
 pub mod quota;
 pub mod serve;
+pub mod statsd_mapping;
 pub mod xds;
 
 use std::collections::{HashMap, HashSet};
@@ -445,6 +447,24 @@ impl DecisionService {
         };
         self.merge_domains = service.merge_domains;
         self.metrics = Metrics::new(service.near_limit_ratio);
+        self
+    }
+
+    /// envoyproxy/ratelimit's metric names beside tollgate's, named through `mapping`
+    /// (none: not exported); `loaded` says the rules in force came from a load (files),
+    /// which counts as its first `config_load_success`.
+    pub fn with_envoy_metrics(
+        mut self,
+        mapping: Option<crate::service::statsd_mapping::StatsdMapping>,
+        loaded: bool,
+    ) -> Self {
+        if let Some(mapping) = mapping {
+            let envoy = crate::service::envoy_metrics::EnvoyMetrics::new(mapping);
+            if loaded {
+                envoy.load(true);
+            }
+            self.metrics = std::mem::take(&mut self.metrics).with_envoy(envoy);
+        }
         self
     }
 
@@ -899,13 +919,15 @@ impl DecisionService {
         };
         match &m.stat_name {
             None => {
-                let stats =
-                    (m.limit.stats).get_or_init(|| self.metrics.rule_stats(domain, &m.limit.path));
+                let stats = (m.limit.stats).get_or_init(|| {
+                    self.metrics
+                        .rule_stats(domain, &m.limit.path, &m.limit.full_key)
+                });
                 self.metrics.count(stats, hits);
             }
             Some(name) => self
                 .metrics
-                .count(&self.metrics.rule_stats(domain, name), hits),
+                .count(&self.metrics.rule_stats(domain, &name.0, &name.1), hits),
         }
     }
 

@@ -18,6 +18,7 @@ use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::{MainConfig, DEFAULT_GRPC, DEFAULT_HTTP};
 use crate::connections::{BodyTimeout, Slots};
 use crate::lifecycle::shutdown_signal;
+use crate::service::statsd_mapping::StatsdMapping;
 use crate::tls::{ServerTls, HTTP_ALPN};
 
 /// What `serve` runs with, after flags are applied to the file.
@@ -65,6 +66,9 @@ pub struct Settings {
     pub xds: Option<crate::config::xds::XdsConfig>,
     /// TLS to the xDS server, when it is TLS: its files read, followed on rotation.
     pub xds_tls: Option<crate::tls::ClientTls>,
+    /// envoyproxy/ratelimit's metric names through this mapping
+    /// (`service.envoy_metrics`), its file read.
+    pub envoy_mapping: Option<crate::service::statsd_mapping::StatsdMapping>,
 }
 
 impl Settings {
@@ -98,6 +102,24 @@ impl Settings {
             main.rules.clone()
         } else {
             rules.to_vec()
+        };
+        let envoy_mapping = match (
+            main.service.envoy_metrics,
+            &main.service.envoy_metrics_mapping,
+        ) {
+            (_, Some(file)) => {
+                let text = std::fs::read_to_string(file).map_err(|e| {
+                    anyhow::anyhow!("service.envoy_metrics_mapping {}: {e}", file.display())
+                })?;
+                Some(StatsdMapping::parse(&text).map_err(|e| {
+                    anyhow::anyhow!("service.envoy_metrics_mapping {}: {e}", file.display())
+                })?)
+            }
+            (true, None) => Some(
+                StatsdMapping::parse(crate::service::envoy_metrics::DEFAULT_MAPPING)
+                    .expect("the built-in mapping parses"),
+            ),
+            (false, None) => None,
         };
         // Read now so that a missing or bad file stops the start; connections read
         // them again when they change (rotation).
@@ -189,6 +211,7 @@ impl Settings {
             metrics,
             xds: main.xds,
             xds_tls,
+            envoy_mapping,
         })
     }
 }
@@ -282,6 +305,7 @@ pub async fn serve_on(
         .with_request_limits(settings.requests)
         .with_quota_limits(settings.quota)
         .with_answers(&settings.service)
+        .with_envoy_metrics(settings.envoy_mapping, settings.xds.is_none())
         .with_workers(workers.stats())
         .with_tls(
             [
