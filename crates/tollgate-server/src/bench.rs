@@ -276,24 +276,25 @@ async fn caller_loop(
     hist
 }
 
-/// Prints requests per second and errors once a second on stderr until `deadline`.
+/// Shows the time run, requests per second and errors on a progress line (stderr,
+/// a terminal only) until `deadline`.
 async fn report_until(deadline: u64, start: u64, clock: &MonotonicClock, counters: &Counters) {
-    let mut last = 0;
+    let mut line = crate::progress::Progress::new("tollgate bench", Some(deadline - start));
+    let (mut last, mut last_at) = (0, start);
     while clock.now_us() < deadline {
         let left = Duration::from_micros(deadline.saturating_sub(clock.now_us()));
-        tokio::time::sleep(Duration::from_secs(1).min(left)).await;
-        let now_done = counters.done.load(Ordering::Relaxed);
-        eprintln!(
-            "[{:>4.1}s] {} req/s, {} errors",
-            (clock.now_us() - start) as f64 / 1e6,
-            now_done - last,
-            counters.errors.load(Ordering::Relaxed)
-        );
-        last = now_done;
+        tokio::time::sleep(Duration::from_millis(500).min(left)).await;
+        let (now, done) = (clock.now_us(), counters.done.load(Ordering::Relaxed));
+        let rate = (done - last) as f64 * 1e6 / now.saturating_sub(last_at).max(1) as f64;
+        (last, last_at) = (done, now);
+        line.update(now - start, || {
+            let errors = counters.errors.load(Ordering::Relaxed);
+            format!("{rate:.0} req/s, {errors} errors")
+        });
     }
 }
 
-/// Runs the load; progress once a second on stderr.
+/// Runs the load; a progress line on stderr when it is a terminal.
 pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
     let clock = MonotonicClock::new();
     let counters = Counters::default();

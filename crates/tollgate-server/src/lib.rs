@@ -30,6 +30,7 @@ pub mod lifecycle;
 pub mod logging;
 pub mod offline;
 pub mod process_metrics;
+pub mod progress;
 pub mod proxy;
 pub mod service;
 pub mod tls;

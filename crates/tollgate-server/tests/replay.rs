@@ -268,3 +268,63 @@ fn charge_and_count_rows_go_into_debt() {
         "{err}"
     );
 }
+
+/// A long command shows a progress line on stderr when stderr is a terminal (here a
+/// pseudo-terminal from util-linux's `script`), and none when it is not: `bench
+/// http` for two seconds against `bench ceiling`.
+#[test]
+fn a_long_command_shows_a_progress_line_only_on_a_terminal() {
+    let port = tollgate_testkit::free_port();
+    let target = format!("127.0.0.1:{port}");
+    let _ceiling = tollgate_testkit::Killed(
+        tollgate()
+            .args(["bench", "ceiling", "--listen", &target])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    while std::net::TcpStream::connect(&target).is_err() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let bench = format!(
+        "{} bench http --target {target} --duration 2s --concurrency 1",
+        env!("CARGO_BIN_EXE_tollgate")
+    );
+    let dir = tollgate_testkit::ScratchDir::new("progress");
+    let typescript = dir.0.join("typescript");
+    let status = Command::new("script")
+        .args(["-qfec", &bench])
+        .arg(&typescript)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let seen = String::from_utf8_lossy(&std::fs::read(&typescript).unwrap()).into_owned();
+    assert!(
+        seen.contains("\rtollgate bench: ") && seen.contains(" req/s, 0 errors)"),
+        "{seen:?}"
+    );
+    // Cleared before the summary.
+    assert!(seen.contains("\r\r") || seen.contains(" \r"), "{seen:?}");
+    assert!(seen.contains("req/s: "), "{seen:?}");
+    let out = tollgate()
+        .args([
+            "bench",
+            "http",
+            "--target",
+            &target,
+            "--duration",
+            "2s",
+            "--concurrency",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !err.contains("tollgate bench:") && !err.contains('\r'),
+        "{err:?}"
+    );
+}

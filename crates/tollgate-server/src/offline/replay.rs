@@ -3,6 +3,7 @@
 //! Streams: one row in, one row out, state only per key, so a trace of any length
 //! runs in memory proportional to its number of distinct keys.
 
+use crate::progress::Progress;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -217,7 +218,8 @@ pub fn replay(
     input: impl Read,
     output: impl Write,
 ) -> Result<u64, ReplayError> {
-    replay_on(policy, op, &ReplayStore::Memory, input, output)
+    let mut quiet = Progress::shown_if(false, "replay", None);
+    replay_on(policy, op, &ReplayStore::Memory, input, output, &mut quiet)
 }
 
 /// One trace row, checked.
@@ -294,13 +296,14 @@ impl<'a> TraceRow<'a> {
     }
 }
 
-/// [`replay`] on a chosen store.
+/// [`replay`] on a chosen store, telling `progress` the input's bytes read.
 pub fn replay_on(
     policy: &Policy,
     op: Op,
     store: &ReplayStore,
     input: impl Read,
     output: impl Write,
+    progress: &mut Progress,
 ) -> Result<u64, ReplayError> {
     let mut backend: Box<dyn Backend> = match store {
         ReplayStore::Memory => Box::new(Memory {
@@ -343,6 +346,10 @@ pub fn replay_on(
             &wait.map(|w| w.to_string()).unwrap_or_default(),
         ])?;
         rows += 1;
+        if rows % 4096 == 0 {
+            let read = record.position().map_or(0, |p| p.byte());
+            progress.update(read, || format!("{rows} rows"));
+        }
     }
     writer.flush()?;
     Ok(rows)
@@ -459,6 +466,9 @@ pub fn command(args: ReplayArgs) -> anyhow::Result<()> {
         OpArg::Charge => Op::Charge,
         OpArg::Count => Op::Count,
     };
+    // Its share of the input file's bytes (of stdin's: not known).
+    let size = (args.input.as_ref()).and_then(|p| std::fs::metadata(p).ok().map(|m| m.len()));
+    let mut progress = Progress::new("tollgate replay", size);
     let input: Box<dyn io::Read> = match &args.input {
         Some(path) => Box::new(BufReader::new(
             File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
@@ -471,7 +481,14 @@ pub fn command(args: ReplayArgs) -> anyhow::Result<()> {
             let tmp = path.with_extension("partial");
             let file =
                 File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-            let result = replay_on(&policy, op, &store, input, BufWriter::new(file));
+            let result = replay_on(
+                &policy,
+                op,
+                &store,
+                input,
+                BufWriter::new(file),
+                &mut progress,
+            );
             if let Err(e) = result {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(e.into());
@@ -487,6 +504,7 @@ pub fn command(args: ReplayArgs) -> anyhow::Result<()> {
                 &store,
                 input,
                 BufWriter::with_capacity(1 << 16, stdout),
+                &mut progress,
             )?;
         }
     }

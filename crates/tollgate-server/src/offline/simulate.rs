@@ -1,7 +1,7 @@
 //! `tollgate simulate`: generated (seeded) traffic through several policies on a
 //! virtual clock; a summary table, JSON, CSV, and an SVG/PNG chart.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -13,17 +13,6 @@ use super::traffic::{traffic, Pattern, Scenario};
 /// Whether to colour: stdout is a terminal and NO_COLOR is not set.
 pub fn use_color() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
-}
-
-/// Progress on stderr for long runs, only when stderr is a terminal.
-pub fn progress_printer(total: usize, label: String) -> impl FnMut(usize) {
-    let show = std::io::stderr().is_terminal() && total > 2_000_000;
-    move |done| {
-        if show {
-            eprint!("\r{label}: {:>3}%", done * 100 / total.max(1));
-            let _ = std::io::stderr().flush();
-        }
-    }
 }
 
 #[derive(Debug, Parser)]
@@ -174,7 +163,10 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
     let runs: Vec<_> = policies
         .iter()
         .map(|p| {
-            let mut progress = progress_printer(arrivals.len(), p.to_string());
+            let total = arrivals.len() as u64;
+            let mut line = crate::progress::Progress::new(p.to_string(), Some(total));
+            let mut progress =
+                |done: usize| line.update(done as u64, || format!("{done} of {total} requests"));
             let (fates, summary) = run(p, &arrivals, scenario.hold_us, &mut progress);
             (summary, fates)
         })

@@ -462,7 +462,7 @@ pub struct DescriptorLimit {
     /// definition unchanged.
     pub limiter: Option<AnyLimiter>,
     /// Its statistics, attached by the service on first use.
-    pub stats: std::sync::OnceLock<crate::service::metrics::RuleStats>,
+    pub stats: std::sync::OnceLock<crate::service::rule_stats::RuleStats>,
 }
 
 impl DescriptorLimit {

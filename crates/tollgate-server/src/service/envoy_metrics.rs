@@ -32,8 +32,8 @@ use std::sync::Mutex;
 
 use regex::Regex;
 
-use crate::service::grpc::Method;
-use crate::service::metrics::RuleStats;
+use crate::service::calls::Method;
+use crate::service::rule_stats::RuleStats;
 use crate::service::statsd_mapping::{Mapped, Observer, StatKind, StatsdMapping};
 
 /// The built-in mapping: envoyproxy/ratelimit's, used when no file is named.

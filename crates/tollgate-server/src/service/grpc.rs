@@ -34,7 +34,8 @@ use tonic::Status;
 
 use crate::config::Connections;
 use crate::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody};
-use crate::service::metrics::CallCode;
+use crate::service::calls::CallCode;
+pub use crate::service::calls::Method;
 use crate::service::{DecisionService, RequestError};
 use crate::tls::ServerTls;
 use crate::workers::{WorkerStream, Workers};
@@ -291,37 +292,6 @@ pub enum Refusal {
 impl From<Status> for Refusal {
     fn from(status: Status) -> Self {
         Refusal::Status(status)
-    }
-}
-
-/// The methods served.
-#[derive(Debug, Clone, Copy)]
-pub enum Method {
-    /// Envoy's `ShouldRateLimit`.
-    ShouldRateLimit,
-    /// gRPC's health check (`grpc.health.v1.Health/Check`).
-    HealthCheck,
-    /// Envoy's `StreamRateLimitQuotas` (a stream, not a unary call: served by
-    /// `quota_stream`).
-    StreamRateLimitQuotas,
-}
-
-impl Method {
-    /// Every method, in declaration order (`method as usize` indexes it).
-    pub const ALL: [Method; 3] = [
-        Method::ShouldRateLimit,
-        Method::HealthCheck,
-        Method::StreamRateLimitQuotas,
-    ];
-
-    /// Its name, as its service names it (envoyproxy/ratelimit's statistics and
-    /// gRPC's own metrics name methods so).
-    pub fn name(self) -> &'static str {
-        match self {
-            Method::ShouldRateLimit => "ShouldRateLimit",
-            Method::HealthCheck => "Check",
-            Method::StreamRateLimitQuotas => "StreamRateLimitQuotas",
-        }
     }
 }
 

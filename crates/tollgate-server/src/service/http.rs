@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tollgate::Op;
 
+use crate::service::calls::HTTP_ROUTES;
 use crate::service::descriptors::{DescriptorLimit, QuotaStrategy};
 use crate::service::{Api, CheckResult, Code, DecisionService, DescriptorRequest};
 
@@ -57,23 +58,6 @@ impl AdminAccess {
     }
 }
 
-/// The routes [`router`] serves: a call's `method` label in `tollgate_requests_total`
-/// (`other` for a path none matches; [`counted_call`] counts by these).
-pub const ROUTES: [&str; 12] = [
-    "/v1/check",
-    "/v1/acquire",
-    "/v1/charge",
-    "/v1/reset",
-    "/v1/reload",
-    "/v1/config",
-    "/rlconfig",
-    "/json",
-    "/metrics",
-    "/healthz",
-    "/readyz",
-    "/healthcheck",
-];
-
 /// Answers `request` with `app` (the [`router`]), counting the call by route and
 /// status and timing it: the one way `serve` calls its router.
 pub async fn counted_call(
@@ -83,7 +67,7 @@ pub async fn counted_call(
 ) -> Result<Response, std::convert::Infallible> {
     use tower::ServiceExt;
     let started = service.now_ns();
-    let route = ROUTES.iter().position(|r| *r == request.uri().path());
+    let route = HTTP_ROUTES.iter().position(|r| *r == request.uri().path());
     let response = app.oneshot(request).await?;
     let seconds = service.now_ns().saturating_sub(started) as f64 / 1e9;
     (service.metrics()).http_call(route, response.status().as_u16(), seconds);
@@ -577,7 +561,7 @@ async fn envoy_json(
 mod tests {
     use super::*;
 
-    /// Every route of [`ROUTES`] is served, and each call is counted under its route
+    /// Every route of [`HTTP_ROUTES`] is served, and each call is counted under its route
     /// with its status; a path no route matches is counted as `other`.
     #[tokio::test]
     async fn each_call_is_counted_by_route_and_status() {
@@ -597,7 +581,7 @@ mod tests {
             counted_call(service.clone(), app.clone(), request)
         };
         let mut statuses = Vec::new();
-        for route in ROUTES {
+        for route in HTTP_ROUTES {
             let get = call("GET", route).await.unwrap().status();
             let status = if get == StatusCode::METHOD_NOT_ALLOWED {
                 call("POST", route).await.unwrap().status()

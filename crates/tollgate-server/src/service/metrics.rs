@@ -1,11 +1,10 @@
 //! Prometheus metrics (text format at `GET /metrics`).
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 
+use crate::service::calls::{CallCode, Method, HTTP_ROUTES};
 use crate::service::envoy_metrics::EnvoyMetrics;
-use crate::service::grpc::Method;
-use crate::service::http::ROUTES;
+pub use crate::service::rule_stats::{Hits, RuleStats, Verdict};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -13,15 +12,6 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 type Labels = Vec<(&'static str, String)>;
-
-/// The admitted hits of `h` that landed past the near-limit threshold
-/// (`floor(limit x ratio)`, in `f32` as envoyproxy/ratelimit computes it).
-fn near_limit_hits(h: Hits, ratio: f32) -> u64 {
-    let threshold = (h.limit as f32 * ratio).floor() as u64;
-    let used_after = h.limit.saturating_sub(h.remaining);
-    let used_before = used_after.saturating_sub(h.hits);
-    used_after.saturating_sub(threshold.max(used_before))
-}
 
 /// The service's metrics.
 pub struct Metrics {
@@ -53,7 +43,7 @@ pub struct Metrics {
     /// Calls by API, method and code.
     calls: Family<CallLabels, Counter>,
     /// Each gRPC method's series ([`Method`] order, then unknown methods), and each
-    /// HTTP route's ([`ROUTES`] order, then other paths), resolved once: a call
+    /// HTTP route's ([`HTTP_ROUTES`] order, then other paths), resolved once: a call
     /// counts with an atomic add, not a look-up by labels.
     grpc_series: Vec<MethodSeries>,
     http_series: Vec<MethodSeries>,
@@ -107,102 +97,6 @@ impl MethodSeries {
 }
 /// A call's API, method and code.
 type CallLabels = (MethodLabels, [(&'static str, CallCode); 1]);
-
-/// The `code` of a call: the name of its gRPC status, as gRPC's own libraries name
-/// them (`OK`, `Unavailable`, ...), or its HTTP status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CallCode {
-    /// A gRPC status.
-    Grpc(tonic::Code),
-    /// An HTTP status.
-    Http(u16),
-}
-
-impl EncodeLabelValue for CallCode {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        use std::fmt::Write;
-        match self {
-            CallCode::Grpc(code) => encoder.write_str(grpc_code_name(*code)),
-            CallCode::Http(status) => write!(encoder, "{status}"),
-        }
-    }
-}
-
-/// gRPC's names of its status codes (as Go's `codes.Code.String()`).
-fn grpc_code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code;
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "Canceled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
-    }
-}
-
-/// A decision's outcome, as counted.
-#[derive(Debug, Clone, Copy)]
-#[repr(usize)]
-pub enum Verdict {
-    /// Admitted.
-    Allowed,
-    /// Rejected.
-    Rejected,
-    /// Rejected by a rule in shadow mode, so admitted.
-    ShadowRejected,
-}
-
-/// One rule's counters (or one value's, under `detailed_metric`): its decisions by
-/// outcome and envoyproxy/ratelimit's per-descriptor statistics, in hits. Held by the
-/// rule itself, so counting is a few atomic adds.
-#[derive(Debug, Clone)]
-pub struct RuleStats {
-    decisions: [Counter; 3],
-    total_hits: Counter,
-    over_limit: Counter,
-    near_limit: Counter,
-    within_limit: Counter,
-    shadow_mode: Counter,
-}
-
-impl RuleStats {
-    /// Its hits by envoyproxy/ratelimit's statistic.
-    pub fn hit_counts(&self) -> [(&'static str, u64); 5] {
-        [
-            ("total_hits", self.total_hits.get()),
-            ("over_limit", self.over_limit.get()),
-            ("near_limit", self.near_limit.get()),
-            ("within_limit", self.within_limit.get()),
-            ("shadow_mode", self.shadow_mode.get()),
-        ]
-    }
-}
-
-/// What one descriptor's decision counts: its hits, and where its limit stood.
-#[derive(Debug, Clone, Copy)]
-pub struct Hits {
-    /// The descriptor's hits (its cost; 0 for a look).
-    pub hits: u64,
-    /// The decision's outcome.
-    pub verdict: Verdict,
-    /// The limit the decision reports (its headline: requests per unit for Envoy's
-    /// limits).
-    pub limit: u64,
-    /// What the limit still admits after this decision.
-    pub remaining: u64,
-}
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -347,7 +241,7 @@ impl Metrics {
                 )
             })
             .collect();
-        let http_series = (ROUTES.iter().copied().chain(["other"]))
+        let http_series = (HTTP_ROUTES.iter().copied().chain(["other"]))
             .map(|route| {
                 let usual = [CallCode::Http(200), CallCode::Http(429)];
                 MethodSeries::new(
@@ -427,28 +321,10 @@ impl Metrics {
         }
     }
 
-    /// Counts one descriptor's decision on its rule's counters. Hits are counted as
-    /// envoyproxy/ratelimit counts them, except that a rejected request counts nothing
-    /// against its limit here (all or nothing), so all its hits are over the limit.
+    /// Counts one descriptor's decision on its rule's counters (see
+    /// [`RuleStats::count`]).
     pub fn count(&self, stats: &RuleStats, h: Hits) {
-        stats.decisions[h.verdict as usize].inc();
-        stats.total_hits.inc_by(h.hits);
-        match h.verdict {
-            Verdict::Allowed => {
-                stats.within_limit.inc_by(h.hits);
-                let near = near_limit_hits(h, self.near_limit_ratio);
-                if near > 0 {
-                    stats.near_limit.inc_by(near);
-                }
-            }
-            Verdict::Rejected => {
-                stats.over_limit.inc_by(h.hits);
-            }
-            Verdict::ShadowRejected => {
-                stats.over_limit.inc_by(h.hits);
-                stats.shadow_mode.inc_by(h.hits);
-            }
-        }
+        stats.count(h, self.near_limit_ratio);
     }
 
     /// Counts a request the global shadow mode answered OK.
@@ -466,7 +342,7 @@ impl Metrics {
         }
     }
 
-    /// Counts an HTTP call of the route at `route` in [`ROUTES`] (`None`: a path no
+    /// Counts an HTTP call of the route at `route` in [`HTTP_ROUTES`] (`None`: a path no
     /// route matches) answered with `status`, and its duration.
     pub fn http_call(&self, route: Option<usize>, status: u16, seconds: f64) {
         let i = route.map_or(self.http_series.len() - 1, |r| {
@@ -653,6 +529,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::rule_stats::near_limit_hits;
 
     fn admitted(hits: u64, limit: u64, remaining: u64) -> Hits {
         Hits {

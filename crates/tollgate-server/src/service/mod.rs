@@ -3,6 +3,7 @@
 //! transport-free; [`http`] and [`grpc`] wrap it, [`rules`] loads the descriptor rules,
 //! [`metrics`] counts, and [`serve`] runs the whole with its listeners.
 
+pub mod calls;
 pub mod counters;
 pub mod descriptors;
 pub mod envoy;
@@ -12,6 +13,7 @@ pub mod headers;
 pub mod http;
 pub mod metrics;
 pub mod quota;
+pub mod rule_stats;
 pub mod serve;
 pub mod statsd_mapping;
 pub mod xds;
