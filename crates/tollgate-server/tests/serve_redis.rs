@@ -251,6 +251,26 @@ async fn redis_outage_applies_the_failure_policy_and_recovers() {
         metrics.contains("tollgate_redis_events{event=\"outages\"} 1"),
         "{metrics}"
     );
+    // Every call is timed and counted by kind: the one before the outage went
+    // through, the first of the outage failed (later ones are the failure policy's).
+    let value = |series: &str| -> f64 {
+        (metrics.lines())
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{series} in {metrics}"))
+    };
+    let decide = r#"{store="main",kind="decide"}"#;
+    assert!(value(&format!("tollgate_redis_call_errors_total{decide}")) >= 1.0);
+    assert!(
+        value(&format!(
+            "tollgate_redis_call_duration_seconds_count{decide}"
+        )) >= 2.0
+    );
+    assert!(value(&format!("tollgate_redis_call_duration_seconds_sum{decide}")) > 0.0);
+    assert!(value(r#"tollgate_redis_batch_checks_count{store="main"}"#) >= 2.0);
+    assert_eq!(
+        value(r#"tollgate_redis_call_errors_total{store="main",kind="lease"}"#),
+        0.0
+    );
 
     redis.restart(0);
     // Recovery: the next probe (every 500 ms) finds Redis again.

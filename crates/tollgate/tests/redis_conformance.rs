@@ -247,6 +247,20 @@ fn memory_redis_and_cluster_decide_identically() {
             s.checks > s.calls,
             "{label}: batching never happened ({s:?})"
         );
+        // Every decision call is in the batch sizes and timed as one; the times'
+        // buckets add up to the calls, and a batch of more than one check was seen.
+        let decide = s.kinds[tollgate::redis::CallKind::Decide as usize];
+        assert_eq!(s.batches.iter().sum::<u64>(), s.calls, "{label}: {s:?}");
+        assert_eq!(decide.calls, s.calls, "{label}: {s:?}");
+        assert_eq!(
+            decide.buckets.iter().sum::<u64>(),
+            decide.calls,
+            "{label}: {s:?}"
+        );
+        assert!(
+            decide.sum_us > 0 && s.batches[0] < s.calls,
+            "{label}: {s:?}"
+        );
     }
 }
 

@@ -52,6 +52,87 @@ pub struct Metrics {
     rule_window: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// envoyproxy/ratelimit's names too, when asked for.
     envoy: Option<EnvoyMetrics>,
+    /// The Redis stores' calls, as last read.
+    redis_calls: std::sync::Arc<RedisCalls>,
+}
+
+/// The Redis stores' calls (`store`: `main` or `per_second`), read from the stores
+/// before each scrape and encoded as histograms of their times and batch sizes.
+#[derive(Debug, Default)]
+struct RedisCalls(std::sync::Mutex<Vec<(&'static str, tollgate::redis::CallStats)>>);
+
+impl prometheus_client::collector::Collector for RedisCalls {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::NoLabelSet;
+        use prometheus_client::metrics::MetricType;
+        use tollgate::redis::{CallKind, BATCH_BOUNDS, CALL_BOUNDS_US};
+        let stores = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if stores.is_empty() {
+            return Ok(());
+        }
+        let buckets = |bounds: &[u64], counts: &[u64], scale: f64| -> Vec<(f64, u64)> {
+            (bounds
+                .iter()
+                .map(|b| *b as f64 * scale)
+                .chain([f64::INFINITY]))
+            .zip(counts.iter().copied())
+            .collect()
+        };
+        let mut times = encoder.encode_descriptor(
+            "tollgate_redis_call_duration_seconds",
+            "Time from sending a call to Redis to its answer (or error, or timeout), by store and kind (decide, lease, other)",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (store, stats) in &stores {
+            for kind in CallKind::ALL {
+                let t = &stats.kinds[kind as usize];
+                let labels = [("store", *store), ("kind", kind.name())];
+                times
+                    .encode_family(&labels)?
+                    .encode_histogram::<NoLabelSet>(
+                        t.sum_us as f64 / 1e6,
+                        t.calls,
+                        &buckets(&CALL_BOUNDS_US, &t.buckets, 1e-6),
+                        None,
+                    )?;
+            }
+        }
+        let mut errors = encoder.encode_descriptor(
+            "tollgate_redis_call_errors",
+            "Calls to Redis that failed (an error, or no answer within the timeout), by store and kind",
+            None,
+            MetricType::Counter,
+        )?;
+        for (store, stats) in &stores {
+            for kind in CallKind::ALL {
+                let labels = [("store", *store), ("kind", kind.name())];
+                let n = stats.kinds[kind as usize].errors;
+                (errors.encode_family(&labels)?).encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+            }
+        }
+        let mut batches = encoder.encode_descriptor(
+            "tollgate_redis_batch_checks",
+            "Checks each decision call to Redis carried (batching), by store",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (store, stats) in &stores {
+            let labels = [("store", *store)];
+            batches
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(
+                    stats.checks as f64,
+                    stats.calls,
+                    &buckets(&BATCH_BOUNDS, &stats.batches, 1.0),
+                    None,
+                )?;
+        }
+        Ok(())
+    }
 }
 
 /// A call's API and method.
@@ -252,7 +333,10 @@ impl Metrics {
                 )
             })
             .collect();
+        let redis_calls = std::sync::Arc::new(RedisCalls::default());
+        root.register_collector(Box::new(redis_calls.clone()));
         Metrics {
+            redis_calls,
             envoy: None,
             calls,
             grpc_series,
@@ -413,6 +497,11 @@ impl Metrics {
             ("tls_insecure", u64::from(tls_insecure)),
         ];
         self.redis_events(&events);
+    }
+
+    /// Sets the Redis stores' calls: `(store, its call_stats())`.
+    pub fn redis_calls(&self, stores: Vec<(&'static str, tollgate::redis::CallStats)>) {
+        *self.redis_calls.0.lock().unwrap_or_else(|e| e.into_inner()) = stores;
     }
 
     /// Sets the days left of `listener`'s certificate.

@@ -608,6 +608,15 @@ impl DecisionService {
             .for_each(|l| stats.add(l));
         drop(overrides);
         if let Counters::Redis(_) = self.counters {
+            let stores = [
+                ("main", self.counters.store()),
+                ("per_second", self.counters.per_second_store()),
+            ];
+            self.metrics.redis_calls(
+                (stores.into_iter())
+                    .filter_map(|(name, store)| Some((name, store?.call_stats())))
+                    .collect(),
+            );
             self.metrics
                 .redis(&stats.redis, self.counters.tls_insecure());
             self.metrics.leases(&stats.leases);

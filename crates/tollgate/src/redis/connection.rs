@@ -11,7 +11,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::Value;
 
 use super::call::{nonce, push_call, push_try, split_reply, CallOp, CheckCall, CheckReply};
-use super::options::{RedisCalls, RedisOptions};
+use super::options::{
+    CallKind, CallStats, CallTimes, RedisCalls, RedisOptions, BATCH_BOUNDS, CALL_BOUNDS_US,
+};
 use super::script::{eval_script, library};
 use super::sentinel::SentinelConn;
 use crate::Error;
@@ -126,17 +128,79 @@ pub(crate) struct Caller {
     /// Decision calls sent and checks they carried (batching's effect).
     pub(super) calls: AtomicU64,
     pub(super) checks: AtomicU64,
+    /// Decision calls by checks carried, and every call's time by kind.
+    pub(super) times: CallCounters,
+}
+
+/// The atomic counters behind [`CallStats`]' batches and times.
+#[derive(Default)]
+pub(super) struct CallCounters {
+    batches: [AtomicU64; BATCH_BOUNDS.len() + 1],
+    kinds: [KindCounters; 3],
+}
+
+#[derive(Default)]
+struct KindCounters {
+    calls: AtomicU64,
+    errors: AtomicU64,
+    sum_us: AtomicU64,
+    buckets: [AtomicU64; CALL_BOUNDS_US.len() + 1],
+}
+
+impl CallCounters {
+    /// Counts a decision call of `checks` checks.
+    fn batch(&self, checks: usize) {
+        let i = BATCH_BOUNDS.partition_point(|b| *b < checks as u64);
+        self.batches[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a call of `kind` that took `us` and succeeded or not.
+    fn call(&self, kind: CallKind, us: u64, ok: bool) {
+        let k = &self.kinds[kind as usize];
+        k.calls.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            k.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        k.sum_us.fetch_add(us, Ordering::Relaxed);
+        let i = CALL_BOUNDS_US.partition_point(|b| *b < us);
+        k.buckets[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Fills `stats`' batches and times.
+    pub(super) fn read_into(&self, stats: &mut CallStats) {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        stats.batches = std::array::from_fn(|i| load(&self.batches[i]));
+        stats.kinds = std::array::from_fn(|k| {
+            let c = &self.kinds[k];
+            CallTimes {
+                calls: load(&c.calls),
+                errors: load(&c.errors),
+                sum_us: load(&c.sum_us),
+                buckets: std::array::from_fn(|i| load(&c.buckets[i])),
+            }
+        });
+    }
 }
 
 impl Caller {
-    /// Runs `call` on a clone of the connection, bounded by the timeout.
-    pub(super) async fn timed<T, F>(&self, call: impl FnOnce(Conn) -> F) -> Result<T, Error>
+    /// Runs `call` on a clone of the connection, bounded by the timeout; counts it
+    /// as a call of `kind` with its time and outcome.
+    pub(super) async fn timed<T, F>(
+        &self,
+        kind: CallKind,
+        call: impl FnOnce(Conn) -> F,
+    ) -> Result<T, Error>
     where
         F: std::future::Future<Output = Result<T, Error>>,
     {
-        tokio::time::timeout(self.opts.timeout, call(self.conn.clone()))
+        let started = tokio::time::Instant::now();
+        let result = tokio::time::timeout(self.opts.timeout, call(self.conn.clone()))
             .await
-            .map_err(|_| super::timeout(self.opts.timeout))?
+            .map_err(|_| super::timeout(self.opts.timeout))
+            .and_then(|r| r);
+        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.times.call(kind, us, result.is_ok());
+        result
     }
 
     /// One call of the decision driver for `checks` (all in one Cluster slot).
@@ -144,7 +208,8 @@ impl Caller {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.checks
             .fetch_add(checks.len() as u64, Ordering::Relaxed);
-        let value = self.timed(|conn| self.call(conn, checks)).await?;
+        self.times.batch(checks.len());
+        let value = (self.timed(CallKind::Decide, |conn| self.call(conn, checks))).await?;
         split_reply(value, checks)
     }
 
@@ -174,8 +239,10 @@ impl Caller {
         families: u8,
         push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
     ) -> Result<Value, Error> {
-        self.timed(|conn| self.invoke(conn, families, Entry::Lease, push))
-            .await
+        self.timed(CallKind::Lease, |conn| {
+            self.invoke(conn, families, Entry::Lease, push)
+        })
+        .await
     }
 
     /// Sends a call to one entry point of the decision code, by `FCALL` or `EVALSHA`,

@@ -51,7 +51,10 @@ pub use connect::redacted;
 pub use health::{OnError, RedisStats};
 pub use lease::{LeaseOptions, LeaseStats, LeasedLimiter};
 pub use limiter::{RedisLimiter, RedisLimiterOptions};
-pub use options::{CallStats, Password, RedisCalls, RedisOptions, RedisTls};
+pub use options::{
+    CallKind, CallStats, CallTimes, Password, RedisCalls, RedisOptions, RedisTls, BATCH_BOUNDS,
+    CALL_BOUNDS_US,
+};
 pub use store::RedisStore;
 
 use std::time::Duration;

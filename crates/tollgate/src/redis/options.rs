@@ -103,14 +103,70 @@ impl std::fmt::Display for Password {
     }
 }
 
-/// Counters of a [`RedisStore`](super::RedisStore)'s decision calls.
+/// Counters of a [`RedisStore`](super::RedisStore)'s calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallStats {
-    /// Calls sent (`FCALL` or `EVALSHA`), including failed ones.
+    /// Decision calls sent (`FCALL` or `EVALSHA`), including failed ones.
     pub calls: u64,
     /// Checks (try, acquire, peek, refund) those calls carried.
     pub checks: u64,
+    /// Decision calls by the checks they carried: `batches[i]` counts those that
+    /// carried at most [`BATCH_BOUNDS`]`[i]` (and more than the bound before); the
+    /// last, those past every bound.
+    pub batches: [u64; BATCH_BOUNDS.len() + 1],
+    /// Every call's time and outcome, by [`CallKind`] (indexed `kind as usize`).
+    pub kinds: [CallTimes; 3],
 }
+
+/// What a store's calls to Redis are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// Deciding checks (the decision driver, batched or not).
+    Decide,
+    /// Taking or returning a lease of quota (leased limiters).
+    Lease,
+    /// Anything else: resets, deletes, the quota buckets' ledger, scripts of their own.
+    Other,
+}
+
+impl CallKind {
+    /// Every kind, in [`CallStats::kinds`]' order.
+    pub const ALL: [CallKind; 3] = [CallKind::Decide, CallKind::Lease, CallKind::Other];
+
+    /// Its name (`decide`, `lease`, `other`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CallKind::Decide => "decide",
+            CallKind::Lease => "lease",
+            CallKind::Other => "other",
+        }
+    }
+}
+
+/// The times of one kind of call, from sending it to its answer (or to the error, or
+/// the timeout), in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallTimes {
+    /// Calls made.
+    pub calls: u64,
+    /// Those that failed: an error from Redis or the connection, or no answer within
+    /// the timeout.
+    pub errors: u64,
+    /// Their times added up.
+    pub sum_us: u64,
+    /// Calls by time: `buckets[i]` counts those that took at most
+    /// [`CALL_BOUNDS_US`]`[i]` (and more than the bound before); the last, the rest.
+    pub buckets: [u64; CALL_BOUNDS_US.len() + 1],
+}
+
+/// The upper bounds of [`CallTimes::buckets`], in microseconds: 50 us to 1 s.
+pub const CALL_BOUNDS_US: [u64; 14] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000,
+];
+
+/// The upper bounds of [`CallStats::batches`]: checks per decision call.
+pub const BATCH_BOUNDS: [u64; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
 /// How a [`RedisStore`](super::RedisStore) calls its decision code.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

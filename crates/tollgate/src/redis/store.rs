@@ -14,7 +14,7 @@ use super::batch::Batcher;
 use super::call::CheckCall;
 use super::connect::Target;
 use super::connection::{Caller, Conn, LaterCluster, MODE_EVAL, MODE_FUNCTIONS};
-use super::options::{CallStats, RedisCalls, RedisOptions};
+use super::options::{CallKind, CallStats, RedisCalls, RedisOptions};
 use super::script::parse_state;
 use crate::Error;
 
@@ -138,6 +138,7 @@ impl RedisStore {
             mode: AtomicU8::new(mode),
             calls: AtomicU64::new(0),
             checks: AtomicU64::new(0),
+            times: Default::default(),
         });
         let batcher = (batch > 1).then(|| {
             Arc::new(Batcher::start(
@@ -171,13 +172,16 @@ impl RedisStore {
         &self.caller
     }
 
-    /// Decision calls sent so far, and the checks they carried (more checks than
-    /// calls: batching at work).
+    /// Decision calls sent so far and the checks they carried (more checks than
+    /// calls: batching at work), and every call's time and outcome by kind.
     pub fn call_stats(&self) -> CallStats {
-        CallStats {
+        let mut stats = CallStats {
             calls: self.caller.calls.load(Ordering::Relaxed),
             checks: self.caller.checks.load(Ordering::Relaxed),
-        }
+            ..CallStats::default()
+        };
+        self.caller.times.read_into(&mut stats);
+        stats
     }
 
     /// Runs `call` on a clone of the connection, bounded by the timeout.
@@ -186,7 +190,9 @@ impl RedisStore {
         F: std::future::Future<Output = redis::RedisResult<T>>,
     {
         (self.caller)
-            .timed(|c| async move { call(c).await.map_err(Error::from) })
+            .timed(CallKind::Other, |c| async move {
+                call(c).await.map_err(Error::from)
+            })
             .await
     }
 
