@@ -121,6 +121,17 @@ async fn the_proxy_terminates_https_for_http1_and_http2_with_a_certificate_per_n
         out.status.success() && text.contains("# EOF"),
         "{metrics_url}: {text}"
     );
+    // Both listeners' certificates, with the days they have left (the test PKI's
+    // certificates last 30 days), and the build.
+    for listener in ["proxy", "metrics"] {
+        let series =
+            format!("tollgate_proxy_tls_certificate_expiry_days{{listener=\"{listener}\"}} ");
+        let days: f64 = (text.lines())
+            .find_map(|l| l.strip_prefix(series.as_str())?.parse().ok())
+            .unwrap_or_else(|| panic!("{series} in {text}"));
+        assert!(days > 29.0 && days <= 30.0, "{series}{days}");
+    }
+    assert!(text.contains("tollgate_build_info{"), "{text}");
     assert!(
         banner.contains("listening on https://127.0.0.1:"),
         "{banner}"

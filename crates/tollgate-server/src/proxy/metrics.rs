@@ -12,11 +12,21 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::routes::RouteTable;
+use crate::service::metrics::RedisCalls;
 
 type Labels = Vec<(&'static str, String)>;
 
+/// What the proxy's metrics say besides its routes: its listeners' certificates and
+/// its Redis store's calls.
+pub(super) struct About {
+    /// The TLS listeners, by name (`proxy`, `metrics`).
+    pub listeners: Vec<(&'static str, crate::tls::ServerTls)>,
+    /// The Redis store the routes count in, if any.
+    pub redis: Option<tollgate::redis::RedisStore>,
+}
+
 /// The metrics text for the routes in `table`.
-pub(super) fn render(table: &RouteTable) -> String {
+pub(super) fn render(table: &RouteTable, about: &About) -> String {
     let gauge = || Family::<Labels, Gauge>::default();
     let counter = || Family::<Labels, Counter>::default();
     let (limit, in_flight, queued) = (gauge(), gauge(), gauge());
@@ -75,7 +85,22 @@ pub(super) fn render(table: &RouteTable) -> String {
         }
     }
     let mut root = Registry::default();
+    if let Some(store) = &about.redis {
+        let calls = RedisCalls::of(vec![("main", store.call_stats())]);
+        root.register_collector(Box::new(calls));
+    }
     let registry = crate::process_metrics::register(&mut root, "tollgate_proxy");
+    let days = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    for (listener, tls) in &about.listeners {
+        let labels = vec![("listener", listener.to_string())];
+        days.get_or_create(&labels)
+            .set(crate::tls::days_left(tls.not_after()));
+    }
+    registry.register(
+        "tls_certificate_expiry_days",
+        "Days until each TLS listener's certificate expires (negative once it has), by listener",
+        days,
+    );
     registry.register(
         "cost_usage_units",
         "Units the requests of cost: routes used: the usage reported, or the estimate (max-debt may forgive part of a charge)",
@@ -135,18 +160,20 @@ pub(super) async fn serve(
     table: Arc<ArcSwap<RouteTable>>,
     slots: crate::connections::Slots,
     tls: Option<crate::tls::ServerTls>,
+    about: About,
 ) {
+    let about = Arc::new(about);
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            let table = table.clone();
+            let (table, about) = (table.clone(), about.clone());
             async move {
                 (
                     [(
                         "content-type",
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     )],
-                    render(&table.load()),
+                    render(&table.load(), &about),
                 )
             }
         }),

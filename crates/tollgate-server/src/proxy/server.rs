@@ -243,7 +243,16 @@ pub fn run(
         "http"
     };
     let metrics = metrics_addr
-        .map(|addr| spawn_metrics(addr, table.clone(), slots.clone(), metrics_tls))
+        .map(|addr| {
+            let about = super::metrics::About {
+                listeners: [("proxy", tls.clone()), ("metrics", metrics_tls.clone())]
+                    .into_iter()
+                    .filter_map(|(name, tls)| Some((name, tls?)))
+                    .collect(),
+                redis: redis.as_ref().map(|(store, _)| store.clone()),
+            };
+            spawn_metrics(addr, table.clone(), slots.clone(), metrics_tls, about)
+        })
         .transpose()?
         .map(|bound| format!(", metrics on {metrics_scheme}://{bound}/metrics"))
         .unwrap_or_default();
@@ -269,6 +278,7 @@ fn spawn_metrics(
     table: Arc<ArcSwap<RouteTable>>,
     slots: Slots,
     tls: Option<crate::tls::ServerTls>,
+    about: super::metrics::About,
 ) -> anyhow::Result<SocketAddr> {
     let std_listener = std::net::TcpListener::bind(addr)
         .with_context(|| format!("proxy.metrics: cannot listen on {addr}"))?;
@@ -286,7 +296,7 @@ fn spawn_metrics(
                 if let Some(tls) = &tls {
                     tls.watch();
                 }
-                super::metrics::serve(listener, table, slots, tls).await;
+                super::metrics::serve(listener, table, slots, tls, about).await;
             }
         });
     });

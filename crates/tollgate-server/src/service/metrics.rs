@@ -57,9 +57,17 @@ pub struct Metrics {
 }
 
 /// The Redis stores' calls (`store`: `main` or `per_second`), read from the stores
-/// before each scrape and encoded as histograms of their times and batch sizes.
+/// before each scrape and encoded as histograms of their times and batch sizes
+/// (`serve`'s and the proxy's).
 #[derive(Debug, Default)]
-struct RedisCalls(std::sync::Mutex<Vec<(&'static str, tollgate::redis::CallStats)>>);
+pub struct RedisCalls(std::sync::Mutex<Vec<(&'static str, tollgate::redis::CallStats)>>);
+
+impl RedisCalls {
+    /// The calls of `stores`: `(store, its call_stats())`.
+    pub fn of(stores: Vec<(&'static str, tollgate::redis::CallStats)>) -> RedisCalls {
+        RedisCalls(std::sync::Mutex::new(stores))
+    }
+}
 
 impl prometheus_client::collector::Collector for RedisCalls {
     fn encode(
