@@ -971,8 +971,23 @@ descriptors:
     call(&s.server, vec![d(&[("a", "x"), ("b", "y")])], 2).await;
     let refused = rls(&s.server, "", vec![d(&[("k", "1")])], 1).await;
     assert_eq!(refused.unwrap_err().code(), tonic::Code::InvalidArgument);
+    // A gRPC health check (its messages read as empty: only the call matters here).
+    let channel = tonic::transport::Endpoint::from_shared(s.server.grpc.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static("/grpc.health.v1.Health/Check");
+    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    grpc.unary(tonic::Request::new(()), path, codec)
+        .await
+        .unwrap();
     let metrics = get_text(&s.server, "/metrics").await;
     for line in [
+        r#"ratelimit_service_total_requests{grpc_method="Check"} 1"#,
+        r#"ratelimit_service_response_time_seconds_count{grpc_method="Check"} 1"#,
         "# TYPE ratelimit_service_rate_limit_total_hits unknown",
         r#"ratelimit_service_rate_limit_total_hits{domain="parity",key1="k"} 4"#,
         r#"ratelimit_service_rate_limit_within_limit{domain="parity",key1="k"} 3"#,
@@ -991,10 +1006,26 @@ descriptors:
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
     assert!(metrics.ends_with("# EOF\n"), "{metrics}");
-    // Calls of a few ms at most: all in the first bucket (5 ms) once scaled to seconds.
-    assert!(
-        metrics.contains(r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="0.005"} 6"#),
-        "{metrics}"
+    // The buckets are cumulative and end at the count (the times themselves depend
+    // on the machine's load).
+    let bucket = |le: &str| -> u64 {
+        let series = format!(
+            "ratelimit_service_response_time_seconds_bucket{{grpc_method=\"ShouldRateLimit\",le=\"{le}\"}} "
+        );
+        (metrics.lines())
+            .find_map(|l| l.strip_prefix(series.as_str())?.parse().ok())
+            .unwrap_or_else(|| panic!("{series} in {metrics}"))
+    };
+    let les = ["0.005", "0.01", "0.1", "1.0", "10.0", "+Inf"];
+    let counts: Vec<u64> = les.iter().map(|le| bucket(le)).collect();
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+    assert_eq!(counts.last(), Some(&6));
+    // One family per name: a gRPC health check times into the same histogram.
+    assert_eq!(
+        metrics
+            .matches("# TYPE ratelimit_service_response_time_seconds histogram")
+            .count(),
+        1
     );
     drop(s);
 

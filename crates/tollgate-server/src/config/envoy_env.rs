@@ -27,7 +27,6 @@ const IGNORED: &[&str] = &[
     "STATS_FLUSH_INTERVAL",
     "DISABLE_STATS",
     "EXTRA_TAGS",
-    "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
     "DEBUG_HOST",
     "DEBUG_PORT",
     "GRPC_MAX_CONNECTION_AGE",
@@ -181,6 +180,10 @@ fn listeners_and_rules(
         }
         // Its own metric names too, through the mapping file it would read.
         main.service.envoy_metrics = true;
+        main.service.envoy_env_metrics = Some(crate::config::EnvoyEnvMetrics {
+            response_time_ms: flag(get, "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS")?
+                .unwrap_or(false),
+        });
         if let Some(file) = get("PROMETHEUS_MAPPER_YAML").filter(|p| !p.is_empty()) {
             main.service.envoy_metrics_mapping = Some(file.into());
         }

@@ -114,6 +114,21 @@ pub struct ServiceSettings {
     /// `PROMETHEUS_MAPPER_YAML`) for `envoy_metrics`, in place of the built-in one.
     #[serde(default)]
     pub envoy_metrics_mapping: Option<std::path::PathBuf>,
+    /// Set by `--envoy-env`, not by the file: a mapping file that cannot be read or
+    /// parsed is a warning and the built-in mappings stand in (envoyproxy/ratelimit
+    /// ignores such a file, and Envoy Gateway mounts its own as optional), and
+    /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS` leaves the built-in response time in
+    /// milliseconds.
+    #[serde(skip)]
+    pub envoy_env_metrics: Option<EnvoyEnvMetrics>,
+}
+
+/// How `--envoy-env` asks for envoyproxy/ratelimit's metric names (see
+/// [`ServiceSettings::envoy_env_metrics`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EnvoyEnvMetrics {
+    /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`.
+    pub response_time_ms: bool,
 }
 
 /// Whether a rejected request's hits count (see [`ServiceSettings::rejected_hits`]).
@@ -138,6 +153,7 @@ impl Default for ServiceSettings {
             stop_increment_when_over_limit: false,
             envoy_metrics: false,
             envoy_metrics_mapping: None,
+            envoy_env_metrics: None,
         }
     }
 }

@@ -39,16 +39,29 @@ use crate::service::statsd_mapping::{Mapped, Observer, StatKind, StatsdMapping};
 /// The built-in mapping: envoyproxy/ratelimit's, used when no file is named.
 pub const DEFAULT_MAPPING: &str = include_str!("../../assets/envoy-statsd-mapping.yaml");
 
-/// The unary methods envoyproxy/ratelimit's server times, with their index in
-/// [`Method::ALL`].
+/// The built-in mapping, its response time in milliseconds when `response_time_ms`
+/// (envoyproxy/ratelimit's `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS` drops the
+/// mapping's `scale` the same way).
+pub fn default_mapping(response_time_ms: bool) -> StatsdMapping {
+    let text = if response_time_ms {
+        DEFAULT_MAPPING.replace("    scale: 0.001\n", "")
+    } else {
+        DEFAULT_MAPPING.to_string()
+    };
+    StatsdMapping::parse(&text).expect("the built-in mapping parses")
+}
+
+/// The unary methods envoyproxy/ratelimit's server times (and [`EnvoyMetrics`]'
+/// `calls` in this order).
 const TIMED: [Method; 2] = [Method::ShouldRateLimit, Method::HealthCheck];
 
 /// envoyproxy/ratelimit's statistics over tollgate's counters.
 #[derive(Debug)]
 pub struct EnvoyMetrics {
     mapping: StatsdMapping,
-    /// Each rule's (or value's, under `detailed_metric`) counters, by its key.
-    rules: Mutex<HashMap<String, RuleStats>>,
+    /// Each rule's (or value's, under `detailed_metric`) counters, by its key and
+    /// tollgate's name for it (two rules may share a key: their hits add up).
+    rules: Mutex<HashMap<(String, String), RuleStats>>,
     load_success: AtomicU64,
     load_error: AtomicU64,
     redis_error: AtomicU64,
@@ -65,9 +78,8 @@ struct MethodCalls {
     /// What `ratelimit_server.METHOD.response_time` maps to (`None`: dropped).
     time: Option<Mapped>,
     /// Observations per bucket of the mapping's histogram (not cumulative; the last
-    /// one past every bound), and their count and sum in whole ms.
+    /// one past every bound; a summary's only one), and their sum in whole ms.
     buckets: Vec<AtomicU64>,
-    count: AtomicU64,
     sum_ms: AtomicU64,
 }
 
@@ -88,7 +100,6 @@ impl EnvoyMetrics {
                 total: AtomicU64::new(0),
                 time,
                 buckets: (0..=bounds).map(|_| AtomicU64::new(0)).collect(),
-                count: AtomicU64::new(0),
                 sum_ms: AtomicU64::new(0),
             }
         });
@@ -100,16 +111,16 @@ impl EnvoyMetrics {
             redis_error: AtomicU64::new(0),
             service_error: AtomicU64::new(0),
             calls,
-            ipv4: Regex::new(r"\d+\.\d+\.\d+\.\d+").expect("a valid pattern"),
+            ipv4: Regex::new(r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}")
+                .expect("a valid pattern"),
         }
     }
 
-    /// Keeps the counters of the descriptor whose dotted key is `key`.
-    pub fn rule(&self, key: &str, stats: &RuleStats) {
+    /// Keeps the counters of the rule `rule` (tollgate's path) whose dotted key is
+    /// `key`.
+    pub fn rule(&self, key: &str, rule: &str, stats: &RuleStats) {
         let mut rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
-        if !rules.contains_key(key) {
-            rules.insert(key.to_string(), stats.clone());
-        }
+        (rules.entry((key.to_string(), rule.to_string()))).or_insert_with(|| stats.clone());
     }
 
     /// Counts a rule load.
@@ -124,7 +135,10 @@ impl EnvoyMetrics {
 
     /// Counts a gRPC call of `method` that ended with `code` after `seconds`.
     pub fn call(&self, method: Method, code: tonic::Code, seconds: Option<f64>) {
-        if matches!(method, Method::ShouldRateLimit) && code != tonic::Code::Ok {
+        // A client that gave up (Envoy's timeout) is not an error of the service:
+        // envoyproxy/ratelimit's handler runs on and counts none.
+        let failed = !matches!(code, tonic::Code::Ok | tonic::Code::Cancelled);
+        if matches!(method, Method::ShouldRateLimit) && failed {
             let counter = match code {
                 tonic::Code::Unavailable => &self.redis_error,
                 _ => &self.service_error,
@@ -141,12 +155,15 @@ impl EnvoyMetrics {
         };
         // Whole milliseconds, as envoyproxy/ratelimit times a call.
         let ms = (seconds * 1e3) as u64;
-        if let Observer::Histogram(bounds) = &time.observer {
-            let value = ms as f64 * time.scale.unwrap_or(1.0);
-            let i = bounds.partition_point(|b| *b < value);
-            calls.buckets[i].fetch_add(1, Relaxed);
-        }
-        calls.count.fetch_add(1, Relaxed);
+        // A summary has one bucket: its count.
+        let i = match &time.observer {
+            Observer::Histogram(bounds) => {
+                let value = ms as f64 * time.scale.unwrap_or(1.0);
+                bounds.partition_point(|b| *b < value)
+            }
+            Observer::Summary => 0,
+        };
+        calls.buckets[i].fetch_add(1, Relaxed);
         calls.sum_ms.fetch_add(ms, Relaxed);
     }
 
@@ -177,7 +194,7 @@ impl EnvoyMetrics {
             counters.push((name, calls.total.load(Relaxed)));
         }
         let rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
-        for (key, stats) in rules.iter() {
+        for ((key, _), stats) in rules.iter() {
             let key = self.sanitized(key);
             for (stat, value) in stats.hit_counts() {
                 counters.push((format!("ratelimit.service.rate_limit.{key}.{stat}"), value));
@@ -197,20 +214,32 @@ impl EnvoyMetrics {
         }
         let mut out = String::new();
         for (name, (help, series)) in &families {
-            let help = help
-                .as_deref()
-                .unwrap_or("envoyproxy/ratelimit's statistic");
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} unknown");
+            write_header(&mut out, name, help.as_deref(), "unknown");
             for (labels, value) in series {
                 let _ = writeln!(out, "{name}{} {value}", label_text(labels, None));
             }
         }
+        // The timed methods, one family per mapped name (both methods map to one);
+        // a name a counter took already is left out (one family, one type).
+        let mut timed: BTreeMap<&str, Vec<(&Mapped, &MethodCalls)>> = BTreeMap::new();
         for calls in &self.calls {
-            let (Some(time), count) = (&calls.time, calls.count.load(Relaxed)) else {
-                continue;
+            if let Some(time) = &calls.time {
+                if !families.contains_key(&time.name) {
+                    timed.entry(&time.name).or_default().push((time, calls));
+                }
+            }
+        }
+        for (name, methods) in timed {
+            let first = methods[0].0;
+            let kind = match first.observer {
+                Observer::Histogram(_) => "histogram",
+                Observer::Summary => "summary",
             };
-            if count > 0 {
-                render_time(&mut out, time, calls, count);
+            write_header(&mut out, name, first.help.as_deref(), kind);
+            for (time, calls) in methods {
+                if time.observer == first.observer {
+                    render_time(&mut out, time, calls);
+                }
             }
         }
         out
@@ -228,29 +257,32 @@ impl EnvoyMetrics {
 /// A metric's series: labels to value.
 type Series = BTreeMap<Vec<(String, String)>, f64>;
 
-/// A method's response times as the mapping says: a histogram or a summary.
-fn render_time(out: &mut String, time: &Mapped, calls: &MethodCalls, count: u64) {
+/// A family's `# HELP` and `# TYPE` lines.
+fn write_header(out: &mut String, name: &str, help: Option<&str>, kind: &str) {
+    let help = help.unwrap_or("envoyproxy/ratelimit's statistic");
+    let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A method's response-time series as the mapping says (a histogram or a summary),
+/// its count being what its buckets hold, so that they agree within one scrape.
+fn render_time(out: &mut String, time: &Mapped, calls: &MethodCalls) {
     let name = &time.name;
     let sum = calls.sum_ms.load(Relaxed) as f64 * time.scale.unwrap_or(1.0);
-    let help = time
-        .help
-        .as_deref()
-        .unwrap_or("envoyproxy/ratelimit's statistic");
     let labels = |le: Option<&str>| label_text(&time.labels, le);
-    match &time.observer {
-        Observer::Histogram(bounds) => {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            let mut cumulative = 0;
-            for (i, bound) in bounds.iter().enumerate() {
-                cumulative += calls.buckets[i].load(Relaxed);
-                let le = format!("{bound:?}");
-                let _ = writeln!(out, "{name}_bucket{} {cumulative}", labels(Some(&le)));
-            }
-            let _ = writeln!(out, "{name}_bucket{} {count}", labels(Some("+Inf")));
+    let counts: Vec<u64> = calls.buckets.iter().map(|b| b.load(Relaxed)).collect();
+    let count: u64 = counts.iter().sum();
+    if count == 0 {
+        return;
+    }
+    if let Observer::Histogram(bounds) = &time.observer {
+        let mut cumulative = 0;
+        for (bound, n) in bounds.iter().zip(&counts) {
+            cumulative += n;
+            let le = format!("{bound:?}");
+            let _ = writeln!(out, "{name}_bucket{} {cumulative}", labels(Some(&le)));
         }
-        Observer::Summary => {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
-        }
+        let _ = writeln!(out, "{name}_bucket{} {count}", labels(Some("+Inf")));
     }
     let _ = writeln!(
         out,

@@ -81,10 +81,11 @@ impl prometheus_client::collector::Collector for RedisCalls {
         if stores.is_empty() {
             return Ok(());
         }
-        let buckets = |bounds: &[u64], counts: &[u64], scale: f64| -> Vec<(f64, u64)> {
+        // Divided, not multiplied: 250 / 1e6 prints 0.00025, 250 * 1e-6 does not.
+        let buckets = |bounds: &[u64], counts: &[u64], per_unit: f64| -> Vec<(f64, u64)> {
             (bounds
                 .iter()
-                .map(|b| *b as f64 * scale)
+                .map(|b| *b as f64 / per_unit)
                 .chain([f64::INFINITY]))
             .zip(counts.iter().copied())
             .collect()
@@ -386,7 +387,7 @@ impl Metrics {
     pub fn rule_stats(&self, domain: &str, rule: &str, envoy_key: &str) -> RuleStats {
         let stats = self.new_rule_stats(domain, rule);
         if let Some(envoy) = &self.envoy {
-            envoy.rule(envoy_key, &stats);
+            envoy.rule(envoy_key, rule, &stats);
         }
         stats
     }

@@ -21,6 +21,35 @@ use crate::lifecycle::shutdown_signal;
 use crate::service::statsd_mapping::StatsdMapping;
 use crate::tls::{ServerTls, HTTP_ALPN};
 
+/// The statsd mapping envoyproxy/ratelimit's names go through, if they are asked for:
+/// the file named, else the built-in one. A file that cannot be read or parsed is an
+/// error naming it, except under `--envoy-env`, where it is a warning and the built-in
+/// mapping stands in.
+fn envoy_mapping(
+    service: &crate::config::ServiceSettings,
+) -> anyhow::Result<Option<StatsdMapping>> {
+    use crate::service::envoy_metrics::default_mapping;
+    let env = service.envoy_env_metrics;
+    let built_in = || default_mapping(env.is_some_and(|e| e.response_time_ms));
+    let Some(file) = &service.envoy_metrics_mapping else {
+        return Ok(service.envoy_metrics.then(built_in));
+    };
+    let read = std::fs::read_to_string(file)
+        .map_err(|e| e.to_string())
+        .and_then(|text| StatsdMapping::parse(&text));
+    match (read, env) {
+        (Ok(mapping), _) => Ok(Some(mapping)),
+        (Err(e), None) => anyhow::bail!("service.envoy_metrics_mapping {}: {e}", file.display()),
+        (Err(e), Some(_)) => {
+            tracing::warn!(
+                "--envoy-env: PROMETHEUS_MAPPER_YAML={}: {e}; envoyproxy/ratelimit's built-in mappings stand in",
+                file.display()
+            );
+            Ok(Some(built_in()))
+        }
+    }
+}
+
 /// What `serve` runs with, after flags are applied to the file.
 pub struct Settings {
     /// The HTTP address.
@@ -103,24 +132,7 @@ impl Settings {
         } else {
             rules.to_vec()
         };
-        let envoy_mapping = match (
-            main.service.envoy_metrics,
-            &main.service.envoy_metrics_mapping,
-        ) {
-            (_, Some(file)) => {
-                let text = std::fs::read_to_string(file).map_err(|e| {
-                    anyhow::anyhow!("service.envoy_metrics_mapping {}: {e}", file.display())
-                })?;
-                Some(StatsdMapping::parse(&text).map_err(|e| {
-                    anyhow::anyhow!("service.envoy_metrics_mapping {}: {e}", file.display())
-                })?)
-            }
-            (true, None) => Some(
-                StatsdMapping::parse(crate::service::envoy_metrics::DEFAULT_MAPPING)
-                    .expect("the built-in mapping parses"),
-            ),
-            (false, None) => None,
-        };
+        let envoy_mapping = envoy_mapping(&main.service)?;
         // Read now so that a missing or bad file stops the start; connections read
         // them again when they change (rotation).
         let xds_tls = (main.xds.as_ref())

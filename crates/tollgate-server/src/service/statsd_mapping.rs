@@ -197,6 +197,9 @@ impl StatsdMapping {
             .histogram_options
             .and_then(|h| h.buckets)
             .or(defaults.buckets);
+        if let Some(b) = &default_buckets {
+            buckets_ok(b).map_err(|e| format!("defaults: {e}"))?;
+        }
         let mut mapping = StatsdMapping {
             globs: Vec::new(),
             regexes: Vec::new(),
@@ -220,6 +223,12 @@ impl StatsdMapping {
                     "{at}: name {name:?}: letters, digits, _ and $N captures only, not starting with a digit"
                 ));
             }
+            let templates = std::iter::once(&name).chain(m.labels.values());
+            if let Some(t) = templates.into_iter().find(|t| ambiguous_capture(t)) {
+                return Err(format!(
+                    "{at}: {t:?}: a $N capture followed by a letter, digit or _ reads differently by glob and by regex: write ${{N}}"
+                ));
+            }
             if let Some(bad) = m.labels.keys().find(|k| !label_name_ok(k)) {
                 return Err(format!(
                     "{at}: label {bad:?}: a letter or _, then letters, digits or _ (two characters at least)"
@@ -241,9 +250,7 @@ impl StatsdMapping {
             }
             let buckets = m.histogram_options.and_then(|h| h.buckets).or(m.buckets);
             if let Some(b) = &buckets {
-                if b.is_empty() || b.windows(2).any(|w| w[0] >= w[1]) {
-                    return Err(format!("{at}: buckets: must be increasing"));
-                }
+                buckets_ok(b).map_err(|e| format!("{at}: {e}"))?;
             }
             let observer = m
                 .observer_type
@@ -326,7 +333,8 @@ impl StatsdMapping {
         if m.drop {
             return None;
         }
-        let name = expand(&m.name);
+        // Escaped as statsd_exporter escapes them: a capture may hold any character.
+        let name = escape(&expand(&m.name));
         if name.is_empty() {
             return None;
         }
@@ -351,6 +359,30 @@ impl StatsdMapping {
             _ => Observer::Summary,
         }
     }
+}
+
+/// Whether `template` has `$N` followed by a word character (`$1_x`): statsd_exporter
+/// reads that as a capture named `1_x`, which is refused here for `${1}_x`.
+fn ambiguous_capture(template: &str) -> bool {
+    let b = template.as_bytes();
+    (0..b.len()).any(|i| {
+        b[i] == b'$' && b.get(i + 1).is_some_and(u8::is_ascii_digit) && {
+            let end = (i + 1..b.len())
+                .find(|&j| !b[j].is_ascii_digit())
+                .unwrap_or(b.len());
+            b.get(end)
+                .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
+        }
+    })
+}
+
+/// Whether `b` are bucket bounds: finite and increasing.
+fn buckets_ok(b: &[f64]) -> Result<(), String> {
+    let increasing = b.windows(2).all(|w| w[0] < w[1]);
+    if b.is_empty() || !increasing || b.iter().any(|x| !x.is_finite()) {
+        return Err("buckets: must be finite and increasing".into());
+    }
+    Ok(())
 }
 
 /// `template` with `$N` and `${N}` replaced by the glob's captures (1-based; one that
@@ -509,6 +541,11 @@ mappings:
             ("by_regex", labels(&[("rest", "b.d.e")]))
         );
         assert_eq!(m.map("a.b.c", StatKind::Counter), None);
+        // A capture's characters are escaped in the name.
+        assert_eq!(
+            m.map("a.my-domain", StatKind::Counter).unwrap().name,
+            "first_my_domain"
+        );
         let x = m.map("x.p.q", StatKind::Gauge).unwrap();
         assert_eq!(x.labels, labels(&[("one", "p"), ("three", "")]));
         // Without a mapping's type or the defaults', an observer is a summary.
@@ -541,8 +578,13 @@ mappings:
             ),
             (
                 "mappings: [{match: 'a', name: x, buckets: [1, 0.5]}]",
-                "buckets: must be increasing",
+                "buckets: must be finite and increasing",
             ),
+            (
+                "defaults: {buckets: [1, .nan]}\nmappings: []",
+                "defaults: buckets: must be finite",
+            ),
+            ("mappings: [{match: 'a.*', name: 'x_$1_y'}]", "write ${N}"),
             (
                 "mappings: [{match: 'a', name: x, colour: red}]",
                 "unknown field `colour`",

@@ -105,6 +105,7 @@ impl std::fmt::Display for Password {
 
 /// Counters of a [`RedisStore`](super::RedisStore)'s calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CallStats {
     /// Decision calls sent (`FCALL` or `EVALSHA`), including failed ones.
     pub calls: u64,
