@@ -267,6 +267,20 @@ async fn redis_outage_applies_the_failure_policy_and_recovers() {
     );
     assert!(value(&format!("tollgate_redis_call_duration_seconds_sum{decide}")) > 0.0);
     assert!(value(r#"tollgate_redis_batch_checks_count{store="main"}"#) >= 2.0);
+    // Bounds in seconds, printed exactly (50 us to 1 s); the last bucket is the count.
+    let bucket = |le: &str| {
+        value(&format!("tollgate_redis_call_duration_seconds_bucket{{le=\"{le}\",store=\"main\",kind=\"decide\"}}"))
+    };
+    let counts: Vec<f64> = ["0.00005", "0.00025", "0.1", "1.0", "+Inf"]
+        .map(bucket)
+        .to_vec();
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+    assert_eq!(
+        counts[4],
+        value(&format!(
+            "tollgate_redis_call_duration_seconds_count{decide}"
+        ))
+    );
     assert_eq!(
         value(r#"tollgate_redis_call_errors_total{store="main",kind="lease"}"#),
         0.0

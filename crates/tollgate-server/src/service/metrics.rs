@@ -104,8 +104,9 @@ impl prometheus_client::collector::Collector for RedisCalls {
                     .encode_family(&labels)?
                     .encode_histogram::<NoLabelSet>(
                         t.sum_us as f64 / 1e6,
-                        t.calls,
-                        &buckets(&CALL_BOUNDS_US, &t.buckets, 1e-6),
+                        // What the buckets hold, so that count and buckets agree.
+                        t.buckets.iter().sum(),
+                        &buckets(&CALL_BOUNDS_US, &t.buckets, 1e6),
                         None,
                     )?;
             }
@@ -135,7 +136,7 @@ impl prometheus_client::collector::Collector for RedisCalls {
                 .encode_family(&labels)?
                 .encode_histogram::<NoLabelSet>(
                     stats.checks as f64,
-                    stats.calls,
+                    stats.batches.iter().sum(),
                     &buckets(&BATCH_BOUNDS, &stats.batches, 1.0),
                     None,
                 )?;
