@@ -375,11 +375,9 @@ impl Metrics {
 }
 
 impl Metrics {
-    /// These metrics with envoyproxy/ratelimit's names beside them (see
-    /// [`EnvoyMetrics`]).
-    pub fn with_envoy(mut self, envoy: EnvoyMetrics) -> Self {
+    /// Exports envoyproxy/ratelimit's names beside these (see [`EnvoyMetrics`]).
+    pub fn set_envoy(&mut self, envoy: EnvoyMetrics) {
         self.envoy = Some(envoy);
-        self
     }
 
     /// The counters of a rule (or of one value of it), made on first use: the same

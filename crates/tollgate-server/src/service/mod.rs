@@ -465,7 +465,7 @@ impl DecisionService {
             if loaded {
                 envoy.load(true);
             }
-            self.metrics = std::mem::take(&mut self.metrics).with_envoy(envoy);
+            self.metrics.set_envoy(envoy);
         }
         self
     }
