@@ -18,8 +18,8 @@ cd "$(dirname "$0")/.."
 secs=${1:-10}
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-up=$(port); px=$(port); mx=$(port)
+. scripts/lib/bench.sh
+up=$(free_port); px=$(free_port); mx=$(free_port)
 work=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }

@@ -24,7 +24,7 @@ if [ -z "$lim" ]; then
   (cd "$src" && cargo build --release -q -p limitador-server)
   lim=$src/target/release/limitador-server
 fi
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib/bench.sh
 work=$(mktemp -d)
 # The same limit on both sides: per value of `user`, 10^9 a minute.
 mkdir -p "$work/rules"
@@ -51,17 +51,17 @@ declare -A ports pids
 start() { # name command... (the command execs the server: $! is its PID)
   local name=$1 grpc
   shift
-  grpc=$(port)
+  grpc=$(free_port)
   "$@" "$grpc" >/dev/null 2>&1 &
   pids[$name]=$!; all_pids+=($!); ports[$name]=$grpc
 }
 all_pids=()
 trap 'kill "${all_pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
 tollgate_on() { # workers grpc_port
-  exec "$bin" serve ${1:+--workers "$1"} --config "$work/tollgate.yaml" --http "127.0.0.1:$(port)" --grpc "127.0.0.1:$2"
+  exec "$bin" serve ${1:+--workers "$1"} --config "$work/tollgate.yaml" --http "127.0.0.1:$(free_port)" --grpc "127.0.0.1:$2"
 }
 limitador_on() { # grpc_port
-  exec "$lim" --rls-ip 127.0.0.1 --rls-port "$1" --http-ip 127.0.0.1 --http-port "$(port)" "$work/limits.yaml" memory
+  exec "$lim" --rls-ip 127.0.0.1 --rls-port "$1" --http-ip 127.0.0.1 --http-port "$(free_port)" "$work/limits.yaml" memory
 }
 servers=(limitador tollgate-1 tollgate)
 start limitador limitador_on

@@ -12,8 +12,8 @@ conns=${2:-32}
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-up=$(port); px=$(port)
+. scripts/lib/bench.sh
+up=$(free_port); px=$(free_port)
 work=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }

@@ -16,8 +16,8 @@ command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk 
 command -v nginx >/dev/null || { apt-get update -qq && apt-get install -y -qq nginx >/dev/null; }
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-up=$(port); tg=$(port); ng=$(port)
+. scripts/lib/bench.sh
+up=$(free_port); tg=$(free_port); ng=$(free_port)
 work=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
@@ -26,7 +26,7 @@ trap cleanup EXIT
 stores=(":")
 if [ "$with_redis" = redis ]; then
   command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
-  rp=$(port)
+  rp=$(free_port)
   (cd "$work" && exec redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1) & pids+=($!)
   stores+=("redis:  kind: redis\n  url: redis://127.0.0.1:$rp/" "redis+negative-cache:  kind: redis\n  url: redis://127.0.0.1:$rp/\n  negative_cache: true")
 fi

@@ -27,7 +27,7 @@ keys=10000
 command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null; }
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib/bench.sh
 dir=$(mktemp -d)
 port=$(free_port)
 (cd "$dir" && exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1) &

@@ -25,7 +25,7 @@ secs=${2:-10}
 envoys=${3:-50}
 cargo build --release -q -p tollgate-server
 bin=${CARGO_TARGET_DIR:-target}/release/tollgate
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib/bench.sh
 # CPU seconds (user + system) of PID so far.
 cpu() { awk '{ printf "%.2f", ($14 + $15) / 100 }' "/proc/$1/stat"; }
 rss_kib() { awk '/VmRSS/ { print $2 }' "/proc/$1/status"; }
@@ -48,12 +48,12 @@ store=()
 redis_pid=
 if [ "$mode" = redis ] || [ "${REDIS:-}" = 1 ]; then
   command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
-  rp=$(port)
+  rp=$(free_port)
   redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & redis_pid=$!; pids+=($redis_pid)
   sleep 0.5
   store=(--store "redis://127.0.0.1:$rp/")
 fi
-http=$(port); grpc=$(port)
+http=$(free_port); grpc=$(free_port)
 "$bin" serve --rules "$dir/rules.yaml" --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" "${store[@]}" >/dev/null 2>&1 & serve=$!; pids+=($serve)
 sleep 1
 

@@ -29,18 +29,18 @@ secs=${2:-8}
 with_redis=${3:-}
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib/bench.sh
 if [ "$with_redis" = limitador ]; then
   exec scripts/bench-limitador.sh "$conc" "$secs"
 fi
-http=$(port); grpc=$(port); ceil=$(port)
+http=$(free_port); grpc=$(free_port); ceil=$(free_port)
 "$bin" serve --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" >/dev/null 2>&1 & serve_pid=$!
 "$bin" bench ceiling --listen "127.0.0.1:$ceil" >/dev/null 2>&1 & ceil_pid=$!
 pids=($serve_pid $ceil_pid)
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 if [ "$with_redis" = redis ]; then
   command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
-  rp=$(port); rhttp=$(port); rgrpc=$(port)
+  rp=$(free_port); rhttp=$(free_port); rgrpc=$(free_port)
   redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & pids+=($!)
   sleep 0.5
   "$bin" serve --http "127.0.0.1:$rhttp" --grpc "127.0.0.1:$rgrpc" --store "redis://127.0.0.1:$rp/" >/dev/null 2>&1 & pids+=($!)
@@ -79,7 +79,7 @@ if [ "$with_redis" = redis ]; then
   echo "HTTP /v1/check max req/s, memory store: $mm; Redis store: $rm (ratio $(python3 -c "print(round($rm/$mm,2))"))"
 fi
 if [ -n "${BASELINE_BIN:-}" ]; then
-  bhttp=$(port); bgrpc=$(port)
+  bhttp=$(free_port); bgrpc=$(free_port)
   "$BASELINE_BIN" serve --http "127.0.0.1:$bhttp" --grpc "127.0.0.1:$bgrpc" >/dev/null 2>&1 & pids+=($!)
   sleep 1
   nh=(); oh=(); nj=(); oj=(); ng=(); og=()

@@ -17,17 +17,16 @@ done
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
 . scripts/lib/bench.sh
-port() { free_port; }
 work=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-up=$(port)
+up=$(free_port)
 "$bin" bench ceiling --listen "127.0.0.1:$up" >/dev/null 2>&1 & pids+=($!)
 
 for traffic in under over; do
   rate=1000000; [ "$traffic" = over ] && rate=10
-  p=$(port)
+  p=$(free_port)
   cat > "$work/nginx-$traffic.conf" <<NGINX
 master_process off;
 worker_processes 1;
@@ -63,10 +62,10 @@ proxy:
       status: 429
       headers: none
 YAML
-  p=$(port)
+  p=$(free_port)
   callgrind_per_request "$work" "tollgate-$traffic" "http://127.0.0.1:$p/api/x" "-H X-Api-Key:k1" "$bin" proxy --config "$work/tollgate-$traffic.yaml" --listen "127.0.0.1:$p"
   if [ -n "${BASELINE_BIN:-}" ]; then
-    p=$(port)
+    p=$(free_port)
     callgrind_per_request "$work" "baseline-$traffic" "http://127.0.0.1:$p/api/x" "-H X-Api-Key:k1" "$BASELINE_BIN" proxy --config "$work/tollgate-$traffic.yaml" --listen "127.0.0.1:$p"
   fi
 done

@@ -17,7 +17,6 @@ done
 cargo build --release -q -p tollgate-server
 bin=$PWD/target/release/tollgate
 . scripts/lib/bench.sh
-port() { free_port; }
 work=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
@@ -31,7 +30,7 @@ wrk.headers["content-type"] = "application/json"
 wrk.body = '{"domain":"example","descriptors":[{"entries":[{"key":"api_key","value":"k1"}]}]}'
 LUA
 )
-up=$(port)
+up=$(free_port)
 "$bin" bench ceiling --listen "127.0.0.1:$up" >/dev/null 2>&1 & pids+=($!)
 tls="{cert_file: $work/server.pem, key_file: $work/server.key}"
 printf 'listen: {}\n' >"$work/serve-plain.yaml"
@@ -46,15 +45,15 @@ done
 
 for form in plain tls; do
   scheme=http; [ "$form" = tls ] && scheme=https
-  p=$(port)
+  p=$(free_port)
   callgrind_per_request "$work" "serve_$form" "$scheme://127.0.0.1:$p/v1/check" "-s $work/check.lua" \
-    "$bin" serve --config "$work/serve-$form.yaml" --http "127.0.0.1:$p" --grpc "127.0.0.1:$(port)" --workers 1
+    "$bin" serve --config "$work/serve-$form.yaml" --http "127.0.0.1:$p" --grpc "127.0.0.1:$(free_port)" --workers 1
   eval "ir_serve_$form=$CG_PER_REQUEST"
-  p=$(port)
+  p=$(free_port)
   callgrind_per_request "$work" "proxy_$form" "$scheme://127.0.0.1:$p/api/x" "-H X-Api-Key:k1" \
     "$bin" proxy --config "$work/proxy-$form.yaml" --listen "127.0.0.1:$p"
   eval "ir_proxy_$form=$CG_PER_REQUEST"
-  p=$(port)
+  p=$(free_port)
   ssl=""; [ "$form" = tls ] && ssl=" ssl"
   nginx_bench_conf "$work/nginx-$form.conf" "$up" off "$p$ssl"
   callgrind_per_request "$work" "nginx_$form" "$scheme://127.0.0.1:$p/api/x" "-H X-Api-Key:k1" \

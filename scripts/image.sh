@@ -48,7 +48,7 @@ podman build -q -t "$tag" "$ctx" >/dev/null
 echo "built $tag ($(podman image inspect "$tag" --format '{{.Size}}') bytes)"
 [ "$run" = --run ] || exit 0
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib/bench.sh
 http=$(free_port)
 grpc=$(free_port)
 redis=$(free_port)

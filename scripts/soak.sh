@@ -18,20 +18,20 @@ secs=$(( minutes * 60 ))
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib/bench.sh
 out=target/soak/$store; rm -rf "$out"; mkdir -p "$out"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 store_yaml="  kind: memory"
 if [ "$store" = redis ]; then
   command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
-  rp=$(port)
+  rp=$(free_port)
   redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & pids+=($!)
   sleep 0.5
   store_yaml="  kind: redis
   url: redis://127.0.0.1:$rp/"
 fi
-up=$(port); http=$(port); grpc=$(port); px=$(port)
+up=$(free_port); http=$(free_port); grpc=$(free_port); px=$(free_port)
 cat > "$out/rules.yaml" <<YAML
 domain: soak
 descriptors:
