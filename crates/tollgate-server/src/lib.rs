@@ -34,4 +34,5 @@ pub mod progress;
 pub mod proxy;
 pub mod service;
 pub mod tls;
+pub mod traces;
 pub mod workers;

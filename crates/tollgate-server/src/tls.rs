@@ -437,6 +437,22 @@ impl ClientTls {
     }
 }
 
+impl ClientTls {
+    /// A TLS connection to `host:port` (TCP without Nagle's delay), checked against
+    /// `server_name`, with the configuration in force.
+    pub async fn connect(
+        &self,
+        server_name: ServerName<'static>,
+        host: &str,
+        port: u16,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let connector = tokio_rustls::TlsConnector::from(self.config());
+        let tcp = tokio::net::TcpStream::connect((host, port)).await?;
+        tcp.set_nodelay(true)?;
+        connector.connect(server_name, tcp).await
+    }
+}
+
 impl ClientSource {
     /// The files' bytes, to tell a change.
     fn read(&self) -> std::io::Result<Vec<Vec<u8>>> {

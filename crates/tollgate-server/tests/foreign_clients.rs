@@ -42,6 +42,18 @@ fn python_http_clients_and_openai_go_through_the_proxy() {
     );
 }
 
+/// OpenTelemetry traces into OTLP collectors on Python's http.server and grpcio
+/// (tests/python/otlp_traces.py): the caller's trace and parent from B3 and W3C
+/// context over gRPC and HTTP, the decision's attributes, sampling that follows the
+/// caller, malformed context, and collectors that are down or never answer.
+#[test]
+fn python_otlp_collectors_receive_spans_in_the_callers_traces() {
+    run_python(
+        "otlp_traces.py",
+        &[env!("CARGO_BIN_EXE_tollgate").to_string()],
+    );
+}
+
 #[test]
 fn python_grpcio_and_protobuf_json_clients_get_envoys_answers() {
     tollgate_testkit::clear_of_window_end(

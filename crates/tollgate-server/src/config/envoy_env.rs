@@ -17,7 +17,7 @@ use super::{HeaderStyle, MainConfig};
 use crate::logging::LogFormat;
 
 /// Settings read and ignored (named in one warning when set): they tune parts
-/// tollgate does differently (statistics sinks, pools, jitter, tracing).
+/// tollgate does differently (statistics sinks, pools, jitter).
 const IGNORED: &[&str] = &[
     "USE_STATSD",
     "STATSD_HOST",
@@ -52,12 +52,6 @@ const IGNORED: &[&str] = &[
     "REDIS_PERSECOND_PIPELINE_LIMIT",
     "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
     "RESPONSE_DYNAMIC_METADATA",
-    "TRACING_ENABLED",
-    "TRACING_SERVICE_NAME",
-    "TRACING_SERVICE_NAMESPACE",
-    "TRACING_SERVICE_INSTANCE_ID",
-    "TRACING_EXPORTER_PROTOCOL",
-    "TRACING_SAMPLING_RATE",
 ];
 
 /// Settings tollgate cannot honour: serving without them would not be what the
@@ -87,6 +81,7 @@ pub fn apply(
     xds(get, main)?;
     store(get, &mut main.store)?;
     answers(get, &mut main.service)?;
+    traces(get, &mut main.traces)?;
     // These two speak of xDS rules only.
     let xds_only: &[&str] = match main.xds {
         Some(_) => &[],
@@ -105,6 +100,71 @@ pub fn apply(
             ignored.join(", ")
         )
     }))
+}
+
+/// `TRACING_*`: traces as envoyproxy/ratelimit exports them. Off unless
+/// `TRACING_ENABLED` (an `OTEL_*` endpoint alone does not turn them on, as there; a
+/// config file's `traces.enabled` still does); on, the service name (default
+/// `RateLimit`), namespace and instance id (default a random one) are the
+/// resource's, the protocol is `http` (OTLP/HTTP protobuf) or `grpc`, and
+/// `TRACING_SAMPLING_RATE` (default 1) is a parent-based trace-id ratio. The
+/// collector is named by `OTEL_EXPORTER_OTLP_ENDPOINT`, as there.
+fn traces(
+    get: &dyn Fn(&str) -> Option<String>,
+    traces: &mut crate::config::traces::TracesConfig,
+) -> anyhow::Result<()> {
+    use crate::config::traces::{Protocol, SamplerKind};
+    let set = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+    match flag(get, "TRACING_ENABLED")? {
+        Some(true) => traces.enabled = Some(true),
+        Some(false) => {
+            traces.enabled = Some(false);
+            return Ok(());
+        }
+        None => {
+            traces.enabled.get_or_insert(false);
+            return Ok(());
+        }
+    }
+    traces.service_name = Some(set("TRACING_SERVICE_NAME").unwrap_or_else(|| "RateLimit".into()));
+    if let Some(namespace) = set("TRACING_SERVICE_NAMESPACE") {
+        traces
+            .resource
+            .insert("service.namespace".into(), namespace);
+    }
+    let instance = set("TRACING_SERVICE_INSTANCE_ID").unwrap_or_else(random_id);
+    traces
+        .resource
+        .insert("service.instance.id".into(), instance);
+    traces.protocol = Some(match set("TRACING_EXPORTER_PROTOCOL").as_deref() {
+        None | Some("http") => Protocol::HttpProtobuf,
+        Some("grpc") => Protocol::Grpc,
+        Some(other) => bail!("--envoy-env: TRACING_EXPORTER_PROTOCOL={other}: http or grpc"),
+    });
+    let rate = match set("TRACING_SAMPLING_RATE") {
+        None => 1.0,
+        Some(v) => (v.trim().parse::<f64>().ok().filter(|r| r.is_finite())).ok_or_else(|| {
+            anyhow::anyhow!("--envoy-env: TRACING_SAMPLING_RATE={v}: not a number")
+        })?,
+    };
+    // As there: 1 or more samples every trace, 0 or less none.
+    traces.sampler = Some(SamplerKind::ParentbasedTraceIdRatio);
+    traces.ratio = Some(rate.clamp(0.0, 1.0));
+    Ok(())
+}
+
+/// A random id in a UUID's form (envoyproxy/ratelimit's default instance id).
+fn random_id() -> String {
+    use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
+    let hex = RandomIdGenerator::default().new_trace_id().to_string();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
 }
 
 /// `HOST`/`PORT`, `GRPC_HOST`/`GRPC_PORT`, TLS on the gRPC listener, the Prometheus
@@ -716,6 +776,79 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("CONFIG_TYPE=GRPC_XDS_DELTA"), "{e}");
+    }
+
+    #[test]
+    fn envoy_gateways_tracing_settings_become_the_traces_section() {
+        use crate::config::traces::{Protocol, SamplerKind};
+        // Envoy Gateway's deployment with tracing on (its testdata enable-tracing.yaml).
+        let endpoint = "http://trace-collector.envoy-gateway-system.svc.cluster.local:4318";
+        let pairs = [
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+            ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+            ("TRACING_SERVICE_INSTANCE_ID", "envoy-ratelimit-7d9f-abcde"),
+            ("TRACING_SAMPLING_RATE", "1.0"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        ];
+        let mut main = MainConfig::default();
+        assert_eq!(
+            apply(&env(&pairs), &mut main).unwrap(),
+            None,
+            "nothing ignored"
+        );
+        let t = main.traces.resolve(&env(&pairs)).unwrap().unwrap();
+        assert_eq!(t.endpoint, format!("{endpoint}/v1/traces"));
+        assert_eq!(t.protocol, Protocol::HttpProtobuf);
+        assert_eq!(t.service_name, "envoy-ratelimit");
+        assert_eq!(
+            (t.sampler, t.ratio),
+            (SamplerKind::ParentbasedTraceIdRatio, 1.0)
+        );
+        let resource: HashMap<_, _> = t.resource.into_iter().collect();
+        assert_eq!(resource["service.namespace"], "envoy-gateway-system");
+        assert_eq!(
+            resource["service.instance.id"],
+            "envoy-ratelimit-7d9f-abcde"
+        );
+
+        // Off without TRACING_ENABLED, even with an endpoint, as envoyproxy/ratelimit.
+        let mut main = MainConfig::default();
+        let only_endpoint = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)];
+        apply(&env(&only_endpoint), &mut main).unwrap();
+        assert!(main.traces.resolve(&env(&only_endpoint)).unwrap().is_none());
+        // Its defaults: service RateLimit, a random instance id, rate 1; grpc asked.
+        let mut main = MainConfig::default();
+        let get = env(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+            ("TRACING_SAMPLING_RATE", "7"),
+        ]);
+        apply(&get, &mut main).unwrap();
+        let t = main.traces.resolve(&get).unwrap().unwrap();
+        assert_eq!(
+            (t.protocol, t.endpoint.as_str()),
+            (Protocol::Grpc, "http://localhost:4317")
+        );
+        assert_eq!((t.service_name.as_str(), t.ratio), ("RateLimit", 1.0));
+        let id = &t
+            .resource
+            .iter()
+            .find(|(k, _)| k == "service.instance.id")
+            .unwrap()
+            .1;
+        assert_eq!(id.len(), 36, "{id}");
+        for (name, value) in [
+            ("TRACING_EXPORTER_PROTOCOL", "thrift"),
+            ("TRACING_SAMPLING_RATE", "most"),
+            ("TRACING_ENABLED", "sure"),
+        ] {
+            let bad = env(&[("TRACING_ENABLED", "true"), (name, value)]);
+            let e = apply(&bad, &mut MainConfig::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(name), "{e}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod envoy_env;
 pub mod proxy;
 pub mod store;
+pub mod traces;
 pub mod xds;
 
 use std::net::SocketAddr;
@@ -57,6 +58,9 @@ pub struct MainConfig {
     /// The limiting reverse proxy (`tollgate proxy`).
     #[serde(default)]
     pub proxy: Option<proxy::ProxyConfig>,
+    /// OpenTelemetry traces (off unless asked for, here or by `OTEL_*` variables).
+    #[serde(default)]
+    pub traces: traces::TracesConfig,
 }
 
 /// `admin:`. Admin endpoints (`/v1/reset`, `/v1/reload`) need `Authorization: Bearer

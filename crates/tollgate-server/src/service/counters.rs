@@ -96,6 +96,14 @@ impl Counters {
         }
     }
 
+    /// Where the counts live: `memory` or `redis` (a trace attribute).
+    pub fn store_name(&self) -> &'static str {
+        match self {
+            Counters::Memory(_) => "memory",
+            Counters::Redis(_) => "redis",
+        }
+    }
+
     /// The store's configuration, when the counts live in Redis.
     pub fn store_config(&self) -> Option<&StoreConfig> {
         match self {

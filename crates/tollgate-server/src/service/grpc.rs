@@ -36,6 +36,7 @@ use crate::config::Connections;
 use crate::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody};
 use crate::service::calls::CallCode;
 pub use crate::service::calls::Method;
+use crate::service::spans;
 use crate::service::{DecisionService, RequestError};
 use crate::tls::ServerTls;
 use crate::workers::{WorkerStream, Workers};
@@ -128,7 +129,12 @@ async fn connection<I>(
                 Poll::Ready(Some(Ok((req, respond)))) => {
                     let (head, body) = req.into_parts();
                     let content_type = head.headers.get(http::header::CONTENT_TYPE);
-                    arrived.push((route(head.uri.path(), content_type), body, respond));
+                    let method = route(head.uri.path(), content_type);
+                    let span = match (service.tracing(), &method) {
+                        (Some(t), Ok(m)) => spans::grpc_call(t, &head.headers, *m),
+                        _ => None,
+                    };
+                    arrived.push((method, span, body, respond));
                 }
                 Poll::Ready(Some(Err(e))) => break Some(Some(e)),
                 Poll::Ready(None) => break Some(None),
@@ -136,14 +142,14 @@ async fn connection<I>(
             }
             next = std::future::poll_fn(|cx| Poll::Ready(conn.poll_accept(cx))).await;
         };
-        for (method, body, respond) in arrived.drain(..) {
+        for (method, span, body, respond) in arrived.drain(..) {
             if let Ok(Method::StreamRateLimitQuotas) = method {
                 // A stream lives as long as its Envoy: no body timeout.
-                tokio::spawn(quota_stream(service.clone(), body, respond));
+                tokio::spawn(quota_stream(service.clone(), body, respond, span));
                 continue;
             }
             let body = StallBody::new(H2Body(body), body_timeout);
-            let mut call = Box::pin(stream(service.clone(), method, body, respond));
+            let mut call = Box::pin(stream(service.clone(), method, body, respond, span));
             if (&mut call).now_or_never().is_none() {
                 tokio::spawn(call);
             }
@@ -157,13 +163,16 @@ async fn connection<I>(
 }
 
 /// One call on its HTTP/2 stream, answered there; a client that resets the stream
-/// (it gave up) drops the call.
+/// (it gave up) drops the call. `span`: the call's trace span, when sampled.
 async fn stream(
     service: Arc<DecisionService>,
     method: Result<Method, Refusal>,
     body: StallBody<H2Body>,
     mut respond: h2::server::SendResponse<Bytes>,
+    span: Option<opentelemetry::Context>,
 ) {
+    use futures_util::future::Either;
+    use opentelemetry::context::FutureExt;
     let started = service.now_ns();
     let served = method.as_ref().ok().copied();
     let call = async {
@@ -173,10 +182,17 @@ async fn stream(
             Ok(method) => answer(&service, method, read_body(body).await).await,
         }
     };
+    let call = match &span {
+        Some(cx) => Either::Left(call.with_context(cx.clone())),
+        None => Either::Right(call),
+    };
     let reply = tokio::select! {
         biased;
         reply = call => reply,
         _ = std::future::poll_fn(|cx| respond.poll_reset(cx)) => {
+            if let Some(cx) = &span {
+                spans::end_grpc(cx, tonic::Code::Cancelled, Some("the client reset the stream"));
+            }
             let code = CallCode::Grpc(tonic::Code::Cancelled);
             return service.metrics().grpc_call(served, code, None);
         }
@@ -186,6 +202,12 @@ async fn stream(
         Reply::Status(status) => CallCode::Grpc(status.code()),
         Reply::UnsupportedMediaType => CallCode::Http(415),
     };
+    if let Some(cx) = &span {
+        match &reply {
+            Reply::Status(status) => spans::end_grpc(cx, status.code(), Some(status.message())),
+            _ => spans::end_grpc(cx, tonic::Code::Ok, None),
+        }
+    }
     let seconds = service.now_ns().saturating_sub(started) as f64 / 1e9;
     service.metrics().grpc_call(served, code, Some(seconds));
     let (head, message) = match reply {
@@ -352,6 +374,7 @@ async fn quota_stream(
     service: Arc<DecisionService>,
     mut body: h2::RecvStream,
     mut respond: h2::server::SendResponse<Bytes>,
+    parent: Option<opentelemetry::Context>,
 ) {
     let (client, mut inbox) = service.quota().open();
     // The stream's shares are let go however it ends (an error, a panic, a reset).
@@ -396,7 +419,13 @@ async fn quota_stream(
                             let reports = RateLimitQuotaUsageReports::decode(m).map_err(|e| {
                                 Status::invalid_argument(format!("not a RateLimitQuotaUsageReports: {e}"))
                             })?;
-                            service.quota().report(client, reports, &service.rules())
+                            let span = (service.tracing().zip(parent.as_ref()))
+                                .map(|(t, p)| spans::quota_report(t, p, reports.bucket_quota_usages.len()));
+                            let reported = service.quota().report(client, reports, &service.rules());
+                            if let Some(cx) = &span {
+                                spans::end_quota_report(cx, reported.as_ref().err());
+                            }
+                            reported
                         })?;
                         Ok(any)
                     });

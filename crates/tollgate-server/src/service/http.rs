@@ -65,12 +65,21 @@ pub async fn counted_call(
     app: Router,
     request: axum::extract::Request,
 ) -> Result<Response, std::convert::Infallible> {
+    use opentelemetry::context::FutureExt;
     use tower::ServiceExt;
     let started = service.now_ns();
     let route = HTTP_ROUTES.iter().position(|r| *r == request.uri().path());
-    let response = app.oneshot(request).await?;
+    let span = (service.tracing()).and_then(|t| crate::service::spans::http_call(t, &request));
+    let response = match &span {
+        Some(cx) => app.oneshot(request).with_context(cx.clone()).await?,
+        None => app.oneshot(request).await?,
+    };
+    let status = response.status().as_u16();
+    if let Some(cx) = &span {
+        crate::service::spans::end_http(cx, status);
+    }
     let seconds = service.now_ns().saturating_sub(started) as f64 / 1e9;
-    (service.metrics()).http_call(route, response.status().as_u16(), seconds);
+    (service.metrics()).http_call(route, status, seconds);
     Ok(response)
 }
 

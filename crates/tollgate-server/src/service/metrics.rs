@@ -375,6 +375,11 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// Exports what `collector` reads beside these.
+    pub fn add_collector(&mut self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        self.registry.register_collector(collector);
+    }
+
     /// Exports envoyproxy/ratelimit's names beside these (see [`EnvoyMetrics`]).
     pub fn set_envoy(&mut self, envoy: EnvoyMetrics) {
         self.envoy = Some(envoy);

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod quota;
 pub mod rule_stats;
 pub mod serve;
+pub mod spans;
 pub mod statsd_mapping;
 pub mod xds;
 
@@ -249,6 +250,8 @@ pub struct DecisionService {
     tls: Vec<(&'static str, crate::tls::ServerTls)>,
     /// Set when the rules come from an xDS server.
     xds: Option<XdsState>,
+    /// Traces, when on: each decision records on the caller's span.
+    tracing: Option<Arc<crate::traces::Tracing>>,
 }
 
 /// Where the rules stand when an xDS server sends them.
@@ -293,6 +296,7 @@ impl DecisionService {
             workers: None,
             tls: Vec::new(),
             xds: None,
+            tracing: None,
             quota: crate::service::quota::QuotaBuckets::new(
                 counters.quota_ledger(),
                 crate::service::quota::LedgerFailure::of(counters.store_config()),
@@ -468,6 +472,18 @@ impl DecisionService {
             self.metrics.set_envoy(envoy);
         }
         self
+    }
+
+    /// Traces each call (see [`crate::traces`]); its export counts at `/metrics`.
+    pub fn with_tracing(mut self, tracing: Arc<crate::traces::Tracing>) -> Self {
+        (self.metrics).add_collector(crate::traces::SpanCounts::of(&tracing));
+        self.tracing = Some(tracing);
+        self
+    }
+
+    /// The tracer, when traces are on.
+    pub fn tracing(&self) -> Option<&Arc<crate::traces::Tracing>> {
+        self.tracing.as_ref()
     }
 
     /// How the service answers.
@@ -778,7 +794,11 @@ impl DecisionService {
         let overall = self.overall(&statuses);
         let elapsed = tollgate::clock::Clock::now_ns(&self.clock).saturating_sub(started);
         self.metrics.latency(elapsed as f64 / 1e9);
-        Ok(CheckResult { overall, statuses })
+        let result = CheckResult { overall, statuses };
+        if self.tracing.is_some() {
+            crate::service::spans::record_decision(domain, &result, self.counters.store_name());
+        }
+        Ok(result)
     }
 
     /// The request's code: OVER_LIMIT when a descriptor outside quota mode is, or
@@ -890,7 +910,12 @@ impl DecisionService {
             match &limit.limiter {
                 Some(AnyLimiter::Memory(l)) => decide(l, key, cost, op).await?,
                 // Boxed: see `would_be_over`.
-                Some(l) => Box::pin(decide(l, key, cost, op)).await?,
+                Some(l) => {
+                    let span = (self.tracing.as_ref()).and_then(|t| t.store_span());
+                    let decided = Box::pin(decide(l, key, cost, op)).await;
+                    crate::traces::end_store_span(span, decided.as_ref().err());
+                    decided?
+                }
                 None => return Ok(ok(Some(limit.clone()))),
             }
         };

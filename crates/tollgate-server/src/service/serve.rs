@@ -98,6 +98,8 @@ pub struct Settings {
     /// envoyproxy/ratelimit's metric names through this mapping
     /// (`service.envoy_metrics`), its file read.
     pub envoy_mapping: Option<crate::service::statsd_mapping::StatsdMapping>,
+    /// Traces (`traces:` and the `OTEL_*` variables), when on.
+    pub traces: Option<crate::config::traces::TraceSettings>,
 }
 
 impl Settings {
@@ -133,6 +135,7 @@ impl Settings {
             rules.to_vec()
         };
         let envoy_mapping = envoy_mapping(&main.service)?;
+        let traces = main.traces.resolve(&|name| std::env::var(name).ok())?;
         // Read now so that a missing or bad file stops the start; connections read
         // them again when they change (rotation).
         let xds_tls = (main.xds.as_ref())
@@ -224,6 +227,7 @@ impl Settings {
             xds: main.xds,
             xds_tls,
             envoy_mapping,
+            traces,
         })
     }
 }
@@ -332,8 +336,12 @@ pub async fn serve_on(
             .filter_map(|(name, tls)| tls.map(|t| (name, t)))
             .collect(),
         );
-    let service = Arc::new(match &settings.xds {
+    let service = match &settings.xds {
         Some(x) => service.with_xds(x),
+        None => service,
+    };
+    let service = Arc::new(match &settings.traces {
+        Some(t) => service.with_tracing(Arc::new(crate::traces::Tracing::start(t)?)),
         None => service,
     });
     let admin = crate::service::http::AdminAccess {
@@ -379,6 +387,9 @@ pub async fn serve_on(
         println!("  try: curl -s {http_scheme}://{http}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"example\",\"descriptors\":[{{\"entries\":[{{\"key\":\"api_key\",\"value\":\"k1\"}}]}}]}}'");
     }
     println!("  rules in force: curl -s {http_scheme}://{http}/v1/config");
+    if let Some(t) = service.tracing() {
+        println!("  traces: {}", t.summary());
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (draining, drain_delay) = (service.clone(), settings.drain_delay);
     tokio::spawn(async move {
@@ -465,6 +476,10 @@ pub async fn serve_on(
     );
     tokio::join!(http_server, grpc_server, metrics_server);
     drop(workers);
+    if let Some(t) = service.tracing() {
+        // The last calls' spans, if the collector takes them soon.
+        t.flush(Duration::from_secs(2)).await;
+    }
     // Whoever read the banner may be gone (`| head -1`): not a reason to panic.
     let _ = writeln!(std::io::stdout(), "tollgate serve: stopped");
     Ok(())

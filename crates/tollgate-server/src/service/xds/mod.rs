@@ -260,13 +260,9 @@ async fn connect(
     })?;
     let client = client.clone();
     let connect = tower::service_fn(move |_: http::Uri| {
-        let (server_name, host) = (server_name.clone(), host.clone());
-        // The configuration in force, the files looked at again when due.
-        let connector = tokio_rustls::TlsConnector::from(client.config());
+        let (client, server_name, host) = (client.clone(), server_name.clone(), host.clone());
         async move {
-            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
-            tcp.set_nodelay(true)?;
-            let tls = connector.connect(server_name, tcp).await?;
+            let tls = client.connect(server_name, &host, port).await?;
             std::io::Result::Ok(hyper_util::rt::TokioIo::new(tls))
         }
     });
