@@ -116,12 +116,13 @@ impl Propagator {
     }
 }
 
-/// The trace context formats when none are named: W3C and both forms of B3 (what
-/// Envoy sends), so a caller's trace is continued whichever it speaks.
+/// The trace context formats when none are named: both forms of B3 (what Envoy's
+/// Zipkin tracer sends) and W3C, so a caller's trace is continued whichever it
+/// speaks; W3C is listed last so that it wins when a request carries both.
 pub const DEFAULT_PROPAGATORS: [Propagator; 3] = [
-    Propagator::Tracecontext,
-    Propagator::Baggage,
     Propagator::B3multi,
+    Propagator::Baggage,
+    Propagator::Tracecontext,
 ];
 
 /// `traces:`. Every field is optional; the `OTEL_*` variables named beside each win
@@ -172,7 +173,8 @@ pub struct TracesConfig {
     /// `OTEL_TRACES_SAMPLER_ARG`.
     #[serde(default)]
     pub ratio: Option<f64>,
-    /// The trace context formats (default `tracecontext`, `baggage`, `b3multi`).
+    /// The trace context formats (default `b3multi`, `baggage`, `tracecontext`;
+    /// when a request carries several, the last listed that finds one wins).
     /// `OTEL_PROPAGATORS`.
     #[serde(default)]
     pub propagators: Option<Vec<Propagator>>,
@@ -213,7 +215,7 @@ pub struct TraceSettings {
     pub sampler: SamplerKind,
     /// Its ratio, 0 to 1.
     pub ratio: f64,
-    /// Context formats, read in this order (the first that finds a context wins) and
+    /// Context formats, read in this order (the last that finds a context wins) and
     /// all written.
     pub propagators: Vec<Propagator>,
     /// Export queue bound.

@@ -23,6 +23,7 @@ use super::h1;
 use super::limits::RedisBackend;
 use super::problem::no_route;
 use super::routes::RouteTable;
+use super::spans::{is_trace_header, RequestSpan};
 use super::worker::Proxy;
 use crate::config::proxy::ProxyConfig;
 use crate::config::store::{StoreConfig, StoreKind};
@@ -30,7 +31,7 @@ use crate::config::Connections;
 use crate::connections::{BodyTimeout, Drain, HyperConns, Rewind, Slots};
 
 /// Every request hyper serves: its route, its key, its limits, then the upstream.
-async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
+async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {
     let table = proxy.table.load_full();
     // An HTTP/2 client names the host in its URI (`:authority`).
     let host = (req.headers().get(HOST).and_then(|h| h.to_str().ok()))
@@ -51,13 +52,48 @@ async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
     // Forwarded: the body went upstream (the proxy's own answers may have left it).
     let (mut answer, forwarded) = match table.route_for(host, req.uri().path()) {
         None => (no_route().into_response(), false),
-        Some(route) => match admit(&table, route, peer, req.uri().path(), req.headers()).await {
-            Ok(passed) => match forward(&proxy.upstreams, &table, route, peer, req, passed).await {
-                Ok(answer) => (answer, true),
-                Err(own) => (own, false),
-            },
-            Err(answer) => (answer.into_response(), false),
-        },
+        Some(route) => {
+            let path = req.uri().path();
+            let mut span = (proxy.tracing.as_ref())
+                .map(|t| RequestSpan::start(t, req.headers(), req.method().as_str(), path, route));
+            match admit(&table, route, peer, path, req.headers()).await {
+                Ok(passed) => {
+                    if let Some(span) = &mut span {
+                        let headers = req.headers_mut();
+                        let theirs: Vec<_> = (headers.keys())
+                            .filter(|n| is_trace_header(n.as_str()))
+                            .cloned()
+                            .collect();
+                        for name in theirs {
+                            headers.remove(name);
+                        }
+                        for (name, value) in span.upstream(route).0 {
+                            if let Ok(value) = HeaderValue::try_from(value) {
+                                headers.insert(name, value);
+                            }
+                        }
+                    }
+                    let forwarded =
+                        forward(&proxy.upstreams, &table, route, peer, req, passed).await;
+                    if let Some(span) = &mut span {
+                        span.upstream_answered(match &forwarded {
+                            Ok(answer) => Ok(answer.status().as_u16()),
+                            Err(own) => Err(own.status().as_u16()),
+                        });
+                    }
+                    match forwarded {
+                        Ok(answer) => (answer, true),
+                        Err(own) => (own, false),
+                    }
+                }
+                Err(answer) => {
+                    if let Some(span) = span {
+                        span.refused(answer.status.as_u16());
+                    }
+                    (answer.into_response(), false)
+                }
+            }
+        }
     };
     if ends || (unread && !forwarded) {
         (answer.headers_mut()).insert(CONNECTION, HeaderValue::from_static("close"));
@@ -75,6 +111,8 @@ pub struct ProxySettings {
     pub store: StoreConfig,
     /// Client connection bounds (`connections:`).
     pub connections: Connections,
+    /// Traces (`traces:` and the `OTEL_*` variables), when on.
+    pub traces: Option<crate::config::traces::TraceSettings>,
 }
 
 /// The proxy for `config` on the memory store as one worker serves it, without a
@@ -94,6 +132,7 @@ impl ProxyApp {
             Arc::new(ArcSwap::from_pointee(table)),
             connect_timeout,
             bounds,
+            None,
         );
         let body = BodyTimeout::BetweenReads(Duration::from_micros(bounds.body_timeout));
         Ok(ProxyApp {
@@ -152,6 +191,7 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<ProxySettings> {
         options,
         store: main.store,
         connections: main.connections,
+        traces: main.traces.resolve(&|name| std::env::var(name).ok())?,
     })
 }
 
@@ -195,6 +235,7 @@ pub fn run(
         options,
         store,
         connections,
+        traces,
     } = load(path)?;
     let store = store.with_flag(store_flag)?;
     crate::connections::warn_if_fd_limit_below(connections.max);
@@ -207,6 +248,19 @@ pub fn run(
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
     let (redis_runtime, redis) = connect(&store)?;
+    // The export task runs on a runtime of its own: the workers' are single-threaded.
+    let traces_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("tollgate-traces")
+        .enable_all()
+        .build()?;
+    let tracing = match &traces {
+        Some(t) => {
+            let _on = traces_runtime.enter();
+            Some(Arc::new(crate::traces::Tracing::start(t)?))
+        }
+        None => None,
+    };
     let table = Arc::new(ArcSwap::from_pointee(RouteTable::new(
         config,
         options,
@@ -228,7 +282,14 @@ pub fn run(
             slots: slots.clone(),
             tls: tls.clone(),
         };
-        spawn_worker(addr, report, table.clone(), listener, connect_timeout)
+        spawn_worker(
+            addr,
+            report,
+            table.clone(),
+            listener,
+            connect_timeout,
+            tracing.clone(),
+        )
     };
     let mut threads = vec![worker(addr, Some(bound_tx))];
     let bound = bound_rx
@@ -262,9 +323,16 @@ pub fn run(
         table.load().len(),
         store.describe()
     );
+    if let Some(t) = &tracing {
+        println!("  traces: {}", t.summary());
+    }
     for t in threads {
         t.join()
             .map_err(|_| anyhow::anyhow!("a proxy worker panicked"))??;
+    }
+    if let Some(t) = &tracing {
+        // The last requests' spans, if the collector takes them soon.
+        traces_runtime.block_on(t.flush(Duration::from_secs(2)));
     }
     drop(reloader); // it ends with the process
     drop(redis_runtime);
@@ -341,6 +409,7 @@ fn spawn_worker(
     table: Arc<ArcSwap<RouteTable>>,
     Listener { slots, tls }: Listener,
     connect_timeout: Duration,
+    tracing: Option<Arc<crate::traces::Tracing>>,
 ) -> std::thread::JoinHandle<anyhow::Result<()>> {
     std::thread::spawn(move || -> anyhow::Result<()> {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -363,7 +432,7 @@ fn spawn_worker(
                     tls.watch();
                 }
             }
-            let proxy = Proxy::new(table, connect_timeout, *slots.bounds());
+            let proxy = Proxy::new(table, connect_timeout, *slots.bounds(), tracing);
             let body =
                 BodyTimeout::BetweenReads(Duration::from_micros(slots.bounds().body_timeout));
             let hyper = HyperConns::new(slots.bounds(), body);

@@ -19,6 +19,8 @@ pub(super) struct Proxy {
     pub conns: StreamPool,
     /// The client connection bounds (`connections:`).
     pub bounds: Connections,
+    /// Traces, when on.
+    pub tracing: Option<Arc<crate::traces::Tracing>>,
 }
 
 impl Proxy {
@@ -28,12 +30,14 @@ impl Proxy {
         table: Arc<ArcSwap<RouteTable>>,
         connect_timeout: Duration,
         bounds: Connections,
+        tracing: Option<Arc<crate::traces::Tracing>>,
     ) -> Arc<Proxy> {
         Arc::new(Proxy {
             table,
             upstreams: UpstreamPool::new(connect_timeout),
             conns: StreamPool::new(connect_timeout),
             bounds,
+            tracing,
         })
     }
 }

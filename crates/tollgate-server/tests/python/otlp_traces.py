@@ -373,9 +373,121 @@ def decisions_ignore_a_collector(endpoint, what):
     check(f"a collector {what}: one warning about drops (per minute)", warnings == 1, warnings)
 
 
+class Upstream(BaseHTTPRequestHandler):
+    """The proxy's upstream: answers 200 and keeps the headers each request came with."""
+    protocol_version = "HTTP/1.1"
+    seen = {}
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        Upstream.seen[self.path] = {k.lower(): v for k, v in self.headers.items()}
+        self.send_response(200)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+def raw_http10(host, port, path, headers):
+    """A request in HTTP/1.0, which the proxy serves through hyper (not its fast path)."""
+    with socket.create_connection((host, port), timeout=10) as c:
+        lines = [f"GET {path} HTTP/1.0", f"Host: {host}"] + [f"{k}: {v}" for k, v in headers.items()]
+        c.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        reply = b""
+        while chunk := c.recv(4096):
+            reply += chunk
+    return int(reply.split(b" ")[1])
+
+
+def spans_of_the_proxy(collector, endpoint):
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    config = os.path.join(WORK, "proxy.yaml")
+    with open(config, "w") as f:
+        f.write(f"""proxy:
+  routes:
+    - name: api
+      match: {{path_prefix: /}}
+      upstream: http://127.0.0.1:{upstream.server_address[1]}
+      key: header:x-key
+      policies: ["fixed-window:limit=1,window=1h,align=first"]
+""")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
+                "OTEL_SERVICE_NAME": "tollgate-proxy"})
+    proc = subprocess.Popen([BINARY, "proxy", "--config", config, "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    banner = proc.stdout.readline()
+    host, port = banner.split("http://")[1].split()[0].rsplit(":", 1)
+    traces_line = proc.stdout.readline()
+    check("proxy: the banner names the traces' endpoint", "traces: " + endpoint in traces_line,
+          traces_line)
+    client = httpx.Client(base_url=f"http://{host}:{port}", timeout=10)
+
+    for form in ["fast path", "hyper"]:
+        trace, parent = ids()
+        path = f"/{form.replace(' ', '-')}"
+        headers = {"x-key": form, "traceparent": f"00-{trace}-{parent}-01",
+                   "x-b3-traceid": "f" * 32, "x-b3-spanid": "e" * 16}
+        if form == "hyper":
+            status = raw_http10(host, int(port), path, headers)
+        else:
+            status = client.get(path, headers=headers).status_code
+        check(f"proxy ({form}): answered", status == 200, status)
+        seen = Upstream.seen[path]
+        sent = seen.get("traceparent", "")
+        check(f"proxy ({form}): the upstream gets the caller's trace, sampled",
+              sent.startswith(f"00-{trace}-") and sent.endswith("-01"), seen)
+        sent_parent = sent.split("-")[2]
+        check(f"proxy ({form}): ... under the proxy's own span, in B3 too, the client's B3 replaced",
+              sent_parent != parent and seen.get("x-b3-traceid") == trace
+              and seen.get("x-b3-spanid") == sent_parent, seen)
+        server = collector.wait_for(f"proxy ({form}): the request's span",
+                                    lambda s: s["trace"] == trace and s["kind"] == SERVER_SPAN)
+        call = collector.wait_for(f"proxy ({form}): the upstream call's span",
+                                  lambda s: s["trace"] == trace and s["kind"] == CLIENT_SPAN)
+        check(f"proxy ({form}): the request's span is the caller's child, named by its route",
+              server["parent"] == parent and server["name"] == "GET api"
+              and server["attrs"].get("http.response.status_code") == 200
+              and server["attrs"].get("tollgate.outcome") == "OK"
+              and server["resource"].get("service.name") == "tollgate-proxy", server)
+        check(f"proxy ({form}): the upstream's parent is the upstream call's span",
+              call["parent"] == server["span"] and call["span"] == sent_parent
+              and call["attrs"].get("http.response.status_code") == 200, call)
+
+    # Over the limit: refused here, nothing sent upstream.
+    trace, parent = ids()
+    r = client.get("/refused", headers={"x-key": "fast path", "traceparent": f"00-{trace}-{parent}-01"})
+    check("proxy: the second request of a key is refused", r.status_code == 429, r.status_code)
+    s = collector.wait_for("proxy: the refused request's span", lambda s: s["trace"] == trace)
+    check("proxy: ... with its status and outcome, and no upstream call",
+          s["attrs"].get("http.response.status_code") == 429
+          and s["attrs"].get("tollgate.outcome") == "OVER_LIMIT"
+          and "/refused" not in Upstream.seen, s)
+
+    # Unsampled: the decision passes on, and nothing is exported.
+    trace, parent = ids()
+    client.get("/unsampled", headers={"x-key": "u", "traceparent": f"00-{trace}-{parent}-00"})
+    sent = Upstream.seen["/unsampled"].get("traceparent", "")
+    check("proxy: an unsampled caller's trace goes on unsampled",
+          sent.startswith(f"00-{trace}-") and sent.endswith("-00"), sent)
+    # Without context: a new trace, sent upstream.
+    client.get("/fresh", headers={"x-key": "f"})
+    sent = Upstream.seen["/fresh"].get("traceparent", "")
+    fresh = sent.split("-")[1] if sent else ""
+    collector.wait_for("proxy: a request without context starts a trace",
+                       lambda s: s["trace"] == fresh and s["parent"] == "" and s["kind"] == SERVER_SPAN)
+    check("proxy: ... and no span of the unsampled one", trace not in collector.traces())
+    proc.terminate()
+    proc.wait(10)
+    upstream.shutdown()
+
+
 def main():
     collector, endpoint = http_collector()
     spans_of_serve_over_http(collector, endpoint)
+    spans_of_the_proxy(collector, endpoint)
     spans_of_serve_over_grpc()
     # Down: nothing listens on the port.
     s = socket.socket()

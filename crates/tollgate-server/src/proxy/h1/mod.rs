@@ -38,6 +38,7 @@ use super::limits::{ConnPermit, Passed};
 use super::problem::no_route;
 use super::problem::{problem, Problem};
 use super::routes::{Route, RouteTable};
+use super::spans::{is_trace_header, Outgoing, RequestSpan};
 use super::upstream::{Failure, Stream};
 use super::worker::Proxy;
 use crate::connections::Drain;
@@ -237,17 +238,25 @@ impl Conn {
             // Its raw upstream sockets are plaintext: hyper's pool speaks TLS.
             return Next::Hyper;
         }
+        let mut span = (proxy.tracing.as_ref())
+            .map(|t| RequestSpan::start(t, &*req.headers, method, path, route));
         let passed = match admit(&table, route, peer, path, req.headers).await {
             Ok(passed) => passed,
-            Err(answer) => return self.answer(io, end, &answer, instead, to_head).await,
+            Err(answer) => {
+                if let Some(span) = span {
+                    span.refused(answer.status.as_u16());
+                }
+                return self.answer(io, end, &answer, instead, to_head).await;
+            }
         };
+        let trace = span.as_mut().map(|s| s.upstream(route));
         write_upstream_head(
             &mut self.up_head,
             (&table, route, peer),
-            method,
-            target,
+            (method, target),
             &req,
             &head,
+            trace.as_ref(),
         );
         let request = Request {
             framing,
@@ -261,6 +270,7 @@ impl Conn {
                     method,
                     "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
                 ),
+            span,
         };
         let route = route.clone();
         self.buf.advance(end);
@@ -291,7 +301,7 @@ impl Conn {
         table: &RouteTable,
         route: &Route,
         io: &mut impl Client,
-        req: Request,
+        mut req: Request,
         mut passed: Passed,
     ) -> Next {
         let adaptive = passed.adaptive.take();
@@ -318,6 +328,9 @@ impl Conn {
                     // The client went away mid-body.
                     BodyError::Read(_) | BodyError::Write => return Next::Close,
                 };
+                if let Some(span) = &mut req.span {
+                    span.answered(answer.status.as_u16());
+                }
                 return self.reply(io, &answer, true, req.to_head).await;
             }
             Ok(Err(Sent::Upstream)) => Err(UNREACHABLE),
@@ -328,6 +341,9 @@ impl Conn {
             Err(failure) => {
                 drop(passed);
                 let answer = upstream_failed(route, adaptive, pending, failure);
+                if let Some(span) = &mut req.span {
+                    span.upstream_answered(Err(answer.status.as_u16()));
+                }
                 return self.reply(io, &answer, close, req.to_head).await;
             }
         };
@@ -347,8 +363,14 @@ impl Conn {
         let Some((code, head)) = head else {
             drop(passed);
             let answer = upstream_failed(route, adaptive, pending, UNREACHABLE);
+            if let Some(span) = &mut req.span {
+                span.upstream_answered(Err(answer.status.as_u16()));
+            }
             return self.reply(io, &answer, close, req.to_head).await;
         };
+        if let Some(span) = &mut req.span {
+            span.upstream_answered(Ok(code));
+        }
         let mut adaptive = adaptive;
         if let (Some(hold), Ok(status)) = (&mut adaptive, StatusCode::from_u16(code)) {
             hold.answered(status);
@@ -527,10 +549,10 @@ impl Conn {
 fn write_upstream_head(
     out: &mut Vec<u8>,
     (table, route, peer): (&RouteTable, &Route, &Peer),
-    method: &str,
-    target: &str,
+    (method, target): (&str, &str),
     req: &httparse::Request<'_, '_>,
     head: &RequestHead<'_>,
+    trace: Option<&Outgoing>,
 ) {
     out.clear();
     out.extend_from_slice(method.as_bytes());
@@ -560,9 +582,13 @@ fn write_upstream_head(
     };
     let named = message::connection_named(req.headers);
     for h in req.headers.iter() {
-        if message::passes(h.name, &named, skip) {
+        // With traces on, the proxy's trace context replaces the client's.
+        if message::passes(h.name, &named, skip) && !(trace.is_some() && is_trace_header(h.name)) {
             message::header(out, h.name.as_bytes(), h.value);
         }
+    }
+    for (name, value) in trace.iter().flat_map(|t| &t.0) {
+        message::header(out, name.as_bytes(), value.as_bytes());
     }
     if head.host.is_none() {
         message::header(out, b"host", route.upstream_host().as_bytes());
@@ -584,6 +610,8 @@ struct Request {
     close: bool,
     expect_continue: bool,
     resendable: bool,
+    /// Its trace spans, when traces are on (ended as it is dropped).
+    span: Option<RequestSpan>,
 }
 
 /// Why a request did not get its response head.
