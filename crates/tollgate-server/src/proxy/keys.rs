@@ -50,6 +50,9 @@ pub trait HeaderSource {
     /// Every value of the header `name` (lower-case), in order.
     fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a;
 
+    /// Every header's name, in order (a name repeated as often as it is).
+    fn names(&self) -> impl Iterator<Item = &str>;
+
     /// The first value of `name`, when it is text (visible ASCII, as
     /// `HeaderValue::to_str` accepts).
     fn first<'a>(&'a self, name: &'a str) -> Option<&'a str> {
@@ -61,6 +64,10 @@ impl HeaderSource for HeaderMap {
     fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.get_all(name).into_iter().map(|v| v.as_bytes())
     }
+
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.keys().map(|k| k.as_str())
+    }
 }
 
 impl HeaderSource for [httparse::Header<'_>] {
@@ -68,6 +75,10 @@ impl HeaderSource for [httparse::Header<'_>] {
         self.iter()
             .filter(move |h| h.name.eq_ignore_ascii_case(name))
             .map(|h| h.value)
+    }
+
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.iter().map(|h| h.name)
     }
 }
 

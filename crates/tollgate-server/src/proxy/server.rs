@@ -23,12 +23,13 @@ use super::h1;
 use super::limits::RedisBackend;
 use super::problem::no_route;
 use super::routes::RouteTable;
-use super::spans::{is_trace_header, RequestSpan};
+use super::spans::RequestSpan;
 use super::worker::Proxy;
 use crate::config::proxy::ProxyConfig;
 use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::Connections;
 use crate::connections::{BodyTimeout, Drain, HyperConns, Rewind, Slots};
+use crate::traces::is_trace_header;
 
 /// Every request hyper serves: its route, its key, its limits, then the upstream.
 async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {

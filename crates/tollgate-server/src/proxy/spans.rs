@@ -6,18 +6,22 @@
 
 use std::sync::Arc;
 
-use opentelemetry::propagation::{Extractor, Injector};
+use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 
 use super::keys::HeaderSource;
 use super::routes::Route;
-use crate::traces::{Span, Tracing};
+use crate::traces::{Outgoing, Span, Tracing, TRACE_HEADERS};
 
 /// The spans of one request.
 pub(super) struct RequestSpan {
     tracing: Arc<Tracing>,
-    cx: Context,
+    /// The client's context (its baggage, and the parent of `span`).
+    parent: Context,
+    /// The request's span (held apart from a context: most are not sampled, and need
+    /// none built).
+    span: Span,
     upstream: Option<Span>,
     status: Option<u16>,
 }
@@ -37,41 +41,6 @@ impl<H: HeaderSource + ?Sized> Extractor for Carrier<'_, H> {
     }
 }
 
-/// The trace headers for the upstream, as the propagators write them.
-#[derive(Default)]
-pub(super) struct Outgoing(pub Vec<(&'static str, String)>);
-
-impl Injector for Outgoing {
-    fn set(&mut self, key: &str, value: String) {
-        // The propagators' names are constants; an unknown one, or an empty value (no
-        // `tracestate`), is not sent.
-        if let Some(name) = TRACE_HEADERS.iter().find(|n| **n == key) {
-            if !value.is_empty() {
-                self.0.push((name, value));
-            }
-        }
-    }
-}
-
-/// Every header a propagator reads or writes: the client's are not passed on when
-/// traces are on (the proxy's context replaces them).
-const TRACE_HEADERS: [&str; 9] = [
-    "traceparent",
-    "tracestate",
-    "baggage",
-    "b3",
-    "x-b3-traceid",
-    "x-b3-spanid",
-    "x-b3-parentspanid",
-    "x-b3-sampled",
-    "x-b3-flags",
-];
-
-/// Whether a client header is one the proxy's trace context replaces.
-pub(super) fn is_trace_header(name: &str) -> bool {
-    TRACE_HEADERS.iter().any(|n| n.eq_ignore_ascii_case(name))
-}
-
 impl RequestSpan {
     /// The span of a request `route` matched.
     pub fn start(
@@ -81,17 +50,19 @@ impl RequestSpan {
         path: &str,
         route: &Route,
     ) -> RequestSpan {
-        let parent = tracing.parent_from(&Carrier(headers));
-        let attributes = vec![
-            KeyValue::new("http.request.method", method.to_string()),
-            KeyValue::new("url.path", path.to_string()),
-            KeyValue::new("http.route", route.name.clone()),
-        ];
-        let name = format!("{method} {}", route.name);
-        let cx = tracing.span(&parent, SpanKind::Server, name, attributes);
+        let parent = tracing.parent_from(headers.names(), &Carrier(headers));
+        let span = tracing.span(&parent, SpanKind::Server, || {
+            let attributes = vec![
+                KeyValue::new("http.request.method", method.to_string()),
+                KeyValue::new("url.path", path.to_string()),
+                KeyValue::new("http.route", route.name.clone()),
+            ];
+            (format!("{method} {}", route.name).into(), attributes)
+        });
         RequestSpan {
             tracing: tracing.clone(),
-            cx,
+            parent,
+            span,
             upstream: None,
             status: None,
         }
@@ -99,7 +70,7 @@ impl RequestSpan {
 
     /// The route's limits refused the request with `status`.
     pub fn refused(mut self, status: u16) {
-        let span = self.cx.span();
+        let span = &mut self.span;
         if span.is_recording() {
             let outcome = if status == 429 {
                 "OVER_LIMIT"
@@ -114,12 +85,12 @@ impl RequestSpan {
     /// The upstream call starts: its client span (when sampled), and the trace
     /// headers to send with it.
     pub fn upstream(&mut self, route: &Route) -> Outgoing {
-        let span = self.cx.span();
+        let span = &mut self.span;
         if span.is_recording() {
             span.set_attribute(KeyValue::new("tollgate.outcome", "OK"));
+            let cx = (self.parent).with_remote_span_context(span.span_context().clone());
+            self.upstream = Some(self.tracing.child_span(&cx, "upstream", SpanKind::Client));
         }
-        self.upstream = (self.tracing).child_span(&self.cx, "upstream", SpanKind::Client);
-        let mut out = Outgoing::default();
         match &mut self.upstream {
             Some(call) => {
                 call.set_attribute(KeyValue::new(
@@ -129,14 +100,10 @@ impl RequestSpan {
                 if let Some(port) = route.upstream().port_u16() {
                     call.set_attribute(KeyValue::new("server.port", i64::from(port)));
                 }
-                let cx = self
-                    .cx
-                    .with_remote_span_context(call.span_context().clone());
-                self.tracing.inject(&cx, &mut out);
+                (self.tracing).inject(&self.parent, call.span_context())
             }
-            None => self.tracing.inject(&self.cx, &mut out),
+            None => (self.tracing).inject(&self.parent, span.span_context()),
         }
-        out
     }
 
     /// The upstream answered with `status`, or the proxy answers for it (`Err`: a
@@ -171,7 +138,10 @@ impl Drop for RequestSpan {
             call.set_status(Status::error("no response"));
             call.end();
         }
-        let span = self.cx.span();
+        let span = &mut self.span;
+        if !span.is_recording() {
+            return;
+        }
         match self.status {
             Some(status) => {
                 span.set_attribute(KeyValue::new(

@@ -17,21 +17,24 @@ const RLQS: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
 
 /// The span of a gRPC call (health checks are not traced).
 pub fn grpc_call(tracing: &Tracing, headers: &http::HeaderMap, method: Method) -> Option<Context> {
-    let (service, name, span) = match method {
-        Method::ShouldRateLimit => (RLS, "ShouldRateLimit", Some(SpanKind::Server)),
-        Method::StreamRateLimitQuotas => (RLQS, "StreamRateLimitQuotas", None),
-        Method::HealthCheck => return None,
-    };
-    let attributes = vec![
+    match method {
+        Method::ShouldRateLimit => tracing.call_span(headers, || {
+            let name = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+            (name.into(), rpc(RLS, "ShouldRateLimit"))
+        }),
+        // A stream is not one span: each report is, under the Envoy's context.
+        Method::StreamRateLimitQuotas => Some(tracing.parent(headers)),
+        Method::HealthCheck => None,
+    }
+}
+
+/// The RPC attributes of OpenTelemetry's conventions.
+fn rpc(service: &'static str, method: &'static str) -> Vec<KeyValue> {
+    vec![
         KeyValue::new("rpc.system", "grpc"),
         KeyValue::new("rpc.service", service),
-        KeyValue::new("rpc.method", name),
-    ];
-    match span {
-        Some(_) => tracing.call_span(headers, format!("{service}/{name}"), attributes),
-        // A stream is not one span: each report is, under the Envoy's context.
-        None => Some(tracing.parent(headers)),
-    }
+        KeyValue::new("rpc.method", method),
+    ]
 }
 
 /// Ends a gRPC call's span with its status.
@@ -58,14 +61,16 @@ const TRACED_ROUTES: [&str; 6] = [
 /// The span of an HTTP call, when its route is traced.
 pub fn http_call(tracing: &Tracing, request: &http::Request<axum::body::Body>) -> Option<Context> {
     let path = request.uri().path();
-    let route = TRACED_ROUTES.iter().find(|r| **r == path)?;
-    let method = request.method().as_str().to_string();
-    let attributes = vec![
-        KeyValue::new("http.request.method", method.clone()),
-        KeyValue::new("http.route", *route),
-        KeyValue::new("url.path", *route),
-    ];
-    tracing.call_span(request.headers(), format!("{method} {route}"), attributes)
+    let route: &'static str = TRACED_ROUTES.iter().find(|r| **r == path)?;
+    let method = request.method();
+    tracing.call_span(request.headers(), || {
+        let attributes = vec![
+            KeyValue::new("http.request.method", method.as_str().to_string()),
+            KeyValue::new("http.route", route),
+            KeyValue::new("url.path", route),
+        ];
+        (format!("{method} {route}").into(), attributes)
+    })
 }
 
 /// Ends an HTTP call's span with its status (an error from 500 up).
@@ -80,13 +85,12 @@ pub fn end_http(cx: &Context, status: u16) {
 
 /// A span for one RLQS usage report of the stream whose Envoy sent `parent`.
 pub fn quota_report(tracing: &Tracing, parent: &Context, buckets: usize) -> Context {
-    let attributes = vec![
-        KeyValue::new("rpc.system", "grpc"),
-        KeyValue::new("rpc.service", RLQS),
-        KeyValue::new("rpc.method", "StreamRateLimitQuotas"),
-        KeyValue::new("tollgate.quota.reports", buckets as i64),
-    ];
-    tracing.span(parent, SpanKind::Server, "RLQS usage report", attributes)
+    let span = tracing.span(parent, SpanKind::Server, || {
+        let mut attributes = rpc(RLQS, "StreamRateLimitQuotas");
+        attributes.push(KeyValue::new("tollgate.quota.reports", buckets as i64));
+        ("RLQS usage report".into(), attributes)
+    });
+    parent.with_span(span)
 }
 
 /// Ends a report's span, with the stream's error if the report ended it.

@@ -38,10 +38,11 @@ use super::limits::{ConnPermit, Passed};
 use super::problem::no_route;
 use super::problem::{problem, Problem};
 use super::routes::{Route, RouteTable};
-use super::spans::{is_trace_header, Outgoing, RequestSpan};
+use super::spans::RequestSpan;
 use super::upstream::{Failure, Stream};
 use super::worker::Proxy;
 use crate::connections::Drain;
+use crate::traces::is_trace_header;
 
 /// How long a connection closed with unread input is still read from (and what it
 /// sends discarded), so that the client sees the answer before the close (nginx's
@@ -552,7 +553,7 @@ fn write_upstream_head(
     (method, target): (&str, &str),
     req: &httparse::Request<'_, '_>,
     head: &RequestHead<'_>,
-    trace: Option<&Outgoing>,
+    trace: Option<&crate::traces::Outgoing>,
 ) {
     out.clear();
     out.extend_from_slice(method.as_bytes());
