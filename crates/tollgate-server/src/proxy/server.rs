@@ -249,16 +249,17 @@ pub fn run(
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
     let (redis_runtime, redis) = connect(&store)?;
-    // The export task runs on a runtime of its own: the workers' are single-threaded.
-    let traces_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("tollgate-traces")
-        .enable_all()
-        .build()?;
+    // The export task runs on a runtime of its own (the workers' are single-threaded),
+    // made only when traces are on.
     let tracing = match &traces {
         Some(t) => {
-            let _on = traces_runtime.enter();
-            Some(Arc::new(crate::traces::Tracing::start(t)?))
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("tollgate-traces")
+                .enable_all()
+                .build()?;
+            let tracing = runtime.block_on(async { crate::traces::Tracing::start(t) })?;
+            Some((runtime, Arc::new(tracing)))
         }
         None => None,
     };
@@ -289,7 +290,7 @@ pub fn run(
             table.clone(),
             listener,
             connect_timeout,
-            tracing.clone(),
+            tracing.as_ref().map(|(_, t)| t.clone()),
         )
     };
     let mut threads = vec![worker(addr, Some(bound_tx))];
@@ -324,16 +325,16 @@ pub fn run(
         table.load().len(),
         store.describe()
     );
-    if let Some(t) = &tracing {
+    if let Some((_, t)) = &tracing {
         println!("  traces: {}", t.summary());
     }
     for t in threads {
         t.join()
             .map_err(|_| anyhow::anyhow!("a proxy worker panicked"))??;
     }
-    if let Some(t) = &tracing {
+    if let Some((runtime, t)) = &tracing {
         // The last requests' spans, if the collector takes them soon.
-        traces_runtime.block_on(t.flush(Duration::from_secs(2)));
+        runtime.block_on(t.flush(Duration::from_secs(2)));
     }
     drop(reloader); // it ends with the process
     drop(redis_runtime);
