@@ -272,6 +272,19 @@ async fn a_token_budget_holds_within_one_response_and_bad_usage_is_charged_the_e
     ] {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }
+    // Every answer of this proxy's route by status: the budget's 200s (and the two
+    // of key-gone), the rest of the 804 refused; each 200 timed upstream.
+    let served = 4 * BUDGET / 50 + 2;
+    for line in [
+        format!("tollgate_proxy_requests_total{{route=\"llm\",code=\"200\"}} {served}"),
+        format!(
+            "tollgate_proxy_requests_total{{route=\"llm\",code=\"429\"}} {}",
+            804 - 4 * BUDGET / 50
+        ),
+        format!("tollgate_proxy_upstream_duration_seconds_count{{route=\"llm\"}} {served}"),
+    ] {
+        assert!(metrics.contains(&line), "{line} not in\n{metrics}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -33,8 +33,14 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
     let f64_gauge = || Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     let (baseline, latency, delay) = (f64_gauge(), f64_gauge(), f64_gauge());
     let (admitted, shed, shed_by_priority) = (counter(), counter(), counter());
-    let (used, responses) = (counter(), counter());
+    let (used, responses, requests) = (counter(), counter(), counter());
+    let mut upstream_times = Vec::new();
     for route in table.routes() {
+        for (code, n) in route.stats.codes() {
+            let labels = vec![("route", route.name.clone()), ("code", code.to_string())];
+            requests.get_or_create(&labels).inc_by(n);
+        }
+        upstream_times.push((route.name.clone(), route.stats.upstream_times()));
         if let Some(cost) = &route.limits.cost {
             let r = vec![("route", route.name.clone())];
             used.get_or_create(&r)
@@ -85,6 +91,7 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
         }
     }
     let mut root = Registry::default();
+    root.register_collector(Box::new(UpstreamTimes(upstream_times)));
     if let Some(store) = &about.redis {
         let calls = RedisCalls::of(vec![("main", store.call_stats())]);
         root.register_collector(Box::new(calls));
@@ -100,6 +107,11 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
         "tls_certificate_expiry_days",
         "Days until each TLS listener's certificate expires (negative once it has), by listener",
         days,
+    );
+    registry.register(
+        "requests",
+        "Requests a route matched, by the status answered (the upstream's, or the proxy's own: 429 and 503 from the route's limits, 502 and 504 for the upstream)",
+        requests,
     );
     registry.register(
         "cost_usage_units",
@@ -152,6 +164,44 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &root);
     out
+}
+
+/// Each route's upstream times: `tollgate_proxy_upstream_duration_seconds{route}`.
+struct UpstreamTimes(Vec<(String, (u64, Vec<u64>))>);
+
+impl std::fmt::Debug for UpstreamTimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UpstreamTimes({} routes)", self.0.len())
+    }
+}
+
+impl prometheus_client::collector::Collector for UpstreamTimes {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use super::route_stats::UPSTREAM_BOUNDS_US;
+        use crate::service::metrics::buckets_of;
+        use prometheus_client::encoding::NoLabelSet;
+        let mut times = encoder.encode_descriptor(
+            "tollgate_proxy_upstream_duration_seconds",
+            "Time from sending a request upstream to its response head (or the proxy's 502 or 504), by route",
+            None,
+            prometheus_client::metrics::MetricType::Histogram,
+        )?;
+        for (route, (sum_us, counts)) in &self.0 {
+            let buckets = buckets_of(&UPSTREAM_BOUNDS_US, counts, 1e6);
+            times
+                .encode_family(&[("route", route.as_str())])?
+                .encode_histogram::<NoLabelSet>(
+                    *sum_us as f64 / 1e6,
+                    counts.iter().sum(),
+                    &buckets,
+                    None,
+                )?;
+        }
+        Ok(())
+    }
 }
 
 /// Serves `GET /metrics` on `listener` until the process ends.

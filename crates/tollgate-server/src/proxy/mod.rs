@@ -7,9 +7,9 @@
 //! makes its key, `limits` checks the rate counters and takes a `limit_conn` permit,
 //! `adaptive` a permit of the route's adaptive concurrency limit; `h1` or `forwarding`
 //! sends it upstream over `upstream`'s kept connections; `cost` reads what the response
-//! says it used and charges it; `problem` writes the proxy's own answers; `spans` traces
-//! it (`traces:`); `metrics` serves the adaptive limits' state and the charges
-//! (`proxy.metrics`).
+//! says it used and charges it; `problem` writes the proxy's own answers; `observe` counts
+//! each answer in its route's `route_stats` and traces it (`traces:`); `metrics`
+//! serves those counts, the adaptive limits' state and the charges (`proxy.metrics`).
 
 mod adaptive;
 mod admission;
@@ -19,10 +19,11 @@ mod h1;
 pub mod keys;
 mod limits;
 mod metrics;
+mod observe;
 mod problem;
+mod route_stats;
 mod routes;
 pub mod server;
-mod spans;
 mod upstream;
 mod worker;
 

@@ -12,6 +12,7 @@ use tollgate::keyed::KeyedOptions;
 use super::adaptive::RouteAdaptive;
 use super::keys::{self, KeyPart};
 use super::limits::{RedisBackend, RouteLimits};
+use super::route_stats::RouteStats;
 use crate::config::proxy::{MatchConfig, ProxyConfig, RouteConfig};
 
 /// One route, ready to serve.
@@ -29,6 +30,8 @@ pub(super) struct Route {
     pub limits: RouteLimits,
     /// Its adaptive concurrency limit (`adaptive:`).
     pub adaptive: Option<RouteAdaptive>,
+    /// Its answers by status and its upstream's times (kept across reloads with it).
+    pub stats: RouteStats,
 }
 
 /// The routes and their limiters: shared by every worker thread, replaced whole on
@@ -147,6 +150,7 @@ impl Route {
             key: keys::parse(&r.key, at)?,
             limits: RouteLimits::build(&r, at, options, redis)?,
             adaptive: RouteAdaptive::build(&r, at, old_adaptive)?,
+            stats: RouteStats::default(),
             name: r.name.clone(),
             matcher: r.matcher.clone(),
             target,

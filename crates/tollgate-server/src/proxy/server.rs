@@ -21,9 +21,9 @@ use super::admission::admit;
 use super::forwarding::{forward, Peer};
 use super::h1;
 use super::limits::RedisBackend;
+use super::observe::RequestObserver;
 use super::problem::no_route;
 use super::routes::RouteTable;
-use super::spans::RequestSpan;
 use super::worker::Proxy;
 use crate::config::proxy::ProxyConfig;
 use crate::config::store::{StoreConfig, StoreKind};
@@ -55,11 +55,12 @@ async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {
         None => (no_route().into_response(), false),
         Some(route) => {
             let path = req.uri().path();
-            let mut span = (proxy.tracing.as_ref())
-                .map(|t| RequestSpan::start(t, req.headers(), req.method().as_str(), path, route));
+            let method = req.method().as_str();
+            let mut observed =
+                RequestObserver::start(proxy.tracing.as_ref(), req.headers(), method, path, route);
             match admit(&table, route, peer, path, req.headers()).await {
                 Ok(passed) => {
-                    if let Some(span) = &mut span {
+                    if let Some(trace) = observed.upstream() {
                         let headers = req.headers_mut();
                         let theirs: Vec<_> = (headers.keys())
                             .filter(|n| is_trace_header(n.as_str()))
@@ -68,7 +69,7 @@ async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {
                         for name in theirs {
                             headers.remove(name);
                         }
-                        for (name, value) in span.upstream(route).0 {
+                        for (name, value) in trace.0 {
                             if let Ok(value) = HeaderValue::try_from(value) {
                                 headers.insert(name, value);
                             }
@@ -76,21 +77,17 @@ async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {
                     }
                     let forwarded =
                         forward(&proxy.upstreams, &table, route, peer, req, passed).await;
-                    if let Some(span) = &mut span {
-                        span.upstream_answered(match &forwarded {
-                            Ok(answer) => Ok(answer.status().as_u16()),
-                            Err(own) => Err(own.status().as_u16()),
-                        });
-                    }
+                    observed.upstream_answered(match &forwarded {
+                        Ok(answer) => Ok(answer.status().as_u16()),
+                        Err(own) => Err(own.status().as_u16()),
+                    });
                     match forwarded {
                         Ok(answer) => (answer, true),
                         Err(own) => (own, false),
                     }
                 }
                 Err(answer) => {
-                    if let Some(span) = span {
-                        span.refused(answer.status.as_u16());
-                    }
+                    observed.refused(answer.status.as_u16());
                     (answer.into_response(), false)
                 }
             }

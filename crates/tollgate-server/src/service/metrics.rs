@@ -69,6 +69,16 @@ impl RedisCalls {
     }
 }
 
+/// A histogram's buckets for an encoder: each bound (in units of which `per_unit`
+/// make one, e.g. µs for seconds: 1e6), then +Inf, with the count in each.
+pub fn buckets_of(bounds: &[u64], counts: &[u64], per_unit: f64) -> Vec<(f64, u64)> {
+    // Divided, not multiplied: 250 / 1e6 prints 0.00025, 250 * 1e-6 does not.
+    (bounds.iter().map(|b| *b as f64 / per_unit))
+        .chain([f64::INFINITY])
+        .zip(counts.iter().copied())
+        .collect()
+}
+
 impl prometheus_client::collector::Collector for RedisCalls {
     fn encode(
         &self,
@@ -81,15 +91,6 @@ impl prometheus_client::collector::Collector for RedisCalls {
         if stores.is_empty() {
             return Ok(());
         }
-        // Divided, not multiplied: 250 / 1e6 prints 0.00025, 250 * 1e-6 does not.
-        let buckets = |bounds: &[u64], counts: &[u64], per_unit: f64| -> Vec<(f64, u64)> {
-            (bounds
-                .iter()
-                .map(|b| *b as f64 / per_unit)
-                .chain([f64::INFINITY]))
-            .zip(counts.iter().copied())
-            .collect()
-        };
         let mut times = encoder.encode_descriptor(
             "tollgate_redis_call_duration_seconds",
             "Time from sending a call to Redis to its answer (or error, or timeout), by store and kind (decide, lease, other)",
@@ -106,7 +107,7 @@ impl prometheus_client::collector::Collector for RedisCalls {
                         t.sum_us as f64 / 1e6,
                         // What the buckets hold, so that count and buckets agree.
                         t.buckets.iter().sum(),
-                        &buckets(&CALL_BOUNDS_US, &t.buckets, 1e6),
+                        &buckets_of(&CALL_BOUNDS_US, &t.buckets, 1e6),
                         None,
                     )?;
             }
@@ -137,7 +138,7 @@ impl prometheus_client::collector::Collector for RedisCalls {
                 .encode_histogram::<NoLabelSet>(
                     stats.checks as f64,
                     stats.batches.iter().sum(),
-                    &buckets(&BATCH_BOUNDS, &stats.batches, 1.0),
+                    &buckets_of(&BATCH_BOUNDS, &stats.batches, 1.0),
                     None,
                 )?;
         }

@@ -35,10 +35,10 @@ use super::admission::admit;
 use super::cost::{Metered, Outcome};
 use super::forwarding::{body_stalled, forwarding, upstream_failed, Peer, TIMED_OUT, UNREACHABLE};
 use super::limits::{ConnPermit, Passed};
+use super::observe::RequestObserver;
 use super::problem::no_route;
 use super::problem::{problem, Problem};
 use super::routes::{Route, RouteTable};
-use super::spans::RequestSpan;
 use super::upstream::{Failure, Stream};
 use super::worker::Proxy;
 use crate::connections::Drain;
@@ -239,18 +239,16 @@ impl Conn {
             // Its raw upstream sockets are plaintext: hyper's pool speaks TLS.
             return Next::Hyper;
         }
-        let mut span = (proxy.tracing.as_ref())
-            .map(|t| RequestSpan::start(t, &*req.headers, method, path, route));
+        let mut observed =
+            RequestObserver::start(proxy.tracing.as_ref(), &*req.headers, method, path, route);
         let passed = match admit(&table, route, peer, path, req.headers).await {
             Ok(passed) => passed,
             Err(answer) => {
-                if let Some(span) = span {
-                    span.refused(answer.status.as_u16());
-                }
+                observed.refused(answer.status.as_u16());
                 return self.answer(io, end, &answer, instead, to_head).await;
             }
         };
-        let trace = span.as_mut().map(|s| s.upstream(route));
+        let trace = observed.upstream();
         write_upstream_head(
             &mut self.up_head,
             (&table, route, peer),
@@ -271,7 +269,7 @@ impl Conn {
                     method,
                     "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
                 ),
-            span,
+            observed,
         };
         let route = route.clone();
         self.buf.advance(end);
@@ -329,9 +327,7 @@ impl Conn {
                     // The client went away mid-body.
                     BodyError::Read(_) | BodyError::Write => return Next::Close,
                 };
-                if let Some(span) = &mut req.span {
-                    span.answered(answer.status.as_u16());
-                }
+                req.observed.answered(answer.status.as_u16());
                 return self.reply(io, &answer, true, req.to_head).await;
             }
             Ok(Err(Sent::Upstream)) => Err(UNREACHABLE),
@@ -342,9 +338,7 @@ impl Conn {
             Err(failure) => {
                 drop(passed);
                 let answer = upstream_failed(route, adaptive, pending, failure);
-                if let Some(span) = &mut req.span {
-                    span.upstream_answered(Err(answer.status.as_u16()));
-                }
+                req.observed.upstream_answered(Err(answer.status.as_u16()));
                 return self.reply(io, &answer, close, req.to_head).await;
             }
         };
@@ -364,14 +358,10 @@ impl Conn {
         let Some((code, head)) = head else {
             drop(passed);
             let answer = upstream_failed(route, adaptive, pending, UNREACHABLE);
-            if let Some(span) = &mut req.span {
-                span.upstream_answered(Err(answer.status.as_u16()));
-            }
+            req.observed.upstream_answered(Err(answer.status.as_u16()));
             return self.reply(io, &answer, close, req.to_head).await;
         };
-        if let Some(span) = &mut req.span {
-            span.upstream_answered(Ok(code));
-        }
+        req.observed.upstream_answered(Ok(code));
         let mut adaptive = adaptive;
         if let (Some(hold), Ok(status)) = (&mut adaptive, StatusCode::from_u16(code)) {
             hold.answered(status);
@@ -611,8 +601,9 @@ struct Request {
     close: bool,
     expect_continue: bool,
     resendable: bool,
-    /// Its trace spans, when traces are on (ended as it is dropped).
-    span: Option<RequestSpan>,
+    /// Its answer and upstream time as counted, its trace spans (ended as it is
+    /// dropped).
+    observed: RequestObserver,
 }
 
 /// Why a request did not get its response head.
