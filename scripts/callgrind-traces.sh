@@ -7,7 +7,10 @@
 # exporting to an OTLP/HTTP sink on Python's http.server. wrk drives each on kept
 # connections; the figures are per request, after a warm-up.
 #
-# Usage: scripts/callgrind-traces.sh      (needs valgrind, wrk, python3)
+# With BASELINE_BIN (another build, e.g. the previous release) its figures without
+# traces are counted too, in the same run.
+#
+# Usage: [BASELINE_BIN=old/tollgate] scripts/callgrind-traces.sh   (valgrind, wrk, python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/bench.sh
@@ -43,6 +46,14 @@ printf 'proxy:\n  routes:\n    - name: api\n      upstream: http://127.0.0.1:%s\
     >"$work/proxy.yaml"
 
 declare -A per
+if [ -n "${BASELINE_BIN:-}" ]; then
+  p=$(free_port)
+  callgrind_per_request "$work" "serve_baseline" "http://127.0.0.1:$p/v1/check" "-s $work/check.lua" \
+    "$BASELINE_BIN" serve --http "127.0.0.1:$p" --grpc "127.0.0.1:$(free_port)" --workers 1
+  p=$(free_port)
+  callgrind_per_request "$work" "proxy_baseline" "http://127.0.0.1:$p/api/x" "-H X-Api-Key:k1" \
+    "$BASELINE_BIN" proxy --config "$work/proxy.yaml" --listen "127.0.0.1:$p"
+fi
 unsampled="-H traceparent:00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
 for form in off 1pct context all; do
   context=""

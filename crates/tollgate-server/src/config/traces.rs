@@ -206,8 +206,11 @@ pub struct TraceSettings {
     pub ca_file: Option<PathBuf>,
     /// Client certificate and key.
     pub identity: Option<(PathBuf, PathBuf)>,
-    /// `service.name`.
+    /// `service.name` from the file (default `tollgate`); `OTEL_RESOURCE_ATTRIBUTES`
+    /// may name it otherwise.
     pub service_name: String,
+    /// `OTEL_SERVICE_NAME`, which wins over both.
+    pub service_name_override: Option<String>,
     /// Resource attributes from the file (`OTEL_RESOURCE_ATTRIBUTES` is read by the
     /// SDK's detector).
     pub resource: Vec<(String, String)>,
@@ -254,8 +257,14 @@ impl TracesConfig {
                 .map(|v| (signal.to_string(), v))
                 .or_else(|| var(general).map(|v| (general.to_string(), v)))
         };
+        // The specification: only "true" disables; any other value is false, said.
         let disabled = match var("OTEL_SDK_DISABLED") {
-            Some(v) => bool_var("OTEL_SDK_DISABLED", &v)?,
+            Some(v) if v.trim().eq_ignore_ascii_case("true") => true,
+            Some(v) if v.trim().eq_ignore_ascii_case("false") => false,
+            Some(v) => {
+                tracing::warn!("OTEL_SDK_DISABLED={v}: not true or false, taken as false");
+                false
+            }
             None => false,
         };
         let exporter = match var("OTEL_TRACES_EXPORTER").as_deref() {
@@ -287,6 +296,23 @@ impl TracesConfig {
             Some((name, v)) => Protocol::parse(&name, &v)?,
             None => self.protocol.unwrap_or(Protocol::HttpProtobuf),
         };
+        // Credentials in a URL would be printed (the banner, errors): refused, unprinted.
+        let userinfo = |url: &str| {
+            url.split_once("://").is_some_and(|(_, rest)| {
+                rest.split(['/', '?', '#'])
+                    .next()
+                    .is_some_and(|a| a.contains('@'))
+            })
+        };
+        match &endpoint_var {
+            Some((name, url)) if userinfo(url) => bail!(
+                "{name}: credentials in the URL are not taken (they would be printed): send them as OTEL_EXPORTER_OTLP_HEADERS"
+            ),
+            None if self.endpoint.as_deref().is_some_and(userinfo) => bail!(
+                "traces.endpoint: credentials in the URL are not taken (they would be printed): send them in traces.headers"
+            ),
+            _ => {}
+        }
         let endpoint = match endpoint_var {
             Some((name, url)) => {
                 let signal = name.contains("TRACES");
@@ -360,9 +386,8 @@ impl TracesConfig {
             ),
         };
 
-        let service_name = var("OTEL_SERVICE_NAME")
-            .or_else(|| self.service_name.clone())
-            .unwrap_or_else(|| "tollgate".into());
+        let service_name = (self.service_name.clone()).unwrap_or_else(|| "tollgate".into());
+        let service_name_override = var("OTEL_SERVICE_NAME");
         let sampler = match var("OTEL_TRACES_SAMPLER") {
             Some(v) => SamplerKind::parse("OTEL_TRACES_SAMPLER", &v)?,
             None => self.sampler.unwrap_or(SamplerKind::ParentbasedAlwaysOn),
@@ -408,6 +433,7 @@ impl TracesConfig {
             ca_file,
             identity,
             service_name,
+            service_name_override,
             resource: self.resource.clone().into_iter().collect(),
             sampler,
             ratio,
@@ -416,14 +442,6 @@ impl TracesConfig {
             batch,
             delay,
         }))
-    }
-}
-
-fn bool_var(name: &str, v: &str) -> anyhow::Result<bool> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "true" => Ok(true),
-        "false" => Ok(false),
-        _ => bail!("{name}={v}: not true or false"),
     }
 }
 
@@ -555,7 +573,8 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(s.endpoint, "https://sig:1/custom");
-        assert_eq!(s.service_name, "envsvc");
+        assert_eq!(s.service_name, "svc");
+        assert_eq!(s.service_name_override.as_deref(), Some("envsvc"));
         assert_eq!(
             (s.sampler, s.ratio),
             (SamplerKind::ParentbasedTraceIdRatio, 0.01)
@@ -598,7 +617,6 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip", "uncompressed"),
             ("OTEL_PROPAGATORS", "tracecontext,jaeger", "jaeger"),
             ("OTEL_TRACES_EXPORTER", "zipkin", "OTLP only"),
-            ("OTEL_SDK_DISABLED", "yes", "true or false"),
             ("OTEL_BSP_MAX_QUEUE_SIZE", "0", "above 0"),
             ("OTEL_BSP_SCHEDULE_DELAY", "soon", "milliseconds"),
         ] {
@@ -626,6 +644,23 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(!format!("{s:?}").contains("topsecret"));
+        let e = format!(
+            "{:#}",
+            on.resolve(&env(&[(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://u:s3cret@c:4318"
+            )]))
+            .unwrap_err()
+        );
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_ENDPOINT") && !e.contains("s3cret"),
+            "{e}"
+        );
+        // Only "true" disables; another value is false (with a warning), as specified.
+        assert!(on
+            .resolve(&env(&[("OTEL_SDK_DISABLED", "1")]))
+            .unwrap()
+            .is_some());
         let e = serde_yaml_ng::from_str::<TracesConfig>("sampler: sometimes").unwrap_err();
         assert!(e.to_string().contains("sometimes"), "{e}");
     }

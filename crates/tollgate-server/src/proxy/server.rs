@@ -29,7 +29,6 @@ use crate::config::proxy::ProxyConfig;
 use crate::config::store::{StoreConfig, StoreKind};
 use crate::config::Connections;
 use crate::connections::{BodyTimeout, Drain, HyperConns, Rewind, Slots};
-use crate::traces::is_trace_header;
 
 /// Every request hyper serves: its route, its key, its limits, then the upstream.
 async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {
@@ -63,13 +62,13 @@ async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {
                     if let Some(trace) = observed.upstream() {
                         let headers = req.headers_mut();
                         let theirs: Vec<_> = (headers.keys())
-                            .filter(|n| is_trace_header(n.as_str()))
+                            .filter(|n| trace.replaces(n.as_str()))
                             .cloned()
                             .collect();
                         for name in theirs {
                             headers.remove(name);
                         }
-                        for (name, value) in trace.0 {
+                        for (name, value) in trace.headers {
                             if let Ok(value) = HeaderValue::try_from(value) {
                                 headers.insert(name, value);
                             }

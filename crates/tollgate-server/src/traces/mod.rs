@@ -56,11 +56,16 @@ impl Tracing {
     /// the current Tokio runtime. Errors name the setting (a TLS file, the URL).
     pub fn start(settings: &TraceSettings) -> anyhow::Result<Tracing> {
         let s = settings;
-        let resource = Resource::builder_empty()
-            .with_detector(Box::new(EnvResourceDetector::new()))
-            .with_attributes((s.resource.iter()).map(|(k, v)| KeyValue::new(k.clone(), v.clone())))
+        // What is added later wins: the file's (and the default name), then
+        // OTEL_RESOURCE_ATTRIBUTES, then OTEL_SERVICE_NAME, as the specification orders.
+        let mut resource = Resource::builder_empty()
             .with_service_name(s.service_name.clone())
-            .build();
+            .with_attributes((s.resource.iter()).map(|(k, v)| KeyValue::new(k.clone(), v.clone())))
+            .with_detector(Box::new(EnvResourceDetector::new()));
+        if let Some(name) = &s.service_name_override {
+            resource = resource.with_service_name(name.clone());
+        }
+        let resource = resource.build();
         let uri: http::Uri = s.endpoint.parse()?;
         let https = uri.scheme_str() == Some("https");
         let client_tls = |alpn: &[&[u8]]| -> anyhow::Result<Option<ClientTls>> {
@@ -113,7 +118,11 @@ impl Tracing {
         );
         let summary = format!(
             "{} {:?}, sampler {:?} {}, service {}",
-            s.endpoint, s.protocol, s.sampler, s.ratio, s.service_name
+            s.endpoint,
+            s.protocol,
+            s.sampler,
+            s.ratio,
+            (s.service_name_override.as_ref()).unwrap_or(&s.service_name)
         );
         Ok(Tracing {
             provider,
@@ -210,7 +219,10 @@ impl Tracing {
     /// propagators: theirs format each id through `format!`, which cost the proxy
     /// 4,000 instructions a request (callgrind).
     pub fn inject(&self, cx: &Context, span: &SpanContext) -> Outgoing {
-        let mut out = Outgoing(Vec::with_capacity(4));
+        let mut out = Outgoing {
+            headers: Vec::with_capacity(4),
+            formats: self.formats.iter().fold(0, |m, p| m | group(*p)),
+        };
         let sampled = span.is_sampled();
         // `TRACE-SPAN-F`: the ids in hex, then B3's sampled flag.
         let mut ids = [b'-'; 51];
@@ -226,17 +238,17 @@ impl Tracing {
                     parent.push_str("00-");
                     parent.push_str(&ids[..49]);
                     parent.push_str(if sampled { "-01" } else { "-00" });
-                    out.0.push(("traceparent", parent));
+                    out.headers.push(("traceparent", parent));
                     let state = span.trace_state().header();
-                    if !state.is_empty() {
-                        out.0.push(("tracestate", state));
+                    if !state.is_empty() && http::HeaderValue::from_str(&state).is_ok() {
+                        out.headers.push(("tracestate", state));
                     }
                 }
-                Propagator::B3 => out.0.push(("b3", text(ids))),
+                Propagator::B3 => out.headers.push(("b3", text(ids))),
                 Propagator::B3multi => {
-                    out.0.push(("x-b3-traceid", text(&ids[..32])));
-                    out.0.push(("x-b3-spanid", text(&ids[33..49])));
-                    out.0.push(("x-b3-sampled", text(&ids[50..])));
+                    out.headers.push(("x-b3-traceid", text(&ids[..32])));
+                    out.headers.push(("x-b3-spanid", text(&ids[33..49])));
+                    out.headers.push(("x-b3-sampled", text(&ids[50..])));
                 }
                 Propagator::Baggage => BaggagePropagator::new().inject_context(cx, &mut out),
             }
@@ -304,15 +316,54 @@ fn hex(out: &mut [u8], bytes: &[u8]) {
     }
 }
 
-/// The trace headers for an upstream ([`Tracing::inject`]).
+/// The trace headers for an upstream ([`Tracing::inject`]), which replace the
+/// client's headers of the same formats (and only those).
 #[derive(Debug, Default)]
-pub struct Outgoing(pub Vec<(&'static str, String)>);
+pub struct Outgoing {
+    /// The headers to send.
+    pub headers: Vec<(&'static str, String)>,
+    /// The formats written ([`group`] bits).
+    formats: u8,
+}
+
+impl Outgoing {
+    /// Whether the client's header `name` is replaced: it belongs to a format written.
+    pub fn replaces(&self, name: &str) -> bool {
+        let is = |n: &str| name.eq_ignore_ascii_case(n);
+        let b3 = is("b3")
+            || name
+                .get(..5)
+                .is_some_and(|p| p.eq_ignore_ascii_case("x-b3-"));
+        let group = match () {
+            _ if is("traceparent") || is("tracestate") => W3C,
+            _ if is("baggage") => BAGGAGE,
+            _ if b3 => B3,
+            _ => 0,
+        };
+        self.formats & group != 0
+    }
+}
+
+/// The header groups of the formats.
+const W3C: u8 = 1;
+const BAGGAGE: u8 = 2;
+const B3: u8 = 4;
+
+fn group(p: Propagator) -> u8 {
+    match p {
+        Propagator::Tracecontext => W3C,
+        Propagator::Baggage => BAGGAGE,
+        Propagator::B3 | Propagator::B3multi => B3,
+    }
+}
 
 impl Injector for Outgoing {
-    /// Only `baggage` comes this way (from its propagator); an empty value is not sent.
+    /// Only `baggage` comes this way (from its propagator). A value that is not a
+    /// valid header value is not sent: the baggage propagator writes back what it
+    /// percent-decoded, and a CR LF in it would split the upstream request.
     fn set(&mut self, key: &str, value: String) {
-        if key == "baggage" && !value.is_empty() {
-            self.0.push(("baggage", value));
+        if key == "baggage" && !value.is_empty() && http::HeaderValue::from_str(&value).is_ok() {
+            self.headers.push(("baggage", value));
         }
     }
 }
@@ -468,7 +519,9 @@ mod tests {
             );
             SpanContext::new(trace, id, flags, false, TraceState::default())
         };
-        let out = t.inject(&Context::new(), &span(TraceFlags::SAMPLED)).0;
+        let out = t
+            .inject(&Context::new(), &span(TraceFlags::SAMPLED))
+            .headers;
         let expected = [
             ("b3", format!("{TRACE}-{SPAN}-1")),
             ("traceparent", format!("00-{TRACE}-{SPAN}-01")),
@@ -477,10 +530,25 @@ mod tests {
             ("x-b3-sampled", "1".to_string()),
         ];
         assert_eq!(out, expected);
-        let out = t.inject(&Context::new(), &span(TraceFlags::default())).0;
+        let written = t.inject(&Context::new(), &span(TraceFlags::default()));
+        for name in ["Traceparent", "tracestate", "b3", "X-B3-Sampled", "baggage"] {
+            assert!(written.replaces(name), "{name}");
+        }
+        assert!(!written.replaces("x-b3") && !written.replaces("content-type"));
+        let out = written.headers;
         assert_eq!(out[0].1, format!("{TRACE}-{SPAN}-0"));
         assert_eq!(out[1].1, format!("00-{TRACE}-{SPAN}-00"));
         assert_eq!(out[4].1, "0");
+    }
+
+    #[tokio::test]
+    async fn only_the_formats_written_replace_the_clients_headers() {
+        let t = tracing("[tracecontext]");
+        let written = t.inject(&Context::new(), &SpanContext::empty_context());
+        assert!(written.replaces("traceparent") && written.replaces("tracestate"));
+        for kept in ["b3", "x-b3-traceid", "baggage"] {
+            assert!(!written.replaces(kept), "{kept}");
+        }
     }
 
     #[tokio::test]

@@ -331,13 +331,14 @@ def spans_of_serve_over_grpc():
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
         "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attributes",
     }, "grpc")
     trace, parent = ids()
     serve.should_rate_limit("erin", [("x-b3-traceid", trace), ("x-b3-spanid", parent),
                                      ("x-b3-sampled", "1")])
     s = collector.wait_for("OTLP/gRPC: the span arrives", lambda s: s["trace"] == trace)
-    check("OTLP/gRPC: parent and service name",
-          s["parent"] == parent and s["resource"].get("service.name") == "tollgate", s)
+    check("OTLP/gRPC: parent, and the service named by OTEL_RESOURCE_ATTRIBUTES",
+          s["parent"] == parent and s["resource"].get("service.name") == "from-attributes", s)
     serve.stop()
     server.stop(0)
 
@@ -455,6 +456,12 @@ def spans_of_the_proxy(collector, endpoint):
         check(f"proxy ({form}): the upstream's parent is the upstream call's span",
               call["parent"] == server["span"] and call["span"] == sent_parent
               and call["attrs"].get("http.response.status_code") == 200, call)
+
+    # Baggage whose percent-decoded property holds CR LF: never a header of its own.
+    r = client.get("/baggage", headers={"x-key": "b", "baggage": "k=v;p%0D%0AX-Injected:%20yes"})
+    check("proxy: answered despite a baggage with an encoded CR LF", r.status_code == 200, r)
+    check("proxy: ... and no header injected upstream",
+          "x-injected" not in Upstream.seen["/baggage"], Upstream.seen["/baggage"])
 
     # Over the limit: refused here, nothing sent upstream.
     trace, parent = ids()

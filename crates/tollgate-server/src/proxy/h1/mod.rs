@@ -42,7 +42,6 @@ use super::routes::{Route, RouteTable};
 use super::upstream::{Failure, Stream};
 use super::worker::Proxy;
 use crate::connections::Drain;
-use crate::traces::is_trace_header;
 
 /// How long a connection closed with unread input is still read from (and what it
 /// sends discarded), so that the client sees the answer before the close (nginx's
@@ -574,11 +573,11 @@ fn write_upstream_head(
     let named = message::connection_named(req.headers);
     for h in req.headers.iter() {
         // With traces on, the proxy's trace context replaces the client's.
-        if message::passes(h.name, &named, skip) && !(trace.is_some() && is_trace_header(h.name)) {
+        if message::passes(h.name, &named, skip) && !trace.is_some_and(|t| t.replaces(h.name)) {
             message::header(out, h.name.as_bytes(), h.value);
         }
     }
-    for (name, value) in trace.iter().flat_map(|t| &t.0) {
+    for (name, value) in trace.iter().flat_map(|t| &t.headers) {
         message::header(out, name.as_bytes(), value.as_bytes());
     }
     if head.host.is_none() {
