@@ -30,6 +30,8 @@ need redis-tools /usr/bin/redis-cli
 need openssl /usr/bin/openssl
 # TLS on the listeners: curl speaks HTTP/1.1 and HTTP/2 over TLS to them.
 need curl /usr/bin/curl
+# The dashboards' and alert rules' test runs Debian's Prometheus (and promtool).
+need prometheus /usr/bin/prometheus
 # A terminal for the progress-line test (util-linux's script).
 need bsdutils /usr/bin/script
 # The foreign-client tests drive `serve` from Python: grpcio with the stubs xds-protos

@@ -641,6 +641,15 @@ async fn hot_reload_keeps_unchanged_rules_and_rejects_bad_files() {
     );
     assert_eq!(check(&server, "live", &[user]).await.0, 429);
     assert_eq!(check(&server, "live", &[&[("team", "t")]]).await.0, 429);
+    let sample = |text: &str, series: &str| -> f64 {
+        (text.lines())
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+    };
+    let (_, _, metrics) = request(&server, "GET", "/metrics", "", None).await;
+    let text = metrics.as_str().unwrap().to_string();
+    assert_eq!(sample(&text, "tollgate_config_last_reload_successful"), 0.0);
+    assert!(sample(&text, "tollgate_config_reloads_total{result=\"failed\"}") >= 1.0);
 
     // SIGHUP reloads too (the good file again).
     std::fs::write(&file, &v2).unwrap();
@@ -653,14 +662,8 @@ async fn hot_reload_keeps_unchanged_rules_and_rejects_bad_files() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let (_, _, metrics) = request(&server, "GET", "/metrics", "", None).await;
     let text = metrics.as_str().unwrap().to_string();
-    assert!(
-        text.contains("tollgate_config_reloads_total{result=\"failed\"}"),
-        "{text}"
-    );
-    assert!(
-        text.contains("tollgate_config_reloads_total{result=\"ok\"}"),
-        "{text}"
-    );
+    assert_eq!(sample(&text, "tollgate_config_last_reload_successful"), 1.0);
+    assert!(sample(&text, "tollgate_config_reloads_total{result=\"ok\"}") >= 2.0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

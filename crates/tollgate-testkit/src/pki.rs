@@ -45,6 +45,12 @@ impl Pki {
         self.leaf(name, "ca", san, None);
     }
 
+    /// Like [`Pki::issue`], but made on `date` (`YYYY-MM-DD`, under libfaketime) and
+    /// valid 30 days from it: a certificate about to expire.
+    pub fn issue_made_on(&self, name: &str, san: &str, date: &str) {
+        self.leaf(name, "ca", san, Some(date));
+    }
+
     /// The path of `name` (e.g. `ca.pem`, `server.pem`, `server.key`).
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)

@@ -83,6 +83,21 @@ fn redis_name(route: &str, part: &str) -> String {
 }
 
 impl RouteLimits {
+    /// What the route's Redis counters saw: their calls' outcomes, and whether Redis is
+    /// failing now (nothing on the memory store).
+    pub fn redis_stats(&self) -> tollgate::redis::RedisStats {
+        let mut stats = crate::service::counters::StoreStats::default();
+        let tiers = self.tiers.iter().filter_map(|(_, c)| c.as_ref());
+        for counters in self.default.iter().chain(tiers) {
+            stats.add(&counters.counter);
+        }
+        let mut redis = stats.redis;
+        if let Some(Conns::Redis(conns)) = &self.conns {
+            redis += conns.stats();
+        }
+        redis
+    }
+
     /// Builds route `r`'s limits (`at` names it in errors), on Redis when `redis`.
     pub fn build(
         r: &RouteConfig,

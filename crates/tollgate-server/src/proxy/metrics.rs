@@ -2,6 +2,7 @@
 //! route's adaptive limit, and what its `cost:` charged, read at scrape time; the
 //! build and the process ([`crate::process_metrics`]).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -12,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::routes::RouteTable;
-use crate::service::metrics::RedisCalls;
+use crate::service::metrics::{redis_events_of, RedisCalls};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -23,6 +24,37 @@ pub(super) struct About {
     pub listeners: Vec<(&'static str, crate::tls::ServerTls)>,
     /// The Redis store the routes count in, if any.
     pub redis: Option<tollgate::redis::RedisStore>,
+    /// The configuration's reloads.
+    pub reloads: Arc<Reloads>,
+}
+
+/// The configuration's reloads (SIGHUP or a changed file), counted by the thread that
+/// reloads and read at each scrape.
+#[derive(Debug)]
+pub(super) struct Reloads {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    /// Whether the last one was put in force (true until one fails).
+    last_ok: AtomicBool,
+}
+
+impl Default for Reloads {
+    fn default() -> Self {
+        Reloads {
+            ok: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            last_ok: AtomicBool::new(true),
+        }
+    }
+}
+
+impl Reloads {
+    /// Counts a reload: put in force (`ok`) or rejected.
+    pub fn count(&self, ok: bool) {
+        let n = if ok { &self.ok } else { &self.failed };
+        n.fetch_add(1, Relaxed);
+        self.last_ok.store(ok, Relaxed);
+    }
 }
 
 /// The metrics text for the routes in `table`.
@@ -36,6 +68,12 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
     let (used, responses, requests) = (counter(), counter(), counter());
     let mut upstream_times = Vec::new();
     for route in table.routes() {
+        // The usual answers are there from the start at 0, so that a share of them
+        // (429s among all) has a series before the first one.
+        for code in [200, 429, 503] {
+            let labels = vec![("route", route.name.clone()), ("code", code.to_string())];
+            let _ = requests.get_or_create(&labels);
+        }
         for (code, n) in route.stats.codes() {
             let labels = vec![("route", route.name.clone()), ("code", code.to_string())];
             requests.get_or_create(&labels).inc_by(n);
@@ -43,14 +81,11 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
         upstream_times.push((route.name.clone(), route.stats.upstream_times()));
         if let Some(cost) = &route.limits.cost {
             let r = vec![("route", route.name.clone())];
-            used.get_or_create(&r)
-                .inc_by(cost.used.load(std::sync::atomic::Ordering::Relaxed));
+            used.get_or_create(&r).inc_by(cost.used.load(Relaxed));
             for (outcome, n) in super::cost::OUTCOMES.iter().zip(&cost.outcomes) {
                 let mut l = r.clone();
                 l.push(("outcome", outcome.to_string()));
-                responses
-                    .get_or_create(&l)
-                    .inc_by(n.load(std::sync::atomic::Ordering::Relaxed));
+                responses.get_or_create(&l).inc_by(n.load(Relaxed));
             }
         }
         let Some(adaptive) = &route.adaptive else {
@@ -95,6 +130,22 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
     if let Some(store) = &about.redis {
         let calls = RedisCalls::of(vec![("main", store.call_stats())]);
         root.register_collector(Box::new(calls));
+        let mut stats = tollgate::redis::RedisStats::default();
+        for route in table.routes() {
+            stats += route.limits.redis_stats();
+        }
+        let events = gauge();
+        for (event, n) in redis_events_of(&stats) {
+            let labels = vec![("event", event.to_string())];
+            events
+                .get_or_create(&labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        root.register(
+            "tollgate_redis_events",
+            "The Redis store's events, summed over the routes in force: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries since they were made; failing is 1 while Redis fails",
+            events,
+        );
     }
     let registry = crate::process_metrics::register(&mut root, "tollgate_proxy");
     let days = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
@@ -107,6 +158,23 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
         "tls_certificate_expiry_days",
         "Days until each TLS listener's certificate expires (negative once it has), by listener",
         days,
+    );
+    let reloads = counter();
+    for (result, n) in [("ok", &about.reloads.ok), ("failed", &about.reloads.failed)] {
+        let labels = vec![("result", result.to_string())];
+        reloads.get_or_create(&labels).inc_by(n.load(Relaxed));
+    }
+    registry.register(
+        "config_reloads",
+        "Configuration reloads (SIGHUP or a changed file), by result (ok, failed)",
+        reloads,
+    );
+    let last_ok = Gauge::<i64>::default();
+    last_ok.set(i64::from(about.reloads.last_ok.load(Relaxed)));
+    registry.register(
+        "config_last_reload_successful",
+        "1 while the last configuration reload was put in force (or none was tried), 0 after one was rejected",
+        last_ok,
     );
     registry.register(
         "requests",

@@ -172,10 +172,10 @@ impl Drop for RequestObserver {
         }
         match self.status {
             Some(status) => {
-                let code = KeyValue::new("http.response.status_code", i64::from(status));
+                let (code, error) = crate::traces::http_answer(status);
                 t.span.set_attribute(code);
-                if status >= 500 {
-                    t.span.set_status(Status::error(format!("HTTP {status}")));
+                if let Some(error) = error {
+                    t.span.set_status(Status::error(error));
                 }
             }
             None => t.span.set_status(Status::error("the client went away")),

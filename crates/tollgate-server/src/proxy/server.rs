@@ -266,9 +266,20 @@ pub fn run(
         redis.as_ref(),
     )?));
     let (catching_tx, catching) = std::sync::mpsc::channel::<()>();
+    let reloads = Arc::new(super::metrics::Reloads::default());
     let reloader = {
         let (table, path, redis) = (table.clone(), path.to_path_buf(), redis.clone());
-        std::thread::spawn(move || watch(&path, &table, redis.as_ref(), at_start, catching_tx))
+        let reloads = reloads.clone();
+        std::thread::spawn(move || {
+            watch(
+                &path,
+                &table,
+                redis.as_ref(),
+                at_start,
+                catching_tx,
+                move |ok| reloads.count(ok),
+            )
+        })
     };
     // SIGHUP is caught before the proxy says it is up (else it would end the process).
     let _ = catching.recv();
@@ -309,6 +320,7 @@ pub fn run(
                     .filter_map(|(name, tls)| Some((name, tls?)))
                     .collect(),
                 redis: redis.as_ref().map(|(store, _)| store.clone()),
+                reloads: reloads.clone(),
             };
             spawn_metrics(addr, table.clone(), slots.clone(), metrics_tls, about)
         })
@@ -487,13 +499,14 @@ impl AtStart {
 /// second). A bad file is rejected with a logged error and the old routes stay;
 /// unchanged routes keep their counters. The store stays the one the proxy started
 /// with (a changed `store:` section takes a restart). Says on `catching` once SIGHUP
-/// is caught.
+/// is caught, and on `counted` whether each reload was put in force.
 fn watch(
     path: &std::path::Path,
     table: &ArcSwap<RouteTable>,
     redis: Option<&RedisBackend>,
     at_start: AtStart,
     catching: std::sync::mpsc::Sender<()>,
+    counted: impl Fn(bool),
 ) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -502,7 +515,7 @@ fn watch(
         return;
     };
     let reload = |reason: &str| {
-        let reloaded = load(path).and_then(|loaded| {
+        let result = load(path).and_then(|loaded| {
             if AtStart::of(&loaded.proxy) != at_start {
                 tracing::warn!(
                     "tollgate proxy: listen, metrics, connect_timeout and tls take a restart \
@@ -512,7 +525,8 @@ fn watch(
             }
             RouteTable::new(loaded.proxy, loaded.options, Some(&table.load()), redis)
         });
-        match reloaded {
+        counted(result.is_ok());
+        match result {
             Ok(new) => {
                 table.store(Arc::new(new));
                 tracing::info!(reason, "tollgate proxy: configuration reloaded ({reason})");

@@ -23,6 +23,8 @@ pub struct Metrics {
     near_limit_ratio: f32,
     latency: Histogram,
     reloads: Family<Labels, Counter>,
+    /// Whether the last reload was put in force.
+    last_reload_ok: Gauge,
     keys: Family<Labels, Gauge>,
     /// The Redis store's counters (monotonic sums over its limiters), by event.
     redis: Family<Labels, Gauge>,
@@ -67,6 +69,20 @@ impl RedisCalls {
     pub fn of(stores: Vec<(&'static str, tollgate::redis::CallStats)>) -> RedisCalls {
         RedisCalls(std::sync::Mutex::new(stores))
     }
+}
+
+/// The Redis store's health and counts as `tollgate_redis_events{event}` names them
+/// (`serve`'s and the proxy's).
+pub fn redis_events_of(s: &tollgate::redis::RedisStats) -> [(&'static str, u64); 7] {
+    [
+        ("decisions", s.redis_decisions),
+        ("errors", s.redis_errors),
+        ("fallback_decisions", s.fallback_decisions),
+        ("negative_cache_hits", s.negative_cache_hits),
+        ("outages", s.outages),
+        ("recoveries", s.recoveries),
+        ("failing", u64::from(s.failing)),
+    ]
 }
 
 /// A histogram's buckets for an encoder: each bound (in units of which `per_unit`
@@ -232,6 +248,17 @@ impl Metrics {
             "Rule reloads by result (ok, failed)",
             reloads.clone(),
         );
+        // At 0 from the start, so that `increase()` sees the first failure.
+        for result in ["ok", "failed"] {
+            let _ = reloads.get_or_create(&vec![("result", result.to_string())]);
+        }
+        let last_reload_ok = Gauge::default();
+        last_reload_ok.set(1);
+        registry.register(
+            "config_last_reload_successful",
+            "1 while the last rule reload was put in force (or none was tried), 0 after one was rejected",
+            last_reload_ok.clone(),
+        );
         let keys = Family::<Labels, Gauge>::default();
         registry.register("keys", "Counters held, by domain and rule", keys.clone());
         let redis = Family::<Labels, Gauge>::default();
@@ -370,6 +397,7 @@ impl Metrics {
             near_limit_ratio,
             latency,
             reloads,
+            last_reload_ok,
             keys,
         }
     }
@@ -481,6 +509,7 @@ impl Metrics {
         if let Some(envoy) = &self.envoy {
             envoy.load(ok);
         }
+        self.last_reload_ok.set(i64::from(ok));
         let result = if ok { "ok" } else { "failed" };
         self.reloads
             .get_or_create(&vec![("result", result.to_string())])
@@ -500,17 +529,8 @@ impl Metrics {
     /// Sets the Redis store's counters, and whether a connection to it skips
     /// certificate checks.
     pub fn redis(&self, s: &tollgate::redis::RedisStats, tls_insecure: bool) {
-        let events = [
-            ("decisions", s.redis_decisions),
-            ("errors", s.redis_errors),
-            ("fallback_decisions", s.fallback_decisions),
-            ("negative_cache_hits", s.negative_cache_hits),
-            ("outages", s.outages),
-            ("recoveries", s.recoveries),
-            ("failing", u64::from(s.failing)),
-            ("tls_insecure", u64::from(tls_insecure)),
-        ];
-        self.redis_events(&events);
+        self.redis_events(&redis_events_of(s));
+        self.redis_events(&[("tls_insecure", u64::from(tls_insecure))]);
     }
 
     /// Sets the Redis stores' calls: `(store, its call_stats())`.

@@ -3,7 +3,7 @@
 //! the admin calls) with the RPC or HTTP attributes of OpenTelemetry's conventions,
 //! the decision's own attributes (`tollgate.*`), and a span per RLQS usage report.
 
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt};
+use opentelemetry::trace::{SpanKind, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 
 use crate::service::calls::Method;
@@ -41,11 +41,8 @@ fn rpc(service: &'static str, method: &'static str) -> Vec<KeyValue> {
 pub fn end_grpc(cx: &Context, code: tonic::Code, message: Option<&str>) {
     let error =
         (code != tonic::Code::Ok).then(|| message.unwrap_or(code.description()).to_string());
-    crate::traces::end(
-        cx,
-        KeyValue::new("rpc.grpc.status_code", code as i64),
-        error,
-    );
+    let code = KeyValue::new("rpc.grpc.status_code", code as i64);
+    crate::traces::end(cx, Some(code), error);
 }
 
 /// The HTTP routes traced: the decisions and the admin calls.
@@ -75,12 +72,8 @@ pub fn http_call(tracing: &Tracing, request: &http::Request<axum::body::Body>) -
 
 /// Ends an HTTP call's span with its status (an error from 500 up).
 pub fn end_http(cx: &Context, status: u16) {
-    let error = (status >= 500).then(|| format!("HTTP {status}"));
-    crate::traces::end(
-        cx,
-        KeyValue::new("http.response.status_code", i64::from(status)),
-        error,
-    );
+    let (code, error) = crate::traces::http_answer(status);
+    crate::traces::end(cx, Some(code), error);
 }
 
 /// A span for one RLQS usage report of the stream whose Envoy sent `parent`.
@@ -95,11 +88,7 @@ pub fn quota_report(tracing: &Tracing, parent: &Context, buckets: usize) -> Cont
 
 /// Ends a report's span, with the stream's error if the report ended it.
 pub fn end_quota_report(cx: &Context, error: Option<&tonic::Status>) {
-    let span = cx.span();
-    if let Some(status) = error {
-        span.set_status(Status::error(status.message().to_string()));
-    }
-    span.end();
+    crate::traces::end(cx, None, error.map(|e| e.message().to_string()));
 }
 
 /// Writes the decision on the current span, if it is recording: the domain, the

@@ -414,10 +414,19 @@ impl prometheus_client::collector::Collector for SpanCounts {
     }
 }
 
-/// Ends the span in `cx` with an error status when `error` is given.
-pub fn end(cx: &Context, attribute: KeyValue, error: Option<String>) {
+/// What an HTTP answer writes on its span: the status code attribute, and an error
+/// from 500 up (`serve`'s calls and the proxy's requests alike).
+pub fn http_answer(status: u16) -> (KeyValue, Option<String>) {
+    let code = KeyValue::new("http.response.status_code", i64::from(status));
+    (code, (status >= 500).then(|| format!("HTTP {status}")))
+}
+
+/// Ends the span in `cx`, with `attribute` and an error status when given.
+pub fn end(cx: &Context, attribute: Option<KeyValue>, error: Option<String>) {
     let span = cx.span();
-    span.set_attribute(attribute);
+    if let Some(attribute) = attribute {
+        span.set_attribute(attribute);
+    }
     if let Some(error) = error {
         span.set_status(Status::error(error));
     }

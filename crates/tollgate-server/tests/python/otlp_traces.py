@@ -1,7 +1,8 @@
 """Traces from `tollgate serve` (and `tollgate proxy`) into OTLP collectors written here
 on Python's http.server and on grpcio, their requests decoded with the OpenTelemetry
 protos (`opentelemetry.proto`, as the `xds-protos` package ships them); the callers
-are grpcio (B3 metadata, W3C `traceparent` metadata) and httpx (`traceparent`).
+are grpcio (B3 metadata, W3C `traceparent` metadata, an RLQS stream) and httpx
+(`traceparent`).
 
     python3 otlp_traces.py TOLLGATE_BINARY
 
@@ -13,6 +14,7 @@ check and "all checks passed" at the end.
 """
 
 import os
+import queue
 import re
 import secrets
 import socket
@@ -27,7 +29,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import grpc
 import httpx
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.rate_limit_quota.v3 import rlqs_pb2, rlqs_pb2_grpc
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from google.protobuf import duration_pb2
 
 
 def otlp_protos():
@@ -57,6 +61,9 @@ with open(RULES, "w") as f:
         '    policies: ["fixed-window:limit=2,window=1h,align=first"]\n'
         "  - key: bulk\n"
         '    policies: ["fixed-window:limit=100000,window=1h,align=first"]\n'
+        "quota_buckets:\n"
+        "  - bucket: { name: api }\n"
+        '    policy: "gcra:rate=100/s,burst=20"\n'
     )
 SERVER_SPAN = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 CLIENT_SPAN = 3
@@ -339,8 +346,54 @@ def spans_of_serve_over_grpc():
     s = collector.wait_for("OTLP/gRPC: the span arrives", lambda s: s["trace"] == trace)
     check("OTLP/gRPC: parent, and the service named by OTEL_RESOURCE_ATTRIBUTES",
           s["parent"] == parent and s["resource"].get("service.name") == "from-attributes", s)
+    spans_of_quota_reports(serve, collector)
     serve.stop()
     server.stop(0)
+
+
+def spans_of_quota_reports(serve, collector):
+    """An Envoy's RLQS stream opened with `traceparent` metadata: a span per usage
+    report in that trace, under the caller's span; the report that ends the stream
+    (no time_elapsed) has an error status."""
+    trace, parent = ids()
+    reports = queue.Queue()
+    stub = rlqs_pb2_grpc.RateLimitQuotaServiceStub(grpc.insecure_channel(serve.grpc))
+    responses = stub.StreamRateLimitQuotas(
+        iter(reports.get, None), metadata=[("traceparent", f"00-{trace}-{parent}-01")])
+
+    def report(elapsed_ms, *buckets):
+        elapsed = {} if elapsed_ms is None else {
+            "time_elapsed": duration_pb2.Duration(nanos=elapsed_ms * 1_000_000)}
+        usages = [rlqs_pb2.RateLimitQuotaUsageReports.BucketQuotaUsage(
+            bucket_id=rlqs_pb2.BucketId(bucket={"name": b}), num_requests_allowed=1,
+            **elapsed) for b in buckets]
+        reports.put(rlqs_pb2.RateLimitQuotaUsageReports(domain="traced",
+                                                        bucket_quota_usages=usages))
+
+    report(1, "api", "other")
+    first = next(responses)
+    check("rlqs: the first report is answered", len(first.bucket_action) >= 1, first)
+    report(None, "api")  # no time_elapsed: refused, and the stream ends
+    try:
+        next(responses)
+        check("rlqs: a report without time_elapsed ends the stream", False, "an answer came")
+    except grpc.RpcError as e:
+        check("rlqs: a report without time_elapsed ends the stream",
+              e.code() == grpc.StatusCode.INVALID_ARGUMENT, e)
+    reports.put(None)
+    collector.wait_for("rlqs: the refused report's span",
+                       lambda s: s["trace"] == trace and s["status"] == STATUS_ERROR)
+    with collector.cv:
+        spans = [s for s in collector.spans if s["trace"] == trace]
+    check("rlqs: a span per report, in the stream's trace, under the caller's span",
+          len(spans) == 2 and all(s["parent"] == parent and s["kind"] == SERVER_SPAN
+                                  and s["name"] == "RLQS usage report" for s in spans), spans)
+    counts = sorted(s["attrs"].get("tollgate.quota.reports") for s in spans)
+    check("rlqs: each span counts its report's buckets", counts == [1, 2], spans)
+    check("rlqs: only the refused report's span is an error",
+          sorted(s["status"] for s in spans) == sorted([STATUS_ERROR, 0])
+          and [s for s in spans if s["status"] == STATUS_ERROR][0]["attrs"].get(
+              "tollgate.quota.reports") == 1, spans)
 
 
 def decisions_ignore_a_collector(endpoint, what):
