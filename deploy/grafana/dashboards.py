@@ -48,11 +48,14 @@ def stat(title, target, unit="short", desc="", mappings=None):
 
 
 def bars(title, target, unit="percentunit", desc=""):
+    target["instant"], target["range"] = True, False  # the top 10 now, not at any time
     return panel("bargauge", title, [target], unit, desc)
 
 
-def table(title, target, desc="", w=12):
-    return panel("table", title, [target], "short", desc, w=w)
+def table(title, target, desc="", w=12, value=None):
+    """A table of an instant query's labels; `value` names the value's column (none
+    without it)."""
+    return panel("table", title, [target], "short", desc, w=w, value=value)
 
 
 def quantiles(metric, by, legend, match="SEL"):
@@ -144,7 +147,7 @@ SERVE = [
         table("Limits in force",
               q("max by (domain, rule, policy) (tollgate_rule_limit{SEL,domain=~\"$domain\"})",
                 instant=True, table=True),
-              "Each rule's policies and their headline limits", w=24),
+              "Each rule's policies and their headline limits", w=24, value="limit"),
     ]),
     ("Calls and latency", [
         series("Calls by method and code",
@@ -292,16 +295,20 @@ def layout(rows):
         for p in items:
             if x + p["w"] > 24:
                 x, y, row_h = 0, y + row_h, 0
-            out = {k: v for k, v in p.items() if k not in ("w", "h", "unit", "stack", "mappings")}
+            out = {k: v for k, v in p.items()
+                   if k not in ("w", "h", "unit", "stack", "mappings", "value")}
             for i, t in enumerate(out["targets"]):
                 t["refId"] = chr(ord("A") + i)
-            defaults = {"unit": p["unit"]}
+            # One neutral step: Grafana's default turns values past 80 red.
+            defaults = {"unit": p["unit"], "thresholds": {"mode": "absolute", "steps": [
+                {"color": "text", "value": None}]}}
             if p.get("mappings"):
                 defaults["mappings"] = p["mappings"]
             if p["type"] == "timeseries":
                 defaults["custom"] = {"fillOpacity": 10, "showPoints": "never",
                                       "stacking": {"mode": "normal" if p["stack"] else "none"}}
-                out["options"] = {"legend": {"displayMode": "table", "placement": "bottom",
+                out["options"] = {"legend": {"showLegend": True, "displayMode": "table",
+                                             "placement": "bottom",
                                              "calcs": ["lastNotNull", "max"]},
                                   "tooltip": {"mode": "multi", "sort": "desc"}}
             elif p["type"] == "stat":
@@ -312,8 +319,10 @@ def layout(rows):
                                   "displayMode": "gradient", "orientation": "horizontal"}
                 defaults.update({"min": 0, "max": 1})
             elif p["type"] == "table":
+                value = p.get("value")
                 out["transformations"] = [{"id": "organize", "options": {
-                    "excludeByName": {"Time": True, "Value": True, "__name__": True}}}]
+                    "excludeByName": {"Time": True, "Value": not value, "__name__": True},
+                    "renameByName": {"Value": value} if value else {}}}]
             out["fieldConfig"] = {"defaults": defaults, "overrides": []}
             out["gridPos"] = {"h": p["h"], "w": p["w"], "x": x, "y": y}
             out["id"] = ident
@@ -323,19 +332,21 @@ def layout(rows):
     return panels
 
 
-def dashboard(uid, title, description, rows, extra_vars):
+def dashboard(uid, title, description, rows, extra_vars, own):
+    """`own`: a metric only this server exports, whose targets the job and instance
+    variables list (both servers export tollgate_build_info)."""
     return {
         "uid": uid, "title": title, "description": description,
         "tags": ["tollgate", "rate-limiting"], "timezone": "browser", "editable": True,
-        "graphTooltip": 1, "refresh": "10s", "schemaVersion": 39, "version": 1,
+        "graphTooltip": 1, "refresh": "30s", "schemaVersion": 39, "version": 1,
         "time": {"from": "now-1h", "to": "now"},
         "annotations": {"list": []}, "links": [],
         "templating": {"list": [
             {"name": "datasource", "label": "Data source", "type": "datasource",
              "query": "prometheus", "current": {}, "hide": 0, "options": [], "refresh": 1,
              "regex": ""},
-            variable("job", "Job", "label_values(tollgate_build_info, job)"),
-            variable("instance", "Instance", 'label_values(tollgate_build_info{job=~"$job"}, instance)'),
+            variable("job", "Job", f"label_values({own}, job)"),
+            variable("instance", "Instance", f'label_values({own}{{job=~"$job"}}, instance)'),
         ] + extra_vars},
         "panels": layout(rows),
     }
@@ -345,11 +356,13 @@ DASHBOARDS = {
     "tollgate-serve.json": dashboard(
         "tollgate-serve", "tollgate serve",
         "Decisions and rejections by rule, limits, latency, the Redis store, RLQS quota buckets, reloads",
-        SERVE, [variable("domain", "Domain", 'label_values(tollgate_rule_limit{job=~"$job"}, domain)')]),
+        SERVE, [variable("domain", "Domain", 'label_values(tollgate_rule_limit{job=~"$job"}, domain)')],
+        "tollgate_config_last_reload_successful"),
     "tollgate-proxy.json": dashboard(
         "tollgate-proxy", "tollgate proxy",
         "Requests and rejections by route, upstream latency, adaptive limits and shedding, costs, reloads",
-        PROXY, [variable("route", "Route", 'label_values(tollgate_proxy_requests_total{job=~"$job"}, route)')]),
+        PROXY, [variable("route", "Route", 'label_values(tollgate_proxy_requests_total{job=~"$job"}, route)')],
+        "tollgate_proxy_config_last_reload_successful"),
 }
 
 

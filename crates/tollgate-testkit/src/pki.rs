@@ -156,6 +156,8 @@ impl Pki {
                 &[
                     ("LD_PRELOAD", crate::LIBFAKETIME),
                     ("FAKETIME", &format!("@{date} 00:00:00")),
+                    // The date is UTC's, whatever the machine's zone.
+                    ("TZ", "UTC"),
                 ],
             ),
         }
