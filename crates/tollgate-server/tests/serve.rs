@@ -1081,3 +1081,32 @@ async fn the_app_serves_in_process_on_listeners_passed_in() {
         .unwrap()
         .unwrap();
 }
+
+/// Scrapes at once (Prometheus in pairs) each see every rule's limit: a scrape sets
+/// the rule limits it encodes, and one must never encode another's half-set ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_scrapes_each_see_every_rule_limit() {
+    let server = std::sync::Arc::new(start(&[]));
+    let limits = |text: &str| {
+        (text.lines())
+            .filter(|l| l.starts_with("tollgate_rule_limit{"))
+            .count()
+    };
+    let (_, _, first) = request(&server, "GET", "/metrics", "", None).await;
+    let expected = limits(first.as_str().unwrap());
+    assert!(expected >= 2, "{first}");
+    let scrapers: Vec<_> = (0..6)
+        .map(|_| {
+            let server = server.clone();
+            tokio::spawn(async move {
+                for _ in 0..150 {
+                    let (_, _, text) = request(&server, "GET", "/metrics", "", None).await;
+                    assert_eq!(limits(text.as_str().unwrap()), expected);
+                }
+            })
+        })
+        .collect();
+    for s in scrapers {
+        s.await.unwrap();
+    }
+}

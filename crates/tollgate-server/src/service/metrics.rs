@@ -56,6 +56,8 @@ pub struct Metrics {
     envoy: Option<EnvoyMetrics>,
     /// The Redis stores' calls, as last read.
     redis_calls: std::sync::Arc<RedisCalls>,
+    /// Held by a scrape from setting its figures to encoding them.
+    scraping: std::sync::Mutex<()>,
 }
 
 /// The Redis stores' calls (`store`: `main` or `per_second`), read from the stores
@@ -399,6 +401,7 @@ impl Metrics {
             reloads,
             last_reload_ok,
             keys,
+            scraping: std::sync::Mutex::new(()),
         }
     }
 }
@@ -475,6 +478,12 @@ impl Metrics {
             r.min(self.http_series.len() - 1)
         });
         self.http_series[i].record(&self.calls, CallCode::Http(status), Some(seconds));
+    }
+
+    /// Taken for one scrape, from setting the figures read at scrape time to encoding
+    /// them: scrapes run one at a time.
+    pub fn scrape(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.scraping.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sets the rules' limits: `(domain, rule, policies)` for each rule in force (the

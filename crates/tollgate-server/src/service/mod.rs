@@ -600,6 +600,10 @@ impl DecisionService {
 
     /// The metrics text, with the current counter counts.
     pub fn render_metrics(&self) -> String {
+        // One scrape at a time: each sets the figures it then encodes (the rule limits
+        // are cleared and set again), so two at once (Prometheus in pairs) could see
+        // the other's half-set ones.
+        let _scrape = self.metrics.scrape();
         let rules = self.rules.load();
         let mut stats = *self.retired.lock().unwrap_or_else(|e| e.into_inner());
         let limits: Vec<_> = (rules.domains())
