@@ -16,13 +16,21 @@ fn main() {
         .filter(|c| !c.is_empty())
         .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
         .unwrap_or_else(|| "unknown".into());
-    // A new commit or checkout moves HEAD or the ref it names: build again then.
-    if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+    // A new commit or checkout moves HEAD or the ref it names: build again then. In a
+    // linked worktree HEAD is the worktree's own and the refs are the common
+    // directory's.
+    let dirs = ["--absolute-git-dir", "--git-common-dir"]
+        .map(|arg| git(&["rev-parse", "--path-format=absolute", arg]));
+    for (dir, paths) in dirs
+        .iter()
+        .zip([&["HEAD"][..], &["refs/heads", "packed-refs"]])
+    {
+        let Some(dir) = dir else { continue };
         // Only paths that exist: a missing one would run this at every build.
-        for path in ["HEAD", "refs/heads", "packed-refs"] {
-            let path = format!("{dir}/{path}");
-            if std::path::Path::new(&path).exists() {
-                println!("cargo:rerun-if-changed={path}");
+        for path in paths {
+            let path = std::path::Path::new(dir).join(path);
+            if path.exists() {
+                println!("cargo:rerun-if-changed={}", path.display());
             }
         }
     }
