@@ -1,7 +1,8 @@
 //! Getting finished spans to the collector without ever holding a request: a bounded
-//! queue that a finished span enters without waiting (a full queue drops it, counted,
-//! with one warning a minute), and one task that sends the queue in batches through
-//! the OTLP exporter, one export at a time, each within its deadline. A collector
+//! queue that a finished span enters without waiting or waking anyone (a full queue
+//! drops it, counted, with one warning a minute), and one task that sends the queue in
+//! batches through the OTLP exporter, when a batch is full or at each tick, one export
+//! at a time, each within its deadline. A collector
 //! that is down or slow costs the decisions nothing: the queue fills and spans are
 //! dropped.
 //!
@@ -38,15 +39,30 @@ pub struct ExportStats {
     pub failed: AtomicU64,
 }
 
-enum Message {
-    Span(Box<SpanData>),
-    Flush(oneshot::Sender<()>),
+/// The spans waiting to be sent, shared by the threads that finish them and the task
+/// that sends them.
+#[derive(Debug)]
+struct Waiting {
+    spans: std::sync::Mutex<Vec<SpanData>>,
+    capacity: usize,
+    batch: usize,
+    /// Told when a batch is full (the task sleeps until then, or its tick): a span
+    /// that does not fill one wakes no thread, which cost more than the span itself.
+    full: tokio::sync::Notify,
+}
+
+impl Waiting {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<SpanData>> {
+        self.spans.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The span processor: a finished sampled span goes into the queue, or is dropped.
 #[derive(Debug, Clone)]
 pub struct Queue {
-    tx: mpsc::Sender<Message>,
+    waiting: Arc<Waiting>,
+    /// Asks the task to send everything now (and says when it has).
+    flushes: mpsc::Sender<oneshot::Sender<()>>,
     stats: Arc<ExportStats>,
     warn: Arc<Warnings>,
 }
@@ -62,18 +78,25 @@ impl Queue {
         delay: Duration,
         timeout: Duration,
     ) -> (Queue, Arc<ExportStats>) {
-        let (tx, rx) = mpsc::channel(capacity);
+        let waiting = Arc::new(Waiting {
+            spans: std::sync::Mutex::new(Vec::new()),
+            capacity,
+            batch: batch.max(1),
+            full: tokio::sync::Notify::new(),
+        });
+        let (flushes, flush_rx) = mpsc::channel(4);
         let stats = Arc::new(ExportStats::default());
         let sender = Sender {
             exporter,
-            batch,
+            batch: batch.max(1),
             timeout,
             stats: stats.clone(),
             warn: Warnings::default(),
         };
-        tokio::spawn(sender.run(rx, delay));
+        tokio::spawn(sender.run(waiting.clone(), flush_rx, delay));
         let queue = Queue {
-            tx,
+            waiting,
+            flushes,
             stats: stats.clone(),
             warn: Arc::default(),
         };
@@ -84,7 +107,7 @@ impl Queue {
     pub async fn flush(&self, within: Duration) {
         let (done, waited) = oneshot::channel();
         let _ = tokio::time::timeout(within, async {
-            if self.tx.send(Message::Flush(done)).await.is_ok() {
+            if self.flushes.send(done).await.is_ok() {
                 let _ = waited.await;
             }
         })
@@ -96,7 +119,9 @@ impl SpanProcessor for Queue {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        if self.tx.try_send(Message::Span(Box::new(span))).is_err() {
+        let mut spans = self.waiting.lock();
+        if spans.len() >= self.waiting.capacity {
+            drop(spans);
             let dropped = self.stats.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             self.warn.at_most_every_minute(|| {
                 tracing::warn!(
@@ -104,6 +129,13 @@ impl SpanProcessor for Queue {
                     "traces: the export queue is full (the collector is slow or down): spans are dropped"
                 )
             });
+            return;
+        }
+        spans.push(span);
+        let full = spans.len() == self.waiting.batch;
+        drop(spans);
+        if full {
+            self.waiting.full.notify_one();
         }
     }
 
@@ -126,35 +158,31 @@ struct Sender<E> {
 }
 
 impl<E: SpanExporter> Sender<E> {
-    async fn run(mut self, mut rx: mpsc::Receiver<Message>, delay: Duration) {
-        let mut spans: Vec<SpanData> = Vec::with_capacity(self.batch);
+    async fn run(
+        mut self,
+        waiting: Arc<Waiting>,
+        mut flushes: mpsc::Receiver<oneshot::Sender<()>>,
+        delay: Duration,
+    ) {
         let mut tick = tokio::time::interval(delay);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                message = rx.recv() => match message {
-                    Some(Message::Span(span)) => {
-                        spans.push(*span);
-                        if spans.len() >= self.batch {
-                            self.export(&mut spans).await;
-                        }
-                    }
-                    Some(Message::Flush(done)) => {
-                        while let Ok(Message::Span(span)) = rx.try_recv() {
-                            spans.push(*span);
-                        }
-                        while !spans.is_empty() {
-                            self.export(&mut spans).await;
-                        }
-                        let _ = done.send(());
-                    }
+            let done = tokio::select! {
+                _ = waiting.full.notified() => None,
+                _ = tick.tick() => None,
+                flush = flushes.recv() => match flush {
+                    Some(done) => Some(done),
                     None => break,
                 },
-                _ = tick.tick() => {
-                    if !spans.is_empty() {
-                        self.export(&mut spans).await;
-                    }
-                }
+            };
+            // Everything queued, a batch at a time (one export at a time: while one
+            // runs, the queue fills, and past its capacity spans are dropped).
+            let mut spans = std::mem::take(&mut *waiting.lock());
+            while !spans.is_empty() {
+                self.export(&mut spans).await;
+            }
+            if let Some(done) = done {
+                let _ = done.send(());
             }
         }
     }

@@ -49,6 +49,8 @@ pub struct Tracing {
     /// The share of new traces (calls without a parent) the sampler keeps, when it
     /// decides them by trace id alone (`None`: it keeps them all).
     root_share: Option<f64>,
+    /// Whether the sampler follows a caller's decision (the `parentbased_*` ones).
+    follows_parent: bool,
 }
 
 impl std::fmt::Debug for Tracing {
@@ -140,6 +142,12 @@ impl Tracing {
             stats,
             summary,
             root_share: root_share(s.sampler, s.ratio),
+            follows_parent: matches!(
+                s.sampler,
+                SamplerKind::ParentbasedAlwaysOn
+                    | SamplerKind::ParentbasedAlwaysOff
+                    | SamplerKind::ParentbasedTraceIdRatio
+            ),
         })
     }
 
@@ -197,11 +205,16 @@ impl Tracing {
         describe: impl FnOnce() -> Description,
     ) -> Option<Context> {
         let parent = self.parent(headers);
-        // A new trace under a ratio sampler is drawn here, by the sampler's own rule
-        // on a trace id made here, rather than by building a span the sampler then
-        // drops: the builder, the span and their context look-ups cost 1,300
-        // instructions a call (callgrind), for the 99% of calls that record nothing.
-        if let Some(share) = self.root_share.filter(|_| !parent.has_active_span()) {
+        // What the sampler would drop is dropped here, before a span is built: the
+        // builder, the span and their context look-ups cost 1,300 instructions a call
+        // (callgrind), for the 99% of calls that record nothing. A caller's unsampled
+        // trace under a parent-based sampler (Envoy sampling 1%), or a new trace under
+        // a ratio sampler, drawn by the sampler's own rule on a trace id made here.
+        let has_parent = parent.has_active_span();
+        if has_parent && self.follows_parent && !parent.span().span_context().is_sampled() {
+            return None;
+        }
+        if let Some(share) = self.root_share.filter(|_| !has_parent) {
             let id = RandomIdGenerator::default().new_trace_id();
             if !kept(share, id) {
                 return None;
@@ -632,7 +645,8 @@ mod tests {
     }
 
     /// Under a ratio sampler, new traces are kept in their share, each span under
-    /// the id drawn for it; a caller's sampled trace is followed whatever the draw.
+    /// the id drawn for it; a caller's sampled trace is followed whatever the draw,
+    /// and its unsampled one too (nothing recorded).
     #[tokio::test]
     async fn a_ratio_sampler_keeps_its_share_of_new_traces() {
         let file: TracesConfig = serde_yaml_ng::from_str(
@@ -656,9 +670,13 @@ mod tests {
         );
         assert!(DRAWN.with(|d| d.get()).is_none(), "a drawn id left unused");
         let sampled = headers(&[("traceparent", &format!("00-{TRACE}-{SPAN}-01"))]);
+        let unsampled = headers(&[("traceparent", &format!("00-{TRACE}-{SPAN}-00"))]);
         for _ in 0..20 {
             let cx = t.call_span(&sampled, || ("call".into(), vec![])).unwrap();
             assert_eq!(cx.span().span_context().trace_id().to_string(), TRACE);
+            assert!(t
+                .call_span(&unsampled, || ("call".into(), vec![]))
+                .is_none());
         }
     }
 
