@@ -21,11 +21,10 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
-pub mod bench_adaptive;
-pub mod bench_rlqs;
 pub mod cli;
 pub mod config;
 pub mod connections;
+pub mod console;
 pub mod lifecycle;
 pub mod logging;
 pub mod offline;

@@ -61,6 +61,85 @@ pub struct MainConfig {
     /// OpenTelemetry traces (off unless asked for, here or by `OTEL_*` variables).
     #[serde(default)]
     pub traces: traces::TracesConfig,
+    /// The live console in the browser (off unless this section is given).
+    #[serde(default)]
+    pub console: Option<ConsoleConfig>,
+}
+
+/// `console:` the live console in the browser (docs/console.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// Which listener serves it: `http` (serve's HTTP listener, its default) or
+    /// `metrics` (the metrics listener; the proxy's only choice).
+    #[serde(default)]
+    pub listener: Option<ConsoleListener>,
+    /// Its path (default `/console`).
+    #[serde(default = "default_console_path")]
+    pub path: String,
+    /// How far back its charts go (default `5m`, at most `1h`).
+    #[serde(default = "default_console_history", deserialize_with = "duration_us")]
+    pub history: u64,
+    /// Rows in each of the keys page's tables (default 20, at most 500).
+    #[serde(default = "default_console_top_keys")]
+    pub top_keys: usize,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            listener: None,
+            path: default_console_path(),
+            history: default_console_history(),
+            top_keys: default_console_top_keys(),
+        }
+    }
+}
+
+impl ConsoleConfig {
+    /// Checks the path and bounds.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let p = &self.path;
+        if !p.starts_with('/')
+            || p.len() < 2
+            || p.ends_with('/')
+            || p.contains(['?', '#', '{', '}', '*', ' '])
+        {
+            anyhow::bail!("console.path {p:?}: a path such as /console (starting with /, not ending with it, no ? # {{ }} * or spaces)");
+        }
+        if !(1_000_000..=3_600_000_000).contains(&self.history) {
+            anyhow::bail!("console.history: between 1s and 1h");
+        }
+        if !(1..=500).contains(&self.top_keys) {
+            anyhow::bail!(
+                "console.top_keys: {} is not between 1 and 500",
+                self.top_keys
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The listener that serves the console.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConsoleListener {
+    /// serve's HTTP listener (beside the API).
+    Http,
+    /// The metrics listener.
+    Metrics,
+}
+
+fn default_console_path() -> String {
+    "/console".into()
+}
+
+fn default_console_history() -> u64 {
+    300_000_000
+}
+
+fn default_console_top_keys() -> usize {
+    20
 }
 
 /// `admin:`. Admin endpoints (`/v1/reset`, `/v1/reload`) need `Authorization: Bearer
@@ -506,6 +585,9 @@ impl MainConfig {
                 "quota.max_buckets and quota.max_buckets_per_stream: must be at least 1 \
                  (0 would end every stream at its first report)"
             );
+        }
+        if let Some(c) = &self.console {
+            c.validate()?;
         }
         let ratio = self.service.near_limit_ratio;
         if !(0.0..=1.0).contains(&ratio) {

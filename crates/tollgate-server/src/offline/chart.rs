@@ -64,6 +64,23 @@ pub fn draw(
     render!(path, height, draw_on(title, runs, duration_us))
 }
 
+/// Draws the chart as an SVG document in memory (the console's try page).
+pub fn draw_svg(
+    title: &str,
+    runs: &[(Summary, Vec<Fate>)],
+    duration_us: u64,
+) -> anyhow::Result<String> {
+    let height = TITLE_HEIGHT + PANEL_HEIGHT * runs.len().max(1) as u32;
+    let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (WIDTH, height)).into_drawing_area();
+        draw_on(&root, title, runs, duration_us)?;
+        root.present().map_err(err)?;
+    }
+    Ok(out)
+}
+
 /// A named series of `(x, y)` points.
 pub type Series = (String, Vec<(f64, f64)>);
 
@@ -166,6 +183,88 @@ where
     Ok(())
 }
 
+/// What every panel of [`draw`] shares: one unit and one scale, so that policies
+/// compare at a glance.
+struct Plan {
+    seconds: f64,
+    /// "requests", or "units" when some request costs more than one.
+    unit: &'static str,
+    /// The distinct keys of the run (a promise is per key; the panels count them all).
+    keys: usize,
+    ymax: f64,
+}
+
+/// One policy's panel: its window, sampling step, counts and promise lines.
+struct PanelData<'a> {
+    summary: &'a Summary,
+    /// The policy's own window (at least 1 ms, at most half the run).
+    window: u64,
+    /// Samples at most half a window apart, at least 600 and at most 20,000 per run.
+    step: u64,
+    count: Sliding,
+    promise: Option<(f64, f64)>,
+}
+
+impl PanelData<'_> {
+    /// `n` counted in the window, per second.
+    fn rate(&self, n: u64) -> f64 {
+        n as f64 * 1e6 / self.window as f64
+    }
+
+    /// The time of the `i`th sample, in seconds.
+    fn x(&self, i: usize) -> f64 {
+        (i as u64 * self.step) as f64 / 1e6
+    }
+}
+
+/// Counts each run in a window of its policy's own length sliding over the run,
+/// sampled finely enough that a burst keeps its height.
+fn plan(runs: &[(Summary, Vec<Fate>)], duration_us: u64) -> (Plan, Vec<PanelData<'_>>) {
+    let unit = if runs.iter().flat_map(|(_, f)| f).any(|f| f.cost > 1) {
+        "units"
+    } else {
+        "requests"
+    };
+    let keys = runs.first().map_or(1, |(_, fates)| {
+        let keys: std::collections::BTreeSet<_> = fates.iter().map(|f| f.key).collect();
+        keys.len().max(1)
+    });
+    let panels: Vec<PanelData> = runs
+        .iter()
+        .map(|(summary, fates)| {
+            let window = summary.window_us.min(duration_us / 2).max(1_000);
+            // A short window's bursts would alias between samples further apart.
+            let step = (duration_us / 600)
+                .min(window / 2)
+                .max(duration_us / 20_000)
+                .max(1);
+            PanelData {
+                summary,
+                window,
+                step,
+                count: Sliding::count(fates, window, step, duration_us),
+                promise: promise_lines(&summary.policy, window, keys as f64),
+            }
+        })
+        .collect();
+    let ymax = panels
+        .iter()
+        .map(|p| p.rate(p.count.offered.iter().copied().max().unwrap_or(0)))
+        .chain(panels.iter().filter_map(|p| p.promise.map(|p| p.0)))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let seconds = duration_us.max(1) as f64 / 1e6;
+    (
+        Plan {
+            seconds,
+            unit,
+            keys,
+            ymax,
+        },
+        panels,
+    )
+}
+
 fn draw_on<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     title: &str,
@@ -178,215 +277,167 @@ where
     root.fill(&WHITE).map_err(err)?;
     let (head, body) = root.split_vertically(TITLE_HEIGHT);
     head.titled(title, ("sans-serif", 22)).map_err(err)?;
-    let panels = body.split_evenly((runs.len().max(1), 1));
-    let seconds = duration_us.max(1) as f64 / 1e6;
-    // Each policy is counted over a window of its own length (at least 1 ms, at most
-    // half the run) sliding over the run, sampled finely enough that a burst keeps
-    // its height, and drawn per second: one unit and one scale for every panel, so
-    // that policies compare at a glance.
-    let windows: Vec<u64> = runs
-        .iter()
-        .map(|(s, _)| s.window_us.min(duration_us / 2).max(1_000))
-        .collect();
-    // Samples at most half a window apart (a short window's bursts would alias
-    // between samples), at least 600 and at most 20,000 over the run.
-    let steps: Vec<u64> = windows
-        .iter()
-        .map(|&w| {
-            (duration_us / 600)
-                .min(w / 2)
-                .max(duration_us / 20_000)
-                .max(1)
-        })
-        .collect();
-    let counts: Vec<Sliding> = runs
-        .iter()
-        .zip(windows.iter().zip(&steps))
-        .map(|((_, fates), (&w, &step))| Sliding::count(fates, w, step, duration_us))
-        .collect();
-    let unit = if runs.iter().flat_map(|(_, f)| f).any(|f| f.cost > 1) {
-        "units"
-    } else {
-        "requests"
-    };
-    // A promise is per key: the panels count every key, so it is drawn for all of
-    // them (as many as the run has).
-    let keys = runs.first().map_or(1, |(_, fates)| {
-        fates
-            .iter()
-            .map(|f| f.key)
-            .collect::<std::collections::BTreeSet<_>>()
-            .len()
-            .max(1)
-    });
-    let promises: Vec<Option<(f64, f64)>> = runs
-        .iter()
-        .zip(&windows)
-        .map(|((s, _), &w)| promise_lines(&s.policy, w, keys as f64))
-        .collect();
-    let per_second = |n: u64, w: u64| n as f64 * 1e6 / w as f64;
-    let ymax = counts
-        .iter()
-        .zip(&windows)
-        .map(|(c, &w)| per_second(c.offered.iter().copied().max().unwrap_or(0), w))
-        .chain(promises.iter().flatten().map(|p| p.0))
-        .fold(1.0, f64::max)
-        * 1.1;
-    for (((((panel, (summary, _)), count), promise), &window), &step) in panels
-        .iter()
-        .zip(runs)
-        .zip(&counts)
-        .zip(&promises)
-        .zip(&windows)
-        .zip(&steps)
-    {
+    let areas = body.split_evenly((runs.len().max(1), 1));
+    let (plan, panels) = plan(runs, duration_us);
+    for (area, data) in areas.iter().zip(&panels) {
         // The legend stands beside the plot, never over the data.
-        let (plot, legend_area) = panel.split_horizontally(WIDTH - LEGEND_WIDTH);
-        let wmax = count.waits.iter().copied().fold(0.0, f64::max);
-        let x = |i: usize| (i as u64 * step) as f64 / 1e6;
-        let rate = |n: u64| per_second(n, window);
-        let mut chart = ChartBuilder::on(&plot)
-            .caption(&summary.policy, ("sans-serif", 17))
-            .margin(10)
-            .x_label_area_size(35)
-            .y_label_area_size(60)
-            .right_y_label_area_size(if wmax > 0.0 { 60 } else { 10 })
-            .build_cartesian_2d(0f64..seconds, 0f64..ymax)
-            .map_err(err)?
-            .set_secondary_coord(0f64..seconds, 0f64..(wmax * 1.15).max(1.0));
+        let (plot, legend_area) = area.split_horizontally(WIDTH - LEGEND_WIDTH);
+        let legend = draw_panel(&plot, &plan, data)?;
+        draw_legend(&legend_area, &legend)?;
+    }
+    Ok(())
+}
+
+/// Draws one policy's panel; returns its legend.
+fn draw_panel<DB: DrawingBackend>(
+    plot: &DrawingArea<DB, Shift>,
+    plan: &Plan,
+    data: &PanelData,
+) -> anyhow::Result<Vec<(String, Swatch)>>
+where
+    DB::ErrorType: 'static,
+{
+    let (seconds, ymax) = (plan.seconds, plan.ymax);
+    let count = &data.count;
+    let wmax = count.waits.iter().copied().fold(0.0, f64::max);
+    let mut chart = ChartBuilder::on(plot)
+        .caption(&data.summary.policy, ("sans-serif", 17))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .right_y_label_area_size(if wmax > 0.0 { 60 } else { 10 })
+        .build_cartesian_2d(0f64..seconds, 0f64..ymax)
+        .map_err(err)?
+        .set_secondary_coord(0f64..seconds, 0f64..(wmax * 1.15).max(1.0));
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc(format!(
+            "{}/s over {}",
+            plan.unit,
+            super::run::human_duration(data.window)
+        ))
+        .label_style(("sans-serif", 13))
+        .axis_desc_style(("sans-serif", 14))
+        .draw()
+        .map_err(err)?;
+    if wmax > 0.0 {
         chart
-            .configure_mesh()
-            .x_desc("time (s)")
-            .y_desc(format!(
-                "{unit}/s over {}",
-                super::run::human_duration(window)
-            ))
+            .configure_secondary_axes()
+            .y_desc("mean wait (ms)")
             .label_style(("sans-serif", 13))
             .axis_desc_style(("sans-serif", 14))
             .draw()
             .map_err(err)?;
-        if wmax > 0.0 {
-            chart
-                .configure_secondary_axes()
-                .y_desc("mean wait (ms)")
-                .label_style(("sans-serif", 13))
-                .axis_desc_style(("sans-serif", 14))
-                .draw()
-                .map_err(err)?;
-        }
-        let mut legend: Vec<(String, Swatch)> = Vec::new();
-        // The densest window of the policy's own length: amber for a window
-        // algorithm over its limit as it allows (a fixed window's boundary), red only
-        // for a broken promise (which the tests say never happens).
-        let broken = summary.envelope_ratio.is_some_and(|r| r > 1.0);
-        let shade = if broken {
-            RED.mix(0.15)
-        } else if summary.over_headline {
-            RGBColor(240, 170, 30).mix(0.2)
-        } else {
-            BLUE.mix(0.08)
-        };
-        let (ws, we) = (
-            summary.worst_window_start_us as f64 / 1e6,
-            (summary.worst_window_start_us + summary.window_us) as f64 / 1e6,
-        );
-        chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [(ws, 0.0), (we.min(seconds), ymax)],
-                shade.filled(),
-            )))
-            .map_err(err)?;
-        legend.push((
-            format!(
-                "densest {} of one key: {}\n({}){}",
-                super::run::human_duration(summary.window_us),
-                summary.worst_window,
-                super::run::bound(summary),
-                if broken {
-                    ": a broken promise"
-                } else if summary.over_headline {
-                    ": over its limit, as it allows"
-                } else {
-                    ""
-                }
-            ),
-            Swatch::Area(shade),
-        ));
-        // What the policy promises in the window (its envelope: no window of
-        // admissions rises above it), and its rate over the long run: drawn first,
-        // so that the admitted line stays visible where it meets them.
-        if let Some((envelope, rate)) = *promise {
-            let navy = RGBColor(30, 60, 180);
-            for (y, dashed, name) in [
-                (envelope, true, "promise: the most it may admit in a window"),
-                (rate, false, "its rate over the long run"),
-            ] {
-                let line = vec![(0.0, y), (seconds, y)];
-                if dashed {
-                    chart
-                        .draw_series(DashedLineSeries::new(line, 8, 5, navy.stroke_width(2)))
-                        .map_err(err)?;
-                } else {
-                    chart
-                        .draw_series(LineSeries::new(line, navy.stroke_width(1)))
-                        .map_err(err)?;
-                }
-                let name = match keys {
-                    1 => name.to_string(),
-                    n => format!("{name} ({n} keys)"),
-                };
-                legend.push((name, Swatch::Line(navy, dashed)));
+    }
+    let summary = data.summary;
+    let (shade, text) = densest(summary);
+    let start = summary.worst_window_start_us as f64 / 1e6;
+    let end = (summary.worst_window_start_us + summary.window_us) as f64 / 1e6;
+    chart
+        .draw_series(std::iter::once(Rectangle::new(
+            [(start, 0.0), (end.min(seconds), ymax)],
+            shade.filled(),
+        )))
+        .map_err(err)?;
+    let mut legend = vec![(text, Swatch::Area(shade))];
+    // What the policy promises in the window (its envelope: no window of admissions
+    // rises above it), and its rate over the long run: drawn first, so that the
+    // admitted line stays visible where it meets them.
+    if let Some((envelope, rate)) = data.promise {
+        let navy = RGBColor(30, 60, 180);
+        for (y, dashed, name) in [
+            (envelope, true, "promise: the most it may admit in a window"),
+            (rate, false, "its rate over the long run"),
+        ] {
+            let line = vec![(0.0, y), (seconds, y)];
+            if dashed {
+                chart
+                    .draw_series(DashedLineSeries::new(line, 8, 5, navy.stroke_width(2)))
+                    .map_err(err)?;
+            } else {
+                chart
+                    .draw_series(LineSeries::new(line, navy.stroke_width(1)))
+                    .map_err(err)?;
             }
+            let name = match plan.keys {
+                1 => name.to_string(),
+                n => format!("{name} ({n} keys)"),
+            };
+            legend.push((name, Swatch::Line(navy, dashed)));
         }
-        let rejected_color = RGBColor(210, 40, 40);
+    }
+    let rejected_color = RGBColor(210, 40, 40);
+    chart
+        .draw_series(AreaSeries::new(
+            (count.rejected.iter().enumerate()).map(|(i, &n)| (data.x(i), data.rate(n))),
+            0.0,
+            rejected_color.mix(0.25),
+        ))
+        .map_err(err)?;
+    legend.push((
+        "rejected (by arrival)".into(),
+        Swatch::Area(rejected_color.mix(0.25)),
+    ));
+    let lines: [(&str, &Vec<u64>, RGBColor); 2] = [
+        ("offered", &count.offered, RGBColor(140, 140, 140)),
+        (
+            "admitted (when released)",
+            &count.admitted,
+            RGBColor(30, 150, 60),
+        ),
+    ];
+    for (name, series, color) in lines {
         chart
-            .draw_series(AreaSeries::new(
-                count
-                    .rejected
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &n)| (x(i), rate(n))),
-                0.0,
-                rejected_color.mix(0.25),
+            .draw_series(LineSeries::new(
+                (series.iter().enumerate()).map(|(i, &n)| (data.x(i), data.rate(n))),
+                color.stroke_width(2),
+            ))
+            .map_err(err)?;
+        legend.push((name.into(), Swatch::Line(color, false)));
+    }
+    if wmax > 0.0 {
+        let purple = RGBColor(120, 60, 170);
+        chart
+            .draw_secondary_series(LineSeries::new(
+                (count.waits.iter().enumerate()).map(|(i, &w)| (data.x(i), w)),
+                purple.stroke_width(1),
             ))
             .map_err(err)?;
         legend.push((
-            "rejected (by arrival)".into(),
-            Swatch::Area(rejected_color.mix(0.25)),
+            "mean wait (ms, right axis)".into(),
+            Swatch::Line(purple, false),
         ));
-        let lines: [(&str, &Vec<u64>, RGBColor); 2] = [
-            ("offered", &count.offered, RGBColor(140, 140, 140)),
-            (
-                "admitted (when released)",
-                &count.admitted,
-                RGBColor(30, 150, 60),
-            ),
-        ];
-        for (name, data, color) in lines {
-            chart
-                .draw_series(LineSeries::new(
-                    data.iter().enumerate().map(|(i, &n)| (x(i), rate(n))),
-                    color.stroke_width(2),
-                ))
-                .map_err(err)?;
-            legend.push((name.into(), Swatch::Line(color, false)));
-        }
-        if wmax > 0.0 {
-            let purple = RGBColor(120, 60, 170);
-            chart
-                .draw_secondary_series(LineSeries::new(
-                    count.waits.iter().enumerate().map(|(i, &w)| (x(i), w)),
-                    purple.stroke_width(1),
-                ))
-                .map_err(err)?;
-            legend.push((
-                "mean wait (ms, right axis)".into(),
-                Swatch::Line(purple, false),
-            ));
-        }
-        draw_legend(&legend_area, &legend)?;
     }
-    Ok(())
+    Ok(legend)
+}
+
+/// How the densest window of the policy's own length is shaded, and its legend:
+/// amber for a window algorithm over its limit as it allows (a fixed window's
+/// boundary), red only for a broken promise (which the tests say never happens).
+fn densest(summary: &Summary) -> (RGBAColor, String) {
+    let broken = summary.envelope_ratio.is_some_and(|r| r > 1.0);
+    let shade = if broken {
+        RED.mix(0.15)
+    } else if summary.over_headline {
+        RGBColor(240, 170, 30).mix(0.2)
+    } else {
+        BLUE.mix(0.08)
+    };
+    let text = format!(
+        "densest {} of one key: {}\n({}){}",
+        super::run::human_duration(summary.window_us),
+        summary.worst_window,
+        super::run::bound(summary),
+        if broken {
+            ": a broken promise"
+        } else if summary.over_headline {
+            ": over its limit, as it allows"
+        } else {
+            ""
+        }
+    );
+    (shade, text)
 }
 
 /// Width of the legend column beside each panel.

@@ -59,8 +59,8 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0.1)]
     pub jitter: f64,
     /// closed-loop: capacity changes, e.g. `5s=4,10s=8`.
-    #[arg(long, value_parser = crate::bench_adaptive::parse_schedule)]
-    pub schedule: Option<crate::bench_adaptive::Schedule>,
+    #[arg(long, value_parser = crate::bench::adaptive::parse_schedule)]
+    pub schedule: Option<crate::bench::adaptive::Schedule>,
     /// closed-loop: think time between an answer and the next request.
     #[arg(long, default_value = "0ms", value_parser = crate::config::duration_arg)]
     pub think: std::time::Duration,

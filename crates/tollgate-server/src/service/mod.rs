@@ -17,6 +17,7 @@ pub mod rule_stats;
 pub mod serve;
 pub mod spans;
 pub mod statsd_mapping;
+pub mod top_keys;
 pub mod xds;
 
 use std::collections::{HashMap, HashSet};
@@ -252,6 +253,8 @@ pub struct DecisionService {
     xds: Option<XdsState>,
     /// Traces, when on: each decision records on the caller's span.
     tracing: Option<Arc<crate::traces::Tracing>>,
+    /// The keys used and rejected most, kept for the console when it is on.
+    top_keys: Option<Arc<top_keys::TopKeys>>,
 }
 
 /// Where the rules stand when an xDS server sends them.
@@ -297,6 +300,7 @@ impl DecisionService {
             tls: Vec::new(),
             xds: None,
             tracing: None,
+            top_keys: None,
             quota: crate::service::quota::QuotaBuckets::new(
                 counters.quota_ledger(),
                 crate::service::quota::LedgerFailure::of(counters.store_config()),
@@ -311,6 +315,22 @@ impl DecisionService {
         let counters = Counters::default();
         let rules = DescriptorRules::built_in(&counters).expect("the example rules load in memory");
         DecisionService::new(rules, vec![], counters)
+    }
+
+    /// Keeps the keys used and rejected most in `top` (for the console).
+    pub fn with_top_keys(mut self, top: Arc<top_keys::TopKeys>) -> Self {
+        self.top_keys = Some(top);
+        self
+    }
+
+    /// The keys used and rejected most, when kept.
+    pub fn top_keys(&self) -> Option<&Arc<top_keys::TopKeys>> {
+        self.top_keys.as_ref()
+    }
+
+    /// The store's name: `memory` or `redis`.
+    pub fn store_name(&self) -> &'static str {
+        self.counters.store_name()
     }
 
     /// Reports `workers` at `/metrics` (connections, busy share, moves, per worker).
@@ -951,6 +971,9 @@ impl DecisionService {
             (false, true) => Verdict::Allowed,
             (false, false) => Verdict::Rejected,
         };
+        if let Some(top) = &self.top_keys {
+            top.record(&s.counter, !matches!(verdict, Verdict::Allowed));
+        }
         let hits = Hits {
             hits: s.hits,
             verdict,
@@ -991,6 +1014,30 @@ impl DecisionService {
         if let Some(l) = &limit.limiter {
             let _ = Box::pin(l.refund(counter, cost)).await;
         }
+    }
+
+    /// What one more request for `entries` in `domain` would be told now, counting
+    /// nothing: the rule it matches (its path) and the decision (`None` for an
+    /// unlimited rule); `Ok(None)` when no rule matches.
+    pub async fn look(
+        &self,
+        domain: &str,
+        entries: &[(String, String)],
+    ) -> Result<Option<(String, Option<RuleDecision>)>, String> {
+        let Some(Match { limit, counter, .. }) = self.rules.load().find(domain, entries) else {
+            return Ok(None);
+        };
+        let decision = match &limit.limiter {
+            Some(l) => match Box::pin(l.peek(&counter, 1)).await {
+                Ok(d) => Some(d),
+                Err(e) => match e.rejection() {
+                    Some(d) => Some(RuleDecision::from(d)),
+                    None => return Err(e.to_string()),
+                },
+            },
+            None => None,
+        };
+        Ok(Some((limit.path.clone(), decision)))
     }
 
     /// Forgets the counters of one descriptor.

@@ -100,6 +100,8 @@ pub struct Settings {
     pub envoy_mapping: Option<crate::service::statsd_mapping::StatsdMapping>,
     /// Traces (`traces:` and the `OTEL_*` variables), when on.
     pub traces: Option<crate::config::traces::TraceSettings>,
+    /// The console, when on: its settings and which listener serves it.
+    pub console: Option<(crate::config::ConsoleConfig, crate::config::ConsoleListener)>,
 }
 
 impl Settings {
@@ -197,6 +199,16 @@ impl Settings {
             }
             None => None,
         };
+        let console = match main.console.clone() {
+            Some(c) => {
+                let listener = c.listener.unwrap_or(crate::config::ConsoleListener::Http);
+                if listener == crate::config::ConsoleListener::Metrics && metrics.is_none() {
+                    anyhow::bail!("console.listener: metrics needs listen.metrics (the metrics listener's address)");
+                }
+                Some((c, listener))
+            }
+            None => None,
+        };
         let admin_token = std::env::var("TOLLGATE_ADMIN_TOKEN")
             .ok()
             .or(main.admin.token.clone())
@@ -228,6 +240,7 @@ impl Settings {
             xds_tls,
             envoy_mapping,
             traces,
+            console,
         })
     }
 }
@@ -340,9 +353,33 @@ pub async fn serve_on(
         Some(x) => service.with_xds(x),
         None => service,
     };
+    let service = match &settings.console {
+        Some(_) => service.with_top_keys(Arc::default()),
+        None => service,
+    };
     let service = Arc::new(match &settings.traces {
         Some(t) => service.with_tracing(Arc::new(crate::traces::Tracing::start(t)?)),
         None => service,
+    });
+    let console = (settings.console.as_ref()).map(|(c, listener)| {
+        let secure = match listener {
+            crate::config::ConsoleListener::Http => settings.http_tls.is_some(),
+            crate::config::ConsoleListener::Metrics => settings
+                .metrics
+                .as_ref()
+                .is_some_and(|(_, _, t)| t.is_some()),
+        };
+        let console = crate::console::Console::start(
+            crate::console::ConsoleSettings {
+                path: c.path.clone(),
+                history_points: (c.history / 1_000_000) as usize,
+                top_keys: c.top_keys,
+                admin_token: settings.admin_token.clone(),
+                secure,
+            },
+            service.clone(),
+        );
+        (console.router(), *listener, c.path.clone())
     });
     let admin = crate::service::http::AdminAccess {
         token: settings.admin_token.clone(),
@@ -376,6 +413,16 @@ pub async fn serve_on(
     if let (Some(l), Some((_, path, tls))) = (&metrics_listener, &settings.metrics) {
         let scheme = if tls.is_some() { "https" } else { "http" };
         println!("  metrics: {scheme}://{}{path}", l.local_addr()?);
+    }
+    if let Some((_, listener, path)) = &console {
+        let at = match (listener, &metrics_listener, &settings.metrics) {
+            (crate::config::ConsoleListener::Metrics, Some(l), Some((_, _, tls))) => {
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                format!("{scheme}://{}", l.local_addr()?)
+            }
+            _ => format!("{http_scheme}://{http}"),
+        };
+        println!("  console: {at}{path}/");
     }
     match &settings.xds {
         Some(_) if domains.is_empty() => {
@@ -438,7 +485,18 @@ pub async fn serve_on(
     }
     let bounds = settings.connections;
     crate::connections::warn_if_fd_limit_below(2 * bounds.max);
+    let (mut http_console, mut metrics_console) = (None, None);
+    if let Some((router, listener, _)) = console {
+        match listener {
+            crate::config::ConsoleListener::Http => http_console = Some(router),
+            crate::config::ConsoleListener::Metrics => metrics_console = Some(router),
+        }
+    }
     let app = crate::service::http::router(service.clone(), admin);
+    let app = match http_console {
+        Some(c) => app.merge(c),
+        None => app,
+    };
     let counting = service.clone();
     let http_server = crate::connections::serve_http_with(
         http_listener,
@@ -457,7 +515,12 @@ pub async fn serve_on(
             crate::connections::serve_http(
                 listener,
                 Slots::new(bounds),
-                crate::service::http::metrics_router(service.clone(), &path),
+                match metrics_console {
+                    Some(c) => {
+                        crate::service::http::metrics_router(service.clone(), &path).merge(c)
+                    }
+                    None => crate::service::http::metrics_router(service.clone(), &path),
+                },
                 BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
                 stopped(stop_rx.clone()),
                 None,
@@ -536,6 +599,10 @@ pub struct ServeArgs {
     /// config's listen.balance, else pack].
     #[arg(long, value_enum)]
     pub balance: Option<crate::config::Balance>,
+    /// Serve the live console at /console/ on the HTTP listener (the config's
+    /// `console:` section says more: path, listener, history).
+    #[arg(long)]
+    pub console: bool,
 }
 
 /// `tollgate serve`: settings resolved before any port is bound, then [`serve`] on a
@@ -554,6 +621,10 @@ pub fn command(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(balance) = args.balance {
         settings.balance = balance;
+    }
+    if args.console && settings.console.is_none() {
+        let http = crate::config::ConsoleListener::Http;
+        settings.console = Some((crate::config::ConsoleConfig::default(), http));
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

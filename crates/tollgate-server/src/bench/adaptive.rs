@@ -154,11 +154,77 @@ struct Tally {
     errors: AtomicU64,
 }
 
-/// Adds one to the chosen counter of each tally.
-fn count(tallies: &[Option<&Arc<Tally>>], which: impl Fn(&Tally) -> &AtomicU64) {
-    for t in tallies.iter().flatten() {
-        which(t).fetch_add(1, Ordering::Relaxed);
+/// What the clients measured: the totals after `settle`, and the current interval's.
+struct Record {
+    settle: u64,
+    total: Tally,
+    hist: Mutex<Histogram<u64>>,
+    window: Tally,
+    window_hist: Mutex<Histogram<u64>>,
+}
+
+impl Record {
+    fn new(settle: u64) -> anyhow::Result<Record> {
+        let hist = || Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map(Mutex::new);
+        Ok(Record {
+            settle,
+            total: Tally::default(),
+            hist: hist()?,
+            window: Tally::default(),
+            window_hist: hist()?,
+        })
     }
+
+    /// Counts one answer (`None`: no answer), sent at `sent` and received at `now`;
+    /// whether the client should pause before it sends again.
+    fn answer(&self, status: Option<http::StatusCode>, sent: u64, now: u64) -> bool {
+        let counted = now >= self.settle;
+        let tallies = [Some(&self.window), counted.then_some(&self.total)];
+        let count = |which: fn(&Tally) -> &AtomicU64| {
+            for t in tallies.iter().flatten() {
+                which(t).fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        match status {
+            Some(s) if s.is_success() => {
+                let us = (now - sent).max(1);
+                let _ = lock(&self.window_hist).record(us);
+                if counted {
+                    let _ = lock(&self.hist).record(us);
+                }
+                count(|t| &t.ok);
+                false
+            }
+            Some(s) if s.as_u16() == 429 || s.as_u16() == 503 => {
+                count(|t| &t.shed);
+                true
+            }
+            _ => {
+                count(|t| &t.errors);
+                true
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `--header NAME: VALUE` arguments.
+fn parse_headers(headers: &[String]) -> anyhow::Result<Vec<(http::HeaderName, http::HeaderValue)>> {
+    headers
+        .iter()
+        .map(|h| {
+            let (n, v) = h
+                .split_once(':')
+                .ok_or_else(|| anyhow::anyhow!("--header {h:?}: expected NAME: VALUE"))?;
+            Ok((
+                http::HeaderName::from_bytes(n.trim().as_bytes())?,
+                http::HeaderValue::from_str(v.trim())?,
+            ))
+        })
+        .collect()
 }
 
 /// Runs the clients; prints the totals after `settle`:
@@ -174,42 +240,22 @@ pub async fn closed_loop(args: ClosedLoopArgs) -> anyhow::Result<()> {
     if uri.scheme_str() != Some("http") {
         anyhow::bail!("--target {}: an http:// URL", args.target);
     }
-    let headers = args
-        .headers
-        .iter()
-        .map(|h| {
-            let (n, v) = h
-                .split_once(':')
-                .ok_or_else(|| anyhow::anyhow!("--header {h:?}: expected NAME: VALUE"))?;
-            Ok((
-                http::HeaderName::from_bytes(n.trim().as_bytes())?,
-                http::HeaderValue::from_str(v.trim())?,
-            ))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let headers = parse_headers(&args.headers)?;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_max_idle_per_host(args.clients)
         .build_http::<Empty<bytes::Bytes>>();
     let clock = MonotonicClock::new();
     let start = clock.now_us();
     let end = start + args.duration.as_micros() as u64;
-    let settle = start + args.settle.as_micros() as u64;
-    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
-        1, 60_000_000, 3,
-    )?));
-    let (total, window) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
-    let window_hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
-        1, 60_000_000, 3,
-    )?));
+    let record = Arc::new(Record::new(start + args.settle.as_micros() as u64)?);
     let clients: Vec<_> = (0..args.clients)
         .map(|_| {
-            let (client, uri, headers, clock) =
-                (client.clone(), uri.clone(), headers.clone(), clock.clone());
-            let (hist, total, window, window_hist) = (
-                hist.clone(),
-                total.clone(),
-                window.clone(),
-                window_hist.clone(),
+            let (client, uri, headers, clock, record) = (
+                client.clone(),
+                uri.clone(),
+                headers.clone(),
+                clock.clone(),
+                record.clone(),
             );
             let pause = args.pause;
             tokio::spawn(async move {
@@ -227,62 +273,26 @@ pub async fn closed_loop(args: ClosedLoopArgs) -> anyhow::Result<()> {
                         }
                         Err(_) => None,
                     };
-                    let now = clock.now_us();
-                    let counted = now >= settle;
-                    let tallies = [Some(&window), counted.then_some(&total)];
-                    match status {
-                        Some(s) if s.is_success() => {
-                            let us = (now - sent).max(1);
-                            let _ = window_hist
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .record(us);
-                            if counted {
-                                let _ = hist.lock().unwrap_or_else(|e| e.into_inner()).record(us);
-                            }
-                            count(&tallies, |t| &t.ok);
-                        }
-                        Some(s) if s.as_u16() == 429 || s.as_u16() == 503 => {
-                            count(&tallies, |t| &t.shed);
-                            tokio::time::sleep(pause).await;
-                        }
-                        _ => {
-                            count(&tallies, |t| &t.errors);
-                            tokio::time::sleep(pause).await;
-                        }
+                    if record.answer(status, sent, clock.now_us()) {
+                        tokio::time::sleep(pause).await;
                     }
                 }
             })
         })
         .collect();
     if let Some(every) = args.interval {
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        while clock.now_us() < end {
-            tick.tick().await;
-            let secs = every.as_secs_f64();
-            let ok = window.ok.swap(0, Ordering::Relaxed);
-            let shed = window.shed.swap(0, Ordering::Relaxed);
-            let mut h = window_hist.lock().unwrap_or_else(|e| e.into_inner());
-            println!(
-                "t={:.1}s ok/s: {:.0} shed/s: {:.0} p50_us: {} p99_us: {}",
-                (clock.now_us() - start) as f64 / 1e6,
-                ok as f64 / secs,
-                shed as f64 / secs,
-                h.value_at_quantile(0.5),
-                h.value_at_quantile(0.99)
-            );
-            h.reset();
-        }
+        report_intervals(&record, &clock, start, end, every).await;
     }
     for c in clients {
         c.await?;
     }
-    let secs = (end.saturating_sub(settle)) as f64 / 1e6;
+    let secs = (end.saturating_sub(record.settle)) as f64 / 1e6;
+    let total = &record.total;
     let (ok, shed) = (
         total.ok.load(Ordering::Relaxed),
         total.shed.load(Ordering::Relaxed),
     );
-    let h = hist.lock().unwrap_or_else(|e| e.into_inner());
+    let h = lock(&record.hist);
     println!(
         "ok/s: {:.1} shed/s: {:.1} success: {:.2}% p50_us: {} p99_us: {} errors: {}",
         ok as f64 / secs,
@@ -293,6 +303,33 @@ pub async fn closed_loop(args: ClosedLoopArgs) -> anyhow::Result<()> {
         total.errors.load(Ordering::Relaxed)
     );
     Ok(())
+}
+
+/// Prints a line per interval `every` until `end`.
+async fn report_intervals(
+    record: &Record,
+    clock: &MonotonicClock,
+    start: u64,
+    end: u64,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    while clock.now_us() < end {
+        tick.tick().await;
+        let secs = every.as_secs_f64();
+        let ok = record.window.ok.swap(0, Ordering::Relaxed);
+        let shed = record.window.shed.swap(0, Ordering::Relaxed);
+        let mut h = lock(&record.window_hist);
+        println!(
+            "t={:.1}s ok/s: {:.0} shed/s: {:.0} p50_us: {} p99_us: {}",
+            (clock.now_us() - start) as f64 / 1e6,
+            ok as f64 / secs,
+            shed as f64 / secs,
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99)
+        );
+        h.reset();
+    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,9 @@
 //! `tollgate bench ceiling`: a server that answers 200 to everything (the HTTP stack's
 //! ceiling on this machine, for comparison in the same run).
 
+pub mod adaptive;
+pub mod rlqs;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -417,15 +420,15 @@ pub enum BenchCommand {
     /// Serve a modelled upstream: `--capacity` requests at `--service` time each; past
     /// the capacity every request slows down (a shared processor), so latency grows
     /// with the requests in flight. For measuring adaptive limits.
-    Upstream(crate::bench_adaptive::UpstreamArgs),
+    Upstream(crate::bench::adaptive::UpstreamArgs),
     /// Closed-loop clients against a URL: each sends, waits for its answer (or a
     /// 429/503 and a pause), and sends again. Ends with
     /// `ok/s: .. shed/s: .. success: ..% p50_us: .. p99_us: .. errors: ..`.
-    ClosedLoop(crate::bench_adaptive::ClosedLoopArgs),
+    ClosedLoop(crate::bench::adaptive::ClosedLoopArgs),
     /// A fleet of simulated Envoys on a service's rate limit quota stream (RLQS):
     /// each reports its usage and admits or denies by its own assignment. Ends with
     /// `admitted/s: .. denied/s: .. assignments/s: .. envoys: .. buckets: .. errors: ..`.
-    Rlqs(crate::bench_rlqs::RlqsArgs),
+    Rlqs(crate::bench::rlqs::RlqsArgs),
     /// Serve 200 to every request: the HTTP stack's ceiling, to compare against.
     Ceiling {
         /// The listen address.
@@ -535,10 +538,10 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
         .build()?;
     let (protocol, args) = match cmd {
         BenchCommand::Ceiling { listen } => return runtime.block_on(ceiling(listen)),
-        BenchCommand::Upstream(a) => return runtime.block_on(crate::bench_adaptive::upstream(a)),
-        BenchCommand::Rlqs(a) => return runtime.block_on(crate::bench_rlqs::fleet(a)),
+        BenchCommand::Upstream(a) => return runtime.block_on(crate::bench::adaptive::upstream(a)),
+        BenchCommand::Rlqs(a) => return runtime.block_on(crate::bench::rlqs::fleet(a)),
         BenchCommand::ClosedLoop(a) => {
-            return runtime.block_on(crate::bench_adaptive::closed_loop(a))
+            return runtime.block_on(crate::bench::adaptive::closed_loop(a))
         }
         BenchCommand::RedisCall {
             policy,

@@ -365,31 +365,11 @@ pub struct RlqsArgs {
 /// buckets ended under a blanket rule (an `ALLOW_ALL` most often means that no rule
 /// takes the bucket ids sent).
 pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
-    let target = args.target.strip_prefix("http://").unwrap_or(&args.target);
-    let addr: SocketAddr = match tokio::net::lookup_host(target).await {
-        Ok(mut addrs) => addrs.next(),
-        Err(e) => anyhow::bail!("--target {target}: expected host:port of the gRPC listener ({e})"),
-    }
-    .ok_or_else(|| anyhow::anyhow!("--target {target}: the name has no address"))?;
-    if args.envoys == 0 || args.buckets == 0 {
-        anyhow::bail!("--envoys and --buckets must be at least 1");
-    }
-    let mut clients = Vec::with_capacity(args.envoys);
-    for _ in 0..args.envoys {
-        let client = QuotaClient::connect(addr, &args.domain, args.report_interval).await;
-        clients.push(client.map_err(|e| {
-            // The innermost cause alone (tonic repeats its chain in each layer).
-            let mut cause: &dyn std::error::Error = &e;
-            while let Some(next) = cause.source() {
-                cause = next;
-            }
-            anyhow::anyhow!("--target {target}: cannot connect to {addr}: {cause}")
-        })?);
-    }
+    let clients = connect_all(&args).await?;
     let ids: Arc<Vec<Key>> = Arc::new(bucket_ids(&args.bucket, args.buckets)?);
     let start = Instant::now();
     let (warm, end) = (start + args.warmup, start + args.warmup + args.duration);
-    let totals: Arc<[std::sync::atomic::AtomicU64; 2]> = Arc::default();
+    let totals: Arc<Totals> = Arc::default();
     // Each Envoy offers its requests every STEP, spread over its buckets.
     const STEP: Duration = Duration::from_millis(10);
     let per_step = args.rate as f64 * STEP.as_secs_f64();
@@ -427,27 +407,7 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
             (received, client.ended(), client.blankets())
         }));
     }
-    // Each second counted, on stderr: what the fleet admitted and denied in it.
-    let progress = {
-        let totals = totals.clone();
-        tokio::spawn(async move {
-            let (mut at, mut last) = (warm, [0, 0]);
-            while at + Duration::from_secs(1) <= end {
-                at += Duration::from_secs(1);
-                tokio::time::sleep_until(at).await;
-                let now = totals
-                    .each_ref()
-                    .map(|t| t.load(std::sync::atomic::Ordering::Relaxed));
-                eprintln!(
-                    "tollgate bench rlqs: second {}: admitted {} denied {}",
-                    (at - warm).as_secs(),
-                    now[0] - last[0],
-                    now[1] - last[1]
-                );
-                last = now;
-            }
-        })
-    };
+    let progress = tokio::spawn(print_seconds(totals.clone(), warm, end));
     let (mut assignments, mut errors, mut first_error) = (0, 0, None);
     let mut blankets = [0, 0];
     for t in tasks {
@@ -460,16 +420,7 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
         }
     }
     let _ = progress.await;
-    // A bucket no rule takes is answered ALLOW_ALL: a run that measured nothing.
-    let held = args.envoys * args.buckets;
-    for (n, rule, why) in [
-        (blankets[0], "ALLOW_ALL", "no quota_buckets rule of the domain takes those bucket ids (check --bucket and --domain), or an allow_all rule does: nothing limited them"),
-        (blankets[1], "DENY_ALL", "a deny_all rule, or the store's on_error: fail-closed"),
-    ] {
-        if n > 0 {
-            eprintln!("tollgate bench rlqs: {n} of {held} buckets (one per Envoy and bucket) ended under {rule}: {why}");
-        }
-    }
+    warn_blankets(blankets, args.envoys * args.buckets);
     if let Some(e) = &first_error {
         eprintln!("tollgate bench rlqs: {errors} streams ended early; the first: {e}");
     }
@@ -485,6 +436,67 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
         errors
     );
     Ok(())
+}
+
+/// Admitted and denied, counted after the warm-up.
+type Totals = [std::sync::atomic::AtomicU64; 2];
+
+/// Each second counted, on stderr: what the fleet admitted and denied in it.
+async fn print_seconds(totals: Arc<Totals>, warm: Instant, end: Instant) {
+    let (mut at, mut last) = (warm, [0, 0]);
+    while at + Duration::from_secs(1) <= end {
+        at += Duration::from_secs(1);
+        tokio::time::sleep_until(at).await;
+        let now = totals
+            .each_ref()
+            .map(|t| t.load(std::sync::atomic::Ordering::Relaxed));
+        eprintln!(
+            "tollgate bench rlqs: second {}: admitted {} denied {}",
+            (at - warm).as_secs(),
+            now[0] - last[0],
+            now[1] - last[1]
+        );
+        last = now;
+    }
+}
+
+/// Says how many of the `held` buckets ended under a blanket rule: a bucket no rule
+/// takes is answered ALLOW_ALL, a run that measured nothing.
+fn warn_blankets(blankets: [usize; 2], held: usize) {
+    for (n, rule, why) in [
+        (blankets[0], "ALLOW_ALL", "no quota_buckets rule of the domain takes those bucket ids (check --bucket and --domain), or an allow_all rule does: nothing limited them"),
+        (blankets[1], "DENY_ALL", "a deny_all rule, or the store's on_error: fail-closed"),
+    ] {
+        if n > 0 {
+            eprintln!("tollgate bench rlqs: {n} of {held} buckets (one per Envoy and bucket) ended under {rule}: {why}");
+        }
+    }
+}
+
+/// One connected [`QuotaClient`] per Envoy of the fleet.
+async fn connect_all(args: &RlqsArgs) -> anyhow::Result<Vec<QuotaClient>> {
+    let target = args.target.strip_prefix("http://").unwrap_or(&args.target);
+    let addr: SocketAddr = match tokio::net::lookup_host(target).await {
+        Ok(mut addrs) => addrs.next(),
+        Err(e) => anyhow::bail!("--target {target}: expected host:port of the gRPC listener ({e})"),
+    }
+    .ok_or_else(|| anyhow::anyhow!("--target {target}: the name has no address"))?;
+    if args.envoys == 0 || args.buckets == 0 {
+        anyhow::bail!("--envoys and --buckets must be at least 1");
+    }
+    let mut clients = Vec::with_capacity(args.envoys);
+    for _ in 0..args.envoys {
+        let client = QuotaClient::connect(addr, &args.domain, args.report_interval).await;
+        clients.push(client.map_err(|e| {
+            // The innermost cause alone (tonic repeats its chain in each layer).
+            let mut cause: &dyn std::error::Error = &e;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            anyhow::anyhow!("--target {target}: cannot connect to {addr}: {cause}")
+        })?);
+    }
+    Ok(clients)
 }
 
 #[cfg(test)]

@@ -1,0 +1,107 @@
+//! The Prometheus text exposition read back: the console's figures are `/metrics`'
+//! own, parsed from the very text a scrape would get.
+
+/// One sample line: a series' name, its labels, and its value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// The series name (`_total`, `_bucket` and the like included).
+    pub name: String,
+    /// Its labels, in the order written.
+    pub labels: Vec<(String, String)>,
+    /// Its value.
+    pub value: f64,
+}
+
+impl Sample {
+    /// The value of label `name`, or "" when it has none.
+    pub fn label(&self, name: &str) -> &str {
+        (self.labels.iter())
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+}
+
+/// Every sample of `text`; lines it cannot read (none, from tollgate's own
+/// exposition) are skipped.
+pub fn parse(text: &str) -> Vec<Sample> {
+    text.lines().filter_map(sample).collect()
+}
+
+fn sample(line: &str) -> Option<Sample> {
+    if line.starts_with('#') || line.trim().is_empty() {
+        return None;
+    }
+    let name_end = line.find(['{', ' '])?;
+    let name = line[..name_end].to_string();
+    let mut rest = &line[name_end..];
+    let mut labels = Vec::new();
+    if let Some(inner) = rest.strip_prefix('{') {
+        rest = inner;
+        loop {
+            if let Some(after) = rest.strip_prefix('}') {
+                rest = after;
+                break;
+            }
+            let eq = rest.find('=')?;
+            let key = rest[..eq].trim_start_matches(',').to_string();
+            let (value, after) = quoted(rest[eq + 1..].strip_prefix('"')?)?;
+            labels.push((key, value));
+            rest = after.strip_prefix(',').unwrap_or(after);
+        }
+    }
+    // A timestamp may follow the value; tollgate writes none.
+    let value = rest.split_whitespace().next()?;
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().ok()?,
+    };
+    Some(Sample {
+        name,
+        labels,
+        value,
+    })
+}
+
+/// A label value up to its closing quote, unescaped, and what follows the quote.
+fn quoted(s: &str) -> Option<(String, &str)> {
+    let mut out = String::new();
+    let mut chars = s.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return Some((out, &s[i + 1..])),
+            '\\' => match chars.next()?.1 {
+                'n' => out.push('\n'),
+                c => out.push(c),
+            },
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_names_labels_and_values_as_written() {
+        let text = "# HELP x y\n# TYPE a counter\na_total 3\nb{le=\"+Inf\",rule=\"a\\\"b\\\\c\\nd,e=f\"} 2.5\nc{} NaN\nd 1 1700000000\n# EOF\n";
+        let s = parse(text);
+        assert_eq!(s.len(), 4);
+        assert_eq!((s[0].name.as_str(), s[0].value), ("a_total", 3.0));
+        assert_eq!(s[1].label("le"), "+Inf");
+        assert_eq!(s[1].label("rule"), "a\"b\\c\nd,e=f");
+        assert_eq!(s[1].value, 2.5);
+        assert!(s[2].value.is_nan() && s[2].labels.is_empty());
+        assert_eq!(s[3].value, 1.0);
+        assert_eq!(s[1].label("absent"), "");
+    }
+
+    #[test]
+    fn a_broken_line_is_skipped_not_fatal() {
+        let s = parse("a{x=\"unterminated 1\nb 2\nc{x=1} 3\n");
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].name, "b");
+    }
+}

@@ -1,0 +1,743 @@
+//! The live console in the browser (`console:` in the config): what every rule, key
+//! and quota bucket is doing now, and a page to try a policy before deploying it.
+//!
+//! One sampler reads `/metrics`' own exposition once a second, whatever the number
+//! of consoles open (so a figure on a page and on `/metrics` cannot disagree, and a
+//! console costs the decisions nothing); pages are rendered here, whole (usable
+//! without JavaScript) and as live parts streamed by server-sent events. Read-only
+//! without the admin token; admin forms need a session opened with it and carry
+//! its form token back. Every asset is inside the binary.
+
+pub mod exposition;
+pub mod figures;
+pub mod pages;
+pub mod session;
+pub mod try_policy;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::rejection::{FormRejection, QueryRejection};
+use axum::extract::{Form, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures_util::stream::Stream;
+use tollgate::clock::Clock;
+
+use crate::service::DecisionService;
+use figures::{Figures, Reading, RuleInfo, Sampler};
+use pages::{esc, Frame};
+use session::Sessions;
+
+/// The strictest policy the pages work under: their own scripts and styles only,
+/// no frames, forms posting only here.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+static CSS: &str = include_str!("../../assets/console/console.css");
+static JS: &str = include_str!("../../assets/console/console.js");
+
+/// The console's settings (`console:`, resolved).
+#[derive(Debug, Clone)]
+pub struct ConsoleSettings {
+    /// The path prefix (`/console`).
+    pub path: String,
+    /// Points of history the charts keep (one a second).
+    pub history_points: usize,
+    /// Rows of each keys table.
+    pub top_keys: usize,
+    /// The admin token, if any.
+    pub admin_token: Option<String>,
+    /// Whether the listener is TLS (the session cookie is then `Secure`).
+    pub secure: bool,
+}
+
+/// A console over one `serve`.
+pub struct Console {
+    settings: ConsoleSettings,
+    service: Arc<DecisionService>,
+    sessions: Sessions,
+    /// The latest figures, and a signal for the streams when new ones are in.
+    latest: Mutex<Arc<Figures>>,
+    tick: tokio::sync::watch::Sender<u64>,
+    clock: tollgate::clock::MonotonicClock,
+    /// One simulation at a time (the try page): consoles cannot crowd the CPU.
+    simulating: tokio::sync::Semaphore,
+}
+
+impl Console {
+    /// A console over `service`; its sampler runs from now on.
+    pub fn start(settings: ConsoleSettings, service: Arc<DecisionService>) -> Arc<Console> {
+        let console = Arc::new(Console {
+            sessions: Sessions::new(settings.admin_token.clone()),
+            settings,
+            service,
+            latest: Mutex::new(Arc::new(Figures::default())),
+            tick: tokio::sync::watch::channel(0).0,
+            clock: tollgate::clock::MonotonicClock::new(),
+            simulating: tokio::sync::Semaphore::new(1),
+        });
+        let weak = Arc::downgrade(&console);
+        tokio::spawn(async move {
+            let mut sampler = None;
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut n = 0u64;
+            loop {
+                every.tick().await;
+                let Some(console) = weak.upgrade() else {
+                    return;
+                };
+                let sampler =
+                    sampler.get_or_insert_with(|| Sampler::new(console.settings.history_points));
+                console.sample(sampler);
+                n += 1;
+                if n % 60 == 0 {
+                    if let Some(top) = console.service.top_keys() {
+                        top.age();
+                    }
+                }
+                console.tick.send_replace(n);
+            }
+        });
+        console
+    }
+
+    /// Reads `/metrics` once and keeps the figures made of it.
+    fn sample(&self, sampler: &mut Sampler) {
+        let text = self.service.render_metrics();
+        let reading = Reading {
+            time: wall_seconds(),
+            samples: exposition::parse(&text),
+        };
+        let figures = sampler.next(reading, self.service.store_name(), &self.rule_infos());
+        *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(figures);
+    }
+
+    fn rule_infos(&self) -> Vec<RuleInfo> {
+        let rules = self.service.rules();
+        let xds = self.service.xds_version();
+        let mut out = Vec::new();
+        let mut domains: Vec<_> = rules.domains().collect();
+        domains.sort();
+        for (domain, source) in domains {
+            let source = match &xds {
+                Some((server, v)) => format!(
+                    "xDS {server} version {}",
+                    v.as_deref().unwrap_or("(none yet)")
+                ),
+                None => source.to_string(),
+            };
+            for l in rules.limits(domain) {
+                out.push(RuleInfo {
+                    domain: domain.to_string(),
+                    rule: l.path.clone(),
+                    name: l.name.clone(),
+                    policies: (l.rules.as_ref())
+                        .map(|r| r.policies().iter().map(|p| p.to_string()).collect())
+                        .unwrap_or_default(),
+                    source: source.clone(),
+                    shadow: l.shadow,
+                    unlimited: l.limiter.is_none() && !l.deny,
+                });
+            }
+        }
+        out
+    }
+
+    fn figures(&self) -> Arc<Figures> {
+        self.latest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_us() / 1_000_000
+    }
+
+    /// The router of every console path, under the prefix.
+    pub fn router(self: &Arc<Self>) -> Router {
+        let p = self.settings.path.trim_end_matches('/').to_string();
+        Router::new()
+            .route(&p, get(overview))
+            .route(&format!("{p}/"), get(overview))
+            .route(&format!("{p}/rules"), get(rules))
+            .route(&format!("{p}/keys"), get(keys))
+            .route(&format!("{p}/keys/reset"), post(reset))
+            .route(&format!("{p}/quota"), get(quota))
+            .route(&format!("{p}/try"), get(try_page))
+            .route(&format!("{p}/try/chart.svg"), get(try_chart))
+            .route(&format!("{p}/login"), get(login_page).post(login))
+            .route(&format!("{p}/logout"), post(logout))
+            .route(&format!("{p}/reload"), post(reload))
+            .route(&format!("{p}/events"), get(events))
+            .route(&format!("{p}/api/snapshot"), get(snapshot))
+            .route(
+                &format!("{p}/static/console.css"),
+                get(|| async { asset("text/css; charset=utf-8", CSS) }),
+            )
+            .route(
+                &format!("{p}/static/console.js"),
+                get(|| async { asset("text/javascript; charset=utf-8", JS) }),
+            )
+            .route(&format!("{p}/{{*rest}}"), get(not_found))
+            .with_state(self.clone())
+    }
+
+    fn frame<'a>(&'a self, page: &'a str, form_token: Option<&'a str>) -> Frame<'a> {
+        Frame {
+            base: self.settings.path.trim_end_matches('/'),
+            page,
+            form_token,
+            admin_enabled: self.sessions.enabled(),
+        }
+    }
+
+    fn base(&self) -> &str {
+        self.settings.path.trim_end_matches('/')
+    }
+
+    /// The live part of `page` now, if it has one.
+    fn live_part(&self, page: &str) -> Option<String> {
+        let fig = self.figures();
+        Some(match page {
+            "overview" => pages::overview(&fig),
+            "rules" => pages::rules(&fig),
+            "quota" => pages::quota(&fig),
+            "keys" => {
+                let (used, rejected) = self.top();
+                pages::keys(self.base(), &used, &rejected)
+            }
+            _ => return None,
+        })
+    }
+
+    fn top(
+        &self,
+    ) -> (
+        Vec<crate::service::top_keys::KeyCount>,
+        Vec<crate::service::top_keys::KeyCount>,
+    ) {
+        match self.service.top_keys() {
+            Some(t) => t.top(self.settings.top_keys),
+            None => (Vec::new(), Vec::new()),
+        }
+    }
+}
+
+/// Seconds since the Unix epoch: what the figures are stamped with (for people and
+/// tools reading them; no limit reads it).
+fn wall_seconds() -> f64 {
+    #[allow(clippy::disallowed_methods)]
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+type Shared = State<Arc<Console>>;
+
+/// Headers every console answer carries.
+fn secured(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    h.insert("content-security-policy", HeaderValue::from_static(CSP));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert("x-frame-options", HeaderValue::from_static("DENY"));
+    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+fn html(status: StatusCode, body: String) -> Response {
+    secured(
+        (
+            status,
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            body,
+        )
+            .into_response(),
+    )
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    secured(([(header::CONTENT_TYPE, content_type)], body).into_response())
+}
+
+fn cookie(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::COOKIE).and_then(|v| v.to_str().ok())
+}
+
+impl Console {
+    fn session(&self, headers: &HeaderMap) -> Option<session::Session> {
+        self.sessions.of(cookie(headers), self.now())
+    }
+
+    /// A whole page with a live part.
+    fn live_page(
+        &self,
+        headers: &HeaderMap,
+        page: &str,
+        nav: &str,
+        title: &str,
+        intro: &str,
+    ) -> Response {
+        let session = self.session(headers);
+        let inner = self.live_part(page).unwrap_or_default();
+        let body = format!("{intro}{}", pages::live(self.base(), page, &inner));
+        let frame = self.frame(nav, session.as_ref().map(|s| s.form_token.as_str()));
+        html(StatusCode::OK, pages::page(&frame, title, &body))
+    }
+}
+
+async fn overview(State(c): Shared, headers: HeaderMap) -> Response {
+    let session = c.session(&headers);
+    let reload = match &session {
+        Some(s) => format!(
+            "<form method=\"post\" action=\"{}/reload\"><input type=\"hidden\" name=\"form_token\" value=\"{}\"><button type=\"submit\">Reload the rules</button></form>",
+            esc(c.base()),
+            esc(&s.form_token)
+        ),
+        None => String::new(),
+    };
+    c.live_page(&headers, "overview", "", "Overview", &reload)
+}
+
+async fn rules(State(c): Shared, headers: HeaderMap) -> Response {
+    c.live_page(&headers, "rules", "rules", "Rules", "")
+}
+
+async fn quota(State(c): Shared, headers: HeaderMap) -> Response {
+    c.live_page(&headers, "quota", "quota", "Quota buckets", "")
+}
+
+async fn not_found(State(c): Shared, headers: HeaderMap) -> Response {
+    let session = c.session(&headers);
+    let frame = c.frame("-", session.as_ref().map(|s| s.form_token.as_str()));
+    let body = pages::message(
+        "error",
+        "No such page in the console; the navigation above lists them.",
+    );
+    html(
+        StatusCode::NOT_FOUND,
+        pages::page(&frame, "Not found", &body),
+    )
+}
+
+/// Query or form pairs, as given.
+type Pairs = Vec<(String, String)>;
+
+fn field<'a>(pairs: &'a Pairs, name: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// `key=value, key=value` (commas or new lines between entries).
+fn parse_entries(text: &str) -> Result<Vec<(String, String)>, String> {
+    let entries: Vec<(String, String)> = text
+        .split([',', '\n'])
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| match e.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                Ok((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => Err(format!("entry {e:?}: expected key=value")),
+        })
+        .collect::<Result<_, _>>()?;
+    if entries.is_empty() {
+        return Err("no entries: give at least one key=value".into());
+    }
+    Ok(entries)
+}
+
+async fn keys(
+    State(c): Shared,
+    headers: HeaderMap,
+    query: Result<Query<Pairs>, QueryRejection>,
+) -> Response {
+    let session = c.session(&headers);
+    let pairs = query.map(|q| q.0).unwrap_or_default();
+    let domain = field(&pairs, "domain").unwrap_or("");
+    let entries = field(&pairs, "entries").unwrap_or("");
+    let mut result = String::new();
+    if !domain.is_empty() || !entries.is_empty() {
+        result = lookup(&c, session.as_ref(), domain, entries).await;
+    }
+    let base = esc(c.base());
+    let form = format!(
+        "<section id=\"lookup\" aria-labelledby=\"lookup-h\"><h2 id=\"lookup-h\">Look up a key</h2>\
+<form method=\"get\" action=\"{base}/keys#lookup\" class=\"grid\"><label for=\"domain\">Domain</label><input id=\"domain\" name=\"domain\" value=\"{}\" required>\
+<label for=\"entries\">Entries</label><input id=\"entries\" name=\"entries\" value=\"{}\" placeholder=\"api_key=k1, path=/login\" required>\
+<button type=\"submit\">Look up</button></form>{result}</section><h2>Keys now</h2>",
+        esc(domain),
+        esc(entries)
+    );
+    let inner = c.live_part("keys").unwrap_or_default();
+    let body = format!("{form}{}", pages::live(c.base(), "keys", &inner));
+    let frame = c.frame("keys", session.as_ref().map(|s| s.form_token.as_str()));
+    html(StatusCode::OK, pages::page(&frame, "Keys", &body))
+}
+
+/// The look-up's answer: what one more request would be told, and a reset for admins.
+async fn lookup(
+    c: &Console,
+    session: Option<&session::Session>,
+    domain: &str,
+    entries: &str,
+) -> String {
+    let parsed = match parse_entries(entries) {
+        Ok(p) => p,
+        Err(e) => return pages::message("error", &format!("Entries: {e}")),
+    };
+    if domain.trim().is_empty() {
+        return pages::message("error", "Domain: give the domain of the rules to look in.");
+    }
+    let (path, decision) = match c.service.look(domain.trim(), &parsed).await {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            return pages::message(
+                "error",
+                &format!("No rule of domain {domain:?} matches {entries:?}: nothing limits it."),
+            )
+        }
+        Err(e) => return pages::message("error", &format!("The store could not answer: {e}")),
+    };
+    let state = match decision {
+        None => "<p>Unlimited: this rule never counts.</p>".to_string(),
+        Some(d) => {
+            let mut rows = String::new();
+            let policies = (c.service.rules().find(domain.trim(), &parsed))
+                .and_then(|m| {
+                    m.limit.rules.as_ref().map(|r| {
+                        r.policies()
+                            .iter()
+                            .map(|p| p.to_string())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .unwrap_or_default();
+            for (i, p) in d.policies.iter().enumerate() {
+                let retry = p
+                    .retry_after_us
+                    .map_or("–".to_string(), |us| format!("{:.3} s", us as f64 / 1e6));
+                rows.push_str(&format!(
+                    "<tr><th scope=\"row\"><code>{}</code></th><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{:.3} s</td><td class=\"n\">{retry}</td></tr>",
+                    esc(policies.get(i).map_or("", String::as_str)),
+                    if p.allowed { "allowed" } else { "rejected" },
+                    p.limit,
+                    p.remaining,
+                    p.reset_after_us as f64 / 1e6,
+                ));
+            }
+            format!(
+                "<table id=\"state\"><caption>What one more request would be told now (counting nothing)</caption><thead><tr><th scope=\"col\">Policy</th><th scope=\"col\">Next request</th><th scope=\"col\">Limit</th><th scope=\"col\">Remaining</th><th scope=\"col\">Reset after</th><th scope=\"col\">Retry after</th></tr></thead><tbody>{rows}</tbody></table>"
+            )
+        }
+    };
+    let reset = match session {
+        Some(s) => format!(
+            "<form method=\"post\" action=\"{}/keys/reset\"><input type=\"hidden\" name=\"form_token\" value=\"{}\"><input type=\"hidden\" name=\"domain\" value=\"{}\"><input type=\"hidden\" name=\"entries\" value=\"{}\"><button type=\"submit\" class=\"danger\">Reset this key</button></form>",
+            esc(c.base()),
+            esc(&s.form_token),
+            esc(domain),
+            esc(entries)
+        ),
+        None if c.sessions.enabled() => format!("<p class=\"note\"><a href=\"{}/login\">Log in</a> with the admin token to reset it.</p>", esc(c.base())),
+        None => "<p class=\"note\">Resetting needs <code>admin.token</code> in the config (admin actions are off without it).</p>".into(),
+    };
+    format!("<p>Rule <code>{}</code></p>{state}{reset}", esc(&path))
+}
+
+/// An admin form that passed its checks: the session's cookie, its form token, and
+/// a post from this console's own origin. Its pairs, and the headers.
+struct AdminForm {
+    pairs: Pairs,
+    headers: HeaderMap,
+}
+
+impl axum::extract::FromRequest<Arc<Console>> for AdminForm {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, c: &Arc<Console>) -> Result<Self, Response> {
+        let headers = req.headers().clone();
+        let refuse = |why: &str| {
+            let frame = c.frame("-", None);
+            let body = pages::page(&frame, "Not allowed", &pages::message("error", why));
+            html(StatusCode::FORBIDDEN, body)
+        };
+        if let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
+            let host = (headers.get(header::HOST))
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let origin_host = origin.split_once("://").map_or("", |(_, h)| h);
+            if origin_host != host {
+                return Err(refuse(
+                    "This form was posted from another site; it is refused.",
+                ));
+            }
+        }
+        let Some(session) = c.session(&headers) else {
+            return Err(refuse(
+                "Admin actions need a session: log in with the admin token first.",
+            ));
+        };
+        let pairs = match Form::<Pairs>::from_request(req, c).await {
+            Ok(Form(pairs)) => pairs,
+            Err(e) => {
+                return Err(refuse(&format!(
+                    "The form could not be read: {}",
+                    e.body_text()
+                )))
+            }
+        };
+        let given = field(&pairs, "form_token").unwrap_or("");
+        if !session::same(given.as_bytes(), session.form_token.as_bytes()) {
+            return Err(refuse(
+                "The form's token is missing or stale: reload the page and try again.",
+            ));
+        }
+        Ok(AdminForm { pairs, headers })
+    }
+}
+
+async fn reset(State(c): Shared, form: AdminForm) -> Response {
+    let headers = &form.headers;
+    let pairs = &form.pairs;
+    let domain = field(pairs, "domain").unwrap_or("").trim().to_string();
+    let entries = field(pairs, "entries").unwrap_or("").to_string();
+    let outcome = match parse_entries(&entries) {
+        Err(e) => pages::message("error", &format!("Entries: {e}")),
+        Ok(parsed) => match c.service.reset(&domain, &parsed).await {
+            Ok(true) => {
+                tracing::info!(domain, entries, "console: key reset");
+                pages::message("note", &format!("Reset: {domain} {entries} starts afresh."))
+            }
+            Ok(false) => pages::message("error", "No rule matches that key: nothing to reset."),
+            Err(e) => pages::message("error", &format!("The store could not reset it: {e}")),
+        },
+    };
+    let session = c.session(headers);
+    let frame = c.frame("keys", session.as_ref().map(|s| s.form_token.as_str()));
+    let back = format!(
+        "<p><a href=\"{}/keys?domain={}&amp;entries={}#lookup\">Back to the key</a></p>",
+        esc(c.base()),
+        esc(&pages::url_encode(&domain)),
+        esc(&pages::url_encode(&entries))
+    );
+    html(
+        StatusCode::OK,
+        pages::page(&frame, "Reset a key", &(outcome + &back)),
+    )
+}
+
+async fn reload(State(c): Shared, form: AdminForm) -> Response {
+    let headers = &form.headers;
+    let (status, text) = match c.service.reload("the console") {
+        Ok(()) => (
+            StatusCode::OK,
+            pages::message("note", "The rules were read again and are in force."),
+        ),
+        Err(e) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            pages::message(
+                "error",
+                &format!("Refused (the rules before it stay in force): {e}"),
+            ),
+        ),
+    };
+    let session = c.session(headers);
+    let frame = c.frame("", session.as_ref().map(|s| s.form_token.as_str()));
+    html(status, pages::page(&frame, "Reload", &text))
+}
+
+async fn login_page(State(c): Shared, headers: HeaderMap) -> Response {
+    let session = c.session(&headers);
+    let frame = c.frame("login", session.as_ref().map(|s| s.form_token.as_str()));
+    html(
+        StatusCode::OK,
+        pages::page(&frame, "Admin log-in", &login_form(&c, "")),
+    )
+}
+
+fn login_form(c: &Console, message: &str) -> String {
+    if !c.sessions.enabled() {
+        return pages::message("note", "Admin actions are off: set admin.token (or TOLLGATE_ADMIN_TOKEN) to turn them on. Everything else here is read-only and open.");
+    }
+    format!(
+        "{message}<form method=\"post\" action=\"{}/login\" class=\"grid\"><label for=\"token\">Admin token</label><input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"current-password\" required><button type=\"submit\">Log in</button></form>",
+        esc(c.base())
+    )
+}
+
+async fn login(State(c): Shared, form: Result<Form<Pairs>, FormRejection>) -> Response {
+    let given = form
+        .as_ref()
+        .ok()
+        .and_then(|f| field(&f.0, "token"))
+        .unwrap_or("")
+        .to_string();
+    let frame = c.frame("login", None);
+    match c.sessions.open(&given, c.now()) {
+        Some((id, _)) => {
+            let secure = if c.settings.secure { "; Secure" } else { "" };
+            let cookie = format!(
+                "{}={id}; Path={}; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+                session::COOKIE,
+                c.base(),
+                session::SESSION_SECONDS
+            );
+            tracing::info!("console: an admin session opened");
+            let mut r = secured(
+                (
+                    StatusCode::SEE_OTHER,
+                    [(header::LOCATION, format!("{}/", c.base()))],
+                )
+                    .into_response(),
+            );
+            if let Ok(v) = HeaderValue::from_str(&cookie) {
+                r.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            r
+        }
+        None => {
+            let why = if c.sessions.enabled() {
+                pages::message("error", "Wrong token.")
+            } else {
+                String::new()
+            };
+            html(
+                StatusCode::UNAUTHORIZED,
+                pages::page(&frame, "Admin log-in", &login_form(&c, &why)),
+            )
+        }
+    }
+}
+
+async fn logout(State(c): Shared, form: AdminForm) -> Response {
+    let headers = &form.headers;
+    c.sessions.close(cookie(headers));
+    let mut r = secured(
+        (
+            StatusCode::SEE_OTHER,
+            [(header::LOCATION, format!("{}/", c.base()))],
+        )
+            .into_response(),
+    );
+    let expired = format!(
+        "{}=; Path={}; HttpOnly; SameSite=Strict; Max-Age=0",
+        session::COOKIE,
+        c.base()
+    );
+    if let Ok(v) = HeaderValue::from_str(&expired) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+/// The figures as JSON (documented in docs/console.md): what the pages show.
+async fn snapshot(State(c): Shared) -> Response {
+    let fig = c.figures();
+    let (used, rejected) = c.top();
+    let body = serde_json::json!({
+        "figures": &*fig,
+        "keys": { "used": used, "rejected": rejected },
+    });
+    secured(axum::Json(body).into_response())
+}
+
+/// Server-sent events: the live part of `page` once a second (event `live`, data
+/// `{"html": ...}`).
+async fn events(State(c): Shared, query: Result<Query<Pairs>, QueryRejection>) -> Response {
+    let pairs = query.map(|q| q.0).unwrap_or_default();
+    let page = field(&pairs, "page").unwrap_or("").to_string();
+    if c.live_part(&page).is_none() {
+        return secured(
+            (
+                StatusCode::NOT_FOUND,
+                format!("no live page {page:?} (overview, rules, keys, quota)\n"),
+            )
+                .into_response(),
+        );
+    }
+    let rx = c.tick.subscribe();
+    let stream = live_stream(c.clone(), page, rx);
+    secured(
+        Sse::new(stream)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    )
+}
+
+fn live_stream(
+    c: Arc<Console>,
+    page: String,
+    rx: tokio::sync::watch::Receiver<u64>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures_util::stream::unfold((c, page, rx), |(c, page, mut rx)| async move {
+        rx.changed().await.ok()?;
+        let html = c.live_part(&page)?;
+        let data = serde_json::json!({ "html": html }).to_string();
+        Some((Ok(Event::default().event("live").data(data)), (c, page, rx)))
+    })
+}
+
+async fn try_page(
+    State(c): Shared,
+    headers: HeaderMap,
+    query: Result<Query<Pairs>, QueryRejection>,
+) -> Response {
+    let session = c.session(&headers);
+    let frame = c.frame("try", session.as_ref().map(|s| s.form_token.as_str()));
+    let (pairs, bad_query) = match query {
+        Ok(q) => (q.0, None),
+        Err(e) => (Vec::new(), Some(e.body_text())),
+    };
+    let form = try_policy::Form::from_pairs(&pairs);
+    let mut body = try_policy::form_html(c.base(), &form);
+    if let Some(e) = bad_query {
+        body.push_str(&pages::message(
+            "error",
+            &format!("The query could not be read: {e}"),
+        ));
+    } else if form.submitted() {
+        body.push_str(&match form.scenario() {
+            Err(e) => pages::message("error", &e),
+            Ok(_) => match c.simulate(&form).await {
+                Ok((summaries, _)) => try_policy::result_html(c.base(), &pairs, &summaries),
+                Err(e) => pages::message("error", &e),
+            },
+        });
+    }
+    html(StatusCode::OK, pages::page(&frame, "Try a policy", &body))
+}
+
+async fn try_chart(State(c): Shared, query: Result<Query<Pairs>, QueryRejection>) -> Response {
+    let pairs = query.map(|q| q.0).unwrap_or_default();
+    let form = try_policy::Form::from_pairs(&pairs);
+    match c.simulate(&form).await {
+        Ok((_, svg)) => secured(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response()),
+        Err(e) => secured((StatusCode::BAD_REQUEST, e).into_response()),
+    }
+}
+
+impl Console {
+    /// Runs the try page's simulation off the async workers, one at a time.
+    async fn simulate(
+        &self,
+        form: &try_policy::Form,
+    ) -> Result<(Vec<crate::offline::run::Summary>, String), String> {
+        let scenario = form.scenario()?;
+        let _one = self.simulating.acquire().await.map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || try_policy::simulate(&scenario))
+            .await
+            .map_err(|e| format!("the simulation failed: {e}"))?
+    }
+}
