@@ -34,6 +34,15 @@ need curl /usr/bin/curl
 need prometheus /usr/bin/prometheus
 # A terminal for the progress-line test (util-linux's script).
 need bsdutils /usr/bin/script
+# The console's test drives Debian's chromium through chromium-driver, from Python's
+# selenium (the Python package index).
+need chromium /usr/bin/chromium
+need chromium-driver /usr/bin/chromedriver
+if ! python3 -c 'import selenium' >/dev/null 2>&1; then
+    echo "scripts/test.sh: installing selenium (needed by the tests)" >&2
+    python3 -m pip install -q --disable-pip-version-check selenium==4.51.0 >/dev/null 2>&1 \
+        || { echo "scripts/test.sh: pip install selenium failed" >&2; exit 1; }
+fi
 # The foreign-client tests drive `serve` from Python: grpcio with the stubs xds-protos
 # generates from Envoy's published protos (from the Python package index).
 # The proxy's foreign-client test speaks through it with http.client, httpx and the

@@ -249,7 +249,9 @@ fn secured(mut response: Response) -> Response {
         HeaderValue::from_static("nosniff"),
     );
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
-    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    // Not `no-referrer`: under it browsers send `Origin: null` with a form, and the
+    // admin forms check their origin.
+    h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }

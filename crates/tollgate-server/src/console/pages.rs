@@ -97,8 +97,14 @@ pub fn live(base: &str, page: &str, inner: &str) -> String {
     )
 }
 
-/// A small line chart of `series` (values, colour name, label), oldest first.
-pub fn chart(label: &str, series: &[(&[f64], &str, &str)], width: u32, height: u32) -> String {
+/// A small line chart of `series` (values, colour class, label), oldest first, one
+/// point a second; with its legend when `legend`.
+pub fn chart(
+    label: &str,
+    series: &[(&[f64], &str, &str)],
+    (width, height): (u32, u32),
+    legend: bool,
+) -> String {
     let max = (series.iter())
         .flat_map(|(v, _, _)| v.iter().copied())
         .fold(0.0f64, f64::max);
@@ -128,10 +134,18 @@ pub fn chart(label: &str, series: &[(&[f64], &str, &str)], width: u32, height: u
         "<text x=\"4\" y=\"12\" class=\"scale\">{}</text></svg>",
         rate(max)
     );
-    let legend: Vec<String> = (series.iter())
+    if !legend {
+        return out;
+    }
+    let keys: Vec<String> = (series.iter())
         .map(|(_, class, name)| format!("<span class=\"key {class}\">{}</span>", esc(name)))
         .collect();
-    out + &format!("<div class=\"legend\">{}</div>", legend.join(" "))
+    let seconds = series.first().map_or(0, |s| s.0.len());
+    out + &format!(
+        "<div class=\"legend\">{} — the last {}, one point a second</div>",
+        keys.join(" "),
+        uptime(seconds as f64)
+    )
 }
 
 fn outcome_cells(o: &Outcomes) -> String {
@@ -178,10 +192,15 @@ pub fn overview(fig: &Figures) -> String {
         chart(
             "allowed and rejected per second",
             &[(&h.allowed, "allowed", "allowed"), (&h.rejected, "rejected", "rejected")],
-            720,
-            160
+            (720, 160),
+            true
         ),
-        chart("p99 decision time (ms)", &[(&h.p99_ms, "latency", "p99 decision time, ms")], 720, 80),
+        chart(
+            "p99 decision time (ms)",
+            &[(&h.p99_ms, "latency", "p99 decision time, ms")],
+            (720, 80),
+            true
+        ),
         outcome_cells(&o.decisions),
         count(o.reloads_ok),
         count(o.reloads_failed),
@@ -210,7 +229,7 @@ pub fn rules(fig: &Figures) -> String {
         rows.push_str(&rule_row(r));
     }
     format!(
-        "<table class=\"rules\"><caption>Decisions by rule: per second over the last second, and since start (as <code>tollgate_decisions_total</code>)</caption><thead><tr>\
+        "<table class=\"rules\"><caption>Decisions by rule: per second over the last second, and since start (as <code>tollgate_decisions_total</code>); the last minutes drawn <span class=\"key allowed\">allowed</span> and <span class=\"key rejected\">rejected</span></caption><thead><tr>\
 <th scope=\"col\">Rule</th><th scope=\"col\">Policies</th><th scope=\"col\">Source</th><th scope=\"col\">Allowed /s</th><th scope=\"col\">Rejected /s</th><th scope=\"col\">Near limit</th><th scope=\"col\">Allowed</th><th scope=\"col\">Rejected</th><th scope=\"col\">Shadow-rejected</th><th scope=\"col\">Keys</th><th scope=\"col\">Last minutes</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 }
@@ -243,8 +262,8 @@ fn rule_row(r: &RuleRow) -> String {
                 (&h.allowed, "allowed", "allowed"),
                 (&h.rejected, "rejected", "rejected"),
             ],
-            160,
-            32,
+            (160, 32),
+            false,
         ),
         None => "–".into(),
     };
