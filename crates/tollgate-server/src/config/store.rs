@@ -227,6 +227,16 @@ pub enum StoreKind {
     Redis,
 }
 
+impl StoreKind {
+    /// `memory` or `redis`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Memory => "memory",
+            StoreKind::Redis => "redis",
+        }
+    }
+}
+
 impl StoreConfig {
     /// The store a `--store` flag names: `memory`, or a Redis URL (the file's other
     /// `store:` settings still apply).

@@ -1,5 +1,6 @@
 //! The Prometheus text exposition read back: the console's figures are `/metrics`'
-//! own, parsed from the very text a scrape would get.
+//! own, parsed from the very text a scrape would get; sums and histogram
+//! percentiles over its readings.
 
 /// One sample line: a series' name, its labels, and its value.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +79,91 @@ fn quoted(s: &str) -> Option<(String, &str)> {
         }
     }
     None
+}
+
+/// A sampled exposition: its samples and when it was read (seconds).
+pub struct Reading {
+    /// When, in seconds since the Unix epoch.
+    pub time: f64,
+    /// What `/metrics` said then.
+    pub samples: Vec<Sample>,
+}
+
+impl Reading {
+    /// The sum of series `name` whose labels pass `keep`.
+    pub(super) fn sum(&self, name: &str, keep: impl Fn(&Sample) -> bool) -> f64 {
+        (self.samples.iter())
+            .filter(|s| s.name == name && keep(s))
+            .fold(0.0, |sum, s| sum + s.value)
+    }
+
+    pub(super) fn one(&self, name: &str) -> Option<f64> {
+        self.samples
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.value)
+    }
+
+    pub(super) fn label_of(&self, name: &str, label: &str) -> String {
+        (self.samples.iter().find(|s| s.name == name))
+            .map_or(String::new(), |s| s.label(label).to_string())
+    }
+}
+
+/// Percentiles, in milliseconds.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Latency {
+    /// The median.
+    pub p50: f64,
+    /// The 99th percentile.
+    pub p99: f64,
+}
+
+/// The median and 99th percentile of histogram `name`'s observations between two
+/// readings, interpolated within buckets as Prometheus' `histogram_quantile` does.
+pub fn latency(now: &Reading, before: &Reading, name: &str) -> Option<Latency> {
+    let bucket = format!("{name}_bucket");
+    let counts = |r: &Reading| -> Vec<(f64, f64)> {
+        let mut v: Vec<(f64, f64)> = (r.samples.iter())
+            .filter(|s| s.name == bucket)
+            .filter_map(|s| Some((s.label("le").parse::<f64>().ok()?, s.value)))
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v
+    };
+    let (a, b) = (counts(now), counts(before));
+    if a.len() != b.len() {
+        return None;
+    }
+    let delta: Vec<(f64, f64)> = a.iter().zip(&b).map(|(x, y)| (x.0, x.1 - y.1)).collect();
+    let total = delta.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let quantile = |q: f64| {
+        let rank = q * total;
+        let mut lower = (0.0, 0.0);
+        for &(le, n) in &delta {
+            if n >= rank {
+                if le.is_infinite() {
+                    return lower.0;
+                }
+                let within = n - lower.1;
+                let at = if within > 0.0 {
+                    (rank - lower.1) / within
+                } else {
+                    1.0
+                };
+                return lower.0 + (le - lower.0) * at;
+            }
+            lower = (le, n);
+        }
+        lower.0
+    };
+    Some(Latency {
+        p50: quantile(0.5) * 1e3,
+        p99: quantile(0.99) * 1e3,
+    })
 }
 
 #[cfg(test)]

@@ -6,39 +6,10 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::exposition::Sample;
+use super::exposition::{latency, Latency, Reading, Sample};
 
 /// The most rules whose history is kept (the rest show their figures, no chart).
 pub const MAX_RULE_HISTORY: usize = 200;
-
-/// A sampled exposition: its samples and when it was read (seconds).
-pub struct Reading {
-    /// When, in seconds since the Unix epoch.
-    pub time: f64,
-    /// What `/metrics` said then.
-    pub samples: Vec<Sample>,
-}
-
-impl Reading {
-    /// The sum of series `name` whose labels pass `keep`.
-    fn sum(&self, name: &str, keep: impl Fn(&Sample) -> bool) -> f64 {
-        (self.samples.iter())
-            .filter(|s| s.name == name && keep(s))
-            .fold(0.0, |sum, s| sum + s.value)
-    }
-
-    fn one(&self, name: &str) -> Option<f64> {
-        self.samples
-            .iter()
-            .find(|s| s.name == name)
-            .map(|s| s.value)
-    }
-
-    fn label_of(&self, name: &str, label: &str) -> String {
-        (self.samples.iter().find(|s| s.name == name))
-            .map_or(String::new(), |s| s.label(label).to_string())
-    }
-}
 
 /// Decisions by outcome.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
@@ -102,15 +73,6 @@ pub struct Overview {
     pub last_reload_ok: bool,
     /// Counters held in memory (`tollgate_keys`).
     pub keys: f64,
-}
-
-/// Percentiles, in milliseconds.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Latency {
-    /// The median.
-    pub p50: f64,
-    /// The 99th percentile.
-    pub p99: f64,
 }
 
 /// One rule's row.
@@ -183,6 +145,8 @@ pub struct Figures {
     pub quota: Vec<BucketRow>,
     /// The overview's charts.
     pub history: History,
+    /// The proxy's routes.
+    pub routes: Vec<super::routes::RouteRow>,
 }
 
 /// What a rule is, beyond its figures (from the rules in force).
@@ -207,6 +171,7 @@ pub struct RuleInfo {
 /// Makes [`Figures`] from each reading and the one before it, keeping the history.
 pub struct Sampler {
     before: Option<Reading>,
+    routes: super::routes::RouteSampler,
     points: usize,
     history: History,
     rules: HashMap<(String, String), RuleHistory>,
@@ -217,6 +182,7 @@ impl Sampler {
     pub fn new(points: usize) -> Sampler {
         Sampler {
             before: None,
+            routes: super::routes::RouteSampler::new(points),
             points: points.max(2),
             history: History::default(),
             rules: HashMap::new(),
@@ -233,7 +199,13 @@ impl Sampler {
             }
             _ => Outcomes::default(),
         };
-        let overview = overview(&now, before.as_ref(), store, rate_base(&now, &|_| true));
+        let overview = overview(
+            &now,
+            before.as_ref(),
+            store,
+            rate_base(&now, &|_| true),
+            "tollgate",
+        );
         let mut rows: Vec<RuleRow> = rules
             .iter()
             .map(|info| {
@@ -276,6 +248,45 @@ impl Sampler {
             rules: rows,
             quota,
             history: self.history.clone(),
+            routes: Vec::new(),
+        }
+    }
+
+    /// The proxy's figures of `now`: its routes, and as its decisions their
+    /// requests (allowed: answered by the upstream; rejected: 429 and 503).
+    pub fn next_proxy(&mut self, now: Reading, store: &str) -> Figures {
+        let routes = self.routes.next(&now);
+        let outcomes = |total: &dyn Fn(&super::routes::Status) -> f64| {
+            let (mut allowed, mut rejected) = (0.0, 0.0);
+            for s in routes.iter().flat_map(|r| &r.statuses) {
+                match s.code.as_str() {
+                    "429" | "503" => rejected += total(s),
+                    _ => allowed += total(s),
+                }
+            }
+            Outcomes {
+                allowed,
+                rejected,
+                shadow_rejected: 0.0,
+            }
+        };
+        let mut overview = overview(
+            &now,
+            None,
+            store,
+            outcomes(&|s| s.per_second),
+            "tollgate_proxy",
+        );
+        overview.decisions = outcomes(&|s| s.total);
+        self.remember(&overview, &mut [], now.time);
+        let time = now.time;
+        self.routes.keep(now);
+        Figures {
+            time,
+            overview,
+            history: self.history.clone(),
+            routes,
+            ..Figures::default()
         }
     }
 
@@ -333,21 +344,26 @@ fn push(series: &mut Vec<f64>, value: f64, full: bool) {
     series.push(value);
 }
 
+/// The overview of a server whose own metrics start with `prefix` (`tollgate`,
+/// `tollgate_proxy`).
 fn overview(
     now: &Reading,
     before: Option<&Reading>,
     store: &str,
     per_second: Outcomes,
+    prefix: &str,
 ) -> Overview {
     let start = now.one("process_start_time_seconds").unwrap_or(now.time);
     let reloads = |result: &str| {
-        now.sum("tollgate_config_reloads_total", |s| {
+        now.sum(&format!("{prefix}_config_reloads_total"), |s| {
             s.label("result") == result
         })
     };
+    // Both servers name their build `tollgate_build_info`.
+    let build = "tollgate_build_info";
     Overview {
-        version: now.label_of("tollgate_build_info", "version"),
-        commit: now.label_of("tollgate_build_info", "commit"),
+        version: now.label_of(build, "version"),
+        commit: now.label_of(build, "commit"),
         uptime_seconds: (now.time - start).max(0.0),
         store: store.to_string(),
         store_failing: now.sum("tollgate_redis_events", |s| s.label("event") == "failing") > 0.0,
@@ -356,56 +372,9 @@ fn overview(
         latency_ms: before.and_then(|b| latency(now, b, "tollgate_decision_duration_seconds")),
         reloads_ok: reloads("ok"),
         reloads_failed: reloads("failed"),
-        last_reload_ok: now.one("tollgate_config_last_reload_successful") != Some(0.0),
+        last_reload_ok: now.one(&format!("{prefix}_config_last_reload_successful")) != Some(0.0),
         keys: now.sum("tollgate_keys", |_| true),
     }
-}
-
-/// The median and 99th percentile of histogram `name`'s observations between two
-/// readings, interpolated within buckets as Prometheus' `histogram_quantile` does.
-pub fn latency(now: &Reading, before: &Reading, name: &str) -> Option<Latency> {
-    let bucket = format!("{name}_bucket");
-    let counts = |r: &Reading| -> Vec<(f64, f64)> {
-        let mut v: Vec<(f64, f64)> = (r.samples.iter())
-            .filter(|s| s.name == bucket)
-            .filter_map(|s| Some((s.label("le").parse::<f64>().ok()?, s.value)))
-            .collect();
-        v.sort_by(|a, b| a.0.total_cmp(&b.0));
-        v
-    };
-    let (a, b) = (counts(now), counts(before));
-    if a.len() != b.len() {
-        return None;
-    }
-    let delta: Vec<(f64, f64)> = a.iter().zip(&b).map(|(x, y)| (x.0, x.1 - y.1)).collect();
-    let total = delta.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let quantile = |q: f64| {
-        let rank = q * total;
-        let mut lower = (0.0, 0.0);
-        for &(le, n) in &delta {
-            if n >= rank {
-                if le.is_infinite() {
-                    return lower.0;
-                }
-                let within = n - lower.1;
-                let at = if within > 0.0 {
-                    (rank - lower.1) / within
-                } else {
-                    1.0
-                };
-                return lower.0 + (le - lower.0) * at;
-            }
-            lower = (le, n);
-        }
-        lower.0
-    };
-    Some(Latency {
-        p50: quantile(0.5) * 1e3,
-        p99: quantile(0.99) * 1e3,
-    })
 }
 
 fn buckets(now: &Reading) -> Vec<BucketRow> {

@@ -11,6 +11,8 @@
 pub mod exposition;
 pub mod figures;
 pub mod pages;
+pub mod proxy_pages;
+pub mod routes;
 pub mod session;
 pub mod try_policy;
 
@@ -29,7 +31,8 @@ use futures_util::stream::Stream;
 use tollgate::clock::Clock;
 
 use crate::service::DecisionService;
-use figures::{Figures, Reading, RuleInfo, Sampler};
+use exposition::Reading;
+use figures::{Figures, RuleInfo, Sampler};
 use pages::{esc, Frame};
 use session::Sessions;
 
@@ -55,10 +58,26 @@ pub struct ConsoleSettings {
     pub secure: bool,
 }
 
-/// A console over one `serve`.
+/// What a console shows.
+pub enum Source {
+    /// A `serve`: its rules, keys and quota buckets, with admin actions.
+    Serve(Arc<DecisionService>),
+    /// A proxy: its routes, read-only.
+    Proxy(ProxySource),
+}
+
+/// A proxy, as its console reads it.
+pub struct ProxySource {
+    /// Its `/metrics` text, as a scrape gets it.
+    pub exposition: Box<dyn Fn() -> String + Send + Sync>,
+    /// Its store's name (`memory`, `redis`).
+    pub store: &'static str,
+}
+
+/// A console over one `serve` or proxy.
 pub struct Console {
     settings: ConsoleSettings,
-    service: Arc<DecisionService>,
+    source: Source,
     sessions: Sessions,
     /// The latest figures, and a signal for the streams when new ones are in.
     latest: Mutex<Arc<Figures>>,
@@ -69,12 +88,13 @@ pub struct Console {
 }
 
 impl Console {
-    /// A console over `service`; its sampler runs from now on.
-    pub fn start(settings: ConsoleSettings, service: Arc<DecisionService>) -> Arc<Console> {
+    /// A console over `source`; its sampler runs from now on (on the runtime this
+    /// is called on).
+    pub fn start(settings: ConsoleSettings, source: Source) -> Arc<Console> {
         let console = Arc::new(Console {
             sessions: Sessions::new(settings.admin_token.clone()),
             settings,
-            service,
+            source,
             latest: Mutex::new(Arc::new(Figures::default())),
             tick: tokio::sync::watch::channel(0).0,
             clock: tollgate::clock::MonotonicClock::new(),
@@ -96,7 +116,7 @@ impl Console {
                 console.sample(sampler);
                 n += 1;
                 if n % 60 == 0 {
-                    if let Some(top) = console.service.top_keys() {
+                    if let Some(top) = console.service().and_then(|s| s.top_keys()) {
                         top.age();
                     }
                 }
@@ -108,18 +128,37 @@ impl Console {
 
     /// Reads `/metrics` once and keeps the figures made of it.
     fn sample(&self, sampler: &mut Sampler) {
-        let text = self.service.render_metrics();
+        let text = match &self.source {
+            Source::Serve(service) => service.render_metrics(),
+            Source::Proxy(proxy) => (proxy.exposition)(),
+        };
         let reading = Reading {
             time: wall_seconds(),
             samples: exposition::parse(&text),
         };
-        let figures = sampler.next(reading, self.service.store_name(), &self.rule_infos());
+        let figures = match &self.source {
+            Source::Serve(service) => {
+                sampler.next(reading, service.store_name(), &self.rule_infos())
+            }
+            Source::Proxy(proxy) => sampler.next_proxy(reading, proxy.store),
+        };
         *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(figures);
     }
 
+    /// The decision service, for a `serve`'s console.
+    fn service(&self) -> Option<&Arc<DecisionService>> {
+        match &self.source {
+            Source::Serve(s) => Some(s),
+            Source::Proxy(_) => None,
+        }
+    }
+
     fn rule_infos(&self) -> Vec<RuleInfo> {
-        let rules = self.service.rules();
-        let xds = self.service.xds_version();
+        let Some(service) = self.service() else {
+            return Vec::new();
+        };
+        let rules = service.rules();
+        let xds = service.xds_version();
         let mut out = Vec::new();
         let mut domains: Vec<_> = rules.domains().collect();
         domains.sort();
@@ -161,19 +200,12 @@ impl Console {
 
     /// The router of every console path, under the prefix.
     pub fn router(self: &Arc<Self>) -> Router {
-        let p = self.settings.path.trim_end_matches('/').to_string();
-        Router::new()
+        let p = self.base().to_string();
+        let mut r = Router::new()
             .route(&p, get(overview))
             .route(&format!("{p}/"), get(overview))
-            .route(&format!("{p}/rules"), get(rules))
-            .route(&format!("{p}/keys"), get(keys))
-            .route(&format!("{p}/keys/reset"), post(reset))
-            .route(&format!("{p}/quota"), get(quota))
             .route(&format!("{p}/try"), get(try_page))
             .route(&format!("{p}/try/chart.svg"), get(try_chart))
-            .route(&format!("{p}/login"), get(login_page).post(login))
-            .route(&format!("{p}/logout"), post(logout))
-            .route(&format!("{p}/reload"), post(reload))
             .route(&format!("{p}/events"), get(events))
             .route(&format!("{p}/api/snapshot"), get(snapshot))
             .route(
@@ -184,8 +216,29 @@ impl Console {
                 &format!("{p}/static/console.js"),
                 get(|| async { asset("text/javascript; charset=utf-8", JS) }),
             )
-            .route(&format!("{p}/{{*rest}}"), get(not_found))
-            .with_state(self.clone())
+            .route(&format!("{p}/{{*rest}}"), get(not_found));
+        r = match &self.source {
+            Source::Serve(_) => r
+                .route(&format!("{p}/rules"), get(rules))
+                .route(&format!("{p}/keys"), get(keys))
+                .route(&format!("{p}/keys/reset"), post(reset))
+                .route(&format!("{p}/quota"), get(quota))
+                .route(&format!("{p}/login"), get(login_page).post(login))
+                .route(&format!("{p}/logout"), post(logout))
+                .route(&format!("{p}/reload"), post(reload)),
+            Source::Proxy(_) => r
+                .route(&format!("{p}/routes"), get(routes_page))
+                .route(&format!("{p}/adaptive"), get(adaptive_page)),
+        };
+        r.with_state(self.clone())
+    }
+
+    /// The pages of the navigation: path under the console, title.
+    fn nav(&self) -> &'static [(&'static str, &'static str)] {
+        match &self.source {
+            Source::Serve(_) => &pages::SERVE_PAGES,
+            Source::Proxy(_) => &pages::PROXY_PAGES,
+        }
     }
 
     fn frame<'a>(&'a self, page: &'a str, form_token: Option<&'a str>) -> Frame<'a> {
@@ -193,7 +246,8 @@ impl Console {
             base: self.settings.path.trim_end_matches('/'),
             page,
             form_token,
-            admin_enabled: self.sessions.enabled(),
+            nav: self.nav(),
+            admin: matches!(self.source, Source::Serve(_)),
         }
     }
 
@@ -205,9 +259,14 @@ impl Console {
     fn live_part(&self, page: &str) -> Option<String> {
         let fig = self.figures();
         Some(match page {
-            "overview" => pages::overview(&fig),
+            "overview" => match &self.source {
+                Source::Serve(_) => pages::overview(&fig),
+                Source::Proxy(_) => proxy_pages::overview_page(&fig),
+            },
             "rules" => pages::rules(&fig),
             "quota" => pages::quota(&fig),
+            "routes" => proxy_pages::routes_page(&fig.routes),
+            "adaptive" => proxy_pages::adaptive_page(&fig.routes),
             "keys" => {
                 let (used, rejected) = self.top();
                 pages::keys(self.base(), &used, &rejected)
@@ -222,7 +281,7 @@ impl Console {
         Vec<crate::service::top_keys::KeyCount>,
         Vec<crate::service::top_keys::KeyCount>,
     ) {
-        match self.service.top_keys() {
+        match self.service().and_then(|s| s.top_keys()) {
             Some(t) => t.top(self.settings.top_keys),
             None => (Vec::new(), Vec::new()),
         }
@@ -314,6 +373,14 @@ async fn rules(State(c): Shared, headers: HeaderMap) -> Response {
     c.live_page(&headers, "rules", "rules", "Rules", "")
 }
 
+async fn routes_page(State(c): Shared, headers: HeaderMap) -> Response {
+    c.live_page(&headers, "routes", "routes", "Routes", "")
+}
+
+async fn adaptive_page(State(c): Shared, headers: HeaderMap) -> Response {
+    c.live_page(&headers, "adaptive", "adaptive", "Adaptive limits", "")
+}
+
 async fn quota(State(c): Shared, headers: HeaderMap) -> Response {
     c.live_page(&headers, "quota", "quota", "Quota buckets", "")
 }
@@ -402,7 +469,10 @@ async fn lookup(
     if domain.trim().is_empty() {
         return pages::message("error", "Domain: give the domain of the rules to look in.");
     }
-    let (path, decision) = match c.service.look(domain.trim(), &parsed).await {
+    let Some(service) = c.service() else {
+        return String::new();
+    };
+    let (path, decision) = match service.look(domain.trim(), &parsed).await {
         Ok(Some(found)) => found,
         Ok(None) => {
             return pages::message(
@@ -416,7 +486,7 @@ async fn lookup(
         None => "<p>Unlimited: this rule never counts.</p>".to_string(),
         Some(d) => {
             let mut rows = String::new();
-            let policies = (c.service.rules().find(domain.trim(), &parsed))
+            let policies = (service.rules().find(domain.trim(), &parsed))
                 .and_then(|m| {
                     m.limit.rules.as_ref().map(|r| {
                         r.policies()
@@ -517,7 +587,7 @@ async fn reset(State(c): Shared, form: AdminForm) -> Response {
     let entries = field(pairs, "entries").unwrap_or("").to_string();
     let outcome = match parse_entries(&entries) {
         Err(e) => pages::message("error", &format!("Entries: {e}")),
-        Ok(parsed) => match c.service.reset(&domain, &parsed).await {
+        Ok(parsed) => match c.reset(&domain, &parsed).await {
             Ok(true) => {
                 tracing::info!(domain, entries, "console: key reset");
                 pages::message("note", &format!("Reset: {domain} {entries} starts afresh."))
@@ -542,7 +612,11 @@ async fn reset(State(c): Shared, form: AdminForm) -> Response {
 
 async fn reload(State(c): Shared, form: AdminForm) -> Response {
     let headers = &form.headers;
-    let (status, text) = match c.service.reload("the console") {
+    let reloaded = match c.service() {
+        Some(service) => service.reload("the console").map_err(|e| e.to_string()),
+        None => Err("the proxy reloads on SIGHUP or a changed file".into()),
+    };
+    let (status, text) = match reloaded {
         Ok(()) => (
             StatusCode::OK,
             pages::message("note", "The rules were read again and are in force."),
@@ -731,6 +805,14 @@ async fn try_chart(State(c): Shared, query: Result<Query<Pairs>, QueryRejection>
 }
 
 impl Console {
+    /// Resets a key of a `serve`'s rules.
+    async fn reset(&self, domain: &str, entries: &[(String, String)]) -> Result<bool, String> {
+        match self.service() {
+            Some(service) => service.reset(domain, entries).await,
+            None => Err("the proxy's console has no keys to reset".into()),
+        }
+    }
+
     /// Runs the try page's simulation off the async workers, one at a time.
     async fn simulate(
         &self,

@@ -41,12 +41,20 @@ pub fn rate(n: f64) -> String {
     }
 }
 
-/// The pages, in the navigation's order: path (under the console), title.
-pub const PAGES: [(&str, &str); 5] = [
+/// `serve`'s pages, in the navigation's order: path (under the console), title.
+pub const SERVE_PAGES: [(&str, &str); 5] = [
     ("", "Overview"),
     ("rules", "Rules"),
     ("keys", "Keys"),
     ("quota", "Quota buckets"),
+    ("try", "Try a policy"),
+];
+
+/// The proxy's pages.
+pub const PROXY_PAGES: [(&str, &str); 4] = [
+    ("", "Overview"),
+    ("routes", "Routes"),
+    ("adaptive", "Adaptive limits"),
     ("try", "Try a policy"),
 ];
 
@@ -58,16 +66,18 @@ pub struct Frame<'a> {
     pub page: &'a str,
     /// The open admin session's form token, if any.
     pub form_token: Option<&'a str>,
-    /// Whether an admin token is configured at all.
-    pub admin_enabled: bool,
+    /// The navigation: each page's path under the console, and its title.
+    pub nav: &'a [(&'a str, &'a str)],
+    /// Whether the console has admin actions (a log-in).
+    pub admin: bool,
 }
 
 /// A whole page: the frame, navigation, `body`.
 pub fn page(f: &Frame, title: &str, body: &str) -> String {
     let base = esc(f.base);
     let mut nav = String::new();
-    for (path, name) in PAGES {
-        let current = if path == f.page {
+    for (path, name) in f.nav {
+        let current = if *path == f.page {
             " aria-current=\"page\""
         } else {
             ""
@@ -79,7 +89,8 @@ pub fn page(f: &Frame, title: &str, body: &str) -> String {
             "<form method=\"post\" action=\"{base}/logout\" class=\"inline\"><input type=\"hidden\" name=\"form_token\" value=\"{}\"><span class=\"admin\">admin</span> <button type=\"submit\">Log out</button></form>",
             esc(token)
         ),
-        None => format!("<a href=\"{base}/login\">Admin log-in</a>"),
+        None if f.admin => format!("<a href=\"{base}/login\">Admin log-in</a>"),
+        None => "<span class=\"note-inline\">read-only</span>".into(),
     };
     format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{} · tollgate</title><link rel=\"stylesheet\" href=\"{base}/static/console.css\"><script src=\"{base}/static/console.js\" defer></script></head><body><header><strong>tollgate</strong><nav aria-label=\"Pages\">{nav}</nav><div class=\"session\">{session}</div></header><main><h1>{}</h1>{body}</main></body></html>",
@@ -210,7 +221,8 @@ pub fn overview(fig: &Figures) -> String {
     )
 }
 
-fn uptime(s: f64) -> String {
+/// A duration in seconds, as people say it.
+pub fn uptime(s: f64) -> String {
     let s = s as u64;
     match s {
         0..=59 => format!("{s} s"),

@@ -278,9 +278,9 @@ pub(super) async fn serve(
     table: Arc<ArcSwap<RouteTable>>,
     slots: crate::connections::Slots,
     tls: Option<crate::tls::ServerTls>,
-    about: About,
+    about: Arc<About>,
+    console: Option<axum::Router>,
 ) {
-    let about = Arc::new(about);
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
@@ -296,6 +296,10 @@ pub(super) async fn serve(
             }
         }),
     );
+    let app = match console {
+        Some(c) => app.merge(c),
+        None => app,
+    };
     let body = crate::connections::BodyTimeout::Whole(std::time::Duration::from_micros(
         slots.bounds().body_timeout,
     ));

@@ -110,6 +110,8 @@ pub struct ProxySettings {
     pub connections: Connections,
     /// Traces (`traces:` and the `OTEL_*` variables), when on.
     pub traces: Option<crate::config::traces::TraceSettings>,
+    /// The console (`console:`), on the metrics listener.
+    pub console: Option<crate::config::ConsoleConfig>,
 }
 
 /// The proxy for `config` on the memory store as one worker serves it, without a
@@ -183,12 +185,23 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<ProxySettings> {
             path.display()
         )
     })?;
+    if let Some(c) = &main.console {
+        if c.listener == Some(crate::config::ConsoleListener::Http) {
+            anyhow::bail!("console.listener: the proxy serves its console on its metrics listener (listener: metrics)");
+        }
+        if proxy.metrics.is_none() {
+            anyhow::bail!(
+                "console: the proxy serves it on its metrics listener: set proxy.metrics"
+            );
+        }
+    }
     Ok(ProxySettings {
         proxy,
         options,
         store: main.store,
         connections: main.connections,
         traces: main.traces.resolve(&|name| std::env::var(name).ok())?,
+        console: main.console,
     })
 }
 
@@ -233,6 +246,7 @@ pub fn run(
         store,
         connections,
         traces,
+        console,
     } = load(path)?;
     let store = store.with_flag(store_flag)?;
     crate::connections::warn_if_fd_limit_below(connections.max);
@@ -322,9 +336,21 @@ pub fn run(
                 redis: redis.as_ref().map(|(store, _)| store.clone()),
                 reloads: reloads.clone(),
             };
-            spawn_metrics(addr, table.clone(), slots.clone(), metrics_tls, about)
+            let console = (console.as_ref()).map(|c| (c.clone(), store.kind.name()));
+            spawn_metrics(
+                addr,
+                table.clone(),
+                slots.clone(),
+                metrics_tls,
+                about,
+                console,
+            )
         })
-        .transpose()?
+        .transpose()?;
+    let console_at = (console.as_ref())
+        .zip(metrics)
+        .map(|(c, bound)| format!("{metrics_scheme}://{bound}{}/", c.path));
+    let metrics = metrics
         .map(|bound| format!(", metrics on {metrics_scheme}://{bound}/metrics"))
         .unwrap_or_default();
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -333,6 +359,9 @@ pub fn run(
         table.load().len(),
         store.describe()
     );
+    if let Some(at) = console_at {
+        println!("  console: {at}");
+    }
     if let Some((_, t)) = &tracing {
         println!("  traces: {}", t.summary());
     }
@@ -357,6 +386,7 @@ fn spawn_metrics(
     slots: Slots,
     tls: Option<crate::tls::ServerTls>,
     about: super::metrics::About,
+    console: Option<(crate::config::ConsoleConfig, &'static str)>,
 ) -> anyhow::Result<SocketAddr> {
     let std_listener = std::net::TcpListener::bind(addr)
         .with_context(|| format!("proxy.metrics: cannot listen on {addr}"))?;
@@ -374,7 +404,24 @@ fn spawn_metrics(
                 if let Some(tls) = &tls {
                     tls.watch();
                 }
-                super::metrics::serve(listener, table, slots, tls, about).await;
+                let about = Arc::new(about);
+                let console = console.map(|(c, store)| {
+                    let (table, about) = (table.clone(), about.clone());
+                    let settings = crate::console::ConsoleSettings {
+                        path: c.path.clone(),
+                        history_points: (c.history / 1_000_000) as usize,
+                        top_keys: c.top_keys,
+                        admin_token: None,
+                        secure: tls.is_some(),
+                    };
+                    let source = crate::console::ProxySource {
+                        exposition: Box::new(move || super::metrics::render(&table.load(), &about)),
+                        store,
+                    };
+                    crate::console::Console::start(settings, crate::console::Source::Proxy(source))
+                        .router()
+                });
+                super::metrics::serve(listener, table, slots, tls, about, console).await;
             }
         });
     });

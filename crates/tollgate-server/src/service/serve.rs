@@ -377,7 +377,7 @@ pub async fn serve_on(
                 admin_token: settings.admin_token.clone(),
                 secure,
             },
-            service.clone(),
+            crate::console::Source::Serve(service.clone()),
         );
         (console.router(), *listener, c.path.clone())
     });

@@ -1,6 +1,7 @@
 """The console in a real browser: Debian's chromium driven by selenium through
 chromium-driver, against a real `tollgate serve` under a known load from
-`tollgate bench grpc`.
+`tollgate bench grpc`, and a real `tollgate proxy` before `tollgate bench upstream`
+under `tollgate bench closed-loop` clients.
 
 Checked: the figures on the pages are /metrics' (within a second's traffic under
 load, exactly once it stops); the charts move; the pages hold no script or style the
@@ -300,8 +301,10 @@ FOCUSABLE = "a[href], button, input:not([type=hidden]), select, textarea, summar
 DESCRIBE = "(e) => [e.tagName, e.id, e.getAttribute('name'), e.getAttribute('href'), e.textContent.trim().slice(0, 40)].join('|')"
 
 
-def check_keyboard(c):
-    pages = ["/", "/rules", "/keys?domain=console&entries=user%3Dk1", "/quota", "/try", "/login"]
+SERVE_PAGES = ["/", "/rules", "/keys?domain=console&entries=user%3Dk1", "/quota", "/try", "/login"]
+
+
+def check_keyboard(c, pages=SERVE_PAGES):
     for path in pages:
         d = c.open(path)
         want = set(d.execute_script(f"""
@@ -350,6 +353,109 @@ def check_browser_log(c):
     assert not bad, f"the browser logged errors (a CSP refusal, a script error): {bad}"
 
 
+PROXY = """console: {{history: 2m}}
+proxy:
+  listen: 127.0.0.1:{listen}
+  metrics: 127.0.0.1:{metrics}
+  routes:
+    - {{ name: api, match: {{ path_prefix: /api/ }}, upstream: "http://127.0.0.1:{upstream}", adaptive: gradient }}
+    - name: limited
+      match: {{ path_prefix: /limited/ }}
+      upstream: "http://127.0.0.1:{upstream}"
+      key: header:x-api-key
+      policies: ["gcra:rate=50/s,burst=10"]
+"""
+
+
+def proxy_requests(port):
+    """tollgate_proxy_requests_total by (route, code)."""
+    _, _, text = http_get(port, "/metrics")
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'tollgate_proxy_requests_total\{route="(\w+)",code="(\d+)"\} (\d+)', line)
+        if m:
+            out[(m.group(1), m.group(2))] = int(m.group(3))
+    return out
+
+
+def proxy_metric(port, name, route):
+    _, _, text = http_get(port, "/metrics")
+    m = re.search(rf'^tollgate_proxy_{name}\{{route="{route}"\}} (\S+)$', text, re.M)
+    return float(m.group(1))
+
+
+def check_proxy(c):
+    """The proxy's console: its routes' figures are its /metrics'."""
+    listen, metrics_port, upstream = free_port(), free_port(), free_port()
+    config = os.path.join(c.dir, "proxy.yaml")
+    with open(config, "w") as f:
+        f.write(PROXY.format(listen=listen, metrics=metrics_port, upstream=upstream))
+    procs = [subprocess.Popen([c.binary, "bench", "upstream", "--listen", f"127.0.0.1:{upstream}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        proxy = subprocess.Popen([c.binary, "proxy", "--config", config], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        procs.append(proxy)
+        assert "tollgate proxy: listening" in proxy.stdout.readline()
+        assert "console: http://" in proxy.stdout.readline()
+        for path, clients, extra in [("/api/", 16, []), ("/limited/", 4, ["--header", "x-api-key: a"])]:
+            procs.append(subprocess.Popen(
+                [c.binary, "bench", "closed-loop", "--target", f"http://127.0.0.1:{listen}{path}",
+                 "--clients", str(clients), "--duration", "12s"] + extra,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        base = c.base
+        c.base = f"http://127.0.0.1:{metrics_port}/console"
+        d = c.open("/adaptive")
+        first = c.updated()
+        pts = d.find_element(By.CSS_SELECTOR, "svg.chart polyline.allowed").get_attribute("points")
+        c.updated(c.updated(first))
+        assert pts != d.find_element(By.CSS_SELECTOR, "svg.chart polyline.allowed").get_attribute("points")
+        c.shot("proxy-adaptive")
+        d = c.open("/routes")
+        c.updated()
+        c.shot("proxy-routes")
+        before = proxy_requests(metrics_port)
+        time.sleep(1)
+        rate = sum(proxy_requests(metrics_port).values()) - sum(before.values())
+        d = c.open("/")
+        c.updated(c.updated())
+        page = c.page_totals()[:2]
+        m = proxy_requests(metrics_port)
+        passed = sum(v for (r, code), v in m.items() if code not in ("429", "503"))
+        rejected = sum(v for (r, code), v in m.items() if code in ("429", "503"))
+        behind = [passed - page[0], rejected - page[1]]
+        print(f"proxy under load ({rate}/s): page {page}, /metrics behind it by {behind}")
+        assert all(0 <= b for b in behind) and sum(behind) <= 2 * rate, (page, behind, rate)
+        assert page[1] > 0, "the limited route rejects"
+        for p in procs[2:]:
+            p.wait(timeout=60)
+        time.sleep(1.5)
+        d = c.open("/routes")
+        c.updated(c.updated())
+        m = proxy_requests(metrics_port)
+        shown = d.execute_script("""
+            const out = {};
+            for (const s of document.querySelectorAll('section[data-route]'))
+              for (const tr of s.querySelectorAll('tr[data-code]'))
+                out[s.dataset.route + ' ' + tr.dataset.code] = Number(tr.querySelectorAll('td')[1].textContent);
+            return out;""")
+        assert shown == {f"{r} {code}": v for (r, code), v in m.items()}, (shown, m)
+        d = c.open("/adaptive")
+        c.updated()
+        limit = d.execute_script("return document.querySelector('section[data-adaptive=api] dd').textContent")
+        assert float(limit) == proxy_metric(metrics_port, "adaptive_limit", "api"), limit
+        print(f"proxy idle: each route's statuses and the adaptive limit ({limit}) are /metrics' exactly")
+        check_keyboard(c, ["/", "/routes", "/adaptive", "/try"])
+        status, _, body = http_get(metrics_port, "/console/keys")
+        assert status == 404 and "No such page" in body, status
+        c.base = base
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def main():
     binary = sys.argv[1]
     shots = sys.argv[2] if len(sys.argv) > 2 else None
@@ -367,6 +473,8 @@ def main():
         c.load.wait(timeout=30)
         check_reset_needs_the_token(c)
         check_bad_input(c)
+        check_browser_log(c)
+        check_proxy(c)
         check_browser_log(c)
     finally:
         c.close()
