@@ -37,17 +37,7 @@ pid[new]=$!
 groups=()
 trap 'kill "${pid[base]}" "${pid[new]}" 2>/dev/null || true; wait 2>/dev/null || true; cpu_quota_remove "${groups[@]}"' EXIT
 sleep 1
-held="not held to a quota"
-if [ "$quota" -gt 0 ]; then
-    held="each held to $quota% of one CPU"
-    for form in base new; do
-        groups+=("tollgate-baseline-$$-$form")
-        cpu_quota "tollgate-baseline-$$-$form" "$quota" "${pid[$form]}" || {
-            held="not held to a quota (no writable cgroup tree)"
-            break
-        }
-    done
-fi
+hold_to_quota "tollgate-baseline-$$" "$quota" "${pid[base]}" "${pid[new]}"
 rate() { # kind target
     taskset -c 1 "$new" bench "$1" --target "$2" --concurrency "$conc" --duration "${secs}s" \
         2>/dev/null | tail -1 | sed -E 's#.*req/s: ([0-9.]+).*#\1#'

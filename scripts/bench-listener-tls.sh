@@ -104,18 +104,7 @@ cleanup() {
 trap cleanup EXIT
 sleep 1
 ngworker=$(pgrep -P "$ngpid" | head -1)
-held="not held to a quota"
-if [ "$quota" -gt 0 ]; then
-    held="each held to $quota% of one CPU"
-    for p in "${pid[plain]}" "${pid[tls]}" "${ppid[plain]}" "${ppid[tls]}" "$ngworker"; do
-        groups+=("tollgate-bench-$$-$p")
-        cpu_quota "tollgate-bench-$$-$p" "$quota" "$p" || {
-            held="not held to a quota (no writable cgroup tree)"
-            echo "warning: cannot set a CPU quota; the clients may be the bottleneck" >&2
-            break
-        }
-    done
-fi
+hold_to_quota "tollgate-bench-$$" "$quota" "${pid[plain]}" "${pid[tls]}" "${ppid[plain]}" "${ppid[tls]}" "$ngworker"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 

@@ -48,6 +48,24 @@ cpu_quota() { # name percent pid
         return 1
     fi
 }
+# Holds each PID to QUOTA % of one CPU (0: none), in cgroups named PREFIX-PID: appends
+# them to `groups` (remove them with cpu_quota_remove "${groups[@]}") and sets `held`,
+# the phrase a report prints. Stops at the first that cannot be held, and says so.
+hold_to_quota() { # prefix quota pid...
+    local prefix=$1 quota=$2 p
+    shift 2
+    held="not held to a quota"
+    [ "$quota" -gt 0 ] || return 0
+    held="each held to $quota% of one CPU"
+    for p in "$@"; do
+        groups+=("$prefix-$p")
+        cpu_quota "$prefix-$p" "$quota" "$p" || {
+            held="not held to a quota (no writable cgroup tree)"
+            echo "warning: cannot set a CPU quota; the clients may be the bottleneck" >&2
+            return 0
+        }
+    done
+}
 cpu_quota_remove() { # name...
     local name
     for name in "$@"; do

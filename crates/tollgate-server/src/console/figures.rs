@@ -110,6 +110,11 @@ pub struct BucketRow {
     pub domain: String,
     /// Its id, `key=value,...`.
     pub bucket: String,
+    /// Its rule's name, and what it divides: the budget's policy, or its blanket
+    /// rule (from the rules in force).
+    pub rule: String,
+    /// The budget's policy, or `allow_all` / `deny_all`.
+    pub budget: String,
     /// `tollgate_quota_bucket`'s figures by name: clients (or streams),
     /// demand_per_second, assigned_per_second, reserved_per_second.
     pub figures: Vec<(String, f64)>,

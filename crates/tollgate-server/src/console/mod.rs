@@ -138,7 +138,9 @@ impl Console {
         };
         let figures = match &self.source {
             Source::Serve(service) => {
-                sampler.next(reading, service.store_name(), &self.rule_infos())
+                let mut figures = sampler.next(reading, service.store_name(), &self.rule_infos());
+                budgets(service, &mut figures.quota);
+                figures
             }
             Source::Proxy(proxy) => sampler.next_proxy(reading, proxy.store),
         };
@@ -284,6 +286,22 @@ impl Console {
         match self.service().and_then(|s| s.top_keys()) {
             Some(t) => t.top(self.settings.top_keys),
             None => (Vec::new(), Vec::new()),
+        }
+    }
+}
+
+/// Each bucket's rule and budget, from the rules in force.
+fn budgets(service: &DecisionService, rows: &mut [figures::BucketRow]) {
+    use crate::service::descriptors::QuotaStrategy;
+    let views = service.quota().views();
+    for row in rows {
+        let view = (views.iter()).find(|v| v.domain == row.domain && v.bucket == row.bucket);
+        if let Some(v) = view {
+            row.rule = v.rule.clone();
+            row.budget = match &v.strategy {
+                QuotaStrategy::Budget { policy, .. } => policy.to_string(),
+                QuotaStrategy::Blanket(b) => b.name().to_string(),
+            };
         }
     }
 }

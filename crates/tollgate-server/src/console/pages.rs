@@ -326,13 +326,13 @@ pub fn keys(base: &str, used: &[KeyCount], rejected: &[KeyCount]) -> String {
             rows = "<tr><td colspan=\"4\">None yet.</td></tr>".into();
         }
         format!(
-            "<table id=\"{id}\"><caption>{caption}</caption><thead><tr><th scope=\"col\">Domain</th><th scope=\"col\">Entries</th><th scope=\"col\">Decisions</th><th scope=\"col\">Of which maybe others'</th></tr></thead><tbody>{rows}</tbody></table>"
+            "<table id=\"{id}\"><caption>{caption}</caption><thead><tr><th scope=\"col\">Domain</th><th scope=\"col\">Entries</th><th scope=\"col\">Decisions (about)</th><th scope=\"col\">Of which maybe others'</th></tr></thead><tbody>{rows}</tbody></table>"
         )
     };
     format!(
         "<div class=\"two\">{}{}</div>",
         table(
-            "Used most (recent decisions; counts halve every minute)",
+            "Used most (recent decisions, one in 16 counted; counts halve every minute)",
             "used",
             used
         ),
@@ -377,9 +377,11 @@ pub fn quota(fig: &Figures) -> String {
             .map_or("–".to_string(), |(n, v)| format!("{} {n}", count(*v)));
         let _ = write!(
             rows,
-            "<tr><td>{}</td><th scope=\"row\">{}</th><td class=\"n\">{clients}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            "<tr><td>{}</td><th scope=\"row\">{}</th><td>{} <code>{}</code></td><td class=\"n\">{clients}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
             esc(&b.domain),
             esc(&b.bucket),
+            esc(&b.rule),
+            esc(&b.budget),
             figure("demand_per_second"),
             figure("assigned_per_second"),
             figure("reserved_per_second"),
@@ -388,7 +390,7 @@ pub fn quota(fig: &Figures) -> String {
         );
     }
     format!(
-        "<table><caption>Each bucket (as <code>tollgate_quota_bucket</code>): rates per second, over every server sharing it</caption><thead><tr><th scope=\"col\">Domain</th><th scope=\"col\">Bucket</th><th scope=\"col\">Envoys</th><th scope=\"col\">Demand /s</th><th scope=\"col\">Assigned /s</th><th scope=\"col\">Reserved /s</th><th scope=\"col\">Reported allowed</th><th scope=\"col\">Reported denied</th></tr></thead><tbody>{rows}</tbody></table>"
+        "<table><caption>Each bucket (as <code>tollgate_quota_bucket</code>): rates per second, over every server sharing it</caption><thead><tr><th scope=\"col\">Domain</th><th scope=\"col\">Bucket</th><th scope=\"col\">Rule and budget</th><th scope=\"col\">Envoys</th><th scope=\"col\">Demand /s</th><th scope=\"col\">Assigned /s</th><th scope=\"col\">Reserved /s</th><th scope=\"col\">Reported allowed</th><th scope=\"col\">Reported denied</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 }
 

@@ -1,8 +1,10 @@
 //! The keys used most and rejected most, kept in bounded memory: Space-Saving
 //! (Metwally, Agrawal and El Abbadi, 2005) in a few shards, so that two workers
-//! rarely meet on one lock. A key's count is an upper bound, over by at most its
-//! `error`; any key used more than a shard's share of `1/capacity` of the decisions
-//! is in the list.
+//! rarely meet on one lock, over one decision in [`SAMPLE`] (each thread counts its
+//! own): with more keys than it tracks, every key it meets afresh costs a scan of its
+//! shard, and a decision should not pay that. A key's count is then an estimate (the
+//! sampled count times `SAMPLE`), over by at most its `error`; a key used more than a
+//! shard's share of `1/capacity` of the decisions is in the list.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -12,6 +14,14 @@ const SHARDS: usize = 8;
 
 /// Keys tracked per shard and list: 8 x 64 x 2 entries at most, whatever the traffic.
 pub const PER_SHARD: usize = 64;
+
+/// One decision in this many is counted.
+pub const SAMPLE: u32 = 16;
+
+thread_local! {
+    /// This thread's decisions, for the sampling.
+    static SEEN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
 
 /// One key's standing.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -69,20 +79,35 @@ struct Shard {
 pub struct TopKeys {
     shards: [Mutex<Shard>; SHARDS],
     hasher: RandomState,
+    every: u32,
 }
 
 impl Default for TopKeys {
     fn default() -> Self {
-        TopKeys {
-            shards: Default::default(),
-            hasher: RandomState::new(),
-        }
+        TopKeys::sampling(SAMPLE)
     }
 }
 
 impl TopKeys {
-    /// Counts one decision on `key`.
+    /// Counting one decision in `every` (at least 1: each).
+    pub fn sampling(every: u32) -> TopKeys {
+        TopKeys {
+            shards: Default::default(),
+            hasher: RandomState::new(),
+            every: every.max(1),
+        }
+    }
+
+    /// Counts one decision on `key` (if it is the one in [`SAMPLE`] counted).
     pub fn record(&self, key: &str, rejected: bool) {
+        let skip = SEEN.with(|n| {
+            let seen = n.get().wrapping_add(1);
+            n.set(seen);
+            seen % self.every != 0
+        });
+        if skip {
+            return;
+        }
         let shard = self.hasher.hash_one(key) as usize % SHARDS;
         let mut s = self.shards[shard].lock().unwrap_or_else(|e| e.into_inner());
         s.used.add(key);
@@ -106,10 +131,11 @@ impl TopKeys {
         for s in &self.shards {
             let s = s.lock().unwrap_or_else(|e| e.into_inner());
             for (list, from) in [(&mut used, &s.used), (&mut rejected, &s.rejected)] {
+                let n = u64::from(self.every);
                 list.extend(from.counts.iter().map(|(k, &(count, error))| KeyCount {
                     key: k.to_string(),
-                    count,
-                    error,
+                    count: count * n,
+                    error: error * n,
                 }));
             }
         }
@@ -127,7 +153,7 @@ mod tests {
 
     #[test]
     fn heavy_keys_stay_listed_among_many_light_ones_and_memory_stays_bounded() {
-        let top = TopKeys::default();
+        let top = TopKeys::sampling(1);
         for i in 0..100_000u64 {
             top.record(&format!("light-{i}"), false);
             if i % 10 == 0 {
@@ -154,7 +180,7 @@ mod tests {
 
     #[test]
     fn ageing_halves_and_forgets_what_falls_to_zero() {
-        let top = TopKeys::default();
+        let top = TopKeys::sampling(1);
         for _ in 0..4 {
             top.record("a", false);
         }
@@ -170,5 +196,15 @@ mod tests {
             }]
         );
         assert!(rejected.is_empty());
+    }
+
+    #[test]
+    fn sampled_counts_estimate_the_whole() {
+        let top = TopKeys::sampling(16);
+        for _ in 0..1600 {
+            top.record("a", false);
+        }
+        let (used, _) = top.top(1);
+        assert_eq!(used[0].count, 1600);
     }
 }
