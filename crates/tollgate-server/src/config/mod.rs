@@ -107,6 +107,17 @@ impl ConsoleConfig {
         {
             anyhow::bail!("console.path {p:?}: a path such as /console (starting with /, not ending with it, no ? # {{ }} * or spaces)");
         }
+        if let Some(taken) = self.clashes_with(&[
+            "/v1",
+            "/json",
+            "/metrics",
+            "/healthz",
+            "/readyz",
+            "/healthcheck",
+            "/rlconfig",
+        ]) {
+            anyhow::bail!("console.path {p:?}: {taken} answers there already; choose another path");
+        }
         if !(1_000_000..=3_600_000_000).contains(&self.history) {
             anyhow::bail!("console.history: between 1s and 1h");
         }
@@ -117,6 +128,15 @@ impl ConsoleConfig {
             );
         }
         Ok(())
+    }
+}
+
+impl ConsoleConfig {
+    /// The first of `paths` that the console's path would overlap (the same path, or
+    /// one inside the other).
+    pub fn clashes_with<'a>(&self, paths: &[&'a str]) -> Option<&'a str> {
+        let inside = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}/"));
+        (paths.iter().copied()).find(|p| inside(&self.path, p) || inside(p, &self.path))
     }
 }
 

@@ -83,8 +83,11 @@ fn quoted(s: &str) -> Option<(String, &str)> {
 
 /// A sampled exposition: its samples and when it was read (seconds).
 pub struct Reading {
-    /// When, in seconds since the Unix epoch.
+    /// When, in seconds since the Unix epoch (what people and tools read).
     pub time: f64,
+    /// When, in seconds on a monotonic clock (what rates divide by: a step of the
+    /// system clock never makes one).
+    pub seconds: f64,
     /// What `/metrics` said then.
     pub samples: Vec<Sample>,
 }
@@ -132,7 +135,10 @@ pub fn latency(now: &Reading, before: &Reading, name: &str) -> Option<Latency> {
         v
     };
     let (a, b) = (counts(now), counts(before));
-    if a.len() != b.len() {
+    // The same buckets, none gone backwards (else the two readings are not of one
+    // histogram's life: no percentile).
+    let alike = a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.0 == y.0 && x.1 >= y.1);
+    if !alike {
         return None;
     }
     let delta: Vec<(f64, f64)> = a.iter().zip(&b).map(|(x, y)| (x.0, x.1 - y.1)).collect();

@@ -11,6 +11,9 @@ use super::exposition::{latency, Latency, Reading, Sample};
 /// The most rules whose history is kept (the rest show their figures, no chart).
 pub const MAX_RULE_HISTORY: usize = 200;
 
+/// The most points of a rule's history: its last five minutes.
+pub const RULE_POINTS: usize = 300;
+
 /// Decisions by outcome.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
 pub struct Outcomes {
@@ -23,17 +26,18 @@ pub struct Outcomes {
 }
 
 impl Outcomes {
-    fn of(r: &Reading, keep: impl Fn(&Sample) -> bool) -> Outcomes {
-        let by = |outcome: &str| {
-            r.sum("tollgate_decisions_total", |s| {
-                s.label("outcome") == outcome && keep(s)
-            })
-        };
-        Outcomes {
-            allowed: by("allowed"),
-            rejected: by("rejected"),
-            shadow_rejected: by("shadow_rejected"),
+    /// The decisions among `samples`, by outcome.
+    fn of<'a>(samples: impl Iterator<Item = &'a Sample>) -> Outcomes {
+        let mut o = Outcomes::default();
+        for s in samples.filter(|s| s.name == "tollgate_decisions_total") {
+            match s.label("outcome") {
+                "allowed" => o.allowed += s.value,
+                "rejected" => o.rejected += s.value,
+                "shadow_rejected" => o.shadow_rejected += s.value,
+                _ => {}
+            }
         }
+        o
     }
 
     fn per_second(now: Outcomes, before: Outcomes, seconds: f64) -> Outcomes {
@@ -152,6 +156,12 @@ pub struct Figures {
     pub history: History,
     /// The proxy's routes.
     pub routes: Vec<super::routes::RouteRow>,
+    /// The keys used most and rejected most (serve), read once per reading.
+    #[serde(skip)]
+    pub top: (
+        Vec<crate::service::top_keys::KeyCount>,
+        Vec<crate::service::top_keys::KeyCount>,
+    ),
 }
 
 /// What a rule is, beyond its figures (from the rules in force).
@@ -197,52 +207,16 @@ impl Sampler {
     /// The figures of `now` (against the reading before it), for `rules` in force.
     pub fn next(&mut self, now: Reading, store: &str, rules: &[RuleInfo]) -> Figures {
         let before = self.before.take();
-        let seconds = before.as_ref().map_or(0.0, |b| now.time - b.time);
-        let rate_base = |r: &Reading, keep: &dyn Fn(&Sample) -> bool| match &before {
-            Some(b) if seconds > 0.0 => {
-                Outcomes::per_second(Outcomes::of(r, keep), Outcomes::of(b, keep), seconds)
-            }
-            _ => Outcomes::default(),
-        };
+        let seconds = before.as_ref().map_or(0.0, |b| now.seconds - b.seconds);
+        let all = |r: &Reading| Outcomes::of(r.samples.iter());
         let overview = overview(
             &now,
             before.as_ref(),
             store,
-            rate_base(&now, &|_| true),
+            rates(all(&now), before.as_ref().map(all), seconds),
             "tollgate",
         );
-        let mut rows: Vec<RuleRow> = rules
-            .iter()
-            .map(|info| {
-                let this =
-                    |s: &Sample| s.label("domain") == info.domain && s.label("rule") == info.rule;
-                let hits = |r: &Reading, stat: &str| {
-                    r.sum("tollgate_rate_limit_hits_total", |s| {
-                        this(s) && s.label("stat") == stat
-                    })
-                };
-                let near = match &before {
-                    Some(b) => {
-                        let within = hits(&now, "within_limit") - hits(b, "within_limit");
-                        let near = hits(&now, "near_limit") - hits(b, "near_limit");
-                        if within > 0.0 {
-                            (near / within).clamp(0.0, 1.0)
-                        } else {
-                            0.0
-                        }
-                    }
-                    None => 0.0,
-                };
-                RuleRow {
-                    info: info.clone(),
-                    decisions: Outcomes::of(&now, this),
-                    per_second: rate_base(&now, &this),
-                    near_limit_share: near,
-                    keys: now.sum("tollgate_keys", this),
-                    history: None,
-                }
-            })
-            .collect();
+        let mut rows = rule_rows(&now, before.as_ref(), seconds, rules);
         self.remember(&overview, &mut rows, now.time);
         let quota = buckets(&now);
         let time = now.time;
@@ -253,7 +227,7 @@ impl Sampler {
             rules: rows,
             quota,
             history: self.history.clone(),
-            routes: Vec::new(),
+            ..Figures::default()
         }
     }
 
@@ -297,21 +271,23 @@ impl Sampler {
 
     /// Adds this second to the charts (the overview's, and the busiest rules').
     fn remember(&mut self, overview: &Overview, rows: &mut [RuleRow], time: f64) {
-        let full = self.history.time.len() >= self.points;
+        let points = self.points;
         let h = &mut self.history;
-        push(&mut h.time, time, full);
-        push(&mut h.allowed, overview.per_second.allowed, full);
+        push(&mut h.time, time, points);
+        push(&mut h.allowed, overview.per_second.allowed, points);
         push(
             &mut h.rejected,
             overview.per_second.rejected + overview.per_second.shadow_rejected,
-            full,
+            points,
         );
         push(
             &mut h.p99_ms,
             overview.latency_ms.map_or(0.0, |l| l.p99),
-            full,
+            points,
         );
-        let len = h.time.len();
+        // A rule's chart is its last minutes at most (a page of many rules stays light).
+        let points = points.min(RULE_POINTS);
+        let len = h.time.len().min(points);
         // Rules that left the rules in force leave the history too.
         let live: std::collections::HashSet<(&str, &str)> = rows
             .iter()
@@ -331,22 +307,113 @@ impl Sampler {
                     series.insert(0, 0.0);
                 }
             }
-            push(&mut chart.allowed, row.per_second.allowed, full);
+            push(&mut chart.allowed, row.per_second.allowed, points);
             push(
                 &mut chart.rejected,
                 row.per_second.rejected + row.per_second.shadow_rejected,
-                full,
+                points,
             );
             row.history = Some(chart.clone());
         }
     }
 }
 
-fn push(series: &mut Vec<f64>, value: f64, full: bool) {
-    if full && !series.is_empty() {
-        series.remove(0);
+/// Appends `value`, keeping the last `points`.
+fn push(series: &mut Vec<f64>, value: f64, points: usize) {
+    if series.len() >= points {
+        series.drain(..=series.len() - points);
     }
     series.push(value);
+}
+
+/// Per second between two totals (`None` before the second reading).
+fn rates(now: Outcomes, before: Option<Outcomes>, seconds: f64) -> Outcomes {
+    match before {
+        Some(b) if seconds > 0.0 => Outcomes::per_second(now, b, seconds),
+        _ => Outcomes::default(),
+    }
+}
+
+/// Each rule's row, its series found in one pass over the reading. A series whose
+/// `rule` label names no rule (a rule's statistics per value, under `detailed_metric`
+/// or `value_to_metric`) gets a row of its own: every series `/metrics` has is on
+/// the page.
+fn rule_rows(
+    now: &Reading,
+    before: Option<&Reading>,
+    seconds: f64,
+    rules: &[RuleInfo],
+) -> Vec<RuleRow> {
+    type Index<'a> = HashMap<(&'a str, &'a str), Vec<&'a Sample>>;
+    fn group(r: &Reading) -> Index<'_> {
+        let mut by: Index = HashMap::new();
+        for s in &r.samples {
+            let rule = s.label("rule");
+            if !rule.is_empty() {
+                by.entry((s.label("domain"), rule)).or_default().push(s);
+            }
+        }
+        by
+    }
+    let (now_by, before_by) = (group(now), before.map(group));
+    let mut infos: Vec<RuleInfo> = rules.to_vec();
+    let known: std::collections::HashSet<(&str, &str)> = rules
+        .iter()
+        .map(|r| (r.domain.as_str(), r.rule.as_str()))
+        .collect();
+    let mut extra: Vec<(&str, &str)> = (now_by.iter())
+        .filter(|(k, v)| {
+            !known.contains(k) && v.iter().any(|s| s.name == "tollgate_decisions_total")
+        })
+        .map(|(k, _)| *k)
+        .collect();
+    extra.sort_unstable();
+    infos.extend(extra.into_iter().map(|(domain, rule)| RuleInfo {
+        domain: domain.to_string(),
+        rule: rule.to_string(),
+        source: "statistics per value (detailed_metric, value_to_metric)".into(),
+        ..RuleInfo::default()
+    }));
+    let empty = Vec::new();
+    infos
+        .into_iter()
+        .map(|info| {
+            let key = (info.domain.as_str(), info.rule.as_str());
+            let here = now_by.get(&key).unwrap_or(&empty);
+            let there = before_by.as_ref().map(|b| b.get(&key).unwrap_or(&empty));
+            let hits = |samples: &Vec<&Sample>, stat: &str| {
+                (samples.iter())
+                    .filter(|s| {
+                        s.name == "tollgate_rate_limit_hits_total" && s.label("stat") == stat
+                    })
+                    .fold(0.0, |sum, s| sum + s.value)
+            };
+            let near = there.map_or(0.0, |b| {
+                let within = hits(here, "within_limit") - hits(b, "within_limit");
+                let near = hits(here, "near_limit") - hits(b, "near_limit");
+                if within > 0.0 {
+                    (near / within).clamp(0.0, 1.0)
+                } else {
+                    0.0
+                }
+            });
+            let decisions = Outcomes::of(here.iter().copied());
+            RuleRow {
+                decisions,
+                per_second: rates(
+                    decisions,
+                    there.map(|b| Outcomes::of(b.iter().copied())),
+                    seconds,
+                ),
+                near_limit_share: near,
+                keys: (here.iter())
+                    .filter(|s| s.name == "tollgate_keys")
+                    .fold(0.0, |sum, s| sum + s.value),
+                history: None,
+                info,
+            }
+        })
+        .collect()
 }
 
 /// The overview of a server whose own metrics start with `prefix` (`tollgate`,
@@ -372,7 +439,7 @@ fn overview(
         uptime_seconds: (now.time - start).max(0.0),
         store: store.to_string(),
         store_failing: now.sum("tollgate_redis_events", |s| s.label("event") == "failing") > 0.0,
-        decisions: Outcomes::of(now, |_| true),
+        decisions: Outcomes::of(now.samples.iter()),
         per_second,
         latency_ms: before.and_then(|b| latency(now, b, "tollgate_decision_duration_seconds")),
         reloads_ok: reloads("ok"),
@@ -418,8 +485,39 @@ mod tests {
     fn reading(time: f64, text: &str) -> Reading {
         Reading {
             time,
+            seconds: time,
             samples: parse(text),
         }
+    }
+
+    #[test]
+    fn a_rule_met_once_the_history_is_full_is_as_long_as_it_and_per_value_series_get_rows() {
+        let mut sampler = Sampler::new(3);
+        let info = |rule: &str| RuleInfo {
+            domain: "d".into(),
+            rule: rule.into(),
+            ..RuleInfo::default()
+        };
+        let text = "tollgate_decisions_total{domain=\"d\",rule=\"d/k=v1\",outcome=\"allowed\"} 2\n";
+        for t in 0..5 {
+            sampler.next(reading(t as f64, text), "memory", &[info("d/a")]);
+        }
+        let f = sampler.next(reading(5.0, text), "memory", &[info("d/a"), info("d/b")]);
+        assert_eq!(f.history.time.len(), 3);
+        for row in &f.rules[..2] {
+            assert_eq!(
+                row.history.as_ref().unwrap().allowed.len(),
+                3,
+                "{}",
+                row.info.rule
+            );
+        }
+        // A rule's statistics per value: a row of its own, its figures /metrics'.
+        assert_eq!(f.rules.len(), 3);
+        assert_eq!(
+            (f.rules[2].info.rule.as_str(), f.rules[2].decisions.allowed),
+            ("d/k=v1", 2.0)
+        );
     }
 
     #[test]

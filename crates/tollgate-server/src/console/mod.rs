@@ -84,7 +84,12 @@ pub struct Console {
     tick: tokio::sync::watch::Sender<u64>,
     clock: tollgate::clock::MonotonicClock,
     /// One simulation at a time (the try page): consoles cannot crowd the CPU.
-    simulating: tokio::sync::Semaphore,
+    simulating: Arc<tokio::sync::Semaphore>,
+    /// When the next log-in may be tried (µs, the console's clock): a second after a
+    /// wrong token.
+    next_login_us: Mutex<u64>,
+    /// The last try's query and what it gave, for its chart's request.
+    last_try: Mutex<Option<(String, Tried)>>,
 }
 
 impl Console {
@@ -98,7 +103,9 @@ impl Console {
             latest: Mutex::new(Arc::new(Figures::default())),
             tick: tokio::sync::watch::channel(0).0,
             clock: tollgate::clock::MonotonicClock::new(),
-            simulating: tokio::sync::Semaphore::new(1),
+            simulating: Arc::new(tokio::sync::Semaphore::new(1)),
+            last_try: Mutex::new(None),
+            next_login_us: Mutex::new(0),
         });
         let weak = Arc::downgrade(&console);
         tokio::spawn(async move {
@@ -111,9 +118,21 @@ impl Console {
                 let Some(console) = weak.upgrade() else {
                     return;
                 };
-                let sampler =
-                    sampler.get_or_insert_with(|| Sampler::new(console.settings.history_points));
-                console.sample(sampler);
+                let mut s = (sampler.take())
+                    .unwrap_or_else(|| Sampler::new(console.settings.history_points));
+                // A render of /metrics and its figures: blocking work, off the
+                // threads that serve.
+                let c = console.clone();
+                let Ok(s) = tokio::task::spawn_blocking(move || {
+                    c.sample(&mut s);
+                    s
+                })
+                .await
+                else {
+                    tracing::error!("console: a reading failed; the next starts afresh");
+                    continue;
+                };
+                sampler = Some(s);
                 n += 1;
                 if n % 60 == 0 {
                     if let Some(top) = console.service().and_then(|s| s.top_keys()) {
@@ -134,12 +153,16 @@ impl Console {
         };
         let reading = Reading {
             time: wall_seconds(),
+            seconds: self.clock.now_us() as f64 / 1e6,
             samples: exposition::parse(&text),
         };
         let figures = match &self.source {
             Source::Serve(service) => {
                 let mut figures = sampler.next(reading, service.store_name(), &self.rule_infos());
                 budgets(service, &mut figures.quota);
+                if let Some(top) = service.top_keys() {
+                    figures.top = top.top(self.settings.top_keys);
+                }
                 figures
             }
             Source::Proxy(proxy) => sampler.next_proxy(reading, proxy.store),
@@ -232,7 +255,11 @@ impl Console {
                 .route(&format!("{p}/routes"), get(routes_page))
                 .route(&format!("{p}/adaptive"), get(adaptive_page)),
         };
-        r.with_state(self.clone())
+        // Every answer carries the headers, axum's own (a 405) too.
+        r.layer(axum::middleware::map_response(|r: Response| async move {
+            secured(r)
+        }))
+        .with_state(self.clone())
     }
 
     /// The pages of the navigation: path under the console, title.
@@ -257,36 +284,21 @@ impl Console {
         self.settings.path.trim_end_matches('/')
     }
 
-    /// The live part of `page` now, if it has one.
-    fn live_part(&self, page: &str) -> Option<String> {
+    /// The live part of `page` now, if this console has it; key values shown only
+    /// when `reveal` (an admin session).
+    fn live_part(&self, page: &str, reveal: bool) -> Option<String> {
         let fig = self.figures();
-        Some(match page {
-            "overview" => match &self.source {
-                Source::Serve(_) => pages::overview(&fig),
-                Source::Proxy(_) => proxy_pages::overview_page(&fig),
-            },
-            "rules" => pages::rules(&fig),
-            "quota" => pages::quota(&fig),
-            "routes" => proxy_pages::routes_page(&fig.routes),
-            "adaptive" => proxy_pages::adaptive_page(&fig.routes),
-            "keys" => {
-                let (used, rejected) = self.top();
-                pages::keys(self.base(), &used, &rejected)
-            }
+        let serve = matches!(self.source, Source::Serve(_));
+        Some(match (page, serve) {
+            ("overview", true) => pages::overview(&fig),
+            ("overview", false) => proxy_pages::overview_page(&fig),
+            ("rules", true) => pages::rules(&fig),
+            ("quota", true) => pages::quota(&fig),
+            ("keys", true) => pages::keys(self.base(), &fig.top.0, &fig.top.1, reveal),
+            ("routes", false) => proxy_pages::routes_page(&fig.routes),
+            ("adaptive", false) => proxy_pages::adaptive_page(&fig.routes),
             _ => return None,
         })
-    }
-
-    fn top(
-        &self,
-    ) -> (
-        Vec<crate::service::top_keys::KeyCount>,
-        Vec<crate::service::top_keys::KeyCount>,
-    ) {
-        match self.service().and_then(|s| s.top_keys()) {
-            Some(t) => t.top(self.settings.top_keys),
-            None => (Vec::new(), Vec::new()),
-        }
     }
 }
 
@@ -367,7 +379,7 @@ impl Console {
         intro: &str,
     ) -> Response {
         let session = self.session(headers);
-        let inner = self.live_part(page).unwrap_or_default();
+        let inner = self.live_part(page, session.is_some()).unwrap_or_default();
         let body = format!("{intro}{}", pages::live(self.base(), page, &inner));
         let frame = self.frame(nav, session.as_ref().map(|s| s.form_token.as_str()));
         html(StatusCode::OK, pages::page(&frame, title, &body))
@@ -419,6 +431,17 @@ async fn not_found(State(c): Shared, headers: HeaderMap) -> Response {
 /// Query or form pairs, as given.
 type Pairs = Vec<(String, String)>;
 
+/// A try's summaries and chart (SVG).
+type Tried = Arc<(Vec<crate::offline::run::Summary>, String)>;
+
+/// Pairs as one text (what a try is remembered by).
+fn query_text(pairs: &Pairs) -> String {
+    (pairs.iter())
+        .map(|(k, v)| format!("{}={}", pages::url_encode(k), pages::url_encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
 fn field<'a>(pairs: &'a Pairs, name: &str) -> Option<&'a str> {
     pairs
         .iter()
@@ -467,7 +490,7 @@ async fn keys(
         esc(domain),
         esc(entries)
     );
-    let inner = c.live_part("keys").unwrap_or_default();
+    let inner = c.live_part("keys", session.is_some()).unwrap_or_default();
     let body = format!("{form}{}", pages::live(c.base(), "keys", &inner));
     let frame = c.frame("keys", session.as_ref().map(|s| s.form_token.as_str()));
     html(StatusCode::OK, pages::page(&frame, "Keys", &body))
@@ -546,6 +569,18 @@ async fn lookup(
     format!("<p>Rule <code>{}</code></p>{state}{reset}", esc(&path))
 }
 
+/// Whether a form comes from this console's own pages: no `Origin` (a client that
+/// is not a browser), or one naming the host it was sent to.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return true;
+    };
+    let host = (headers.get(header::HOST))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    origin.split_once("://").map_or("", |(_, h)| h) == host
+}
+
 /// An admin form that passed its checks: the session's cookie, its form token, and
 /// a post from this console's own origin. Its pairs, and the headers.
 struct AdminForm {
@@ -563,16 +598,10 @@ impl axum::extract::FromRequest<Arc<Console>> for AdminForm {
             let body = pages::page(&frame, "Not allowed", &pages::message("error", why));
             html(StatusCode::FORBIDDEN, body)
         };
-        if let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
-            let host = (headers.get(header::HOST))
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            let origin_host = origin.split_once("://").map_or("", |(_, h)| h);
-            if origin_host != host {
-                return Err(refuse(
-                    "This form was posted from another site; it is refused.",
-                ));
-            }
+        if !same_origin(&headers) {
+            return Err(refuse(
+                "This form was posted from another site; it is refused.",
+            ));
         }
         let Some(session) = c.session(&headers) else {
             return Err(refuse(
@@ -607,7 +636,9 @@ async fn reset(State(c): Shared, form: AdminForm) -> Response {
         Err(e) => pages::message("error", &format!("Entries: {e}")),
         Ok(parsed) => match c.reset(&domain, &parsed).await {
             Ok(true) => {
-                tracing::info!(domain, entries, "console: key reset");
+                // The entries' keys, not their values (an API key is a secret).
+                let keys: Vec<&str> = parsed.iter().map(|(k, _)| k.as_str()).collect();
+                tracing::info!(domain, keys = ?keys, "console: a key reset");
                 pages::message("note", &format!("Reset: {domain} {entries} starts afresh."))
             }
             Ok(false) => pages::message("error", "No rule matches that key: nothing to reset."),
@@ -631,7 +662,18 @@ async fn reset(State(c): Shared, form: AdminForm) -> Response {
 async fn reload(State(c): Shared, form: AdminForm) -> Response {
     let headers = &form.headers;
     let reloaded = match c.service() {
-        Some(service) => service.reload("the console").map_err(|e| e.to_string()),
+        Some(service) if service.xds_version().is_some() => {
+            Err("the rules come from the xDS server: each version it sends is the reload".into())
+        }
+        // Reading the files is blocking work: off the threads that serve.
+        Some(service) => {
+            let service = service.clone();
+            tokio::task::spawn_blocking(move || {
+                service.reload("the console").map_err(|e| e.to_string())
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+        }
         None => Err("the proxy reloads on SIGHUP or a changed file".into()),
     };
     let (status, text) = match reloaded {
@@ -671,7 +713,11 @@ fn login_form(c: &Console, message: &str) -> String {
     )
 }
 
-async fn login(State(c): Shared, form: Result<Form<Pairs>, FormRejection>) -> Response {
+async fn login(
+    State(c): Shared,
+    headers: HeaderMap,
+    form: Result<Form<Pairs>, FormRejection>,
+) -> Response {
     let given = form
         .as_ref()
         .ok()
@@ -679,7 +725,32 @@ async fn login(State(c): Shared, form: Result<Form<Pairs>, FormRejection>) -> Re
         .unwrap_or("")
         .to_string();
     let frame = c.frame("login", None);
-    match c.sessions.open(&given, c.now()) {
+    let refuse = |status, why: &str| {
+        let body = login_form(&c, &pages::message("error", why));
+        html(status, pages::page(&frame, "Admin log-in", &body))
+    };
+    if !same_origin(&headers) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "This form was posted from another site; it is refused.",
+        );
+    }
+    // One guess a second after a wrong one, whoever makes it: a token cannot be
+    // guessed at the speed of the network.
+    let now_us = c.clock.now_us();
+    let mut next = c.next_login_us.lock().unwrap_or_else(|e| e.into_inner());
+    if now_us < *next {
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many attempts: wait a second and try again.",
+        );
+    }
+    let opened = c.sessions.open(&given, c.now());
+    if opened.is_none() {
+        *next = now_us + 1_000_000;
+    }
+    drop(next);
+    match opened {
         Some((id, _)) => {
             let secure = if c.settings.secure { "; Secure" } else { "" };
             let cookie = format!(
@@ -737,22 +808,40 @@ async fn logout(State(c): Shared, form: AdminForm) -> Response {
 }
 
 /// The figures as JSON (documented in docs/console.md): what the pages show.
-async fn snapshot(State(c): Shared) -> Response {
+async fn snapshot(State(c): Shared, headers: HeaderMap) -> Response {
     let fig = c.figures();
-    let (used, rejected) = c.top();
+    // Key values (API keys, user ids) only to an admin session.
+    let reveal = c.session(&headers).is_some();
+    let shown = |list: &[crate::service::top_keys::KeyCount]| -> Vec<_> {
+        (list.iter())
+            .map(|k| crate::service::top_keys::KeyCount {
+                key: if reveal {
+                    k.key.clone()
+                } else {
+                    pages::masked(&k.key)
+                },
+                ..k.clone()
+            })
+            .collect()
+    };
     let body = serde_json::json!({
         "figures": &*fig,
-        "keys": { "used": used, "rejected": rejected },
+        "keys": { "used": shown(&fig.top.0), "rejected": shown(&fig.top.1), "values_shown": reveal },
     });
     secured(axum::Json(body).into_response())
 }
 
 /// Server-sent events: the live part of `page` once a second (event `live`, data
 /// `{"html": ...}`).
-async fn events(State(c): Shared, query: Result<Query<Pairs>, QueryRejection>) -> Response {
+async fn events(
+    State(c): Shared,
+    headers: HeaderMap,
+    query: Result<Query<Pairs>, QueryRejection>,
+) -> Response {
     let pairs = query.map(|q| q.0).unwrap_or_default();
     let page = field(&pairs, "page").unwrap_or("").to_string();
-    if c.live_part(&page).is_none() {
+    let reveal = c.session(&headers).is_some();
+    if c.live_part(&page, reveal).is_none() {
         return secured(
             (
                 StatusCode::NOT_FOUND,
@@ -762,7 +851,7 @@ async fn events(State(c): Shared, query: Result<Query<Pairs>, QueryRejection>) -
         );
     }
     let rx = c.tick.subscribe();
-    let stream = live_stream(c.clone(), page, rx);
+    let stream = live_stream(c.clone(), page, reveal, rx);
     secured(
         Sse::new(stream)
             .keep_alive(KeepAlive::default())
@@ -773,11 +862,12 @@ async fn events(State(c): Shared, query: Result<Query<Pairs>, QueryRejection>) -
 fn live_stream(
     c: Arc<Console>,
     page: String,
+    reveal: bool,
     rx: tokio::sync::watch::Receiver<u64>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    futures_util::stream::unfold((c, page, rx), |(c, page, mut rx)| async move {
+    futures_util::stream::unfold((c, page, rx), move |(c, page, mut rx)| async move {
         rx.changed().await.ok()?;
-        let html = c.live_part(&page)?;
+        let html = c.live_part(&page, reveal)?;
         let data = serde_json::json!({ "html": html }).to_string();
         Some((Ok(Event::default().event("live").data(data)), (c, page, rx)))
     })
@@ -801,13 +891,10 @@ async fn try_page(
             "error",
             &format!("The query could not be read: {e}"),
         ));
-    } else if form.submitted() {
-        body.push_str(&match form.scenario() {
+    } else if !pairs.is_empty() {
+        body.push_str(&match c.simulate(&pairs).await {
+            Ok(tried) => try_policy::result_html(c.base(), &pairs, &tried.0),
             Err(e) => pages::message("error", &e),
-            Ok(_) => match c.simulate(&form).await {
-                Ok((summaries, _)) => try_policy::result_html(c.base(), &pairs, &summaries),
-                Err(e) => pages::message("error", &e),
-            },
         });
     }
     html(StatusCode::OK, pages::page(&frame, "Try a policy", &body))
@@ -815,10 +902,9 @@ async fn try_page(
 
 async fn try_chart(State(c): Shared, query: Result<Query<Pairs>, QueryRejection>) -> Response {
     let pairs = query.map(|q| q.0).unwrap_or_default();
-    let form = try_policy::Form::from_pairs(&pairs);
-    match c.simulate(&form).await {
-        Ok((_, svg)) => secured(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response()),
-        Err(e) => secured((StatusCode::BAD_REQUEST, e).into_response()),
+    match c.simulate(&pairs).await {
+        Ok(tried) => ([(header::CONTENT_TYPE, "image/svg+xml")], tried.1.clone()).into_response(),
+        Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
     }
 }
 
@@ -831,15 +917,27 @@ impl Console {
         }
     }
 
-    /// Runs the try page's simulation off the async workers, one at a time.
-    async fn simulate(
-        &self,
-        form: &try_policy::Form,
-    ) -> Result<(Vec<crate::offline::run::Summary>, String), String> {
-        let scenario = form.scenario()?;
-        let _one = self.simulating.acquire().await.map_err(|e| e.to_string())?;
-        tokio::task::spawn_blocking(move || try_policy::simulate(&scenario))
-            .await
-            .map_err(|e| format!("the simulation failed: {e}"))?
+    /// Runs the try page's simulation of `pairs` off the async workers, one at a
+    /// time (the permit goes with the run, even when its caller leaves); the last
+    /// one is kept for its chart's request.
+    async fn simulate(&self, pairs: &Pairs) -> Result<Tried, String> {
+        let key = query_text(pairs);
+        if let Some((k, tried)) = &*self.last_try.lock().unwrap_or_else(|e| e.into_inner()) {
+            if *k == key {
+                return Ok(tried.clone());
+            }
+        }
+        let scenario = try_policy::Form::from_pairs(pairs).scenario()?;
+        let Ok(one) = self.simulating.clone().try_acquire_owned() else {
+            return Err("Another try is running; try again in a moment.".into());
+        };
+        let tried = tokio::task::spawn_blocking(move || {
+            let _one = one;
+            try_policy::simulate(&scenario).map(Arc::new)
+        })
+        .await
+        .map_err(|e| format!("the simulation failed: {e}"))??;
+        *self.last_try.lock().unwrap_or_else(|e| e.into_inner()) = Some((key, tried.clone()));
+        Ok(tried)
     }
 }

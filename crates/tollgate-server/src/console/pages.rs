@@ -126,6 +126,18 @@ pub fn chart(
         esc(label)
     );
     for (values, class, _) in series {
+        // At most a point per two pixels: the largest of each run, so a spike shows.
+        let most = (width as usize / 2).max(2);
+        let thinned: Vec<f64>;
+        let values: &[f64] = if values.len() > most {
+            let run = values.len().div_ceil(most);
+            thinned = (values.chunks(run))
+                .map(|c| c.iter().copied().fold(f64::MIN, f64::max))
+                .collect();
+            &thinned
+        } else {
+            values
+        };
         let n = values.len().max(2) - 1;
         let points: Vec<String> = (values.iter().enumerate())
             .map(|(i, v)| {
@@ -301,10 +313,42 @@ pub fn split_counter(key: &str) -> (String, String) {
 }
 
 /// The keys page's live part: the keys used most and rejected most.
-pub fn keys(base: &str, used: &[KeyCount], rejected: &[KeyCount]) -> String {
+/// A counter key with each entry's value replaced by a digest of it: which key it is,
+/// without what it is (a descriptor value may be an API key).
+pub fn masked(key: &str) -> String {
+    let mut parts = key.split('\u{1f}');
+    let mut out = parts.next().unwrap_or("").to_string();
+    for entry in parts {
+        let (k, v) = entry.split_once('=').unwrap_or((entry, ""));
+        let digest = ring::digest::digest(&ring::digest::SHA256, v.as_bytes());
+        let hex: String = digest.as_ref()[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        out.push('\u{1f}');
+        out.push_str(&format!("{k}=#{hex}"));
+    }
+    out
+}
+
+/// The keys page's live part: the keys used most and rejected most, their values
+/// shown only when `reveal` (else masked: [`masked`]).
+pub fn keys(base: &str, used: &[KeyCount], rejected: &[KeyCount], reveal: bool) -> String {
     let table = |caption: &str, id: &str, list: &[KeyCount]| {
         let mut rows = String::new();
         for k in list {
+            if !reveal {
+                let (domain, entries) = split_counter(&masked(&k.key));
+                let _ = write!(
+                    rows,
+                    "<tr><td>{}</td><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+                    esc(&domain),
+                    esc(&entries),
+                    k.count,
+                    k.error
+                );
+                continue;
+            }
             let (domain, entries) = split_counter(&k.key);
             let query = format!(
                 "domain={}&entries={}",
@@ -329,8 +373,13 @@ pub fn keys(base: &str, used: &[KeyCount], rejected: &[KeyCount]) -> String {
             "<table id=\"{id}\"><caption>{caption}</caption><thead><tr><th scope=\"col\">Domain</th><th scope=\"col\">Entries</th><th scope=\"col\">Decisions (about)</th><th scope=\"col\">Of which maybe others'</th></tr></thead><tbody>{rows}</tbody></table>"
         )
     };
+    let note = if reveal {
+        ""
+    } else {
+        "<p class=\"note\">Values are shown as a digest (<code>#...</code>): a descriptor value may be an API key. An admin session shows them, with links to look each up.</p>"
+    };
     format!(
-        "<div class=\"two\">{}{}</div>",
+        "{note}<div class=\"two\">{}{}</div>",
         table(
             "Used most (recent decisions, one in 16 counted; counts halve every minute)",
             "used",
@@ -418,9 +467,27 @@ mod tests {
                 error: 0,
             }],
             &[],
+            true,
         );
         assert!(!html.contains("<script>"), "{html}");
         assert!(html.contains("entries=k%3D%3Cscript%3E"), "{html}");
+    }
+
+    #[test]
+    fn values_are_masked_unless_revealed() {
+        let key = KeyCount {
+            key: "d\u{1f}api_key=sk-secret\u{1f}path=/x".into(),
+            count: 1,
+            error: 0,
+        };
+        let hidden = keys("/console", std::slice::from_ref(&key), &[], false);
+        assert!(
+            !hidden.contains("sk-secret") && hidden.contains("api_key=#"),
+            "{hidden}"
+        );
+        assert!(!hidden.contains("<a href"), "{hidden}");
+        let shown = keys("/console", &[key], &[], true);
+        assert!(shown.contains("api_key=sk-secret"), "{shown}");
     }
 
     #[test]

@@ -145,7 +145,7 @@ impl RouteSampler {
         names.sort_unstable();
         names.dedup();
         let before = self.before.as_ref();
-        let seconds = before.map_or(0.0, |b| now.time - b.time);
+        let seconds = before.map_or(0.0, |b| now.seconds - b.seconds);
         let per_second = |name: &str, keep: &dyn Fn(&Sample) -> bool| -> f64 {
             let sum = |r: &Reading| {
                 (r.samples.iter())
@@ -216,6 +216,7 @@ impl RouteSampler {
 fn only(r: &Reading, route: &str) -> Reading {
     Reading {
         time: r.time,
+        seconds: r.seconds,
         samples: (r.samples.iter())
             .filter(|s| s.label("route") == route)
             .cloned()
@@ -282,12 +283,14 @@ mod tests {
         let mut s = RouteSampler::new(5);
         let first = Reading {
             time: 1.0,
+            seconds: 1.0,
             samples: parse(&text(10, 0, 0)),
         };
         s.next(&first);
         s.keep(first);
         let second = Reading {
             time: 3.0,
+            seconds: 3.0,
             samples: parse(&text(30, 4, 6)),
         };
         let rows = s.next(&second);

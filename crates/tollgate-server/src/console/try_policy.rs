@@ -86,11 +86,6 @@ impl Form {
         }
     }
 
-    /// Whether the form was sent (the page's first load shows it empty of results).
-    pub fn submitted(&self) -> bool {
-        !self.slots.iter().all(|(a, _)| a.is_empty())
-    }
-
     /// The policies and traffic, or what is wrong, naming the field.
     pub fn scenario(&self) -> Result<Try, String> {
         let mut policies = Vec::new();
@@ -132,12 +127,23 @@ impl Form {
         };
         let rate = number("Rate", &self.rate, 100_000.0)?;
         let seconds = number("Duration", &self.duration, MAX_SECONDS)?;
-        let burst = number("Burst", &self.burst, 100_000.0)? as u64;
+        let burst = number("Burst", &self.burst, 10_000.0)? as u64;
         let keys = number("Keys", &self.keys, 1_000.0)? as u64;
-        if rate * seconds > MAX_REQUESTS {
+        // What the pattern will generate, bounded before it is: a boundary pattern
+        // sends its bursts whatever the rate.
+        let requests = match pattern {
+            Pattern::Boundary => burst as f64 * seconds.ceil(),
+            Pattern::Burst => rate * seconds + burst as f64,
+            _ => rate * seconds * 1.1,
+        };
+        if requests > MAX_REQUESTS {
+            let what = match pattern {
+                Pattern::Boundary => "Burst x duration",
+                _ => "Rate x duration",
+            };
             return Err(format!(
-                "Rate x duration: {} requests; a try runs at most {MAX_REQUESTS} (tollgate simulate runs more)",
-                (rate * seconds) as u64
+                "{what}: about {} requests; a try runs at most {MAX_REQUESTS} (tollgate simulate runs more)",
+                requests as u64
             ));
         }
         Ok(Try {
@@ -158,6 +164,9 @@ impl Form {
 /// Runs a try: each policy's summary, and the chart (SVG).
 pub fn simulate(t: &Try) -> Result<(Vec<Summary>, String), String> {
     let arrivals = traffic(&t.scenario).map_err(|e| e.to_string())?;
+    if arrivals.len() as f64 > 2.0 * MAX_REQUESTS {
+        return Err(format!("{} requests: more than a try runs", arrivals.len()));
+    }
     let duration_us = arrivals
         .last()
         .map_or(t.scenario.duration_us, |a| a.0.max(t.scenario.duration_us));
@@ -233,6 +242,7 @@ pub fn result_html(base: &str, pairs: &[(String, String)], summaries: &[Summary]
     let query: Vec<String> = (pairs.iter())
         .map(|(k, v)| format!("{}={}", url_encode(k), url_encode(v)))
         .collect();
+    // The same text as the page's query, so that the chart is the run just made.
     let mut rows = String::new();
     for s in summaries {
         let _ = write!(
@@ -291,6 +301,11 @@ mod tests {
                 vec![("rate", "100000"), ("duration", "600")],
                 "Rate x duration",
             ),
+            (
+                vec![("pattern", "boundary"), ("burst", "10000"), ("rate", "1")],
+                "Burst x duration",
+            ),
+            (vec![("burst", "100000")], "Burst"),
             (vec![("algorithm1", ""), ("algorithm2", "")], "at least one"),
         ];
         for (pairs, named) in cases {

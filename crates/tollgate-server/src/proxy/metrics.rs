@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::routes::RouteTable;
-use crate::service::metrics::{redis_events_of, RedisCalls};
+use crate::service::metrics::{redis_events_of, set_events, RedisCalls};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -135,12 +135,7 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
             stats += route.limits.redis_stats();
         }
         let events = gauge();
-        for (event, n) in redis_events_of(&stats) {
-            let labels = vec![("event", event.to_string())];
-            events
-                .get_or_create(&labels)
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
+        set_events(&events, &redis_events_of(&stats));
         root.register(
             "tollgate_redis_events",
             "The Redis store's events, summed over the routes in force: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries since they were made; failing is 1 while Redis fails",

@@ -11,7 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-type Labels = Vec<(&'static str, String)>;
+/// A series' labels.
+pub type Labels = Vec<(&'static str, String)>;
 
 /// The service's metrics.
 pub struct Metrics {
@@ -85,6 +86,16 @@ pub fn redis_events_of(s: &tollgate::redis::RedisStats) -> [(&'static str, u64);
         ("recoveries", s.recoveries),
         ("failing", u64::from(s.failing)),
     ]
+}
+
+/// Sets an `event`-labelled gauge family to each `(event, count)` (`serve`'s and the
+/// proxy's `tollgate_redis_events`).
+pub fn set_events(family: &Family<Labels, Gauge>, events: &[(&str, u64)]) {
+    for &(event, n) in events {
+        family
+            .get_or_create(&vec![("event", event.to_string())])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
 }
 
 /// A histogram's buckets for an encoder: each bound (in units of which `per_unit`
@@ -637,11 +648,7 @@ impl Metrics {
 
     /// Sets `redis_events` for each `(event, count)`.
     fn redis_events(&self, events: &[(&str, u64)]) {
-        for &(event, n) in events {
-            self.redis
-                .get_or_create(&vec![("event", event.to_string())])
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
+        set_events(&self.redis, events);
     }
 
     /// The text exposition.

@@ -205,6 +205,14 @@ impl Settings {
                 if listener == crate::config::ConsoleListener::Metrics && metrics.is_none() {
                     anyhow::bail!("console.listener: metrics needs listen.metrics (the metrics listener's address)");
                 }
+                if let Some((_, path, _)) = &metrics {
+                    if let Some(taken) = c.clashes_with(&[path.as_str()]) {
+                        anyhow::bail!(
+                            "console.path {:?}: the metrics answer at {taken}; choose another path",
+                            c.path
+                        );
+                    }
+                }
                 Some((c, listener))
             }
             None => None,

@@ -19,8 +19,10 @@ pub const PER_SHARD: usize = 64;
 pub const SAMPLE: u32 = 16;
 
 thread_local! {
-    /// This thread's decisions, for the sampling.
-    static SEEN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// This thread's draws for the sampling (xorshift32): at random, not every
+    /// `SAMPLE`th, since a request's descriptors are counted one after the other
+    /// and a fixed stride would always land on the same one.
+    static DRAW: std::cell::Cell<u32> = const { std::cell::Cell::new(0x9E37_79B9) };
 }
 
 /// One key's standing.
@@ -100,11 +102,15 @@ impl TopKeys {
 
     /// Counts one decision on `key` (if it is the one in [`SAMPLE`] counted).
     pub fn record(&self, key: &str, rejected: bool) {
-        let skip = SEEN.with(|n| {
-            let seen = n.get().wrapping_add(1);
-            n.set(seen);
-            seen % self.every != 0
-        });
+        let skip = self.every > 1
+            && DRAW.with(|d| {
+                let mut x = d.get();
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                d.set(x);
+                x % self.every != 0
+            });
         if skip {
             return;
         }
@@ -199,12 +205,17 @@ mod tests {
     }
 
     #[test]
-    fn sampled_counts_estimate_the_whole() {
+    fn sampled_counts_estimate_the_whole_and_every_position_of_a_request_is_seen() {
         let top = TopKeys::sampling(16);
-        for _ in 0..1600 {
-            top.record("a", false);
+        // Requests of two descriptors, counted back to back: both are sampled.
+        for _ in 0..16_000 {
+            top.record("first", false);
+            top.record("second", false);
         }
-        let (used, _) = top.top(1);
-        assert_eq!(used[0].count, 1600);
+        let (used, _) = top.top(2);
+        for k in &used {
+            assert!((12_000..20_000).contains(&k.count), "{k:?}");
+        }
+        assert_eq!(used.len(), 2);
     }
 }

@@ -115,10 +115,11 @@ impl Tracing {
         };
         exporter.set_resource(&resource);
         let (queue, stats) = Queue::start(exporter, s.queue, s.batch, s.delay, s.timeout);
+        let (sdk_sampler, root_share, follows_parent) = sampler(s.sampler, s.ratio);
         let provider = SdkTracerProvider::builder()
             .with_id_generator(DrawnIds)
             .with_span_processor(queue.clone())
-            .with_sampler(sampler(s.sampler, s.ratio))
+            .with_sampler(sdk_sampler)
             .with_resource(resource)
             .build();
         let tracer = provider.tracer("tollgate");
@@ -141,13 +142,8 @@ impl Tracing {
             queue,
             stats,
             summary,
-            root_share: root_share(s.sampler, s.ratio),
-            follows_parent: matches!(
-                s.sampler,
-                SamplerKind::ParentbasedAlwaysOn
-                    | SamplerKind::ParentbasedAlwaysOff
-                    | SamplerKind::ParentbasedTraceIdRatio
-            ),
+            root_share,
+            follows_parent,
         })
     }
 
@@ -191,10 +187,15 @@ impl Tracing {
         kind: SpanKind,
         describe: impl FnOnce() -> Description,
     ) -> Span {
-        let span = (self.tracer.span_builder(UNNAMED))
+        let mut span = (self.tracer.span_builder(UNNAMED))
             .with_kind(kind)
             .start_with_context(&self.tracer, parent);
-        described(span, describe)
+        if span.is_recording() {
+            let (name, attributes) = describe();
+            span.update_name(name);
+            span.set_attributes(attributes);
+        }
+        span
     }
 
     /// A server span for a call whose request carried `headers`: the context holding
@@ -461,26 +462,6 @@ pub fn end(cx: &Context, attribute: Option<KeyValue>, error: Option<String>) {
     span.end();
 }
 
-/// `span` named and given its attributes by `describe`, if it records.
-fn described(mut span: Span, describe: impl FnOnce() -> Description) -> Span {
-    if span.is_recording() {
-        let (name, attributes) = describe();
-        span.update_name(name);
-        span.set_attributes(attributes);
-    }
-    span
-}
-
-/// The share of new traces `kind` keeps when it decides by trace id alone (`None`:
-/// all of them).
-fn root_share(kind: SamplerKind, ratio: f64) -> Option<f64> {
-    match kind {
-        SamplerKind::AlwaysOn | SamplerKind::ParentbasedAlwaysOn => None,
-        SamplerKind::AlwaysOff | SamplerKind::ParentbasedAlwaysOff => Some(0.0),
-        SamplerKind::TraceIdRatio | SamplerKind::ParentbasedTraceIdRatio => Some(ratio),
-    }
-}
-
 thread_local! {
     /// The trace id [`Tracing::call_span`] drew for the span it builds next.
     static DRAWN: std::cell::Cell<Option<TraceId>> = const { std::cell::Cell::new(None) };
@@ -513,15 +494,28 @@ fn kept(share: f64, id: TraceId) -> bool {
     (low >> 1) < bound
 }
 
-fn sampler(kind: SamplerKind, ratio: f64) -> Sampler {
-    let parent_based = |root| Sampler::ParentBased(Box::new(root));
-    match kind {
-        SamplerKind::AlwaysOn => Sampler::AlwaysOn,
-        SamplerKind::AlwaysOff => Sampler::AlwaysOff,
-        SamplerKind::TraceIdRatio => Sampler::TraceIdRatioBased(ratio),
-        SamplerKind::ParentbasedAlwaysOn => parent_based(Sampler::AlwaysOn),
-        SamplerKind::ParentbasedAlwaysOff => parent_based(Sampler::AlwaysOff),
-        SamplerKind::ParentbasedTraceIdRatio => parent_based(Sampler::TraceIdRatioBased(ratio)),
+/// What sampler `kind` means: the SDK's sampler; the share of new traces it keeps
+/// when it decides by trace id alone (`None`: all of them); and whether it follows
+/// the caller's decision when there is one.
+fn sampler(kind: SamplerKind, ratio: f64) -> (Sampler, Option<f64>, bool) {
+    let (root, share) = match kind {
+        SamplerKind::AlwaysOn | SamplerKind::ParentbasedAlwaysOn => (Sampler::AlwaysOn, None),
+        SamplerKind::AlwaysOff | SamplerKind::ParentbasedAlwaysOff => {
+            (Sampler::AlwaysOff, Some(0.0))
+        }
+        SamplerKind::TraceIdRatio | SamplerKind::ParentbasedTraceIdRatio => {
+            (Sampler::TraceIdRatioBased(ratio), Some(ratio))
+        }
+    };
+    let parent_based = matches!(
+        kind,
+        SamplerKind::ParentbasedAlwaysOn
+            | SamplerKind::ParentbasedAlwaysOff
+            | SamplerKind::ParentbasedTraceIdRatio
+    );
+    match parent_based {
+        true => (Sampler::ParentBased(Box::new(root)), share, true),
+        false => (root, share, false),
     }
 }
 

@@ -227,10 +227,12 @@ def check_reset_needs_the_token(c):
     d = c.open("/keys")
     c.updated()
     value = "account=k0"
-    rejected = d.find_elements(By.LINK_TEXT, value)
-    assert len(rejected) == 2, "the hot key is among those used and rejected most"
-    c.shot("keys")
-    rejected[1].click()
+    # Without a session the values are digests, and the JSON says no more.
+    text = d.find_element(By.ID, "live").text
+    assert "account=#" in text and "account=k0" not in text, text
+    _, _, snapshot = http_get(c.http, "/console/api/snapshot")
+    assert "account=k0" not in snapshot and '"values_shown":false' in snapshot.replace(" ", "")
+    d = c.open("/keys?" + urllib.parse.urlencode({"domain": "console", "entries": value}))
     state = d.find_element(By.ID, "state").text
     assert "fixed-window:limit=5,window=1h" in state, state
     assert "Log in" in d.find_element(By.ID, "lookup").text
@@ -243,9 +245,21 @@ def check_reset_needs_the_token(c):
     d.find_element(By.ID, "token").send_keys("wrong")
     d.find_element(By.CSS_SELECTOR, "main form button").click()
     assert "Wrong token" in d.find_element(By.TAG_NAME, "main").text
+    # Right after a wrong token, even the right one waits: one guess a second.
+    status, body = http_post(c.http, "/console/login", {"token": TOKEN})
+    assert status == 429 and "wait a second" in body, (status, body[:300])
+    time.sleep(1.1)
     d.find_element(By.ID, "token").send_keys(TOKEN)
     d.find_element(By.CSS_SELECTOR, "main form button").click()
     WebDriverWait(d, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".session .admin"))
+    # With it, the values and their links.
+    d = c.open("/keys")
+    c.updated()
+    rejected = d.find_elements(By.LINK_TEXT, value)
+    assert len(rejected) == 2, "the hot key is among those used and rejected most"
+    c.shot("keys")
+    rejected[1].click()
+    assert "fixed-window:limit=5,window=1h" in d.find_element(By.ID, "state").text
     cookie = d.get_cookie("tollgate_console")
     assert cookie and cookie["httpOnly"] and cookie.get("sameSite") == "Strict", cookie
     # With the session's cookie but not its form token, or from another origin: refused.
