@@ -421,12 +421,19 @@ pub fn quota(fig: &Figures) -> String {
                 .find(|(n, _)| n == name)
                 .map_or("–".to_string(), |(_, v)| rate(*v))
         };
+        let value = |name: &str| b.figures.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
         let clients = (b.figures.iter())
             .find(|(n, _)| n == "clients" || n == "streams")
             .map_or("–".to_string(), |(n, v)| format!("{} {n}", count(*v)));
+        // Each Envoy's share on average: /metrics has no series per Envoy (a label
+        // per client would grow without bound), so neither has the page.
+        let share = match (value("assigned_per_second"), value("clients")) {
+            (Some(a), Some(n)) if n > 0.0 => rate(a / n),
+            _ => "–".into(),
+        };
         let _ = write!(
             rows,
-            "<tr><td>{}</td><th scope=\"row\">{}</th><td>{} <code>{}</code></td><td class=\"n\">{clients}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            "<tr><td>{}</td><th scope=\"row\">{}</th><td>{} <code>{}</code></td><td class=\"n\">{clients}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{share}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
             esc(&b.domain),
             esc(&b.bucket),
             esc(&b.rule),
@@ -439,7 +446,7 @@ pub fn quota(fig: &Figures) -> String {
         );
     }
     format!(
-        "<table><caption>Each bucket (as <code>tollgate_quota_bucket</code>): rates per second, over every server sharing it</caption><thead><tr><th scope=\"col\">Domain</th><th scope=\"col\">Bucket</th><th scope=\"col\">Rule and budget</th><th scope=\"col\">Envoys</th><th scope=\"col\">Demand /s</th><th scope=\"col\">Assigned /s</th><th scope=\"col\">Reserved /s</th><th scope=\"col\">Reported allowed</th><th scope=\"col\">Reported denied</th></tr></thead><tbody>{rows}</tbody></table>"
+        "<table><caption>Each bucket (as <code>tollgate_quota_bucket</code>): rates per second, over every server sharing it</caption><thead><tr><th scope=\"col\">Domain</th><th scope=\"col\">Bucket</th><th scope=\"col\">Rule and budget</th><th scope=\"col\">Envoys</th><th scope=\"col\">Demand /s</th><th scope=\"col\">Assigned /s</th><th scope=\"col\">Per Envoy /s (average)</th><th scope=\"col\">Reserved /s</th><th scope=\"col\">Reported allowed</th><th scope=\"col\">Reported denied</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 }
 
@@ -488,6 +495,35 @@ mod tests {
         assert!(!hidden.contains("<a href"), "{hidden}");
         let shown = keys("/console", &[key], &[], true);
         assert!(shown.contains("api_key=sk-secret"), "{shown}");
+    }
+
+    #[test]
+    fn a_quota_bucket_shows_its_budget_and_the_average_share() {
+        let fig = Figures {
+            quota: vec![super::super::figures::BucketRow {
+                domain: "envoy".into(),
+                bucket: "name=api".into(),
+                rule: "api".into(),
+                budget: "gcra:rate=100/s,burst=20".into(),
+                figures: vec![
+                    ("clients".into(), 4.0),
+                    ("assigned_per_second".into(), 100.0),
+                ],
+                reported_allowed: 7.0,
+                reported_denied: 1.0,
+            }],
+            ..Figures::default()
+        };
+        let html = quota(&fig);
+        for part in [
+            "name=api",
+            "gcra:rate=100/s,burst=20",
+            "4 clients",
+            ">25.0<",
+            ">7<",
+        ] {
+            assert!(html.contains(part), "{part} in {html}");
+        }
     }
 
     #[test]

@@ -46,6 +46,9 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: account
     policies: ["fixed-window:limit=5,window=1h"]
+quota_buckets:
+  - bucket: { name: api }
+    policy: "gcra:rate=100/s,burst=20"
 """
 
 
@@ -372,6 +375,30 @@ def check_bad_input(c):
     print(f"bad input: {len(cases)} cases answered with what is wrong, no 500")
 
 
+def check_quota(c):
+    """Four simulated Envoys on one RLQS bucket: the quota page shows its budget and
+    the figures of tollgate_quota_bucket."""
+    fleet = subprocess.Popen(
+        [c.binary, "bench", "rlqs", "--target", f"127.0.0.1:{c.grpc}", "--envoys", "4",
+         "--buckets", "1", "--bucket", "name=api", "--rate", "50", "--duration", "4s",
+         "--warmup", "1s", "--domain", "console"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3)
+        d = c.open("/quota")
+        c.updated()
+        _, _, text = http_get(c.http, "/metrics")
+        m = re.search(r'tollgate_quota_bucket\{domain="console",bucket="name=api",figure="clients"\} (\S+)', text)
+        assert m, "the bucket is on /metrics"
+        row = d.find_element(By.CSS_SELECTOR, "#live tbody tr").text
+        assert "name=api" in row and "gcra:rate=100/s,burst=20" in row, row
+        assert f"{int(float(m.group(1)))} clients" in row, (row, m.group(1))
+        c.shot("quota")
+    finally:
+        fleet.wait(timeout=30)
+    print(f"quota: the bucket's budget and its {m.group(1)} Envoys shown, as /metrics has them")
+
+
 def check_browser_log(c):
     bad = [e for e in c.driver.get_log("browser")
            if e["level"] == "SEVERE" and "favicon" not in e["message"]
@@ -500,6 +527,7 @@ def main():
         c.load.wait(timeout=30)
         check_reset_needs_the_token(c)
         check_bad_input(c)
+        check_quota(c)
         check_browser_log(c)
         check_proxy(c)
         check_browser_log(c)
