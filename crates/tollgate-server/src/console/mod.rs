@@ -346,18 +346,25 @@ fn secured(mut response: Response) -> Response {
 }
 
 fn html(status: StatusCode, body: String) -> Response {
-    secured(
-        (
-            status,
-            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-            body,
-        )
-            .into_response(),
-    )
+    let content_type = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
+    (status, content_type, body).into_response()
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
-    secured(([(header::CONTENT_TYPE, content_type)], body).into_response())
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// A redirect to the console's first page, setting `cookie`.
+fn home(c: &Console, cookie: &str) -> Response {
+    let mut r = (
+        StatusCode::SEE_OTHER,
+        [(header::LOCATION, format!("{}/", c.base()))],
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(cookie) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
 }
 
 fn cookie(headers: &HeaderMap) -> Option<&str> {
@@ -760,17 +767,7 @@ async fn login(
                 session::SESSION_SECONDS
             );
             tracing::info!("console: an admin session opened");
-            let mut r = secured(
-                (
-                    StatusCode::SEE_OTHER,
-                    [(header::LOCATION, format!("{}/", c.base()))],
-                )
-                    .into_response(),
-            );
-            if let Ok(v) = HeaderValue::from_str(&cookie) {
-                r.headers_mut().insert(header::SET_COOKIE, v);
-            }
-            r
+            home(&c, &cookie)
         }
         None => {
             let why = if c.sessions.enabled() {
@@ -789,22 +786,12 @@ async fn login(
 async fn logout(State(c): Shared, form: AdminForm) -> Response {
     let headers = &form.headers;
     c.sessions.close(cookie(headers));
-    let mut r = secured(
-        (
-            StatusCode::SEE_OTHER,
-            [(header::LOCATION, format!("{}/", c.base()))],
-        )
-            .into_response(),
-    );
     let expired = format!(
         "{}=; Path={}; HttpOnly; SameSite=Strict; Max-Age=0",
         session::COOKIE,
         c.base()
     );
-    if let Ok(v) = HeaderValue::from_str(&expired) {
-        r.headers_mut().insert(header::SET_COOKIE, v);
-    }
-    r
+    home(&c, &expired)
 }
 
 /// The figures as JSON (documented in docs/console.md): what the pages show.
@@ -828,7 +815,7 @@ async fn snapshot(State(c): Shared, headers: HeaderMap) -> Response {
         "figures": &*fig,
         "keys": { "used": shown(&fig.top.0), "rejected": shown(&fig.top.1), "values_shown": reveal },
     });
-    secured(axum::Json(body).into_response())
+    axum::Json(body).into_response()
 }
 
 /// Server-sent events: the live part of `page` once a second (event `live`, data
@@ -842,21 +829,14 @@ async fn events(
     let page = field(&pairs, "page").unwrap_or("").to_string();
     let reveal = c.session(&headers).is_some();
     if c.live_part(&page, reveal).is_none() {
-        return secured(
-            (
-                StatusCode::NOT_FOUND,
-                format!("no live page {page:?} (overview, rules, keys, quota)\n"),
-            )
-                .into_response(),
-        );
+        let why = format!("no live page {page:?} (overview, rules, keys, quota)\n");
+        return (StatusCode::NOT_FOUND, why).into_response();
     }
     let rx = c.tick.subscribe();
     let stream = live_stream(c.clone(), page, reveal, rx);
-    secured(
-        Sse::new(stream)
-            .keep_alive(KeepAlive::default())
-            .into_response(),
-    )
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 fn live_stream(
