@@ -30,7 +30,9 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 TOKEN = "console-test-token"
@@ -94,6 +96,41 @@ def metrics(port):
 
 def total(m, outcome):
     return sum(v for (rule, o), v in m.items() if o == outcome)
+
+
+def navigate(d, click):
+    """Runs `click()` (a click on a link or a form's button) and returns once the
+    page it opens has loaded: the old document gone stale and the new one complete.
+    A read right after a click could otherwise find the old page, or an element the
+    new page is about to replace."""
+    old = d.find_element(By.TAG_NAME, "html")
+    click()
+    WebDriverWait(d, 30).until(expected_conditions.staleness_of(old))
+    WebDriverWait(d, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def read_js(d, script, *args):
+    """What `script` returns, read in one step in the page: the event stream swaps
+    the live part's elements once a second, so an element found in one WebDriver
+    call may be gone by the next."""
+    return d.execute_script(script, *args)
+
+
+def text_of(d, css):
+    """The rendered text of the first element matching `css`, read in one step."""
+    return read_js(d, "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;", css)
+
+
+def click_live(d, find):
+    """Navigates through a control of the live part (found by `find()` afresh if the
+    event stream swapped it out before the click)."""
+    for _ in range(50):
+        try:
+            navigate(d, lambda: find().click())
+            return
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    raise AssertionError("the live part's control was swapped out before every click")
 
 
 class Console:
@@ -162,8 +199,14 @@ class Console:
 
     def page_totals(self):
         """Allowed, rejected and shadow-rejected since start, as the overview shows them."""
-        cells = self.driver.find_elements(By.CSS_SELECTOR, "tr[data-row=totals] td")
-        return [int(c.text) for c in cells[:3]]
+        cells = read_js(self.driver, """
+            return [...document.querySelectorAll('tr[data-row=totals] td')].map(td => td.textContent);""")
+        return [int(c) for c in cells[:3]]
+
+    def chart_points(self):
+        """The decisions chart's line of allowed decisions."""
+        return read_js(self.driver, """
+            return document.querySelector('svg.chart polyline.allowed').getAttribute('points');""")
 
     def rule_rows(self):
         """Each rule's allowed / rejected / shadow-rejected totals on the rules page."""
@@ -180,10 +223,10 @@ class Console:
 def check_figures_match_metrics(c):
     d = c.open("/")
     first = c.updated()
-    pts = d.find_element(By.CSS_SELECTOR, "svg.chart polyline.allowed").get_attribute("points")
+    pts = c.chart_points()
     second = c.updated(first)
     c.updated(second)
-    pts2 = d.find_element(By.CSS_SELECTOR, "svg.chart polyline.allowed").get_attribute("points")
+    pts2 = c.chart_points()
     assert pts != pts2, "the decisions chart did not move"
     c.shot("overview")
     # Under load: the page's totals trail /metrics by at most the last second's
@@ -204,7 +247,7 @@ def check_figures_match_metrics(c):
     user = rows["console/user"]
     assert 0 <= m[("console/user", "allowed")] - user[0] <= 2 * RATE, (user, m)
     assert 0 <= m[("console/user", "rejected")] - user[1] <= 2 * RATE, (user, m)
-    text = d.find_element(By.CSS_SELECTOR, "table.rules").text
+    text = text_of(d, "table.rules")
     assert "shadow" in text and "unlimited" in text and "gcra:rate=2/s,burst=5" in text, text
 
 
@@ -231,7 +274,7 @@ def check_reset_needs_the_token(c):
     c.updated()
     value = "account=k0"
     # Without a session the values are digests, and the JSON says no more.
-    text = d.find_element(By.ID, "live").text
+    text = text_of(d, "#live")
     assert "account=#" in text and "account=k0" not in text, text
     _, _, snapshot = http_get(c.http, "/console/api/snapshot")
     assert "account=k0" not in snapshot and '"values_shown":false' in snapshot.replace(" ", "")
@@ -246,22 +289,22 @@ def check_reset_needs_the_token(c):
     # A wrong token opens nothing.
     d = c.open("/login")
     d.find_element(By.ID, "token").send_keys("wrong")
-    d.find_element(By.CSS_SELECTOR, "main form button").click()
+    navigate(d, d.find_element(By.CSS_SELECTOR, "main form button").click)
     assert "Wrong token" in d.find_element(By.TAG_NAME, "main").text
     # Right after a wrong token, even the right one waits: one guess a second.
     status, body = http_post(c.http, "/console/login", {"token": TOKEN})
     assert status == 429 and "wait a second" in body, (status, body[:300])
     time.sleep(1.1)
     d.find_element(By.ID, "token").send_keys(TOKEN)
-    d.find_element(By.CSS_SELECTOR, "main form button").click()
-    WebDriverWait(d, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".session .admin"))
+    navigate(d, d.find_element(By.CSS_SELECTOR, "main form button").click)
+    assert d.find_elements(By.CSS_SELECTOR, ".session .admin"), "logged in"
     # With it, the values and their links.
     d = c.open("/keys")
     c.updated()
-    rejected = d.find_elements(By.LINK_TEXT, value)
-    assert len(rejected) == 2, "the hot key is among those used and rejected most"
+    links = read_js(d, "return [...document.querySelectorAll('#live a')].filter(a => a.textContent === arguments[0]).length;", value)
+    assert links == 2, "the hot key is among those used and rejected most"
     c.shot("keys")
-    rejected[1].click()
+    click_live(d, lambda: d.find_elements(By.LINK_TEXT, value)[1])
     assert "fixed-window:limit=5,window=1h" in d.find_element(By.ID, "state").text
     cookie = d.get_cookie("tollgate_console")
     assert cookie and cookie["httpOnly"] and cookie.get("sameSite") == "Strict", cookie
@@ -277,10 +320,10 @@ def check_reset_needs_the_token(c):
     remaining = lambda: int(d.find_element(By.CSS_SELECTOR, "#state tbody td:nth-of-type(3)").text)
     assert remaining() < 4, f"the hot key has little left before the reset: {d.find_element(By.ID, 'state').text}"
     c.shot("key-lookup")
-    d.find_element(By.CSS_SELECTOR, "form[action$='/keys/reset'] button").click()
-    WebDriverWait(d, 10).until(lambda d: "Reset a key" in d.title, d.page_source)
+    navigate(d, d.find_element(By.CSS_SELECTOR, "form[action$='/keys/reset'] button").click)
+    assert "Reset a key" in d.title, d.page_source
     assert "starts afresh" in d.find_element(By.TAG_NAME, "main").text, d.page_source
-    d.find_element(By.LINK_TEXT, "Back to the key").click()
+    navigate(d, d.find_element(By.LINK_TEXT, "Back to the key").click)
     assert remaining() == 4, d.find_element(By.ID, "state").text  # 5 a window, one more counted
     print(f"reset: refused without a session, a form token or from another origin; {value} reset with them")
 
@@ -294,8 +337,8 @@ def check_try_page(c):
         field.clear()
         field.send_keys(p)
     Select(d.find_element(By.ID, "pattern")).select_by_value("boundary")
-    d.find_element(By.CSS_SELECTOR, "#try button[type=submit]").click()
-    img = WebDriverWait(d, 30).until(lambda d: d.find_element(By.CSS_SELECTOR, "#result img"))
+    navigate(d, d.find_element(By.CSS_SELECTOR, "#try button[type=submit]").click)
+    img = d.find_element(By.CSS_SELECTOR, "#result img")
     WebDriverWait(d, 30).until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img))
     assert d.execute_script("return arguments[0].naturalWidth", img) == 1200
     src = img.get_attribute("src")
@@ -308,7 +351,7 @@ def check_try_page(c):
     field = d.find_element(By.ID, "params1")
     field.clear()
     field.send_keys("rate=banana")
-    d.find_element(By.CSS_SELECTOR, "#try button[type=submit]").click()
+    navigate(d, d.find_element(By.CSS_SELECTOR, "#try button[type=submit]").click)
     alert = d.find_element(By.CSS_SELECTOR, "[role=alert]").text
     assert alert.startswith("Policy 1: gcra:rate=banana") and "not a rate" in alert, alert
     print("try: three envelopes drawn; a mistyped policy named")
@@ -390,7 +433,7 @@ def check_quota(c):
         _, _, text = http_get(c.http, "/metrics")
         m = re.search(r'tollgate_quota_bucket\{domain="console",bucket="name=api",figure="clients"\} (\S+)', text)
         assert m, "the bucket is on /metrics"
-        row = d.find_element(By.CSS_SELECTOR, "#live tbody tr").text
+        row = text_of(d, "#live tbody tr")
         assert "name=api" in row and "gcra:rate=100/s,burst=20" in row, row
         assert f"{int(float(m.group(1)))} clients" in row, (row, m.group(1))
         c.shot("quota")
