@@ -719,13 +719,25 @@ async fn per_second_limits_count_in_the_per_second_redis() {
     let keys = |r: &RedisServers| r.cli(0, &["dbsize"]).trim().parse::<u64>().unwrap();
     assert_eq!(check(&a, "user", "u1").await.0, 200);
     assert_eq!((keys(&main), keys(&fast)), (1, 0));
-    testkit::clear_of_window_end(Duration::from_secs(1), Duration::from_millis(300));
-    let mut admitted = 0;
-    for _ in 0..5 {
-        admitted += usize::from(check(&a, "burst", "b1").await.0 == 200);
+    // Five checks of one key within one second (again, with a fresh key, when the
+    // machine stretched them over two).
+    let second = Duration::from_secs(1);
+    for attempt in 0.. {
+        assert!(attempt < 20, "never five checks within one second");
+        testkit::clear_of_window_end(second, Duration::from_millis(300));
+        let window = testkit::window_index(second);
+        let mut admitted = 0;
+        for _ in 0..5 {
+            admitted += usize::from(check(&a, "burst", &format!("b{attempt}")).await.0 == 200);
+        }
+        if testkit::window_index(second) == window {
+            assert_eq!(admitted, 3);
+            break;
+        }
     }
-    assert_eq!(admitted, 3);
-    assert_eq!((keys(&main), keys(&fast)), (1, 1));
+    // The per-second key (one per attempt) is in the per-second Redis only.
+    assert_eq!(keys(&main), 1);
+    assert!(keys(&fast) >= 1);
     assert_eq!(send(&a, "GET", "/readyz", "").await.0, 200);
     fast.stop(0);
     let (status, body) = send(&a, "GET", "/readyz", "").await;

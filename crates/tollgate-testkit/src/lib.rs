@@ -37,12 +37,22 @@ pub use sentinel::{SentinelSetup, Sentinels};
 /// when less than `margin` of it is left, so that a test counting admissions in one
 /// window never straddles two.
 pub fn clear_of_window_end(window: std::time::Duration, margin: std::time::Duration) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros();
-    let left = window.as_micros() - now % window.as_micros();
+    let left = window.as_micros() - unix_us() % window.as_micros();
     if left < margin.as_micros() {
         std::thread::sleep(std::time::Duration::from_micros(left as u64 + 1_000));
     }
+}
+
+/// Which clock-aligned window of `window` holds now: a test that counts admissions in
+/// one window reads it before and after, and starts again (with fresh keys) when they
+/// differ, since a busy machine can stretch any sequence past any margin.
+pub fn window_index(window: std::time::Duration) -> u128 {
+    unix_us() / window.as_micros()
+}
+
+fn unix_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
 }
