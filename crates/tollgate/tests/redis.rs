@@ -324,14 +324,17 @@ fn redis_killed_mid_load_then_restarted() {
     };
     let ms = || start.elapsed().as_millis() as u64;
     std::thread::sleep(Duration::from_millis(800));
-    let killed = ms();
+    // From the signal to the process gone (a busy machine takes a while), calls may
+    // still be admitted; from then on none.
+    let kill_sent = ms();
     servers.stop(0);
+    let killed = ms();
     std::thread::sleep(Duration::from_millis(1000));
     servers.restart(0);
     let back = ms();
     let trace = load.join().unwrap();
     // Calls that ended before the kill (one in flight at the kill may end rejected).
-    let before: Vec<_> = trace.iter().filter(|e| e.0 + e.2 < killed).collect();
+    let before: Vec<_> = trace.iter().filter(|e| e.0 + e.2 < kill_sent).collect();
     let first_reject = trace.iter().find(|e| !e.1).expect("the outage was seen");
     let first_reject = first_reject.0 + first_reject.2;
     let last_reject = trace.iter().rev().find(|e| !e.1).unwrap().0;
@@ -348,7 +351,7 @@ fn redis_killed_mid_load_then_restarted() {
     // Redis decided (admitted) everything before the kill; the failure policy
     // rejected from the kill on; Redis decided everything after its return.
     assert!(before.len() > 100 && before.iter().all(|e| e.1));
-    assert!(first_reject >= killed, "{first_reject} < {killed}");
+    assert!(first_reject >= kill_sent, "{first_reject} < {kill_sent}");
     assert!(trace.iter().filter(|e| e.0 > last_reject).all(|e| e.1));
     assert!(trace
         .iter()
@@ -364,10 +367,10 @@ fn redis_killed_mid_load_then_restarted() {
         .map(|e| (e.0, e.2))
         .collect();
     assert_eq!((stats.outages, stats.recoveries), (1, 1), "{late:?}");
-    // One probe per 250 ms reaches Redis: back within that (plus slack for a loaded
-    // two-core machine).
+    // One probe per 250 ms reaches Redis: back within a second of its return (the
+    // promise; a quiet machine takes one probe interval).
     assert!(
-        recovered - back <= 400,
+        recovered - back <= 1000,
         "recovered {} ms after",
         recovered - back
     );
@@ -559,12 +562,15 @@ fn redis_frozen_or_sleeping_answers_within_the_timeout_and_never_over_admits() {
     let tight = fault_limiter(&rt, &url, "frozen-tight", "sliding-log:limit=60,window=1h");
     let start = std::time::Instant::now();
     let rt = std::sync::Arc::new(rt);
-    let load = hammer_both(&rt, (&open, "k", 6), (&tight, "t", 2), start, 4200);
+    let load = hammer_both(&rt, (&open, "k", 6), (&tight, "t", 2), start, 5000);
     let ms = || start.elapsed().as_millis() as u64;
     std::thread::sleep(Duration::from_millis(700));
-    let paused = ms();
+    // Frozen from when the signal has been sent (a busy machine takes a while to send
+    // it) until the one that thaws it is sent.
     servers.pause(0);
+    let paused = ms();
     std::thread::sleep(Duration::from_millis(1000));
+    let resuming = ms();
     servers.resume(0);
     let resumed = ms();
     std::thread::sleep(Duration::from_millis(900));
@@ -596,8 +602,18 @@ fn redis_frozen_or_sleeping_answers_within_the_timeout_and_never_over_admits() {
     );
     // Calls that began after those in flight had timed out and ended before Redis
     // answered again: every one is the failure policy's reject (the probe that was
-    // waiting when Redis thawed is answered by Redis, rightly).
-    for (from, to) in [(paused, resumed), (slept, woke)] {
+    // waiting when Redis thawed is answered by Redis, rightly). Redis fell asleep when
+    // it read DEBUG SLEEP, some time after `slept`: no later than the first reject
+    // after it, and after every answer before that; it slept a second from then.
+    let asleep = (trace.iter())
+        .find(|e| !e.1 && e.0 >= slept)
+        .map_or(slept, |e| e.0);
+    let last_answer = (trace.iter())
+        .filter(|e| e.1 && e.0 + e.2 >= slept && e.0 + e.2 <= asleep + 200)
+        .map(|e| e.0 + e.2)
+        .max()
+        .unwrap_or(slept);
+    for (from, to) in [(paused, resuming), (asleep, last_answer.max(slept) + 1000)] {
         let inside: Vec<_> = trace
             .iter()
             .filter(|e| e.0 >= from + 250 && e.0 + e.2 + 20 < to)
@@ -649,7 +665,7 @@ fn fault_limiter_timing(
 /// Latency between tollgate and Redis (a relay delaying every chunk): below the
 /// timeout Redis still decides every call, only slower; above it every call is
 /// answered by the failure policy within the timeout; when the latency goes, Redis
-/// decides again within a probe interval. A tight limit hammered throughout is never
+/// decides again within a timeout and a probe interval. A tight limit hammered throughout is never
 /// exceeded (a call that timed out may still have been counted: under-admission only).
 #[cfg_attr(
     not(feature = "external-servers"),
@@ -665,24 +681,23 @@ fn redis_behind_added_latency_decides_slower_then_fails_by_policy_and_recovers()
     let relay = rt.block_on(testkit::DelayRelay::start(target));
     let url = format!("redis://{}/", relay.addr);
     // Admits everything: an admit means Redis decided, a reject the failure policy.
-    let open = fault_limiter(
-        &rt,
-        &url,
-        "slow-open",
-        "fixed-window:limit=1000000,window=1h",
-    );
-    let tight = fault_limiter(&rt, &url, "slow-tight", "sliding-log:limit=60,window=1h");
+    // The timeout is far above the slow phase's latency, so that a busy machine's
+    // slower call is still under it.
+    let timeout = Duration::from_millis(600);
+    let limiter = |name, rules| fault_limiter_timing(&rt, &url, name, rules, timeout);
+    let open = limiter("slow-open", "fixed-window:limit=1000000,window=1h");
+    let tight = limiter("slow-tight", "sliding-log:limit=60,window=1h");
     let start = std::time::Instant::now();
     let rt = std::sync::Arc::new(rt);
-    let load = hammer_both(&rt, (&open, "k", 6), (&tight, "k", 2), start, 4500);
+    let load = hammer_both(&rt, (&open, "k", 6), (&tight, "k", 2), start, 5500);
     let ms = || start.elapsed().as_millis() as u64;
     std::thread::sleep(Duration::from_millis(700));
     let slow = ms();
     relay.set_delay(Duration::from_millis(40)); // 80 ms a round trip: under the timeout
     std::thread::sleep(Duration::from_millis(1200));
     let slower = ms();
-    relay.set_delay(Duration::from_millis(150)); // 300 ms: over it
-    std::thread::sleep(Duration::from_millis(1200));
+    relay.set_delay(Duration::from_millis(500)); // 1 s: over it
+    std::thread::sleep(Duration::from_millis(2000));
     let fast = ms();
     relay.set_delay(Duration::ZERO);
     let (trace, tight_trace) = load.join().unwrap();
@@ -694,7 +709,8 @@ fn redis_behind_added_latency_decides_slower_then_fails_by_policy_and_recovers()
             .collect()
     };
     let slow_phase = phase(slow + 300, slower);
-    let slower_phase = phase(slower + 400, fast);
+    // (A call sent just before the change has only its answer delayed: 500 ms.)
+    let slower_phase = phase(slower + 700, fast);
     let recovered = trace.iter().find(|e| e.1 && e.0 > fast).unwrap().0 - fast;
     let slowest = trace.iter().chain(&tight_trace).map(|e| e.2).max().unwrap();
     let admitted_tight = tight_trace.iter().filter(|e| e.1).count();
@@ -704,7 +720,7 @@ fn redis_behind_added_latency_decides_slower_then_fails_by_policy_and_recovers()
         t[t.len() / 2]
     };
     println!(
-        "{} calls; +80 ms RTT: {} calls, all decided by Redis, median {} ms; +300 ms RTT: {} \
+        "{} calls; +80 ms RTT: {} calls, all decided by Redis, median {} ms; +1 s RTT: {} \
          calls, {} admitted, median {} ms; decided again {recovered} ms after the latency \
          went; slowest call {slowest} ms; tight limit {admitted_tight} of {} admitted (60); {:?}",
         trace.len(),
@@ -719,8 +735,10 @@ fn redis_behind_added_latency_decides_slower_then_fails_by_policy_and_recovers()
     assert!(!slow_phase.is_empty() && slow_phase.iter().all(|e| e.1));
     assert!(median(&slow_phase) >= 75, "the latency was not added");
     assert!(!slower_phase.is_empty() && slower_phase.iter().all(|e| !e.1));
-    assert!(slowest <= 450, "a call took {slowest} ms");
-    assert!(recovered <= 800, "decided again {recovered} ms after");
+    assert!(slowest <= 600 + 250, "a call took {slowest} ms");
+    // A probe in flight when the latency went may time out (600 ms); the next is
+    // 250 ms later; the rest is slack for a busy machine.
+    assert!(recovered <= 1300, "decided again {recovered} ms after");
     assert!(admitted_tight <= 60 && tight_trace.len() > 60);
 }
 
