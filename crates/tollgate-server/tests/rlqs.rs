@@ -81,13 +81,14 @@ fn fifty_envoys_on_three_servers_share_one_budget_in_redis_and_in_a_cluster() {
 async fn fifty_envoys(servers: &[&support::Server]) {
     let start = Instant::now();
     let admitted: Arc<Mutex<Vec<(Duration, usize)>>> = Arc::default();
+    let asked: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let mut tasks = Vec::new();
     for i in 0..50usize {
         let addr = grpc_addr(servers[i % servers.len()]);
         let client = QuotaClient::connect(addr, "envoy", Duration::from_secs(1))
             .await
             .unwrap();
-        let admitted = admitted.clone();
+        let (admitted, asked) = (admitted.clone(), asked.clone());
         tasks.push(tokio::spawn(async move {
             // Requests spread evenly, each Envoy at its own phase.
             let mut next = start + Duration::from_micros(i as u64 * 997);
@@ -103,6 +104,7 @@ async fn fifty_envoys(servers: &[&support::Server]) {
                     return;
                 }
                 tokio::time::sleep_until(next).await;
+                asked.lock().unwrap().push(start.elapsed());
                 if client.try_admit("envoy", &[("name", "api")]) {
                     admitted.lock().unwrap().push((start.elapsed(), i));
                 }
@@ -159,17 +161,30 @@ async fn fifty_envoys(servers: &[&support::Server]) {
     eprintln!("admitted per second: {per_second:?}");
     let low: Vec<usize> = (15..27).map(|s| in_second(s, &|c| c < 25)).collect();
     eprintln!("the 25 that dropped to 5/s, per second from 15 s: {low:?}");
+    let asked = asked.lock().unwrap().clone();
+    let asked_per_second: Vec<usize> = (0..27)
+        .map(|s| asked.iter().filter(|t| t.as_secs() == s).count())
+        .collect();
+    eprintln!("asked per second: {asked_per_second:?}");
     // Demand above the budget: at least 90 % used once the shares have settled, and
     // from the second report interval after each change on (the first sees the
     // change; what the shares given up still hold back is bridged from the budget's
-    // tokens, which a bucket settled for some seconds has). Used over each span: a
-    // single second dips below 900 when this process (the 50 Envoys) is held off the
-    // CPU on a loaded machine, so one second only has to show no gross loss.
+    // tokens, which a bucket settled for some seconds has). Used over each span, of
+    // what the Envoys asked when that was less than the budget: a loaded machine that
+    // holds this process (the 50 Envoys) off the CPU asks less, and a single second
+    // only has to show no gross loss.
     for span in [3..15, 16..21, 22..27] {
-        let mean = per_second[span.clone()].iter().sum::<usize>() / span.len();
-        assert!(mean >= 900, "seconds {span:?}: {mean}/s, {per_second:?}");
+        let used = |s: usize| per_second[s] as f64 / asked_per_second[s].clamp(1, 1000) as f64;
+        let mean = span.clone().map(used).sum::<f64>() / span.len() as f64;
+        assert!(
+            mean >= 0.9,
+            "seconds {span:?}: {mean:.3} used, {per_second:?} of {asked_per_second:?}"
+        );
         for s in span {
-            assert!(per_second[s] >= 750, "second {s}: {per_second:?}");
+            assert!(
+                used(s) >= 0.75,
+                "second {s}: {per_second:?} of {asked_per_second:?}"
+            );
         }
     }
     // The ones that dropped get what they ask (5/s each), no more.
@@ -401,10 +416,18 @@ fn a_reload_keeps_unchanged_buckets_changes_the_changed_and_abandons_the_removed
         };
         let table: Vec<Vec<usize>> = (0..3).map(per_second).collect();
         eprintln!("admitted per second, kept / changed / removed: {table:?}");
+        // Each second's asks (200 a second while the loop keeps pace): a loaded
+        // machine that holds the loop off asks less, and a lower bound counts only
+        // where it asked at least 190 times.
+        let asks: Vec<usize> = (0..7)
+            .map(|s| asked.iter().filter(|t| t.as_secs() == s).count())
+            .collect();
+        let paced = |s: usize| asks[s] >= 190;
+        eprintln!("asked per second: {asks:?}");
         // Kept: the budget (95 % of 100/s) before and after, never a gap of 100 ms.
         assert!(
-            table[0][1..].iter().all(|&n| (85..=110).contains(&n)),
-            "{table:?}"
+            (1..7).all(|s| table[0][s] <= 110 && (!paced(s) || table[0][s] >= 85)),
+            "{table:?} of {asks:?}"
         );
         // A gap counts only while this loop kept asking (every 5 ms, never 50 ms
         // apart): a loaded machine that holds the test itself off is not a refusal.
@@ -422,11 +445,15 @@ fn a_reload_keeps_unchanged_buckets_changes_the_changed_and_abandons_the_removed
         assert!(gaps.is_empty(), "refused throughout: {gaps:?}");
         // Changed: the new budget once the next report has been answered.
         assert!(
-            table[1][5..].iter().all(|&n| (15..=21).contains(&n)),
-            "{table:?}"
+            (5..7).all(|s| table[1][s] <= 21 && (!paced(s) || table[1][s] >= 15)),
+            "{table:?} of {asks:?}"
         );
-        // Removed: abandoned, subscribed again, allowed (all 200 a second).
-        assert!(table[2][5..].iter().all(|&n| n >= 190), "{table:?}");
+        // Removed: abandoned, subscribed again, allowed (every ask; one on each side
+        // of a second's boundary may be counted in the next).
+        assert!(
+            (5..7).all(|s| table[2][s] + 2 >= asks[s]),
+            "{table:?} of {asks:?}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     })
 }
