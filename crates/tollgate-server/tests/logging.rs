@@ -4,7 +4,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 /// Starts serve with `args`, sends it SIGHUP (a reload: one info line), stops it, and
 /// returns what it wrote on stderr.
@@ -36,12 +35,20 @@ fn log_of(args: &[&str], env: &[(&str, &str)]) -> String {
     stdout.read_line(&mut banner).unwrap();
     let pid = child.id().to_string();
     Command::new("kill").args(["-HUP", &pid]).status().unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // Stopped once the reload has been logged (a busy machine takes a while).
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    while !log.contains("rules reloaded") {
+        if stderr.read_line(&mut log).unwrap() == 0 {
+            break;
+        }
+    }
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    let out = child.wait_with_output().unwrap();
+    std::io::Read::read_to_string(&mut stderr, &mut log).unwrap();
+    child.wait().unwrap();
     drop(stdout);
     std::fs::remove_dir_all(&dir).ok();
-    String::from_utf8(out.stderr).unwrap()
+    log
 }
 
 #[test]

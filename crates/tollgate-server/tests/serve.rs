@@ -667,10 +667,20 @@ async fn hot_reload_keeps_unchanged_rules_and_rejects_bad_files() {
         .status()
         .unwrap()
         .success());
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let (_, _, metrics) = request(&server, "GET", "/metrics", "", None).await;
-    let text = metrics.as_str().unwrap().to_string();
-    assert_eq!(sample(&text, "tollgate_config_last_reload_successful"), 1.0);
+    // Reloaded once the signal has been handled (a busy machine takes a while).
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let text = loop {
+        let (_, _, metrics) = request(&server, "GET", "/metrics", "", None).await;
+        let text = metrics.as_str().unwrap().to_string();
+        if sample(&text, "tollgate_config_last_reload_successful") == 1.0 {
+            break text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not reloaded: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     assert!(sample(&text, "tollgate_config_reloads_total{result=\"ok\"}") >= 2.0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -924,7 +934,7 @@ async fn healthcheck_fails_while_draining_then_the_server_stops() {
     let dir = std::env::temp_dir().join(format!("tollgate-drain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("tollgate.yaml");
-    std::fs::write(&config, "listen:\n  drain_delay: 2s\n").unwrap();
+    std::fs::write(&config, "listen:\n  drain_delay: 4s\n").unwrap();
     let server = start(&["--config", config.to_str().unwrap()]);
     let (status, _, body) = request(&server, "GET", "/healthcheck", "", None).await;
     assert_eq!((status, body.as_str()), (200, Some("OK\n")));
@@ -934,9 +944,17 @@ async fn healthcheck_fails_while_draining_then_the_server_stops() {
         .args(["-TERM", &pid])
         .status()
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let (status, _, body) = request(&server, "GET", "/healthcheck", "", None).await;
-    assert_eq!((status, body.as_str()), (500, Some("draining\n")));
+    // Draining once the signal has been handled.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        let (status, _, body) = request(&server, "GET", "/healthcheck", "", None).await;
+        if status != 200 {
+            assert_eq!((status, body.as_str()), (500, Some("draining\n")));
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never draining");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert_eq!(grpc_health(&server).await, 2, "gRPC health: NOT_SERVING");
     assert_eq!(request(&server, "GET", "/readyz", "", None).await.0, 503);
     // Still deciding during the delay.
@@ -951,7 +969,7 @@ async fn healthcheck_fails_while_draining_then_the_server_stops() {
             .unwrap_or(true)
     };
     let mut exited = false;
-    for _ in 0..50 {
+    for _ in 0..100 {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         if state() {
             exited = true;
@@ -960,7 +978,7 @@ async fn healthcheck_fails_while_draining_then_the_server_stops() {
     }
     assert!(
         exited,
-        "still running 5 s after SIGTERM with a 2 s drain delay"
+        "still running 10 s after SIGTERM with a 4 s drain delay"
     );
     std::fs::remove_dir_all(&dir).ok();
 }

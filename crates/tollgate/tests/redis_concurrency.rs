@@ -51,6 +51,22 @@ async fn limits_and_releases(url: &str) {
     }
 }
 
+/// Waits until key `k` of `limiter` has `want` (permits held, waiters), as Redis
+/// holds them (a waiter's call or a leave takes a round trip, longer on a busy
+/// machine).
+async fn until_in_use(limiter: &RedisConcurrencyLimiter, want: (u32, u32)) {
+    for _ in 0..1000 {
+        if limiter.in_use("k").await.unwrap() == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "in use {:?}, never {want:?}",
+        limiter.in_use("k").await.unwrap()
+    );
+}
+
 #[cfg_attr(
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
@@ -80,21 +96,20 @@ fn waiters_are_served_first_come_first_served() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         // A asks for 2 first, B for 1 later: B must not overtake A, though 1 permit
         // frees before 2 do.
-        for (name, n, delay) in [("A", 2, 0), ("B", 1, 100)] {
-            let (limiter, tx) = (limiter.clone(), tx.clone());
+        // (B is sent once A is seen waiting.)
+        for (name, n, waiting) in [("A", 2, 1), ("B", 1, 2)] {
+            let (waiter, tx) = (limiter.clone(), tx.clone());
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(delay)).await;
-                let p = limiter
-                    .acquire("k", n, Duration::from_secs(5))
+                let p = waiter
+                    .acquire("k", n, Duration::from_secs(10))
                     .await
                     .unwrap();
                 tx.send(name).unwrap();
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 p.release().await.unwrap();
             });
+            until_in_use(&limiter, (2, waiting)).await;
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        assert_eq!(limiter.in_use("k").await.unwrap(), (2, 2));
         // While others wait, try never jumps the queue.
         assert!(busy(limiter.try_acquire("k", 1).await));
         held.release().await.unwrap();
@@ -130,11 +145,9 @@ fn a_held_permit_renews_its_lease_and_a_dropped_waiter_leaves_the_queue() {
             let limiter = limiter.clone();
             tokio::spawn(async move { limiter.acquire("k", 1, Duration::from_secs(10)).await })
         };
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(limiter.in_use("k").await.unwrap(), (1, 1));
+        until_in_use(&limiter, (1, 1)).await;
         waiter.abort();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(limiter.in_use("k").await.unwrap(), (1, 0));
+        until_in_use(&limiter, (1, 0)).await;
         p.release().await.unwrap();
         let again = limiter.try_acquire("k", 1).await.unwrap();
         again.release().await.unwrap();
