@@ -32,8 +32,41 @@ impl Drop for TempDir {
     }
 }
 
+/// Requests the upstream holds (`/api/held/NAME`), by name: how many arrived, and
+/// whether the test has let them go.
+#[derive(Default)]
+struct Held {
+    arrived: std::collections::HashMap<String, usize>,
+    released: std::collections::HashSet<String>,
+}
+
+static HELD: std::sync::Mutex<Option<Held>> = std::sync::Mutex::new(None);
+
+fn held<T>(f: impl FnOnce(&mut Held) -> T) -> T {
+    f(HELD.lock().unwrap().get_or_insert_with(Held::default))
+}
+
+/// Waits until `n` requests for `/api/held/NAME` have reached the upstream (each
+/// holds its permits there until [`release`]).
+async fn arrived(name: &str, n: usize) {
+    for _ in 0..2000 {
+        if held(|h| h.arrived.get(name).copied().unwrap_or(0)) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{n} requests for /api/held/{name} never arrived");
+}
+
+/// Lets the requests for `/api/held/NAME` be answered: one chunk then, the rest
+/// after 100 ms.
+fn release(name: &str) {
+    held(|h| h.released.insert(name.to_string()));
+}
+
 /// An upstream on port 0: `/echo` returns the request body and headers it saw;
-/// `/slow` answers after 300 ms; everything else says "up".
+/// `/slow` answers after 300 ms; `/held/NAME` sends its headers and one chunk, then
+/// the rest once the test releases NAME; everything else says "up".
 async fn upstream() -> String {
     let app = axum::Router::new()
         .route(
@@ -76,6 +109,31 @@ async fn upstream() -> String {
                 );
                 axum::body::Body::from_stream(chunks)
             }),
+        )
+        .route(
+            "/api/held/{name}",
+            get(
+                |axum::extract::Path(name): axum::extract::Path<String>| async move {
+                    held(|h| *h.arrived.entry(name.clone()).or_default() += 1);
+                    let chunks = futures::stream::unfold(0u32, move |i| {
+                        let name = name.clone();
+                        async move {
+                            match i {
+                                0 => {}
+                                1 => {
+                                    while !held(|h| h.released.contains(&name)) {
+                                        tokio::time::sleep(Duration::from_millis(10)).await;
+                                    }
+                                }
+                                _ => return None,
+                            }
+                            let chunk = bytes::Bytes::from(vec![b'h'; 1000]);
+                            Some((Ok::<_, std::io::Error>(chunk), i + 1))
+                        }
+                    });
+                    axum::body::Body::from_stream(chunks)
+                },
+            ),
         )
         .route(
             "/api/slow",
@@ -263,14 +321,14 @@ async fn dry_run_never_rejects_and_delays_are_held() {
 #[tokio::test]
 async fn limit_conn_bounds_concurrent_requests_per_key() {
     let up = upstream().await;
-    let proxy = start(&config(&up, "      limit_conn: 1\n"));
-    let (a, b) = tokio::join!(
-        get_as(&proxy, "/api/slow", Some("c")),
-        get_as(&proxy, "/api/slow", Some("c"))
-    );
-    let mut codes = [a.status().as_u16(), b.status().as_u16()];
-    codes.sort();
-    assert_eq!(codes, [200, 429]);
+    let proxy = std::sync::Arc::new(start(&config(&up, "      limit_conn: 1\n")));
+    // One request of the key held at the upstream: a second one is refused.
+    let p = proxy.clone();
+    let first = tokio::spawn(async move { get_as(&p, "/api/held/conn", Some("c")).await });
+    arrived("conn", 1).await;
+    assert_eq!(get_as(&proxy, "/api/x", Some("c")).await.status(), 429);
+    release("conn");
+    assert_eq!(first.await.unwrap().status(), 200);
     // Another key is not affected, and once done the key may go again.
     let (x, y) = tokio::join!(
         get_as(&proxy, "/api/slow", Some("c")),
@@ -405,12 +463,14 @@ async fn limit_conn_holds_the_permit_until_the_response_body_ends() {
     let up = upstream().await;
     let proxy = std::sync::Arc::new(start(&config(&up, "      limit_conn: 1\n")));
     let p = proxy.clone();
-    let first = tokio::spawn(async move { get_as(&p, "/api/stream", Some("s")).await });
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    // The first response's headers are long sent, but its body is still streaming.
+    let first = tokio::spawn(async move { get_as(&p, "/api/held/body", Some("s")).await });
+    arrived("body", 1).await;
+    // The first response's headers and first chunk are sent, but its body is still
+    // streaming.
     assert_eq!(get_as(&proxy, "/api/x", Some("s")).await.status(), 429);
+    release("body");
     let first = first.await.unwrap();
-    assert_eq!((first.status().as_u16(), first.body().len()), (200, 4000));
+    assert_eq!((first.status().as_u16(), first.body().len()), (200, 2000));
     assert_eq!(get_as(&proxy, "/api/x", Some("s")).await.status(), 200);
 }
 
@@ -438,24 +498,39 @@ async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
     }
     // 1 + burst 2 for the key, whichever proxy is asked (limit_req: nodelay).
     assert_eq!(codes, [200, 200, 200, 429, 429, 429]);
-    // One request in flight per key across both proxies.
-    let (x, y) = tokio::join!(
-        get_as(&a, "/api/slow", Some("c")),
-        get_as(&b, "/api/slow", Some("c"))
-    );
-    let mut conn_codes = [x.status().as_u16(), y.status().as_u16()];
-    conn_codes.sort();
-    assert_eq!(conn_codes, [200, 429]);
-    let busy = String::from_utf8_lossy(if x.status() == 429 {
-        x.body()
-    } else {
-        y.body()
-    })
-    .into_owned();
+    // One request in flight per key across both proxies: one held at the upstream
+    // through A, another through B refused.
+    let (a, b) = (std::sync::Arc::new(a), b);
+    let through_a = a.clone();
+    let x = tokio::spawn(async move { get_as(&through_a, "/api/held/two", Some("c")).await });
+    arrived("two", 1).await;
+    let y = get_as(&b, "/api/x", Some("c")).await;
+    assert_eq!(y.status(), 429);
+    let busy = String::from_utf8_lossy(y.body()).into_owned();
     assert!(busy.contains("too many concurrent requests"), "{busy}");
+    release("two");
+    assert_eq!(x.await.unwrap().status(), 200);
     // The permit came back when the response ended (released in one round trip from
-    // a spawned task): the key may go again.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // a spawned task): once Redis holds no permit, the key may go again.
+    let held_in_redis = || {
+        let n = redis.cli(
+            0,
+            &[
+                "EVAL",
+                "local n = 0 for _, k in ipairs(redis.call('KEYS', '*:book')) do \
+                 n = n + tonumber(redis.call('HGET', k, 'n') or '0') end return n",
+                "0",
+            ],
+        );
+        n.trim().parse::<u64>().unwrap()
+    };
+    for _ in 0..500 {
+        if held_in_redis() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(held_in_redis(), 0, "the permit never came back");
     assert_eq!(get_as(&b, "/api/slow", Some("c")).await.status(), 200);
     // Redis down under `on_error: error` (the default): 503 naming the store.
     redis.stop(0);
