@@ -65,8 +65,9 @@ podman run -d --rm --name "$name" --runtime runc --network host \
     --ulimit nofile="$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=4096:4096 \
     -e HOST=127.0.0.1 -e PORT="$http" -e GRPC_HOST=127.0.0.1 -e GRPC_PORT="$grpc" \
     --entrypoint /bin/ratelimit "$tag" >/dev/null
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$http/healthcheck" >/dev/null && break
+# Up, then ready (Redis found by its name): a busy machine takes a while.
+for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$http/readyz" >/dev/null && break
     sleep 0.1
 done
 health=$(curl -s "http://127.0.0.1:$http/healthcheck" || true)

@@ -150,6 +150,32 @@ fn metric(stack: &Stack, name: &str, route: &str) -> f64 {
     metric_of(stack, name, &format!("route=\"{route}\""))
 }
 
+/// Reloads the proxy has tried (put in force or refused).
+fn reloads(stack: &Stack) -> f64 {
+    let mut s = TcpStream::connect(&stack.metrics).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    (text.lines())
+        .filter(|l| l.starts_with("tollgate_proxy_config_reloads_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Writes `config` and waits until the proxy has tried to reload it (its file
+/// watcher looks once a second; a busy machine takes longer).
+fn reload(stack: &Stack, config: &str) {
+    let before = reloads(stack);
+    std::fs::write(&stack.config, config).unwrap();
+    for _ in 0..300 {
+        if reloads(stack) > before {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the proxy never reloaded {config}");
+}
+
 /// A metric with exactly `labels` (`route="a",priority="critical"`).
 fn metric_of(stack: &Stack, name: &str, labels: &str) -> f64 {
     let mut s = TcpStream::connect(&stack.metrics).unwrap();
@@ -295,23 +321,20 @@ fn a_reload_keeps_the_learned_limit_and_bad_settings_are_refused() {
         "adaptive: gradient, policies: [\"gcra:rate=10000/s\"] }",
     );
     assert_ne!(text, changed);
-    std::fs::write(&stack.config, &changed).unwrap();
-    std::thread::sleep(Duration::from_millis(2500));
+    reload(&stack, &changed);
     assert!(
         metric(&stack, "admitted_total", "api") >= admitted,
         "the learned state carried over"
     );
     assert_eq!(metric(&stack, "limit", "api"), limit);
     // A bad controller is refused with the old routes kept.
-    std::fs::write(
-        &stack.config,
-        changed.replace(
+    reload(
+        &stack,
+        &changed.replace(
             "adaptive: gradient,",
             "adaptive: \"gradient:min=10,max=5\",",
         ),
-    )
-    .unwrap();
-    std::thread::sleep(Duration::from_millis(2500));
+    );
     assert!(metric(&stack, "admitted_total", "api") >= admitted);
     // A changed listener takes a restart: the reload says so, and keeps serving.
     let moved = changed.replace(
@@ -319,8 +342,7 @@ fn a_reload_keeps_the_learned_limit_and_bad_settings_are_refused() {
         "metrics: 127.0.0.1:1",
     );
     assert_ne!(moved, changed);
-    std::fs::write(&stack.config, &moved).unwrap();
-    std::thread::sleep(Duration::from_millis(2500));
+    reload(&stack, &moved);
     assert!(metric(&stack, "admitted_total", "api") >= admitted);
     let _ = stack.proxy.0.kill();
     let _ = stack.proxy.0.wait();

@@ -257,7 +257,14 @@ async fn a_token_budget_holds_within_one_response_and_bad_usage_is_charged_the_e
     let mut body = resp.into_body();
     let _first = body.frame().await;
     drop(body);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Charged once the proxy has seen the client go (counted as disconnected).
+    let gone = "tollgate_proxy_cost_responses_total{route=\"llm\",outcome=\"disconnected\"} 1";
+    for _ in 0..300 {
+        if reqwest_text(&c, &p.metrics).await.contains(gone) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (status, headers, _) = complete(&c, &p, "key-gone", 100, false, "json").await;
     assert_eq!(status, 200);
     assert!(

@@ -851,7 +851,6 @@ fn cluster_master_failover_to_its_replica_recovers_and_keeps_the_count() {
             let _ = tight.check("k", 1).await.unwrap();
         }
     });
-    std::thread::sleep(Duration::from_millis(300)); // replication catches up
     let master = (0..servers.ports.len())
         .find(|&i| {
             servers.cli(i, &["role"]).starts_with("master")
@@ -861,6 +860,8 @@ fn cluster_master_failover_to_its_replica_recovers_and_keeps_the_count() {
                     != "0"
         })
         .expect("a master holds the key");
+    // Its replica has every write so far (WAIT answers with the replicas that do).
+    assert_eq!(servers.cli(master, &["wait", "1", "10000"]).trim(), "1");
     let start = std::time::Instant::now();
     let rt = std::sync::Arc::new(rt);
     let load = hammer_both(&rt, (&open, "k", 4), (&tight, "k", 1), start, 7000);
