@@ -280,6 +280,25 @@ local function batch_fast(pols, keys, base, cache, pending, now, cost)
   return all, BEFORE
 end
 
+-- A charge of a single policy with a fast path (`charge_fast`), decided as
+-- batch_fast decides a try: 1 and the value before (BEFORE[1]), the new value staged
+-- in `cache` and its time to live in `pending`; nil when a state needs the general
+-- path (nothing staged).
+local function batch_charge(pols, keys, base, cache, pending, now, cost)
+  local pol = pols[1]
+  local key = keys[base + 1]
+  local v = cache[key]
+  if v == nil then v = redis.call('GET', key) or false end
+  local new, full = pols.charge_fast(pol.p, v or nil, now, cost, pol.debt)
+  if new == nil then return nil end
+  if new then
+    cache[key] = new
+    pending[key] = fast_ttl(full, now, pols.margin)
+  end
+  BEFORE[1] = v
+  return 1, BEFORE
+end
+
 -- Writes the staged states (`cache`) of the keys in `pending` with their times to live.
 local function write_pending(pending, cache)
   for key, ttl in pairs(pending) do redis.call('SET', key, cache[key], 'PX', ttl) end
@@ -351,16 +370,17 @@ local function run_try(keys, args, inline, charging)
   return out
 end
 
--- A batch's fast-path states: read together with one MGET, decided in order against
--- the values this call has written, and each written once at the end (or before a
--- check of the general path, which reads Redis itself). The same decisions, in the
--- same order, as one call per check.
+-- A batch's fast-path states (tries, and charges of one policy): read together with
+-- one MGET, decided in order against the values this call has written, and each
+-- written once at the end (or before a check of the general path, which reads Redis
+-- itself). The same decisions, in the same order, as one call per check.
 local function fast_reads(keys, args, count, sets)
   local list, seen = {}, {}
   local i, base = 3, 0
   for c = 1, count do
     local pols = sets[tonumber(args[i + 1])]
-    if args[i] == 't' and (pols.try_fast or pols.all_fast) then
+    local op = args[i]
+    if (op == 't' and (pols.try_fast or pols.all_fast)) or (op == 'c' and pols.charge_fast) then
       for k = 1, #pols do
         local key = keys[base + k]
         if not seen[key] then
@@ -414,6 +434,8 @@ local function run_batch(keys, args, read_only, inline)
     local admitted, before
     if op == 't' and (pols.try_fast or pols.all_fast) then
       admitted, before = batch_fast(pols, keys, base, cache, pending, now, cost)
+    elseif op == 'c' and pols.charge_fast then
+      admitted, before = batch_charge(pols, keys, base, cache, pending, now, cost)
     end
     if admitted then
       out[#out + 1] = admitted
