@@ -56,10 +56,6 @@ fn python_otlp_collectors_receive_spans_in_the_callers_traces() {
 
 #[test]
 fn python_grpcio_and_protobuf_json_clients_get_envoys_answers() {
-    tollgate_testkit::clear_of_window_end(
-        std::time::Duration::from_secs(60),
-        std::time::Duration::from_secs(5),
-    );
     python_checks(
         "rls",
         "domain: py\ndescriptors:\n  - key: user\n    rate_limit: {name: per_user, unit: minute, requests_per_unit: 3}\n",
