@@ -192,17 +192,16 @@ fn a_failover_under_load_is_followed_and_its_cost_is_counted() {
     let mut sentinels = Sentinels::start("limits", SentinelSetup::default());
     let url = sentinels.url();
     let replica_port = sentinels.data.ports[1];
-    let timeout = Duration::from_millis(250);
+    // Far above a call's time on a busy machine: the one outage is the failover's.
+    let timeout = Duration::from_millis(1000);
     rt().block_on(async {
         let limiter = fail_open_limiter(&url, timeout).await;
         let key = format!("failover-{}", std::process::id());
         let load = Load::start(&limiter, &key);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(
-            limiter.stats().redis_decisions > 50,
-            "{:?}",
-            limiter.stats()
-        );
+        until(Instant::now(), "Redis decides under the load", || {
+            limiter.stats().redis_decisions > 50
+        })
+        .await;
 
         let killed = Instant::now();
         sentinels.data.stop(0);
