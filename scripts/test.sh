@@ -25,6 +25,10 @@ need faketime /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 # ports, and stop them by PID.
 need redis-server /usr/bin/redis-server
 need redis-tools /usr/bin/redis-cli
+# A link to Redis cut and healed: redis-server in a network namespace of the test's
+# own behind a veth pair (iproute2), the cut made by dropping packets (iptables).
+need iproute2 /usr/sbin/ip
+need iptables /usr/sbin/iptables
 # TLS to Redis: the tests make their certificates with openssl (an expired one under
 # faketime) and start redis-server with --tls-port.
 need openssl /usr/bin/openssl
@@ -116,7 +120,7 @@ run_test() { # test-target [filters...]
     echo "     Running tests/$name.rs on Valkey"
     (cd "${test_dir[$name]}" && "${test_bin[$name]}" "$@")
 }
-for t in redis redis_conformance rate_limiter redis_lease redis_concurrency; do run_test "$t"; done
+for t in redis redis_conformance rate_limiter redis_lease redis_concurrency redis_link; do run_test "$t"; done
 run_test redis_sentinel failover
 run_test rlqs in_redis redis_outage two_servers cluster_with
 run_test serve_redis in_redis redis_outage two_servers cluster_with

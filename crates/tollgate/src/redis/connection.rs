@@ -20,12 +20,87 @@ use crate::Error;
 
 #[derive(Clone)]
 pub(super) enum Conn {
-    Single(ConnectionManager),
+    Single(Arc<SingleConn>),
     /// A Cluster, reached on the first call that finds it up (each call tries until
     /// one does; the client learns the slot map then).
     Cluster(Arc<LaterCluster>),
     /// A master found through Sentinel, followed across failovers.
     Sentinel(Arc<SentinelConn>),
+}
+
+/// One node's connection, replaced by a fresh one when calls on it go unanswered.
+///
+/// A link cut silently (packets dropped, no reset) leaves a connection waiting on
+/// TCP's retransmissions, whose backoff grows while the link is down: after the link
+/// is back, calls on it stay unanswered for seconds more, while a new connection is
+/// answered at once. So a call that times out retires the connection (later calls and
+/// probes connect afresh; calls already sent on it finish or time out there), at most
+/// once per `every`, so that a Redis that is only slow is not flooded with new
+/// connections.
+pub(crate) struct SingleConn {
+    client: redis::Client,
+    config: redis::aio::ConnectionManagerConfig,
+    current: arc_swap::ArcSwap<ConnectionManager>,
+    every: Duration,
+    /// When (ms on the store's monotonic clock) the connection was last replaced.
+    replaced_ms: AtomicU64,
+    clock: tollgate_core::MonotonicClock,
+}
+
+impl SingleConn {
+    pub(super) fn new(
+        client: redis::Client,
+        config: redis::aio::ConnectionManagerConfig,
+        every: Duration,
+    ) -> redis::RedisResult<SingleConn> {
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+        Ok(SingleConn {
+            client,
+            config,
+            current: arc_swap::ArcSwap::from_pointee(manager),
+            every,
+            replaced_ms: AtomicU64::new(0),
+            clock: tollgate_core::MonotonicClock::new(),
+        })
+    }
+
+    fn manager(&self) -> ConnectionManager {
+        (**self.current.load()).clone()
+    }
+
+    /// A call on the connection went unanswered: a fresh one for the calls to come.
+    fn stalled(&self) {
+        use tollgate_core::Clock;
+        let now = self.clock.now_us() / 1000 + 1;
+        let last = self.replaced_ms.load(Ordering::Relaxed);
+        let every = u64::try_from(self.every.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now < last.saturating_add(every) {
+            return;
+        }
+        if self
+            .replaced_ms
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(fresh) => {
+                self.current.store(Arc::new(fresh));
+                tracing::info!("redis: a call went unanswered; later calls use a new connection");
+            }
+            Err(e) => tracing::warn!(error = %e, "redis: no new connection: {e}"),
+        }
+    }
+}
+
+impl Conn {
+    /// A call on this connection went unanswered within its timeout.
+    pub(super) fn stalled(&self) {
+        if let Conn::Single(s) = self {
+            s.stalled();
+        }
+    }
 }
 
 /// A Cluster client and, once reached, its connection.
@@ -66,7 +141,10 @@ impl LaterCluster {
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Single(s) => {
+                let mut c = s.manager();
+                Box::pin(async move { c.req_packed_command(cmd).await })
+            }
             Conn::Cluster(l) => {
                 Box::pin(async move { l.get().await?.req_packed_command(cmd).await })
             }
@@ -83,7 +161,10 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Single(s) => {
+                let mut c = s.manager();
+                Box::pin(async move { c.req_packed_commands(cmd, offset, count).await })
+            }
             Conn::Cluster(l) => Box::pin(async move {
                 let mut c = l.get().await?;
                 c.req_packed_commands(cmd, offset, count).await
@@ -98,7 +179,7 @@ impl ConnectionLike for Conn {
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Single(c) => c.get_db(),
+            Conn::Single(s) => s.manager().get_db(),
             Conn::Cluster(_) => 0,
             Conn::Sentinel(s) => s.db(),
         }
@@ -196,7 +277,10 @@ impl Caller {
         let started = tokio::time::Instant::now();
         let result = tokio::time::timeout(self.opts.timeout, call(self.conn.clone()))
             .await
-            .map_err(|_| super::timeout(self.opts.timeout))
+            .map_err(|_| {
+                self.conn.stalled();
+                super::timeout(self.opts.timeout)
+            })
             .and_then(|r| r);
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.times.call(kind, us, result.is_ok());

@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::{Script, Value};
 use tollgate_core::{Op, PolicyState, RuleDecision, RuleSet};
 
 use super::batch::Batcher;
 use super::call::CheckCall;
 use super::connect::Target;
-use super::connection::{Caller, Conn, LaterCluster, MODE_EVAL, MODE_FUNCTIONS};
+use super::connection::{Caller, Conn, LaterCluster, SingleConn, MODE_EVAL, MODE_FUNCTIONS};
 use super::options::{CallKind, CallStats, RedisCalls, RedisOptions};
 use super::script::parse_state;
 use crate::Error;
@@ -114,16 +114,18 @@ impl RedisStore {
             Target::Cluster(client) => Conn::Cluster(Arc::new(LaterCluster::new(client))),
             Target::Sentinel(sentinels) => Conn::Sentinel(Arc::new(sentinels)),
             Target::Single(client) => {
+                // The call's own timeout (below) fires first and retires a connection
+                // whose calls go unanswered; this one only bounds a call past it.
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(opts.connect_timeout.max(opts.timeout)))
-                    .set_response_timeout(Some(opts.timeout))
+                    .set_response_timeout(Some(opts.timeout * 2))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(100));
-                Conn::Single(
-                    ConnectionManager::new_lazy_with_config(client, config).map_err(|e| {
-                        Error::Config(format!("{}: {e}", super::connect::redacted(url)))
-                    })?,
-                )
+                let every = opts.timeout.max(Duration::from_secs(1));
+                let single = SingleConn::new(client, config, every).map_err(|e| {
+                    Error::Config(format!("{}: {e}", super::connect::redacted(url)))
+                })?;
+                Conn::Single(Arc::new(single))
             }
         };
         let cluster = matches!(conn, Conn::Cluster(_));
@@ -211,7 +213,10 @@ impl RedisStore {
         match tokio::time::timeout(limit, ping).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(Ok(e)),
-            Err(_) => Err(Err(super::timeout(limit))),
+            Err(_) => {
+                self.caller.conn.stalled();
+                Err(Err(super::timeout(limit)))
+            }
         }
     }
 
