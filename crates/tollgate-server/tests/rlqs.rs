@@ -599,7 +599,7 @@ async fn streams_past_a_bound_end_with_a_status_naming_it_and_the_others_go_on()
     std::fs::write(
         &config,
         format!(
-            "rules: [{}]\nquota:\n  max_buckets: 5\n  max_buckets_per_stream: 3\n  stream_idle: 1s\n",
+            "rules: [{}]\nquota:\n  max_buckets: 5\n  max_buckets_per_stream: 3\n  stream_idle: 3s\n",
             path.display()
         ),
     )
@@ -607,7 +607,6 @@ async fn streams_past_a_bound_end_with_a_status_naming_it_and_the_others_go_on()
     let server = support::start(&["--config", config.to_str().unwrap()], &[]);
     let addr = grpc_addr(&server);
 
-    let mut silent = RawStream::open(addr).await;
     let mut good = RawStream::open(addr).await;
     good.report(&["a", "b", "c"]);
     assert_eq!(good.next().await.unwrap().bucket_action.len(), 3);
@@ -641,9 +640,11 @@ async fn streams_past_a_bound_end_with_a_status_naming_it_and_the_others_go_on()
     let huge = RawStream::open(addr).await;
     huge.report_over(&["b"], i64::MAX);
 
-    // While the silent stream runs out its idle time, the others keep reporting (each
+    // While a silent stream runs out its idle time, the others keep reporting (each
     // has the same bound: on a slow machine a test that waited without reporting
-    // would see them end too).
+    // would see them end too; they last reported a few round trips ago, well within
+    // the 3 s).
+    let mut silent = RawStream::open(addr).await;
     let status = {
         let ended = silent.next();
         tokio::pin!(ended);
