@@ -578,6 +578,42 @@ descriptors:
     assert_eq!((reset(&r).seconds, reset(&r).nanos), (0, 100_000_000));
 }
 
+/// A rule set's reset is its binding policy's: on OVER_LIMIT when this request would
+/// pass (not when the hour's window beside it ends), on OK when the policy nearest its
+/// limit is replenished; over gRPC and `/json` alike.
+#[tokio::test]
+async fn a_rule_sets_reset_is_the_binding_policys() {
+    let rules = "domain: parity
+descriptors:
+  - key: both
+    policies: ['gcra:rate=1/s,burst=2', 'fixed-window:limit=1000,window=1h']
+";
+    let s = serve(&[rules], "");
+    let reset_us = |r: &RateLimitResponse| {
+        let d = r.statuses[0].duration_until_reset.unwrap();
+        d.seconds as u64 * 1_000_000 + d.nanos as u64 / 1000
+    };
+    // OK: the GCRA binds (1, then 0 left against the hour's 999, 998).
+    let r = call(&s.server, vec![d(&[("both", "a")])], 1).await;
+    assert_eq!(r.overall_code, OK);
+    assert!(reset_us(&r) <= 1_000_000, "{r:?}");
+    let r = call(&s.server, vec![d(&[("both", "a")])], 1).await;
+    assert!(
+        reset_us(&r) > 1_000_000 && reset_us(&r) <= 2_000_000,
+        "{r:?}"
+    );
+    // OVER_LIMIT: the third within a second passes within a second.
+    let r = call(&s.server, vec![d(&[("both", "a")])], 1).await;
+    assert_eq!(r.overall_code, OVER);
+    assert!(reset_us(&r) > 0 && reset_us(&r) <= 1_000_000, "{r:?}");
+    let body = r#"{"domain":"parity","descriptors":[{"entries":[{"key":"both","value":"a"}]}]}"#;
+    let (status, _, v) = json_call(&s.server, body).await;
+    assert_eq!(status, 429, "{v}");
+    let text = v["statuses"][0]["durationUntilReset"].as_str().unwrap();
+    let seconds: f64 = text.trim_end_matches('s').parse().unwrap();
+    assert!(seconds > 0.0 && seconds <= 1.0, "{v}");
+}
+
 #[tokio::test]
 async fn current_limit_names_the_rule_its_unit_and_requests_per_unit() {
     let rules = "domain: parity

@@ -116,13 +116,24 @@ impl DescriptorStatus {
 
     /// How envoyproxy/ratelimit states this descriptor, if a limited rule applied:
     /// the requests per unit (a policy's headline limit for tollgate's `policies:`),
-    /// none remaining when not admitted (shadow mode too), and for an Envoy unit the
-    /// reset rounded up to whole seconds (the end of the unit's window).
+    /// none remaining when not admitted (shadow mode too), and the binding policy's
+    /// reset: when a rejected request would pass, or when the policy nearest its limit
+    /// is replenished (for an Envoy unit rounded up to whole seconds: the end of the
+    /// unit's window). A rule set's other policies (an hour's window beside a
+    /// per-second rate) never send a client away for longer than it must wait.
     pub fn envoy_view(&self) -> Option<EnvoyView> {
-        let (limit, d) = (self.limit.as_ref()?, self.decision()?);
+        let (limit, r) = (self.limit.as_ref()?, self.rule_decision.as_ref()?);
+        let d = &r.decision;
+        // A reject's retry is the latest of the rejecting policies' (when all of them
+        // admit it); an admit's reset is the binding policy's.
+        let binding = r.policies.get(r.binding).unwrap_or(d);
+        let until = match (d.allowed, d.retry_after_us) {
+            (false, Some(retry)) => retry,
+            _ => binding.reset_after_us,
+        };
         let (per_unit, reset_after_us) = match limit.envoy {
-            Some((_, n)) => (n, d.reset_after_us.div_ceil(1_000_000) * 1_000_000),
-            None => (d.limit, d.reset_after_us),
+            Some((_, n)) => (n, until.div_ceil(1_000_000) * 1_000_000),
+            None => (d.limit, until),
         };
         let remaining = if d.allowed {
             d.remaining.min(u64::from(u32::MAX))
