@@ -60,6 +60,10 @@ fn the_decision_code_is_loaded_again_when_redis_lost_it_and_evalsha_serves_a_red
             let store = RedisStore::connect_with(&servers.url(), opts)
                 .await
                 .unwrap();
+            if calls == RedisCalls::Auto {
+                // Loaded when the store connected, before any decision pays for it.
+                assert!(servers.cli(0, &["FUNCTION", "LIST"]).contains("tollgate_"));
+            }
             let name = format!("{calls:?}");
             let limiter = RedisLimiter::new(store.clone(), &name, rules.clone()).unwrap();
             assert_eq!(limiter.check("k", 1).await.unwrap().remaining, 2);

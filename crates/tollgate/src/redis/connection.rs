@@ -287,6 +287,45 @@ impl Caller {
         result
     }
 
+    /// Loads the Functions library now if the node lacks it, so that a store made at
+    /// start does not have its first decision pay for `FUNCTION LOAD` (68 KB of Lua
+    /// to compile) within the decision's timeout. Best effort, within `limit`: a
+    /// failure here leaves the load to the first call, as it always could; a Cluster
+    /// loads it on each node's first call.
+    pub(super) async fn preload(&self, limit: Duration) {
+        if self.mode.load(Ordering::Relaxed) != MODE_FUNCTIONS
+            || matches!(self.conn, Conn::Cluster(_))
+        {
+            return;
+        }
+        let lib = library();
+        let mut conn = self.conn.clone();
+        let load = async move {
+            let listed: Value = redis::cmd("FUNCTION")
+                .arg("LIST")
+                .arg("LIBRARYNAME")
+                .arg(&lib.function)
+                .query_async(&mut conn)
+                .await?;
+            if matches!(&listed, Value::Array(libraries) if !libraries.is_empty()) {
+                return Ok(());
+            }
+            redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg(&lib.source)
+                .query_async::<Value>(&mut conn)
+                .await
+                .map(drop)
+        };
+        match tokio::time::timeout(limit, load).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "redis: the decision code is loaded on the first call")
+            }
+            Err(_) => tracing::debug!("redis: the decision code is loaded on the first call"),
+        }
+    }
+
     /// One call of the decision driver for `checks` (all in one Cluster slot).
     pub async fn send(&self, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, Error> {
         self.calls.fetch_add(1, Ordering::Relaxed);

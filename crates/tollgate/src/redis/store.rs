@@ -83,7 +83,10 @@ impl RedisStore {
         let first = opts.connect_timeout.max(opts.timeout);
         let store = RedisStore::connect_later(url, opts)?;
         match store.ping_within(first).await {
-            Ok(()) => Ok(store),
+            Ok(()) => {
+                store.caller.preload(first).await;
+                Ok(store)
+            }
             Err(Ok(e)) => Err(super::connect::first_contact(url, tls, e)),
             Err(Err(timeout)) => Err(timeout),
         }
