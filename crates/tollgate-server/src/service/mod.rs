@@ -124,12 +124,17 @@ impl DescriptorStatus {
     pub fn envoy_view(&self) -> Option<EnvoyView> {
         let (limit, r) = (self.limit.as_ref()?, self.rule_decision.as_ref()?);
         let d = &r.decision;
-        // A reject's retry is the latest of the rejecting policies' (when all of them
-        // admit it); an admit's reset is the binding policy's.
-        let binding = r.policies.get(r.binding).unwrap_or(d);
-        let until = match (d.allowed, d.retry_after_us) {
-            (false, Some(retry)) => retry,
-            _ => binding.reset_after_us,
+        // An admit's reset is the binding policy's. A reject's is when every policy
+        // would admit it: the latest retry of those that rejected, and of those left
+        // with nothing (Envoy's counting charges them too, so one this very hit
+        // spent binds as well); with neither, the whole rule set's reset.
+        let until = if d.allowed {
+            r.policies.get(r.binding).unwrap_or(d).reset_after_us
+        } else {
+            let spent = (r.policies.iter())
+                .filter(|p| p.remaining == 0)
+                .map(|p| p.retry_after_us.unwrap_or(p.reset_after_us));
+            (spent.chain(d.retry_after_us).max()).unwrap_or(d.reset_after_us)
         };
         let (per_unit, reset_after_us) = match limit.envoy {
             Some((_, n)) => (n, until.div_ceil(1_000_000) * 1_000_000),

@@ -34,17 +34,27 @@ pub(super) enum Conn {
 /// TCP's retransmissions, whose backoff grows while the link is down: after the link
 /// is back, calls on it stay unanswered for seconds more, while a new connection is
 /// answered at once. So a call that times out retires the connection (later calls and
-/// probes connect afresh; calls already sent on it finish or time out there), at most
-/// once per `every`, so that a Redis that is only slow is not flooded with new
-/// connections.
+/// probes use a fresh one, connected at once by a task of its own; calls already sent
+/// finish or time out on the old one). At most once per `every`, so that a Redis that
+/// is only slow is not flooded with connections, and never a fresh one that has not
+/// answered yet while its handshake may still be under way (`handshake`: a TLS login
+/// to a distant Redis can take longer than a call's timeout).
 pub(crate) struct SingleConn {
     client: redis::Client,
     config: redis::aio::ConnectionManagerConfig,
-    current: arc_swap::ArcSwap<ConnectionManager>,
+    current: arc_swap::ArcSwap<Generation>,
     every: Duration,
-    /// When (ms on the store's monotonic clock) the connection was last replaced.
+    handshake: Duration,
+    /// When (ms on `clock`, from 1) the connection was last replaced.
     replaced_ms: AtomicU64,
     clock: tollgate_core::MonotonicClock,
+}
+
+/// One connection of a [`SingleConn`], and whether it has answered yet.
+struct Generation {
+    manager: ConnectionManager,
+    born_ms: u64,
+    answered: std::sync::atomic::AtomicBool,
 }
 
 impl SingleConn {
@@ -52,29 +62,47 @@ impl SingleConn {
         client: redis::Client,
         config: redis::aio::ConnectionManagerConfig,
         every: Duration,
+        handshake: Duration,
     ) -> redis::RedisResult<SingleConn> {
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+        let clock = tollgate_core::MonotonicClock::new();
         Ok(SingleConn {
             client,
             config,
-            current: arc_swap::ArcSwap::from_pointee(manager),
+            current: arc_swap::ArcSwap::from_pointee(Generation {
+                manager,
+                born_ms: 0,
+                answered: Default::default(),
+            }),
             every,
+            handshake,
             replaced_ms: AtomicU64::new(0),
-            clock: tollgate_core::MonotonicClock::new(),
+            clock,
         })
     }
 
-    fn manager(&self) -> ConnectionManager {
-        (**self.current.load()).clone()
+    fn now_ms(&self) -> u64 {
+        use tollgate_core::Clock;
+        self.clock.now_us() / 1000 + 1
+    }
+
+    /// The connection in use, and the flag its answers set.
+    fn generation(&self) -> Arc<Generation> {
+        self.current.load_full()
     }
 
     /// A call on the connection went unanswered: a fresh one for the calls to come.
     fn stalled(&self) {
-        use tollgate_core::Clock;
-        let now = self.clock.now_us() / 1000 + 1;
+        let now = self.now_ms();
+        let current = self.generation();
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        if !current.answered.load(Ordering::Relaxed)
+            && now < current.born_ms.saturating_add(ms(self.handshake))
+        {
+            return;
+        }
         let last = self.replaced_ms.load(Ordering::Relaxed);
-        let every = u64::try_from(self.every.as_millis()).unwrap_or(u64::MAX);
-        if last != 0 && now < last.saturating_add(every) {
+        if last != 0 && now < last.saturating_add(ms(self.every)) {
             return;
         }
         if self
@@ -84,12 +112,31 @@ impl SingleConn {
         {
             return;
         }
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
-            Ok(fresh) => {
-                self.current.store(Arc::new(fresh));
-                tracing::info!("redis: a call went unanswered; later calls use a new connection");
-            }
-            Err(e) => tracing::warn!(error = %e, "redis: no new connection: {e}"),
+        let manager =
+            match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+            {
+                Ok(m) => m,
+                Err(e) => return tracing::warn!(error = %e, "redis: no new connection: {e}"),
+            };
+        let fresh = Arc::new(Generation {
+            manager,
+            born_ms: now,
+            answered: Default::default(),
+        });
+        self.current.store(fresh.clone());
+        tracing::info!("redis: a call went unanswered; later calls use a new connection");
+        // Connected now, whether or not calls come to drive it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let mut m = fresh.manager.clone();
+                if redis::cmd("PING")
+                    .query_async::<String>(&mut m)
+                    .await
+                    .is_ok()
+                {
+                    fresh.answered.store(true, Ordering::Relaxed);
+                }
+            });
         }
     }
 }
@@ -142,8 +189,14 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
             Conn::Single(s) => {
-                let mut c = s.manager();
-                Box::pin(async move { c.req_packed_command(cmd).await })
+                let g = s.generation();
+                Box::pin(async move {
+                    let r = g.manager.clone().req_packed_command(cmd).await;
+                    if r.is_ok() {
+                        g.answered.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
             }
             Conn::Cluster(l) => {
                 Box::pin(async move { l.get().await?.req_packed_command(cmd).await })
@@ -162,8 +215,16 @@ impl ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(s) => {
-                let mut c = s.manager();
-                Box::pin(async move { c.req_packed_commands(cmd, offset, count).await })
+                let g = s.generation();
+                Box::pin(async move {
+                    let r = (g.manager.clone())
+                        .req_packed_commands(cmd, offset, count)
+                        .await;
+                    if r.is_ok() {
+                        g.answered.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
             }
             Conn::Cluster(l) => Box::pin(async move {
                 let mut c = l.get().await?;
@@ -179,7 +240,7 @@ impl ConnectionLike for Conn {
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Single(s) => s.manager().get_db(),
+            Conn::Single(s) => s.generation().manager.get_db(),
             Conn::Cluster(_) => 0,
             Conn::Sentinel(s) => s.db(),
         }
