@@ -6,9 +6,12 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+/// The files under some paths with their modification times, in order.
+pub type Stamp = Vec<(PathBuf, Option<SystemTime>)>;
+
 /// The files under `paths` (a directory's entries, or the file itself) with their
 /// modification times, in order: what a change is detected against.
-pub fn stamp(paths: &[PathBuf]) -> Vec<(PathBuf, Option<SystemTime>)> {
+pub fn stamp(paths: &[PathBuf]) -> Stamp {
     let mut files = Vec::new();
     for p in paths {
         match std::fs::read_dir(p) {
@@ -48,14 +51,16 @@ pub fn hangups() -> Hangups {
 }
 
 /// Calls `reload(reason)` on each SIGHUP of `hup` (from [`hangups`]) and whenever a
-/// file under `paths` changes, until `stop` resolves.
+/// file under `paths` changes from `last` (the [`stamp`] taken before the server said
+/// it was up: a change made right after it is seen however late this task starts),
+/// until `stop` resolves.
 pub async fn watch(
     paths: Vec<PathBuf>,
+    mut last: Stamp,
     #[cfg_attr(not(unix), allow(unused_mut, unused_variables))] mut hup: Hangups,
     mut reload: impl FnMut(&str),
     stop: impl Future<Output = ()>,
 ) {
-    let mut last = stamp(&paths);
     tokio::pin!(stop);
     loop {
         #[cfg(unix)]

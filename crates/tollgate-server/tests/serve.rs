@@ -624,8 +624,9 @@ async fn hot_reload_keeps_unchanged_rules_and_rejects_bad_files() {
     // A new rule appears; the unchanged one keeps its counter (still over the limit).
     let v2 = format!("{v1}  - key: team\n    policies: [\"fixed-window:limit=1,window=1h\"]\n");
     std::fs::write(&file, &v2).unwrap();
+    // The watcher looks once a second.
     let mut reloaded = false;
-    for _ in 0..50 {
+    for _ in 0..100 {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let (_, _, cfg) = request(&server, "GET", "/v1/config", "", None).await;
         if cfg["domains"][0]["limits"]

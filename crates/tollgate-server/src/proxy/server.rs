@@ -586,9 +586,13 @@ fn watch(
         }
     };
     let hup = runtime.block_on(async { crate::lifecycle::hangups() });
+    // Before the proxy says it is up: a change right after is seen.
+    let paths = vec![path.to_path_buf()];
+    let stamp = crate::lifecycle::stamp(&paths);
     let _ = catching.send(());
     runtime.block_on(crate::lifecycle::watch(
-        vec![path.to_path_buf()],
+        paths,
+        stamp,
         hup,
         reload,
         std::future::pending::<()>(),

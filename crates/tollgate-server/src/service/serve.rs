@@ -401,6 +401,8 @@ pub async fn serve_on(
     domains.sort();
     // Caught before the banner: a SIGHUP right after it must reload, not kill.
     let hup = crate::lifecycle::hangups();
+    // What a rule file's change is seen against, taken before the banner.
+    let rules_stamp = crate::lifecycle::stamp(service.sources());
     let http_scheme = if settings.http_tls.is_some() {
         "https"
     } else {
@@ -470,7 +472,12 @@ pub async fn serve_on(
         ));
     }
     // With xDS, a SIGHUP has nothing to read again: said, not fatal.
-    tokio::spawn(watch_rules(service.clone(), hup, stop_rx.clone()));
+    tokio::spawn(watch_rules(
+        service.clone(),
+        rules_stamp,
+        hup,
+        stop_rx.clone(),
+    ));
     // RLQS: reports applied as they come, renewals and freed shares as they fall due.
     let quota = service.clone();
     tokio::spawn(async move {
@@ -559,6 +566,7 @@ pub async fn serve_on(
 /// Reloads the rules on SIGHUP and when a rule file changes (checked every second).
 async fn watch_rules(
     service: Arc<DecisionService>,
+    stamp: crate::lifecycle::Stamp,
     hup: crate::lifecycle::Hangups,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -570,7 +578,7 @@ async fn watch_rules(
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
-    crate::lifecycle::watch(paths, hup, reload, stopped).await;
+    crate::lifecycle::watch(paths, stamp, hup, reload, stopped).await;
 }
 
 #[derive(Debug, Parser)]
