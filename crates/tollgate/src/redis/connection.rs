@@ -28,56 +28,55 @@ pub(super) enum Conn {
     Sentinel(Arc<SentinelConn>),
 }
 
-/// One node's connection, replaced by a fresh one when calls on it go unanswered.
+/// One node's connection, replaced by a fresh one when it stops answering.
 ///
 /// A link cut silently (packets dropped, no reset) leaves a connection waiting on
 /// TCP's retransmissions, whose backoff grows while the link is down: after the link
 /// is back, calls on it stay unanswered for seconds more, while a new connection is
-/// answered at once. So a call that times out retires the connection (later calls and
-/// probes use a fresh one, connected at once by a task of its own; calls already sent
-/// finish or time out on the old one). At most once per `every`, so that a Redis that
-/// is only slow is not flooded with connections, and never a fresh one that has not
-/// answered yet while its handshake may still be under way (`handshake`: a TLS login
-/// to a distant Redis can take longer than a call's timeout).
+/// answered at once. So while calls time out on a connection that has answered
+/// nothing for `silent`, a fresh connection is tried (at most once per `every`), each
+/// in a task of its own that connects and pings it within `handshake`, and the first
+/// that answers takes over (calls already sent finish or time out on the old one). A
+/// Redis that is slow but answering keeps its connection; a slow TLS login is never
+/// cut short by the next try.
 pub(crate) struct SingleConn {
     client: redis::Client,
     config: redis::aio::ConnectionManagerConfig,
     current: arc_swap::ArcSwap<Generation>,
     every: Duration,
+    silent: Duration,
     handshake: Duration,
-    /// When (ms on `clock`, from 1) the connection was last replaced.
-    replaced_ms: AtomicU64,
+    /// When (ms on `clock`, from 1) a fresh connection was last tried.
+    tried_ms: AtomicU64,
     clock: tollgate_core::MonotonicClock,
 }
 
-/// One connection of a [`SingleConn`], and whether it has answered yet.
+/// One connection of a [`SingleConn`], and when it last answered (ms, 0: never).
 struct Generation {
     manager: ConnectionManager,
-    born_ms: u64,
-    answered: std::sync::atomic::AtomicBool,
+    answered_ms: AtomicU64,
 }
 
 impl SingleConn {
     pub(super) fn new(
         client: redis::Client,
         config: redis::aio::ConnectionManagerConfig,
-        every: Duration,
+        timeout: Duration,
         handshake: Duration,
     ) -> redis::RedisResult<SingleConn> {
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
-        let clock = tollgate_core::MonotonicClock::new();
         Ok(SingleConn {
             client,
             config,
             current: arc_swap::ArcSwap::from_pointee(Generation {
                 manager,
-                born_ms: 0,
-                answered: Default::default(),
+                answered_ms: AtomicU64::new(0),
             }),
-            every,
+            every: timeout.max(Duration::from_millis(100)),
+            silent: timeout * 2,
             handshake,
-            replaced_ms: AtomicU64::new(0),
-            clock,
+            tried_ms: AtomicU64::new(0),
+            clock: tollgate_core::MonotonicClock::new(),
         })
     }
 
@@ -86,58 +85,58 @@ impl SingleConn {
         self.clock.now_us() / 1000 + 1
     }
 
-    /// The connection in use, and the flag its answers set.
+    /// The connection in use.
     fn generation(&self) -> Arc<Generation> {
         self.current.load_full()
     }
 
-    /// A call on the connection went unanswered: a fresh one for the calls to come.
-    fn stalled(&self) {
+    /// An answer came on `g`.
+    fn answered(&self, g: &Generation) {
+        g.answered_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// A call went unanswered within its timeout: if the connection has been silent,
+    /// try a fresh one.
+    fn stalled(self: &Arc<Self>) {
         let now = self.now_ms();
-        let current = self.generation();
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        if !current.answered.load(Ordering::Relaxed)
-            && now < current.born_ms.saturating_add(ms(self.handshake))
-        {
-            return;
+        let answered = self.generation().answered_ms.load(Ordering::Relaxed);
+        if answered != 0 && now < answered.saturating_add(ms(self.silent)) {
+            return; // slow, not silent
         }
-        let last = self.replaced_ms.load(Ordering::Relaxed);
+        let last = self.tried_ms.load(Ordering::Relaxed);
         if last != 0 && now < last.saturating_add(ms(self.every)) {
             return;
         }
-        if self
-            .replaced_ms
+        if (self.tried_ms)
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
             return;
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let manager =
             match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
             {
                 Ok(m) => m,
                 Err(e) => return tracing::warn!(error = %e, "redis: no new connection: {e}"),
             };
-        let fresh = Arc::new(Generation {
-            manager,
-            born_ms: now,
-            answered: Default::default(),
+        let (me, handshake) = (self.clone(), self.handshake);
+        runtime.spawn(async move {
+            let mut m = manager.clone();
+            let cmd = redis::cmd("PING");
+            let ping = cmd.query_async::<String>(&mut m);
+            if let Ok(Ok(_)) = tokio::time::timeout(handshake, ping).await {
+                let fresh = Generation {
+                    manager,
+                    answered_ms: AtomicU64::new(me.now_ms()),
+                };
+                me.current.store(Arc::new(fresh));
+                tracing::info!("redis: the connection stopped answering; a new one took over");
+            }
         });
-        self.current.store(fresh.clone());
-        tracing::info!("redis: a call went unanswered; later calls use a new connection");
-        // Connected now, whether or not calls come to drive it.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let mut m = fresh.manager.clone();
-                if redis::cmd("PING")
-                    .query_async::<String>(&mut m)
-                    .await
-                    .is_ok()
-                {
-                    fresh.answered.store(true, Ordering::Relaxed);
-                }
-            });
-        }
     }
 }
 
@@ -189,11 +188,11 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
             Conn::Single(s) => {
-                let g = s.generation();
+                let (s, g) = (s.clone(), s.generation());
                 Box::pin(async move {
                     let r = g.manager.clone().req_packed_command(cmd).await;
                     if r.is_ok() {
-                        g.answered.store(true, Ordering::Relaxed);
+                        s.answered(&g);
                     }
                     r
                 })
@@ -215,13 +214,13 @@ impl ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(s) => {
-                let g = s.generation();
+                let (s, g) = (s.clone(), s.generation());
                 Box::pin(async move {
                     let r = (g.manager.clone())
                         .req_packed_commands(cmd, offset, count)
                         .await;
                     if r.is_ok() {
-                        g.answered.store(true, Ordering::Relaxed);
+                        s.answered(&g);
                     }
                     r
                 })

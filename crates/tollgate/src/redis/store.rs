@@ -124,11 +124,11 @@ impl RedisStore {
                     .set_response_timeout(Some(opts.timeout * 2))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(100));
-                let every = opts.timeout.max(Duration::from_secs(1));
                 let handshake = opts.connect_timeout.max(opts.timeout);
-                let single = SingleConn::new(client, config, every, handshake).map_err(|e| {
-                    Error::Config(format!("{}: {e}", super::connect::redacted(url)))
-                })?;
+                let single =
+                    SingleConn::new(client, config, opts.timeout, handshake).map_err(|e| {
+                        Error::Config(format!("{}: {e}", super::connect::redacted(url)))
+                    })?;
                 Conn::Single(Arc::new(single))
             }
         };
