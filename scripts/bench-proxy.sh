@@ -25,7 +25,7 @@ trap cleanup EXIT
 "$bin" bench ceiling --listen "127.0.0.1:$up" >/dev/null 2>&1 & pids+=($!)
 stores=(":")
 if [ "$with_redis" = redis ]; then
-  command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+  need_redis
   rp=$(free_port)
   (cd "$work" && exec redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1) & pids+=($!)
   stores+=("redis:  kind: redis\n  url: redis://127.0.0.1:$rp/" "redis+negative-cache:  kind: redis\n  url: redis://127.0.0.1:$rp/\n  negative_cache: true")

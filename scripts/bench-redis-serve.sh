@@ -20,10 +20,10 @@ cd "$(dirname "$0")/.."
 secs=${1:-5}
 rounds=${2:-3}
 keys=100000
-command -v redis-benchmark >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null; }
+. scripts/lib/bench.sh
+need_redis
 cargo build --release -q -p tollgate-server
 bin=$PWD/target/release/tollgate
-. scripts/lib/bench.sh
 dir=$(mktemp -d)
 port=$(free_port)
 grpc=$(free_port)

@@ -24,10 +24,10 @@ cd "$(dirname "$0")/.."
 secs=${1:-5}
 callers=${2:-256}
 keys=10000
-command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null; }
+. scripts/lib/bench.sh
+need_redis
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
-. scripts/lib/bench.sh
 dir=$(mktemp -d)
 port=$(free_port)
 (cd "$dir" && exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1) &

@@ -47,7 +47,7 @@ YAML
 store=()
 redis_pid=
 if [ "$mode" = redis ] || [ "${REDIS:-}" = 1 ]; then
-  command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+  need_redis
   rp=$(free_port)
   redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & redis_pid=$!; pids+=($redis_pid)
   sleep 0.5

@@ -39,7 +39,7 @@ http=$(free_port); grpc=$(free_port); ceil=$(free_port)
 pids=($serve_pid $ceil_pid)
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 if [ "$with_redis" = redis ]; then
-  command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+  need_redis
   rp=$(free_port); rhttp=$(free_port); rgrpc=$(free_port)
   redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & pids+=($!)
   sleep 0.5

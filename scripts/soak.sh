@@ -24,7 +24,7 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 store_yaml="  kind: memory"
 if [ "$store" = redis ]; then
-  command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+  need_redis
   rp=$(free_port)
   redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 & pids+=($!)
   sleep 0.5

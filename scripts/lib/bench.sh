@@ -3,6 +3,12 @@
 # A free TCP port on loopback.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+# redis-server, redis-cli and redis-benchmark, installed when missing.
+need_redis() {
+    command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null && return 0
+    apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null
+}
+
 # The median of its arguments (numbers).
 median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
 

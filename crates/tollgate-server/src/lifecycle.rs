@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 /// The files under some paths with their modification times, in order.
-pub type Stamp = Vec<(PathBuf, Option<SystemTime>)>;
+type Stamp = Vec<(PathBuf, Option<SystemTime>)>;
 
 /// The files under `paths` (a directory's entries, or the file itself) with their
 /// modification times, in order: what a change is detected against.
@@ -50,17 +50,30 @@ pub fn hangups() -> Hangups {
     None
 }
 
-/// Calls `reload(reason)` on each SIGHUP of `hup` (from [`hangups`]) and whenever a
-/// file under `paths` changes from `last` (the [`stamp`] taken before the server said
-/// it was up: a change made right after it is seen however late this task starts),
-/// until `stop` resolves.
-pub async fn watch(
+/// Files to watch for changes, with the modification times they are seen against.
+pub struct Watched {
     paths: Vec<PathBuf>,
-    mut last: Stamp,
+    last: Stamp,
+}
+
+impl Watched {
+    /// `paths` as they are now: made before the server says it is up, so that a
+    /// change made right after is seen however late the watching task starts.
+    pub fn now(paths: Vec<PathBuf>) -> Watched {
+        let last = stamp(&paths);
+        Watched { paths, last }
+    }
+}
+
+/// Calls `reload(reason)` on each SIGHUP of `hup` (from [`hangups`]) and whenever a
+/// file of `watched` changes, until `stop` resolves.
+pub async fn watch(
+    watched: Watched,
     #[cfg_attr(not(unix), allow(unused_mut, unused_variables))] mut hup: Hangups,
     mut reload: impl FnMut(&str),
     stop: impl Future<Output = ()>,
 ) {
+    let Watched { paths, mut last } = watched;
     tokio::pin!(stop);
     loop {
         #[cfg(unix)]

@@ -58,6 +58,20 @@ async fn arrived(name: &str, n: usize) {
     panic!("{n} requests for /api/held/{name} never arrived");
 }
 
+/// Sends `GET /api/held/NAME` with key `key` through `proxy` and waits until the
+/// upstream holds it (its permits taken); the answer comes after [`release`].
+async fn hold(
+    proxy: &std::sync::Arc<Proxy>,
+    name: &'static str,
+    key: &'static str,
+) -> tokio::task::JoinHandle<http::Response<Vec<u8>>> {
+    let p = proxy.clone();
+    let held =
+        tokio::spawn(async move { get_as(&p, &format!("/api/held/{name}"), Some(key)).await });
+    arrived(name, 1).await;
+    held
+}
+
 /// Lets the requests for `/api/held/NAME` be answered: one chunk then, the rest
 /// after 100 ms.
 fn release(name: &str) {
@@ -323,9 +337,7 @@ async fn limit_conn_bounds_concurrent_requests_per_key() {
     let up = upstream().await;
     let proxy = std::sync::Arc::new(start(&config(&up, "      limit_conn: 1\n")));
     // One request of the key held at the upstream: a second one is refused.
-    let p = proxy.clone();
-    let first = tokio::spawn(async move { get_as(&p, "/api/held/conn", Some("c")).await });
-    arrived("conn", 1).await;
+    let first = hold(&proxy, "conn", "c").await;
     assert_eq!(get_as(&proxy, "/api/x", Some("c")).await.status(), 429);
     release("conn");
     assert_eq!(first.await.unwrap().status(), 200);
@@ -462,9 +474,7 @@ async fn the_proxy_section_reloads_keeping_unchanged_routes() {
 async fn limit_conn_holds_the_permit_until_the_response_body_ends() {
     let up = upstream().await;
     let proxy = std::sync::Arc::new(start(&config(&up, "      limit_conn: 1\n")));
-    let p = proxy.clone();
-    let first = tokio::spawn(async move { get_as(&p, "/api/held/body", Some("s")).await });
-    arrived("body", 1).await;
+    let first = hold(&proxy, "body", "s").await;
     // The first response's headers and first chunk are sent, but its body is still
     // streaming.
     assert_eq!(get_as(&proxy, "/api/x", Some("s")).await.status(), 429);
@@ -501,9 +511,7 @@ async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
     // One request in flight per key across both proxies: one held at the upstream
     // through A, another through B refused.
     let (a, b) = (std::sync::Arc::new(a), b);
-    let through_a = a.clone();
-    let x = tokio::spawn(async move { get_as(&through_a, "/api/held/two", Some("c")).await });
-    arrived("two", 1).await;
+    let x = hold(&a, "two", "c").await;
     let y = get_as(&b, "/api/x", Some("c")).await;
     assert_eq!(y.status(), 429);
     let busy = String::from_utf8_lossy(y.body()).into_owned();

@@ -587,12 +587,10 @@ fn watch(
     };
     let hup = runtime.block_on(async { crate::lifecycle::hangups() });
     // Before the proxy says it is up: a change right after is seen.
-    let paths = vec![path.to_path_buf()];
-    let stamp = crate::lifecycle::stamp(&paths);
+    let file = crate::lifecycle::Watched::now(vec![path.to_path_buf()]);
     let _ = catching.send(());
     runtime.block_on(crate::lifecycle::watch(
-        paths,
-        stamp,
+        file,
         hup,
         reload,
         std::future::pending::<()>(),

@@ -402,7 +402,7 @@ pub async fn serve_on(
     // Caught before the banner: a SIGHUP right after it must reload, not kill.
     let hup = crate::lifecycle::hangups();
     // What a rule file's change is seen against, taken before the banner.
-    let rules_stamp = crate::lifecycle::stamp(service.sources());
+    let rule_files = crate::lifecycle::Watched::now(service.sources().to_vec());
     let http_scheme = if settings.http_tls.is_some() {
         "https"
     } else {
@@ -474,7 +474,7 @@ pub async fn serve_on(
     // With xDS, a SIGHUP has nothing to read again: said, not fatal.
     tokio::spawn(watch_rules(
         service.clone(),
-        rules_stamp,
+        rule_files,
         hup,
         stop_rx.clone(),
     ));
@@ -566,11 +566,10 @@ pub async fn serve_on(
 /// Reloads the rules on SIGHUP and when a rule file changes (checked every second).
 async fn watch_rules(
     service: Arc<DecisionService>,
-    stamp: crate::lifecycle::Stamp,
+    files: crate::lifecycle::Watched,
     hup: crate::lifecycle::Hangups,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let paths = service.sources().to_vec();
     // Logged and counted by the service.
     let reload = |reason: &str| {
         let _ = service.reload(reason);
@@ -578,7 +577,7 @@ async fn watch_rules(
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
-    crate::lifecycle::watch(paths, stamp, hup, reload, stopped).await;
+    crate::lifecycle::watch(files, hup, reload, stopped).await;
 }
 
 #[derive(Debug, Parser)]

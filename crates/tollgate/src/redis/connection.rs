@@ -90,9 +90,23 @@ impl SingleConn {
         self.current.load_full()
     }
 
-    /// An answer came on `g`.
-    fn answered(&self, g: &Generation) {
-        g.answered_ms.store(self.now_ms(), Ordering::Relaxed);
+    /// Sends one call on the connection in use, and notes when it is answered.
+    fn send<T, F>(
+        self: &Arc<Self>,
+        call: impl FnOnce(ConnectionManager) -> F,
+    ) -> impl std::future::Future<Output = redis::RedisResult<T>>
+    where
+        F: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let (me, g) = (self.clone(), self.generation());
+        let sent = call(g.manager.clone());
+        async move {
+            let r = sent.await;
+            if r.is_ok() {
+                g.answered_ms.store(me.now_ms(), Ordering::Relaxed);
+            }
+            r
+        }
     }
 
     /// A call went unanswered within its timeout: if the connection has been silent,
@@ -188,14 +202,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
             Conn::Single(s) => {
-                let (s, g) = (s.clone(), s.generation());
-                Box::pin(async move {
-                    let r = g.manager.clone().req_packed_command(cmd).await;
-                    if r.is_ok() {
-                        s.answered(&g);
-                    }
-                    r
-                })
+                Box::pin(s.send(move |mut c| async move { c.req_packed_command(cmd).await }))
             }
             Conn::Cluster(l) => {
                 Box::pin(async move { l.get().await?.req_packed_command(cmd).await })
@@ -214,16 +221,9 @@ impl ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(s) => {
-                let (s, g) = (s.clone(), s.generation());
-                Box::pin(async move {
-                    let r = (g.manager.clone())
-                        .req_packed_commands(cmd, offset, count)
-                        .await;
-                    if r.is_ok() {
-                        s.answered(&g);
-                    }
-                    r
-                })
+                Box::pin(s.send(move |mut c| async move {
+                    c.req_packed_commands(cmd, offset, count).await
+                }))
             }
             Conn::Cluster(l) => Box::pin(async move {
                 let mut c = l.get().await?;
