@@ -8,7 +8,8 @@
 //! ([`dribble`], [`idle`]) and a process's open files and memory ([`open_fds`],
 //! [`rss_kib`]); a relay that adds latency on the way to a server ([`DelayRelay`]);
 //! certificates made with `openssl` ([`Pki`]) for servers that speak TLS; a master,
-//! its replica and three Sentinels ([`Sentinels`]).
+//! its replica and three Sentinels ([`Sentinels`]); a network namespace whose links a
+//! test cuts and heals ([`Namespace`]).
 //!
 //! `scripts/test.sh` installs `redis-server` / `redis-tools`, `nginx`, `faketime` and
 //! `openssl` when they are missing.
@@ -17,6 +18,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod clients;
+mod netns;
 mod nginx;
 mod pki;
 mod process;
@@ -25,6 +27,7 @@ mod relay;
 mod sentinel;
 
 pub use clients::{dribble, idle, open_fds, read_until_closed, rss_kib, Ended};
+pub use netns::Namespace;
 pub use nginx::{FrozenClock, Nginx, LIBFAKETIME};
 pub use pki::Pki;
 pub use process::{distinct_ports, free_port, release, Killed, ScratchDir};

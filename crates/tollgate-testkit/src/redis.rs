@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::netns::Namespace;
 use crate::pki::Pki;
 use crate::process::{distinct_ports, release};
 
@@ -22,6 +23,10 @@ pub struct RedisServers {
     cli_tls: Vec<String>,
     /// The password of `--requirepass` in the servers' arguments, for `redis-cli`.
     cli_auth: Option<String>,
+    /// Each server's address (`127.0.0.1`, or one of a [`Namespace`]'s).
+    pub hosts: Vec<String>,
+    /// The network namespace they run in, if any.
+    netns: Option<String>,
 }
 
 impl RedisServers {
@@ -32,7 +37,7 @@ impl RedisServers {
 
     /// One standalone server with extra `redis-server` arguments.
     pub fn standalone_with(extra: &[&str]) -> RedisServers {
-        let mut s = RedisServers::spawn(1, false, extra, None);
+        let mut s = RedisServers::spawn(1, false, extra, None, None);
         s.wait_ready();
         s
     }
@@ -41,7 +46,7 @@ impl RedisServers {
     /// `mutual`: every client must present a certificate signed by `pki`'s CA
     /// (`tls-auth-clients yes`). `extra` as for [`RedisServers::standalone_with`].
     pub fn standalone_tls(pki: &Pki, mutual: bool, extra: &[&str]) -> RedisServers {
-        let mut s = RedisServers::spawn(1, false, extra, Some((pki, mutual)));
+        let mut s = RedisServers::spawn(1, false, extra, Some((pki, mutual)), None);
         s.wait_ready();
         s
     }
@@ -49,14 +54,21 @@ impl RedisServers {
     /// A Cluster of three masters speaking TLS only, among themselves too
     /// (`tls-cluster yes`); clients need no certificate.
     pub fn cluster_tls(pki: &Pki) -> RedisServers {
-        RedisServers::make_cluster(0, &[], Some((pki, false)))
+        RedisServers::make_cluster(0, &[], Some((pki, false)), None)
+    }
+
+    /// A Cluster of three masters (no replicas) in `ns`, each on an address of its
+    /// own (`ns.addrs[0..3]`), so that one can be cut off from this host
+    /// ([`Namespace::cut`]) while the masters still see one another.
+    pub fn cluster_in(ns: &Namespace) -> RedisServers {
+        RedisServers::make_cluster(0, &[], None, Some(ns))
     }
 
     /// A master (server 0) and its replica (server 1), synced; `extra` and `tls` as for
     /// [`RedisServers::standalone_with`] and [`RedisServers::standalone_tls`] (clients
     /// need no certificate).
     pub fn master_and_replica(extra: &[&str], tls: Option<&Pki>) -> RedisServers {
-        let mut s = RedisServers::spawn(2, false, extra, tls.map(|pki| (pki, false)));
+        let mut s = RedisServers::spawn(2, false, extra, tls.map(|pki| (pki, false)), None);
         s.wait_ready();
         let master = s.ports[0].to_string();
         let ok = s.cli(1, &["REPLICAOF", "127.0.0.1", &master]);
@@ -91,11 +103,11 @@ impl RedisServers {
         ]
     }
 
-    /// `redis-cli -p PORT args...` against server `i`: its output.
+    /// `redis-cli -h HOST -p PORT args...` against server `i`: its output.
     pub fn cli(&self, i: usize, args: &[&str]) -> String {
         let out = self
             .redis_cli()
-            .args(["-p", &self.ports[i].to_string()])
+            .args(["-h", &self.hosts[i], "-p", &self.ports[i].to_string()])
             .args(args)
             .output()
             .expect("redis-cli");
@@ -111,13 +123,18 @@ impl RedisServers {
     /// masters), slots assigned; `extra` goes to every `redis-server` (e.g. a short
     /// `--cluster-node-timeout` for a quick failover).
     pub fn cluster_of(replicas: usize, extra: &[&str]) -> RedisServers {
-        RedisServers::make_cluster(replicas, extra, None)
+        RedisServers::make_cluster(replicas, extra, None, None)
     }
 
-    fn make_cluster(replicas: usize, extra: &[&str], tls: Option<(&Pki, bool)>) -> RedisServers {
-        let mut s = RedisServers::spawn(3 * (1 + replicas), true, extra, tls);
+    fn make_cluster(
+        replicas: usize,
+        extra: &[&str],
+        tls: Option<(&Pki, bool)>,
+        ns: Option<&Namespace>,
+    ) -> RedisServers {
+        let mut s = RedisServers::spawn(3 * (1 + replicas), true, extra, tls, ns);
         s.wait_ready();
-        let nodes: Vec<String> = s.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let nodes = s.addresses();
         let out = s
             .redis_cli()
             .args(["--cluster", "create"])
@@ -132,14 +149,9 @@ impl RedisServers {
         );
         // Wait until every node agrees the cluster is up.
         let deadline = Instant::now() + Duration::from_secs(20);
-        for port in s.ports.clone() {
+        for i in 0..s.ports.len() {
             loop {
-                let info = s
-                    .redis_cli()
-                    .args(["-p", &port.to_string(), "cluster", "info"])
-                    .output()
-                    .unwrap();
-                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                if s.cli(i, &["cluster", "info"]).contains("cluster_state:ok") {
                     break;
                 }
                 assert!(Instant::now() < deadline, "cluster did not come up");
@@ -160,7 +172,13 @@ impl RedisServers {
         s
     }
 
-    fn spawn(n: usize, cluster: bool, extra: &[&str], tls: Option<(&Pki, bool)>) -> RedisServers {
+    fn spawn(
+        n: usize,
+        cluster: bool,
+        extra: &[&str],
+        tls: Option<(&Pki, bool)>,
+        ns: Option<&Namespace>,
+    ) -> RedisServers {
         static MADE: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "tollgate-redis-{}-{}",
@@ -171,9 +189,13 @@ impl RedisServers {
         let mut children = Vec::new();
         let mut ports = Vec::new();
         let mut all_args = Vec::new();
+        let hosts: Vec<String> = (0..n)
+            .map(|i| ns.map_or("127.0.0.1".into(), |ns| ns.addrs[i].clone()))
+            .collect();
+        let netns = ns.map(|ns| ns.name.clone());
         for (i, port) in distinct_ports(n).into_iter().enumerate() {
             // Defaults first: a later argument (in `extra`) wins.
-            let mut args: Vec<String> = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+            let mut args: Vec<String> = ["--bind", &hosts[i], "--save", "", "--appendonly", "no"]
                 .iter()
                 .map(|a| a.to_string())
                 .collect();
@@ -194,6 +216,16 @@ impl RedisServers {
                     }
                 }
             }
+            if ns.is_some() {
+                // Reached over the veth, not the loopback interface; every address is
+                // local inside the namespace, so a node's own is named for it to
+                // announce and to connect to the others from.
+                args.extend(["--protected-mode".into(), "no".into()]);
+                if cluster {
+                    args.extend(["--cluster-announce-ip".into(), hosts[i].clone()]);
+                    args.extend(["--bind-source-addr".into(), hosts[i].clone()]);
+                }
+            }
             args.extend(["--dir".into(), dir.display().to_string()]);
             if cluster {
                 args.extend(["--cluster-enabled".into(), "yes".into()]);
@@ -203,7 +235,7 @@ impl RedisServers {
                 ]);
             }
             args.extend(extra.iter().map(|a| a.to_string()));
-            children.push(spawn_server(&args));
+            children.push(spawn_server(netns.as_deref(), &args));
             ports.push(port);
             all_args.push(args);
         }
@@ -221,7 +253,16 @@ impl RedisServers {
                 .position(|a| *a == "--requirepass")
                 .and_then(|i| extra.get(i + 1))
                 .map(|p| p.to_string()),
+            hosts,
+            netns,
         }
+    }
+
+    /// Every server's `host:port`.
+    pub fn addresses(&self) -> Vec<String> {
+        (self.hosts.iter().zip(&self.ports))
+            .map(|(h, p)| format!("{h}:{p}"))
+            .collect()
     }
 
     /// A `redis-cli` command that speaks to these servers (TLS, password).
@@ -241,8 +282,8 @@ impl RedisServers {
 
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        for &port in &self.ports {
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        for (host, &port) in self.hosts.iter().zip(&self.ports) {
+            while std::net::TcpStream::connect((host.as_str(), port)).is_err() {
                 assert!(Instant::now() < deadline, "redis-server did not start");
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -252,14 +293,10 @@ impl RedisServers {
     /// The URL tollgate connects with.
     pub fn url(&self) -> String {
         let tls = if self.cli_tls.is_empty() { "" } else { "s" };
-        if self.ports.len() == 1 {
-            format!("redis{tls}://127.0.0.1:{}/", self.ports[0])
+        let nodes = self.addresses();
+        if nodes.len() == 1 {
+            format!("redis{tls}://{}/", nodes[0])
         } else {
-            let nodes: Vec<String> = self
-                .ports
-                .iter()
-                .map(|p| format!("127.0.0.1:{p}"))
-                .collect();
             format!("redis{tls}+cluster://{}", nodes.join(","))
         }
     }
@@ -293,7 +330,7 @@ impl RedisServers {
     pub fn restart(&mut self, i: usize) {
         let port = self.ports[i];
         let args = self.args[i].clone();
-        let spawn = || spawn_server(&args);
+        let spawn = || spawn_server(self.netns.as_deref(), &args);
         // A server that exits at once could not bind yet (the old socket lingering on
         // a loaded machine): start it again until it stays up.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -328,9 +365,17 @@ pub fn cli_binary() -> String {
     std::env::var("TOLLGATE_REDIS_CLI").unwrap_or_else(|_| "redis-cli".into())
 }
 
-fn spawn_server(args: &[String]) -> Child {
-    Command::new(server_binary())
-        .args(args)
+/// Starts `redis-server` with `args`, inside network namespace `netns` if given.
+fn spawn_server(netns: Option<&str>, args: &[String]) -> Child {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns, &server_binary()]);
+            cmd
+        }
+        None => Command::new(server_binary()),
+    };
+    cmd.args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

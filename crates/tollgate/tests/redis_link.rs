@@ -13,70 +13,6 @@ use tollgate::redis::{OnError, RedisLimiter, RedisLimiterOptions, RedisOptions, 
 use tollgate::{RateLimiter, RuleSet};
 use tollgate_testkit as testkit;
 
-/// Runs a command that must succeed.
-fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("{args:?}: {e} (the test needs iproute2 and iptables, and root)")
-        });
-    assert!(out.status.success(), "{args:?}: {out:?}");
-}
-
-/// A network namespace with one end of a veth pair (`addr`), the other end on the
-/// host (`host`); deleted (with the pair) on drop.
-struct Namespace {
-    name: String,
-    addr: String,
-}
-
-impl Namespace {
-    fn new() -> Namespace {
-        let id = std::process::id() % 60_000;
-        let name = format!("tgl{id}");
-        let (host_if, ns_if) = (format!("tglh{id}"), format!("tgln{id}"));
-        let net = format!("10.{}.{}", 200 + id / 10_000, (id / 40) % 250);
-        let last = (id % 40) * 4;
-        let (host, addr) = (format!("{net}.{}", last + 1), format!("{net}.{}", last + 2));
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        run(&["ip", "netns", "add", &name]);
-        let ns = Namespace {
-            name: name.clone(),
-            addr: addr.clone(),
-        };
-        run(&[
-            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
-        ]);
-        run(&["ip", "link", "set", &ns_if, "netns", &name]);
-        run(&["ip", "addr", "add", &format!("{host}/30"), "dev", &host_if]);
-        run(&["ip", "link", "set", &host_if, "up"]);
-        ns.exec(&["ip", "addr", "add", &format!("{addr}/30"), "dev", &ns_if]);
-        ns.exec(&["ip", "link", "set", &ns_if, "up"]);
-        ns
-    }
-
-    fn exec(&self, args: &[&str]) {
-        let mut all = vec!["ip", "netns", "exec", &self.name];
-        all.extend(args);
-        run(&all);
-    }
-
-    /// Every packet into the namespace dropped (`true`), or none.
-    fn cut(&self, cut: bool) {
-        let op = if cut { "-I" } else { "-D" };
-        self.exec(&["iptables", op, "INPUT", "-j", "DROP"]);
-    }
-}
-
-impl Drop for Namespace {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
-
 /// What each call saw: (ms since the start, admitted (Redis decided) or not (the
 /// failure policy), ms it took).
 type Trace = Vec<(u64, bool, u64)>;
@@ -88,18 +24,18 @@ type Trace = Vec<(u64, bool, u64)>;
 #[test]
 fn decisions_are_back_within_a_second_of_a_cut_link_healing() {
     let _serial = testkit::timing_sensitive();
-    let ns = Namespace::new();
+    let ns = testkit::Namespace::new(1);
     let port = testkit::free_port();
     let server = Command::new("ip")
         .args(["netns", "exec", &ns.name, &testkit::server_binary()])
-        .args(["--port", &port.to_string(), "--bind", &ns.addr])
+        .args(["--port", &port.to_string(), "--bind", &ns.addrs[0]])
         .args(["--protected-mode", "no", "--save", "", "--appendonly", "no"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let _server = testkit::Killed(server);
-    let url = format!("redis://{}:{port}/", ns.addr);
+    let url = format!("redis://{}:{port}/", ns.addrs[0]);
     let rt = testkit::rt();
     let timeout = Duration::from_millis(250);
     let limiter = rt.block_on(async {
@@ -160,11 +96,11 @@ fn decisions_are_back_within_a_second_of_a_cut_link_healing() {
         })
     };
     std::thread::sleep(Duration::from_millis(2000));
-    ns.cut(true);
+    ns.cut(None, true);
     let cut = ms();
     std::thread::sleep(Duration::from_millis(8000));
     let healing = ms();
-    ns.cut(false);
+    ns.cut(None, false);
     let trace = load.join().unwrap();
     let stats = limiter.stats();
     let before = trace.iter().filter(|e| e.0 + e.2 < cut).count();
@@ -202,5 +138,174 @@ fn decisions_are_back_within_a_second_of_a_cut_link_healing() {
     assert!(
         stats.outages >= 1 && stats.recoveries == stats.outages && !stats.failing,
         "{stats:?}"
+    );
+}
+
+/// One call of the Cluster test: ms since the start, whether its key is on the node
+/// that is cut, whether Redis decided (fail-closed: a reject is the failure policy),
+/// and how long it took (us).
+struct Call {
+    at_ms: u64,
+    on_cut_node: bool,
+    ok: bool,
+    took_us: u64,
+}
+
+/// The 99th percentile of `v` (us).
+fn p99(mut v: Vec<u64>) -> u64 {
+    assert!(!v.is_empty());
+    v.sort_unstable();
+    v[(v.len() * 99 / 100).min(v.len() - 1)]
+}
+
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts a Redis Cluster in a network namespace: run scripts/test.sh (as root)"
+)]
+#[test]
+fn one_cut_off_cluster_node_costs_only_its_own_keys() {
+    let _serial = testkit::timing_sensitive();
+    let ns = testkit::Namespace::new(3);
+    let servers = testkit::RedisServers::cluster_in(&ns);
+    let (cut_node, cut_host) = (servers.addresses()[2].clone(), servers.hosts[2].clone());
+    let rt = testkit::rt();
+    let timeout = Duration::from_millis(250);
+    let limiter = rt.block_on(async {
+        let opts = RedisOptions {
+            timeout,
+            ..Default::default()
+        };
+        let store = RedisStore::connect_with(&servers.url(), opts)
+            .await
+            .unwrap();
+        let rules = RuleSet::parse(&["fixed-window:limit=1000000000,window=1h"]).unwrap();
+        let opts = RedisLimiterOptions {
+            on_error: OnError::FailClosed,
+            ..Default::default()
+        };
+        RedisLimiter::with_options(store, "cut", rules, opts).unwrap()
+    });
+    let keys: Vec<(String, bool)> = (0..300)
+        .map(|i| {
+            let key = format!("k{i}");
+            let on_cut = *limiter.node_of(&key) == *cut_node;
+            (key, on_cut)
+        })
+        .collect();
+    let on_cut = keys.iter().filter(|k| k.1).count();
+    assert!(
+        (50..250).contains(&on_cut),
+        "{on_cut} of 300 keys on {cut_node}: the slot map was not learned"
+    );
+    // Eight callers, each a call every 2 ms over the keys in turn, for 14 s; the third
+    // master's link cut from 3 s to 11 s (the masters still see one another: no
+    // failover, the Cluster stays up).
+    let start = Instant::now();
+    let ms = move || start.elapsed().as_millis() as u64;
+    let load = {
+        let (limiter, keys) = (limiter.clone(), keys.clone());
+        std::thread::spawn(move || {
+            rt.block_on(async {
+                let tasks: Vec<_> = (0..8)
+                    .map(|t| {
+                        let (limiter, keys) = (limiter.clone(), keys.clone());
+                        tokio::spawn(async move {
+                            let mut calls = Vec::new();
+                            let mut n = t * 37;
+                            while ms() < 14_000 {
+                                let (key, on_cut_node) = &keys[n % keys.len()];
+                                n += 1;
+                                let (at_ms, t0) = (ms(), Instant::now());
+                                let d = limiter.check(key, 1).await;
+                                let d =
+                                    d.unwrap_or_else(|e| panic!("the failure policy answers: {e}"));
+                                calls.push(Call {
+                                    at_ms,
+                                    on_cut_node: *on_cut_node,
+                                    ok: d.allowed,
+                                    took_us: t0.elapsed().as_micros() as u64,
+                                });
+                                tokio::time::sleep(Duration::from_millis(2)).await;
+                            }
+                            calls
+                        })
+                    })
+                    .collect();
+                let mut all = Vec::new();
+                for t in tasks {
+                    all.extend(t.await.unwrap());
+                }
+                all.sort_by_key(|c| c.at_ms);
+                all
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(3000));
+    ns.cut(Some(&cut_host), true);
+    let cut = ms();
+    std::thread::sleep(Duration::from_millis(8000));
+    let healing = ms();
+    ns.cut(Some(&cut_host), false);
+    let calls = load.join().unwrap();
+    let healthy_before: Vec<u64> = (calls.iter())
+        .filter(|c| !c.on_cut_node && c.at_ms >= 1000 && c.at_ms + c.took_us / 1000 < cut)
+        .map(|c| c.took_us)
+        .collect();
+    let during: Vec<&Call> = (calls.iter())
+        .filter(|c| c.at_ms >= cut + 300 && c.at_ms + c.took_us / 1000 < healing)
+        .collect();
+    let healthy_during: Vec<u64> = (during.iter())
+        .filter(|c| !c.on_cut_node)
+        .map(|c| c.took_us)
+        .collect();
+    let ok_during = during.iter().filter(|c| c.ok).count();
+    let healthy_ok = during.iter().filter(|c| !c.on_cut_node && c.ok).count();
+    let back = (calls.iter())
+        .find(|c| c.on_cut_node && c.ok && c.at_ms >= healing)
+        .map(|c| c.at_ms - healing);
+    let slowest = calls.iter().map(|c| c.took_us).max().unwrap() / 1000;
+    let (p99_before, p99_during) = (p99(healthy_before.clone()), p99(healthy_during.clone()));
+    println!(
+        "{} calls, {on_cut} of 300 keys on the cut node {cut_node}; during the cut: \
+         {ok_during} of {} OK, healthy keys {healthy_ok} of {} OK, their p99 {p99_during} us \
+         (before: {p99_before} us of {} calls); slowest call {slowest} ms; the cut node's \
+         keys back {back:?} ms after the heal; {:?}",
+        calls.len(),
+        during.len(),
+        healthy_during.len(),
+        healthy_before.len(),
+        limiter.node_stats()
+    );
+    assert!(healthy_before.len() > 200, "too few calls before the cut");
+    // The healthy two thirds of the slots decide as usual, at their usual latency.
+    assert!(
+        ok_during * 100 >= during.len() * 60,
+        "{ok_during} of {} OK during the cut",
+        during.len()
+    );
+    assert!(
+        healthy_ok * 100 >= healthy_during.len() * 99,
+        "healthy keys: {healthy_ok} of {} OK",
+        healthy_during.len()
+    );
+    assert!(
+        p99_during <= 2 * p99_before.max(5_000),
+        "healthy keys' p99 {p99_during} us during the cut, {p99_before} us before"
+    );
+    // Nothing hangs past the timeout, and the cut node's keys are back within a second.
+    assert!(
+        slowest <= 250 + 250,
+        "a call took {slowest} ms (timeout 250 ms)"
+    );
+    let back = back.expect("the cut node's keys not back by the end");
+    assert!(
+        back <= 1000,
+        "the cut node's keys back {back} ms after the heal"
+    );
+    let stats = limiter.node_stats();
+    let cut_stats = stats.iter().find(|(n, _)| **n == *cut_node).unwrap().1;
+    assert!(
+        cut_stats.outages >= 1 && !cut_stats.failing,
+        "{cut_stats:?}"
     );
 }

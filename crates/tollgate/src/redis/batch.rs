@@ -1,5 +1,6 @@
 //! Automatic batching: checks waiting for the same Redis node go out as one call of the
-//! decision driver.
+//! decision driver. Each node has a queue and drivers of its own ([`Batchers`]), so
+//! that a node that stops answering holds up its own checks only.
 //!
 //! A check that finds nobody waiting and fewer than `direct_calls` lone calls out is sent at
 //! once by its own task (no timer, no hand-off). Otherwise it joins a queue; `in_flight`
@@ -12,11 +13,13 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::call::{CheckCall, CheckReply};
 use super::connection::Caller;
+use super::topology::PerNode;
 use crate::Error;
 
 struct Pending {
@@ -25,10 +28,40 @@ struct Pending {
     done: oneshot::Sender<Result<CheckReply, Error>>,
 }
 
-/// The queue in front of a store's connection.
+/// One batching queue per node, started on a node's first check.
+pub(crate) struct Batchers {
+    caller: Arc<Caller>,
+    max: usize,
+    in_flight: usize,
+    direct: usize,
+    nodes: PerNode<Batcher>,
+}
+
+impl Batchers {
+    /// Queues of `max` checks per call, `in_flight` queued calls and `direct` lone
+    /// calls outstanding at once per node (see [`Batcher::start`]).
+    pub fn new(caller: Arc<Caller>, max: usize, in_flight: usize, direct: usize) -> Batchers {
+        Batchers {
+            caller,
+            max,
+            in_flight,
+            direct,
+            nodes: PerNode::default(),
+        }
+    }
+
+    /// Node `node`'s queue, started now (on the current Tokio runtime) if it has none.
+    pub fn of(&self, node: usize) -> Arc<Batcher> {
+        let (max, in_flight, direct) = (self.max, self.in_flight, self.direct);
+        (self.nodes).get(node, || {
+            Batcher::start(self.caller.clone(), max, in_flight, direct)
+        })
+    }
+}
+
+/// The queue in front of one node.
 pub(crate) struct Batcher {
     queue: mpsc::UnboundedSender<Pending>,
-    cluster: bool,
     caller: Arc<Caller>,
     /// Calls sent straight from callers' tasks, outstanding at once.
     direct: Semaphore,
@@ -40,23 +73,16 @@ impl Batcher {
     /// Starts the driver tasks on the current Tokio runtime. `max`: checks per call;
     /// `in_flight`: queued calls outstanding at once (one driver each); `direct`: lone
     /// calls sent from callers' tasks at once, at most.
-    pub fn start(
-        caller: Arc<Caller>,
-        max: usize,
-        in_flight: usize,
-        direct: usize,
-        cluster: bool,
-    ) -> Batcher {
+    pub fn start(caller: Arc<Caller>, max: usize, in_flight: usize, direct: usize) -> Batcher {
         let (queue, rx) = mpsc::unbounded_channel();
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let queued = Arc::new(AtomicUsize::new(0));
         for _ in 0..in_flight.max(1) {
             let (caller, rx, queued) = (caller.clone(), rx.clone(), queued.clone());
-            tokio::spawn(drive(caller, rx, max.max(1), queued, cluster));
+            tokio::spawn(drive(caller, rx, max.max(1), queued));
         }
         Batcher {
             queue,
-            cluster,
             caller,
             direct: Semaphore::new(direct),
             queued,
@@ -66,25 +92,24 @@ impl Batcher {
     /// Sends `check` at once from the caller's own task when fewer than `direct_calls` such
     /// calls are out and nothing waits (no hand-off to another task: an idle or lightly loaded store pays
     /// nothing for batching); else queues it for the next call and waits for its part
-    /// of the reply (the caller bounds the wait).
-    pub async fn submit(&self, check: CheckCall) -> Result<CheckReply, Error> {
+    /// of the reply, `timeout` at most. (A direct call is bounded by the call's own
+    /// timeout, which must fire, not be cut short: it is what replaces a silent
+    /// connection.)
+    pub async fn submit(&self, check: CheckCall, timeout: Duration) -> Result<CheckReply, Error> {
         if self.queued.load(Ordering::Acquire) == 0 {
             if let Ok(_permit) = self.direct.try_acquire() {
                 return Ok(self.caller.send(&[&check]).await?.remove(0));
             }
         }
-        let slot = if self.cluster {
-            slot(check.keys.first().map_or("", String::as_str))
-        } else {
-            0
-        };
+        let slot = check.slot;
         let (done, answer) = oneshot::channel();
         self.queued.fetch_add(1, Ordering::AcqRel);
         self.queue
             .send(Pending { check, slot, done })
             .map_err(|_| Error::Store("the batching task has stopped".into()))?;
-        answer
+        tokio::time::timeout(timeout, answer)
             .await
+            .map_err(|_| super::timeout(timeout))?
             .map_err(|_| Error::Store("the batching task dropped a check".into()))?
     }
 }
@@ -96,7 +121,6 @@ async fn drive(
     rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Pending>>>,
     max: usize,
     queued: Arc<AtomicUsize>,
-    cluster: bool,
 ) {
     loop {
         let mut batch = Vec::with_capacity(max.min(64));
@@ -104,20 +128,18 @@ async fn drive(
             return; // every store handle is gone
         }
         queued.fetch_sub(batch.len(), Ordering::AcqRel);
-        if cluster {
-            // One call per slot (a script's keys must share one); the calls go out
-            // together, this driver sending the last.
-            batch.sort_by_key(|p| p.slot);
-            loop {
-                let last = batch.last().map_or(0, |p| p.slot);
-                let n = batch.iter().rev().take_while(|p| p.slot == last).count();
-                let group = batch.split_off(batch.len() - n);
-                if batch.is_empty() {
-                    batch = group;
-                    break;
-                }
-                tokio::spawn(send(caller.clone(), group));
+        // One call per Cluster slot (a script's keys must share one; one node has
+        // slot 0 only); the calls go out together, this driver sending the last.
+        batch.sort_by_key(|p| p.slot);
+        loop {
+            let last = batch.last().map_or(0, |p| p.slot);
+            let n = batch.iter().rev().take_while(|p| p.slot == last).count();
+            let group = batch.split_off(batch.len() - n);
+            if batch.is_empty() {
+                batch = group;
+                break;
             }
+            tokio::spawn(send(caller.clone(), group));
         }
         send(caller.clone(), batch).await;
     }

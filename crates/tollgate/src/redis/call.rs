@@ -20,6 +20,18 @@ pub(crate) enum CallOp {
     Charge,
 }
 
+/// The call of a decision of `op`.
+impl From<tollgate_core::Op> for CallOp {
+    fn from(op: tollgate_core::Op) -> CallOp {
+        use tollgate_core::Op;
+        match op {
+            Op::Try => CallOp::Try,
+            Op::Acquire => CallOp::Acquire,
+            Op::Charge | Op::Count => CallOp::Charge,
+        }
+    }
+}
+
 impl CallOp {
     fn code(self) -> &'static str {
         match self {
@@ -38,6 +50,10 @@ pub(crate) struct CheckCall {
     pub op: CallOp,
     /// One state key per policy of `wire`'s rule set, all in one Cluster slot.
     pub keys: Vec<String>,
+    /// That slot (0 for one node), and the index of the node that holds it (see
+    /// `topology.rs`).
+    pub slot: u16,
+    pub node: usize,
     pub wire: Arc<Wire>,
     /// The decision time (us since the Unix epoch), or `None` for Redis `TIME`.
     pub now: Option<u64>,

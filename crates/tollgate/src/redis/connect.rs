@@ -236,9 +236,11 @@ fn cluster(
             "expected {scheme}+cluster://host:port[,host:port...]"
         )));
     }
+    // The store's own timeout fires first (a call it times out is what replaces a
+    // silent connection); the client's only bounds a call past it.
     let mut builder = ClusterClientBuilder::new(nodes)
         .connection_timeout(opts.connect_timeout.max(opts.timeout))
-        .response_timeout(opts.timeout)
+        .response_timeout(opts.timeout * 2)
         .retries(2);
     if let Some(user) = &opts.username {
         builder = builder.username(user);

@@ -16,6 +16,7 @@ use super::options::{
 };
 use super::script::{eval_script, library};
 use super::sentinel::SentinelConn;
+use super::topology::{PerNode, Topology};
 use crate::Error;
 
 #[derive(Clone)]
@@ -28,27 +29,68 @@ pub(super) enum Conn {
     Sentinel(Arc<SentinelConn>),
 }
 
-/// One node's connection, replaced by a fresh one when it stops answering.
+/// When a connection that stopped answering is replaced by a fresh one.
 ///
 /// A link cut silently (packets dropped, no reset) leaves a connection waiting on
 /// TCP's retransmissions, whose backoff grows while the link is down: after the link
 /// is back, calls on it stay unanswered for seconds more, while a new connection is
 /// answered at once. So while calls time out on a connection that has answered
-/// nothing for `silent`, a fresh connection is tried (at most once per `every`), each
-/// in a task of its own that connects and pings it within `handshake`, and the first
-/// that answers takes over (calls already sent finish or time out on the old one). A
-/// Redis that is slow but answering keeps its connection; a slow TLS login is never
-/// cut short by the next try.
-pub(crate) struct SingleConn {
-    client: redis::Client,
-    config: redis::aio::ConnectionManagerConfig,
-    current: arc_swap::ArcSwap<Generation>,
+/// nothing for `silent` (twice the timeout), a fresh connection is tried (at most once
+/// per `every`, the timeout), each in a task of its own that connects and pings within
+/// `handshake`, and the first that answers takes over (calls already sent finish or
+/// time out on the old one). A Redis that is slow but answering keeps its connection;
+/// a slow TLS login is never cut short by the next try.
+struct Replacement {
     every: Duration,
     silent: Duration,
     handshake: Duration,
     /// When (ms on `clock`, from 1) a fresh connection was last tried.
     tried_ms: AtomicU64,
     clock: tollgate_core::MonotonicClock,
+}
+
+impl Replacement {
+    fn new(timeout: Duration, handshake: Duration) -> Replacement {
+        Replacement {
+            every: timeout.max(Duration::from_millis(100)),
+            silent: timeout * 2,
+            handshake,
+            tried_ms: AtomicU64::new(0),
+            clock: tollgate_core::MonotonicClock::new(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        use tollgate_core::Clock;
+        self.clock.now_us() / 1000 + 1
+    }
+
+    /// A call timed out on a connection last answered at `answered` (ms, 0: never):
+    /// whether to try a fresh one now (and the runtime to try it on).
+    fn due(&self, answered: u64) -> Option<tokio::runtime::Handle> {
+        let now = self.now_ms();
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        if answered != 0 && now < answered.saturating_add(ms(self.silent)) {
+            return None; // slow, not silent
+        }
+        let last = self.tried_ms.load(Ordering::Relaxed);
+        if last != 0 && now < last.saturating_add(ms(self.every)) {
+            return None;
+        }
+        (self.tried_ms)
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()?;
+        tokio::runtime::Handle::try_current().ok()
+    }
+}
+
+/// One node's connection, replaced by a fresh one when it stops answering (see
+/// [`Replacement`]).
+pub(crate) struct SingleConn {
+    client: redis::Client,
+    config: redis::aio::ConnectionManagerConfig,
+    current: arc_swap::ArcSwap<Generation>,
+    replacement: Replacement,
 }
 
 /// One connection of a [`SingleConn`], and when it last answered (ms, 0: never).
@@ -72,17 +114,8 @@ impl SingleConn {
                 manager,
                 answered_ms: AtomicU64::new(0),
             }),
-            every: timeout.max(Duration::from_millis(100)),
-            silent: timeout * 2,
-            handshake,
-            tried_ms: AtomicU64::new(0),
-            clock: tollgate_core::MonotonicClock::new(),
+            replacement: Replacement::new(timeout, handshake),
         })
-    }
-
-    fn now_ms(&self) -> u64 {
-        use tollgate_core::Clock;
-        self.clock.now_us() / 1000 + 1
     }
 
     /// The connection in use.
@@ -103,7 +136,7 @@ impl SingleConn {
         async move {
             let r = sent.await;
             if r.is_ok() {
-                g.answered_ms.store(me.now_ms(), Ordering::Relaxed);
+                (g.answered_ms).store(me.replacement.now_ms(), Ordering::Relaxed);
             }
             r
         }
@@ -112,23 +145,8 @@ impl SingleConn {
     /// A call went unanswered within its timeout: if the connection has been silent,
     /// try a fresh one.
     fn stalled(self: &Arc<Self>) {
-        let now = self.now_ms();
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let answered = self.generation().answered_ms.load(Ordering::Relaxed);
-        if answered != 0 && now < answered.saturating_add(ms(self.silent)) {
-            return; // slow, not silent
-        }
-        let last = self.tried_ms.load(Ordering::Relaxed);
-        if last != 0 && now < last.saturating_add(ms(self.every)) {
-            return;
-        }
-        if (self.tried_ms)
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let Some(runtime) = self.replacement.due(answered) else {
             return;
         };
         let manager =
@@ -137,7 +155,7 @@ impl SingleConn {
                 Ok(m) => m,
                 Err(e) => return tracing::warn!(error = %e, "redis: no new connection: {e}"),
             };
-        let (me, handshake) = (self.clone(), self.handshake);
+        let (me, handshake) = (self.clone(), self.replacement.handshake);
         runtime.spawn(async move {
             let mut m = manager.clone();
             let cmd = redis::cmd("PING");
@@ -145,7 +163,7 @@ impl SingleConn {
             if let Ok(Ok(_)) = tokio::time::timeout(handshake, ping).await {
                 let fresh = Generation {
                     manager,
-                    answered_ms: AtomicU64::new(me.now_ms()),
+                    answered_ms: AtomicU64::new(me.replacement.now_ms()),
                 };
                 me.current.store(Arc::new(fresh));
                 tracing::info!("redis: the connection stopped answering; a new one took over");
@@ -155,45 +173,114 @@ impl SingleConn {
 }
 
 impl Conn {
-    /// A call on this connection went unanswered within its timeout.
-    pub(super) fn stalled(&self) {
-        if let Conn::Single(s) = self {
-            s.stalled();
+    /// A call on this connection to node `node` (named `name`, see `topology.rs`)
+    /// went unanswered within its timeout.
+    pub(super) fn stalled(&self, node: usize, name: &str) {
+        match self {
+            Conn::Single(s) => s.stalled(),
+            Conn::Cluster(c) => c.stalled(node, name),
+            Conn::Sentinel(_) => {}
+        }
+    }
+
+    /// A call to node `node` was answered.
+    pub(super) fn answered(&self, node: usize) {
+        if let Conn::Cluster(c) = self {
+            c.answered(node);
         }
     }
 }
 
-/// A Cluster client and, once reached, its connection.
+/// A Cluster client and, once reached, its connection: replaced by a fresh one (see
+/// [`Replacement`]) when a node stops answering on it, since the client keeps a
+/// connection whose calls time out.
 pub(crate) struct LaterCluster {
     client: Arc<redis::cluster::ClusterClient>,
-    conn: Arc<tokio::sync::OnceCell<ClusterConnection>>,
+    current: arc_swap::ArcSwapOption<ClusterConnection>,
+    connecting: tokio::sync::Mutex<()>,
+    /// When (ms on the replacement's clock) each node last answered a call.
+    answered_ms: PerNode<AtomicU64>,
+    replacement: Replacement,
 }
 
 impl LaterCluster {
-    pub(super) fn new(client: redis::cluster::ClusterClient) -> LaterCluster {
+    pub(super) fn new(
+        client: redis::cluster::ClusterClient,
+        timeout: Duration,
+        handshake: Duration,
+    ) -> LaterCluster {
         LaterCluster {
             client: Arc::new(client),
-            conn: Arc::default(),
+            current: Default::default(),
+            connecting: Default::default(),
+            answered_ms: PerNode::default(),
+            replacement: Replacement::new(timeout, handshake),
         }
     }
 
     /// The connection, made now if there is none yet: in a task of its own (one at a
     /// time), so that a call's timeout, shorter than a first connection to a TLS
     /// Cluster may take, does not cut it short and leave the store never connected.
-    async fn get(&self) -> redis::RedisResult<ClusterConnection> {
-        if let Some(conn) = self.conn.get() {
-            return Ok(conn.clone());
+    async fn get(self: &Arc<Self>) -> redis::RedisResult<ClusterConnection> {
+        if let Some(conn) = self.current.load_full() {
+            return Ok(ClusterConnection::clone(&conn));
         }
-        let (cell, client) = (self.conn.clone(), self.client.clone());
+        let me = self.clone();
         let connecting = tokio::spawn(async move {
-            let conn = cell
-                .get_or_try_init(|| client.get_async_connection())
-                .await?;
-            Ok(conn.clone())
+            let _one = me.connecting.lock().await;
+            if let Some(conn) = me.current.load_full() {
+                return Ok(ClusterConnection::clone(&conn));
+            }
+            let conn = me.client.get_async_connection().await?;
+            me.current.store(Some(Arc::new(conn.clone())));
+            Ok(conn)
         });
         connecting.await.map_err(|e| {
             redis::RedisError::from(std::io::Error::other(format!("connecting: {e}")))
         })?
+    }
+
+    fn answered(&self, node: usize) {
+        let now = self.replacement.now_ms();
+        self.answered_ms
+            .get(node, Default::default)
+            .store(now, Ordering::Relaxed);
+    }
+
+    /// A call to node `node` (`host:port`, or `cluster` while the slot map is not
+    /// known) timed out: if the node has been silent, try a fresh connection and let
+    /// it take over once that node answers a `PING` on it.
+    fn stalled(self: &Arc<Self>, node: usize, name: &str) {
+        let answered = (self.answered_ms.get(node, Default::default)).load(Ordering::Relaxed);
+        let Some(runtime) = self.replacement.due(answered) else {
+            return;
+        };
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let route = match name.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>())) {
+            Some((host, Ok(port))) => SingleNodeRoutingInfo::ByAddress {
+                host: host.to_owned(),
+                port,
+            },
+            _ => SingleNodeRoutingInfo::Random,
+        };
+        let (me, handshake) = (self.clone(), self.replacement.handshake);
+        runtime.spawn(async move {
+            let fresh = async {
+                let mut conn = me.client.get_async_connection().await?;
+                let ping = redis::cmd("PING");
+                conn.route_command(ping, RoutingInfo::SingleNode(route))
+                    .await?;
+                Ok::<_, redis::RedisError>(conn)
+            };
+            if let Ok(Ok(conn)) = tokio::time::timeout(handshake, fresh).await {
+                me.current.store(Some(Arc::new(conn)));
+                me.answered(node);
+                tracing::info!(
+                    node,
+                    "redis: a Cluster node stopped answering; a new connection took over"
+                );
+            }
+        });
     }
 }
 
@@ -262,6 +349,8 @@ pub(super) const MODE_EVAL: u8 = 1;
 /// The connection and how decision calls are sent on it (shared with the batching task).
 pub(crate) struct Caller {
     pub(super) conn: Conn,
+    /// Which node holds each key.
+    pub(super) topology: Arc<Topology>,
     pub(super) opts: RedisOptions,
     /// `MODE_FUNCTIONS` or `MODE_EVAL`; `Auto` starts with Functions and moves to
     /// `EVALSHA` for good when the server does not know `FCALL`.
@@ -325,10 +414,11 @@ impl CallCounters {
 
 impl Caller {
     /// Runs `call` on a clone of the connection, bounded by the timeout; counts it
-    /// as a call of `kind` with its time and outcome.
+    /// as a call of `kind` to node `node` with its time and outcome.
     pub(super) async fn timed<T, F>(
         &self,
         kind: CallKind,
+        node: usize,
         call: impl FnOnce(Conn) -> F,
     ) -> Result<T, Error>
     where
@@ -338,10 +428,13 @@ impl Caller {
         let result = tokio::time::timeout(self.opts.timeout, call(self.conn.clone()))
             .await
             .map_err(|_| {
-                self.conn.stalled();
+                self.conn.stalled(node, &self.topology.name(node));
                 super::timeout(self.opts.timeout)
             })
             .and_then(|r| r);
+        if result.is_ok() {
+            self.conn.answered(node);
+        }
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.times.call(kind, us, result.is_ok());
         result
@@ -392,7 +485,8 @@ impl Caller {
         self.checks
             .fetch_add(checks.len() as u64, Ordering::Relaxed);
         self.times.batch(checks.len());
-        let value = (self.timed(CallKind::Decide, |conn| self.call(conn, checks))).await?;
+        let node = checks.first().map_or(0, |c| c.node);
+        let value = (self.timed(CallKind::Decide, node, |conn| self.call(conn, checks))).await?;
         split_reply(value, checks)
     }
 
@@ -415,14 +509,15 @@ impl Caller {
         .await
     }
 
-    /// One lease call (`lease.lua`), within the timeout; `push` appends its KEYS count,
-    /// KEYS and ARGV after the function name or the EVALSHA form.
+    /// One lease call (`lease.lua`) to node `node`, within the timeout; `push` appends
+    /// its KEYS count, KEYS and ARGV after the function name or the EVALSHA form.
     pub async fn lease(
         &self,
+        node: usize,
         families: u8,
         push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
     ) -> Result<Value, Error> {
-        self.timed(CallKind::Lease, |conn| {
+        self.timed(CallKind::Lease, node, |conn| {
             self.invoke(conn, families, Entry::Lease, push)
         })
         .await

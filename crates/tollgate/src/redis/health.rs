@@ -1,4 +1,4 @@
-//! Whether Redis is answering, as one limiter sees it: the failing/healthy transitions
+//! Whether a Redis node is answering, as one limiter sees it: the failing/healthy transitions
 //! (logged and counted), the probe schedule while failing, what a limiter decides
 //! meanwhile ([`OnError`]) and its counters ([`RedisStats`]).
 
@@ -62,9 +62,8 @@ pub(crate) enum Event {
     Decision = 0,
     Error = 1,
     Fallback = 2,
-    CacheHit = 3,
-    Outage = 4,
-    Recovery = 5,
+    Outage = 3,
+    Recovery = 4,
 }
 
 pub(crate) struct Health {
@@ -80,7 +79,7 @@ pub(crate) struct Health {
     /// Local time (us) the last outage began: a call sent before it that succeeds late
     /// (its answer was on the way when Redis died) is not a recovery.
     failed_at: AtomicU64,
-    stats: [AtomicU64; 6],
+    stats: [AtomicU64; 5],
 }
 
 impl Health {
@@ -111,7 +110,7 @@ impl Health {
             redis_decisions: s(Event::Decision),
             redis_errors: s(Event::Error),
             fallback_decisions: s(Event::Fallback),
-            negative_cache_hits: s(Event::CacheHit),
+            negative_cache_hits: 0, // counted by the limiter (a key's node is not looked up)
             outages: s(Event::Outage),
             recoveries: s(Event::Recovery),
             failing: self.failing.load(Ordering::Relaxed),

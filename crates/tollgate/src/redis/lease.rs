@@ -499,7 +499,10 @@ impl LeasedLimiter {
                 }
             }
         };
-        let value = inner.store.caller().lease(wire.families, &push).await?;
+        let (_, node) = inner.store.place(&keys[0]);
+        let value = (inner.store.caller())
+            .lease(node, wire.families, &push)
+            .await?;
         parse_answer(value, keys.len())
     }
 }

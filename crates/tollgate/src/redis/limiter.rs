@@ -12,6 +12,7 @@ use super::call::{CallOp, CheckCall};
 use super::health::{Event, Health, OnError, RedisStats};
 use super::script::Wire;
 use super::store::RedisStore;
+use super::topology::PerNode;
 use crate::Error;
 use crate::{KeyedLimiter, RateLimiter};
 
@@ -62,10 +63,16 @@ struct Cached {
 }
 
 struct Inner {
+    name: String,
     store: RedisStore,
     opts: RedisLimiterOptions,
     compiled: ArcSwap<Compiled>,
-    health: Health,
+    /// Health per Redis node (one for a single node): a Cluster node that fails
+    /// sends its own keys to the failure policy, and no other.
+    health: PerNode<Health>,
+    /// The negative cache's clock, and its hits.
+    clock: tollgate_core::MonotonicClock,
+    cache_hits: std::sync::atomic::AtomicU64,
     negative: Mutex<HashMap<String, Cached>>,
 }
 
@@ -82,7 +89,7 @@ pub struct RedisLimiter {
 impl std::fmt::Debug for RedisLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field("name", &self.inner.health.name())
+            .field("name", &self.inner.name)
             .field("rules", &self.inner.compiled.load().rules)
             .finish()
     }
@@ -113,8 +120,11 @@ impl RedisLimiter {
         let compiled = compile(rules.into(), &opts, &store)?;
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
+                name: name.into(),
                 store,
-                health: Health::new(name, opts.probe_interval),
+                health: PerNode::default(),
+                clock: tollgate_core::MonotonicClock::new(),
+                cache_hits: Default::default(),
                 opts,
                 compiled: ArcSwap::from_pointee(compiled),
                 negative: Mutex::new(HashMap::new()),
@@ -143,9 +153,46 @@ impl RedisLimiter {
         &self.inner.store
     }
 
-    /// Its counters now: decisions, errors, fallbacks, negative-cache hits, outages.
+    /// Its counters now: decisions, errors, fallbacks, negative-cache hits, outages,
+    /// summed over the Redis nodes (`failing`: some node is).
     pub fn stats(&self) -> RedisStats {
-        self.inner.health.stats()
+        let hits = self
+            .inner
+            .cache_hits
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut sum = RedisStats {
+            negative_cache_hits: hits,
+            ..RedisStats::default()
+        };
+        for h in self.inner.health.all().iter() {
+            sum += h.stats();
+        }
+        sum
+    }
+
+    /// Its counters per Redis node that has held one of its keys, with the node's
+    /// name (`host:port`; see [`RedisStore::node_name`]).
+    pub fn node_stats(&self) -> Vec<(std::sync::Arc<str>, RedisStats)> {
+        let all = self.inner.health.all();
+        let named = all.iter().enumerate();
+        named
+            .map(|(i, h)| (self.inner.store.node_name(i), h.stats()))
+            .collect()
+    }
+
+    /// The name of the Redis node that holds `key`'s state, as the store knows the
+    /// Cluster's slots now (see [`RedisStore::node_name`]).
+    pub fn node_of(&self, key: &str) -> std::sync::Arc<str> {
+        let compiled = self.inner.compiled.load();
+        let keys = self.keys(key, &compiled.wire);
+        let (_, node) = self.inner.store.place(&keys[0]);
+        self.inner.store.node_name(node)
+    }
+
+    /// Node `node`'s health.
+    fn health(&self, node: usize) -> std::sync::Arc<Health> {
+        let (name, probe) = (&self.inner.name, self.inner.opts.probe_interval);
+        self.inner.health.get(node, || Health::new(name, probe))
     }
 
     /// Decides at a time the caller gives (us since the Unix epoch, or a trace's
@@ -160,28 +207,8 @@ impl RedisLimiter {
         op: Op,
     ) -> Result<RuleDecision, Error> {
         let compiled = self.inner.compiled.load_full();
-        self.decide(&compiled, key, Some(now), Some(created), cost, op)
-            .await
-    }
-
-    /// One decision by Redis (see [`RedisStore::decide`]).
-    async fn decide(
-        &self,
-        compiled: &Compiled,
-        key: &str,
-        now: Option<u64>,
-        created: Option<u64>,
-        cost: u64,
-        op: Op,
-    ) -> Result<RuleDecision, Error> {
-        let call_op = match op {
-            Op::Try => CallOp::Try,
-            Op::Acquire => CallOp::Acquire,
-            Op::Charge | Op::Count => CallOp::Charge,
-        };
-        let check = self.check_call(compiled, call_op, key, now, created, cost);
-        self.inner
-            .store
+        let check = self.check_call(&compiled, op.into(), key, Some(now), Some(created), cost);
+        (self.inner.store)
             .decide(key, check, &compiled.rules, op)
             .await
     }
@@ -197,9 +224,13 @@ impl RedisLimiter {
         created: Option<u64>,
         cost: u64,
     ) -> CheckCall {
+        let keys = self.keys(key, &compiled.wire);
+        let (slot, node) = self.inner.store.place(&keys[0]);
         CheckCall {
             op,
-            keys: self.keys(key, &compiled.wire),
+            keys,
+            slot,
+            node,
             wire: compiled.wire.clone(),
             now,
             created,
@@ -270,12 +301,13 @@ impl RedisLimiter {
 
     /// The Redis keys of `key`'s states.
     fn keys(&self, key: &str, wire: &Wire) -> Vec<String> {
-        (self.inner.store).keys(self.inner.health.name(), key, &wire.suffixes)
+        (self.inner.store).keys(&self.inner.name, key, &wire.suffixes)
     }
 
     fn fallback(
         &self,
         compiled: &Compiled,
+        health: &Health,
         key: &str,
         cost: u64,
         op: Op,
@@ -304,12 +336,12 @@ impl RedisLimiter {
                 }))
             }
         };
-        self.inner.health.count(Event::Fallback);
+        health.count(Event::Fallback);
         d
     }
 
     fn cached(&self, key: &str, cost: u64) -> Option<Decision> {
-        let now = self.inner.health.clock.now_us();
+        let now = self.inner.clock.now_us();
         let mut map = lock(&self.inner.negative);
         let c = map.get(key)?;
         let elapsed = now.saturating_sub(c.at);
@@ -321,7 +353,7 @@ impl RedisLimiter {
         if cost < c.cost {
             return None;
         }
-        self.inner.health.count(Event::CacheHit);
+        (self.inner.cache_hits).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(Decision {
             retry_after_us: Some(retry - elapsed),
             reset_after_us: c.decision.reset_after_us.saturating_sub(elapsed),
@@ -341,7 +373,7 @@ impl RedisLimiter {
             key.to_owned(),
             Cached {
                 decision: d,
-                at: self.inner.health.clock.now_us(),
+                at: self.inner.clock.now_us(),
                 cost,
             },
         );
@@ -361,12 +393,14 @@ impl RateLimiter for RedisLimiter {
                 return Ok(RuleDecision::from(d));
             }
         }
-        let health = &self.inner.health;
+        let check = self.check_call(&compiled, op.into(), key, None, None, cost);
+        let health = self.health(check.node);
         if !health.should_try() {
-            return self.fallback(&compiled, key, cost, op, None);
+            return self.fallback(&compiled, &health, key, cost, op, None);
         }
         let sent = health.clock.now_us();
-        match self.decide(&compiled, key, None, None, cost, op).await {
+        let store = &self.inner.store;
+        match store.decide(key, check, &compiled.rules, op).await {
             Ok(d) => {
                 health.healthy(sent);
                 health.count(Event::Decision);
@@ -380,7 +414,8 @@ impl RateLimiter for RedisLimiter {
             }
             Err(e) if e.is_transient() => {
                 health.failed(&e, &self.inner.opts.on_error, sent);
-                self.fallback(&compiled, key, cost, op, Some(e))
+                store.call_failed();
+                self.fallback(&compiled, &health, key, cost, op, Some(e))
             }
             Err(e) => Err(e),
         }

@@ -45,6 +45,7 @@ pub(crate) mod quota;
 mod script;
 mod sentinel;
 mod store;
+mod topology;
 
 pub use concurrency::{PermitError, RedisConcurrencyLimiter, RedisConcurrencyOptions, RedisPermit};
 pub use connect::redacted;

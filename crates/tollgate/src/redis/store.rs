@@ -10,12 +10,13 @@ use redis::aio::ConnectionManagerConfig;
 use redis::{Script, Value};
 use tollgate_core::{Op, PolicyState, RuleDecision, RuleSet};
 
-use super::batch::Batcher;
+use super::batch::Batchers;
 use super::call::CheckCall;
 use super::connect::Target;
 use super::connection::{Caller, Conn, LaterCluster, SingleConn, MODE_EVAL, MODE_FUNCTIONS};
 use super::options::{CallKind, CallStats, RedisCalls, RedisOptions};
 use super::script::parse_state;
+use super::topology::{Topology, AFTER_FAILURE_MS, MAX_AGE_MS};
 use crate::Error;
 
 /// A connection to Redis (one node, or a Cluster) that decides requests atomically with
@@ -36,7 +37,7 @@ use crate::Error;
 #[derive(Clone)]
 pub struct RedisStore {
     caller: Arc<Caller>,
-    batcher: Option<Arc<Batcher>>,
+    batchers: Option<Arc<Batchers>>,
     url: Arc<str>,
 }
 
@@ -85,6 +86,9 @@ impl RedisStore {
         match store.ping_within(first).await {
             Ok(()) => {
                 store.caller.preload(first).await;
+                (store.caller.topology)
+                    .fetch(store.caller.conn.clone(), first)
+                    .await;
                 Ok(store)
             }
             Err(Ok(e)) => Err(super::connect::first_contact(url, tls, e)),
@@ -113,8 +117,11 @@ impl RedisStore {
                 "redis tls: certificate checks are off (insecure): anyone on the path can pose as Redis"
             );
         }
+        let handshake = opts.connect_timeout.max(opts.timeout);
         let conn = match super::connect::target(url, &opts)? {
-            Target::Cluster(client) => Conn::Cluster(Arc::new(LaterCluster::new(client))),
+            Target::Cluster(client) => {
+                Conn::Cluster(Arc::new(LaterCluster::new(client, opts.timeout, handshake)))
+            }
             Target::Sentinel(sentinels) => Conn::Sentinel(Arc::new(sentinels)),
             Target::Single(client) => {
                 // The call's own timeout (below) fires first and retires a connection
@@ -124,7 +131,6 @@ impl RedisStore {
                     .set_response_timeout(Some(opts.timeout * 2))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(100));
-                let handshake = opts.connect_timeout.max(opts.timeout);
                 let single =
                     SingleConn::new(client, config, opts.timeout, handshake).map_err(|e| {
                         Error::Config(format!("{}: {e}", super::connect::redacted(url)))
@@ -132,7 +138,10 @@ impl RedisStore {
                 Conn::Single(Arc::new(single))
             }
         };
-        let cluster = matches!(conn, Conn::Cluster(_));
+        let topology = Arc::new(match conn {
+            Conn::Cluster(_) => Topology::cluster(),
+            _ => Topology::single(&super::connect::redacted(url)),
+        });
         let mode = match opts.calls {
             RedisCalls::Eval => MODE_EVAL,
             RedisCalls::Auto | RedisCalls::Functions => MODE_FUNCTIONS,
@@ -140,24 +149,18 @@ impl RedisStore {
         let (batch, in_flight, direct) = (opts.batch, opts.in_flight, opts.direct_calls);
         let caller = Arc::new(Caller {
             conn,
+            topology,
             opts,
             mode: AtomicU8::new(mode),
             calls: AtomicU64::new(0),
             checks: AtomicU64::new(0),
             times: Default::default(),
         });
-        let batcher = (batch > 1).then(|| {
-            Arc::new(Batcher::start(
-                caller.clone(),
-                batch,
-                in_flight,
-                direct,
-                cluster,
-            ))
-        });
+        let batchers =
+            (batch > 1).then(|| Arc::new(Batchers::new(caller.clone(), batch, in_flight, direct)));
         Ok(RedisStore {
             caller,
-            batcher,
+            batchers,
             url: url.into(),
         })
     }
@@ -190,13 +193,14 @@ impl RedisStore {
         stats
     }
 
-    /// Runs `call` on a clone of the connection, bounded by the timeout.
-    async fn timed<T, F>(&self, call: impl FnOnce(Conn) -> F) -> Result<T, Error>
+    /// Runs `call` for the keys of node `node` on a clone of the connection, bounded
+    /// by the timeout.
+    async fn timed<T, F>(&self, node: usize, call: impl FnOnce(Conn) -> F) -> Result<T, Error>
     where
         F: std::future::Future<Output = redis::RedisResult<T>>,
     {
         (self.caller)
-            .timed(CallKind::Other, |c| async move {
+            .timed(CallKind::Other, node, |c| async move {
                 call(c).await.map_err(Error::from)
             })
             .await
@@ -218,7 +222,7 @@ impl RedisStore {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(Ok(e)),
             Err(_) => {
-                self.caller.conn.stalled();
+                self.caller.conn.stalled(0, &self.caller.topology.name(0));
                 Err(Err(super::timeout(limit)))
             }
         }
@@ -241,15 +245,43 @@ impl RedisStore {
         suffixes.iter().map(|s| format!("{base}{s}")).collect()
     }
 
-    /// One check by the decision driver, batched with others when batching is on.
+    /// The Cluster slot of a check whose first state key is `redis_key`, and the index
+    /// of the node that holds it (0 for one node); fetches the slot map again when it
+    /// is old.
+    pub(crate) fn place(&self, redis_key: &str) -> (u16, usize) {
+        let t = &self.caller.topology;
+        t.refresh_if_older(t, MAX_AGE_MS, &self.caller.conn, self.caller.opts.timeout);
+        let slot = t.slot(redis_key);
+        (slot, t.node_of(slot))
+    }
+
+    /// A call failed: the slot map is fetched again soon (a failover or a reshard may
+    /// have moved the key).
+    pub(crate) fn call_failed(&self) {
+        let t = &self.caller.topology;
+        t.refresh_if_older(
+            t,
+            AFTER_FAILURE_MS,
+            &self.caller.conn,
+            self.caller.opts.timeout,
+        );
+    }
+
+    /// The name of node `i` (`host:port`; for one node, its redacted URL; `cluster` for
+    /// a Cluster's keys while the slot map is not known yet).
+    pub fn node_name(&self, i: usize) -> Arc<str> {
+        self.caller.topology.name(i)
+    }
+
+    /// One check by the decision driver, batched with others for the same node when
+    /// batching is on.
     pub(crate) async fn call(&self, check: CheckCall, rules: &RuleSet) -> Result<Reply, Error> {
         let created = check.created;
-        let reply = match &self.batcher {
+        let reply = match &self.batchers {
             Some(b) => {
-                let timeout = self.caller.opts.timeout;
-                tokio::time::timeout(timeout, b.submit(check))
-                    .await
-                    .map_err(|_| super::timeout(timeout))??
+                (b.of(check.node))
+                    .submit(check, self.caller.opts.timeout)
+                    .await?
             }
             None => self.caller.send(&[&check]).await?.remove(0),
         };
@@ -290,10 +322,11 @@ impl RedisStore {
             inv.arg(a);
         }
         let inv = &inv;
+        let node = keys.first().map_or(0, |k| self.place(k).1);
         // A slot being resharded answers TRYAGAIN to a script whose keys are split
         // between the two nodes (and ASK/MOVED once the client's retries are spent):
         // try again until it settles, within the one timeout.
-        self.timed(|mut c| async move {
+        self.timed(node, |mut c| async move {
             loop {
                 match inv.invoke_async::<Value>(&mut c).await {
                     Err(e) if e.is_cluster_error() => {
@@ -312,8 +345,12 @@ impl RedisStore {
         for k in keys {
             cmd.arg(k);
         }
-        self.timed(|mut c| async move { cmd.query_async::<i64>(&mut c).await })
-            .await?;
+        let node = keys.first().map_or(0, |k| self.place(k).1);
+        self.timed(
+            node,
+            |mut c| async move { cmd.query_async::<i64>(&mut c).await },
+        )
+        .await?;
         Ok(())
     }
 
