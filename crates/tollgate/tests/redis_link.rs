@@ -243,7 +243,10 @@ fn one_cut_off_cluster_node_costs_only_its_own_keys() {
     std::thread::sleep(Duration::from_millis(3000));
     ns.cut(Some(&cut_host), true);
     let cut = ms();
-    std::thread::sleep(Duration::from_millis(8000));
+    std::thread::sleep(Duration::from_millis(4000));
+    // A readiness check sees which node is away (`/readyz`: degraded, not down).
+    let pings = testkit::rt().block_on(limiter.store().ping_nodes());
+    std::thread::sleep(Duration::from_millis(cut + 8000 - ms()));
     let healing = ms();
     ns.cut(Some(&cut_host), false);
     let calls = load.join().unwrap();
@@ -302,6 +305,11 @@ fn one_cut_off_cluster_node_costs_only_its_own_keys() {
         back <= 1000,
         "the cut node's keys back {back} ms after the heal"
     );
+    let away: Vec<&str> = (pings.iter())
+        .filter(|(_, r)| r.is_err())
+        .map(|(n, _)| &**n)
+        .collect();
+    assert_eq!((pings.len(), away), (3, vec![&*cut_node]), "{pings:?}");
     let stats = limiter.node_stats();
     let cut_stats = stats.iter().find(|(n, _)| **n == *cut_node).unwrap().1;
     assert!(

@@ -340,13 +340,17 @@ async fn healthcheck(State(service): State<Arc<DecisionService>>) -> Response {
     }
 }
 
-/// Ready when the store answers (always, for the memory store) and not draining.
+/// Ready when the store answers (always, for the memory store) and not draining;
+/// still ready, `degraded`, while some of a Cluster's nodes answer (the keys of the
+/// others get the failure policy, on every instance alike: taking this one out of
+/// service would not help).
 async fn readyz(State(service): State<Arc<DecisionService>>) -> Response {
     if service.draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response();
     }
     match service.ready().await {
-        Ok(()) => "OK\n".into_response(),
+        Ok(None) => "OK\n".into_response(),
+        Ok(Some(away)) => format!("degraded: {away}\n").into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("store unavailable: {e}\n"),

@@ -29,6 +29,7 @@ pub struct Metrics {
     keys: Family<Labels, Gauge>,
     /// The Redis store's counters (monotonic sums over its limiters), by event.
     redis: Family<Labels, Gauge>,
+    redis_nodes: Family<Labels, Gauge>,
     /// `serve`'s workers: connections, moves onto each, by worker.
     worker_connections: Family<Labels, Gauge>,
     worker_moves: Family<Labels, Gauge>,
@@ -280,6 +281,12 @@ impl Metrics {
             "Redis store events since start: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries; failing is 1 while Redis fails; quota_store_errors (RLQS bucket changes that failed), quota_late_assignments (RLQS assignments not sent: decided too long ago); tls_insecure is 1 when a Redis connection skips certificate checks (an insecure_* switch)",
             redis.clone(),
         );
+        let redis_nodes = Family::<Labels, Gauge>::default();
+        registry.register(
+            "redis_node_events",
+            "tollgate_redis_events by Redis node (host:port; a single node's is its URL, password hidden): decisions, errors, fallback_decisions, outages, recoveries; failing is 1 while that node fails (for a Cluster, its keys get the failure policy, the other nodes' decide as usual)",
+            redis_nodes.clone(),
+        );
         let worker_connections = Family::<Labels, Gauge>::default();
         registry.register(
             "worker_connections",
@@ -403,6 +410,7 @@ impl Metrics {
             worker_moves,
             worker_busy,
             redis,
+            redis_nodes,
             registry: root,
             decisions,
             hits,
@@ -551,6 +559,22 @@ impl Metrics {
     pub fn redis(&self, s: &tollgate::redis::RedisStats, tls_insecure: bool) {
         self.redis_events(&redis_events_of(s));
         self.redis_events(&[("tls_insecure", u64::from(tls_insecure))]);
+    }
+
+    /// Sets the Redis store's counters by node.
+    pub fn redis_nodes(
+        &self,
+        nodes: &std::collections::BTreeMap<std::sync::Arc<str>, tollgate::redis::RedisStats>,
+    ) {
+        for (node, stats) in nodes {
+            for (event, n) in redis_events_of(stats) {
+                if event == "negative_cache_hits" {
+                    continue; // kept per limit, not per node
+                }
+                let labels = vec![("node", node.to_string()), ("event", event.to_string())];
+                (self.redis_nodes.get_or_create(&labels)).set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
     }
 
     /// Sets the Redis stores' calls: `(store, its call_stats())`.

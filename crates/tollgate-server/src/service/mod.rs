@@ -540,20 +540,30 @@ impl DecisionService {
         self
     }
 
-    /// Whether the service can decide: with Redis, whether it answers (and the
-    /// per-second Redis, when there is one).
-    pub async fn ready(&self) -> Result<(), String> {
+    /// Whether the service can decide: with Redis, whether its nodes answer (and the
+    /// per-second Redis's, when there is one): `Err` when none of a store's do,
+    /// `Ok(Some(the nodes away))` when some of a Cluster's do not.
+    pub async fn ready(&self) -> Result<Option<String>, String> {
         if self.awaiting_rules() {
             // It could only answer 503: not ready, whatever the health check says.
             return Err(RequestError::NoRules.to_string());
         }
-        if let Some(store) = self.counters.store() {
-            store.ping().await.map_err(|e| e.to_string())?;
+        let mut away = Vec::new();
+        for (store, which) in [
+            (self.counters.store(), ""),
+            (self.counters.per_second_store(), "the per-second Redis: "),
+        ] {
+            let Some(store) = store else { continue };
+            let pings = store.ping_nodes().await;
+            let down: Vec<String> = (pings.iter())
+                .filter_map(|(node, r)| Some(format!("{which}node {node}: {}", r.as_ref().err()?)))
+                .collect();
+            if down.len() == pings.len() {
+                return Err(down.join("; "));
+            }
+            away.extend(down);
         }
-        if let Some(store) = self.counters.per_second_store() {
-            (store.ping().await).map_err(|e| format!("the per-second Redis: {e}"))?;
-        }
-        Ok(())
+        Ok((!away.is_empty()).then(|| away.join("; ")))
     }
 
     /// The rule files a reload reads.
@@ -641,7 +651,7 @@ impl DecisionService {
         // the other's half-set ones.
         let _scrape = self.metrics.scrape();
         let rules = self.rules.load();
-        let mut stats = *self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stats = (self.retired.lock().unwrap_or_else(|e| e.into_inner())).clone();
         let limits: Vec<_> = (rules.domains())
             .flat_map(|(domain, _)| rules.limits(domain).into_iter().map(move |l| (domain, l)))
             .collect();
@@ -675,6 +685,7 @@ impl DecisionService {
             );
             self.metrics
                 .redis(&stats.redis, self.counters.tls_insecure());
+            self.metrics.redis_nodes(&stats.nodes);
             self.metrics.leases(&stats.leases);
             self.metrics.quota_events(&self.quota.events());
         }

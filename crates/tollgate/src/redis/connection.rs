@@ -183,6 +183,23 @@ impl Conn {
         }
     }
 
+    /// A `PING` to the node named `name` (`host:port`; any node when the name is not
+    /// an address, and the one node of a single connection).
+    pub(super) async fn ping_node(&self, name: &str) -> redis::RedisResult<()> {
+        use redis::cluster_routing::RoutingInfo;
+        let ping = redis::cmd("PING");
+        match self {
+            Conn::Cluster(c) => {
+                let route = RoutingInfo::SingleNode(route_to(name));
+                c.get().await?.route_command(ping, route).await.map(drop)
+            }
+            other => ping
+                .query_async::<String>(&mut other.clone())
+                .await
+                .map(drop),
+        }
+    }
+
     /// A call to node `node` was answered.
     pub(super) fn answered(&self, node: usize) {
         if let Conn::Cluster(c) = self {
@@ -255,14 +272,8 @@ impl LaterCluster {
         let Some(runtime) = self.replacement.due(answered) else {
             return;
         };
-        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-        let route = match name.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>())) {
-            Some((host, Ok(port))) => SingleNodeRoutingInfo::ByAddress {
-                host: host.to_owned(),
-                port,
-            },
-            _ => SingleNodeRoutingInfo::Random,
-        };
+        use redis::cluster_routing::RoutingInfo;
+        let route = route_to(name);
         let (me, handshake) = (self.clone(), self.replacement.handshake);
         runtime.spawn(async move {
             let fresh = async {
@@ -281,6 +292,18 @@ impl LaterCluster {
                 );
             }
         });
+    }
+}
+
+/// The route to a Cluster node named `host:port` (any node for another name).
+fn route_to(name: &str) -> redis::cluster_routing::SingleNodeRoutingInfo {
+    use redis::cluster_routing::SingleNodeRoutingInfo;
+    match name.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>())) {
+        Some((host, Ok(port))) => SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port,
+        },
+        _ => SingleNodeRoutingInfo::Random,
     }
 }
 

@@ -213,6 +213,28 @@ impl RedisStore {
             .map_err(|e| e.map_or_else(|e| e, Error::from))
     }
 
+    /// Whether each node that holds keys answers a `PING` within the timeout, by name:
+    /// the one node, or every master of the Cluster's slot map (all at once). For a
+    /// readiness check that tells a Cluster with some nodes away (degraded: their keys
+    /// get the failure policy, the others decide as usual) from one with none left.
+    pub async fn ping_nodes(&self) -> Vec<(Arc<str>, Result<(), Error>)> {
+        let mut pings = tokio::task::JoinSet::new();
+        for (i, name) in self.caller.topology.serving() {
+            let caller = self.caller.clone();
+            pings.spawn(async move {
+                let ping = |conn: Conn| {
+                    let name = name.clone();
+                    async move { conn.ping_node(&name).await.map_err(Error::from) }
+                };
+                let r = caller.timed(CallKind::Other, i, ping).await;
+                (i, name, r)
+            });
+        }
+        let mut all = pings.join_all().await;
+        all.sort_by_key(|(i, _, _)| *i);
+        all.into_iter().map(|(_, name, r)| (name, r)).collect()
+    }
+
     /// A `PING` within `limit`: Redis's error as it came (`Err(Ok)`), or no answer in
     /// time (`Err(Err)`).
     async fn ping_within(&self, limit: Duration) -> Result<(), Result<redis::RedisError, Error>> {

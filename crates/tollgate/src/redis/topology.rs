@@ -126,6 +126,20 @@ impl Topology {
         map.nodes.get(i).cloned().unwrap_or_else(|| "?".into())
     }
 
+    /// The nodes that hold slots now, by index and name (node 0 alone while a
+    /// Cluster's map is not known).
+    pub fn serving(&self) -> Vec<(usize, Arc<str>)> {
+        let map = self.map.load();
+        let mut held = vec![map.owner.is_empty(); map.nodes.len()];
+        for &i in &map.owner {
+            held[usize::from(i)] = true;
+        }
+        (map.nodes.iter().enumerate())
+            .filter(|(i, _)| held[*i])
+            .map(|(i, n)| (i, n.clone()))
+            .collect()
+    }
+
     /// Fetches the map again (in a task of its own, within `timeout`) if it is older
     /// than `max_age_ms` and no other fetch started since.
     pub fn refresh_if_older(
@@ -254,5 +268,7 @@ mod tests {
         ]));
         assert_eq!((t.node_of(5), t.node_of(100), t.node_of(9000)), (3, 2, 2));
         assert_eq!(t.map.load().nodes.len(), 4);
+        let serving: Vec<usize> = t.serving().into_iter().map(|(i, _)| i).collect();
+        assert_eq!(serving, [2, 3], "node 1 holds no slot now");
     }
 }
