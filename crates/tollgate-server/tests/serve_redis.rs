@@ -2,6 +2,8 @@
 //! processes, real `tollgate` processes, a real HTTP client.
 
 use tollgate_testkit as testkit;
+#[path = "support/python.rs"]
+mod python;
 #[path = "support/serve.rs"]
 mod serve_process;
 
@@ -774,4 +776,137 @@ async fn serve_starts_before_its_redis_and_decides_once_it_answers() {
     }
     assert!(ready, "Redis never decided");
     assert_eq!(send(&server, "GET", "/readyz", "").await.0, 200);
+}
+
+/// Milliseconds since the Unix epoch (the Python client's timestamps).
+fn epoch_ms() -> f64 {
+    #[allow(clippy::disallowed_methods)] // matched against another process's clock
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1000.0
+}
+
+/// One call the Python client made: epoch ms, descriptor value, OK, code, ms taken.
+type PyCall = (f64, String, bool, String, f64);
+
+/// A Cluster of three masters in a network namespace of the test's own, one master's
+/// link cut for 8 s (packets dropped: no failover, the masters still see one
+/// another) while Python grpcio callers drive `serve`'s ShouldRateLimit over 300
+/// values: only that master's keys fail (`UNAVAILABLE`, the default failure policy),
+/// the others decide as usual at their usual latency, `/readyz` says degraded, and
+/// the cut keys are back within a second of the heal.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts a Redis Cluster in a network namespace and runs Python grpcio: run scripts/test.sh (as root)"
+)]
+#[test]
+fn one_cut_off_cluster_master_fails_only_its_own_keys_for_grpcio_callers() {
+    let _serial = testkit::timing_sensitive();
+    let ns = testkit::Namespace::new(3);
+    let cluster = RedisServers::cluster_in(&ns);
+    let dir = tempdir::Dir::new();
+    let rules = "domain: cut\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 1000000000 }\n";
+    std::fs::write(dir.path.join("rules.yaml"), rules).unwrap();
+    let url = cluster.url();
+    let config =
+        format!("rules: [rules.yaml]\nstore:\n  kind: redis\n  url: {url}\n  timeout: 250ms\n");
+    std::fs::write(dir.path.join("tollgate.yaml"), config).unwrap();
+    let server = start(&dir.path.join("tollgate.yaml"));
+    let out = dir.path.join("calls.json");
+    let load = {
+        let args = vec![
+            server.grpc.trim_start_matches("http://").to_string(),
+            server.base.clone(),
+            "14".to_string(),
+            out.display().to_string(),
+        ];
+        std::thread::spawn(move || python::run_python("cluster_cut.py", &args))
+    };
+    std::thread::sleep(Duration::from_millis(3000));
+    ns.cut(Some(&cluster.hosts[2]), true);
+    let cut = epoch_ms();
+    std::thread::sleep(Duration::from_millis(8000));
+    let healing = epoch_ms();
+    ns.cut(Some(&cluster.hosts[2]), false);
+    load.join().unwrap();
+    let recorded: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let calls: Vec<PyCall> = serde_json::from_value(recorded["calls"].clone()).unwrap();
+    let readyz: Vec<(f64, u16, String)> =
+        serde_json::from_value(recorded["readyz"].clone()).unwrap();
+    let during = |c: &&PyCall| c.0 >= cut + 300.0 && c.0 + c.4 < healing;
+    // The keys that failed during the cut: the cut master's (a third of the slots).
+    let failed: std::collections::HashSet<&str> = (calls.iter().filter(during))
+        .filter(|c| !c.2)
+        .map(|c| c.1.as_str())
+        .collect();
+    let healthy = |c: &PyCall| !failed.contains(c.1.as_str());
+    let p99 = |mut v: Vec<f64>| {
+        assert!(!v.is_empty());
+        v.sort_by(f64::total_cmp);
+        v[(v.len() * 99 / 100).min(v.len() - 1)]
+    };
+    let before: Vec<f64> = (calls.iter())
+        .filter(|c| c.0 > cut - 2000.0 && c.0 + c.4 < cut)
+        .filter(|c| healthy(c))
+        .map(|c| c.4)
+        .collect();
+    let in_cut: Vec<&PyCall> = calls.iter().filter(during).collect();
+    let ok_in_cut = in_cut.iter().filter(|c| c.2).count();
+    let healthy_in_cut: Vec<f64> = in_cut.iter().filter(|c| healthy(c)).map(|c| c.4).collect();
+    let back = (calls.iter())
+        .find(|c| c.0 >= healing && c.2 && failed.contains(c.1.as_str()))
+        .map(|c| c.0 - healing);
+    let slowest = calls.iter().map(|c| c.4).fold(0.0, f64::max);
+    let codes: std::collections::BTreeSet<&str> = (in_cut.iter())
+        .filter(|c| !c.2)
+        .map(|c| c.3.as_str())
+        .collect();
+    let ready_in_cut: Vec<&(f64, u16, String)> = (readyz.iter())
+        .filter(|r| r.0 >= cut + 1000.0 && r.0 + 300.0 < healing)
+        .collect();
+    let (p99_before, p99_cut) = (p99(before.clone()), p99(healthy_in_cut.clone()));
+    println!(
+        "{} calls; during the cut {ok_in_cut} of {} OK ({} keys failed: {codes:?}), \
+         healthy keys' p99 {p99_cut:.1} ms (before {p99_before:.1} ms, {} calls); \
+         slowest {slowest:.0} ms; the cut keys back {back:?} ms after the heal; \
+         /readyz during the cut: {:?}",
+        calls.len(),
+        in_cut.len(),
+        failed.len(),
+        before.len(),
+        ready_in_cut.iter().map(|r| r.1).collect::<Vec<_>>()
+    );
+    assert!(before.len() > 100, "too few calls before the cut");
+    assert!(
+        ok_in_cut * 100 >= in_cut.len() * 60,
+        "{ok_in_cut} of {} OK during the cut",
+        in_cut.len()
+    );
+    assert!(
+        (30..=150).contains(&failed.len()),
+        "{} of 300 keys failed during the cut: one master holds about 100",
+        failed.len()
+    );
+    assert_eq!(codes.into_iter().collect::<Vec<_>>(), ["UNAVAILABLE"]);
+    assert!(
+        p99_cut <= 2.0 * p99_before.max(10.0),
+        "healthy keys' p99 {p99_cut:.1} ms during the cut, {p99_before:.1} ms before"
+    );
+    assert!(
+        slowest < 1000.0,
+        "a call took {slowest:.0} ms (timeout 250 ms)"
+    );
+    let back = back.expect("the cut keys not back by the end");
+    assert!(
+        back <= 1000.0,
+        "the cut keys back {back:.0} ms after the heal"
+    );
+    assert!(
+        !ready_in_cut.is_empty()
+            && (ready_in_cut.iter()).all(|r| r.1 == 200 && r.2.starts_with("degraded: node ")),
+        "{ready_in_cut:?}"
+    );
 }
