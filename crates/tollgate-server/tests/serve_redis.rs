@@ -837,10 +837,17 @@ fn one_cut_off_cluster_master_fails_only_its_own_keys_for_grpcio_callers() {
     let readyz: Vec<(f64, u16, String)> =
         serde_json::from_value(recorded["readyz"].clone()).unwrap();
     let during = |c: &&PyCall| c.0 >= cut + 300.0 && c.0 + c.4 < healing;
-    // The keys that failed during the cut: the cut master's (a third of the slots).
-    let failed: std::collections::HashSet<&str> = (calls.iter().filter(during))
-        .filter(|c| !c.2)
-        .map(|c| c.1.as_str())
+    // The keys that failed during the cut: the cut master's (a third of the slots),
+    // each failing nearly every call, where a busy machine may time out a call of
+    // another key now and then.
+    let mut tally: std::collections::HashMap<&str, (usize, usize)> = Default::default();
+    for c in calls.iter().filter(during) {
+        let t = tally.entry(c.1.as_str()).or_default();
+        *t = (t.0 + usize::from(!c.2), t.1 + 1);
+    }
+    let failed: std::collections::HashSet<&str> = (tally.iter())
+        .filter(|(_, (bad, all))| bad * 2 > *all)
+        .map(|(k, _)| *k)
         .collect();
     let healthy = |c: &PyCall| !failed.contains(c.1.as_str());
     let p99 = |mut v: Vec<f64>| {
@@ -864,6 +871,7 @@ fn one_cut_off_cluster_master_fails_only_its_own_keys_for_grpcio_callers() {
         .filter(|c| !c.2)
         .map(|c| c.3.as_str())
         .collect();
+    let healthy_ok = (in_cut.iter()).filter(|c| healthy(c) && c.2).count();
     let ready_in_cut: Vec<&(f64, u16, String)> = (readyz.iter())
         .filter(|r| r.0 >= cut + 1000.0 && r.0 + 300.0 < healing)
         .collect();
@@ -891,6 +899,11 @@ fn one_cut_off_cluster_master_fails_only_its_own_keys_for_grpcio_callers() {
         failed.len()
     );
     assert_eq!(codes.into_iter().collect::<Vec<_>>(), ["UNAVAILABLE"]);
+    assert!(
+        healthy_ok * 100 >= healthy_in_cut.len() * 99,
+        "the other keys: {healthy_ok} of {} OK",
+        healthy_in_cut.len()
+    );
     assert!(
         p99_cut <= 2.0 * p99_before.max(10.0),
         "healthy keys' p99 {p99_cut:.1} ms during the cut, {p99_before:.1} ms before"

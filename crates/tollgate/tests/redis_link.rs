@@ -141,12 +141,12 @@ fn decisions_are_back_within_a_second_of_a_cut_link_healing() {
     );
 }
 
-/// One call of the Cluster test: ms since the start, whether its key is on the node
-/// that is cut, whether Redis decided (fail-closed: a reject is the failure policy),
+/// One call of the Cluster tests: ms since the start, whether its key is on the node
+/// at fault, whether Redis decided (fail-closed: a reject is the failure policy),
 /// and how long it took (us).
 struct Call {
     at_ms: u64,
-    on_cut_node: bool,
+    on_fault: bool,
     ok: bool,
     took_us: u64,
 }
@@ -158,18 +158,14 @@ fn p99(mut v: Vec<u64>) -> u64 {
     v[(v.len() * 99 / 100).min(v.len() - 1)]
 }
 
-#[cfg_attr(
-    not(feature = "external-servers"),
-    ignore = "starts a Redis Cluster in a network namespace: run scripts/test.sh (as root)"
-)]
-#[test]
-fn one_cut_off_cluster_node_costs_only_its_own_keys() {
-    let _serial = testkit::timing_sensitive();
-    let ns = testkit::Namespace::new(3);
-    let servers = testkit::RedisServers::cluster_in(&ns);
-    let (cut_node, cut_host) = (servers.addresses()[2].clone(), servers.hosts[2].clone());
-    let rt = testkit::rt();
-    let timeout = Duration::from_millis(250);
+/// A fail-closed limiter with `timeout` on `servers`' Cluster, and 300 keys, each
+/// with whether it is on the node `fault` names.
+fn cluster_limiter(
+    rt: &tokio::runtime::Runtime,
+    servers: &testkit::RedisServers,
+    fault: &str,
+    timeout: Duration,
+) -> (RedisLimiter, Vec<(String, bool)>) {
     let limiter = rt.block_on(async {
         let opts = RedisOptions {
             timeout,
@@ -183,63 +179,96 @@ fn one_cut_off_cluster_node_costs_only_its_own_keys() {
             on_error: OnError::FailClosed,
             ..Default::default()
         };
-        RedisLimiter::with_options(store, "cut", rules, opts).unwrap()
+        RedisLimiter::with_options(store, "fault", rules, opts).unwrap()
     });
     let keys: Vec<(String, bool)> = (0..300)
         .map(|i| {
             let key = format!("k{i}");
-            let on_cut = *limiter.node_of(&key) == *cut_node;
-            (key, on_cut)
+            let on_fault = *limiter.node_of(&key) == *fault;
+            (key, on_fault)
         })
         .collect();
-    let on_cut = keys.iter().filter(|k| k.1).count();
+    let n = keys.iter().filter(|k| k.1).count();
     assert!(
-        (50..250).contains(&on_cut),
-        "{on_cut} of 300 keys on {cut_node}: the slot map was not learned"
+        (50..250).contains(&n),
+        "{n} of 300 keys on {fault}: the slot map was not learned"
     );
-    // Eight callers, each a call every 2 ms over the keys in turn, for 14 s; the third
-    // master's link cut from 3 s to 11 s (the masters still see one another: no
-    // failover, the Cluster stays up).
+    (limiter, keys)
+}
+
+/// Eight callers, each a call every 2 ms over `keys` in turn, until `ms()` reaches
+/// `until_ms`: every call, in the order they were made.
+fn drive(
+    rt: tokio::runtime::Runtime,
+    limiter: &RedisLimiter,
+    keys: &[(String, bool)],
+    ms: impl Fn() -> u64 + Copy + Send + Sync + 'static,
+    until_ms: u64,
+) -> std::thread::JoinHandle<Vec<Call>> {
+    let (limiter, keys) = (limiter.clone(), keys.to_vec());
+    std::thread::spawn(move || {
+        rt.block_on(async {
+            let tasks: Vec<_> = (0..8)
+                .map(|t| {
+                    let (limiter, keys) = (limiter.clone(), keys.clone());
+                    tokio::spawn(async move {
+                        let mut calls = Vec::new();
+                        let mut n = t * 37;
+                        while ms() < until_ms {
+                            let (key, on_fault) = &keys[n % keys.len()];
+                            n += 1;
+                            let (at_ms, t0) = (ms(), Instant::now());
+                            let d = limiter.check(key, 1).await;
+                            let d = d.unwrap_or_else(|e| panic!("the failure policy answers: {e}"));
+                            calls.push(Call {
+                                at_ms,
+                                on_fault: *on_fault,
+                                ok: d.allowed,
+                                took_us: t0.elapsed().as_micros() as u64,
+                            });
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
+                        calls
+                    })
+                })
+                .collect();
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.unwrap());
+            }
+            all.sort_by_key(|c| c.at_ms);
+            all
+        })
+    })
+}
+
+/// The latencies (us) of the calls made within `[from, to)` (ms) that ended by `to`,
+/// on the node at fault (`on_fault`) or on the others.
+fn took(calls: &[Call], from: u64, to: u64, on_fault: bool) -> Vec<u64> {
+    (calls.iter())
+        .filter(|c| c.on_fault == on_fault && c.at_ms >= from && c.at_ms + c.took_us / 1000 < to)
+        .map(|c| c.took_us)
+        .collect()
+}
+
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts a Redis Cluster in a network namespace: run scripts/test.sh (as root)"
+)]
+#[test]
+fn one_cut_off_cluster_node_costs_only_its_own_keys() {
+    let _serial = testkit::timing_sensitive();
+    let ns = testkit::Namespace::new(3);
+    let servers = testkit::RedisServers::cluster_in(&ns);
+    let (cut_node, cut_host) = (servers.addresses()[2].clone(), servers.hosts[2].clone());
+    let rt = testkit::rt();
+    let (limiter, keys) = cluster_limiter(&rt, &servers, &cut_node, Duration::from_millis(250));
+    let on_cut = keys.iter().filter(|k| k.1).count();
+    // For 14 s; the third master's link cut from 3 s to 11 s (the masters still see
+    // one another: no failover, the Cluster stays up).
     let start = Instant::now();
     let ms = move || start.elapsed().as_millis() as u64;
-    let load = {
-        let (limiter, keys) = (limiter.clone(), keys.clone());
-        std::thread::spawn(move || {
-            rt.block_on(async {
-                let tasks: Vec<_> = (0..8)
-                    .map(|t| {
-                        let (limiter, keys) = (limiter.clone(), keys.clone());
-                        tokio::spawn(async move {
-                            let mut calls = Vec::new();
-                            let mut n = t * 37;
-                            while ms() < 14_000 {
-                                let (key, on_cut_node) = &keys[n % keys.len()];
-                                n += 1;
-                                let (at_ms, t0) = (ms(), Instant::now());
-                                let d = limiter.check(key, 1).await;
-                                let d =
-                                    d.unwrap_or_else(|e| panic!("the failure policy answers: {e}"));
-                                calls.push(Call {
-                                    at_ms,
-                                    on_cut_node: *on_cut_node,
-                                    ok: d.allowed,
-                                    took_us: t0.elapsed().as_micros() as u64,
-                                });
-                                tokio::time::sleep(Duration::from_millis(2)).await;
-                            }
-                            calls
-                        })
-                    })
-                    .collect();
-                let mut all = Vec::new();
-                for t in tasks {
-                    all.extend(t.await.unwrap());
-                }
-                all.sort_by_key(|c| c.at_ms);
-                all
-            })
-        })
-    };
+    let load = drive(rt, &limiter, &keys, ms, 14_000);
     std::thread::sleep(Duration::from_millis(3000));
     ns.cut(Some(&cut_host), true);
     let cut = ms();
@@ -250,21 +279,15 @@ fn one_cut_off_cluster_node_costs_only_its_own_keys() {
     let healing = ms();
     ns.cut(Some(&cut_host), false);
     let calls = load.join().unwrap();
-    let healthy_before: Vec<u64> = (calls.iter())
-        .filter(|c| !c.on_cut_node && c.at_ms >= 1000 && c.at_ms + c.took_us / 1000 < cut)
-        .map(|c| c.took_us)
-        .collect();
+    let healthy_before = took(&calls, 1000, cut, false);
     let during: Vec<&Call> = (calls.iter())
         .filter(|c| c.at_ms >= cut + 300 && c.at_ms + c.took_us / 1000 < healing)
         .collect();
-    let healthy_during: Vec<u64> = (during.iter())
-        .filter(|c| !c.on_cut_node)
-        .map(|c| c.took_us)
-        .collect();
+    let healthy_during = took(&calls, cut + 300, healing, false);
     let ok_during = during.iter().filter(|c| c.ok).count();
-    let healthy_ok = during.iter().filter(|c| !c.on_cut_node && c.ok).count();
+    let healthy_ok = during.iter().filter(|c| !c.on_fault && c.ok).count();
     let back = (calls.iter())
-        .find(|c| c.on_cut_node && c.ok && c.at_ms >= healing)
+        .find(|c| c.on_fault && c.ok && c.at_ms >= healing)
         .map(|c| c.at_ms - healing);
     let slowest = calls.iter().map(|c| c.took_us).max().unwrap() / 1000;
     let (p99_before, p99_during) = (p99(healthy_before.clone()), p99(healthy_during.clone()));
@@ -316,4 +339,117 @@ fn one_cut_off_cluster_node_costs_only_its_own_keys() {
         cut_stats.outages >= 1 && !cut_stats.failing,
         "{cut_stats:?}"
     );
+}
+
+/// Sends `DEBUG SLEEP secs` to the Redis at `addr` back to back until `until` (ms
+/// on `ms`): the node answers every call late, by up to `secs`, and is never down.
+fn slow_down(addr: &str, secs: &str, ms: impl Fn() -> u64, until: u64) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    let cmd = format!(
+        "*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n${}\r\n{secs}\r\n",
+        secs.len()
+    );
+    let mut ok = [0u8; 5];
+    while ms() < until {
+        conn.write_all(cmd.as_bytes()).unwrap();
+        conn.read_exact(&mut ok).unwrap();
+        assert_eq!(&ok, b"+OK\r\n");
+    }
+}
+
+/// Slow is not down: one master answering up to 50 ms late keeps deciding its keys
+/// (no outage, every decision Redis's); one answering up to 500 ms late, past the
+/// timeout, has its keys answered by the failure policy when it fails to answer in
+/// time, never later; the other masters' keys decide as usual, at their usual
+/// latency, throughout. Slow seconds alternate with normal ones, so that the
+/// machine's own noise falls on both sides of the comparison.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts a Redis Cluster: run scripts/test.sh"
+)]
+#[test]
+fn a_slow_cluster_node_slows_only_its_own_keys() {
+    let _serial = testkit::timing_sensitive();
+    let servers = testkit::RedisServers::cluster_of(0, &["--enable-debug-command", "yes"]);
+    let slow_node = servers.addresses()[2].clone();
+    let rt = testkit::rt();
+    // A timeout well above 50 ms (a busy machine adds its own delays), below 500 ms.
+    let timeout = Duration::from_millis(400);
+    let (limiter, keys) = cluster_limiter(&rt, &servers, &slow_node, timeout);
+    // For 17 s: from 1 s, four rounds of a normal second, a second with the third
+    // master up to 50 ms late, a normal second, and a second with it up to 500 ms late.
+    let start = Instant::now();
+    let ms = move || start.elapsed().as_millis() as u64;
+    let load = drive(rt, &limiter, &keys, ms, 17_000);
+    let rounds: Vec<u64> = (0..4).map(|r| 1000 + r * 4000).collect();
+    for &round in &rounds {
+        for (second, late) in [(1000, "0.05"), (3000, "0.5")] {
+            std::thread::sleep(Duration::from_millis((round + second).saturating_sub(ms())));
+            slow_down(&slow_node, late, ms, round + second + 1000);
+        }
+    }
+    let calls = load.join().unwrap();
+    let stats = limiter.node_stats();
+    // Calls of a second from its first 100 ms on (a slowdown's first calls overlap the
+    // second before), on the other nodes or on the slow one.
+    let of = |second: u64, on_fault: bool| -> Vec<u64> {
+        (rounds.iter())
+            .flat_map(|&r| took(&calls, r + second + 100, r + second + 1000, on_fault))
+            .collect()
+    };
+    let normal: Vec<u64> = [of(0, false), of(2000, false)].concat();
+    let (at_50, slow_50, at_500) = (of(1000, false), of(1000, true), of(3000, false));
+    let healthy_failed = (calls.iter())
+        .filter(|c| !c.on_fault && !c.ok && c.at_ms >= 1000)
+        .count();
+    let in_50 = |c: &&Call| {
+        let r = rounds.iter().rev().find(|&&r| r <= c.at_ms);
+        r.is_some_and(|r| (r + 1100..r + 2000).contains(&c.at_ms))
+    };
+    let slow_50_failed = (calls.iter())
+        .filter(|c| c.on_fault && !c.ok)
+        .filter(in_50)
+        .count();
+    let slowest = calls.iter().map(|c| c.took_us).max().unwrap() / 1000;
+    let (p_normal, p_50, p_500) = (p99(normal.clone()), p99(at_50), p99(at_500));
+    let slow_p99_50 = p99(slow_50.clone());
+    println!(
+        "{} calls; other keys' p99 {p_normal} us in normal seconds, {p_50} us while a \
+         node was up to 50 ms late, {p_500} us while it was up to 500 ms late; \
+         {healthy_failed} of theirs failed; the slow node's keys at 50 ms: \
+         {slow_50_failed} failed, p99 {slow_p99_50} us; \
+         slowest call {slowest} ms; {stats:?}",
+        calls.len(),
+    );
+    assert!(normal.len() > 500, "too few calls in normal seconds");
+    // The other masters' keys do not notice (a busy machine may time out one of
+    // their calls now and then, as it may at any time).
+    let healthy_calls = calls
+        .iter()
+        .filter(|c| !c.on_fault && c.at_ms >= 1000)
+        .count();
+    assert!(
+        healthy_failed * 100 <= healthy_calls,
+        "{healthy_failed} of {healthy_calls} calls of the other keys failed"
+    );
+    for (p, what) in [(p_50, "50 ms"), (p_500, "500 ms")] {
+        assert!(
+            p <= 2 * p_normal.max(5_000),
+            "other keys' p99 {p} us while a node was up to {what} late, {p_normal} us otherwise"
+        );
+    }
+    // 50 ms late is slow, not down: Redis decides every key, later.
+    assert_eq!(slow_50_failed, 0);
+    assert!(
+        slow_p99_50 >= 20_000,
+        "the slow node's keys were not slowed"
+    );
+    // 500 ms late is past the timeout: its keys get the failure policy, in time.
+    assert!(
+        slowest <= 400 + 250,
+        "a call took {slowest} ms (timeout 400 ms)"
+    );
+    let slow_stats = stats.iter().find(|(n, _)| **n == *slow_node).unwrap().1;
+    assert!(slow_stats.outages >= 1, "{slow_stats:?}");
 }
