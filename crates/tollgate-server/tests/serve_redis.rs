@@ -811,7 +811,7 @@ fn one_cut_off_cluster_master_fails_only_its_own_keys_for_grpcio_callers() {
     std::fs::write(dir.path.join("rules.yaml"), rules).unwrap();
     let url = cluster.url();
     let config =
-        format!("rules: [rules.yaml]\nstore:\n  kind: redis\n  url: {url}\n  timeout: 250ms\n");
+        format!("rules: [rules.yaml]\nconsole:\n  path: /console\nstore:\n  kind: redis\n  url: {url}\n  timeout: 250ms\n");
     std::fs::write(dir.path.join("tollgate.yaml"), config).unwrap();
     let server = start(&dir.path.join("tollgate.yaml"));
     let out = dir.path.join("calls.json");
@@ -836,6 +836,7 @@ fn one_cut_off_cluster_master_fails_only_its_own_keys_for_grpcio_callers() {
     let calls: Vec<PyCall> = serde_json::from_value(recorded["calls"].clone()).unwrap();
     let readyz: Vec<(f64, u16, String)> =
         serde_json::from_value(recorded["readyz"].clone()).unwrap();
+    let console: Vec<(f64, String)> = serde_json::from_value(recorded["console"].clone()).unwrap();
     let during = |c: &&PyCall| c.0 >= cut + 300.0 && c.0 + c.4 < healing;
     // The keys that failed during the cut: the cut master's (a third of the slots),
     // each failing nearly every call, where a busy machine may time out a call of
@@ -920,6 +921,16 @@ fn one_cut_off_cluster_master_fails_only_its_own_keys_for_grpcio_callers() {
     assert!(
         !ready_in_cut.is_empty()
             && (ready_in_cut.iter()).all(|r| r.1 == 200 && r.2.starts_with("degraded: node ")),
-        "{ready_in_cut:?}"
+        "{ready_in_cut:?} of {readyz:?} (cut at {cut}, healed at {healing})"
+    );
+    // The console names the node (it samples once a second: from 2 s into the cut).
+    let cut_node = &cluster.addresses()[2];
+    let shown = format!("failing</strong> (node {cut_node}; the other 2 decide as usual)");
+    let console_in_cut: Vec<&(f64, String)> = (console.iter())
+        .filter(|c| c.0 >= cut + 2000.0 && c.0 + 300.0 < healing)
+        .collect();
+    assert!(
+        !console_in_cut.is_empty() && console_in_cut.iter().all(|c| c.1 == shown),
+        "{console_in_cut:?}"
     );
 }

@@ -63,6 +63,11 @@ pub struct Overview {
     pub store: String,
     /// Whether the Redis store fails now (`tollgate_redis_events{event="failing"}`).
     pub store_failing: bool,
+    /// The Redis nodes failing now, by name
+    /// (`tollgate_redis_node_events{event="failing"}`; a Cluster's other nodes decide).
+    pub failing_nodes: Vec<String>,
+    /// The Redis nodes known (`tollgate_redis_node_events`' `node`s).
+    pub nodes: usize,
     /// Decisions since start, by outcome (`tollgate_decisions_total`).
     pub decisions: Outcomes,
     /// Decisions per second over the last second.
@@ -439,6 +444,14 @@ fn overview(
         uptime_seconds: (now.time - start).max(0.0),
         store: store.to_string(),
         store_failing: now.sum("tollgate_redis_events", |s| s.label("event") == "failing") > 0.0,
+        failing_nodes: (now.samples.iter())
+            .filter(|s| s.name == "tollgate_redis_node_events" && s.label("event") == "failing")
+            .filter(|s| s.value > 0.0)
+            .map(|s| s.label("node").to_string())
+            .collect(),
+        nodes: (now.samples.iter())
+            .filter(|s| s.name == "tollgate_redis_node_events" && s.label("event") == "failing")
+            .count(),
         decisions: Outcomes::of(now.samples.iter()),
         per_second,
         latency_ms: before.and_then(|b| latency(now, b, "tollgate_decision_duration_seconds")),

@@ -180,17 +180,35 @@ fn outcome_cells(o: &Outcomes) -> String {
     )
 }
 
+/// The store and its state (the failing nodes named, when some are), as both
+/// overviews show it.
+pub fn store_line(o: &super::figures::Overview) -> String {
+    if !o.store_failing {
+        return format!("{} — ok", esc(&o.store));
+    }
+    let failing = &o.failing_nodes;
+    let nodes = if failing.is_empty() || failing.len() >= o.nodes {
+        String::new()
+    } else {
+        format!(
+            " (node {}; the other {} decide as usual)",
+            esc(&failing.join(", ")),
+            o.nodes - failing.len()
+        )
+    };
+    format!(
+        "{} — <strong class=\"bad\">failing</strong>{nodes}",
+        esc(&o.store)
+    )
+}
+
 /// The overview's live part.
 pub fn overview(fig: &Figures) -> String {
     let o = &fig.overview;
     let latency = o.latency_ms.map_or("–".to_string(), |l| {
         format!("{:.3} ms / {:.3} ms", l.p50, l.p99)
     });
-    let store = if o.store_failing {
-        format!("{} — <strong class=\"bad\">failing</strong>", esc(&o.store))
-    } else {
-        format!("{} — ok", esc(&o.store))
-    };
+    let store = store_line(o);
     let reload = if o.last_reload_ok {
         "ok"
     } else {

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::figures::Figures;
-use super::pages::{chart, count, esc, rate};
+use super::pages::{chart, count, esc, rate, store_line};
 use super::routes::RouteRow;
 
 fn ms_text(v: Option<f64>) -> String {
@@ -117,11 +117,7 @@ pub fn adaptive_page(rows: &[RouteRow]) -> String {
 /// The proxy's overview: its requests, each route at a glance, and the process.
 pub fn overview_page(fig: &Figures) -> String {
     let o = &fig.overview;
-    let store = if o.store_failing {
-        format!("{} — <strong class=\"bad\">failing</strong>", esc(&o.store))
-    } else {
-        format!("{} — ok", esc(&o.store))
-    };
+    let store = store_line(o);
     let mut rows = String::new();
     for r in &fig.routes {
         let _ = write!(

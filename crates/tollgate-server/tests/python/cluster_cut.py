@@ -6,7 +6,8 @@ judges what this records:
     python3 cluster_cut.py GRPC_ADDR HTTP_URL SECONDS OUT_JSON
 
 OUT_JSON gets {"calls": [[epoch_ms, value, ok, code, took_ms], ...],
-"readyz": [[epoch_ms, status, body], ...]}. A call is ok when the answer is OK;
+"readyz": [[epoch_ms, status, body], ...], "console": [[epoch_ms, store_line], ...]}
+(the console overview's store line: what follows "Store" up to the line's end). A call is ok when the answer is OK;
 anything else (an Envoy code, a gRPC error) is recorded with its name.
 """
 
@@ -23,7 +24,7 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 grpc_addr, http_url, seconds, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 end = time.time() + seconds
-calls, readyz = [], []
+calls, readyz, console = [], [], []
 lock = threading.Lock()
 
 
@@ -58,6 +59,14 @@ def poller():
                 readyz.append([t0 * 1000, r.status, r.read().decode()])
         except urllib.error.HTTPError as e:
             readyz.append([t0 * 1000, e.code, e.read().decode()])
+        try:
+            with urllib.request.urlopen(http_url + "/console/", timeout=5) as r:
+                page = r.read().decode()
+            at = page.find("failing</strong>")
+            line = page[at : page.find("<", at + 17)] if at >= 0 else "ok"
+        except Exception as e:  # recorded: the Rust test shows it
+            line = f"error: {e!r}"
+        console.append([t0 * 1000, line])
         time.sleep(0.5)
 
 
@@ -68,5 +77,5 @@ for t in threads:
 for t in threads:
     t.join()
 with open(out, "w") as f:
-    json.dump({"calls": sorted(calls), "readyz": readyz}, f)
+    json.dump({"calls": sorted(calls), "readyz": readyz, "console": console}, f)
 print(f"{len(calls)} calls, {len(readyz)} readiness checks; all checks passed")

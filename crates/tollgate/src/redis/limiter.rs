@@ -174,9 +174,9 @@ impl RedisLimiter {
     /// name (`host:port`; see [`RedisStore::node_name`]).
     pub fn node_stats(&self) -> Vec<(std::sync::Arc<str>, RedisStats)> {
         let all = self.inner.health.all();
-        let named = all.iter().enumerate();
-        named
+        (all.iter().enumerate())
             .map(|(i, h)| (self.inner.store.node_name(i), h.stats()))
+            .filter(|(_, s)| *s != RedisStats::default())
             .collect()
     }
 
