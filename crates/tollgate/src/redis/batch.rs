@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::call::{CheckCall, CheckReply};
 use super::connection::Caller;
-use super::topology::PerNode;
+use super::per_node::PerNode;
 use crate::Error;
 
 struct Pending {
@@ -159,46 +159,5 @@ async fn send(caller: Arc<Caller>, batch: Vec<Pending>) {
                 let _ = p.done.send(Err(e.clone()));
             }
         }
-    }
-}
-
-/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, modulo 16384.
-pub(crate) fn slot(key: &str) -> u16 {
-    let b = key.as_bytes();
-    let tagged = b.iter().position(|&c| c == b'{').and_then(|open| {
-        let close = b[open + 1..].iter().position(|&c| c == b'}')?;
-        (close > 0).then(|| &b[open + 1..open + 1 + close])
-    });
-    crc16(tagged.unwrap_or(b)) % 16384
-}
-
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-#[cfg(test)]
-mod tests {
-    use super::slot;
-
-    #[test]
-    fn slots_match_redis_cluster_keyslot() {
-        // Values from CLUSTER KEYSLOT on Redis 7.0.
-        assert_eq!(slot("foo"), 12182);
-        assert_eq!(slot("bar"), 5061);
-        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
-        assert_eq!(slot("{user1000}.following"), slot("user1000"));
-        // An empty tag hashes the whole key.
-        assert_eq!(slot("foo{}{bar}"), 8363);
     }
 }

@@ -14,9 +14,10 @@ use super::call::{nonce, push_call, push_try, split_reply, CallOp, CheckCall, Ch
 use super::options::{
     CallKind, CallStats, CallTimes, RedisCalls, RedisOptions, BATCH_BOUNDS, CALL_BOUNDS_US,
 };
+use super::per_node::PerNode;
 use super::script::{eval_script, library};
 use super::sentinel::SentinelConn;
-use super::topology::{PerNode, Topology};
+use super::topology::Topology;
 use crate::Error;
 
 #[derive(Clone)]

@@ -10,9 +10,9 @@ use tollgate_core::{Clock, Decision, Op, RuleDecision, RuleSet};
 
 use super::call::{CallOp, CheckCall};
 use super::health::{Event, Health, OnError, RedisStats};
+use super::per_node::PerNode;
 use super::script::Wire;
 use super::store::RedisStore;
-use super::topology::PerNode;
 use crate::Error;
 use crate::{KeyedLimiter, RateLimiter};
 

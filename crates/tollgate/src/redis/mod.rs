@@ -41,6 +41,7 @@ mod health;
 mod lease;
 mod limiter;
 mod options;
+mod per_node;
 pub(crate) mod quota;
 mod script;
 mod sentinel;

@@ -86,9 +86,7 @@ impl RedisStore {
         match store.ping_within(first).await {
             Ok(()) => {
                 store.caller.preload(first).await;
-                (store.caller.topology)
-                    .fetch(store.caller.conn.clone(), first)
-                    .await;
+                fetch_map(&store.caller, first).await;
                 Ok(store)
             }
             Err(Ok(e)) => Err(super::connect::first_contact(url, tls, e)),
@@ -271,22 +269,28 @@ impl RedisStore {
     /// of the node that holds it (0 for one node); fetches the slot map again when it
     /// is old.
     pub(crate) fn place(&self, redis_key: &str) -> (u16, usize) {
+        self.refresh_map(MAX_AGE_MS);
         let t = &self.caller.topology;
-        t.refresh_if_older(t, MAX_AGE_MS, &self.caller.conn, self.caller.opts.timeout);
         let slot = t.slot(redis_key);
         (slot, t.node_of(slot))
+    }
+
+    /// Fetches the Cluster's slot map again, in a task of its own, if it is older
+    /// than `max_age_ms`.
+    fn refresh_map(&self, max_age_ms: u64) {
+        if !self.caller.topology.due(max_age_ms) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (caller, timeout) = (self.caller.clone(), self.caller.opts.timeout);
+            runtime.spawn(async move { fetch_map(&caller, timeout).await });
+        }
     }
 
     /// A call failed: the slot map is fetched again soon (a failover or a reshard may
     /// have moved the key).
     pub(crate) fn call_failed(&self) {
-        let t = &self.caller.topology;
-        t.refresh_if_older(
-            t,
-            AFTER_FAILURE_MS,
-            &self.caller.conn,
-            self.caller.opts.timeout,
-        );
+        self.refresh_map(AFTER_FAILURE_MS);
     }
 
     /// The name of node `i` (`host:port`; for one node, its redacted URL; `cluster` for
@@ -411,6 +415,22 @@ impl RedisStore {
             )));
         }
         Ok(d)
+    }
+}
+
+/// Fetches a Cluster's slot map now (`CLUSTER SLOTS`), within `timeout`; a failure
+/// leaves the map it had.
+async fn fetch_map(caller: &Caller, timeout: Duration) {
+    if !caller.topology.is_cluster() {
+        return;
+    }
+    let mut conn = caller.conn.clone();
+    let mut cmd = redis::cmd("CLUSTER");
+    let slots = cmd.arg("SLOTS").query_async::<Value>(&mut conn);
+    match tokio::time::timeout(timeout, slots).await {
+        Ok(Ok(reply)) => caller.topology.learn(&reply),
+        Ok(Err(e)) => tracing::debug!(error = %e, "redis: CLUSTER SLOTS failed"),
+        Err(_) => tracing::debug!("redis: CLUSTER SLOTS unanswered"),
     }
 }
 

@@ -11,52 +11,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use redis::Value;
 use tollgate_core::{Clock, MonotonicClock};
-
-use super::batch::slot;
-use super::connection::Conn;
-
-/// Something kept per node (a limiter's health, a batching queue), by node index, made
-/// on a node's first use.
-pub(crate) struct PerNode<T> {
-    list: ArcSwap<Vec<Arc<T>>>,
-    grow: std::sync::Mutex<()>,
-}
-
-impl<T> Default for PerNode<T> {
-    fn default() -> Self {
-        PerNode {
-            list: ArcSwap::from_pointee(Vec::new()),
-            grow: std::sync::Mutex::new(()),
-        }
-    }
-}
-
-impl<T> PerNode<T> {
-    /// Node `i`'s, made with `make` (for it and any node below it that has none yet).
-    pub fn get(&self, i: usize, make: impl Fn() -> T) -> Arc<T> {
-        if let Some(t) = self.list.load().get(i) {
-            return t.clone();
-        }
-        let _grow = self.grow.lock().unwrap_or_else(|e| e.into_inner());
-        let mut list = Vec::clone(&self.list.load());
-        while list.len() <= i {
-            list.push(Arc::new(make()));
-        }
-        let t = list[i].clone();
-        self.list.store(Arc::new(list));
-        t
-    }
-
-    /// Every node's made so far, by index.
-    pub fn all(&self) -> Arc<Vec<Arc<T>>> {
-        self.list.load_full()
-    }
-}
 
 /// A map this old is fetched again on the next call.
 pub(crate) const MAX_AGE_MS: u64 = 10_000;
@@ -140,52 +98,29 @@ impl Topology {
             .collect()
     }
 
-    /// Fetches the map again (in a task of its own, within `timeout`) if it is older
-    /// than `max_age_ms` and no other fetch started since.
-    pub fn refresh_if_older(
-        &self,
-        this: &Arc<Topology>,
-        max_age_ms: u64,
-        conn: &Conn,
-        timeout: Duration,
-    ) {
+    /// Whether to fetch the map again now: it is older than `max_age_ms` and no
+    /// other fetch started since (this one is then counted as started).
+    pub fn due(&self, max_age_ms: u64) -> bool {
         if !self.cluster {
-            return;
+            return false;
         }
         let now = self.clock.now_us() / 1000 + 1;
         let last = self.fetched_ms.load(Ordering::Relaxed);
         if last != 0 && now < last.saturating_add(max_age_ms) {
-            return;
+            return false;
         }
-        if (self.fetched_ms)
+        (self.fetched_ms)
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (me, conn) = (this.clone(), conn.clone());
-        runtime.spawn(async move { me.fetch(conn, timeout).await });
+            .is_ok()
     }
 
-    /// Fetches the map now, within `timeout` (a failure leaves the old one).
-    pub async fn fetch(&self, mut conn: Conn, timeout: Duration) {
-        if !self.cluster {
-            return;
-        }
-        let mut cmd = redis::cmd("CLUSTER");
-        let slots = cmd.arg("SLOTS").query_async::<Value>(&mut conn);
-        match tokio::time::timeout(timeout, slots).await {
-            Ok(Ok(reply)) => self.learn(&reply),
-            Ok(Err(e)) => tracing::debug!(error = %e, "redis: CLUSTER SLOTS failed"),
-            Err(_) => tracing::debug!("redis: CLUSTER SLOTS unanswered"),
-        }
+    /// Whether this is a Cluster (whose map is fetched).
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
     }
 
     /// Takes in a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ...], replicas...], ...]`.
-    fn learn(&self, reply: &Value) {
+    pub fn learn(&self, reply: &Value) {
         let Value::Array(ranges) = reply else { return };
         let old = self.map.load();
         let mut nodes = old.nodes.clone();
@@ -235,6 +170,31 @@ fn text(v: Option<&Value>) -> Option<String> {
     }
 }
 
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, modulo 16384.
+pub(crate) fn slot(key: &str) -> u16 {
+    let b = key.as_bytes();
+    let tagged = b.iter().position(|&c| c == b'{').and_then(|open| {
+        let close = b[open + 1..].iter().position(|&c| c == b'}')?;
+        (close > 0).then(|| &b[open + 1..open + 1 + close])
+    });
+    crc16(tagged.unwrap_or(b)) % 16384
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,5 +230,16 @@ mod tests {
         assert_eq!(t.map.load().nodes.len(), 4);
         let serving: Vec<usize> = t.serving().into_iter().map(|(i, _)| i).collect();
         assert_eq!(serving, [2, 3], "node 1 holds no slot now");
+    }
+
+    #[test]
+    fn slots_match_redis_cluster_keyslot() {
+        // Values from CLUSTER KEYSLOT on Redis 7.0.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("bar"), 5061);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
+        // An empty tag hashes the whole key.
+        assert_eq!(slot("foo{}{bar}"), 8363);
     }
 }
