@@ -806,37 +806,9 @@ fn one_cut_off_cluster_master_fails_only_its_own_keys_for_grpcio_callers() {
     let _serial = testkit::timing_sensitive();
     let ns = testkit::Namespace::new(3);
     let cluster = RedisServers::cluster_in(&ns);
-    let dir = tempdir::Dir::new();
-    let rules = "domain: cut\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 1000000000 }\n";
-    std::fs::write(dir.path.join("rules.yaml"), rules).unwrap();
-    let url = cluster.url();
-    let config =
-        format!("rules: [rules.yaml]\nconsole:\n  path: /console\nstore:\n  kind: redis\n  url: {url}\n  timeout: 250ms\n");
-    std::fs::write(dir.path.join("tollgate.yaml"), config).unwrap();
-    let server = start(&dir.path.join("tollgate.yaml"));
-    let out = dir.path.join("calls.json");
-    let load = {
-        let args = vec![
-            server.grpc.trim_start_matches("http://").to_string(),
-            server.base.clone(),
-            "14".to_string(),
-            out.display().to_string(),
-        ];
-        std::thread::spawn(move || python::run_python("cluster_cut.py", &args))
-    };
-    std::thread::sleep(Duration::from_millis(3000));
-    ns.cut(Some(&cluster.hosts[2]), true);
-    let cut = epoch_ms();
-    std::thread::sleep(Duration::from_millis(8000));
-    let healing = epoch_ms();
-    ns.cut(Some(&cluster.hosts[2]), false);
-    load.join().unwrap();
-    let recorded: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    let calls: Vec<PyCall> = serde_json::from_value(recorded["calls"].clone()).unwrap();
-    let readyz: Vec<(f64, u16, String)> =
-        serde_json::from_value(recorded["readyz"].clone()).unwrap();
-    let console: Vec<(f64, String)> = serde_json::from_value(recorded["console"].clone()).unwrap();
+    let cut_host = cluster.hosts[2].clone();
+    let r = grpcio_across_a_cut(&cluster.url(), &|on| ns.cut(Some(&cut_host), on));
+    let (calls, readyz, console, cut, healing) = (r.calls, r.readyz, r.console, r.cut, r.healing);
     let during = |c: &&PyCall| c.0 >= cut + 300.0 && c.0 + c.4 < healing;
     // The keys that failed during the cut: the cut master's (a third of the slots),
     // each failing nearly every call, where a busy machine may time out a call of
@@ -933,4 +905,115 @@ fn one_cut_off_cluster_master_fails_only_its_own_keys_for_grpcio_callers() {
         !console_in_cut.is_empty() && console_in_cut.iter().all(|c| c.1 == shown),
         "{console_in_cut:?}"
     );
+}
+
+/// What the Python grpcio client saw across a cut link (see [`grpcio_across_a_cut`]).
+struct AcrossACut {
+    calls: Vec<PyCall>,
+    readyz: Vec<(f64, u16, String)>,
+    console: Vec<(f64, String)>,
+    /// When the link was cut and healed (epoch ms).
+    cut: f64,
+    healing: f64,
+}
+
+/// `serve` on the Redis at `url` (timeout 250 ms, the default failure policy: an
+/// error, `UNAVAILABLE` in gRPC), driven for 14 s by tests/python/cluster_cut.py;
+/// `cut_link(true)` at 3 s, `cut_link(false)` 8 s later.
+fn grpcio_across_a_cut(url: &str, cut_link: &dyn Fn(bool)) -> AcrossACut {
+    let dir = tempdir::Dir::new();
+    let rules = "domain: cut\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 1000000000 }\n";
+    std::fs::write(dir.path.join("rules.yaml"), rules).unwrap();
+    let config = format!(
+        "rules: [rules.yaml]\nconsole:\n  path: /console\nstore:\n  kind: redis\n  url: {url}\n  timeout: 250ms\n"
+    );
+    std::fs::write(dir.path.join("tollgate.yaml"), config).unwrap();
+    let server = start(&dir.path.join("tollgate.yaml"));
+    let out = dir.path.join("calls.json");
+    let load = {
+        let args = vec![
+            server.grpc.trim_start_matches("http://").to_string(),
+            server.base.clone(),
+            "14".to_string(),
+            out.display().to_string(),
+        ];
+        std::thread::spawn(move || python::run_python("cluster_cut.py", &args))
+    };
+    std::thread::sleep(Duration::from_millis(3000));
+    cut_link(true);
+    let cut = epoch_ms();
+    std::thread::sleep(Duration::from_millis(8000));
+    let healing = epoch_ms();
+    cut_link(false);
+    load.join().unwrap();
+    let recorded: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let field = |name: &str| recorded[name].clone();
+    AcrossACut {
+        calls: serde_json::from_value(field("calls")).unwrap(),
+        readyz: serde_json::from_value(field("readyz")).unwrap(),
+        console: serde_json::from_value(field("console")).unwrap(),
+        cut,
+        healing,
+    }
+}
+
+/// A standalone Redis's link cut for 8 s (packets dropped) while Python grpcio
+/// callers drive `serve`: every call during the cut is answered `UNAVAILABLE` within
+/// the timeout, `/readyz` says 503, and OK answers are back within a second of the
+/// heal.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server in a network namespace and runs Python grpcio: run scripts/test.sh (as root)"
+)]
+#[test]
+fn a_cut_redis_link_is_back_within_a_second_of_the_heal_for_grpcio_callers() {
+    let _serial = testkit::timing_sensitive();
+    let ns = testkit::Namespace::new(1);
+    let port = testkit::free_port();
+    let redis = Command::new("ip")
+        .args(["netns", "exec", &ns.name, &testkit::server_binary()])
+        .args(["--port", &port.to_string(), "--bind", &ns.addrs[0]])
+        .args(["--protected-mode", "no", "--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _redis = testkit::Killed(redis);
+    let url = format!("redis://{}:{port}/", ns.addrs[0]);
+    let r = grpcio_across_a_cut(&url, &|on| ns.cut(None, on));
+    let (cut, healing) = (r.cut, r.healing);
+    let before = r.calls.iter().filter(|c| c.0 + c.4 < cut && c.2).count();
+    let in_cut: Vec<&PyCall> = (r.calls.iter())
+        .filter(|c| c.0 >= cut + 300.0 && c.0 + c.4 < healing)
+        .collect();
+    let codes: std::collections::BTreeSet<&str> = in_cut.iter().map(|c| c.3.as_str()).collect();
+    let back = (r.calls.iter())
+        .find(|c| c.0 >= healing && c.2)
+        .map(|c| c.0 - healing);
+    let slowest = r.calls.iter().map(|c| c.4).fold(0.0, f64::max);
+    let ready_in_cut: Vec<u16> = (r.readyz.iter())
+        .filter(|x| x.0 >= cut + 1000.0 && x.0 + 300.0 < healing)
+        .map(|x| x.1)
+        .collect();
+    println!(
+        "{} calls ({before} OK before the cut); during the cut {} calls, {codes:?}; \
+         slowest {slowest:.0} ms; back {back:?} ms after the heal; /readyz during the \
+         cut: {ready_in_cut:?}",
+        r.calls.len(),
+        in_cut.len()
+    );
+    assert!(before > 100, "too few calls before the cut");
+    assert!(!in_cut.is_empty());
+    assert_eq!(codes.into_iter().collect::<Vec<_>>(), ["UNAVAILABLE"]);
+    assert!(
+        slowest < 1000.0,
+        "a call took {slowest:.0} ms (timeout 250 ms)"
+    );
+    let back = back.expect("not back by the end");
+    assert!(
+        back <= 1000.0,
+        "OK answers back {back:.0} ms after the heal"
+    );
+    assert!(!ready_in_cut.is_empty() && ready_in_cut.iter().all(|s| *s == 503));
 }
