@@ -970,17 +970,8 @@ fn grpcio_across_a_cut(url: &str, cut_link: &dyn Fn(bool)) -> AcrossACut {
 fn a_cut_redis_link_is_back_within_a_second_of_the_heal_for_grpcio_callers() {
     let _serial = testkit::timing_sensitive();
     let ns = testkit::Namespace::new(1);
-    let port = testkit::free_port();
-    let redis = Command::new("ip")
-        .args(["netns", "exec", &ns.name, &testkit::server_binary()])
-        .args(["--port", &port.to_string(), "--bind", &ns.addrs[0]])
-        .args(["--protected-mode", "no", "--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _redis = testkit::Killed(redis);
-    let url = format!("redis://{}:{port}/", ns.addrs[0]);
+    let redis = RedisServers::standalone_in(&ns);
+    let url = redis.url();
     let r = grpcio_across_a_cut(&url, &|on| ns.cut(None, on));
     let (cut, healing) = (r.cut, r.healing);
     let before = r.calls.iter().filter(|c| c.0 + c.4 < cut && c.2).count();

@@ -42,6 +42,14 @@ impl RedisServers {
         s
     }
 
+    /// One standalone server in `ns`, on its first address (`ns.addrs[0]`), so that
+    /// its link can be cut from this host ([`Namespace::cut`]).
+    pub fn standalone_in(ns: &Namespace) -> RedisServers {
+        let mut s = RedisServers::spawn(1, false, &[], None, Some(ns));
+        s.wait_ready();
+        s
+    }
+
     /// One standalone server speaking TLS only, with `pki`'s server certificate;
     /// `mutual`: every client must present a certificate signed by `pki`'s CA
     /// (`tls-auth-clients yes`). `extra` as for [`RedisServers::standalone_with`].

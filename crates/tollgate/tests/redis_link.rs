@@ -6,7 +6,7 @@
 //! them).
 #![allow(clippy::disallowed_methods)] // tests time real servers
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tollgate::redis::{OnError, RedisLimiter, RedisLimiterOptions, RedisOptions, RedisStore};
@@ -25,17 +25,8 @@ type Trace = Vec<(u64, bool, u64)>;
 fn decisions_are_back_within_a_second_of_a_cut_link_healing() {
     let _serial = testkit::timing_sensitive();
     let ns = testkit::Namespace::new(1);
-    let port = testkit::free_port();
-    let server = Command::new("ip")
-        .args(["netns", "exec", &ns.name, &testkit::server_binary()])
-        .args(["--port", &port.to_string(), "--bind", &ns.addrs[0]])
-        .args(["--protected-mode", "no", "--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _server = testkit::Killed(server);
-    let url = format!("redis://{}:{port}/", ns.addrs[0]);
+    let redis = testkit::RedisServers::standalone_in(&ns);
+    let url = redis.url();
     back_within_a_second_of_a_heal(&url, &|cut| ns.cut(None, cut));
 }
 
