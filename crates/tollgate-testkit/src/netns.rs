@@ -38,7 +38,8 @@ impl Namespace {
             "a /29 holds five addresses beside the host's"
         );
         static MADE: AtomicU32 = AtomicU32::new(0);
-        let made = MADE.fetch_add(1, Ordering::Relaxed) % 4;
+        let made = MADE.fetch_add(1, Ordering::Relaxed);
+        assert!(made < 4, "a test process makes at most four namespaces");
         let id = (std::process::id() % 50_000) * 4 + made;
         let name = format!("tgl{id}");
         let (host_if, inside) = (format!("tglh{id}"), format!("tgln{id}"));

@@ -50,7 +50,7 @@ impl Batchers {
         }
     }
 
-    /// Node `node`'s queue, started now (on the current Tokio runtime) if it has none.
+    /// Node `node`'s queue, started now (on the store's runtime) if it has none.
     pub fn of(&self, node: usize) -> Arc<Batcher> {
         let (max, in_flight, direct) = (self.max, self.in_flight, self.direct);
         (self.nodes).get(node, || {
@@ -70,7 +70,7 @@ pub(crate) struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the driver tasks on the current Tokio runtime. `max`: checks per call;
+    /// Starts the driver tasks on the store's runtime. `max`: checks per call;
     /// `in_flight`: queued calls outstanding at once (one driver each); `direct`: lone
     /// calls sent from callers' tasks at once, at most.
     pub fn start(caller: Arc<Caller>, max: usize, in_flight: usize, direct: usize) -> Batcher {
@@ -78,12 +78,12 @@ impl Batcher {
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let queued = Arc::new(AtomicUsize::new(0));
         for _ in 0..in_flight.max(1) {
-            let (caller, rx, queued) = (caller.clone(), rx.clone(), queued.clone());
-            tokio::spawn(drive(caller, rx, max.max(1), queued));
+            let (driver, rx, queued) = (caller.clone(), rx.clone(), queued.clone());
+            caller.spawn(drive(driver, rx, max.max(1), queued));
         }
         Batcher {
             queue,
-            caller,
+            caller: caller.clone(),
             direct: Semaphore::new(direct),
             queued,
         }

@@ -24,7 +24,9 @@ use crate::Error;
 #[allow(clippy::large_enum_variant)] // made once per store
 pub(super) enum Target {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    /// The Cluster's client, and a maker of one node's own client (readiness pings go
+    /// to each node apart, never through the Cluster client's routing).
+    Cluster(redis::cluster::ClusterClient, super::sentinel::MasterClient),
     Sentinel(SentinelConn),
 }
 
@@ -248,6 +250,17 @@ fn cluster(
     if let Some(password) = &opts.password {
         builder = builder.password(password.expose());
     }
+    let (user, password) = (opts.username.clone(), opts.password.clone());
+    let one = node.clone();
+    let scheme_of_one = scheme.to_string();
+    let node_client = move |host: &str, port: u16| {
+        let addr = super::sentinel::address(host, port);
+        one.client(
+            &format!("{scheme_of_one}://{userinfo}{addr}"),
+            user.as_deref(),
+            password.as_ref(),
+        )
+    };
     let Node {
         settings,
         certs,
@@ -266,7 +279,7 @@ fn cluster(
         }
     }
     let client = builder.build().map_err(|e| config(e.to_string()))?;
-    Ok(Target::Cluster(client))
+    Ok(Target::Cluster(client, Box::new(node_client)))
 }
 
 /// The PEM files of `tls`, read and checked; `None` when none is given (the system's
@@ -490,7 +503,7 @@ mod tests {
             "redis+cluster://user:p%2Bw%3D@127.0.0.1:1,127.0.0.1:2",
             &opts,
         );
-        assert!(matches!(t, Ok(Target::Cluster(_))), "{:?}", t.err());
+        assert!(matches!(t, Ok(Target::Cluster(..))), "{:?}", t.err());
     }
 
     #[test]

@@ -48,6 +48,8 @@ struct Replacement {
     /// When (ms on `clock`, from 1) a fresh connection was last tried.
     tried_ms: AtomicU64,
     clock: tollgate_core::MonotonicClock,
+    /// The runtime fresh connections are tried on (the store's).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Replacement {
@@ -58,6 +60,7 @@ impl Replacement {
             handshake,
             tried_ms: AtomicU64::new(0),
             clock: tollgate_core::MonotonicClock::new(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -81,7 +84,7 @@ impl Replacement {
         (self.tried_ms)
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .ok()?;
-        tokio::runtime::Handle::try_current().ok()
+        (self.runtime.clone()).or_else(|| tokio::runtime::Handle::try_current().ok())
     }
 }
 
@@ -184,20 +187,26 @@ impl Conn {
         }
     }
 
-    /// A `PING` to the node named `name` (`host:port`; any node when the name is not
-    /// an address, and the one node of a single connection).
-    pub(super) async fn ping_node(&self, name: &str) -> redis::RedisResult<()> {
-        use redis::cluster_routing::RoutingInfo;
+    /// A `PING` to the node named `name`: a Cluster node (`host:port`) on a fresh
+    /// connection of its own, so that a readiness check never goes through the
+    /// Cluster client's routing (which reconnects every node when the one asked for
+    /// has no connection); the one node of a single connection on it.
+    pub(super) async fn ping_node(&self, name: &str) -> Result<(), Error> {
         let ping = redis::cmd("PING");
-        match self {
-            Conn::Cluster(c) => {
-                let route = RoutingInfo::SingleNode(route_to(name));
-                c.get().await?.route_command(ping, route).await.map(drop)
+        let target = name.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+        match (self, target) {
+            (Conn::Cluster(c), Some((host, Ok(port)))) => {
+                let client = (c.node_client)(host.trim_matches(['[', ']']), port)?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                Ok(ping.query_async::<String>(&mut conn).await.map(drop)?)
             }
-            other => ping
+            (Conn::Cluster(c), _) => {
+                Ok(c.get().await?.req_packed_command(&ping).await.map(drop)?)
+            }
+            (other, _) => Ok(ping
                 .query_async::<String>(&mut other.clone())
                 .await
-                .map(drop),
+                .map(drop)?),
         }
     }
 
@@ -214,6 +223,8 @@ impl Conn {
 /// connection whose calls time out.
 pub(crate) struct LaterCluster {
     client: Arc<redis::cluster::ClusterClient>,
+    /// One node's own client, for readiness pings.
+    node_client: super::sentinel::MasterClient,
     current: arc_swap::ArcSwapOption<ClusterConnection>,
     connecting: tokio::sync::Mutex<()>,
     /// When (ms on the replacement's clock) each node last answered a call.
@@ -224,11 +235,13 @@ pub(crate) struct LaterCluster {
 impl LaterCluster {
     pub(super) fn new(
         client: redis::cluster::ClusterClient,
+        node_client: super::sentinel::MasterClient,
         timeout: Duration,
         handshake: Duration,
     ) -> LaterCluster {
         LaterCluster {
             client: Arc::new(client),
+            node_client,
             current: Default::default(),
             connecting: Default::default(),
             answered_ms: PerNode::default(),
@@ -375,6 +388,9 @@ pub(crate) struct Caller {
     pub(super) conn: Conn,
     /// Which node holds each key.
     pub(super) topology: Arc<Topology>,
+    /// The runtime the store was made on: its own tasks (batching, slot maps, fresh
+    /// connections) run there, not on whichever worker's runtime made a call first.
+    pub(super) runtime: Option<tokio::runtime::Handle>,
     pub(super) opts: RedisOptions,
     /// `MODE_FUNCTIONS` or `MODE_EVAL`; `Auto` starts with Functions and moves to
     /// `EVALSHA` for good when the server does not know `FCALL`.
@@ -437,6 +453,14 @@ impl CallCounters {
 }
 
 impl Caller {
+    /// Starts `task` on the store's runtime (the current one if it had none).
+    pub(super) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        match &self.runtime {
+            Some(rt) => drop(rt.spawn(task)),
+            None => drop(tokio::spawn(task)),
+        }
+    }
+
     /// Runs `call` on a clone of the connection, bounded by the timeout; counts it
     /// as a call of `kind` to node `node` with its time and outcome.
     pub(super) async fn timed<T, F>(

@@ -154,18 +154,15 @@ impl RedisLimiter {
     }
 
     /// Its counters now: decisions, errors, fallbacks, negative-cache hits, outages,
-    /// summed over the Redis nodes (`failing`: some node is).
+    /// summed over the Redis nodes (`failing`: some node that holds slots now is).
     pub fn stats(&self) -> RedisStats {
-        let hits = self
-            .inner
-            .cache_hits
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let hits = (self.inner.cache_hits).load(std::sync::atomic::Ordering::Relaxed);
         let mut sum = RedisStats {
             negative_cache_hits: hits,
             ..RedisStats::default()
         };
-        for h in self.inner.health.all().iter() {
-            sum += h.stats();
+        for (_, s) in self.each_node() {
+            sum += s;
         }
         sum
     }
@@ -173,11 +170,23 @@ impl RedisLimiter {
     /// Its counters per Redis node that has held one of its keys, with the node's
     /// name (`host:port`; see [`RedisStore::node_name`]).
     pub fn node_stats(&self) -> Vec<(std::sync::Arc<str>, RedisStats)> {
-        let all = self.inner.health.all();
-        (all.iter().enumerate())
-            .map(|(i, h)| (self.inner.store.node_name(i), h.stats()))
+        (self.each_node())
             .filter(|(_, s)| *s != RedisStats::default())
+            .map(|(i, s)| (self.inner.store.node_name(i), s))
             .collect()
+    }
+
+    /// Each node's counters, by index. A node that holds no slot now (one that lost
+    /// them in a failover, or a Cluster's placeholder before the slot map) is not
+    /// failing: no call goes there to find it back.
+    fn each_node(&self) -> impl Iterator<Item = (usize, RedisStats)> {
+        let serving = self.inner.store.serving_nodes();
+        let all = self.inner.health.all();
+        (0..all.len()).map(move |i| {
+            let mut s = all[i].stats();
+            s.failing &= serving.contains(&i);
+            (i, s)
+        })
     }
 
     /// The name of the Redis node that holds `key`'s state, as the store knows the

@@ -117,8 +117,12 @@ impl RedisStore {
         }
         let handshake = opts.connect_timeout.max(opts.timeout);
         let conn = match super::connect::target(url, &opts)? {
-            Target::Cluster(client) => {
-                Conn::Cluster(Arc::new(LaterCluster::new(client, opts.timeout, handshake)))
+            Target::Cluster(client, node_client) => {
+                // A fresh Cluster connection connects to the seeds, then to every
+                // master, each bounded by the connect timeout, then pings.
+                let handshake = handshake * 2 + opts.timeout;
+                let later = LaterCluster::new(client, node_client, opts.timeout, handshake);
+                Conn::Cluster(Arc::new(later))
             }
             Target::Sentinel(sentinels) => Conn::Sentinel(Arc::new(sentinels)),
             Target::Single(client) => {
@@ -148,6 +152,7 @@ impl RedisStore {
         let caller = Arc::new(Caller {
             conn,
             topology,
+            runtime: tokio::runtime::Handle::try_current().ok(),
             opts,
             mode: AtomicU8::new(mode),
             calls: AtomicU64::new(0),
@@ -222,7 +227,7 @@ impl RedisStore {
             pings.spawn(async move {
                 let ping = |conn: Conn| {
                     let name = name.clone();
-                    async move { conn.ping_node(&name).await.map_err(Error::from) }
+                    async move { conn.ping_node(&name).await }
                 };
                 let r = caller.timed(CallKind::Other, i, ping).await;
                 (i, name, r)
@@ -281,16 +286,22 @@ impl RedisStore {
         if !self.caller.topology.due(max_age_ms) {
             return;
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (caller, timeout) = (self.caller.clone(), self.caller.opts.timeout);
-            runtime.spawn(async move { fetch_map(&caller, timeout).await });
-        }
+        let (caller, timeout) = (self.caller.clone(), self.caller.opts.timeout);
+        self.caller
+            .spawn(async move { fetch_map(&caller, timeout).await });
     }
 
     /// A call failed: the slot map is fetched again soon (a failover or a reshard may
     /// have moved the key).
     pub(crate) fn call_failed(&self) {
         self.refresh_map(AFTER_FAILURE_MS);
+    }
+
+    /// The indexes of the nodes that hold slots now (see [`RedisStore::node_name`]).
+    pub(crate) fn serving_nodes(&self) -> Vec<usize> {
+        (self.caller.topology.serving().into_iter())
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// The name of node `i` (`host:port`; for one node, its redacted URL; `cluster` for

@@ -25,6 +25,9 @@ pub(crate) const AFTER_FAILURE_MS: u64 = 1_000;
 pub(crate) struct Topology {
     cluster: bool,
     map: ArcSwap<SlotMap>,
+    /// Held while a reply is taken in, so that two fetches never give one index to
+    /// two nodes.
+    learning: std::sync::Mutex<()>,
     /// When (ms on `clock`, from 1) a fetch was last started; 0: never.
     fetched_ms: AtomicU64,
     clock: MonotonicClock,
@@ -56,6 +59,7 @@ impl Topology {
                 owner: Vec::new(),
                 nodes: vec![first.into()],
             }),
+            learning: std::sync::Mutex::new(()),
             fetched_ms: AtomicU64::new(0),
             clock: MonotonicClock::new(),
         }
@@ -122,9 +126,11 @@ impl Topology {
     /// Takes in a `CLUSTER SLOTS` reply: `[[start, end, [host, port, ...], replicas...], ...]`.
     pub fn learn(&self, reply: &Value) {
         let Value::Array(ranges) = reply else { return };
+        let _one = self.learning.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.map.load();
         let mut nodes = old.nodes.clone();
         let mut owner = vec![0u16; 16384];
+        let mut learned = false;
         for range in ranges {
             let Value::Array(parts) = range else { continue };
             let (Some(start), Some(end), Some(master)) =
@@ -150,6 +156,10 @@ impl Topology {
             for o in &mut owner[start..=end.max(start)] {
                 *o = u16::try_from(i).unwrap_or(0);
             }
+            learned = true;
+        }
+        if !learned {
+            return; // nothing usable: keep the map it had
         }
         self.map.store(Arc::new(SlotMap { owner, nodes }));
     }
