@@ -446,6 +446,11 @@ fn cluster_slot_migration_under_load_keeps_the_limit_exact() {
         .unwrap();
         RedisLimiter::new(store, "mig", rules).unwrap()
     });
+    // Connecting loaded the decision code on every master, before any decision.
+    for c in &mut conns {
+        let listed: redis::Value = redis::cmd("FUNCTION").arg("LIST").query(c).unwrap();
+        assert!(format!("{listed:?}").contains("tollgate_"), "{listed:?}");
+    }
     let errors = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let load = {
         let (limiter, errors) = (limiter.clone(), errors.clone());

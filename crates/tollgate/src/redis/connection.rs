@@ -195,9 +195,8 @@ impl Conn {
         let ping = redis::cmd("PING");
         let target = name.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
         match (self, target) {
-            (Conn::Cluster(c), Some((host, Ok(port)))) => {
-                let client = (c.node_client)(host.trim_matches(['[', ']']), port)?;
-                let mut conn = client.get_multiplexed_async_connection().await?;
+            (Conn::Cluster(c), Some((_, Ok(_)))) => {
+                let mut conn = c.node_connection(name).await?;
                 Ok(ping.query_async::<String>(&mut conn).await.map(drop)?)
             }
             (Conn::Cluster(c), _) => {
@@ -271,6 +270,19 @@ impl LaterCluster {
         })?
     }
 
+    /// A fresh connection of its own to the node named `host:port` (readiness
+    /// pings, loading the library), outside the Cluster client's routing.
+    async fn node_connection(
+        &self,
+        name: &str,
+    ) -> Result<redis::aio::MultiplexedConnection, Error> {
+        let (host, port) = (name.rsplit_once(':'))
+            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
+            .ok_or_else(|| Error::Store(format!("not a node address: {name:?}")))?;
+        let client = (self.node_client)(host, port)?;
+        Ok(client.get_multiplexed_async_connection().await?)
+    }
+
     fn answered(&self, node: usize) {
         let now = self.replacement.now_ms();
         self.answered_ms
@@ -307,6 +319,26 @@ impl LaterCluster {
             }
         });
     }
+}
+
+/// Loads the Functions library on the node `conn` reaches, unless it has it.
+async fn load_library(conn: &mut impl ConnectionLike) -> redis::RedisResult<()> {
+    let lib = library();
+    let listed: Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(&lib.function)
+        .query_async(conn)
+        .await?;
+    if matches!(&listed, Value::Array(libraries) if !libraries.is_empty()) {
+        return Ok(());
+    }
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&lib.source)
+        .query_async::<Value>(conn)
+        .await
+        .map(drop)
 }
 
 /// The route to a Cluster node named `host:port` (any node for another name).
@@ -488,42 +520,42 @@ impl Caller {
         result
     }
 
-    /// Loads the Functions library now if the node lacks it, so that a store made at
-    /// start does not have its first decision pay for `FUNCTION LOAD` (68 KB of Lua
-    /// to compile) within the decision's timeout. Best effort, within `limit`: a
-    /// failure here leaves the load to the first call, as it always could; a Cluster
-    /// loads it on each node's first call.
+    /// Loads the Functions library now where a node lacks it (each master of a
+    /// Cluster, on a connection of its own), so that a store made at start does not
+    /// have its first decision on a node pay for `FUNCTION LOAD` (68 KB of Lua to
+    /// compile) within the decision's timeout. Best effort, within `limit` per node:
+    /// a failure here leaves the load to the first call, as it always could.
     pub(super) async fn preload(&self, limit: Duration) {
-        if self.mode.load(Ordering::Relaxed) != MODE_FUNCTIONS
-            || matches!(self.conn, Conn::Cluster(_))
-        {
+        if self.mode.load(Ordering::Relaxed) != MODE_FUNCTIONS {
             return;
         }
-        let lib = library();
-        let mut conn = self.conn.clone();
-        let load = async move {
-            let listed: Value = redis::cmd("FUNCTION")
-                .arg("LIST")
-                .arg("LIBRARYNAME")
-                .arg(&lib.function)
-                .query_async(&mut conn)
-                .await?;
-            if matches!(&listed, Value::Array(libraries) if !libraries.is_empty()) {
-                return Ok(());
+        let loaded = match &self.conn {
+            Conn::Cluster(c) => {
+                let mut all = Ok(());
+                for (_, name) in self.topology.serving() {
+                    let load = async {
+                        let mut conn = c.node_connection(&name).await?;
+                        Ok::<_, Error>(load_library(&mut conn).await?)
+                    };
+                    all = all.and(
+                        tokio::time::timeout(limit, load)
+                            .await
+                            .unwrap_or_else(|_| Err(super::timeout(limit))),
+                    );
+                }
+                all
             }
-            redis::cmd("FUNCTION")
-                .arg("LOAD")
-                .arg(&lib.source)
-                .query_async::<Value>(&mut conn)
-                .await
-                .map(drop)
+            other => {
+                let mut conn = other.clone();
+                let load = load_library(&mut conn);
+                match tokio::time::timeout(limit, load).await {
+                    Ok(r) => r.map_err(Error::from),
+                    Err(_) => Err(super::timeout(limit)),
+                }
+            }
         };
-        match tokio::time::timeout(limit, load).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "redis: the decision code is loaded on the first call")
-            }
-            Err(_) => tracing::debug!("redis: the decision code is loaded on the first call"),
+        if let Err(e) = loaded {
+            tracing::debug!(error = %e, "redis: the decision code is loaded on the first call");
         }
     }
 

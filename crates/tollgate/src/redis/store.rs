@@ -85,8 +85,8 @@ impl RedisStore {
         let store = RedisStore::connect_later(url, opts)?;
         match store.ping_within(first).await {
             Ok(()) => {
-                store.caller.preload(first).await;
                 fetch_map(&store.caller, first).await;
+                store.caller.preload(first).await;
                 Ok(store)
             }
             Err(Ok(e)) => Err(super::connect::first_contact(url, tls, e)),
