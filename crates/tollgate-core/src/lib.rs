@@ -62,6 +62,7 @@ pub mod quota;
 mod rules;
 mod spec;
 mod spec_error;
+mod stored;
 mod units;
 
 pub use algorithm::{Algorithm, CheckMode};
@@ -71,6 +72,7 @@ pub use list::{params_of, spec_names, AlgorithmKind};
 pub use policy::{densest_window, AnyAlgorithm, Op, Policy, PolicyState};
 pub use rules::{RuleDecision, RuleSet};
 pub use spec::SpecError;
+pub use stored::{StateError, StoredState};
 pub use units::{
     fmt_duration, parse_duration, Rate, MAX_COUNT, MAX_DEBT_US, MAX_DURATION_US, MAX_TIME_US,
 };

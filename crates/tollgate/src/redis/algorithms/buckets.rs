@@ -1,10 +1,10 @@
 //! `token-bucket` and `leaky-bucket` in Redis: `lua/buckets.lua` (they share their
 //! units).
 
-use tollgate_core::algorithms::{LeakyBucket, LeakyBucketState, TokenBucket, TokenBucketState};
+use tollgate_core::algorithms::{LeakyBucket, TokenBucket};
 use tollgate_core::{Policy, Rate};
 
-use super::{bounded, exactly, nums, LuaAlgorithm};
+use super::{bounded, LuaAlgorithm};
 use crate::Error;
 
 /// interval (ticks), scale, capacity * interval.
@@ -25,19 +25,6 @@ impl LuaAlgorithm for TokenBucket {
     fn encode(&self, p: &Policy) -> Result<(Vec<String>, u64), Error> {
         bucket(p, self.rate(), self.capacity_tokens())
     }
-
-    /// "tokens last".
-    fn parse_state(&self, s: &str) -> Result<TokenBucketState, Error> {
-        let [tokens, last] = exactly::<2, i64>(nums(s)?, s)?;
-        Ok(TokenBucketState {
-            tokens,
-            last: last as u64,
-        })
-    }
-
-    fn encode_state(&self, t: &TokenBucketState) -> Option<String> {
-        Some(format!("{} {}", t.tokens, t.last))
-    }
 }
 
 impl LuaAlgorithm for LeakyBucket {
@@ -46,18 +33,5 @@ impl LuaAlgorithm for LeakyBucket {
 
     fn encode(&self, p: &Policy) -> Result<(Vec<String>, u64), Error> {
         bucket(p, self.rate(), self.capacity_units())
-    }
-
-    /// "level last".
-    fn parse_state(&self, s: &str) -> Result<LeakyBucketState, Error> {
-        let [level, last] = exactly::<2, i64>(nums(s)?, s)?;
-        Ok(LeakyBucketState {
-            level,
-            last: last as u64,
-        })
-    }
-
-    fn encode_state(&self, l: &LeakyBucketState) -> Option<String> {
-        Some(format!("{} {}", l.level, l.last))
     }
 }

@@ -1,7 +1,7 @@
 //! `concurrency` in Redis: not the decision script's (permits are leases of their
 //! own, `RedisConcurrencyLimiter`).
 
-use tollgate_core::algorithms::{Concurrency, ConcurrencyState};
+use tollgate_core::algorithms::Concurrency;
 use tollgate_core::Policy;
 
 use super::LuaAlgorithm;
@@ -13,12 +13,6 @@ impl LuaAlgorithm for Concurrency {
     fn encode(&self, p: &Policy) -> Result<(Vec<String>, u64), Error> {
         Err(Error::Unsupported(format!(
             "{p}: concurrency limits in Redis are held by RedisConcurrencyLimiter (permits with leases), not by the decision script"
-        )))
-    }
-
-    fn parse_state(&self, s: &str) -> Result<ConcurrencyState, Error> {
-        Err(Error::Store(format!(
-            "no concurrency state in the decision script: {s:?}"
         )))
     }
 }

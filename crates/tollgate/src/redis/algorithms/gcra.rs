@@ -1,9 +1,9 @@
 //! `gcra` in Redis: `lua/gcra.lua`.
 
-use tollgate_core::algorithms::{Gcra, GcraState};
+use tollgate_core::algorithms::Gcra;
 use tollgate_core::Policy;
 
-use super::{bounded, nums, ticks, LuaAlgorithm};
+use super::{bounded, LuaAlgorithm};
 use crate::Error;
 
 impl LuaAlgorithm for Gcra {
@@ -20,28 +20,5 @@ impl LuaAlgorithm for Gcra {
             bounded("burst * interval", p, tau)?,
         ];
         Ok((params, u64::MAX))
-    }
-
-    /// "us" or "us frac" (ticks past the microsecond).
-    fn parse_state(&self, s: &str) -> Result<GcraState, Error> {
-        let v: Vec<u64> = nums(s)?;
-        let (us, frac) = match v[..] {
-            [us] => (us, 0),
-            [us, frac] => (us, frac),
-            _ => return Err(Error::Store(format!("bad gcra state {s:?}"))),
-        };
-        Ok(GcraState {
-            tat: ticks(us, frac, self.rate().scale()),
-        })
-    }
-
-    fn encode_state(&self, g: &GcraState) -> Option<String> {
-        let scale = self.rate().scale();
-        let (us, frac) = (g.tat / scale, g.tat % scale);
-        Some(if frac == 0 {
-            us.to_string()
-        } else {
-            format!("{us} {frac}")
-        })
     }
 }

@@ -1,9 +1,9 @@
 //! `limit-req` in Redis: `lua/limit_req.lua`.
 
-use tollgate_core::algorithms::{Delay, LimitReq, LimitReqState};
+use tollgate_core::algorithms::{Delay, LimitReq};
 use tollgate_core::Policy;
 
-use super::{bounded, exactly, nums, LuaAlgorithm};
+use super::{bounded, LuaAlgorithm};
 use crate::Error;
 
 impl LuaAlgorithm for LimitReq {
@@ -22,14 +22,5 @@ impl LuaAlgorithm for LimitReq {
             delay.to_string(),
         ];
         Ok((params, u64::MAX))
-    }
-
-    /// "last_ms excess".
-    fn parse_state(&self, s: &str) -> Result<LimitReqState, Error> {
-        let [last_ms, excess] = exactly::<2, i64>(nums(s)?, s)?;
-        Ok(LimitReqState {
-            last_ms: last_ms as u64,
-            excess,
-        })
     }
 }

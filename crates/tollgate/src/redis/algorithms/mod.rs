@@ -11,7 +11,7 @@ mod shaper;
 mod smooth;
 mod windows;
 
-use tollgate_core::{Algorithm, AlgorithmKind, AnyAlgorithm, Policy, PolicyState};
+use tollgate_core::{AlgorithmKind, AnyAlgorithm, Policy, PolicyState, StoredState};
 
 use crate::Error;
 
@@ -20,7 +20,7 @@ use crate::Error;
 pub(super) const LUA_EXACT: u128 = 1 << 52;
 
 /// An algorithm as the Lua decision code knows it.
-pub(crate) trait LuaAlgorithm: Algorithm {
+pub(crate) trait LuaAlgorithm: StoredState {
     /// Its file of `crates/tollgate/lua/` (`None`: not the decision script's;
     /// concurrency permits are leases of their own, `RedisConcurrencyLimiter`).
     const FILE: Option<&'static str>;
@@ -32,15 +32,6 @@ pub(crate) trait LuaAlgorithm: Algorithm {
     /// Its parameter words for the script (see its `.lua` file), and the largest
     /// cost the script keeps exact for it.
     fn encode(&self, p: &Policy) -> Result<(Vec<String>, u64), Error>;
-
-    /// A key's state from the string the script keeps (not empty).
-    fn parse_state(&self, s: &str) -> Result<Self::State, Error>;
-
-    /// The string the script keeps for `state` (the inverse of `parse_state`), for
-    /// the algorithms a lease keeps.
-    fn encode_state(&self, _state: &Self::State) -> Option<String> {
-        None
-    }
 }
 
 macro_rules! dispatch {
@@ -83,30 +74,22 @@ macro_rules! dispatch {
                 $(AnyAlgorithm::$v(a) => a.encode(p),)*
             }
         }
-
-        /// The state the script returned for `p` (`""`: a key without state, created
-        /// at `created`).
-        pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicyState, Error> {
-            if s.is_empty() {
-                return Ok(p.init(created));
-            }
-            Ok(match p.algorithm() {
-                $(AnyAlgorithm::$v(a) => PolicyState::$v(a.parse_state(s)?),)*
-            })
-        }
-
-        /// `state` as the script keeps it for `p`, for the algorithms a lease keeps.
-        pub(crate) fn encode_state(p: &Policy, state: &PolicyState) -> Result<String, Error> {
-            let encoded = match (p.algorithm(), state) {
-                $((AnyAlgorithm::$v(a), PolicyState::$v(s)) => a.encode_state(s),)*
-                _ => None,
-            };
-            encoded.ok_or_else(|| Error::Unsupported(format!("{p}: no lease encoding for this state")))
-        }
     };
 }
 
 tollgate_core::with_algorithms!(dispatch);
+
+/// The state the script returned for `p` (`""`: a key without state, created at
+/// `created`).
+pub(crate) fn parse_state(p: &Policy, s: &str, created: u64) -> Result<PolicyState, Error> {
+    p.parse_state(s, created).map_err(|e| Error::Store(e.0))
+}
+
+/// `state` as the script keeps it for `p`, for the algorithms a lease keeps.
+pub(crate) fn encode_state(p: &Policy, state: &PolicyState) -> Result<String, Error> {
+    (p.encode_state(state))
+        .ok_or_else(|| Error::Unsupported(format!("{p}: no lease encoding for this state")))
+}
 
 /// `v` as a script word, or why the script cannot keep it exactly.
 pub(super) fn bounded(what: &str, p: &Policy, v: u128) -> Result<String, Error> {
@@ -116,25 +99,4 @@ pub(super) fn bounded(what: &str, p: &Policy, v: u128) -> Result<String, Error> 
         )));
     }
     Ok(v.to_string())
-}
-
-/// The numbers of a state string.
-pub(super) fn nums<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, Error> {
-    s.split_ascii_whitespace()
-        .map(|w| {
-            w.parse()
-                .map_err(|_| Error::Store(format!("bad number {w:?} in state {s:?}")))
-        })
-        .collect()
-}
-
-/// Exactly `N` numbers of a state string.
-pub(super) fn exactly<const N: usize, T: Copy>(v: Vec<T>, s: &str) -> Result<[T; N], Error> {
-    v.try_into()
-        .map_err(|_| Error::Store(format!("state {s:?} should have {N} numbers")))
-}
-
-/// Ticks `us * scale + frac` as the core keeps them.
-pub(super) fn ticks(us: u64, frac: u64, scale: u64) -> u64 {
-    u64::try_from(u128::from(us) * u128::from(scale) + u128::from(frac)).unwrap_or(u64::MAX)
 }

@@ -1,9 +1,9 @@
 //! `shaper` in Redis: `lua/shaper.lua`.
 
-use tollgate_core::algorithms::{Shaper, ShaperState};
+use tollgate_core::algorithms::Shaper;
 use tollgate_core::Policy;
 
-use super::{nums, ticks, LuaAlgorithm, LUA_EXACT};
+use super::{LuaAlgorithm, LUA_EXACT};
 use crate::Error;
 
 impl LuaAlgorithm for Shaper {
@@ -19,17 +19,5 @@ impl LuaAlgorithm for Shaper {
         ];
         let per = u128::from(r.interval_ticks()).max(1);
         Ok((params, (LUA_EXACT / per).min(u128::from(u64::MAX)) as u64))
-    }
-
-    /// "last_us last_frac pending ...".
-    fn parse_state(&self, s: &str) -> Result<ShaperState, Error> {
-        let v: Vec<u64> = nums(s)?;
-        if v.len() < 2 {
-            return Err(Error::Store(format!("bad shaper state {s:?}")));
-        }
-        Ok(ShaperState {
-            last: Some(ticks(v[0], v[1], self.rate().scale())),
-            pending: v[2..].iter().copied().collect(),
-        })
     }
 }

@@ -1,9 +1,9 @@
 //! `smooth-bursty` and `smooth-warmup` in Redis: `lua/smooth.lua`.
 
-use tollgate_core::algorithms::{Smooth, SmoothState};
+use tollgate_core::algorithms::Smooth;
 use tollgate_core::Policy;
 
-use super::{exactly, nums, LuaAlgorithm, LUA_EXACT};
+use super::{LuaAlgorithm, LUA_EXACT};
 use crate::Error;
 
 impl LuaAlgorithm for Smooth {
@@ -17,18 +17,5 @@ impl LuaAlgorithm for Smooth {
         // A cost's price in us must stay an exact integer in a double.
         let max = (LUA_EXACT as f64 / g[0].max(1.0)) as u64;
         Ok((params, max))
-    }
-
-    /// "stored next_free".
-    fn parse_state(&self, s: &str) -> Result<SmoothState, Error> {
-        let (stored, next) = s
-            .split_once(' ')
-            .ok_or_else(|| Error::Store(format!("bad smooth state {s:?}")))?;
-        Ok(SmoothState {
-            stored: stored
-                .parse()
-                .map_err(|_| Error::Store(format!("bad stored permits {stored:?}")))?,
-            next_free: exactly::<1, u64>(nums(next)?, s)?[0],
-        })
     }
 }

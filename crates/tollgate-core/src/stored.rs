@@ -1,0 +1,293 @@
+//! Each algorithm's state as text: the strings a shared store keeps under a key (the
+//! Redis store's Lua code and the tollgate Redis module read and write exactly these),
+//! parsed back into the state the algorithm decides on. Pure: no store is touched here.
+//!
+//! ```
+//! use tollgate_core::{Op, Policy};
+//! let p: Policy = "fixed-window:limit=5,window=1s".parse().unwrap();
+//! let mut s = p.parse_state("", 0).unwrap(); // no text yet: a state made at 0
+//! p.check(&mut s, 10, 2, Op::Try).unwrap();
+//! assert_eq!(p.encode_state(&s).as_deref(), Some("0 2"));
+//! assert_eq!(p.parse_state("0 2", 0).unwrap(), s);
+//! ```
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use crate::algorithms::*;
+use crate::{Algorithm, Policy, PolicyState};
+
+/// A stored state string that is not one of its algorithm's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateError(pub String);
+
+impl fmt::Display for StateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StateError {}
+
+/// An algorithm whose state a shared store keeps as text.
+pub trait StoredState: Algorithm {
+    /// The state a non-empty stored string holds.
+    fn parse_state(&self, s: &str) -> Result<Self::State, StateError>;
+
+    /// The string kept for `state` (the inverse of `parse_state`), where a store
+    /// keeps it as one string (`None`: kept otherwise, such as sliding-log's sorted
+    /// set, or not kept in a store at all).
+    fn encode_state(&self, _state: &Self::State) -> Option<String> {
+        None
+    }
+}
+
+macro_rules! dispatch {
+    ($($v:ident($t:ty, $s:ty) = $code:literal, $name:literal, $what:literal;)*) => {
+        impl Policy {
+            /// The state a store's string holds for this policy (`""`: a key without
+            /// state, made at `created`).
+            pub fn parse_state(&self, s: &str, created: u64) -> Result<PolicyState, StateError> {
+                if s.is_empty() {
+                    return Ok(self.init(created));
+                }
+                Ok(match self.algorithm() {
+                    $(crate::AnyAlgorithm::$v(a) => PolicyState::$v(a.parse_state(s)?),)*
+                })
+            }
+
+            /// `state` as a store keeps it for this policy, where one string holds it.
+            pub fn encode_state(&self, state: &PolicyState) -> Option<String> {
+                match (self.algorithm(), state) {
+                    $((crate::AnyAlgorithm::$v(a), PolicyState::$v(s)) => a.encode_state(s),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+crate::with_algorithms!(dispatch);
+
+/// The numbers of a state string.
+fn nums<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, StateError> {
+    s.split_ascii_whitespace()
+        .map(|w| (w.parse()).map_err(|_| StateError(format!("bad number {w:?} in state {s:?}"))))
+        .collect()
+}
+
+/// Exactly `N` numbers of a state string.
+fn exactly<const N: usize, T: Copy>(v: Vec<T>, s: &str) -> Result<[T; N], StateError> {
+    v.try_into()
+        .map_err(|_| StateError(format!("state {s:?} should have {N} numbers")))
+}
+
+/// Ticks `us * scale + frac` as the core keeps them.
+fn ticks(us: u64, frac: u64, scale: u64) -> u64 {
+    u64::try_from(u128::from(us) * u128::from(scale) + u128::from(frac)).unwrap_or(u64::MAX)
+}
+
+/// "us" or "us frac": ticks as whole microseconds and the ticks past them.
+fn ticks_text(t: u64, scale: u64) -> String {
+    let (us, frac) = (t / scale, t % scale);
+    if frac == 0 {
+        us.to_string()
+    } else {
+        format!("{us} {frac}")
+    }
+}
+
+impl StoredState for Gcra {
+    /// "us" or "us frac" (ticks past the microsecond).
+    fn parse_state(&self, s: &str) -> Result<GcraState, StateError> {
+        let v: Vec<u64> = nums(s)?;
+        let (us, frac) = match v[..] {
+            [us] => (us, 0),
+            [us, frac] => (us, frac),
+            _ => return Err(StateError(format!("bad gcra state {s:?}"))),
+        };
+        Ok(GcraState {
+            tat: ticks(us, frac, self.rate().scale()),
+        })
+    }
+
+    fn encode_state(&self, g: &GcraState) -> Option<String> {
+        Some(ticks_text(g.tat, self.rate().scale()))
+    }
+}
+
+impl StoredState for TokenBucket {
+    /// "tokens last".
+    fn parse_state(&self, s: &str) -> Result<TokenBucketState, StateError> {
+        let [tokens, last] = exactly::<2, i64>(nums(s)?, s)?;
+        Ok(TokenBucketState {
+            tokens,
+            last: last as u64,
+        })
+    }
+
+    fn encode_state(&self, t: &TokenBucketState) -> Option<String> {
+        Some(format!("{} {}", t.tokens, t.last))
+    }
+}
+
+impl StoredState for LeakyBucket {
+    /// "level last".
+    fn parse_state(&self, s: &str) -> Result<LeakyBucketState, StateError> {
+        let [level, last] = exactly::<2, i64>(nums(s)?, s)?;
+        Ok(LeakyBucketState {
+            level,
+            last: last as u64,
+        })
+    }
+
+    fn encode_state(&self, l: &LeakyBucketState) -> Option<String> {
+        Some(format!("{} {}", l.level, l.last))
+    }
+}
+
+impl StoredState for FixedWindow {
+    /// "start count".
+    fn parse_state(&self, s: &str) -> Result<FixedWindowState, StateError> {
+        let [start, count] = exactly(nums(s)?, s)?;
+        Ok(FixedWindowState { start, count })
+    }
+
+    fn encode_state(&self, w: &FixedWindowState) -> Option<String> {
+        Some(format!("{} {}", w.start, w.count))
+    }
+}
+
+impl StoredState for SlidingLog {
+    /// "ts cost ts cost ...": a store keeps one member per admission (a sorted
+    /// set); the core merges equal times.
+    fn parse_state(&self, s: &str) -> Result<SlidingLogState, StateError> {
+        let v: Vec<u64> = nums(s)?;
+        let mut entries: VecDeque<(u64, u64)> = VecDeque::with_capacity(v.len() / 2);
+        let mut total = 0;
+        for pair in v.chunks_exact(2) {
+            let (ts, c) = (pair[0], pair[1]);
+            total += c;
+            match entries.back_mut() {
+                Some(back) if back.0 == ts => back.1 += c,
+                _ => entries.push_back((ts, c)),
+            }
+        }
+        Ok(SlidingLogState { entries, total })
+    }
+}
+
+impl StoredState for SlidingWindow {
+    /// "newest total count count ...".
+    fn parse_state(&self, s: &str) -> Result<SlidingWindowState, StateError> {
+        let v: Vec<u64> = nums(s)?;
+        if v.len() as u64 != self.buckets() + 2 {
+            return Err(StateError(format!(
+                "sliding-window state should have {} numbers",
+                self.buckets() + 2
+            )));
+        }
+        Ok(SlidingWindowState {
+            newest: v[0],
+            total: v[1],
+            counts: v[2..].into(),
+        })
+    }
+
+    fn encode_state(&self, w: &SlidingWindowState) -> Option<String> {
+        let counts = w.counts.iter().map(u64::to_string).collect::<Vec<_>>();
+        Some(format!("{} {} {}", w.newest, w.total, counts.join(" ")))
+    }
+}
+
+impl StoredState for SlidingWindowWeighted {
+    /// "win prev curr".
+    fn parse_state(&self, s: &str) -> Result<WeightedState, StateError> {
+        let [win, prev, curr] = exactly(nums(s)?, s)?;
+        Ok(WeightedState { win, prev, curr })
+    }
+
+    fn encode_state(&self, w: &WeightedState) -> Option<String> {
+        Some(format!("{} {} {}", w.win, w.prev, w.curr))
+    }
+}
+
+impl StoredState for Smooth {
+    /// "stored next_free".
+    fn parse_state(&self, s: &str) -> Result<SmoothState, StateError> {
+        let (stored, next) =
+            (s.split_once(' ')).ok_or_else(|| StateError(format!("bad smooth state {s:?}")))?;
+        Ok(SmoothState {
+            stored: (stored.parse())
+                .map_err(|_| StateError(format!("bad stored permits {stored:?}")))?,
+            next_free: exactly::<1, u64>(nums(next)?, s)?[0],
+        })
+    }
+}
+
+impl StoredState for LimitReq {
+    /// "last_ms excess".
+    fn parse_state(&self, s: &str) -> Result<LimitReqState, StateError> {
+        let [last_ms, excess] = exactly::<2, i64>(nums(s)?, s)?;
+        Ok(LimitReqState {
+            last_ms: last_ms as u64,
+            excess,
+        })
+    }
+}
+
+impl StoredState for Shaper {
+    /// "last_us last_frac pending ...".
+    fn parse_state(&self, s: &str) -> Result<ShaperState, StateError> {
+        let v: Vec<u64> = nums(s)?;
+        if v.len() < 2 {
+            return Err(StateError(format!("bad shaper state {s:?}")));
+        }
+        Ok(ShaperState {
+            last: Some(ticks(v[0], v[1], self.rate().scale())),
+            pending: v[2..].iter().copied().collect(),
+        })
+    }
+}
+
+impl StoredState for Concurrency {
+    /// Permits are kept as leases of their own, never as one state string.
+    fn parse_state(&self, s: &str) -> Result<ConcurrencyState, StateError> {
+        Err(StateError(format!("no concurrency state as text: {s:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Op, Policy};
+
+    /// Every algorithm a store keeps as one string gives back what it was given.
+    #[test]
+    fn a_state_read_back_from_its_text_is_the_same_state() {
+        for spec in [
+            "gcra:rate=7/s,burst=3",
+            "token-bucket:rate=5/s,capacity=9",
+            "leaky-bucket:rate=3/s",
+            "fixed-window:limit=4,window=1s",
+            "sliding-window:limit=6,window=1s,buckets=4",
+            "sliding-window:limit=6,window=1s",
+        ] {
+            let p: Policy = spec.parse().unwrap();
+            let mut s = p.init(1_000);
+            for t in [1_000, 1_001, 150_003, 700_000] {
+                let _ = p.check(&mut s, t, 1, Op::Try).unwrap();
+                let text = p.encode_state(&s).expect(spec);
+                assert_eq!(p.parse_state(&text, 0).unwrap(), s, "{spec}: {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_state_string_says_what_is_wrong() {
+        let p: Policy = "fixed-window:limit=4,window=1s".parse().unwrap();
+        let e = p.parse_state("1 x", 0).unwrap_err();
+        assert_eq!(e.0, "bad number \"x\" in state \"1 x\"");
+        let e = p.parse_state("1 2 3", 0).unwrap_err();
+        assert_eq!(e.0, "state \"1 2 3\" should have 2 numbers");
+    }
+}
