@@ -31,6 +31,10 @@ impl std::error::Error for StateError {}
 
 /// An algorithm whose state a shared store keeps as text.
 pub trait StoredState: Algorithm {
+    /// Whether a store keeps the whole state as one string ([`StoredState::encode_state`]
+    /// gives it): what a store can read and write with one `GET` and one `SET`.
+    const ONE_STRING: bool = false;
+
     /// The state a non-empty stored string holds.
     fn parse_state(&self, s: &str) -> Result<Self::State, StateError>;
 
@@ -44,6 +48,16 @@ pub trait StoredState: Algorithm {
 
 macro_rules! dispatch {
     ($($v:ident($t:ty, $s:ty) = $code:literal, $name:literal, $what:literal;)*) => {
+        impl crate::AlgorithmKind {
+            /// Whether a store keeps this algorithm's state as one string (see
+            /// [`StoredState::ONE_STRING`]).
+            pub fn state_is_one_string(self) -> bool {
+                match self {
+                    $(crate::AlgorithmKind::$v => <$t as StoredState>::ONE_STRING,)*
+                }
+            }
+        }
+
         impl Policy {
             /// The state a store's string holds for this policy (`""`: a key without
             /// state, made at `created`).
@@ -98,6 +112,8 @@ fn ticks_text(t: u64, scale: u64) -> String {
 }
 
 impl StoredState for Gcra {
+    const ONE_STRING: bool = true;
+
     /// "us" or "us frac" (ticks past the microsecond).
     fn parse_state(&self, s: &str) -> Result<GcraState, StateError> {
         let v: Vec<u64> = nums(s)?;
@@ -117,6 +133,8 @@ impl StoredState for Gcra {
 }
 
 impl StoredState for TokenBucket {
+    const ONE_STRING: bool = true;
+
     /// "tokens last".
     fn parse_state(&self, s: &str) -> Result<TokenBucketState, StateError> {
         let [tokens, last] = exactly::<2, i64>(nums(s)?, s)?;
@@ -132,6 +150,8 @@ impl StoredState for TokenBucket {
 }
 
 impl StoredState for LeakyBucket {
+    const ONE_STRING: bool = true;
+
     /// "level last".
     fn parse_state(&self, s: &str) -> Result<LeakyBucketState, StateError> {
         let [level, last] = exactly::<2, i64>(nums(s)?, s)?;
@@ -147,6 +167,8 @@ impl StoredState for LeakyBucket {
 }
 
 impl StoredState for FixedWindow {
+    const ONE_STRING: bool = true;
+
     /// "start count".
     fn parse_state(&self, s: &str) -> Result<FixedWindowState, StateError> {
         let [start, count] = exactly(nums(s)?, s)?;
@@ -178,6 +200,8 @@ impl StoredState for SlidingLog {
 }
 
 impl StoredState for SlidingWindow {
+    const ONE_STRING: bool = true;
+
     /// "newest total count count ...".
     fn parse_state(&self, s: &str) -> Result<SlidingWindowState, StateError> {
         let v: Vec<u64> = nums(s)?;
@@ -201,6 +225,8 @@ impl StoredState for SlidingWindow {
 }
 
 impl StoredState for SlidingWindowWeighted {
+    const ONE_STRING: bool = true;
+
     /// "win prev curr".
     fn parse_state(&self, s: &str) -> Result<WeightedState, StateError> {
         let [win, prev, curr] = exactly(nums(s)?, s)?;
@@ -273,6 +299,7 @@ mod tests {
             "sliding-window:limit=6,window=1s",
         ] {
             let p: Policy = spec.parse().unwrap();
+            assert!(p.algorithm().kind().state_is_one_string(), "{spec}");
             let mut s = p.init(1_000);
             for t in [1_000, 1_001, 150_003, 700_000] {
                 let _ = p.check(&mut s, t, 1, Op::Try).unwrap();

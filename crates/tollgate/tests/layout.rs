@@ -14,12 +14,15 @@ fn contributing_names_every_module_of_every_crate() {
     let layout = &doc[start..];
     let layout = &layout[..layout[3..].find("\n## ").map_or(layout.len(), |i| i + 3)];
     let mut missing = Vec::new();
-    for krate in [
-        "tollgate-core",
-        "tollgate",
-        "tollgate-server",
-        "tollgate-testkit",
-    ] {
+    let mut crates: Vec<String> = std::fs::read_dir(root.join("crates"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    crates.sort();
+    for krate in &crates {
+        if !layout.contains(&format!("crates/{krate}/")) {
+            missing.push(format!("crates/{krate}/"));
+        }
         let src = root.join("crates").join(krate).join("src");
         let mut dirs = vec![src.clone()];
         while let Some(dir) = dirs.pop() {

@@ -1,0 +1,403 @@
+//! One call of the module, pure: its arguments parsed and checked, every check decided
+//! by tollgate-core on the states its keys hold, and the reply the Functions library
+//! would give. Reading and writing keys goes through [`Keys`], so this file touches no
+//! Redis (`keys.rs` does).
+//!
+//! The arguments are those of the library's entry points (`lua/check.lua`), with one
+//! difference: a rule set is `"margin spec spec ..."` (the TTL margin in ms, then each
+//! policy's spec), parsed by tollgate-core, not the Lua parameter words.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use tollgate_core::{AlgorithmKind, Op, PolicyState, RuleSet};
+
+/// What a call answers: Redis integers and bulk strings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Out {
+    Int(i64),
+    Text(String),
+}
+
+/// A call's key space: its keys by index (the order they were given in).
+pub trait Keys {
+    /// The string under key `i` (`None`: no key), or why it cannot be a state.
+    fn get(&mut self, i: usize) -> Result<Option<String>, String>;
+    /// Writes key `i` with a time to live.
+    fn set(&mut self, i: usize, value: &str, ttl_ms: u64);
+    /// The server's time, microseconds since the Unix epoch (what `TIME` gives).
+    fn time_us(&mut self) -> u64;
+}
+
+/// A parsed rule set of a call.
+pub struct Rules {
+    margin_ms: u64,
+    rules: RuleSet,
+}
+
+/// The algorithms the module decides: those whose state a store keeps as one string
+/// ([`AlgorithmKind::state_is_one_string`]; sliding-log keeps a sorted set). The
+/// Redis store sends other rule sets to the Functions library.
+pub fn decides(kind: AlgorithmKind) -> bool {
+    kind.state_is_one_string()
+}
+
+/// Rule sets are parsed once per server and kept by their string (a cache: decisions
+/// never depend on it), up to this many.
+const CACHED: usize = 1000;
+
+thread_local! {
+    static CACHE: RefCell<HashMap<Vec<u8>, Rc<Rules>>> = RefCell::new(HashMap::new());
+}
+
+/// The rule set `"margin spec ..."`, parsed or from the cache.
+fn rules(text: &[u8]) -> Result<Rc<Rules>, String> {
+    if let Some(r) = CACHE.with(|c| c.borrow().get(text).cloned()) {
+        return Ok(r);
+    }
+    let s = std::str::from_utf8(text).map_err(|_| "a rule set is not UTF-8".to_owned())?;
+    let mut words = s.split_ascii_whitespace();
+    let margin_ms = number(words.next().unwrap_or(""), "a rule set's TTL margin")?;
+    let specs: Vec<&str> = words.collect();
+    let rules = RuleSet::parse(&specs).map_err(|e| format!("rule set {s:?}: {e}"))?;
+    for p in rules.policies() {
+        if !decides(p.algorithm().kind()) {
+            return Err(format!("{p}: {} is not decided by this module", p.name()));
+        }
+    }
+    let parsed = Rc::new(Rules { margin_ms, rules });
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() >= CACHED {
+            c.clear();
+        }
+        c.insert(text.to_vec(), parsed.clone());
+    });
+    Ok(parsed)
+}
+
+fn number(w: &str, what: &str) -> Result<u64, String> {
+    w.parse()
+        .map_err(|_| format!("{what} should be a whole number, not {w:?}"))
+}
+
+fn word<'a>(args: &[&'a [u8]], i: usize, what: &str) -> Result<&'a str, String> {
+    let a = args.get(i).ok_or_else(|| format!("missing {what}"))?;
+    std::str::from_utf8(a).map_err(|_| format!("{what} is not UTF-8"))
+}
+
+/// One check of a call.
+struct Check {
+    op: Op,
+    /// `r` (refund) and `p` (peek) are not ops of the core.
+    kind: u8,
+    rules: Rc<Rules>,
+    /// `None`: at the server's time.
+    at: Option<(u64, u64)>,
+    cost: u64,
+    /// Its first key.
+    base: usize,
+}
+
+/// "now created", or `None` for `''` (the server's time).
+fn times(w: &str) -> Result<Option<(u64, u64)>, String> {
+    if w.is_empty() {
+        return Ok(None);
+    }
+    let (now, created) = (w.split_once(' '))
+        .ok_or_else(|| format!("a time should be '' or \"now created\", not {w:?}"))?;
+    Ok(Some((
+        number(now, "a time")?,
+        number(created, "a creation time")?,
+    )))
+}
+
+/// The core op and the wire letter of an op word.
+fn op_of(w: &str) -> Result<(Op, u8), String> {
+    Ok(match w {
+        "t" => (Op::Try, b't'),
+        "a" => (Op::Acquire, b'a'),
+        "c" => (Op::Charge, b'c'),
+        // Peeks and refunds are not ops of the core (see `decide`).
+        "p" => (Op::Try, b'p'),
+        "r" => (Op::Try, b'r'),
+        _ => return Err(format!("unknown op {w:?}")),
+    })
+}
+
+/// A call of `keys` keys deciding a batch (`run_batch`): `nonce count (op set at
+/// cost)... set...`. `read_only`: peeks only.
+pub fn batch(
+    n_keys: usize,
+    args: &[&[u8]],
+    read_only: bool,
+    keys: &mut impl Keys,
+) -> Result<Vec<Out>, String> {
+    let count = number(
+        word(args, 1, "the number of checks")?,
+        "the number of checks",
+    )?;
+    let count = usize::try_from(count).map_err(|_| "too many checks".to_owned())?;
+    let first_set = count
+        .checked_mul(4)
+        .and_then(|n| n.checked_add(2))
+        .filter(|&n| n <= args.len())
+        .ok_or_else(|| format!("{count} checks need {} more arguments", 4 * count))?;
+    let sets = (args[first_set..].iter())
+        .map(|s| rules(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut checks = Vec::with_capacity(count);
+    let mut base = 0;
+    for c in 0..count {
+        let i = 2 + 4 * c;
+        let (op, kind) = op_of(word(args, i, "an op")?)?;
+        if read_only && kind != b'p' {
+            return Err("only peeks are read-only".into());
+        }
+        let set = number(word(args, i + 1, "a rule set index")?, "a rule set index")?;
+        let rules = (usize::try_from(set).ok())
+            .and_then(|s| s.checked_sub(1))
+            .and_then(|s| sets.get(s))
+            .ok_or_else(|| format!("no rule set {set}"))?
+            .clone();
+        let check = Check {
+            op,
+            kind,
+            at: times(word(args, i + 2, "a time")?)?,
+            cost: number(word(args, i + 3, "a cost")?, "a cost")?,
+            base,
+            rules,
+        };
+        base += check.rules.rules.policies().len();
+        checks.push(check);
+    }
+    if base != n_keys {
+        return Err(format!("the checks have {base} keys, the call {n_keys}"));
+    }
+    run(&checks, keys)
+}
+
+/// A call deciding one try or charge (`run_try`): `set cost at [nonce]`.
+pub fn one(
+    n_keys: usize,
+    args: &[&[u8]],
+    charging: bool,
+    keys: &mut impl Keys,
+) -> Result<Vec<Out>, String> {
+    let rules = rules(args.first().ok_or("missing the rule set")?)?;
+    let n = rules.rules.policies().len();
+    if n != n_keys {
+        return Err(format!(
+            "the rule set has {n} policies, the call {n_keys} keys"
+        ));
+    }
+    let (op, kind) = if charging {
+        (Op::Charge, b'c')
+    } else {
+        (Op::Try, b't')
+    };
+    let check = Check {
+        op,
+        kind,
+        at: times(word(args, 2, "a time")?)?,
+        cost: number(word(args, 1, "a cost")?, "a cost")?,
+        base: 0,
+        rules,
+    };
+    run(&[check], keys)
+}
+
+/// Decides `checks` in order: `{now, admitted, state before...}` per check as the
+/// library answers (`now` once, `''` when no check used the server's time).
+fn run(checks: &[Check], keys: &mut impl Keys) -> Result<Vec<Out>, String> {
+    let mut out = vec![Out::Text(String::new())];
+    let mut time = None;
+    for c in checks {
+        let (now, created) = match c.at {
+            Some(t) => t,
+            None => {
+                let t = *time.get_or_insert_with(|| keys.time_us());
+                out[0] = Out::Int(i64::try_from(t).map_err(|_| "a time past 2^63 us")?);
+                (t, t)
+            }
+        };
+        decide(c, now, created, keys, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// One check: its states read, decided, written where changed; its reply appended.
+fn decide(
+    c: &Check,
+    now: u64,
+    created: u64,
+    keys: &mut impl Keys,
+    out: &mut Vec<Out>,
+) -> Result<(), String> {
+    let policies = c.rules.rules.policies();
+    let mut before = Vec::with_capacity(policies.len());
+    let mut states: Vec<PolicyState> = Vec::with_capacity(policies.len());
+    for (k, p) in policies.iter().enumerate() {
+        let raw = keys.get(c.base + k)?;
+        states.push(
+            p.parse_state(raw.as_deref().unwrap_or(""), created)
+                .map_err(|e| e.0)?,
+        );
+        before.push(raw.unwrap_or_default());
+    }
+    let (admitted, write) = match c.kind {
+        b'p' => (true, false),
+        b'r' => {
+            c.rules.rules.refund(&mut states, now, c.cost);
+            (true, true)
+        }
+        _ => {
+            let d = c
+                .rules
+                .rules
+                .decide(&mut states, now, c.cost, c.op)
+                .map_err(|e| e.to_string())?;
+            (d.allowed, d.allowed)
+        }
+    };
+    let mut after = Vec::new();
+    if write {
+        for (k, (p, s)) in policies.iter().zip(&states).enumerate() {
+            let text = p
+                .encode_state(s)
+                .ok_or_else(|| format!("{p}: no state string"))?;
+            if text != before[k] {
+                let ttl_ms = p.reset_after(s, now) / 1000 + 1 + c.rules.margin_ms;
+                keys.set(c.base + k, &text, ttl_ms);
+            }
+            after.push(text);
+        }
+    }
+    out.push(Out::Int(i64::from(admitted)));
+    // A refund answers the states after it, every other op those before.
+    let states = if c.kind == b'r' { after } else { before };
+    out.extend(states.into_iter().map(Out::Text));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call's keys by name (a name may come more than once), in a map, at a fixed
+    /// server time.
+    struct Map {
+        names: Vec<&'static str>,
+        values: HashMap<&'static str, (String, u64)>,
+        now: u64,
+    }
+
+    impl Keys for Map {
+        fn get(&mut self, i: usize) -> Result<Option<String>, String> {
+            Ok(self.values.get(self.names[i]).map(|v| v.0.clone()))
+        }
+        fn set(&mut self, i: usize, value: &str, ttl_ms: u64) {
+            self.values
+                .insert(self.names[i], (value.to_owned(), ttl_ms));
+        }
+        fn time_us(&mut self) -> u64 {
+            self.now
+        }
+    }
+
+    fn map(names: &[&'static str]) -> Map {
+        Map {
+            names: names.to_vec(),
+            values: HashMap::new(),
+            now: 5_000_000,
+        }
+    }
+
+    fn args(words: &[&str]) -> Vec<Vec<u8>> {
+        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
+    fn call(m: &mut Map, words: &[&str]) -> Result<Vec<Out>, String> {
+        let a = args(words);
+        let refs: Vec<&[u8]> = a.iter().map(|v| v.as_slice()).collect();
+        batch(m.names.len(), &refs, false, m)
+    }
+
+    #[test]
+    fn a_batch_decides_in_order_and_keeps_states_as_the_library_does() {
+        let mut m = map(&["k", "k", "k"]);
+        let set = "100 fixed-window:limit=2,window=1s";
+        let r = call(
+            &mut m,
+            &[
+                "n", "3", "t", "1", "", "1", "t", "1", "", "1", "t", "1", "", "1", set,
+            ],
+        )
+        .unwrap();
+        let t = |s: &str| Out::Text(s.into());
+        assert_eq!(
+            r,
+            [
+                Out::Int(5_000_000),
+                Out::Int(1),
+                t(""),
+                Out::Int(1),
+                t("5000000 1"),
+                Out::Int(0),
+                t("5000000 2")
+            ]
+        );
+        // Full again at the window's end, plus 1 ms and the margin.
+        assert_eq!(m.values["k"], ("5000000 2".into(), 1000 + 1 + 100));
+    }
+
+    #[test]
+    fn bad_arguments_are_named_and_change_nothing() {
+        let mut m = map(&["k"]);
+        let set = "0 gcra:rate=1/s";
+        for (words, msg) in [
+            (vec!["n", "1", "t", "1", "", "1"], "no rule set 1"),
+            (
+                vec!["n", "2", "t", "1", "", "1", set],
+                "2 checks need 8 more arguments",
+            ),
+            (vec!["n", "1", "x", "1", "", "1", set], "unknown op \"x\""),
+            (
+                vec!["n", "1", "t", "1", "", "-1", set],
+                "a cost should be a whole number, not \"-1\"",
+            ),
+            (
+                vec!["n", "1", "t", "1", "soon", "1", set],
+                "a time should be '' or \"now created\", not \"soon\"",
+            ),
+            (
+                vec![
+                    "n",
+                    "1",
+                    "t",
+                    "1",
+                    "",
+                    "1",
+                    "0 sliding-log:limit=1,window=1s",
+                ],
+                "sliding-log is not decided by this module",
+            ),
+            (
+                vec!["n", "1", "t", "1", "", "1", "0 gcra:rate=0/s"],
+                "rule set",
+            ),
+            (
+                vec!["n", "99999999999999999999"],
+                "the number of checks should be a whole number",
+            ),
+        ] {
+            let e = call(&mut m, &words).unwrap_err();
+            assert!(e.contains(msg), "{words:?}: {e}");
+            assert!(m.values.is_empty());
+        }
+        let mut two = map(&["a", "b"]);
+        let e = call(&mut two, &["n", "1", "t", "1", "", "1", set]).unwrap_err();
+        assert_eq!(e, "the checks have 1 keys, the call 2");
+    }
+}
