@@ -25,6 +25,9 @@ need faketime /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 # ports, and stop them by PID.
 need redis-server /usr/bin/redis-server
 need redis-tools /usr/bin/redis-cli
+# The tollgate Redis module (crates/tollgate-redis-module) is built against the
+# server's module API with bindgen, which needs libclang.
+ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1 || need libclang-dev /usr/lib/llvm-14/lib/libclang.so
 # A link to Redis cut and healed: redis-server in a network namespace of the test's
 # own behind a veth pair (iproute2), the cut made by dropping packets (iptables).
 need iproute2 /usr/sbin/ip
@@ -87,11 +90,16 @@ export PROPTEST_CASES="${PROPTEST_CASES:-400}"
 
 # Module imports point one way in every crate (no cycles).
 python3 scripts/import-graph.py
+# The Redis suites load the tollgate module into their servers (--loadmodule): built
+# first, its path given to them.
+cargo build -p tollgate-redis-module --locked
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+export TOLLGATE_REDIS_MODULE="$target_dir/debug/libtollgate_redis_module.so"
 # --all-features includes the server's external-servers: the tests that start
 # redis-server and nginx run too.
 cargo test --workspace --all-targets --all-features --locked
 # The Redis suites again on Valkey 8: decisions and conformance (memory = Functions =
-# EVALSHA = Cluster), the one interface, leases, permits, faults, Sentinel failovers,
+# EVALSHA = the module = Cluster), the one interface, leases, permits, faults, Sentinel failovers,
 # and the quota ledger shared by serve instances (TLS is left to Redis: this Valkey
 # has none).
 export TOLLGATE_REDIS_SERVER="$valkey_bin/valkey-server" TOLLGATE_REDIS_CLI="$valkey_bin/valkey-cli"
@@ -146,8 +154,7 @@ kill "$redis_pid"
 # decide a gRPC call from the host.
 need podman /usr/bin/podman
 need runc /usr/sbin/runc
-# (The binary the server tests ran.)
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+# (The binary the server tests ran, in $target_dir found above.)
 TOLLGATE_BIN="$target_dir/debug/tollgate" scripts/image.sh tollgate:test --run
 # The keyed fast path's gate, model-checked with loom (all interleavings of a reader
 # and a writer; own target directory, since the cfg rebuilds every dependency).

@@ -31,7 +31,10 @@ pub use netns::Namespace;
 pub use nginx::{FrozenClock, Nginx, LIBFAKETIME};
 pub use pki::Pki;
 pub use process::{distinct_ports, free_port, release, Killed, ScratchDir};
-pub use redis::{cli_binary, rt, run_children, server_binary, timing_sensitive, RedisServers};
+pub use redis::{
+    cli_binary, module_path, rt, run_children, server_binary, timing_sensitive, with_module,
+    RedisServers,
+};
 pub use relay::DelayRelay;
 pub use sentinel::{SentinelSetup, Sentinels};
 

@@ -368,6 +368,32 @@ pub fn server_binary() -> String {
     std::env::var("TOLLGATE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
+/// The tollgate Redis module (`crates/tollgate-redis-module`): `TOLLGATE_REDIS_MODULE`,
+/// else `libtollgate_redis_module.so` beside the running test's build (cargo puts a
+/// test binary in `target/<profile>/deps/`). `scripts/test.sh` builds it first.
+pub fn module_path() -> String {
+    if let Ok(p) = std::env::var("TOLLGATE_REDIS_MODULE") {
+        return p;
+    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let so = profile.join("libtollgate_redis_module.so");
+    assert!(
+        so.exists(),
+        "{} is missing: build it with `cargo build -p tollgate-redis-module` (scripts/test.sh does), or set TOLLGATE_REDIS_MODULE",
+        so.display()
+    );
+    so.display().to_string()
+}
+
+/// `redis-server` arguments that load the tollgate module ([`module_path`]).
+pub fn with_module() -> [String; 2] {
+    ["--loadmodule".into(), module_path()]
+}
+
 /// Its command-line client: `redis-cli`, or `TOLLGATE_REDIS_CLI` (`valkey-cli`).
 pub fn cli_binary() -> String {
     std::env::var("TOLLGATE_REDIS_CLI").unwrap_or_else(|_| "redis-cli".into())

@@ -1,8 +1,8 @@
 //! One conformance suite for every store: random rule sets and request traces
 //! (proptest) replayed through the memory store (the core, as `tollgate replay` runs
-//! it) and through the Redis decision code on a standalone server (as Redis Functions
-//! and as an `EVALSHA` script) and on a 3-master Cluster, with the trace time passed
-//! in. Every decision must be identical, field by field: tries, acquires, charges
+//! it) and through the Redis decision code on a standalone server (as Redis Functions,
+//! as an `EVALSHA` script and as the tollgate module) and on a 3-master Cluster (as
+//! Functions and as the module), with the trace time passed in. Every decision must be identical, field by field: tries, acquires, charges
 //! after the fact (with and without `max-debt`) and Envoy's counting.
 //!
 //! Batching is on (the default). Events go out in groups submitted concurrently; with
@@ -196,8 +196,10 @@ async fn conform(
 )]
 #[test]
 fn memory_redis_and_cluster_decide_identically() {
-    let single = RedisServers::standalone();
-    let cluster = RedisServers::cluster();
+    let module = testkit::with_module();
+    let module: Vec<&str> = module.iter().map(String::as_str).collect();
+    let single = RedisServers::standalone_with(&module);
+    let cluster = RedisServers::cluster_of(0, &module);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -220,14 +222,23 @@ fn memory_redis_and_cluster_decide_identically() {
         calls: RedisCalls::Functions,
         ..opts.clone()
     };
+    let module = RedisOptions {
+        calls: RedisCalls::Module,
+        ..opts.clone()
+    };
     let stores = rt.block_on(async {
         let connect = |url: String, opts: RedisOptions| async move {
             RedisStore::connect_with(&url, opts).await.unwrap()
         };
         let stores = vec![
-            ("redis functions", connect(single.url(), functions).await),
+            (
+                "redis functions",
+                connect(single.url(), functions.clone()).await,
+            ),
             ("redis evalsha", connect(single.url(), eval).await),
-            ("cluster", connect(cluster.url(), opts).await),
+            ("redis module", connect(single.url(), module.clone()).await),
+            ("cluster functions", connect(cluster.url(), functions).await),
+            ("cluster module", connect(cluster.url(), module).await),
         ];
         assert!(!stores[0].1.uses_eval() && stores[1].1.uses_eval());
         stores
@@ -261,6 +272,15 @@ fn memory_redis_and_cluster_decide_identically() {
             decide.sum_us > 0 && s.batches[0] < s.calls,
             "{label}: {s:?}"
         );
+        // Each call was decided by the code the store was told to use (the module
+        // store's rule sets with a sliding-log go to Functions).
+        let [module, functions, eval] = s.paths;
+        assert_eq!(module + functions + eval, s.calls, "{label}: {s:?}");
+        match *label {
+            "redis evalsha" => assert_eq!(eval, s.calls, "{label}: {s:?}"),
+            l if l.ends_with("functions") => assert_eq!(functions, s.calls, "{label}: {s:?}"),
+            _ => assert!(module > 0 && eval == 0, "{label}: {s:?}"),
+        }
     }
 }
 

@@ -485,9 +485,10 @@ fn parse_calls(s: &str) -> Result<tollgate::redis::RedisCalls, String> {
     use tollgate::redis::RedisCalls;
     match s {
         "auto" => Ok(RedisCalls::Auto),
+        "module" => Ok(RedisCalls::Module),
         "functions" => Ok(RedisCalls::Functions),
         "eval" => Ok(RedisCalls::Eval),
-        _ => Err(format!("{s:?}: expected auto, functions or eval")),
+        _ => Err(format!("{s:?}: expected auto, module, functions or eval")),
     }
 }
 

@@ -62,7 +62,8 @@ pub struct StoreConfig {
     /// checks; default 64; 1 sends each check alone).
     pub batch: Option<usize>,
     /// How the decision code is called: `auto` (default: Redis Functions where Redis
-    /// has them, Redis >= 7, else `EVALSHA`), `functions` or `eval`.
+    /// has them, Redis >= 7, else `EVALSHA`; the tollgate module before both where a
+    /// node has loaded it), `module`, `functions` or `eval`.
     #[serde(default)]
     pub calls: CallsDoc,
     /// Leased quotas for every limit (hot keys decided locally from slices of their
@@ -180,9 +181,13 @@ pub struct LeaseDoc {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CallsDoc {
-    /// Functions where Redis has them, `EVALSHA` otherwise.
+    /// The tollgate module on each node that has loaded it, else Functions where
+    /// Redis has them, else `EVALSHA`.
     #[default]
     Auto,
+    /// The tollgate module: a node without it fails its calls (rule sets the module
+    /// does not decide still go to Functions).
+    Module,
     /// Redis Functions only (Redis >= 7).
     Functions,
     /// `EVALSHA` only.
@@ -354,6 +359,7 @@ impl StoreConfig {
         }
         opts.calls = match self.calls {
             CallsDoc::Auto => tollgate::redis::RedisCalls::Auto,
+            CallsDoc::Module => tollgate::redis::RedisCalls::Module,
             CallsDoc::Functions => tollgate::redis::RedisCalls::Functions,
             CallsDoc::Eval => tollgate::redis::RedisCalls::Eval,
         };

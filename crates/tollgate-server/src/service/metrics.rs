@@ -172,6 +172,18 @@ impl prometheus_client::collector::Collector for RedisCalls {
                     None,
                 )?;
         }
+        let mut paths = encoder.encode_descriptor(
+            "tollgate_redis_decision_calls",
+            "Decision calls Redis answered, by store and the code that decided them (module: the tollgate module; functions: the Functions library; eval: EVALSHA)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (store, stats) in &stores {
+            for (path, n) in tollgate::redis::CallStats::PATHS.iter().zip(stats.paths) {
+                let labels = [("store", *store), ("path", *path)];
+                (paths.encode_family(&labels)?).encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+            }
+        }
         Ok(())
     }
 }

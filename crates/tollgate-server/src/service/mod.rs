@@ -566,6 +566,12 @@ impl DecisionService {
         Ok((!away.is_empty()).then(|| away.join("; ")))
     }
 
+    /// With Redis, which code decides on the main store's nodes (see
+    /// `RedisStore::decided_by`), for the banner.
+    pub fn redis_decided_by(&self) -> Option<String> {
+        self.counters.store().map(|s| s.decided_by())
+    }
+
     /// The rule files a reload reads.
     pub fn sources(&self) -> &[std::path::PathBuf] {
         &self.sources

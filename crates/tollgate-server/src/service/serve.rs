@@ -420,6 +420,9 @@ pub async fn serve_on(
         settings.balance.describe(),
         settings.rules_source
     );
+    if let Some(code) = service.redis_decided_by() {
+        println!("  redis: decided by {code}");
+    }
     if let (Some(l), Some((_, path, tls))) = (&metrics_listener, &settings.metrics) {
         let scheme = if tls.is_some() { "https" } else { "http" };
         println!("  metrics: {scheme}://{}{path}", l.local_addr()?);

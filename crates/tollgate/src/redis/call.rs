@@ -71,10 +71,21 @@ pub(crate) struct CheckReply {
     pub states: Vec<Value>,
 }
 
+/// How a call's arguments are written, after the command (and the function name or
+/// script SHA1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form<'a> {
+    /// `FCALL`: each rule set as one string of Lua words.
+    Function,
+    /// `EVALSHA`: the script's first argument (`eval.lua`), then each rule set inline.
+    Eval(&'a str),
+    /// A `TOLLGATE.*` command of the module: each rule set as its specs.
+    Module,
+}
+
 /// Appends the KEYS count, the KEYS and the ARGV of one call deciding `checks` to `cmd`
-/// (after the function name or script SHA1); see `check.lua`. `form`: the EVALSHA
-/// script's first argument (`eval.lua`), `None` for a function.
-pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], nonce: &str, form: Option<&str>) {
+/// (after the function name or script SHA1); see `check.lua`.
+pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], nonce: &str, form: Form) {
     let nkeys: usize = checks.iter().map(|c| c.keys.len()).sum();
     cmd.arg(nkeys);
     for c in checks {
@@ -82,8 +93,8 @@ pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], nonce: &str, form:
             cmd.arg(k.as_str());
         }
     }
-    if let Some(form) = form {
-        cmd.arg(form);
+    if let Form::Eval(first) = form {
+        cmd.arg(first);
     }
     cmd.arg(nonce).arg(checks.len());
     // Each distinct rule set once, after the checks, which refer to it by index
@@ -102,27 +113,30 @@ pub(crate) fn push_call(cmd: &mut Cmd, checks: &[&CheckCall], nonce: &str, form:
         cmd.arg(c.cost);
     }
     for w in &sets {
-        push_rule_set(cmd, w, form.is_some());
+        push_rule_set(cmd, w, form);
     }
 }
 
-/// A rule set as one string (a function caches its parse by it), or `inline` as a word
-/// count and the words (an `EVALSHA` script parses on every call).
-fn push_rule_set(cmd: &mut Cmd, wire: &Wire, inline: bool) {
-    if inline {
-        cmd.arg(wire.words.len());
-        for w in &wire.words {
-            cmd.arg(w.as_str());
+/// A rule set as one string (a function and the module cache their parse by it), or
+/// for `EVALSHA` a word count and the words (a script parses on every call).
+fn push_rule_set(cmd: &mut Cmd, wire: &Wire, form: Form) {
+    match form {
+        Form::Function => cmd.arg(wire.encoded.as_str()),
+        Form::Eval(_) => {
+            cmd.arg(wire.words.len());
+            for w in &wire.words {
+                cmd.arg(w.as_str());
+            }
+            cmd
         }
-    } else {
-        cmd.arg(wire.encoded.as_str());
-    }
+        Form::Module => cmd.arg(wire.module.as_deref().unwrap_or_default()),
+    };
 }
 
 /// Appends the KEYS count, the KEYS and the short ARGV of the one-try function
 /// (`run_try` in `check.lua`): rule set, cost, times, and a nonce only when a policy
 /// needs one.
-pub(crate) fn push_try(cmd: &mut Cmd, check: &CheckCall, nonce: &str, form: Option<&str>) {
+pub(crate) fn push_try(cmd: &mut Cmd, check: &CheckCall, nonce: &str, form: Form) {
     push_one(cmd, &check.keys, &check.wire, form);
     cmd.arg(check.cost);
     push_times(cmd, check.now, check.created);
@@ -133,15 +147,15 @@ pub(crate) fn push_try(cmd: &mut Cmd, check: &CheckCall, nonce: &str, form: Opti
 
 /// The start of a call about one key's rule set (the one-try and lease entry points):
 /// the KEYS count, the KEYS, the EVALSHA form (if any) and the rule set.
-pub(crate) fn push_one(cmd: &mut Cmd, keys: &[String], wire: &Wire, form: Option<&str>) {
+pub(crate) fn push_one(cmd: &mut Cmd, keys: &[String], wire: &Wire, form: Form) {
     cmd.arg(keys.len());
     for k in keys {
         cmd.arg(k.as_str());
     }
-    if let Some(form) = form {
-        cmd.arg(form);
+    if let Form::Eval(first) = form {
+        cmd.arg(first);
     }
-    push_rule_set(cmd, wire, form.is_some());
+    push_rule_set(cmd, wire, form);
 }
 
 /// `''` to decide at Redis `TIME`, or `"now created"`.

@@ -10,7 +10,8 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::Value;
 
-use super::call::{nonce, push_call, push_try, split_reply, CallOp, CheckCall, CheckReply};
+use super::call::{nonce, push_call, push_try, split_reply, CallOp, CheckCall, CheckReply, Form};
+use super::module::{probe, unknown_command, ModuleNodes, ABSENT, LOADED, UNKNOWN};
 use super::options::{
     CallKind, CallStats, CallTimes, RedisCalls, RedisOptions, BATCH_BOUNDS, CALL_BOUNDS_US,
 };
@@ -353,6 +354,28 @@ fn route_to(name: &str) -> redis::cluster_routing::SingleNodeRoutingInfo {
     }
 }
 
+impl Conn {
+    /// `cmd` to the master of `slot`: a Cluster client cannot find the keys of a
+    /// module's command itself, so it is routed by the slot its checks share.
+    pub(super) async fn query_slot(
+        &mut self,
+        cmd: redis::Cmd,
+        slot: u16,
+    ) -> redis::RedisResult<Value> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        match self {
+            Conn::Cluster(l) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                l.get()
+                    .await?
+                    .route_command(cmd, RoutingInfo::SingleNode(route))
+                    .await
+            }
+            other => cmd.query_async(other).await,
+        }
+    }
+}
+
 /// Either connection, so that every command and the script are sent one way.
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
@@ -404,7 +427,7 @@ impl ConnectionLike for Conn {
 
 /// The entry points of the decision code (`functions.lua`, `eval.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Entry {
+pub(super) enum Entry {
     Try,
     Charge,
     Batch,
@@ -427,6 +450,8 @@ pub(crate) struct Caller {
     /// `MODE_FUNCTIONS` or `MODE_EVAL`; `Auto` starts with Functions and moves to
     /// `EVALSHA` for good when the server does not know `FCALL`.
     pub(super) mode: AtomicU8,
+    /// Which nodes decide with the tollgate module (`module.rs`).
+    pub(super) modules: ModuleNodes,
     /// Decision calls sent and checks they carried (batching's effect).
     pub(super) calls: AtomicU64,
     pub(super) checks: AtomicU64,
@@ -439,6 +464,7 @@ pub(crate) struct Caller {
 pub(super) struct CallCounters {
     batches: [AtomicU64; BATCH_BOUNDS.len() + 1],
     kinds: [KindCounters; 3],
+    paths: [AtomicU64; 3],
 }
 
 #[derive(Default)]
@@ -454,6 +480,11 @@ impl CallCounters {
     fn batch(&self, checks: usize) {
         let i = BATCH_BOUNDS.partition_point(|b| *b < checks as u64);
         self.batches[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a decision call answered by path `i` of [`CallStats::PATHS`].
+    pub(super) fn path(&self, i: usize) {
+        self.paths[i].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a call of `kind` that took `us` and succeeded or not.
@@ -472,6 +503,7 @@ impl CallCounters {
     pub(super) fn read_into(&self, stats: &mut CallStats) {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         stats.batches = std::array::from_fn(|i| load(&self.batches[i]));
+        stats.paths = std::array::from_fn(|i| load(&self.paths[i]));
         stats.kinds = std::array::from_fn(|k| {
             let c = &self.kinds[k];
             CallTimes {
@@ -526,6 +558,7 @@ impl Caller {
     /// compile) within the decision's timeout. Best effort, within `limit` per node:
     /// a failure here leaves the load to the first call, as it always could.
     pub(super) async fn preload(&self, limit: Duration) {
+        self.find_modules(limit).await;
         if self.mode.load(Ordering::Relaxed) != MODE_FUNCTIONS {
             return;
         }
@@ -559,6 +592,43 @@ impl Caller {
         }
     }
 
+    /// Asks each node (each master of a Cluster, on a connection of its own) whether it
+    /// has the tollgate module, so that the banner and the first calls know. Best
+    /// effort, within `limit` per node: a node not answered is asked on its first call.
+    async fn find_modules(&self, limit: Duration) {
+        if !matches!(self.opts.calls, RedisCalls::Auto | RedisCalls::Module) {
+            return;
+        }
+        let bounded = |answer: Result<redis::RedisResult<Value>, _>| {
+            answer.unwrap_or_else(|_| {
+                Err(redis::RedisError::from(std::io::Error::from(
+                    std::io::ErrorKind::TimedOut,
+                )))
+            })
+        };
+        match &self.conn {
+            Conn::Cluster(c) => {
+                for (node, name) in self.topology.serving() {
+                    let ask = async {
+                        match c.node_connection(&name).await {
+                            Ok(mut conn) => probe().query_async::<Value>(&mut conn).await,
+                            Err(e) => Err(std::io::Error::other(e.to_string()).into()),
+                        }
+                    };
+                    let answer = bounded(tokio::time::timeout(limit, ask).await);
+                    self.modules.found(node, &name, answer);
+                }
+            }
+            other => {
+                let mut conn = other.clone();
+                let answer = bounded(
+                    tokio::time::timeout(limit, probe().query_async::<Value>(&mut conn)).await,
+                );
+                self.modules.found(0, &self.topology.name(0), answer);
+            }
+        }
+    }
+
     /// One call of the decision driver for `checks` (all in one Cluster slot).
     pub async fn send(&self, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, Error> {
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -582,11 +652,68 @@ impl Caller {
         } else {
             Entry::Batch
         };
+        if let Some(answer) = self.module_call(&conn, checks, entry, &nonce).await {
+            return answer;
+        }
         self.invoke(conn, families, entry, &|cmd, form| match entry {
             Entry::Try | Entry::Charge => push_try(cmd, checks[0], &nonce, form),
             _ => push_call(cmd, checks, &nonce, form),
         })
         .await
+    }
+
+    /// Decides `checks` with the module when it takes them: `None` when they go to
+    /// the Functions library or `EVALSHA` instead.
+    pub(super) async fn module_call(
+        &self,
+        conn: &Conn,
+        checks: &[&CheckCall],
+        entry: Entry,
+        nonce: &str,
+    ) -> Option<Result<Value, Error>> {
+        let wanted = matches!(self.opts.calls, RedisCalls::Auto | RedisCalls::Module);
+        if !wanted || entry == Entry::Lease || checks.iter().any(|c| c.wire.module.is_none()) {
+            return None;
+        }
+        let (node, slot) = (checks[0].node, checks[0].slot);
+        if self.modules.state(node) == UNKNOWN {
+            let answer = conn.clone().query_slot(probe(), slot).await;
+            self.modules.found(node, &self.topology.name(node), answer);
+        }
+        if self.modules.state(node) != LOADED {
+            return self.absent(node);
+        }
+        let mut cmd = redis::cmd(match entry {
+            Entry::Try => "TOLLGATE.TRY",
+            Entry::Charge => "TOLLGATE.CHARGE",
+            Entry::ReadOnly => "TOLLGATE.PEEK",
+            Entry::Batch | Entry::Lease => "TOLLGATE.BATCH",
+        });
+        match entry {
+            Entry::Try | Entry::Charge => push_try(&mut cmd, checks[0], nonce, Form::Module),
+            _ => push_call(&mut cmd, checks, nonce, Form::Module),
+        }
+        match conn.clone().query_slot(cmd, slot).await {
+            Err(e) if unknown_command(&e) => {
+                self.modules.set(node, ABSENT);
+                self.absent(node)
+            }
+            answer => {
+                self.times.path(0);
+                Some(answer.map_err(Error::from))
+            }
+        }
+    }
+
+    /// A node without the module: the call goes on to Functions, or with
+    /// [`RedisCalls::Module`] fails.
+    fn absent(&self, node: usize) -> Option<Result<Value, Error>> {
+        (self.opts.calls == RedisCalls::Module).then(|| {
+            Err(Error::Unsupported(format!(
+                "redis node {} has not loaded the tollgate module (calls: module)",
+                self.topology.name(node)
+            )))
+        })
     }
 
     /// One lease call (`lease.lua`) to node `node`, within the timeout; `push` appends
@@ -595,7 +722,7 @@ impl Caller {
         &self,
         node: usize,
         families: u8,
-        push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
+        push: &(dyn Fn(&mut redis::Cmd, Form) + Sync),
     ) -> Result<Value, Error> {
         self.timed(CallKind::Lease, node, |conn| {
             self.invoke(conn, families, Entry::Lease, push)
@@ -611,7 +738,7 @@ impl Caller {
         mut conn: Conn,
         families: u8,
         entry: Entry,
-        push: &(dyn Fn(&mut redis::Cmd, Option<&str>) + Sync),
+        push: &(dyn Fn(&mut redis::Cmd, Form) + Sync),
     ) -> Result<Value, Error> {
         let mut loaded = false;
         loop {
@@ -639,9 +766,21 @@ impl Caller {
                 Entry::Lease => "l",
                 Entry::Batch | Entry::ReadOnly => "b",
             };
-            push(&mut cmd, (!functions).then_some(form));
+            push(
+                &mut cmd,
+                if functions {
+                    Form::Function
+                } else {
+                    Form::Eval(form)
+                },
+            );
             let err = match cmd.query_async::<Value>(&mut conn).await {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    if entry != Entry::Lease {
+                        self.times.path(if functions { 1 } else { 2 });
+                    }
+                    return Ok(v);
+                }
                 Err(e) => e,
             };
             let text = err.to_string().to_ascii_lowercase();

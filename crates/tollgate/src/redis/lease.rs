@@ -478,7 +478,7 @@ impl LeasedLimiter {
         };
         let unspent = held.map_or(0, |h| h.left);
         let wire = &inner.wire;
-        let push = |cmd: &mut redis::Cmd, form: Option<&str>| {
+        let push = |cmd: &mut redis::Cmd, form: super::call::Form| {
             push_one(cmd, &keys, wire, form);
             cmd.arg(want)
                 .arg(need)

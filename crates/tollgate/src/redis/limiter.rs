@@ -264,12 +264,12 @@ impl RedisLimiter {
         let cmd = if eval {
             let mut cmd = ::redis::cmd("EVALSHA");
             cmd.arg(&super::script::eval_script(compiled.wire.families).sha1);
-            super::call::push_try(&mut cmd, &check, "bench", Some(form));
+            super::call::push_try(&mut cmd, &check, "bench", super::call::Form::Eval(form));
             cmd
         } else {
             let mut cmd = ::redis::cmd("FCALL");
             cmd.arg(function);
-            super::call::push_try(&mut cmd, &check, "bench", None);
+            super::call::push_try(&mut cmd, &check, "bench", super::call::Form::Function);
             cmd
         };
         cmd.args_iter()

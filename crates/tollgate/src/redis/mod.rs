@@ -40,6 +40,7 @@ mod docs_tables;
 mod health;
 mod lease;
 mod limiter;
+mod module;
 mod options;
 mod per_node;
 pub(crate) mod quota;

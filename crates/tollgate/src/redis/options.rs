@@ -117,6 +117,14 @@ pub struct CallStats {
     pub batches: [u64; BATCH_BOUNDS.len() + 1],
     /// Every call's time and outcome, by [`CallKind`] (indexed `kind as usize`).
     pub kinds: [CallTimes; 3],
+    /// Decision calls by the code that decided them, in [`CallStats::PATHS`]' order:
+    /// the module, Functions, `EVALSHA`.
+    pub paths: [u64; 3],
+}
+
+impl CallStats {
+    /// The names of [`CallStats::paths`]: `module`, `functions`, `eval`.
+    pub const PATHS: [&'static str; 3] = ["module", "functions", "eval"];
 }
 
 /// What a store's calls to Redis are for.
@@ -172,9 +180,16 @@ pub const BATCH_BOUNDS: [u64; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 /// How a [`RedisStore`](super::RedisStore) calls its decision code.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum RedisCalls {
-    /// Redis Functions where the server has them (Redis >= 7), `EVALSHA` otherwise.
+    /// The tollgate module on each node that has loaded it (`TOLLGATE.*` commands;
+    /// see `crates/tollgate-redis-module`), else Redis Functions where the server has
+    /// them (Redis >= 7), else `EVALSHA`.
     #[default]
     Auto,
+    /// The tollgate module, as `Auto` chooses it, but a node that has not loaded it
+    /// fails its calls with [`Error::Unsupported`](crate::Error::Unsupported) instead
+    /// of moving on to Functions: a missing `loadmodule` is found, not hidden. Rule sets
+    /// with an algorithm the module does not decide (sliding-log) still go to Functions.
+    Module,
     /// Redis Functions: the library is loaded once per node (`FUNCTION LOAD`) and each
     /// call runs only the algorithms it names (`FCALL`; `FCALL_RO` for peeks).
     Functions,

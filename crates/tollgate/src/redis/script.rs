@@ -114,6 +114,10 @@ pub(crate) struct Wire {
     pub encoded: String,
     /// The same as words (what an `EVALSHA` call sends, after their count).
     pub words: Vec<String>,
+    /// The rule set as the tollgate module reads it (`"margin spec spec ..."`), when
+    /// the module decides every policy of it (see
+    /// [`AlgorithmKind::state_is_one_string`]).
+    pub module: Option<String>,
     /// Whether a policy needs a per-call nonce (sliding-log members).
     pub needs_nonce: bool,
     /// The algorithm files the policies use (bits of `FAMILIES`).
@@ -146,8 +150,15 @@ impl Wire {
             words.extend(params);
             max_costs.push(max_cost);
         }
+        let specs: Vec<String> = rules.policies().iter().map(|p| p.to_string()).collect();
+        let module = (rules.policies().iter())
+            .all(|p| p.algorithm().kind().state_is_one_string())
+            .then(|| format!("{} {}", words[0], specs.join(" ")))
+            // A spec is one word (a test of the specs' printing holds it); never split one.
+            .filter(|m| m.split_ascii_whitespace().count() == 1 + specs.len());
         Ok(Wire {
             suffixes,
+            module,
             encoded: words.join(" "),
             words,
             needs_nonce: (rules.policies().iter())

@@ -146,7 +146,7 @@ impl RedisStore {
         });
         let mode = match opts.calls {
             RedisCalls::Eval => MODE_EVAL,
-            RedisCalls::Auto | RedisCalls::Functions => MODE_FUNCTIONS,
+            RedisCalls::Auto | RedisCalls::Module | RedisCalls::Functions => MODE_FUNCTIONS,
         };
         let (batch, in_flight, direct) = (opts.batch, opts.in_flight, opts.direct_calls);
         let caller = Arc::new(Caller {
@@ -155,6 +155,7 @@ impl RedisStore {
             runtime: tokio::runtime::Handle::try_current().ok(),
             opts,
             mode: AtomicU8::new(mode),
+            modules: Default::default(),
             calls: AtomicU64::new(0),
             checks: AtomicU64::new(0),
             times: Default::default(),
@@ -177,6 +178,36 @@ impl RedisStore {
     /// without Functions) rather than `FCALL`.
     pub fn uses_eval(&self) -> bool {
         self.caller.mode.load(Ordering::Relaxed) == MODE_EVAL
+    }
+
+    /// Which code decides, as found so far (the banner's words): `the tollgate
+    /// module`, `the tollgate module on 2 of 3 nodes, Redis Functions on the others`,
+    /// `Redis Functions` or `EVALSHA scripts`. Rule sets the module does not decide
+    /// (sliding-log) go to Functions wherever it is.
+    pub fn decided_by(&self) -> String {
+        let code = if self.uses_eval() {
+            "EVALSHA scripts"
+        } else {
+            "Redis Functions"
+        };
+        if !matches!(
+            self.caller.opts.calls,
+            RedisCalls::Auto | RedisCalls::Module
+        ) {
+            return code.into();
+        }
+        let nodes = self.caller.topology.serving();
+        let with = (nodes.iter())
+            .filter(|(i, _)| self.caller.modules.has(*i))
+            .count();
+        match with {
+            0 => code.into(),
+            n if n == nodes.len() => "the tollgate module".into(),
+            n => format!(
+                "the tollgate module on {n} of {} nodes, {code} on the others",
+                nodes.len()
+            ),
+        }
     }
 
     /// The connection and call machinery (for the lease client).
