@@ -94,8 +94,8 @@ pub(super) async fn forward(
     let mut permit = passed.permit;
     if http_body::Body::is_end_stream(&body) {
         // A body already at its end is never polled (hyper writes the head
-        // alone): a Redis permit goes back now, before the answer leaves.
-        if let Some(ConnPermit::Redis(p)) = permit.take_if(|p| matches!(p, ConnPermit::Redis(_))) {
+        // alone): the permit goes back now, before the answer leaves.
+        if let Some(ConnPermit::Redis(p)) = permit.take() {
             if let Err(e) = p.release().await {
                 // It expires with its lease.
                 tracing::debug!("limit_conn permit not released: {e}");
@@ -341,10 +341,10 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// A response body that holds the request's permits until it ends (or is dropped),
-/// and under `cost:` reads it for the usage, settled when it ends. A Redis
-/// `limit_conn` permit is given back before the last frame goes (as the HTTP/1.1
-/// fast path does): a client that asks again at once, through any proxy on that
-/// Redis, never finds its finished request still counted.
+/// and under `cost:` reads it for the usage, settled when it ends. A `limit_conn`
+/// permit is given back before the last frame goes (as the HTTP/1.1 fast path does):
+/// a client that asks again at once, through this proxy or any other on that Redis,
+/// never finds its finished request still counted.
 struct Held {
     body: hyper::body::Incoming,
     permit: Option<ConnPermit>,
@@ -358,20 +358,18 @@ struct Held {
 }
 
 impl Held {
-    /// Whether the end of the body waits for something (a charge, a Redis permit).
+    /// Whether the end of the body waits for something (a charge, a permit).
     fn holds_end(&self) -> bool {
-        self.charge.is_some() || matches!(self.permit, Some(ConnPermit::Redis(_)))
+        self.charge.is_some() || self.permit.is_some()
     }
 
-    /// The body has ended: its usage starts to settle and its Redis permit to go back.
+    /// The body has ended: its usage starts to settle and its permit to go back (one
+    /// in memory at once, as it drops).
     fn ended(&mut self) {
         let settle = self.charge.take().map(Metered::finish);
         let permit = match self.permit.take() {
             Some(ConnPermit::Redis(p)) => Some(p),
-            other => {
-                self.permit = other;
-                None
-            }
+            _ => None,
         };
         if settle.is_none() && permit.is_none() {
             return;
@@ -431,7 +429,7 @@ impl http_body::Body for Held {
     }
 
     fn is_end_stream(&self) -> bool {
-        // Not while a usage is still to be read or charged, or a permit given back.
+        // Not while a usage is still to be read or charged, or a permit held.
         !self.holds_end()
             && self.settling.is_none()
             && self.last.is_none()

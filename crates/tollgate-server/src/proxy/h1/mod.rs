@@ -405,10 +405,10 @@ impl Conn {
         }
         out.extend_from_slice(b"\r\n");
         up.buf.advance(head_len);
-        // A limit_conn permit kept in Redis goes back before the client has the whole
-        // response: released after it, a client that asks again at once (another
-        // proxy on the same Redis) could find its own permit still held.
-        let shared_permit = matches!(passed.permit, Some(ConnPermit::Redis(_)));
+        // A limit_conn permit goes back before the client has the whole response:
+        // released after it, a client that asks again at once (through this proxy, or
+        // another on the same Redis) could find its own finished request still counted.
+        let holds_permit = passed.permit.is_some();
         let mut passed_on = body::pass_metered(
             head.framing,
             &mut up.io,
@@ -416,7 +416,7 @@ impl Conn {
             io,
             out,
             None,
-            match (metering.as_mut(), shared_permit) {
+            match (metering.as_mut(), holds_permit) {
                 (Some(metered), _) => body::End::Metered(metered),
                 (None, true) => body::End::Hold,
                 (None, false) => body::End::Send,
@@ -425,21 +425,26 @@ impl Conn {
         .await;
         // The end of the response waits for its charge (cut short, the body settles
         // as disconnected when `metering` drops) and for its permit's release.
-        if passed_on.is_ok() && (metering.is_some() || shared_permit) {
+        if passed_on.is_ok() && (metering.is_some() || holds_permit) {
             if let Some(metered) = metering {
                 metered.finish().await;
             }
-            if let Some(ConnPermit::Redis(permit)) = passed.permit.take() {
-                if let Err(e) = permit.release().await {
-                    // It expires with its lease.
-                    tracing::debug!("limit_conn permit not released: {e}");
+            match passed.permit.take() {
+                Some(ConnPermit::Redis(permit)) => {
+                    if let Err(e) = permit.release().await {
+                        // It expires with its lease.
+                        tracing::debug!("limit_conn permit not released: {e}");
+                    }
                 }
+                // A permit in memory goes back as it drops.
+                memory => drop(memory),
             }
             if !out.is_empty() && io.write_all(out).await.is_err() {
                 passed_on = Err(BodyError::Write);
             }
         }
-        // limit_conn's and the adaptive limit's permits end with the response.
+        // The adaptive limit's permit (and a limit_conn permit of a response cut
+        // short) ends with the response.
         drop((passed, adaptive));
         match passed_on {
             Ok(()) => {
