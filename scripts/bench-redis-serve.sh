@@ -11,7 +11,10 @@
 #   rule (`INCRBY key 1`, then `EXPIRE key 1`; both runs' CPU over one run's count),
 #   and a minimal GCRA script in the shape of go-redis/redis_rate's
 #   (scripts/lua/gcra-reference.lua: TIME, GET, arithmetic, SET PX) by EVALSHA;
-# - the four alternate, ROUNDS times; medians, and the ratios tollgate / anchor.
+# - tollgate twice on that Redis, which has loaded the tollgate module: one `serve`
+#   deciding with the Functions library (`calls: functions`), one with the module
+#   (`calls: module`), each with keys of its own;
+# - all alternate, ROUNDS times; medians, and the ratios tollgate / anchor.
 #
 # Both rules are generous (every decision admits and writes, as INCRBY always does).
 # Usage: scripts/bench-redis-serve.sh [seconds] [rounds]
@@ -22,14 +25,15 @@ rounds=${2:-3}
 keys=100000
 . scripts/lib/bench.sh
 need_redis
-cargo build --release -q -p tollgate-server
+cargo build --release -q -p tollgate-server -p tollgate-redis-module
 bin=$PWD/target/release/tollgate
+module=$PWD/target/release/libtollgate_redis_module.so
 dir=$(mktemp -d)
 port=$(free_port)
-grpc=$(free_port)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$dir"' EXIT
-(cd "$dir" && exec taskset -c 0 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1) &
+(cd "$dir" && exec taskset -c 0 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    --loadmodule "$module" >/dev/null 2>&1) &
 pids+=($!)
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
 cat >"$dir/rules.yaml" <<'EOF'
@@ -40,18 +44,26 @@ descriptors:
   - key: gcra
     policies: ["gcra:rate=1000000/s,burst=1000"]
 EOF
-taskset -c 1 "$bin" serve --rules "$dir/rules.yaml" --store "redis://127.0.0.1:$port/" \
-    --http 127.0.0.1:0 --grpc "127.0.0.1:$grpc" >"$dir/serve.log" 2>&1 &
-pids+=($!)
-until grep -q "tollgate serve" "$dir/serve.log"; do sleep 0.1; done
+declare -A grpc
+for calls in functions module; do
+    grpc[$calls]=$(free_port)
+    printf '%s\n' "listen: {http: 127.0.0.1:0, grpc: 127.0.0.1:${grpc[$calls]}}" \
+        "rules: [$dir/rules.yaml]" \
+        "store: {kind: redis, url: \"redis://127.0.0.1:$port/\", calls: $calls, prefix: $calls}" \
+        >"$dir/$calls.yaml"
+    taskset -c 1 "$bin" serve --config "$dir/$calls.yaml" >"$dir/$calls.log" 2>&1 &
+    pids+=($!)
+    until grep -q "tollgate serve" "$dir/$calls.log"; do sleep 0.1; done
+done
+grep -q "decided by the tollgate module" "$dir/module.log" || { cat "$dir/module.log" >&2; exit 1; }
 cpu() { redis-cli -p "$port" info cpu | awk -F: '/used_cpu_(sys|user):/{s+=$2} END{printf "%.6f", s}'; }
 us_per() { echo "($2 - $1) * 1000000 / $3" | bc -l | xargs printf '%.2f'; }
 
-# Redis CPU (us) per decision of `serve` deciding descriptor KEY.
+# Redis CPU (us) per decision of the `serve` deciding with CALLS, for descriptor KEY.
 through_serve() {
-    local key=$1 c0 c1 n
+    local calls=$1 key=$2 c0 c1 n
     c0=$(cpu)
-    n=$(taskset -c 1 "$bin" bench grpc --target "127.0.0.1:$grpc" --domain bench --key "$key" \
+    n=$(taskset -c 1 "$bin" bench grpc --target "127.0.0.1:${grpc[$calls]}" --domain bench --key "$key" \
         --keys "$keys" --concurrency 64 --duration "${secs}s" 2>&1 | awk '/requests in/{print $1}')
     c1=$(cpu)
     us_per "$c0" "$c1" "$n"
@@ -77,20 +89,25 @@ anchor() { # n command... [-- command...]
 ref=$(redis-cli -p "$port" script load "$(cat scripts/lua/gcra-reference.lua)")
 n=$((secs * 60000))
 # Warm: the decision code loaded, the keys made.
-through_serve envoy >/dev/null
-through_serve gcra >/dev/null
-fw=() incr=() gcra=() script=()
+for calls in functions module; do
+    through_serve "$calls" envoy >/dev/null
+    through_serve "$calls" gcra >/dev/null
+done
+fw=() fwm=() incr=() gcra=() gcram=() script=()
 for r in $(seq "$rounds"); do
-    fw+=("$(through_serve envoy)")
+    fw+=("$(through_serve functions envoy)")
+    fwm+=("$(through_serve module envoy)")
     incr+=("$(anchor "$n" INCRBY "ratelimit_bench_envoy_k__rand_int___1" 1 -- EXPIRE "ratelimit_bench_envoy_k__rand_int___1" 1)")
-    gcra+=("$(through_serve gcra)")
+    gcra+=("$(through_serve functions gcra)")
+    gcram+=("$(through_serve module gcra)")
     script+=("$(anchor "$n" EVALSHA "$ref" 1 "gcra_ref_k__rand_int__" 1000 1000000 1 1)")
-    echo "round $r: fixed window ${fw[-1]} us vs INCRBY+EXPIRE ${incr[-1]} us; gcra ${gcra[-1]} us vs script ${script[-1]} us" >&2
+    echo "round $r: fixed window ${fw[-1]} / module ${fwm[-1]} us vs INCRBY+EXPIRE ${incr[-1]} us; gcra ${gcra[-1]} / module ${gcram[-1]} us vs script ${script[-1]} us" >&2
 done
 ratio() { echo "$1 / $2" | bc -l | xargs printf '%.2f'; }
-m_fw=$(median "${fw[@]}") m_incr=$(median "${incr[@]}") m_gcra=$(median "${gcra[@]}") m_script=$(median "${script[@]}")
-echo "| rule | tollgate through serve (Redis CPU/decision) | anchor, same Redis | ratio |"
-echo "|---|---|---|---|"
-echo "| Envoy rule \`unit: second\` | $m_fw us | envoyproxy/ratelimit's INCRBY + EXPIRE: $m_incr us | $(ratio "$m_fw" "$m_incr") |"
-echo "| \`gcra:\` policy | $m_gcra us | minimal GCRA script (EVALSHA): $m_script us | $(ratio "$m_gcra" "$m_script") |"
-echo "(medians of $rounds alternating rounds; $secs s of serve per round, $n commands per anchor run)"
+m_fw=$(median "${fw[@]}") m_fwm=$(median "${fwm[@]}") m_incr=$(median "${incr[@]}")
+m_gcra=$(median "${gcra[@]}") m_gcram=$(median "${gcram[@]}") m_script=$(median "${script[@]}")
+echo "| rule | anchor, same Redis | through serve, Functions | ratio | through serve, module | ratio |"
+echo "|---|---|---|---|---|---|"
+echo "| Envoy rule \`unit: second\` | envoyproxy/ratelimit's INCRBY + EXPIRE: $m_incr us | $m_fw us | $(ratio "$m_fw" "$m_incr") | $m_fwm us | $(ratio "$m_fwm" "$m_incr") |"
+echo "| \`gcra:\` policy | minimal GCRA script (EVALSHA): $m_script us | $m_gcra us | $(ratio "$m_gcra" "$m_script") | $m_gcram us | $(ratio "$m_gcram" "$m_script") |"
+echo "(Redis CPU per decision; medians of $rounds alternating rounds; $secs s of serve per round, $n commands per anchor run)"

@@ -38,8 +38,8 @@ pub trait StoredState: Algorithm {
     /// The state a non-empty stored string holds.
     fn parse_state(&self, s: &str) -> Result<Self::State, StateError>;
 
-    /// The string kept for `state` (the inverse of `parse_state`), where a store
-    /// keeps it as one string (`None`: kept otherwise, such as sliding-log's sorted
+    /// The string kept for `state` (the inverse of `parse_state`; `""`: a state as
+    /// new, kept as no key), where a store keeps it as one string (`None`: kept otherwise, such as sliding-log's sorted
     /// set, or not kept in a store at all).
     fn encode_state(&self, _state: &Self::State) -> Option<String> {
         None
@@ -218,7 +218,11 @@ impl StoredState for SlidingWindow {
         })
     }
 
+    /// A state with no buckets yet (as new) is kept as no key at all: `""`.
     fn encode_state(&self, w: &SlidingWindowState) -> Option<String> {
+        if w.counts.is_empty() {
+            return Some(String::new());
+        }
         let counts = w.counts.iter().map(u64::to_string).collect::<Vec<_>>();
         Some(format!("{} {} {}", w.newest, w.total, counts.join(" ")))
     }

@@ -26,8 +26,19 @@ pub trait Keys {
     fn get(&mut self, i: usize) -> Result<Option<String>, String>;
     /// Writes key `i` with a time to live.
     fn set(&mut self, i: usize, value: &str, ttl_ms: u64);
+    /// Deletes key `i` (a state as new is kept as no key).
+    fn delete(&mut self, i: usize);
     /// The server's time, microseconds since the Unix epoch (what `TIME` gives).
     fn time_us(&mut self) -> u64;
+}
+
+/// The number of keys of a command's arguments (`numkeys key... rest`, after the
+/// command's name), checked against how many there are.
+pub fn key_count(args: &[&[u8]]) -> Result<usize, String> {
+    let n = number(word(args, 0, "the number of keys")?, "the number of keys")?;
+    (usize::try_from(n).ok())
+        .filter(|n| *n < args.len())
+        .ok_or_else(|| format!("{n} keys, but only {} arguments follow", args.len() - 1))
 }
 
 /// A parsed rule set of a call.
@@ -267,7 +278,9 @@ fn decide(
             let text = p
                 .encode_state(s)
                 .ok_or_else(|| format!("{p}: no state string"))?;
-            if text != before[k] {
+            if text.is_empty() && !before[k].is_empty() {
+                keys.delete(c.base + k);
+            } else if text != before[k] {
                 let ttl_ms = p.reset_after(s, now) / 1000 + 1 + c.rules.margin_ms;
                 keys.set(c.base + k, &text, ttl_ms);
             }
@@ -300,6 +313,9 @@ mod tests {
         fn set(&mut self, i: usize, value: &str, ttl_ms: u64) {
             self.values
                 .insert(self.names[i], (value.to_owned(), ttl_ms));
+        }
+        fn delete(&mut self, i: usize) {
+            self.values.remove(self.names[i]);
         }
         fn time_us(&mut self) -> u64 {
             self.now
@@ -395,6 +411,16 @@ mod tests {
             let e = call(&mut m, &words).unwrap_err();
             assert!(e.contains(msg), "{words:?}: {e}");
             assert!(m.values.is_empty());
+        }
+        // A charge of nothing leaves a sliding window as new: kept as no key, and the
+        // call decides again on what it left.
+        let mut two = map(&["a", "b"]);
+        let pair = "0 fixed-window:limit=1,window=1s sliding-window:limit=8,window=1s,buckets=2";
+        for _ in 0..2 {
+            let a = args(&[pair, "0", ""]);
+            let refs: Vec<&[u8]> = a.iter().map(|v| v.as_slice()).collect();
+            assert!(one(2, &refs, true, &mut two).is_ok());
+            assert!(!two.values.contains_key("b"), "{:?}", two.values);
         }
         let mut two = map(&["a", "b"]);
         let e = call(&mut two, &["n", "1", "t", "1", "", "1", set]).unwrap_err();

@@ -21,14 +21,9 @@ enum Entry {
 /// A command's edge: its keys declared (for Cluster routing and ACLs), its
 /// arguments decided, any error or panic answered as an error.
 fn entry(ctx: &Context, args: Vec<RedisString>, e: Entry) -> RedisResult {
-    let n_keys = args
-        .get(1)
-        .and_then(|a| a.try_as_str().ok())
-        .and_then(|a| a.parse::<usize>().ok())
-        .filter(|n| *n <= args.len().saturating_sub(2))
-        .ok_or(RedisError::Str(
-            "ERR tollgate: the number of keys is missing or too large",
-        ))?;
+    let words: Vec<&[u8]> = args[1..].iter().map(|a| a.as_slice()).collect();
+    let n_keys =
+        call::key_count(&words).map_err(|e| RedisError::String(format!("ERR tollgate: {e}")))?;
     if ctx.is_keys_position_request() {
         for i in 0..n_keys {
             ctx.key_at_pos((i + 2) as i32);
@@ -36,13 +31,13 @@ fn entry(ctx: &Context, args: Vec<RedisString>, e: Entry) -> RedisResult {
         return Ok(RedisValue::NoReply);
     }
     let keys = &args[2..2 + n_keys];
-    let rest: Vec<&[u8]> = args[2 + n_keys..].iter().map(|a| a.as_slice()).collect();
+    let rest = &words[1 + n_keys..];
     let mut server = ServerKeys { ctx, keys };
     let answer = catch_unwind(AssertUnwindSafe(|| match e {
-        Entry::Batch => call::batch(n_keys, &rest, false, &mut server),
-        Entry::Peek => call::batch(n_keys, &rest, true, &mut server),
-        Entry::Try => call::one(n_keys, &rest, false, &mut server),
-        Entry::Charge => call::one(n_keys, &rest, true, &mut server),
+        Entry::Batch => call::batch(n_keys, rest, false, &mut server),
+        Entry::Peek => call::batch(n_keys, rest, true, &mut server),
+        Entry::Try => call::one(n_keys, rest, false, &mut server),
+        Entry::Charge => call::one(n_keys, rest, true, &mut server),
     }));
     match answer {
         Ok(Ok(out)) => Ok(RedisValue::Array(out.into_iter().map(value).collect())),

@@ -43,6 +43,11 @@ impl Keys for ServerKeys<'_> {
             .replicate("SET", &[name, value.as_bytes(), b"PXAT", at.as_bytes()]);
     }
 
+    fn delete(&mut self, i: usize) {
+        let _ = self.ctx.open_key_writable(&self.keys[i]).delete();
+        self.ctx.replicate("DEL", &[self.keys[i].as_slice()]);
+    }
+
     fn time_us(&mut self) -> u64 {
         // The clock `TIME` reads (the server's wall clock), without a command call.
         #[allow(clippy::disallowed_methods)]
