@@ -18,6 +18,9 @@ impl Keys for Map<'_> {
     fn get(&mut self, i: usize) -> Result<Option<String>, String> {
         Ok(self.values.get(self.names[i]).cloned())
     }
+    fn name(&self, i: usize) -> &[u8] {
+        self.names[i]
+    }
     fn set(&mut self, i: usize, value: &str, _ttl_ms: u64) {
         self.values.insert(self.names[i].to_vec(), value.to_owned());
     }

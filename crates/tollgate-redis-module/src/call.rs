@@ -24,6 +24,8 @@ pub enum Out {
 pub trait Keys {
     /// The string under key `i` (`None`: no key), or why it cannot be a state.
     fn get(&mut self, i: usize) -> Result<Option<String>, String>;
+    /// Key `i`'s name.
+    fn name(&self, i: usize) -> &[u8];
     /// Writes key `i` with a time to live.
     fn set(&mut self, i: usize, value: &str, ttl_ms: u64);
     /// Deletes key `i` (a state as new is kept as no key).
@@ -222,6 +224,16 @@ pub fn one(
 /// Decides `checks` in order: `{now, admitted, state before...}` per check as the
 /// library answers (`now` once, `''` when no check used the server's time).
 fn run(checks: &[Check], keys: &mut impl Keys) -> Result<Vec<Out>, String> {
+    // A policy's state has a key of its own (the store's keys end in `:i.code`):
+    // two policies of one check on one key would read each other's states.
+    for (n, c) in checks.iter().enumerate() {
+        let k = c.rules.rules.policies().len();
+        for i in c.base..c.base + k {
+            if (c.base..i).any(|j| keys.name(j) == keys.name(i)) {
+                return Err(format!("check {}: two of its policies share a key", n + 1));
+            }
+        }
+    }
     let mut out = vec![Out::Text(String::new())];
     let mut time = None;
     for c in checks {
@@ -309,6 +321,9 @@ mod tests {
     impl Keys for Map {
         fn get(&mut self, i: usize) -> Result<Option<String>, String> {
             Ok(self.values.get(self.names[i]).map(|v| v.0.clone()))
+        }
+        fn name(&self, i: usize) -> &[u8] {
+            self.names[i].as_bytes()
         }
         fn set(&mut self, i: usize, value: &str, ttl_ms: u64) {
             self.values
@@ -422,6 +437,9 @@ mod tests {
             assert!(one(2, &refs, true, &mut two).is_ok());
             assert!(!two.values.contains_key("b"), "{:?}", two.values);
         }
+        let mut same = map(&["a", "a"]);
+        let e = call(&mut same, &["n", "1", "t", "1", "", "1", pair]).unwrap_err();
+        assert_eq!(e, "check 1: two of its policies share a key");
         let mut two = map(&["a", "b"]);
         let e = call(&mut two, &["n", "1", "t", "1", "", "1", set]).unwrap_err();
         assert_eq!(e, "the checks have 1 keys, the call 2");

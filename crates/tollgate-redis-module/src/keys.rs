@@ -29,6 +29,10 @@ impl Keys for ServerKeys<'_> {
             .map_err(|_| format!("key {} holds no tollgate state (not UTF-8)", self.keys[i]))
     }
 
+    fn name(&self, i: usize) -> &[u8] {
+        self.keys[i].as_slice()
+    }
+
     fn set(&mut self, i: usize, value: &str, ttl_ms: u64) {
         let key = self.ctx.open_key_writable(&self.keys[i]);
         // Writing a string key opened for writing cannot fail; a key of another type
