@@ -678,7 +678,12 @@ impl Caller {
         let (node, slot) = (checks[0].node, checks[0].slot);
         if self.modules.state(node) == UNKNOWN {
             let answer = conn.clone().query_slot(probe(), slot).await;
+            let failed = answer.as_ref().err().map(|e| Error::from(e.clone()));
             self.modules.found(node, &self.topology.name(node), answer);
+            if let (UNKNOWN, Some(e)) = (self.modules.state(node), failed) {
+                // No answer from the node: this call fails as any call to it would.
+                return Some(Err(e));
+            }
         }
         if self.modules.state(node) != LOADED {
             return self.absent(node);
@@ -699,7 +704,9 @@ impl Caller {
                 self.absent(node)
             }
             answer => {
-                self.times.path(0);
+                if answer.is_ok() {
+                    self.times.path(0);
+                }
                 Some(answer.map_err(Error::from))
             }
         }
