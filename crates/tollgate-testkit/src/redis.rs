@@ -195,13 +195,17 @@ impl RedisServers {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let mut children = Vec::new();
-        let mut ports = Vec::new();
         let mut all_args = Vec::new();
         let hosts: Vec<String> = (0..n)
             .map(|i| ns.map_or("127.0.0.1".into(), |ns| ns.addrs[i].clone()))
             .collect();
         let netns = ns.map(|ns| ns.name.clone());
-        for (i, port) in distinct_ports(n).into_iter().enumerate() {
+        // A Cluster node's bus port is its own choice too: by default it is the port
+        // plus 10000, which a busy machine may have in use, and past 55535 the server
+        // refuses to start (a free port above it made "redis-server did not start").
+        let ports = distinct_ports(if cluster { 2 * n } else { n });
+        let (ports, bus) = ports.split_at(n);
+        for (i, &port) in ports.iter().enumerate() {
             // Defaults first: a later argument (in `extra`) wins.
             let mut args: Vec<String> = ["--bind", &hosts[i], "--save", "", "--appendonly", "no"]
                 .iter()
@@ -237,6 +241,7 @@ impl RedisServers {
             args.extend(["--dir".into(), dir.display().to_string()]);
             if cluster {
                 args.extend(["--cluster-enabled".into(), "yes".into()]);
+                args.extend(["--cluster-port".into(), bus[i].to_string()]);
                 args.extend([
                     "--cluster-config-file".into(),
                     format!("nodes-{i}-{port}.conf"),
@@ -244,7 +249,6 @@ impl RedisServers {
             }
             args.extend(extra.iter().map(|a| a.to_string()));
             children.push(spawn_server(netns.as_deref(), &args));
-            ports.push(port);
             all_args.push(args);
         }
         let cli_tls = tls
@@ -252,7 +256,7 @@ impl RedisServers {
             .unwrap_or_default();
         RedisServers {
             children,
-            ports,
+            ports: ports.to_vec(),
             dir,
             args: all_args,
             cli_tls,
