@@ -37,7 +37,7 @@ pub trait Keys {
 /// The number of keys of a command's arguments (`numkeys key... rest`, after the
 /// command's name), checked against how many there are.
 pub fn key_count(args: &[&[u8]]) -> Result<usize, String> {
-    let n = number(word(args, 0, "the number of keys")?, "the number of keys")?;
+    let n = number_at(args, 0, "the number of keys")?;
     (usize::try_from(n).ok())
         .filter(|n| *n < args.len())
         .ok_or_else(|| format!("{n} keys, but only {} arguments follow", args.len() - 1))
@@ -95,6 +95,11 @@ fn number(w: &str, what: &str) -> Result<u64, String> {
         .map_err(|_| format!("{what} should be a whole number, not {w:?}"))
 }
 
+/// Argument `i`, a whole number (`what` names it in an error).
+fn number_at(args: &[&[u8]], i: usize, what: &str) -> Result<u64, String> {
+    number(word(args, i, what)?, what)
+}
+
 fn word<'a>(args: &[&'a [u8]], i: usize, what: &str) -> Result<&'a str, String> {
     let a = args.get(i).ok_or_else(|| format!("missing {what}"))?;
     std::str::from_utf8(a).map_err(|_| format!("{what} is not UTF-8"))
@@ -147,10 +152,7 @@ pub fn batch(
     read_only: bool,
     keys: &mut impl Keys,
 ) -> Result<Vec<Out>, String> {
-    let count = number(
-        word(args, 1, "the number of checks")?,
-        "the number of checks",
-    )?;
+    let count = number_at(args, 1, "the number of checks")?;
     let count = usize::try_from(count).map_err(|_| "too many checks".to_owned())?;
     let first_set = count
         .checked_mul(4)
@@ -168,7 +170,7 @@ pub fn batch(
         if read_only && kind != b'p' {
             return Err("only peeks are read-only".into());
         }
-        let set = number(word(args, i + 1, "a rule set index")?, "a rule set index")?;
+        let set = number_at(args, i + 1, "a rule set index")?;
         let rules = (usize::try_from(set).ok())
             .and_then(|s| s.checked_sub(1))
             .and_then(|s| sets.get(s))
@@ -178,7 +180,7 @@ pub fn batch(
             op,
             kind,
             at: times(word(args, i + 2, "a time")?)?,
-            cost: number(word(args, i + 3, "a cost")?, "a cost")?,
+            cost: number_at(args, i + 3, "a cost")?,
             base,
             rules,
         };
@@ -214,7 +216,7 @@ pub fn one(
         op,
         kind,
         at: times(word(args, 2, "a time")?)?,
-        cost: number(word(args, 1, "a cost")?, "a cost")?,
+        cost: number_at(args, 1, "a cost")?,
         base: 0,
         rules,
     };
