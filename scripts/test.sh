@@ -99,8 +99,8 @@ export TOLLGATE_REDIS_MODULE="$target_dir/debug/libtollgate_redis_module.so"
 # redis-server and nginx run too.
 cargo test --workspace --all-targets --all-features --locked
 # The Redis suites again on Valkey 8: decisions and conformance (memory = Functions =
-# EVALSHA = the module = Cluster), the one interface, leases, permits, faults, Sentinel failovers,
-# and the quota ledger shared by serve instances (TLS is left to Redis: this Valkey
+# EVALSHA = the module = Cluster), the module's writes on a replica, the one interface,
+# leases, permits, faults, Sentinel failovers, and the quota ledger shared by serve instances (TLS is left to Redis: this Valkey
 # has none).
 export TOLLGATE_REDIS_SERVER="$valkey_bin/valkey-server" TOLLGATE_REDIS_CLI="$valkey_bin/valkey-cli"
 # The test binaries the build above made, run as cargo runs them (from their
@@ -128,7 +128,7 @@ run_test() { # test-target [filters...]
     echo "     Running tests/$name.rs on Valkey"
     (cd "${test_dir[$name]}" && "${test_bin[$name]}" "$@")
 }
-for t in redis redis_conformance rate_limiter redis_lease redis_concurrency redis_link; do run_test "$t"; done
+for t in redis redis_conformance rate_limiter redis_lease redis_concurrency redis_link replication; do run_test "$t"; done
 run_test redis_sentinel failover
 run_test rlqs in_redis redis_outage two_servers cluster_with
 run_test serve_redis in_redis redis_outage two_servers cluster_with

@@ -11,18 +11,18 @@ use tollgate_redis_module::call::{self, Keys};
 
 struct Map<'a> {
     names: &'a [&'a [u8]],
-    values: HashMap<Vec<u8>, String>,
+    values: HashMap<Vec<u8>, Vec<u8>>,
 }
 
 impl Keys for Map<'_> {
-    fn get(&mut self, i: usize) -> Result<Option<String>, String> {
-        Ok(self.values.get(self.names[i]).cloned())
+    fn get(&mut self, i: usize) -> Result<Option<&[u8]>, String> {
+        Ok(self.values.get(self.names[i]).map(|v| v.as_slice()))
     }
     fn name(&self, i: usize) -> &[u8] {
         self.names[i]
     }
-    fn set(&mut self, i: usize, value: &str, _ttl_ms: u64) {
-        self.values.insert(self.names[i].to_vec(), value.to_owned());
+    fn set(&mut self, i: usize, value: &[u8], _ttl_ms: u64) {
+        self.values.insert(self.names[i].to_vec(), value.to_vec());
     }
     fn delete(&mut self, i: usize) {
         self.values.remove(self.names[i]);

@@ -12,7 +12,7 @@
 //! ```
 
 use std::collections::VecDeque;
-use std::fmt;
+use std::fmt::{self, Write};
 
 use crate::algorithms::*;
 use crate::{Algorithm, Policy, PolicyState};
@@ -38,11 +38,18 @@ pub trait StoredState: Algorithm {
     /// The state a non-empty stored string holds.
     fn parse_state(&self, s: &str) -> Result<Self::State, StateError>;
 
-    /// The string kept for `state` (the inverse of `parse_state`; `""`: a state as
-    /// new, kept as no key), where a store keeps it as one string (`None`: kept otherwise, such as sliding-log's sorted
-    /// set, or not kept in a store at all).
-    fn encode_state(&self, _state: &Self::State) -> Option<String> {
-        None
+    /// Appends the string kept for `state` to `out` (the inverse of `parse_state`;
+    /// nothing: a state as new, kept as no key), where a store keeps it as one string
+    /// (`false`: kept otherwise, such as sliding-log's sorted set, or not kept in a
+    /// store at all). A store's hot path writes into a buffer it reuses.
+    fn write_state(&self, _state: &Self::State, _out: &mut String) -> bool {
+        false
+    }
+
+    /// The string kept for `state` ([`StoredState::write_state`] into a new string).
+    fn encode_state(&self, state: &Self::State) -> Option<String> {
+        let mut s = String::new();
+        self.write_state(state, &mut s).then_some(s)
     }
 }
 
@@ -72,9 +79,16 @@ macro_rules! dispatch {
 
             /// `state` as a store keeps it for this policy, where one string holds it.
             pub fn encode_state(&self, state: &PolicyState) -> Option<String> {
+                let mut s = String::new();
+                self.write_state(state, &mut s).then_some(s)
+            }
+
+            /// Appends `state` as a store keeps it for this policy to `out`, where one
+            /// string holds it (`false` where not: see [`StoredState::write_state`]).
+            pub fn write_state(&self, state: &PolicyState, out: &mut String) -> bool {
                 match (self.algorithm(), state) {
-                    $((crate::AnyAlgorithm::$v(a), PolicyState::$v(s)) => a.encode_state(s),)*
-                    _ => None,
+                    $((crate::AnyAlgorithm::$v(a), PolicyState::$v(s)) => a.write_state(s, out),)*
+                    _ => false,
                 }
             }
         }
@@ -85,15 +99,32 @@ crate::with_algorithms!(dispatch);
 
 /// The numbers of a state string.
 fn nums<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, StateError> {
-    s.split_ascii_whitespace()
-        .map(|w| (w.parse()).map_err(|_| StateError(format!("bad number {w:?} in state {s:?}"))))
-        .collect()
+    s.split_ascii_whitespace().map(|w| num(w, s)).collect()
 }
 
-/// Exactly `N` numbers of a state string.
-fn exactly<const N: usize, T: Copy>(v: Vec<T>, s: &str) -> Result<[T; N], StateError> {
-    v.try_into()
-        .map_err(|_| StateError(format!("state {s:?} should have {N} numbers")))
+/// One number `w` of the state string `s`.
+fn num<T: std::str::FromStr>(w: &str, s: &str) -> Result<T, StateError> {
+    (w.parse()).map_err(|_| StateError(format!("bad number {w:?} in state {s:?}")))
+}
+
+/// Exactly `N` numbers of a state string (read without a vector: a store's hot path
+/// parses one state per key per decision).
+fn exactly<const N: usize, T: std::str::FromStr + Copy + Default>(
+    s: &str,
+) -> Result<[T; N], StateError> {
+    let mut out = [T::default(); N];
+    let mut n = 0;
+    for w in s.split_ascii_whitespace() {
+        let v = num(w, s)?;
+        if let Some(slot) = out.get_mut(n) {
+            *slot = v;
+        }
+        n += 1;
+    }
+    if n != N {
+        return Err(StateError(format!("state {s:?} should have {N} numbers")));
+    }
+    Ok(out)
 }
 
 /// Ticks `us * scale + frac` as the core keeps them.
@@ -102,12 +133,12 @@ fn ticks(us: u64, frac: u64, scale: u64) -> u64 {
 }
 
 /// "us" or "us frac": ticks as whole microseconds and the ticks past them.
-fn ticks_text(t: u64, scale: u64) -> String {
+fn write_ticks(t: u64, scale: u64, out: &mut String) -> bool {
     let (us, frac) = (t / scale, t % scale);
     if frac == 0 {
-        us.to_string()
+        write!(out, "{us}").is_ok()
     } else {
-        format!("{us} {frac}")
+        write!(out, "{us} {frac}").is_ok()
     }
 }
 
@@ -116,10 +147,10 @@ impl StoredState for Gcra {
 
     /// "us" or "us frac" (ticks past the microsecond).
     fn parse_state(&self, s: &str) -> Result<GcraState, StateError> {
-        let v: Vec<u64> = nums(s)?;
-        let (us, frac) = match v[..] {
-            [us] => (us, 0),
-            [us, frac] => (us, frac),
+        let mut w = s.split_ascii_whitespace();
+        let (us, frac) = match (w.next(), w.next(), w.next()) {
+            (Some(us), None, None) => (num(us, s)?, 0),
+            (Some(us), Some(frac), None) => (num(us, s)?, num(frac, s)?),
             _ => return Err(StateError(format!("bad gcra state {s:?}"))),
         };
         Ok(GcraState {
@@ -127,8 +158,8 @@ impl StoredState for Gcra {
         })
     }
 
-    fn encode_state(&self, g: &GcraState) -> Option<String> {
-        Some(ticks_text(g.tat, self.rate().scale()))
+    fn write_state(&self, g: &GcraState, out: &mut String) -> bool {
+        write_ticks(g.tat, self.rate().scale(), out)
     }
 }
 
@@ -137,15 +168,15 @@ impl StoredState for TokenBucket {
 
     /// "tokens last".
     fn parse_state(&self, s: &str) -> Result<TokenBucketState, StateError> {
-        let [tokens, last] = exactly::<2, i64>(nums(s)?, s)?;
+        let [tokens, last] = exactly::<2, i64>(s)?;
         Ok(TokenBucketState {
             tokens,
             last: last as u64,
         })
     }
 
-    fn encode_state(&self, t: &TokenBucketState) -> Option<String> {
-        Some(format!("{} {}", t.tokens, t.last))
+    fn write_state(&self, t: &TokenBucketState, out: &mut String) -> bool {
+        write!(out, "{} {}", t.tokens, t.last).is_ok()
     }
 }
 
@@ -154,15 +185,15 @@ impl StoredState for LeakyBucket {
 
     /// "level last".
     fn parse_state(&self, s: &str) -> Result<LeakyBucketState, StateError> {
-        let [level, last] = exactly::<2, i64>(nums(s)?, s)?;
+        let [level, last] = exactly::<2, i64>(s)?;
         Ok(LeakyBucketState {
             level,
             last: last as u64,
         })
     }
 
-    fn encode_state(&self, l: &LeakyBucketState) -> Option<String> {
-        Some(format!("{} {}", l.level, l.last))
+    fn write_state(&self, l: &LeakyBucketState, out: &mut String) -> bool {
+        write!(out, "{} {}", l.level, l.last).is_ok()
     }
 }
 
@@ -171,12 +202,12 @@ impl StoredState for FixedWindow {
 
     /// "start count".
     fn parse_state(&self, s: &str) -> Result<FixedWindowState, StateError> {
-        let [start, count] = exactly(nums(s)?, s)?;
+        let [start, count] = exactly(s)?;
         Ok(FixedWindowState { start, count })
     }
 
-    fn encode_state(&self, w: &FixedWindowState) -> Option<String> {
-        Some(format!("{} {}", w.start, w.count))
+    fn write_state(&self, w: &FixedWindowState, out: &mut String) -> bool {
+        write!(out, "{} {}", w.start, w.count).is_ok()
     }
 }
 
@@ -219,12 +250,12 @@ impl StoredState for SlidingWindow {
     }
 
     /// A state with no buckets yet (as new) is kept as no key at all: `""`.
-    fn encode_state(&self, w: &SlidingWindowState) -> Option<String> {
+    fn write_state(&self, w: &SlidingWindowState, out: &mut String) -> bool {
         if w.counts.is_empty() {
-            return Some(String::new());
+            return true;
         }
-        let counts = w.counts.iter().map(u64::to_string).collect::<Vec<_>>();
-        Some(format!("{} {} {}", w.newest, w.total, counts.join(" ")))
+        let _ = write!(out, "{} {}", w.newest, w.total);
+        (w.counts.iter()).all(|c| write!(out, " {c}").is_ok())
     }
 }
 
@@ -233,12 +264,12 @@ impl StoredState for SlidingWindowWeighted {
 
     /// "win prev curr".
     fn parse_state(&self, s: &str) -> Result<WeightedState, StateError> {
-        let [win, prev, curr] = exactly(nums(s)?, s)?;
+        let [win, prev, curr] = exactly(s)?;
         Ok(WeightedState { win, prev, curr })
     }
 
-    fn encode_state(&self, w: &WeightedState) -> Option<String> {
-        Some(format!("{} {} {}", w.win, w.prev, w.curr))
+    fn write_state(&self, w: &WeightedState, out: &mut String) -> bool {
+        write!(out, "{} {} {}", w.win, w.prev, w.curr).is_ok()
     }
 }
 
@@ -250,7 +281,7 @@ impl StoredState for Smooth {
         Ok(SmoothState {
             stored: (stored.parse())
                 .map_err(|_| StateError(format!("bad stored permits {stored:?}")))?,
-            next_free: exactly::<1, u64>(nums(next)?, s)?[0],
+            next_free: exactly::<1, u64>(next)?[0],
         })
     }
 }
@@ -258,7 +289,7 @@ impl StoredState for Smooth {
 impl StoredState for LimitReq {
     /// "last_ms excess".
     fn parse_state(&self, s: &str) -> Result<LimitReqState, StateError> {
-        let [last_ms, excess] = exactly::<2, i64>(nums(s)?, s)?;
+        let [last_ms, excess] = exactly::<2, i64>(s)?;
         Ok(LimitReqState {
             last_ms: last_ms as u64,
             excess,

@@ -13,21 +13,63 @@ use std::rc::Rc;
 
 use tollgate_core::{AlgorithmKind, Op, PolicyState, RuleSet};
 
-/// What a call answers: Redis integers and bulk strings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Out {
+/// One item of a call's answer: a Redis integer or bulk string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Out<'a> {
     Int(i64),
-    Text(String),
+    Text(&'a [u8]),
+}
+
+/// A call's answer, its items in order; the strings in one buffer (a call answers
+/// a few per check, and a server edge pays for every allocation).
+#[derive(Debug, Default)]
+pub struct Reply {
+    items: Vec<Item>,
+    text: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Item {
+    Int(i64),
+    /// `text[from..to]`.
+    Text(usize, usize),
+}
+
+impl Reply {
+    /// How many items the answer has.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether the answer has no items.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The items, in order.
+    pub fn iter(&self) -> impl Iterator<Item = Out<'_>> {
+        self.items.iter().map(|i| match *i {
+            Item::Int(n) => Out::Int(n),
+            Item::Text(from, to) => Out::Text(&self.text[from..to]),
+        })
+    }
+
+    /// `bytes` kept in the buffer (not an item yet): where they are.
+    fn keep(&mut self, bytes: &[u8]) -> (usize, usize) {
+        let from = self.text.len();
+        self.text.extend_from_slice(bytes);
+        (from, self.text.len())
+    }
 }
 
 /// A call's key space: its keys by index (the order they were given in).
 pub trait Keys {
     /// The string under key `i` (`None`: no key), or why it cannot be a state.
-    fn get(&mut self, i: usize) -> Result<Option<String>, String>;
+    fn get(&mut self, i: usize) -> Result<Option<&[u8]>, String>;
     /// Key `i`'s name.
     fn name(&self, i: usize) -> &[u8];
     /// Writes key `i` with a time to live.
-    fn set(&mut self, i: usize, value: &str, ttl_ms: u64);
+    fn set(&mut self, i: usize, value: &[u8], ttl_ms: u64);
     /// Deletes key `i` (a state as new is kept as no key).
     fn delete(&mut self, i: usize);
     /// The server's time, microseconds since the Unix epoch (what `TIME` gives).
@@ -151,7 +193,7 @@ pub fn batch(
     args: &[&[u8]],
     read_only: bool,
     keys: &mut impl Keys,
-) -> Result<Vec<Out>, String> {
+) -> Result<Reply, String> {
     let count = number_at(args, 1, "the number of checks")?;
     let count = usize::try_from(count).map_err(|_| "too many checks".to_owned())?;
     let first_set = count
@@ -199,7 +241,7 @@ pub fn one(
     args: &[&[u8]],
     charging: bool,
     keys: &mut impl Keys,
-) -> Result<Vec<Out>, String> {
+) -> Result<Reply, String> {
     let rules = rules(args.first().ok_or("missing the rule set")?)?;
     let n = rules.rules.policies().len();
     if n != n_keys {
@@ -225,7 +267,7 @@ pub fn one(
 
 /// Decides `checks` in order: `{now, admitted, state before...}` per check as the
 /// library answers (`now` once, `''` when no check used the server's time).
-fn run(checks: &[Check], keys: &mut impl Keys) -> Result<Vec<Out>, String> {
+fn run(checks: &[Check], keys: &mut impl Keys) -> Result<Reply, String> {
     // A policy's state has a key of its own (the store's keys end in `:i.code`):
     // two policies of one check on one key would read each other's states.
     for (n, c) in checks.iter().enumerate() {
@@ -236,20 +278,43 @@ fn run(checks: &[Check], keys: &mut impl Keys) -> Result<Vec<Out>, String> {
             }
         }
     }
-    let mut out = vec![Out::Text(String::new())];
-    let mut time = None;
+    let mut reply = Reply {
+        items: Vec::with_capacity(
+            1 + checks
+                .iter()
+                .map(|c| 1 + c.rules.rules.policies().len())
+                .sum::<usize>(),
+        ),
+        text: Vec::with_capacity(64 * checks.len()),
+    };
+    let time = match checks.iter().any(|c| c.at.is_none()) {
+        true => {
+            let t = keys.time_us();
+            reply.items.push(Item::Int(
+                i64::try_from(t).map_err(|_| "a time past 2^63 us")?,
+            ));
+            t
+        }
+        false => {
+            reply.items.push(Item::Text(0, 0));
+            0
+        }
+    };
+    let mut scratch = Scratch::default();
     for c in checks {
-        let (now, created) = match c.at {
-            Some(t) => t,
-            None => {
-                let t = *time.get_or_insert_with(|| keys.time_us());
-                out[0] = Out::Int(i64::try_from(t).map_err(|_| "a time past 2^63 us")?);
-                (t, t)
-            }
-        };
-        decide(c, now, created, keys, &mut out)?;
+        let (now, created) = c.at.unwrap_or((time, time));
+        decide(c, now, created, keys, &mut reply, &mut scratch)?;
     }
-    Ok(out)
+    Ok(reply)
+}
+
+/// Buffers one call reuses from check to check.
+#[derive(Default)]
+struct Scratch {
+    states: Vec<PolicyState>,
+    /// Where each state before is in the reply's buffer.
+    before: Vec<(usize, usize)>,
+    text: String,
 }
 
 /// One check: its states read, decided, written where changed; its reply appended.
@@ -258,53 +323,65 @@ fn decide(
     now: u64,
     created: u64,
     keys: &mut impl Keys,
-    out: &mut Vec<Out>,
+    reply: &mut Reply,
+    scratch: &mut Scratch,
 ) -> Result<(), String> {
     let policies = c.rules.rules.policies();
-    let mut before = Vec::with_capacity(policies.len());
-    let mut states: Vec<PolicyState> = Vec::with_capacity(policies.len());
+    let Scratch {
+        states,
+        before,
+        text,
+    } = scratch;
+    states.clear();
+    before.clear();
     for (k, p) in policies.iter().enumerate() {
-        let raw = keys.get(c.base + k)?;
-        states.push(
-            p.parse_state(raw.as_deref().unwrap_or(""), created)
-                .map_err(|e| e.0)?,
-        );
-        before.push(raw.unwrap_or_default());
+        let (from, to) = reply.keep(keys.get(c.base + k)?.unwrap_or_default());
+        let s = std::str::from_utf8(&reply.text[from..to]).map_err(|_| {
+            let name = String::from_utf8_lossy(keys.name(c.base + k));
+            format!("key {name} holds no tollgate state (not UTF-8)")
+        })?;
+        states.push(p.parse_state(s, created).map_err(|e| e.0)?);
+        before.push((from, to));
     }
     let (admitted, write) = match c.kind {
         b'p' => (true, false),
         b'r' => {
-            c.rules.rules.refund(&mut states, now, c.cost);
+            c.rules.rules.refund(states, now, c.cost);
             (true, true)
         }
         _ => {
-            let d = c
-                .rules
-                .rules
-                .decide(&mut states, now, c.cost, c.op)
+            let d = (c.rules.rules)
+                .decide(states, now, c.cost, c.op)
                 .map_err(|e| e.to_string())?;
             (d.allowed, d.allowed)
         }
     };
-    let mut after = Vec::new();
-    if write {
-        for (k, (p, s)) in policies.iter().zip(&states).enumerate() {
-            let text = p
-                .encode_state(s)
-                .ok_or_else(|| format!("{p}: no state string"))?;
-            if text.is_empty() && !before[k].is_empty() {
-                keys.delete(c.base + k);
-            } else if text != before[k] {
-                let ttl_ms = p.reset_after(s, now) / 1000 + 1 + c.rules.margin_ms;
-                keys.set(c.base + k, &text, ttl_ms);
-            }
-            after.push(text);
+    reply.items.push(Item::Int(i64::from(admitted)));
+    // A refund answers the states after it, every other op those before.
+    if c.kind != b'r' {
+        (reply.items).extend(before.iter().map(|&(from, to)| Item::Text(from, to)));
+    }
+    if !write {
+        return Ok(());
+    }
+    for (k, (p, s)) in policies.iter().zip(states.iter()).enumerate() {
+        text.clear();
+        if !p.write_state(s, text) {
+            return Err(format!("{p}: no state string"));
+        }
+        let (from, to) = before[k];
+        let was = &reply.text[from..to];
+        if text.is_empty() && !was.is_empty() {
+            keys.delete(c.base + k);
+        } else if text.as_bytes() != was {
+            let ttl_ms = p.reset_after(s, now) / 1000 + 1 + c.rules.margin_ms;
+            keys.set(c.base + k, text.as_bytes(), ttl_ms);
+        }
+        if c.kind == b'r' {
+            let (from, to) = reply.keep(text.as_bytes());
+            reply.items.push(Item::Text(from, to));
         }
     }
-    out.push(Out::Int(i64::from(admitted)));
-    // A refund answers the states after it, every other op those before.
-    let states = if c.kind == b'r' { after } else { before };
-    out.extend(states.into_iter().map(Out::Text));
     Ok(())
 }
 
@@ -321,15 +398,15 @@ mod tests {
     }
 
     impl Keys for Map {
-        fn get(&mut self, i: usize) -> Result<Option<String>, String> {
-            Ok(self.values.get(self.names[i]).map(|v| v.0.clone()))
+        fn get(&mut self, i: usize) -> Result<Option<&[u8]>, String> {
+            Ok(self.values.get(self.names[i]).map(|v| v.0.as_bytes()))
         }
         fn name(&self, i: usize) -> &[u8] {
             self.names[i].as_bytes()
         }
-        fn set(&mut self, i: usize, value: &str, ttl_ms: u64) {
-            self.values
-                .insert(self.names[i], (value.to_owned(), ttl_ms));
+        fn set(&mut self, i: usize, value: &[u8], ttl_ms: u64) {
+            let value = String::from_utf8(value.to_vec()).unwrap();
+            self.values.insert(self.names[i], (value, ttl_ms));
         }
         fn delete(&mut self, i: usize) {
             self.values.remove(self.names[i]);
@@ -351,10 +428,23 @@ mod tests {
         words.iter().map(|w| w.as_bytes().to_vec()).collect()
     }
 
-    fn call(m: &mut Map, words: &[&str]) -> Result<Vec<Out>, String> {
+    /// A reply's items, the strings owned.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Owned {
+        Int(i64),
+        Text(String),
+    }
+
+    fn call(m: &mut Map, words: &[&str]) -> Result<Vec<Owned>, String> {
         let a = args(words);
         let refs: Vec<&[u8]> = a.iter().map(|v| v.as_slice()).collect();
-        batch(m.names.len(), &refs, false, m)
+        let reply = batch(m.names.len(), &refs, false, m)?;
+        Ok((reply.iter())
+            .map(|o| match o {
+                Out::Int(i) => Owned::Int(i),
+                Out::Text(t) => Owned::Text(String::from_utf8(t.to_vec()).unwrap()),
+            })
+            .collect())
     }
 
     #[test]
@@ -368,16 +458,16 @@ mod tests {
             ],
         )
         .unwrap();
-        let t = |s: &str| Out::Text(s.into());
+        let t = |s: &str| Owned::Text(s.into());
         assert_eq!(
             r,
             [
-                Out::Int(5_000_000),
-                Out::Int(1),
+                Owned::Int(5_000_000),
+                Owned::Int(1),
                 t(""),
-                Out::Int(1),
+                Owned::Int(1),
                 t("5000000 1"),
-                Out::Int(0),
+                Owned::Int(0),
                 t("5000000 2")
             ]
         );
