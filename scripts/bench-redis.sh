@@ -6,7 +6,9 @@
 #    minimal redis_rate-shaped GCRA script (scripts/lua/gcra-reference.lua) the same
 #    way (-c 50 -P 16, 10k random keys); Redis's own accounting (INFO commandstats,
 #    usec_per_call) gives the server time per call (GCRA and the reference alternate
-#    5 times: medians and the median ratio). Also the EVALSHA form of tollgate.
+#    5 times: medians and the median ratio). Also the EVALSHA form of tollgate, and
+#    beside each policy the tollgate module's call (`TOLLGATE.TRY`, by `bench
+#    redis-call --module`; the server has loaded the module) where it decides it.
 # 2. Checks/s on one Redis core: `tollgate bench redis` unbatched (--batch 1) and
 #    batched (--batch 64), next to redis-benchmark -P 16 of a plain INCR.
 #    A charge after the fact next to a try of the same policy (`bench redis-call
@@ -26,11 +28,13 @@ callers=${2:-256}
 keys=10000
 . scripts/lib/bench.sh
 need_redis
-cargo build --release -q -p tollgate-server
+cargo build --release -q -p tollgate-server -p tollgate-redis-module
 bin=target/release/tollgate
+module=$PWD/target/release/libtollgate_redis_module.so
 dir=$(mktemp -d)
 port=$(free_port)
-(cd "$dir" && exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1) &
+(cd "$dir" && exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    --loadmodule "$module" >/dev/null 2>&1) &
 pid=$!
 trap 'kill "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
@@ -44,7 +48,7 @@ server_cost() {
   local rps
   rps=$(eval "redis-benchmark -p $port -c 50 -P 16 -r $keys -n $n -q --csv $*" | tail -1 | awk -F'","' '{print $2}' | tr -d '"')
   local us
-  us=$(cli info commandstats | grep -oE '^cmdstat_(fcall|evalsha):[^ ]*' | sed -E 's/.*usec_per_call=([0-9.]+).*/\1/' | head -1)
+  us=$(cli info commandstats | grep -oE '^cmdstat_(fcall|evalsha|tollgate\.(try|charge)):[^ ]*' | sed -E 's/.*usec_per_call=([0-9.]+).*/\1/' | head -1)
   echo "$rps $us"
 }
 
@@ -72,7 +76,7 @@ want() { [[ "$sections" == *",$1,"* ]]; }
 median() { printf '%s\n' "$@" | sort -n | sed -n "$(( ($# + 1) / 2 ))p"; }
 if want calls; then
 echo "== server time per call (redis-benchmark -c 50 -P 16, $keys keys; INFO commandstats) =="
-printf '%-52s %12s %10s %8s\n' "call" "calls/s" "us/call" "x ref"
+printf '%-52s %12s %10s %8s %10s %8s\n' "call" "calls/s" "us/call" "x ref" "module us" "x FCALL"
 # The reference and tollgate's GCRA alternate 5 times; the medians are compared.
 refs=(); gcras=(); ratios=()
 gcra_call=$("$bin" bench redis-call --policy "${policies[0]}")
@@ -87,7 +91,12 @@ printf '%-52s %12s %10s %8s\n' "reference GCRA script (EVALSHA), median of 5" ""
 printf '%-52s %12s %10s %8s\n' "${policies[0]}, median of 5" "" "$(median "${gcras[@]}")" "$(median "${ratios[@]}")"
 for p in "${policies[@]:1}"; do
   read -r rps us < <(server_cost $n "$("$bin" bench redis-call --policy "$p")")
-  printf '%-52s %12s %10s %8s\n' "$p" "$rps" "$us" "$(python3 -c "print('%.2f' % ($us / $ref_us))")"
+  mod_us=- mod_x=-
+  if call=$("$bin" bench redis-call --policy "$p" --module 2>/dev/null); then
+    read -r _ mod_us < <(server_cost $n "$call")
+    mod_x=$(python3 -c "print('%.2f' % ($mod_us / $us))")
+  fi
+  printf '%-52s %12s %10s %8s %10s %8s\n' "$p" "$rps" "$us" "$(python3 -c "print('%.2f' % ($us / $ref_us))")" "$mod_us" "$mod_x"
 done
 read -r rps us < <(server_cost $n "$("$bin" bench redis-call --policy "${policies[0]}" --eval)")
 printf '%-52s %12s %10s %8s\n' "${policies[0]} as EVALSHA" "$rps" "$us" "$(python3 -c "print('%.2f' % ($us / $ref_us))")"

@@ -403,7 +403,8 @@ pub enum BenchCommand {
     /// few pipelined connections. Ends with `checks/s: .. p50_us: .. p99_us: .. errors: ..`.
     Redis(RedisBenchArgs),
     /// Print the redis-benchmark arguments that run the same decision call as
-    /// `bench redis` with batching off (`FCALL`; `EVALSHA` with --eval), for
+    /// `bench redis` with batching off (`FCALL`; `EVALSHA` with --eval; the tollgate
+    /// module's `TOLLGATE.TRY` with --module), for
     /// `redis-benchmark ... $(tollgate bench redis-call ...)`. Load the code first (one
     /// `bench redis` run does).
     RedisCall {
@@ -411,8 +412,12 @@ pub enum BenchCommand {
         #[arg(long)]
         policy: String,
         /// Print the `EVALSHA` form instead of `FCALL`.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "module")]
         eval: bool,
+        /// Print the tollgate module's command instead of `FCALL` (an error for an
+        /// algorithm the module does not decide).
+        #[arg(long)]
+        module: bool,
         /// The call of a charge (of 1) instead of a try.
         #[arg(long)]
         charge: bool,
@@ -547,9 +552,10 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::RedisCall {
             policy,
             eval,
+            module,
             charge,
         } => {
-            let rules = tollgate::RuleSet::parse(&[policy]).map_err(anyhow::Error::msg)?;
+            let rules = tollgate::RuleSet::parse(&[policy.as_str()]).map_err(anyhow::Error::msg)?;
             return runtime.block_on(async {
                 // Only the call's words are printed: nothing connects.
                 let store = tollgate::redis::RedisStore::connect_later(
@@ -558,7 +564,15 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
                 )?;
                 let limiter = tollgate::redis::RedisLimiter::new(store, "bench", rules)?;
                 let mut out = Vec::new();
-                let call = limiter.script_call("k__rand_int__", 1, eval, charge);
+                let calls = match (eval, module) {
+                    (true, _) => tollgate::redis::RedisCalls::Eval,
+                    (_, true) => tollgate::redis::RedisCalls::Module,
+                    _ => tollgate::redis::RedisCalls::Functions,
+                };
+                let call =
+                    (limiter.script_call("k__rand_int__", 1, calls, charge)).ok_or_else(|| {
+                        anyhow::anyhow!("the tollgate module does not decide {policy}")
+                    })?;
                 // Shell words (the bench script evaluates them).
                 out.extend(call.into_iter().map(|a| {
                     if a.is_empty() || a.contains(' ') {

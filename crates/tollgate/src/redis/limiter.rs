@@ -248,10 +248,18 @@ impl RedisLimiter {
     }
 
     /// The command an unbatched try (or with `charge`, a charge) of `cost` for `key`
-    /// sends (`FCALL` of the one-check function, or with `eval` the `EVALSHA` form),
-    /// as words, for tools that drive the decision code themselves, e.g.
+    /// sends as `calls` sends it (`FCALL` of the one-check function; `EVALSHA` with
+    /// [`RedisCalls::Eval`]; `TOLLGATE.TRY` or `TOLLGATE.CHARGE` with
+    /// [`RedisCalls::Module`], `None` for a rule set the module does not decide), as
+    /// words, for tools that drive the decision code themselves, e.g.
     /// `redis-benchmark` as a ceiling (the nonce is fixed).
-    pub fn script_call(&self, key: &str, cost: u64, eval: bool, charge: bool) -> Vec<String> {
+    pub fn script_call(
+        &self,
+        key: &str,
+        cost: u64,
+        calls: super::RedisCalls,
+        charge: bool,
+    ) -> Option<Vec<String>> {
         let compiled = self.inner.compiled.load();
         let op = if charge { CallOp::Charge } else { CallOp::Try };
         let check = self.check_call(&compiled, op, key, None, None, cost);
@@ -261,23 +269,38 @@ impl RedisLimiter {
         } else {
             ("t", &lib.function_try)
         };
-        let cmd = if eval {
-            let mut cmd = ::redis::cmd("EVALSHA");
-            cmd.arg(&super::script::eval_script(compiled.wire.families).sha1);
-            super::call::push_try(&mut cmd, &check, "bench", super::call::Form::Eval(form));
-            cmd
-        } else {
-            let mut cmd = ::redis::cmd("FCALL");
-            cmd.arg(function);
-            super::call::push_try(&mut cmd, &check, "bench", super::call::Form::Function);
-            cmd
+        let cmd = match calls {
+            super::RedisCalls::Eval => {
+                let mut cmd = ::redis::cmd("EVALSHA");
+                cmd.arg(&super::script::eval_script(compiled.wire.families).sha1);
+                super::call::push_try(&mut cmd, &check, "bench", super::call::Form::Eval(form));
+                cmd
+            }
+            super::RedisCalls::Module => {
+                compiled.wire.module.as_ref()?;
+                let mut cmd = ::redis::cmd(if charge {
+                    "TOLLGATE.CHARGE"
+                } else {
+                    "TOLLGATE.TRY"
+                });
+                super::call::push_try(&mut cmd, &check, "bench", super::call::Form::Module);
+                cmd
+            }
+            _ => {
+                let mut cmd = ::redis::cmd("FCALL");
+                cmd.arg(function);
+                super::call::push_try(&mut cmd, &check, "bench", super::call::Form::Function);
+                cmd
+            }
         };
-        cmd.args_iter()
-            .map(|a| match a {
-                ::redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                _ => String::new(),
-            })
-            .collect()
+        Some(
+            cmd.args_iter()
+                .map(|a| match a {
+                    ::redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                    _ => String::new(),
+                })
+                .collect(),
+        )
     }
 
     async fn peek_inner(
