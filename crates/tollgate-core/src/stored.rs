@@ -274,7 +274,11 @@ impl StoredState for SlidingWindowWeighted {
 }
 
 impl StoredState for Smooth {
-    /// "stored next_free".
+    const ONE_STRING: bool = true;
+
+    /// "stored next_free": the stored permits a double, written in the shortest form
+    /// that reads back to the same double (the Lua code writes 17 digits; both read
+    /// back alike).
     fn parse_state(&self, s: &str) -> Result<SmoothState, StateError> {
         let (stored, next) =
             (s.split_once(' ')).ok_or_else(|| StateError(format!("bad smooth state {s:?}")))?;
@@ -284,9 +288,15 @@ impl StoredState for Smooth {
             next_free: exactly::<1, u64>(next)?[0],
         })
     }
+
+    fn write_state(&self, s: &SmoothState, out: &mut String) -> bool {
+        write!(out, "{} {}", s.stored, s.next_free).is_ok()
+    }
 }
 
 impl StoredState for LimitReq {
+    const ONE_STRING: bool = true;
+
     /// "last_ms excess".
     fn parse_state(&self, s: &str) -> Result<LimitReqState, StateError> {
         let [last_ms, excess] = exactly::<2, i64>(s)?;
@@ -295,9 +305,15 @@ impl StoredState for LimitReq {
             excess,
         })
     }
+
+    fn write_state(&self, s: &LimitReqState, out: &mut String) -> bool {
+        write!(out, "{} {}", s.last_ms, s.excess).is_ok()
+    }
 }
 
 impl StoredState for Shaper {
+    const ONE_STRING: bool = true;
+
     /// "last_us last_frac pending ...".
     fn parse_state(&self, s: &str) -> Result<ShaperState, StateError> {
         let v: Vec<u64> = nums(s)?;
@@ -308,6 +324,16 @@ impl StoredState for Shaper {
             last: Some(ticks(v[0], v[1], self.rate().scale())),
             pending: v[2..].iter().copied().collect(),
         })
+    }
+
+    /// Nothing before the first admission (kept as no key).
+    fn write_state(&self, s: &ShaperState, out: &mut String) -> bool {
+        let Some(last) = s.last else {
+            return true;
+        };
+        let scale = self.rate().scale();
+        let _ = write!(out, "{} {}", last / scale, last % scale);
+        (s.pending.iter()).all(|r| write!(out, " {r}").is_ok())
     }
 }
 
@@ -332,6 +358,10 @@ mod tests {
             "fixed-window:limit=4,window=1s",
             "sliding-window:limit=6,window=1s,buckets=4",
             "sliding-window:limit=6,window=1s",
+            "smooth-bursty:rate=3/s",
+            "smooth-warmup:rate=7/s,warmup=2s",
+            "limit-req:rate=3/s,burst=2",
+            "shaper:rate=3/s,queue=4",
         ] {
             let p: Policy = spec.parse().unwrap();
             assert!(p.algorithm().kind().state_is_one_string(), "{spec}");
