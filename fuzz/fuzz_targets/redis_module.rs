@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
         names,
         values: HashMap::new(),
     };
-    let mut run = |keys: &mut Map| match entry % 4 {
+    let run = |keys: &mut Map| match entry % 4 {
         0 => call::batch(n, rest, false, keys),
         1 => call::batch(n, rest, true, keys),
         2 => call::one(n, rest, false, keys),
