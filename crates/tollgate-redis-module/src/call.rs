@@ -200,7 +200,10 @@ pub fn batch(
         .checked_mul(4)
         .and_then(|n| n.checked_add(2))
         .filter(|&n| n <= args.len())
-        .ok_or_else(|| format!("{count} checks need {} more arguments", 4 * count))?;
+        .ok_or_else(|| match count.checked_mul(4) {
+            Some(n) => format!("{count} checks need {n} more arguments"),
+            None => format!("{count} checks: too many"),
+        })?;
     let sets = (args[first_set..].iter())
         .map(|s| rules(s))
         .collect::<Result<Vec<_>, _>>()?;
@@ -513,6 +516,11 @@ mod tests {
             (
                 vec!["n", "99999999999999999999"],
                 "the number of checks should be a whole number",
+            ),
+            // A count whose arguments could not even be counted (a fuzzer's find).
+            (
+                vec!["n", "18446744073709551615"],
+                "18446744073709551615 checks: too many",
             ),
         ] {
             let e = call(&mut m, &words).unwrap_err();
