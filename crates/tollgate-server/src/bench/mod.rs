@@ -537,6 +537,35 @@ pub struct LoadArgs {
     pub server_name: Option<String>,
 }
 
+/// Prints `bench redis-call`'s words: the unbatched call of `policy` as `calls` sends
+/// it, quoted for the shell (the bench scripts evaluate them).
+async fn redis_call(
+    policy: &str,
+    calls: tollgate::redis::RedisCalls,
+    charge: bool,
+) -> anyhow::Result<()> {
+    let rules = tollgate::RuleSet::parse(&[policy]).map_err(anyhow::Error::msg)?;
+    // Only the call's words are printed: nothing connects.
+    let store = tollgate::redis::RedisStore::connect_later(
+        "redis://127.0.0.1:1/",
+        tollgate::redis::RedisOptions::default(),
+    )?;
+    let limiter = tollgate::redis::RedisLimiter::new(store, "bench", rules)?;
+    let call = (limiter.script_call("k__rand_int__", 1, calls, charge))
+        .ok_or_else(|| anyhow::anyhow!("the tollgate module does not decide {policy}"))?;
+    let words: Vec<String> = (call.into_iter())
+        .map(|a| {
+            if a.is_empty() || a.contains(' ') {
+                format!("'{a}'")
+            } else {
+                a
+            }
+        })
+        .collect();
+    println!("{}", words.join(" "));
+    Ok(())
+}
+
 /// Runs a `tollgate bench` subcommand; prints its totals line.
 pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -555,35 +584,12 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
             module,
             charge,
         } => {
-            let rules = tollgate::RuleSet::parse(&[policy.as_str()]).map_err(anyhow::Error::msg)?;
-            return runtime.block_on(async {
-                // Only the call's words are printed: nothing connects.
-                let store = tollgate::redis::RedisStore::connect_later(
-                    "redis://127.0.0.1:1/",
-                    tollgate::redis::RedisOptions::default(),
-                )?;
-                let limiter = tollgate::redis::RedisLimiter::new(store, "bench", rules)?;
-                let mut out = Vec::new();
-                let calls = match (eval, module) {
-                    (true, _) => tollgate::redis::RedisCalls::Eval,
-                    (_, true) => tollgate::redis::RedisCalls::Module,
-                    _ => tollgate::redis::RedisCalls::Functions,
-                };
-                let call =
-                    (limiter.script_call("k__rand_int__", 1, calls, charge)).ok_or_else(|| {
-                        anyhow::anyhow!("the tollgate module does not decide {policy}")
-                    })?;
-                // Shell words (the bench script evaluates them).
-                out.extend(call.into_iter().map(|a| {
-                    if a.is_empty() || a.contains(' ') {
-                        format!("'{a}'")
-                    } else {
-                        a
-                    }
-                }));
-                println!("{}", out.join(" "));
-                Ok(())
-            });
+            let calls = match (eval, module) {
+                (true, _) => tollgate::redis::RedisCalls::Eval,
+                (_, true) => tollgate::redis::RedisCalls::Module,
+                _ => tollgate::redis::RedisCalls::Functions,
+            };
+            return runtime.block_on(redis_call(&policy, calls, charge));
         }
         BenchCommand::Redis(a) => {
             if a.concurrency == 0 {
