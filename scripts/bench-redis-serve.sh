@@ -11,9 +11,11 @@
 #   rule (`INCRBY key 1`, then `EXPIRE key 1`; both runs' CPU over one run's count),
 #   and a minimal GCRA script in the shape of go-redis/redis_rate's
 #   (scripts/lua/gcra-reference.lua: TIME, GET, arithmetic, SET PX) by EVALSHA;
-# - tollgate twice on that Redis, which has loaded the tollgate module: one `serve`
-#   deciding with the Functions library (`calls: functions`), one with the module
-#   (`calls: module`), each with keys of its own;
+# - tollgate three times on that Redis, which has loaded the tollgate module: one
+#   `serve` deciding with the Functions library (`calls: functions`), one with the
+#   module (`calls: module`), and one with the module and every check queued for the
+#   next batched call (`direct_calls: 0`, `in_flight: 1`: fewer, larger calls), each
+#   with keys of its own; beside Redis's CPU, the callers' p50 and p99;
 # - all alternate, ROUNDS times; medians, and the ratios tollgate / anchor.
 #
 # Both rules are generous (every decision admits and writes, as INCRBY always does).
@@ -45,11 +47,16 @@ descriptors:
     policies: ["gcra:rate=1000000/s,burst=1000"]
 EOF
 declare -A grpc
-for calls in functions module; do
+declare -A store=(
+    [functions]="calls: functions"
+    [module]="calls: module"
+    [queued]="calls: module, direct_calls: 0, in_flight: 1"
+)
+for calls in functions module queued; do
     grpc[$calls]=$(free_port)
     printf '%s\n' "listen: {http: 127.0.0.1:0, grpc: 127.0.0.1:${grpc[$calls]}}" \
         "rules: [$dir/rules.yaml]" \
-        "store: {kind: redis, url: \"redis://127.0.0.1:$port/\", calls: $calls, prefix: $calls}" \
+        "store: {kind: redis, url: \"redis://127.0.0.1:$port/\", ${store[$calls]}, prefix: $calls}" \
         >"$dir/$calls.yaml"
     taskset -c 1 "$bin" serve --config "$dir/$calls.yaml" >"$dir/$calls.log" 2>&1 &
     pids+=($!)
@@ -59,14 +66,17 @@ grep -q "decided by the tollgate module" "$dir/module.log" || { cat "$dir/module
 cpu() { redis-cli -p "$port" info cpu | awk -F: '/used_cpu_(sys|user):/{s+=$2} END{printf "%.6f", s}'; }
 us_per() { echo "($2 - $1) * 1000000 / $3" | bc -l | xargs printf '%.2f'; }
 
-# Redis CPU (us) per decision of the `serve` deciding with CALLS, for descriptor KEY.
+# Redis CPU (us) per decision of the `serve` deciding with CALLS, for descriptor KEY;
+# the callers' p50 and p99 (us) appended to $dir/latency.CALLS.KEY.
 through_serve() {
-    local calls=$1 key=$2 c0 c1 n
+    local calls=$1 key=$2 c0 c1 out
     c0=$(cpu)
-    n=$(taskset -c 1 "$bin" bench grpc --target "127.0.0.1:${grpc[$calls]}" --domain bench --key "$key" \
-        --keys "$keys" --concurrency 64 --duration "${secs}s" 2>&1 | awk '/requests in/{print $1}')
+    out=$(taskset -c 1 "$bin" bench grpc --target "127.0.0.1:${grpc[$calls]}" --domain bench --key "$key" \
+        --keys "$keys" --concurrency 64 --duration "${secs}s" 2>&1)
     c1=$(cpu)
-    us_per "$c0" "$c1" "$n"
+    awk '/p50_us:/{for (i = 1; i < NF; i++) if ($i ~ /^p(50|99)_us:$/) printf "%s ", $(i + 1); print ""}' \
+        <<<"$out" >>"$dir/latency.$calls.$key"
+    us_per "$c0" "$c1" "$(awk '/requests in/{print $1}' <<<"$out")"
 }
 
 # Redis CPU (us) per run of redis-benchmark's command(s), N each.
@@ -89,25 +99,38 @@ anchor() { # n command... [-- command...]
 ref=$(redis-cli -p "$port" script load "$(cat scripts/lua/gcra-reference.lua)")
 n=$((secs * 60000))
 # Warm: the decision code loaded, the keys made.
-for calls in functions module; do
+for calls in functions module queued; do
     through_serve "$calls" envoy >/dev/null
     through_serve "$calls" gcra >/dev/null
 done
-fw=() fwm=() incr=() gcra=() gcram=() script=()
+rm -f "$dir"/latency.*
+declare -A us=()
 for r in $(seq "$rounds"); do
-    fw+=("$(through_serve functions envoy)")
-    fwm+=("$(through_serve module envoy)")
-    incr+=("$(anchor "$n" INCRBY "ratelimit_bench_envoy_k__rand_int___1" 1 -- EXPIRE "ratelimit_bench_envoy_k__rand_int___1" 1)")
-    gcra+=("$(through_serve functions gcra)")
-    gcram+=("$(through_serve module gcra)")
-    script+=("$(anchor "$n" EVALSHA "$ref" 1 "gcra_ref_k__rand_int__" 1000 1000000 1 1)")
-    echo "round $r: fixed window ${fw[-1]} / module ${fwm[-1]} us vs INCRBY+EXPIRE ${incr[-1]} us; gcra ${gcra[-1]} / module ${gcram[-1]} us vs script ${script[-1]} us" >&2
+    for key in envoy gcra; do
+        for calls in functions module queued; do
+            us[$calls.$key]+="$(through_serve "$calls" "$key") "
+        done
+    done
+    us[anchor.envoy]+="$(anchor "$n" INCRBY "ratelimit_bench_envoy_k__rand_int___1" 1 -- EXPIRE "ratelimit_bench_envoy_k__rand_int___1" 1) "
+    us[anchor.gcra]+="$(anchor "$n" EVALSHA "$ref" 1 "gcra_ref_k__rand_int__" 1000 1000000 1 1) "
+    echo "round $r: $(for k in "${!us[@]}"; do printf '%s %s; ' "$k" "$(awk '{print $NF}' <<<"${us[$k]}")"; done)" >&2
 done
 ratio() { echo "$1 / $2" | bc -l | xargs printf '%.2f'; }
-m_fw=$(median "${fw[@]}") m_fwm=$(median "${fwm[@]}") m_incr=$(median "${incr[@]}")
-m_gcra=$(median "${gcra[@]}") m_gcram=$(median "${gcram[@]}") m_script=$(median "${script[@]}")
-echo "| rule | anchor, same Redis | through serve, Functions | ratio | through serve, module | ratio |"
-echo "|---|---|---|---|---|---|"
-echo "| Envoy rule \`unit: second\` | envoyproxy/ratelimit's INCRBY + EXPIRE: $m_incr us | $m_fw us | $(ratio "$m_fw" "$m_incr") | $m_fwm us | $(ratio "$m_fwm" "$m_incr") |"
-echo "| \`gcra:\` policy | minimal GCRA script (EVALSHA): $m_script us | $m_gcra us | $(ratio "$m_gcra" "$m_script") | $m_gcram us | $(ratio "$m_gcram" "$m_script") |"
-echo "(Redis CPU per decision; medians of $rounds alternating rounds; $secs s of serve per round, $n commands per anchor run)"
+# The median of column COL (1: p50, 2: p99) of a latency file, in ms.
+ms() { median $(cut -d' ' -f"$2" "$1") | awk '{printf "%.2f", $1 / 1000}'; }
+row() { # name key anchor-name
+    local a m
+    a=$(median ${us[anchor.$2]})
+    printf '| %s | %s: %s us |' "$1" "$3" "$a"
+    for calls in functions module queued; do
+        m=$(median ${us[$calls.$2]})
+        printf ' %s us | %s | %s / %s ms |' "$m" "$(ratio "$m" "$a")" \
+            "$(ms "$dir/latency.$calls.$2" 1)" "$(ms "$dir/latency.$calls.$2" 2)"
+    done
+    echo
+}
+echo "| rule | anchor, same Redis | Functions | ratio | p50 / p99 | module | ratio | p50 / p99 | module, queued | ratio | p50 / p99 |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+row "Envoy rule \`unit: second\`" envoy "envoyproxy/ratelimit's INCRBY + EXPIRE"
+row "\`gcra:\` policy" gcra "minimal GCRA script (EVALSHA)"
+echo "(Redis CPU per decision through serve; medians of $rounds alternating rounds; $secs s of serve per round, $n commands per anchor run; p50 / p99 of the 64 gRPC callers)"

@@ -61,6 +61,13 @@ pub struct StoreConfig {
     /// The most checks decided by one Redis call (automatic batching of concurrent
     /// checks; default 64; 1 sends each check alone).
     pub batch: Option<usize>,
+    /// With batching, the most batched calls out at once to one Redis node (default 2);
+    /// checks arriving meanwhile wait for the next call.
+    pub in_flight: Option<usize>,
+    /// With batching, how many lone checks (nobody else waiting) may go out at once as
+    /// calls of their own (default 8). 0 queues every check: fewer, larger calls, so
+    /// less Redis CPU per decision for a little more latency.
+    pub direct_calls: Option<usize>,
     /// How the decision code is called: `auto` (default: Redis Functions where Redis
     /// has them, Redis >= 7, else `EVALSHA`; the tollgate module before both where a
     /// node has loaded it), `module`, `functions` or `eval`.
@@ -356,6 +363,13 @@ impl StoreConfig {
                 "store.batch: must be at least 1 (1 turns batching off)"
             );
             opts.batch = b;
+        }
+        if let Some(n) = self.in_flight {
+            anyhow::ensure!(n >= 1, "store.in_flight: must be at least 1");
+            opts.in_flight = n;
+        }
+        if let Some(n) = self.direct_calls {
+            opts.direct_calls = n;
         }
         opts.calls = match self.calls {
             CallsDoc::Auto => tollgate::redis::RedisCalls::Auto,
