@@ -24,7 +24,7 @@ const OK: i32 = 1;
 const OVER: i32 = 2;
 const SECOND: i32 = 1;
 const MINUTE: i32 = 2;
-const UNKNOWN: i32 = 0;
+const HOUR: i32 = 3;
 
 /// A server over one rule document (domain `parity` unless the text says otherwise)
 /// and a main config, written to a directory of their own.
@@ -622,23 +622,40 @@ descriptors:
     rate_limit: {name: per_user, unit: second, requests_per_unit: 7}
   - key: policy
     policies: ['gcra:rate=10/s,burst=4']
+  - key: hour
+    policies: ['fixed-window:limit=1000,window=1h']
+  - key: slow
+    policies: ['sliding-window:limit=5,window=10s']
+  - key: both
+    policies: ['gcra:rate=1/s,burst=2', 'fixed-window:limit=1000,window=1h']
 ";
     let s = serve(&[rules], "");
-    let r = call(
-        &s.server,
-        vec![d(&[("named", "a")]), d(&[("policy", "a")])],
-        1,
-    )
-    .await;
-    let l = r.statuses[0].current_limit.clone().unwrap();
+    let keys = ["named", "policy", "hour", "slow", "both"];
+    let r = call(&s.server, keys.map(|k| d(&[(k, "a")])).to_vec(), 1).await;
+    let limits: Vec<_> = (r.statuses.iter())
+        .map(|s| s.current_limit.clone().unwrap())
+        .map(|l| (l.name, l.requests_per_unit, l.unit))
+        .collect();
+    // A policy states its binding policy's rate in the unit that describes it (never
+    // UNKNOWN): its window's own unit, else the shortest in which the rate is whole.
+    let named = |n: &str| n.to_string();
     assert_eq!(
-        (l.name.as_str(), l.requests_per_unit, l.unit),
-        ("per_user", 7, SECOND)
+        limits,
+        [
+            (named("per_user"), 7, SECOND),
+            (named(""), 10, SECOND), // a burst of 4 refilled at 10/s
+            (named(""), 1000, HOUR), // the window is an hour
+            (named(""), 30, MINUTE), // 5 per 10 s
+            (named(""), 1, SECOND),  // the GCRA binds: 2 per 2 s
+        ]
     );
-    let l = r.statuses[1].current_limit.clone().unwrap();
+    // The same over /json.
+    let body = r#"{"domain":"parity","descriptors":[{"entries":[{"key":"both","value":"a"}]}]}"#;
+    let (_, _, v) = json_call(&s.server, body).await;
     assert_eq!(
-        (l.name.as_str(), l.requests_per_unit, l.unit),
-        ("", 4, UNKNOWN)
+        v["statuses"][0]["currentLimit"],
+        json!({"requestsPerUnit": 1, "unit": "SECOND"}),
+        "{v}"
     );
 }
 

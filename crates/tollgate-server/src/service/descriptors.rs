@@ -176,6 +176,41 @@ impl Unit {
         self.window_us() - now_us % self.window_us()
     }
 
+    /// The unit that states `limit` per `window_us` (a policy's headline limit and
+    /// the time it refers to) in Envoy's terms: the window's own unit when it is one,
+    /// else the shortest unit in which the sustained rate `limit / window` is at least
+    /// one, with the whole requests per unit it makes (at least 1). So
+    /// `fixed-window:limit=1000,window=1h` is 1000 per HOUR and `gcra:rate=1/s,burst=2`
+    /// (2 per 2 s) is 1 per SECOND. `None` for a limit with no time (`concurrency`).
+    ///
+    /// ```
+    /// use tollgate_server::service::descriptors::Unit;
+    /// assert_eq!(Unit::describing(1000, 3_600_000_000), Some((Unit::Hour, 1000)));
+    /// assert_eq!(Unit::describing(2, 2_000_000), Some((Unit::Second, 1)));
+    /// assert_eq!(Unit::describing(5, 10_000_000), Some((Unit::Minute, 30)));
+    /// assert_eq!(Unit::describing(3, 0), None);
+    /// ```
+    pub fn describing(limit: u64, window_us: u64) -> Option<(Unit, u64)> {
+        const ALL: [Unit; 7] = [
+            Unit::Second,
+            Unit::Minute,
+            Unit::Hour,
+            Unit::Day,
+            Unit::Week,
+            Unit::Month,
+            Unit::Year,
+        ];
+        if window_us == 0 {
+            return None;
+        }
+        if let Some(u) = ALL.into_iter().find(|u| u.window_us() == window_us) {
+            return Some((u, limit));
+        }
+        let per = |u: Unit| u128::from(limit) * u128::from(u.window_us()) / u128::from(window_us);
+        let u = (ALL.into_iter().find(|&u| per(u) >= 1)).unwrap_or(Unit::Year);
+        Some((u, u64::try_from(per(u)).unwrap_or(u64::MAX).max(1)))
+    }
+
     /// The name Envoy's API uses.
     pub fn envoy_name(self) -> &'static str {
         match self {

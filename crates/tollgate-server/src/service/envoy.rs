@@ -164,9 +164,7 @@ fn envoy_status(s: &ServiceStatus) -> EnvoyStatus<'_> {
         status.remaining = u32::MAX;
     }
     if let (Some(limit), Some(view)) = (&s.limit, s.envoy_view()) {
-        let unit = limit
-            .envoy
-            .map_or(PbUnit::Unknown, |(unit, _)| pb_unit(unit));
+        let unit = view.unit.map_or(PbUnit::Unknown, pb_unit);
         let per_unit = u32::try_from(view.per_unit).unwrap_or(u32::MAX);
         status.limit = Some((limit.name.as_deref().unwrap_or(""), per_unit, unit));
         status.remaining = u32::try_from(view.remaining).unwrap_or(u32::MAX);

@@ -136,9 +136,18 @@ impl DescriptorStatus {
                 .map(|p| p.retry_after_us.unwrap_or(p.reset_after_us));
             (spent.chain(d.retry_after_us).max()).unwrap_or(d.reset_after_us)
         };
-        let (per_unit, reset_after_us) = match limit.envoy {
-            Some((_, n)) => (n, until.div_ceil(1_000_000) * 1_000_000),
-            None => (d.limit, until),
+        let (unit, per_unit, reset_after_us) = match limit.envoy {
+            Some((unit, n)) => (Some(unit), n, until.div_ceil(1_000_000) * 1_000_000),
+            None => {
+                // A policy states its binding policy's headline limit in the unit
+                // that describes its rate.
+                let binding = (limit.rules.as_ref()).and_then(|rs| rs.policies().get(r.binding));
+                let described = binding.and_then(|p| Unit::describing(p.limit(), p.window_us()));
+                match described {
+                    Some((unit, n)) => (Some(unit), n, until),
+                    None => (None, d.limit, until),
+                }
+            }
         };
         let remaining = if d.allowed {
             d.remaining.min(u64::from(u32::MAX))
@@ -146,6 +155,7 @@ impl DescriptorStatus {
             0
         };
         Some(EnvoyView {
+            unit,
             per_unit,
             remaining,
             reset_after_us,
@@ -156,6 +166,9 @@ impl DescriptorStatus {
 /// A limited descriptor as envoyproxy/ratelimit states it ([`DescriptorStatus::envoy_view`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EnvoyView {
+    /// The unit: Envoy's own, or for a policy the one that describes its rate
+    /// ([`Unit::describing`]); `None` only for `concurrency`, which has no time.
+    pub unit: Option<Unit>,
     /// The requests per unit.
     pub per_unit: u64,
     /// The requests remaining (0 when not admitted; at most `u32::MAX`).
