@@ -119,6 +119,22 @@ pub struct RouteConfig {
     /// Decide, log and count, never reject.
     #[serde(default)]
     pub dry_run: bool,
+    /// The shape of a reject's body: `problem` (RFC 9457 problem+json, the default) or
+    /// `openai` (OpenAI's error object and `x-ratelimit-*` headers, for a route in
+    /// front of an OpenAI-compatible API).
+    #[serde(default)]
+    pub reject_format: RejectFormat,
+}
+
+/// `reject_format:` of a route.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RejectFormat {
+    /// `application/problem+json` (RFC 9457).
+    #[default]
+    Problem,
+    /// OpenAI's error object (`{"error": {"message", "type", "param", "code"}}`).
+    Openai,
 }
 
 fn default_key() -> String {

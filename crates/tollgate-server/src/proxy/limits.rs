@@ -15,8 +15,11 @@ use tollgate::{AnyLimiter, Decision, KeyedLimiter, Op, RateLimiter, RuleDecision
 
 use super::adaptive::AdaptiveHold;
 use super::cost::{Pending, RouteCost};
-use super::problem::{problem, problem_body, problem_response, store_unavailable, Problem};
-use crate::config::proxy::RouteConfig;
+use super::problem::{
+    openai_reject, problem, problem_body, problem_response, store_unavailable, OpenAiReject,
+    Problem,
+};
+use crate::config::proxy::{RejectFormat, RouteConfig};
 use crate::config::store::StoreConfig;
 use tollgate::headers::{HeaderStyle, PolicyHeader};
 
@@ -56,6 +59,10 @@ pub(super) struct RouteLimits {
     status: StatusCode,
     /// The problem+json body of a rate-limit reject, built once.
     reject_body: bytes::Bytes,
+    /// How a reject's body is shaped.
+    format: RejectFormat,
+    /// `limit_conn`'s value, for what its reject says.
+    limit_conn: Option<u32>,
     headers: HeaderStyle,
     dry_run: bool,
     /// `cost:`: requests are charged what their responses report.
@@ -150,6 +157,8 @@ impl RouteLimits {
                 .map_err(|e| anyhow::anyhow!("{at}.limit_conn: {e:#}"))?,
             status,
             reject_body: problem_body(status, "rate limit exceeded"),
+            format: r.reject_format,
+            limit_conn: r.limit_conn,
             headers: r.headers,
             dry_run: r.dry_run,
             cost: r
@@ -233,17 +242,70 @@ impl RouteLimits {
         rate_headers(headers, self.headers, &rd, l);
         let d = rd.decision;
         if !d.allowed && !self.dry_run {
-            let mut r = problem_response(self.status, self.reject_body.clone(), d.retry_after_us);
-            r.headers = std::mem::take(headers);
+            let mut r = match self.format {
+                RejectFormat::Problem => {
+                    problem_response(self.status, self.reject_body.clone(), d.retry_after_us)
+                }
+                RejectFormat::Openai => self.openai_rate_reject(&rd, l, cost),
+            };
+            r.headers.extend(std::mem::take(headers));
             return Err(r);
         }
         Ok(d)
     }
 
+    /// A rate reject in OpenAI's shape: the binding policy named, with its limit,
+    /// what is left and when the request would pass.
+    fn openai_rate_reject(&self, rd: &RuleDecision, l: &RateCounters, cost: u64) -> Problem {
+        let d = &rd.decision;
+        let policy = l.rules.policies().get(rd.binding);
+        let what = match policy {
+            Some(p) => format!("route {}: {p}", self.route),
+            None => format!("route {}", self.route),
+        };
+        let unit = if self.cost.is_some() {
+            "tokens"
+        } else {
+            "requests"
+        };
+        openai_reject(
+            self.status,
+            &OpenAiReject {
+                unit,
+                what: &what,
+                budget: Some((d.limit, d.remaining)),
+                requested: cost,
+                retry_after_us: d.retry_after_us.unwrap_or(d.reset_after_us),
+                reset_after_us: d.reset_after_us,
+            },
+        )
+    }
+
     /// A `limit_conn` permit for `key` (none without `limit_conn`, or when a dry run
     /// finds none free); `Err` is the reject to send.
     async fn take_conn(&self, key: &str) -> Result<Option<ConnPermit>, Problem> {
-        let busy = || problem(self.status, "too many concurrent requests", None);
+        // When a permit frees is when some request ends, which the proxy cannot know:
+        // a second is the hint (nginx's limit_conn gives none).
+        let busy = || match self.format {
+            RejectFormat::Problem => {
+                problem(self.status, "too many concurrent requests", Some(1_000_000))
+            }
+            RejectFormat::Openai => openai_reject(
+                self.status,
+                &OpenAiReject {
+                    unit: "requests",
+                    what: &format!(
+                        "route {}: limit_conn {} (requests in flight per key)",
+                        self.route,
+                        self.limit_conn.unwrap_or(0)
+                    ),
+                    budget: None,
+                    requested: 1,
+                    retry_after_us: 1_000_000,
+                    reset_after_us: 1_000_000,
+                },
+            ),
+        };
         match &self.conns {
             None => Ok(None),
             Some(Conns::Memory(conns)) => match conns.try_acquire(key, 1) {

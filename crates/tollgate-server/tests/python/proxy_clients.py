@@ -24,6 +24,8 @@ import httpx
 import openai
 
 TOKENS = 300  # what every completion reports using
+# A request to /held/ waits upstream until RELEASE is set (HELD says it arrived).
+HELD, RELEASE = threading.Event(), threading.Event()
 
 
 class Upstream(BaseHTTPRequestHandler):
@@ -35,6 +37,9 @@ class Upstream(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length", 0)))
         req = json.loads(body or b"{}")
+        if self.path.startswith("/held/"):
+            HELD.set()
+            RELEASE.wait(10)
         time.sleep(0.002 * random.uniform(0.8, 1.2))  # a service time that jitters
         usage = {"prompt_tokens": 10, "completion_tokens": TOKENS - 10, "total_tokens": TOKENS}
         if req.get("stream"):
@@ -91,6 +96,13 @@ def start_proxy(binary, upstream_port, workdir):
       cost:
         from: [json:usage.total_tokens]
         estimate: 1
+      reject_format: openai
+    - name: held
+      match: {{path_prefix: /held/}}
+      upstream: http://127.0.0.1:{upstream_port}
+      key: header:authorization
+      limit_conn: 1
+      reject_format: openai
     - name: tight
       match: {{path_prefix: /tight/}}
       upstream: http://127.0.0.1:{upstream_port}
@@ -250,14 +262,47 @@ def check_openai(host, port):
         client.chat.completions.create(model="m", messages=messages)
         raise AssertionError("the fifth completion passed a spent budget")
     except openai.RateLimitError as e:
+        # OpenAI's own shape: the SDK's error says which budget refused and when.
         assert e.status_code == 429
-        assert int(e.response.headers["retry-after"]) > 0
+        assert e.code == "rate_limit_exceeded" and e.type == "rate_limit_exceeded", e.body
+        assert "route llm: fixed-window:limit=1000,window=1h" in e.message, e.message
+        assert "on tokens: limit 1000, remaining 0, requested 1" in e.message, e.message
+        assert "Please try again in " in e.message, e.message
+        h = e.response.headers
+        assert h["content-type"] == "application/json", h
+        assert int(h["retry-after"]) > 3000 and int(h["retry-after-ms"]) > 3_000_000, h
+        assert (h["x-ratelimit-limit-tokens"], h["x-ratelimit-remaining-tokens"]) == ("1000", "0"), h
+        assert h["x-ratelimit-reset-tokens"].endswith("s"), h
     # Another key has its own budget.
     other = openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="team-b",
                           max_retries=0, http_client=http_client)
     assert other.chat.completions.create(model="m", messages=messages).usage.total_tokens
+    check_openai_limit_conn(host, port, http_client)
     http_client.close()
     print("openai: four completions charged, the fifth refused")
+
+
+def check_openai_limit_conn(host, port, http_client):
+    """A second completion of one key while its first is held upstream: refused by
+    `limit_conn: 1` as OpenAI's SDK understands it, with a second to wait."""
+    client = openai.OpenAI(base_url=f"http://{host}:{port}/held/v1", api_key="team-c",
+                           max_retries=0, http_client=http_client)
+    messages = [{"role": "user", "content": "hi"}]
+    first = threading.Thread(
+        target=lambda: client.chat.completions.create(model="m", messages=messages))
+    first.start()
+    try:
+        assert HELD.wait(10), "the first completion never reached the upstream"
+        try:
+            client.chat.completions.create(model="m", messages=messages)
+            raise AssertionError("a second request in flight passed limit_conn: 1")
+        except openai.RateLimitError as e:
+            assert e.code == "rate_limit_exceeded", e.body
+            assert "route held: limit_conn 1" in e.message, e.message
+            assert e.response.headers["retry-after"] == "1", e.response.headers
+    finally:
+        RELEASE.set()
+        first.join(10)
 
 
 def main():
