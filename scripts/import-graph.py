@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Prints each crate's module import graph (from `use crate::` / `super::` paths and
-`crate::x::` mentions) and any cycle in it. Exit status 1 when a cycle exists.
+`crate::x::` mentions) and any cycle in it, then checks the crates' own arrows: each
+workspace crate sits on a floor (FLOORS, lowest first) and may depend, in its
+[dependencies], only on crates of lower floors. Exit status 1 on a module cycle or a
+crate arrow that points up (or a crate without a floor).
 
     python3 scripts/import-graph.py [--edges]
 """
@@ -106,9 +109,58 @@ def cycles(edges):
     return found
 
 
+# The crates, lowest floor first: the arithmetic, the library, what runs on it (the
+# Redis module beside the servers' runtime), the binary on top. The test kit is a
+# dev-dependency only and stands apart.
+FLOORS = [
+    ["tollgate-core"],
+    ["tollgate"],
+    ["tollgate-redis-module", "tollgate-runtime"],
+    ["tollgate-server"],
+]
+APART = ["tollgate-testkit"]
+
+
+def workspace_deps(crate):
+    """The workspace crates in `crate`'s [dependencies] (not its dev-dependencies)."""
+    deps, section = [], None
+    for line in open(os.path.join(ROOT, crate, "Cargo.toml")):
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+            continue
+        m = re.match(r"([\w-]+)(?:\.workspace)?\s*=", line)
+        if section == "[dependencies]" and m and m.group(1).startswith("tollgate"):
+            deps.append(m.group(1))
+    return deps
+
+
+def crate_arrows(show):
+    """Prints the crates' arrows; True when one points up or sideways."""
+    floor = {c: i for i, cs in enumerate(FLOORS) for c in cs}
+    bad = False
+    if show:
+        print("## crates")
+    for crate in sorted(os.listdir(ROOT)):
+        if not os.path.isfile(os.path.join(ROOT, crate, "Cargo.toml")) or crate in APART:
+            continue
+        if crate not in floor:
+            print(f"crate {crate}: on no floor (scripts/import-graph.py FLOORS)")
+            bad = True
+            continue
+        deps = workspace_deps(crate)
+        if show and deps:
+            print(f"  {crate} -> {', '.join(sorted(deps))}")
+        for d in deps:
+            if d in APART or floor.get(d, len(FLOORS)) >= floor[crate]:
+                print(f"crate {crate} -> {d}: points up (or sideways)")
+                bad = True
+    return bad
+
+
 def main():
     show = "--edges" in sys.argv
-    bad = False
+    bad = crate_arrows(show)
     for crate in sorted(os.listdir(ROOT)):
         src = os.path.join(ROOT, crate, "src")
         if not os.path.isdir(src):
@@ -124,7 +176,7 @@ def main():
             bad = True
             print(f"{crate}: cycle {' -> '.join(name(m) for m in c)}")
     if not bad:
-        print("no cycles")
+        print("no cycles, no crate arrow up")
     sys.exit(1 if bad else 0)
 
 

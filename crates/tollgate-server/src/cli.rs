@@ -29,7 +29,7 @@ pub struct Cli {
         env = "TOLLGATE_LOG_FORMAT",
         default_value = "text"
     )]
-    pub log_format: crate::logging::LogFormat,
+    pub log_format: tollgate_runtime::logging::LogFormat,
 }
 
 #[derive(Debug, Subcommand)]
@@ -61,11 +61,11 @@ enum Command {
 impl Cli {
     /// The log format and filter: the flag (or `TOLLGATE_LOG_FORMAT`), unless `serve
     /// --envoy-env` finds Envoy's `LOG_FORMAT` / `LOG_LEVEL`.
-    pub fn log_settings(&self) -> (crate::logging::LogFormat, Option<String>) {
+    pub fn log_settings(&self) -> (tollgate_runtime::logging::LogFormat, Option<String>) {
         match &self.command {
             Command::Serve(args) if args.envoy_env => {
                 let get = |name: &str| std::env::var(name).ok();
-                let (format, level) = crate::config::envoy_env::log_settings(&get);
+                let (format, level) = tollgate_runtime::config::envoy_env::log_settings(&get);
                 (format.unwrap_or(self.log_format), level)
             }
             _ => (self.log_format, None),

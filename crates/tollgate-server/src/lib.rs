@@ -2,7 +2,7 @@
 //! reverse proxy, the offline tools and the load generators, over the `tollgate`
 //! library. `main.rs` only parses the command line and calls [`cli::run`].
 //!
-//! Modules, with imports pointing one way (down this list, never up):
+//! Modules (`scripts/import-graph.py` fails on an import cycle among them):
 //!
 //! - [`cli`]: the command line, parsing and dispatch to the commands below;
 //! - [`service`]: `tollgate serve`: descriptor rules, decisions, HTTP/JSON, Envoy RLS
@@ -10,28 +10,18 @@
 //! - [`proxy`]: `tollgate proxy`: routes, keys, limits, forwarding;
 //! - [`offline`]: `tollgate replay` and `tollgate simulate`, and charts;
 //! - [`bench`](mod@bench): `tollgate bench`, load generators;
-//! - [`connections`]: accepting and serving client connections within the
-//!   `connections:` bounds (count, header, body and send timeouts);
-//! - [`workers`]: the threads that serve connections, and which serves which;
-//! - [`config`]: the main configuration file (listeners, `store:`, `keys:`, `admin:`,
-//!   `proxy:`) and its validation;
-//! - [`lifecycle`]: what reloads a server (SIGHUP, changed files) and what stops it;
-//! - [`logging`]: where log lines go and their format (text or JSON).
+//! - [`console`]: the web console, mounted by `serve` and the proxy;
+//! - [`process_metrics`]: the process's own figures and build information.
+//!
+//! Below them all, the `tollgate-runtime` crate: configuration, TLS, listeners,
+//! workers and connections, traces, logging, reloads and shutdown.
 
 #![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod cli;
-pub mod config;
-pub mod connections;
 pub mod console;
-pub mod lifecycle;
-pub mod logging;
 pub mod offline;
 pub mod process_metrics;
-pub mod progress;
 pub mod proxy;
 pub mod service;
-pub mod tls;
-pub mod traces;
-pub mod workers;

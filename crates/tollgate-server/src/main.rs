@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     let cli = <tollgate_server::cli::Cli as clap::Parser>::parse_from(tollgate_server::cli::args());
     // Events (reloads, Redis outages and recoveries, lost leases) to stderr.
     let (format, level) = cli.log_settings();
-    tollgate_server::logging::init(format, level.as_deref());
+    tollgate_runtime::logging::init(format, level.as_deref());
     match tollgate_server::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -25,7 +25,7 @@ pub struct UpstreamArgs {
     #[arg(long, default_value_t = 8)]
     pub capacity: u32,
     /// The service time of a request at or below the capacity (e.g. 20ms).
-    #[arg(long, default_value = "20ms", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "20ms", value_parser = tollgate_runtime::config::duration_arg)]
     pub service: Duration,
     /// Capacity changes after the start, e.g. `5s=4,10s=8`.
     #[arg(long, value_parser = parse_schedule)]
@@ -52,7 +52,7 @@ pub fn parse_schedule(s: &str) -> Result<Schedule, String> {
                 let (at, c) = step
                     .split_once('=')
                     .ok_or_else(|| format!("{step:?}: expected AT=CAPACITY, e.g. 5s=4"))?;
-                let at = crate::config::duration_arg(at)?;
+                let at = tollgate_runtime::config::duration_arg(at)?;
                 let c: u32 = c.parse().ok().filter(|c| *c > 0).ok_or_else(|| {
                     format!("{step:?}: the capacity must be a whole number above 0")
                 })?;
@@ -131,19 +131,19 @@ pub struct ClosedLoopArgs {
     #[arg(long, default_value_t = 32)]
     pub clients: usize,
     /// How long to run.
-    #[arg(long, default_value = "10s", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = tollgate_runtime::config::duration_arg)]
     pub duration: Duration,
     /// Leave the first part of the run out of the totals (the limit's ramp).
-    #[arg(long, default_value = "1s", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "1s", value_parser = tollgate_runtime::config::duration_arg)]
     pub settle: Duration,
     /// A header sent with every request (`NAME: VALUE`; repeatable).
     #[arg(long = "header")]
     pub headers: Vec<String>,
     /// How long a client waits after a rejection (429/503) before it sends again.
-    #[arg(long, default_value = "1ms", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "1ms", value_parser = tollgate_runtime::config::duration_arg)]
     pub pause: Duration,
     /// Print a line per interval (e.g. 1s); none by default.
-    #[arg(long, value_parser = crate::config::duration_arg)]
+    #[arg(long, value_parser = tollgate_runtime::config::duration_arg)]
     pub interval: Option<Duration>,
 }
 

@@ -282,7 +282,8 @@ async fn caller_loop(
 /// Shows the time run, requests per second and errors on a progress line (stderr,
 /// a terminal only) until `deadline`.
 async fn report_until(deadline: u64, start: u64, clock: &MonotonicClock, counters: &Counters) {
-    let mut line = crate::progress::Progress::new("tollgate bench", Some(deadline - start));
+    let mut line =
+        tollgate_runtime::progress::Progress::new("tollgate bench", Some(deadline - start));
     let (mut last, mut last_at) = (0, start);
     while clock.now_us() < deadline {
         let left = Duration::from_micros(deadline.saturating_sub(clock.now_us()));
@@ -471,7 +472,7 @@ pub struct RedisBenchArgs {
     #[arg(long, default_value_t = 10000)]
     pub keys: u64,
     /// How long to run (e.g. 10s).
-    #[arg(long, default_value = "10s", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = tollgate_runtime::config::duration_arg)]
     pub duration: std::time::Duration,
     /// The most checks per Redis call (automatic batching); 1 turns batching off.
     #[arg(long, default_value_t = 64)]
@@ -482,7 +483,7 @@ pub struct RedisBenchArgs {
     pub calls: tollgate::redis::RedisCalls,
     /// Decide through leased slices of each key's budget, spendable for this long
     /// (e.g. 50ms); the slice grows up to a quarter of the smallest limit.
-    #[arg(long, value_parser = crate::config::duration_arg)]
+    #[arg(long, value_parser = tollgate_runtime::config::duration_arg)]
     pub lease: Option<std::time::Duration>,
 }
 
@@ -511,7 +512,7 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 1000)]
     pub keys: u64,
     /// How long to run (e.g. 10s).
-    #[arg(long, default_value = "10s", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = tollgate_runtime::config::duration_arg)]
     pub duration: std::time::Duration,
     /// Total requests per second to aim for (default: as fast as possible).
     #[arg(long)]

@@ -344,14 +344,14 @@ pub struct RlqsArgs {
     #[arg(long, default_value_t = 100)]
     pub rate: u64,
     /// How often each Envoy reports its usage.
-    #[arg(long, default_value = "1s", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "1s", value_parser = tollgate_runtime::config::duration_arg)]
     pub report_interval: Duration,
     /// How long to offer requests (after every Envoy has connected).
-    #[arg(long, default_value = "10s", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = tollgate_runtime::config::duration_arg)]
     pub duration: Duration,
     /// How long at the start is not counted (while the first assignments arrive), before
     /// `--duration`.
-    #[arg(long, default_value = "2s", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "2s", value_parser = tollgate_runtime::config::duration_arg)]
     pub warmup: Duration,
     /// The domain reported.
     #[arg(long, default_value = "envoy")]

@@ -3,11 +3,11 @@
 //! Streams: one row in, one row out, state only per key, so a trace of any length
 //! runs in memory proportional to its number of distinct keys.
 
-use crate::progress::Progress;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::PathBuf;
+use tollgate_runtime::progress::Progress;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};

@@ -26,7 +26,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 100.0)]
     pub rate: f64,
     /// How long (virtual time).
-    #[arg(long, default_value = "10s", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "10s", value_parser = tollgate_runtime::config::duration_arg)]
     pub duration: std::time::Duration,
     /// Burst size (burst and boundary patterns).
     #[arg(long, default_value_t = 100)]
@@ -38,7 +38,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 1)]
     pub keys: u64,
     /// How long each admitted request holds its `concurrency` permits (e.g. 100ms).
-    #[arg(long, value_parser = crate::config::duration_arg)]
+    #[arg(long, value_parser = tollgate_runtime::config::duration_arg)]
     pub hold: Option<std::time::Duration>,
     /// A policy spec; repeat to compare several.
     #[arg(long = "policy", required_unless_present_any = ["limits", "adaptive"])]
@@ -52,7 +52,7 @@ pub struct SimulateArgs {
     pub capacity: u32,
     /// closed-loop: service time at or below the capacity (each request's varies by
     /// up to --jitter either way, seeded by --seed).
-    #[arg(long, default_value = "20ms", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "20ms", value_parser = tollgate_runtime::config::duration_arg)]
     pub service: std::time::Duration,
     /// closed-loop: how much each request's service time varies either way, a
     /// fraction from 0 to 0.9 (0.2: +-20 %, uniformly).
@@ -62,17 +62,17 @@ pub struct SimulateArgs {
     #[arg(long, value_parser = crate::bench::adaptive::parse_schedule)]
     pub schedule: Option<crate::bench::adaptive::Schedule>,
     /// closed-loop: think time between an answer and the next request.
-    #[arg(long, default_value = "0ms", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "0ms", value_parser = tollgate_runtime::config::duration_arg)]
     pub think: std::time::Duration,
     /// closed-loop: pause after a rejection.
-    #[arg(long, default_value = "1ms", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "1ms", value_parser = tollgate_runtime::config::duration_arg)]
     pub pause: std::time::Duration,
     /// closed-loop: clients give up on a request after this long (it counts as
     /// dropped for the limit; the upstream keeps working on it); none by default.
-    #[arg(long, value_parser = crate::config::duration_arg)]
+    #[arg(long, value_parser = tollgate_runtime::config::duration_arg)]
     pub timeout: Option<std::time::Duration>,
     /// closed-loop: leave the first part out of the totals.
-    #[arg(long, default_value = "2s", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "2s", value_parser = tollgate_runtime::config::duration_arg)]
     pub settle: std::time::Duration,
     /// closed-loop: a static concurrency limit (N) or `none`; repeat to compare.
     #[arg(long = "limit")]
@@ -90,7 +90,7 @@ pub struct SimulateArgs {
     pub usage: Option<crate::offline::usage::UsageDist>,
     /// With --usage: how long after its admission a request's usage is charged (the
     /// work's duration).
-    #[arg(long, default_value = "0ms", value_parser = crate::config::duration_arg)]
+    #[arg(long, default_value = "0ms", value_parser = tollgate_runtime::config::duration_arg)]
     pub usage_after: std::time::Duration,
     /// Write a chart (.svg or .png).
     #[arg(long)]
@@ -164,7 +164,7 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| {
             let total = arrivals.len() as u64;
-            let mut line = crate::progress::Progress::new(p.to_string(), Some(total));
+            let mut line = tollgate_runtime::progress::Progress::new(p.to_string(), Some(total));
             let mut progress =
                 |done: usize| line.update(done as u64, || format!("{done} of {total} requests"));
             let (fates, summary) = run(p, &arrivals, scenario.hold_us, &mut progress);

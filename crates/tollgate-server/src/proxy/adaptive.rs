@@ -8,7 +8,7 @@ use tollgate::adaptive::{
 };
 
 use super::problem::{problem_body, problem_response, Problem};
-use crate::config::proxy::RouteConfig;
+use tollgate_runtime::config::proxy::RouteConfig;
 
 /// The adaptive limit of one route.
 pub(super) struct RouteAdaptive {

@@ -19,7 +19,7 @@ use axum::http::HeaderName;
 use tollgate::{AnyLimiter, RateLimiter};
 
 use super::keys::HeaderSource;
-use crate::config::proxy::CostConfig;
+use tollgate_runtime::config::proxy::CostConfig;
 
 /// Where a usage is read.
 #[derive(Debug, Clone, PartialEq, Eq)]

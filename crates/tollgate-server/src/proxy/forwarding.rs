@@ -58,7 +58,7 @@ pub(super) async fn forward(
     .await
     {
         Ok(Ok(resp)) => resp,
-        Ok(Err(Failure::Exchange(e))) if crate::connections::is_body_timeout(&e) => {
+        Ok(Err(Failure::Exchange(e))) if tollgate_runtime::connections::is_body_timeout(&e) => {
             return Err(body_stalled().into_response());
         }
         Ok(Err(f)) => {

@@ -19,9 +19,9 @@ use super::problem::{
     openai_reject, problem, problem_body, problem_response, store_unavailable, OpenAiReject,
     Problem,
 };
-use crate::config::proxy::{RejectFormat, RouteConfig};
-use crate::config::store::StoreConfig;
 use tollgate::headers::{HeaderStyle, PolicyHeader};
+use tollgate_runtime::config::proxy::{RejectFormat, RouteConfig};
+use tollgate_runtime::config::store::StoreConfig;
 
 /// Counters in Redis: the connection and the `store:` settings (failure policy, ...).
 pub(super) type RedisBackend = (RedisStore, StoreConfig);
@@ -329,7 +329,7 @@ impl RouteLimits {
 
 /// `cost:` needs rate policies it can charge, each able to admit the estimate.
 fn check_cost<'a>(
-    c: &crate::config::proxy::CostConfig,
+    c: &tollgate_runtime::config::proxy::CostConfig,
     at: &str,
     limits: impl Iterator<Item = &'a RateCounters>,
 ) -> anyhow::Result<()> {

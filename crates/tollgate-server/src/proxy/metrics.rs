@@ -21,7 +21,7 @@ type Labels = Vec<(&'static str, String)>;
 /// its Redis store's calls.
 pub(super) struct About {
     /// The TLS listeners, by name (`proxy`, `metrics`).
-    pub listeners: Vec<(&'static str, crate::tls::ServerTls)>,
+    pub listeners: Vec<(&'static str, tollgate_runtime::tls::ServerTls)>,
     /// The Redis store the routes count in, if any.
     pub redis: Option<tollgate::redis::RedisStore>,
     /// The configuration's reloads.
@@ -147,7 +147,7 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
     for (listener, tls) in &about.listeners {
         let labels = vec![("listener", listener.to_string())];
         days.get_or_create(&labels)
-            .set(crate::tls::days_left(tls.not_after()));
+            .set(tollgate_runtime::tls::days_left(tls.not_after()));
     }
     registry.register(
         "tls_certificate_expiry_days",
@@ -271,8 +271,8 @@ impl prometheus_client::collector::Collector for UpstreamTimes {
 pub(super) async fn serve(
     listener: tokio::net::TcpListener,
     table: Arc<ArcSwap<RouteTable>>,
-    slots: crate::connections::Slots,
-    tls: Option<crate::tls::ServerTls>,
+    slots: tollgate_runtime::connections::Slots,
+    tls: Option<tollgate_runtime::tls::ServerTls>,
     about: Arc<About>,
     console: Option<axum::Router>,
 ) {
@@ -295,9 +295,9 @@ pub(super) async fn serve(
         Some(c) => app.merge(c),
         None => app,
     };
-    let body = crate::connections::BodyTimeout::Whole(std::time::Duration::from_micros(
+    let body = tollgate_runtime::connections::BodyTimeout::Whole(std::time::Duration::from_micros(
         slots.bounds().body_timeout,
     ));
-    let stop = crate::lifecycle::shutdown_signal();
-    crate::connections::serve_http(listener, slots, app, body, stop, None, tls).await;
+    let stop = tollgate_runtime::lifecycle::shutdown_signal();
+    tollgate_runtime::connections::serve_http(listener, slots, app, body, stop, None, tls).await;
 }

@@ -16,7 +16,7 @@ use opentelemetry::{Context, KeyValue};
 
 use super::keys::HeaderSource;
 use super::routes::Route;
-use crate::traces::{Outgoing, Span, Tracing, TRACE_HEADERS};
+use tollgate_runtime::traces::{Outgoing, Span, Tracing, TRACE_HEADERS};
 
 /// One request of a route, from its match to its answer (counted as it drops).
 pub(super) struct RequestObserver {
@@ -172,7 +172,7 @@ impl Drop for RequestObserver {
         }
         match self.status {
             Some(status) => {
-                let (code, error) = crate::traces::http_answer(status);
+                let (code, error) = tollgate_runtime::traces::http_answer(status);
                 t.span.set_attribute(code);
                 if let Some(error) = error {
                     t.span.set_status(Status::error(error));

@@ -13,7 +13,7 @@ use super::adaptive::RouteAdaptive;
 use super::keys::{self, KeyPart};
 use super::limits::{RedisBackend, RouteLimits};
 use super::route_stats::RouteStats;
-use crate::config::proxy::{MatchConfig, ProxyConfig, RouteConfig};
+use tollgate_runtime::config::proxy::{MatchConfig, ProxyConfig, RouteConfig};
 
 /// One route, ready to serve.
 pub(super) struct Route {
@@ -201,7 +201,7 @@ impl Target {
     /// CAs); `upstream_tls` beside `http://` is an error.
     fn with_tls(
         mut self,
-        config: Option<&crate::config::proxy::UpstreamTlsConfig>,
+        config: Option<&tollgate_runtime::config::proxy::UpstreamTlsConfig>,
         at: &str,
     ) -> anyhow::Result<Target> {
         if !self.https {
@@ -217,7 +217,7 @@ impl Target {
             (None, None) => None,
             _ => anyhow::bail!("{setting}: cert_file and key_file go together"),
         };
-        let config = crate::tls::ClientTls::load(
+        let config = tollgate_runtime::tls::ClientTls::load(
             &setting,
             files.ca_file.as_deref(),
             identity,
@@ -242,7 +242,7 @@ impl Target {
 #[derive(Clone)]
 pub(super) struct UpstreamTls {
     /// rustls with the route's CAs and client certificate (the files followed).
-    pub config: crate::tls::ClientTls,
+    pub config: tollgate_runtime::tls::ClientTls,
     /// The name verified and sent as SNI.
     pub server_name: rustls::pki_types::ServerName<'static>,
     /// Which reading of the settings this is: kept connections are reused only by

@@ -25,10 +25,10 @@ use super::observe::RequestObserver;
 use super::problem::no_route;
 use super::routes::RouteTable;
 use super::worker::Proxy;
-use crate::config::proxy::ProxyConfig;
-use crate::config::store::{StoreConfig, StoreKind};
-use crate::config::Connections;
-use crate::connections::{BodyTimeout, Drain, HyperConns, Rewind, Slots};
+use tollgate_runtime::config::proxy::ProxyConfig;
+use tollgate_runtime::config::store::{StoreConfig, StoreKind};
+use tollgate_runtime::config::Connections;
+use tollgate_runtime::connections::{BodyTimeout, Drain, HyperConns, Rewind, Slots};
 
 /// Every request hyper serves: its route, its key, its limits, then the upstream.
 async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {
@@ -109,9 +109,9 @@ pub struct ProxySettings {
     /// Client connection bounds (`connections:`).
     pub connections: Connections,
     /// Traces (`traces:` and the `OTEL_*` variables), when on.
-    pub traces: Option<crate::config::traces::TraceSettings>,
+    pub traces: Option<tollgate_runtime::config::traces::TraceSettings>,
     /// The console (`console:`), on the metrics listener.
-    pub console: Option<crate::config::ConsoleConfig>,
+    pub console: Option<tollgate_runtime::config::ConsoleConfig>,
 }
 
 /// The proxy for `config` on the memory store as one worker serves it, without a
@@ -177,7 +177,7 @@ async fn serve_connection<I>(
 
 /// Loads the `proxy:` section of a main config, with the sections it uses.
 pub fn load(path: &std::path::Path) -> anyhow::Result<ProxySettings> {
-    let mut main = crate::config::MainConfig::load(path)?;
+    let mut main = tollgate_runtime::config::MainConfig::load(path)?;
     let options = main.key_options();
     let proxy = main.proxy.take().ok_or_else(|| {
         anyhow::anyhow!(
@@ -186,7 +186,7 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<ProxySettings> {
         )
     })?;
     if let Some(c) = &main.console {
-        if c.listener == Some(crate::config::ConsoleListener::Http) {
+        if c.listener == Some(tollgate_runtime::config::ConsoleListener::Http) {
             anyhow::bail!("console.listener: the proxy serves its console on its metrics listener (listener: metrics)");
         }
         if proxy.metrics.is_none() {
@@ -208,18 +208,24 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<ProxySettings> {
 /// The proxy's listeners' TLS (`proxy.tls`, `proxy.metrics_tls`), its files read.
 pub struct ListenersTls {
     /// HTTPS on the proxy's listener.
-    pub tls: Option<crate::tls::ServerTls>,
+    pub tls: Option<tollgate_runtime::tls::ServerTls>,
     /// HTTPS on the metrics listener.
-    pub metrics_tls: Option<crate::tls::ServerTls>,
+    pub metrics_tls: Option<tollgate_runtime::tls::ServerTls>,
 }
 
 impl ListenersTls {
     /// Reads the files as `tollgate proxy` does at start; an error names the setting
     /// and the file.
     pub fn load(config: &ProxyConfig) -> anyhow::Result<ListenersTls> {
-        let load = |tls: &Option<crate::tls::ListenerTls>, setting| {
+        let load = |tls: &Option<tollgate_runtime::tls::ListenerTls>, setting| {
             (tls.as_ref())
-                .map(|t| crate::tls::ServerTls::load(t, setting, crate::tls::HTTP_ALPN))
+                .map(|t| {
+                    tollgate_runtime::tls::ServerTls::load(
+                        t,
+                        setting,
+                        tollgate_runtime::tls::HTTP_ALPN,
+                    )
+                })
                 .transpose()
         };
         if config.metrics_tls.is_some() && config.metrics.is_none() {
@@ -249,7 +255,7 @@ pub fn run(
         console,
     } = load(path)?;
     let store = store.with_flag(store_flag)?;
-    crate::connections::warn_if_fd_limit_below(connections.max);
+    tollgate_runtime::connections::warn_if_fd_limit_below(connections.max);
     let slots = Slots::new(connections);
     let connect_timeout = config.connect_timeout();
     let metrics_addr = config.metrics;
@@ -268,7 +274,8 @@ pub fn run(
                 .thread_name("tollgate-traces")
                 .enable_all()
                 .build()?;
-            let tracing = runtime.block_on(async { crate::traces::Tracing::start(t) })?;
+            let tracing =
+                runtime.block_on(async { tollgate_runtime::traces::Tracing::start(t) })?;
             Some((runtime, Arc::new(tracing)))
         }
         None => None,
@@ -384,9 +391,9 @@ fn spawn_metrics(
     addr: SocketAddr,
     table: Arc<ArcSwap<RouteTable>>,
     slots: Slots,
-    tls: Option<crate::tls::ServerTls>,
+    tls: Option<tollgate_runtime::tls::ServerTls>,
     about: super::metrics::About,
-    console: Option<(crate::config::ConsoleConfig, &'static str)>,
+    console: Option<(tollgate_runtime::config::ConsoleConfig, &'static str)>,
 ) -> anyhow::Result<SocketAddr> {
     let std_listener = std::net::TcpListener::bind(addr)
         .with_context(|| format!("proxy.metrics: cannot listen on {addr}"))?;
@@ -455,7 +462,7 @@ fn connect(
 /// What a worker's listener serves with: its connection bounds and its TLS.
 struct Listener {
     slots: Slots,
-    tls: Option<crate::tls::ServerTls>,
+    tls: Option<tollgate_runtime::tls::ServerTls>,
 }
 
 /// One worker thread: binds `addr` (reporting the bound address or the error on
@@ -466,7 +473,7 @@ fn spawn_worker(
     table: Arc<ArcSwap<RouteTable>>,
     Listener { slots, tls }: Listener,
     connect_timeout: Duration,
-    tracing: Option<Arc<crate::traces::Tracing>>,
+    tracing: Option<Arc<tollgate_runtime::traces::Tracing>>,
 ) -> std::thread::JoinHandle<anyhow::Result<()>> {
     std::thread::spawn(move || -> anyhow::Result<()> {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -497,14 +504,15 @@ fn spawn_worker(
             // The peer's forwarding headers are written once per connection.
             let serve_one = move |addr| {
                 let (proxy, hyper) = (proxy.clone(), hyper.clone());
-                let tls = tls.as_ref().map(crate::tls::ServerTls::acceptor);
+                let tls = tls.as_ref().map(tollgate_runtime::tls::ServerTls::acceptor);
                 move |io, drain| async move {
                     let peer = Arc::new(Peer::new(addr, tls.is_some()));
                     match tls {
                         None => serve_connection(proxy, hyper, peer, io, drain).await,
                         Some(tls) => {
-                            let handshake =
-                                crate::connections::handshake_within(handshake, tls, io, addr);
+                            let handshake = tollgate_runtime::connections::handshake_within(
+                                handshake, tls, io, addr,
+                            );
                             if let Some(io) = handshake.await {
                                 serve_connection(proxy, hyper, peer, io, drain).await
                             }
@@ -512,8 +520,9 @@ fn spawn_worker(
                     }
                 }
             };
-            let stop = crate::lifecycle::shutdown_signal();
-            crate::connections::serve_accepted(listener, slots, serve_one, stop, None).await;
+            let stop = tollgate_runtime::lifecycle::shutdown_signal();
+            tollgate_runtime::connections::serve_accepted(listener, slots, serve_one, stop, None)
+                .await;
             Ok(())
         })
     })
@@ -526,8 +535,8 @@ struct AtStart {
     listen: Option<SocketAddr>,
     metrics: Option<SocketAddr>,
     connect_timeout: Option<u64>,
-    tls: Option<crate::tls::ListenerTls>,
-    metrics_tls: Option<crate::tls::ListenerTls>,
+    tls: Option<tollgate_runtime::tls::ListenerTls>,
+    metrics_tls: Option<tollgate_runtime::tls::ListenerTls>,
 }
 
 impl AtStart {
@@ -585,11 +594,11 @@ fn watch(
             ),
         }
     };
-    let hup = runtime.block_on(async { crate::lifecycle::hangups() });
+    let hup = runtime.block_on(async { tollgate_runtime::lifecycle::hangups() });
     // Before the proxy says it is up: a change right after is seen.
-    let file = crate::lifecycle::Watched::now(vec![path.to_path_buf()]);
+    let file = tollgate_runtime::lifecycle::Watched::now(vec![path.to_path_buf()]);
     let _ = catching.send(());
-    runtime.block_on(crate::lifecycle::watch(
+    runtime.block_on(tollgate_runtime::lifecycle::watch(
         file,
         hup,
         reload,

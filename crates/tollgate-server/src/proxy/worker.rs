@@ -8,7 +8,7 @@ use arc_swap::ArcSwap;
 
 use super::routes::RouteTable;
 use super::upstream::{StreamPool, UpstreamPool};
-use crate::config::Connections;
+use tollgate_runtime::config::Connections;
 
 /// One worker thread's view: the shared routes and its own upstream connections.
 pub(super) struct Proxy {
@@ -20,7 +20,7 @@ pub(super) struct Proxy {
     /// The client connection bounds (`connections:`).
     pub bounds: Connections,
     /// Traces, when on.
-    pub tracing: Option<Arc<crate::traces::Tracing>>,
+    pub tracing: Option<Arc<tollgate_runtime::traces::Tracing>>,
 }
 
 impl Proxy {
@@ -30,7 +30,7 @@ impl Proxy {
         table: Arc<ArcSwap<RouteTable>>,
         connect_timeout: Duration,
         bounds: Connections,
-        tracing: Option<Arc<crate::traces::Tracing>>,
+        tracing: Option<Arc<tollgate_runtime::traces::Tracing>>,
     ) -> Arc<Proxy> {
         Arc::new(Proxy {
             table,

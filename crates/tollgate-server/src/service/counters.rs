@@ -10,7 +10,7 @@ use tollgate::{AnyLimiter, KeyedLimiter, RuleSet};
 
 use tollgate::quota::QuotaLedger;
 
-use crate::config::store::StoreConfig;
+use tollgate_runtime::config::store::StoreConfig;
 
 /// The store every limit of the rules counts in.
 #[derive(Clone)]

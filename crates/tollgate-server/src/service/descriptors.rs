@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::config::RejectedHits;
 use serde::Deserialize;
 use tollgate::headers::PolicyHeader;
 use tollgate::{AnyLimiter, Policy, RuleSet};
+use tollgate_runtime::config::RejectedHits;
 
 use crate::service::counters::Counters;
 

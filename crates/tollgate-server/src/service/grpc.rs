@@ -32,14 +32,14 @@ use http_body_util::BodyExt;
 use prost::Message;
 use tonic::Status;
 
-use crate::config::Connections;
-use crate::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody};
 use crate::service::calls::CallCode;
 pub use crate::service::calls::Method;
 use crate::service::spans;
 use crate::service::{DecisionService, RequestError};
-use crate::tls::ServerTls;
-use crate::workers::{WorkerStream, Workers};
+use tollgate_runtime::config::Connections;
+use tollgate_runtime::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody};
+use tollgate_runtime::tls::ServerTls;
+use tollgate_runtime::workers::{WorkerStream, Workers};
 
 /// Envoy's rate limit call.
 pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";

@@ -3,8 +3,8 @@
 //! [`tollgate::headers`]), the draft-03 trio envoyproxy/ratelimit writes, both, or
 //! none. Shared by the HTTP API and gRPC's `response_headers_to_add`.
 
-use crate::config::Headers;
 use crate::service::{CheckResult, Code, EnvoyView};
+use tollgate_runtime::config::Headers;
 
 /// The headers for `result` under `style`; with `retry_after`, also `Retry-After` on
 /// OVER_LIMIT (the HTTP API always sends it; gRPC only with the IETF style).

@@ -211,10 +211,10 @@ fn bad_request(message: impl std::fmt::Display) -> Response {
 /// 400 (413 for a body over the limit, 415 without a JSON content type) with a JSON
 /// error naming the problem.
 fn rejected(e: JsonRejection) -> Response {
-    if crate::connections::is_body_timeout(&e) {
+    if tollgate_runtime::connections::is_body_timeout(&e) {
         return (
             StatusCode::REQUEST_TIMEOUT,
-            Json(json!({ "error": crate::connections::BodyTimedOut::MESSAGE })),
+            Json(json!({ "error": tollgate_runtime::connections::BodyTimedOut::MESSAGE })),
         )
             .into_response();
     }
@@ -498,7 +498,7 @@ fn limit_out(l: &DescriptorLimit) -> LimitOut<'_> {
 
 /// The tollgate JSON answer: 200 or 429, `Retry-After` and the rate-limit headers
 /// `service.headers` chooses, from the binding decision.
-fn respond(style: &crate::config::Headers, result: &CheckResult) -> Response {
+fn respond(style: &tollgate_runtime::config::Headers, result: &CheckResult) -> Response {
     let ms = |us: u64| us.div_ceil(1000);
     let statuses = result
         .statuses
@@ -526,7 +526,11 @@ fn respond(style: &crate::config::Headers, result: &CheckResult) -> Response {
     response
 }
 
-fn headers(headers: &mut HeaderMap, style: &crate::config::Headers, result: &CheckResult) {
+fn headers(
+    headers: &mut HeaderMap,
+    style: &tollgate_runtime::config::Headers,
+    result: &CheckResult,
+) {
     let fields = crate::service::headers::response_headers(style, result, true);
     tollgate::headers::insert_all(headers, fields);
 }
@@ -543,10 +547,10 @@ async fn envoy_json(
 ) -> Response {
     let body = match body {
         Ok(b) => b,
-        Err(e) if crate::connections::is_body_timeout(&e) => {
+        Err(e) if tollgate_runtime::connections::is_body_timeout(&e) => {
             return (
                 StatusCode::REQUEST_TIMEOUT,
-                Json(json!({ "error": crate::connections::BodyTimedOut::MESSAGE })),
+                Json(json!({ "error": tollgate_runtime::connections::BodyTimedOut::MESSAGE })),
             )
                 .into_response()
         }

@@ -611,7 +611,7 @@ impl Metrics {
     }
 
     /// Sets the workers' figures.
-    pub fn workers(&self, stats: &[crate::workers::WorkerStat]) {
+    pub fn workers(&self, stats: &[tollgate_runtime::workers::WorkerStat]) {
         for (i, w) in stats.iter().enumerate() {
             let label = vec![("worker", i.to_string())];
             (self.worker_connections.get_or_create(&label))

@@ -244,13 +244,13 @@ pub const MAX_OVERRIDES: usize = 1024;
 #[derive(Debug, Clone, Default)]
 pub struct Answers {
     /// The rate-limit headers in responses.
-    pub headers: crate::config::Headers,
+    pub headers: tollgate_runtime::config::Headers,
     /// Global shadow mode: the overall code is always OK (descriptors still report
     /// their own codes), as envoyproxy/ratelimit's `SHADOW_MODE`.
     pub shadow_mode: bool,
     /// Whether rejected hits count where a descriptor with Envoy's `rate_limit` does
-    /// not say (see [`crate::config::ServiceSettings::rejected_hits`]).
-    pub rejected_hits: crate::config::RejectedHits,
+    /// not say (see [`tollgate_runtime::config::ServiceSettings::rejected_hits`]).
+    pub rejected_hits: tollgate_runtime::config::RejectedHits,
     /// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
     pub stop_increment_when_over_limit: bool,
 }
@@ -264,7 +264,7 @@ pub struct DecisionService {
     counters: Counters,
     /// The counts of Redis limiters a reload replaced (the metrics' totals go on).
     retired: Mutex<StoreStats>,
-    requests: crate::config::Requests,
+    requests: tollgate_runtime::config::Requests,
     metrics: Metrics,
     clock: tollgate::clock::MonotonicClock,
     /// The rule files a reload reads again (none for the built-in rules).
@@ -273,15 +273,15 @@ pub struct DecisionService {
     /// load balancer moves traffic away while requests still in flight finish.
     draining: std::sync::atomic::AtomicBool,
     /// The workers serving its connections, reported at `/metrics`.
-    workers: Option<crate::workers::WorkerStats>,
+    workers: Option<tollgate_runtime::workers::WorkerStats>,
     /// Envoy's quota buckets (RLQS) and the streams reporting on them.
     quota: crate::service::quota::QuotaBuckets,
     /// The listeners' TLS, by listener, for the certificates' days left.
-    tls: Vec<(&'static str, crate::tls::ServerTls)>,
+    tls: Vec<(&'static str, tollgate_runtime::tls::ServerTls)>,
     /// Set when the rules come from an xDS server.
     xds: Option<XdsState>,
     /// Traces, when on: each decision records on the caller's span.
-    tracing: Option<Arc<crate::traces::Tracing>>,
+    tracing: Option<Arc<tollgate_runtime::traces::Tracing>>,
     /// The keys used and rejected most, kept for the console when it is on.
     top_keys: Option<Arc<top_keys::TopKeys>>,
 }
@@ -321,7 +321,7 @@ impl DecisionService {
             answers: Answers::default(),
             merge_domains: false,
             retired: Mutex::default(),
-            requests: crate::config::Requests::default(),
+            requests: tollgate_runtime::config::Requests::default(),
             metrics: Metrics::default(),
             clock: tollgate::clock::MonotonicClock::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
@@ -363,13 +363,16 @@ impl DecisionService {
     }
 
     /// Reports `workers` at `/metrics` (connections, busy share, moves, per worker).
-    pub fn with_workers(mut self, workers: crate::workers::WorkerStats) -> Self {
+    pub fn with_workers(mut self, workers: tollgate_runtime::workers::WorkerStats) -> Self {
         self.workers = Some(workers);
         self
     }
 
     /// Reports the certificates of `listeners` (name, TLS) at `/metrics`.
-    pub fn with_tls(mut self, listeners: Vec<(&'static str, crate::tls::ServerTls)>) -> Self {
+    pub fn with_tls(
+        mut self,
+        listeners: Vec<(&'static str, tollgate_runtime::tls::ServerTls)>,
+    ) -> Self {
         self.tls = listeners;
         self
     }
@@ -377,7 +380,7 @@ impl DecisionService {
     /// Takes its rules from the xDS server of `config` (see [`xds`]): none are in
     /// force until [`DecisionService::apply_xds`] brings the first version, and
     /// decisions until then fail as unavailable.
-    pub fn with_xds(mut self, config: &crate::config::xds::XdsConfig) -> Self {
+    pub fn with_xds(mut self, config: &tollgate_runtime::config::xds::XdsConfig) -> Self {
         self.rules = ArcSwap::from_pointee(DescriptorRules::empty(self.merge_domains));
         self.sources = Vec::new();
         self.xds = Some(XdsState {
@@ -493,7 +496,7 @@ impl DecisionService {
 
     /// Answers as `service` says (headers, global shadow mode, near-limit ratio, and
     /// whether a reload merges documents of one domain).
-    pub fn with_answers(mut self, service: &crate::config::ServiceSettings) -> Self {
+    pub fn with_answers(mut self, service: &tollgate_runtime::config::ServiceSettings) -> Self {
         self.answers = Answers {
             headers: service.headers.clone(),
             shadow_mode: service.shadow_mode,
@@ -523,15 +526,15 @@ impl DecisionService {
         self
     }
 
-    /// Traces each call (see [`crate::traces`]); its export counts at `/metrics`.
-    pub fn with_tracing(mut self, tracing: Arc<crate::traces::Tracing>) -> Self {
-        (self.metrics).add_collector(crate::traces::SpanCounts::of(&tracing));
+    /// Traces each call (see [`tollgate_runtime::traces`]); its export counts at `/metrics`.
+    pub fn with_tracing(mut self, tracing: Arc<tollgate_runtime::traces::Tracing>) -> Self {
+        (self.metrics).add_collector(tollgate_runtime::traces::SpanCounts::of(&tracing));
         self.tracing = Some(tracing);
         self
     }
 
     /// The tracer, when traces are on.
-    pub fn tracing(&self) -> Option<&Arc<crate::traces::Tracing>> {
+    pub fn tracing(&self) -> Option<&Arc<tollgate_runtime::traces::Tracing>> {
         self.tracing.as_ref()
     }
 
@@ -541,14 +544,14 @@ impl DecisionService {
     }
 
     /// Bounds the RLQS streams as `limits` says (default:
-    /// [`crate::config::QuotaLimits`]).
-    pub fn with_quota_limits(mut self, limits: crate::config::QuotaLimits) -> Self {
+    /// [`tollgate_runtime::config::QuotaLimits`]).
+    pub fn with_quota_limits(mut self, limits: tollgate_runtime::config::QuotaLimits) -> Self {
         self.quota.limits = limits;
         self
     }
 
-    /// Bounds every request as `requests` says (default: [`crate::config::Requests`]).
-    pub fn with_request_limits(mut self, requests: crate::config::Requests) -> Self {
+    /// Bounds every request as `requests` says (default: [`tollgate_runtime::config::Requests`]).
+    pub fn with_request_limits(mut self, requests: tollgate_runtime::config::Requests) -> Self {
         self.requests = requests;
         self
     }
@@ -721,7 +724,8 @@ impl DecisionService {
             ]);
         }
         for (listener, tls) in &self.tls {
-            (self.metrics).certificate_days_left(listener, crate::tls::days_left(tls.not_after()));
+            (self.metrics)
+                .certificate_days_left(listener, tollgate_runtime::tls::days_left(tls.not_after()));
         }
         let buckets = self.quota.views();
         let figures = buckets.iter().map(|b| {
@@ -983,7 +987,7 @@ impl DecisionService {
                 Some(l) => {
                     let span = (self.tracing.as_ref()).and_then(|t| t.store_span());
                     let decided = Box::pin(decide(l, key, cost, op)).await;
-                    crate::traces::end_store_span(span, decided.as_ref().err());
+                    tollgate_runtime::traces::end_store_span(span, decided.as_ref().err());
                     decided?
                 }
                 None => return Ok(ok(Some(limit.clone()))),

@@ -37,8 +37,8 @@ use tollgate::clock::{Clock, MonotonicClock};
 use tollgate::quota::{Assignment, ClientId, QuotaLedger, QuotaStats, ServerId, Share, Usage};
 use tonic::Status;
 
-use crate::config::store::{OnErrorDoc, StoreConfig};
 use crate::service::descriptors::{self, Blanket, DescriptorRules, QuotaRule, QuotaStrategy};
+use tollgate_runtime::config::store::{OnErrorDoc, StoreConfig};
 
 /// How often reports are applied (with the others that arrived meanwhile: a bucket
 /// with thousands of Envoys reporting every second is divided at most this often, not
@@ -92,7 +92,7 @@ impl LedgerFailure {
 /// Every quota bucket this server's streams report on, and the streams.
 pub struct QuotaBuckets {
     /// The bounds on streams (`quota:` in the main config).
-    pub limits: crate::config::QuotaLimits,
+    pub limits: tollgate_runtime::config::QuotaLimits,
     state: Mutex<State>,
     ledger: QuotaLedger,
     on_error: LedgerFailure,
@@ -217,7 +217,7 @@ impl QuotaBuckets {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u32(std::process::id());
         QuotaBuckets {
-            limits: crate::config::QuotaLimits::default(),
+            limits: tollgate_runtime::config::QuotaLimits::default(),
             state: Mutex::default(),
             ledger,
             on_error,

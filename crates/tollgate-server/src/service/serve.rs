@@ -14,19 +14,19 @@ use tollgate::keyed::KeyedOptions;
 use super::counters::Counters;
 use super::descriptors::DescriptorRules;
 use super::DecisionService;
-use crate::config::store::{StoreConfig, StoreKind};
-use crate::config::{MainConfig, DEFAULT_GRPC, DEFAULT_HTTP};
-use crate::connections::{BodyTimeout, Slots};
-use crate::lifecycle::shutdown_signal;
 use crate::service::statsd_mapping::StatsdMapping;
-use crate::tls::{ServerTls, HTTP_ALPN};
+use tollgate_runtime::config::store::{StoreConfig, StoreKind};
+use tollgate_runtime::config::{MainConfig, DEFAULT_GRPC, DEFAULT_HTTP};
+use tollgate_runtime::connections::{BodyTimeout, Slots};
+use tollgate_runtime::lifecycle::shutdown_signal;
+use tollgate_runtime::tls::{ServerTls, HTTP_ALPN};
 
 /// The statsd mapping envoyproxy/ratelimit's names go through, if they are asked for:
 /// the file named, else the built-in one. A file that cannot be read or parsed is an
 /// error naming it, except under `--envoy-env`, where it is a warning and the built-in
 /// mapping stands in.
 fn envoy_mapping(
-    service: &crate::config::ServiceSettings,
+    service: &tollgate_runtime::config::ServiceSettings,
 ) -> anyhow::Result<Option<StatsdMapping>> {
     use crate::service::envoy_metrics::default_mapping;
     let env = service.envoy_env_metrics;
@@ -59,17 +59,17 @@ pub struct Settings {
     /// Counter bounds.
     pub options: KeyedOptions,
     /// Request bounds.
-    pub requests: crate::config::Requests,
+    pub requests: tollgate_runtime::config::Requests,
     /// Bounds on RLQS streams.
-    pub quota: crate::config::QuotaLimits,
+    pub quota: tollgate_runtime::config::QuotaLimits,
     /// How long to serve with failing health checks after a stop signal.
     pub drain_delay: Duration,
     /// How many worker threads serve connections.
     pub workers: usize,
     /// How connections are shared among the workers.
-    pub balance: crate::config::Balance,
+    pub balance: tollgate_runtime::config::Balance,
     /// Connection bounds, per listener.
-    pub connections: crate::config::Connections,
+    pub connections: tollgate_runtime::config::Connections,
     /// The descriptor rules of every domain, loaded and validated (counting in
     /// memory; [`Settings::counters`] loads them again for Redis).
     pub rules: DescriptorRules,
@@ -84,7 +84,7 @@ pub struct Settings {
     /// Where counters live.
     pub store: StoreConfig,
     /// How the service answers beyond its rules.
-    pub service: crate::config::ServiceSettings,
+    pub service: tollgate_runtime::config::ServiceSettings,
     /// TLS on the HTTP listener, its files read.
     pub http_tls: Option<ServerTls>,
     /// TLS on the gRPC listener, its files read.
@@ -92,16 +92,19 @@ pub struct Settings {
     /// The metrics listener's address, path and TLS, when it has one.
     pub metrics: Option<(SocketAddr, String, Option<ServerTls>)>,
     /// Rules from this xDS server instead of files.
-    pub xds: Option<crate::config::xds::XdsConfig>,
+    pub xds: Option<tollgate_runtime::config::xds::XdsConfig>,
     /// TLS to the xDS server, when it is TLS: its files read, followed on rotation.
-    pub xds_tls: Option<crate::tls::ClientTls>,
+    pub xds_tls: Option<tollgate_runtime::tls::ClientTls>,
     /// envoyproxy/ratelimit's metric names through this mapping
     /// (`service.envoy_metrics`), its file read.
     pub envoy_mapping: Option<crate::service::statsd_mapping::StatsdMapping>,
     /// Traces (`traces:` and the `OTEL_*` variables), when on.
-    pub traces: Option<crate::config::traces::TraceSettings>,
+    pub traces: Option<tollgate_runtime::config::traces::TraceSettings>,
     /// The console, when on: its settings and which listener serves it.
-    pub console: Option<(crate::config::ConsoleConfig, crate::config::ConsoleListener)>,
+    pub console: Option<(
+        tollgate_runtime::config::ConsoleConfig,
+        tollgate_runtime::config::ConsoleListener,
+    )>,
 }
 
 impl Settings {
@@ -120,7 +123,7 @@ impl Settings {
         };
         if envoy_env {
             let get = |name: &str| std::env::var(name).ok();
-            if let Some(warning) = crate::config::envoy_env::apply(&get, &mut main)? {
+            if let Some(warning) = tollgate_runtime::config::envoy_env::apply(&get, &mut main)? {
                 tracing::warn!("{warning}");
             }
             main.validate()?;
@@ -172,11 +175,12 @@ impl Settings {
         let grpc = grpc
             .or(main.listen.grpc)
             .unwrap_or_else(|| DEFAULT_GRPC.parse().expect("valid default"));
-        let listener_tls = |tls: &Option<crate::tls::ListenerTls>, setting, alpn: &[&[u8]]| {
-            (tls.as_ref())
-                .map(|t| ServerTls::load(t, setting, alpn))
-                .transpose()
-        };
+        let listener_tls =
+            |tls: &Option<tollgate_runtime::tls::ListenerTls>, setting, alpn: &[&[u8]]| {
+                (tls.as_ref())
+                    .map(|t| ServerTls::load(t, setting, alpn))
+                    .transpose()
+            };
         let http_tls = listener_tls(&main.listen.http_tls, "listen.http_tls", HTTP_ALPN)?;
         let grpc_tls = listener_tls(&main.listen.grpc_tls, "listen.grpc_tls", &[b"h2"])?;
         let metrics = match main.listen.metrics {
@@ -201,8 +205,12 @@ impl Settings {
         };
         let console = match main.console.clone() {
             Some(c) => {
-                let listener = c.listener.unwrap_or(crate::config::ConsoleListener::Http);
-                if listener == crate::config::ConsoleListener::Metrics && metrics.is_none() {
+                let listener = c
+                    .listener
+                    .unwrap_or(tollgate_runtime::config::ConsoleListener::Http);
+                if listener == tollgate_runtime::config::ConsoleListener::Metrics
+                    && metrics.is_none()
+                {
                     anyhow::bail!("console.listener: metrics needs listen.metrics (the metrics listener's address)");
                 }
                 if let Some((_, path, _)) = &metrics {
@@ -322,7 +330,7 @@ pub async fn serve_on(
     } = listeners;
     let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
     // Before the banner: whoever waits for it finds every thread and file in place.
-    let workers = crate::workers::Workers::start(settings.workers, settings.balance)?;
+    let workers = tollgate_runtime::workers::Workers::start(settings.workers, settings.balance)?;
     let (rules, counters) = match settings.store.kind {
         StoreKind::Redis if settings.xds.is_some() => (
             DescriptorRules::empty(settings.service.merge_domains),
@@ -366,13 +374,13 @@ pub async fn serve_on(
         None => service,
     };
     let service = Arc::new(match &settings.traces {
-        Some(t) => service.with_tracing(Arc::new(crate::traces::Tracing::start(t)?)),
+        Some(t) => service.with_tracing(Arc::new(tollgate_runtime::traces::Tracing::start(t)?)),
         None => service,
     });
     let console = (settings.console.as_ref()).map(|(c, listener)| {
         let secure = match listener {
-            crate::config::ConsoleListener::Http => settings.http_tls.is_some(),
-            crate::config::ConsoleListener::Metrics => settings
+            tollgate_runtime::config::ConsoleListener::Http => settings.http_tls.is_some(),
+            tollgate_runtime::config::ConsoleListener::Metrics => settings
                 .metrics
                 .as_ref()
                 .is_some_and(|(_, _, t)| t.is_some()),
@@ -400,9 +408,9 @@ pub async fn serve_on(
         .collect();
     domains.sort();
     // Caught before the banner: a SIGHUP right after it must reload, not kill.
-    let hup = crate::lifecycle::hangups();
+    let hup = tollgate_runtime::lifecycle::hangups();
     // What a rule file's change is seen against, taken before the banner.
-    let rule_files = crate::lifecycle::Watched::now(service.sources().to_vec());
+    let rule_files = tollgate_runtime::lifecycle::Watched::now(service.sources().to_vec());
     let http_scheme = if settings.http_tls.is_some() {
         "https"
     } else {
@@ -429,7 +437,7 @@ pub async fn serve_on(
     }
     if let Some((_, listener, path)) = &console {
         let at = match (listener, &metrics_listener, &settings.metrics) {
-            (crate::config::ConsoleListener::Metrics, Some(l), Some((_, _, tls))) => {
+            (tollgate_runtime::config::ConsoleListener::Metrics, Some(l), Some((_, _, tls))) => {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 format!("{scheme}://{}", l.local_addr()?)
             }
@@ -502,12 +510,12 @@ pub async fn serve_on(
         tls.watch();
     }
     let bounds = settings.connections;
-    crate::connections::warn_if_fd_limit_below(2 * bounds.max);
+    tollgate_runtime::connections::warn_if_fd_limit_below(2 * bounds.max);
     let (mut http_console, mut metrics_console) = (None, None);
     if let Some((router, listener, _)) = console {
         match listener {
-            crate::config::ConsoleListener::Http => http_console = Some(router),
-            crate::config::ConsoleListener::Metrics => metrics_console = Some(router),
+            tollgate_runtime::config::ConsoleListener::Http => http_console = Some(router),
+            tollgate_runtime::config::ConsoleListener::Metrics => metrics_console = Some(router),
         }
     }
     let app = crate::service::http::router(service.clone(), admin);
@@ -516,7 +524,7 @@ pub async fn serve_on(
         None => app,
     };
     let counting = service.clone();
-    let http_server = crate::connections::serve_http_with(
+    let http_server = tollgate_runtime::connections::serve_http_with(
         http_listener,
         Slots::new(bounds),
         move |_| {
@@ -530,7 +538,7 @@ pub async fn serve_on(
     );
     let metrics_server = async {
         if let (Some(listener), Some((_, path, tls))) = (metrics_listener, settings.metrics) {
-            crate::connections::serve_http(
+            tollgate_runtime::connections::serve_http(
                 listener,
                 Slots::new(bounds),
                 match metrics_console {
@@ -569,8 +577,8 @@ pub async fn serve_on(
 /// Reloads the rules on SIGHUP and when a rule file changes (checked every second).
 async fn watch_rules(
     service: Arc<DecisionService>,
-    files: crate::lifecycle::Watched,
-    hup: crate::lifecycle::Hangups,
+    files: tollgate_runtime::lifecycle::Watched,
+    hup: tollgate_runtime::lifecycle::Hangups,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     // Logged and counted by the service.
@@ -580,7 +588,7 @@ async fn watch_rules(
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
-    crate::lifecycle::watch(files, hup, reload, stopped).await;
+    tollgate_runtime::lifecycle::watch(files, hup, reload, stopped).await;
 }
 
 #[derive(Debug, Parser)]
@@ -616,7 +624,7 @@ pub struct ServeArgs {
     /// load needs) or `spread` (each new one to the next worker) [default: the
     /// config's listen.balance, else pack].
     #[arg(long, value_enum)]
-    pub balance: Option<crate::config::Balance>,
+    pub balance: Option<tollgate_runtime::config::Balance>,
     /// Serve the live console at /console/ on the HTTP listener (the config's
     /// `console:` section says more: path, listener, history).
     #[arg(long)]
@@ -641,8 +649,8 @@ pub fn command(args: ServeArgs) -> anyhow::Result<()> {
         settings.balance = balance;
     }
     if args.console && settings.console.is_none() {
-        let http = crate::config::ConsoleListener::Http;
-        settings.console = Some((crate::config::ConsoleConfig::default(), http));
+        let http = tollgate_runtime::config::ConsoleListener::Http;
+        settings.console = Some((tollgate_runtime::config::ConsoleConfig::default(), http));
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -686,7 +694,7 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<()> {
     // The proxy's section too, as `tollgate proxy` would build its routes (their
     // counters in memory: a Redis store is not connected here).
     let routes = match args.config.as_deref() {
-        Some(path) => match crate::config::MainConfig::load(path)?.proxy {
+        Some(path) => match tollgate_runtime::config::MainConfig::load(path)?.proxy {
             Some(_) => {
                 let loaded = crate::proxy::load(path)?;
                 let n = loaded.proxy.routes.len();

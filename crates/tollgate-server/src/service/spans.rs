@@ -8,7 +8,7 @@ use opentelemetry::{Context, KeyValue};
 
 use crate::service::calls::Method;
 use crate::service::CheckResult;
-use crate::traces::Tracing;
+use tollgate_runtime::traces::Tracing;
 
 /// The gRPC service of `ShouldRateLimit`.
 const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -42,7 +42,7 @@ pub fn end_grpc(cx: &Context, code: tonic::Code, message: Option<&str>) {
     let error =
         (code != tonic::Code::Ok).then(|| message.unwrap_or(code.description()).to_string());
     let code = KeyValue::new("rpc.grpc.status_code", code as i64);
-    crate::traces::end(cx, Some(code), error);
+    tollgate_runtime::traces::end(cx, Some(code), error);
 }
 
 /// The HTTP routes traced: the decisions and the admin calls.
@@ -72,8 +72,8 @@ pub fn http_call(tracing: &Tracing, request: &http::Request<axum::body::Body>) -
 
 /// Ends an HTTP call's span with its status (an error from 500 up).
 pub fn end_http(cx: &Context, status: u16) {
-    let (code, error) = crate::traces::http_answer(status);
-    crate::traces::end(cx, Some(code), error);
+    let (code, error) = tollgate_runtime::traces::http_answer(status);
+    tollgate_runtime::traces::end(cx, Some(code), error);
 }
 
 /// A span for one RLQS usage report of the stream whose Envoy sent `parent`.
@@ -88,7 +88,7 @@ pub fn quota_report(tracing: &Tracing, parent: &Context, buckets: usize) -> Cont
 
 /// Ends a report's span, with the stream's error if the report ended it.
 pub fn end_quota_report(cx: &Context, error: Option<&tonic::Status>) {
-    crate::traces::end(cx, None, error.map(|e| e.message().to_string()));
+    tollgate_runtime::traces::end(cx, None, error.map(|e| e.message().to_string()));
 }
 
 /// Writes the decision on the current span, if it is recording: the domain, the

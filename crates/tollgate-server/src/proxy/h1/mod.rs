@@ -41,7 +41,7 @@ use super::problem::{problem, Problem};
 use super::routes::{Route, RouteTable};
 use super::upstream::{Failure, Stream};
 use super::worker::Proxy;
-use crate::connections::Drain;
+use tollgate_runtime::connections::Drain;
 
 /// How long a connection closed with unread input is still read from (and what it
 /// sends discarded), so that the client sees the answer before the close (nginx's
@@ -547,7 +547,7 @@ fn write_upstream_head(
     (method, target): (&str, &str),
     req: &httparse::Request<'_, '_>,
     head: &RequestHead<'_>,
-    trace: Option<&crate::traces::Outgoing>,
+    trace: Option<&tollgate_runtime::traces::Outgoing>,
 ) {
     out.clear();
     out.extend_from_slice(method.as_bytes());

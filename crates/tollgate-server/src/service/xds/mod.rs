@@ -21,10 +21,10 @@ use envoy_types::pb::google::rpc::Status as RpcStatus;
 use prost::Message;
 use tokio::sync::mpsc;
 
-use crate::config::xds::XdsConfig;
 use crate::service::DecisionService;
-use crate::tls::ClientTls;
 use rls_conf::{RateLimitConfig, TYPE_URL};
+use tollgate_runtime::config::xds::XdsConfig;
+use tollgate_runtime::tls::ClientTls;
 
 /// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
@@ -226,7 +226,7 @@ fn node(config: &XdsConfig) -> Node {
     }
 }
 
-/// A channel to the server: plaintext, or TLS built by [`crate::tls::client_config`]
+/// A channel to the server: plaintext, or TLS built by [`tollgate_runtime::tls::client_config`]
 /// from files read now (a rotated client certificate is used from the next
 /// connection on).
 async fn connect(

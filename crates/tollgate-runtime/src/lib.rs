@@ -1,0 +1,26 @@
+//! What tollgate's servers run on, below the decision service, the proxy and the
+//! console: it may use the `tollgate` library, never the parts that run on it.
+//!
+//! Modules, with imports pointing one way (down this list, never up):
+//!
+//! - [`connections`]: accepting and serving client connections within the
+//!   `connections:` bounds (count, header, body and send timeouts);
+//! - [`workers`]: the threads that serve connections, and which serves which;
+//! - [`traces`]: OpenTelemetry spans of decisions and their export (OTLP);
+//! - [`config`]: the main configuration file (listeners, `store:`, `keys:`, `admin:`,
+//!   `proxy:`, `traces:`, Envoy's environment) and its validation;
+//! - [`tls`]: certificates and keys for the listeners, followed as they rotate;
+//! - [`lifecycle`]: what reloads a server (SIGHUP, changed files) and what stops it;
+//! - [`logging`]: where log lines go and their format (text or JSON);
+//! - [`progress`]: the progress line of long offline runs.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod connections;
+pub mod lifecycle;
+pub mod logging;
+pub mod progress;
+pub mod tls;
+pub mod traces;
+pub mod workers;
