@@ -3,12 +3,12 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::bench::BenchCommand;
-use crate::offline::plot::PlotArgs;
-use crate::offline::replay::ReplayArgs;
-use crate::offline::simulate::SimulateArgs;
 use crate::proxy::ProxyArgs;
 use crate::service::serve::{CheckConfigArgs, ServeArgs};
+use tollgate_bench::BenchCommand;
+use tollgate_offline::plot::PlotArgs;
+use tollgate_offline::replay::ReplayArgs;
+use tollgate_offline::simulate::SimulateArgs;
 
 /// tollgate: rate limiting with exact, documented semantics.
 #[derive(Debug, Parser)]
@@ -106,12 +106,12 @@ pub fn args() -> Vec<std::ffi::OsString> {
 /// Runs the command `cli` names.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Replay(args) => crate::offline::replay::command(args),
+        Command::Replay(args) => tollgate_offline::replay::command(args),
         Command::Serve(args) => crate::service::serve::command(args),
-        Command::Simulate(args) => crate::offline::simulate::command(*args),
+        Command::Simulate(args) => tollgate_offline::simulate::command(*args),
         Command::Proxy(args) => crate::proxy::command(args),
-        Command::Bench(cmd) => crate::bench::command(cmd),
+        Command::Bench(cmd) => tollgate_bench::command(cmd),
         Command::CheckConfig(args) => crate::service::serve::check_config(args),
-        Command::Plot(args) => crate::offline::plot::command(args),
+        Command::Plot(args) => tollgate_offline::plot::command(args),
     }
 }

@@ -1,5 +1,5 @@
 //! Envoy's rate limit quota service (RLQS) on `tollgate serve`: simulated Envoys
-//! (`tollgate_server::bench::rlqs::QuotaClient`, behaving as the filter documents) on real gRPC
+//! (`tollgate_bench::rlqs::QuotaClient`, behaving as the filter documents) on real gRPC
 //! streams to a real `serve` process share one budget.
 
 #[path = "support/serve.rs"]
@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use tokio::time::Instant;
-use tollgate_server::bench::rlqs::QuotaClient;
+use tollgate_bench::rlqs::QuotaClient;
 use tollgate_testkit::RedisServers;
 
 fn rules(dir: &std::path::Path, body: &str) -> std::path::PathBuf {

@@ -439,7 +439,7 @@ async fn not_found(State(c): Shared, headers: HeaderMap) -> Response {
 type Pairs = Vec<(String, String)>;
 
 /// A try's summaries and chart (SVG).
-type Tried = Arc<(Vec<crate::offline::run::Summary>, String)>;
+type Tried = Arc<(Vec<tollgate_offline::run::Summary>, String)>;
 
 /// Pairs as one text (what a try is remembered by).
 fn query_text(pairs: &Pairs) -> String {

@@ -8,8 +8,8 @@ use std::fmt::Write;
 use tollgate::Policy;
 
 use super::pages::{esc, url_encode};
-use crate::offline::run::{run, Summary};
-use crate::offline::traffic::{traffic, Pattern, Scenario};
+use tollgate_offline::run::{run, Summary};
+use tollgate_offline::traffic::{traffic, Pattern, Scenario};
 
 /// Policies compared at once.
 pub const SLOTS: usize = 3;
@@ -184,7 +184,7 @@ pub fn simulate(t: &Try) -> Result<(Vec<Summary>, String), String> {
     )
     .to_lowercase();
     let svg =
-        crate::offline::chart::draw_svg(&title, &runs, duration_us).map_err(|e| e.to_string())?;
+        tollgate_offline::chart::draw_svg(&title, &runs, duration_us).map_err(|e| e.to_string())?;
     Ok((runs.into_iter().map(|(s, _)| s).collect(), svg))
 }
 

@@ -78,9 +78,9 @@ pub const MAX_REQUESTS: usize = 20_000_000;
 /// One arrival: time (us), key, cost.
 pub type Arrival = (u64, u64, u64);
 
-/// splitmix64: a tiny, well-known seeded generator (reproducible on every platform).
-/// A seeded xorshift generator: the same seed, the same numbers.
-pub(crate) struct Rng(pub(crate) u64);
+/// splitmix64, a tiny, well-known seeded generator: the same seed, the same numbers,
+/// on every platform. The field is the state (the seed to begin with).
+pub struct Rng(pub u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -91,9 +91,8 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    /// Uniform in [0, 1).
-    /// A number in [0, 1).
-    pub(crate) fn unit(&mut self) -> f64 {
+    /// A number in [0, 1), uniformly.
+    pub fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
@@ -189,7 +188,7 @@ fn read_trace(path: &Path) -> anyhow::Result<Vec<Arrival>> {
     let mut sink = std::io::sink();
     // Reuse replay's validation by replaying through an always-admitting policy.
     let policy: Policy = "concurrency:limit=1099511627776".parse().expect("valid");
-    crate::offline::replay::replay(&policy, Op::Try, file, &mut sink)
+    crate::replay::replay(&policy, Op::Try, file, &mut sink)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let mut reader = csv::Reader::from_path(path)?;
     let mut keys: HashMap<String, u64> = HashMap::new();

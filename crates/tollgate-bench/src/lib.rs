@@ -1,7 +1,11 @@
+//! tollgate's load generators, over the `tollgate` library, the runtime and the
+//! offline tools' traffic (never a server's parts):
 //! `tollgate bench http|grpc|redis`: a load generator against a running service (or
 //! the Redis store's script), and
 //! `tollgate bench ceiling`: a server that answers 200 to everything (the HTTP stack's
 //! ceiling on this machine, for comparison in the same run).
+
+#![forbid(unsafe_code)]
 
 pub mod adaptive;
 pub mod rlqs;
@@ -426,15 +430,15 @@ pub enum BenchCommand {
     /// Serve a modelled upstream: `--capacity` requests at `--service` time each; past
     /// the capacity every request slows down (a shared processor), so latency grows
     /// with the requests in flight. For measuring adaptive limits.
-    Upstream(crate::bench::adaptive::UpstreamArgs),
+    Upstream(crate::adaptive::UpstreamArgs),
     /// Closed-loop clients against a URL: each sends, waits for its answer (or a
     /// 429/503 and a pause), and sends again. Ends with
     /// `ok/s: .. shed/s: .. success: ..% p50_us: .. p99_us: .. errors: ..`.
-    ClosedLoop(crate::bench::adaptive::ClosedLoopArgs),
+    ClosedLoop(crate::adaptive::ClosedLoopArgs),
     /// A fleet of simulated Envoys on a service's rate limit quota stream (RLQS):
     /// each reports its usage and admits or denies by its own assignment. Ends with
     /// `admitted/s: .. denied/s: .. assignments/s: .. envoys: .. buckets: .. errors: ..`.
-    Rlqs(crate::bench::rlqs::RlqsArgs),
+    Rlqs(crate::rlqs::RlqsArgs),
     /// Serve 200 to every request: the HTTP stack's ceiling, to compare against.
     Ceiling {
         /// The listen address.
@@ -574,11 +578,9 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
         .build()?;
     let (protocol, args) = match cmd {
         BenchCommand::Ceiling { listen } => return runtime.block_on(ceiling(listen)),
-        BenchCommand::Upstream(a) => return runtime.block_on(crate::bench::adaptive::upstream(a)),
-        BenchCommand::Rlqs(a) => return runtime.block_on(crate::bench::rlqs::fleet(a)),
-        BenchCommand::ClosedLoop(a) => {
-            return runtime.block_on(crate::bench::adaptive::closed_loop(a))
-        }
+        BenchCommand::Upstream(a) => return runtime.block_on(crate::adaptive::upstream(a)),
+        BenchCommand::Rlqs(a) => return runtime.block_on(crate::rlqs::fleet(a)),
+        BenchCommand::ClosedLoop(a) => return runtime.block_on(crate::adaptive::closed_loop(a)),
         BenchCommand::RedisCall {
             policy,
             eval,

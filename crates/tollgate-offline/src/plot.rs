@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Parser;
 
-use crate::offline::chart::{draw_samples, Panel, Series};
+use crate::chart::{draw_samples, Panel, Series};
 
 #[derive(Debug, Parser)]
 /// `tollgate plot` arguments.

@@ -9,6 +9,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
+use std::time::Duration;
 
 use serde::Serialize;
 use tollgate::adaptive::{
@@ -502,6 +503,28 @@ pub fn panels(runs: &[Outcomes]) -> Vec<Panel> {
             series: series(|r| &r.p99),
         },
     ]
+}
+
+/// Capacity changes: (time after the start, new capacity), in order.
+#[derive(Debug, Clone)]
+pub struct Schedule(pub Vec<(Duration, u32)>);
+
+/// `AT=CAPACITY,...`, e.g. `5s=4,10s=8`.
+pub fn parse_schedule(s: &str) -> Result<Schedule, String> {
+    let steps =
+        s.split(',')
+            .map(|step| {
+                let (at, c) = step
+                    .split_once('=')
+                    .ok_or_else(|| format!("{step:?}: expected AT=CAPACITY, e.g. 5s=4"))?;
+                let at = tollgate_runtime::config::duration_arg(at)?;
+                let c: u32 = c.parse().ok().filter(|c| *c > 0).ok_or_else(|| {
+                    format!("{step:?}: the capacity must be a whole number above 0")
+                })?;
+                Ok((at, c))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+    Ok(Schedule(steps))
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ pub struct SimulateArgs {
     /// closed-loop: clients `COUNT[:PRIORITY[:CALLER]]` (repeat for several groups);
     /// default 32.
     #[arg(long = "clients")]
-    pub clients: Vec<crate::offline::overload::Group>,
+    pub clients: Vec<crate::overload::Group>,
     /// closed-loop: requests the upstream serves at full speed at once.
     #[arg(long, default_value_t = 8)]
     pub capacity: u32,
@@ -59,8 +59,8 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0.1)]
     pub jitter: f64,
     /// closed-loop: capacity changes, e.g. `5s=4,10s=8`.
-    #[arg(long, value_parser = crate::bench::adaptive::parse_schedule)]
-    pub schedule: Option<crate::bench::adaptive::Schedule>,
+    #[arg(long, value_parser = crate::overload::parse_schedule)]
+    pub schedule: Option<crate::overload::Schedule>,
     /// closed-loop: think time between an answer and the next request.
     #[arg(long, default_value = "0ms", value_parser = tollgate_runtime::config::duration_arg)]
     pub think: std::time::Duration,
@@ -87,7 +87,7 @@ pub struct SimulateArgs {
     /// usage drawn log-normal around MEDIAN (the logarithm's spread SIGMA, default
     /// 0.5), e.g. `--usage 800` tokens, into debt if need be.
     #[arg(long)]
-    pub usage: Option<crate::offline::usage::UsageDist>,
+    pub usage: Option<crate::usage::UsageDist>,
     /// With --usage: how long after its admission a request's usage is charged (the
     /// work's duration).
     #[arg(long, default_value = "0ms", value_parser = tollgate_runtime::config::duration_arg)]
@@ -146,10 +146,10 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
             .map(|h| u64::try_from(h.as_micros()).unwrap_or(u64::MAX)),
     };
     let arrivals = traffic(&scenario)?;
-    if arrivals.len() >= crate::offline::traffic::MAX_REQUESTS {
+    if arrivals.len() >= crate::traffic::MAX_REQUESTS {
         eprintln!(
             "tollgate simulate: traffic cut at {} requests (t = {:.1} s of {:.1} s): lower --rate or --duration",
-            crate::offline::traffic::MAX_REQUESTS,
+            crate::traffic::MAX_REQUESTS,
             arrivals.last().map_or(0.0, |a| a.0 as f64 / 1e6),
             scenario.duration_us as f64 / 1e6
         );
@@ -185,7 +185,7 @@ pub fn command(args: SimulateArgs) -> anyhow::Result<()> {
             duration_us as f64 / 1e6,
             scenario.seed
         );
-        crate::offline::chart::draw(path, &title, &runs, duration_us)?;
+        crate::chart::draw(path, &title, &runs, duration_us)?;
     }
     let summaries: Vec<_> = runs.into_iter().map(|(s, _)| s).collect();
     if args.json {
@@ -202,8 +202,8 @@ fn usage(
     args: &SimulateArgs,
     scenario: &Scenario,
     policies: &[Policy],
-    arrivals: &[crate::offline::traffic::Arrival],
-    dist: crate::offline::usage::UsageDist,
+    arrivals: &[crate::traffic::Arrival],
+    dist: crate::usage::UsageDist,
     duration_us: u64,
 ) -> anyhow::Result<()> {
     if args.csv.is_some() {
@@ -212,14 +212,12 @@ fn usage(
     let after_us = u64::try_from(args.usage_after.as_micros()).unwrap_or(u64::MAX);
     let runs = policies
         .iter()
-        .map(|p| {
-            crate::offline::usage::run(p, arrivals, dist, after_us, scenario.seed, duration_us)
-        })
+        .map(|p| crate::usage::run(p, arrivals, dist, after_us, scenario.seed, duration_us))
         .collect::<anyhow::Result<Vec<_>>>()?;
     if let Some(path) = &args.out {
         let panels: Vec<_> = runs
             .iter()
-            .map(|r| crate::offline::chart::Panel {
+            .map(|r| crate::chart::Panel {
                 y_desc: "units left (below 0: debt)".into(),
                 series: vec![(
                     format!("{}: the first key's budget", r.summary.policy),
@@ -236,14 +234,14 @@ fn usage(
             scenario.pattern
         )
         .to_lowercase();
-        crate::offline::chart::draw_samples(path, &title, "time (s)", &panels)?;
+        crate::chart::draw_samples(path, &title, "time (s)", &panels)?;
     }
     let summaries: Vec<_> = runs.into_iter().map(|r| r.summary).collect();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summaries)?);
         return Ok(());
     }
-    let w = crate::offline::run::policy_column(summaries.iter().map(|s| s.policy.as_str()));
+    let w = crate::run::policy_column(summaries.iter().map(|s| s.policy.as_str()));
     println!(
         "{:<w$} {:>9} {:>9} {:>9} {:>13} {:>13} {:>10}",
         "policy", "offered", "admitted", "rejected", "used", "deepest debt", "exhausted"
@@ -266,7 +264,7 @@ fn usage(
 /// `tollgate simulate --pattern closed-loop`: the clients through every limit, then
 /// the table (or JSON) and the chart asked for.
 fn closed_loop(args: SimulateArgs) -> anyhow::Result<()> {
-    use crate::offline::overload::{panels, simulate, table, Group, Model, SimulatedLimit};
+    use crate::overload::{panels, simulate, table, Group, Model, SimulatedLimit};
     if !args.policies.is_empty() {
         anyhow::bail!(
             "closed-loop compares concurrency limits: --limit N|none and --adaptive SPEC, not --policy"
@@ -339,7 +337,7 @@ fn closed_loop(args: SimulateArgs) -> anyhow::Result<()> {
         if let Some(t) = model.timeout_us {
             title += &format!(", clients time out at {} ms", t as f64 / 1000.0);
         }
-        crate::offline::chart::draw_samples(path, &title, "time (s)", &panels(&runs))?;
+        crate::chart::draw_samples(path, &title, "time (s)", &panels(&runs))?;
     }
     if args.json {
         let totals: Vec<_> = runs.iter().flat_map(|r| &r.groups).collect();

@@ -13,7 +13,8 @@ use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Empty};
 use tollgate::clock::{Clock, MonotonicClock};
 
-use crate::offline::traffic::Rng;
+use tollgate_offline::overload::{parse_schedule, Schedule};
+use tollgate_offline::traffic::Rng;
 
 #[derive(Debug, Parser)]
 /// `tollgate bench upstream` arguments.
@@ -38,28 +39,6 @@ pub struct UpstreamArgs {
     /// route reads.
     #[arg(long)]
     pub usage: Option<u64>,
-}
-
-/// Capacity changes: (time after the start, new capacity), in order.
-#[derive(Debug, Clone)]
-pub struct Schedule(pub Vec<(Duration, u32)>);
-
-/// `AT=CAPACITY,...`, e.g. `5s=4,10s=8`.
-pub fn parse_schedule(s: &str) -> Result<Schedule, String> {
-    let steps =
-        s.split(',')
-            .map(|step| {
-                let (at, c) = step
-                    .split_once('=')
-                    .ok_or_else(|| format!("{step:?}: expected AT=CAPACITY, e.g. 5s=4"))?;
-                let at = tollgate_runtime::config::duration_arg(at)?;
-                let c: u32 = c.parse().ok().filter(|c| *c > 0).ok_or_else(|| {
-                    format!("{step:?}: the capacity must be a whole number above 0")
-                })?;
-                Ok((at, c))
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-    Ok(Schedule(steps))
 }
 
 /// Serves the modelled upstream until the process ends: every request takes
@@ -336,7 +315,13 @@ async fn report_intervals(
 mod tests {
     use clap::Parser;
 
-    use crate::cli::Cli;
+    /// `tollgate` as far as `bench`: the binary's own command line is above this crate.
+    #[derive(Debug, Parser)]
+    #[command(name = "tollgate")]
+    enum Cli {
+        #[command(subcommand)]
+        Bench(crate::BenchCommand),
+    }
 
     #[test]
     fn the_adaptive_bench_commands_parse_every_argument() {

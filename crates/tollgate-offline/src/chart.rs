@@ -15,10 +15,10 @@ use anyhow::{bail, Context};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::offline::run::{Fate, Summary};
+use crate::run::{Fate, Summary};
 
 /// The font for PNG text (SIL OFL 1.1, see assets/LiberationSans-OFL.txt).
-static FONT: &[u8] = include_bytes!("../../assets/LiberationSans-Regular.ttf");
+static FONT: &[u8] = include_bytes!("../assets/LiberationSans-Regular.ttf");
 
 /// Draws `paint(root, args...)` on an SVG or PNG backend, chosen by `path`'s
 /// extension, `WIDTH` x `height` pixels.
