@@ -21,6 +21,9 @@ use tollgate_runtime::connections::{BodyTimeout, Slots};
 use tollgate_runtime::lifecycle::shutdown_signal;
 use tollgate_runtime::tls::{ServerTls, HTTP_ALPN};
 
+/// The metrics listener's address, path and TLS.
+pub type MetricsListener = (SocketAddr, String, Option<ServerTls>);
+
 /// The statsd mapping envoyproxy/ratelimit's names go through, if they are asked for:
 /// the file named, else the built-in one. A file that cannot be read or parsed is an
 /// error naming it, except under `--envoy-env`, where it is a warning and the built-in
@@ -90,7 +93,7 @@ pub struct Settings {
     /// TLS on the gRPC listener, its files read.
     pub grpc_tls: Option<ServerTls>,
     /// The metrics listener's address, path and TLS, when it has one.
-    pub metrics: Option<(SocketAddr, String, Option<ServerTls>)>,
+    pub metrics: Option<MetricsListener>,
     /// Rules from this xDS server instead of files.
     pub xds: Option<tollgate_runtime::config::xds::XdsConfig>,
     /// TLS to the xDS server, when it is TLS: its files read, followed on rotation.
@@ -156,75 +159,17 @@ impl Settings {
                 main.service.merge_domains,
             )?,
         };
-        let rules_source = if let Some(x) = &main.xds {
-            format!(
-                "rules from the xDS server {} (node {})",
-                x.server, x.node_id
-            )
-        } else if paths.is_empty() {
-            "the built-in example rules".to_string()
-        } else {
-            (paths.iter())
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let rules_source = rules_source(&main, &paths);
         let http = http
             .or(main.listen.http)
             .unwrap_or_else(|| DEFAULT_HTTP.parse().expect("valid default"));
         let grpc = grpc
             .or(main.listen.grpc)
             .unwrap_or_else(|| DEFAULT_GRPC.parse().expect("valid default"));
-        let listener_tls =
-            |tls: &Option<tollgate_runtime::tls::ListenerTls>, setting, alpn: &[&[u8]]| {
-                (tls.as_ref())
-                    .map(|t| ServerTls::load(t, setting, alpn))
-                    .transpose()
-            };
         let http_tls = listener_tls(&main.listen.http_tls, "listen.http_tls", HTTP_ALPN)?;
         let grpc_tls = listener_tls(&main.listen.grpc_tls, "listen.grpc_tls", &[b"h2"])?;
-        let metrics = match main.listen.metrics {
-            Some(addr) => {
-                let path = main
-                    .listen
-                    .metrics_path
-                    .clone()
-                    .unwrap_or("/metrics".into());
-                if !path.starts_with('/') {
-                    anyhow::bail!("listen.metrics_path {path:?}: must start with /");
-                }
-                let tls = listener_tls(&main.listen.metrics_tls, "listen.metrics_tls", HTTP_ALPN)?;
-                Some((addr, path, tls))
-            }
-            None if main.listen.metrics_tls.is_some() => {
-                anyhow::bail!(
-                    "listen.metrics_tls: needs listen.metrics (the metrics listener's address)"
-                )
-            }
-            None => None,
-        };
-        let console = match main.console.clone() {
-            Some(c) => {
-                let listener = c
-                    .listener
-                    .unwrap_or(tollgate_runtime::config::ConsoleListener::Http);
-                if listener == tollgate_runtime::config::ConsoleListener::Metrics
-                    && metrics.is_none()
-                {
-                    anyhow::bail!("console.listener: metrics needs listen.metrics (the metrics listener's address)");
-                }
-                if let Some((_, path, _)) = &metrics {
-                    if let Some(taken) = c.clashes_with(&[path.as_str()]) {
-                        anyhow::bail!(
-                            "console.path {:?}: the metrics answer at {taken}; choose another path",
-                            c.path
-                        );
-                    }
-                }
-                Some((c, listener))
-            }
-            None => None,
-        };
+        let metrics = metrics_settings(&main)?;
+        let console = console_settings(&main, metrics.as_ref())?;
         let admin_token = std::env::var("TOLLGATE_ADMIN_TOKEN")
             .ok()
             .or(main.admin.token.clone())
@@ -259,6 +204,85 @@ impl Settings {
             console,
         })
     }
+}
+
+/// What the banner says the rules come from.
+fn rules_source(main: &MainConfig, paths: &[PathBuf]) -> String {
+    if let Some(x) = &main.xds {
+        format!(
+            "rules from the xDS server {} (node {})",
+            x.server, x.node_id
+        )
+    } else if paths.is_empty() {
+        "the built-in example rules".to_string()
+    } else {
+        (paths.iter())
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// A listener's TLS, its files read now (`setting` names it in errors).
+fn listener_tls(
+    tls: &Option<tollgate_runtime::tls::ListenerTls>,
+    setting: &str,
+    alpn: &[&[u8]],
+) -> anyhow::Result<Option<ServerTls>> {
+    (tls.as_ref())
+        .map(|t| ServerTls::load(t, setting, alpn))
+        .transpose()
+}
+
+/// The metrics listener, when `listen.metrics` names one: its address, path and TLS.
+fn metrics_settings(main: &MainConfig) -> anyhow::Result<Option<MetricsListener>> {
+    let Some(addr) = main.listen.metrics else {
+        if main.listen.metrics_tls.is_some() {
+            anyhow::bail!(
+                "listen.metrics_tls: needs listen.metrics (the metrics listener's address)"
+            )
+        }
+        return Ok(None);
+    };
+    let path = (main.listen.metrics_path.clone()).unwrap_or("/metrics".into());
+    if !path.starts_with('/') {
+        anyhow::bail!("listen.metrics_path {path:?}: must start with /");
+    }
+    let tls = listener_tls(&main.listen.metrics_tls, "listen.metrics_tls", HTTP_ALPN)?;
+    Ok(Some((addr, path, tls)))
+}
+
+/// The console, when `console:` turns it on, and the listener that serves it (one
+/// that exists; its paths clear of the metrics').
+fn console_settings(
+    main: &MainConfig,
+    metrics: Option<&MetricsListener>,
+) -> anyhow::Result<
+    Option<(
+        tollgate_runtime::config::ConsoleConfig,
+        tollgate_runtime::config::ConsoleListener,
+    )>,
+> {
+    let Some(c) = main.console.clone() else {
+        return Ok(None);
+    };
+    let listener = c
+        .listener
+        .unwrap_or(tollgate_runtime::config::ConsoleListener::Http);
+    if listener == tollgate_runtime::config::ConsoleListener::Metrics && metrics.is_none() {
+        anyhow::bail!(
+            "console.listener: metrics needs listen.metrics (the metrics listener's address)"
+        );
+    }
+    if let Some((_, path, _)) = metrics {
+        if let Some(taken) = c.clashes_with(&[path.as_str()]) {
+            anyhow::bail!(
+                "console.path {:?}: the metrics answer at {taken}; choose another path",
+                c.path
+            );
+        }
+    }
+    Ok(Some((c, listener)))
 }
 
 /// The rules of `paths` (none: the built-in example), counting in `counters`.
@@ -318,48 +342,79 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
 
 /// Serves on `listeners` until `shutdown` completes, then drains (health checks fail
 /// for `listen.drain_delay`, requests in flight finish): the whole app, in-process.
+/// Sets up (workers, the decision service, the console), says so in the banner,
+/// starts what runs beside the listeners, serves, and tears down.
 pub async fn serve_on(
-    settings: Settings,
+    mut settings: Settings,
     listeners: Listeners,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let Listeners {
-        http: http_listener,
-        grpc: grpc_listener,
-        metrics: metrics_listener,
-    } = listeners;
-    let (http, grpc) = (http_listener.local_addr()?, grpc_listener.local_addr()?);
+    let http = listeners.http.local_addr()?;
     // Before the banner: whoever waits for it finds every thread and file in place.
     let workers = tollgate_runtime::workers::Workers::start(settings.workers, settings.balance)?;
+    let service = build_service(&mut settings, &workers).await?;
+    let console = start_console(&settings, &service);
+    // Caught before the banner: a SIGHUP right after it must reload, not kill.
+    let hup = tollgate_runtime::lifecycle::hangups();
+    // What a rule file's change is seen against, taken before the banner.
+    let rule_files = tollgate_runtime::lifecycle::Watched::now(service.sources().to_vec());
+    print_banner(&settings, &service, &listeners, console.as_ref())?;
+    let stop_rx = start_beside(&settings, &service, shutdown, rule_files, hup);
+    let admin = crate::service::http::AdminAccess {
+        token: settings.admin_token.clone(),
+        loopback: http.ip().is_loopback(),
+    };
+    serve_listeners(
+        settings, listeners, &service, admin, console, &workers, stop_rx,
+    )
+    .await;
+    drop(workers);
+    if let Some(t) = service.tracing() {
+        // The last calls' spans, if the collector takes them soon.
+        t.flush(Duration::from_secs(2)).await;
+    }
+    // Whoever read the banner may be gone (`| head -1`): not a reason to panic.
+    let _ = writeln!(std::io::stdout(), "tollgate serve: stopped");
+    Ok(())
+}
+
+/// The decision service of `settings`: its rules (read from Redis's store when it
+/// counts there), counters, bounds, answers, metrics, TLS files, xDS, top keys and
+/// traces. Takes the settings' rules.
+async fn build_service(
+    settings: &mut Settings,
+    workers: &tollgate_runtime::workers::Workers,
+) -> anyhow::Result<Arc<DecisionService>> {
+    let merge = settings.service.merge_domains;
     let (rules, counters) = match settings.store.kind {
         StoreKind::Redis if settings.xds.is_some() => (
-            DescriptorRules::empty(settings.service.merge_domains),
+            DescriptorRules::empty(merge),
             Counters::redis(&settings.store).await?,
         ),
         StoreKind::Redis => {
             let counters = Counters::redis(&settings.store).await?;
-            let merge = settings.service.merge_domains;
             (
                 load_rules(&settings.rule_paths, &counters, merge)?,
                 counters,
             )
         }
-        _ => (settings.rules, Counters::Memory(settings.options)),
+        _ => (
+            std::mem::replace(&mut settings.rules, DescriptorRules::empty(merge)),
+            Counters::Memory(settings.options),
+        ),
     };
+    let metrics_tls = settings.metrics.as_ref().and_then(|(_, _, t)| t.clone());
     let service = DecisionService::new(rules, settings.rule_paths.clone(), counters)
         .with_request_limits(settings.requests)
         .with_quota_limits(settings.quota)
         .with_answers(&settings.service)
-        .with_envoy_metrics(settings.envoy_mapping, settings.xds.is_none())
+        .with_envoy_metrics(settings.envoy_mapping.take(), settings.xds.is_none())
         .with_workers(workers.stats())
         .with_tls(
             [
                 ("http", settings.http_tls.clone()),
                 ("grpc", settings.grpc_tls.clone()),
-                (
-                    "metrics",
-                    settings.metrics.as_ref().and_then(|(_, _, t)| t.clone()),
-                ),
+                ("metrics", metrics_tls),
             ]
             .into_iter()
             .filter_map(|(name, tls)| tls.map(|t| (name, t)))
@@ -373,44 +428,51 @@ pub async fn serve_on(
         Some(_) => service.with_top_keys(Arc::default()),
         None => service,
     };
-    let service = Arc::new(match &settings.traces {
+    Ok(Arc::new(match &settings.traces {
         Some(t) => service.with_tracing(Arc::new(tollgate_runtime::traces::Tracing::start(t)?)),
         None => service,
-    });
-    let console = (settings.console.as_ref()).map(|(c, listener)| {
-        let secure = match listener {
-            tollgate_runtime::config::ConsoleListener::Http => settings.http_tls.is_some(),
-            tollgate_runtime::config::ConsoleListener::Metrics => settings
-                .metrics
-                .as_ref()
-                .is_some_and(|(_, _, t)| t.is_some()),
-        };
-        let console = crate::console::Console::start(
-            crate::console::ConsoleSettings {
-                path: c.path.clone(),
-                history_points: (c.history / 1_000_000) as usize,
-                top_keys: c.top_keys,
-                admin_token: settings.admin_token.clone(),
-                secure,
-            },
-            crate::console::Source::Serve(service.clone()),
-        );
-        (console.router(), *listener, c.path.clone())
-    });
-    let admin = crate::service::http::AdminAccess {
-        token: settings.admin_token.clone(),
-        loopback: http.ip().is_loopback(),
+    }))
+}
+
+/// The console, when on: its routes, the listener that serves them and their path.
+type MountedConsole = (
+    axum::Router,
+    tollgate_runtime::config::ConsoleListener,
+    String,
+);
+
+/// Starts the console over `service`, when the settings turn it on.
+fn start_console(settings: &Settings, service: &Arc<DecisionService>) -> Option<MountedConsole> {
+    let (c, listener) = settings.console.as_ref()?;
+    let secure = match listener {
+        tollgate_runtime::config::ConsoleListener::Http => settings.http_tls.is_some(),
+        tollgate_runtime::config::ConsoleListener::Metrics => settings
+            .metrics
+            .as_ref()
+            .is_some_and(|(_, _, t)| t.is_some()),
     };
-    let mut domains: Vec<String> = service
-        .rules()
-        .domains()
-        .map(|(d, _)| d.to_string())
-        .collect();
-    domains.sort();
-    // Caught before the banner: a SIGHUP right after it must reload, not kill.
-    let hup = tollgate_runtime::lifecycle::hangups();
-    // What a rule file's change is seen against, taken before the banner.
-    let rule_files = tollgate_runtime::lifecycle::Watched::now(service.sources().to_vec());
+    let console = crate::console::Console::start(
+        crate::console::ConsoleSettings {
+            path: c.path.clone(),
+            history_points: (c.history / 1_000_000) as usize,
+            top_keys: c.top_keys,
+            admin_token: settings.admin_token.clone(),
+            secure,
+        },
+        crate::console::Source::Serve(service.clone()),
+    );
+    Some((console.router(), *listener, c.path.clone()))
+}
+
+/// The banner: where each API, the metrics and the console answer, what decides,
+/// the domains, and how to try it.
+fn print_banner(
+    settings: &Settings,
+    service: &DecisionService,
+    listeners: &Listeners,
+    console: Option<&MountedConsole>,
+) -> anyhow::Result<()> {
+    let (http, grpc) = (listeners.http.local_addr()?, listeners.grpc.local_addr()?);
     let http_scheme = if settings.http_tls.is_some() {
         "https"
     } else {
@@ -431,12 +493,12 @@ pub async fn serve_on(
     if let Some(code) = service.redis_decided_by() {
         println!("  redis: decided by {code}");
     }
-    if let (Some(l), Some((_, path, tls))) = (&metrics_listener, &settings.metrics) {
+    if let (Some(l), Some((_, path, tls))) = (&listeners.metrics, &settings.metrics) {
         let scheme = if tls.is_some() { "https" } else { "http" };
         println!("  metrics: {scheme}://{}{path}", l.local_addr()?);
     }
-    if let Some((_, listener, path)) = &console {
-        let at = match (listener, &metrics_listener, &settings.metrics) {
+    if let Some((_, listener, path)) = console {
+        let at = match (listener, &listeners.metrics, &settings.metrics) {
             (tollgate_runtime::config::ConsoleListener::Metrics, Some(l), Some((_, _, tls))) => {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 format!("{scheme}://{}", l.local_addr()?)
@@ -445,6 +507,10 @@ pub async fn serve_on(
         };
         println!("  console: {at}{path}/");
     }
+    let mut domains: Vec<String> = (service.rules().domains())
+        .map(|(d, _)| d.to_string())
+        .collect();
+    domains.sort();
     match &settings.xds {
         Some(_) if domains.is_empty() => {
             println!("  domains: none yet (they come from the xDS server)")
@@ -458,6 +524,19 @@ pub async fn serve_on(
     if let Some(t) = service.tracing() {
         println!("  traces: {}", t.summary());
     }
+    Ok(())
+}
+
+/// Starts what runs beside the listeners: the drain on `shutdown`, the xDS client,
+/// the rules' reloads, the quota buckets' ticks, the TLS files' watch. The receiver
+/// turns true when the listeners are to stop.
+fn start_beside(
+    settings: &Settings,
+    service: &Arc<DecisionService>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    rule_files: tollgate_runtime::lifecycle::Watched,
+    hup: tollgate_runtime::lifecycle::Hangups,
+) -> tokio::sync::watch::Receiver<bool> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (draining, drain_delay) = (service.clone(), settings.drain_delay);
     tokio::spawn(async move {
@@ -471,9 +550,6 @@ pub async fn serve_on(
         }
         let _ = stop_tx.send(true);
     });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
     if let Some(x) = settings.xds.clone() {
         tokio::spawn(crate::service::xds::run(
             x,
@@ -509,6 +585,25 @@ pub async fn serve_on(
     {
         tls.watch();
     }
+    stop_rx
+}
+
+/// Resolves when `rx` says stop.
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Serves HTTP (with the console when it is mounted there), gRPC and the metrics
+/// (with the console when it is mounted there) until `stop_rx` says stop.
+async fn serve_listeners(
+    settings: Settings,
+    listeners: Listeners,
+    service: &Arc<DecisionService>,
+    admin: crate::service::http::AdminAccess,
+    console: Option<MountedConsole>,
+    workers: &tollgate_runtime::workers::Workers,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+) {
     let bounds = settings.connections;
     tollgate_runtime::connections::warn_if_fd_limit_below(2 * bounds.max);
     let (mut http_console, mut metrics_console) = (None, None);
@@ -525,7 +620,7 @@ pub async fn serve_on(
     };
     let counting = service.clone();
     let http_server = tollgate_runtime::connections::serve_http_with(
-        http_listener,
+        listeners.http,
         Slots::new(bounds),
         move |_| {
             let (app, service) = (app.clone(), counting.clone());
@@ -533,19 +628,18 @@ pub async fn serve_on(
         },
         BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
         stopped(stop_rx.clone()),
-        Some(&workers),
+        Some(workers),
         settings.http_tls,
     );
     let metrics_server = async {
-        if let (Some(listener), Some((_, path, tls))) = (metrics_listener, settings.metrics) {
+        if let (Some(listener), Some((_, path, tls))) = (listeners.metrics, settings.metrics) {
+            let metrics = crate::service::http::metrics_router(service.clone(), &path);
             tollgate_runtime::connections::serve_http(
                 listener,
                 Slots::new(bounds),
                 match metrics_console {
-                    Some(c) => {
-                        crate::service::http::metrics_router(service.clone(), &path).merge(c)
-                    }
-                    None => crate::service::http::metrics_router(service.clone(), &path),
+                    Some(c) => metrics.merge(c),
+                    None => metrics,
                 },
                 BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
                 stopped(stop_rx.clone()),
@@ -556,22 +650,14 @@ pub async fn serve_on(
         }
     };
     let grpc_server = crate::service::grpc::serve(
-        grpc_listener,
+        listeners.grpc,
         Slots::new(bounds),
         service.clone(),
         stopped(stop_rx.clone()),
-        Some(&workers),
+        Some(workers),
         settings.grpc_tls,
     );
     tokio::join!(http_server, grpc_server, metrics_server);
-    drop(workers);
-    if let Some(t) = service.tracing() {
-        // The last calls' spans, if the collector takes them soon.
-        t.flush(Duration::from_secs(2)).await;
-    }
-    // Whoever read the banner may be gone (`| head -1`): not a reason to panic.
-    let _ = writeln!(std::io::stdout(), "tollgate serve: stopped");
-    Ok(())
 }
 
 /// Reloads the rules on SIGHUP and when a rule file changes (checked every second).
