@@ -12,7 +12,10 @@
 //! - [`tls`]: certificates and keys for the listeners, followed as they rotate;
 //! - [`lifecycle`]: what reloads a server (SIGHUP, changed files) and what stops it;
 //! - [`logging`]: where log lines go and their format (text or JSON);
-//! - [`progress`]: the progress line of long offline runs.
+//! - [`progress`]: the progress line of long offline runs;
+//! - [`store_metrics`]: the Redis store's figures as the servers export them;
+//! - [`process_metrics`]: what every server exports about itself (its build, the
+//!   process's CPU and memory).
 
 #![forbid(unsafe_code)]
 
@@ -20,7 +23,9 @@ pub mod config;
 pub mod connections;
 pub mod lifecycle;
 pub mod logging;
+pub mod process_metrics;
 pub mod progress;
+pub mod store_metrics;
 pub mod tls;
 pub mod traces;
 pub mod workers;

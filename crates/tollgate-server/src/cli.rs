@@ -14,7 +14,7 @@ use tollgate_offline::simulate::SimulateArgs;
 #[derive(Debug, Parser)]
 #[command(
     name = "tollgate",
-    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TOLLGATE_COMMIT"), ")"),
+    version = tollgate_runtime::process_metrics::VERSION,
     about
 )]
 pub struct Cli {

@@ -8,8 +8,7 @@
 //! - [`service`]: `tollgate serve`: descriptor rules, decisions, HTTP/JSON, Envoy RLS
 //!   gRPC, metrics;
 //! - [`proxy`]: `tollgate proxy`: routes, keys, limits, forwarding;
-//! - [`console`]: the web console, mounted by `serve` and the proxy;
-//! - [`process_metrics`]: the process's own figures and build information.
+//! - [`console`]: the web console, mounted by `serve` and the proxy.
 //!
 //! Below it, the crates of the load generators (`tollgate-bench`) and, under them,
 //! the offline tools (`tollgate-offline`: `replay`, `simulate`, charts); below them
@@ -20,6 +19,5 @@
 
 pub mod cli;
 pub mod console;
-pub mod process_metrics;
 pub mod proxy;
 pub mod service;

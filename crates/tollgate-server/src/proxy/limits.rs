@@ -93,7 +93,7 @@ impl RouteLimits {
     /// What the route's Redis counters saw: their calls' outcomes, and whether Redis is
     /// failing now (nothing on the memory store).
     pub fn redis_stats(&self) -> tollgate::redis::RedisStats {
-        let mut stats = crate::service::counters::StoreStats::default();
+        let mut stats = tollgate_runtime::store_metrics::StoreStats::default();
         let tiers = self.tiers.iter().filter_map(|(_, c)| c.as_ref());
         for counters in self.default.iter().chain(tiers) {
             stats.add(&counters.counter);

@@ -1,6 +1,6 @@
 //! The proxy's metrics (`proxy.metrics: ADDR`, `GET /metrics`, Prometheus text): each
 //! route's adaptive limit, and what its `cost:` charged, read at scrape time; the
-//! build and the process ([`crate::process_metrics`]).
+//! build and the process ([`tollgate_runtime::process_metrics`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::routes::RouteTable;
-use crate::service::metrics::{redis_events_of, set_events, RedisCalls};
+use tollgate_runtime::store_metrics::{redis_events_of, set_events, RedisCalls};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -142,7 +142,7 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
             events,
         );
     }
-    let registry = crate::process_metrics::register(&mut root, "tollgate_proxy");
+    let registry = tollgate_runtime::process_metrics::register(&mut root, "tollgate_proxy");
     let days = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     for (listener, tls) in &about.listeners {
         let labels = vec![("listener", listener.to_string())];
@@ -244,8 +244,8 @@ impl prometheus_client::collector::Collector for UpstreamTimes {
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
         use super::route_stats::UPSTREAM_BOUNDS_US;
-        use crate::service::metrics::buckets_of;
         use prometheus_client::encoding::NoLabelSet;
+        use tollgate_runtime::store_metrics::buckets_of;
         let mut times = encoder.encode_descriptor(
             "tollgate_proxy_upstream_duration_seconds",
             "Time from sending a request upstream to its response head (or the proxy's 502 or 504), by route",

@@ -134,30 +134,3 @@ impl Counters {
         }
     }
 }
-
-/// The counters of Redis and leased limiters, summed (for the metrics).
-#[derive(Debug, Clone, Default)]
-pub struct StoreStats {
-    /// Decisions, errors, fallbacks, negative-cache hits, outages.
-    pub redis: tollgate::redis::RedisStats,
-    /// The same by Redis node (`host:port`; one for a single node).
-    pub nodes: std::collections::BTreeMap<std::sync::Arc<str>, tollgate::redis::RedisStats>,
-    /// Leases taken and returned, local decisions.
-    pub leases: tollgate::redis::LeaseStats,
-}
-
-impl StoreStats {
-    /// Adds `limiter`'s counters (none for a memory limiter).
-    pub fn add(&mut self, limiter: &AnyLimiter) {
-        match limiter {
-            AnyLimiter::Redis(r) => {
-                self.redis += r.stats();
-                for (node, stats) in r.node_stats() {
-                    *self.nodes.entry(node).or_default() += stats;
-                }
-            }
-            AnyLimiter::Leased(l) => self.leases += l.stats(),
-            AnyLimiter::Memory(_) => {}
-        }
-    }
-}

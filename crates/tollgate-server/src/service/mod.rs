@@ -27,7 +27,8 @@ use arc_swap::ArcSwap;
 use tollgate::error::CheckError;
 use tollgate::{AnyLimiter, Decision, Error, Op, RateLimiter, RuleDecision};
 
-use crate::service::counters::{Counters, StoreStats};
+use crate::service::counters::Counters;
+use tollgate_runtime::store_metrics::StoreStats;
 
 use crate::service::descriptors::{
     counter_key, override_limit, DescriptorLimit, DescriptorRules, Match, Unit,

@@ -15,6 +15,14 @@ use prometheus_client::registry::Registry;
 /// build time; `unknown` without either).
 pub const COMMIT: &str = env!("TOLLGATE_COMMIT");
 
+/// What `tollgate --version` prints: the version and the commit.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TOLLGATE_COMMIT"),
+    ")"
+);
+
 /// Registers `tollgate_build_info` and the process collector on `root`, which must
 /// have no prefix; returns a registry under `prefix` for the server's own metrics.
 pub fn register<'r>(root: &'r mut Registry, prefix: &str) -> &'r mut Registry {
