@@ -118,7 +118,7 @@ FLOORS = [
     ["tollgate"],
     ["tollgate-redis-module", "tollgate-runtime"],
     ["tollgate-offline"],
-    ["tollgate-bench"],
+    ["tollgate-bench", "tollgate-service"],
     ["tollgate-server"],
 ]
 APART = ["tollgate-testkit"]

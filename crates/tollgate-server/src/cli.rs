@@ -4,7 +4,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::proxy::ProxyArgs;
-use crate::service::serve::{CheckConfigArgs, ServeArgs};
+use crate::serve::{CheckConfigArgs, ServeArgs};
 use tollgate_bench::BenchCommand;
 use tollgate_offline::plot::PlotArgs;
 use tollgate_offline::replay::ReplayArgs;
@@ -107,11 +107,11 @@ pub fn args() -> Vec<std::ffi::OsString> {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Replay(args) => tollgate_offline::replay::command(args),
-        Command::Serve(args) => crate::service::serve::command(args),
+        Command::Serve(args) => crate::serve::command(args),
         Command::Simulate(args) => tollgate_offline::simulate::command(*args),
         Command::Proxy(args) => crate::proxy::command(args),
         Command::Bench(cmd) => tollgate_bench::command(cmd),
-        Command::CheckConfig(args) => crate::service::serve::check_config(args),
+        Command::CheckConfig(args) => crate::serve::check_config(args),
         Command::Plot(args) => tollgate_offline::plot::command(args),
     }
 }

@@ -5,8 +5,9 @@
 //! Modules (`scripts/import-graph.py` fails on an import cycle among them):
 //!
 //! - [`cli`]: the command line, parsing and dispatch to the commands below;
-//! - [`service`]: `tollgate serve`: descriptor rules, decisions, HTTP/JSON, Envoy RLS
-//!   gRPC, metrics;
+//! - [`serve`]: `tollgate serve` and `check-config`: the settings, the listeners,
+//!   the decision service (the `tollgate-service` crate) and the console wired
+//!   together;
 //! - [`proxy`]: `tollgate proxy`: routes, keys, limits, forwarding;
 //! - [`console`]: the web console, mounted by `serve` and the proxy.
 //!
@@ -20,4 +21,4 @@
 pub mod cli;
 pub mod console;
 pub mod proxy;
-pub mod service;
+pub mod serve;

@@ -1098,7 +1098,7 @@ async fn charge_takes_usage_after_the_fact_into_debt() {
 /// same routes as the binary, and a drain when the test's shutdown future completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_app_serves_in_process_on_listeners_passed_in() {
-    use tollgate_server::service::serve::{serve_on, Listeners, Settings};
+    use tollgate_server::serve::{serve_on, Listeners, Settings};
     let settings = Settings::resolve(None, &[], None, None, None, false).unwrap();
     let listeners = Listeners {
         http: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),

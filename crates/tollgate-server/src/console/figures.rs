@@ -164,8 +164,8 @@ pub struct Figures {
     /// The keys used most and rejected most (serve), read once per reading.
     #[serde(skip)]
     pub top: (
-        Vec<crate::service::top_keys::KeyCount>,
-        Vec<crate::service::top_keys::KeyCount>,
+        Vec<tollgate_service::top_keys::KeyCount>,
+        Vec<tollgate_service::top_keys::KeyCount>,
     ),
 }
 

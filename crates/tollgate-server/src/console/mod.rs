@@ -30,11 +30,11 @@ use axum::Router;
 use futures_util::stream::Stream;
 use tollgate::clock::Clock;
 
-use crate::service::DecisionService;
 use exposition::Reading;
 use figures::{Figures, RuleInfo, Sampler};
 use pages::{esc, Frame};
 use session::Sessions;
+use tollgate_service::DecisionService;
 
 /// The strictest policy the pages work under: their own scripts and styles only,
 /// no frames, forms posting only here.
@@ -304,7 +304,7 @@ impl Console {
 
 /// Each bucket's rule and budget, from the rules in force.
 fn budgets(service: &DecisionService, rows: &mut [figures::BucketRow]) {
-    use crate::service::descriptors::QuotaStrategy;
+    use tollgate_service::descriptors::QuotaStrategy;
     let views = service.quota().views();
     for row in rows {
         let view = (views.iter()).find(|v| v.domain == row.domain && v.bucket == row.bucket);
@@ -799,9 +799,9 @@ async fn snapshot(State(c): Shared, headers: HeaderMap) -> Response {
     let fig = c.figures();
     // Key values (API keys, user ids) only to an admin session.
     let reveal = c.session(&headers).is_some();
-    let shown = |list: &[crate::service::top_keys::KeyCount]| -> Vec<_> {
+    let shown = |list: &[tollgate_service::top_keys::KeyCount]| -> Vec<_> {
         (list.iter())
-            .map(|k| crate::service::top_keys::KeyCount {
+            .map(|k| tollgate_service::top_keys::KeyCount {
                 key: if reveal {
                     k.key.clone()
                 } else {

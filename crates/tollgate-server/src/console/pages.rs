@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use super::figures::{Figures, Outcomes, RuleRow};
-use crate::service::top_keys::KeyCount;
+use tollgate_service::top_keys::KeyCount;
 
 /// Escapes text for HTML content and attribute values.
 pub fn esc(s: &str) -> String {

@@ -2,9 +2,9 @@
 
 use prometheus_client::encoding::text::encode;
 
-use crate::service::calls::{CallCode, Method, HTTP_ROUTES};
-use crate::service::envoy_metrics::EnvoyMetrics;
-pub use crate::service::rule_stats::{Hits, RuleStats, Verdict};
+use crate::calls::{CallCode, Method, HTTP_ROUTES};
+use crate::envoy_metrics::EnvoyMetrics;
+pub use crate::rule_stats::{Hits, RuleStats, Verdict};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -576,7 +576,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::rule_stats::near_limit_hits;
+    use crate::rule_stats::near_limit_hits;
 
     fn admitted(hits: u64, limit: u64, remaining: u64) -> Hits {
         Hits {

@@ -11,15 +11,15 @@ use anyhow::Context;
 use clap::Parser;
 use tollgate::keyed::KeyedOptions;
 
-use super::counters::Counters;
-use super::descriptors::DescriptorRules;
-use super::DecisionService;
-use crate::service::statsd_mapping::StatsdMapping;
 use tollgate_runtime::config::store::{StoreConfig, StoreKind};
 use tollgate_runtime::config::{MainConfig, DEFAULT_GRPC, DEFAULT_HTTP};
 use tollgate_runtime::connections::{BodyTimeout, Slots};
 use tollgate_runtime::lifecycle::shutdown_signal;
 use tollgate_runtime::tls::{ServerTls, HTTP_ALPN};
+use tollgate_service::counters::Counters;
+use tollgate_service::descriptors::DescriptorRules;
+use tollgate_service::statsd_mapping::StatsdMapping;
+use tollgate_service::DecisionService;
 
 /// The metrics listener's address, path and TLS.
 pub type MetricsListener = (SocketAddr, String, Option<ServerTls>);
@@ -31,7 +31,7 @@ pub type MetricsListener = (SocketAddr, String, Option<ServerTls>);
 fn envoy_mapping(
     service: &tollgate_runtime::config::ServiceSettings,
 ) -> anyhow::Result<Option<StatsdMapping>> {
-    use crate::service::envoy_metrics::default_mapping;
+    use tollgate_service::envoy_metrics::default_mapping;
     let env = service.envoy_env_metrics;
     let built_in = || default_mapping(env.is_some_and(|e| e.response_time_ms));
     let Some(file) = &service.envoy_metrics_mapping else {
@@ -100,7 +100,7 @@ pub struct Settings {
     pub xds_tls: Option<tollgate_runtime::tls::ClientTls>,
     /// envoyproxy/ratelimit's metric names through this mapping
     /// (`service.envoy_metrics`), its file read.
-    pub envoy_mapping: Option<crate::service::statsd_mapping::StatsdMapping>,
+    pub envoy_mapping: Option<tollgate_service::statsd_mapping::StatsdMapping>,
     /// Traces (`traces:` and the `OTEL_*` variables), when on.
     pub traces: Option<tollgate_runtime::config::traces::TraceSettings>,
     /// The console, when on: its settings and which listener serves it.
@@ -147,7 +147,7 @@ impl Settings {
         // Read now so that a missing or bad file stops the start; connections read
         // them again when they change (rotation).
         let xds_tls = (main.xds.as_ref())
-            .map(crate::service::xds::client_tls)
+            .map(tollgate_service::xds::client_tls)
             .transpose()?
             .flatten();
         let options = main.key_options();
@@ -290,7 +290,7 @@ fn load_rules(
     paths: &[PathBuf],
     counters: &Counters,
     merge_domains: bool,
-) -> Result<DescriptorRules, super::descriptors::RulesError> {
+) -> Result<DescriptorRules, tollgate_service::descriptors::RulesError> {
     if paths.is_empty() {
         return DescriptorRules::built_in(counters);
     }
@@ -360,7 +360,7 @@ pub async fn serve_on(
     let rule_files = tollgate_runtime::lifecycle::Watched::now(service.sources().to_vec());
     print_banner(&settings, &service, &listeners, console.as_ref())?;
     let stop_rx = start_beside(&settings, &service, shutdown, rule_files, hup);
-    let admin = crate::service::http::AdminAccess {
+    let admin = tollgate_service::http::AdminAccess {
         token: settings.admin_token.clone(),
         loopback: http.ip().is_loopback(),
     };
@@ -551,7 +551,7 @@ fn start_beside(
         let _ = stop_tx.send(true);
     });
     if let Some(x) = settings.xds.clone() {
-        tokio::spawn(crate::service::xds::run(
+        tokio::spawn(tollgate_service::xds::run(
             x,
             settings.xds_tls.clone(),
             service.clone(),
@@ -568,7 +568,7 @@ fn start_beside(
     // RLQS: reports applied as they come, renewals and freed shares as they fall due.
     let quota = service.clone();
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(crate::service::quota::TICK);
+        let mut every = tokio::time::interval(tollgate_service::quota::TICK);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
@@ -599,7 +599,7 @@ async fn serve_listeners(
     settings: Settings,
     listeners: Listeners,
     service: &Arc<DecisionService>,
-    admin: crate::service::http::AdminAccess,
+    admin: tollgate_service::http::AdminAccess,
     console: Option<MountedConsole>,
     workers: &tollgate_runtime::workers::Workers,
     stop_rx: tokio::sync::watch::Receiver<bool>,
@@ -613,7 +613,7 @@ async fn serve_listeners(
             tollgate_runtime::config::ConsoleListener::Metrics => metrics_console = Some(router),
         }
     }
-    let app = crate::service::http::router(service.clone(), admin);
+    let app = tollgate_service::http::router(service.clone(), admin);
     let app = match http_console {
         Some(c) => app.merge(c),
         None => app,
@@ -624,7 +624,9 @@ async fn serve_listeners(
         Slots::new(bounds),
         move |_| {
             let (app, service) = (app.clone(), counting.clone());
-            move |request| crate::service::http::counted_call(service.clone(), app.clone(), request)
+            move |request| {
+                tollgate_service::http::counted_call(service.clone(), app.clone(), request)
+            }
         },
         BodyTimeout::Whole(Duration::from_micros(bounds.body_timeout)),
         stopped(stop_rx.clone()),
@@ -633,7 +635,7 @@ async fn serve_listeners(
     );
     let metrics_server = async {
         if let (Some(listener), Some((_, path, tls))) = (listeners.metrics, settings.metrics) {
-            let metrics = crate::service::http::metrics_router(service.clone(), &path);
+            let metrics = tollgate_service::http::metrics_router(service.clone(), &path);
             tollgate_runtime::connections::serve_http(
                 listener,
                 Slots::new(bounds),
@@ -649,7 +651,7 @@ async fn serve_listeners(
             .await
         }
     };
-    let grpc_server = crate::service::grpc::serve(
+    let grpc_server = tollgate_service::grpc::serve(
         listeners.grpc,
         Slots::new(bounds),
         service.clone(),

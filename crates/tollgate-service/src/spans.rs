@@ -6,8 +6,8 @@
 use opentelemetry::trace::{SpanKind, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 
-use crate::service::calls::Method;
-use crate::service::CheckResult;
+use crate::calls::Method;
+use crate::CheckResult;
 use tollgate_runtime::traces::Tracing;
 
 /// The gRPC service of `ShouldRateLimit`.

@@ -2,7 +2,7 @@
 //! ShouldRateLimit`) over gRPC, wire compatible, served straight on hyper's HTTP/2
 //! connections: the one unary call needs no routing, streaming codec or middleware
 //! stack, and a call here costs what its bytes cost (see docs/performance.md). The
-//! message conversions live in [`crate::service::envoy`].
+//! message conversions live in [`crate::envoy`].
 //!
 //! The gRPC rules kept (the "gRPC over HTTP/2" protocol): a message is a 5-byte prefix
 //! (compressed flag, big-endian length) and its protobuf bytes; a response carries
@@ -32,10 +32,10 @@ use http_body_util::BodyExt;
 use prost::Message;
 use tonic::Status;
 
-use crate::service::calls::CallCode;
-pub use crate::service::calls::Method;
-use crate::service::spans;
-use crate::service::{DecisionService, RequestError};
+use crate::calls::CallCode;
+pub use crate::calls::Method;
+use crate::spans;
+use crate::{DecisionService, RequestError};
 use tollgate_runtime::config::Connections;
 use tollgate_runtime::connections::{self, BodyTimeout, Bounded, Drain, Slots, StallBody};
 use tollgate_runtime::tls::ServerTls;
@@ -350,7 +350,7 @@ async fn message_for(
         Method::ShouldRateLimit => {
             let request = RateLimitRequest::decode(&message[..])
                 .map_err(|e| Status::internal(format!("not a RateLimitRequest: {e}")))?;
-            let response = crate::service::envoy::should_rate_limit(service, request)
+            let response = crate::envoy::should_rate_limit(service, request)
                 .await
                 .map_err(|e| match e {
                     RequestError::Unavailable(m) => Status::unavailable(m),
@@ -404,7 +404,7 @@ async fn quota_stream(
                     }
                 }
                 None => break Status::resource_exhausted(format!(
-                    "the client left {} assignments unread", crate::service::quota::MAX_QUEUED
+                    "the client left {} assignments unread", crate::quota::MAX_QUEUED
                 )),
             },
             data = body.data() => match data {

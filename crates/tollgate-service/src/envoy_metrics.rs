@@ -32,12 +32,12 @@ use std::sync::Mutex;
 
 use regex::Regex;
 
-use crate::service::calls::Method;
-use crate::service::rule_stats::RuleStats;
-use crate::service::statsd_mapping::{Mapped, Observer, StatKind, StatsdMapping};
+use crate::calls::Method;
+use crate::rule_stats::RuleStats;
+use crate::statsd_mapping::{Mapped, Observer, StatKind, StatsdMapping};
 
 /// The built-in mapping: envoyproxy/ratelimit's, used when no file is named.
-pub const DEFAULT_MAPPING: &str = include_str!("../../assets/envoy-statsd-mapping.yaml");
+pub const DEFAULT_MAPPING: &str = include_str!("../assets/envoy-statsd-mapping.yaml");
 
 /// The built-in mapping, its response time in milliseconds when `response_time_ms`
 /// (envoyproxy/ratelimit's `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS` drops the

@@ -3,7 +3,7 @@
 //! translation into the rule documents files hold, so that both go through one
 //! validation.
 
-use crate::service::descriptors::{DescriptorDoc, Document, RateLimitDoc, ReplacesDoc, Unit};
+use crate::descriptors::{DescriptorDoc, Document, RateLimitDoc, ReplacesDoc, Unit};
 
 /// The resource type an ADS stream asks for.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -174,8 +174,8 @@ fn policy(p: RateLimitPolicy, at: &str) -> Result<RateLimitDoc, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::counters::Counters;
-    use crate::service::descriptors::DescriptorRules;
+    use crate::counters::Counters;
+    use crate::descriptors::DescriptorRules;
 
     fn limit(unit: RateLimitUnit, n: u32) -> Option<RateLimitPolicy> {
         Some(RateLimitPolicy {

@@ -21,7 +21,7 @@ use envoy_types::pb::google::rpc::Status as RpcStatus;
 use prost::Message;
 use tokio::sync::mpsc;
 
-use crate::service::DecisionService;
+use crate::DecisionService;
 use rls_conf::{RateLimitConfig, TYPE_URL};
 use tollgate_runtime::config::xds::XdsConfig;
 use tollgate_runtime::tls::ClientTls;

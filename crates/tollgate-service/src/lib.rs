@@ -1,7 +1,10 @@
 //! The decision service (`tollgate serve`): descriptors in, a decision per descriptor
 //! out (Envoy's ratelimit semantics), over the loaded rules. [`DecisionService`] is
-//! transport-free; [`http`] and [`grpc`] wrap it, [`rules`] loads the descriptor rules,
-//! [`metrics`] counts, and [`serve`] runs the whole with its listeners.
+//! transport-free; [`http`] and [`grpc`] wrap it, [`descriptors`] loads the descriptor
+//! rules, [`metrics`] counts. It uses the `tollgate` library and the runtime; the
+//! binary wires it to its listeners and mounts the console beside it.
+
+#![forbid(unsafe_code)]
 
 pub mod calls;
 pub mod counters;
@@ -14,7 +17,6 @@ pub mod http;
 pub mod metrics;
 pub mod quota;
 pub mod rule_stats;
-pub mod serve;
 pub mod spans;
 pub mod statsd_mapping;
 pub mod top_keys;
@@ -27,13 +29,13 @@ use arc_swap::ArcSwap;
 use tollgate::error::CheckError;
 use tollgate::{AnyLimiter, Decision, Error, Op, RateLimiter, RuleDecision};
 
-use crate::service::counters::Counters;
+use crate::counters::Counters;
 use tollgate_runtime::store_metrics::StoreStats;
 
-use crate::service::descriptors::{
+use crate::descriptors::{
     counter_key, override_limit, DescriptorLimit, DescriptorRules, Match, Unit,
 };
-use crate::service::metrics::{Hits, Metrics, Verdict};
+use crate::metrics::{Hits, Metrics, Verdict};
 
 /// One descriptor of a request: its entries, in order, and its own hits (cost).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,7 +278,7 @@ pub struct DecisionService {
     /// The workers serving its connections, reported at `/metrics`.
     workers: Option<tollgate_runtime::workers::WorkerStats>,
     /// Envoy's quota buckets (RLQS) and the streams reporting on them.
-    quota: crate::service::quota::QuotaBuckets,
+    quota: crate::quota::QuotaBuckets,
     /// The listeners' TLS, by listener, for the certificates' days left.
     tls: Vec<(&'static str, tollgate_runtime::tls::ServerTls)>,
     /// Set when the rules come from an xDS server.
@@ -331,9 +333,9 @@ impl DecisionService {
             xds: None,
             tracing: None,
             top_keys: None,
-            quota: crate::service::quota::QuotaBuckets::new(
+            quota: crate::quota::QuotaBuckets::new(
                 counters.quota_ledger(),
-                crate::service::quota::LedgerFailure::of(counters.store_config()),
+                crate::quota::LedgerFailure::of(counters.store_config()),
             ),
             counters,
         }
@@ -466,7 +468,7 @@ impl DecisionService {
             let source = format!("xDS resource '{}' (version {version})", c.name);
             loaded = c
                 .into_document()
-                .map_err(|message| crate::service::descriptors::RulesError::Invalid {
+                .map_err(|message| crate::descriptors::RulesError::Invalid {
                     path: source.clone(),
                     message,
                 })
@@ -514,11 +516,11 @@ impl DecisionService {
     /// which counts as its first `config_load_success`.
     pub fn with_envoy_metrics(
         mut self,
-        mapping: Option<crate::service::statsd_mapping::StatsdMapping>,
+        mapping: Option<crate::statsd_mapping::StatsdMapping>,
         loaded: bool,
     ) -> Self {
         if let Some(mapping) = mapping {
-            let envoy = crate::service::envoy_metrics::EnvoyMetrics::new(mapping);
+            let envoy = crate::envoy_metrics::EnvoyMetrics::new(mapping);
             if loaded {
                 envoy.load(true);
             }
@@ -598,7 +600,7 @@ impl DecisionService {
     /// /v1/reload`). A bad file changes nothing (the old rules stay in force); limits
     /// whose definition did not change keep their counters. Logged with its reason,
     /// and counted in the metrics either way.
-    pub fn reload(&self, reason: &str) -> Result<(), crate::service::descriptors::RulesError> {
+    pub fn reload(&self, reason: &str) -> Result<(), crate::descriptors::RulesError> {
         if self.xds.is_some() {
             tracing::info!(
                 reason,
@@ -621,9 +623,9 @@ impl DecisionService {
     /// rules in force when it failed; logged with `reason` and counted either way.
     fn install(
         &self,
-        loaded: Result<DescriptorRules, crate::service::descriptors::RulesError>,
+        loaded: Result<DescriptorRules, crate::descriptors::RulesError>,
         reason: &str,
-    ) -> Result<(), crate::service::descriptors::RulesError> {
+    ) -> Result<(), crate::descriptors::RulesError> {
         match &loaded {
             Ok(_) => tracing::info!(reason, "tollgate serve: rules reloaded"),
             Err(e) => tracing::error!(
@@ -776,7 +778,7 @@ impl DecisionService {
     }
 
     /// Envoy's quota buckets (RLQS) and the streams reporting on them.
-    pub fn quota(&self) -> &crate::service::quota::QuotaBuckets {
+    pub fn quota(&self) -> &crate::quota::QuotaBuckets {
         &self.quota
     }
 
@@ -871,7 +873,7 @@ impl DecisionService {
         self.metrics.latency(elapsed as f64 / 1e9);
         let result = CheckResult { overall, statuses };
         if self.tracing.is_some() {
-            crate::service::spans::record_decision(domain, &result, self.counters.store_name());
+            crate::spans::record_decision(domain, &result, self.counters.store_name());
         }
         Ok(result)
     }

@@ -3,7 +3,7 @@
 //! [`tollgate::headers`]), the draft-03 trio envoyproxy/ratelimit writes, both, or
 //! none. Shared by the HTTP API and gRPC's `response_headers_to_add`.
 
-use crate::service::{CheckResult, Code, EnvoyView};
+use crate::{CheckResult, Code, EnvoyView};
 use tollgate_runtime::config::Headers;
 
 /// The headers for `result` under `style`; with `retry_after`, also `Retry-After` on

@@ -10,7 +10,7 @@ use tollgate::headers::PolicyHeader;
 use tollgate::{AnyLimiter, Policy, RuleSet};
 use tollgate_runtime::config::RejectedHits;
 
-use crate::service::counters::Counters;
+use crate::counters::Counters;
 
 /// A rule file or directory that does not load, naming the file, line and field.
 #[derive(Debug, thiserror::Error)]
@@ -184,7 +184,7 @@ impl Unit {
     /// (2 per 2 s) is 1 per SECOND. `None` for a limit with no time (`concurrency`).
     ///
     /// ```
-    /// use tollgate_server::service::descriptors::Unit;
+    /// use tollgate_service::descriptors::Unit;
     /// assert_eq!(Unit::describing(1000, 3_600_000_000), Some((Unit::Hour, 1000)));
     /// assert_eq!(Unit::describing(2, 2_000_000), Some((Unit::Second, 1)));
     /// assert_eq!(Unit::describing(5, 10_000_000), Some((Unit::Minute, 30)));
@@ -497,7 +497,7 @@ pub struct DescriptorLimit {
     /// definition unchanged.
     pub limiter: Option<AnyLimiter>,
     /// Its statistics, attached by the service on first use.
-    pub stats: std::sync::OnceLock<crate::service::rule_stats::RuleStats>,
+    pub stats: std::sync::OnceLock<crate::rule_stats::RuleStats>,
 }
 
 impl DescriptorLimit {
@@ -626,7 +626,7 @@ pub struct DescriptorRules {
 }
 
 /// The example rule set compiled into the binary.
-pub const BUILT_IN: &str = include_str!("../../config/example-rules.yaml");
+pub const BUILT_IN: &str = include_str!("../config/example-rules.yaml");
 
 impl DescriptorRules {
     /// Loads rule files: each path is a YAML file or a directory of them (`.yaml`,

@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tollgate::Op;
 
-use crate::service::calls::HTTP_ROUTES;
-use crate::service::descriptors::{DescriptorLimit, QuotaStrategy};
-use crate::service::{Api, CheckResult, Code, DecisionService, DescriptorRequest};
+use crate::calls::HTTP_ROUTES;
+use crate::descriptors::{DescriptorLimit, QuotaStrategy};
+use crate::{Api, CheckResult, Code, DecisionService, DescriptorRequest};
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -69,14 +69,14 @@ pub async fn counted_call(
     use tower::ServiceExt;
     let started = service.now_ns();
     let route = HTTP_ROUTES.iter().position(|r| *r == request.uri().path());
-    let span = (service.tracing()).and_then(|t| crate::service::spans::http_call(t, &request));
+    let span = (service.tracing()).and_then(|t| crate::spans::http_call(t, &request));
     let response = match &span {
         Some(cx) => app.oneshot(request).with_context(cx.clone()).await?,
         None => app.oneshot(request).await?,
     };
     let status = response.status().as_u16();
     if let Some(cx) = &span {
-        crate::service::spans::end_http(cx, status);
+        crate::spans::end_http(cx, status);
     }
     let seconds = service.now_ns().saturating_sub(started) as f64 / 1e9;
     (service.metrics()).http_call(route, status, seconds);
@@ -189,9 +189,9 @@ impl CheckBody {
 
 /// A 400 naming what is wrong with the request.
 /// 400 for a bad request, 503 when the store cannot decide now.
-fn request_error(e: crate::service::RequestError) -> Response {
+fn request_error(e: crate::RequestError) -> Response {
     match e {
-        crate::service::RequestError::Unavailable(_) | crate::service::RequestError::NoRules => (
+        crate::RequestError::Unavailable(_) | crate::RequestError::NoRules => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({ "error": e.to_string() })),
         )
@@ -320,7 +320,7 @@ async fn reset(
     let entries = pairs(body.entries);
     match service.reset(&body.domain, &entries).await {
         Ok(true) => Json(json!({ "reset": true })).into_response(),
-        Err(e) => request_error(crate::service::RequestError::Unavailable(e)),
+        Err(e) => request_error(crate::RequestError::Unavailable(e)),
         Ok(false) => (
             StatusCode::NOT_FOUND,
             Json(json!({ "error": "no rule matches this descriptor" })),
@@ -531,7 +531,7 @@ fn headers(
     style: &tollgate_runtime::config::Headers,
     result: &CheckResult,
 ) {
-    let fields = crate::service::headers::response_headers(style, result, true);
+    let fields = crate::headers::response_headers(style, result, true);
     tollgate::headers::insert_all(headers, fields);
 }
 
@@ -556,17 +556,17 @@ async fn envoy_json(
         }
         Err(e) => return (e.status(), Json(json!({ "error": e.body_text() }))).into_response(),
     };
-    let request = match crate::service::envoy::request_from_json(&body) {
+    let request = match crate::envoy::request_from_json(&body) {
         Ok(r) => r,
         Err(e) => return bad_request(e),
     };
-    match crate::service::envoy::decide(&service, &request).await {
+    match crate::envoy::decide(&service, &request).await {
         Ok((result, headers)) => {
             let status = match result.overall {
                 Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
                 Code::Ok => StatusCode::OK,
             };
-            let json = crate::service::envoy::response_json(&result, &headers);
+            let json = crate::envoy::response_json(&result, &headers);
             let content_type = [(http::header::CONTENT_TYPE, "application/json")];
             (status, content_type, json).into_response()
         }

@@ -13,8 +13,8 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use serde::Deserialize;
 use tollgate::Op;
 
-use crate::service::descriptors::Unit;
-use crate::service::{
+use crate::descriptors::Unit;
+use crate::{
     Api, CheckResult, Code, DecisionService, DescriptorRequest, DescriptorStatus as ServiceStatus,
     RequestError,
 };
@@ -58,8 +58,7 @@ pub async fn decide(
     let result = service
         .check(Api::Envoy, &req.domain, &req.descriptors, req.hits, Op::Try)
         .await?;
-    let headers =
-        crate::service::headers::response_headers(&service.answers().headers, &result, false);
+    let headers = crate::headers::response_headers(&service.answers().headers, &result, false);
     Ok((result, headers))
 }
 

@@ -448,7 +448,7 @@ mod tests {
     /// The mappings envoyproxy/ratelimit and Envoy Gateway ship, in this project's
     /// own file (`assets/envoy-statsd-mapping.yaml`).
     fn envoy() -> StatsdMapping {
-        StatsdMapping::parse(include_str!("../../assets/envoy-statsd-mapping.yaml")).unwrap()
+        StatsdMapping::parse(include_str!("../assets/envoy-statsd-mapping.yaml")).unwrap()
     }
 
     fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {

@@ -37,7 +37,7 @@ use tollgate::clock::{Clock, MonotonicClock};
 use tollgate::quota::{Assignment, ClientId, QuotaLedger, QuotaStats, ServerId, Share, Usage};
 use tonic::Status;
 
-use crate::service::descriptors::{self, Blanket, DescriptorRules, QuotaRule, QuotaStrategy};
+use crate::descriptors::{self, Blanket, DescriptorRules, QuotaRule, QuotaStrategy};
 use tollgate_runtime::config::store::{OnErrorDoc, StoreConfig};
 
 /// How often reports are applied (with the others that arrived meanwhile: a bucket
