@@ -110,15 +110,17 @@ def cycles(edges):
 
 
 # The crates, lowest floor first: the arithmetic, the library, what runs on it (the
-# Redis module beside the servers' runtime), the offline tools, the load generators
-# (which draw the offline tools' traffic), the binary on top. The test kit is a
+# Redis module beside the servers' runtime), the offline tools, then the load
+# generators (which draw the offline tools' traffic), the decision service and the
+# proxy, the console over the service and the offline tools, the binary on top. The test kit is a
 # dev-dependency only and stands apart.
 FLOORS = [
     ["tollgate-core"],
     ["tollgate"],
     ["tollgate-redis-module", "tollgate-runtime"],
     ["tollgate-offline"],
-    ["tollgate-bench", "tollgate-service"],
+    ["tollgate-bench", "tollgate-service", "tollgate-proxy"],
+    ["tollgate-console"],
     ["tollgate-server"],
 ]
 APART = ["tollgate-testkit"]

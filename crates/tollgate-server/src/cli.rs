@@ -3,12 +3,12 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::proxy::ProxyArgs;
 use crate::serve::{CheckConfigArgs, ServeArgs};
 use tollgate_bench::BenchCommand;
 use tollgate_offline::plot::PlotArgs;
 use tollgate_offline::replay::ReplayArgs;
 use tollgate_offline::simulate::SimulateArgs;
+use tollgate_proxy::ProxyArgs;
 
 /// tollgate: rate limiting with exact, documented semantics.
 #[derive(Debug, Parser)]
@@ -109,9 +109,25 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay(args) => tollgate_offline::replay::command(args),
         Command::Serve(args) => crate::serve::command(args),
         Command::Simulate(args) => tollgate_offline::simulate::command(*args),
-        Command::Proxy(args) => crate::proxy::command(args),
+        Command::Proxy(args) => tollgate_proxy::command(args, Some(proxy_console)),
         Command::Bench(cmd) => tollgate_bench::command(cmd),
         Command::CheckConfig(args) => crate::serve::check_config(args),
         Command::Plot(args) => tollgate_offline::plot::command(args),
     }
+}
+
+/// The console over a proxy, mounted on its metrics listener.
+fn proxy_console(s: tollgate_proxy::ConsoleSource) -> axum::Router {
+    let settings = tollgate_console::ConsoleSettings {
+        path: s.config.path.clone(),
+        history_points: (s.config.history / 1_000_000) as usize,
+        top_keys: s.config.top_keys,
+        admin_token: None,
+        secure: s.secure,
+    };
+    let source = tollgate_console::ProxySource {
+        exposition: s.exposition,
+        store: s.store,
+    };
+    tollgate_console::Console::start(settings, tollgate_console::Source::Proxy(source)).router()
 }

@@ -1,24 +1,19 @@
-//! The `tollgate` binary's crate: the rate-limit decision service, the limiting
-//! reverse proxy and the console, and the command line over every part. `main.rs`
-//! only parses the command line and calls [`cli::run`].
+//! The `tollgate` binary's crate, the composition root: the command line over every
+//! part, and `serve`'s wiring. `main.rs` only parses the command line and calls
+//! [`cli::run`].
 //!
-//! Modules (`scripts/import-graph.py` fails on an import cycle among them):
-//!
-//! - [`cli`]: the command line, parsing and dispatch to the commands below;
+//! - [`cli`]: the command line, parsing and dispatch to every part (the proxy with
+//!   the console mounted on it);
 //! - [`serve`]: `tollgate serve` and `check-config`: the settings, the listeners,
-//!   the decision service (the `tollgate-service` crate) and the console wired
-//!   together;
-//! - [`proxy`]: `tollgate proxy`: routes, keys, limits, forwarding;
-//! - [`console`]: the web console, mounted by `serve` and the proxy.
+//!   the decision service and the console wired together.
 //!
-//! Below it, the crates of the load generators (`tollgate-bench`) and, under them,
-//! the offline tools (`tollgate-offline`: `replay`, `simulate`, charts); below them
-//! all, `tollgate-runtime`: configuration, TLS, listeners, workers and connections,
-//! traces, logging, reloads and shutdown.
+//! The parts are crates below it, each of its own (`scripts/import-graph.py` checks
+//! that every arrow points down): `tollgate-console` over `tollgate-service` and
+//! `tollgate-offline`; `tollgate-proxy`; `tollgate-bench` over `tollgate-offline`;
+//! all of them over `tollgate-runtime` (configuration, TLS, listeners, workers and
+//! connections, traces, logging, metrics plumbing) and the `tollgate` library.
 
 #![forbid(unsafe_code)]
 
 pub mod cli;
-pub mod console;
-pub mod proxy;
 pub mod serve;

@@ -451,15 +451,15 @@ fn start_console(settings: &Settings, service: &Arc<DecisionService>) -> Option<
             .as_ref()
             .is_some_and(|(_, _, t)| t.is_some()),
     };
-    let console = crate::console::Console::start(
-        crate::console::ConsoleSettings {
+    let console = tollgate_console::Console::start(
+        tollgate_console::ConsoleSettings {
             path: c.path.clone(),
             history_points: (c.history / 1_000_000) as usize,
             top_keys: c.top_keys,
             admin_token: settings.admin_token.clone(),
             secure,
         },
-        crate::console::Source::Serve(service.clone()),
+        tollgate_console::Source::Serve(service.clone()),
     );
     Some((console.router(), *listener, c.path.clone()))
 }
@@ -784,11 +784,11 @@ pub fn check_config(args: CheckConfigArgs) -> anyhow::Result<()> {
     let routes = match args.config.as_deref() {
         Some(path) => match tollgate_runtime::config::MainConfig::load(path)?.proxy {
             Some(_) => {
-                let loaded = crate::proxy::load(path)?;
+                let loaded = tollgate_proxy::load(path)?;
                 let n = loaded.proxy.routes.len();
                 // Its TLS files, as `tollgate proxy` reads them at start.
-                crate::proxy::server::ListenersTls::load(&loaded.proxy)?;
-                let _routes = crate::proxy::ProxyApp::new(loaded.proxy, loaded.options)?;
+                tollgate_proxy::server::ListenersTls::load(&loaded.proxy)?;
+                let _routes = tollgate_proxy::ProxyApp::new(loaded.proxy, loaded.options)?;
                 format!("; proxy: {n} route(s)")
             }
             None => String::new(),

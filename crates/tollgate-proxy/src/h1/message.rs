@@ -2,7 +2,7 @@
 //! how a body is framed (RFC 9112 §6), which headers go on, and the `Date` a
 //! response carries.
 
-use crate::proxy::forwarding::is_hop_by_hop_name;
+use crate::forwarding::is_hop_by_hop_name;
 
 /// The most headers a head may carry (hyper's default as well).
 pub const MAX_HEADERS: usize = 100;
@@ -90,7 +90,7 @@ impl<'h> RequestHead<'h> {
                     return Err(BadHead::Malformed("two Host headers"));
                 }
                 head.host = Some(
-                    crate::proxy::keys::text(h.value)
+                    crate::keys::text(h.value)
                         .ok_or(BadHead::Malformed("a Host that is not text"))?,
                 );
             } else if name.eq_ignore_ascii_case("content-length") {
@@ -242,7 +242,7 @@ pub fn connection_named<'h>(headers: &'h [httparse::Header<'h>]) -> Vec<&'h [u8]
         .filter(|h| h.name.eq_ignore_ascii_case("connection"))
         .flat_map(|h| h.value.split(|&b| b == b','))
         .map(|t| t.trim_ascii())
-        .filter(|t| !t.is_empty() && !crate::proxy::forwarding::kept_when_named(t))
+        .filter(|t| !t.is_empty() && !crate::forwarding::kept_when_named(t))
         .collect()
 }
 
@@ -280,14 +280,14 @@ pub fn framing_header(out: &mut Vec<u8>, framing: Framing) {
 
 fn write_length(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(b"content-length: ");
-    crate::proxy::problem::push_decimal(out, n);
+    crate::problem::push_decimal(out, n);
     out.extend_from_slice(b"\r\n");
 }
 
 /// Writes a status line.
 pub fn status_line(out: &mut Vec<u8>, status: u16, reason: &str) {
     out.extend_from_slice(b"HTTP/1.1 ");
-    crate::proxy::problem::push_decimal(out, u64::from(status));
+    crate::problem::push_decimal(out, u64::from(status));
     out.push(b' ');
     out.extend_from_slice(reason.as_bytes());
     out.extend_from_slice(b"\r\n");

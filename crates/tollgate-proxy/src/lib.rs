@@ -10,6 +10,11 @@
 //! says it used and charges it; `problem` writes the proxy's own answers; `observe` counts
 //! each answer in its route's `route_stats` and traces it (`traces:`); `metrics`
 //! serves those counts, the adaptive limits' state and the charges (`proxy.metrics`).
+//!
+//! It uses the `tollgate` library and the runtime; the console on its metrics listener
+//! is mounted by whoever runs it ([`ConsoleMount`]: the binary).
+
+#![forbid(unsafe_code)]
 
 mod adaptive;
 mod admission;
@@ -27,4 +32,4 @@ pub mod server;
 mod upstream;
 mod worker;
 
-pub use server::{command, load, run, ProxyApp, ProxyArgs};
+pub use server::{command, load, run, ConsoleMount, ConsoleSource, ProxyApp, ProxyArgs};

@@ -238,13 +238,34 @@ impl ListenersTls {
     }
 }
 
+/// What a console over the proxy is made of: `console:` as configured, whether the
+/// metrics listener that serves it is TLS, the store's kind, and the proxy's
+/// `/metrics` text as a scrape would get it now.
+pub struct ConsoleSource {
+    /// `console:` (its path, history and top keys).
+    pub config: tollgate_runtime::config::ConsoleConfig,
+    /// The metrics listener is TLS (the console's session cookie is `Secure`).
+    pub secure: bool,
+    /// The store's kind (`memory`, `redis`).
+    pub store: &'static str,
+    /// The proxy's `/metrics` text, now.
+    pub exposition: Box<dyn Fn() -> String + Send + Sync>,
+}
+
+/// What mounts the console on the metrics listener: its routes, made of a
+/// [`ConsoleSource`]. The binary gives it (the console sits above the proxy); without
+/// it, `console:` is refused.
+pub type ConsoleMount = fn(ConsoleSource) -> axum::Router;
+
 /// Runs the proxy until SIGTERM or Ctrl-C: one single-threaded runtime per CPU, each
 /// accepting on its own `SO_REUSEPORT` socket with its own upstream pool (as nginx's
-/// workers), sharing the routes and their limiters.
+/// workers), sharing the routes and their limiters; the console, when configured,
+/// mounted by `mount`.
 pub fn run(
     path: &std::path::Path,
     listen: Option<SocketAddr>,
     store_flag: Option<&str>,
+    mount: Option<ConsoleMount>,
 ) -> anyhow::Result<()> {
     let ProxySettings {
         proxy: config,
@@ -254,6 +275,9 @@ pub fn run(
         traces,
         console,
     } = load(path)?;
+    if console.is_some() && mount.is_none() {
+        anyhow::bail!("console: this build of the proxy has no console to mount");
+    }
     let store = store.with_flag(store_flag)?;
     tollgate_runtime::connections::warn_if_fd_limit_below(connections.max);
     let slots = Slots::new(connections);
@@ -343,7 +367,9 @@ pub fn run(
                 redis: redis.as_ref().map(|(store, _)| store.clone()),
                 reloads: reloads.clone(),
             };
-            let console = (console.as_ref()).map(|c| (c.clone(), store.kind.name()));
+            let console = (console.as_ref())
+                .zip(mount)
+                .map(|(c, m)| (c.clone(), store.kind.name(), m));
             spawn_metrics(
                 addr,
                 table.clone(),
@@ -393,7 +419,11 @@ fn spawn_metrics(
     slots: Slots,
     tls: Option<tollgate_runtime::tls::ServerTls>,
     about: super::metrics::About,
-    console: Option<(tollgate_runtime::config::ConsoleConfig, &'static str)>,
+    console: Option<(
+        tollgate_runtime::config::ConsoleConfig,
+        &'static str,
+        ConsoleMount,
+    )>,
 ) -> anyhow::Result<SocketAddr> {
     let std_listener = std::net::TcpListener::bind(addr)
         .with_context(|| format!("proxy.metrics: cannot listen on {addr}"))?;
@@ -412,21 +442,14 @@ fn spawn_metrics(
                     tls.watch();
                 }
                 let about = Arc::new(about);
-                let console = console.map(|(c, store)| {
+                let console = console.map(|(config, store, mount)| {
                     let (table, about) = (table.clone(), about.clone());
-                    let settings = crate::console::ConsoleSettings {
-                        path: c.path.clone(),
-                        history_points: (c.history / 1_000_000) as usize,
-                        top_keys: c.top_keys,
-                        admin_token: None,
+                    mount(ConsoleSource {
+                        config,
                         secure: tls.is_some(),
-                    };
-                    let source = crate::console::ProxySource {
-                        exposition: Box::new(move || super::metrics::render(&table.load(), &about)),
                         store,
-                    };
-                    crate::console::Console::start(settings, crate::console::Source::Proxy(source))
-                        .router()
+                        exposition: Box::new(move || super::metrics::render(&table.load(), &about)),
+                    })
                 });
                 super::metrics::serve(listener, table, slots, tls, about, console).await;
             }
@@ -636,13 +659,14 @@ pub struct ProxyArgs {
     pub store: Option<String>,
 }
 
-/// `tollgate proxy`: needs a config file with a `proxy:` section.
-pub fn command(args: ProxyArgs) -> anyhow::Result<()> {
+/// `tollgate proxy`: needs a config file with a `proxy:` section; `mount` mounts the
+/// console when `console:` asks for one.
+pub fn command(args: ProxyArgs, mount: Option<ConsoleMount>) -> anyhow::Result<()> {
     let Some(path) = args.config else {
         anyhow::bail!(
             "tollgate proxy needs --config FILE with a proxy: section, e.g.\n\
              proxy:\n  listen: 127.0.0.1:8000\n  routes:\n    - name: api\n      match: {{ path_prefix: /api/ }}\n      upstream: http://127.0.0.1:9000\n      key: client_ip\n      policies: [\"limit-req:rate=10/s,burst=5,nodelay\"]"
         );
     };
-    run(&path, args.listen, args.store.as_deref())
+    run(&path, args.listen, args.store.as_deref(), mount)
 }

@@ -51,7 +51,7 @@ const LINGER: Duration = Duration::from_secs(2);
 /// Serves `io` from `peer` until it closes, fails, or `drain` asks (between
 /// requests). `Some`: a request the fast path does not take arrived; the connection
 /// and what was read of it (from that request on) go to hyper.
-pub(in crate::proxy) async fn serve<C: Client>(
+pub(crate) async fn serve<C: Client>(
     proxy: &Proxy,
     peer: &Peer,
     mut io: C,
@@ -97,7 +97,7 @@ pub(in crate::proxy) async fn serve<C: Client>(
 
 /// A client connection (a socket bounded in time by `connections:`; a pipe in
 /// fuzzing).
-pub(in crate::proxy) trait Client: AsyncRead + AsyncWrite + Unpin {}
+pub(crate) trait Client: AsyncRead + AsyncWrite + Unpin {}
 
 impl<C: AsyncRead + AsyncWrite + Unpin> Client for C {}
 

@@ -8,7 +8,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::message::Framing;
-use crate::proxy::cost::Metered;
+use crate::cost::Metered;
 
 /// The longest chunk-size line or trailer line read.
 const MAX_LINE: usize = 4096;

@@ -7,6 +7,12 @@
 //! without JavaScript) and as live parts streamed by server-sent events. Read-only
 //! without the admin token; admin forms need a session opened with it and carry
 //! its form token back. Every asset is inside the binary.
+//!
+//! It reads the decision service and the offline tools' engine (the try page), over
+//! the runtime; the binary mounts it on `serve` and on the proxy, and nothing below
+//! the binary imports it.
+
+#![forbid(unsafe_code)]
 
 pub mod exposition;
 pub mod figures;
@@ -40,8 +46,8 @@ use tollgate_service::DecisionService;
 /// no frames, forms posting only here.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-static CSS: &str = include_str!("../../assets/console/console.css");
-static JS: &str = include_str!("../../assets/console/console.js");
+static CSS: &str = include_str!("../assets/console/console.css");
+static JS: &str = include_str!("../assets/console/console.js");
 
 /// The console's settings (`console:`, resolved).
 #[derive(Debug, Clone)]
