@@ -365,8 +365,10 @@ def spans_of_quota_reports(serve, collector):
     trace, parent = ids()
     reports = queue.Queue()
     stub = rlqs_pb2_grpc.RateLimitQuotaServiceStub(grpc.insecure_channel(serve.grpc))
+    # A deadline: a stream that should end and does not fails the check, never hangs.
     responses = stub.StreamRateLimitQuotas(
-        iter(reports.get, None), metadata=[("traceparent", f"00-{trace}-{parent}-01")])
+        iter(reports.get, None), metadata=[("traceparent", f"00-{trace}-{parent}-01")],
+        timeout=30)
 
     def report(elapsed_ms, *buckets):
         elapsed = {} if elapsed_ms is None else {
@@ -378,12 +380,19 @@ def spans_of_quota_reports(serve, collector):
                                                         bucket_quota_usages=usages))
 
     report(1, "api", "other")
-    first = next(responses)
-    check("rlqs: the first report is answered", len(first.bucket_action) >= 1, first)
+    # Both buckets answered: in one message, or in two when their divisions complete
+    # apart (each group is sent as it completes; a busy machine splits them).
+    answered = set()
+    while answered != {"api", "other"}:
+        answered |= {a.bucket_id.bucket["name"] for a in next(responses).bucket_action}
+    check("rlqs: the first report is answered", answered == {"api", "other"}, answered)
     report(None, "api")  # no time_elapsed: refused, and the stream ends
     try:
-        next(responses)
-        check("rlqs: a report without time_elapsed ends the stream", False, "an answer came")
+        # What was under way before the refusal (a renewal) may still come; then the
+        # stream must end, within its deadline.
+        for _ in range(20):
+            next(responses)
+        check("rlqs: a report without time_elapsed ends the stream", False, "20 answers came")
     except grpc.RpcError as e:
         check("rlqs: a report without time_elapsed ends the stream",
               e.code() == grpc.StatusCode.INVALID_ARGUMENT, e)
