@@ -289,45 +289,15 @@ pub fn run(
         .or(config.listen)
         .unwrap_or_else(|| "127.0.0.1:8000".parse().expect("valid"));
     let (redis_runtime, redis) = connect(&store)?;
-    // The export task runs on a runtime of its own (the workers' are single-threaded),
-    // made only when traces are on.
-    let tracing = match &traces {
-        Some(t) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("tollgate-traces")
-                .enable_all()
-                .build()?;
-            let tracing =
-                runtime.block_on(async { tollgate_runtime::traces::Tracing::start(t) })?;
-            Some((runtime, Arc::new(tracing)))
-        }
-        None => None,
-    };
+    let tracing = traces.as_ref().map(start_tracing).transpose()?;
     let table = Arc::new(ArcSwap::from_pointee(RouteTable::new(
         config,
         options,
         None,
         redis.as_ref(),
     )?));
-    let (catching_tx, catching) = std::sync::mpsc::channel::<()>();
     let reloads = Arc::new(super::metrics::Reloads::default());
-    let reloader = {
-        let (table, path, redis) = (table.clone(), path.to_path_buf(), redis.clone());
-        let reloads = reloads.clone();
-        std::thread::spawn(move || {
-            watch(
-                &path,
-                &table,
-                redis.as_ref(),
-                at_start,
-                catching_tx,
-                move |ok| reloads.count(ok),
-            )
-        })
-    };
-    // SIGHUP is caught before the proxy says it is up (else it would end the process).
-    let _ = catching.recv();
+    let reloader = start_reloader(path, &table, redis.clone(), at_start, reloads.clone());
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The first worker binds (resolving port 0) and reports the address.
     let (bound_tx, bound_rx) = std::sync::mpsc::channel::<anyhow::Result<SocketAddr>>();
@@ -352,40 +322,21 @@ pub fn run(
     for _ in 1..workers {
         threads.push(worker(bound, None));
     }
-    let metrics_scheme = if metrics_tls.is_some() {
-        "https"
-    } else {
-        "http"
+    let about = super::metrics::About {
+        listeners: [("proxy", tls.clone()), ("metrics", metrics_tls.clone())]
+            .into_iter()
+            .filter_map(|(name, tls)| Some((name, tls?)))
+            .collect(),
+        redis: redis.as_ref().map(|(store, _)| store.clone()),
+        reloads,
     };
-    let metrics = metrics_addr
-        .map(|addr| {
-            let about = super::metrics::About {
-                listeners: [("proxy", tls.clone()), ("metrics", metrics_tls.clone())]
-                    .into_iter()
-                    .filter_map(|(name, tls)| Some((name, tls?)))
-                    .collect(),
-                redis: redis.as_ref().map(|(store, _)| store.clone()),
-                reloads: reloads.clone(),
-            };
-            let console = (console.as_ref())
-                .zip(mount)
-                .map(|(c, m)| (c.clone(), store.kind.name(), m));
-            spawn_metrics(
-                addr,
-                table.clone(),
-                slots.clone(),
-                metrics_tls,
-                about,
-                console,
-            )
-        })
-        .transpose()?;
-    let console_at = (console.as_ref())
-        .zip(metrics)
-        .map(|(c, bound)| format!("{metrics_scheme}://{bound}{}/", c.path));
-    let metrics = metrics
-        .map(|bound| format!(", metrics on {metrics_scheme}://{bound}/metrics"))
-        .unwrap_or_default();
+    let console = (console.as_ref())
+        .zip(mount)
+        .map(|(c, m)| (c.clone(), store.kind.name(), m));
+    let (metrics, console_at) = match metrics_addr {
+        Some(addr) => start_metrics(addr, &table, &slots, metrics_tls, about, console)?,
+        None => (String::new(), None),
+    };
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!(
         "tollgate proxy: listening on {scheme}://{bound} ({} route(s), {workers} worker(s), {}{metrics})",
@@ -409,6 +360,71 @@ pub fn run(
     drop(reloader); // it ends with the process
     drop(redis_runtime);
     Ok(())
+}
+
+/// The metrics listener (with the console when one is mounted) on a thread of its
+/// own; what the banner says of it, and where the console answers.
+fn start_metrics(
+    addr: SocketAddr,
+    table: &Arc<ArcSwap<RouteTable>>,
+    slots: &Slots,
+    tls: Option<tollgate_runtime::tls::ServerTls>,
+    about: super::metrics::About,
+    console: Option<(
+        tollgate_runtime::config::ConsoleConfig,
+        &'static str,
+        ConsoleMount,
+    )>,
+) -> anyhow::Result<(String, Option<String>)> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let path = console.as_ref().map(|(c, _, _)| c.path.clone());
+    let bound = spawn_metrics(addr, table.clone(), slots.clone(), tls, about, console)?;
+    Ok((
+        format!(", metrics on {scheme}://{bound}/metrics"),
+        path.map(|p| format!("{scheme}://{bound}{p}/")),
+    ))
+}
+
+/// Traces' export task on a runtime of its own (the workers' are single-threaded).
+fn start_tracing(
+    t: &tollgate_runtime::config::traces::TraceSettings,
+) -> anyhow::Result<(
+    tokio::runtime::Runtime,
+    Arc<tollgate_runtime::traces::Tracing>,
+)> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("tollgate-traces")
+        .enable_all()
+        .build()?;
+    let tracing = runtime.block_on(async { tollgate_runtime::traces::Tracing::start(t) })?;
+    Ok((runtime, Arc::new(tracing)))
+}
+
+/// The thread that reloads the routes on SIGHUP and when the file changes, counting
+/// each reload in `reloads`; returns once SIGHUP is caught (before the proxy says it
+/// is up, else a SIGHUP would end the process).
+fn start_reloader(
+    path: &std::path::Path,
+    table: &Arc<ArcSwap<RouteTable>>,
+    redis: Option<RedisBackend>,
+    at_start: AtStart,
+    reloads: Arc<super::metrics::Reloads>,
+) -> std::thread::JoinHandle<()> {
+    let (catching_tx, catching) = std::sync::mpsc::channel::<()>();
+    let (table, path) = (table.clone(), path.to_path_buf());
+    let reloader = std::thread::spawn(move || {
+        watch(
+            &path,
+            &table,
+            redis.as_ref(),
+            at_start,
+            catching_tx,
+            move |ok| reloads.count(ok),
+        )
+    });
+    let _ = catching.recv();
+    reloader
 }
 
 /// The metrics listener on a thread of its own, within the `connections:` bounds,
