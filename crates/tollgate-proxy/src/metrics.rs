@@ -28,6 +28,24 @@ pub(super) struct About {
     pub reloads: Arc<Reloads>,
 }
 
+impl About {
+    /// The listeners' TLS by name (those without TLS are left out), the Redis store,
+    /// the reloads.
+    pub fn new(
+        listeners: [(&'static str, Option<tollgate_runtime::tls::ServerTls>); 2],
+        redis: Option<&tollgate::redis::RedisStore>,
+        reloads: Arc<Reloads>,
+    ) -> About {
+        About {
+            listeners: (listeners.into_iter())
+                .filter_map(|(name, tls)| Some((name, tls?)))
+                .collect(),
+            redis: redis.cloned(),
+            reloads,
+        }
+    }
+}
+
 /// The configuration's reloads (SIGHUP or a changed file), counted by the thread that
 /// reloads and read at each scrape.
 #[derive(Debug)]

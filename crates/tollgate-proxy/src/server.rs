@@ -322,21 +322,21 @@ pub fn run(
     for _ in 1..workers {
         threads.push(worker(bound, None));
     }
-    let about = super::metrics::About {
-        listeners: [("proxy", tls.clone()), ("metrics", metrics_tls.clone())]
-            .into_iter()
-            .filter_map(|(name, tls)| Some((name, tls?)))
-            .collect(),
-        redis: redis.as_ref().map(|(store, _)| store.clone()),
-        reloads,
+    let listeners = [("proxy", tls.clone()), ("metrics", metrics_tls.clone())];
+    let about = super::metrics::About::new(listeners, redis.as_ref().map(|r| &r.0), reloads);
+    let console = (console.as_ref()).zip(mount);
+    let console = console.map(|(c, m)| (c.clone(), store.kind.name(), m));
+    let metrics = |addr| {
+        spawn_metrics(
+            addr,
+            table.clone(),
+            slots.clone(),
+            metrics_tls,
+            about,
+            console,
+        )
     };
-    let console = (console.as_ref())
-        .zip(mount)
-        .map(|(c, m)| (c.clone(), store.kind.name(), m));
-    let (metrics, console_at) = match metrics_addr {
-        Some(addr) => start_metrics(addr, &table, &slots, metrics_tls, about, console)?,
-        None => (String::new(), None),
-    };
+    let (metrics, console_at) = metrics_addr.map(metrics).transpose()?.unwrap_or_default();
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!(
         "tollgate proxy: listening on {scheme}://{bound} ({} route(s), {workers} worker(s), {}{metrics})",
@@ -360,29 +360,6 @@ pub fn run(
     drop(reloader); // it ends with the process
     drop(redis_runtime);
     Ok(())
-}
-
-/// The metrics listener (with the console when one is mounted) on a thread of its
-/// own; what the banner says of it, and where the console answers.
-fn start_metrics(
-    addr: SocketAddr,
-    table: &Arc<ArcSwap<RouteTable>>,
-    slots: &Slots,
-    tls: Option<tollgate_runtime::tls::ServerTls>,
-    about: super::metrics::About,
-    console: Option<(
-        tollgate_runtime::config::ConsoleConfig,
-        &'static str,
-        ConsoleMount,
-    )>,
-) -> anyhow::Result<(String, Option<String>)> {
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let path = console.as_ref().map(|(c, _, _)| c.path.clone());
-    let bound = spawn_metrics(addr, table.clone(), slots.clone(), tls, about, console)?;
-    Ok((
-        format!(", metrics on {scheme}://{bound}/metrics"),
-        path.map(|p| format!("{scheme}://{bound}{p}/")),
-    ))
 }
 
 /// Traces' export task on a runtime of its own (the workers' are single-threaded).
@@ -427,8 +404,9 @@ fn start_reloader(
     reloader
 }
 
-/// The metrics listener on a thread of its own, within the `connections:` bounds,
-/// over TLS when `tls`; returns the bound address.
+/// The metrics listener (with the console when one is mounted) on a thread of its
+/// own, within the `connections:` bounds, over TLS when `tls`; returns what the
+/// banner says of it, and where the console answers.
 fn spawn_metrics(
     addr: SocketAddr,
     table: Arc<ArcSwap<RouteTable>>,
@@ -440,7 +418,9 @@ fn spawn_metrics(
         &'static str,
         ConsoleMount,
     )>,
-) -> anyhow::Result<SocketAddr> {
+) -> anyhow::Result<(String, Option<String>)> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let path = console.as_ref().map(|(c, _, _)| c.path.clone());
     let std_listener = std::net::TcpListener::bind(addr)
         .with_context(|| format!("proxy.metrics: cannot listen on {addr}"))?;
     std_listener.set_nonblocking(true)?;
@@ -471,7 +451,10 @@ fn spawn_metrics(
             }
         });
     });
-    Ok(bound)
+    Ok((
+        format!(", metrics on {scheme}://{bound}/metrics"),
+        path.map(|p| format!("{scheme}://{bound}{p}/")),
+    ))
 }
 
 /// The Redis connection when the store is Redis, on a runtime of its own that lives
