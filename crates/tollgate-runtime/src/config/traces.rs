@@ -243,6 +243,60 @@ impl std::fmt::Debug for TraceSettings {
     }
 }
 
+/// The environment as the OTel variables are read: unset and blank are the same.
+struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
+
+impl Env<'_> {
+    fn var(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|v| !v.trim().is_empty())
+    }
+
+    /// The first of a signal's own variable and the general one that is set.
+    fn either(&self, signal: &str, general: &str) -> Option<(String, String)> {
+        (self.var(signal).map(|v| (signal.to_string(), v)))
+            .or_else(|| self.var(general).map(|v| (general.to_string(), v)))
+    }
+
+    /// A signal's or the general path variable, else the file's.
+    fn path(&self, signal: &str, general: &str, file: &Option<PathBuf>) -> Option<PathBuf> {
+        (self.either(signal, general).map(|(_, v)| PathBuf::from(v))).or_else(|| file.clone())
+    }
+
+    /// A whole number above 0 from `name`, else the file's, else `default`.
+    fn count(&self, name: &str, file: Option<usize>, default: usize) -> anyhow::Result<usize> {
+        match self.var(name) {
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => bail!("{name}={v}: not a whole number above 0"),
+            },
+            None => Ok(file.unwrap_or(default)),
+        }
+    }
+}
+
+/// Milliseconds above 0, as the OTel variables give times.
+fn ms(name: &str, v: &str) -> anyhow::Result<Duration> {
+    match v.trim().parse::<u64>() {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => bail!("{name}={v}: not a whole number of milliseconds above 0"),
+    }
+}
+
+/// Whether a URL carries credentials (`user:pass@`), which would be printed.
+fn has_userinfo(url: &str) -> bool {
+    url.split_once("://").is_some_and(|(_, rest)| {
+        rest.split(['/', '?', '#'])
+            .next()
+            .is_some_and(|a| a.contains('@'))
+    })
+}
+
+/// Where and how spans are sent: the endpoint, its protocol, headers and timeout.
+type Export = (String, Protocol, Vec<(String, String)>, Duration);
+
+/// The collector's CA file, and our certificate and key files.
+type ExportTls = (Option<PathBuf>, Option<(PathBuf, PathBuf)>);
+
 impl TracesConfig {
     /// The settings to trace with, or `None` when traces are off; `get` reads the
     /// environment.
@@ -250,15 +304,53 @@ impl TracesConfig {
         &self,
         get: &dyn Fn(&str) -> Option<String>,
     ) -> anyhow::Result<Option<TraceSettings>> {
-        let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-        // The first of a signal's own variable and the general one that is set.
-        let either = |signal: &str, general: &str| {
-            var(signal)
-                .map(|v| (signal.to_string(), v))
-                .or_else(|| var(general).map(|v| (general.to_string(), v)))
+        let env = Env(get);
+        if !self.wanted(&env)? {
+            return Ok(None);
+        }
+        let (endpoint, protocol, headers, timeout) = self.export(&env)?;
+        let (ca_file, identity) = self.export_tls(&env)?;
+        let sampler = match env.var("OTEL_TRACES_SAMPLER") {
+            Some(v) => SamplerKind::parse("OTEL_TRACES_SAMPLER", &v)?,
+            None => self.sampler.unwrap_or(SamplerKind::ParentbasedAlwaysOn),
         };
+        let ratio = match env.var("OTEL_TRACES_SAMPLER_ARG") {
+            Some(v) => (v.trim().parse::<f64>().ok())
+                .with_context(|| format!("OTEL_TRACES_SAMPLER_ARG={v}: not a number"))?,
+            None => self.ratio.unwrap_or(1.0),
+        };
+        if !(0.0..=1.0).contains(&ratio) {
+            bail!("traces: the sampling ratio {ratio} is not between 0 and 1 (ratio, OTEL_TRACES_SAMPLER_ARG)");
+        }
+        let propagators = match env.var("OTEL_PROPAGATORS") {
+            Some(v) => Propagator::parse_list("OTEL_PROPAGATORS", &v)?,
+            None => (self.propagators.clone()).unwrap_or_else(|| DEFAULT_PROPAGATORS.to_vec()),
+        };
+        let (queue, batch, delay) = self.batching(&env)?;
+        Ok(Some(TraceSettings {
+            endpoint,
+            protocol,
+            headers,
+            timeout,
+            ca_file,
+            identity,
+            service_name: (self.service_name.clone()).unwrap_or_else(|| "tollgate".into()),
+            service_name_override: env.var("OTEL_SERVICE_NAME"),
+            resource: self.resource.clone().into_iter().collect(),
+            sampler,
+            ratio,
+            propagators,
+            queue,
+            batch,
+            delay,
+        }))
+    }
+
+    /// Whether traces are on: not `OTEL_SDK_DISABLED`, and asked for (`enabled`,
+    /// `OTEL_TRACES_EXPORTER=otlp`, or an endpoint variable set).
+    fn wanted(&self, env: &Env) -> anyhow::Result<bool> {
         // The specification: only "true" disables; any other value is false, said.
-        let disabled = match var("OTEL_SDK_DISABLED") {
+        let disabled = match env.var("OTEL_SDK_DISABLED") {
             Some(v) if v.trim().eq_ignore_ascii_case("true") => true,
             Some(v) if v.trim().eq_ignore_ascii_case("false") => false,
             Some(v) => {
@@ -267,7 +359,7 @@ impl TracesConfig {
             }
             None => false,
         };
-        let exporter = match var("OTEL_TRACES_EXPORTER").as_deref() {
+        let exporter = match env.var("OTEL_TRACES_EXPORTER").as_deref() {
             None => None,
             Some("otlp") => Some(true),
             Some("none") => Some(false),
@@ -275,7 +367,7 @@ impl TracesConfig {
                 "OTEL_TRACES_EXPORTER={other}: tollgate exports traces by OTLP only (otlp, none)"
             ),
         };
-        let endpoint_var = either(
+        let endpoint_var = env.either(
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
             "OTEL_EXPORTER_OTLP_ENDPOINT",
         );
@@ -285,11 +377,16 @@ impl TracesConfig {
             (None, Some(true)) => true,
             (None, None) => endpoint_var.is_some(),
         };
-        if disabled || !wanted {
-            return Ok(None);
-        }
+        Ok(!disabled && wanted)
+    }
 
-        let protocol = match either(
+    /// Where and how spans are sent (the variables before the file).
+    fn export(&self, env: &Env) -> anyhow::Result<Export> {
+        let endpoint_var = env.either(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        );
+        let protocol = match env.either(
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
             "OTEL_EXPORTER_OTLP_PROTOCOL",
         ) {
@@ -297,18 +394,11 @@ impl TracesConfig {
             None => self.protocol.unwrap_or(Protocol::HttpProtobuf),
         };
         // Credentials in a URL would be printed (the banner, errors): refused, unprinted.
-        let userinfo = |url: &str| {
-            url.split_once("://").is_some_and(|(_, rest)| {
-                rest.split(['/', '?', '#'])
-                    .next()
-                    .is_some_and(|a| a.contains('@'))
-            })
-        };
         match &endpoint_var {
-            Some((name, url)) if userinfo(url) => bail!(
+            Some((name, url)) if has_userinfo(url) => bail!(
                 "{name}: credentials in the URL are not taken (they would be printed): send them as OTEL_EXPORTER_OTLP_HEADERS"
             ),
-            None if self.endpoint.as_deref().is_some_and(userinfo) => bail!(
+            None if self.endpoint.as_deref().is_some_and(has_userinfo) => bail!(
                 "traces.endpoint: credentials in the URL are not taken (they would be printed): send them in traces.headers"
             ),
             _ => {}
@@ -327,7 +417,7 @@ impl TracesConfig {
                     .with_context(|| format!("traces.endpoint: {url}"))?
             }
         };
-        let headers = match either(
+        let headers = match env.either(
             "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
             "OTEL_EXPORTER_OTLP_HEADERS",
         ) {
@@ -335,20 +425,14 @@ impl TracesConfig {
             Some((name, v)) => parse_headers(&v).with_context(|| name.clone())?,
             None => self.headers.clone().into_iter().collect(),
         };
-        let ms = |name: &str, v: &str| -> anyhow::Result<Duration> {
-            match v.trim().parse::<u64>() {
-                Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
-                _ => bail!("{name}={v}: not a whole number of milliseconds above 0"),
-            }
-        };
-        let timeout = match either(
+        let timeout = match env.either(
             "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
             "OTEL_EXPORTER_OTLP_TIMEOUT",
         ) {
             Some((name, v)) => ms(&name, &v)?,
             None => Duration::from_micros(self.timeout.unwrap_or(10_000_000)),
         };
-        if let Some((name, v)) = either(
+        if let Some((name, v)) = env.either(
             "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
             "OTEL_EXPORTER_OTLP_COMPRESSION",
         ) {
@@ -356,22 +440,22 @@ impl TracesConfig {
                 bail!("{name}={v}: tollgate sends traces uncompressed (none)");
             }
         }
-        let path = |signal: &str, general: &str, file: &Option<PathBuf>| {
-            either(signal, general)
-                .map(|(_, v)| PathBuf::from(v))
-                .or_else(|| file.clone())
-        };
-        let ca_file = path(
+        Ok((endpoint, protocol, headers, timeout))
+    }
+
+    /// The collector's CA and our client certificate, when given.
+    fn export_tls(&self, env: &Env) -> anyhow::Result<ExportTls> {
+        let ca_file = env.path(
             "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
             "OTEL_EXPORTER_OTLP_CERTIFICATE",
             &self.ca_file,
         );
-        let cert = path(
+        let cert = env.path(
             "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
             "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
             &self.cert_file,
         );
-        let key = path(
+        let key = env.path(
             "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
             "OTEL_EXPORTER_OTLP_CLIENT_KEY",
             &self.key_file,
@@ -385,63 +469,24 @@ impl TracesConfig {
                  OTEL_EXPORTER_OTLP_CLIENT_KEY)"
             ),
         };
+        Ok((ca_file, identity))
+    }
 
-        let service_name = (self.service_name.clone()).unwrap_or_else(|| "tollgate".into());
-        let service_name_override = var("OTEL_SERVICE_NAME");
-        let sampler = match var("OTEL_TRACES_SAMPLER") {
-            Some(v) => SamplerKind::parse("OTEL_TRACES_SAMPLER", &v)?,
-            None => self.sampler.unwrap_or(SamplerKind::ParentbasedAlwaysOn),
-        };
-        let ratio = match var("OTEL_TRACES_SAMPLER_ARG") {
-            Some(v) => (v.trim().parse::<f64>().ok())
-                .with_context(|| format!("OTEL_TRACES_SAMPLER_ARG={v}: not a number"))?,
-            None => self.ratio.unwrap_or(1.0),
-        };
-        if !(0.0..=1.0).contains(&ratio) {
-            bail!("traces: the sampling ratio {ratio} is not between 0 and 1 (ratio, OTEL_TRACES_SAMPLER_ARG)");
-        }
-        let propagators = match var("OTEL_PROPAGATORS") {
-            Some(v) => Propagator::parse_list("OTEL_PROPAGATORS", &v)?,
-            None => (self.propagators.clone()).unwrap_or_else(|| DEFAULT_PROPAGATORS.to_vec()),
-        };
-        let count = |name: &str, file: Option<usize>, default: usize| -> anyhow::Result<usize> {
-            match var(name) {
-                Some(v) => match v.trim().parse::<usize>() {
-                    Ok(n) if n > 0 => Ok(n),
-                    _ => bail!("{name}={v}: not a whole number above 0"),
-                },
-                None => Ok(file.unwrap_or(default)),
-            }
-        };
-        let queue = count("OTEL_BSP_MAX_QUEUE_SIZE", self.queue, 2048)?;
-        let batch = count("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", self.batch, 512)?.min(queue);
+    /// The export queue: its size, the batch and the delay between exports.
+    fn batching(&self, env: &Env) -> anyhow::Result<(usize, usize, Duration)> {
+        let queue = env.count("OTEL_BSP_MAX_QUEUE_SIZE", self.queue, 2048)?;
+        let batch = (env.count("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", self.batch, 512)?).min(queue);
         if self.queue == Some(0) || self.batch == Some(0) {
             bail!("traces.queue and traces.batch: must be at least 1");
         }
         if self.timeout == Some(0) || self.delay == Some(0) {
             bail!("traces.timeout and traces.delay: must be longer than 0");
         }
-        let delay = match var("OTEL_BSP_SCHEDULE_DELAY") {
+        let delay = match env.var("OTEL_BSP_SCHEDULE_DELAY") {
             Some(v) => ms("OTEL_BSP_SCHEDULE_DELAY", &v)?,
             None => Duration::from_micros(self.delay.unwrap_or(5_000_000)),
         };
-        Ok(Some(TraceSettings {
-            endpoint,
-            protocol,
-            headers,
-            timeout,
-            ca_file,
-            identity,
-            service_name,
-            service_name_override,
-            resource: self.resource.clone().into_iter().collect(),
-            sampler,
-            ratio,
-            propagators,
-            queue,
-            batch,
-            delay,
-        }))
+        Ok((queue, batch, delay))
     }
 }
 
