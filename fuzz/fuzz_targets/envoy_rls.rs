@@ -10,8 +10,8 @@ use std::sync::{Arc, OnceLock};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use tollgate_server::service::grpc;
-use tollgate_server::service::DecisionService;
+use tollgate_service::grpc;
+use tollgate_service::DecisionService;
 
 fn service() -> &'static (tokio::runtime::Runtime, Arc<DecisionService>) {
     static SERVICE: OnceLock<(tokio::runtime::Runtime, Arc<DecisionService>)> = OnceLock::new();

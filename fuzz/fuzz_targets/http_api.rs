@@ -8,8 +8,8 @@ use std::sync::{Arc, OnceLock};
 use axum::body::Body;
 use axum::http::Request;
 use libfuzzer_sys::fuzz_target;
-use tollgate_server::service::http::{router, AdminAccess};
-use tollgate_server::service::DecisionService;
+use tollgate_service::http::{router, AdminAccess};
+use tollgate_service::DecisionService;
 use tower::ServiceExt;
 
 fn app() -> &'static (tokio::runtime::Runtime, axum::Router) {

@@ -9,7 +9,7 @@ use arbitrary::Arbitrary;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
 use libfuzzer_sys::fuzz_target;
-use tollgate_server::proxy::keys;
+use tollgate_proxy::keys;
 
 #[derive(Debug, Arbitrary)]
 struct Input {

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tollgate_server::proxy::ProxyApp;
+use tollgate_proxy::ProxyApp;
 
 const CONFIG: &str = r#"
 proxy:
@@ -52,7 +52,7 @@ fn app() -> &'static (tokio::runtime::Runtime, ProxyApp) {
             .build()
             .unwrap();
         let mut main =
-            tollgate_server::config::MainConfig::parse(CONFIG, std::path::Path::new(".")).unwrap();
+            tollgate_runtime::config::MainConfig::parse(CONFIG, std::path::Path::new(".")).unwrap();
         let options = main.key_options();
         let config = main.proxy.take().unwrap();
         let app = runtime.block_on(async { ProxyApp::new(config, options).unwrap() });

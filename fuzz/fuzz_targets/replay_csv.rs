@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tollgate_core::{Op, Policy};
-use tollgate_server::offline::replay::replay;
+use tollgate_offline::replay::replay;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&choice, csv)) = data.split_first() else {

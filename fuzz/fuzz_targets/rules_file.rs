@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate_server::service::descriptors::DescriptorRules;
+use tollgate_service::descriptors::DescriptorRules;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
