@@ -182,6 +182,70 @@ fn name_template_ok(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$' || c == '{' || c == '}')
 }
 
+/// One mapping of the file, checked (`at` names it in errors); its pattern is the
+/// caller's to compile.
+fn mapping_entry(at: &str, m: MappingYaml) -> Result<Mapping, String> {
+    let drop = match m.action.as_deref() {
+        None | Some("map") => false,
+        Some("drop") => true,
+        Some(other) => return Err(format!("{at}: action {other:?}: map or drop")),
+    };
+    let name = match (m.name, drop) {
+        (Some(n), _) => n,
+        (None, true) => String::new(),
+        (None, false) => return Err(format!("{at}: name: missing")),
+    };
+    if !drop && !name_template_ok(&name) {
+        return Err(format!(
+            "{at}: name {name:?}: letters, digits, _ and $N captures only, not starting with a digit"
+        ));
+    }
+    let templates = std::iter::once(&name).chain(m.labels.values());
+    if let Some(t) = templates.into_iter().find(|t| ambiguous_capture(t)) {
+        return Err(format!(
+            "{at}: {t:?}: a $N capture followed by a letter, digit or _ reads differently by glob and by regex: write ${{N}}"
+        ));
+    }
+    if let Some(bad) = m.labels.keys().find(|k| !label_name_ok(k)) {
+        return Err(format!(
+            "{at}: label {bad:?}: a letter or _, then letters, digits or _ (two characters at least)"
+        ));
+    }
+    let kind = match m.match_metric_type.as_deref() {
+        None | Some("") => None,
+        Some("counter") => Some(StatKind::Counter),
+        Some("gauge") => Some(StatKind::Gauge),
+        Some("observer" | "timer") => Some(StatKind::Observer),
+        Some(other) => {
+            return Err(format!(
+                "{at}: match_metric_type {other:?}: counter, gauge or observer"
+            ))
+        }
+    };
+    if let Some(s) = m.scale.filter(|s| !s.is_finite()) {
+        return Err(format!("{at}: scale {s}: not a number"));
+    }
+    let buckets = m.histogram_options.and_then(|h| h.buckets).or(m.buckets);
+    if let Some(b) = &buckets {
+        buckets_ok(b).map_err(|e| format!("{at}: {e}"))?;
+    }
+    let observer = m
+        .observer_type
+        .or(m.timer_type)
+        .filter(|t| *t != ObserverType::Unset);
+    Ok(Mapping {
+        pattern: Vec::new(),
+        name,
+        labels: m.labels,
+        kind,
+        drop,
+        observer,
+        buckets,
+        scale: m.scale,
+        help: m.help,
+    })
+}
+
 impl StatsdMapping {
     /// Parses a mapping file's text; an error names the mapping (by index and
     /// `match`) and what is wrong with it.
@@ -208,68 +272,12 @@ impl StatsdMapping {
         };
         for (i, m) in file.mappings.into_iter().enumerate() {
             let at = format!("mappings[{i}] (match {:?})", m.pattern);
-            let drop = match m.action.as_deref() {
-                None | Some("map") => false,
-                Some("drop") => true,
-                Some(other) => return Err(format!("{at}: action {other:?}: map or drop")),
-            };
-            let name = match (m.name, drop) {
-                (Some(n), _) => n,
-                (None, true) => String::new(),
-                (None, false) => return Err(format!("{at}: name: missing")),
-            };
-            if !drop && !name_template_ok(&name) {
-                return Err(format!(
-                    "{at}: name {name:?}: letters, digits, _ and $N captures only, not starting with a digit"
-                ));
-            }
-            let templates = std::iter::once(&name).chain(m.labels.values());
-            if let Some(t) = templates.into_iter().find(|t| ambiguous_capture(t)) {
-                return Err(format!(
-                    "{at}: {t:?}: a $N capture followed by a letter, digit or _ reads differently by glob and by regex: write ${{N}}"
-                ));
-            }
-            if let Some(bad) = m.labels.keys().find(|k| !label_name_ok(k)) {
-                return Err(format!(
-                    "{at}: label {bad:?}: a letter or _, then letters, digits or _ (two characters at least)"
-                ));
-            }
-            let kind = match m.match_metric_type.as_deref() {
-                None | Some("") => None,
-                Some("counter") => Some(StatKind::Counter),
-                Some("gauge") => Some(StatKind::Gauge),
-                Some("observer" | "timer") => Some(StatKind::Observer),
-                Some(other) => {
-                    return Err(format!(
-                        "{at}: match_metric_type {other:?}: counter, gauge or observer"
-                    ))
-                }
-            };
-            if let Some(s) = m.scale.filter(|s| !s.is_finite()) {
-                return Err(format!("{at}: scale {s}: not a number"));
-            }
-            let buckets = m.histogram_options.and_then(|h| h.buckets).or(m.buckets);
-            if let Some(b) = &buckets {
-                buckets_ok(b).map_err(|e| format!("{at}: {e}"))?;
-            }
-            let observer = m
-                .observer_type
-                .or(m.timer_type)
-                .filter(|t| *t != ObserverType::Unset);
-            let entry = Mapping {
-                pattern: Vec::new(),
-                name,
-                labels: m.labels,
-                kind,
-                drop,
-                observer,
-                buckets,
-                scale: m.scale,
-                help: m.help,
-            };
-            match m.match_type.as_deref().unwrap_or(&default_match) {
+            let (pattern_text, match_type) = (m.pattern.clone(), m.match_type.clone());
+            let entry = mapping_entry(&at, m)?;
+            match match_type.as_deref().unwrap_or(&default_match) {
                 "glob" | "" => {
-                    let pattern: Vec<String> = m.pattern.split('.').map(str::to_string).collect();
+                    let pattern: Vec<String> =
+                        pattern_text.split('.').map(str::to_string).collect();
                     if pattern
                         .iter()
                         .any(|c| c.is_empty() || (c.contains('*') && c != "*"))
@@ -281,7 +289,7 @@ impl StatsdMapping {
                     mapping.globs.push(Mapping { pattern, ..entry });
                 }
                 "regex" => {
-                    let re = Regex::new(&m.pattern).map_err(|e| format!("{at}: {e}"))?;
+                    let re = Regex::new(&pattern_text).map_err(|e| format!("{at}: {e}"))?;
                     mapping.regexes.push((re, entry));
                 }
                 other => return Err(format!("{at}: match_type {other:?}: glob or regex")),
