@@ -161,7 +161,10 @@ impl Health {
         if sent < self.recovered_at.load(Ordering::Acquire) {
             return;
         }
-        let probe = self.clock.now_us() + self.probe_interval.as_micros() as u64;
+        // The next probe is one interval after this call was sent, not after it failed:
+        // a probe that times out (250 ms) must not stretch the interval, or a healed
+        // Redis waits interval + timeout for its next probe.
+        let probe = sent + self.probe_interval.as_micros() as u64;
         self.next_probe.store(probe, Ordering::Relaxed);
         if self.failing.load(Ordering::Acquire) {
             return;
