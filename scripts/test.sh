@@ -17,7 +17,8 @@ fi
 # Property tests: 400 cases per property by default; PROPTEST_CASES=100000 for a soak.
 export PROPTEST_CASES="${PROPTEST_CASES:-400}"
 
-# Module imports point one way in every crate (no cycles).
+# Module imports point one way in every crate (no cycles), and crates depend only on
+# crates below them.
 python3 scripts/import-graph.py
 # The Redis suites load the tollgate module into their servers (--loadmodule): built
 # first, its path given to them.

@@ -8,9 +8,9 @@
 //! without the admin token; admin forms need a session opened with it and carry
 //! its form token back. Every asset is inside the binary.
 //!
-//! It reads the decision service and the offline tools' engine (the try page), over
-//! the runtime; the binary mounts it on `serve` and on the proxy, and nothing below
-//! the binary imports it.
+//! It reads the decision service and the offline tools' engine (the try page); the
+//! binary mounts it on `serve` and on the proxy, and nothing below the binary
+//! imports it.
 
 #![forbid(unsafe_code)]
 

@@ -1,5 +1,6 @@
-//! What tollgate's servers run on, below the decision service, the proxy and the
-//! console: it may use the `tollgate` library, never the parts that run on it.
+//! What tollgate's parts run on, below the decision service, the proxy, the offline
+//! tools and the load generators: it may use the `tollgate` library, never the parts
+//! that run on it.
 //!
 //! Modules, with imports pointing one way (down this list, never up):
 //!

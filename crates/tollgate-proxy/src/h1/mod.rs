@@ -11,7 +11,8 @@
 //! `100-continue`) is handed with the rest of the connection to hyper, from that
 //! request on (see `server`), so every request gets the same answer either way.
 //!
-//! The upstream side keeps its own HTTP/1.1 connections per worker ([`Upstreams`]).
+//! The upstream side keeps its own HTTP/1.1 connections per worker
+//! ([`UpstreamPool`](crate::upstream::UpstreamPool)).
 //! A kept connection the upstream closed while idle is found when it is taken (for a
 //! request that cannot be sent twice) or when its answer is an immediate end (a
 //! request without a body and of an idempotent method is then sent on the next).
