@@ -45,15 +45,7 @@ pub struct UpstreamArgs {
 /// `service x max(1, n / capacity)`, `n` the requests in flight as it arrives (a
 /// processor shared by the requests in flight).
 pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
-    if args.capacity == 0 {
-        anyhow::bail!("--capacity must be at least 1");
-    }
-    if !(0.0..=0.9).contains(&args.jitter) {
-        anyhow::bail!(
-            "--jitter {}: expected a fraction from 0 to 0.9",
-            args.jitter
-        );
-    }
+    tollgate_offline::overload::check_service(args.capacity, args.jitter)?;
     let capacity = Arc::new(AtomicU32::new(args.capacity));
     let in_flight = Arc::new(AtomicU32::new(0));
     if let Some(Schedule(schedule)) = args.schedule {

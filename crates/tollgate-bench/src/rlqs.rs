@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -129,7 +130,7 @@ pub struct QuotaClient {
     reports: mpsc::UnboundedSender<RateLimitQuotaUsageReports>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Assignments received, in all.
-    pub received: Arc<std::sync::atomic::AtomicU64>,
+    pub received: Arc<AtomicU64>,
     /// Why the stream ended, once it has (`None` while it runs).
     ended: Arc<Mutex<Option<String>>>,
 }
@@ -141,6 +142,104 @@ fn key(bucket: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect();
     k.sort();
     k
+}
+
+/// The stream's reader: sends what `outbound` yields, applies each assignment that
+/// comes back to its bucket (counted in `received`), forgets abandoned buckets, and
+/// says in `ended` why the stream ended.
+async fn read_assignments(
+    mut client: RateLimitQuotaServiceClient<tonic::transport::Channel>,
+    outbound: impl futures_util::Stream<Item = RateLimitQuotaUsageReports> + Send + 'static,
+    buckets: Buckets,
+    received: Arc<AtomicU64>,
+    ended: Arc<Mutex<Option<String>>>,
+) {
+    let end = |why: String| *ended.lock().unwrap() = Some(why);
+    let mut inbound = match client.stream_rate_limit_quotas(outbound).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => return end(status.to_string()),
+    };
+    loop {
+        let actions = match inbound.message().await {
+            Ok(Some(RateLimitQuotaResponse { bucket_action })) => bucket_action,
+            Ok(None) => return end("the server ended the stream".into()),
+            Err(status) => return end(status.to_string()),
+        };
+        let now = Instant::now();
+        let mut buckets = buckets.lock().unwrap();
+        for a in actions {
+            let Some(id) = a.bucket_id else { continue };
+            let mut k: Vec<(String, String)> = id.bucket.into_iter().collect();
+            k.sort();
+            match a.bucket_action {
+                Some(Action::QuotaAssignmentAction(q)) => {
+                    // Envoy counts the time to live in whole seconds.
+                    let ttl = q
+                        .assignment_time_to_live
+                        .map_or(Duration::MAX / 4, |d| Duration::from_secs(d.seconds as u64));
+                    let strategy = q
+                        .rate_limit_strategy
+                        .and_then(|s| s.strategy)
+                        .unwrap_or(Strategy::BlanketRule(BlanketRule::AllowAll as i32));
+                    received.fetch_add(1, Ordering::Relaxed);
+                    buckets.entry(k).or_default().apply(strategy, ttl, now);
+                }
+                Some(Action::AbandonAction(_)) => {
+                    buckets.remove(&k);
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// The reporter: every `interval`, each bucket's usage since the last report (the
+/// first report names `domain`), until the stream is gone.
+async fn report_usage(
+    buckets: Buckets,
+    reports: mpsc::UnboundedSender<RateLimitQuotaUsageReports>,
+    domain: String,
+    interval: Duration,
+) {
+    let mut last = Instant::now();
+    let mut first = true;
+    loop {
+        tokio::time::sleep(interval).await;
+        let now = Instant::now();
+        let elapsed = now - last;
+        last = now;
+        let usages: Vec<BucketQuotaUsage> = {
+            let mut buckets = buckets.lock().unwrap();
+            buckets
+                .iter_mut()
+                .map(|(k, bucket)| {
+                    let usage = BucketQuotaUsage {
+                        bucket_id: Some(bucket_id(k)),
+                        time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                            seconds: elapsed.as_secs() as i64,
+                            nanos: elapsed.subsec_nanos() as i32,
+                        }),
+                        num_requests_allowed: bucket.allowed,
+                        num_requests_denied: bucket.denied,
+                    };
+                    (bucket.allowed, bucket.denied) = (0, 0);
+                    usage
+                })
+                .collect()
+        };
+        if usages.is_empty() {
+            continue;
+        }
+        let domain = if first { domain.clone() } else { String::new() };
+        first = false;
+        let report = RateLimitQuotaUsageReports {
+            domain,
+            bucket_quota_usages: usages,
+        };
+        if reports.send(report).is_err() {
+            return;
+        }
+    }
 }
 
 fn bucket_id(key: &[(String, String)]) -> BucketId {
@@ -157,7 +256,7 @@ impl QuotaClient {
         domain: &str,
         interval: Duration,
     ) -> Result<QuotaClient, tonic::transport::Error> {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}")).await?;
+        let client = RateLimitQuotaServiceClient::connect(format!("http://{addr}")).await?;
         let (reports, rx) = mpsc::unbounded_channel::<RateLimitQuotaUsageReports>();
         let outbound =
             futures_util::stream::unfold(
@@ -165,100 +264,21 @@ impl QuotaClient {
                 |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
             );
         let buckets: Buckets = Arc::default();
-        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (b, r) = (buckets.clone(), received.clone());
+        let received = Arc::new(AtomicU64::new(0));
         let ended: Arc<Mutex<Option<String>>> = Arc::default();
-        let end = ended.clone();
-        let reader = tokio::spawn(async move {
-            let response = match client.stream_rate_limit_quotas(outbound).await {
-                Ok(r) => r,
-                Err(status) => {
-                    *end.lock().unwrap() = Some(status.to_string());
-                    return;
-                }
-            };
-            let mut inbound = response.into_inner();
-            loop {
-                let bucket_action = match inbound.message().await {
-                    Ok(Some(RateLimitQuotaResponse { bucket_action })) => bucket_action,
-                    Ok(None) => {
-                        *end.lock().unwrap() = Some("the server ended the stream".into());
-                        return;
-                    }
-                    Err(status) => {
-                        *end.lock().unwrap() = Some(status.to_string());
-                        return;
-                    }
-                };
-                let now = Instant::now();
-                let mut buckets = b.lock().unwrap();
-                for a in bucket_action {
-                    let Some(id) = a.bucket_id else { continue };
-                    let mut k: Vec<(String, String)> = id.bucket.into_iter().collect();
-                    k.sort();
-                    match a.bucket_action {
-                        Some(Action::QuotaAssignmentAction(q)) => {
-                            // Envoy counts the time to live in whole seconds.
-                            let ttl = q.assignment_time_to_live.map_or(Duration::MAX / 4, |d| {
-                                Duration::from_secs(d.seconds as u64)
-                            });
-                            let strategy = q
-                                .rate_limit_strategy
-                                .and_then(|s| s.strategy)
-                                .unwrap_or(Strategy::BlanketRule(BlanketRule::AllowAll as i32));
-                            r.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            buckets.entry(k).or_default().apply(strategy, ttl, now);
-                        }
-                        Some(Action::AbandonAction(_)) => {
-                            buckets.remove(&k);
-                        }
-                        None => {}
-                    }
-                }
-            }
-        });
-        let (b, tx, domain) = (buckets.clone(), reports.clone(), domain.to_string());
-        let reporter = tokio::spawn(async move {
-            let mut last = Instant::now();
-            let mut first = true;
-            loop {
-                tokio::time::sleep(interval).await;
-                let now = Instant::now();
-                let elapsed = now - last;
-                last = now;
-                let usages: Vec<BucketQuotaUsage> = {
-                    let mut buckets = b.lock().unwrap();
-                    buckets
-                        .iter_mut()
-                        .map(|(k, bucket)| {
-                            let usage = BucketQuotaUsage {
-                                bucket_id: Some(bucket_id(k)),
-                                time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
-                                    seconds: elapsed.as_secs() as i64,
-                                    nanos: elapsed.subsec_nanos() as i32,
-                                }),
-                                num_requests_allowed: bucket.allowed,
-                                num_requests_denied: bucket.denied,
-                            };
-                            (bucket.allowed, bucket.denied) = (0, 0);
-                            usage
-                        })
-                        .collect()
-                };
-                if usages.is_empty() {
-                    continue;
-                }
-                let domain = if first { domain.clone() } else { String::new() };
-                first = false;
-                let report = RateLimitQuotaUsageReports {
-                    domain,
-                    bucket_quota_usages: usages,
-                };
-                if tx.send(report).is_err() {
-                    return;
-                }
-            }
-        });
+        let reader = tokio::spawn(read_assignments(
+            client,
+            outbound,
+            buckets.clone(),
+            received.clone(),
+            ended.clone(),
+        ));
+        let reporter = tokio::spawn(report_usage(
+            buckets.clone(),
+            reports.clone(),
+            domain.to_string(),
+            interval,
+        ));
         Ok(QuotaClient {
             buckets,
             reports,
@@ -398,12 +418,12 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
                     }
                 }
                 if Instant::now() >= warm {
-                    totals[0].fetch_add(allowed, std::sync::atomic::Ordering::Relaxed);
-                    totals[1].fetch_add(denied, std::sync::atomic::Ordering::Relaxed);
+                    totals[0].fetch_add(allowed, Ordering::Relaxed);
+                    totals[1].fetch_add(denied, Ordering::Relaxed);
                 }
                 next += STEP;
             }
-            let received = client.received.load(std::sync::atomic::Ordering::Relaxed);
+            let received = client.received.load(Ordering::Relaxed);
             (received, client.ended(), client.blankets())
         }));
     }
@@ -425,7 +445,7 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
         eprintln!("tollgate bench rlqs: {errors} streams ended early; the first: {e}");
     }
     let secs = args.duration.as_secs_f64();
-    let total = |i: usize| totals[i].load(std::sync::atomic::Ordering::Relaxed) as f64 / secs;
+    let total = |i: usize| totals[i].load(Ordering::Relaxed) as f64 / secs;
     println!(
         "admitted/s: {:.0} denied/s: {:.0} assignments/s: {:.0} envoys: {} buckets: {} errors: {}",
         total(0),
@@ -439,7 +459,7 @@ pub async fn fleet(args: RlqsArgs) -> anyhow::Result<()> {
 }
 
 /// Admitted and denied, counted after the warm-up.
-type Totals = [std::sync::atomic::AtomicU64; 2];
+type Totals = [AtomicU64; 2];
 
 /// Each second counted, on stderr: what the fleet admitted and denied in it.
 async fn print_seconds(totals: Arc<Totals>, warm: Instant, end: Instant) {
@@ -447,9 +467,7 @@ async fn print_seconds(totals: Arc<Totals>, warm: Instant, end: Instant) {
     while at + Duration::from_secs(1) <= end {
         at += Duration::from_secs(1);
         tokio::time::sleep_until(at).await;
-        let now = totals
-            .each_ref()
-            .map(|t| t.load(std::sync::atomic::Ordering::Relaxed));
+        let now = totals.each_ref().map(|t| t.load(Ordering::Relaxed));
         eprintln!(
             "tollgate bench rlqs: second {}: admitted {} denied {}",
             (at - warm).as_secs(),

@@ -28,18 +28,21 @@ pub fn parse(text: &str) -> Vec<Sample> {
     text.lines().filter_map(sample).collect()
 }
 
+/// What opens and closes a sample's label set.
+const LABELS: (char, char) = ('{', '}');
+
 fn sample(line: &str) -> Option<Sample> {
     if line.starts_with('#') || line.trim().is_empty() {
         return None;
     }
-    let name_end = line.find(['{', ' '])?;
+    let name_end = line.find([LABELS.0, ' '])?;
     let name = line[..name_end].to_string();
     let mut rest = &line[name_end..];
     let mut labels = Vec::new();
-    if let Some(inner) = rest.strip_prefix('{') {
+    if let Some(inner) = rest.strip_prefix(LABELS.0) {
         rest = inner;
         loop {
-            if let Some(after) = rest.strip_prefix('}') {
+            if let Some(after) = rest.strip_prefix(LABELS.1) {
                 rest = after;
                 break;
             }

@@ -12,6 +12,8 @@
 use std::path::Path;
 
 use anyhow::{bail, Context};
+use plotters::chart::DualCoordChartContext;
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -288,6 +290,13 @@ where
     Ok(())
 }
 
+/// A panel's primary axes: seconds by rate.
+type Axes<'a, DB> = ChartContext<'a, DB, Seconds>;
+/// A panel with its secondary axis (the mean wait).
+type DualAxes<'a, DB> = DualCoordChartContext<'a, DB, Seconds, Seconds>;
+/// Seconds along, a figure up.
+type Seconds = Cartesian2d<RangedCoordf64, RangedCoordf64>;
+
 /// Draws one policy's panel; returns its legend.
 fn draw_panel<DB: DrawingBackend>(
     plot: &DrawingArea<DB, Shift>,
@@ -341,32 +350,63 @@ where
         )))
         .map_err(err)?;
     let mut legend = vec![(text, Swatch::Area(shade))];
+    if let Some(promise) = data.promise {
+        draw_promise(&mut chart, plan, promise, &mut legend)?;
+    }
+    draw_counts(&mut chart, data, wmax, &mut legend)?;
+    Ok(legend)
+}
+
+/// Draws what the policy promises: its envelope (dashed) and its long-run rate.
+fn draw_promise<DB: DrawingBackend>(
+    chart: &mut Axes<'_, DB>,
+    plan: &Plan,
+    (envelope, rate): (f64, f64),
+    legend: &mut Vec<(String, Swatch)>,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let seconds = plan.seconds;
     // What the policy promises in the window (its envelope: no window of admissions
     // rises above it), and its rate over the long run: drawn first, so that the
     // admitted line stays visible where it meets them.
-    if let Some((envelope, rate)) = data.promise {
-        let navy = RGBColor(30, 60, 180);
-        for (y, dashed, name) in [
-            (envelope, true, "promise: the most it may admit in a window"),
-            (rate, false, "its rate over the long run"),
-        ] {
-            let line = vec![(0.0, y), (seconds, y)];
-            if dashed {
-                chart
-                    .draw_series(DashedLineSeries::new(line, 8, 5, navy.stroke_width(2)))
-                    .map_err(err)?;
-            } else {
-                chart
-                    .draw_series(LineSeries::new(line, navy.stroke_width(1)))
-                    .map_err(err)?;
-            }
-            let name = match plan.keys {
-                1 => name.to_string(),
-                n => format!("{name} ({n} keys)"),
-            };
-            legend.push((name, Swatch::Line(navy, dashed)));
+    let navy = RGBColor(30, 60, 180);
+    for (y, dashed, name) in [
+        (envelope, true, "promise: the most it may admit in a window"),
+        (rate, false, "its rate over the long run"),
+    ] {
+        let line = vec![(0.0, y), (seconds, y)];
+        if dashed {
+            chart
+                .draw_series(DashedLineSeries::new(line, 8, 5, navy.stroke_width(2)))
+                .map_err(err)?;
+        } else {
+            chart
+                .draw_series(LineSeries::new(line, navy.stroke_width(1)))
+                .map_err(err)?;
         }
+        let name = match plan.keys {
+            1 => name.to_string(),
+            n => format!("{name} ({n} keys)"),
+        };
+        legend.push((name, Swatch::Line(navy, dashed)));
     }
+    Ok(())
+}
+
+/// Draws the counts: rejected (an area), offered and admitted (lines) and, when
+/// any request waited, the mean wait on the right axis.
+fn draw_counts<DB: DrawingBackend>(
+    chart: &mut DualAxes<'_, DB>,
+    data: &PanelData,
+    wmax: f64,
+    legend: &mut Vec<(String, Swatch)>,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let count = &data.count;
     let rejected_color = RGBColor(210, 40, 40);
     chart
         .draw_series(AreaSeries::new(
@@ -409,7 +449,7 @@ where
             Swatch::Line(purple, false),
         ));
     }
-    Ok(legend)
+    Ok(())
 }
 
 /// How the densest window of the policy's own length is shaded, and its legend:

@@ -229,6 +229,18 @@ struct World<'a> {
     out: Outcomes,
 }
 
+/// The modelled service's `--capacity` (at least 1) and `--jitter` (a fraction from
+/// 0 to 0.9), checked as `simulate` and `bench upstream` take them.
+pub fn check_service(capacity: u32, jitter: f64) -> anyhow::Result<()> {
+    if capacity == 0 {
+        anyhow::bail!("--capacity must be at least 1");
+    }
+    if !(0.0..=0.9).contains(&jitter) {
+        anyhow::bail!("--jitter {jitter}: expected a fraction from 0 to 0.9");
+    }
+    Ok(())
+}
+
 /// Runs `model` through `limit`.
 pub fn simulate(model: &Model, limit: &SimulatedLimit) -> Outcomes {
     let gate = match limit {

@@ -287,15 +287,7 @@ fn closed_loop(args: SimulateArgs) -> anyhow::Result<()> {
     for spec in &args.adaptive {
         limits.push(SimulatedLimit::Adaptive(spec.parse()?));
     }
-    if args.capacity == 0 {
-        anyhow::bail!("--capacity must be at least 1");
-    }
-    if !(0.0..=0.9).contains(&args.jitter) {
-        anyhow::bail!(
-            "--jitter {}: expected a fraction from 0 to 0.9",
-            args.jitter
-        );
-    }
+    crate::overload::check_service(args.capacity, args.jitter)?;
     let model = Model {
         capacity: args.capacity,
         service_us: us(args.service).max(1),

@@ -77,91 +77,48 @@ impl Reloads {
 
 /// The metrics text for the routes in `table`.
 pub(super) fn render(table: &RouteTable, about: &About) -> String {
-    let gauge = || Family::<Labels, Gauge>::default();
-    let counter = || Family::<Labels, Counter>::default();
-    let (limit, in_flight, queued) = (gauge(), gauge(), gauge());
-    let f64_gauge = || Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-    let (baseline, latency, delay) = (f64_gauge(), f64_gauge(), f64_gauge());
-    let (admitted, shed, shed_by_priority) = (counter(), counter(), counter());
-    let (used, responses, requests) = (counter(), counter(), counter());
-    let mut upstream_times = Vec::new();
-    for route in table.routes() {
-        // The usual answers are there from the start at 0, so that a share of them
-        // (429s among all) has a series before the first one.
-        for code in [200, 429, 503] {
-            let labels = vec![("route", route.name.clone()), ("code", code.to_string())];
-            let _ = requests.get_or_create(&labels);
-        }
-        for (code, n) in route.stats.codes() {
-            let labels = vec![("route", route.name.clone()), ("code", code.to_string())];
-            requests.get_or_create(&labels).inc_by(n);
-        }
-        upstream_times.push((route.name.clone(), route.stats.upstream_times()));
-        if let Some(cost) = &route.limits.cost {
-            let r = vec![("route", route.name.clone())];
-            used.get_or_create(&r).inc_by(cost.used.load(Relaxed));
-            for (outcome, n) in super::cost::OUTCOMES.iter().zip(&cost.outcomes) {
-                let mut l = r.clone();
-                l.push(("outcome", outcome.to_string()));
-                responses.get_or_create(&l).inc_by(n.load(Relaxed));
-            }
-        }
-        let Some(adaptive) = &route.adaptive else {
-            continue;
-        };
-        let s = adaptive.stats();
-        let r = || vec![("route", route.name.clone())];
-        let with = |k: &'static str, v: &str| {
-            let mut l = r();
-            l.push((k, v.to_string()));
-            l
-        };
-        limit.get_or_create(&r()).set(i64::from(s.limit));
-        in_flight.get_or_create(&r()).set(i64::from(s.in_flight));
-        queued.get_or_create(&r()).set(i64::from(s.queued));
-        let seconds = |us: Option<u64>| us.map_or(f64::NAN, |us| us as f64 / 1e6);
-        baseline.get_or_create(&r()).set(seconds(s.baseline_us));
-        latency.get_or_create(&r()).set(seconds(s.last_mean_us));
-        delay.get_or_create(&r()).set(seconds(s.queue_delay_us));
-        admitted.get_or_create(&r()).inc_by(s.admitted);
-        let reasons = [
-            ("busy", s.shed.busy),
-            ("queue_full", s.shed.queue_full),
-            ("queue_delay", s.shed.queue_delay),
-            ("max_wait", s.shed.max_wait),
-            ("outranked", s.shed.outranked),
-        ];
-        for (reason, n) in reasons {
-            shed.get_or_create(&with("reason", reason)).inc_by(n);
-        }
-        for (class, n) in ["sheddable", "normal", "critical"]
-            .iter()
-            .zip(s.shed_by_class)
-        {
-            shed_by_priority
-                .get_or_create(&with("priority", class))
-                .inc_by(n);
-        }
-    }
     let mut root = Registry::default();
+    let upstream_times = (table.routes().iter())
+        .map(|route| (route.name.clone(), route.stats.upstream_times()))
+        .collect();
     root.register_collector(Box::new(UpstreamTimes(upstream_times)));
     if let Some(store) = &about.redis {
-        let calls = RedisCalls::of(vec![("main", store.call_stats())]);
-        root.register_collector(Box::new(calls));
-        let mut stats = tollgate::redis::RedisStats::default();
-        for route in table.routes() {
-            stats += route.limits.redis_stats();
-        }
-        let events = gauge();
-        set_events(&events, &redis_events_of(&stats));
-        root.register(
-            "tollgate_redis_events",
-            "The Redis store's events, summed over the routes in force: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries since they were made; failing is 1 while Redis fails",
-            events,
-        );
+        register_redis(&mut root, table, store);
     }
     let registry = tollgate_runtime::process_metrics::register(&mut root, "tollgate_proxy");
-    let days = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    register_listeners(registry, about);
+    RouteFamilies::of(table).register(registry);
+    AdaptiveFamilies::of(table).register(registry);
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &root);
+    out
+}
+
+type Gauges = Family<Labels, Gauge>;
+type Counters = Family<Labels, Counter>;
+type F64Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
+
+/// The Redis store's calls and events, summed over the routes in force.
+fn register_redis(root: &mut Registry, table: &RouteTable, store: &tollgate::redis::RedisStore) {
+    let calls = RedisCalls::of(vec![("main", store.call_stats())]);
+    root.register_collector(Box::new(calls));
+    let mut stats = tollgate::redis::RedisStats::default();
+    for route in table.routes() {
+        stats += route.limits.redis_stats();
+    }
+    let events = Gauges::default();
+    set_events(&events, &redis_events_of(&stats));
+    root.register(
+        "tollgate_redis_events",
+        "The Redis store's events, summed over the routes in force: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries since they were made; failing is 1 while Redis fails",
+        events,
+    );
+}
+
+/// The listeners' certificates and the configuration's reloads.
+fn register_listeners(registry: &mut Registry, about: &About) {
+    let days = F64Gauges::default();
     for (listener, tls) in &about.listeners {
         let labels = vec![("listener", listener.to_string())];
         days.get_or_create(&labels)
@@ -172,7 +129,7 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
         "Days until each TLS listener's certificate expires (negative once it has), by listener",
         days,
     );
-    let reloads = counter();
+    let reloads = Counters::default();
     for (result, n) in [("ok", &about.reloads.ok), ("failed", &about.reloads.failed)] {
         let labels = vec![("result", result.to_string())];
         reloads.get_or_create(&labels).inc_by(n.load(Relaxed));
@@ -189,62 +146,161 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
         "1 while the last configuration reload was put in force (or none was tried), 0 after one was rejected",
         last_ok,
     );
-    registry.register(
-        "requests",
-        "Requests a route matched, by the status answered (the upstream's, or the proxy's own: 429 and 503 from the route's limits, 502 and 504 for the upstream)",
-        requests,
-    );
-    registry.register(
-        "cost_usage_units",
-        "Units the requests of cost: routes used: the usage reported, or the estimate (max-debt may forgive part of a charge)",
-        used,
-    );
-    registry.register(
-        "cost_responses",
-        "Responses under cost:, by how their usage was found (missing and invalid are charged the estimate)",
-        responses,
-    );
-    registry.register(
-        "adaptive_limit",
-        "The route's adaptive concurrency limit now",
-        limit,
-    );
-    registry.register(
-        "adaptive_in_flight",
-        "Requests holding a permit now",
-        in_flight,
-    );
-    registry.register(
-        "adaptive_queued",
-        "Requests waiting for a permit now",
-        queued,
-    );
-    registry.register(
-        "adaptive_baseline_seconds",
-        "The unloaded latency the limit is measured against",
-        baseline,
-    );
-    registry.register(
-        "adaptive_latency_seconds",
-        "The trimmed mean latency of the last window",
-        latency,
-    );
-    registry.register(
-        "adaptive_queue_delay_seconds",
-        "The queueing-delay target now",
-        delay,
-    );
-    registry.register("adaptive_admitted", "Requests granted a permit", admitted);
-    registry.register("adaptive_shed", "Requests shed, by reason", shed);
-    registry.register(
-        "adaptive_shed_by_priority",
-        "Requests shed, by priority class",
-        shed_by_priority,
-    );
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = encode(&mut out, &root);
-    out
+}
+
+/// Each route's answers and, under `cost:`, its usage.
+#[derive(Default)]
+struct RouteFamilies {
+    requests: Counters,
+    used: Counters,
+    responses: Counters,
+}
+
+impl RouteFamilies {
+    fn of(table: &RouteTable) -> Self {
+        let f = RouteFamilies::default();
+        for route in table.routes() {
+            // The usual answers are there from the start at 0, so that a share of them
+            // (429s among all) has a series before the first one.
+            for code in [200, 429, 503] {
+                let labels = vec![("route", route.name.clone()), ("code", code.to_string())];
+                let _ = f.requests.get_or_create(&labels);
+            }
+            for (code, n) in route.stats.codes() {
+                let labels = vec![("route", route.name.clone()), ("code", code.to_string())];
+                f.requests.get_or_create(&labels).inc_by(n);
+            }
+            if let Some(cost) = &route.limits.cost {
+                let r = vec![("route", route.name.clone())];
+                f.used.get_or_create(&r).inc_by(cost.used.load(Relaxed));
+                for (outcome, n) in super::cost::OUTCOMES.iter().zip(&cost.outcomes) {
+                    let mut l = r.clone();
+                    l.push(("outcome", outcome.to_string()));
+                    f.responses.get_or_create(&l).inc_by(n.load(Relaxed));
+                }
+            }
+        }
+        f
+    }
+
+    fn register(self, registry: &mut Registry) {
+        registry.register(
+            "requests",
+            "Requests a route matched, by the status answered (the upstream's, or the proxy's own: 429 and 503 from the route's limits, 502 and 504 for the upstream)",
+            self.requests,
+        );
+        registry.register(
+            "cost_usage_units",
+            "Units the requests of cost: routes used: the usage reported, or the estimate (max-debt may forgive part of a charge)",
+            self.used,
+        );
+        registry.register(
+            "cost_responses",
+            "Responses under cost:, by how their usage was found (missing and invalid are charged the estimate)",
+            self.responses,
+        );
+    }
+}
+
+/// The adaptive limits of the routes that have one.
+#[derive(Default)]
+struct AdaptiveFamilies {
+    limit: Gauges,
+    in_flight: Gauges,
+    queued: Gauges,
+    baseline: F64Gauges,
+    latency: F64Gauges,
+    delay: F64Gauges,
+    admitted: Counters,
+    shed: Counters,
+    shed_by_priority: Counters,
+}
+
+impl AdaptiveFamilies {
+    fn of(table: &RouteTable) -> Self {
+        let f = AdaptiveFamilies::default();
+        for route in table.routes() {
+            let Some(adaptive) = &route.adaptive else {
+                continue;
+            };
+            let s = adaptive.stats();
+            let r = || vec![("route", route.name.clone())];
+            let with = |k: &'static str, v: &str| {
+                let mut l = r();
+                l.push((k, v.to_string()));
+                l
+            };
+            f.limit.get_or_create(&r()).set(i64::from(s.limit));
+            f.in_flight.get_or_create(&r()).set(i64::from(s.in_flight));
+            f.queued.get_or_create(&r()).set(i64::from(s.queued));
+            let seconds = |us: Option<u64>| us.map_or(f64::NAN, |us| us as f64 / 1e6);
+            f.baseline.get_or_create(&r()).set(seconds(s.baseline_us));
+            f.latency.get_or_create(&r()).set(seconds(s.last_mean_us));
+            f.delay.get_or_create(&r()).set(seconds(s.queue_delay_us));
+            f.admitted.get_or_create(&r()).inc_by(s.admitted);
+            let reasons = [
+                ("busy", s.shed.busy),
+                ("queue_full", s.shed.queue_full),
+                ("queue_delay", s.shed.queue_delay),
+                ("max_wait", s.shed.max_wait),
+                ("outranked", s.shed.outranked),
+            ];
+            for (reason, n) in reasons {
+                f.shed.get_or_create(&with("reason", reason)).inc_by(n);
+            }
+            for (class, n) in ["sheddable", "normal", "critical"]
+                .iter()
+                .zip(s.shed_by_class)
+            {
+                (f.shed_by_priority.get_or_create(&with("priority", class))).inc_by(n);
+            }
+        }
+        f
+    }
+
+    fn register(self, registry: &mut Registry) {
+        registry.register(
+            "adaptive_limit",
+            "The route's adaptive concurrency limit now",
+            self.limit,
+        );
+        registry.register(
+            "adaptive_in_flight",
+            "Requests holding a permit now",
+            self.in_flight,
+        );
+        registry.register(
+            "adaptive_queued",
+            "Requests waiting for a permit now",
+            self.queued,
+        );
+        registry.register(
+            "adaptive_baseline_seconds",
+            "The unloaded latency the limit is measured against",
+            self.baseline,
+        );
+        registry.register(
+            "adaptive_latency_seconds",
+            "The trimmed mean latency of the last window",
+            self.latency,
+        );
+        registry.register(
+            "adaptive_queue_delay_seconds",
+            "The queueing-delay target now",
+            self.delay,
+        );
+        registry.register(
+            "adaptive_admitted",
+            "Requests granted a permit",
+            self.admitted,
+        );
+        registry.register("adaptive_shed", "Requests shed, by reason", self.shed);
+        registry.register(
+            "adaptive_shed_by_priority",
+            "Requests shed, by priority class",
+            self.shed_by_priority,
+        );
+    }
 }
 
 /// Each route's upstream times: `tollgate_proxy_upstream_duration_seconds{route}`.

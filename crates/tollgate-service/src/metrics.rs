@@ -114,145 +114,11 @@ impl Metrics {
     /// The metrics, with hits past `near_limit_ratio` (0 to 1) of a limit counted as
     /// near it.
     pub fn new(near_limit_ratio: f32) -> Self {
-        let mut root = Registry::default();
-        let registry = tollgate_runtime::process_metrics::register(&mut root, "tollgate");
-        let decisions = Family::<Labels, Counter>::default();
-        registry.register(
-            "decisions",
-            "Decisions by domain, rule (descriptor path) and outcome",
-            decisions.clone(),
-        );
-        let hits = Family::<Labels, Counter>::default();
-        registry.register(
-            "rate_limit_hits",
-            "Hits by domain, rule and stat, as envoyproxy/ratelimit's per-descriptor statistics: total_hits, within_limit, near_limit (admitted past the near-limit ratio), over_limit, shadow_mode (over the limit, admitted by shadow mode)",
-            hits.clone(),
-        );
-        let global_shadow = Counter::default();
-        registry.register(
-            "global_shadow_mode",
-            "Requests over the limit answered OK by the global shadow mode",
-            global_shadow.clone(),
-        );
-        let latency = Histogram::new(exponential_buckets(1e-6, 2.0, 20));
-        registry.register(
-            "decision_duration_seconds",
-            "Time to decide one request (all its descriptors)",
-            latency.clone(),
-        );
-        let reloads = Family::<Labels, Counter>::default();
-        registry.register(
-            "config_reloads",
-            "Rule reloads by result (ok, failed)",
-            reloads.clone(),
-        );
-        // At 0 from the start, so that `increase()` sees the first failure.
-        for result in ["ok", "failed"] {
-            let _ = reloads.get_or_create(&vec![("result", result.to_string())]);
-        }
-        let last_reload_ok = Gauge::default();
-        last_reload_ok.set(1);
-        registry.register(
-            "config_last_reload_successful",
-            "1 while the last rule reload was put in force (or none was tried), 0 after one was rejected",
-            last_reload_ok.clone(),
-        );
-        let keys = Family::<Labels, Gauge>::default();
-        registry.register("keys", "Counters held, by domain and rule", keys.clone());
-        let redis = Family::<Labels, Gauge>::default();
-        registry.register(
-            "redis_events",
-            "Redis store events since start: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries; failing is 1 while Redis fails; quota_store_errors (RLQS bucket changes that failed), quota_late_assignments (RLQS assignments not sent: decided too long ago); tls_insecure is 1 when a Redis connection skips certificate checks (an insecure_* switch)",
-            redis.clone(),
-        );
-        let redis_nodes = Family::<Labels, Gauge>::default();
-        registry.register(
-            "redis_node_events",
-            "tollgate_redis_events by Redis node (host:port; a single node's is its URL, password hidden): decisions, errors, fallback_decisions, outages, recoveries; failing is 1 while that node fails (for a Cluster, its keys get the failure policy, the other nodes' decide as usual)",
-            redis_nodes.clone(),
-        );
-        let worker_connections = Family::<Labels, Gauge>::default();
-        registry.register(
-            "worker_connections",
-            "Connections each serve worker holds now",
-            worker_connections.clone(),
-        );
-        let worker_moves = Family::<Labels, Gauge>::default();
-        registry.register(
-            "worker_moves_in",
-            "Connections moved onto each worker since start (listen.balance: pack)",
-            worker_moves.clone(),
-        );
-        let worker_busy = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register(
-            "worker_busy_ratio",
-            "Each worker's busy share of the last 100 ms",
-            worker_busy.clone(),
-        );
-        let quota = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register(
-            "quota_bucket",
-            "Each RLQS quota bucket: clients (Envoys reporting or holding a share), \
-             demand_per_second, assigned_per_second and reserved_per_second (of every \
-             server sharing it); for a blanket rule's bucket, streams (this server's \
-             streams reporting on it)",
-            quota.clone(),
-        );
-        let quota_reported = Family::<Labels, Counter>::default();
-        registry.register(
-            "quota_reported_requests",
-            "Requests the reports on each RLQS quota bucket to this server counted, by \
-             outcome (allowed, denied), since the bucket was made here",
-            quota_reported.clone(),
-        );
-        let quota_streams = Gauge::default();
-        registry.register("quota_streams", "RLQS streams open", quota_streams.clone());
-        let certificate_days =
-            Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register(
-            "tls_certificate_expiry_days",
-            "Days until each TLS listener's certificate expires (negative once it has), by listener",
-            certificate_days.clone(),
-        );
-        let xds = Family::<Labels, Gauge>::default();
-        registry.register(
-            "xds_events",
-            "The xDS client (rules from an xDS server), by event: stream_up is 1 while \
-             its stream is open; streams_opened, versions_acked and versions_nacked count \
-             since start",
-            xds.clone(),
-        );
         let calls = Family::<CallLabels, Counter>::default();
-        registry.register(
-            "requests",
-            "Calls answered, by API (grpc, http), method (the gRPC method's name, the \
-             HTTP route) and code (the gRPC status's name, the HTTP status)",
-            calls.clone(),
-        );
         let call_duration =
             Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(1e-6, 2.0, 24))
             });
-        registry.register(
-            "request_duration_seconds",
-            "Time from a call's request to its answer, by API and method (RLQS streams, \
-             which last as long as their Envoy, are not timed)",
-            call_duration.clone(),
-        );
-        let rule_limit = Family::<Labels, Gauge>::default();
-        registry.register(
-            "rule_limit",
-            "Each rule's limit (per policy: the headline limit of its spec), by domain, \
-             rule and policy; divide by tollgate_rule_window_seconds for a rate",
-            rule_limit.clone(),
-        );
-        let rule_window = Family::<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register(
-            "rule_window_seconds",
-            "The time each rule's limit refers to: the window, or how long an empty \
-             bucket takes to refill",
-            rule_window.clone(),
-        );
         let grpc_series = (Method::ALL.iter().map(|m| m.name()).chain(["unknown"]))
             .map(|method| {
                 let ok = [CallCode::Grpc(tonic::Code::Ok)];
@@ -275,37 +141,191 @@ impl Metrics {
                 )
             })
             .collect();
-        let redis_calls = std::sync::Arc::new(RedisCalls::default());
-        root.register_collector(Box::new(redis_calls.clone()));
-        Metrics {
-            redis_calls,
-            envoy: None,
+        let mut m = Metrics {
+            registry: Registry::default(),
+            decisions: Family::default(),
+            hits: Family::default(),
+            global_shadow: Counter::default(),
+            near_limit_ratio,
+            latency: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
+            reloads: Family::default(),
+            last_reload_ok: Gauge::default(),
+            keys: Family::default(),
+            redis: Family::default(),
+            redis_nodes: Family::default(),
+            worker_connections: Family::default(),
+            worker_moves: Family::default(),
+            worker_busy: Family::default(),
+            quota: Family::default(),
+            quota_reported: Family::default(),
+            quota_streams: Gauge::default(),
+            certificate_days: Family::default(),
+            xds: Family::default(),
             calls,
             grpc_series,
             http_series,
-            rule_limit,
-            rule_window,
-            xds,
-            certificate_days,
-            quota,
-            quota_reported,
-            quota_streams,
-            worker_connections,
-            worker_moves,
-            worker_busy,
-            redis,
-            redis_nodes,
-            registry: root,
-            decisions,
-            hits,
-            global_shadow,
-            near_limit_ratio,
-            latency,
-            reloads,
-            last_reload_ok,
-            keys,
+            rule_limit: Family::default(),
+            rule_window: Family::default(),
+            envoy: None,
+            redis_calls: std::sync::Arc::new(RedisCalls::default()),
             scraping: std::sync::Mutex::new(()),
+        };
+        m.last_reload_ok.set(1);
+        // At 0 from the start, so that `increase()` sees the first failure.
+        for result in ["ok", "failed"] {
+            let _ = m
+                .reloads
+                .get_or_create(&vec![("result", result.to_string())]);
         }
+        let mut root = std::mem::take(&mut m.registry);
+        let registry = tollgate_runtime::process_metrics::register(&mut root, "tollgate");
+        m.register_decisions(registry);
+        m.register_redis_and_workers(registry);
+        m.register_quota(registry);
+        m.register_listeners_and_xds(registry);
+        m.register_calls_and_rules(registry, &call_duration);
+        root.register_collector(Box::new(m.redis_calls.clone()));
+        m.registry = root;
+        m
+    }
+
+    /// Decisions, their hits and time, reloads and the counters held.
+    fn register_decisions(&self, registry: &mut Registry) {
+        registry.register(
+            "decisions",
+            "Decisions by domain, rule (descriptor path) and outcome",
+            self.decisions.clone(),
+        );
+        registry.register(
+            "rate_limit_hits",
+            "Hits by domain, rule and stat, as envoyproxy/ratelimit's per-descriptor statistics: total_hits, within_limit, near_limit (admitted past the near-limit ratio), over_limit, shadow_mode (over the limit, admitted by shadow mode)",
+            self.hits.clone(),
+        );
+        registry.register(
+            "global_shadow_mode",
+            "Requests over the limit answered OK by the global shadow mode",
+            self.global_shadow.clone(),
+        );
+        registry.register(
+            "decision_duration_seconds",
+            "Time to decide one request (all its descriptors)",
+            self.latency.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Rule reloads by result (ok, failed)",
+            self.reloads.clone(),
+        );
+        registry.register(
+            "config_last_reload_successful",
+            "1 while the last rule reload was put in force (or none was tried), 0 after one was rejected",
+            self.last_reload_ok.clone(),
+        );
+        registry.register(
+            "keys",
+            "Counters held, by domain and rule",
+            self.keys.clone(),
+        );
+    }
+
+    /// The Redis store's events, overall and by node, and `serve`'s workers.
+    fn register_redis_and_workers(&self, registry: &mut Registry) {
+        registry.register(
+            "redis_events",
+            "Redis store events since start: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries; failing is 1 while Redis fails; quota_store_errors (RLQS bucket changes that failed), quota_late_assignments (RLQS assignments not sent: decided too long ago); tls_insecure is 1 when a Redis connection skips certificate checks (an insecure_* switch)",
+            self.redis.clone(),
+        );
+        registry.register(
+            "redis_node_events",
+            "tollgate_redis_events by Redis node (host:port; a single node's is its URL, password hidden): decisions, errors, fallback_decisions, outages, recoveries; failing is 1 while that node fails (for a Cluster, its keys get the failure policy, the other nodes' decide as usual)",
+            self.redis_nodes.clone(),
+        );
+        registry.register(
+            "worker_connections",
+            "Connections each serve worker holds now",
+            self.worker_connections.clone(),
+        );
+        registry.register(
+            "worker_moves_in",
+            "Connections moved onto each worker since start (listen.balance: pack)",
+            self.worker_moves.clone(),
+        );
+        registry.register(
+            "worker_busy_ratio",
+            "Each worker's busy share of the last 100 ms",
+            self.worker_busy.clone(),
+        );
+    }
+
+    /// The RLQS quota buckets and streams.
+    fn register_quota(&self, registry: &mut Registry) {
+        registry.register(
+            "quota_bucket",
+            "Each RLQS quota bucket: clients (Envoys reporting or holding a share), \
+             demand_per_second, assigned_per_second and reserved_per_second (of every \
+             server sharing it); for a blanket rule's bucket, streams (this server's \
+             streams reporting on it)",
+            self.quota.clone(),
+        );
+        registry.register(
+            "quota_reported_requests",
+            "Requests the reports on each RLQS quota bucket to this server counted, by \
+             outcome (allowed, denied), since the bucket was made here",
+            self.quota_reported.clone(),
+        );
+        registry.register(
+            "quota_streams",
+            "RLQS streams open",
+            self.quota_streams.clone(),
+        );
+    }
+
+    /// The listeners' certificates and the xDS client.
+    fn register_listeners_and_xds(&self, registry: &mut Registry) {
+        registry.register(
+            "tls_certificate_expiry_days",
+            "Days until each TLS listener's certificate expires (negative once it has), by listener",
+            self.certificate_days.clone(),
+        );
+        registry.register(
+            "xds_events",
+            "The xDS client (rules from an xDS server), by event: stream_up is 1 while \
+             its stream is open; streams_opened, versions_acked and versions_nacked count \
+             since start",
+            self.xds.clone(),
+        );
+    }
+
+    /// Calls by API, method and code, and each rule's limits.
+    fn register_calls_and_rules(
+        &self,
+        registry: &mut Registry,
+        call_duration: &Family<MethodLabels, Histogram, fn() -> Histogram>,
+    ) {
+        registry.register(
+            "requests",
+            "Calls answered, by API (grpc, http), method (the gRPC method's name, the \
+             HTTP route) and code (the gRPC status's name, the HTTP status)",
+            self.calls.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time from a call's request to its answer, by API and method (RLQS streams, \
+             which last as long as their Envoy, are not timed)",
+            call_duration.clone(),
+        );
+        registry.register(
+            "rule_limit",
+            "Each rule's limit (per policy: the headline limit of its spec), by domain, \
+             rule and policy; divide by tollgate_rule_window_seconds for a rate",
+            self.rule_limit.clone(),
+        );
+        registry.register(
+            "rule_window_seconds",
+            "The time each rule's limit refers to: the window, or how long an empty \
+             bucket takes to refill",
+            self.rule_window.clone(),
+        );
     }
 }
 

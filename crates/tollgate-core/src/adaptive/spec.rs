@@ -112,86 +112,8 @@ fn parse_inner(spec: &str) -> Res<AdaptiveSpec> {
     };
     let known: Vec<&str> = own.iter().chain(COMMON).copied().collect();
     let p = Params::parse(name, &known, body)?;
-    let number = |key: &str, default: f64, ok: &dyn Fn(f64) -> bool, expected: &str| -> Res<f64> {
-        match p.value(key)? {
-            None => Ok(default),
-            Some(v) => match v.parse::<f64>() {
-                Ok(x) if x.is_finite() && ok(x) => Ok(x),
-                _ => Err(p.bad(key, v, expected)),
-            },
-        }
-    };
-    // One window never cuts below half (MAX_CUT): a smaller factor would not act.
-    let backoff = number(
-        "backoff",
-        0.9,
-        &|x| (0.5..1.0).contains(&x),
-        "expected a factor from 0.5 up to 1 (excluded), such as 0.9",
-    )?;
-    let controller = match name {
-        "gradient" => ControllerKind::Gradient {
-            tolerance: number(
-                "tolerance",
-                1.2,
-                &|x| (1.0..=10.0).contains(&x),
-                "expected a latency ratio from 1 to 10, such as 1.2",
-            )?,
-            backoff,
-        },
-        "aimd" => ControllerKind::Aimd {
-            increase: match limit_count(&p, "increase", 1)? {
-                0 => return Err(p.bad("increase", "0", "expected at least 1")),
-                n => n,
-            },
-            backoff,
-        },
-        _ => {
-            let positive = |x: f64| x > 0.0;
-            let alpha = number(
-                "alpha",
-                3.0,
-                &positive,
-                "expected a positive number such as 3",
-            )?;
-            let beta = number(
-                "beta",
-                6.0,
-                &positive,
-                "expected a positive number such as 6",
-            )?;
-            if alpha >= beta {
-                return Err(format!("vegas: alpha={alpha} must be below beta={beta}"));
-            }
-            ControllerKind::Vegas {
-                alpha,
-                beta,
-                backoff,
-            }
-        }
-    };
-    let min = limit_count(&p, "min", 1)?;
-    let max = limit_count(&p, "max", 1000)?;
-    if min == 0 {
-        return Err(format!("{name}: min=0: the floor must be at least 1"));
-    }
-    if min > max {
-        let default = if p.value("max")?.is_none() {
-            " (the default)"
-        } else {
-            ""
-        };
-        return Err(format!("{name}: min={min} is above max={max}{default}"));
-    }
-    let initial = match p.value("initial")? {
-        None => 4.clamp(min, max),
-        Some(v) => {
-            let n = limit_count(&p, "initial", 0)?;
-            if n < min || n > max {
-                return Err(p.bad("initial", v, &format!("expected {min}..={max} (min..=max)")));
-            }
-            n
-        }
-    };
+    let controller = controller(name, &p)?;
+    let (min, max, initial) = bounds(name, &p)?;
     let queue = limit_count(&p, "queue", 1000)?;
     let queue_delay = match p.value("queue-delay")? {
         None | Some("auto") => QueueDelay::Auto,
@@ -216,6 +138,107 @@ fn parse_inner(spec: &str) -> Res<AdaptiveSpec> {
         queue_delay,
         baseline_window_us,
     })
+}
+
+/// Controller `name`'s own parameters, and the `backoff` they share.
+fn controller(name: &str, p: &Params) -> Res<ControllerKind> {
+    // One window never cuts below half (MAX_CUT): a smaller factor would not act.
+    let backoff = number(
+        p,
+        "backoff",
+        0.9,
+        |x| (0.5..1.0).contains(&x),
+        "expected a factor from 0.5 up to 1 (excluded), such as 0.9",
+    )?;
+    Ok(match name {
+        "gradient" => ControllerKind::Gradient {
+            tolerance: number(
+                p,
+                "tolerance",
+                1.2,
+                |x| (1.0..=10.0).contains(&x),
+                "expected a latency ratio from 1 to 10, such as 1.2",
+            )?,
+            backoff,
+        },
+        "aimd" => ControllerKind::Aimd {
+            increase: match limit_count(p, "increase", 1)? {
+                0 => return Err(p.bad("increase", "0", "expected at least 1")),
+                n => n,
+            },
+            backoff,
+        },
+        _ => {
+            let positive = |x: f64| x > 0.0;
+            let alpha = number(
+                p,
+                "alpha",
+                3.0,
+                positive,
+                "expected a positive number such as 3",
+            )?;
+            let beta = number(
+                p,
+                "beta",
+                6.0,
+                positive,
+                "expected a positive number such as 6",
+            )?;
+            if alpha >= beta {
+                return Err(format!("vegas: alpha={alpha} must be below beta={beta}"));
+            }
+            ControllerKind::Vegas {
+                alpha,
+                beta,
+                backoff,
+            }
+        }
+    })
+}
+
+/// The limit's floor, ceiling and starting value: `min`, `max` and `initial`.
+fn bounds(name: &str, p: &Params) -> Res<(u32, u32, u32)> {
+    let min = limit_count(p, "min", 1)?;
+    let max = limit_count(p, "max", 1000)?;
+    if min == 0 {
+        return Err(format!("{name}: min=0: the floor must be at least 1"));
+    }
+    if min > max {
+        let default = if p.value("max")?.is_none() {
+            " (the default)"
+        } else {
+            ""
+        };
+        return Err(format!("{name}: min={min} is above max={max}{default}"));
+    }
+    let initial = match p.value("initial")? {
+        None => 4.clamp(min, max),
+        Some(v) => {
+            let n = limit_count(p, "initial", 0)?;
+            if n < min || n > max {
+                return Err(p.bad("initial", v, &format!("expected {min}..={max} (min..=max)")));
+            }
+            n
+        }
+    };
+    Ok((min, max, initial))
+}
+
+/// A finite number parameter that passes `ok`, or `default` when absent.
+fn number(
+    p: &Params,
+    key: &str,
+    default: f64,
+    ok: impl Fn(f64) -> bool,
+    expected: &str,
+) -> Res<f64> {
+    match p.value(key)? {
+        None => Ok(default),
+        Some(v) => match v.parse::<f64>() {
+            Ok(x) if x.is_finite() && ok(x) => Ok(x),
+            _ => Err(p.bad(key, v, expected)),
+        },
+    }
 }
 
 /// A count parameter up to [`MAX_LIMIT`].

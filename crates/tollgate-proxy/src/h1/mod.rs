@@ -33,7 +33,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use self::body::BodyError;
 use self::message::{BadHead, Framing, RequestHead, ResponseHead, MAX_HEAD, MAX_HEADERS};
 use super::admission::admit;
-use super::cost::{Metered, Outcome};
+use super::cost::{Metered, Outcome, Pending};
 use super::forwarding::{body_stalled, forwarding, upstream_failed, Peer, TIMED_OUT, UNREACHABLE};
 use super::limits::{ConnPermit, Passed};
 use super::observe::RequestObserver;
@@ -303,108 +303,55 @@ impl Conn {
         mut req: Request,
         mut passed: Passed,
     ) -> Next {
-        let adaptive = passed.adaptive.take();
-        let pending = passed.pending.take();
         let sent = tokio::time::timeout(
             table.upstream_timeout,
             self.send(proxy, route.upstream(), io, &req),
         )
         .await;
-        // A failure before the response: the connection goes on only when the
-        // request body was not left half read.
-        let close = req.close || req.has_body;
-        let sent = match sent {
-            Ok(Ok(sent)) => Ok(sent),
-            Ok(Err(Sent::Connect(f))) => Err(f.answer()),
-            Ok(Err(Sent::Client(e))) => {
-                // The permits go back before the answer (and a close's linger).
-                drop((passed, adaptive));
-                let answer = match e {
-                    BodyError::Stalled => body_stalled(),
-                    BodyError::BadChunk => {
-                        problem(StatusCode::BAD_REQUEST, "malformed chunked body", None)
-                    }
-                    // The client went away mid-body.
-                    BodyError::Read(_) | BodyError::Write => return Next::Close,
-                };
-                req.observed.answered(answer.status.as_u16());
-                return self.reply(io, &answer, true, req.to_head).await;
-            }
-            Ok(Err(Sent::Upstream)) => Err(UNREACHABLE),
-            Err(_) => Err(TIMED_OUT),
-        };
         let (mut up, head_len, body_sent) = match sent {
-            Ok(sent) => sent,
-            Err(failure) => {
-                drop(passed);
-                let answer = upstream_failed(route, adaptive, pending, failure);
-                req.observed.upstream_answered(Err(answer.status.as_u16()));
-                return self.reply(io, &answer, close, req.to_head).await;
+            Ok(Ok(sent)) => sent,
+            Ok(Err(Sent::Client(e))) => return self.body_failed(io, &mut req, passed, e).await,
+            failed => {
+                let failure = match failed {
+                    Ok(Err(Sent::Connect(f))) => f.answer(),
+                    Err(_) => TIMED_OUT,
+                    _ => UNREACHABLE,
+                };
+                return self
+                    .upstream_failure(io, route, &mut req, passed, failure)
+                    .await;
             }
         };
         let mut headers = [const { MaybeUninit::uninit() }; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut []);
-        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
-            &mut resp,
-            &up.buf[..head_len],
-            &mut headers,
-        );
-        let head = match (parsed, resp.code, resp.version) {
-            (Ok(httparse::Status::Complete(_)), Some(code), Some(version)) => {
-                ResponseHead::of(code, version, resp.headers, req.to_head).map(|h| (code, h))
-            }
-            _ => None,
-        };
-        let Some((code, head)) = head else {
-            drop(passed);
-            let answer = upstream_failed(route, adaptive, pending, UNREACHABLE);
-            req.observed.upstream_answered(Err(answer.status.as_u16()));
-            return self.reply(io, &answer, close, req.to_head).await;
+        let Some((resp, code, head)) =
+            parse_response_head(&up.buf[..head_len], &mut headers, req.to_head)
+        else {
+            return self
+                .upstream_failure(io, route, &mut req, passed, UNREACHABLE)
+                .await;
         };
         req.observed.upstream_answered(Ok(code));
-        let mut adaptive = adaptive;
+        let mut adaptive = passed.adaptive.take();
         if let (Some(hold), Ok(status)) = (&mut adaptive, StatusCode::from_u16(code)) {
             hold.answered(status);
         }
-        // Under `cost:`, a usage in the headers settles now; one in the body as it
-        // ends (or when the client goes away).
-        let mut metering = None;
-        if let Some(pending) = pending {
-            let body = !matches!(head.framing, Framing::Empty | Framing::Length(0));
-            match pending.cost().in_headers(resp.headers) {
-                Some(outcome) => pending.settle(outcome).await,
-                None => match pending.cost().meter(resp.headers) {
-                    Some(meter) if body => metering = Some(Metered::new(pending, meter)),
-                    _ => pending.settle(Outcome::Missing).await,
-                },
-            }
-        }
+        let mut metering = match passed.pending.take() {
+            Some(pending) => start_metering(pending, resp.headers, &head).await,
+            None => None,
+        };
         // A request body the upstream answered before reading all of: the client's
         // connection cannot go on.
         let keep_client = !req.close && head.framing != Framing::UntilClose && body_sent;
         let out = &mut self.out;
-        out.clear();
-        message::status_line(out, code, resp.reason.unwrap_or(""));
-        let named = message::connection_named(resp.headers);
-        // The route's rate-limit headers replace the upstream's of the same name.
-        let ours =
-            |name: &str| (passed.headers.keys()).any(|k| k.as_str().eq_ignore_ascii_case(name));
-        for h in resp.headers.iter() {
-            if message::passes(h.name, &named, &message::FRAMING) && !ours(h.name) {
-                message::header(out, h.name.as_bytes(), h.value);
-            }
-        }
-        if !head.dated {
-            message::with_date(|d| message::header(out, b"date", d));
-        }
-        for (name, value) in &passed.headers {
-            message::header(out, name.as_str().as_bytes(), value.as_bytes());
-        }
-        head.write_framing(out, code);
-        if !keep_client {
-            out.extend_from_slice(b"connection: close\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
+        let reason = resp.reason.unwrap_or("");
+        write_response_head(
+            out,
+            (code, reason),
+            resp.headers,
+            &head,
+            &passed,
+            keep_client,
+        );
         up.buf.advance(head_len);
         // A limit_conn permit goes back before the client has the whole response:
         // released after it, a client that asks again at once (through this proxy, or
@@ -427,42 +374,63 @@ impl Conn {
         // The end of the response waits for its charge (cut short, the body settles
         // as disconnected when `metering` drops) and for its permit's release.
         if passed_on.is_ok() && (metering.is_some() || holds_permit) {
-            if let Some(metered) = metering {
-                metered.finish().await;
-            }
-            match passed.permit.take() {
-                Some(ConnPermit::Redis(permit)) => {
-                    if let Err(e) = permit.release().await {
-                        // It expires with its lease.
-                        tracing::debug!("limit_conn permit not released: {e}");
-                    }
-                }
-                // A permit in memory goes back as it drops.
-                memory => drop(memory),
-            }
-            if !out.is_empty() && io.write_all(out).await.is_err() {
-                passed_on = Err(BodyError::Write);
-            }
+            passed_on = end_response(io, out, metering, passed.permit.take()).await;
         }
         // The adaptive limit's permit (and a limit_conn permit of a response cut
         // short) ends with the response.
         drop((passed, adaptive));
-        match passed_on {
-            Ok(()) => {
-                if head.reusable && up.buf.is_empty() {
-                    proxy.conns.keep(route.upstream(), up);
-                }
-                if keep_client {
-                    Next::KeepAlive
-                } else {
-                    Next::Close
-                }
-            }
-            Err(e) => {
-                tracing::debug!("response body cut short: {e:?}");
-                Next::Close
-            }
+        if let Err(e) = passed_on {
+            tracing::debug!("response body cut short: {e:?}");
+            return Next::Close;
         }
+        if head.reusable && up.buf.is_empty() {
+            proxy.conns.keep(route.upstream(), up);
+        }
+        if keep_client {
+            Next::KeepAlive
+        } else {
+            Next::Close
+        }
+    }
+
+    /// Answers for a request body that failed on its way upstream (the connection
+    /// closes after it); nothing when the client went away mid-body.
+    async fn body_failed(
+        &mut self,
+        io: &mut impl Client,
+        req: &mut Request,
+        passed: Passed,
+        e: BodyError,
+    ) -> Next {
+        // The permits go back before the answer (and a close's linger).
+        drop(passed);
+        let answer = match e {
+            BodyError::Stalled => body_stalled(),
+            BodyError::BadChunk => problem(StatusCode::BAD_REQUEST, "malformed chunked body", None),
+            // The client went away mid-body.
+            BodyError::Read(_) | BodyError::Write => return Next::Close,
+        };
+        req.observed.answered(answer.status.as_u16());
+        self.reply(io, &answer, true, req.to_head).await
+    }
+
+    /// Answers for an upstream that failed before its response (`failure`): the
+    /// limits' permits go back, the adaptive limit and the charge learn of it.
+    async fn upstream_failure(
+        &mut self,
+        io: &mut impl Client,
+        route: &Route,
+        req: &mut Request,
+        mut passed: Passed,
+        failure: (StatusCode, &str),
+    ) -> Next {
+        // The connection goes on only when the request body was not left half read.
+        let close = req.close || req.has_body;
+        let (adaptive, pending) = (passed.adaptive.take(), passed.pending.take());
+        drop(passed);
+        let answer = upstream_failed(route, adaptive, pending, failure);
+        req.observed.upstream_answered(Err(answer.status.as_u16()));
+        self.reply(io, &answer, close, req.to_head).await
     }
 
     /// Writes one of the proxy's own answers (`to_head`: to a HEAD request); `close`
@@ -673,4 +641,102 @@ async fn refuse(io: &mut impl Client, out: &mut Vec<u8>, answer: &Problem, to_he
         let _ = tokio::time::timeout(LINGER, linger).await;
     }
     Next::Close
+}
+
+/// The upstream's response head in `buf`, its status and what it says of the
+/// response (to a HEAD request when `to_head`); `None` when it is not one a proxy
+/// can pass on.
+fn parse_response_head<'h, 'b>(
+    buf: &'b [u8],
+    headers: &'h mut [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS],
+    to_head: bool,
+) -> Option<(httparse::Response<'h, 'b>, u16, ResponseHead)> {
+    let mut resp = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default()
+        .parse_response_with_uninit_headers(&mut resp, buf, headers);
+    match (parsed, resp.code, resp.version) {
+        (Ok(httparse::Status::Complete(_)), Some(code), Some(version)) => {
+            let head = ResponseHead::of(code, version, resp.headers, to_head)?;
+            Some((resp, code, head))
+        }
+        _ => None,
+    }
+}
+
+/// Under `cost:`, a usage in the response's headers settles now; one in its body is
+/// metered as the body passes (settled as it ends, or when the client goes away).
+async fn start_metering(
+    pending: Pending,
+    headers: &[httparse::Header<'_>],
+    head: &ResponseHead,
+) -> Option<Metered> {
+    let body = !matches!(head.framing, Framing::Empty | Framing::Length(0));
+    match pending.cost().in_headers(headers) {
+        Some(outcome) => pending.settle(outcome).await,
+        None => match pending.cost().meter(headers) {
+            Some(meter) if body => return Some(Metered::new(pending, meter)),
+            _ => pending.settle(Outcome::Missing).await,
+        },
+    }
+    None
+}
+
+/// Writes the response's head for the client into `out`: the upstream's status and
+/// headers less the hop-by-hop ones, the route's rate-limit headers (in place of the
+/// upstream's of the same name), a `Date` if it had none, and the framing.
+fn write_response_head(
+    out: &mut Vec<u8>,
+    (code, reason): (u16, &str),
+    headers: &[httparse::Header<'_>],
+    head: &ResponseHead,
+    passed: &Passed,
+    keep_client: bool,
+) {
+    out.clear();
+    message::status_line(out, code, reason);
+    let named = message::connection_named(headers);
+    let ours = |name: &str| (passed.headers.keys()).any(|k| k.as_str().eq_ignore_ascii_case(name));
+    for h in headers.iter() {
+        if message::passes(h.name, &named, &message::FRAMING) && !ours(h.name) {
+            message::header(out, h.name.as_bytes(), h.value);
+        }
+    }
+    if !head.dated {
+        message::with_date(|d| message::header(out, b"date", d));
+    }
+    for (name, value) in &passed.headers {
+        message::header(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    head.write_framing(out, code);
+    if !keep_client {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The end of a response held back for its charge and its `limit_conn` permit:
+/// settles `metering`, releases `permit`, then sends what is left of `out`.
+async fn end_response(
+    io: &mut impl Client,
+    out: &[u8],
+    metering: Option<Metered>,
+    permit: Option<ConnPermit>,
+) -> Result<(), BodyError> {
+    if let Some(metered) = metering {
+        metered.finish().await;
+    }
+    match permit {
+        Some(ConnPermit::Redis(permit)) => {
+            if let Err(e) = permit.release().await {
+                // It expires with its lease.
+                tracing::debug!("limit_conn permit not released: {e}");
+            }
+        }
+        // A permit in memory goes back as it drops.
+        memory => drop(memory),
+    }
+    if !out.is_empty() && io.write_all(out).await.is_err() {
+        return Err(BodyError::Write);
+    }
+    Ok(())
 }

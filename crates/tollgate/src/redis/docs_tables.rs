@@ -172,74 +172,75 @@ fn docs_tables_follow_the_list_of_algorithms() {
     );
 }
 
+/// Each algorithm's row of docs/semantics.md: its title, the smallest spec, the defaults
+/// written out as the docs say them, and its required parameters.
+const DEFAULT_ROWS: &[(&str, &str, &[&str], &[&str])] = &[
+    (
+        "fixed-window",
+        "fixed-window:limit=5,window=1s",
+        &["align=clock"],
+        &["limit", "window"],
+    ),
+    (
+        "sliding-log",
+        "sliding-log:limit=5,window=1s",
+        &[],
+        &["limit", "window"],
+    ),
+    (
+        "sliding-window` `buckets=K",
+        "sliding-window:limit=5,window=1s,buckets=4",
+        &[],
+        &["limit", "window"],
+    ),
+    (
+        "sliding-window` `mode=weighted",
+        "sliding-window:limit=5,window=1s",
+        &["mode=weighted"],
+        &["limit", "window"],
+    ),
+    (
+        "leaky-bucket",
+        "leaky-bucket:rate=7/s",
+        &["capacity=7"],
+        &["rate"],
+    ),
+    ("gcra", "gcra:rate=7/s", &["burst=7"], &["rate"]),
+    (
+        "token-bucket",
+        "token-bucket:rate=7/s",
+        &["capacity=7"],
+        &["rate"],
+    ),
+    (
+        "smooth-bursty",
+        "smooth-bursty:rate=7/s",
+        &["max-burst=1s"],
+        &["rate"],
+    ),
+    (
+        "smooth-warmup",
+        "smooth-warmup:rate=7/s,warmup=2s",
+        &["cold-factor=3"],
+        &["rate", "warmup"],
+    ),
+    (
+        "limit-req",
+        "limit-req:rate=7/s",
+        &["burst=0", "delay=0"],
+        &["rate"],
+    ),
+    ("shaper", "shaper:rate=7/s,queue=3", &[], &["rate", "queue"]),
+    ("concurrency", "concurrency:limit=3", &[], &["limit"]),
+];
+
 /// Every default the table documents is the one the parser applies, and every
 /// parameter it calls required is refused when missing.
 #[test]
 fn documented_defaults_are_the_parsers() {
     let parse = |s: &str| s.parse::<Policy>().unwrap_or_else(|e| panic!("{e}"));
-    // (the row's title, the smallest spec, [(a default written out, as the docs say it)],
-    // [required parameters])
-    let rows: &[(&str, &str, &[&str], &[&str])] = &[
-        (
-            "fixed-window",
-            "fixed-window:limit=5,window=1s",
-            &["align=clock"],
-            &["limit", "window"],
-        ),
-        (
-            "sliding-log",
-            "sliding-log:limit=5,window=1s",
-            &[],
-            &["limit", "window"],
-        ),
-        (
-            "sliding-window` `buckets=K",
-            "sliding-window:limit=5,window=1s,buckets=4",
-            &[],
-            &["limit", "window"],
-        ),
-        (
-            "sliding-window` `mode=weighted",
-            "sliding-window:limit=5,window=1s",
-            &["mode=weighted"],
-            &["limit", "window"],
-        ),
-        (
-            "leaky-bucket",
-            "leaky-bucket:rate=7/s",
-            &["capacity=7"],
-            &["rate"],
-        ),
-        ("gcra", "gcra:rate=7/s", &["burst=7"], &["rate"]),
-        (
-            "token-bucket",
-            "token-bucket:rate=7/s",
-            &["capacity=7"],
-            &["rate"],
-        ),
-        (
-            "smooth-bursty",
-            "smooth-bursty:rate=7/s",
-            &["max-burst=1s"],
-            &["rate"],
-        ),
-        (
-            "smooth-warmup",
-            "smooth-warmup:rate=7/s,warmup=2s",
-            &["cold-factor=3"],
-            &["rate", "warmup"],
-        ),
-        (
-            "limit-req",
-            "limit-req:rate=7/s",
-            &["burst=0", "delay=0"],
-            &["rate"],
-        ),
-        ("shaper", "shaper:rate=7/s,queue=3", &[], &["rate", "queue"]),
-        ("concurrency", "concurrency:limit=3", &[], &["limit"]),
-    ];
-    assert_eq!(rows.len(), AlgorithmKind::ALL.len());
-    for (title, min, defaults, required) in rows {
+    assert_eq!(DEFAULT_ROWS.len(), AlgorithmKind::ALL.len());
+    for (title, min, defaults, required) in DEFAULT_ROWS {
         let row = (AlgorithmKind::ALL.iter())
             .map(|k| prose(*k))
             .find(|p| p.title == *title)
