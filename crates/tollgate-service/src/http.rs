@@ -351,11 +351,7 @@ async fn readyz(State(service): State<Arc<DecisionService>>) -> Response {
     match service.ready().await {
         Ok(None) => "OK\n".into_response(),
         Ok(Some(away)) => format!("degraded: {away}\n").into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("store unavailable: {e}\n"),
-        )
-            .into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
 }
 

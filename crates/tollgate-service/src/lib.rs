@@ -560,7 +560,8 @@ impl DecisionService {
     }
 
     /// Whether the service can decide: with Redis, whether its nodes answer (and the
-    /// per-second Redis's, when there is one): `Err` when none of a store's do,
+    /// per-second Redis's, when there is one). `Err` says why not, for an operator:
+    /// no rules from xDS in force yet, or none of a store's nodes answering;
     /// `Ok(Some(the nodes away))` when some of a Cluster's do not.
     pub async fn ready(&self) -> Result<Option<String>, String> {
         if self.awaiting_rules() {
@@ -575,10 +576,16 @@ impl DecisionService {
             let Some(store) = store else { continue };
             let pings = store.ping_nodes().await;
             let down: Vec<String> = (pings.iter())
-                .filter_map(|(node, r)| Some(format!("{which}node {node}: {}", r.as_ref().err()?)))
+                .filter_map(|(node, r)| {
+                    let why = match r.as_ref().err()? {
+                        tollgate::Error::Unavailable(why) => why.clone(),
+                        e => e.to_string(),
+                    };
+                    Some(format!("{which}node {node}: {why}"))
+                })
                 .collect();
             if down.len() == pings.len() {
-                return Err(down.join("; "));
+                return Err(format!("store unavailable: {}", down.join("; ")));
             }
             away.extend(down);
         }

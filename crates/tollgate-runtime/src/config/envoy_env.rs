@@ -54,6 +54,10 @@ const IGNORED: &[&str] = &[
     "RESPONSE_DYNAMIC_METADATA",
 ];
 
+/// Ignored settings whose value asks for what tollgate does anyway (Envoy Gateway
+/// sets `USE_STATSD=false`): not worth a warning at every start.
+const ALREADY_SO: &[(&str, &str)] = &[("USE_STATSD", "false"), ("USE_DOG_STATSD", "false")];
+
 /// Settings tollgate cannot honour: serving without them would not be what the
 /// deployment asked for, so they are refused when set to anything but their default.
 const REFUSED: &[(&str, &str, &str)] = &[
@@ -90,9 +94,12 @@ pub fn apply(
             "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
         ],
     };
+    let already_so = |n: &str, v: &str| {
+        (ALREADY_SO.iter()).any(|(name, value)| *name == n && v.eq_ignore_ascii_case(value))
+    };
     let ignored: Vec<&str> = (IGNORED.iter().chain(xds_only))
         .copied()
-        .filter(|n| get(n).is_some())
+        .filter(|n| get(n).is_some_and(|v| !already_so(n, &v)))
         .collect();
     Ok((!ignored.is_empty()).then(|| {
         format!(
@@ -401,9 +408,10 @@ fn redis(get: &dyn Fn(&str) -> Option<String>, p: &str) -> anyhow::Result<Option
     let Some(url) = get(&format!("{p}_URL")) else {
         return Ok(None);
     };
-    let socket = get(&format!("{p}_SOCKET_TYPE")).unwrap_or_else(|| "unix".into());
-    if !socket.eq_ignore_ascii_case("tcp") {
-        bail!("--envoy-env: {p}_SOCKET_TYPE={socket}: tollgate reaches Redis over tcp only (set {p}_SOCKET_TYPE=tcp)");
+    match get(&format!("{p}_SOCKET_TYPE")) {
+        Some(socket) if socket.eq_ignore_ascii_case("tcp") => {}
+        Some(socket) => bail!("--envoy-env: {p}_SOCKET_TYPE={socket}: tollgate reaches Redis over tcp only (set {p}_SOCKET_TYPE=tcp)"),
+        None => bail!("--envoy-env: {p}_URL is set without {p}_SOCKET_TYPE, which envoyproxy/ratelimit then takes as unix (a socket path); tollgate reaches Redis over tcp only: set {p}_SOCKET_TYPE=tcp"),
     }
     let tls = flag(get, &format!("{p}_TLS"))?.unwrap_or(false);
     let s = if tls { "s" } else { "" };
@@ -587,7 +595,7 @@ mod tests {
             ("NEAR_LIMIT_RATIO", "0.9"),
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
             ("LIMIT_RESET_HEADER", "X-Reset"),
-            ("USE_STATSD", "false"),
+            ("USE_STATSD", "true"),
         ]);
         let warning = apply(&get, &mut main).unwrap();
         assert_eq!(main.listen.http, Some("0.0.0.0:9080".parse().unwrap()));
@@ -613,6 +621,10 @@ mod tests {
         let mut main = MainConfig::default();
         assert_eq!(apply(&env(&[]), &mut main).unwrap(), None);
         assert_eq!(main.service.headers.style, HeaderStyle::None);
+        // What Envoy Gateway sets, asking for what tollgate does anyway: no warning.
+        let quiet = env(&[("USE_STATSD", "false"), ("USE_DOG_STATSD", "False")]);
+        let mut main = MainConfig::default();
+        assert_eq!(apply(&quiet, &mut main).unwrap(), None);
     }
 
     #[test]
@@ -886,7 +898,11 @@ mod tests {
             (vec![("BACKEND_TYPE", "memcache")], "BACKEND_TYPE=memcache"),
             (
                 vec![("REDIS_URL", "/var/run/r.sock")],
-                "REDIS_SOCKET_TYPE=unix",
+                "REDIS_URL is set without REDIS_SOCKET_TYPE, which envoyproxy/ratelimit then takes as unix",
+            ),
+            (
+                vec![("REDIS_URL", "/var/run/r.sock"), ("REDIS_SOCKET_TYPE", "unix")],
+                "REDIS_SOCKET_TYPE=unix: tollgate reaches Redis over tcp only",
             ),
             (
                 vec![

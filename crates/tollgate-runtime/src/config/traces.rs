@@ -34,13 +34,42 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    /// Each protocol by the name it is configured with.
+    const NAMES: [(&'static str, Protocol); 3] = [
+        ("grpc", Protocol::Grpc),
+        ("http/protobuf", Protocol::HttpProtobuf),
+        ("http/json", Protocol::HttpJson),
+    ];
+
+    /// The name it is configured with (`http/protobuf`).
+    pub fn name(self) -> &'static str {
+        named(&Self::NAMES, self)
+    }
+
     fn parse(name: &str, value: &str) -> anyhow::Result<Protocol> {
-        Ok(match value {
-            "grpc" => Protocol::Grpc,
-            "http/protobuf" => Protocol::HttpProtobuf,
-            "http/json" => Protocol::HttpJson,
-            _ => bail!("{name}={value}: not an OTLP protocol (grpc, http/protobuf, http/json)"),
-        })
+        parse_named(&Self::NAMES, name, value, "an OTLP protocol")
+    }
+}
+
+/// The name `kind` has in `names`.
+fn named<K: PartialEq + Copy>(names: &[(&'static str, K)], kind: K) -> &'static str {
+    (names.iter().find(|(_, k)| *k == kind)).map_or("", |(n, _)| n)
+}
+
+/// What `value` names in `names`, else an error naming setting `name` and the
+/// names it takes.
+fn parse_named<K: Copy>(
+    names: &[(&'static str, K)],
+    name: &str,
+    value: &str,
+    what: &str,
+) -> anyhow::Result<K> {
+    match names.iter().find(|(n, _)| *n == value) {
+        Some((_, k)) => Ok(*k),
+        None => {
+            let all: Vec<&str> = names.iter().map(|(n, _)| *n).collect();
+            bail!("{name}={value}: not {what} ({})", all.join(", "))
+        }
     }
 }
 
@@ -65,19 +94,34 @@ pub enum SamplerKind {
 }
 
 impl SamplerKind {
+    /// Each sampler by OpenTelemetry's name for it (`OTEL_TRACES_SAMPLER`).
+    const NAMES: [(&'static str, SamplerKind); 6] = [
+        ("always_on", SamplerKind::AlwaysOn),
+        ("always_off", SamplerKind::AlwaysOff),
+        ("traceidratio", SamplerKind::TraceIdRatio),
+        ("parentbased_always_on", SamplerKind::ParentbasedAlwaysOn),
+        ("parentbased_always_off", SamplerKind::ParentbasedAlwaysOff),
+        (
+            "parentbased_traceidratio",
+            SamplerKind::ParentbasedTraceIdRatio,
+        ),
+    ];
+
+    /// OpenTelemetry's name for it (`parentbased_always_on`).
+    pub fn name(self) -> &'static str {
+        named(&Self::NAMES, self)
+    }
+
+    /// Whether it keeps a fraction of traces (`ratio`).
+    pub fn takes_ratio(self) -> bool {
+        matches!(
+            self,
+            SamplerKind::TraceIdRatio | SamplerKind::ParentbasedTraceIdRatio
+        )
+    }
+
     fn parse(name: &str, value: &str) -> anyhow::Result<SamplerKind> {
-        Ok(match value {
-            "always_on" => SamplerKind::AlwaysOn,
-            "always_off" => SamplerKind::AlwaysOff,
-            "traceidratio" => SamplerKind::TraceIdRatio,
-            "parentbased_always_on" => SamplerKind::ParentbasedAlwaysOn,
-            "parentbased_always_off" => SamplerKind::ParentbasedAlwaysOff,
-            "parentbased_traceidratio" => SamplerKind::ParentbasedTraceIdRatio,
-            _ => bail!(
-                "{name}={value}: not a sampler (always_on, always_off, traceidratio, \
-                 parentbased_always_on, parentbased_always_off, parentbased_traceidratio)"
-            ),
-        })
+        parse_named(&Self::NAMES, name, value, "a sampler")
     }
 }
 

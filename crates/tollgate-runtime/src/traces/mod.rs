@@ -126,12 +126,15 @@ impl Tracing {
         let propagator = TextMapCompositePropagator::new(
             (s.propagators.iter()).map(|p| propagator(*p)).collect(),
         );
+        let ratio = match s.sampler.takes_ratio() {
+            true => format!(" {}", s.ratio),
+            false => String::new(),
+        };
         let summary = format!(
-            "{} {:?}, sampler {:?} {}, service {}",
+            "{} {}, sampler {}{ratio}, service {}",
             s.endpoint,
-            s.protocol,
-            s.sampler,
-            s.ratio,
+            s.protocol.name(),
+            s.sampler.name(),
             (s.service_name_override.as_ref()).unwrap_or(&s.service_name)
         );
         Ok(Tracing {
