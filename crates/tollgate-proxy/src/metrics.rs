@@ -14,6 +14,7 @@ use prometheus_client::registry::Registry;
 
 use super::routes::RouteTable;
 use tollgate_runtime::store_metrics::{redis_events_of, set_events, RedisCalls};
+use tollgate_runtime::tls_refusals::RefusalMetrics;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -85,8 +86,7 @@ pub(super) fn render(table: &RouteTable, about: &About) -> String {
     if let Some(store) = &about.redis {
         register_redis(&mut root, table, store);
     }
-    let registry = tollgate_runtime::process_metrics::register(&mut root, "tollgate_proxy");
-    register_listeners(registry, about);
+    let registry = register_listeners(&mut root, about);
     RouteFamilies::of(table).register(registry);
     AdaptiveFamilies::of(table).register(registry);
     let mut out = String::new();
@@ -116,8 +116,13 @@ fn register_redis(root: &mut Registry, table: &RouteTable, store: &tollgate::red
     );
 }
 
-/// The listeners' certificates and the configuration's reloads.
-fn register_listeners(registry: &mut Registry, about: &About) {
+/// The listeners' certificates and refused handshakes, and the configuration's reloads.
+/// Returns the registry of the proxy's own families (`tollgate_proxy_*`).
+fn register_listeners<'r>(root: &'r mut Registry, about: &About) -> &'r mut Registry {
+    let refusals = (about.listeners.iter()).map(|(name, tls)| (*name, tls.refusals()));
+    let family = RefusalMetrics::new("tollgate_proxy", refusals.collect());
+    root.register_collector(Box::new(family));
+    let registry = tollgate_runtime::process_metrics::register(root, "tollgate_proxy");
     let days = F64Gauges::default();
     for (listener, tls) in &about.listeners {
         let labels = vec![("listener", listener.to_string())];
@@ -146,6 +151,7 @@ fn register_listeners(registry: &mut Registry, about: &About) {
         "1 while the last configuration reload was put in force (or none was tried), 0 after one was rejected",
         last_ok,
     );
+    registry
 }
 
 /// Each route's answers and, under `cost:`, its usage.

@@ -46,7 +46,8 @@ use tokio::time::Sleep;
 use tower::ServiceExt;
 
 use crate::config::Connections;
-use crate::tls::ServerTls;
+use crate::tls::{Acceptor, ServerTls};
+use crate::tls_refusals::Reason;
 use crate::workers::{WorkerStream, Workers};
 
 /// How long a stopping server lets open requests finish (the longest `/v1/acquire`
@@ -443,27 +444,29 @@ pub async fn serve_http_with<M, H, F>(
 
 /// The TLS handshake of a connection from `peer`, within `limit` (the header
 /// timeout: a client that starts one and stalls holds its slot no longer): `None`
-/// when it fails (logged at debug: a client's mistake, or a scanner's). The first
+/// when it fails (counted by reason, and logged at most once a second per listener:
+/// a client's mistake, or a scanner's). The first
 /// bytes of the protocol inside must then come within `limit` too: the ClientHello
 /// satisfied the connection's first-read bound, and a client that completes the
 /// handshake and goes silent would otherwise hold its slot for good.
 pub async fn handshake_within(
     limit: Duration,
-    tls: tokio_rustls::TlsAcceptor,
+    tls: Acceptor,
     io: Bounded<WorkerStream>,
     peer: SocketAddr,
 ) -> Option<tokio_rustls::server::TlsStream<Bounded<WorkerStream>>> {
-    match tokio::time::timeout(limit, tls.accept(io)).await {
+    match tokio::time::timeout(limit, tls.tls.accept(io)).await {
         Ok(Ok(mut io)) => {
             io.get_mut().0.expect_first_read(limit);
             Some(io)
         }
         Ok(Err(e)) => {
-            tracing::debug!("tls handshake with {peer} failed: {e}");
+            tls.refused(peer, Reason::of(&e), &e.to_string());
             None
         }
         Err(_) => {
-            tracing::debug!("tls handshake with {peer}: not done within {limit:?}");
+            let detail = format!("not done within {limit:?}");
+            tls.refused(peer, Reason::Timeout, &detail);
             None
         }
     }

@@ -11,6 +11,7 @@
 //! - [`config`]: the main configuration file (listeners, `store:`, `keys:`, `admin:`,
 //!   `proxy:`, `traces:`, Envoy's environment) and its validation;
 //! - [`tls`]: certificates and keys for the listeners, followed as they rotate;
+//! - [`tls_refusals`]: the handshakes a listener refused, counted and logged;
 //! - [`lifecycle`]: what reloads a server (SIGHUP, changed files) and what stops it;
 //! - [`logging`]: where log lines go and their format (text or JSON);
 //! - [`progress`]: the progress line of long offline runs;
@@ -28,5 +29,6 @@ pub mod process_metrics;
 pub mod progress;
 pub mod store_metrics;
 pub mod tls;
+pub mod tls_refusals;
 pub mod traces;
 pub mod workers;

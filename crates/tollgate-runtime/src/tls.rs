@@ -6,6 +6,7 @@
 //! ones keep theirs; a change that does not load keeps the old configuration and says
 //! why.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -20,6 +21,8 @@ use rustls::{
     DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
 };
 use serde::Deserialize;
+
+use crate::tls_refusals::{Reason, Refusals};
 
 /// A listener's `tls:` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -63,6 +66,23 @@ pub const HTTP_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
 pub struct ServerTls {
     current: Arc<ArcSwap<Loaded>>,
     source: Arc<Source>,
+    refusals: Arc<Refusals>,
+}
+
+/// What accepts one connection on a TLS listener: the configuration in force when
+/// it came, and where a refused handshake is counted.
+pub struct Acceptor {
+    /// The configuration in force.
+    pub tls: tokio_rustls::TlsAcceptor,
+    refusals: Arc<Refusals>,
+    source: Arc<Source>,
+}
+
+impl Acceptor {
+    /// Counts and (rate-bounded) logs a handshake from `peer` that failed.
+    pub fn refused(&self, peer: SocketAddr, reason: Reason, detail: &str) {
+        (self.refusals).refused(&self.source.setting, peer, reason, detail);
+    }
 }
 
 /// Where a configuration comes from: the files, the setting that names them, ALPN.
@@ -97,12 +117,22 @@ impl ServerTls {
                 setting: setting.into(),
                 alpn: alpn.iter().map(|a| a.to_vec()).collect(),
             }),
+            refusals: Arc::default(),
         })
     }
 
     /// The acceptor of the configuration in force.
-    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.current.load().config.clone())
+    pub fn acceptor(&self) -> Acceptor {
+        Acceptor {
+            tls: tokio_rustls::TlsAcceptor::from(self.current.load().config.clone()),
+            refusals: self.refusals.clone(),
+            source: self.source.clone(),
+        }
+    }
+
+    /// The handshakes it refused.
+    pub fn refusals(&self) -> Arc<Refusals> {
+        self.refusals.clone()
     }
 
     /// The end of validity of its certificate that expires first.

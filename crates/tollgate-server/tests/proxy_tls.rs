@@ -110,17 +110,18 @@ async fn the_proxy_terminates_https_for_http1_and_http2_with_a_certificate_per_n
         .and_then(|r| r.split([')', ' ']).next())
         .unwrap()
         .to_string();
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "--cacert"])
-        .arg(pki.path("ca.pem"))
-        .arg(&metrics_url)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("# EOF"),
-        "{metrics_url}: {text}"
-    );
+    let scrape = || {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "10", "--cacert"])
+            .arg(pki.path("ca.pem"))
+            .arg(&metrics_url)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{metrics_url}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = scrape();
+    assert!(text.contains("# EOF"), "{metrics_url}: {text}");
     // Both listeners' certificates, with the days they have left (the test PKI's
     // certificates last 30 days), and the build.
     for listener in ["proxy", "metrics"] {
@@ -137,6 +138,22 @@ async fn the_proxy_terminates_https_for_http1_and_http2_with_a_certificate_per_n
         "{banner}"
     );
     let port = https_port(&banner);
+
+    // Plain HTTP on the HTTPS port is a refused handshake, counted by its reason.
+    let plain = Command::new("curl")
+        .args([
+            "-s",
+            "--max-time",
+            "10",
+            &format!("http://127.0.0.1:{port}/health"),
+        ])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success());
+    let text = scrape();
+    let series =
+        "tollgate_proxy_tls_handshake_failures_total{listener=\"proxy\",reason=\"not_tls\"} 1";
+    assert!(text.lines().any(|l| l == series), "{series} not in {text}");
 
     // Each name gets its certificate (curl checks the name); a name without one gets
     // the default, which does not carry it.

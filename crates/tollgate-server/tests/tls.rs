@@ -538,3 +538,107 @@ async fn a_silent_client_after_the_handshake_is_closed_at_the_header_timeout() {
         "{closed:?}"
     );
 }
+
+/// Refused handshakes are counted by listener and reason and logged (with the peer
+/// and the reason): plain HTTP on a TLS port, a client that does not trust the
+/// listener's CA or finds another name on its certificate, and on a mutual-TLS
+/// listener a client with no certificate or one from another CA; curl and
+/// `openssl s_client` are the clients.
+#[test]
+fn refused_handshakes_are_counted_by_reason_and_logged() {
+    let pki = Pki::new();
+    let (cert, key) = (file(&pki, "server.pem"), file(&pki, "server.key"));
+    let dir = Dir::new(
+        "refusals",
+        &format!(
+            "  http_tls: {{cert_file: {cert}, key_file: {key}}}\n  grpc_tls: {{cert_file: {cert}, key_file: {key}, client_ca_file: {}}}\n",
+            file(&pki, "ca.pem")
+        ),
+    );
+    let log = dir.0 .0.join("serve.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--config", &dir.config()])
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let server = serve_process::attach(child);
+    let http = port(server.base.trim_start_matches("https://")).to_string();
+    let grpc = port(server.grpc.trim_start_matches("http://")).to_string();
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "--max-time", "10"])
+            .args(args)
+            .output()
+            .expect("curl");
+        assert!(!out.status.success(), "curl {args:?} was served");
+    };
+    let (ca, other_ca) = (file(&pki, "ca.pem"), file(&pki, "other-ca.pem"));
+    curl(&[&format!("http://127.0.0.1:{http}/healthcheck")]);
+    curl(&[
+        "--cacert",
+        &other_ca,
+        &format!("https://localhost:{http}/healthcheck"),
+    ]);
+    // A client that checks the name within the handshake (curl checks it after,
+    // and just closes a handshake the listener completed).
+    let s_client = Command::new("openssl")
+        .args(["s_client", "-connect", &format!("127.0.0.1:{http}")])
+        .args(["-CAfile", &ca, "-verify_hostname", "elsewhere.example"])
+        .arg("-verify_return_error")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl");
+    assert!(!s_client.status.success());
+    let grpc_url = format!("https://localhost:{grpc}/");
+    curl(&["--http2", "--cacert", &ca, &grpc_url]);
+    let (stranger, stranger_key) = (file(&pki, "stranger.pem"), file(&pki, "stranger.key"));
+    curl(&[
+        "--http2",
+        "--cacert",
+        &ca,
+        "--cert",
+        &stranger,
+        "--key",
+        &stranger_key,
+        &grpc_url,
+    ]);
+    let out = Command::new("curl")
+        .args(["-s", "--cacert", &ca])
+        .arg(format!("https://localhost:{http}/metrics"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let count = |listener: &str, reason: &str| -> f64 {
+        let series = format!(
+            "tollgate_tls_handshake_failures_total{{listener=\"{listener}\",reason=\"{reason}\"}} "
+        );
+        (text.lines().find_map(|l| l.strip_prefix(&series)))
+            .unwrap_or_else(|| panic!("{series} not in {text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(count("http", "not_tls"), 1.0);
+    assert_eq!(count("http", "refused_by_client"), 2.0);
+    assert_eq!(count("grpc", "no_client_certificate"), 1.0);
+    assert_eq!(count("grpc", "client_certificate_unknown_ca"), 1.0);
+    assert_eq!(count("http", "timeout"), 0.0);
+    // The first refusal of each listener is logged (the rest within a second are
+    // counted only), with the peer and the reason.
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let refused: Vec<&str> = (logged.lines())
+        .filter(|l| l.contains("tls: handshake refused"))
+        .collect();
+    assert!(
+        refused.iter().any(|l| l.contains("listen.http_tls")
+            && l.contains("not_tls")
+            && l.contains("127.0.0.1:")),
+        "{logged}"
+    );
+    assert!(
+        refused.iter().any(|l| l.contains("listen.grpc_tls")),
+        "{logged}"
+    );
+    drop(server);
+}

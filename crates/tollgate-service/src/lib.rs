@@ -31,6 +31,7 @@ use tollgate::{AnyLimiter, Decision, Error, Op, RateLimiter, RuleDecision};
 
 use crate::counters::Counters;
 use tollgate_runtime::store_metrics::StoreStats;
+use tollgate_runtime::tls_refusals::RefusalMetrics;
 
 use crate::descriptors::{
     counter_key, override_limit, DescriptorLimit, DescriptorRules, Match, Unit,
@@ -371,11 +372,15 @@ impl DecisionService {
         self
     }
 
-    /// Reports the certificates of `listeners` (name, TLS) at `/metrics`.
+    /// Reports the certificates of `listeners` (name, TLS) and the handshakes they
+    /// refused at `/metrics`.
     pub fn with_tls(
         mut self,
         listeners: Vec<(&'static str, tollgate_runtime::tls::ServerTls)>,
     ) -> Self {
+        let refusals = (listeners.iter()).map(|(name, tls)| (*name, tls.refusals()));
+        let family = RefusalMetrics::new("tollgate", refusals.collect());
+        self.metrics.add_collector(Box::new(family));
         self.tls = listeners;
         self
     }
