@@ -338,13 +338,9 @@ pub fn masked(key: &str) -> String {
     let mut out = parts.next().unwrap_or("").to_string();
     for entry in parts {
         let (k, v) = entry.split_once('=').unwrap_or((entry, ""));
-        let digest = ring::digest::digest(&ring::digest::SHA256, v.as_bytes());
-        let hex: String = digest.as_ref()[..4]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let digest = tollgate_service::decision_log::value_digest(v);
         out.push('\u{1f}');
-        out.push_str(&format!("{k}=#{hex}"));
+        out.push_str(&format!("{k}={digest}"));
     }
     out
 }

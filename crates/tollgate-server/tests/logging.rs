@@ -84,3 +84,126 @@ fn json_logs_are_one_object_per_line() {
             .contains("rules reloaded"));
     }
 }
+
+#[path = "support/serve.rs"]
+mod serve_process;
+
+/// The decision lines of a server started as `command` (stderr piped, JSON logs),
+/// read while `send` makes decisions, until `done` says they are enough (or the
+/// server has written 200 lines).
+async fn decision_lines(
+    mut command: Command,
+    send: impl Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
+    done: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let mut child = command
+        .env("TOLLGATE_LOG_FORMAT", "json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let server = serve_process::attach(child);
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if v["target"] == "tollgate::decisions" && tx.send(v).is_err() {
+                return;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    for _ in 0..200 {
+        send(server.base.clone()).await;
+        while let Ok(v) = rx.recv_timeout(std::time::Duration::from_millis(20)) {
+            lines.push(v);
+        }
+        if done(&lines) {
+            break;
+        }
+    }
+    lines
+}
+
+/// With `tollgate::decisions` at debug, each decision is one line: the domain, the
+/// entries with their values masked, the outcome, the rule, its policy, remaining and
+/// reset; past `service.decision_log.per_second` the decisions are counted, and the
+/// next line says how many went unlogged. Under `--envoy-env`, `LOG_LEVEL=debug`
+/// turns the lines on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_decision_is_one_debug_line_within_its_budget() {
+    let dir = tollgate_testkit::ScratchDir::new("decision-log");
+    dir.write(
+        "rules.yaml",
+        "domain: d\ndescriptors:\n  - key: api_key\n    policies: [\"fixed-window:limit=2,window=1h\"]\n",
+    );
+    let config = dir.write(
+        "tollgate.yaml",
+        "rules: [rules.yaml]\nservice:\n  decision_log: {per_second: 1}\n",
+    );
+    let check = |base: String| -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> {
+        Box::pin(async move {
+            let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"api_key","value":"sk-secret"}]}]}"#;
+            serve_process::request_to(&base, "POST", "/v1/check", body, None).await;
+        })
+    };
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    serve
+        .args(["serve", "--config", &config])
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .env("RUST_LOG", "info,tollgate::decisions=debug");
+    // Enough once a line says decisions went unlogged (the budget is one a second).
+    let lines = decision_lines(serve, check, |lines| {
+        lines
+            .iter()
+            .any(|v| v["fields"]["unlogged"].as_u64() > Some(0))
+    })
+    .await;
+    let fields: Vec<&serde_json::Value> = lines.iter().map(|v| &v["fields"]).collect();
+    assert!(
+        fields.iter().any(|f| f["unlogged"].as_u64() > Some(0)),
+        "no line counted unlogged decisions: {fields:?}"
+    );
+    let first = fields.first().unwrap_or_else(|| panic!("no decision line"));
+    assert_eq!(first["domain"], "d", "{first}");
+    assert_eq!(first["outcome"], "OK", "{first}");
+    assert_eq!(first["rule"], "d/api_key", "{first}");
+    assert_eq!(first["policy"], "fixed-window:limit=2,window=1h", "{first}");
+    assert_eq!(first["remaining"], 1, "{first}");
+    let entries = first["entries"].as_str().unwrap();
+    assert!(
+        entries.starts_with("api_key=#") && !entries.contains("secret"),
+        "{first}"
+    );
+    let over = (fields.iter())
+        .find(|f| f["outcome"] == "OVER_LIMIT")
+        .unwrap_or_else(|| panic!("no rejected decision logged: {fields:?}"));
+    // A reject's reset is when it would pass: the hour's window's end.
+    let reset_ms = over["reset_ms"].as_f64().unwrap();
+    assert!(reset_ms > 0.0 && reset_ms <= 3_600_000.0, "{over}");
+
+    // envoyproxy/ratelimit's LOG_LEVEL=debug, through --envoy-env.
+    let root = dir.0.join("srv");
+    std::fs::create_dir_all(root.join("ratelimit/config")).unwrap();
+    std::fs::copy(
+        dir.0.join("rules.yaml"),
+        root.join("ratelimit/config/rules.yaml"),
+    )
+    .unwrap();
+    let mut envoy = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    envoy
+        .args(["serve", "--envoy-env"])
+        .env_remove("RUST_LOG")
+        .envs([
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("RUNTIME_ROOT", root.to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("LOG_LEVEL", "debug"),
+        ]);
+    let lines = decision_lines(envoy, check, |lines| !lines.is_empty()).await;
+    assert_eq!(lines[0]["fields"]["domain"], "d", "{lines:?}");
+}

@@ -8,6 +8,7 @@
 
 pub mod calls;
 pub mod counters;
+pub mod decision_log;
 pub mod descriptors;
 pub mod envoy;
 pub mod envoy_metrics;
@@ -264,6 +265,8 @@ pub struct DecisionService {
     rules: ArcSwap<DescriptorRules>,
     overrides: Mutex<HashMap<(String, Unit, u64), Arc<DescriptorLimit>>>,
     answers: Answers,
+    /// The debug line of each decision, and its budget.
+    decision_log: decision_log::DecisionLog,
     merge_domains: bool,
     counters: Counters,
     /// The counts of Redis limiters a reload replaced (the metrics' totals go on).
@@ -323,6 +326,7 @@ impl DecisionService {
             rules: ArcSwap::from_pointee(rules),
             overrides: Mutex::new(HashMap::new()),
             answers: Answers::default(),
+            decision_log: decision_log::DecisionLog::new(&Default::default()),
             merge_domains: false,
             retired: Mutex::default(),
             requests: tollgate_runtime::config::Requests::default(),
@@ -512,6 +516,7 @@ impl DecisionService {
             stop_increment_when_over_limit: service.stop_increment_when_over_limit,
         };
         self.merge_domains = service.merge_domains;
+        self.decision_log = decision_log::DecisionLog::new(&service.decision_log);
         self.metrics = Metrics::new(service.near_limit_ratio);
         self
     }
@@ -881,9 +886,13 @@ impl DecisionService {
             statuses.push(status);
         }
         let overall = self.overall(&statuses);
-        let elapsed = tollgate::clock::Clock::now_ns(&self.clock).saturating_sub(started);
-        self.metrics.latency(elapsed as f64 / 1e9);
+        let now = tollgate::clock::Clock::now_ns(&self.clock);
+        self.metrics
+            .latency(now.saturating_sub(started) as f64 / 1e9);
         let result = CheckResult { overall, statuses };
+        if decision_log::DecisionLog::enabled() {
+            (self.decision_log).record(now, domain, descriptors, &result);
+        }
         if self.tracing.is_some() {
             crate::spans::record_decision(domain, &result, self.counters.store_name());
         }

@@ -224,6 +224,40 @@ pub struct ServiceSettings {
     /// milliseconds.
     #[serde(skip)]
     pub envoy_env_metrics: Option<EnvoyEnvMetrics>,
+    /// The debug line of each decision (see [`DecisionLog`]).
+    #[serde(default)]
+    pub decision_log: DecisionLog,
+}
+
+/// `service.decision_log:` the line each decision writes at debug (log target
+/// `tollgate::decisions`: `RUST_LOG=tollgate::decisions=debug`, or `LOG_LEVEL=debug`
+/// under `--envoy-env`), bounded so that it can be left on for a while in
+/// production.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionLog {
+    /// Lines a second at most (default 100; 0 writes none); the decisions past it are
+    /// counted, and the next line says how many went unlogged.
+    #[serde(default = "default_decision_lines")]
+    pub per_second: u64,
+    /// Descriptor values written as they are; by default each is replaced by a
+    /// digest of it (`#1a2b3c4d`), as the console shows them: a value may be an API
+    /// key.
+    #[serde(default)]
+    pub reveal_values: bool,
+}
+
+impl Default for DecisionLog {
+    fn default() -> Self {
+        DecisionLog {
+            per_second: default_decision_lines(),
+            reveal_values: false,
+        }
+    }
+}
+
+fn default_decision_lines() -> u64 {
+    100
 }
 
 /// How `--envoy-env` asks for envoyproxy/ratelimit's metric names (see
@@ -257,6 +291,7 @@ impl Default for ServiceSettings {
             envoy_metrics: false,
             envoy_metrics_mapping: None,
             envoy_env_metrics: None,
+            decision_log: DecisionLog::default(),
         }
     }
 }
