@@ -1021,3 +1021,131 @@ fn a_cut_redis_link_is_back_within_a_second_of_the_heal_for_grpcio_callers() {
     );
     assert!(!ready_in_cut.is_empty() && ready_in_cut.iter().all(|s| *s == 503));
 }
+
+/// A password rotated under load, as a Kubernetes secret rotates: Redis takes the new
+/// password and drops its clients; while the file still holds the old one, new
+/// connections are refused and decisions are the failure policy's (counted); once
+/// the file holds the new one, decisions are Redis's again without a restart, and
+/// none fails after that. Standalone and Cluster (every node rotated).
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_password_file_is_followed_without_a_restart() {
+    let standalone = RedisServers::standalone_with(&["--requirepass", "old-secret"]);
+    rotate_under_load(&standalone, &standalone.url()).await;
+    let cluster = RedisServers::cluster_of(0, &["--requirepass", "old-secret"]);
+    rotate_under_load(&cluster, &cluster.url()).await;
+}
+
+/// Serves decisions from `redis` (at `url`, logging in as `old-secret` from a
+/// password file), rotates every node's password to `new-secret` under load, then
+/// the file, and checks what [`a_rotated_password_file_is_followed_without_a_restart`]
+/// says.
+async fn rotate_under_load(redis: &RedisServers, url: &str) {
+    let dir = tempdir::Dir::new();
+    let password = dir.path.join("password");
+    std::fs::write(&password, "old-secret\n").unwrap();
+    std::fs::write(
+        dir.path.join("rules.yaml"),
+        "domain: shared\ndescriptors:\n  - key: free\n    policies: [\"gcra:rate=100000/s\"]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path.join("tollgate.yaml"),
+        format!(
+            "rules: [rules.yaml]\nstore:\n  kind: redis\n  url: {url}\n  password_file: {}\n  timeout: 200ms\n  on_error: fail-closed\n",
+            password.display()
+        ),
+    )
+    .unwrap();
+    let server = std::sync::Arc::new(start(&dir.path.join("tollgate.yaml")));
+    assert_eq!(check(&server, "free", "k").await.0, 200);
+    // The load: checks one after another, each noted with its time and status.
+    let clock = std::sync::Arc::new(tollgate::clock::MonotonicClock::new());
+    let now = {
+        let clock = clock.clone();
+        move || tollgate::clock::Clock::now_us(&*clock)
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (server, stop, now) = (server.clone(), stop.clone(), now.clone());
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let status = check(&server, "free", "k").await.0;
+                seen.push((now(), status));
+            }
+            seen
+        })
+    };
+    let cli = |port: u16, password: &str, args: &[&str]| {
+        let out = Command::new(testkit::cli_binary())
+            .args(["-p", &port.to_string(), "--no-auth-warning", "-a", password])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Redis rotates first: its clients logged in with the old password are dropped.
+    for &port in &redis.ports {
+        let set = cli(
+            port,
+            "old-secret",
+            &["CONFIG", "SET", "requirepass", "new-secret"],
+        );
+        assert_eq!(set.trim(), "OK", "{port}");
+        cli(port, "new-secret", &["CLIENT", "KILL", "TYPE", "normal"]);
+    }
+    // Until the file follows, decisions are refused (fail-closed) and counted.
+    let refused = async {
+        loop {
+            if check(&server, "free", "k").await.0 == 429 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), refused)
+        .await
+        .expect("decisions went on with the old password");
+    std::fs::write(&password, "new-secret\n").unwrap();
+    let written = now();
+    let back = async {
+        loop {
+            if check(&server, "free", "k").await.0 == 200 {
+                break now();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let back = tokio::time::timeout(Duration::from_secs(10), back)
+        .await
+        .expect("decisions never came back after the file changed");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = load.await.unwrap();
+    let after: Vec<_> = seen.iter().filter(|(t, _)| *t > back).collect();
+    assert!(after.len() > 10, "{url}: {after:?}");
+    assert!(
+        after.iter().all(|(_, status)| *status == 200),
+        "{url}: a decision failed after the new password was read: {after:?}"
+    );
+    assert!(
+        back - written < 5_000_000,
+        "{url}: back {} ms after the file changed",
+        (back - written) / 1000
+    );
+    let (_, metrics) = send(&server, "GET", "/metrics", "").await;
+    let fallbacks: f64 = (metrics.lines())
+        .find_map(|l| l.strip_prefix("tollgate_redis_events{event=\"fallback_decisions\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(fallbacks > 0.0, "{url}: {metrics}");
+    eprintln!(
+        "{url}: decisions back {} ms after the file changed; {fallbacks} fell back",
+        (back - written) / 1000
+    );
+}

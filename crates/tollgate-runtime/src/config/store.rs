@@ -21,7 +21,9 @@ pub struct StoreConfig {
     /// The ACL user to log in as (Redis 6+), when it is not in the URL.
     pub username: Option<String>,
     /// A file holding the password (a mounted Kubernetes secret); one trailing
-    /// newline is ignored.
+    /// newline is ignored. Followed as it rotates: each new connection logs in with
+    /// what it holds then, and open connections log in again when it changes
+    /// (looked at every 2 s). With it, the ACL user goes in `username`.
     pub password_file: Option<std::path::PathBuf>,
     /// An environment variable holding the password (a secret exposed as env).
     pub password_env: Option<String>,
@@ -380,6 +382,9 @@ impl StoreConfig {
         opts.username = self.username.clone();
         opts.password =
             secret("", &self.password_file, &self.password_env)?.or_else(|| self.password.clone());
+        // Followed as it rotates (read now too: a file that cannot be read is an error
+        // at start).
+        opts.password_file = self.password_file.clone();
         opts.sentinel_username = self.sentinel_username.clone();
         opts.sentinel_password = secret(
             "sentinel_",

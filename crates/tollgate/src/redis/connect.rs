@@ -47,6 +47,15 @@ pub(super) fn target(url: &str, opts: &RedisOptions) -> Result<Target, Error> {
             ))
         }
     };
+    // A password file logs in as `username` (or Redis's default user): a user named
+    // in the URL alone would be lost at the first rotation.
+    let url_user =
+        (rest.rsplit_once('@')).is_some_and(|(u, _)| !u.split(':').next().unwrap_or("").is_empty());
+    if opts.password_file.is_some() && opts.username.is_none() && url_user {
+        return Err(config(
+            "with a password file, name the ACL user in username, not in the URL".into(),
+        ));
+    }
     let tls = scheme == "rediss";
     if let (false, Some(_)) = (tls, &opts.tls) {
         return Err(config(
@@ -215,6 +224,7 @@ fn sentinel(
         i64::from(db),
         opts.connect_timeout.max(opts.timeout),
         opts.timeout,
+        super::credentials::of(opts),
     )))
 }
 
@@ -249,6 +259,9 @@ fn cluster(
     }
     if let Some(password) = &opts.password {
         builder = builder.password(password.expose());
+    }
+    if let Some(file) = super::credentials::of(opts) {
+        builder = builder.set_credentials_provider(file);
     }
     let (user, password) = (opts.username.clone(), opts.password.clone());
     let one = node.clone();

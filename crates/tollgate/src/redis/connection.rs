@@ -223,8 +223,9 @@ impl Conn {
 /// connection whose calls time out.
 pub(crate) struct LaterCluster {
     client: Arc<redis::cluster::ClusterClient>,
-    /// One node's own client, for readiness pings.
+    /// One node's own client, for readiness pings, and how it connects.
     node_client: super::sentinel::MasterClient,
+    node_config: redis::AsyncConnectionConfig,
     current: arc_swap::ArcSwapOption<ClusterConnection>,
     connecting: tokio::sync::Mutex<()>,
     /// When (ms on the replacement's clock) each node last answered a call.
@@ -236,12 +237,18 @@ impl LaterCluster {
     pub(super) fn new(
         client: redis::cluster::ClusterClient,
         node_client: super::sentinel::MasterClient,
+        password_file: Option<super::credentials::FileCredentials>,
         timeout: Duration,
         handshake: Duration,
     ) -> LaterCluster {
+        let node_config = match password_file {
+            Some(file) => redis::AsyncConnectionConfig::new().set_credentials_provider(file),
+            None => redis::AsyncConnectionConfig::new(),
+        };
         LaterCluster {
             client: Arc::new(client),
             node_client,
+            node_config,
             current: Default::default(),
             connecting: Default::default(),
             answered_ms: PerNode::default(),
@@ -281,7 +288,7 @@ impl LaterCluster {
             .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
             .ok_or_else(|| Error::Store(format!("not a node address: {name:?}")))?;
         let client = (self.node_client)(host, port)?;
-        Ok(client.get_multiplexed_async_connection().await?)
+        Ok((client.get_multiplexed_async_connection_with_config(&self.node_config)).await?)
     }
 
     fn answered(&self, node: usize) {

@@ -37,6 +37,11 @@ pub struct RedisOptions {
     /// The password, when it is not in the URL (read from a file or the environment:
     /// the usual shapes of a Kubernetes secret). Wins over one in the URL.
     pub password: Option<Password>,
+    /// A file holding the password (a mounted Kubernetes secret), followed as it
+    /// rotates: each new connection logs in with what it holds then, and each open
+    /// connection logs in again when it changes (looked at every 2 s). Wins over
+    /// [`RedisOptions::password`].
+    pub password_file: Option<std::path::PathBuf>,
     /// TLS settings for a `rediss://` or `rediss+cluster://` URL (`None`: the system's
     /// roots, no client certificate). Given with a plain URL, connecting is refused.
     pub tls: Option<RedisTls>,
@@ -211,6 +216,7 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(2),
             username: None,
             password: None,
+            password_file: None,
             tls: None,
             sentinel_username: None,
             sentinel_password: None,

@@ -42,6 +42,9 @@ pub(crate) struct SentinelConn {
     master_client: MasterClient,
     db: i64,
     config: AsyncConnectionConfig,
+    /// The master's: `config`, logging in with a password file's credentials when
+    /// one is given.
+    master_config: AsyncConnectionConfig,
     /// The longest one search may take (Sentinels, the master, its `ROLE`).
     search_timeout: Duration,
     /// A connection on which nothing has been answered for this long is given up.
@@ -90,15 +93,22 @@ impl SentinelConn {
         db: i64,
         connect_timeout: Duration,
         timeout: Duration,
+        password_file: Option<super::credentials::FileCredentials>,
     ) -> SentinelConn {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(timeout));
+        let master_config = match password_file {
+            Some(file) => config.clone().set_credentials_provider(file),
+            None => config.clone(),
+        };
         SentinelConn {
             name,
             sentinels,
             master_client,
             db,
-            config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                .set_response_timeout(Some(timeout)),
+            config,
+            master_config,
             search_timeout: connect_timeout,
             stall: timeout,
             clock: MonotonicClock::new(),
@@ -340,7 +350,7 @@ impl SentinelConn {
             ))
         })?;
         let mut conn = client
-            .get_multiplexed_async_connection_with_config(&self.config)
+            .get_multiplexed_async_connection_with_config(&self.master_config)
             .await?;
         let role = redis::cmd("ROLE").query_async::<Value>(&mut conn).await?;
         let is_master = match &role {

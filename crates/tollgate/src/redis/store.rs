@@ -121,18 +121,22 @@ impl RedisStore {
                 // A fresh Cluster connection connects to the seeds, then to every
                 // master, each bounded by the connect timeout, then pings.
                 let handshake = handshake * 2 + opts.timeout;
-                let later = LaterCluster::new(client, node_client, opts.timeout, handshake);
+                let file = super::credentials::of(&opts);
+                let later = LaterCluster::new(client, node_client, file, opts.timeout, handshake);
                 Conn::Cluster(Arc::new(later))
             }
             Target::Sentinel(sentinels) => Conn::Sentinel(Arc::new(sentinels)),
             Target::Single(client) => {
                 // The call's own timeout (below) fires first and retires a connection
                 // whose calls go unanswered; this one only bounds a call past it.
-                let config = ConnectionManagerConfig::new()
+                let mut config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(opts.connect_timeout.max(opts.timeout)))
                     .set_response_timeout(Some(opts.timeout * 2))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(100));
+                if let Some(file) = super::credentials::of(&opts) {
+                    config = config.set_credentials_provider(file);
+                }
                 let single =
                     SingleConn::new(client, config, opts.timeout, handshake).map_err(|e| {
                         Error::Config(format!("{}: {e}", super::connect::redacted(url)))
