@@ -8,20 +8,22 @@ use super::problem::Problem;
 use super::routes::{Route, RouteTable};
 
 /// A request's key and limits on its `route`: what it goes upstream with, or the
-/// answer instead. A request whose key is empty is not limited (as nginx).
+/// answer instead. A request whose key is empty is not limited (as nginx). `body`:
+/// the request's body, when read for a `cost:` route's reservation.
 pub(super) async fn admit(
     table: &RouteTable,
     route: &Route,
     peer: &Peer,
     path: &str,
     headers: &(impl HeaderSource + ?Sized),
+    body: Option<&[u8]>,
 ) -> Result<Passed, Problem> {
     let key = keys::key(&route.key, &table.trusted, peer.addr.ip(), path, headers);
     let tier = route.limits.tier_of(&key);
     let mut passed = if key.is_empty() {
         Passed::default()
     } else {
-        route.limits.pass(&key, tier).await?
+        route.limits.pass(&key, tier, body).await?
     };
     // The adaptive limit protects the upstream: every request of the route meets it,
     // keyed or not.

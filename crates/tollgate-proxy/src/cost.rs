@@ -4,13 +4,17 @@
 //! when the response ends — into debt if need be, so the key is refused until its
 //! budget has paid the debt back.
 //!
-//! The request is admitted when the key has the route's `estimate` left (at least one
-//! unit), which it takes; when the response ends, the difference to the reported
-//! usage is charged or given back. A response that does not say, or says something
-//! that is not a usage (a string, a negative or fractional number, more than 2^40), is
-//! charged the estimate, counted and logged once per route; a client that goes away
-//! mid-stream is charged the usage already seen, else the estimate; a request the
-//! upstream never answered gives its admission back.
+//! The request is admitted when the key has what it reserves left, which it takes:
+//! the bound its JSON body states (`max_tokens`, `max_completion_tokens`,
+//! `max_output_tokens`) plus a unit per 4 bytes of the body (its prompt), or the
+//! route's `estimate` when it states none (`reserve: estimate`: always that). When the
+//! response ends, the difference to the reported usage is charged or given back. A
+//! response that does not say, or says something that is not a usage (a string, a
+//! negative or fractional number, more than 2^40), is charged what the request
+//! reserved, counted and logged once per route; a client that goes away mid-stream
+//! is charged the usage already seen, else what it reserved; a request the upstream
+//! never answered gives its admission back. So concurrent requests of one key can
+//! never together pass the budget by more than what they declared.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,7 +23,7 @@ use axum::http::HeaderName;
 use tollgate::{AnyLimiter, RateLimiter};
 
 use super::keys::HeaderSource;
-use tollgate_runtime::config::proxy::CostConfig;
+use tollgate_runtime::config::proxy::{CostConfig, Reserve};
 
 /// Where a usage is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,8 +58,11 @@ pub(super) struct RouteCost {
     /// Units a request takes at admission, and is charged when its response does not
     /// say what it used.
     pub estimate: u64,
-    /// The most of a JSON body (or of one event) read looking for the usage.
-    max_body: usize,
+    /// The most of a JSON body (or of one event) read looking for the usage, and of
+    /// a request body read for its bound.
+    pub max_body: usize,
+    /// Whether a request's own declared bound is reserved (`reserve: declared`).
+    reserve_declared: bool,
     /// Units the requests used in all (reported, or the estimate).
     pub used: AtomicU64,
     /// Responses by outcome: reported, missing, invalid, disconnected.
@@ -110,10 +117,30 @@ impl RouteCost {
             json_paths,
             estimate: c.estimate,
             max_body: c.max_body,
+            reserve_declared: c.reserve == Reserve::Declared,
             used: AtomicU64::new(0),
             outcomes: Default::default(),
             warned: AtomicBool::new(false),
         })
+    }
+
+    /// Whether admission reads the request body for its bound.
+    pub fn reads_request(&self) -> bool {
+        self.reserve_declared
+    }
+
+    /// What a request with `body` (its bytes, when read) takes at admission: the
+    /// bound its JSON states plus a unit per 4 bytes of it, else the estimate.
+    pub fn reservation(&self, body: Option<&[u8]>) -> u64 {
+        let declared = body
+            .filter(|_| self.reserve_declared)
+            .and_then(|b| Some((declared_bound(b)?, b.len() as u64)));
+        match declared {
+            Some((bound, len)) => bound
+                .saturating_add(len.div_ceil(4))
+                .clamp(1, tollgate::policy::MAX_COUNT),
+            None => self.estimate,
+        }
     }
 
     /// The usage a header source finds in the response headers, if one does.
@@ -178,6 +205,16 @@ impl RouteCost {
             );
         }
     }
+}
+
+/// The fields in which an OpenAI-compatible request states the most it may produce.
+const BOUND_FIELDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+
+/// The bound a JSON request body states, if it is an object with one of
+/// [`BOUND_FIELDS`] as a whole number.
+fn declared_bound(body: &[u8]) -> Option<u64> {
+    let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    (BOUND_FIELDS.iter()).find_map(|f| json.get(f)?.as_u64())
 }
 
 /// Reads a response body for a usage: a JSON document (up to `max` bytes), or the
@@ -365,9 +402,8 @@ impl Pending {
         self.cost.count(outcome, &self.route);
         let used = match outcome {
             Outcome::Reported(n) | Outcome::Disconnected(Some(n)) => n,
-            Outcome::Missing | Outcome::Invalid(_) | Outcome::Disconnected(None) => {
-                self.cost.estimate
-            }
+            // What it reserved: its declared bound, else the estimate.
+            Outcome::Missing | Outcome::Invalid(_) | Outcome::Disconnected(None) => self.admitted,
         };
         self.cost.used.fetch_add(used, Ordering::Relaxed);
         if used == self.admitted {
@@ -474,6 +510,7 @@ mod tests {
             from: from.iter().map(|s| s.to_string()).collect(),
             estimate: 7,
             max_body,
+            reserve: Reserve::Declared,
         };
         RouteCost::build(&c, "r").unwrap()
     }
@@ -556,5 +593,36 @@ mod tests {
         assert_eq!(c.in_headers(&h), Some(Outcome::Reported(77)));
         h.insert("x-usage", "-1".parse().unwrap());
         assert!(matches!(c.in_headers(&h), Some(Outcome::Invalid(_))));
+    }
+
+    #[test]
+    fn a_request_reserves_its_declared_bound_and_its_prompt() {
+        let c = cost(&["json:usage.total_tokens"], 1 << 20);
+        let body = br#"{"model":"m","max_tokens":900,"messages":[]}"#;
+        let prompt = (body.len() as u64).div_ceil(4);
+        assert_eq!(c.reservation(Some(body)), 900 + prompt);
+        let newer = br#"{"max_completion_tokens":50}"#;
+        assert_eq!(c.reservation(Some(newer)), 50 + 7);
+        // No bound, not JSON, no body: the estimate.
+        assert_eq!(c.reservation(Some(br#"{"model":"m"}"#)), 7);
+        assert_eq!(c.reservation(Some(b"not json")), 7);
+        assert_eq!(c.reservation(None), 7);
+        // A bound past 2^40 is held to it, never wrapped.
+        let huge = format!(r#"{{"max_tokens":{}}}"#, u64::MAX);
+        assert_eq!(
+            c.reservation(Some(huge.as_bytes())),
+            tollgate::policy::MAX_COUNT
+        );
+        let fixed = RouteCost::build(
+            &CostConfig {
+                from: vec!["json:usage.total_tokens".into()],
+                estimate: 7,
+                max_body: 1 << 20,
+                reserve: Reserve::Estimate,
+            },
+            "r",
+        )
+        .unwrap();
+        assert_eq!(fixed.reservation(Some(body)), 7);
     }
 }

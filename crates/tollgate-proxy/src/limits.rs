@@ -32,6 +32,8 @@ struct RateCounters {
     counter: AnyLimiter,
     /// Their rules.
     rules: RuleSet,
+    /// The most their policies can admit at once (the smallest headline limit).
+    most: u64,
     /// What their headers say whatever the decision (formatted once), named
     /// "default" or after the tier.
     policy_header: PolicyHeader,
@@ -178,17 +180,29 @@ impl RouteLimits {
             .position(|(values, _)| values.iter().any(|v| v == key))
     }
 
+    /// Whether admission reads a request body (under `cost:` with `reserve:
+    /// declared`), and the most of one it reads.
+    pub fn reads_body(&self) -> Option<usize> {
+        (self.cost.as_ref()).and_then(|c| c.reads_request().then_some(c.max_body))
+    }
+
     /// Meets `key`'s limits (of its `tier`, from [`Self::tier_of`]): the rate
     /// counters first (a delay of `limit-req` without `nodelay` is slept here), then
     /// a `limit_conn` permit. `Err` is the response to send instead of forwarding (a
     /// dry run forwards everything).
-    pub async fn pass(&self, key: &str, tier: Option<usize>) -> Result<Passed, Problem> {
+    pub async fn pass(
+        &self,
+        key: &str,
+        tier: Option<usize>,
+        body: Option<&[u8]>,
+    ) -> Result<Passed, Problem> {
         let mut headers = HeaderMap::new();
         let mut pending = None;
         if let Some(l) = self.limits_of(tier) {
-            // Under `cost:`, the admission takes the estimate; the rest is settled
-            // when the response ends.
-            let take = self.cost.as_ref().map_or(1, |c| c.estimate);
+            // Under `cost:`, the admission takes what the request reserves (`body`:
+            // its bytes, when read); the rest is settled when the response ends. A
+            // bound past what the policies can ever admit at once reserves all of it.
+            let take = (self.cost.as_ref()).map_or(1, |c| c.reservation(body).min(l.most));
             let d = self.check_rate(l, key, take, &mut headers).await?;
             if d.allowed && d.wait_us > 0 && !self.dry_run {
                 // limit_req without nodelay: the request is held, not rejected.
@@ -378,6 +392,7 @@ impl RateCounters {
         Ok(Some(RateCounters {
             counter,
             policy_header: PolicyHeader::new(name, &rules),
+            most: (rules.policies().iter().map(|p| p.limit()).min()).unwrap_or(u64::MAX),
             rules,
         }))
     }

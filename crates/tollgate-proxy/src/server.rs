@@ -10,9 +10,10 @@ use std::time::Duration;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use axum::extract::Request;
-use axum::http::header::{CONNECTION, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-use axum::http::{HeaderValue, Version};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, HOST, TRANSFER_ENCODING};
+use axum::http::{HeaderValue, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use clap::Parser;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tollgate::keyed::KeyedOptions;
@@ -22,7 +23,7 @@ use super::forwarding::{forward, Peer};
 use super::h1;
 use super::limits::RedisBackend;
 use super::observe::RequestObserver;
-use super::problem::no_route;
+use super::problem::{no_route, problem};
 use super::routes::RouteTable;
 use super::worker::Proxy;
 use tollgate_runtime::config::proxy::ProxyConfig;
@@ -31,7 +32,7 @@ use tollgate_runtime::config::Connections;
 use tollgate_runtime::connections::{BodyTimeout, Drain, HyperConns, Rewind, Slots};
 
 /// Every request hyper serves: its route, its key, its limits, then the upstream.
-async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {
+async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
     let table = proxy.table.load_full();
     // An HTTP/2 client names the host in its URI (`:authority`).
     let host = (req.headers().get(HOST).and_then(|h| h.to_str().ok()))
@@ -53,11 +54,18 @@ async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {
     let (mut answer, forwarded) = match table.route_for(host, req.uri().path()) {
         None => (no_route().into_response(), false),
         Some(route) => {
+            let (mut req, body) = match route.limits.reads_body() {
+                Some(max) => match read_body(req, max).await {
+                    Ok(read) => read,
+                    Err(answer) => return answer,
+                },
+                None => (req, None),
+            };
             let path = req.uri().path();
             let method = req.method().as_str();
             let mut observed =
                 RequestObserver::start(proxy.tracing.as_ref(), req.headers(), method, path, route);
-            match admit(&table, route, peer, path, req.headers()).await {
+            match admit(&table, route, peer, path, req.headers(), body.as_deref()).await {
                 Ok(passed) => {
                     if let Some(trace) = observed.upstream() {
                         let headers = req.headers_mut();
@@ -96,6 +104,32 @@ async fn handle(proxy: &Proxy, peer: &Peer, mut req: Request) -> Response {
         (answer.headers_mut()).insert(CONNECTION, HeaderValue::from_static("close"));
     }
     answer
+}
+
+/// Under `cost:` with `reserve: declared`: the body of a request with a length up to
+/// `max` (not waiting for `100 Continue`), read whole for admission to see; the
+/// request keeps it. Others go on as they are.
+async fn read_body(req: Request, max: usize) -> Result<(Request, Option<Bytes>), Response> {
+    let length = (req.headers().get(CONTENT_LENGTH))
+        .and_then(|v| v.to_str().ok()?.trim().parse::<usize>().ok());
+    let expects = req.headers().contains_key(EXPECT);
+    match length {
+        Some(n) if n > 0 && n <= max && !expects => {}
+        _ => return Ok((req, None)),
+    }
+    let (parts, body) = req.into_parts();
+    match axum::body::to_bytes(body, max).await {
+        Ok(bytes) => Ok((
+            Request::from_parts(parts, axum::body::Body::from(bytes.clone())),
+            Some(bytes),
+        )),
+        Err(e) => {
+            let detail = format!("the request body could not be read: {e}");
+            let mut answer = problem(StatusCode::BAD_REQUEST, &detail, None).into_response();
+            (answer.headers_mut()).insert(CONNECTION, HeaderValue::from_static("close"));
+            Err(answer)
+        }
+    }
 }
 
 /// What the proxy takes from a main config.

@@ -437,3 +437,66 @@ async fn a_shadow_policy_does_not_stop_the_charge() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Each request reserves the bound it declares (`max_tokens`) plus its prompt at
+/// admission: 20 concurrent slow streams of one key, each declaring and producing 300
+/// tokens, against a budget of 1,000: only those whose reservations fit together are
+/// admitted, so the upstream never produces more than the budget (without the
+/// reservation, each took the estimate of 50 and all 20 passed: 6,000 tokens). A
+/// stream that reports no usage is charged its reservation, not the estimate, over
+/// HTTP/1.1 and HTTP/2 alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_reserve_what_they_declare() {
+    let up = upstream().await;
+    let dir = temp_dir("reserve");
+    let px = proxy(&dir, &up, "", "token-bucket:rate=1000/h,capacity=1000");
+    let c = client();
+    let body = r#"{"model":"m","stream":true,"tokens":300,"max_tokens":300}"#;
+    // HTTP/2 (prior knowledge) is served by hyper, HTTP/1.1 by the fast path.
+    let h2: HttpClient = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let send = |key: &'static str, how: &'static str| {
+        let c = if key.starts_with("h2-") {
+            h2.clone()
+        } else {
+            c.clone()
+        };
+        let url = format!("{}/v1/chat/completions", px.addr);
+        async move {
+            let req = http::Request::post(url)
+                .header("authorization", key)
+                .header("x-usage", how)
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let resp = c.request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            resp.into_body().collect().await.unwrap();
+            status
+        }
+    };
+    let statuses = futures::future::join_all((0..20).map(|_| send("k-parallel", "slow"))).await;
+    let admitted = statuses.iter().filter(|s| **s == 200).count() as u64;
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
+    let reservation = 300 + (body.len() as u64).div_ceil(4);
+    assert!(admitted >= 1, "{statuses:?}");
+    assert!(
+        admitted * reservation <= 1000,
+        "{admitted} admitted at once, {} tokens produced against a budget of 1000",
+        admitted * 300
+    );
+    // A stream without usage pays what it reserved (315 of a fresh key's 1,000), not
+    // the estimate (50, which would let 20 through): three fit, the fourth does not.
+    for _ in 0..3 {
+        assert_eq!(send("k-missing", "none").await, 200);
+    }
+    assert_eq!(send("k-missing", "none").await, 429);
+    for _ in 0..3 {
+        assert_eq!(send("h2-missing", "none").await, 200);
+    }
+    assert_eq!(send("h2-missing", "none").await, 429);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -81,7 +81,20 @@ pub(crate) async fn serve<C: Client>(
         };
         // A server draining ends each connection after its answer, and says so.
         conn.closing = drain.is_requested();
-        match conn.request(proxy, peer, &mut io, end).await {
+        let next = loop {
+            match conn.request(proxy, peer, &mut io, end).await {
+                // Admission reads the body first (a `cost:` route reserving what the
+                // request declares): the head is read again once it is all here.
+                Next::ReadBody(want) => {
+                    let stall = Duration::from_micros(proxy.bounds.body_timeout);
+                    if !read_at_least(&mut io, &mut conn.buf, want, stall).await {
+                        break Next::Close;
+                    }
+                }
+                next => break next,
+            }
+        };
+        match next {
             Next::KeepAlive => {}
             Next::Close => {
                 // A FIN after the last answer, not a reset that could lose it.
@@ -92,8 +105,61 @@ pub(crate) async fn serve<C: Client>(
                 let read = conn.buf.split().freeze();
                 return Some((io, read));
             }
+            Next::ReadBody(_) => unreachable!("read above"),
         }
     }
+}
+
+/// The answer to a request head that cannot be served.
+fn bad_head(bad: BadHead) -> Problem {
+    let (status, detail) = match bad {
+        BadHead::Malformed(what) => (StatusCode::BAD_REQUEST, what),
+        BadHead::Coding => (
+            StatusCode::NOT_IMPLEMENTED,
+            "only the chunked transfer coding is taken",
+        ),
+    };
+    problem(status, detail, None)
+}
+
+/// Under `cost:`, the body admission reads (a request that may state its bound: one
+/// with a length up to `cost.max_body`, not waiting for `100 Continue`), from `buf`
+/// after the head's `end`; `Err(want)`: read until `buf` holds `want` bytes first.
+fn body_for_admission<'b>(
+    buf: &'b [u8],
+    end: usize,
+    route: &Route,
+    framing: Framing,
+    head: &RequestHead,
+) -> Result<Option<&'b [u8]>, usize> {
+    match (route.limits.reads_body(), framing) {
+        (Some(max), Framing::Length(n)) if n > 0 && n <= max as u64 && !head.continue_expected => {
+            let want = end + n as usize;
+            match buf.get(end..want) {
+                Some(body) => Ok(Some(body)),
+                None => Err(want),
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Reads until `buf` holds `want` bytes, each read within `stall`; `false` when the
+/// client stalls, closes or fails first.
+async fn read_at_least(
+    io: &mut impl Client,
+    buf: &mut BytesMut,
+    want: usize,
+    stall: Duration,
+) -> bool {
+    while buf.len() < want {
+        buf.reserve(want - buf.len());
+        match tokio::time::timeout(stall, io.read_buf(buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// A client connection (a socket bounded in time by `connections:`; a pipe in
@@ -120,6 +186,9 @@ enum Next {
     Close,
     /// The request goes to hyper, with the rest of the connection.
     Hyper,
+    /// Admission needs the request's body: read until the buffer holds this many
+    /// bytes, then serve the request again.
+    ReadBody(usize),
 }
 
 /// Why no request head came.
@@ -215,16 +284,7 @@ impl Conn {
         let head = match RequestHead::of(req.headers) {
             Ok(head) if head.unusual => return Next::Hyper,
             Ok(head) => head,
-            Err(bad) => {
-                let (status, detail) = match bad {
-                    BadHead::Malformed(what) => (StatusCode::BAD_REQUEST, what),
-                    BadHead::Coding => (
-                        StatusCode::NOT_IMPLEMENTED,
-                        "only the chunked transfer coding is taken",
-                    ),
-                };
-                return refuse(io, &mut self.out, &problem(status, detail, None), to_head).await;
-            }
+            Err(bad) => return refuse(io, &mut self.out, &bad_head(bad), to_head).await,
         };
         let framing = head.framing();
         // The answer instead of forwarding: the connection goes on only when no
@@ -239,9 +299,13 @@ impl Conn {
             // Its raw upstream sockets are plaintext: hyper's pool speaks TLS.
             return Next::Hyper;
         }
+        let body = match body_for_admission(&self.buf, end, route, framing, &head) {
+            Ok(body) => body,
+            Err(want) => return Next::ReadBody(want),
+        };
         let mut observed =
             RequestObserver::start(proxy.tracing.as_ref(), &*req.headers, method, path, route);
-        let passed = match admit(&table, route, peer, path, req.headers).await {
+        let passed = match admit(&table, route, peer, path, req.headers, body).await {
             Ok(passed) => passed,
             Err(answer) => {
                 observed.refused(answer.status.as_u16());

@@ -163,6 +163,24 @@ pub struct CostConfig {
     /// 1 MiB); the body itself streams through whatever its size.
     #[serde(default = "default_max_body")]
     pub max_body: usize,
+    /// What a request takes at admission: `declared` (the default) takes the bound a
+    /// JSON request body states (`max_tokens`, `max_completion_tokens` or
+    /// `max_output_tokens`, as OpenAI-compatible APIs take them) plus an estimate of
+    /// its prompt (a unit per 4 bytes of the body), and `estimate` for a request
+    /// that states none; `estimate` always takes `estimate`.
+    #[serde(default)]
+    pub reserve: Reserve,
+}
+
+/// What a `cost:` request takes at admission (see [`CostConfig::reserve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reserve {
+    /// The request's own bound and prompt, when it states one.
+    #[default]
+    Declared,
+    /// `estimate`, always.
+    Estimate,
 }
 
 fn one() -> u64 {
