@@ -11,17 +11,20 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-/// The commit the binary was built from (`git rev-parse`, or `TOLLGATE_COMMIT` at
-/// build time; `unknown` without either).
-pub const COMMIT: &str = env!("TOLLGATE_COMMIT");
+/// The commit the binary was built from, as it says at start ([`set_commit`]).
+static COMMIT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 
-/// What `tollgate --version` prints: the version and the commit.
-pub const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (commit ",
-    env!("TOLLGATE_COMMIT"),
-    ")"
-);
+/// Names the commit the binary was built from, for `tollgate_build_info`. The binary
+/// reads it in its own build script and says it here at start, so that a new commit
+/// rebuilds the binary alone, not every crate under it.
+pub fn set_commit(commit: &'static str) {
+    let _ = COMMIT.set(commit);
+}
+
+/// The commit [`set_commit`] named, or `unknown`.
+pub fn commit() -> &'static str {
+    COMMIT.get().copied().unwrap_or("unknown")
+}
 
 /// Registers `tollgate_build_info` and the process collector on `root`, which must
 /// have no prefix; returns a registry under `prefix` for the server's own metrics.
@@ -29,7 +32,7 @@ pub fn register<'r>(root: &'r mut Registry, prefix: &str) -> &'r mut Registry {
     root.register(
         "tollgate_build",
         "The running build: its version and commit",
-        Info::new([("version", env!("CARGO_PKG_VERSION")), ("commit", COMMIT)]),
+        Info::new([("version", env!("CARGO_PKG_VERSION")), ("commit", commit())]),
     );
     root.register_collector(Box::new(ProcessCollector));
     root.sub_registry_with_prefix(prefix)
@@ -161,8 +164,9 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut text, &root).unwrap();
         assert!(
             text.contains(&format!(
-                "tollgate_build_info{{version=\"{}\",commit=\"{COMMIT}\"}} 1",
-                env!("CARGO_PKG_VERSION")
+                "tollgate_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION"),
+                commit()
             )),
             "{text}"
         );

@@ -10,11 +10,22 @@ use tollgate_offline::replay::ReplayArgs;
 use tollgate_offline::simulate::SimulateArgs;
 use tollgate_proxy::ProxyArgs;
 
+/// What `tollgate --version` prints: the version and the commit the binary was built
+/// from (`git rev-parse`, or `TOLLGATE_COMMIT` at build time; `unknown` without
+/// either), read by this crate's build script: a new commit rebuilds the binary's
+/// crate only.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TOLLGATE_COMMIT"),
+    ")"
+);
+
 /// tollgate: rate limiting with exact, documented semantics.
 #[derive(Debug, Parser)]
 #[command(
     name = "tollgate",
-    version = tollgate_runtime::process_metrics::VERSION,
+    version = VERSION,
     about
 )]
 pub struct Cli {

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    tollgate_runtime::process_metrics::set_commit(env!("TOLLGATE_COMMIT"));
     let cli = <tollgate_server::cli::Cli as clap::Parser>::parse_from(tollgate_server::cli::args());
     // Events (reloads, Redis outages and recoveries, lost leases) to stderr.
     let (format, level) = cli.log_settings();

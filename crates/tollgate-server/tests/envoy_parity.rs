@@ -992,15 +992,25 @@ async fn calls_are_counted_by_api_method_and_code_and_rules_show_their_limits() 
         r#"tollgate_requests_total{api="http",method="/json",code="429"} 1"#,
         r#"tollgate_rule_limit{domain="parity",rule="parity/k",policy="fixed-window:limit=3,window=1m"} 3"#,
         r#"tollgate_rule_window_seconds{domain="parity",rule="parity/k",policy="fixed-window:limit=3,window=1m"} 60.0"#,
-        concat!(
-            r#"tollgate_build_info{version=""#,
-            env!("CARGO_PKG_VERSION"),
-            r#"",commit=""#
-        ),
         "process_resident_memory_bytes ",
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
+    // The build: the commit the binary names in --version (its own build script
+    // reads it; the runtime is told at start).
+    let version = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    let commit = (version.split("(commit ").nth(1))
+        .and_then(|c| c.split(')').next())
+        .unwrap_or_else(|| panic!("{version}"));
+    let build = format!(
+        r#"tollgate_build_info{{version="{}",commit="{commit}"}} 1"#,
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(metrics.contains(&build), "{build} in {metrics}");
 }
 
 /// `service.envoy_metrics`: envoyproxy/ratelimit's metric names beside tollgate's,
