@@ -94,8 +94,9 @@ pub struct RuleRow {
     pub decisions: Outcomes,
     /// Over the last second.
     pub per_second: Outcomes,
-    /// The share of the last second's admitted hits that came past the near-limit
-    /// ratio (`near_limit` over `within_limit`), 0 to 1: how near its limit it runs.
+    /// The share of the last second's hits that came past the near-limit ratio or
+    /// over the limit (`near_limit` and `over_limit` over `total_hits`), 0 to 1: how
+    /// near its limit it runs (a rule rejecting everything: 1).
     pub near_limit_share: f64,
     /// Keys held (memory store).
     pub keys: f64,
@@ -186,6 +187,8 @@ pub struct RuleInfo {
     pub shadow: bool,
     /// Unlimited: never counted.
     pub unlimited: bool,
+    /// Banned (`requests_per_unit: 0`): every request refused.
+    pub banned: bool,
 }
 
 /// Makes [`Figures`] from each reading and the one before it, keeping the history.
@@ -394,10 +397,10 @@ fn rule_rows(
                     .fold(0.0, |sum, s| sum + s.value)
             };
             let near = there.map_or(0.0, |b| {
-                let within = hits(here, "within_limit") - hits(b, "within_limit");
-                let near = hits(here, "near_limit") - hits(b, "near_limit");
-                if within > 0.0 {
-                    (near / within).clamp(0.0, 1.0)
+                let delta = |stat: &str| hits(here, stat) - hits(b, stat);
+                let total = delta("total_hits");
+                if total > 0.0 {
+                    ((delta("near_limit") + delta("over_limit")) / total).clamp(0.0, 1.0)
                 } else {
                     0.0
                 }

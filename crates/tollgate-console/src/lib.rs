@@ -212,6 +212,7 @@ impl Console {
                     source: source.clone(),
                     shadow: l.shadow,
                     unlimited: l.limiter.is_none() && !l.deny,
+                    banned: l.deny,
                 });
             }
         }

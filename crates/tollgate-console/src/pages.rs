@@ -154,16 +154,32 @@ pub fn chart(
     }
     let _ = write!(
         out,
-        "<text x=\"4\" y=\"12\" class=\"scale\">{}</text></svg>",
+        "<text x=\"4\" y=\"12\" class=\"scale\">{}</text>",
         rate(max)
     );
+    let seconds = series.first().map_or(0, |s| s.0.len());
+    if legend && seconds > 1 {
+        // The time axis: one point a second, the newest at the right.
+        let span = (seconds - 1) as f64;
+        let y = h - 4.0;
+        let _ = write!(
+            out,
+            "<text x=\"4\" y=\"{y}\" class=\"scale\">−{}</text>\
+<text x=\"{:.0}\" y=\"{y}\" class=\"scale\" text-anchor=\"middle\">−{}</text>\
+<text x=\"{:.0}\" y=\"{y}\" class=\"scale\" text-anchor=\"end\">now</text>",
+            uptime(span),
+            w / 2.0,
+            uptime(span / 2.0),
+            w - 4.0,
+        );
+    }
+    out.push_str("</svg>");
     if !legend {
         return out;
     }
     let keys: Vec<String> = (series.iter())
         .map(|(_, class, name)| format!("<span class=\"key {class}\">{}</span>", esc(name)))
         .collect();
-    let seconds = series.first().map_or(0, |s| s.0.len());
     out + &format!(
         "<div class=\"legend\">{} — the last {}, one point a second</div>",
         keys.join(" "),
@@ -229,7 +245,7 @@ pub fn overview(fig: &Figures) -> String {
         rate(o.per_second.allowed),
         rate(o.per_second.rejected),
         rate(o.per_second.shadow_rejected),
-        count(o.keys),
+        keys_held(&o.store, o.keys),
         chart(
             "allowed and rejected per second",
             &[(&h.allowed, "allowed", "allowed"), (&h.rejected, "rejected", "rejected")],
@@ -268,15 +284,15 @@ pub fn rules(fig: &Figures) -> String {
     }
     let mut rows = String::new();
     for r in &fig.rules {
-        rows.push_str(&rule_row(r));
+        rows.push_str(&rule_row(r, &fig.overview.store));
     }
     format!(
         "<table class=\"rules\"><caption>Decisions by rule: per second over the last second, and since start (as <code>tollgate_decisions_total</code>); the last minutes drawn <span class=\"key allowed\">allowed</span> and <span class=\"key rejected\">rejected</span></caption><thead><tr>\
-<th scope=\"col\">Rule</th><th scope=\"col\">Policies</th><th scope=\"col\">Source</th><th scope=\"col\">Allowed /s</th><th scope=\"col\">Rejected /s</th><th scope=\"col\">Near limit</th><th scope=\"col\">Allowed</th><th scope=\"col\">Rejected</th><th scope=\"col\">Shadow-rejected</th><th scope=\"col\">Keys</th><th scope=\"col\">Last minutes</th></tr></thead><tbody>{rows}</tbody></table>"
+<th scope=\"col\">Rule</th><th scope=\"col\">Policies</th><th scope=\"col\">Source</th><th scope=\"col\">Allowed /s</th><th scope=\"col\">Rejected /s</th><th scope=\"col\" title=\"hits past the near-limit ratio or over the limit, over the last second\">Near or over limit</th><th scope=\"col\">Allowed</th><th scope=\"col\">Rejected</th><th scope=\"col\">Shadow-rejected</th><th scope=\"col\">Keys</th><th scope=\"col\">Last minutes</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 }
 
-fn rule_row(r: &RuleRow) -> String {
+fn rule_row(r: &RuleRow, store: &str) -> String {
     let mut flags = String::new();
     if r.info.shadow {
         flags.push_str(" <span class=\"flag\">shadow</span>");
@@ -284,12 +300,17 @@ fn rule_row(r: &RuleRow) -> String {
     if r.info.unlimited {
         flags.push_str(" <span class=\"flag\">unlimited</span>");
     }
+    if r.info.banned {
+        flags.push_str(" <span class=\"flag bad\">banned</span>");
+    }
     let name = r
         .info
         .name
         .as_deref()
         .map_or(String::new(), |n| format!(" <small>({})</small>", esc(n)));
-    let policies = if r.info.policies.is_empty() {
+    let policies = if r.info.banned {
+        "refuses every request (<code>requests_per_unit: 0</code>)".to_string()
+    } else if r.info.policies.is_empty() {
         "–".to_string()
     } else {
         (r.info.policies.iter())
@@ -318,8 +339,18 @@ fn rule_row(r: &RuleRow) -> String {
         rate(r.per_second.rejected + r.per_second.shadow_rejected),
         r.near_limit_share * 100.0,
         outcome_cells(&r.decisions),
-        count(r.keys),
+        keys_held(store, r.keys),
     )
+}
+
+/// Keys held, as the memory store counts them; the Redis store keeps its keys in
+/// Redis, where this server does not count them.
+fn keys_held(store: &str, keys: f64) -> String {
+    if store.starts_with("redis") {
+        "<span title=\"kept in Redis, not counted here\">in Redis</span>".into()
+    } else {
+        count(keys)
+    }
 }
 
 /// A counter key as the look-up form takes it: its domain, and its entries as

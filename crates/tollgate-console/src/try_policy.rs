@@ -129,12 +129,13 @@ impl Form {
         let seconds = number("Duration", &self.duration, MAX_SECONDS)?;
         let burst = number("Burst", &self.burst, 10_000.0)? as u64;
         let keys = number("Keys", &self.keys, 1_000.0)? as u64;
-        // What the pattern will generate, bounded before it is: a boundary pattern
-        // sends its bursts whatever the rate.
+        // What the pattern will generate on average, bounded before it is: a boundary
+        // pattern sends its bursts whatever the rate. (A random pattern may draw a few
+        // more: the generated trace is bounded again at twice the most.)
         let requests = match pattern {
             Pattern::Boundary => burst as f64 * seconds.ceil(),
             Pattern::Burst => rate * seconds + burst as f64,
-            _ => rate * seconds * 1.1,
+            _ => rate * seconds,
         };
         if requests > MAX_REQUESTS {
             let what = match pattern {
@@ -142,7 +143,7 @@ impl Form {
                 _ => "Rate x duration",
             };
             return Err(format!(
-                "{what}: about {} requests; a try runs at most {MAX_REQUESTS} (tollgate simulate runs more)",
+                "{what}: {} requests; a try runs at most {MAX_REQUESTS} (tollgate simulate runs more)",
                 requests as u64
             ));
         }
@@ -312,6 +313,12 @@ mod tests {
             let e = form(&pairs).scenario().unwrap_err();
             assert!(e.contains(named), "{pairs:?}: {e}");
         }
+        // The bound is the requests the pattern makes: 160/s for 600 s is 96,000,
+        // within a try; 170/s is 102,000, and the refusal says so.
+        let steady = |rate| form(&[("pattern", "steady"), ("rate", rate), ("duration", "600")]);
+        steady("160").scenario().unwrap();
+        let e = steady("170").scenario().unwrap_err();
+        assert!(e.contains("102000 requests"), "{e}");
     }
 
     #[test]

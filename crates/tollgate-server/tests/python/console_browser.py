@@ -48,6 +48,8 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: account
     policies: ["fixed-window:limit=5,window=1h"]
+  - key: banned
+    rate_limit: {unit: second, requests_per_unit: 0}
 quota_buckets:
   - bucket: { name: api }
     policy: "gcra:rate=100/s,burst=20"
@@ -249,6 +251,28 @@ def check_figures_match_metrics(c):
     assert 0 <= m[("console/user", "rejected")] - user[1] <= 2 * RATE, (user, m)
     text = text_of(d, "table.rules")
     assert "shadow" in text and "unlimited" in text and "gcra:rate=2/s,burst=5" in text, text
+    # A banned rule is marked so, not shown as an unlimited one.
+    assert "banned" in text and "refuses every request" in text, text
+    # The user rule rejects most of its load: it reads near its limit.
+    near = c.driver.execute_script("""
+        const tr = document.querySelector('tr[data-rule$="|console/user"]');
+        return tr.querySelectorAll('td.n')[2].textContent;""")
+    assert int(near.rstrip("%")) >= 50, near
+    # At 1,400 and 1,000 pixels the page does not scroll sideways (a wide table
+    # scrolls in its own box) and no policy spec breaks across lines.
+    for width in (1400, 1000):
+        c.driver.set_window_size(width, 1100)
+        c.updated()
+        layout = c.driver.execute_script("""
+            const doc = document.documentElement;
+            const broken = [...document.querySelectorAll('table.rules td code')]
+                .filter(code => code.getClientRects().length > 1).map(code => code.textContent);
+            return [doc.scrollWidth, doc.clientWidth, broken];""")
+        assert layout[0] <= layout[1], f"{width}px: the page is {layout[0]}px wide"
+        assert not layout[2], f"{width}px: specs broken across lines: {layout[2]}"
+        if width == 1000:
+            c.shot("rules-1000")
+    c.driver.set_window_size(1400, 1100)
 
 
 def check_exact_when_idle(c):
@@ -423,7 +447,7 @@ def check_bad_input(c):
         assert headers.get("content-security-policy", "").startswith("default-src 'none'"), path
     # Without JavaScript, the tables are in the page as served.
     status, _, body = http_get(c.http, "/console/rules")
-    assert body.count("<tr data-rule=") == 4, body[:500]
+    assert body.count("<tr data-rule=") == 5, body[:500]
     print(f"bad input: {len(cases)} cases answered with what is wrong, no 500")
 
 
