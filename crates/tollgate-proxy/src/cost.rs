@@ -200,8 +200,9 @@ impl RouteCost {
                 route,
                 why,
                 estimate = self.estimate,
-                "tollgate: proxy: charging the route's cost estimate (logged once per route; \
-                 counted in tollgate_proxy_cost_responses_total)"
+                "tollgate: proxy: charging what the request reserved (its declared bound, else \
+                 the route's estimate; logged once per route; counted in \
+                 tollgate_proxy_cost_responses_total)"
             );
         }
     }
@@ -211,10 +212,15 @@ impl RouteCost {
 const BOUND_FIELDS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
 
 /// The bound a JSON request body states, if it is an object with one of
-/// [`BOUND_FIELDS`] as a whole number.
+/// [`BOUND_FIELDS`] as a whole number: the largest of those it states (an upstream
+/// may honour any), times its number of choices `n`.
 fn declared_bound(body: &[u8]) -> Option<u64> {
     let json: serde_json::Value = serde_json::from_slice(body).ok()?;
-    (BOUND_FIELDS.iter()).find_map(|f| json.get(f)?.as_u64())
+    let bound = (BOUND_FIELDS.iter())
+        .filter_map(|f| json.get(f)?.as_u64())
+        .max()?;
+    let choices = json.get("n").and_then(|n| n.as_u64()).unwrap_or(1).max(1);
+    Some(bound.saturating_mul(choices))
 }
 
 /// Reads a response body for a usage: a JSON document (up to `max` bytes), or the
@@ -603,6 +609,12 @@ mod tests {
         assert_eq!(c.reservation(Some(body)), 900 + prompt);
         let newer = br#"{"max_completion_tokens":50}"#;
         assert_eq!(c.reservation(Some(newer)), 50 + 7);
+        // The largest bound stated, times the choices asked for.
+        let both = br#"{"max_tokens":1,"max_completion_tokens":100,"n":3}"#;
+        assert_eq!(
+            c.reservation(Some(both)),
+            300 + (both.len() as u64).div_ceil(4)
+        );
         // No bound, not JSON, no body: the estimate.
         assert_eq!(c.reservation(Some(br#"{"model":"m"}"#)), 7);
         assert_eq!(c.reservation(Some(b"not json")), 7);

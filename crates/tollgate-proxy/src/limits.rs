@@ -32,7 +32,8 @@ struct RateCounters {
     counter: AnyLimiter,
     /// Their rules.
     rules: RuleSet,
-    /// The most their policies can admit at once (the smallest headline limit).
+    /// The most their enforced policies can admit at once (the smallest headline
+    /// limit; a shadow policy's never caps a reservation).
     most: u64,
     /// What their headers say whatever the decision (formatted once), named
     /// "default" or after the tier.
@@ -392,7 +393,11 @@ impl RateCounters {
         Ok(Some(RateCounters {
             counter,
             policy_header: PolicyHeader::new(name, &rules),
-            most: (rules.policies().iter().map(|p| p.limit()).min()).unwrap_or(u64::MAX),
+            most: (rules.policies().iter())
+                .filter(|p| !p.shadow())
+                .map(|p| p.limit())
+                .min()
+                .unwrap_or(u64::MAX),
             rules,
         }))
     }

@@ -197,12 +197,12 @@ impl RouteFamilies {
         );
         registry.register(
             "cost_usage_units",
-            "Units the requests of cost: routes used: the usage reported, or the estimate (max-debt may forgive part of a charge)",
+            "Units the requests of cost: routes used: the usage reported, or what the request reserved (max-debt may forgive part of a charge)",
             self.used,
         );
         registry.register(
             "cost_responses",
-            "Responses under cost:, by how their usage was found (missing and invalid are charged the estimate)",
+            "Responses under cost:, by how their usage was found (missing and invalid are charged what the request reserved)",
             self.responses,
         );
     }

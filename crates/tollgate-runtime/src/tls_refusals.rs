@@ -31,14 +31,16 @@ pub enum Reason {
     RefusedByClient,
     /// No protocol version, cipher suite or ALPN protocol in common.
     Incompatible,
-    /// The client closed or reset the connection mid-handshake.
+    /// The client closed or reset the connection mid-handshake (a TCP health check
+    /// of a load balancer does, at every check): counted, logged at debug only.
     Closed,
     /// Anything else the TLS library refused.
     Other,
 }
 
 impl Reason {
-    /// Every reason, in label order.
+    /// Every reason, in label order: the order of declaration (`reason as usize`
+    /// indexes it).
     pub const ALL: [Reason; 9] = [
         Reason::Timeout,
         Reason::NotTls,
@@ -108,10 +110,13 @@ pub struct Refusals {
 impl Refusals {
     /// Counts a refused handshake on `listener` (as the config names it) from `peer`,
     /// and logs it unless another was logged within the last second (the line then
-    /// says how many went unlogged).
+    /// says how many went unlogged); a client that just closed is logged at debug.
     pub fn refused(&self, listener: &str, peer: SocketAddr, reason: Reason, detail: &str) {
-        let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.counts[reason as usize].fetch_add(1, Ordering::Relaxed);
+        if reason == Reason::Closed {
+            tracing::debug!(listener, %peer, detail, "tls: the client closed mid-handshake");
+            return;
+        }
         let now = Instant::now();
         let unlogged = {
             let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());

@@ -498,5 +498,26 @@ async fn concurrent_requests_reserve_what_they_declare() {
         assert_eq!(send("h2-missing", "none").await, 200);
     }
     assert_eq!(send("h2-missing", "none").await, 429);
+    // A body that comes after its head (the fast path reads it before admission):
+    // declaring 900, reporting no usage, it pays 900 and its prompt; a request
+    // reserving 315 then finds too little left.
+    let split = r#"{"model":"m","stream":false,"tokens":900,"max_tokens":900}"#;
+    let addr = px.addr.trim_start_matches("http://").to_string();
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: k-split\r\n\
+         x-usage: none\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        split.len()
+    );
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tcp.write_all(split.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tcp.read(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(tcp);
+    assert_eq!(send("k-split", "json").await, 429);
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -1074,8 +1074,10 @@ async fn rotate_under_load(redis: &RedisServers, url: &str) {
         tokio::spawn(async move {
             let mut seen = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // When it was sent: one sent before the recovery may be answered after.
+                let sent = now();
                 let status = check(&server, "free", "k").await.0;
-                seen.push((now(), status));
+                seen.push((sent, status));
             }
             seen
         })

@@ -87,8 +87,13 @@ pub(crate) async fn serve<C: Client>(
                 // request declares): the head is read again once it is all here.
                 Next::ReadBody(want) => {
                     let stall = Duration::from_micros(proxy.bounds.body_timeout);
-                    if !read_at_least(&mut io, &mut conn.buf, want, stall).await {
-                        break Next::Close;
+                    match read_at_least(&mut io, &mut conn.buf, want, stall).await {
+                        Ok(()) => {}
+                        // As a body that stalls on its way upstream is answered.
+                        Err(BodyError::Stalled) => {
+                            break refuse(&mut io, &mut conn.out, &body_stalled(), false).await;
+                        }
+                        Err(_) => break Next::Close,
                     }
                 }
                 next => break next,
@@ -144,22 +149,24 @@ fn body_for_admission<'b>(
     }
 }
 
-/// Reads until `buf` holds `want` bytes, each read within `stall`; `false` when the
-/// client stalls, closes or fails first.
+/// Reads until `buf` holds `want` bytes, each read within `stall`: `Stalled` when
+/// one does not come in time, `Read` when the client closes or fails first.
 async fn read_at_least(
     io: &mut impl Client,
     buf: &mut BytesMut,
     want: usize,
     stall: Duration,
-) -> bool {
+) -> Result<(), BodyError> {
     while buf.len() < want {
         buf.reserve(want - buf.len());
         match tokio::time::timeout(stall, io.read_buf(buf)).await {
             Ok(Ok(n)) if n > 0 => {}
-            _ => return false,
+            Ok(Ok(_)) => return Err(BodyError::Read(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(Err(e)) => return Err(BodyError::Read(e)),
+            Err(_) => return Err(BodyError::Stalled),
         }
     }
-    true
+    Ok(())
 }
 
 /// A client connection (a socket bounded in time by `connections:`; a pipe in
