@@ -6,7 +6,8 @@
 //! here: a script of this repository must exist; curl, podman, cargo and the like
 //! are the user's tools.
 
-use std::path::{Path, PathBuf};
+#[path = "support/docs.rs"]
+mod docs;
 
 use clap::{CommandFactory, Parser};
 use tollgate_server::cli::Cli;
@@ -100,17 +101,7 @@ fn flags_of(words: &[String]) -> (String, Vec<String>) {
 
 #[test]
 fn every_tollgate_command_in_the_docs_is_one_the_cli_takes() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
-    files.sort();
-    files.insert(0, root.join("README.md"));
+    let (root, files) = docs::documents();
     let (mut examples, mut synopses, mut failed) = (0, 0, Vec::new());
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();

@@ -7,6 +7,9 @@
 //! tollgate's (Envoy's own configuration) says so in an HTML comment on the line
 //! before its fence: `<!-- not tollgate's: ... -->`.
 
+#[path = "support/docs.rs"]
+mod docs;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -118,18 +121,7 @@ fn rule_paths(config: &Value) -> Vec<PathBuf> {
 
 #[test]
 fn every_yaml_block_of_the_docs_is_a_config_check_config_accepts() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap();
-    let mut files = vec![root.join("README.md")];
-    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
-    docs.sort();
-    files.extend(docs);
+    let (_, files) = docs::documents();
     let pki = Pki::new();
     let mut checked = 0;
     let mut failed = Vec::new();
