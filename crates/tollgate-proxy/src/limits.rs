@@ -22,6 +22,7 @@ use super::problem::{
 use tollgate::headers::{HeaderStyle, PolicyHeader};
 use tollgate_runtime::config::proxy::{RejectFormat, RouteConfig};
 use tollgate_runtime::config::store::StoreConfig;
+use tollgate_runtime::store_metrics::StoreStats;
 
 /// Counters in Redis: the connection and the `store:` settings (failure policy, ...).
 pub(super) type RedisBackend = (RedisStore, StoreConfig);
@@ -93,19 +94,17 @@ fn redis_name(route: &str, part: &str) -> String {
 }
 
 impl RouteLimits {
-    /// What the route's Redis counters saw: their calls' outcomes, and whether Redis is
-    /// failing now (nothing on the memory store).
-    pub fn redis_stats(&self) -> tollgate::redis::RedisStats {
-        let mut stats = tollgate_runtime::store_metrics::StoreStats::default();
+    /// Adds what the route's Redis counters saw to `stats`: their calls' outcomes,
+    /// and whether Redis is failing now, summed and by node (nothing on the memory
+    /// store).
+    pub fn add_redis_stats(&self, stats: &mut StoreStats) {
         let tiers = self.tiers.iter().filter_map(|(_, c)| c.as_ref());
         for counters in self.default.iter().chain(tiers) {
             stats.add(&counters.counter);
         }
-        let mut redis = stats.redis;
         if let Some(Conns::Redis(conns)) = &self.conns {
-            redis += conns.stats();
+            stats.add_redis(conns.stats(), conns.node_stats());
         }
-        redis
     }
 
     /// Builds route `r`'s limits (`at` names it in errors), on Redis when `redis`.

@@ -13,7 +13,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::routes::RouteTable;
-use tollgate_runtime::store_metrics::{redis_events_of, set_events, RedisCalls};
+use tollgate_runtime::store_metrics::{
+    redis_events_of, set_events, set_node_events, RedisCalls, StoreStats, NODE_EVENTS_HELP,
+};
 use tollgate_runtime::tls_refusals::RefusalMetrics;
 
 type Labels = Vec<(&'static str, String)>;
@@ -103,17 +105,20 @@ type F64Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 fn register_redis(root: &mut Registry, table: &RouteTable, store: &tollgate::redis::RedisStore) {
     let calls = RedisCalls::of(vec![("main", store.call_stats())]);
     root.register_collector(Box::new(calls));
-    let mut stats = tollgate::redis::RedisStats::default();
+    let mut stats = StoreStats::default();
     for route in table.routes() {
-        stats += route.limits.redis_stats();
+        route.limits.add_redis_stats(&mut stats);
     }
     let events = Gauges::default();
-    set_events(&events, &redis_events_of(&stats));
+    set_events(&events, &redis_events_of(&stats.redis));
     root.register(
         "tollgate_redis_events",
         "The Redis store's events, summed over the routes in force: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries since they were made; failing is 1 while Redis fails",
         events,
     );
+    let nodes = Gauges::default();
+    set_node_events(&nodes, &stats.nodes);
+    root.register("tollgate_redis_node_events", NODE_EVENTS_HELP, nodes);
 }
 
 /// The listeners' certificates and refused handshakes, and the configuration's reloads.

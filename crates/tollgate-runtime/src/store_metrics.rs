@@ -24,14 +24,51 @@ impl StoreStats {
     /// Adds `limiter`'s counters (none for a memory limiter).
     pub fn add(&mut self, limiter: &AnyLimiter) {
         match limiter {
-            AnyLimiter::Redis(r) => {
-                self.redis += r.stats();
-                for (node, stats) in r.node_stats() {
-                    *self.nodes.entry(node).or_default() += stats;
-                }
+            AnyLimiter::Redis(r) => self.add_redis(r.stats(), r.node_stats()),
+            AnyLimiter::Leased(l) => {
+                self.leases += l.stats();
+                self.add_redis(l.redis_stats(), l.node_stats());
             }
-            AnyLimiter::Leased(l) => self.leases += l.stats(),
             AnyLimiter::Memory(_) => {}
+        }
+    }
+
+    /// Adds the counters of something that calls Redis (a limiter, a concurrency
+    /// limiter): summed, and by node.
+    pub fn add_redis(
+        &mut self,
+        sum: tollgate::redis::RedisStats,
+        by_node: Vec<(std::sync::Arc<str>, tollgate::redis::RedisStats)>,
+    ) {
+        self.redis += sum;
+        self.add_nodes(by_node);
+    }
+
+    /// Adds counters by node only (the quota buckets', which have counters of their
+    /// own in the sum).
+    pub fn add_nodes(&mut self, by_node: Vec<(std::sync::Arc<str>, tollgate::redis::RedisStats)>) {
+        for (node, stats) in by_node {
+            *self.nodes.entry(node).or_default() += stats;
+        }
+    }
+}
+
+/// The help of `tollgate_redis_node_events` (`serve`'s and the proxy's).
+pub const NODE_EVENTS_HELP: &str = "tollgate_redis_events by Redis node (host:port; a single node's is its URL, password hidden), over every limit and the quota buckets: decisions (calls answered), errors, fallback_decisions, outages, recoveries; failing is 1 while that node fails (for a Cluster, its keys get the failure policy, the other nodes' decide as usual)";
+
+/// Sets a `node`- and `event`-labelled gauge family to each node's events
+/// (`tollgate_redis_node_events`, `serve`'s and the proxy's).
+pub fn set_node_events(
+    family: &Family<Labels, Gauge>,
+    nodes: &std::collections::BTreeMap<std::sync::Arc<str>, tollgate::redis::RedisStats>,
+) {
+    for (node, stats) in nodes {
+        for (event, n) in redis_events_of(stats) {
+            if event == "negative_cache_hits" {
+                continue; // kept per limit, not per node
+            }
+            let labels = vec![("node", node.to_string()), ("event", event.to_string())];
+            (family.get_or_create(&labels)).set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 }

@@ -500,7 +500,14 @@ async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
             "      policies: [\"limit-req:rate=1/m,burst=2,nodelay\"]\n      limit_conn: 1\n"
         )
     );
-    let (a, b) = (start(&cfg), start(&cfg));
+    // A's figures on a metrics listener of its own.
+    let mx = tollgate_testkit::free_port();
+    let cfg_a = cfg.replacen(
+        "proxy:\n",
+        &format!("proxy:\n  metrics: 127.0.0.1:{mx}\n"),
+        1,
+    );
+    let (a, b) = (start(&cfg_a), start(&cfg));
     let mut codes = Vec::new();
     for i in 0..6 {
         let p = if i % 2 == 0 { &a } else { &b };
@@ -545,6 +552,23 @@ async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
     let down = get_as(&a, "/api/x", Some("other")).await;
     assert_eq!(down.status(), 503);
     assert!(String::from_utf8_lossy(down.body()).contains("rate limit store unavailable"));
+    // /metrics says which node: limit_req's decisions and limit_conn's permits by
+    // node, the node failing now.
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let uri = format!("http://127.0.0.1:{mx}/metrics").parse().unwrap();
+    let body = client.get(uri).await.unwrap().into_body().collect().await;
+    let node_events = String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap();
+    let node = format!("node=\"{}\"", redis.url());
+    let event = |name: &str| {
+        (node_events.lines())
+            .filter(|l| l.starts_with("tollgate_redis_node_events{") && l.contains(&node))
+            .find(|l| l.contains(&format!("event=\"{name}\"")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+    };
+    assert!(
+        event("decisions").is_some_and(|n| n >= 4) && event("failing") == Some(1),
+        "{node}: {node_events}"
+    );
 }
 
 /// A Redis `limit_conn` permit is back in Redis before the response's last bytes

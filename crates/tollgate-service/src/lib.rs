@@ -716,6 +716,7 @@ impl DecisionService {
             .for_each(|l| stats.add(l));
         drop(overrides);
         if let Counters::Redis(_) = self.counters {
+            stats.add_nodes(self.quota.ledger_nodes());
             let stores = [
                 ("main", self.counters.store()),
                 ("per_second", self.counters.per_second_store()),

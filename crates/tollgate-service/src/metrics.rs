@@ -10,7 +10,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tollgate_runtime::store_metrics::{redis_events_of, set_events, Labels, RedisCalls};
+use tollgate_runtime::store_metrics::{
+    redis_events_of, set_events, set_node_events, Labels, RedisCalls, NODE_EVENTS_HELP,
+};
 
 /// The service's metrics.
 pub struct Metrics {
@@ -237,7 +239,7 @@ impl Metrics {
         );
         registry.register(
             "redis_node_events",
-            "tollgate_redis_events by Redis node (host:port; a single node's is its URL, password hidden): decisions, errors, fallback_decisions, outages, recoveries; failing is 1 while that node fails (for a Cluster, its keys get the failure policy, the other nodes' decide as usual)",
+            NODE_EVENTS_HELP,
             self.redis_nodes.clone(),
         );
         registry.register(
@@ -470,15 +472,7 @@ impl Metrics {
         &self,
         nodes: &std::collections::BTreeMap<std::sync::Arc<str>, tollgate::redis::RedisStats>,
     ) {
-        for (node, stats) in nodes {
-            for (event, n) in redis_events_of(stats) {
-                if event == "negative_cache_hits" {
-                    continue; // kept per limit, not per node
-                }
-                let labels = vec![("node", node.to_string()), ("event", event.to_string())];
-                (self.redis_nodes.get_or_create(&labels)).set(i64::try_from(n).unwrap_or(i64::MAX));
-            }
-        }
+        set_node_events(&self.redis_nodes, nodes);
     }
 
     /// Sets the Redis stores' calls: `(store, its call_stats())`.

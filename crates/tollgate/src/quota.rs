@@ -46,10 +46,7 @@ enum Kept {
         clock: MonotonicClock,
     },
     #[cfg(feature = "redis")]
-    Redis {
-        store: crate::redis::RedisStore,
-        clock: MonotonicClock,
-    },
+    Redis(crate::redis::quota::RedisLedger),
 }
 
 /// What [`QuotaLedger::update`] returns: what the change returned, and how long ago
@@ -71,7 +68,7 @@ impl std::fmt::Debug for QuotaLedger {
         f.write_str(match self.kept {
             Kept::Memory { .. } => "QuotaLedger::Memory",
             #[cfg(feature = "redis")]
-            Kept::Redis { .. } => "QuotaLedger::Redis",
+            Kept::Redis(_) => "QuotaLedger::Redis",
         })
     }
 }
@@ -92,10 +89,7 @@ impl QuotaLedger {
     #[cfg(feature = "redis")]
     pub fn redis(store: crate::redis::RedisStore) -> Self {
         QuotaLedger {
-            kept: Kept::Redis {
-                store,
-                clock: MonotonicClock::new(),
-            },
+            kept: Kept::Redis(crate::redis::quota::RedisLedger::new(store)),
         }
     }
 
@@ -109,7 +103,7 @@ impl QuotaLedger {
                 buckets.remove(name);
             }
             #[cfg(feature = "redis")]
-            Kept::Redis { .. } => {}
+            Kept::Redis(_) => {}
         }
     }
 
@@ -124,7 +118,18 @@ impl QuotaLedger {
                 buckets.retain(|_, b| !b.is_idle(now));
             }
             #[cfg(feature = "redis")]
-            Kept::Redis { .. } => {}
+            Kept::Redis(_) => {}
+        }
+    }
+
+    /// Its calls to Redis by node (`host:port`): updates answered, failed, and the
+    /// failing/healthy transitions; nothing in memory. While a node fails, updates
+    /// of its buckets fail at once (one per 500 ms asks it again).
+    #[cfg(feature = "redis")]
+    pub fn node_stats(&self) -> Vec<(std::sync::Arc<str>, crate::redis::RedisStats)> {
+        match &self.kept {
+            Kept::Memory { .. } => Vec::new(),
+            Kept::Redis(ledger) => ledger.node_stats(),
         }
     }
 
@@ -164,9 +169,8 @@ impl QuotaLedger {
                 Ok(Updated { value, age_us: 0 })
             }
             #[cfg(feature = "redis")]
-            Kept::Redis { store, clock } => {
-                let (value, age_us) =
-                    crate::redis::quota::update(store, clock, name, budget, settings, f).await?;
+            Kept::Redis(ledger) => {
+                let (value, age_us) = ledger.update(name, budget, settings, f).await?;
                 Ok(Updated { value, age_us })
             }
         }
@@ -181,7 +185,7 @@ mod tests {
         match &ledger.kept {
             Kept::Memory { buckets, .. } => buckets.lock().unwrap().len(),
             #[cfg(feature = "redis")]
-            Kept::Redis { .. } => unreachable!(),
+            Kept::Redis(_) => unreachable!(),
         }
     }
 

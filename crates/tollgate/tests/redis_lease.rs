@@ -97,6 +97,7 @@ fn a_single_instance_with_leases_decides_as_the_exact_algorithm() {
             let opts = LeaseOptions {
                 duration: Duration::from_micros(duration_us),
                 max_slice: Some(slice.min(burst)),
+                ..Default::default()
             };
             rt.block_on(async {
                 for store in &stores {
@@ -157,6 +158,7 @@ fn instances_sharing_a_key_through_leases_never_admit_more_than_the_algorithm() 
             let opts = LeaseOptions {
                 duration: Duration::from_micros(duration_us),
                 max_slice: Some(slice.min(burst)),
+                ..Default::default()
             };
             let name = format!("m{}", n.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
             rt.block_on(async {
@@ -210,6 +212,7 @@ fn lease_hammer_child() {
         let opts = LeaseOptions {
             duration: Duration::from_millis(20),
             max_slice: Some(BURST / 4),
+            ..Default::default()
         };
         let limiter = LeasedLimiter::new(store, "hot", rules, opts).unwrap();
         let end = wall_us() + HAMMER_MS * 1000;
@@ -358,6 +361,7 @@ fn a_charge_on_a_leased_limit_goes_to_redis_and_every_instance_sees_the_debt() {
         let opts = LeaseOptions {
             duration: Duration::from_secs(60),
             max_slice: Some(50),
+            ..Default::default()
         };
         let a = LeasedLimiter::new(store.clone(), "charged", rules.clone(), opts.clone()).unwrap();
         let b = LeasedLimiter::new(store, "charged", rules, opts).unwrap();

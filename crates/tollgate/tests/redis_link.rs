@@ -7,9 +7,14 @@
 #![allow(clippy::disallowed_methods)] // tests time real servers
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate::redis::{OnError, RedisLimiter, RedisLimiterOptions, RedisOptions, RedisStore};
+use tollgate::quota::{Budget, QuotaBucket, QuotaLedger, QuotaSettings, Usage};
+use tollgate::redis::{
+    LeaseOptions, LeasedLimiter, OnError, PermitError, RedisConcurrencyLimiter,
+    RedisConcurrencyOptions, RedisLimiter, RedisLimiterOptions, RedisOptions, RedisStore,
+};
 use tollgate::{RateLimiter, RuleSet};
 use tollgate_testkit as testkit;
 
@@ -183,14 +188,33 @@ fn back_within_a_second_of_a_heal(url: &str, cut_link: &dyn Fn(bool)) {
     );
 }
 
-/// One call of the Cluster tests: ms since the start, whether its key is on the node
-/// at fault, whether Redis decided (fail-closed: a reject is the failure policy),
-/// and how long it took (us).
+/// One call of the Cluster tests: ms since the start, which of the checks it was,
+/// whether its key is on the node at fault, whether Redis decided (fail-closed: a
+/// reject is the failure policy), and how long it took (us).
 struct Call {
     at_ms: u64,
+    kind: usize,
     on_fault: bool,
     ok: bool,
     took_us: u64,
+}
+
+/// A check of one key the callers make: whether Redis decided it (`false`: the
+/// failure policy did).
+type Check = Arc<dyn Fn(String) -> futures::future::BoxFuture<'static, bool> + Send + Sync>;
+
+/// A fail-closed limiter's try as a [`Check`] (Redis admits every try: a reject is
+/// the failure policy's).
+fn try_of<L: RateLimiter + Clone + Send + Sync + 'static>(limiter: &L) -> Check {
+    let limiter = limiter.clone();
+    Arc::new(move |key: String| {
+        let limiter = limiter.clone();
+        Box::pin(async move {
+            let d = limiter.check(&key, 1).await;
+            d.unwrap_or_else(|e| panic!("the failure policy answers: {e}"))
+                .allowed
+        })
+    })
 }
 
 /// The 99th percentile of `v` (us).
@@ -243,34 +267,36 @@ fn cluster_limiter(
     (limiter, keys)
 }
 
-/// Eight callers, each a call every 2 ms over `keys` in turn, until `ms()` reaches
-/// `until_ms`: every call, in the order they were made.
+/// Eight callers, each a call every 2 ms over `keys` in turn (and over `checks` in
+/// turn), until `ms()` reaches `until_ms`: every call, in the order they were made.
 fn drive(
     rt: tokio::runtime::Runtime,
-    limiter: &RedisLimiter,
+    checks: Vec<Check>,
     keys: &[(String, bool)],
     ms: impl Fn() -> u64 + Copy + Send + Sync + 'static,
     until_ms: u64,
 ) -> std::thread::JoinHandle<Vec<Call>> {
-    let (limiter, keys) = (limiter.clone(), keys.to_vec());
+    let keys = keys.to_vec();
     std::thread::spawn(move || {
         rt.block_on(async {
             let tasks: Vec<_> = (0..8)
                 .map(|t| {
-                    let (limiter, keys) = (limiter.clone(), keys.clone());
+                    let (checks, keys) = (checks.clone(), keys.clone());
                     tokio::spawn(async move {
                         let mut calls = Vec::new();
                         let mut n = t * 37;
                         while ms() < until_ms {
-                            let (key, on_fault) = &keys[n % keys.len()];
+                            // Each key in turn, once by each check.
+                            let kind = n % checks.len();
+                            let (key, on_fault) = &keys[(n / checks.len()) % keys.len()];
                             n += 1;
                             let (at_ms, t0) = (ms(), Instant::now());
-                            let d = limiter.check(key, 1).await;
-                            let d = d.unwrap_or_else(|e| panic!("the failure policy answers: {e}"));
+                            let ok = checks[kind](key.clone()).await;
                             calls.push(Call {
                                 at_ms,
+                                kind,
                                 on_fault: *on_fault,
-                                ok: d.allowed,
+                                ok,
                                 took_us: t0.elapsed().as_micros() as u64,
                             });
                             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -315,7 +341,7 @@ fn one_cut_off_cluster_node_costs_only_its_own_keys() {
     // one another: no failover, the Cluster stays up).
     let start = Instant::now();
     let ms = move || start.elapsed().as_millis() as u64;
-    let load = drive(rt, &limiter, &keys, ms, 14_000);
+    let load = drive(rt, vec![try_of(&limiter)], &keys, ms, 14_000);
     std::thread::sleep(Duration::from_millis(3000));
     ns.cut(Some(&cut_host), true);
     let cut = ms();
@@ -388,6 +414,203 @@ fn one_cut_off_cluster_node_costs_only_its_own_keys() {
     );
 }
 
+/// A fail-closed concurrency limiter's `try_acquire` as a [`Check`] (Redis grants
+/// every permit: the limit is far above the callers; the permit is released at once).
+fn permit_of(permits: &RedisConcurrencyLimiter) -> Check {
+    let permits = permits.clone();
+    Arc::new(move |key: String| {
+        let permits = permits.clone();
+        Box::pin(async move {
+            match permits.try_acquire(&key, 1).await {
+                Ok(_released_as_it_drops) => true,
+                Err(PermitError::Denied(_)) => false,
+                Err(e) => panic!("fail-closed answers: {e}"),
+            }
+        })
+    })
+}
+
+/// A quota bucket's update (one Envoy reporting) in `ledger` as a [`Check`]: `false`
+/// when it failed (as RLQS then answers with its failure policy).
+fn bucket_of(ledger: &Arc<QuotaLedger>) -> Check {
+    let ledger = ledger.clone();
+    let budget = Budget::of(
+        &"token-bucket:rate=1000000/s,capacity=1000000"
+            .parse()
+            .unwrap(),
+    );
+    let budget = budget.unwrap();
+    Arc::new(move |key: String| {
+        let ledger = ledger.clone();
+        Box::pin(async move {
+            let report = |b: &mut QuotaBucket, now| b.report(1, 0, Usage::default(), now);
+            match ledger
+                .update(&key, budget, QuotaSettings::default(), report)
+                .await
+            {
+                Ok(_) => true,
+                Err(tollgate::Error::Unavailable(_)) => false,
+                Err(e) => panic!("a bucket update failed for good: {e}"),
+            }
+        })
+    })
+}
+
+/// The other calls a Cluster node's fault must not spread from: leased limits,
+/// concurrency permits and RLQS quota buckets, every key by each in turn, the third
+/// master's link cut for 8 s. For each: the other nodes' keys are served as usual
+/// (none waits on the cut node), the cut node's get the failure policy without
+/// waiting out a timeout each, and they are back within a second of the heal.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts a Redis Cluster in a network namespace: run scripts/test.sh (as root)"
+)]
+#[test]
+fn leases_permits_and_quota_buckets_on_a_cut_cluster_node_cost_only_their_own_keys() {
+    let _serial = testkit::timing_sensitive();
+    let ns = testkit::Namespace::new(3);
+    let servers = testkit::RedisServers::cluster_in(&ns);
+    let (cut_node, cut_host) = (servers.addresses()[2].clone(), servers.hosts[2].clone());
+    let rt = testkit::rt();
+    // Where each key lives: every limiter's Redis keys of a key share its hash tag.
+    let (placed, keys) = cluster_limiter(&rt, &servers, &cut_node, Duration::from_millis(250));
+    let store = placed.store().clone();
+    let (leased, permits, ledger) = rt.block_on(async {
+        let rules = RuleSet::parse(&["gcra:rate=1000000/s,burst=1000000"]).unwrap();
+        let lease = LeaseOptions {
+            redis: RedisLimiterOptions {
+                on_error: OnError::FailClosed,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let leased = LeasedLimiter::new(store.clone(), "leased", rules, lease).unwrap();
+        let opts = RedisConcurrencyOptions {
+            on_error: OnError::FailClosed,
+            ..Default::default()
+        };
+        let permits =
+            RedisConcurrencyLimiter::with_options(store.clone(), "permits", 1000, opts).unwrap();
+        (leased, permits, Arc::new(QuotaLedger::redis(store.clone())))
+    });
+    const KINDS: [&str; 3] = ["leased try", "permit", "quota bucket"];
+    let checks = vec![try_of(&leased), permit_of(&permits), bucket_of(&ledger)];
+    let start = Instant::now();
+    let ms = move || start.elapsed().as_millis() as u64;
+    let load = drive(rt, checks, &keys, ms, 14_000);
+    std::thread::sleep(Duration::from_millis(3000));
+    ns.cut(Some(&cut_host), true);
+    let cut = ms();
+    std::thread::sleep(Duration::from_millis(8000));
+    let healing = ms();
+    ns.cut(Some(&cut_host), false);
+    let calls = load.join().unwrap();
+    let slowest = calls.iter().map(|c| c.took_us).max().unwrap() / 1000;
+    let mut failed = Vec::new();
+    for (kind, what) in KINDS.iter().enumerate() {
+        let of_kind: Vec<&Call> = calls.iter().filter(|c| c.kind == kind).collect();
+        let took = |from: u64, to: u64, on_fault: bool| -> Vec<u64> {
+            (of_kind.iter())
+                .filter(|c| c.on_fault == on_fault && c.at_ms >= from)
+                .filter(|c| c.at_ms + c.took_us / 1000 < to)
+                .map(|c| c.took_us)
+                .collect()
+        };
+        let before = took(1000, cut, false);
+        let healthy = took(cut + 300, healing, false);
+        let in_cut = |c: &&&Call| c.at_ms >= cut + 300 && c.at_ms + c.took_us / 1000 < healing;
+        let healthy_ok = (of_kind.iter().filter(in_cut)).filter(|c| !c.on_fault && c.ok);
+        let cut_keys = (of_kind.iter().filter(in_cut)).filter(|c| c.on_fault);
+        let (cut_calls, cut_ok) =
+            cut_keys.fold((0, 0), |(n, ok), c| (n + 1, ok + usize::from(c.ok)));
+        // Calls of the cut node's keys that waited out the timeout (250 ms): the
+        // probes (one per 500 ms) and the calls already sent when the link was cut.
+        let cut_waited = took(cut + 300, healing, true)
+            .iter()
+            .filter(|t| **t >= 200_000)
+            .count();
+        let healthy_waited = healthy.iter().filter(|t| **t >= 200_000).count();
+        let back = (of_kind.iter())
+            .find(|c| c.on_fault && c.ok && c.at_ms >= healing)
+            .map(|c| c.at_ms - healing);
+        let (p50_before, p50) = (
+            percentile(before.clone(), 50),
+            percentile(healthy.clone(), 50),
+        );
+        let healthy_ok = healthy_ok.count();
+        println!(
+            "{what}: {} calls; during the cut the other keys {healthy_ok} of {} OK, their \
+             median {p50} us (before {p50_before} us), {healthy_waited} waited 200 ms or \
+             more; the cut node's keys {cut_ok} of {cut_calls} OK, {cut_waited} waited \
+             200 ms or more; back {back:?} ms after the heal",
+            of_kind.len(),
+            healthy.len(),
+        );
+        let mut check = |ok: bool, why: String| {
+            if !ok {
+                failed.push(format!("{what}: {why}"));
+            }
+        };
+        check(
+            before.len() > 100,
+            format!("{} calls before the cut", before.len()),
+        );
+        check(
+            healthy_ok * 100 >= healthy.len() * 99,
+            format!("the other keys {healthy_ok} of {} OK", healthy.len()),
+        );
+        check(
+            healthy_waited * 100 <= healthy.len(),
+            format!(
+                "{healthy_waited} of the other keys' {} calls waited",
+                healthy.len()
+            ),
+        );
+        check(
+            p50 <= 2 * p50_before.max(5_000),
+            format!("the other keys' median {p50} us, {p50_before} us before"),
+        );
+        // Failing at once, not after a timeout each: about 16 probes in 8 s, each
+        // check's own (a few more for calls that were out when the link was cut).
+        check(
+            cut_calls > 200 && cut_ok * 2 < cut_calls,
+            format!("cut keys {cut_ok} of {cut_calls} OK"),
+        );
+        check(
+            cut_waited <= 40,
+            format!("{cut_waited} calls of the cut node's keys waited"),
+        );
+        check(
+            back.is_some_and(|b| b <= 1000),
+            format!("back {back:?} ms after the heal"),
+        );
+    }
+    println!(
+        "slowest call {slowest} ms; leases {:?}; permits {:?}; buckets {:?}",
+        leased.node_stats(),
+        permits.node_stats(),
+        ledger.node_stats()
+    );
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert!(
+        slowest <= 250 + 250,
+        "a call took {slowest} ms (timeout 250 ms)"
+    );
+    for (what, stats) in [
+        ("leases", leased.node_stats()),
+        ("permits", permits.node_stats()),
+        ("buckets", ledger.node_stats()),
+    ] {
+        let cut_stats = stats.iter().find(|(n, _)| **n == *cut_node).map(|s| s.1);
+        assert!(
+            cut_stats.is_some_and(|s| s.outages >= 1 && s.recoveries >= 1 && !s.failing),
+            "{what}: {stats:?}"
+        );
+        let others_failed = (stats.iter()).any(|(n, s)| **n != *cut_node && s.outages > 0);
+        assert!(!others_failed, "{what}: {stats:?}");
+    }
+}
+
 /// Sends `DEBUG SLEEP secs` to the Redis at `addr` back to back until `until` (ms
 /// on `ms`): the node answers every call late, by up to `secs`, and is never down.
 fn slow_down(addr: &str, secs: &str, ms: impl Fn() -> u64, until: u64) {
@@ -428,7 +651,7 @@ fn a_slow_cluster_node_slows_only_its_own_keys() {
     // master up to 50 ms late, a normal second, and a second with it up to 500 ms late.
     let start = Instant::now();
     let ms = move || start.elapsed().as_millis() as u64;
-    let load = drive(rt, &limiter, &keys, ms, 17_000);
+    let load = drive(rt, vec![try_of(&limiter)], &keys, ms, 17_000);
     let rounds: Vec<u64> = (0..4).map(|r| 1000 + r * 4000).collect();
     for &round in &rounds {
         for (second, late) in [(1000, "0.05"), (3000, "0.5")] {

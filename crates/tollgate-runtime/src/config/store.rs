@@ -402,9 +402,9 @@ impl StoreConfig {
         Ok(opts)
     }
 
-    /// The Redis limiter of `rules` named `name` on `store`: leased when `lease:` is
-    /// set (an error names what a lease cannot keep), else with the failure policy and
-    /// negative cache.
+    /// The Redis limiter of `rules` named `name` on `store`, with the failure policy
+    /// and negative cache: leased when `lease:` is set (an error names what a lease
+    /// cannot keep).
     pub fn limiter(
         &self,
         store: &tollgate::redis::RedisStore,
@@ -415,6 +415,7 @@ impl StoreConfig {
             Some(lease) => {
                 let mut opts = tollgate::redis::LeaseOptions {
                     max_slice: lease.max_slice,
+                    redis: self.limiter_options(&rules)?,
                     ..Default::default()
                 };
                 if let Some(us) = lease.duration {

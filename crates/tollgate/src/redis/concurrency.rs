@@ -9,7 +9,7 @@ use redis::{Script, Value};
 use tollgate_core::{AnyAlgorithm, Clock, RuleSet};
 
 use super::call::nonce;
-use super::health::{Event, Health, OnError, RedisStats};
+use super::health::{Event, Health, NodeHealth, OnError, RedisStats};
 use super::store::RedisStore;
 use crate::concurrency::{ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit};
 use crate::Error;
@@ -59,7 +59,9 @@ pub enum PermitError {
 
 struct Inner {
     store: RedisStore,
-    health: Health,
+    /// Health per Redis node: a failing Cluster node's keys take the failure policy,
+    /// no other.
+    health: NodeHealth,
     limit: u32,
     opts: RedisConcurrencyOptions,
     local: Option<KeyedConcurrencyLimiter<String>>,
@@ -152,7 +154,7 @@ impl RedisConcurrencyLimiter {
         Ok(RedisConcurrencyLimiter {
             inner: Arc::new(Inner {
                 store,
-                health: Health::new(name, opts.probe_interval),
+                health: NodeHealth::new(name, opts.probe_interval),
                 limit,
                 opts,
                 local,
@@ -166,9 +168,16 @@ impl RedisConcurrencyLimiter {
         self.inner.limit
     }
 
-    /// The counters (decisions = permits granted or refused by Redis).
+    /// The counters (decisions = permits granted or refused by Redis), summed over
+    /// the Redis nodes (`failing`: some node that holds slots now is).
     pub fn stats(&self) -> RedisStats {
-        self.inner.health.stats()
+        self.inner.health.sum(&self.inner.store)
+    }
+
+    /// Its counters per Redis node that has held one of its keys, with the node's
+    /// name (see [`RedisStore::node_name`]).
+    pub fn node_stats(&self) -> Vec<(Arc<str>, RedisStats)> {
+        self.inner.health.by_node(&self.inner.store)
     }
 
     /// Permits held for `key` and waiters queued, as Redis sees them now (expired
@@ -221,12 +230,13 @@ impl RedisConcurrencyLimiter {
         if n == 0 || n > limit {
             return Err(ConcurrencyError::InsufficientCapacity { asked: n, limit }.into());
         }
-        let health = &self.inner.health;
+        let keys = self.keys(key);
+        let (_, node) = self.inner.store.place(&keys[0]);
+        let health = &self.inner.health.of(node);
         if !health.should_try() {
-            return self.fallback(key, n, timeout, None).await;
+            return self.fallback(health, key, n, timeout, None).await;
         }
         let start = health.clock.now_us();
-        let keys = self.keys(key);
         let id = nonce();
         let mut leave = Leave::new(self.inner.clone(), keys.clone(), id.clone());
         loop {
@@ -263,9 +273,10 @@ impl RedisConcurrencyLimiter {
                 }
                 Err(e) if e.is_transient() => {
                     health.failed(&e, &self.inner.opts.on_error, sent);
+                    self.inner.store.call_failed();
                     let waited = Duration::from_micros(health.clock.now_us() - start);
                     let left = timeout.map(|t| t.saturating_sub(waited));
-                    return self.fallback(key, n, left, Some(e)).await;
+                    return self.fallback(health, key, n, left, Some(e)).await;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -274,6 +285,7 @@ impl RedisConcurrencyLimiter {
 
     async fn fallback(
         &self,
+        health: &Health,
         key: &str,
         n: u32,
         timeout: Option<Duration>,
@@ -301,7 +313,7 @@ impl RedisConcurrencyLimiter {
                     .into())
             }
         };
-        self.inner.health.count(Event::Fallback);
+        health.count(Event::Fallback);
         permit
     }
 }

@@ -1,12 +1,17 @@
 //! Whether a Redis node is answering, as one limiter sees it: the failing/healthy transitions
 //! (logged and counted), the probe schedule while failing, what a limiter decides
-//! meanwhile ([`OnError`]) and its counters ([`RedisStats`]).
+//! meanwhile ([`OnError`]) and its counters ([`RedisStats`]); [`NodeHealth`] keeps one
+//! per node, so that a failing node's keys take the failure policy and no others.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{Clock, MonotonicClock, RuleSet};
 
+use super::per_node::PerNode;
+use super::store::RedisStore;
 use crate::Error;
 
 /// What a [`RedisLimiter`](super::RedisLimiter) decides while Redis is unreachable or slow.
@@ -96,10 +101,6 @@ impl Health {
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     pub fn count(&self, e: Event) {
         self.stats[e as usize].fetch_add(1, Ordering::Relaxed);
     }
@@ -156,7 +157,7 @@ impl Health {
     /// Redis failed with `e` (transient) a call sent at `sent` (local us): the failure
     /// policy decides until a probe succeeds. A call sent before the last recovery
     /// counts as an error only: Redis has answered since.
-    pub fn failed(&self, e: &Error, policy: &OnError, sent: u64) {
+    pub fn failed(&self, e: &Error, policy: &dyn std::fmt::Debug, sent: u64) {
         self.count(Event::Error);
         if sent < self.recovered_at.load(Ordering::Acquire) {
             return;
@@ -179,6 +180,103 @@ impl Health {
                 "redis is failing: the failure policy decides until it answers again"
             );
         }
+    }
+}
+
+/// The health of each Redis node one limiter calls (one for a single node or a
+/// Sentinel master), made on a node's first call.
+pub(crate) struct NodeHealth {
+    name: String,
+    probe_interval: Duration,
+    nodes: PerNode<Health>,
+}
+
+/// What a call under a node's health came to.
+pub(crate) enum Guarded<T> {
+    /// The node answered.
+    Answered(T),
+    /// The node is failing: this call failed with a transient error (given), or it
+    /// was not sent (no probe due). The failure policy decides.
+    Failing(Arc<Health>, Option<Error>),
+}
+
+impl NodeHealth {
+    pub fn new(name: &str, probe_interval: Duration) -> NodeHealth {
+        NodeHealth {
+            name: name.into(),
+            probe_interval,
+            nodes: PerNode::default(),
+        }
+    }
+
+    /// The limiter's name (in logs).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Node `node`'s health.
+    pub fn of(&self, node: usize) -> Arc<Health> {
+        (self.nodes).get(node, || Health::new(&self.name, self.probe_interval))
+    }
+
+    /// Sends `call` to node `node` unless the node is failing and no probe is due;
+    /// keeps the node's health by its outcome (`policy` is logged when it fails). A
+    /// call that fails for good (not transient) is the caller's error.
+    pub async fn call<T>(
+        &self,
+        node: usize,
+        policy: &(dyn std::fmt::Debug + Sync),
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<Guarded<T>, Error> {
+        let health = self.of(node);
+        if !health.should_try() {
+            return Ok(Guarded::Failing(health, None));
+        }
+        let sent = health.clock.now_us();
+        match call.await {
+            Ok(t) => {
+                health.healthy(sent);
+                health.count(Event::Decision);
+                Ok(Guarded::Answered(t))
+            }
+            Err(e) if e.is_transient() => {
+                health.failed(&e, policy, sent);
+                Ok(Guarded::Failing(health, Some(e)))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Each node's counters, by index. A node that holds no slot of `store` now
+    /// (one that lost them in a failover, or a Cluster's placeholder before the slot
+    /// map) is not failing: no call goes there to find it back.
+    fn each(&self, store: &RedisStore) -> impl Iterator<Item = (usize, RedisStats)> {
+        let serving = store.serving_nodes();
+        let all = self.nodes.all();
+        (0..all.len()).map(move |i| {
+            let mut s = all[i].stats();
+            s.failing &= serving.contains(&i);
+            (i, s)
+        })
+    }
+
+    /// The counters summed over the nodes (`failing`: some node that holds slots now
+    /// is).
+    pub fn sum(&self, store: &RedisStore) -> RedisStats {
+        let mut sum = RedisStats::default();
+        for (_, s) in self.each(store) {
+            sum += s;
+        }
+        sum
+    }
+
+    /// The counters of each node that has been called, with its name (see
+    /// [`RedisStore::node_name`]).
+    pub fn by_node(&self, store: &RedisStore) -> Vec<(Arc<str>, RedisStats)> {
+        (self.each(store))
+            .filter(|(_, s)| *s != RedisStats::default())
+            .map(|(i, s)| (store.node_name(i), s))
+            .collect()
     }
 }
 

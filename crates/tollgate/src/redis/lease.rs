@@ -27,6 +27,7 @@ use redis::Value;
 use tollgate_core::{Clock, Decision, MonotonicClock, Op, PolicyState, RuleDecision, RuleSet};
 
 use super::call::{push_one, push_times};
+use super::health::Guarded;
 use super::script::{encode_state, leasable, parse_state, Wire};
 use super::store::RedisStore;
 use crate::Error;
@@ -44,6 +45,12 @@ pub struct LeaseOptions {
     /// At most the smallest limit of the rule set (a slice must fit at once). Default:
     /// a quarter of that limit, at least 1.
     pub max_slice: Option<u64>,
+    /// The calls that go to Redis (leases, and what is not leased: `acquire`, `peek`,
+    /// `refund`) as a [`RedisLimiter`](super::RedisLimiter) makes them: the failure
+    /// policy, the probe interval and the negative cache. While the node that holds a
+    /// key fails, a try that needs a new lease takes the failure policy at once
+    /// (one call per probe interval asks again); other nodes' keys lease as usual.
+    pub redis: super::RedisLimiterOptions,
 }
 
 impl Default for LeaseOptions {
@@ -51,6 +58,7 @@ impl Default for LeaseOptions {
         LeaseOptions {
             duration: Duration::from_millis(50),
             max_slice: None,
+            redis: super::RedisLimiterOptions::default(),
         }
     }
 }
@@ -195,7 +203,8 @@ impl LeasedLimiter {
     ) -> Result<LeasedLimiter, Error> {
         let rules = rules.into();
         // Checks the name, and the rules against the store.
-        let unleased = super::RedisLimiter::new(store.clone(), name, rules.clone())?;
+        let unleased =
+            super::RedisLimiter::with_options(store.clone(), name, rules.clone(), opts.redis)?;
         for p in rules.policies() {
             leasable(p).map_err(Error::Unsupported)?;
         }
@@ -262,6 +271,19 @@ impl LeasedLimiter {
         }
     }
 
+    /// The counters of its calls to Redis (leases, and what is not leased), summed
+    /// over the nodes, as [`RedisLimiter::stats`](super::RedisLimiter::stats) counts
+    /// them: answered, failed, decided by the failure policy.
+    pub fn redis_stats(&self) -> super::RedisStats {
+        self.unleased().stats()
+    }
+
+    /// [`LeasedLimiter::redis_stats`] by Redis node (see
+    /// [`RedisLimiter::node_stats`](super::RedisLimiter::node_stats)).
+    pub fn node_stats(&self) -> Vec<(Arc<str>, super::RedisStats)> {
+        self.unleased().node_stats()
+    }
+
     /// The rule set the leases are taken for.
     pub fn rules(&self) -> RuleSet {
         self.inner.rules.clone()
@@ -321,7 +343,16 @@ impl LeasedLimiter {
         }
         .max(cost);
         let sent = self.inner.clock.now_us();
-        let answer = self.call(key, held.as_ref(), *want, cost, at).await?;
+        let answer = match self.call(key, held.as_ref(), *want, cost, at).await? {
+            Guarded::Answered(answer) => answer,
+            // The key's node is failing: the failure policy decides (the slice held,
+            // if any, is ended once the node answers again).
+            Guarded::Failing(health, err) => {
+                return self
+                    .unleased()
+                    .fallback_of(&health, key, cost, Op::Try, err)
+            }
+        };
         if let Some(h) = held.take() {
             self.ended(&h, local_now);
         }
@@ -430,6 +461,7 @@ impl LeasedLimiter {
             keys.iter().map(|(k, c)| (k.clone(), c.clone())).collect()
         };
         let now = self.inner.clock.now_us();
+        let mut first_error = None;
         for (key, cell) in cells {
             let Ok(mut entry) = cell.try_lock() else {
                 continue;
@@ -442,7 +474,16 @@ impl LeasedLimiter {
                 continue;
             }
             if let Some(h) = entry.held.as_ref() {
-                self.call(&key, Some(h), 0, 0, None).await?;
+                match self.call(&key, Some(h), 0, 0, None).await {
+                    Ok(Guarded::Answered(_)) => {}
+                    // Its node is failing: ended at a later sweep. The other keys'
+                    // nodes may answer.
+                    Ok(Guarded::Failing(..)) => continue,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        continue;
+                    }
+                }
             }
             if let Some(h) = entry.held.take() {
                 self.ended(&h, now);
@@ -454,10 +495,12 @@ impl LeasedLimiter {
                 keys.remove(&key);
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// One lease call: ends `held` (if any) and asks for `want` (at least `need`).
+    /// Sent under the health of the key's node: not sent while it fails and no probe
+    /// is due.
     async fn call(
         &self,
         key: &str,
@@ -465,8 +508,7 @@ impl LeasedLimiter {
         want: u64,
         need: u64,
         at: Option<u64>,
-    ) -> Result<Answer, Error> {
-        self.count(Stat::Calls, 1);
+    ) -> Result<Guarded<Answer>, Error> {
         let inner = &self.inner;
         let keys = inner.store.keys(&inner.name, key, &inner.wire.suffixes);
         let mine: Vec<String> = match held {
@@ -500,10 +542,14 @@ impl LeasedLimiter {
             }
         };
         let (_, node) = inner.store.place(&keys[0]);
-        let value = (inner.store.caller())
-            .lease(node, wire.families, &push)
-            .await?;
-        parse_answer(value, keys.len())
+        let lease = async {
+            self.count(Stat::Calls, 1);
+            let value = (inner.store.caller())
+                .lease(node, wire.families, &push)
+                .await?;
+            parse_answer(value, keys.len())
+        };
+        self.unleased().guarded(node, lease).await
     }
 }
 
@@ -627,9 +673,12 @@ impl LeasedLimiter {
         let mut entry = cell.lock().await;
         entry.blocked = None;
         if let Some(h) = entry.held.as_ref() {
-            self.call(key, Some(h), 0, 0, None).await?;
-            let h = entry.held.take().expect("checked above");
-            self.ended(&h, self.inner.clock.now_us());
+            // While the key's node fails, the slice stays held (it is ended at the
+            // next call that reaches the node); what follows takes the failure policy.
+            if let Guarded::Answered(_) = self.call(key, Some(h), 0, 0, None).await? {
+                let h = entry.held.take().expect("checked above");
+                self.ended(&h, self.inner.clock.now_us());
+            }
         }
         Ok(())
     }

@@ -9,8 +9,7 @@ use arc_swap::ArcSwap;
 use tollgate_core::{Clock, Decision, Op, RuleDecision, RuleSet};
 
 use super::call::{CallOp, CheckCall};
-use super::health::{Event, Health, OnError, RedisStats};
-use super::per_node::PerNode;
+use super::health::{Event, Guarded, Health, NodeHealth, OnError, RedisStats};
 use super::script::Wire;
 use super::store::RedisStore;
 use crate::Error;
@@ -69,7 +68,7 @@ struct Inner {
     compiled: ArcSwap<Compiled>,
     /// Health per Redis node (one for a single node): a Cluster node that fails
     /// sends its own keys to the failure policy, and no other.
-    health: PerNode<Health>,
+    health: NodeHealth,
     /// The negative cache's clock, and its hits.
     clock: tollgate_core::MonotonicClock,
     cache_hits: std::sync::atomic::AtomicU64,
@@ -122,7 +121,7 @@ impl RedisLimiter {
             inner: Arc::new(Inner {
                 name: name.into(),
                 store,
-                health: PerNode::default(),
+                health: NodeHealth::new(name, opts.probe_interval),
                 clock: tollgate_core::MonotonicClock::new(),
                 cache_hits: Default::default(),
                 opts,
@@ -157,36 +156,16 @@ impl RedisLimiter {
     /// summed over the Redis nodes (`failing`: some node that holds slots now is).
     pub fn stats(&self) -> RedisStats {
         let hits = (self.inner.cache_hits).load(std::sync::atomic::Ordering::Relaxed);
-        let mut sum = RedisStats {
+        RedisStats {
             negative_cache_hits: hits,
-            ..RedisStats::default()
-        };
-        for (_, s) in self.each_node() {
-            sum += s;
+            ..self.inner.health.sum(&self.inner.store)
         }
-        sum
     }
 
     /// Its counters per Redis node that has held one of its keys, with the node's
     /// name (`host:port`; see [`RedisStore::node_name`]).
     pub fn node_stats(&self) -> Vec<(std::sync::Arc<str>, RedisStats)> {
-        (self.each_node())
-            .filter(|(_, s)| *s != RedisStats::default())
-            .map(|(i, s)| (self.inner.store.node_name(i), s))
-            .collect()
-    }
-
-    /// Each node's counters, by index. A node that holds no slot now (one that lost
-    /// them in a failover, or a Cluster's placeholder before the slot map) is not
-    /// failing: no call goes there to find it back.
-    fn each_node(&self) -> impl Iterator<Item = (usize, RedisStats)> {
-        let serving = self.inner.store.serving_nodes();
-        let all = self.inner.health.all();
-        (0..all.len()).map(move |i| {
-            let mut s = all[i].stats();
-            s.failing &= serving.contains(&i);
-            (i, s)
-        })
+        self.inner.health.by_node(&self.inner.store)
     }
 
     /// The name of the Redis node that holds `key`'s state, as the store knows the
@@ -198,10 +177,33 @@ impl RedisLimiter {
         self.inner.store.node_name(node)
     }
 
-    /// Node `node`'s health.
-    fn health(&self, node: usize) -> std::sync::Arc<Health> {
-        let (name, probe) = (&self.inner.name, self.inner.opts.probe_interval);
-        self.inner.health.get(node, || Health::new(name, probe))
+    /// Sends `call` (a call to node `node`) under that node's health (see
+    /// `NodeHealth::call`); a transient failure has the slot map fetched again soon.
+    /// A leased limiter's calls go through its unleased one's.
+    pub(crate) async fn guarded<T>(
+        &self,
+        node: usize,
+        call: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<Guarded<T>, Error> {
+        let on_error = &self.inner.opts.on_error;
+        let g = self.inner.health.call(node, on_error, call).await?;
+        if matches!(g, Guarded::Failing(_, Some(_))) {
+            self.inner.store.call_failed();
+        }
+        Ok(g)
+    }
+
+    /// The failure policy's decision of `op` for `key` at `cost` while `health`'s
+    /// node fails (`err`: the call's error, if one was sent).
+    pub(crate) fn fallback_of(
+        &self,
+        health: &Health,
+        key: &str,
+        cost: u64,
+        op: Op,
+        err: Option<Error>,
+    ) -> Result<RuleDecision, Error> {
+        self.fallback(&self.inner.compiled.load(), health, key, cost, op, err)
     }
 
     /// Decides at a time the caller gives (us since the Unix epoch, or a trace's
@@ -426,16 +428,10 @@ impl RateLimiter for RedisLimiter {
             }
         }
         let check = self.check_call(&compiled, op.into(), key, None, None, cost);
-        let health = self.health(check.node);
-        if !health.should_try() {
-            return self.fallback(&compiled, &health, key, cost, op, None);
-        }
-        let sent = health.clock.now_us();
-        let store = &self.inner.store;
-        match store.decide(key, check, &compiled.rules, op).await {
-            Ok(d) => {
-                health.healthy(sent);
-                health.count(Event::Decision);
+        let node = check.node;
+        let decide = self.inner.store.decide(key, check, &compiled.rules, op);
+        match self.guarded(node, decide).await? {
+            Guarded::Answered(d) => {
                 if matches!(op, Op::Try | Op::Count)
                     && self.inner.opts.negative_cache
                     && !d.decision.allowed
@@ -444,12 +440,7 @@ impl RateLimiter for RedisLimiter {
                 }
                 Ok(d)
             }
-            Err(e) if e.is_transient() => {
-                health.failed(&e, &self.inner.opts.on_error, sent);
-                store.call_failed();
-                self.fallback(&compiled, &health, key, cost, op, Some(e))
-            }
-            Err(e) => Err(e),
+            Guarded::Failing(health, err) => self.fallback(&compiled, &health, key, cost, op, err),
         }
     }
 

@@ -9,6 +9,7 @@ use redis::{Script, Value};
 use tollgate_core::quota::{Budget, QuotaBucket, QuotaSettings};
 use tollgate_core::{Clock, MonotonicClock};
 
+use super::health::{Guarded, NodeHealth, RedisStats};
 use super::RedisStore;
 use crate::Error;
 
@@ -28,19 +29,67 @@ struct Reply {
     state: Option<Vec<u8>>,
 }
 
-/// Applies `f` to bucket `name` at Redis' time, as `QuotaLedger::update` says;
-/// also returns how long ago (on `clock`) the call that read that time was sent.
-pub(crate) async fn update<R>(
+/// The buckets in Redis, with the health of each node: while the node that holds a
+/// bucket fails, its updates fail at once (one per probe interval asks again), and
+/// the other nodes' buckets do not wait behind them.
+pub(crate) struct RedisLedger {
+    store: RedisStore,
+    clock: MonotonicClock,
+    health: NodeHealth,
+}
+
+impl RedisLedger {
+    pub fn new(store: RedisStore) -> RedisLedger {
+        RedisLedger {
+            store,
+            clock: MonotonicClock::new(),
+            health: NodeHealth::new("quota", std::time::Duration::from_millis(500)),
+        }
+    }
+
+    /// The counters per node (decisions: updates answered).
+    pub fn node_stats(&self) -> Vec<(std::sync::Arc<str>, RedisStats)> {
+        self.health.by_node(&self.store)
+    }
+
+    /// Applies `f` to bucket `name` at Redis' time, as `QuotaLedger::update` says;
+    /// also returns how long ago (on `clock`) the call that read that time was sent.
+    pub async fn update<R>(
+        &self,
+        name: &str,
+        budget: Budget,
+        settings: QuotaSettings,
+        f: impl FnMut(&mut QuotaBucket, u64) -> R,
+    ) -> Result<(R, u64), Error> {
+        let keys = self.store.keys("quota", name, &[String::new()]);
+        let (_, node) = self.store.place(&keys[0]);
+        let policy = &"the caller's (the update fails)";
+        let update = update(&self.store, &self.clock, &keys, name, budget, settings, f);
+        match self.health.call(node, policy, update).await? {
+            Guarded::Answered(r) => Ok(r),
+            Guarded::Failing(_, Some(e)) => {
+                self.store.call_failed();
+                Err(e)
+            }
+            Guarded::Failing(_, None) => Err(Error::Unavailable(format!(
+                "quota bucket {name:?}: its Redis node {} is failing (asked again within 500 ms)",
+                self.store.node_name(node)
+            ))),
+        }
+    }
+}
+
+async fn update<R>(
     store: &RedisStore,
     clock: &MonotonicClock,
+    keys: &[String],
     name: &str,
     budget: Budget,
     settings: QuotaSettings,
     mut f: impl FnMut(&mut QuotaBucket, u64) -> R,
 ) -> Result<(R, u64), Error> {
-    let keys = store.keys("quota", name, &[String::new()]);
     let mut sent = clock.now_us();
-    let mut reply = call(store, &keys, &[b"load".as_slice()]).await?;
+    let mut reply = call(store, keys, &[b"load".as_slice()]).await?;
     for _ in 0..MAX_ATTEMPTS {
         let now = reply.now;
         let mut bucket = match &reply.state {
@@ -66,7 +115,7 @@ pub(crate) async fn update<R>(
         ];
         let read = sent;
         sent = clock.now_us();
-        reply = call(store, &keys, &args).await?;
+        reply = call(store, keys, &args).await?;
         if reply.stored {
             return Ok((r, clock.now_us().saturating_sub(read)));
         }
