@@ -1026,36 +1026,115 @@ fn a_cut_redis_link_is_back_within_a_second_of_the_heal_for_grpcio_callers() {
 /// password and drops its clients; while the file still holds the old one, new
 /// connections are refused and decisions are the failure policy's (counted); once
 /// the file holds the new one, decisions are Redis's again without a restart, and
-/// none fails after that. Standalone and Cluster (every node rotated).
+/// none fails after that. Standalone and Cluster (every node rotated), and Sentinel
+/// (the master's password and the Sentinels' own, both files).
 #[cfg_attr(
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_password_file_is_followed_without_a_restart() {
+    let every_node = |redis: &RedisServers| {
+        let ports = redis.ports.clone();
+        move || {
+            for &port in &ports {
+                let set = redis_cli(
+                    port,
+                    "old-secret",
+                    &["CONFIG", "SET", "requirepass", "new-secret"],
+                );
+                assert_eq!(set.trim(), "OK", "{port}");
+                redis_cli(port, "new-secret", &["CLIENT", "KILL", "TYPE", "normal"]);
+            }
+        }
+    };
     let standalone = RedisServers::standalone_with(&["--requirepass", "old-secret"]);
-    rotate_under_load(&standalone, &standalone.url()).await;
+    rotate_under_load(&standalone.url(), false, every_node(&standalone)).await;
     let cluster = RedisServers::cluster_of(0, &["--requirepass", "old-secret"]);
-    rotate_under_load(&cluster, &cluster.url()).await;
+    rotate_under_load(&cluster.url(), false, every_node(&cluster)).await;
+    let sentinels = testkit::Sentinels::start(
+        "limits",
+        testkit::SentinelSetup {
+            password: Some("old-secret"),
+            sentinel_password: Some("sentinels-old"),
+            // No failover while the master's password changes under the Sentinels.
+            down_after_ms: 60_000,
+            ..Default::default()
+        },
+    );
+    let rotate_all = || {
+        for &port in &sentinels.ports {
+            let old = "sentinels-old";
+            let set = redis_cli(
+                port,
+                old,
+                &["ACL", "SETUSER", "default", "resetpass", ">sentinels-new"],
+            );
+            assert_eq!(set.trim(), "OK", "{port}");
+            let new = "sentinels-new";
+            redis_cli(
+                port,
+                new,
+                &["SENTINEL", "SET", "limits", "auth-pass", "new-secret"],
+            );
+            redis_cli(port, new, &["CLIENT", "KILL", "TYPE", "normal"]);
+            redis_cli(port, new, &["CLIENT", "KILL", "TYPE", "pubsub"]);
+        }
+        for &port in &sentinels.data.ports {
+            redis_cli(
+                port,
+                "old-secret",
+                &["CONFIG", "SET", "masterauth", "new-secret"],
+            );
+            let set = redis_cli(
+                port,
+                "old-secret",
+                &["CONFIG", "SET", "requirepass", "new-secret"],
+            );
+            assert_eq!(set.trim(), "OK", "{port}");
+            redis_cli(port, "new-secret", &["CLIENT", "KILL", "TYPE", "normal"]);
+        }
+    };
+    rotate_under_load(&sentinels.url(), true, rotate_all).await;
 }
 
-/// Serves decisions from `redis` (at `url`, logging in as `old-secret` from a
-/// password file), rotates every node's password to `new-secret` under load, then
-/// the file, and checks what [`a_rotated_password_file_is_followed_without_a_restart`]
-/// says.
-async fn rotate_under_load(redis: &RedisServers, url: &str) {
+/// `redis-cli -p port -a password args...`'s output.
+fn redis_cli(port: u16, password: &str, args: &[&str]) -> String {
+    let out = Command::new(testkit::cli_binary())
+        .args(["-p", &port.to_string(), "--no-auth-warning", "-a", password])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Serves decisions from the Redis at `url`, logging in as `old-secret` from a
+/// password file (and to its Sentinels as `sentinels-old` from another, when
+/// `sentinels`), `rotate`s Redis's passwords to `new-secret` (and `sentinels-new`)
+/// under load, then the files, and checks what
+/// [`a_rotated_password_file_is_followed_without_a_restart`] says.
+async fn rotate_under_load(url: &str, sentinels: bool, rotate: impl FnOnce()) {
     let dir = tempdir::Dir::new();
     let password = dir.path.join("password");
     std::fs::write(&password, "old-secret\n").unwrap();
+    let sentinel_password = dir.path.join("sentinel-password");
+    std::fs::write(&sentinel_password, "sentinels-old\n").unwrap();
     std::fs::write(
         dir.path.join("rules.yaml"),
         "domain: shared\ndescriptors:\n  - key: free\n    policies: [\"gcra:rate=100000/s\"]\n",
     )
     .unwrap();
+    let sentinel_file = match sentinels {
+        true => format!(
+            "  sentinel_password_file: {}\n",
+            sentinel_password.display()
+        ),
+        false => String::new(),
+    };
     std::fs::write(
         dir.path.join("tollgate.yaml"),
         format!(
-            "rules: [rules.yaml]\nstore:\n  kind: redis\n  url: {url}\n  password_file: {}\n  timeout: 200ms\n  on_error: fail-closed\n",
+            "rules: [rules.yaml]\nstore:\n  kind: redis\n  url: {url}\n  password_file: {}\n{sentinel_file}  timeout: 200ms\n  on_error: fail-closed\n",
             password.display()
         ),
     )
@@ -1082,25 +1161,9 @@ async fn rotate_under_load(redis: &RedisServers, url: &str) {
             seen
         })
     };
-    let cli = |port: u16, password: &str, args: &[&str]| {
-        let out = Command::new(testkit::cli_binary())
-            .args(["-p", &port.to_string(), "--no-auth-warning", "-a", password])
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Redis rotates first: its clients logged in with the old password are dropped.
-    for &port in &redis.ports {
-        let set = cli(
-            port,
-            "old-secret",
-            &["CONFIG", "SET", "requirepass", "new-secret"],
-        );
-        assert_eq!(set.trim(), "OK", "{port}");
-        cli(port, "new-secret", &["CLIENT", "KILL", "TYPE", "normal"]);
-    }
+    rotate();
     // Until the file follows, decisions are refused (fail-closed) and counted.
     let refused = async {
         loop {
@@ -1113,6 +1176,7 @@ async fn rotate_under_load(redis: &RedisServers, url: &str) {
     tokio::time::timeout(Duration::from_secs(10), refused)
         .await
         .expect("decisions went on with the old password");
+    std::fs::write(&sentinel_password, "sentinels-new\n").unwrap();
     std::fs::write(&password, "new-secret\n").unwrap();
     let written = now();
     let back = async {

@@ -392,6 +392,8 @@ impl StoreConfig {
             &self.sentinel_password_env,
         )?
         .or_else(|| self.sentinel_password.clone());
+        // Followed as it rotates, as password_file is.
+        opts.sentinel_password_file = self.sentinel_password_file.clone();
         opts.tls = self.tls.as_ref().map(|t| tollgate::redis::RedisTls {
             ca_file: t.ca_file.clone(),
             cert_file: t.cert_file.clone(),

@@ -16,8 +16,9 @@ use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+use super::credentials::FileCredentials;
 use super::options::{Password, RedisOptions, RedisTls};
-use super::sentinel::SentinelConn;
+use super::sentinel::{SentinelClient, SentinelConn};
 use crate::Error;
 
 /// What a URL names, with every setting applied: the clients to connect with.
@@ -180,6 +181,10 @@ fn sentinel(
     if name.contains(['?', '#', '/']) {
         return Err(form());
     }
+    // The Sentinels' password file, followed as it rotates: read for each new
+    // connection to a Sentinel.
+    let file = (opts.sentinel_password_file.clone())
+        .map(|path| FileCredentials::new(path, opts.sentinel_username.as_deref()));
     let sentinels = hosts
         .split(',')
         .filter(|h| !h.is_empty())
@@ -190,12 +195,23 @@ fn sentinel(
             } else {
                 h.to_string()
             };
-            let client = node.client(
-                &format!("{scheme}://{h}"),
-                opts.sentinel_username.as_deref(),
-                opts.sentinel_password.as_ref(),
-            )?;
-            Ok((h, client))
+            let (url, node, file) = (format!("{scheme}://{h}"), node.clone(), file.clone());
+            let (user, password) = (
+                opts.sentinel_username.clone(),
+                opts.sentinel_password.clone(),
+            );
+            let client = move || {
+                let password = match &file {
+                    Some(file) => Some(Password::new(
+                        (file.password()).map_err(|e| Error::Config(e.to_string()))?,
+                    )),
+                    None => password.clone(),
+                };
+                node.client(&url, user.as_deref(), password.as_ref())
+            };
+            // Checked now (a URL that does not parse, a file that cannot be read).
+            client()?;
+            Ok((h, Box::new(client) as SentinelClient))
         })
         .collect::<Result<Vec<_>, Error>>()?;
     if name.is_empty() || sentinels.is_empty() {

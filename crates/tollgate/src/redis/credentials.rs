@@ -47,7 +47,7 @@ impl FileCredentials {
 
     /// The password the file holds now (one trailing newline dropped), else the last
     /// one read.
-    fn read(&self) -> RedisResult<String> {
+    pub(crate) fn password(&self) -> RedisResult<String> {
         let mut last = self.0.last.lock().unwrap_or_else(|e| e.into_inner());
         match std::fs::read_to_string(&self.0.path) {
             Ok(text) => {
@@ -81,7 +81,7 @@ impl StreamingCredentialsProvider for FileCredentials {
     /// The file's password now, then each new one as the file changes.
     fn subscribe(&self) -> Pin<Box<dyn Stream<Item = RedisResult<BasicAuth>> + Send + 'static>> {
         let me = self.clone();
-        let first = me.read();
+        let first = me.password();
         let seen = first.as_ref().ok().cloned();
         Box::pin(futures_util::stream::unfold(
             (me, Some(first), seen),
@@ -92,7 +92,7 @@ impl StreamingCredentialsProvider for FileCredentials {
                 }
                 loop {
                     tokio::time::sleep(WATCH_EVERY).await;
-                    let Ok(now) = me.read() else { continue };
+                    let Ok(now) = me.password() else { continue };
                     if seen.as_deref() != Some(now.as_str()) {
                         seen = Some(now.clone());
                         return Some((Ok(me.auth(now)), (me, None, seen)));

@@ -51,6 +51,11 @@ pub struct RedisOptions {
     /// With a `redis+sentinel://` URL: the Sentinels' password (`requirepass` in
     /// their config), when they ask for one.
     pub sentinel_password: Option<Password>,
+    /// With a `redis+sentinel://` URL: a file holding the Sentinels' password (a
+    /// mounted Kubernetes secret), read again for each new connection to a Sentinel,
+    /// so that it rotates without a restart. Wins over
+    /// [`RedisOptions::sentinel_password`].
+    pub sentinel_password_file: Option<std::path::PathBuf>,
 }
 
 /// TLS to Redis (rustls; TLS 1.2 and 1.3): whom to trust and who we are. Every Cluster
@@ -220,6 +225,7 @@ impl Default for RedisOptions {
             tls: None,
             sentinel_username: None,
             sentinel_password: None,
+            sentinel_password_file: None,
         }
     }
 }

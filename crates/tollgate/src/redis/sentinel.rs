@@ -26,6 +26,10 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, RedisResult, Value};
 pub(crate) type MasterClient =
     Box<dyn Fn(&str, u16) -> Result<redis::Client, crate::Error> + Send + Sync>;
 
+/// Builds the client of one Sentinel with the Sentinels' credentials as they stand
+/// now (a password file is read again for each new connection) and TLS.
+pub(crate) type SentinelClient = Box<dyn Fn() -> Result<redis::Client, crate::Error> + Send + Sync>;
+
 /// How a search says that a Sentinel refused the login (not the master); lower case,
 /// as `first_contact` looks for it.
 pub(crate) const SENTINEL_REFUSED_LOGIN: &str = "a sentinel refused the login";
@@ -38,7 +42,7 @@ const SEARCH_AGAIN_AFTER: Duration = Duration::from_millis(100);
 pub(crate) struct SentinelConn {
     name: String,
     /// Each Sentinel's address (for messages) and client.
-    sentinels: Vec<(String, redis::Client)>,
+    sentinels: Vec<(String, SentinelClient)>,
     master_client: MasterClient,
     db: i64,
     config: AsyncConnectionConfig,
@@ -88,7 +92,7 @@ impl SentinelConn {
     /// credentials and TLS); `master_client` makes the master's.
     pub(crate) fn new(
         name: String,
-        sentinels: Vec<(String, redis::Client)>,
+        sentinels: Vec<(String, SentinelClient)>,
         master_client: MasterClient,
         db: i64,
         connect_timeout: Duration,
@@ -321,8 +325,8 @@ impl SentinelConn {
         let mut conn = match &s.sentinel {
             Some((i, c)) if *i == at => c.clone(),
             _ => {
-                let c = self.sentinels[at]
-                    .1
+                let client = (self.sentinels[at].1)().map_err(|e| config_error("sentinel", e))?;
+                let c = (client)
                     .get_multiplexed_async_connection_with_config(&self.config)
                     .await?;
                 s.sentinel = Some((at, c.clone()));
@@ -342,13 +346,8 @@ impl SentinelConn {
 
     /// A connection to the node at (host, port), once it says it is the master.
     async fn open(&self, host: &str, port: u16) -> RedisResult<MultiplexedConnection> {
-        let client = (self.master_client)(host, port).map_err(|e| {
-            RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "master address",
-                e.to_string(),
-            ))
-        })?;
+        let client =
+            (self.master_client)(host, port).map_err(|e| config_error("master address", e))?;
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&self.master_config)
             .await?;
@@ -439,8 +438,9 @@ async fn watch(me: std::sync::Weak<SentinelConn>) {
     let mut at = 0;
     loop {
         let Some(s) = me.upgrade() else { return };
-        let client = s.sentinels[at % s.sentinels.len()].1.clone();
+        let client = (s.sentinels[at % s.sentinels.len()].1)();
         let subscribed = tokio::time::timeout(s.search_timeout, async {
+            let client = client.map_err(|e| config_error("sentinel", e))?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe("+switch-master").await?;
             RedisResult::Ok(pubsub)
@@ -544,6 +544,11 @@ fn significant(e: &RedisError) -> Option<ErrorKind> {
 }
 
 /// `host:port`, with an IPv6 host in brackets.
+/// A client that could not be made (`what`: whose), as the connection's error.
+fn config_error(what: &'static str, e: crate::Error) -> RedisError {
+    RedisError::from((ErrorKind::InvalidClientConfig, what, e.to_string()))
+}
+
 pub(crate) fn address(host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
