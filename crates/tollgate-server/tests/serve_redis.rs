@@ -1037,15 +1037,7 @@ async fn a_rotated_password_file_is_followed_without_a_restart() {
     let every_node = |redis: &RedisServers| {
         let ports = redis.ports.clone();
         move || {
-            for &port in &ports {
-                let set = redis_cli(
-                    port,
-                    "old-secret",
-                    &["CONFIG", "SET", "requirepass", "new-secret"],
-                );
-                assert_eq!(set.trim(), "OK", "{port}");
-                redis_cli(port, "new-secret", &["CLIENT", "KILL", "TYPE", "normal"]);
-            }
+            ports.iter().for_each(|&port| new_password(port));
         }
     };
     let standalone = RedisServers::standalone_with(&["--requirepass", "old-secret"]);
@@ -1086,16 +1078,17 @@ async fn a_rotated_password_file_is_followed_without_a_restart() {
                 "old-secret",
                 &["CONFIG", "SET", "masterauth", "new-secret"],
             );
-            let set = redis_cli(
-                port,
-                "old-secret",
-                &["CONFIG", "SET", "requirepass", "new-secret"],
-            );
-            assert_eq!(set.trim(), "OK", "{port}");
-            redis_cli(port, "new-secret", &["CLIENT", "KILL", "TYPE", "normal"]);
+            new_password(port);
         }
     };
     rotate_under_load(&sentinels.url(), true, rotate_all).await;
+}
+
+/// The Redis at `port` takes `new-secret` for `old-secret` and drops its clients.
+fn new_password(port: u16) {
+    let set = ["CONFIG", "SET", "requirepass", "new-secret"];
+    assert_eq!(redis_cli(port, "old-secret", &set).trim(), "OK", "{port}");
+    redis_cli(port, "new-secret", &["CLIENT", "KILL", "TYPE", "normal"]);
 }
 
 /// `redis-cli -p port -a password args...`'s output.
