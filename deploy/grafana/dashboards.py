@@ -168,11 +168,11 @@ SERVE = [
     redis_row([
         series("Redis failing and fallbacks",
                [q("max by (instance) (tollgate_redis_events{SEL,event=\"failing\"})", "failing {{instance}}"),
-                q("sum by (instance) (rate(tollgate_redis_events{SEL,event=\"fallback_decisions\"}RATE))",
+                q("sum by (instance) (rate(tollgate_redis_store_events_total{SEL,event=\"fallback_decisions\"}RATE))",
                   "on_error decisions/s {{instance}}")],
                desc="failing is 1 while Redis fails; then the store's on_error decides"),
         series("Leases",
-               [q("sum by (event) (rate(tollgate_redis_events{SEL,event=~\"leases_taken|leases_returned|leases_expired|lease_local_decisions\"}RATE))",
+               [q("sum by (event) (rate(tollgate_redis_store_events_total{SEL,event=~\"leases_taken|leases_returned|leases_expired|lease_local_decisions\"}RATE))",
                   "{{event}}")], "ops"),
     ]),
     ("Envoy quota buckets (RLQS)", [
@@ -200,7 +200,7 @@ SERVE = [
         series("Certificate days left", [q("tollgate_tls_certificate_expiry_days{SEL}",
                                            "{{instance}} {{listener}}")], "d", w=8),
         series("xDS", [q("tollgate_xds_events{SEL,event=\"stream_up\"}", "stream up {{instance}}"),
-                       q("sum by (instance, event) (increase(tollgate_xds_events{SEL,event=~\"versions_acked|versions_nacked\"}RATE))",
+                       q("sum by (instance, event) (increase(tollgate_xds_stream_events_total{SEL,event=~\"versions_acked|versions_nacked\"}RATE))",
                          "{{event}} {{instance}}")],
                desc="Rules over xDS: the stream, and the versions acked and refused", w=8),
         series("Trace spans", [q("sum by (outcome) (rate(tollgate_trace_spans_total{SEL}RATE))", "{{outcome}}")],

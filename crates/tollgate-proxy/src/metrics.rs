@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 use super::routes::RouteTable;
 use tollgate_runtime::store_metrics::{
     redis_events_of, set_events, set_node_events, RedisCalls, StoreStats, NODE_EVENTS_HELP,
+    STORE_EVENTS_HELP, STORE_NODE_EVENTS_HELP,
 };
 use tollgate_runtime::tls_refusals::RefusalMetrics;
 
@@ -109,16 +110,19 @@ fn register_redis(root: &mut Registry, table: &RouteTable, store: &tollgate::red
     for route in table.routes() {
         route.limits.add_redis_stats(&mut stats);
     }
-    let events = Gauges::default();
-    set_events(&events, &redis_events_of(&stats.redis));
+    let (events, counts) = (Gauges::default(), Counters::default());
+    set_events(&events, &counts, &redis_events_of(&stats.redis));
     root.register(
         "tollgate_redis_events",
-        "The Redis store's events, summed over the routes in force: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries since they were made; failing is 1 while Redis fails",
+        "The Redis store's events, summed over the routes in force: failing is 1 while Redis fails; decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries since they were made (deprecated here: read tollgate_redis_store_events_total)",
         events,
     );
-    let nodes = Gauges::default();
-    set_node_events(&nodes, &stats.nodes);
+    root.register("tollgate_redis_store_events", STORE_EVENTS_HELP, counts);
+    let (nodes, node_counts) = (Gauges::default(), Counters::default());
+    set_node_events(&nodes, &node_counts, &stats.nodes);
     root.register("tollgate_redis_node_events", NODE_EVENTS_HELP, nodes);
+    let help = STORE_NODE_EVENTS_HELP;
+    root.register("tollgate_redis_store_node_events", help, node_counts);
 }
 
 /// The listeners' certificates and refused handshakes, and the configuration's reloads.

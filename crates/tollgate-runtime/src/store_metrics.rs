@@ -2,6 +2,9 @@
 //! over limiters ([`StoreStats`]), its calls' times and batch sizes ([`RedisCalls`]),
 //! its events, and the histogram buckets they are written with.
 
+use std::sync::atomic::Ordering;
+
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tollgate::AnyLimiter;
@@ -54,12 +57,14 @@ impl StoreStats {
 }
 
 /// The help of `tollgate_redis_node_events` (`serve`'s and the proxy's).
-pub const NODE_EVENTS_HELP: &str = "tollgate_redis_events by Redis node (host:port; a single node's is its URL, password hidden), over every limit and the quota buckets: decisions (calls answered), errors, fallback_decisions, outages, recoveries; failing is 1 while that node fails (for a Cluster, its keys get the failure policy, the other nodes' decide as usual)";
+pub const NODE_EVENTS_HELP: &str = "tollgate_redis_events by Redis node (host:port; a single node's is its URL, password hidden), over every limit and the quota buckets: failing is 1 while that node fails (for a Cluster, its keys get the failure policy, the other nodes' decide as usual); decisions (calls answered), errors, fallback_decisions, outages, recoveries (deprecated here: read tollgate_redis_store_node_events_total)";
 
 /// Sets a `node`- and `event`-labelled gauge family to each node's events
-/// (`tollgate_redis_node_events`, `serve`'s and the proxy's).
+/// (`tollgate_redis_node_events`, `serve`'s and the proxy's), and its counts in
+/// `counts` (`tollgate_redis_store_node_events_total`).
 pub fn set_node_events(
     family: &Family<Labels, Gauge>,
+    counts: &Family<Labels, Counter>,
     nodes: &std::collections::BTreeMap<std::sync::Arc<str>, tollgate::redis::RedisStats>,
 ) {
     for (node, stats) in nodes {
@@ -68,10 +73,16 @@ pub fn set_node_events(
                 continue; // kept per limit, not per node
             }
             let labels = vec![("node", node.to_string()), ("event", event.to_string())];
-            (family.get_or_create(&labels)).set(i64::try_from(n).unwrap_or(i64::MAX));
+            set_both(family, counts, &labels, event, n);
         }
     }
 }
+
+/// The help of `tollgate_redis_store_events_total` (`serve`'s and the proxy's).
+pub const STORE_EVENTS_HELP: &str = "The Redis store's counts of tollgate_redis_events as counters, by event: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries (serve: leases and quota buckets too); the states (failing, tls_insecure) stay in tollgate_redis_events";
+
+/// The help of `tollgate_redis_store_node_events_total` (`serve`'s and the proxy's).
+pub const STORE_NODE_EVENTS_HELP: &str = "The counts of tollgate_redis_node_events as counters, by Redis node and event; the state (failing) stays in tollgate_redis_node_events";
 
 /// The Redis stores' calls (`store`: `main` or `per_second`), read from the stores
 /// before each scrape and encoded as histograms of their times and batch sizes
@@ -105,13 +116,40 @@ pub fn redis_events_of(s: &tollgate::redis::RedisStats) -> [(&'static str, u64);
     ]
 }
 
-/// Sets an `event`-labelled gauge family to each `(event, count)` (`serve`'s and the
-/// proxy's `tollgate_redis_events`).
-pub fn set_events(family: &Family<Labels, Gauge>, events: &[(&str, u64)]) {
+/// The events that say how things stand now (1 or 0), not how many times something
+/// happened: gauges only.
+const STATES: [&str; 3] = ["failing", "tls_insecure", "stream_up"];
+
+/// Sets an `event`-labelled gauge family to each `(event, value)` (`serve`'s and the
+/// proxy's `tollgate_redis_events`, `serve`'s `tollgate_xds_events`), and each count
+/// (every event but a state) in `counts`, the counter family to read with `rate()`
+/// (`..._total`; the gauge's counts stay for what was written against them).
+pub fn set_events(
+    family: &Family<Labels, Gauge>,
+    counts: &Family<Labels, Counter>,
+    events: &[(&str, u64)],
+) {
     for &(event, n) in events {
-        family
-            .get_or_create(&vec![("event", event.to_string())])
-            .set(i64::try_from(n).unwrap_or(i64::MAX));
+        let labels = vec![("event", event.to_string())];
+        set_both(family, counts, &labels, event, n);
+    }
+}
+
+/// Sets the gauge of `labels` to `n`, and the counter too unless `event` is a state.
+fn set_both(
+    family: &Family<Labels, Gauge>,
+    counts: &Family<Labels, Counter>,
+    labels: &Labels,
+    event: &str,
+    n: u64,
+) {
+    (family.get_or_create(labels)).set(i64::try_from(n).unwrap_or(i64::MAX));
+    if !STATES.contains(&event) {
+        // A count read from the limiters as it stands (never decreasing while they
+        // live).
+        (counts.get_or_create(labels))
+            .inner()
+            .store(n, Ordering::Relaxed);
     }
 }
 

@@ -559,14 +559,15 @@ async fn two_proxies_on_one_redis_share_limit_req_and_limit_conn() {
     let body = client.get(uri).await.unwrap().into_body().collect().await;
     let node_events = String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap();
     let node = format!("node=\"{}\"", redis.url());
-    let event = |name: &str| {
+    let event = |family: &str, name: &str| {
         (node_events.lines())
-            .filter(|l| l.starts_with("tollgate_redis_node_events{") && l.contains(&node))
+            .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(&node))
             .find(|l| l.contains(&format!("event=\"{name}\"")))
             .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
     };
     assert!(
-        event("decisions").is_some_and(|n| n >= 4) && event("failing") == Some(1),
+        event("tollgate_redis_store_node_events_total", "decisions").is_some_and(|n| n >= 4)
+            && event("tollgate_redis_node_events", "failing") == Some(1),
         "{node}: {node_events}"
     );
 }

@@ -386,7 +386,9 @@ fn a_redis_outage_applies_each_servers_failure_policy_and_recovers() {
         let (_, _, metrics) = support::request(&servers[0], "GET", "/metrics", "", None).await;
         let metrics = metrics.as_str().unwrap_or_default().to_string();
         let errors = (metrics.lines())
-            .find_map(|l| l.strip_prefix("tollgate_redis_events{event=\"quota_store_errors\"} "))
+            .find_map(|l| {
+                l.strip_prefix("tollgate_redis_store_events_total{event=\"quota_store_errors\"} ")
+            })
             .and_then(|n| n.trim().parse::<u64>().ok());
         assert!(errors.is_some_and(|n| n > 0), "{metrics}");
         let _ = std::fs::remove_dir_all(&dir);

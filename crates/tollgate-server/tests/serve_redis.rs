@@ -250,7 +250,7 @@ async fn redis_outage_applies_the_failure_policy_and_recovers() {
     assert_eq!(send(&c, "GET", "/readyz", "").await.0, 503);
     let (_, metrics) = send(&c, "GET", "/metrics", "").await;
     assert!(
-        metrics.contains("tollgate_redis_events{event=\"outages\"} 1"),
+        metrics.contains("tollgate_redis_store_events_total{event=\"outages\"} 1"),
         "{metrics}"
     );
     // Every call is timed and counted by kind: the one before the outage went
@@ -303,7 +303,7 @@ async fn redis_outage_applies_the_failure_policy_and_recovers() {
     assert_eq!(send(&c, "GET", "/readyz", "").await.0, 200);
     let (_, metrics) = send(&c, "GET", "/metrics", "").await;
     assert!(
-        metrics.contains("tollgate_redis_events{event=\"recoveries\"} 1"),
+        metrics.contains("tollgate_redis_store_events_total{event=\"recoveries\"} 1"),
         "{metrics}"
     );
 }
@@ -1199,7 +1199,9 @@ async fn rotate_under_load(url: &str, sentinels: bool, rotate: impl FnOnce()) {
     );
     let (_, metrics) = send(&server, "GET", "/metrics", "").await;
     let fallbacks: f64 = (metrics.lines())
-        .find_map(|l| l.strip_prefix("tollgate_redis_events{event=\"fallback_decisions\"} "))
+        .find_map(|l| {
+            l.strip_prefix("tollgate_redis_store_events_total{event=\"fallback_decisions\"} ")
+        })
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{metrics}"));
     assert!(fallbacks > 0.0, "{url}: {metrics}");

@@ -315,8 +315,10 @@ async fn serve_follows_the_xds_server_through_versions_nacks_and_outages() {
     let metrics = metrics.as_str().unwrap().to_string();
     for line in [
         "tollgate_xds_events{event=\"stream_up\"} 1",
-        "tollgate_xds_events{event=\"streams_opened\"} 2",
-        "tollgate_xds_events{event=\"versions_acked\"} 3",
+        "tollgate_xds_stream_events_total{event=\"streams_opened\"} 2",
+        "tollgate_xds_stream_events_total{event=\"versions_acked\"} 3",
+        "tollgate_xds_stream_events_total{event=\"versions_nacked\"} 2",
+        // The counts' deprecated gauges, until they are removed.
         "tollgate_xds_events{event=\"versions_nacked\"} 2",
     ] {
         assert!(metrics.contains(line), "{line} in:\n{metrics}");

@@ -12,6 +12,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tollgate_runtime::store_metrics::{
     redis_events_of, set_events, set_node_events, Labels, RedisCalls, NODE_EVENTS_HELP,
+    STORE_EVENTS_HELP, STORE_NODE_EVENTS_HELP,
 };
 
 /// The service's metrics.
@@ -30,6 +31,9 @@ pub struct Metrics {
     /// The Redis store's counters (monotonic sums over its limiters), by event.
     redis: Family<Labels, Gauge>,
     redis_nodes: Family<Labels, Gauge>,
+    /// The counts among them, as counters (`..._total`).
+    redis_counts: Family<Labels, Counter>,
+    redis_node_counts: Family<Labels, Counter>,
     /// `serve`'s workers: connections, moves onto each, by worker.
     worker_connections: Family<Labels, Gauge>,
     worker_moves: Family<Labels, Gauge>,
@@ -44,6 +48,7 @@ pub struct Metrics {
     certificate_days: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// The xDS client's figures, by event.
     xds: Family<Labels, Gauge>,
+    xds_counts: Family<Labels, Counter>,
     /// Calls by API, method and code.
     calls: Family<CallLabels, Counter>,
     /// Each gRPC method's series ([`Method`] order, then unknown methods), and each
@@ -155,6 +160,8 @@ impl Metrics {
             keys: Family::default(),
             redis: Family::default(),
             redis_nodes: Family::default(),
+            redis_counts: Family::default(),
+            redis_node_counts: Family::default(),
             worker_connections: Family::default(),
             worker_moves: Family::default(),
             worker_busy: Family::default(),
@@ -163,6 +170,7 @@ impl Metrics {
             quota_streams: Gauge::default(),
             certificate_days: Family::default(),
             xds: Family::default(),
+            xds_counts: Family::default(),
             calls,
             grpc_series,
             http_series,
@@ -234,13 +242,24 @@ impl Metrics {
     fn register_redis_and_workers(&self, registry: &mut Registry) {
         registry.register(
             "redis_events",
-            "Redis store events since start: decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries; failing is 1 while Redis fails; quota_store_errors (RLQS bucket changes that failed), quota_late_assignments (RLQS assignments not sent: decided too long ago); tls_insecure is 1 when a Redis connection skips certificate checks (an insecure_* switch)",
+            "Redis store events: failing is 1 while Redis fails; tls_insecure is 1 when a Redis connection skips certificate checks (an insecure_* switch); since start (deprecated here: read tollgate_redis_store_events_total): decisions, errors (incl. timeouts), fallback_decisions (failure policy), negative_cache_hits, outages, recoveries, quota_store_errors (RLQS bucket changes that failed), quota_late_assignments (RLQS assignments not sent: decided too long ago), and the lease counts",
             self.redis.clone(),
+        );
+        registry.register(
+            "redis_store_events",
+            STORE_EVENTS_HELP,
+            self.redis_counts.clone(),
         );
         registry.register(
             "redis_node_events",
             NODE_EVENTS_HELP,
             self.redis_nodes.clone(),
+        );
+        let node_counts = self.redis_node_counts.clone();
+        registry.register(
+            "redis_store_node_events",
+            STORE_NODE_EVENTS_HELP,
+            node_counts,
         );
         registry.register(
             "worker_connections",
@@ -293,8 +312,13 @@ impl Metrics {
             "xds_events",
             "The xDS client (rules from an xDS server), by event: stream_up is 1 while \
              its stream is open; streams_opened, versions_acked and versions_nacked count \
-             since start",
+             since start (deprecated here: read tollgate_xds_stream_events_total)",
             self.xds.clone(),
+        );
+        registry.register(
+            "xds_stream_events",
+            "The xDS client's counts, by event: streams_opened, versions_acked, versions_nacked",
+            self.xds_counts.clone(),
         );
     }
 
@@ -472,7 +496,7 @@ impl Metrics {
         &self,
         nodes: &std::collections::BTreeMap<std::sync::Arc<str>, tollgate::redis::RedisStats>,
     ) {
-        set_node_events(&self.redis_nodes, nodes);
+        set_node_events(&self.redis_nodes, &self.redis_node_counts, nodes);
     }
 
     /// Sets the Redis stores' calls: `(store, its call_stats())`.
@@ -490,10 +514,7 @@ impl Metrics {
 
     /// Sets the xDS client's figures: (event, value) pairs.
     pub fn xds(&self, events: &[(&str, u64)]) {
-        for (event, value) in events {
-            let label = vec![("event", event.to_string())];
-            (self.xds.get_or_create(&label)).set(i64::try_from(*value).unwrap_or(i64::MAX));
-        }
+        set_events(&self.xds, &self.xds_counts, events);
     }
 
     /// Sets the workers' figures.
@@ -570,7 +591,7 @@ impl Metrics {
 
     /// Sets `redis_events` for each `(event, count)`.
     fn redis_events(&self, events: &[(&str, u64)]) {
-        set_events(&self.redis, events);
+        set_events(&self.redis, &self.redis_counts, events);
     }
 
     /// The text exposition.
