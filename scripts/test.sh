@@ -72,11 +72,13 @@ trap 'kill "$redis_pid" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 TOLLGATE_TEST_REDIS_URL="redis://127.0.0.1:$redis_port/" cargo test --workspace --doc --all-features --locked
 cargo run -q -p tollgate --all-features --locked --example stores -- "redis://127.0.0.1:$redis_port/"
-# The tower, axum and http features' examples, as a user runs them (each checks its own answers and exits).
+# The tower, axum, http and tonic features' examples, as a user runs them (each checks its own answers and exits).
 cargo run -q -p tollgate --features tower --locked --example axum -- --check
 cargo run -q -p tollgate --features tower --locked --example adaptive -- --check
 cargo run -q -p tollgate --features axum --locked --example per_peer_ip -- --check
 cargo run -q -p tollgate --features http --locked --example headers -- --check
+# The tonic feature's example: a gRPC service behind the layer, called with tonic's client.
+cargo run -q -p tollgate --features tonic,redis --locked --example grpc -- --check
 kill "$redis_pid"
 # The image (deploy/Containerfile, FROM scratch) built with podman from the debug build
 # and run as Envoy Gateway runs it: user 65534, read-only root, no capabilities, as

@@ -49,10 +49,10 @@ pub mod clock;
 pub mod concurrency;
 pub mod error;
 mod fast_gcra;
-/// The guide: recipes (per-IP limits in axum, a rule set per user, the same through
-/// Redis, pacing a worker, burst or pacing) and the reference of every limiter — the
+/// The guide: recipes (a gRPC service, per-IP limits in axum, a rule set per user,
+/// the same through Redis, pacing a worker, burst or pacing) and the reference of every limiter — the
 /// text of `docs/library.md`, whose examples run as this module's doctests.
-#[cfg(all(feature = "axum", feature = "redis"))]
+#[cfg(all(feature = "axum", feature = "redis", feature = "tonic"))]
 #[doc = include_str!("../../../docs/library.md")]
 pub mod guide {}
 pub mod headers;

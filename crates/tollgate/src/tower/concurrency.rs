@@ -162,7 +162,7 @@ where
         let mut inner = super::take_ready(&mut self.inner);
         let Some(key) = (self.key)(&req) else {
             self.unkeyed.note(self.missing);
-            return match self.missing.refusal::<ResBody>() {
+            return match self.missing.refuses().map(super::rate_limit::http_refusal) {
                 Some(refused) => {
                     Box::pin(async { Ok(refused.map(|body| HeldBody { body, permit: None })) })
                 }

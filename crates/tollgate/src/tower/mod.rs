@@ -2,13 +2,16 @@
 //!
 //! * [`RateLimitLayer`] / [`ErrorLayer`]: one rate limit per key, shared by every
 //!   clone of the service, rejecting with 429 (or an error) or waiting, and charging
-//!   what a response says it used ([`RateLimitLayer::charge_with`]);
+//!   what a response says it used ([`RateLimitLayer::charge_with`]); for gRPC
+//!   services (tonic), [`RateLimitLayer::grpc`] answers with gRPC statuses
+//!   (feature `tonic`);
 //! * [`ConcurrencyLimitLayer`]: at most N requests in flight per key, each permit
 //!   held until its response body has been sent;
 //! * [`AdaptiveConcurrencyLayer`]: an adaptive concurrency limit in front of a
 //!   service, fed by its responses, shedding with 503 by priority.
 
 mod adaptive;
+mod answers;
 mod concurrency;
 mod rate_limit;
 
@@ -16,6 +19,9 @@ pub use adaptive::{
     AdaptiveConcurrency, AdaptiveConcurrencyLayer, ByStatus, Classify, NormalPriority, Prioritize,
     ResponseClass,
 };
+#[cfg(feature = "tonic")]
+pub use answers::Grpc;
+pub use answers::{Answers, Http};
 pub use concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer, HeldBody};
 #[cfg(feature = "axum")]
 pub use rate_limit::{peer_ip, PeerIp};

@@ -10,6 +10,11 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use tollgate_core::{Op, RuleDecision, RuleSet};
 use tower::{Layer, Service};
 
+use std::marker::PhantomData;
+
+#[cfg(feature = "tonic")]
+use super::answers::Grpc;
+use super::answers::{Answers, Http};
 use crate::headers::{insert_all, HeaderStyle, RateLimitHeaders};
 use crate::wait::refund_detached;
 use crate::RateLimiter;
@@ -88,11 +93,12 @@ pub enum MissingKey {
 pub struct NoKey;
 
 impl MissingKey {
-    /// The answer to a request without a key: `None` to pass it through.
-    pub(super) fn refusal<B: From<String>>(self) -> Option<Response<B>> {
+    /// Whether a request without a key is refused, and if so whether as the
+    /// server's fault: `None` to pass it through.
+    pub(super) fn refuses(self) -> Option<bool> {
         match self {
-            MissingKey::Reject => Some(no_key(StatusCode::BAD_REQUEST)),
-            MissingKey::ServerError => Some(no_key(StatusCode::INTERNAL_SERVER_ERROR)),
+            MissingKey::Reject => Some(false),
+            MissingKey::ServerError => Some(true),
             MissingKey::PassThrough => None,
         }
     }
@@ -227,13 +233,14 @@ pub enum OnLimit {
 /// # let _ = layer;
 /// ```
 #[derive(Clone)]
-pub struct RateLimitLayer<L, F, C = NoCharge> {
+pub struct RateLimitLayer<L, F, C = NoCharge, P = Http> {
     limiter: L,
     key: Arc<F>,
     on_limit: OnLimit,
     charge: Arc<C>,
     missing: MissingKey,
     unkeyed: Arc<Unkeyed>,
+    answers: PhantomData<fn() -> P>,
 }
 
 impl<L, F> RateLimitLayer<L, F> {
@@ -246,11 +253,43 @@ impl<L, F> RateLimitLayer<L, F> {
             charge: Arc::new(NoCharge),
             missing: MissingKey::Reject,
             unkeyed: Arc::default(),
+            answers: PhantomData,
         }
     }
 }
 
 impl<L, F, C> RateLimitLayer<L, F, C> {
+    /// Answers in gRPC's words instead of HTTP's (see [`Grpc`]): for tonic services
+    /// (`tonic::transport::Server::builder().layer(..)`), keyed by the request's
+    /// metadata (its HTTP headers) or its peer.
+    ///
+    /// ```
+    /// use tollgate::tower::RateLimitLayer;
+    /// use tollgate::{KeyedLimiter, Policy};
+    ///
+    /// let limiter: KeyedLimiter<String> = KeyedLimiter::new("gcra:rate=100/s".parse::<Policy>().unwrap());
+    /// // Over the limit: RESOURCE_EXHAUSTED with RetryInfo; no x-api-key: UNAUTHENTICATED.
+    /// let layer = RateLimitLayer::new(limiter, |req: &http::Request<tonic::body::Body>| {
+    ///     req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
+    /// })
+    /// .grpc();
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "tonic")]
+    pub fn grpc(self) -> RateLimitLayer<L, F, C, Grpc> {
+        RateLimitLayer {
+            limiter: self.limiter,
+            key: self.key,
+            on_limit: self.on_limit,
+            charge: self.charge,
+            missing: self.missing,
+            unkeyed: self.unkeyed,
+            answers: PhantomData,
+        }
+    }
+}
+
+impl<L, F, C, P> RateLimitLayer<L, F, C, P> {
     /// Rejects (the default) or waits.
     pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
         self.on_limit = on_limit;
@@ -293,7 +332,7 @@ impl<L, F, C> RateLimitLayer<L, F, C> {
     /// .charge_with(Usage::of::<String>);
     /// # let _ = layer;
     /// ```
-    pub fn charge_with<C2>(self, cost: C2) -> RateLimitLayer<L, F, C2> {
+    pub fn charge_with<C2>(self, cost: C2) -> RateLimitLayer<L, F, C2, P> {
         RateLimitLayer {
             limiter: self.limiter,
             key: self.key,
@@ -301,12 +340,13 @@ impl<L, F, C> RateLimitLayer<L, F, C> {
             charge: Arc::new(cost),
             missing: self.missing,
             unkeyed: self.unkeyed,
+            answers: PhantomData,
         }
     }
 }
 
-impl<S, L: Clone, F, C> Layer<S> for RateLimitLayer<L, F, C> {
-    type Service = RateLimit<S, L, F, C>;
+impl<S, L: Clone, F, C, P> Layer<S> for RateLimitLayer<L, F, C, P> {
+    type Service = RateLimit<S, L, F, C, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit {
@@ -317,13 +357,14 @@ impl<S, L: Clone, F, C> Layer<S> for RateLimitLayer<L, F, C> {
             charge: self.charge.clone(),
             missing: self.missing,
             unkeyed: self.unkeyed.clone(),
+            answers: PhantomData,
         }
     }
 }
 
 /// The service made by [`RateLimitLayer`]. `Clone`; clones share the limit.
 #[derive(Clone)]
-pub struct RateLimit<S, L, F, C = NoCharge> {
+pub struct RateLimit<S, L, F, C = NoCharge, P = Http> {
     inner: S,
     limiter: L,
     key: Arc<F>,
@@ -331,9 +372,10 @@ pub struct RateLimit<S, L, F, C = NoCharge> {
     charge: Arc<C>,
     missing: MissingKey,
     unkeyed: Arc<Unkeyed>,
+    answers: PhantomData<fn() -> P>,
 }
 
-impl<S, L, F, C, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, L, F, C>
+impl<S, L, F, C, P, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, L, F, C, P>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -341,8 +383,9 @@ where
     K: Clone + Send + Sync + 'static,
     F: Fn(&Request<ReqBody>) -> Option<K> + Send + Sync + 'static,
     C: ResponseCost<ResBody>,
+    P: Answers<ResBody>,
     ReqBody: Send + 'static,
-    ResBody: Default + From<String> + Send + 'static,
+    ResBody: Send + 'static,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
@@ -356,7 +399,7 @@ where
         let mut inner = super::take_ready(&mut self.inner);
         let Some(key) = (self.key)(&req) else {
             self.unkeyed.note(self.missing);
-            return match self.missing.refusal() {
+            return match self.missing.refuses().map(P::refused) {
                 Some(refused) => Box::pin(async { Ok(refused) }),
                 None => Box::pin(inner.call(req)),
             };
@@ -376,18 +419,18 @@ where
                     "tollgate: {}; the request was answered 500",
                     crate::Error::HoldsPermits(p.to_string())
                 );
-                return Ok(no_key(StatusCode::INTERNAL_SERVER_ERROR));
+                return Ok(P::refused(true));
             }
             let decision = match limiter.check_rules(&key, 1, op).await {
                 Ok(d) => d,
                 Err(e) => match e.rejection() {
                     // A full limiter refusing new keys: over the limit.
-                    Some(d) => return Ok(too_many(&d.into(), &rules)),
-                    None => return Ok(super::unavailable()),
+                    Some(d) => return Ok(P::over_limit(&d.into(), &rules)),
+                    None => return Ok(P::unavailable()),
                 },
             };
             if !decision.decision.allowed {
-                return Ok(too_many(&decision, &rules));
+                return Ok(P::over_limit(&decision, &rules));
             }
             // A pacing policy's schedule is part of its decision, whatever the mode.
             if decision.decision.wait_us > 0 {
@@ -415,7 +458,15 @@ where
 }
 
 /// The answer to a request without a key ([`MissingKey`]): a problem document
-/// saying so; also the 500 of a rule set the layer cannot apply.
+/// saying so (400); also the 500 of a rule set the layer cannot apply.
+pub(super) fn http_refusal<B: From<String>>(server_fault: bool) -> Response<B> {
+    no_key(match server_fault {
+        false => StatusCode::BAD_REQUEST,
+        true => StatusCode::INTERNAL_SERVER_ERROR,
+    })
+}
+
+/// The problem document of [`http_refusal`] (`status`: 400 or 500).
 fn no_key<B: From<String>>(status: StatusCode) -> Response<B> {
     let detail = if status == StatusCode::BAD_REQUEST {
         "the request has no rate-limit key"
@@ -427,7 +478,7 @@ fn no_key<B: From<String>>(status: StatusCode) -> Response<B> {
 
 /// A 429 with `Retry-After` and the RateLimit headers ([`crate::headers`]), its body
 /// a problem document saying when to come back.
-fn too_many<B: From<String>>(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
+pub(super) fn too_many<B: From<String>>(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
     let retry = match decision.decision.retry_after_us {
         Some(us) => format!(r#","retry_after_s":{}"#, us.div_ceil(1_000_000)),
         None => String::new(),
@@ -439,7 +490,7 @@ fn too_many<B: From<String>>(decision: &RuleDecision, rules: &RuleSet) -> Respon
 
 /// The layer's headers ([`crate::headers`]; its limit is called `default`): the IETF
 /// fields, and `Retry-After` on a reject.
-fn rate_limit_headers(headers: &mut HeaderMap, d: &RuleDecision, rules: &RuleSet) {
+pub(super) fn rate_limit_headers(headers: &mut HeaderMap, d: &RuleDecision, rules: &RuleSet) {
     let h = RateLimitHeaders::new("default", rules, d);
     insert_all(headers, h.fields(HeaderStyle::Ietf, true));
 }

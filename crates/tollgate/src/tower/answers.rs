@@ -1,0 +1,86 @@
+//! [`Answers`]: how a rate-limited service answers what its layer refuses, in its
+//! protocol's words: [`Http`] (status codes, a problem body) or [`Grpc`] (gRPC
+//! statuses, the retry delay in `google.rpc.RetryInfo`; feature `tonic`).
+
+use http::Response;
+use tollgate_core::{RuleDecision, RuleSet};
+
+/// How [`RateLimitLayer`](super::RateLimitLayer)'s services answer a request they do
+/// not pass on, for responses with body `B`.
+pub trait Answers<B>: Send + Sync + 'static {
+    /// Over the limit: when to come back is in the decision (with the layer's
+    /// `Retry-After` and RateLimit fields as headers).
+    fn over_limit(decision: &RuleDecision, rules: &RuleSet) -> Response<B>;
+    /// A request without a key (`server_fault: false`), or one the layer cannot
+    /// limit as it is set up (a key that must be there, a rule set that holds
+    /// permits).
+    fn refused(server_fault: bool) -> Response<B>;
+    /// The limiter's store cannot answer (Redis down, no failure policy).
+    fn unavailable() -> Response<B>;
+}
+
+/// HTTP answers (the default): `429 Too Many Requests` with `Retry-After`, the
+/// RateLimit fields and a problem body; `400` for a request without a key (`500`
+/// for the layer's own fault); `503` when the store cannot answer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Http;
+
+impl<B: Default + From<String>> Answers<B> for Http {
+    fn over_limit(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
+        super::rate_limit::too_many(decision, rules)
+    }
+
+    fn refused(server_fault: bool) -> Response<B> {
+        super::rate_limit::http_refusal(server_fault)
+    }
+
+    fn unavailable() -> Response<B> {
+        super::unavailable()
+    }
+}
+
+/// gRPC answers, for tonic services (`Server::builder().layer(..)`) and any gRPC
+/// server on tower: over the limit `RESOURCE_EXHAUSTED` with the retry delay as
+/// `google.rpc.RetryInfo` in the status details and as `retry-after` metadata
+/// (seconds, rounded up; with the RateLimit fields), a request without a key
+/// `UNAUTHENTICATED` (the key is the caller's identity: an API key in the metadata,
+/// the peer; the layer's own fault `INTERNAL`), a store that cannot answer
+/// `UNAVAILABLE`. Each is a trailers-only response, as gRPC servers send an error.
+#[cfg(feature = "tonic")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Grpc;
+
+#[cfg(feature = "tonic")]
+impl<B: Default> Answers<B> for Grpc {
+    fn over_limit(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
+        use tonic_types::{ErrorDetails, StatusExt};
+        let retry = decision
+            .decision
+            .retry_after_us
+            .map(std::time::Duration::from_micros);
+        let message = match retry {
+            Some(d) => format!("rate limit exceeded: retry in {:.3} s", d.as_secs_f64()),
+            None => "rate limit exceeded".to_string(),
+        };
+        let details = ErrorDetails::with_retry_info(retry);
+        let status =
+            tonic::Status::with_error_details(tonic::Code::ResourceExhausted, message, details);
+        let mut response = status.into_http();
+        super::rate_limit::rate_limit_headers(response.headers_mut(), decision, rules);
+        response
+    }
+
+    fn refused(server_fault: bool) -> Response<B> {
+        let status = match server_fault {
+            false => tonic::Status::unauthenticated("the request has no rate-limit key"),
+            true => {
+                tonic::Status::internal("the rate limit is not set up to apply to this request")
+            }
+        };
+        status.into_http()
+    }
+
+    fn unavailable() -> Response<B> {
+        tonic::Status::unavailable("the rate limit's store cannot answer").into_http()
+    }
+}
