@@ -91,6 +91,53 @@ pub trait RateLimiter<K: ?Sized + Sync = str>: Send + Sync {
         self.check_rules(key, cost, Op::Charge)
     }
 
+    /// Settles a request that took `reserved` units at admission (its try's cost:
+    /// the bound it declared) once it is known to have used `used`: charges what it
+    /// used beyond the reservation (into debt if need be, up to each policy's
+    /// `max-debt`), gives back what it did not use. The decision is the charge's, or
+    /// the key as it then stands. Reserving the bound at admission is what keeps
+    /// requests of one key in flight at once from spending, together, more than the
+    /// budget plus what they declared: a try of 1 and a charge afterwards lets any
+    /// number of them through before the first is charged.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// use tollgate::{AnyLimiter, RateLimiter, RuleSet};
+    ///
+    /// // 1,000 tokens a day per key (nothing refills while the example runs).
+    /// let tokens = AnyLimiter::memory(RuleSet::parse(&["token-bucket:rate=1000/d,capacity=1000"])?);
+    /// let (max_tokens, prompt) = (300u64, 120u64); // what the request declares
+    /// let reserved = max_tokens.saturating_add(prompt);
+    /// let d = tokens.check("api-key-1", reserved).await?;
+    /// assert!(d.allowed); // else: 429, Retry-After from d.retry_after()
+    /// // ... run the completion; it used 250 tokens in all ...
+    /// let after = tokens.settle("api-key-1", reserved, 250).await?;
+    /// assert_eq!(after.decision.remaining, 750); // 170 given back
+    /// // A usage of 0 gives the whole reservation back, never wraps.
+    /// let d = tokens.check("api-key-2", reserved).await?;
+    /// assert_eq!(tokens.settle("api-key-2", reserved, 0).await?.decision.remaining, 1000);
+    /// # let _ = d;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn settle(
+        &self,
+        key: &K,
+        reserved: u64,
+        used: u64,
+    ) -> impl Future<Output = Result<RuleDecision, Error>> + Send {
+        async move {
+            if used > reserved {
+                return self.charge(key, used - reserved).await;
+            }
+            if used < reserved {
+                self.refund(key, reserved - used).await?;
+            }
+            self.peek(key, 0).await
+        }
+    }
+
     /// The decision a try of `cost` would get now, changing nothing (cost 0: the
     /// states as they stand).
     fn peek(&self, key: &K, cost: u64) -> impl Future<Output = Result<RuleDecision, Error>> + Send;

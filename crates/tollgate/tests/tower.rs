@@ -220,6 +220,102 @@ async fn charges_what_the_response_reports_and_refuses_while_in_debt() {
     assert_eq!(get_as(&c, &urls[1], Some("bob")).await.status(), 429);
 }
 
+/// Requests that reserve their declared bound at admission (`reserve`) cannot,
+/// together, spend past the budget while they are all in flight: 20 at once of one
+/// key, each declaring 300 tokens of a 1,000-token budget, held in the handler until
+/// every one has been admitted or refused. Three fit; each then used 250, and what
+/// they did not use comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_bounds_cap_requests_in_flight_and_settle_with_the_usage() {
+    use axum::response::IntoResponse;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tollgate::tower::Usage;
+    let tokens: KeyedLimiter<String> = KeyedLimiter::new(
+        "token-bucket:rate=1000/d,capacity=1000"
+            .parse::<Policy>()
+            .unwrap(),
+    );
+    let key = |req: &axum::extract::Request| {
+        req.headers()
+            .get("x-user")?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    };
+    let declared = |req: &axum::extract::Request| -> u64 {
+        let bound = req
+            .headers()
+            .get("x-max-tokens")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        bound.unwrap_or(1)
+    };
+    let entered = Arc::new(AtomicUsize::new(0));
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let handler = {
+        let entered = entered.clone();
+        move || {
+            let (entered, mut gate) = (entered.clone(), gate.clone());
+            async move {
+                entered.fetch_add(1, Ordering::SeqCst);
+                gate.wait_for(|open| *open).await.unwrap();
+                let mut response = "completion".into_response();
+                response.extensions_mut().insert(Usage(250));
+                response
+            }
+        }
+    };
+    let layer = RateLimitLayer::new(tokens.clone(), key)
+        .reserve(declared)
+        .charge_with(Usage::of::<axum::body::Body>);
+    let url = spawn_app(Router::new().route("/", get(handler)).layer(layer)).await;
+    let refused = Arc::new(AtomicUsize::new(0));
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let (url, refused) = (url.clone(), refused.clone());
+            tokio::spawn(async move {
+                let req = http::Request::get(&url)
+                    .header("x-user", "ada")
+                    .header("x-max-tokens", "300")
+                    .body(Empty::new())
+                    .unwrap();
+                let status = client().request(req).await.unwrap().status();
+                if status == 429 {
+                    refused.fetch_add(1, Ordering::SeqCst);
+                }
+                status
+            })
+        })
+        .collect();
+    // Every request admitted (held in the handler) or refused, before any answers.
+    let all_in = async {
+        while entered.load(Ordering::SeqCst) + refused.load(Ordering::SeqCst) < 20 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), all_in)
+        .await
+        .unwrap();
+    assert_eq!(
+        entered.load(Ordering::SeqCst),
+        3,
+        "admitted while in flight"
+    );
+    open.send(true).unwrap();
+    for call in calls {
+        call.await.unwrap();
+    }
+    // 3 x 250 used; the 3 x 50 reserved beyond it given back (from a spawned task).
+    let settled = async {
+        while tokens.peek("ada", 0).unwrap().decision.remaining != 250 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), settled)
+        .await
+        .unwrap();
+}
+
 /// A key closure that finds nothing (here the peer address, with axum served
 /// without connect info: a setup mistake) is refused by default (400, a problem
 /// body), as the server's fault with `ServerError` (500), and passed unlimited only

@@ -27,7 +27,7 @@ pub use concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer, HeldBody};
 pub use rate_limit::{peer_ip, PeerIp};
 pub use rate_limit::{
     BoxError, ErrorLayer, ErrorService, MissingKey, NoCharge, NoKey, OnLimit, RateLimit,
-    RateLimitLayer, RateLimited, ResponseCost, Usage,
+    RateLimitLayer, RateLimited, RequestCost, ResponseCost, Unit, Usage,
 };
 
 /// The service polled ready, to be called; a fresh clone is left in its place (the

@@ -37,6 +37,33 @@ where
     }
 }
 
+/// What a request reserves at admission, before the work: see
+/// [`RateLimitLayer::reserve`]. Implemented by closures `Fn(&Request<B>) -> u64` and
+/// by [`Unit`].
+pub trait RequestCost<B>: Send + Sync + 'static {
+    /// The units to take at admission (0 is taken as 1: an admission takes a unit).
+    fn reserve(&self, request: &Request<B>) -> u64;
+}
+
+impl<B, F> RequestCost<B> for F
+where
+    F: Fn(&Request<B>) -> u64 + Send + Sync + 'static,
+{
+    fn reserve(&self, request: &Request<B>) -> u64 {
+        self(request)
+    }
+}
+
+/// One unit per request at admission (the layer's default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unit;
+
+impl<B> RequestCost<B> for Unit {
+    fn reserve(&self, _: &Request<B>) -> u64 {
+        1
+    }
+}
+
 /// No charge after the response: every request costs the one unit of its admission
 /// (the layer's default).
 #[derive(Debug, Clone, Copy, Default)]
@@ -233,11 +260,12 @@ pub enum OnLimit {
 /// # let _ = layer;
 /// ```
 #[derive(Clone)]
-pub struct RateLimitLayer<L, F, C = NoCharge, P = Http> {
+pub struct RateLimitLayer<L, F, C = NoCharge, P = Http, R = Unit> {
     limiter: L,
     key: Arc<F>,
     on_limit: OnLimit,
     charge: Arc<C>,
+    reserve: Arc<R>,
     missing: MissingKey,
     unkeyed: Arc<Unkeyed>,
     answers: PhantomData<fn() -> P>,
@@ -251,6 +279,7 @@ impl<L, F> RateLimitLayer<L, F> {
             key: Arc::new(key),
             on_limit: OnLimit::Reject,
             charge: Arc::new(NoCharge),
+            reserve: Arc::new(Unit),
             missing: MissingKey::Reject,
             unkeyed: Arc::default(),
             answers: PhantomData,
@@ -258,7 +287,7 @@ impl<L, F> RateLimitLayer<L, F> {
     }
 }
 
-impl<L, F, C> RateLimitLayer<L, F, C> {
+impl<L, F, C, R> RateLimitLayer<L, F, C, Http, R> {
     /// Answers in gRPC's words instead of HTTP's (see [`Grpc`]): for tonic services
     /// (`tonic::transport::Server::builder().layer(..)`), keyed by the request's
     /// metadata (its HTTP headers) or its peer.
@@ -276,12 +305,13 @@ impl<L, F, C> RateLimitLayer<L, F, C> {
     /// # let _ = layer;
     /// ```
     #[cfg(feature = "tonic")]
-    pub fn grpc(self) -> RateLimitLayer<L, F, C, Grpc> {
+    pub fn grpc(self) -> RateLimitLayer<L, F, C, Grpc, R> {
         RateLimitLayer {
             limiter: self.limiter,
             key: self.key,
             on_limit: self.on_limit,
             charge: self.charge,
+            reserve: self.reserve,
             missing: self.missing,
             unkeyed: self.unkeyed,
             answers: PhantomData,
@@ -289,7 +319,7 @@ impl<L, F, C> RateLimitLayer<L, F, C> {
     }
 }
 
-impl<L, F, C, P> RateLimitLayer<L, F, C, P> {
+impl<L, F, C, P, R> RateLimitLayer<L, F, C, P, R> {
     /// Rejects (the default) or waits.
     pub fn on_limit(mut self, on_limit: OnLimit) -> Self {
         self.on_limit = on_limit;
@@ -311,13 +341,16 @@ impl<L, F, C, P> RateLimitLayer<L, F, C, P> {
 
     /// Charges each request what its response says it used (`cost(&response)`):
     /// budgets known only after the work, such as the tokens of an LLM completion.
-    /// A request is admitted while the key has at least one unit left (the unit is
-    /// taken at admission and counts toward the cost); when the response comes, the
-    /// rest is charged — into debt if need be (see
-    /// [`Policy::charge`](tollgate_core::Policy::charge), bounded by each policy's
-    /// `max-debt`), so the key is refused until the debt is paid back — a cost of 0
-    /// gives the unit back, and `None` (the response does not say) keeps it. The
-    /// response's `RateLimit` header shows the key after the charge.
+    /// A request is admitted while the key has what it reserves left (one unit, or
+    /// what [`RateLimitLayer::reserve`] says; taken at admission, it counts toward
+    /// the cost); when the response comes, the rest is charged — into debt if need
+    /// be (see [`Policy::charge`](tollgate_core::Policy::charge), bounded by each
+    /// policy's `max-debt`), so the key is refused until the debt is paid back — a
+    /// cost below the reservation gives the difference back, and `None` (the
+    /// response does not say) keeps the reservation. The response's `RateLimit`
+    /// header shows the key after the charge. Requests in flight at once are
+    /// charged only when their responses come: with one unit each, any number of
+    /// them pass before the first is charged; reserve their bounds to cap that.
     ///
     /// ```
     /// use tollgate::tower::{RateLimitLayer, Usage};
@@ -332,12 +365,55 @@ impl<L, F, C, P> RateLimitLayer<L, F, C, P> {
     /// .charge_with(Usage::of::<String>);
     /// # let _ = layer;
     /// ```
-    pub fn charge_with<C2>(self, cost: C2) -> RateLimitLayer<L, F, C2, P> {
+    pub fn charge_with<C2>(self, cost: C2) -> RateLimitLayer<L, F, C2, P, R> {
         RateLimitLayer {
             limiter: self.limiter,
             key: self.key,
             on_limit: self.on_limit,
             charge: Arc::new(cost),
+            reserve: self.reserve,
+            missing: self.missing,
+            unkeyed: self.unkeyed,
+            answers: PhantomData,
+        }
+    }
+
+    /// Takes `reserve(&request)` units at admission instead of one (at least one):
+    /// what a request states it may use, before the work (an LLM call's
+    /// `max_tokens` plus its prompt, a download's size). A request is admitted only
+    /// if its whole reservation fits, so requests of one key in flight at once can
+    /// never together spend more than the budget plus what the last of them
+    /// declared beyond it — where one unit each would let any number through
+    /// before the first response is charged. With [`RateLimitLayer::charge_with`]
+    /// the response settles it: what it used beyond the reservation is charged
+    /// (into debt if need be), what it did not use is given back; without, the
+    /// reservation is the cost.
+    ///
+    /// ```
+    /// use tollgate::tower::{RateLimitLayer, Usage};
+    /// use tollgate::{KeyedLimiter, Policy};
+    ///
+    /// // 10,000 tokens a minute per API key; each request reserves its x-max-tokens.
+    /// let tokens: KeyedLimiter<String> =
+    ///     KeyedLimiter::new("token-bucket:rate=10000/m,capacity=10000".parse::<Policy>().unwrap());
+    /// let declared = |req: &http::Request<()>| -> u64 {
+    ///     let bound = req.headers().get("x-max-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
+    ///     bound.unwrap_or(1)
+    /// };
+    /// let layer = RateLimitLayer::new(tokens, |req: &http::Request<()>| {
+    ///     req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
+    /// })
+    /// .reserve(declared)
+    /// .charge_with(Usage::of::<String>);
+    /// # let _ = layer;
+    /// ```
+    pub fn reserve<R2>(self, reserve: R2) -> RateLimitLayer<L, F, C, P, R2> {
+        RateLimitLayer {
+            limiter: self.limiter,
+            key: self.key,
+            on_limit: self.on_limit,
+            charge: self.charge,
+            reserve: Arc::new(reserve),
             missing: self.missing,
             unkeyed: self.unkeyed,
             answers: PhantomData,
@@ -345,8 +421,8 @@ impl<L, F, C, P> RateLimitLayer<L, F, C, P> {
     }
 }
 
-impl<S, L: Clone, F, C, P> Layer<S> for RateLimitLayer<L, F, C, P> {
-    type Service = RateLimit<S, L, F, C, P>;
+impl<S, L: Clone, F, C, P, R> Layer<S> for RateLimitLayer<L, F, C, P, R> {
+    type Service = RateLimit<S, L, F, C, P, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit {
@@ -355,6 +431,7 @@ impl<S, L: Clone, F, C, P> Layer<S> for RateLimitLayer<L, F, C, P> {
             key: self.key.clone(),
             on_limit: self.on_limit,
             charge: self.charge.clone(),
+            reserve: self.reserve.clone(),
             missing: self.missing,
             unkeyed: self.unkeyed.clone(),
             answers: PhantomData,
@@ -364,18 +441,20 @@ impl<S, L: Clone, F, C, P> Layer<S> for RateLimitLayer<L, F, C, P> {
 
 /// The service made by [`RateLimitLayer`]. `Clone`; clones share the limit.
 #[derive(Clone)]
-pub struct RateLimit<S, L, F, C = NoCharge, P = Http> {
+pub struct RateLimit<S, L, F, C = NoCharge, P = Http, R = Unit> {
     inner: S,
     limiter: L,
     key: Arc<F>,
     on_limit: OnLimit,
     charge: Arc<C>,
+    reserve: Arc<R>,
     missing: MissingKey,
     unkeyed: Arc<Unkeyed>,
     answers: PhantomData<fn() -> P>,
 }
 
-impl<S, L, F, C, P, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, L, F, C, P>
+impl<S, L, F, C, P, R, K, ReqBody, ResBody> Service<Request<ReqBody>>
+    for RateLimit<S, L, F, C, P, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -384,6 +463,7 @@ where
     F: Fn(&Request<ReqBody>) -> Option<K> + Send + Sync + 'static,
     C: ResponseCost<ResBody>,
     P: Answers<ResBody>,
+    R: RequestCost<ReqBody>,
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
@@ -407,6 +487,7 @@ where
         let limiter = self.limiter.clone();
         let on_limit = self.on_limit;
         let charge = self.charge.clone();
+        let reserved = self.reserve.reserve(&req).max(1);
         Box::pin(async move {
             let op = match on_limit {
                 OnLimit::Reject => Op::Try,
@@ -421,7 +502,7 @@ where
                 );
                 return Ok(P::refused(true));
             }
-            let decision = match limiter.check_rules(&key, 1, op).await {
+            let decision = match limiter.check_rules(&key, reserved, op).await {
                 Ok(d) => d,
                 Err(e) => match e.rejection() {
                     // A full limiter refusing new keys: over the limit.
@@ -434,21 +515,26 @@ where
             }
             // A pacing policy's schedule is part of its decision, whatever the mode.
             if decision.decision.wait_us > 0 {
-                let refund = crate::wait::RefundOnDrop::new(|| refund_detached(&limiter, &key, 1));
+                let refund =
+                    crate::wait::RefundOnDrop::new(|| refund_detached(&limiter, &key, reserved));
                 crate::wait::sleep_or_refund(decision.decision.wait(), refund).await;
             }
             let mut response = inner.call(req).await?;
-            // The unit of the admission is part of the cost the response reports.
+            // What the admission reserved is part of the cost the response reports:
+            // the difference is charged (into debt if need be) or given back.
             let shown = match charge.cost(&response) {
-                Some(0) => {
-                    refund_detached(&limiter, &key, 1);
+                Some(used) if used < reserved => {
+                    refund_detached(&limiter, &key, reserved - used);
                     decision
                 }
-                Some(used) if used > 1 => match limiter.charge(&key, used - 1).await {
-                    Ok(after) => after,
-                    // The store failed: the response stands, uncharged beyond its unit.
-                    Err(_) => decision,
-                },
+                Some(used) if used > reserved => {
+                    match limiter.charge(&key, used - reserved).await {
+                        Ok(after) => after,
+                        // The store failed: the response stands, charged what it
+                        // reserved.
+                        Err(_) => decision,
+                    }
+                }
                 _ => decision,
             };
             rate_limit_headers(response.headers_mut(), &shown, &rules);
