@@ -154,6 +154,15 @@ async fn non_http_services_get_an_error() {
     );
 }
 
+/// The key of the budget tests: the `x-user` header.
+fn user(req: &axum::extract::Request) -> Option<String> {
+    req.headers()
+        .get("x-user")?
+        .to_str()
+        .ok()
+        .map(str::to_owned)
+}
+
 /// Budgets known after the work: the handler reports the tokens its completion used
 /// (the `Usage` extension, or a header read by a closure), and the layer charges them,
 /// past the budget if need be; the key is refused until the window pays it back.
@@ -166,13 +175,6 @@ async fn charges_what_the_response_reports_and_refuses_while_in_debt() {
             .parse::<Policy>()
             .unwrap(),
     );
-    let key = |req: &axum::extract::Request| {
-        req.headers()
-            .get("x-user")?
-            .to_str()
-            .ok()
-            .map(str::to_owned)
-    };
     let completion = |used: u64| async move {
         let mut response = "completion".into_response();
         response.extensions_mut().insert(Usage(used));
@@ -190,13 +192,15 @@ async fn charges_what_the_response_reports_and_refuses_while_in_debt() {
         .route("/small", get(move || completion(300)))
         .route("/big", get(move || completion(900)))
         .route("/failed", get(move || completion(0)))
-        .layer(RateLimitLayer::new(tokens.clone(), key).charge_with(Usage::of::<axum::body::Body>));
+        .layer(
+            RateLimitLayer::new(tokens.clone(), user).charge_with(Usage::of::<axum::body::Body>),
+        );
     let header_app = Router::new()
         .route(
             "/",
             get(|| async { ([("x-usage-total-tokens", "1500")], "done") }),
         )
-        .layer(RateLimitLayer::new(tokens.clone(), key).charge_with(by_header));
+        .layer(RateLimitLayer::new(tokens.clone(), user).charge_with(by_header));
     let mut urls = Vec::new();
     for app in [app, header_app] {
         urls.push(spawn_app(app).await);
@@ -236,13 +240,6 @@ async fn reserved_bounds_cap_requests_in_flight_and_settle_with_the_usage() {
             .parse::<Policy>()
             .unwrap(),
     );
-    let key = |req: &axum::extract::Request| {
-        req.headers()
-            .get("x-user")?
-            .to_str()
-            .ok()
-            .map(str::to_owned)
-    };
     let declared = |req: &axum::extract::Request| -> u64 {
         let bound = req
             .headers()
@@ -265,7 +262,7 @@ async fn reserved_bounds_cap_requests_in_flight_and_settle_with_the_usage() {
             }
         }
     };
-    let layer = RateLimitLayer::new(tokens.clone(), key)
+    let layer = RateLimitLayer::new(tokens.clone(), user)
         .reserve(declared)
         .charge_with(Usage::of::<axum::body::Body>);
     let url = spawn_app(Router::new().route("/", get(handler)).layer(layer)).await;
@@ -511,15 +508,8 @@ async fn concurrency_is_held_for_the_response_by_its_own_layer() {
         "application/problem+json"
     );
 
-    let key = |req: &axum::extract::Request| {
-        req.headers()
-            .get("x-user")?
-            .to_str()
-            .ok()
-            .map(str::to_owned)
-    };
     for mode in [OnLimit::Reject, OnLimit::Wait] {
-        let layer = ConcurrencyLimitLayer::new(2, key).on_limit(mode);
+        let layer = ConcurrencyLimitLayer::new(2, user).on_limit(mode);
         let (url, most) = counted(layer.clone(), Duration::from_millis(100)).await;
         let c = client();
         let answers: Vec<u16> =
