@@ -140,6 +140,24 @@ pub struct Rejected {
     pub decision: Decision,
 }
 
+impl Rejected {
+    /// When the same request could pass, as a `Duration` (`None`: not known to ever
+    /// pass): what a `Retry-After` says.
+    ///
+    /// ```
+    /// use tollgate_core::{Op, Policy};
+    /// let policy: Policy = "fixed-window:limit=1,window=1s".parse().unwrap();
+    /// let mut state = policy.init(0);
+    /// policy.check(&mut state, 0, 1, Op::Try).unwrap();
+    /// let d = policy.check(&mut state, 250_000, 1, Op::Try).unwrap();
+    /// let rejected = d.into_result().unwrap_err();
+    /// assert_eq!(rejected.retry_after(), Some(std::time::Duration::from_millis(750)));
+    /// ```
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.retry_after_us.map(std::time::Duration::from_micros)
+    }
+}
+
 /// Why a check could not be decided at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CheckError {

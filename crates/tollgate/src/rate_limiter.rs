@@ -315,7 +315,8 @@ impl AnyLimiter {
     }
 
     /// A Redis-store limiter of `rules` named `name` on `store` (see
-    /// `redis::RedisLimiter::new`).
+    /// `redis::RedisLimiter::new`), with the default options: a Redis that does not
+    /// answer is an error (see [`AnyLimiter::redis_with`] for a failure policy).
     #[cfg(feature = "redis")]
     pub fn redis(
         store: crate::redis::RedisStore,
@@ -325,6 +326,19 @@ impl AnyLimiter {
         Ok(AnyLimiter::Redis(crate::redis::RedisLimiter::new(
             store, name, rules,
         )?))
+    }
+
+    /// [`AnyLimiter::redis`] with options: the failure policy (what is decided while
+    /// Redis does not answer), its probe interval and the negative cache.
+    #[cfg(feature = "redis")]
+    pub fn redis_with(
+        store: crate::redis::RedisStore,
+        name: &str,
+        rules: impl Into<RuleSet>,
+        options: crate::redis::RedisLimiterOptions,
+    ) -> Result<AnyLimiter, Error> {
+        let limiter = crate::redis::RedisLimiter::with_options(store, name, rules, options)?;
+        Ok(AnyLimiter::Redis(limiter))
     }
 
     /// The rule set in force.

@@ -233,13 +233,17 @@ fn the_tower_layer_limits_through_redis_and_answers_503_while_redis_is_down() {
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         let client: Client<_, Empty<bytes::Bytes>> =
             Client::builder(TokioExecutor::new()).build_http();
-        let status = |user: &'static str| {
+        let send = |user: &'static str| {
             let req = http::Request::get(&url)
                 .header("x-user", user)
                 .body(Empty::new())
                 .unwrap();
             let f = client.request(req);
-            async move { f.await.unwrap().status().as_u16() }
+            async move { f.await.unwrap() }
+        };
+        let status = |user: &'static str| {
+            let f = send(user);
+            async move { f.await.status().as_u16() }
         };
         assert_eq!(
             [status("a").await, status("a").await, status("a").await],
@@ -247,6 +251,18 @@ fn the_tower_layer_limits_through_redis_and_answers_503_while_redis_is_down() {
         );
         assert_eq!(status("b").await, 200);
         redis.stop(0);
-        assert_eq!(status("c").await, 503);
+        // The store down: 503, when to ask again, and why.
+        let down = send("c").await;
+        assert_eq!(down.status(), 503);
+        assert_eq!(down.headers()["retry-after"], "1");
+        let body = http_body_util::BodyExt::collect(down.into_body())
+            .await
+            .unwrap();
+        let body = body.to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        assert!(
+            body.contains("the rate limit's store cannot answer"),
+            "{body}"
+        );
     });
 }

@@ -42,7 +42,7 @@
 //! A share given up stays counted until its assignment ends (the server cannot know
 //! when the client applied the smaller one), which holds back the shares that are to
 //! grow for one time to live. What the budget holds bridges that wait: each of them
-//! gets what its growth would admit until then as a larger burst ([`Bridge`]). A
+//! gets what its growth would admit until then as a larger burst (a bridge). A
 //! bucket whose tokens were just spent (starting its shares, or bridging a shift)
 //! cannot bridge the next one until its headroom has refilled them.
 //!
@@ -105,7 +105,7 @@ impl Budget {
     /// The budget of `policy`: a `gcra`, `token-bucket` or `leaky-bucket` (their
     /// envelopes are alike: `burst + rate·w`), or a window (`fixed-window`,
     /// `sliding-log`, `sliding-window`) of `N` per `W`, as the token bucket that fits
-    /// inside it ([`Budget::within_window`]). Other algorithms are refused with why.
+    /// inside it (`within_window`). Other algorithms are refused with why.
     ///
     /// ```
     /// use tollgate_core::quota::Budget;

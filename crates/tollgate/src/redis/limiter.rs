@@ -251,8 +251,8 @@ impl RedisLimiter {
 
     /// The command an unbatched try (or with `charge`, a charge) of `cost` for `key`
     /// sends as `calls` sends it (`FCALL` of the one-check function; `EVALSHA` with
-    /// [`RedisCalls::Eval`]; `TOLLGATE.TRY` or `TOLLGATE.CHARGE` with
-    /// [`RedisCalls::Module`], `None` for a rule set the module does not decide), as
+    /// [`RedisCalls::Eval`](super::RedisCalls::Eval); `TOLLGATE.TRY` or `TOLLGATE.CHARGE` with
+    /// [`RedisCalls::Module`](super::RedisCalls::Module), `None` for a rule set the module does not decide), as
     /// words, for tools that drive the decision code themselves, e.g.
     /// `redis-benchmark` as a ceiling (the nonce is fixed).
     pub fn script_call(

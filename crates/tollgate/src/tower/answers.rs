@@ -8,6 +8,9 @@ use tollgate_core::{RuleDecision, RuleSet};
 /// How [`RateLimitLayer`](super::RateLimitLayer)'s services answer a request they do
 /// not pass on, for responses with body `B`.
 pub trait Answers<B>: Send + Sync + 'static {
+    /// How a request without a key, and one the layer cannot limit, are refused (as
+    /// the log says it).
+    const REFUSALS: (&'static str, &'static str);
     /// Over the limit: when to come back is in the decision (with the layer's
     /// `Retry-After` and RateLimit fields as headers).
     fn over_limit(decision: &RuleDecision, rules: &RuleSet) -> Response<B>;
@@ -21,11 +24,14 @@ pub trait Answers<B>: Send + Sync + 'static {
 
 /// HTTP answers (the default): `429 Too Many Requests` with `Retry-After`, the
 /// RateLimit fields and a problem body; `400` for a request without a key (`500`
-/// for the layer's own fault); `503` when the store cannot answer.
+/// for the layer's own fault); `503` with `Retry-After: 1` and a problem body when
+/// the store cannot answer.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Http;
 
 impl<B: Default + From<String>> Answers<B> for Http {
+    const REFUSALS: (&'static str, &'static str) = ("400", "500");
+
     fn over_limit(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
         super::rate_limit::too_many(decision, rules)
     }
@@ -35,7 +41,15 @@ impl<B: Default + From<String>> Answers<B> for Http {
     }
 
     fn unavailable() -> Response<B> {
-        super::unavailable()
+        // The store's own recovery is probed every 500 ms (Redis): a second is when
+        // asking again makes sense.
+        let detail = "the rate limit's store cannot answer";
+        let mut response = super::problem(http::StatusCode::SERVICE_UNAVAILABLE, detail, "");
+        let one = http::HeaderValue::from_static("1");
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, one);
+        response
     }
 }
 
@@ -52,6 +66,8 @@ pub struct Grpc;
 
 #[cfg(feature = "tonic")]
 impl<B: Default> Answers<B> for Grpc {
+    const REFUSALS: (&'static str, &'static str) = ("UNAUTHENTICATED", "INTERNAL");
+
     fn over_limit(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
         use tonic_types::{ErrorDetails, StatusExt};
         let retry = decision

@@ -161,7 +161,10 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let mut inner = super::take_ready(&mut self.inner);
         let Some(key) = (self.key)(&req) else {
-            self.unkeyed.note(self.missing);
+            self.unkeyed.note(
+                self.missing,
+                <super::Http as super::Answers<String>>::REFUSALS,
+            );
             return match self.missing.refuses().map(super::rate_limit::http_refusal) {
                 Some(refused) => {
                     Box::pin(async { Ok(refused.map(|body| HeldBody { body, permit: None })) })

@@ -56,8 +56,7 @@ fn problem<B: From<String>>(
     response
 }
 
-/// An empty 503: the limiter's store cannot answer (rate limits), or the request was
-/// shed (adaptive, which adds `Retry-After`).
+/// An empty 503: the request was shed (adaptive, which adds `Retry-After`).
 fn unavailable<B: Default>() -> http::Response<B> {
     let mut response = http::Response::new(B::default());
     *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;

@@ -144,8 +144,10 @@ impl Unkeyed {
         self.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Counts one; logs the first time (an error when such requests are refused).
-    pub(super) fn note(&self, missing: MissingKey) {
+    /// Counts one; logs the first time (an error when such requests are refused),
+    /// saying how they are refused: `refusals` as (no key, the server's fault), e.g.
+    /// ("400", "500").
+    pub(super) fn note(&self, missing: MissingKey, refusals: (&str, &str)) {
         use std::sync::atomic::Ordering;
         self.count.fetch_add(1, Ordering::Relaxed);
         if self.warned.swap(true, Ordering::Relaxed) {
@@ -154,13 +156,15 @@ impl Unkeyed {
         match missing {
             MissingKey::ServerError => tracing::error!(
                 "tollgate: a request had no rate-limit key (the layer's key closure returned None) \
-                 and was refused with 500; with a peer-address key, serve axum with \
-                 into_make_service_with_connect_info::<SocketAddr>()"
+                 and was refused with {}; with a peer-address key, serve axum with \
+                 into_make_service_with_connect_info::<SocketAddr>()",
+                refusals.1
             ),
             MissingKey::Reject => tracing::warn!(
                 "tollgate: a request had no rate-limit key (the layer's key closure returned None) \
-                 and was refused with 400 (logged once); MissingKey::PassThrough lets such \
-                 requests through unlimited"
+                 and was refused with {} (logged once); MissingKey::PassThrough lets such \
+                 requests through unlimited",
+                refusals.0
             ),
             MissingKey::PassThrough => tracing::warn!(
                 "tollgate: a request had no rate-limit key (the layer's key closure returned None) \
@@ -246,7 +250,13 @@ pub enum OnLimit {
 /// `Retry-After` and a small `application/problem+json` body (the response body type
 /// makes it `From<String>`, as axum's and `Full<Bytes>` do). A store that cannot
 /// answer (a transient [`Error`](crate::Error), e.g. Redis down with no failure policy) gets
-/// `503 Service Unavailable`.
+/// `503 Service Unavailable` with `Retry-After: 1` and a problem body (where the
+/// failure policy is set: [`RedisLimiterOptions`](crate::redis::RedisLimiterOptions),
+/// given to `RedisLimiter::with_options` or [`AnyLimiter::redis_with`](crate::AnyLimiter::redis_with)).
+/// The same layer answers gRPC calls in gRPC's words with [`RateLimitLayer::grpc`].
+///
+/// A global limit (one for every request) is a key closure that always returns the
+/// same key: `|_: &http::Request<B>| Some(())` with a `KeyedLimiter<()>`.
 ///
 /// ```
 /// use tollgate::tower::{OnLimit, RateLimitLayer};
@@ -478,7 +488,7 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let mut inner = super::take_ready(&mut self.inner);
         let Some(key) = (self.key)(&req) else {
-            self.unkeyed.note(self.missing);
+            self.unkeyed.note(self.missing, P::REFUSALS);
             return match self.missing.refuses().map(P::refused) {
                 Some(refused) => Box::pin(async { Ok(refused) }),
                 None => Box::pin(inner.call(req)),
@@ -652,7 +662,8 @@ where
         let svc = &mut self.0;
         let mut inner = super::take_ready(&mut svc.inner);
         let Some(key) = (svc.key)(&req) else {
-            svc.unkeyed.note(svc.missing);
+            svc.unkeyed
+                .note(svc.missing, ("the error NoKey", "the error NoKey"));
             if svc.missing != MissingKey::PassThrough {
                 return Box::pin(async { Err(NoKey.into()) });
             }
