@@ -2,8 +2,10 @@
 //! protocol's words: [`Http`] (status codes, a problem body) or [`Grpc`] (gRPC
 //! statuses, the retry delay in `google.rpc.RetryInfo`; feature `tonic`).
 
-use http::Response;
+use http::{HeaderMap, Response, StatusCode};
 use tollgate_core::{RuleDecision, RuleSet};
+
+use crate::headers::{insert_all, HeaderStyle, RateLimitHeaders};
 
 /// How [`RateLimitLayer`](super::RateLimitLayer)'s services answer a request they do
 /// not pass on, for responses with body `B`.
@@ -33,11 +35,11 @@ impl<B: Default + From<String>> Answers<B> for Http {
     const REFUSALS: (&'static str, &'static str) = ("400", "500");
 
     fn over_limit(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
-        super::rate_limit::too_many(decision, rules)
+        too_many(decision, rules)
     }
 
     fn refused(server_fault: bool) -> Response<B> {
-        super::rate_limit::http_refusal(server_fault)
+        http_refusal(server_fault)
     }
 
     fn unavailable() -> Response<B> {
@@ -82,7 +84,7 @@ impl<B: Default> Answers<B> for Grpc {
         let status =
             tonic::Status::with_error_details(tonic::Code::ResourceExhausted, message, details);
         let mut response = status.into_http();
-        super::rate_limit::rate_limit_headers(response.headers_mut(), decision, rules);
+        rate_limit_headers(response.headers_mut(), decision, rules);
         response
     }
 
@@ -99,4 +101,42 @@ impl<B: Default> Answers<B> for Grpc {
     fn unavailable() -> Response<B> {
         tonic::Status::unavailable("the rate limit's store cannot answer").into_http()
     }
+}
+
+/// The answer to a request without a key ([`MissingKey`](super::MissingKey)): a problem document
+/// saying so (400); also the 500 of a rule set the layer cannot apply.
+pub(super) fn http_refusal<B: From<String>>(server_fault: bool) -> Response<B> {
+    no_key(match server_fault {
+        false => StatusCode::BAD_REQUEST,
+        true => StatusCode::INTERNAL_SERVER_ERROR,
+    })
+}
+
+/// The problem document of [`http_refusal`] (`status`: 400 or 500).
+fn no_key<B: From<String>>(status: StatusCode) -> Response<B> {
+    let detail = if status == StatusCode::BAD_REQUEST {
+        "the request has no rate-limit key"
+    } else {
+        "the rate limit is not set up to apply to this request"
+    };
+    super::problem(status, detail, "")
+}
+
+/// A 429 with `Retry-After` and the RateLimit headers ([`crate::headers`]), its body
+/// a problem document saying when to come back.
+pub(super) fn too_many<B: From<String>>(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
+    let retry = match decision.decision.retry_after_us {
+        Some(us) => format!(r#","retry_after_s":{}"#, us.div_ceil(1_000_000)),
+        None => String::new(),
+    };
+    let mut response = super::problem(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded", &retry);
+    rate_limit_headers(response.headers_mut(), decision, rules);
+    response
+}
+
+/// The layer's headers ([`crate::headers`]; its limit is called `default`): the IETF
+/// fields, and `Retry-After` on a reject.
+pub(super) fn rate_limit_headers(headers: &mut HeaderMap, d: &RuleDecision, rules: &RuleSet) {
+    let h = RateLimitHeaders::new("default", rules, d);
+    insert_all(headers, h.fields(HeaderStyle::Ietf, true));
 }

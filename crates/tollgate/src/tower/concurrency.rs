@@ -165,7 +165,7 @@ where
                 self.missing,
                 <super::Http as super::Answers<String>>::REFUSALS,
             );
-            return match self.missing.refuses().map(super::rate_limit::http_refusal) {
+            return match self.missing.refuses().map(super::answers::http_refusal) {
                 Some(refused) => {
                     Box::pin(async { Ok(refused.map(|body| HeldBody { body, permit: None })) })
                 }

@@ -6,16 +6,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{HeaderMap, Request, Response, StatusCode};
-use tollgate_core::{Op, RuleDecision, RuleSet};
+use http::{Request, Response};
+use tollgate_core::Op;
 use tower::{Layer, Service};
 
 use std::marker::PhantomData;
 
 #[cfg(feature = "tonic")]
 use super::answers::Grpc;
-use super::answers::{Answers, Http};
-use crate::headers::{insert_all, HeaderStyle, RateLimitHeaders};
+use super::answers::{rate_limit_headers, Answers, Http};
 use crate::wait::refund_detached;
 use crate::RateLimiter;
 
@@ -551,44 +550,6 @@ where
             Ok(response)
         })
     }
-}
-
-/// The answer to a request without a key ([`MissingKey`]): a problem document
-/// saying so (400); also the 500 of a rule set the layer cannot apply.
-pub(super) fn http_refusal<B: From<String>>(server_fault: bool) -> Response<B> {
-    no_key(match server_fault {
-        false => StatusCode::BAD_REQUEST,
-        true => StatusCode::INTERNAL_SERVER_ERROR,
-    })
-}
-
-/// The problem document of [`http_refusal`] (`status`: 400 or 500).
-fn no_key<B: From<String>>(status: StatusCode) -> Response<B> {
-    let detail = if status == StatusCode::BAD_REQUEST {
-        "the request has no rate-limit key"
-    } else {
-        "the rate limit is not set up to apply to this request"
-    };
-    super::problem(status, detail, "")
-}
-
-/// A 429 with `Retry-After` and the RateLimit headers ([`crate::headers`]), its body
-/// a problem document saying when to come back.
-pub(super) fn too_many<B: From<String>>(decision: &RuleDecision, rules: &RuleSet) -> Response<B> {
-    let retry = match decision.decision.retry_after_us {
-        Some(us) => format!(r#","retry_after_s":{}"#, us.div_ceil(1_000_000)),
-        None => String::new(),
-    };
-    let mut response = super::problem(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded", &retry);
-    rate_limit_headers(response.headers_mut(), decision, rules);
-    response
-}
-
-/// The layer's headers ([`crate::headers`]; its limit is called `default`): the IETF
-/// fields, and `Retry-After` on a reject.
-pub(super) fn rate_limit_headers(headers: &mut HeaderMap, d: &RuleDecision, rules: &RuleSet) {
-    let h = RateLimitHeaders::new("default", rules, d);
-    insert_all(headers, h.fields(HeaderStyle::Ietf, true));
 }
 
 /// The error [`ErrorLayer`]'s services return for a request over the limit (the
