@@ -33,7 +33,10 @@ fn python_checks(name: &str, rules: &str, script: &str, with_http: bool) {
 /// http.client connections kept across 429s on a `cost:` route never meet a close
 /// the answer did not announce (an unread body, a 404, HTTP/1.0), httpx's pool sees
 /// no transport error, and the `openai` package's completions (plain and streamed)
-/// are charged their usage until the key's budget refuses one.
+/// are charged their usage until the key's budget refuses one; 20 openai clients of
+/// one key at once (half streaming without asking for usage) are held to the budget
+/// by what each declared, the rest refused with `RateLimitError`, and a stream goes
+/// through byte for byte.
 #[test]
 fn python_http_clients_and_openai_go_through_the_proxy() {
     run_python(

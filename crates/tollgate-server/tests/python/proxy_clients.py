@@ -26,6 +26,11 @@ import openai
 TOKENS = 300  # what every completion reports using
 # A request to /held/ waits upstream until RELEASE is set (HELD says it arrived).
 HELD, RELEASE = threading.Event(), threading.Event()
+# Requests to /budget/ wait upstream until BUDGET_GO is set; what arrived there, and
+# the tokens produced for them (usage: the request's max_tokens plus 10 of prompt).
+BUDGET_GO = threading.Event()
+BUDGET = {"arrived": 0, "produced": 0}
+BUDGET_LOCK = threading.Lock()
 
 
 class Upstream(BaseHTTPRequestHandler):
@@ -40,8 +45,15 @@ class Upstream(BaseHTTPRequestHandler):
         if self.path.startswith("/held/"):
             HELD.set()
             RELEASE.wait(10)
+        used = TOKENS
+        if self.path.startswith("/budget/"):
+            used = req.get("max_tokens", 100) + 10
+            with BUDGET_LOCK:
+                BUDGET["arrived"] += 1
+                BUDGET["produced"] += used
+            BUDGET_GO.wait(20)
         time.sleep(0.002 * random.uniform(0.8, 1.2))  # a service time that jitters
-        usage = {"prompt_tokens": 10, "completion_tokens": TOKENS - 10, "total_tokens": TOKENS}
+        usage = {"prompt_tokens": 10, "completion_tokens": used - 10, "total_tokens": used}
         if req.get("stream"):
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
@@ -53,8 +65,10 @@ class Upstream(BaseHTTPRequestHandler):
                               "finish_reason": None}]}
                 for w in ["Hello", " there"]
             ]
-            events.append({"id": "c1", "object": "chat.completion.chunk", "created": 1,
-                           "model": "m", "choices": [], "usage": usage})
+            # As OpenAI: the usage only when the client asked for it.
+            if (req.get("stream_options") or {}).get("include_usage"):
+                events.append({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                               "model": "m", "choices": [], "usage": usage})
             for e in events:
                 self.chunk(b"data: " + json.dumps(e).encode() + b"\n\n")
             self.chunk(b"data: [DONE]\n\n")
@@ -102,6 +116,15 @@ def start_proxy(binary, upstream_port, workdir):
       upstream: http://127.0.0.1:{upstream_port}
       key: header:authorization
       limit_conn: 1
+      reject_format: openai
+    - name: budget
+      match: {{path_prefix: /budget/}}
+      upstream: http://127.0.0.1:{upstream_port}
+      key: header:authorization
+      policies: ["token-bucket:rate=1000/d,capacity=1000"]
+      cost:
+        from: [json:usage.total_tokens]
+        estimate: 50
       reject_format: openai
     - name: tight
       match: {{path_prefix: /tight/}}
@@ -305,6 +328,70 @@ def check_openai_limit_conn(host, port, http_client):
         first.join(10)
 
 
+def check_openai_concurrent_budget(host, port):
+    """20 openai clients of one key at once, half of them streaming without asking
+    for usage, against 1,000 tokens: each request reserves what it declares
+    (max_tokens 100, and its prompt from its size) at admission, so the requests
+    held upstream together never produce more than the budget plus one declared
+    bound; the others are refused with RateLimitError naming the budget. A stream
+    goes through byte for byte."""
+    messages = [{"role": "user", "content": "hi"}]
+    outcomes, lock = [], threading.Lock()
+
+    def client(n):
+        c = openai.OpenAI(base_url=f"http://{host}:{port}/budget/v1", api_key="team-d",
+                          max_retries=0, http_client=httpx.Client(timeout=30))
+        try:
+            if n % 2:
+                chunks = list(c.chat.completions.create(
+                    model="m", messages=messages, max_tokens=100, stream=True))
+                assert "".join(x.choices[0].delta.content or "" for x in chunks if x.choices)
+                outcome = "streamed"
+            else:
+                done = c.chat.completions.create(model="m", messages=messages, max_tokens=100)
+                assert done.usage.total_tokens == 110, done.usage
+                outcome = "completed"
+        except openai.RateLimitError as e:
+            assert e.code == "rate_limit_exceeded", e.body
+            assert "route budget: token-bucket:rate=1000/d,capacity=1000" in e.message, e.message
+            outcome = "refused"
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(20)]
+    for t in threads:
+        t.start()
+    # Until every request is held upstream or refused: all twenty in flight at once.
+    deadline = time.monotonic() + 30
+    while True:
+        with BUDGET_LOCK, lock:
+            settled = BUDGET["arrived"] + outcomes.count("refused")
+        if settled == 20 or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    held = BUDGET["arrived"]
+    BUDGET_GO.set()
+    for t in threads:
+        t.join(30)
+    assert len(outcomes) == 20, outcomes
+    produced = BUDGET["produced"]
+    # Each reservation is 100 declared plus the prompt (a body of about 150 bytes: 37).
+    assert 1 <= held <= 1000 // 110 and produced <= 1000 + 137, (held, produced, outcomes)
+    assert outcomes.count("refused") == 20 - held, outcomes
+    # A stream through the proxy is byte for byte what the upstream sends.
+    body = {"model": "m", "messages": messages, "stream": True}
+    upstream = BUDGET["upstream"]
+    raw = []
+    for base in (f"http://{host}:{port}/budget", upstream):
+        with httpx.stream("POST", f"{base}/v1/chat/completions", json=body,
+                          headers={"authorization": "Bearer team-e"}) as r:
+            assert r.status_code == 200, r.status_code
+            raw.append(b"".join(r.iter_raw()))
+    assert raw[0] == raw[1], raw
+    print(f"openai: 20 at once, {held} held ({produced} tokens produced of 1,000), "
+          f"{outcomes.count('refused')} refused; a stream byte for byte")
+
+
 def main():
     binary = sys.argv[1]
     server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
@@ -317,6 +404,8 @@ def main():
             check_keep_alive_clients_under_rejections(host, port)
             check_httpx(host, port)
             check_openai(host, port)
+            BUDGET["upstream"] = f"http://127.0.0.1:{server.server_address[1]}/budget"
+            check_openai_concurrent_budget(host, port)
         finally:
             proc.kill()
             proc.wait()
