@@ -124,8 +124,16 @@ async fn read_body(req: Request, max: usize) -> Result<(Request, Option<Bytes>),
             Some(bytes),
         )),
         Err(e) => {
-            let detail = format!("the request body could not be read: {e}");
-            let mut answer = problem(StatusCode::BAD_REQUEST, &detail, None).into_response();
+            // A body that stalls is the client's delay (408, as the HTTP/1.1 path
+            // answers); anything else, a body that could not be read (400).
+            let stalled = tollgate_runtime::connections::is_body_timeout(&e);
+            let mut answer = match stalled {
+                true => super::forwarding::body_stalled().into_response(),
+                false => {
+                    let detail = format!("the request body could not be read: {e}");
+                    problem(StatusCode::BAD_REQUEST, &detail, None).into_response()
+                }
+            };
             (answer.headers_mut()).insert(CONNECTION, HeaderValue::from_static("close"));
             Err(answer)
         }

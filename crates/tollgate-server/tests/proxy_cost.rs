@@ -521,3 +521,42 @@ async fn concurrent_requests_reserve_what_they_declare() {
     assert_eq!(send("k-split", "json").await, 429);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A `cost:` route reads a request's body before admission (to see what it
+/// declares): an upload that stalls there is answered `408` one body timeout later,
+/// over HTTP/2 (hyper's path) as over HTTP/1.1 (the fast path), not taken for a bad
+/// request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stalls_before_admission_is_answered_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = upstream().await;
+    let dir = temp_dir("stall");
+    let bounds = "connections: {body_timeout: 1s}\n";
+    let px = proxy(&dir, &up, bounds, "token-bucket:rate=1000/h,capacity=1000");
+    let addr = px.addr.trim_start_matches("http://").to_string();
+    let first_bytes = Bytes::from_static(br#"{"model":"m","max_tokens":"#);
+    // HTTP/2: a head declaring 1,000 bytes, then a few, then nothing.
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let head = http::Request::post(format!("{}/v1/chat/completions", px.addr))
+        .header("authorization", "k-stall-h2")
+        .header("content-length", "1000")
+        .body(())
+        .unwrap();
+    let (answer, mut body) = client.send_request(head, false).unwrap();
+    body.send_data(first_bytes.clone(), false).unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer).await;
+    assert_eq!(answer.unwrap().unwrap().status(), 408);
+    // HTTP/1.1: the same.
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: k-stall-h1\r\n\
+                content-length: 1000\r\n\r\n";
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(&first_bytes).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer[..n.unwrap().unwrap()]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
