@@ -153,8 +153,8 @@ impl RedisConcurrencyLimiter {
         };
         Ok(RedisConcurrencyLimiter {
             inner: Arc::new(Inner {
+                health: NodeHealth::new(name, opts.probe_interval, &store),
                 store,
-                health: NodeHealth::new(name, opts.probe_interval),
                 limit,
                 opts,
                 local,

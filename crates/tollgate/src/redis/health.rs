@@ -73,6 +73,8 @@ pub(crate) enum Event {
 
 pub(crate) struct Health {
     name: String,
+    /// The node it is kept for (named in its log lines, as `/metrics` names it).
+    node: Option<(RedisStore, usize)>,
     probe_interval: Duration,
     pub clock: MonotonicClock,
     failing: AtomicBool,
@@ -91,6 +93,7 @@ impl Health {
     pub fn new(name: &str, probe_interval: Duration) -> Health {
         Health {
             name: name.into(),
+            node: None,
             probe_interval,
             clock: MonotonicClock::new(),
             failing: AtomicBool::new(false),
@@ -98,6 +101,14 @@ impl Health {
             recovered_at: AtomicU64::new(0),
             failed_at: AtomicU64::new(0),
             stats: Default::default(),
+        }
+    }
+
+    /// The node's name (`host:port`; a single node's redacted URL).
+    fn node(&self) -> Arc<str> {
+        match &self.node {
+            Some((store, i)) => store.node_name(*i),
+            None => Arc::from("redis"),
         }
     }
 
@@ -150,7 +161,11 @@ impl Health {
             .store(self.clock.now_us(), Ordering::Relaxed);
         if self.failing.swap(false, Ordering::AcqRel) {
             self.count(Event::Recovery);
-            tracing::warn!(limiter = %self.name, "redis is back: decisions are global again");
+            tracing::warn!(
+                limiter = %self.name,
+                node = %self.node(),
+                "redis is back: decisions are global again"
+            );
         }
     }
 
@@ -175,6 +190,7 @@ impl Health {
             self.count(Event::Outage);
             tracing::error!(
                 limiter = %self.name,
+                node = %self.node(),
                 error = %e,
                 policy = ?policy,
                 "redis is failing: the failure policy decides until it answers again"
@@ -188,6 +204,7 @@ impl Health {
 pub(crate) struct NodeHealth {
     name: String,
     probe_interval: Duration,
+    store: RedisStore,
     nodes: PerNode<Health>,
 }
 
@@ -201,10 +218,11 @@ pub(crate) enum Guarded<T> {
 }
 
 impl NodeHealth {
-    pub fn new(name: &str, probe_interval: Duration) -> NodeHealth {
+    pub fn new(name: &str, probe_interval: Duration, store: &RedisStore) -> NodeHealth {
         NodeHealth {
             name: name.into(),
             probe_interval,
+            store: store.clone(),
             nodes: PerNode::default(),
         }
     }
@@ -216,7 +234,10 @@ impl NodeHealth {
 
     /// Node `node`'s health.
     pub fn of(&self, node: usize) -> Arc<Health> {
-        (self.nodes).get(node, || Health::new(&self.name, self.probe_interval))
+        (self.nodes).get(node, || Health {
+            node: Some((self.store.clone(), node)),
+            ..Health::new(&self.name, self.probe_interval)
+        })
     }
 
     /// Sends `call` to node `node` unless the node is failing and no probe is due;

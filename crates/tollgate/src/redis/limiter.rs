@@ -120,8 +120,8 @@ impl RedisLimiter {
         Ok(RedisLimiter {
             inner: Arc::new(Inner {
                 name: name.into(),
+                health: NodeHealth::new(name, opts.probe_interval, &store),
                 store,
-                health: NodeHealth::new(name, opts.probe_interval),
                 clock: tollgate_core::MonotonicClock::new(),
                 cache_hits: Default::default(),
                 opts,

@@ -41,9 +41,9 @@ pub(crate) struct RedisLedger {
 impl RedisLedger {
     pub fn new(store: RedisStore) -> RedisLedger {
         RedisLedger {
+            health: NodeHealth::new("quota", std::time::Duration::from_millis(500), &store),
             store,
             clock: MonotonicClock::new(),
-            health: NodeHealth::new("quota", std::time::Duration::from_millis(500)),
         }
     }
 
