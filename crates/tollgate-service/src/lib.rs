@@ -940,7 +940,7 @@ impl DecisionService {
         match looked {
             Ok(d) => Ok(!d.decision.allowed || d.decision.shadow_rejected),
             Err(e) if e.rejection().is_some() => Ok(true),
-            Err(e) => Err(RequestError::Unavailable(e.to_string())),
+            Err(e) => Err(unavailable(e)),
         }
     }
 
@@ -1153,7 +1153,7 @@ async fn decide(
         }
         Err(e) => match e.rejection() {
             Some(d) => Ok(RuleDecision::from(d)),
-            None => Err(RequestError::Unavailable(e.to_string())),
+            None => Err(unavailable(e)),
         },
     }
 }
@@ -1166,5 +1166,14 @@ fn ok(limit: Option<Arc<DescriptorLimit>>) -> DescriptorStatus {
         counter: String::new(),
         rule_decision: None,
         shadow_rejected: false,
+    }
+}
+
+/// The store's failure as a request's error, its cause said once ("store
+/// unavailable: redis: ...", not the store's own "store unavailable: " again).
+fn unavailable(e: Error) -> RequestError {
+    match e {
+        Error::Unavailable(why) => RequestError::Unavailable(why),
+        other => RequestError::Unavailable(other.to_string()),
     }
 }
