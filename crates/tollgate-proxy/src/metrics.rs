@@ -14,8 +14,8 @@ use prometheus_client::registry::Registry;
 
 use super::routes::RouteTable;
 use tollgate_runtime::store_metrics::{
-    redis_events_of, set_events, set_node_events, RedisCalls, StoreStats, NODE_EVENTS_HELP,
-    STORE_EVENTS_HELP, STORE_NODE_EVENTS_HELP,
+    redis_events_of, set_events, set_node_events, RedisCalls, NODE_EVENTS_HELP, STORE_EVENTS_HELP,
+    STORE_NODE_EVENTS_HELP,
 };
 use tollgate_runtime::tls_refusals::RefusalMetrics;
 
@@ -106,7 +106,7 @@ type F64Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 fn register_redis(root: &mut Registry, table: &RouteTable, store: &tollgate::redis::RedisStore) {
     let calls = RedisCalls::of(vec![("main", store.call_stats())]);
     root.register_collector(Box::new(calls));
-    let mut stats = StoreStats::default();
+    let mut stats = table.retired.clone();
     for route in table.routes() {
         route.limits.add_redis_stats(&mut stats);
     }

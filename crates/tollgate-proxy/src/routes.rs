@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate_runtime::store_metrics::StoreStats;
 
 use axum::http::uri::{Authority, PathAndQuery};
 use axum::http::{HeaderValue, Uri};
@@ -42,6 +43,9 @@ pub(super) struct RouteTable {
     pub trusted: Vec<IpNet>,
     /// The longest an upstream may take to answer.
     pub upstream_timeout: Duration,
+    /// The Redis counts of the routes reloads took away, so that the totals never go
+    /// back.
+    pub retired: StoreStats,
 }
 
 impl RouteTable {
@@ -93,8 +97,16 @@ impl RouteTable {
                 );
             }
         }
+        let mut retired = old.map(|o| o.retired.clone()).unwrap_or_default();
+        for gone in old.map_or(&[][..], |o| &o.routes[..]) {
+            if !routes.iter().any(|r| Arc::ptr_eq(r, gone)) {
+                gone.limits.add_redis_stats(&mut retired);
+            }
+        }
+        retired.retired();
         Ok(RouteTable {
             routes,
+            retired,
             trusted: config.trusted_proxies,
             upstream_timeout: Duration::from_micros(config.upstream_timeout.unwrap_or(30_000_000)),
         })

@@ -36,6 +36,20 @@ impl StoreStats {
         }
     }
 
+    /// Adds the counts of a limiter that is going away (a reload replaced it): kept
+    /// in the totals, but never failing any more (it makes no more calls).
+    pub fn retire(&mut self, limiter: &AnyLimiter) {
+        self.add(limiter);
+        self.retired();
+    }
+
+    /// Marks what was added as retired: counts that stay, of callers that make no
+    /// more calls (so nothing of it is failing now).
+    pub fn retired(&mut self) {
+        self.redis.failing = false;
+        self.nodes.values_mut().for_each(|s| s.failing = false);
+    }
+
     /// Adds the counters of something that calls Redis (a limiter, a concurrency
     /// limiter): summed, and by node.
     pub fn add_redis(

@@ -661,7 +661,7 @@ impl DecisionService {
                 let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
                 for l in old.all_limits() {
                     if !kept.contains(&Arc::as_ptr(&l)) {
-                        l.limiter.iter().for_each(|l| retired.add(l));
+                        l.limiter.iter().for_each(|l| retired.retire(l));
                     }
                 }
                 self.quota.reload(&rules);

@@ -687,14 +687,14 @@ impl QuotaBuckets {
         views
     }
 
-    /// The store's troubles since start, as `redis_events`: bucket changes it failed
-    /// (`quota_store_errors`), assignments not sent because a slow store decided
-    /// them too long ago (`quota_late_assignments`).
     /// The ledger's calls to Redis by node (see `QuotaLedger::node_stats`).
     pub fn ledger_nodes(&self) -> Vec<(std::sync::Arc<str>, tollgate::redis::RedisStats)> {
         self.ledger.node_stats()
     }
 
+    /// The store's troubles since start, as `redis_events`: bucket changes it failed
+    /// (`quota_store_errors`), assignments not sent because a slow store decided
+    /// them too long ago (`quota_late_assignments`).
     pub fn events(&self) -> [(&'static str, u64); 2] {
         [
             (

@@ -98,7 +98,9 @@ pub trait RateLimiter<K: ?Sized + Sync = str>: Send + Sync {
     /// the key as it then stands. Reserving the bound at admission is what keeps
     /// requests of one key in flight at once from spending, together, more than the
     /// budget plus what they declared: a try of 1 and a charge afterwards lets any
-    /// number of them through before the first is charged.
+    /// number of them through before the first is charged. When the refund is made
+    /// and the look after it fails, the error is returned with the refund applied:
+    /// do not settle again.
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {

@@ -311,6 +311,15 @@ async fn reserved_bounds_cap_requests_in_flight_and_settle_with_the_usage() {
     tokio::time::timeout(Duration::from_secs(10), settled)
         .await
         .unwrap();
+    // Using more than declared: 100 reserved, 250 used, the 150 beyond charged.
+    let req = http::Request::get(&url)
+        .header("x-user", "ada")
+        .header("x-max-tokens", "100")
+        .body(Empty::new())
+        .unwrap();
+    let over = client().request(req).await.unwrap();
+    assert_eq!(over.status(), 200);
+    assert_eq!(tokens.peek("ada", 0).unwrap().decision.remaining, 0);
 }
 
 /// A key closure that finds nothing (here the peer address, with axum served

@@ -308,7 +308,7 @@ impl RedisConcurrencyLimiter {
             _ => {
                 return Err(err
                     .unwrap_or_else(|| {
-                        Error::Unsupported("redis is failing (waiting for the next probe)".into())
+                        Error::Unavailable("redis is failing (waiting for the next probe)".into())
                     })
                     .into())
             }

@@ -45,11 +45,12 @@ pub struct LeaseOptions {
     /// At most the smallest limit of the rule set (a slice must fit at once). Default:
     /// a quarter of that limit, at least 1.
     pub max_slice: Option<u64>,
-    /// The calls that go to Redis (leases, and what is not leased: `acquire`, `peek`,
-    /// `refund`) as a [`RedisLimiter`](super::RedisLimiter) makes them: the failure
-    /// policy, the probe interval and the negative cache. While the node that holds a
-    /// key fails, a try that needs a new lease takes the failure policy at once
-    /// (one call per probe interval asks again); other nodes' keys lease as usual.
+    /// Lease calls, and what is not leased, as a [`RedisLimiter`](super::RedisLimiter)
+    /// makes them: the failure policy, the probe interval and the negative cache.
+    /// While the node that holds a key fails, a try that needs a new lease takes the
+    /// failure policy at once (one call per probe interval asks again), as `acquire`
+    /// and `charge` do; other nodes' keys lease as usual. `peek`, `refund` and `reset`
+    /// go to Redis without a failure policy and answer the store's error.
     pub redis: super::RedisLimiterOptions,
 }
 
@@ -474,15 +475,20 @@ impl LeasedLimiter {
                 continue;
             }
             if let Some(h) = entry.held.as_ref() {
-                match self.call(&key, Some(h), 0, 0, None).await {
-                    Ok(Guarded::Answered(_)) => {}
-                    // Its node is failing: ended at a later sweep. The other keys'
-                    // nodes may answer.
-                    Ok(Guarded::Failing(..)) => continue,
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                        continue;
-                    }
+                // A key whose node fails is ended at a later sweep (the other keys'
+                // nodes may answer); its failure is said, not hidden.
+                let failed = match self.call(&key, Some(h), 0, 0, None).await {
+                    Ok(Guarded::Answered(_)) => None,
+                    Ok(Guarded::Failing(_, Some(e))) | Err(e) => Some(e),
+                    Ok(Guarded::Failing(_, None)) if all => Some(Error::Unavailable(format!(
+                        "the lease of a key on node {} was not ended: the node is failing",
+                        self.inner.store.node_name(self.node(&key))
+                    ))),
+                    Ok(Guarded::Failing(_, None)) => continue,
+                };
+                if let Some(e) = failed {
+                    first_error.get_or_insert(e);
+                    continue;
                 }
             }
             if let Some(h) = entry.held.take() {
@@ -665,6 +671,13 @@ crate::rate_limiter::string_keys!(LeasedLimiter);
 impl LeasedLimiter {
     fn unleased(&self) -> &super::RedisLimiter {
         &self.inner.unleased
+    }
+
+    /// The index of the node that holds `key`.
+    fn node(&self, key: &str) -> usize {
+        let inner = &self.inner;
+        let keys = inner.store.keys(&inner.name, key, &inner.wire.suffixes);
+        inner.store.place(&keys[0]).1
     }
 
     /// Ends `key`'s lease, if this instance holds one.

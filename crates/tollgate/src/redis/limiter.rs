@@ -366,7 +366,7 @@ impl RedisLimiter {
             }
             _ => {
                 return Err(err.unwrap_or_else(|| {
-                    Error::Unsupported("redis is failing (waiting for the next probe)".into())
+                    Error::Unavailable("redis is failing (waiting for the next probe)".into())
                 }))
             }
         };

@@ -396,18 +396,24 @@ impl<L, F, C, P, R> RateLimitLayer<L, F, C, P, R> {
     /// before the first response is charged. With [`RateLimitLayer::charge_with`]
     /// the response settles it: what it used beyond the reservation is charged
     /// (into debt if need be), what it did not use is given back; without, the
-    /// reservation is the cost.
+    /// reservation is the cost. The bound holds as far as requests keep to what they
+    /// declare (what they use beyond is charged after, into debt), and a request that
+    /// declares nothing must reserve what one may use at most, not one unit. A
+    /// request whose client goes away before its response keeps its whole
+    /// reservation charged; one admitted by a Redis store's failure policy (fail-open)
+    /// still has what it did not use given back to the store.
     ///
     /// ```
     /// use tollgate::tower::{RateLimitLayer, Usage};
     /// use tollgate::{KeyedLimiter, Policy};
     ///
-    /// // 10,000 tokens a minute per API key; each request reserves its x-max-tokens.
+    /// // 10,000 tokens a minute per API key; each request reserves its x-max-tokens,
+    /// // and one that declares none the most a request may use (4,096 here).
     /// let tokens: KeyedLimiter<String> =
     ///     KeyedLimiter::new("token-bucket:rate=10000/m,capacity=10000".parse::<Policy>().unwrap());
     /// let declared = |req: &http::Request<()>| -> u64 {
     ///     let bound = req.headers().get("x-max-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
-    ///     bound.unwrap_or(1)
+    ///     bound.unwrap_or(4096)
     /// };
     /// let layer = RateLimitLayer::new(tokens, |req: &http::Request<()>| {
     ///     req.headers().get("x-api-key")?.to_str().ok().map(str::to_owned)
