@@ -43,7 +43,7 @@ impl Op {
 /// assert_eq!(d.remaining, 4);
 ///
 /// let err = "gcra:rate=10/s,brust=5".parse::<Policy>().unwrap_err();
-/// assert!(err.to_string().contains("unknown parameter 'brust' (expected one of: rate, burst, max-wait, shadow, max-debt)"));
+/// assert!(err.to_string().contains("unknown parameter 'brust' (expected one of: rate, burst, max-wait, shadow, max-debt, margin)"));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {

@@ -12,8 +12,9 @@ use crate::policy::Policy;
 pub use crate::spec_error::SpecError;
 use crate::units::{fmt_duration, Rate};
 
-/// Parameters every algorithm accepts.
-const COMMON: &[&str] = &["max-wait", "shadow", "max-debt"];
+/// Parameters every algorithm accepts (`max-debt` where a charge means something,
+/// `margin` where the policy is a rate or a window).
+const COMMON: &[&str] = &["max-wait", "shadow", "max-debt", "margin"];
 
 impl Policy {
     /// Parses a spec such as `gcra:rate=10/s,burst=5` (see the crate docs).
@@ -170,8 +171,16 @@ fn parse_inner(spec: &str) -> Res<Policy> {
         .chain(COMMON)
         .copied()
         .filter(|k| *k != "max-debt" || chargeable(algo))
+        .filter(|k| *k != "margin" || algo != "concurrency")
         .collect();
-    let p = Params::parse(algo, &known, body)?;
+    let mut p = Params::parse(algo, &known, body)?;
+    if p.take_margin()? > 0 && algo == "fixed-window" {
+        return Err(format!(
+            "{algo}: margin needs a window that slides: a fixed window's edges sit on \
+             one clock, and arrivals that come late cross them whatever the margin \
+             (for a limit counted by someone else, use sliding-log:limit=N,window=W,margin=M)"
+        ));
+    }
     let algo = AnyAlgorithm::from_spec(algo, &p)?;
     let max_wait_us = match p.value("max-wait")? {
         Some(v) => Some(p.duration_of("max-wait", v)?),

@@ -361,6 +361,25 @@ proptest! {
     }
 }
 
+/// The admissions `(arrival + wait, cost)` of a trace with tries and acquires (gaps a
+/// tenth as long when `dense`, so bursts meet the limit), in trace order, and its
+/// largest cost.
+fn admissions(p: &Policy, trace: Trace, dense: bool) -> (Vec<(u64, u64)>, u64) {
+    let trace: Trace = trace
+        .into_iter()
+        .map(|(gap, cost, acq)| (if dense { gap / 10 } else { gap }, cost, acq))
+        .collect();
+    let max_cost = trace.iter().map(|r| r.1).max().unwrap_or(1);
+    let admitted = run(p, &trace, true)
+        .into_iter()
+        .filter_map(|(t, cost, d)| match d {
+            Ok(d) if d.allowed => Some((t + d.wait_us, cost)),
+            _ => None,
+        })
+        .collect();
+    (admitted, max_cost)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases()))]
 
@@ -384,19 +403,7 @@ proptest! {
     ) {
         let p = policy(&spec);
         prop_assume!(p.envelope(1).is_some());
-        // Dense traffic: gaps a tenth as long, so bursts meet the limit.
-        let trace: Trace = trace
-            .into_iter()
-            .map(|(gap, cost, acq)| (if dense { gap / 10 } else { gap }, cost, acq))
-            .collect();
-        let max_cost = trace.iter().map(|r| r.1).max().unwrap_or(1);
-        let mut admitted: Vec<(u64, u64)> = run(&p, &trace, true)
-            .into_iter()
-            .filter_map(|(t, cost, d)| match d {
-                Ok(d) if d.allowed => Some((t + d.wait_us, cost)),
-                _ => None,
-            })
-            .collect();
+        let (mut admitted, max_cost) = admissions(&p, trace, dense);
         admitted.sort_unstable();
         let own = p.window_us().max(1);
         let mut lengths = vec![1, 2, 999, 1000, 1001, 1999, 2001, own - 1, own, own + 1, 2 * own, 3 * own + 7];
@@ -433,4 +440,93 @@ fn envelopes_are_the_documented_ones() {
     assert_eq!(policy("concurrency:limit=3").envelope(1_000_000), None);
     // Guava's interval truncates to 0 us above a million a second: no promise.
     assert_eq!(policy("smooth-bursty:rate=2000000/s").envelope(1), None);
+}
+
+/// The length a spec names: its window, else its rate's period.
+fn named_length(spec: &str) -> u64 {
+    let value = |key: &str| {
+        spec.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(key))
+            .map(str::to_owned)
+    };
+    match (value("window="), value("rate=")) {
+        (Some(w), _) => tollgate_core::parse_duration(&w).unwrap(),
+        (None, Some(r)) => tollgate_core::Rate::parse(&r).unwrap().period_us,
+        _ => unreachable!("{spec} names no length"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// `margin=m` keeps a policy's promise where the work lands: admissions of the
+    /// policy with the margin, each delivered up to `m` later (random lateness, and
+    /// the extremes), never put more units into a window of the length the spec
+    /// names (or two or three of them) than the policy without the margin admits
+    /// into it.
+    #[test]
+    fn a_margin_keeps_the_envelope_where_work_arrives(
+        spec in any_spec().prop_filter("rates and sliding windows", |s| {
+            !s.starts_with("fixed-window") && !s.starts_with("concurrency")
+        }),
+        margin in prop::sample::select(&[1u64, 300, 999, 1_000, 3_000, 20_001][..]),
+        trace in trace(60_000, 3, 300),
+        dense in any::<bool>(),
+        lateness in prop::collection::vec(any::<u64>(), 300),
+        pattern in 0..3u8,
+    ) {
+        let widened = Policy::parse(&format!("{spec},margin={margin}us"));
+        // A bucketed window plus the margin must still split into whole buckets.
+        prop_assume!(widened.is_ok());
+        let (p, widened) = (policy(&spec), widened.unwrap());
+        prop_assume!(p.envelope(1).is_some());
+        let (admitted, max_cost) = admissions(&widened, trace, dense);
+        let mut arrived: Vec<(u64, u64)> = admitted
+            .into_iter()
+            .zip(&lateness)
+            .map(|((at, cost), late)| {
+                let late = match pattern {
+                    0 => late % (margin + 1),
+                    1 => margin * (late % 2), // all on time or all as late as allowed
+                    _ => 0,
+                };
+                (at + late, cost)
+            })
+            .collect();
+        arrived.sort_unstable();
+        let named = named_length(&spec);
+        for w in [named, 2 * named, 3 * named] {
+            let envelope = p.envelope_for(w, max_cost).unwrap();
+            let seen = densest_window(&arrived, w).0;
+            prop_assert!(
+                seen <= envelope,
+                "{spec},margin={margin}us: {seen} units arrived in a window of {w} us, \
+                 the policy without the margin admits {envelope}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_margin_is_the_wider_policy_and_says_where_it_cannot_help() {
+    assert_eq!(
+        policy("gcra:rate=5/s,burst=1,margin=10ms").to_string(),
+        "gcra:rate=5/1010ms,burst=1"
+    );
+    assert_eq!(
+        policy("sliding-log:limit=5,window=1s,margin=20ms"),
+        policy("sliding-log:limit=5,window=1020ms")
+    );
+    assert_eq!(
+        policy("smooth-warmup:rate=10/s,warmup=2s,margin=0us"),
+        policy("smooth-warmup:rate=10/s,warmup=2s")
+    );
+    let err = |spec: &str| Policy::parse(spec).unwrap_err().to_string();
+    assert!(
+        err("fixed-window:limit=5,window=1s,margin=10ms").contains("use sliding-log:"),
+        "{}",
+        err("fixed-window:limit=5,window=1s,margin=10ms")
+    );
+    assert!(err("concurrency:limit=5,margin=10ms").contains("unknown parameter 'margin'"));
+    assert!(err("gcra:rate=5/s,margin=soon").contains("bad value 'soon' for 'margin'"));
 }

@@ -146,7 +146,7 @@ fn bad_policy_is_a_clear_error() {
     assert_eq!(code, 2);
     assert!(
         err.contains(
-            "gcra: unknown parameter 'brust' (expected one of: rate, burst, max-wait, shadow, max-debt)"
+            "gcra: unknown parameter 'brust' (expected one of: rate, burst, max-wait, shadow, max-debt, margin)"
         ),
         "{err}"
     );

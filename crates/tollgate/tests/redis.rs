@@ -909,3 +909,126 @@ fn cluster_master_failover_to_its_replica_recovers_and_keeps_the_count() {
         "the spent limit admitted again after failover"
     );
 }
+
+/// The third party's quota of `a_third_partys_quota_holds_where_the_calls_land`.
+const QUOTA: &str = "sliding-log:limit=20,window=2s,margin=100ms";
+const QUOTA_LIMIT: usize = 20;
+const QUOTA_WINDOW_US: u64 = 2_000_000;
+/// Calls each of a child's 4 tasks makes (2 children: 80 calls, four windows' worth).
+const QUOTA_CALLS: usize = 10;
+
+/// Now, in microseconds since the Unix epoch (the clock both processes share).
+fn unix_us() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    t.unwrap().as_micros() as u64
+}
+
+/// Run as a child process by `a_third_partys_quota_holds_where_the_calls_land`
+/// (ignored otherwise): 4 tasks, each waiting its turn with `acquire` on the shared
+/// quota, then calling the downstream with the earliest instant its admission can
+/// have been (`x-due-us`: the time before the call to Redis plus the wait).
+#[test]
+#[ignore = "a child process of a_third_partys_quota_holds_where_the_calls_land"]
+fn quota_worker_process() {
+    use http_body_util::Empty;
+    use hyper_util::client::legacy::Client;
+    let env = std::env::var("TOLLGATE_QUOTA").expect("run by its parent test");
+    let (url, downstream) = env.split_once(' ').unwrap();
+    let calls = rt().block_on(async {
+        let store = RedisStore::connect(url).await.unwrap();
+        let quota = RedisLimiter::new(store, "api", RuleSet::parse(&[QUOTA]).unwrap()).unwrap();
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http::<Empty<bytes::Bytes>>();
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let (quota, client) = (quota.clone(), client.clone());
+                let uri: axum::http::Uri = format!("http://{downstream}/call").parse().unwrap();
+                tokio::spawn(async move {
+                    for _ in 0..QUOTA_CALLS {
+                        let before = unix_us();
+                        let d = quota.acquire("partner-api", 1).await.unwrap();
+                        assert!(d.allowed, "acquire waits, unbounded");
+                        let due = before + d.wait_us;
+                        let req = axum::http::Request::post(uri.clone())
+                            .header("x-due-us", due.to_string())
+                            .body(Empty::new())
+                            .unwrap();
+                        assert!(client.request(req).await.unwrap().status().is_success());
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        4 * QUOTA_CALLS
+    });
+    println!("CALLED {calls}");
+}
+
+/// DESIGN's third-party case: an API allows 20 calls in any 2 s; two processes of 4
+/// workers each pace their calls through one Redis-shared `sliding-log` with
+/// `margin=100ms`, and a downstream of the test's own logs when each call lands. No
+/// 2 s window of arrivals holds more than 20, and the calls after the first burst
+/// come at least 0.9x as fast as the quota allows.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
+#[test]
+fn a_third_partys_quota_holds_where_the_calls_land() {
+    use std::sync::{Arc, Mutex};
+    let _serial = testkit::timing_sensitive();
+    let servers = RedisServers::standalone();
+    // (arrival, arrival - x-due-us) of every call, in us.
+    let arrivals: Arc<Mutex<Vec<(u64, i64)>>> = Arc::default();
+    let runtime = rt();
+    let log = arrivals.clone();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let downstream = listener.local_addr().unwrap();
+    runtime.spawn(async move {
+        let app = axum::Router::new().route(
+            "/call",
+            axum::routing::post(move |headers: axum::http::HeaderMap| async move {
+                let at = unix_us();
+                let due: u64 = headers["x-due-us"].to_str().unwrap().parse().unwrap();
+                log.lock().unwrap().push((at, at as i64 - due as i64));
+            }),
+        );
+        axum::serve(listener, app).await.unwrap();
+    });
+    let value = format!("{} {downstream}", servers.url());
+    let reports = testkit::run_children(
+        "quota_worker_process",
+        2,
+        "TOLLGATE_QUOTA",
+        &value,
+        "CALLED",
+    );
+    assert_eq!(reports.iter().map(|r| r[0]).sum::<i64>(), 80);
+    let mut arrived = arrivals.lock().unwrap().clone();
+    arrived.sort_unstable();
+    assert_eq!(arrived.len(), 80, "every call reached the downstream");
+    let late_ms = arrived.iter().map(|a| a.1).max().unwrap() as f64 / 1e3;
+    let units: Vec<(u64, u64)> = arrived.iter().map(|a| (a.0, 1)).collect();
+    let (densest, at) = tollgate::policy::densest_window(&units, QUOTA_WINDOW_US);
+    assert!(
+        densest as usize <= QUOTA_LIMIT,
+        "{densest} calls landed in the 2 s from {at} us (limit {QUOTA_LIMIT}); \
+         the latest call landed at most {late_ms:.1} ms after its admission (margin 100 ms)"
+    );
+    let span_s = (arrived[79].0 - arrived[0].0) as f64 / 1e6;
+    let rate = (80 - QUOTA_LIMIT) as f64 / span_s;
+    let allowed = QUOTA_LIMIT as f64 / (QUOTA_WINDOW_US as f64 / 1e6);
+    println!(
+        "80 calls from 2 processes: at most {densest} in any 2 s, {rate:.2} calls/s after the \
+         first burst ({:.3}x the quota), latest {late_ms:.1} ms after its admission",
+        rate / allowed
+    );
+    assert!(
+        rate >= 0.9 * allowed,
+        "{rate:.2} calls/s after the first burst"
+    );
+}

@@ -176,7 +176,7 @@ impl Spec for SlidingLog {
     const PARAMS: &'static [&'static str] = &["limit", "window"];
 
     fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
-        let (limit, window) = (p.count("limit", "100")?, p.duration("window", "1s")?);
+        let (limit, window) = (p.count("limit", "100")?, p.window()?);
         Ok(Some(p.build(SlidingLog::new(limit, window))?))
     }
 

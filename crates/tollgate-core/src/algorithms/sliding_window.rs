@@ -413,7 +413,7 @@ impl Spec for SlidingWindow {
         let Some(k) = p.value("buckets")? else {
             return Ok(None);
         };
-        let (limit, window) = (p.count("limit", "100")?, p.duration("window", "1s")?);
+        let (limit, window) = (p.count("limit", "100")?, p.window()?);
         if p.value("mode")?.is_some() {
             return Err("sliding-window: give either buckets=K or mode=weighted, not both".into());
         }
@@ -457,7 +457,7 @@ impl Spec for SlidingWindowWeighted {
 
     /// `mode=weighted`, the default when `buckets` is absent.
     fn from_spec(_: &str, p: &Params) -> Res<Option<Self>> {
-        let (limit, window) = (p.count("limit", "100")?, p.duration("window", "1s")?);
+        let (limit, window) = (p.count("limit", "100")?, p.window()?);
         match p.value("mode")? {
             None | Some("weighted") => {}
             Some(v) => return Err(p.bad("mode", v, "expected weighted (or buckets=K instead)")),
