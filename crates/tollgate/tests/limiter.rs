@@ -121,6 +121,39 @@ async fn acquire_waits_in_fifo_order_on_tokio_time() {
     assert_eq!(done, [0, 100, 200, 300].map(Duration::from_millis));
 }
 
+/// On the default clock, `acquire` comes back no earlier than its admission: the
+/// limiter's own clock, read when it returns, is at least the wait past a reading
+/// taken before the call (the admission is at or after that reading). Sliding-log
+/// waiters: five admitted at once, then five at each window's turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_returns_no_earlier_than_its_admission_on_the_default_clock() {
+    let limiter = Limiter::new(
+        "sliding-log:limit=5,window=200ms"
+            .parse::<Policy>()
+            .unwrap(),
+    );
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let l = limiter.clone();
+            tokio::spawn(async move {
+                let before = l.clock().now_us();
+                let d = l.acquire(1).await.unwrap();
+                (l.clock().now_us() - before, d.wait_us)
+            })
+        })
+        .collect();
+    let mut waited = 0;
+    for t in tasks {
+        let (back, wait) = t.await.unwrap();
+        assert!(
+            back >= wait,
+            "back after {back} us, admitted after {wait} us"
+        );
+        waited += u64::from(wait > 0);
+    }
+    assert!(waited > 0, "none of 20 waited: the test proved nothing");
+}
+
 #[tokio::test(start_paused = true)]
 async fn acquire_respects_max_wait_and_reserves_nothing_on_reject() {
     let limiter = Limiter::with_clock(
