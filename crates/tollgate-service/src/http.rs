@@ -296,8 +296,7 @@ async fn acquire(
         let guard = tollgate::wait::RefundOnDrop::new(move || {
             tokio::spawn(async move { svc.refund(&counted).await });
         });
-        tokio::time::sleep(wait).await;
-        guard.disarm();
+        tollgate::wait::sleep_or_refund(service.turns(), wait, guard).await;
     }
     respond(&service.answers().headers, &result)
 }

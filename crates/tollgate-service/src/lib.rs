@@ -279,6 +279,8 @@ pub struct DecisionService {
     /// Set when the server starts to stop: health checks fail from then on, so a
     /// load balancer moves traffic away while requests still in flight finish.
     draining: std::sync::atomic::AtomicBool,
+    /// The order `/v1/acquire`'s waiters come back in.
+    turns: tollgate::wait::Turns,
     /// The workers serving its connections, reported at `/metrics`.
     workers: Option<tollgate_runtime::workers::WorkerStats>,
     /// Envoy's quota buckets (RLQS) and the streams reporting on them.
@@ -333,6 +335,7 @@ impl DecisionService {
             metrics: Metrics::default(),
             clock: tollgate::clock::MonotonicClock::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
+            turns: Default::default(),
             workers: None,
             tls: Vec::new(),
             xds: None,
@@ -554,6 +557,11 @@ impl DecisionService {
     /// How the service answers.
     pub fn answers(&self) -> &Answers {
         &self.answers
+    }
+
+    /// The order `/v1/acquire`'s waiters come back in (one at a time, by admission).
+    pub fn turns(&self) -> &tollgate::wait::Turns {
+        &self.turns
     }
 
     /// Bounds the RLQS streams as `limits` says (default:

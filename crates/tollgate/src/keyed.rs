@@ -18,7 +18,7 @@ use tollgate_core::{
 };
 
 use crate::fast_gcra::{Config, FastGcra};
-use crate::wait::{block, sleep_or_refund, RefundOnDrop};
+use crate::wait::{block, sleep_or_refund, RefundOnDrop, Turns};
 
 /// What a full keyed limiter does with a new key (after dropping idle ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -210,6 +210,8 @@ struct Inner<K, C> {
     dropped_idle: AtomicU64,
     evicted: AtomicU64,
     refused: AtomicU64,
+    /// The order its waiters come back in.
+    turns: Turns,
 }
 
 /// One limit per key: any `Hash + Eq` key, including compound keys such as
@@ -327,6 +329,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
                 dropped_idle: AtomicU64::new(0),
                 evicted: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
+                turns: Turns::default(),
             }),
         }
     }
@@ -773,7 +776,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
             .decision();
         if d.allowed && d.wait_us > 0 {
             let guard = RefundOnDrop::new(|| self.refund(key, cost));
-            sleep_or_refund(d.wait(), guard).await;
+            sleep_or_refund(&self.inner.turns, d.wait(), guard).await;
         }
         Ok(d)
     }

@@ -10,7 +10,7 @@ use tollgate_core::{
 };
 
 use crate::fast_gcra::{Config, FastGcra};
-use crate::wait::{block, sleep_or_refund, RefundOnDrop};
+use crate::wait::{block, sleep_or_refund, RefundOnDrop, Turns};
 use crate::Error;
 
 /// One limit shared by every clone (state behind an `Arc`): `Send + Sync`, cheap to
@@ -52,6 +52,8 @@ struct Inner<C> {
     tat: AtomicU64,
     /// Every other configuration's state, one per policy.
     states: Mutex<Vec<PolicyState>>,
+    /// The order its waiters come back in (boxed: off the decision's cache lines).
+    turns: Box<Turns>,
 }
 
 const FAST_WORDS: usize = 7;
@@ -142,6 +144,7 @@ impl<C: Clock> Limiter<C> {
                 fast: words.0.map(AtomicU64::new),
                 tat: AtomicU64::new(0),
                 states: Mutex::new(states),
+                turns: Box::default(),
             }),
         }
     }
@@ -388,7 +391,7 @@ impl<C: Clock> Limiter<C> {
         let d = self.decide(cost, Op::Acquire)?;
         if d.allowed && d.wait_us > 0 {
             let guard = RefundOnDrop::new(|| self.refund(cost));
-            sleep_or_refund(d.wait(), guard).await;
+            sleep_or_refund(&self.inner.turns, d.wait(), guard).await;
         }
         Ok(d)
     }

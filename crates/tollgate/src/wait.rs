@@ -80,10 +80,132 @@ impl Jitter {
     }
 }
 
-/// Sleeps `wait` on tokio's timer; dropping the future refunds through `guard`.
-pub(crate) async fn sleep_or_refund<F: FnOnce()>(wait: Duration, guard: RefundOnDrop<F>) {
-    tokio::time::sleep(wait).await;
+/// Sleeps out an admitted wait, then comes back in turn: the waiters of one
+/// [`Turns`] (one limiter's, one layer's) are released one at a time in admission
+/// order, to the timer's resolution (a millisecond; within one, in the order they
+/// reserved). Dropping the future refunds through `guard` and gives up its turn.
+/// Every wait of the library goes through it: the limiters' `acquire`, the tower
+/// layer's paced requests and the server's `/v1/acquire`.
+///
+/// Tokio wakes every timer of one millisecond together, and a multi-threaded runtime
+/// runs them at once, so five waiters admitted for one instant would come back in
+/// any order; here each waits until every waiter ordered before it has come back. A
+/// waiter whose future is not being polled holds the ones after it for at most
+/// [`TURN_GRACE`] past their time.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use tollgate::wait::{sleep_or_refund, RefundOnDrop, Turns};
+/// let turns = Turns::default(); // one per limiter
+/// sleep_or_refund(&turns, Duration::from_millis(2), RefundOnDrop::new(|| unreachable!())).await;
+/// # });
+/// ```
+pub async fn sleep_or_refund<F: FnOnce()>(turns: &Turns, wait: Duration, guard: RefundOnDrop<F>) {
+    let now = tokio::time::Instant::now();
+    // A wait past what an instant holds (decades) ends as far away as Tokio sleeps.
+    let due = (now.checked_add(wait)).unwrap_or(now + Duration::from_secs(1 << 30));
+    let place = turns.take(wait);
+    tokio::time::sleep_until(due).await;
+    place.come_back(due + TURN_GRACE).await;
     guard.disarm();
+}
+
+/// How long past its time a waiter waits for one ordered before it to come back.
+pub const TURN_GRACE: Duration = Duration::from_millis(2);
+
+/// The order the waiters of one limiter come back in, by (millisecond of the
+/// admission, order of reservation). See [`sleep_or_refund`].
+#[derive(Default)]
+pub struct Turns {
+    queue: std::sync::Mutex<turns::Queue>,
+}
+
+impl std::fmt::Debug for Turns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turns").finish_non_exhaustive()
+    }
+}
+
+impl Turns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, turns::Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take(&self, wait: Duration) -> turns::Place<'_> {
+        let mut q = self.lock();
+        q.reserved += 1;
+        let turn = (turns::millisecond(wait), q.reserved);
+        let notify = std::sync::Arc::new(tokio::sync::Notify::new());
+        q.waiting.insert(turn, notify.clone());
+        turns::Place {
+            turns: self,
+            turn,
+            notify,
+        }
+    }
+}
+
+mod turns {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, OnceLock};
+    use std::time::Duration;
+    use tokio::sync::Notify;
+
+    type Turn = (u64, u64);
+
+    #[derive(Default)]
+    pub(super) struct Queue {
+        pub(super) waiting: BTreeMap<Turn, Arc<Notify>>,
+        pub(super) reserved: u64,
+    }
+
+    /// The millisecond a wait of `wait` from now ends in (rounded up, as Tokio's timer
+    /// rounds), on the OS's monotonic clock: Tokio's may be paused (tests), and each
+    /// runtime pauses its own.
+    pub(super) fn millisecond(wait: Duration) -> u64 {
+        use tollgate_core::Clock;
+        static CLOCK: OnceLock<tollgate_core::MonotonicClock> = OnceLock::new();
+        let now = CLOCK
+            .get_or_init(tollgate_core::MonotonicClock::new)
+            .now_us();
+        let wait = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+        now.saturating_add(wait).div_ceil(1000)
+    }
+
+    /// A waiter's place, given up when dropped.
+    pub(super) struct Place<'a> {
+        pub(super) turns: &'a super::Turns,
+        pub(super) turn: Turn,
+        pub(super) notify: Arc<Notify>,
+    }
+
+    impl Place<'_> {
+        /// Waits until every waiter ordered before this one has come back, or `until`.
+        pub(super) async fn come_back(self, until: tokio::time::Instant) {
+            loop {
+                let first = self.turns.lock().waiting.keys().next() == Some(&self.turn);
+                // A wake-up sent between the check and the wait is kept as a permit.
+                if first
+                    || tokio::time::timeout_at(until, self.notify.notified())
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+
+    impl Drop for Place<'_> {
+        fn drop(&mut self) {
+            let mut q = self.turns.lock();
+            q.waiting.remove(&self.turn);
+            if let Some(next) = q.waiting.values().next() {
+                next.notify_one();
+            }
+        }
+    }
 }
 
 /// Blocks the thread for `wait`.

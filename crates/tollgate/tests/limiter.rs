@@ -154,6 +154,49 @@ async fn acquire_returns_no_earlier_than_its_admission_on_the_default_clock() {
     assert!(waited > 0, "none of 20 waited: the test proved nothing");
 }
 
+/// Waiters admitted for one turn of a window come back one at a time, in the order
+/// they reserved (Tokio wakes every timer of a millisecond together, and two worker
+/// threads would run them in any order): the order `acquire` returns is the order of
+/// admission, as work that must land in order needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_admitted_for_one_turn_come_back_in_the_order_they_reserved() {
+    use std::sync::Mutex;
+    // The limiter's clock stands still: the first eight pass at 0, and each of the
+    // next eight is admitted at 100 ms exactly, a wait Tokio sleeps in real time.
+    let policy = "sliding-log:limit=8,window=100ms"
+        .parse::<Policy>()
+        .unwrap();
+    let limiter = Limiter::with_clock(policy, manual());
+    for _ in 0..8 {
+        assert_eq!(limiter.acquire(1).await.unwrap().wait_us, 0);
+    }
+    let back: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let mut reserved = None;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (l, back) = (limiter.clone(), back.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let after = reserved.replace(rx);
+        tasks.push(tokio::spawn(async move {
+            if let Some(previous) = after {
+                previous.await.unwrap(); // the one before has reserved
+            }
+            let mut turn = std::pin::pin!(l.acquire(1));
+            assert!(
+                futures::poll!(turn.as_mut()).is_pending(),
+                "waits for the window"
+            );
+            tx.send(()).unwrap();
+            assert_eq!(turn.await.unwrap().wait_us, 100_000);
+            back.lock().unwrap().push(i);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*back.lock().unwrap(), (0..8).collect::<Vec<_>>());
+}
+
 #[tokio::test(start_paused = true)]
 async fn acquire_respects_max_wait_and_reserves_nothing_on_reject() {
     let limiter = Limiter::with_clock(

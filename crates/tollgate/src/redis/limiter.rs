@@ -73,6 +73,8 @@ struct Inner {
     clock: tollgate_core::MonotonicClock,
     cache_hits: std::sync::atomic::AtomicU64,
     negative: Mutex<HashMap<String, Cached>>,
+    /// The order this process's waiters come back in.
+    turns: crate::wait::Turns,
 }
 
 /// Per-key limits kept in Redis: every instance that uses the same Redis, limiter name
@@ -127,6 +129,7 @@ impl RedisLimiter {
                 opts,
                 compiled: ArcSwap::from_pointee(compiled),
                 negative: Mutex::new(HashMap::new()),
+                turns: Default::default(),
             }),
         })
     }
@@ -488,7 +491,7 @@ impl RateLimiter for RedisLimiter {
             let guard = crate::wait::RefundOnDrop::new(|| {
                 crate::wait::refund_detached(self, &key.to_owned(), cost)
             });
-            crate::wait::sleep_or_refund(d.wait(), guard).await;
+            crate::wait::sleep_or_refund(&self.inner.turns, d.wait(), guard).await;
         }
         Ok(d)
     }

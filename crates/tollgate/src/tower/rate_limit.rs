@@ -277,6 +277,8 @@ pub struct RateLimitLayer<L, F, C = NoCharge, P = Http, R = Unit> {
     reserve: Arc<R>,
     missing: MissingKey,
     unkeyed: Arc<Unkeyed>,
+    /// The order paced requests go on in (one per layer, shared by its services).
+    turns: Arc<crate::wait::Turns>,
     answers: PhantomData<fn() -> P>,
 }
 
@@ -291,6 +293,7 @@ impl<L, F> RateLimitLayer<L, F> {
             reserve: Arc::new(Unit),
             missing: MissingKey::Reject,
             unkeyed: Arc::default(),
+            turns: Arc::default(),
             answers: PhantomData,
         }
     }
@@ -323,6 +326,7 @@ impl<L, F, C, R> RateLimitLayer<L, F, C, Http, R> {
             reserve: self.reserve,
             missing: self.missing,
             unkeyed: self.unkeyed,
+            turns: self.turns,
             answers: PhantomData,
         }
     }
@@ -383,6 +387,7 @@ impl<L, F, C, P, R> RateLimitLayer<L, F, C, P, R> {
             reserve: self.reserve,
             missing: self.missing,
             unkeyed: self.unkeyed,
+            turns: self.turns,
             answers: PhantomData,
         }
     }
@@ -431,6 +436,7 @@ impl<L, F, C, P, R> RateLimitLayer<L, F, C, P, R> {
             reserve: Arc::new(reserve),
             missing: self.missing,
             unkeyed: self.unkeyed,
+            turns: self.turns,
             answers: PhantomData,
         }
     }
@@ -449,6 +455,7 @@ impl<S, L: Clone, F, C, P, R> Layer<S> for RateLimitLayer<L, F, C, P, R> {
             reserve: self.reserve.clone(),
             missing: self.missing,
             unkeyed: self.unkeyed.clone(),
+            turns: self.turns.clone(),
             answers: PhantomData,
         }
     }
@@ -465,6 +472,8 @@ pub struct RateLimit<S, L, F, C = NoCharge, P = Http, R = Unit> {
     reserve: Arc<R>,
     missing: MissingKey,
     unkeyed: Arc<Unkeyed>,
+    /// The order paced requests go on in (one per layer, shared by its services).
+    turns: Arc<crate::wait::Turns>,
     answers: PhantomData<fn() -> P>,
 }
 
@@ -503,6 +512,7 @@ where
         let on_limit = self.on_limit;
         let charge = self.charge.clone();
         let reserved = self.reserve.reserve(&req).max(1);
+        let turns = self.turns.clone();
         Box::pin(async move {
             let op = match on_limit {
                 OnLimit::Reject => Op::Try,
@@ -532,7 +542,7 @@ where
             if decision.decision.wait_us > 0 {
                 let refund =
                     crate::wait::RefundOnDrop::new(|| refund_detached(&limiter, &key, reserved));
-                crate::wait::sleep_or_refund(decision.decision.wait(), refund).await;
+                crate::wait::sleep_or_refund(&turns, decision.decision.wait(), refund).await;
             }
             let mut response = inner.call(req).await?;
             // What the admission reserved is part of the cost the response reports:
@@ -636,7 +646,7 @@ where
             }
             return Box::pin(async move { inner.call(req).await.map_err(Into::into) });
         };
-        let limiter = svc.limiter.clone();
+        let (limiter, turns) = (svc.limiter.clone(), svc.turns.clone());
         let op = match svc.on_limit {
             OnLimit::Reject => Op::Try,
             OnLimit::Wait => Op::Acquire,
@@ -652,7 +662,7 @@ where
                 .into_result()?;
             if d.wait_us > 0 {
                 let refund = crate::wait::RefundOnDrop::new(|| refund_detached(&limiter, &key, 1));
-                crate::wait::sleep_or_refund(d.wait(), refund).await;
+                crate::wait::sleep_or_refund(&turns, d.wait(), refund).await;
             }
             inner.call(req).await.map_err(Into::into)
         })
