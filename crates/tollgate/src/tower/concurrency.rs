@@ -27,6 +27,11 @@ use crate::tower::{MissingKey, OnLimit};
 /// [`ConcurrencyLimitLayer::max_wait`] (default 30 s; then the 429). Every clone of
 /// the layer and of its services shares the one count.
 ///
+/// Named after tower's own `ConcurrencyLimitLayer`, which bounds a whole service
+/// and holds its permit only until the response head: this one counts per key and
+/// holds each permit until the body ends. To use both in one module, rename one on
+/// import (`use tollgate::tower::ConcurrencyLimitLayer as PerKeyConcurrency;`).
+///
 /// ```
 /// use tollgate::tower::ConcurrencyLimitLayer;
 ///

@@ -3,7 +3,7 @@
 //! * [`RateLimitLayer`] / [`ErrorLayer`]: one rate limit per key, shared by every
 //!   clone of the service, rejecting with 429 (or an error) or waiting, and charging
 //!   what a response says it used ([`RateLimitLayer::charge_with`]); for gRPC
-//!   services (tonic), [`RateLimitLayer::grpc`] answers with gRPC statuses
+//!   services (tonic), `RateLimitLayer::grpc` answers with gRPC statuses
 //!   (feature `tonic`);
 //! * [`ConcurrencyLimitLayer`]: at most N requests in flight per key, each permit
 //!   held until its response body has been sent;

@@ -104,7 +104,7 @@ pub enum MissingKey {
     Reject,
     /// Refuse it as the server's fault: `500 Internal Server Error` ([`ErrorLayer`]:
     /// [`NoKey`]), for a key that is always there unless the service is set up wrong
-    /// (the peer address of [`RateLimitLayer::per_peer_ip`]).
+    /// (the peer address of `RateLimitLayer::per_peer_ip`, feature `axum`).
     ServerError,
     /// Pass it through, unlimited, as Envoy does for a request without a descriptor
     /// and nginx for an empty key: a choice to make on purpose (a limit only for
@@ -250,9 +250,11 @@ pub enum OnLimit {
 /// makes it `From<String>`, as axum's and `Full<Bytes>` do). A store that cannot
 /// answer (a transient [`Error`](crate::Error), e.g. Redis down with no failure policy) gets
 /// `503 Service Unavailable` with `Retry-After: 1` and a problem body (where the
-/// failure policy is set: [`RedisLimiterOptions`](crate::redis::RedisLimiterOptions),
-/// given to `RedisLimiter::with_options` or [`AnyLimiter::redis_with`](crate::AnyLimiter::redis_with)).
-/// The same layer answers gRPC calls in gRPC's words with [`RateLimitLayer::grpc`].
+/// failure policy is set, with feature `redis`: `redis::RedisLimiterOptions`, given
+/// to `RedisLimiter::with_options` or `AnyLimiter::redis_with`). The same layer
+/// answers gRPC calls in gRPC's words with `RateLimitLayer::grpc` (feature `tonic`).
+/// Links in these docs reach only the features a build enables; the published
+/// documentation enables all.
 ///
 /// A global limit (one for every request) is a key closure that always returns the
 /// same key: `|_: &http::Request<B>| Some(())` with a `KeyedLimiter<()>`.
