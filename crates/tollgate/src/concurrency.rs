@@ -34,6 +34,18 @@ pub enum ConcurrencyError {
     },
 }
 
+/// Why permits were not granted: the limit said no, or (a shared limiter) its store
+/// could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PermitError {
+    /// The limit said no (busy, or more permits than the limit).
+    #[error(transparent)]
+    Denied(#[from] ConcurrencyError),
+    /// The store failed (Redis, whose failure policy is to return the error).
+    #[error(transparent)]
+    Store(#[from] crate::Error),
+}
+
 /// At most `limit` permits held at once, for every clone.
 ///
 /// **Fairness**: waiters are served strictly first come, first served (tokio's

@@ -380,3 +380,94 @@ fn failure_policy_applies_while_redis_is_down_and_redis_decides_again_after() {
         assert_eq!(closed.stats().recoveries, 1);
     });
 }
+
+/// `ConcurrencyLimitLayer::with_permits` over a `RedisConcurrencyLimiter`: two
+/// replicas of an axum service (two limiters of one name, on their own connections)
+/// share each key's permits, a permit is held until the response body ends, and a
+/// Redis that cannot answer gets `503` with `Retry-After: 1`.
+#[cfg(feature = "axum")]
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
+#[test]
+fn a_concurrency_layer_shares_each_keys_permits_through_redis() {
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+    use tollgate::tower::ConcurrencyLimitLayer;
+    use tower::ServiceExt;
+
+    let mut servers = RedisServers::standalone();
+    rt().block_on(async {
+        // The handler tells when it is entered and answers when `go` says so.
+        let (entered, go) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+        let mut replicas = Vec::new();
+        for _ in 0..2 {
+            let store = RedisStore::connect(&servers.url()).await.unwrap();
+            let permits = RedisConcurrencyLimiter::new(store, "exports", 2).unwrap();
+            let (entered, go) = (entered.clone(), go.clone());
+            let app = axum::Router::new()
+                .route(
+                    "/export",
+                    axum::routing::post(move || async move {
+                        entered.add_permits(1);
+                        go.acquire().await.unwrap().forget();
+                        "done"
+                    }),
+                )
+                .route("/ping", axum::routing::post(|| async { "pong" }))
+                .layer(ConcurrencyLimitLayer::with_permits(
+                    permits,
+                    |req: &http::Request<Body>| {
+                        req.headers()
+                            .get("x-tenant")?
+                            .to_str()
+                            .ok()
+                            .map(str::to_owned)
+                    },
+                ));
+            replicas.push(app);
+        }
+        let request = |tenant: &str| {
+            let path = if tenant == "a" { "/export" } else { "/ping" };
+            http::Request::post(path)
+                .header("x-tenant", tenant)
+                .body(Body::empty())
+                .unwrap()
+        };
+        // Two exports of tenant a (its calls wait for `go`; tenant b's answer at once)
+        // in flight on replica 0...
+        let held: Vec<_> = (0..2)
+            .map(|_| tokio::spawn(replicas[0].clone().oneshot(request("a"))))
+            .collect();
+        entered.acquire_many(2).await.unwrap().forget();
+        // ...so replica 1 refuses a third of tenant a, and serves tenant b.
+        let third = replicas[1].clone().oneshot(request("a")).await.unwrap();
+        assert_eq!(third.status(), 429);
+        let other = replicas[1].clone().oneshot(request("b")).await.unwrap();
+        assert_eq!(other.status(), 200);
+        other.into_body().collect().await.unwrap();
+        // A permit is given back when its body has been sent, not before.
+        go.add_permits(2);
+        let mut answers = Vec::new();
+        for h in held {
+            answers.push(h.await.unwrap().unwrap());
+        }
+        let refused = replicas[1].clone().oneshot(request("a")).await.unwrap();
+        assert_eq!(refused.status(), 429, "the bodies are not sent yet");
+        for a in answers {
+            assert_eq!(a.into_body().collect().await.unwrap().to_bytes(), "done");
+        }
+        go.add_permits(1);
+        let after = replicas[1].clone().oneshot(request("a")).await.unwrap();
+        assert_eq!(after.status(), 200);
+        after.into_body().collect().await.unwrap();
+        // Redis gone: the store's error (the default failure policy) is a 503.
+        servers.stop(0);
+        let down = replicas[1].clone().oneshot(request("a")).await.unwrap();
+        assert_eq!(down.status(), 503);
+        assert_eq!(down.headers()["retry-after"], "1");
+    });
+}

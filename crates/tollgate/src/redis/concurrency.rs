@@ -46,16 +46,7 @@ impl Default for RedisConcurrencyOptions {
     }
 }
 
-/// Why permits were not granted.
-#[derive(Debug, thiserror::Error)]
-pub enum PermitError {
-    /// The limit said no (busy, or more permits than the limit).
-    #[error(transparent)]
-    Denied(#[from] ConcurrencyError),
-    /// Redis failed and the failure policy is to return the error.
-    #[error(transparent)]
-    Store(#[from] Error),
-}
+pub use crate::concurrency::PermitError;
 
 struct Inner {
     store: RedisStore,

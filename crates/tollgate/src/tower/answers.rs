@@ -43,16 +43,21 @@ impl<B: Default + From<String>> Answers<B> for Http {
     }
 
     fn unavailable() -> Response<B> {
-        // The store's own recovery is probed every 500 ms (Redis): a second is when
-        // asking again makes sense.
-        let detail = "the rate limit's store cannot answer";
-        let mut response = super::problem(http::StatusCode::SERVICE_UNAVAILABLE, detail, "");
-        let one = http::HeaderValue::from_static("1");
-        response
-            .headers_mut()
-            .insert(http::header::RETRY_AFTER, one);
-        response
+        store_unavailable()
     }
+}
+
+/// `503` with `Retry-After: 1` and a problem body: the store could not answer.
+pub(super) fn store_unavailable<B: From<String>>() -> Response<B> {
+    // The store's own recovery is probed every 500 ms (Redis): a second is when
+    // asking again makes sense.
+    let detail = "the rate limit's store cannot answer";
+    let mut response = super::problem(http::StatusCode::SERVICE_UNAVAILABLE, detail, "");
+    let one = http::HeaderValue::from_static("1");
+    response
+        .headers_mut()
+        .insert(http::header::RETRY_AFTER, one);
+    response
 }
 
 /// gRPC answers, for tonic services (`Server::builder().layer(..)`) and any gRPC

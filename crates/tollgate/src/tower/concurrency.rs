@@ -1,9 +1,11 @@
 //! [`ConcurrencyLimitLayer`]: at most `limit` requests in flight per key (tower's
 //! `ConcurrencyLimitLayer`, per key, for http), each permit held until the response
-//! body has been sent.
+//! body has been sent; the permits in memory or, shared by every process, in Redis
+//! ([`PermitSource`]).
 
 use std::future::Future;
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -12,9 +14,54 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service};
 
-use crate::concurrency::{ConcurrencyError, KeyedConcurrencyLimiter, KeyedConcurrencyPermit};
+use crate::concurrency::{KeyedConcurrencyLimiter, KeyedConcurrencyPermit, PermitError};
 use crate::tower::rate_limit::Unkeyed;
 use crate::tower::{MissingKey, OnLimit};
+
+/// Where [`ConcurrencyLimitLayer`] takes its permits: a [`KeyedConcurrencyLimiter`]
+/// (one process; the default) or, with feature `redis`, a
+/// [`RedisConcurrencyLimiter`](crate::redis::RedisConcurrencyLimiter) (every process
+/// on the Redis shares the count; keys are `String`s; its failure policy decides
+/// what a Redis outage does, and an error it returns is answered `503`).
+pub trait PermitSource<K>: Clone + Send + Sync + 'static {
+    /// A held permit: given back when dropped.
+    type Permit: Send + 'static;
+
+    /// One permit for `key`: now or an error (`wait` `None`), or waiting in the key's
+    /// queue at most `wait`.
+    fn take(
+        &self,
+        key: &K,
+        wait: Option<Duration>,
+    ) -> impl Future<Output = Result<Self::Permit, PermitError>> + Send;
+}
+
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> PermitSource<K> for KeyedConcurrencyLimiter<K> {
+    type Permit = KeyedConcurrencyPermit<K>;
+
+    async fn take(&self, key: &K, wait: Option<Duration>) -> Result<Self::Permit, PermitError> {
+        Ok(match wait {
+            None => self.try_acquire(key, 1)?,
+            Some(wait) => self.acquire(key, 1, wait).await?,
+        })
+    }
+}
+
+#[cfg(feature = "redis")]
+impl PermitSource<String> for crate::redis::RedisConcurrencyLimiter {
+    type Permit = crate::redis::RedisPermit;
+
+    async fn take(
+        &self,
+        key: &String,
+        wait: Option<Duration>,
+    ) -> Result<Self::Permit, PermitError> {
+        match wait {
+            None => self.try_acquire(key, 1).await,
+            Some(wait) => self.acquire(key, 1, wait).await,
+        }
+    }
+}
 
 /// At most `limit` requests in flight per key, the key extracted by a closure (as
 /// for [`RateLimitLayer`](super::RateLimitLayer); a request without a key is
@@ -32,6 +79,10 @@ use crate::tower::{MissingKey, OnLimit};
 /// holds each permit until the body ends. To use both in one module, rename one on
 /// import (`use tollgate::tower::ConcurrencyLimitLayer as PerKeyConcurrency;`).
 ///
+/// [`ConcurrencyLimitLayer::with_permits`] takes the permits from elsewhere: a
+/// [`RedisConcurrencyLimiter`](crate::redis::RedisConcurrencyLimiter) shares each
+/// key's count with every process on the Redis.
+///
 /// ```
 /// use tollgate::tower::ConcurrencyLimitLayer;
 ///
@@ -44,13 +95,14 @@ use crate::tower::{MissingKey, OnLimit};
 ///     .layer(layer);
 /// ```
 #[derive(Clone)]
-pub struct ConcurrencyLimitLayer<K, F> {
-    limiter: KeyedConcurrencyLimiter<K>,
+pub struct ConcurrencyLimitLayer<K, F, L = KeyedConcurrencyLimiter<K>> {
+    limiter: L,
     key: Arc<F>,
     on_limit: OnLimit,
     max_wait: Duration,
     missing: MissingKey,
     unkeyed: Arc<Unkeyed>,
+    key_type: PhantomData<fn() -> K>,
 }
 
 /// Keys holding or awaiting permits at once, at most (each key is kept only while
@@ -58,7 +110,7 @@ pub struct ConcurrencyLimitLayer<K, F> {
 const MAX_KEYS: usize = 1_000_000;
 
 impl<K: Hash + Eq, F> ConcurrencyLimitLayer<K, F> {
-    /// At most `limit` requests in flight per `key(&request)`.
+    /// At most `limit` requests in flight per `key(&request)`, counted in memory.
     ///
     /// # Panics
     ///
@@ -68,13 +120,40 @@ impl<K: Hash + Eq, F> ConcurrencyLimitLayer<K, F> {
             limit > 0,
             "ConcurrencyLimitLayer::new: a limit of 0 admits no request"
         );
+        ConcurrencyLimitLayer::with_permits(KeyedConcurrencyLimiter::new(limit, MAX_KEYS), key)
+    }
+}
+
+impl<K, F, L> ConcurrencyLimitLayer<K, F, L> {
+    /// Requests in flight per `key(&request)`, each holding a permit of `permits`
+    /// (see [`PermitSource`]).
+    ///
+    /// ```
+    /// # #[cfg(feature = "redis")]
+    /// # async fn demo(store: tollgate::redis::RedisStore) -> Result<(), tollgate::Error> {
+    /// use tollgate::redis::RedisConcurrencyLimiter;
+    /// use tollgate::tower::ConcurrencyLimitLayer;
+    ///
+    /// // At most 4 exports at once per tenant, over every replica of the service.
+    /// let exports = RedisConcurrencyLimiter::new(store, "exports", 4)?;
+    /// let layer = ConcurrencyLimitLayer::with_permits(exports, |req: &http::Request<axum::body::Body>| {
+    ///     req.headers().get("x-tenant")?.to_str().ok().map(str::to_owned)
+    /// });
+    /// let app: axum::Router = axum::Router::new()
+    ///     .route("/export", axum::routing::post(|| async { "done" }))
+    ///     .layer(layer);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_permits(permits: L, key: F) -> Self {
         ConcurrencyLimitLayer {
-            limiter: KeyedConcurrencyLimiter::new(limit, MAX_KEYS),
+            limiter: permits,
             key: Arc::new(key),
             on_limit: OnLimit::Reject,
             max_wait: Duration::from_secs(30),
             missing: MissingKey::Reject,
             unkeyed: Arc::default(),
+            key_type: PhantomData,
         }
     }
 
@@ -105,8 +184,8 @@ impl<K: Hash + Eq, F> ConcurrencyLimitLayer<K, F> {
     }
 }
 
-impl<S, K, F> Layer<S> for ConcurrencyLimitLayer<K, F> {
-    type Service = ConcurrencyLimit<S, K, F>;
+impl<S, K, F, L: Clone> Layer<S> for ConcurrencyLimitLayer<K, F, L> {
+    type Service = ConcurrencyLimit<S, K, F, L>;
 
     fn layer(&self, inner: S) -> Self::Service {
         ConcurrencyLimit {
@@ -117,22 +196,24 @@ impl<S, K, F> Layer<S> for ConcurrencyLimitLayer<K, F> {
             max_wait: self.max_wait,
             missing: self.missing,
             unkeyed: self.unkeyed.clone(),
+            key_type: PhantomData,
         }
     }
 }
 
 /// The service made by [`ConcurrencyLimitLayer`]. `Clone`; clones share the count.
-pub struct ConcurrencyLimit<S, K, F> {
+pub struct ConcurrencyLimit<S, K, F, L = KeyedConcurrencyLimiter<K>> {
     inner: S,
-    limiter: KeyedConcurrencyLimiter<K>,
+    limiter: L,
     key: Arc<F>,
     on_limit: OnLimit,
     max_wait: Duration,
     missing: MissingKey,
     unkeyed: Arc<Unkeyed>,
+    key_type: PhantomData<fn() -> K>,
 }
 
-impl<S: Clone, K, F> Clone for ConcurrencyLimit<S, K, F> {
+impl<S: Clone, K, F, L: Clone> Clone for ConcurrencyLimit<S, K, F, L> {
     fn clone(&self) -> Self {
         ConcurrencyLimit {
             inner: self.inner.clone(),
@@ -142,20 +223,22 @@ impl<S: Clone, K, F> Clone for ConcurrencyLimit<S, K, F> {
             max_wait: self.max_wait,
             missing: self.missing,
             unkeyed: self.unkeyed.clone(),
+            key_type: PhantomData,
         }
     }
 }
 
-impl<S, K, F, ReqBody, ResBody> Service<Request<ReqBody>> for ConcurrencyLimit<S, K, F>
+impl<S, K, F, L, ReqBody, ResBody> Service<Request<ReqBody>> for ConcurrencyLimit<S, K, F, L>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    K: Hash + Eq + Clone + Send + Sync + 'static,
+    K: Send + Sync + 'static,
     F: Fn(&Request<ReqBody>) -> Option<K> + Send + Sync + 'static,
+    L: PermitSource<K>,
     ReqBody: Send + 'static,
     ResBody: From<String> + Send + 'static,
 {
-    type Response = Response<HeldBody<ResBody, K>>;
+    type Response = Response<HeldBody<ResBody, L::Permit>>;
     type Error = S::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
 
@@ -182,13 +265,13 @@ where
         };
         let (limiter, on_limit, max_wait) = (self.limiter.clone(), self.on_limit, self.max_wait);
         Box::pin(async move {
-            let permit = match on_limit {
-                OnLimit::Reject => limiter.try_acquire(&key, 1),
-                OnLimit::Wait => limiter.acquire(&key, 1, max_wait).await,
+            let wait = match on_limit {
+                OnLimit::Reject => None,
+                OnLimit::Wait => Some(max_wait),
             };
-            let permit = match permit {
+            let permit = match limiter.take(&key, wait).await {
                 Ok(permit) => permit,
-                Err(e) => return Ok(busy(e)),
+                Err(e) => return Ok(refused(e)),
             };
             let response = inner.call(req).await?;
             Ok(response.map(|body| HeldBody {
@@ -199,23 +282,27 @@ where
     }
 }
 
-/// The 429 of a key at its limit (or a limiter full of keys).
-fn busy<B: From<String>, K: Hash + Eq>(e: ConcurrencyError) -> Response<HeldBody<B, K>> {
-    let response = super::problem(StatusCode::TOO_MANY_REQUESTS, &e.to_string(), "");
+/// The 429 of a key at its limit (or a limiter full of keys); the 503, with
+/// `Retry-After: 1`, of a store that could not answer.
+fn refused<B: From<String>, P>(e: PermitError) -> Response<HeldBody<B, P>> {
+    let response = match e {
+        PermitError::Denied(e) => super::problem(StatusCode::TOO_MANY_REQUESTS, &e.to_string(), ""),
+        PermitError::Store(_) => super::answers::store_unavailable(),
+    };
     response.map(|body| HeldBody { body, permit: None })
 }
 
-/// A response body holding its request's permit until the body ends (or is
+/// A response body holding its request's permit (`P`) until the body ends (or is
 /// dropped).
-pub struct HeldBody<B, K: Hash + Eq> {
+pub struct HeldBody<B, P> {
     body: B,
-    permit: Option<KeyedConcurrencyPermit<K>>,
+    permit: Option<P>,
 }
 
 // The permit is never pinned: the body is Unpin when its inner body is.
-impl<B: Unpin, K: Hash + Eq> Unpin for HeldBody<B, K> {}
+impl<B: Unpin, P> Unpin for HeldBody<B, P> {}
 
-impl<B: http_body::Body + Unpin, K: Hash + Eq> http_body::Body for HeldBody<B, K> {
+impl<B: http_body::Body + Unpin, P> http_body::Body for HeldBody<B, P> {
     type Data = B::Data;
     type Error = B::Error;
 
