@@ -22,7 +22,7 @@ pub use adaptive::{
 #[cfg(feature = "tonic")]
 pub use answers::Grpc;
 pub use answers::{Answers, Http};
-pub use concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer, HeldBody};
+pub use concurrency::{ConcurrencyLimit, ConcurrencyLimitLayer, HeldBody, PermitSource};
 #[cfg(feature = "axum")]
 pub use rate_limit::{peer_ip, PeerIp};
 pub use rate_limit::{
