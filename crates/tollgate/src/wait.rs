@@ -111,8 +111,10 @@ pub async fn sleep_or_refund<F: FnOnce()>(turns: &Turns, wait: Duration, guard: 
     guard.disarm();
 }
 
-/// How long past its time a waiter waits for one ordered before it to come back.
-pub const TURN_GRACE: Duration = Duration::from_millis(2);
+/// How long past its time a waiter waits for one ordered before it to come back:
+/// long enough for a busy machine to run a waiter its timer woke, short enough that
+/// a future left unpolled (a bug of its holder) delays the others only that much.
+pub const TURN_GRACE: Duration = Duration::from_millis(50);
 
 /// The order the waiters of one limiter come back in, by (millisecond of the
 /// admission, order of reservation). See [`sleep_or_refund`].

@@ -156,8 +156,9 @@ async fn acquire_returns_no_earlier_than_its_admission_on_the_default_clock() {
 
 /// Waiters admitted for one turn of a window come back one at a time, in the order
 /// they reserved (Tokio wakes every timer of a millisecond together, and two worker
-/// threads would run them in any order): the order `acquire` returns is the order of
-/// admission, as work that must land in order needs.
+/// threads would run them in any order: the last one in first, before the gate): the
+/// order `acquire` returns is the order of admission, as work that must land in order
+/// needs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_admitted_for_one_turn_come_back_in_the_order_they_reserved() {
     use std::sync::Mutex;
