@@ -60,6 +60,11 @@ impl<'a> Params<'a> {
         Ok(self.margin_us)
     }
 
+    /// The margin read by [`Params::take_margin`] (0 without one).
+    pub(crate) fn margin_us(&self) -> u64 {
+        self.margin_us
+    }
+
     /// `d` widened by the margin.
     fn widened(&self, key: &str, d: u64) -> Res<u64> {
         d.checked_add(self.margin_us)
@@ -170,7 +175,8 @@ impl<'a> Params<'a> {
 /// the parameters as a whole (divide them among instances, carry a state over to new
 /// ones). With [`Algorithm`], everything the list of algorithms dispatches to.
 pub(crate) trait Spec: Algorithm + Sized {
-    /// The parameters its spec name takes, besides `max-wait`, `shadow`, `max-debt`.
+    /// The parameters its spec name takes, besides `max-wait`, `shadow`, `max-debt`
+    /// and `margin`.
     const PARAMS: &'static [&'static str];
 
     /// The parameters spec name `name` takes, where one type serves two names.

@@ -181,7 +181,14 @@ fn parse_inner(spec: &str) -> Res<Policy> {
              (for a limit counted by someone else, use sliding-log:limit=N,window=W,margin=M)"
         ));
     }
-    let algo = AnyAlgorithm::from_spec(algo, &p)?;
+    let margin = p.margin_us();
+    let algo = AnyAlgorithm::from_spec(algo, &p).map_err(|e| match margin {
+        0 => e,
+        m => format!(
+            "{e} (margin={} is part of it: the window and the rate's period are that much longer)",
+            crate::units::fmt_duration(m)
+        ),
+    })?;
     let max_wait_us = match p.value("max-wait")? {
         Some(v) => Some(p.duration_of("max-wait", v)?),
         None => None,

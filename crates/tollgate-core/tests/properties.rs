@@ -530,3 +530,11 @@ fn a_margin_is_the_wider_policy_and_says_where_it_cannot_help() {
     assert!(err("concurrency:limit=5,margin=10ms").contains("unknown parameter 'margin'"));
     assert!(err("gcra:rate=5/s,margin=soon").contains("bad value 'soon' for 'margin'"));
 }
+
+#[test]
+fn a_margin_that_breaks_a_parameter_is_named_in_the_error() {
+    let err = Policy::parse("sliding-window:limit=5,window=1s,buckets=10,margin=1us")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("margin=1us is part of it"), "{err}");
+}

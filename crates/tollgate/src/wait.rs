@@ -105,7 +105,7 @@ pub async fn sleep_or_refund<F: FnOnce()>(turns: &Turns, wait: Duration, guard: 
     let now = tokio::time::Instant::now();
     // A wait past what an instant holds (decades) ends as far away as Tokio sleeps.
     let due = (now.checked_add(wait)).unwrap_or(now + Duration::from_secs(1 << 30));
-    let place = turns.take(wait);
+    let place = turns.take(due);
     tokio::time::sleep_until(due).await;
     place.come_back(due + TURN_GRACE).await;
     guard.disarm();
@@ -134,10 +134,16 @@ impl Turns {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn take(&self, wait: Duration) -> turns::Place<'_> {
+    fn take(&self, due: tokio::time::Instant) -> turns::Place<'_> {
         let mut q = self.lock();
         q.reserved += 1;
-        let turn = (turns::millisecond(wait), q.reserved);
+        // The millisecond `due` falls in (rounded up, as Tokio's timer rounds), on
+        // Tokio's clock as the sleep (a paused one in tests), counted from when the
+        // first wait began (no later due can be before it).
+        let origin = *q.origin.get_or_insert_with(tokio::time::Instant::now);
+        let us = due.saturating_duration_since(origin).as_micros();
+        let millisecond = u64::try_from(us.div_ceil(1000)).unwrap_or(u64::MAX);
+        let turn = (millisecond, q.reserved);
         let notify = std::sync::Arc::new(tokio::sync::Notify::new());
         q.waiting.insert(turn, notify.clone());
         turns::Place {
@@ -150,8 +156,7 @@ impl Turns {
 
 mod turns {
     use std::collections::BTreeMap;
-    use std::sync::{Arc, OnceLock};
-    use std::time::Duration;
+    use std::sync::Arc;
     use tokio::sync::Notify;
 
     type Turn = (u64, u64);
@@ -160,19 +165,8 @@ mod turns {
     pub(super) struct Queue {
         pub(super) waiting: BTreeMap<Turn, Arc<Notify>>,
         pub(super) reserved: u64,
-    }
-
-    /// The millisecond a wait of `wait` from now ends in (rounded up, as Tokio's timer
-    /// rounds), on the OS's monotonic clock: Tokio's may be paused (tests), and each
-    /// runtime pauses its own.
-    pub(super) fn millisecond(wait: Duration) -> u64 {
-        use tollgate_core::Clock;
-        static CLOCK: OnceLock<tollgate_core::MonotonicClock> = OnceLock::new();
-        let now = CLOCK
-            .get_or_init(tollgate_core::MonotonicClock::new)
-            .now_us();
-        let wait = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
-        now.saturating_add(wait).div_ceil(1000)
+        /// When the first wait began: milliseconds count from it.
+        pub(super) origin: Option<tokio::time::Instant>,
     }
 
     /// A waiter's place, given up when dropped.

@@ -403,10 +403,11 @@ fn a_concurrency_layer_shares_each_keys_permits_through_redis() {
     rt().block_on(async {
         // The handler tells when it is entered and answers when `go` says so.
         let (entered, go) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
-        let mut replicas = Vec::new();
+        let (mut replicas, mut limiters) = (Vec::new(), Vec::new());
         for _ in 0..2 {
             let store = RedisStore::connect(&servers.url()).await.unwrap();
             let permits = RedisConcurrencyLimiter::new(store, "exports", 2).unwrap();
+            limiters.push(permits.clone());
             let (entered, go) = (entered.clone(), go.clone());
             let app = axum::Router::new()
                 .route(
@@ -459,6 +460,13 @@ fn a_concurrency_layer_shares_each_keys_permits_through_redis() {
         assert_eq!(refused.status(), 429, "the bodies are not sent yet");
         for a in answers {
             assert_eq!(a.into_body().collect().await.unwrap().to_bytes(), "done");
+        }
+        // A permit given back in Redis from a task of its own: wait until it is.
+        let mut tries = 0;
+        while limiters[1].in_use("a").await.unwrap().0 > 0 {
+            tries += 1;
+            assert!(tries < 2_000, "the permits never came back");
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         go.add_permits(1);
         let after = replicas[1].clone().oneshot(request("a")).await.unwrap();
