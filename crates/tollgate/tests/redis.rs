@@ -911,9 +911,10 @@ fn cluster_master_failover_to_its_replica_recovers_and_keeps_the_count() {
 }
 
 /// The third party's quota of `a_third_partys_quota_holds_where_the_calls_land`.
-const QUOTA: &str = "sliding-log:limit=20,window=2s,margin=100ms";
+const QUOTA: &str = "sliding-log:limit=20,window=3s,margin=150ms";
 const QUOTA_LIMIT: usize = 20;
-const QUOTA_WINDOW_US: u64 = 2_000_000;
+const QUOTA_WINDOW_US: u64 = 3_000_000;
+const QUOTA_MARGIN_MS: u64 = 150;
 /// Calls each of a child's 4 tasks makes (2 children: 80 calls, four windows' worth).
 const QUOTA_CALLS: usize = 10;
 
@@ -966,10 +967,10 @@ fn quota_worker_process() {
     println!("CALLED {calls}");
 }
 
-/// DESIGN's third-party case: an API allows 20 calls in any 2 s; two processes of 4
+/// The third-party case: an API allows 20 calls in any 3 s; two processes of 4
 /// workers each pace their calls through one Redis-shared `sliding-log` with
-/// `margin=100ms`, and a downstream of the test's own logs when each call lands. No
-/// 2 s window of arrivals holds more than 20, and the calls after the first burst
+/// `margin=150ms` (4 to 5 times the lateness seen on a busy machine), and a downstream of the test's own logs when each call lands. No
+/// 3 s window of arrivals holds more than 20, and the calls after the first burst
 /// come at least 0.9x as fast as the quota allows.
 #[cfg_attr(
     not(feature = "external-servers"),
@@ -1016,14 +1017,15 @@ fn a_third_partys_quota_holds_where_the_calls_land() {
     let (densest, at) = tollgate::policy::densest_window(&units, QUOTA_WINDOW_US);
     assert!(
         densest as usize <= QUOTA_LIMIT,
-        "{densest} calls landed in the 2 s from {at} us (limit {QUOTA_LIMIT}); \
-         the latest call landed at most {late_ms:.1} ms after its admission (margin 100 ms)"
+        "{densest} calls landed in the 3 s from {at} us (limit {QUOTA_LIMIT}); \
+         the latest call landed at most {late_ms:.1} ms after its admission \
+         (margin {QUOTA_MARGIN_MS} ms)"
     );
     let span_s = (arrived[79].0 - arrived[0].0) as f64 / 1e6;
     let rate = (80 - QUOTA_LIMIT) as f64 / span_s;
     let allowed = QUOTA_LIMIT as f64 / (QUOTA_WINDOW_US as f64 / 1e6);
     println!(
-        "80 calls from 2 processes: at most {densest} in any 2 s, {rate:.2} calls/s after the \
+        "80 calls from 2 processes: at most {densest} in any 3 s, {rate:.2} calls/s after the \
          first burst ({:.3}x the quota), latest {late_ms:.1} ms after its admission",
         rate / allowed
     );
