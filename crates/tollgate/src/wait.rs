@@ -83,15 +83,16 @@ impl Jitter {
 /// Sleeps out an admitted wait, then comes back in turn: the waiters of one
 /// [`Turns`] (one limiter's, one layer's) are released one at a time in admission
 /// order, to the timer's resolution (a millisecond; within one, in the order they
-/// reserved). Dropping the future refunds through `guard` and gives up its turn.
+/// took their places, which for one key is the order of admission). Dropping the future refunds through `guard` and gives up its turn.
 /// Every wait of the library goes through it: the limiters' `acquire`, the tower
 /// layer's paced requests and the server's `/v1/acquire`.
 ///
-/// Tokio wakes every timer of one millisecond together, and a multi-threaded runtime
-/// runs them at once, so five waiters admitted for one instant would come back in
-/// any order; here each waits until every waiter ordered before it has come back. A
-/// waiter whose future is not being polled holds the ones after it for at most
-/// [`TURN_GRACE`] past their time.
+/// Tokio wakes every timer of one millisecond together and runs the last one woken
+/// first (and several worker threads run them at once), so five waiters admitted for
+/// one instant would come back in any order; here each is let go only after every
+/// waiter ordered before it. What is ordered is the release: callers let go one after
+/// the other on two threads go on at once. A waiter whose future is not being polled
+/// holds the ones after it for at most [`TURN_GRACE`] past their time.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
