@@ -210,8 +210,8 @@ struct Inner<K, C> {
     dropped_idle: AtomicU64,
     evicted: AtomicU64,
     refused: AtomicU64,
-    /// The order its waiters come back in.
-    turns: Turns,
+    /// The order its waiters come back in (boxed: off the decision's cache lines).
+    turns: Box<Turns>,
 }
 
 /// One limit per key: any `Hash + Eq` key, including compound keys such as
@@ -329,7 +329,7 @@ impl<K: Hash + Eq, C: Clock> KeyedLimiter<K, C> {
                 dropped_idle: AtomicU64::new(0),
                 evicted: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
-                turns: Turns::default(),
+                turns: Box::default(),
             }),
         }
     }
