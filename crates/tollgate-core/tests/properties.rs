@@ -487,7 +487,7 @@ proptest! {
             .map(|((at, cost), late)| {
                 let late = match pattern {
                     0 => late % (margin + 1),
-                    1 => margin * (late % 2), // all on time or all as late as allowed
+                    1 => margin * (late % 2), // each on time or as late as allowed
                     _ => 0,
                 };
                 (at + late, cost)
