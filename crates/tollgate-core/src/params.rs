@@ -60,11 +60,6 @@ impl<'a> Params<'a> {
         Ok(self.margin_us)
     }
 
-    /// The margin read by [`Params::take_margin`] (0 without one).
-    pub(crate) fn margin_us(&self) -> u64 {
-        self.margin_us
-    }
-
     /// `d` widened by the margin.
     fn widened(&self, key: &str, d: u64) -> Res<u64> {
         d.checked_add(self.margin_us)

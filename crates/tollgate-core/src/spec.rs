@@ -174,14 +174,14 @@ fn parse_inner(spec: &str) -> Res<Policy> {
         .filter(|k| *k != "margin" || algo != "concurrency")
         .collect();
     let mut p = Params::parse(algo, &known, body)?;
-    if p.take_margin()? > 0 && algo == "fixed-window" {
+    let margin = p.take_margin()?;
+    if margin > 0 && algo == "fixed-window" {
         return Err(format!(
             "{algo}: margin needs a window that slides: a fixed window's edges sit on \
              one clock, and arrivals that come late cross them whatever the margin \
              (for a limit counted by someone else, use sliding-log:limit=N,window=W,margin=M)"
         ));
     }
-    let margin = p.margin_us();
     let algo = AnyAlgorithm::from_spec(algo, &p).map_err(|e| match margin {
         0 => e,
         m => format!(
