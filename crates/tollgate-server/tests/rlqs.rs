@@ -28,6 +28,9 @@ fn grpc_addr(server: &support::Server) -> std::net::SocketAddr {
     server.grpc.trim_start_matches("http://").parse().unwrap()
 }
 
+/// How late a simulated Envoy asks before its second is not judged (see `fifty_envoys`).
+const HELD_OFF: Duration = Duration::from_millis(100);
+
 const FLEET_RULES: &str = "domain: envoy\nquota_buckets:\n  - name: api\n    bucket: { name: api }\n    policy: \"token-bucket:rate=1000/s\"\n    assignment_ttl: 1s\n";
 
 /// 50 Envoys on one bucket of 1000 requests/s, on one `serve`.
@@ -81,7 +84,9 @@ fn fifty_envoys_on_three_servers_share_one_budget_in_redis_and_in_a_cluster() {
 async fn fifty_envoys(servers: &[&support::Server]) {
     let start = Instant::now();
     let admitted: Arc<Mutex<Vec<(Duration, usize)>>> = Arc::default();
-    let asked: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    // Each request asked: when, and how late after its planned time (a machine that
+    // holds this process off the CPU makes the Envoys ask in a burst once it runs).
+    let asked: Arc<Mutex<Vec<(Duration, Duration)>>> = Arc::default();
     let mut tasks = Vec::new();
     for i in 0..50usize {
         let addr = grpc_addr(servers[i % servers.len()]);
@@ -104,7 +109,8 @@ async fn fifty_envoys(servers: &[&support::Server]) {
                     return;
                 }
                 tokio::time::sleep_until(next).await;
-                asked.lock().unwrap().push(start.elapsed());
+                let late = Instant::now().saturating_duration_since(next);
+                asked.lock().unwrap().push((start.elapsed(), late));
                 if client.try_admit("envoy", &[("name", "api")]) {
                     admitted.lock().unwrap().push((start.elapsed(), i));
                 }
@@ -136,6 +142,13 @@ async fn fifty_envoys(servers: &[&support::Server]) {
             admitted.len(),
             ticks / 100.0 * 1e6 / admitted.len().max(1) as f64
         );
+        // The store's troubles, if any (a second short of its share says why).
+        let (_, _, metrics) = support::request(server, "GET", "/metrics", "", None).await;
+        let metrics = metrics.as_str().unwrap_or_default().to_string();
+        let quota: Vec<&str> = (metrics.lines())
+            .filter(|l| l.contains("event=\"quota_") && !l.starts_with('#'))
+            .collect();
+        eprintln!("serve {}: {quota:?}", server.pid());
     }
     let mut times: Vec<(u64, u64)> = admitted
         .iter()
@@ -163,9 +176,29 @@ async fn fifty_envoys(servers: &[&support::Server]) {
     eprintln!("the 25 that dropped to 5/s, per second from 15 s: {low:?}");
     let asked = asked.lock().unwrap().clone();
     let asked_per_second: Vec<usize> = (0..27)
-        .map(|s| asked.iter().filter(|t| t.as_secs() == s).count())
+        .map(|s| asked.iter().filter(|(t, _)| t.as_secs() == s).count())
         .collect();
     eprintln!("asked per second: {asked_per_second:?}");
+    // The seconds in which this process was held off the CPU (a request asked 100 ms
+    // or more after its time), and the 3 s after: the Envoys then ask what they
+    // missed in a burst, their full buckets admit it, and the budget's tokens it took
+    // are missing from the next division. What was admitted then says nothing of how
+    // the budget is divided.
+    let mut held_off = [false; 27];
+    for (at, late) in asked.iter().filter(|(_, late)| *late >= HELD_OFF) {
+        let from = at.saturating_sub(*late).as_secs() as usize;
+        let to = (*at + Duration::from_secs(3)).as_secs() as usize;
+        held_off[from.min(26)..=to.min(26)].fill(true);
+    }
+    let held: Vec<usize> = (0..27).filter(|&s| held_off[s]).collect();
+    let latest = asked
+        .iter()
+        .map(|(_, late)| *late)
+        .max()
+        .unwrap_or_default();
+    eprintln!(
+        "held off the CPU in seconds {held:?} (and 3 s after); latest request {latest:?} late"
+    );
     // Demand above the budget: at least 90 % used once the shares have settled, and
     // from the second report interval after each change on (the first sees the
     // change; what the shares given up still hold back is bridged from the budget's
@@ -173,14 +206,29 @@ async fn fifty_envoys(servers: &[&support::Server]) {
     // what the Envoys asked when that was less than the budget: a loaded machine that
     // holds this process (the 50 Envoys) off the CPU asks less, and a single second
     // only has to show no gross loss.
-    for span in [3..15, 16..21, 22..27] {
+    // Seconds this process was held off the CPU in (and after) are not judged; at
+    // least half of the spans' seconds are, or the run says the machine was too busy.
+    let spans = [3..15, 16..21, 22..27];
+    let judged = spans
+        .iter()
+        .flat_map(|s| s.clone())
+        .filter(|&s| !held_off[s]);
+    assert!(
+        judged.count() * 2 >= 24,
+        "this process was held off the CPU too often to judge the division: {held:?}"
+    );
+    for span in spans {
         let used = |s: usize| per_second[s] as f64 / asked_per_second[s].clamp(1, 1000) as f64;
-        let mean = span.clone().map(used).sum::<f64>() / span.len() as f64;
+        let judged: Vec<usize> = span.clone().filter(|&s| !held_off[s]).collect();
+        if judged.is_empty() {
+            continue;
+        }
+        let mean = judged.iter().map(|&s| used(s)).sum::<f64>() / judged.len() as f64;
         assert!(
             mean >= 0.9,
-            "seconds {span:?}: {mean:.3} used, {per_second:?} of {asked_per_second:?}"
+            "seconds {judged:?}: {mean:.3} used, {per_second:?} of {asked_per_second:?}"
         );
-        for s in span {
+        for s in judged {
             assert!(
                 used(s) >= 0.75,
                 "second {s}: {per_second:?} of {asked_per_second:?}"
@@ -188,7 +236,11 @@ async fn fifty_envoys(servers: &[&support::Server]) {
         }
     }
     // The ones that dropped get what they ask (5/s each), no more.
-    assert!(low[3..].iter().all(|&n| n <= 25 * 5 + 10), "{low:?}");
+    // (A second this process was held off the CPU in may hold a catching-up burst.)
+    assert!(
+        (18..27).all(|s| held_off[s] || low[s - 15] <= 25 * 5 + 10),
+        "{low:?}"
+    );
 }
 
 /// The buckets reported on are visible: `/v1/config` lists the rules and each live
