@@ -23,7 +23,7 @@ use axum::http::HeaderName;
 use tollgate::{AnyLimiter, RateLimiter};
 
 use super::keys::HeaderSource;
-use tollgate_runtime::config::proxy::{CostConfig, Reserve};
+use tollgate_runtime::config::proxy::{AskUsage, CostConfig, Reserve};
 
 /// Where a usage is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +63,9 @@ pub(super) struct RouteCost {
     pub max_body: usize,
     /// Whether a request's own declared bound is reserved (`reserve: declared`).
     reserve_declared: bool,
+    /// Whether an OpenAI-shaped stream is made to report its usage (`ask_usage:
+    /// openai`).
+    ask_usage: bool,
     /// Units the requests used in all (reported, or the estimate).
     pub used: AtomicU64,
     /// Responses by outcome: reported, missing, invalid, disconnected.
@@ -118,15 +121,26 @@ impl RouteCost {
             estimate: c.estimate,
             max_body: c.max_body,
             reserve_declared: c.reserve == Reserve::Declared,
+            ask_usage: c.ask_usage == AskUsage::Openai,
             used: AtomicU64::new(0),
             outcomes: Default::default(),
             warned: AtomicBool::new(false),
         })
     }
 
-    /// Whether admission reads the request body for its bound.
+    /// Whether admission reads the request body (for its bound, or to ask for its
+    /// usage).
     pub fn reads_request(&self) -> bool {
-        self.reserve_declared
+        self.reserve_declared || self.ask_usage
+    }
+
+    /// The body to send upstream instead of `body` (a request to `path`): one that
+    /// asks for its stream's usage, when it is an OpenAI-shaped stream that does not
+    /// and the route asks (see `ask_usage`).
+    pub fn ask_for_usage(&self, path: &str, body: &[u8]) -> Option<Vec<u8>> {
+        (self.ask_usage && super::ask_usage::openai_shaped(path))
+            .then(|| super::ask_usage::ask(body))
+            .flatten()
     }
 
     /// What a request with `body` (its bytes, when read) takes at admission: the
@@ -241,6 +255,11 @@ pub(super) struct Meter {
 }
 
 impl Meter {
+    /// Whether the body is a server-sent event stream.
+    pub fn is_event_stream(&self) -> bool {
+        self.sse
+    }
+
     /// Reads one chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
         if !self.sse {
@@ -368,6 +387,9 @@ pub(super) struct Pending {
     cost: Arc<RouteCost>,
     route: Arc<str>,
     settled: bool,
+    /// The proxy asked for the response's usage (see `ask_usage`): what the client
+    /// did not ask for is taken out of its stream.
+    pub usage_asked: bool,
 }
 
 impl Pending {
@@ -385,6 +407,7 @@ impl Pending {
             cost,
             route,
             settled: false,
+            usage_asked: false,
         }
     }
 
@@ -517,6 +540,7 @@ mod tests {
             estimate: 7,
             max_body,
             reserve: Reserve::Declared,
+            ask_usage: AskUsage::Openai,
         };
         RouteCost::build(&c, "r").unwrap()
     }
@@ -631,6 +655,7 @@ mod tests {
                 estimate: 7,
                 max_body: 1 << 20,
                 reserve: Reserve::Estimate,
+                ask_usage: AskUsage::None,
             },
             "r",
         )

@@ -6,11 +6,12 @@ use std::net::{IpAddr, SocketAddr};
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::header::{CONNECTION, FORWARDED, HOST};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, FORWARDED, HOST};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::adaptive::AdaptiveHold;
+use super::ask_usage::Unasked;
 use super::cost::{Metered, Outcome, Pending, Settle};
 use super::keys;
 use super::keys::HeaderSource;
@@ -76,6 +77,7 @@ pub(super) async fn forward(
     // Under `cost:`, a usage in the headers settles now; one in the body when
     // the body ends (or the client goes away).
     let mut charge = None;
+    let mut strip = None;
     if let Some(pending) = pending.take() {
         if let Some(outcome) = pending.cost().in_headers(&parts.headers) {
             pending.settle(outcome).await;
@@ -84,6 +86,12 @@ pub(super) async fn forward(
                 // A body already at its end (Content-Length: 0, 204, 304, a
                 // HEAD) is never polled: it reports nothing.
                 Some(meter) if !http_body::Body::is_end_stream(&body) => {
+                    // The usage the proxy asked for is not its client's: taken out
+                    // of the stream (whose length then changes).
+                    if pending.usage_asked && meter.is_event_stream() {
+                        strip = Some(Unasked::new(pending.cost().max_body));
+                        parts.headers.remove(CONTENT_LENGTH);
+                    }
                     charge = Some(Metered::new(pending, meter))
                 }
                 _ => pending.settle(Outcome::Missing).await,
@@ -110,6 +118,7 @@ pub(super) async fn forward(
         permit,
         _adaptive: adaptive,
         charge,
+        strip,
         settling: None,
         last: None,
     };
@@ -350,6 +359,8 @@ struct Held {
     permit: Option<ConnPermit>,
     _adaptive: Option<AdaptiveHold>,
     charge: Option<Metered>,
+    /// The usage the proxy asked for, taken out of the stream (see `ask_usage`).
+    strip: Option<Unasked>,
     /// The usage being charged and the permit being given back: the body ends when
     /// both have landed.
     settling: Option<Settle>,
@@ -358,6 +369,18 @@ struct Held {
 }
 
 impl Held {
+    /// What the client gets of `data` once the usage the proxy asked for is out (and
+    /// all that is left, `at_end` of the body), when it is taken out.
+    fn stripped(&mut self, data: &[u8], at_end: bool) -> Option<bytes::Bytes> {
+        let strip = self.strip.as_mut()?;
+        let mut out = Vec::with_capacity(data.len());
+        strip.feed(data, &mut out);
+        if at_end {
+            strip.finish(&mut out);
+        }
+        Some(out.into())
+    }
+
     /// Whether the end of the body waits for something (a charge, a permit).
     fn holds_end(&self) -> bool {
         self.charge.is_some() || self.permit.is_some()
@@ -397,34 +420,50 @@ impl http_body::Body for Held {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
         use std::task::Poll;
-        if let Some(settling) = &mut self.settling {
-            std::task::ready!(settling.as_mut().poll(cx));
-            self.settling = None;
-            return Poll::Ready(self.last.take().map(Ok));
-        }
-        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
-        if !self.holds_end() {
-            return polled;
-        }
-        match polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(metered), Some(data)) = (&mut self.charge, frame.data_ref()) {
-                    metered.feed(data);
-                }
-                if !self.body.is_end_stream() {
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-                // The last frame waits for the charge: a client has the whole
-                // response (e.g. its Content-Length) only once the charge has landed.
-                self.last = Some(frame);
-                self.ended();
-                self.poll_frame(cx)
+        loop {
+            if let Some(settling) = &mut self.settling {
+                std::task::ready!(settling.as_mut().poll(cx));
+                self.settling = None;
+                return Poll::Ready(self.last.take().map(Ok));
             }
-            Poll::Ready(None) => {
-                self.ended();
-                self.poll_frame(cx)
+            let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+            if !self.holds_end() {
+                return polled;
             }
-            other => other,
+            let frame = match polled {
+                Poll::Ready(Some(Ok(frame))) => frame,
+                Poll::Ready(None) => {
+                    // What is left of an event cut short goes as the last frame.
+                    let rest = self.stripped(&[], true);
+                    self.last = rest.filter(|r| !r.is_empty()).map(http_body::Frame::data);
+                    self.ended();
+                    continue;
+                }
+                other => return other,
+            };
+            let frame = match frame.into_data() {
+                Ok(data) => {
+                    if let Some(metered) = &mut self.charge {
+                        metered.feed(&data);
+                    }
+                    let at_end = http_body::Body::is_end_stream(&self.body);
+                    match self.stripped(&data, at_end) {
+                        // A frame that held only what is taken out, or the start of
+                        // an event: the next one.
+                        Some(out) if out.is_empty() && !at_end => continue,
+                        Some(out) => http_body::Frame::data(out),
+                        None => http_body::Frame::data(data),
+                    }
+                }
+                Err(trailers) => trailers,
+            };
+            if !self.body.is_end_stream() {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            // The last frame waits for the charge: a client has the whole response
+            // (e.g. its Content-Length) only once the charge has landed.
+            self.last = Some(frame);
+            self.ended();
         }
     }
 
@@ -437,7 +476,10 @@ impl http_body::Body for Held {
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        match self.strip {
+            Some(_) => http_body::SizeHint::default(),
+            None => self.body.size_hint(),
+        }
     }
 }
 

@@ -18,6 +18,7 @@
 
 mod adaptive;
 mod admission;
+mod ask_usage;
 mod cost;
 mod forwarding;
 mod h1;

@@ -21,7 +21,7 @@ use tollgate::keyed::KeyedOptions;
 use super::admission::admit;
 use super::forwarding::{forward, Peer};
 use super::h1;
-use super::limits::RedisBackend;
+use super::limits::{Passed, RedisBackend};
 use super::observe::RequestObserver;
 use super::problem::{no_route, problem};
 use super::routes::RouteTable;
@@ -66,7 +66,8 @@ async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
             let mut observed =
                 RequestObserver::start(proxy.tracing.as_ref(), req.headers(), method, path, route);
             match admit(&table, route, peer, path, req.headers(), body.as_deref()).await {
-                Ok(passed) => {
+                Ok(mut passed) => {
+                    ask_for_usage(&mut req, &mut passed, body.as_deref());
                     if let Some(trace) = observed.upstream() {
                         let headers = req.headers_mut();
                         let theirs: Vec<_> = (headers.keys())
@@ -106,7 +107,23 @@ async fn handle(proxy: &Proxy, peer: &Peer, req: Request) -> Response {
     answer
 }
 
-/// Under `cost:` with `reserve: declared`: the body of a request with a length up to
+/// Under `cost:` with `ask_usage: openai`: an admitted OpenAI-shaped stream that does
+/// not ask for its usage goes upstream asking (`body`: its bytes, as read), and its
+/// response is marked for the usage to be taken out of what its client receives.
+fn ask_for_usage(req: &mut Request, passed: &mut Passed, body: Option<&[u8]>) {
+    let (Some(pending), Some(body)) = (passed.pending.as_mut(), body) else {
+        return;
+    };
+    let Some(asked) = pending.cost().ask_for_usage(req.uri().path(), body) else {
+        return;
+    };
+    pending.usage_asked = true;
+    req.headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(asked.len()));
+    *req.body_mut() = axum::body::Body::from(asked);
+}
+
+/// Under `cost:` (`reserve: declared`, or `ask_usage: openai`): the body of a request with a length up to
 /// `max` (not waiting for `100 Continue`), read whole for admission to see; the
 /// request keeps it. Others go on as they are.
 async fn read_body(req: Request, max: usize) -> Result<(Request, Option<Bytes>), Response> {

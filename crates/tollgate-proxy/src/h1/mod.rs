@@ -310,6 +310,11 @@ impl Conn {
             Ok(body) => body,
             Err(want) => return Next::ReadBody(want),
         };
+        if body.is_some_and(|b| route.limits.asks_for_usage(path, b)) {
+            // Its body is sent as another and its response edited: hyper's path does
+            // both, from this request on.
+            return Next::Hyper;
+        }
         let mut observed =
             RequestObserver::start(proxy.tracing.as_ref(), &*req.headers, method, path, route);
         let passed = match admit(&table, route, peer, path, req.headers, body).await {

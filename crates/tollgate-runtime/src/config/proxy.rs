@@ -170,6 +170,24 @@ pub struct CostConfig {
     /// that states none; `estimate` always takes `estimate`.
     #[serde(default)]
     pub reserve: Reserve,
+    /// Whether a stream that does not ask for its usage is made to: `openai` (the
+    /// default) sends an OpenAI-shaped streaming request (`"stream": true` to a path
+    /// ending in `/chat/completions` or `/completions`) upstream with
+    /// `stream_options.include_usage`, and takes the usage out of what its client
+    /// receives; `none` sends every request as it came.
+    #[serde(default)]
+    pub ask_usage: AskUsage,
+}
+
+/// `cost.ask_usage` (see [`CostConfig::ask_usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AskUsage {
+    /// OpenAI's `stream_options.include_usage`, on OpenAI-shaped streams.
+    #[default]
+    Openai,
+    /// Never.
+    None,
 }
 
 /// What a `cost:` request takes at admission (see [`CostConfig::reserve`]).

@@ -31,6 +31,8 @@ HELD, RELEASE = threading.Event(), threading.Event()
 BUDGET_GO = threading.Event()
 BUDGET = {"arrived": 0, "produced": 0}
 BUDGET_LOCK = threading.Lock()
+# The stream_options of each streaming request that arrived, by path.
+ASKED = {}
 
 
 class Upstream(BaseHTTPRequestHandler):
@@ -55,6 +57,7 @@ class Upstream(BaseHTTPRequestHandler):
         time.sleep(0.002 * random.uniform(0.8, 1.2))  # a service time that jitters
         usage = {"prompt_tokens": 10, "completion_tokens": used - 10, "total_tokens": used}
         if req.get("stream"):
+            ASKED.setdefault(self.path, []).append(req.get("stream_options"))
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.send_header("transfer-encoding", "chunked")
@@ -65,8 +68,11 @@ class Upstream(BaseHTTPRequestHandler):
                               "finish_reason": None}]}
                 for w in ["Hello", " there"]
             ]
-            # As OpenAI: the usage only when the client asked for it.
+            # As OpenAI: the usage only when the client asked for it, in an event of
+            # its own, and then every other event says `"usage": null`.
             if (req.get("stream_options") or {}).get("include_usage"):
+                for e in events:
+                    e["usage"] = None
                 events.append({"id": "c1", "object": "chat.completion.chunk", "created": 1,
                                "model": "m", "choices": [], "usage": usage})
             for e in events:
@@ -126,6 +132,15 @@ def start_proxy(binary, upstream_port, workdir):
         from: [json:usage.total_tokens]
         estimate: 50
       reject_format: openai
+    - name: noask
+      match: {{path_prefix: /noask/}}
+      upstream: http://127.0.0.1:{upstream_port}
+      key: header:authorization
+      policies: ["token-bucket:rate=1000/d,capacity=1000"]
+      cost:
+        from: [json:usage.total_tokens]
+        estimate: 50
+        ask_usage: none
     - name: tight
       match: {{path_prefix: /tight/}}
       upstream: http://127.0.0.1:{upstream_port}
@@ -392,6 +407,36 @@ def check_openai_concurrent_budget(host, port):
           f"{outcomes.count('refused')} refused; a stream byte for byte")
 
 
+def check_openai_streams_charged_their_usage(host, port):
+    """Streams whose clients do not ask for their usage (the SDK's default) are
+    charged what they used: the proxy asks the upstream for it and takes it out of
+    what the client receives. 110 tokens each against 1,000, each taking the route's
+    estimate (50) at admission: nine pass, the tenth finds 10 left. With
+    `ask_usage: none` the request goes as it came."""
+    messages = [{"role": "user", "content": "hi"}]
+    c = openai.OpenAI(base_url=f"http://{host}:{port}/budget/v1", api_key="team-f",
+                      max_retries=0, http_client=httpx.Client(timeout=30))
+    passed = 0
+    for _ in range(20):
+        try:
+            chunks = list(c.chat.completions.create(model="m", messages=messages, stream=True))
+        except openai.RateLimitError as e:
+            assert "route budget: token-bucket:rate=1000/d,capacity=1000" in e.message, e.message
+            break
+        # Nothing the client did not ask for: no usage event, no usage field.
+        assert all(x.choices and x.usage is None for x in chunks), chunks
+        assert "".join(x.choices[0].delta.content or "" for x in chunks) == "Hello there"
+        passed += 1
+    assert passed == 9, passed
+    asked = ASKED["/budget/v1/chat/completions"]
+    assert {"include_usage": True} in asked, asked
+    noask = openai.OpenAI(base_url=f"http://{host}:{port}/noask/v1", api_key="team-f",
+                          max_retries=0, http_client=httpx.Client(timeout=30))
+    assert list(noask.chat.completions.create(model="m", messages=messages, stream=True))
+    assert ASKED["/noask/v1/chat/completions"] == [None], ASKED
+    print(f"openai: streams not asking for usage charged it ({passed} of 110 in 1,000)")
+
+
 def main():
     binary = sys.argv[1]
     server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
@@ -406,6 +451,7 @@ def main():
             check_openai(host, port)
             BUDGET["upstream"] = f"http://127.0.0.1:{server.server_address[1]}/budget"
             check_openai_concurrent_budget(host, port)
+            check_openai_streams_charged_their_usage(host, port)
         finally:
             proc.kill()
             proc.wait()
