@@ -30,9 +30,8 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.keys import Keys
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 TOKEN = "console-test-token"
@@ -105,10 +104,15 @@ def navigate(d, click):
     page it opens has loaded: the old document gone stale and the new one complete.
     A read right after a click could otherwise find the old page, or an element the
     new page is about to replace."""
-    old = d.find_element(By.TAG_NAME, "html")
+    # The old document is marked; a new one has no mark. (Asking whether an element
+    # of the old one went stale races the swap: Chromium may answer "node does not
+    # belong to the document" instead, which selenium does not take for stale.)
+    d.execute_script("window.tollgateOldPage = true")
     click()
-    WebDriverWait(d, 30).until(expected_conditions.staleness_of(old))
-    WebDriverWait(d, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+    # What the browser answers while it replaces the document is asked again.
+    WebDriverWait(d, 30, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script(
+            "return window.tollgateOldPage === undefined && document.readyState === 'complete'"))
 
 
 def read_js(d, script, *args):
