@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # What `cost:` costs on the proxy: one `tollgate proxy` with two routes to the same
 # upstream (`tollgate bench upstream` answering `{"usage":{"total_tokens":10}}` at
-# once), the same limit on both (never reached), one of them charging the usage read
-# from the JSON body. wrk drives each route in turn, ROUNDS times (default 3),
-# alternating; the last lines are the medians and the ratio cost / plain.
+# once, or OpenAI's server-sent events to a streaming chat completion), the same limit
+# on both (never reached), one of them charging the usage read from the JSON body.
+# wrk drives each in turn, ROUNDS times (default 3), alternating: a GET on each
+# route, then a streaming chat completion that does not ask for its usage on each
+# (the cost route asks the upstream for it and takes it out of what wrk receives:
+# `cost.ask_usage`); the last lines are the medians and the ratios cost / plain.
 # Usage: [ROUNDS=3] scripts/bench-proxy-cost.sh [seconds] [connections]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,9 +42,22 @@ proxy:
 YAML
 "$bin" proxy --config "$work/proxy.yaml" >/dev/null 2>&1 & pids+=($!)
 sleep 1
+cat > "$work/stream.lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+LUA
+# The cost route's stream is the plain route's, byte for byte.
+stream() { curl -sf -H 'X-Api-Key: k0' -H 'Content-Type: application/json' \
+    -d '{"model":"m","stream":true,"messages":[]}' "http://127.0.0.1:$px/$1/v1/chat/completions"; }
+[ "$(stream plain)" = "$(stream cost)" ] || { echo "the streams differ" >&2; exit 1; }
 for round in $(seq "${ROUNDS:-3}"); do
-  for route in plain cost; do
-    out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -H 'X-Api-Key: k1' "http://127.0.0.1:$px/$route/v1")
+  for route in plain cost plain-stream cost-stream; do
+    case $route in
+      *-stream) args=(-s "$work/stream.lua" "http://127.0.0.1:$px/${route%-stream}/v1/chat/completions") ;;
+      *) args=("http://127.0.0.1:$px/$route/v1") ;;
+    esac
+    out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -H 'X-Api-Key: k1' "${args[@]}")
     rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
     p99=$(echo "$out" | awk '$1=="99%" {print $2}')
     errors=$(echo "$out" | awk '/Non-2xx|Socket errors/ {print}' | tr '\n' ' ')
@@ -57,4 +73,7 @@ for line in open(sys.argv[1]):
     runs.setdefault(route, []).append(float(rps))
 plain, cost = statistics.median(runs["plain"]), statistics.median(runs["cost"])
 print(f"medians: plain {plain:.0f} req/s, cost {cost:.0f} req/s, cost / plain {cost / plain:.2f}")
+plain, cost = statistics.median(runs["plain-stream"]), statistics.median(runs["cost-stream"])
+print(f"medians, streams: plain {plain:.0f} req/s, cost asking for usage {cost:.0f} req/s, "
+      f"cost / plain {cost / plain:.2f}")
 PY

@@ -36,7 +36,10 @@ pub struct UpstreamArgs {
     #[arg(long, default_value_t = 0.0)]
     pub jitter: f64,
     /// Answer `{"usage":{"total_tokens":N}}` (JSON) instead of `ok`: what a `cost:`
-    /// route reads.
+    /// route reads. A request whose JSON body says `"stream": true` is answered as
+    /// OpenAI streams: server-sent events, the usage in a last event of its own (and
+    /// `"usage":null` in the others) only when the body asks
+    /// (`stream_options.include_usage`).
     #[arg(long)]
     pub usage: Option<u64>,
 }
@@ -68,8 +71,9 @@ pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
     } else {
         "text/plain"
     };
+    let usage = args.usage;
     let requests = Arc::new(AtomicU64::new(0));
-    let app = axum::Router::new().fallback(move || {
+    let app = axum::Router::new().fallback(move |request: axum::body::Bytes| {
         let (capacity, in_flight) = (capacity.clone(), in_flight.clone());
         let nth = requests.fetch_add(1, Ordering::Relaxed);
         async move {
@@ -78,7 +82,16 @@ pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
             let spread = 1.0 + jitter * (2.0 * Rng(nth).unit() - 1.0);
             tokio::time::sleep((service * n.max(c) / c).mul_f64(spread)).await;
             in_flight.fetch_sub(1, Ordering::SeqCst);
-            ([(axum::http::header::CONTENT_TYPE, content_type)], body)
+            match usage.and_then(|n| event_stream(&request, n)) {
+                Some(events) => (
+                    [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                    events,
+                ),
+                None => (
+                    [(axum::http::header::CONTENT_TYPE, content_type)],
+                    body.to_owned(),
+                ),
+            }
         }
     });
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
@@ -90,6 +103,30 @@ pub async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
     );
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+/// The events an OpenAI-compatible API streams for `request` (a JSON body with
+/// `"stream": true`) that used `usage` tokens, if it is a stream.
+fn event_stream(request: &[u8], usage: u64) -> Option<String> {
+    let json: serde_json::Value = serde_json::from_slice(request).ok()?;
+    if json["stream"] != serde_json::Value::Bool(true) {
+        return None;
+    }
+    let asked = json["stream_options"]["include_usage"] == serde_json::Value::Bool(true);
+    let null = if asked { r#","usage":null"# } else { "" };
+    let mut events = String::new();
+    for word in ["Hello", " there"] {
+        events.push_str(&format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{word}\"}}}}]{null}}}\n\n"
+        ));
+    }
+    if asked {
+        events.push_str(&format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{{\"total_tokens\":{usage}}}}}\n\n"
+        ));
+    }
+    events.push_str("data: [DONE]\n\n");
+    Some(events)
 }
 
 #[derive(Debug, Parser)]
