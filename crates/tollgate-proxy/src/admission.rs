@@ -28,7 +28,14 @@ pub(super) async fn admit(
     // The adaptive limit protects the upstream: every request of the route meets it,
     // keyed or not.
     if let Some(adaptive) = &route.adaptive {
-        passed.adaptive = adaptive.admit(&key, tier).await?;
+        match adaptive.admit(&key, tier).await {
+            Ok(hold) => passed.adaptive = hold,
+            Err(reject) => {
+                let pending = passed.pending.take();
+                route.limits.give_back(&key, pending, passed.counted).await;
+                return Err(reject);
+            }
+        }
     }
     Ok(passed)
 }

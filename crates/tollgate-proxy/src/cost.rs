@@ -541,6 +541,7 @@ mod tests {
             max_body,
             reserve: Reserve::Declared,
             ask_usage: AskUsage::Openai,
+            requests: Vec::new(),
         };
         RouteCost::build(&c, "r").unwrap()
     }
@@ -656,6 +657,7 @@ mod tests {
                 max_body: 1 << 20,
                 reserve: Reserve::Estimate,
                 ask_usage: AskUsage::None,
+                requests: Vec::new(),
             },
             "r",
         )

@@ -39,6 +39,8 @@ struct RateCounters {
     /// What their headers say whatever the decision (formatted once), named
     /// "default" or after the tier.
     policy_header: PolicyHeader,
+    /// What they count: `tokens` (a `cost:` route's policies) or `requests`.
+    unit: &'static str,
 }
 
 /// Where a route's `limit_conn` permits live.
@@ -56,6 +58,8 @@ pub(super) enum ConnPermit {
 /// Everything a route limits with, and how it answers.
 pub(super) struct RouteLimits {
     default: Option<RateCounters>,
+    /// `cost.requests`: counters of requests, beside `default`'s of their cost.
+    requests: Option<RateCounters>,
     /// Key values with their own limits (`None`: the route's), checked before
     /// `default`.
     tiers: Vec<(Vec<String>, Option<RateCounters>)>,
@@ -85,6 +89,8 @@ pub(super) struct Passed {
     pub adaptive: Option<AdaptiveHold>,
     /// Under `cost:`, the units the admission took, settled against the response.
     pub pending: Option<Pending>,
+    /// Whether `cost.requests` counted the request.
+    pub counted: bool,
 }
 
 /// The Redis name of a route's counters: `proxy.ROUTE.PART` (no braces: they would
@@ -99,7 +105,7 @@ impl RouteLimits {
     /// store).
     pub fn add_redis_stats(&self, stats: &mut StoreStats) {
         let tiers = self.tiers.iter().filter_map(|(_, c)| c.as_ref());
-        for counters in self.default.iter().chain(tiers) {
+        for counters in self.default.iter().chain(&self.requests).chain(tiers) {
             stats.add(&counters.counter);
         }
         if let Some(Conns::Redis(conns)) = &self.conns {
@@ -120,6 +126,12 @@ impl RouteLimits {
             .ok_or_else(|| {
                 anyhow::anyhow!("{at}.status: {} is not a 4xx or 5xx status", r.status)
             })?;
+        // What the policies count: a `cost:` route's, its cost (tokens).
+        let unit = if r.cost.is_some() {
+            "tokens"
+        } else {
+            "requests"
+        };
         let tiers: Vec<(Vec<String>, Option<RateCounters>)> = r
             .tiers
             .iter()
@@ -130,16 +142,38 @@ impl RouteLimits {
                     anyhow::bail!("{at}: needs policies, a priority, or both");
                 }
                 let l = RateCounters::build(
-                    (&r.name, &tier.name),
+                    (&r.name, &tier.name, unit),
                     &tier.policies,
-                    &at,
+                    &format!("{at}.policies"),
                     options,
                     redis,
                 )?;
                 Ok((tier.values.clone(), l))
             })
             .collect::<anyhow::Result<_>>()?;
-        let default = RateCounters::build((&r.name, "default"), &r.policies, at, options, redis)?;
+        let default = RateCounters::build(
+            (&r.name, "default", unit),
+            &r.policies,
+            &format!("{at}.policies"),
+            options,
+            redis,
+        )?;
+        let requests = match &r.cost {
+            Some(c) => RateCounters::build(
+                (&r.name, "requests", "requests"),
+                &c.requests,
+                &format!("{at}.cost.requests"),
+                options,
+                redis,
+            )?,
+            None => None,
+        };
+        // Counted requests are given back when refused: a policy must take that.
+        for p in requests.iter().flat_map(|l| l.rules.policies()) {
+            if let Err(e) = p.chargeable() {
+                anyhow::bail!("{at}.cost.requests: {p}: {e}");
+            }
+        }
         if let Some(c) = &r.cost {
             check_cost(
                 c,
@@ -151,6 +185,7 @@ impl RouteLimits {
         }
         Ok(RouteLimits {
             default,
+            requests,
             tiers,
             conns: r
                 .limit_conn
@@ -204,12 +239,23 @@ impl RouteLimits {
     ) -> Result<Passed, Problem> {
         let mut headers = HeaderMap::new();
         let mut pending = None;
+        // `cost.requests` first: a request its count refuses takes no tokens.
+        let counted = match &self.requests {
+            Some(r) => self.check_rate(r, key, 1, &mut headers).await?.allowed,
+            None => false,
+        };
         if let Some(l) = self.limits_of(tier) {
             // Under `cost:`, the admission takes what the request reserves (`body`:
             // its bytes, when read); the rest is settled when the response ends. A
             // bound past what the policies can ever admit at once reserves all of it.
             let take = (self.cost.as_ref()).map_or(1, |c| c.reservation(body).min(l.most));
-            let d = self.check_rate(l, key, take, &mut headers).await?;
+            let d = match self.check_rate(l, key, take, &mut headers).await {
+                Ok(d) => d,
+                Err(reject) => {
+                    self.give_back(key, None, counted).await;
+                    return Err(reject);
+                }
+            };
             if d.allowed && d.wait_us > 0 && !self.dry_run {
                 // limit_req without nodelay: the request is held, not rejected.
                 tokio::time::sleep(Duration::from_micros(d.wait_us)).await;
@@ -226,13 +272,35 @@ impl RouteLimits {
                 ));
             }
         }
-        let permit = self.take_conn(key).await?;
+        let permit = match self.take_conn(key).await {
+            Ok(permit) => permit,
+            Err(reject) => {
+                self.give_back(key, pending, counted).await;
+                return Err(reject);
+            }
+        };
         Ok(Passed {
             headers,
             permit,
             adaptive: None,
             pending,
+            counted,
         })
+    }
+
+    /// A request of `key` that passed the rate counters was refused after all (by
+    /// `limit_conn`, by the adaptive limit): what it took is given back (`pending`,
+    /// its reservation; `counted`, its count under `cost.requests`). Nothing used,
+    /// nothing counted.
+    pub async fn give_back(&self, key: &str, pending: Option<Pending>, counted: bool) {
+        if let Some(pending) = pending {
+            pending.give_back();
+        }
+        if let (Some(r), true) = (&self.requests, counted) {
+            if let Err(e) = r.counter.refund(key, 1).await {
+                tracing::warn!(key, error = %e, "tollgate: proxy: a request count could not be given back (the store failed)");
+            }
+        }
     }
 
     /// The tier's own limits, else the route's.
@@ -283,11 +351,7 @@ impl RouteLimits {
             Some(p) => format!("route {}: {p}", self.route),
             None => format!("route {}", self.route),
         };
-        let unit = if self.cost.is_some() {
-            "tokens"
-        } else {
-            "requests"
-        };
+        let unit = l.unit;
         openai_reject(
             self.status,
             &OpenAiReject {
@@ -372,10 +436,10 @@ fn check_cost<'a>(
 }
 
 impl RateCounters {
-    /// The counters of `specs` for route `route`'s part `name` (`default` or a tier);
-    /// `None` when there are no specs.
+    /// The counters of `specs` (the field `at`) for route `route`'s part `name`
+    /// (`default`, a tier, or `requests`), counting `unit`; `None` without specs.
     fn build(
-        (route, name): (&str, &str),
+        (route, name, unit): (&str, &str, &'static str),
         specs: &[String],
         at: &str,
         options: KeyedOptions,
@@ -384,7 +448,7 @@ impl RateCounters {
         if specs.is_empty() {
             return Ok(None);
         }
-        let rules = RuleSet::parse(specs).map_err(|e| anyhow::anyhow!("{at}.policies: {e}"))?;
+        let rules = RuleSet::parse(specs).map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
         let counter = match redis {
             None => AnyLimiter::Memory(KeyedLimiter::with_options(
                 rules.clone(),
@@ -393,9 +457,10 @@ impl RateCounters {
             )),
             Some((store, config)) => config
                 .limiter(store, &redis_name(route, name), rules.clone())
-                .map_err(|e| anyhow::anyhow!("{at}.policies (store redis): {e}"))?,
+                .map_err(|e| anyhow::anyhow!("{at} (store redis): {e}"))?,
         };
         Ok(Some(RateCounters {
+            unit,
             counter,
             policy_header: PolicyHeader::new(name, &rules),
             most: (rules.policies().iter())
@@ -445,4 +510,57 @@ fn rate_headers(headers: &mut HeaderMap, style: HeaderStyle, d: &RuleDecision, l
     }
     let h = tollgate::headers::RateLimitHeaders::of(&l.policy_header, d);
     tollgate::headers::insert_all(headers, h.fields(style, false));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A route of `json` (a `RouteConfig`) on the memory store.
+    fn limits(json: &str) -> RouteLimits {
+        let r: RouteConfig = serde_json::from_str(json).unwrap();
+        RouteLimits::build(&r, "r", KeyedOptions::default(), None).unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_refused_by_one_limit_counts_against_none() {
+        // 25 tokens (10 taken at admission), 2 requests, 1 in flight.
+        let l = limits(
+            r#"{"name": "llm", "upstream": "http://127.0.0.1:9", "limit_conn": 1,
+                "policies": ["fixed-window:limit=25,window=1h"],
+                "cost": {"from": "json:usage.total_tokens", "estimate": 10,
+                         "requests": ["fixed-window:limit=2,window=1h"]}}"#,
+        );
+        let first = l.pass("k", None, None).await.unwrap();
+        assert!(first.counted);
+        // Refused by limit_conn, twice: their 10 tokens and their counts go back (the
+        // tokens in a task of their own, run while this one sleeps).
+        for _ in 0..2 {
+            let refused = l.pass("k", None, None).await.err().unwrap();
+            assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        first
+            .pending
+            .unwrap()
+            .settle(super::super::cost::Outcome::Reported(10))
+            .await;
+        drop(first.permit);
+        // Had they counted, the tokens (30 of 25) or the requests (3 of 2) would refuse.
+        let second = l.pass("k", None, None).await.unwrap();
+        second
+            .pending
+            .unwrap()
+            .settle(super::super::cost::Outcome::Reported(1))
+            .await;
+        drop(second.permit);
+        // The third request: over the requests per hour, and it takes no tokens.
+        let third = l.pass("k", None, None).await.err().unwrap();
+        assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
+        // Left: 25 - 10 - 1 tokens, no more.
+        let tokens = &l.default.as_ref().unwrap().counter;
+        let take = |n| async move { tokens.check_rules("k", n, Op::Try).await.unwrap() };
+        assert!(!take(15).await.decision.allowed);
+        assert!(take(14).await.decision.allowed);
+    }
 }

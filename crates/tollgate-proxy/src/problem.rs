@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 
 /// One of the proxy's own answers: a status, a prepared problem+json body, maybe a
 /// `Retry-After` and the route's rate-limit headers.
+#[derive(Debug)]
 pub(super) struct Problem {
     pub status: StatusCode,
     /// The body's media type: problem+json, or JSON for OpenAI's error object.

@@ -45,6 +45,22 @@ fn python_http_clients_and_openai_go_through_the_proxy() {
     );
 }
 
+/// docs/llm.md's recipe run as written (tests/python/llm_recipe.py): its route in
+/// front of an OpenAI-compatible upstream, the `openai` package as the client:
+/// requests per minute and tokens per minute per API key, streams that do not ask
+/// for their usage charged it, and each refusal a `RateLimitError` naming its limit.
+#[test]
+fn python_openai_clients_meet_the_llm_recipe_as_written() {
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/llm.md");
+    run_python(
+        "llm_recipe.py",
+        &[
+            env!("CARGO_BIN_EXE_tollgate").to_string(),
+            docs.display().to_string(),
+        ],
+    );
+}
+
 /// OpenTelemetry traces into OTLP collectors on Python's http.server and grpcio
 /// (tests/python/otlp_traces.py): the caller's trace and parent from B3 and W3C
 /// context over gRPC and HTTP, the decision's attributes, sampling that follows the

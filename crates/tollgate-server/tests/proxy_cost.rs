@@ -403,6 +403,18 @@ fn cost_settings_that_cannot_work_are_refused_by_check_config() {
             "      policies: ['gcra:rate=10/s']\n      cost: {from: 'json:usage.total_tokens', max_body: 0}\n",
             "proxy.routes[0].cost.max_body: must be at least 1 byte",
         ),
+        (
+            "      policies: ['gcra:rate=10/s']\n      cost: {from: 'json:usage.total_tokens', requests: ['concurrency:limit=2']}\n",
+            "proxy.routes[0].cost.requests: concurrency:limit=2: concurrency cannot be charged",
+        ),
+        (
+            "      policies: ['gcra:rate=10/s']\n      cost: {from: 'json:usage.total_tokens', requests: ['gcra:rate=0/s']}\n",
+            "proxy.routes[0].cost.requests: invalid policy 'gcra:rate=0/s'",
+        ),
+        (
+            "      policies: ['gcra:rate=10/s']\n      cost: {from: 'json:usage.total_tokens', ask_usage: always}\n",
+            "unknown variant `always`, expected `openai` or `none`",
+        ),
     ] {
         let file = dir.join("bad.yaml");
         std::fs::write(&file, route(extra)).unwrap();

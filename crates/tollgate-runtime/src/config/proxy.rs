@@ -177,6 +177,11 @@ pub struct CostConfig {
     /// receives; `none` sends every request as it came.
     #[serde(default)]
     pub ask_usage: AskUsage,
+    /// Policies that count each request once (requests per minute), beside the
+    /// route's `policies:`, which count its cost (tokens per minute): a request must
+    /// pass both, and one refused by either is counted by neither.
+    #[serde(default)]
+    pub requests: Vec<String>,
 }
 
 /// `cost.ask_usage` (see [`CostConfig::ask_usage`]).
