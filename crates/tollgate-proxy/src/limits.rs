@@ -16,8 +16,8 @@ use tollgate::{AnyLimiter, Decision, KeyedLimiter, Op, RateLimiter, RuleDecision
 use super::adaptive::AdaptiveHold;
 use super::cost::{Pending, RouteCost};
 use super::problem::{
-    openai_reject, problem, problem_body, problem_response, store_unavailable, OpenAiReject,
-    Problem,
+    openai_budget_headers, openai_reject, problem, problem_body, problem_response,
+    store_unavailable, OpenAiReject, Problem,
 };
 use tollgate::headers::{HeaderStyle, PolicyHeader};
 use tollgate_runtime::config::proxy::{RejectFormat, RouteConfig};
@@ -329,6 +329,12 @@ impl RouteLimits {
         };
         rate_headers(headers, self.headers, &rd, l);
         let d = rd.decision;
+        if self.format == RejectFormat::Openai && d.allowed {
+            // As OpenAI answers every request: each budget's standing (a reject
+            // writes its own).
+            let budget = (d.limit, d.remaining);
+            openai_budget_headers(headers, l.unit, budget, d.reset_after_us);
+        }
         if !d.allowed && !self.dry_run {
             let mut r = match self.format {
                 RejectFormat::Problem => {

@@ -105,23 +105,7 @@ pub(super) fn openai_reject(status: StatusCode, r: &OpenAiReject) -> Problem {
         HeaderValue::from(r.retry_after_us.div_ceil(1000)),
     );
     if let Some((limit, remaining)) = r.budget {
-        let [limit_name, remaining_name, reset_name] = if r.unit == "tokens" {
-            [
-                "x-ratelimit-limit-tokens",
-                "x-ratelimit-remaining-tokens",
-                "x-ratelimit-reset-tokens",
-            ]
-        } else {
-            [
-                "x-ratelimit-limit-requests",
-                "x-ratelimit-remaining-requests",
-                "x-ratelimit-reset-requests",
-            ]
-        };
-        let reset = openai_duration(r.reset_after_us);
-        headers.insert(limit_name, HeaderValue::from(limit));
-        headers.insert(remaining_name, HeaderValue::from(remaining));
-        headers.insert(reset_name, HeaderValue::try_from(reset).expect("ASCII"));
+        openai_budget_headers(&mut headers, r.unit, (limit, remaining), r.reset_after_us);
     }
     Problem {
         status,
@@ -130,6 +114,34 @@ pub(super) fn openai_reject(status: StatusCode, r: &OpenAiReject) -> Problem {
         retry_after_us: Some(r.retry_after_us),
         headers,
     }
+}
+
+/// OpenAI's `x-ratelimit-limit-UNIT`, `x-ratelimit-remaining-UNIT` and
+/// `x-ratelimit-reset-UNIT` (`unit`: `tokens` or `requests`) for a budget's `limit`,
+/// what is left of it, and when it is whole again.
+pub(super) fn openai_budget_headers(
+    headers: &mut HeaderMap,
+    unit: &str,
+    (limit, remaining): (u64, u64),
+    reset_after_us: u64,
+) {
+    let [limit_name, remaining_name, reset_name] = if unit == "tokens" {
+        [
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ]
+    } else {
+        [
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ]
+    };
+    let reset = openai_duration(reset_after_us);
+    headers.insert(limit_name, HeaderValue::from(limit));
+    headers.insert(remaining_name, HeaderValue::from(remaining));
+    headers.insert(reset_name, HeaderValue::try_from(reset).expect("ASCII"));
 }
 
 /// A duration as OpenAI's headers and messages write one: `20ms`, `1.5s`, `6m0s`,

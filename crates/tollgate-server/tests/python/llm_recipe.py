@@ -100,7 +100,14 @@ def check_requests_per_minute(addr):
     in OpenAI's words, naming the requests per minute."""
     c = client(addr, "key-rpm")
     messages = [{"role": "user", "content": "hi"}]
-    for i in range(60):
+    # Every answer says where both budgets stand, as OpenAI's do.
+    raw = c.chat.completions.with_raw_response.create(model="m", messages=messages, max_tokens=1)
+    h = raw.headers
+    assert (h["x-ratelimit-limit-requests"], h["x-ratelimit-remaining-requests"]) == ("60", "59"), h
+    assert h["x-ratelimit-limit-tokens"] == "40000", h
+    assert int(h["x-ratelimit-remaining-tokens"]) < 40000 and h["x-ratelimit-reset-tokens"], h
+    assert raw.parse().usage.total_tokens == 11
+    for i in range(1, 60):
         if i % 2:
             chunks = list(c.chat.completions.create(model="m", messages=messages,
                                                     max_tokens=1, stream=True))
