@@ -135,33 +135,31 @@ fn edit_event(event: &[u8], out: &mut Vec<u8>) {
         start += 1;
     }
     let data = &event[start..line.end];
-    let Some(json) = serde_json::from_slice::<Value>(data)
-        .ok()
-        .filter(|j| j.get("usage").is_some())
-    else {
+    // Read in place: this runs on every event of every stream asked for its usage.
+    let Some(usage) = find(data, b"usage") else {
         out.extend_from_slice(event);
         return;
     };
-    let usage_only = !json["usage"].is_null()
-        && json
-            .get("choices")
-            .and_then(Value::as_array)
-            .is_some_and(Vec::is_empty);
+    // The usage-only event (its choices empty) goes whole.
+    let usage_only = &data[usage.value.clone()] != b"null"
+        && find(data, b"choices").is_some_and(|c| is_empty_array(&data[c.value]));
     if usage_only {
         return;
     }
-    match find(data, b"usage").map(|m| m.without()) {
-        Some(cut)
-            if serde_json::from_slice::<Value>(
-                &[&data[..cut.start], &data[cut.end..]].concat(),
-            )
-            .is_ok() =>
-        {
-            out.extend_from_slice(&event[..start + cut.start]);
-            out.extend_from_slice(&event[start + cut.end..]);
-        }
-        _ => out.extend_from_slice(event),
-    }
+    let cut = usage.without();
+    out.extend_from_slice(&event[..start + cut.start]);
+    out.extend_from_slice(&event[start + cut.end..]);
+}
+
+/// Whether `json` is `[]` (whitespace inside allowed).
+fn is_empty_array(json: &[u8]) -> bool {
+    json.first() == Some(&b'[') && space(json, 1) == json.len() - 1 && json.last() == Some(&b']')
+}
+
+/// Whether the JSON object `json` has a top-level member `name` that is not `null`
+/// (false also when `json` does not read as an object that far).
+pub(super) fn has_value(json: &[u8], name: &[u8]) -> bool {
+    find(json, name).is_some_and(|m| &json[m.value] != b"null")
 }
 
 /// The lines of `event`, each without its line end.
