@@ -240,8 +240,17 @@ impl RouteLimits {
         let mut headers = HeaderMap::new();
         let mut pending = None;
         // `cost.requests` first: a request its count refuses takes no tokens.
+        // limit_req without nodelay holds a request, not rejects it: for the longest
+        // delay of its limits.
+        let mut wait_us = 0;
         let counted = match &self.requests {
-            Some(r) => self.check_rate(r, key, 1, &mut headers).await?.allowed,
+            Some(r) => {
+                let d = self.check_rate(r, key, 1, &mut headers).await?;
+                if d.allowed {
+                    wait_us = d.wait_us;
+                }
+                d.allowed
+            }
             None => false,
         };
         if let Some(l) = self.limits_of(tier) {
@@ -256,9 +265,8 @@ impl RouteLimits {
                     return Err(reject);
                 }
             };
-            if d.allowed && d.wait_us > 0 && !self.dry_run {
-                // limit_req without nodelay: the request is held, not rejected.
-                tokio::time::sleep(Duration::from_micros(d.wait_us)).await;
+            if d.allowed {
+                wait_us = wait_us.max(d.wait_us);
             }
             // A shadow policy's reject still lets the others take the estimate.
             if let (Some(cost), true) = (&self.cost, d.allowed) {
@@ -271,6 +279,9 @@ impl RouteLimits {
                     self.route.clone(),
                 ));
             }
+        }
+        if wait_us > 0 && !self.dry_run {
+            tokio::time::sleep(Duration::from_micros(wait_us)).await;
         }
         let permit = match self.take_conn(key).await {
             Ok(permit) => permit,
@@ -568,5 +579,26 @@ mod tests {
         let take = |n| async move { tokens.check_rules("k", n, Op::Try).await.unwrap() };
         assert!(!take(15).await.decision.allowed);
         assert!(take(14).await.decision.allowed);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_delay_of_the_requests_counted_holds_the_request() {
+        // 10 requests a second, 5 more held for their turn (limit_req without nodelay).
+        let l = limits(
+            r#"{"name": "llm", "upstream": "http://127.0.0.1:9",
+                "policies": ["token-bucket:rate=1000/s,capacity=1000"],
+                "cost": {"from": "json:usage.total_tokens",
+                         "requests": ["limit-req:rate=10/s,burst=5"]}}"#,
+        );
+        let start = tokio::time::Instant::now();
+        assert!(l.pass("k", None, None).await.unwrap().counted);
+        // The second is held for its turn, 100 ms after the first (no sooner: a sleep
+        // never ends early).
+        assert!(l.pass("k", None, None).await.unwrap().counted);
+        assert!(
+            start.elapsed() >= Duration::from_millis(95),
+            "{:?}",
+            start.elapsed()
+        );
     }
 }
