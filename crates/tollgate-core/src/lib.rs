@@ -29,7 +29,7 @@
 //!
 //! | algorithm | parameters |
 //! |---|---|
-//! | `fixed-window` | `limit`, `window`, `align=clock\|first` |
+//! | `fixed-window` | `limit`, `window`, `align=clock\|first`, `debt=carry\|forgive` |
 //! | `sliding-log` | `limit`, `window` |
 //! | `sliding-window` | `limit`, `window`, `buckets=K` or `mode=weighted` (default) |
 //! | `leaky-bucket` | `rate`, `capacity` (default: the rate's count) |

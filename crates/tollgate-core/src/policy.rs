@@ -260,6 +260,30 @@ impl Policy {
         self.charge(&mut self.init(0), 0, 0).map(drop)
     }
 
+    /// Whether a charge's debt stays until the policy's own rate has paid it back. Not
+    /// so where time alone forgets it: a sliding window or log drops a charge once it
+    /// leaves the window, however far past the limit it went, and a `fixed-window`
+    /// with `debt=forgive` starts each window from 0. A budget of work done (LLM
+    /// tokens) wants one that keeps its debt.
+    ///
+    /// ```
+    /// use tollgate_core::Policy;
+    /// let keeps = |s: &str| s.parse::<Policy>().unwrap().keeps_debt();
+    /// assert!(keeps("token-bucket:rate=40000/m,capacity=40000"));
+    /// assert!(keeps("fixed-window:limit=40000,window=1m"));
+    /// assert!(!keeps("fixed-window:limit=40000,window=1m,debt=forgive"));
+    /// assert!(!keeps("sliding-window:limit=40000,window=1m"));
+    /// ```
+    pub fn keeps_debt(&self) -> bool {
+        match &self.algo {
+            AnyAlgorithm::FixedWindow(a) => a.debt() == crate::algorithms::Debt::Carry,
+            AnyAlgorithm::SlidingLog(_)
+            | AnyAlgorithm::SlidingWindow(_)
+            | AnyAlgorithm::SlidingWindowWeighted(_) => false,
+            _ => true,
+        }
+    }
+
     /// The debt a charge may leave under this policy, in units: `max-debt` (unbounded
     /// when absent) within the algorithm's bounds (see [`crate::Algorithm::debt_cap`]).
     pub fn debt_cap(&self) -> u64 {

@@ -441,6 +441,13 @@ fn check_cost<'a>(
             if let Err(e) = p.chargeable() {
                 anyhow::bail!("{at}.cost: {p}: {e}");
             }
+            if !p.keeps_debt() {
+                anyhow::bail!(
+                    "{at}.cost: {p}: forgets a charge's debt when its window moves on, so \
+                     usage past the budget would be forgiven; use fixed-window (which \
+                     carries the debt into the windows after it), token-bucket or gcra"
+                );
+            }
             if let Err(e) = p.check(&mut p.init(0), 0, c.estimate.max(1), Op::Try) {
                 anyhow::bail!("{at}.cost.estimate: {p}: {e}");
             }

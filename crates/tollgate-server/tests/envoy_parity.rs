@@ -990,8 +990,8 @@ async fn calls_are_counted_by_api_method_and_code_and_rules_show_their_limits() 
         r#"tollgate_requests_total{api="grpc",method="ShouldRateLimit",code="InvalidArgument"} 1"#,
         r#"tollgate_request_duration_seconds_count{api="grpc",method="ShouldRateLimit"} 5"#,
         r#"tollgate_requests_total{api="http",method="/json",code="429"} 1"#,
-        r#"tollgate_rule_limit{domain="parity",rule="parity/k",policy="fixed-window:limit=3,window=1m"} 3"#,
-        r#"tollgate_rule_window_seconds{domain="parity",rule="parity/k",policy="fixed-window:limit=3,window=1m"} 60.0"#,
+        r#"tollgate_rule_limit{domain="parity",rule="parity/k",policy="fixed-window:limit=3,window=1m,debt=forgive"} 3"#,
+        r#"tollgate_rule_window_seconds{domain="parity",rule="parity/k",policy="fixed-window:limit=3,window=1m,debt=forgive"} 60.0"#,
         "process_resident_memory_bytes ",
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");

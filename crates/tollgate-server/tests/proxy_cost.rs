@@ -384,6 +384,14 @@ fn cost_settings_that_cannot_work_are_refused_by_check_config() {
             "proxy.routes[0].cost: shaper:rate=1/s,queue=2: shaper cannot be charged",
         ),
         (
+            "      policies: ['sliding-window:limit=100,window=1m']\n      cost: {from: 'json:usage.total_tokens'}\n",
+            "proxy.routes[0].cost: sliding-window:limit=100,window=1m,mode=weighted: forgets a charge's debt when its window moves on",
+        ),
+        (
+            "      policies: ['fixed-window:limit=100,window=1m,debt=forgive']\n      cost: {from: 'json:usage.total_tokens'}\n",
+            "proxy.routes[0].cost: fixed-window:limit=100,window=1m,debt=forgive: forgets a charge's debt",
+        ),
+        (
             "      policies: ['fixed-window:limit=100,window=1m']\n      cost: {from: 'json:usage.total_tokens', estimate: 500}\n",
             "proxy.routes[0].cost.estimate: fixed-window:limit=100,window=1m: cost 500 can never be admitted",
         ),

@@ -965,7 +965,12 @@ pub fn override_limit(
     n: u64,
     counters: &Counters,
 ) -> Result<Arc<DescriptorLimit>, String> {
-    let spec = format!("fixed-window:limit={n},window={}", unit.window());
+    // envoyproxy/ratelimit's counters start every window from 0 (a key per window):
+    // over-limit hits it counted are forgiven when the window ends.
+    let spec = format!(
+        "fixed-window:limit={n},window={},debt=forgive",
+        unit.window()
+    );
     let policy: Policy = spec.parse().map_err(|e| format!("limit override: {e}"))?;
     limit_of(
         format!("{domain}/override/{n}/{}", unit.envoy_name()),
@@ -1139,7 +1144,12 @@ fn envoy_limit(
         Arc::get_mut(&mut limit).expect("new").deny = true;
         return Ok(limit);
     }
-    let spec = format!("fixed-window:limit={n},window={}", unit.window());
+    // envoyproxy/ratelimit's counters start every window from 0 (a key per window):
+    // over-limit hits it counted are forgiven when the window ends.
+    let spec = format!(
+        "fixed-window:limit={n},window={},debt=forgive",
+        unit.window()
+    );
     let policy: Policy = spec
         .parse()
         .map_err(|e| format!("{at}.rate_limit.requests_per_unit: {e}"))?;

@@ -5,16 +5,38 @@
 -- slice never outlives the window or bucket it was charged to.
 local function period_end(now, width) return (idiv(now, width) + 1) * width end
 
--- fixed-window. Params: limit, window, align (0 clock, 1 first).
--- State: "start count": `count` admitted in the window starting at `start` (us).
-local function fw_live(p, s, now) return s.count > 0 and now < s.start + p.window end
+-- fixed-window. Params: limit, window, align (0 clock, 1 first), debt (1 carry, 0
+-- forgive). State: "start count": `count` admitted in the window starting at `start`
+-- (us). A count past the limit (a charge's debt) carries into the windows after its
+-- own, `limit` paid back per window, unless the debt is forgiven.
 
--- The stored value `v` (nil: no state) as start, count; nil when it is not "start count".
-local function fw_parse(v)
+-- (start, count) as they stand at `now`: an ended window in debt hands the debt on.
+local function fw_at(p, start, count, now)
+  if not p.carry or count <= p.limit or now < start + p.window then return start, count end
+  local passed = idiv(now - start, p.window)
+  local left = count - passed * p.limit
+  if left <= 0 then return 0, 0 end
+  return start + passed * p.window, left
+end
+
+-- Whether (start, count), as they stand at `now`, hold a current or future window.
+local function fw_live(p, start, count, now) return count > 0 and now < start + p.window end
+
+-- The end of the first window from `start` on whose count is at most `left` (the
+-- next one, or later while a debt is paid back).
+local function fw_until(p, start, count, left)
+  local k = 1
+  if p.carry then k = math.max(cdiv(count - left, p.limit), 1) end
+  return start + k * p.window
+end
+
+-- The stored value `v` (nil: no state) as start, count at `now`; nil when it is not
+-- "start count".
+local function fw_parse(p, v, now)
   if not v then return 0, 0 end
   local sp = string.find(v, ' ', 1, true)
   if not sp then return nil end
-  return tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
+  return fw_at(p, tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1)), now)
 end
 
 -- The start of a window opened at `now`.
@@ -24,7 +46,7 @@ local function fw_open(p, now)
 end
 
 ALGOS[CODE.FIXED_WINDOW] = {
-  params = function(a) return { limit = a[1], window = a[2], first = a[3] == 1 } end,
+  params = function(a) return { limit = a[1], window = a[2], first = a[3] == 1, carry = a[4] == 1 } end,
   load = function(p, key)
     local v = load_fields(key)
     if not v then return { start = 0, count = 0 } end
@@ -32,25 +54,27 @@ ALGOS[CODE.FIXED_WINDOW] = {
   end,
   encode = function(p, s) return int(s.start) .. ' ' .. int(s.count) end,
   earliest = function(p, s, now, cost)
-    if not fw_live(p, s, now) then return now end
-    if s.count + cost <= p.limit then return math.max(now, s.start) end
-    return s.start + p.window
+    local start, count = fw_at(p, s.start, s.count, now)
+    if not fw_live(p, start, count, now) then return now end
+    if count + cost <= p.limit then return math.max(now, start) end
+    return fw_until(p, start, count, p.limit - cost)
   end,
   admit = function(p, s, now, at, cost)
-    if fw_live(p, s, at) and at >= s.start then
-      s.count = s.count + cost
+    local start, count = fw_at(p, s.start, s.count, at)
+    if fw_live(p, start, count, at) and at >= start then
+      s.start, s.count = start, count + cost
     else
-      if p.first then s.start = at else s.start = at - (at - idiv(at, p.window) * p.window) end
-      s.count = cost
+      s.start, s.count = fw_open(p, at), cost
     end
   end,
   refund = function(p, s, now, cost)
-    if fw_live(p, s, now) then s.count = s.count - math.min(cost, s.count) end
+    local start, count = fw_at(p, s.start, s.count, now)
+    if fw_live(p, start, count, now) then s.start, s.count = start, count - math.min(cost, count) end
   end,
   -- A try on the stored value `v` (nil: no state) with no tables, as gcra's try_fast
   -- (the same decision as earliest/admit above); nil for a window reserved ahead.
   try_fast = function(p, v, now, cost, shadow)
-    local start, count = fw_parse(v)
+    local start, count = fw_parse(p, v, now)
     if not start then return nil end
     if count > 0 and now < start + p.window then
       if now < start then return nil end
@@ -58,34 +82,31 @@ ALGOS[CODE.FIXED_WINDOW] = {
       start, count = fw_open(p, now), 0
     end
     if count + cost <= p.limit then
-      return 1, int(start) .. ' ' .. int(count + cost), start + p.window
+      return 1, int(start) .. ' ' .. int(count + cost), fw_until(p, start, count + cost, 0)
     end
     return shadow and 1 or 0, nil
   end,
   -- A charge on the stored value `v`, as try_fast (the same change as room/charge_at
   -- /admit below, a reserved window included): false when nothing changes.
   charge_fast = function(p, v, now, cost, debt)
-    local start, count = fw_parse(v)
+    local start, count = fw_parse(p, v, now)
     if not start then return nil end
-    if not (count > 0 and now < start + p.window) then start, count = fw_open(p, now), 0 end
+    if not fw_live(p, start, count, now) then start, count = fw_open(p, now), 0 end
     local n = math.min(cost, p.limit + debt - count)
     if n <= 0 then return false end
-    return int(start) .. ' ' .. int(count + n), start + p.window
+    return int(start) .. ' ' .. int(count + n), fw_until(p, start, count + n, 0)
   end,
   -- Leases (lease.lua): a slice is taken from the window that holds `now` and never
   -- outlives it; one reserved into a later window (acquire) leaves nothing to lease.
   lease_avail = function(p, s, now)
-    if not fw_live(p, s, now) then return p.limit end
-    if now < s.start then return 0 end
-    return math.max(p.limit - s.count, 0)
+    local start, count = fw_at(p, s.start, s.count, now)
+    if not fw_live(p, start, count, now) then return p.limit end
+    if now < start then return 0 end
+    return math.max(p.limit - count, 0)
   end,
   lease_deadline = function(p, s, now, deadline)
-    local start = now
-    if fw_live(p, s, now) then
-      start = s.start
-    elseif not p.first then
-      start = now - (now - idiv(now, p.window) * p.window)
-    end
+    local start, count = fw_at(p, s.start, s.count, now)
+    if not fw_live(p, start, count, now) then start = fw_open(p, now) end
     return math.min(deadline, start + p.window)
   end,
   lease_charge = function(p, s, now, n, deadline) ALGOS[CODE.FIXED_WINDOW].admit(p, s, now, now, n) end,
@@ -97,15 +118,18 @@ ALGOS[CODE.FIXED_WINDOW] = {
   -- Charges (check.lua): the count may pass the limit by `debt`; a charge before a
   -- reserved window goes into it.
   room = function(p, s, at, debt)
-    if fw_live(p, s, at) then return math.max(p.limit + debt - s.count, 0) end
+    local start, count = fw_at(p, s.start, s.count, at)
+    if fw_live(p, start, count, at) then return math.max(p.limit + debt - count, 0) end
     return p.limit + debt
   end,
   charge_at = function(p, s, now)
-    if fw_live(p, s, now) then return math.max(now, s.start) end
+    local start, count = fw_at(p, s.start, s.count, now)
+    if fw_live(p, start, count, now) then return math.max(now, start) end
     return now
   end,
   reset_after = function(p, s, now)
-    if fw_live(p, s, now) then return s.start + p.window - now end
+    local start, count = fw_at(p, s.start, s.count, now)
+    if fw_live(p, start, count, now) then return fw_until(p, start, count, 0) - now end
     return 0
   end,
 }

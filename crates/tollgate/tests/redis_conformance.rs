@@ -48,6 +48,7 @@ fn spec() -> impl Strategy<Value = String> {
                 0 => format!("gcra:rate={rate},burst={n}"),
                 1 => format!("token-bucket:rate={rate},capacity={n}"),
                 2 => format!("leaky-bucket:rate={rate},capacity={n}"),
+                3 if m == 0 => format!("fixed-window:limit={n},window={window},debt=forgive"),
                 3 => format!("fixed-window:limit={n},window={window}"),
                 4 => format!("fixed-window:limit={n},window={window},align=first"),
                 5 => format!("sliding-log:limit={n},window={window}"),

@@ -13,7 +13,7 @@ mod smooth;
 mod token_bucket;
 
 pub use concurrency::{Concurrency, ConcurrencyState};
-pub use fixed_window::{Align, FixedWindow, FixedWindowState};
+pub use fixed_window::{Align, Debt, FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraParams, GcraState, MAX_GCRA_SCALE};
 pub use leaky_bucket::{LeakyBucket, LeakyBucketState};
 pub use limit_req::{Delay, LimitReq, LimitReqState};

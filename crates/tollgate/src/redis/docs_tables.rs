@@ -30,8 +30,8 @@ fn prose(kind: AlgorithmKind) -> Prose {
     match kind {
         FixedWindow => Prose {
             title: "fixed-window",
-            syntax: "`limit`, `window`, `align=clock\\|first`",
-            defaults: "`align=clock`; `limit` and `window` are required",
+            syntax: "`limit`, `window`, `align=clock\\|first`, `debt=carry\\|forgive`",
+            defaults: "`align=clock`, `debt=carry`; `limit` and `window` are required",
             guarantee: "at most `limit` per window (clock-aligned: windows start at multiples of `window` since the Unix epoch, so `1m` starts on the minute; or opened by the first request)",
             choose: "you want the cheapest counter and can live with up to 2x `limit` around a boundary (Envoy's ratelimit service uses this)",
         },
@@ -178,7 +178,7 @@ const DEFAULT_ROWS: &[(&str, &str, &[&str], &[&str])] = &[
     (
         "fixed-window",
         "fixed-window:limit=5,window=1s",
-        &["align=clock"],
+        &["align=clock", "debt=carry"],
         &["limit", "window"],
     ),
     (

@@ -1,6 +1,6 @@
 //! The window algorithms in Redis: `lua/windows.lua`.
 use tollgate_core::algorithms::{
-    Align, FixedWindow, SlidingLog, SlidingWindow, SlidingWindowWeighted,
+    Align, Debt, FixedWindow, SlidingLog, SlidingWindow, SlidingWindowWeighted,
 };
 use tollgate_core::Policy;
 
@@ -11,13 +11,15 @@ impl LuaAlgorithm for FixedWindow {
     const FILE: Option<&'static str> = Some("windows");
     const LEASABLE: bool = true;
 
-    /// limit, window, 1 when aligned on the first request.
+    /// limit, window, 1 when aligned on the first request, 1 when a debt carries.
     fn encode(&self, p: &Policy) -> Result<(Vec<String>, u64), Error> {
         let first = matches!(self.align(), Align::First);
+        let carry = matches!(self.debt(), Debt::Carry);
         let params = vec![
             bounded("limit", p, self.limit_per_window().into())?,
             bounded("window", p, self.window_us().into())?,
             u8::from(first).to_string(),
+            u8::from(carry).to_string(),
         ];
         Ok((params, u64::MAX))
     }
