@@ -309,8 +309,9 @@ mod tests {
             .parse()
             .unwrap();
         let mut s = p.init(0);
-        assert!(p.charge(&mut s, 7 * S, 45).unwrap().allowed); // opens [7 s, 67 s): 35 of debt
-                                              // Four windows later ([247 s, 307 s)) 5 are carried: 5 fit.
+        // Opens [7 s, 67 s) with 35 of debt.
+        assert!(p.charge(&mut s, 7 * S, 45).unwrap().allowed);
+        // Four windows later ([247 s, 307 s)) 5 are carried: 5 fit.
         let at = 7 * S + 240 * S + 30 * S;
         assert_eq!(p.status(&s, at).remaining, 5);
         assert!(p.check(&mut s, at, 5, Op::Try).unwrap().allowed);
