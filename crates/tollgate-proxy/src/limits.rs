@@ -221,10 +221,10 @@ impl RouteLimits {
         (self.cost.as_ref()).and_then(|c| c.reads_request().then_some(c.max_body))
     }
 
-    /// Whether a request to `path` with `body` goes upstream asking for its usage
-    /// (see `cost.ask_usage`).
-    pub fn asks_for_usage(&self, path: &str, body: &[u8]) -> bool {
-        (self.cost.as_ref()).is_some_and(|c| c.ask_for_usage(path, body).is_some())
+    /// The body a request to `path` with `body` goes upstream with instead, asking
+    /// for its usage (see `cost.ask_usage`).
+    pub fn ask_for_usage(&self, path: &str, body: &[u8]) -> Option<Vec<u8>> {
+        (self.cost.as_ref()).and_then(|c| c.ask_for_usage(path, body))
     }
 
     /// Meets `key`'s limits (of its `tier`, from [`Self::tier_of`]): the rate

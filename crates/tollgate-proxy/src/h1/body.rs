@@ -8,6 +8,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::message::Framing;
+use crate::ask_usage::Unasked;
 use crate::cost::Metered;
 
 /// The longest chunk-size line or trailer line read.
@@ -314,6 +315,100 @@ where
     Ok(())
 }
 
+/// [`pass_metered`] for a response whose usage the proxy asked for (see `ask_usage`):
+/// its data, decoded from the upstream's `framing`, is read by the meter and edited by
+/// `strip` (the usage taken out, so its length changes), then goes to the client
+/// chunked (or, for a body that ends when the upstream closes, as it is). The last
+/// bytes are left in `head`, for the caller to send once the usage has been charged.
+/// Trailers are not passed on (as [`Rechunk`] passes none).
+pub async fn pass_stripped<R, W>(
+    framing: Framing,
+    (src, buf): (&mut R, &mut BytesMut),
+    dst: &mut W,
+    head: &mut Vec<u8>,
+    stall: Option<Duration>,
+    (mut meter, strip): (Option<&mut Metered>, &mut Unasked),
+) -> Result<(), BodyError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let chunked = framing != Framing::UntilClose;
+    let mut left = match framing {
+        Framing::Length(n) => n,
+        _ => 0,
+    };
+    let mut chunks = Rechunk::new();
+    let (mut data, mut framed, mut edited) = (Vec::new(), Vec::new(), Vec::new());
+    loop {
+        let ended = match framing {
+            Framing::Empty => true,
+            Framing::Length(_) => {
+                let take = left.min(buf.len() as u64) as usize;
+                data.extend_from_slice(&buf[..take]);
+                buf.advance(take);
+                left -= take as u64;
+                left == 0
+            }
+            Framing::Chunked => {
+                let used =
+                    chunks.feed_tapped(buf, &mut framed, &mut |d| data.extend_from_slice(d))?;
+                framed.clear();
+                buf.advance(used);
+                chunks.done()
+            }
+            Framing::UntilClose => {
+                data.extend_from_slice(buf);
+                buf.clear();
+                false
+            }
+        };
+        if let Some(m) = meter.as_deref_mut() {
+            m.feed(&data);
+        }
+        strip.feed(&data, &mut edited);
+        data.clear();
+        if ended {
+            strip.finish(&mut edited);
+        }
+        frame(head, &edited, chunked);
+        edited.clear();
+        if ended {
+            if chunked {
+                head.extend_from_slice(b"0\r\n\r\n");
+            }
+            return Ok(());
+        }
+        if !head.is_empty() {
+            dst.write_all(head).await.map_err(|_| BodyError::Write)?;
+            head.clear();
+        }
+        match fill(src, buf, stall).await {
+            Ok(()) => {}
+            Err(BodyError::Read(e)) if !chunked && e.kind() == io::ErrorKind::UnexpectedEof => {
+                strip.finish(head);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Appends `data` to `out`, as one chunk when `chunked` (none when it is empty: an
+/// empty chunk would end the body).
+fn frame(out: &mut Vec<u8>, data: &[u8], chunked: bool) {
+    if data.is_empty() {
+        return;
+    }
+    if chunked {
+        let _ = write!(out, "{:x}\r\n", data.len());
+    }
+    out.extend_from_slice(data);
+    if chunked {
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 /// Reads more of `src` into `buf` (within `stall`); the end of `src` is an
 /// `UnexpectedEof` read error.
 pub async fn fill<R: AsyncRead + Unpin>(
@@ -401,6 +496,89 @@ mod tests {
         }
         let endless = vec![b'1'; MAX_LINE + 1];
         assert!(Rechunk::new().feed(&endless, &mut Vec::new()).is_err());
+    }
+
+    /// An OpenAI stream whose usage the proxy asked for, as an upstream sends it.
+    const ASKED: &[u8] =
+        b"data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"Hel\"}}],\"usage\":null}\n\n\
+        data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"lo\"}}],\"usage\":null}\n\n\
+        data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"total_tokens\":10}}\n\n\
+        data: [DONE]\n\n";
+
+    /// Passes `upstream` (the body framed as `framing`) through `pass_stripped` in
+    /// reads of `step` bytes: what the client receives, and what was left in `head`.
+    fn stripped(framing: Framing, upstream: &[u8], step: usize) -> (Vec<u8>, Vec<u8>) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut src = tokio_test_reader(upstream, step);
+            let (mut buf, mut head, mut dst) = (BytesMut::new(), b"HEAD".to_vec(), Vec::new());
+            let strip = &mut Unasked::new(1 << 20);
+            let from = (&mut src, &mut buf);
+            pass_stripped(framing, from, &mut dst, &mut head, None, (None, strip))
+                .await
+                .unwrap();
+            (dst, head)
+        })
+    }
+
+    /// A reader handing out `all` `step` bytes at a time.
+    fn tokio_test_reader(all: &[u8], step: usize) -> impl AsyncRead + Unpin {
+        struct Steps(Vec<u8>, usize, usize);
+        impl AsyncRead for Steps {
+            fn poll_read(
+                mut self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                buf: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<io::Result<()>> {
+                let Steps(all, at, step) = &mut *self;
+                let n = (*step).min(all.len() - *at).min(buf.remaining());
+                buf.put_slice(&all[*at..*at + n]);
+                *at += n;
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        Steps(all.to_vec(), 0, step)
+    }
+
+    #[test]
+    fn a_stream_loses_the_usage_it_did_not_ask_for_in_every_framing() {
+        let mut want = Vec::new();
+        let mut strip = Unasked::new(1 << 20);
+        strip.feed(ASKED, &mut want);
+        strip.finish(&mut want);
+        assert!(!want.windows(5).any(|w| w == b"usage"), "{want:?}");
+        let mut chunked = Vec::new();
+        for piece in ASKED.chunks(13) {
+            chunked.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            chunked.extend_from_slice(piece);
+            chunked.extend_from_slice(b"\r\n");
+        }
+        chunked.extend_from_slice(b"0\r\n\r\n");
+        for step in [1, 7, 64, 4096] {
+            // Known length and chunked: the client gets it chunked, its end held back.
+            for (framing, upstream) in [
+                (Framing::Length(ASKED.len() as u64), ASKED),
+                (Framing::Chunked, &chunked[..]),
+            ] {
+                let (sent, held) = stripped(framing, upstream, step);
+                let all = [sent, held.clone()].concat();
+                assert!(all.starts_with(b"HEAD") && held.ends_with(b"0\r\n\r\n"));
+                let (used, rechunked) = decode(&all[4..], &[]).unwrap();
+                assert_eq!(used, all.len() - 4, "{framing:?} in reads of {step}");
+                let mut data = Vec::new();
+                let mut c = Rechunk::new();
+                c.feed_tapped(&rechunked, &mut Vec::new(), &mut |d| {
+                    data.extend_from_slice(d)
+                })
+                .unwrap();
+                assert_eq!(data, want, "{framing:?} in reads of {step}");
+            }
+            // Until the upstream closes: as it is, edited.
+            let (sent, held) = stripped(Framing::UntilClose, ASKED, step);
+            assert_eq!([sent, held].concat(), [&b"HEAD"[..], &want].concat());
+        }
     }
 
     proptest::proptest! {

@@ -33,6 +33,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use self::body::BodyError;
 use self::message::{BadHead, Framing, RequestHead, ResponseHead, MAX_HEAD, MAX_HEADERS};
 use super::admission::admit;
+use super::ask_usage::Unasked;
 use super::cost::{Metered, Outcome, Pending};
 use super::forwarding::{body_stalled, forwarding, upstream_failed, Peer, TIMED_OUT, UNREACHABLE};
 use super::limits::{ConnPermit, Passed};
@@ -310,45 +311,42 @@ impl Conn {
             Ok(body) => body,
             Err(want) => return Next::ReadBody(want),
         };
-        if body.is_some_and(|b| route.limits.asks_for_usage(path, b)) {
-            // Its body is sent as another and its response edited: hyper's path does
-            // both, from this request on.
-            return Next::Hyper;
-        }
+        // An OpenAI stream that does not ask for its usage goes upstream asking.
+        let asked = body.and_then(|b| route.limits.ask_for_usage(path, b));
         let mut observed =
             RequestObserver::start(proxy.tracing.as_ref(), &*req.headers, method, path, route);
-        let passed = match admit(&table, route, peer, path, req.headers, body).await {
+        let mut passed = match admit(&table, route, peer, path, req.headers, body).await {
             Ok(passed) => passed,
             Err(answer) => {
                 observed.refused(answer.status.as_u16());
                 return self.answer(io, end, &answer, instead, to_head).await;
             }
         };
+        let (asked, sent_framing) = asked_body(asked, &mut passed, framing);
         let trace = observed.upstream();
         write_upstream_head(
             &mut self.up_head,
             (&table, route, peer),
             (method, target),
             &req,
-            &head,
+            (&head, sent_framing),
             trace.as_ref(),
         );
         let request = Request {
-            framing,
+            framing: sent_framing,
             to_head,
             close: head.close || self.closing,
             expect_continue: head.continue_expected,
             // Sent again on a second connection when the first was closed unseen.
             has_body: head.has_body(),
-            resendable: !head.has_body()
-                && matches!(
-                    method,
-                    "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
-                ),
+            resendable: !head.has_body() && idempotent(method),
             observed,
         };
         let route = route.clone();
         self.buf.advance(end);
+        if let (Some(asked), Framing::Length(n)) = (asked, framing) {
+            replace_body(&mut self.buf, n, &asked);
+        }
         self.exchange(proxy, &table, &route, io, request, passed)
             .await
     }
@@ -399,7 +397,7 @@ impl Conn {
             }
         };
         let mut headers = [const { MaybeUninit::uninit() }; MAX_HEADERS];
-        let Some((resp, code, head)) =
+        let Some((resp, code, mut head)) =
             parse_response_head(&up.buf[..head_len], &mut headers, req.to_head)
         else {
             return self
@@ -411,10 +409,15 @@ impl Conn {
         if let (Some(hold), Ok(status)) = (&mut adaptive, StatusCode::from_u16(code)) {
             hold.answered(status);
         }
-        let mut metering = match passed.pending.take() {
+        let (mut metering, mut strip) = match passed.pending.take() {
             Some(pending) => start_metering(pending, resp.headers, &head).await,
-            None => None,
+            None => (None, None),
         };
+        let framing = head.framing;
+        if strip.is_some() && framing != Framing::UntilClose {
+            // The usage taken out changes the body's length: it goes chunked.
+            (head.framing, head.length) = (Framing::Chunked, None);
+        }
         // A request body the upstream answered before reading all of: the client's
         // connection cannot go on.
         let keep_client = !req.close && head.framing != Framing::UntilClose && body_sent;
@@ -433,20 +436,9 @@ impl Conn {
         // released after it, a client that asks again at once (through this proxy, or
         // another on the same Redis) could find its own finished request still counted.
         let holds_permit = passed.permit.is_some();
-        let mut passed_on = body::pass_metered(
-            head.framing,
-            &mut up.io,
-            &mut up.buf,
-            io,
-            out,
-            None,
-            match (metering.as_mut(), holds_permit) {
-                (Some(metered), _) => body::End::Metered(metered),
-                (None, true) => body::End::Hold,
-                (None, false) => body::End::Send,
-            },
-        )
-        .await;
+        let from = (&mut up.io, &mut up.buf);
+        let charged = (metering.as_mut(), strip.as_mut());
+        let mut passed_on = pass_response(framing, from, io, out, charged, holds_permit).await;
         // The end of the response waits for its charge (cut short, the body settles
         // as disconnected when `metering` drops) and for its permit's release.
         if passed_on.is_ok() && (metering.is_some() || holds_permit) {
@@ -591,7 +583,7 @@ fn write_upstream_head(
     (table, route, peer): (&RouteTable, &Route, &Peer),
     (method, target): (&str, &str),
     req: &httparse::Request<'_, '_>,
-    head: &RequestHead<'_>,
+    (head, framing): (&RequestHead<'_>, Framing),
     trace: Option<&tollgate_runtime::traces::Outgoing>,
 ) {
     out.clear();
@@ -638,7 +630,7 @@ fn write_upstream_head(
     if let Some(proto) = &fwd.proto {
         message::header(out, b"x-forwarded-proto", proto.as_bytes());
     }
-    message::framing_header(out, head.framing());
+    message::framing_header(out, framing);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -741,20 +733,86 @@ fn parse_response_head<'h, 'b>(
 
 /// Under `cost:`, a usage in the response's headers settles now; one in its body is
 /// metered as the body passes (settled as it ends, or when the client goes away).
+/// The body `asked` (see `ask_for_usage`) goes upstream in place of the request's
+/// (of `framing`) when admission made the request one to charge, and its response is
+/// then marked for the usage to be taken out: the body and framing sent.
+fn asked_body(
+    asked: Option<Vec<u8>>,
+    passed: &mut Passed,
+    framing: Framing,
+) -> (Option<Vec<u8>>, Framing) {
+    match (asked, passed.pending.as_mut()) {
+        (Some(asked), Some(pending)) => {
+            pending.usage_asked = true;
+            let length = Framing::Length(asked.len() as u64);
+            (Some(asked), length)
+        }
+        _ => (None, framing),
+    }
+}
+
+/// Replaces the first `n` bytes of `buf` (a body admission read whole) with `with`.
+fn replace_body(buf: &mut BytesMut, n: u64, with: &[u8]) {
+    let rest = buf.split_off(n as usize);
+    buf.clear();
+    buf.extend_from_slice(with);
+    buf.unsplit(rest);
+}
+
+/// Whether a request of `method` may be sent again (without a body) on a second
+/// connection when the first was closed unseen.
+fn idempotent(method: &str) -> bool {
+    matches!(
+        method,
+        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+    )
+}
+
+/// Passes a response body of `framing` on to the client: metered when it is charged,
+/// edited when its usage is to be taken out, its end held (in `out`) while a charge
+/// or a `limit_conn` permit is pending.
+async fn pass_response(
+    framing: Framing,
+    from: (&mut tokio::net::TcpStream, &mut BytesMut),
+    io: &mut impl Client,
+    out: &mut Vec<u8>,
+    charged: (Option<&mut Metered>, Option<&mut Unasked>),
+    holds_permit: bool,
+) -> Result<(), BodyError> {
+    match charged {
+        (Some(metered), Some(strip)) => {
+            body::pass_stripped(framing, from, io, out, None, (Some(metered), strip)).await
+        }
+        (metered, _) => {
+            let end = match (metered, holds_permit) {
+                (Some(metered), _) => body::End::Metered(metered),
+                (None, true) => body::End::Hold,
+                (None, false) => body::End::Send,
+            };
+            body::pass_metered(framing, from.0, from.1, io, out, None, end).await
+        }
+    }
+}
+
 async fn start_metering(
     pending: Pending,
     headers: &[httparse::Header<'_>],
     head: &ResponseHead,
-) -> Option<Metered> {
+) -> (Option<Metered>, Option<Unasked>) {
     let body = !matches!(head.framing, Framing::Empty | Framing::Length(0));
     match pending.cost().in_headers(headers) {
         Some(outcome) => pending.settle(outcome).await,
         None => match pending.cost().meter(headers) {
-            Some(meter) if body => return Some(Metered::new(pending, meter)),
+            Some(meter) if body => {
+                // The usage the proxy asked for is not its client's (see `ask_usage`).
+                let strip = (pending.usage_asked && meter.is_event_stream())
+                    .then(|| Unasked::new(pending.cost().max_body));
+                return (Some(Metered::new(pending, meter)), strip);
+            }
             _ => pending.settle(Outcome::Missing).await,
         },
     }
-    None
+    (None, None)
 }
 
 /// Writes the response's head for the client into `out`: the upstream's status and
