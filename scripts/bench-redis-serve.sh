@@ -19,7 +19,13 @@
 # - all alternate, ROUNDS times; medians, and the ratios tollgate / anchor.
 #
 # Both rules are generous (every decision admits and writes, as INCRBY always does).
-# Usage: scripts/bench-redis-serve.sh [seconds] [rounds]
+#
+# With ALGORITHMS=all, then the sizing table: every algorithm the service decides
+# (a generous policy of each, 100k keys), through a `serve` deciding with Functions
+# batched (the default), one with Functions one check per call (`batch: 1`) and one
+# with the module; Redis CPU per decision, medians of the same rounds, and what one
+# Redis core decides a second at that cost (docs/redis.md, "Sizing Redis").
+# Usage: [ALGORITHMS=all] scripts/bench-redis-serve.sh [seconds] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-5}
@@ -46,13 +52,34 @@ descriptors:
   - key: gcra
     policies: ["gcra:rate=1000000/s,burst=1000"]
 EOF
+# The sizing table's rules: descriptor key and policy (generous: every decision admits).
+algos=(envoy gcra token_bucket leaky_bucket fixed_window sliding_window weighted_window
+    sliding_log smooth_bursty smooth_warmup limit_req)
+declare -A spec=(
+    [envoy]="Envoy rule, unit: second" [gcra]="gcra:rate=1000000/s,burst=1000"
+    [token_bucket]="token-bucket:rate=1000000/s,capacity=1000"
+    [leaky_bucket]="leaky-bucket:rate=1000000/s,capacity=1000"
+    [fixed_window]="fixed-window:limit=1000000,window=1s"
+    [sliding_window]="sliding-window:limit=1000000,window=1s,buckets=10"
+    [weighted_window]="sliding-window:limit=1000000,window=1s"
+    [sliding_log]="sliding-log:limit=1000000,window=1s"
+    [smooth_bursty]="smooth-bursty:rate=1000000/s"
+    [smooth_warmup]="smooth-warmup:rate=1000000/s,warmup=1s"
+    [limit_req]="limit-req:rate=1000000/s,burst=1000,nodelay"
+)
+for key in "${algos[@]:2}"; do
+    printf '  - {key: %s, policies: ["%s"]}\n' "$key" "${spec[$key]}" >>"$dir/rules.yaml"
+done
 declare -A grpc
 declare -A store=(
     [functions]="calls: functions"
     [module]="calls: module"
     [queued]="calls: module, direct_calls: 0, in_flight: 1"
+    [single]="calls: functions, batch: 1"
 )
-for calls in functions module queued; do
+modes=(functions module queued)
+[ "${ALGORITHMS:-}" = all ] && modes+=(single)
+for calls in "${modes[@]}"; do
     grpc[$calls]=$(free_port)
     printf '%s\n' "listen: {http: 127.0.0.1:0, grpc: 127.0.0.1:${grpc[$calls]}}" \
         "rules: [$dir/rules.yaml]" \
@@ -134,3 +161,30 @@ echo "|---|---|---|---|---|---|---|---|---|---|---|"
 row "Envoy rule \`unit: second\`" envoy "envoyproxy/ratelimit's INCRBY + EXPIRE"
 row "\`gcra:\` policy" gcra "minimal GCRA script (EVALSHA)"
 echo "(Redis CPU per decision through serve; medians of $rounds alternating rounds; $secs s of serve per round, $n commands per anchor run; p50 / p99 of the 64 gRPC callers)"
+
+[ "${ALGORITHMS:-}" = all ] || exit 0
+for key in "${algos[@]}"; do
+    for calls in functions single module; do through_serve "$calls" "$key" >/dev/null; done
+done
+declare -A all=()
+for r in $(seq "$rounds"); do
+    for key in "${algos[@]}"; do
+        for calls in functions single module; do
+            all[$calls.$key]+="$(through_serve "$calls" "$key") "
+        done
+    done
+    echo "sizing round $r done" >&2
+done
+# Decisions a second one Redis core gives at US microseconds of its CPU each.
+per_core() { echo "1000000 / $1" | bc -l | xargs printf '%.0f'; }
+echo
+echo "| rule | Functions, batched | Functions, one check a call | module | decisions per Redis core (Functions batched / module) |"
+echo "|---|---|---|---|---|"
+for key in "${algos[@]}"; do
+    f=$(median ${all[functions.$key]})
+    s1=$(median ${all[single.$key]})
+    m=$(median ${all[module.$key]})
+    printf '| `%s` | %s us | %s us | %s us | %s / %s |\n' "${spec[$key]}" \
+        "$f" "$s1" "$m" "$(per_core "$f")" "$(per_core "$m")"
+done
+echo "(Redis CPU per decision through serve, medians of $rounds alternating rounds of $secs s; sliding-log is decided by Functions on every path)"
