@@ -87,7 +87,7 @@ for calls in "${modes[@]}"; do
         >"$dir/$calls.yaml"
     taskset -c 1 "$bin" serve --config "$dir/$calls.yaml" >"$dir/$calls.log" 2>&1 &
     pids+=($!)
-    until grep -q "tollgate serve" "$dir/$calls.log"; do sleep 0.1; done
+    until grep -qs "tollgate serve" "$dir/$calls.log"; do sleep 0.1; done
 done
 grep -q "decided by the tollgate module" "$dir/module.log" || { cat "$dir/module.log" >&2; exit 1; }
 cpu() { redis-cli -p "$port" info cpu | awk -F: '/used_cpu_(sys|user):/{s+=$2} END{printf "%.6f", s}'; }
