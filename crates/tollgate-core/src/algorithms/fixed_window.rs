@@ -162,7 +162,7 @@ impl Schedule for FixedWindow {
             now.max(s.start)
         } else {
             // The window in which the count left over leaves room for `cost`.
-            let k = self.windows_until(s, self.limit - cost);
+            let k = self.windows_until(s, self.limit.saturating_sub(cost));
             s.start.saturating_add(k.saturating_mul(self.window))
         }
     }

@@ -731,8 +731,6 @@ fn parse_response_head<'h, 'b>(
     }
 }
 
-/// Under `cost:`, a usage in the response's headers settles now; one in its body is
-/// metered as the body passes (settled as it ends, or when the client goes away).
 /// The body `asked` (see `ask_for_usage`) goes upstream in place of the request's
 /// (of `framing`) when admission made the request one to charge, and its response is
 /// then marked for the usage to be taken out: the body and framing sent.
@@ -794,6 +792,9 @@ async fn pass_response(
     }
 }
 
+/// Under `cost:`, a usage in the response's headers settles now; one in its body is
+/// metered as the body passes (settled as it ends, or when the client goes away).
+/// With it, the filter that takes out the usage the proxy asked for (see `ask_usage`).
 async fn start_metering(
     pending: Pending,
     headers: &[httparse::Header<'_>],
