@@ -310,12 +310,8 @@ impl Meter {
         // Most events carry no usage (or `"usage": null`, asked for): an object
         // without a value where a path begins is not parsed.
         let object = data.first() == Some(&b'{') && data.trim_ascii_end().last() == Some(&b'}');
-        let path_starts = self.paths.iter().filter_map(|p| p.first());
-        if object
-            && !path_starts
-                .into_iter()
-                .any(|k| super::ask_usage::has_value(&data, k.as_bytes()))
-        {
+        let mut path_starts = self.paths.iter().filter_map(|p| p.first());
+        if object && !path_starts.any(|k| super::ask_usage::has_value(&data, k.as_bytes())) {
             return;
         }
         match serde_json::from_slice::<serde_json::Value>(&data) {

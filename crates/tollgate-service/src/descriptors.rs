@@ -965,12 +965,7 @@ pub fn override_limit(
     n: u64,
     counters: &Counters,
 ) -> Result<Arc<DescriptorLimit>, String> {
-    // envoyproxy/ratelimit's counters start every window from 0 (a key per window):
-    // over-limit hits it counted are forgiven when the window ends.
-    let spec = format!(
-        "fixed-window:limit={n},window={},debt=forgive",
-        unit.window()
-    );
+    let spec = envoy_window(n, unit);
     let policy: Policy = spec.parse().map_err(|e| format!("limit override: {e}"))?;
     limit_of(
         format!("{domain}/override/{n}/{}", unit.envoy_name()),
@@ -1101,6 +1096,16 @@ fn refuse_duplicate(siblings: &[Node], node: &Node, at: &str) -> Result<(), Stri
     Ok(())
 }
 
+/// The policy of an Envoy limit of `n` per `unit`. envoyproxy/ratelimit's counters
+/// start every window from 0 (a key per window): over-limit hits it counted are
+/// forgiven when the window ends.
+fn envoy_window(n: u64, unit: Unit) -> String {
+    format!(
+        "fixed-window:limit={n},window={},debt=forgive",
+        unit.window()
+    )
+}
+
 /// An Envoy `rate_limit`: `unlimited`, a block list (`requests_per_unit: 0`), or a
 /// clock-aligned fixed window of one unit.
 fn envoy_limit(
@@ -1144,12 +1149,7 @@ fn envoy_limit(
         Arc::get_mut(&mut limit).expect("new").deny = true;
         return Ok(limit);
     }
-    // envoyproxy/ratelimit's counters start every window from 0 (a key per window):
-    // over-limit hits it counted are forgiven when the window ends.
-    let spec = format!(
-        "fixed-window:limit={n},window={},debt=forgive",
-        unit.window()
-    );
+    let spec = envoy_window(n, unit);
     let policy: Policy = spec
         .parse()
         .map_err(|e| format!("{at}.rate_limit.requests_per_unit: {e}"))?;

@@ -311,8 +311,6 @@ impl Conn {
             Ok(body) => body,
             Err(want) => return Next::ReadBody(want),
         };
-        // An OpenAI stream that does not ask for its usage goes upstream asking.
-        let asked = body.and_then(|b| route.limits.ask_for_usage(path, b));
         let mut observed =
             RequestObserver::start(proxy.tracing.as_ref(), &*req.headers, method, path, route);
         let mut passed = match admit(&table, route, peer, path, req.headers, body).await {
@@ -322,7 +320,7 @@ impl Conn {
                 return self.answer(io, end, &answer, instead, to_head).await;
             }
         };
-        let (asked, sent_framing) = asked_body(asked, &mut passed, framing);
+        let (asked, sent_framing) = asked_body(route, (path, body), &mut passed, framing);
         let trace = observed.upstream();
         write_upstream_head(
             &mut self.up_head,
@@ -731,16 +729,21 @@ fn parse_response_head<'h, 'b>(
     }
 }
 
-/// The body `asked` (see `ask_for_usage`) goes upstream in place of the request's
-/// (of `framing`) when admission made the request one to charge, and its response is
-/// then marked for the usage to be taken out: the body and framing sent.
+/// An OpenAI stream that does not ask for its usage goes upstream asking (see
+/// `ask_for_usage`) when admission made it a request to charge: the body sent in
+/// place of `body` (of `framing`), and its framing; its response is then marked for
+/// the usage to be taken out.
 fn asked_body(
-    asked: Option<Vec<u8>>,
+    route: &Route,
+    (path, body): (&str, Option<&[u8]>),
     passed: &mut Passed,
     framing: Framing,
 ) -> (Option<Vec<u8>>, Framing) {
-    match (asked, passed.pending.as_mut()) {
-        (Some(asked), Some(pending)) => {
+    let Some(pending) = passed.pending.as_mut() else {
+        return (None, framing);
+    };
+    match body.and_then(|b| route.limits.ask_for_usage(path, b)) {
+        Some(asked) => {
             pending.usage_asked = true;
             let length = Framing::Length(asked.len() as u64);
             (Some(asked), length)
