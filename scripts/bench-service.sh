@@ -18,6 +18,10 @@
 # limitador is built here from a checkout: LIMITADOR_SRC=/path/to/limitador (a clone
 # of github.com/Kuadrant/limitador; `cargo build --release -p limitador-server` runs
 # in it), or LIMITADOR_BIN=/path/to/limitador-server to use a built one.
+# Then Envoy's /json again with a light client, wrk (one thread pinned to CPU 1, 32
+# kept connections, a random descriptor value out of 100,000 per request), against
+# the ceiling answering the same POSTs: req/s and each server's CPU per request,
+# user and kernel apart (/proc/PID/stat), medians of 3 alternating rounds.
 # With BASELINE_BIN=/path/to/an/older/tollgate (e.g. the previous commit's release
 # build), a `serve` from that binary runs beside this one, alternating rounds, and
 # the ratios new/old of HTTP and gRPC max req/s are printed (medians of 3).
@@ -30,6 +34,7 @@ with_redis=${3:-}
 cargo build --release -q -p tollgate-server
 bin=target/release/tollgate
 . scripts/lib/bench.sh
+command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 if [ "$with_redis" = limitador ]; then
   exec scripts/bench-limitador.sh "$conc" "$secs"
 fi
@@ -68,6 +73,37 @@ echo "tollgate Envoy /json max req/s: $jm (ratio $(python3 -c "print(round($jm/$
 echo "tollgate gRPC ShouldRateLimit max req/s: $gm"
 echo "tollgate HTTP at $half req/s: $th"
 echo "tollgate gRPC at $ghalf req/s: $gh"
+# /json under wrk: "req/s user-us kernel-us" of one run against PID on PORT.
+work=$(mktemp -d)
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"' EXIT
+cat > "$work/json.lua" <<'LUA'
+math.randomseed(7)
+wrk.method = "POST"
+wrk.headers["content-type"] = "application/json"
+request = function()
+  local body = '{"domain":"example","descriptors":[{"entries":[{"key":"api_key","value":"k'
+      .. math.random(0, 99999) .. '"}]}]}'
+  return wrk.format(nil, "/json", nil, body)
+end
+LUA
+hz=$(getconf CLK_TCK)
+wrk_json() { # pid port
+  local before after rate
+  before=$(awk '{print $14, $15}' "/proc/$1/stat")
+  rate=$(taskset -c 1 wrk -t1 -c32 -d"${secs}s" -s "$work/json.lua" "http://127.0.0.1:$2/json" \
+    | awk '/Requests\/sec/ {print int($2)}')
+  after=$(awk '{print $14, $15}' "/proc/$1/stat")
+  python3 -c "b='$before'.split(); a='$after'.split(); r=$rate; n=r*$secs
+print(r, round((int(a[0])-int(b[0]))/$hz*1e6/n, 2), round((int(a[1])-int(b[1]))/$hz*1e6/n, 2))"
+}
+wc_=(); wcu=(); wck=(); wt=(); wtu=(); wtk=()
+for round in 1 2 3; do
+  read -r r u k < <(wrk_json "$ceil_pid" "$ceil"); wc_+=("$r"); wcu+=("$u"); wck+=("$k")
+  read -r r2 u2 k2 < <(wrk_json "$serve_pid" "$http"); wt+=("$r2"); wtu+=("$u2"); wtk+=("$k2")
+  echo "round $round (wrk /json): ceiling $r req/s, CPU ${u}+${k} us | tollgate $r2 req/s, CPU ${u2}+${k2} us (user+kernel per request)" >&2
+done
+a=$(median "${wc_[@]}"); b=$(median "${wt[@]}")
+echo "Envoy /json under wrk (-t1 -c32, 100k values): ceiling $a req/s, CPU $(median "${wcu[@]}")+$(median "${wck[@]}") us a request (user+kernel); tollgate $b req/s (ratio $(python3 -c "print(round($b/$a,2))")), CPU $(median "${wtu[@]}")+$(median "${wtk[@]}") us"
 if [ "$with_redis" = redis ]; then
   m=(); r=()
   for round in 1 2 3; do

@@ -205,18 +205,8 @@ impl Problem {
 
 /// Writes `n` in decimal (without `fmt`, which costs more than the rest of an
 /// answer).
-pub(super) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+pub(super) fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(tollgate::headers::Decimal::new(n).as_bytes());
 }
 
 impl IntoResponse for Problem {

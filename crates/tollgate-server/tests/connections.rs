@@ -84,6 +84,9 @@ async fn slow_headers_slow_bodies_and_idle_connections_are_cut_off_at_their_boun
     // A body a byte every 100 ms: 408 at the body timeout (the whole body's bound).
     let head = b"POST /v1/check HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n";
     let slow_body = dribble(http, head, &[b' '; 100], byte, Duration::from_secs(8));
+    // The same on Envoy's /json, which is answered outside the router.
+    let head = b"POST /json HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n";
+    let slow_json = dribble(http, head, &[b' '; 100], byte, Duration::from_secs(8));
     // Nothing at all, on HTTP and on gRPC (no HTTP/2 preface).
     let silent_http = idle(http, Duration::from_secs(8));
     let silent_grpc = idle(grpc, Duration::from_secs(8));
@@ -100,9 +103,10 @@ async fn slow_headers_slow_bodies_and_idle_connections_are_cut_off_at_their_boun
         byte,
         Duration::from_secs(8),
     );
-    let (slow_headers, slow_body, silent_http, silent_grpc, kept_alive) = tokio::join!(
+    let (slow_headers, slow_body, slow_json, silent_http, silent_grpc, kept_alive) = tokio::join!(
         slow_headers,
         slow_body,
+        slow_json,
         silent_http,
         silent_grpc,
         kept_alive
@@ -113,6 +117,9 @@ async fn slow_headers_slow_bodies_and_idle_connections_are_cut_off_at_their_boun
     slow_body.assert_ended_within(low, high, "slow body");
     assert_eq!(slow_body.statuses(), vec![408], "{slow_body:?}");
     assert!(String::from_utf8_lossy(&slow_body.answer).contains("connections.body_timeout"));
+    slow_json.assert_ended_within(low, high, "slow /json body");
+    assert_eq!(slow_json.statuses(), vec![408], "{slow_json:?}");
+    assert!(String::from_utf8_lossy(&slow_json.answer).contains("connections.body_timeout"));
     silent_http.assert_ended_within(low, high, "silent HTTP connection");
     silent_grpc.assert_ended_within(low, high, "silent gRPC connection");
     kept_alive.assert_ended_within(low, high, "idle keep-alive connection");

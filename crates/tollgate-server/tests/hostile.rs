@@ -99,6 +99,16 @@ async fn abusive_requests_get_clear_errors_and_leave_other_keys_alone() {
     )
     .await;
     assert_eq!(status, 413);
+    let (status, _, v) = request(
+        &server,
+        "POST",
+        "/json",
+        &check_body(&"v".repeat(100_000), None),
+        None,
+    )
+    .await;
+    assert_eq!(status, 413, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("length limit"), "{v}");
 
     // gRPC: 10,000 descriptors in one request, beyond requests.max_descriptors (256).
     let mut grpc = RateLimitServiceClient::connect(server.grpc.clone())

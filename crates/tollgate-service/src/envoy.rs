@@ -11,6 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use serde::Deserialize;
+use tollgate::headers::push_decimal;
 use tollgate::Op;
 
 use crate::descriptors::Unit;
@@ -47,6 +48,9 @@ impl From<RateLimitRequest> for EnvoyRequest {
     }
 }
 
+/// Response headers to add: `(name, value)`.
+pub type Headers = Vec<(std::borrow::Cow<'static, str>, String)>;
+
 /// Decides an Envoy request as envoyproxy/ratelimit does (the request's and each
 /// descriptor's `hits_addend`, 0: look without counting; `limit` overrides;
 /// `is_negative_hits`), with the response headers `service.headers` asks for: what
@@ -54,7 +58,7 @@ impl From<RateLimitRequest> for EnvoyRequest {
 pub async fn decide(
     service: &DecisionService,
     req: &EnvoyRequest,
-) -> Result<(CheckResult, Vec<(String, String)>), RequestError> {
+) -> Result<(CheckResult, Headers), RequestError> {
     let result = service
         .check(Api::Envoy, &req.domain, &req.descriptors, req.hits, Op::Try)
         .await?;
@@ -74,7 +78,7 @@ pub async fn should_rate_limit(
         response_headers_to_add: headers
             .into_iter()
             .map(|(key, value)| HeaderValue {
-                key,
+                key: key.into_owned(),
                 value,
                 ..Default::default()
             })
@@ -326,7 +330,7 @@ mod unit_enum {
 /// (lowerCamelCase names in the proto's order, enums by name, durations as
 /// `"1.500s"`, fields at their default value — 0, "", UNKNOWN, empty lists — left
 /// out), written straight from the result.
-pub fn response_json(result: &CheckResult, headers: &[(String, String)]) -> String {
+pub fn response_json(result: &CheckResult, headers: &Headers) -> String {
     let mut out = String::with_capacity(48 + 112 * result.statuses.len());
     out.push_str(r#"{"overallCode":""#);
     out.push_str(result.overall.name());
@@ -360,7 +364,6 @@ pub fn response_json(result: &CheckResult, headers: &[(String, String)]) -> Stri
 }
 
 fn status_json(s: &EnvoyStatus, out: &mut String) {
-    use std::fmt::Write;
     out.push_str(r#"{"code":""#);
     out.push_str(s.code.name());
     out.push('"');
@@ -373,53 +376,127 @@ fn status_json(s: &EnvoyStatus, out: &mut String) {
             sep = ",";
         }
         if per_unit != 0 {
-            let _ = write!(out, r#"{sep}"requestsPerUnit":{per_unit}"#);
+            out.push_str(sep);
+            out.push_str(r#""requestsPerUnit":"#);
+            push_decimal(out, per_unit.into());
             sep = ",";
         }
         if unit != PbUnit::Unknown {
-            let _ = write!(out, r#"{sep}"unit":"{}""#, unit.as_str_name());
+            out.push_str(sep);
+            out.push_str(r#""unit":""#);
+            out.push_str(unit.as_str_name());
+            out.push('"');
         }
         out.push('}');
     }
     if s.remaining != 0 {
-        let _ = write!(out, r#","limitRemaining":{}"#, s.remaining);
+        out.push_str(r#","limitRemaining":"#);
+        push_decimal(out, s.remaining.into());
     }
     if let Some(us) = s.reset_after_us {
-        let _ = write!(out, r#","durationUntilReset":"{}""#, DurationText(us));
+        out.push_str(r#","durationUntilReset":""#);
+        duration_text(us, out);
+        out.push('"');
     }
     out.push('}');
 }
 
-/// A JSON string literal of `s`.
+/// A JSON string literal of `s`, escaped as serde_json escapes (`\"`, `\\`, the
+/// short escapes of `\b \f \n \r \t`, `\u00XX` for the other control characters;
+/// everything else as it is).
 fn json_string(s: &str, out: &mut String) {
-    out.push_str(&serde_json::to_string(s).expect("a string serializes"));
+    out.reserve(s.len() + 2);
+    out.push('"');
+    let mut rest = s;
+    while let Some(i) = rest
+        .bytes()
+        .position(|b| b == b'"' || b == b'\\' || b < 0x20)
+    {
+        // Every byte escaped is ASCII, so `i` is on a char boundary.
+        out.push_str(&rest[..i]);
+        let b = rest.as_bytes()[i];
+        out.push('\\');
+        match b {
+            b'"' | b'\\' => out.push(char::from(b)),
+            b'\n' => out.push('n'),
+            b'\r' => out.push('r'),
+            b'\t' => out.push('t'),
+            0x08 => out.push('b'),
+            0x0c => out.push('f'),
+            _ => {
+                out.push_str("u00");
+                out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+                out.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
+            }
+        }
+        rest = &rest[i + 1..];
+    }
+    out.push_str(rest);
+    out.push('"');
 }
 
 /// A `google.protobuf.Duration` of `us` microseconds as protojson writes it: seconds
-/// with 0, 3, 6 or 9 fractional digits, then `s` (written in place, no allocation).
-struct DurationText(u64);
-
-impl std::fmt::Display for DurationText {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (seconds, nanos) = (self.0 / 1_000_000, (self.0 % 1_000_000) * 1000);
-        match nanos {
-            0 => write!(f, "{seconds}s"),
-            n if n % 1_000_000 == 0 => write!(f, "{seconds}.{:03}s", n / 1_000_000),
-            n if n % 1_000 == 0 => write!(f, "{seconds}.{:06}s", n / 1_000),
-            n => write!(f, "{seconds}.{n:09}s"),
-        }
+/// with 0, 3, 6 or 9 fractional digits, then `s`.
+fn duration_text(us: u64, out: &mut String) {
+    push_decimal(out, us / 1_000_000);
+    let nanos = (us % 1_000_000) * 1000;
+    let digits = match nanos {
+        0 => 0,
+        n if n % 1_000_000 == 0 => 3,
+        n if n % 1_000 == 0 => 6,
+        _ => 9,
+    };
+    if digits > 0 {
+        out.push('.');
+        // The fraction's leading digits, zero-padded to nine and cut to `digits`.
+        let fraction = nanos / 10u64.pow(9 - digits) + 10u64.pow(digits);
+        let at = out.len();
+        push_decimal(out, fraction);
+        out.remove(at); // the 1 that kept the leading zeros
     }
+    out.push('s');
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn written(write: impl FnOnce(&mut String)) -> String {
+        let mut out = String::new();
+        write(&mut out);
+        out
+    }
+
     #[test]
     fn durations_are_written_as_protojson_writes_them() {
-        assert_eq!(DurationText(60_000_000).to_string(), "60s");
-        assert_eq!(DurationText(59_500_000).to_string(), "59.500s");
-        assert_eq!(DurationText(250).to_string(), "0.000250s");
+        let text = |us| written(|out| duration_text(us, out));
+        assert_eq!(text(60_000_000), "60s");
+        assert_eq!(text(0), "0s");
+        assert_eq!(text(59_500_000), "59.500s");
+        assert_eq!(text(1_050_000), "1.050s");
+        assert_eq!(text(250), "0.000250s");
+        assert_eq!(text(1_000_001), "1.000001s");
+        assert_eq!(text(u64::MAX), "18446744073709.551615s");
+    }
+
+    #[test]
+    fn strings_are_written_as_serde_json_writes_them() {
+        let strings = [
+            "",
+            "plain",
+            "q\"uote",
+            "back\\slash",
+            "\n\r\t\u{8}\u{c}",
+            "\u{0}\u{1f}\u{7f}",
+            "é ☃ 😀",
+            "a\u{1}é\"z",
+        ];
+        for s in strings {
+            assert_eq!(
+                written(|out| json_string(s, out)),
+                serde_json::to_string(s).unwrap()
+            );
+        }
     }
 
     #[test]

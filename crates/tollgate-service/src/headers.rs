@@ -3,6 +3,8 @@
 //! [`tollgate::headers`]), the draft-03 trio envoyproxy/ratelimit writes, both, or
 //! none. Shared by the HTTP API and gRPC's `response_headers_to_add`.
 
+use std::borrow::Cow;
+
 use crate::{CheckResult, Code, EnvoyView};
 use tollgate_runtime::config::Headers;
 
@@ -12,7 +14,7 @@ pub fn response_headers(
     style: &Headers,
     result: &CheckResult,
     retry_after: bool,
-) -> Vec<(String, String)> {
+) -> Vec<(Cow<'static, str>, String)> {
     let mut out = Vec::new();
     let ietf = style.style.ietf();
     let retry = result.overall == Code::OverLimit && (retry_after || ietf);
@@ -20,16 +22,16 @@ pub fn response_headers(
     // limit, at load).
     if let Some(h) = (ietf || retry).then(|| ietf_headers(result)).flatten() {
         let retry = h.retry_after_header().filter(|_| retry);
-        out.extend(retry.map(|(k, v)| (k.to_string(), v)));
+        out.extend(retry.map(|(k, v)| (Cow::Borrowed(k), v)));
         if ietf {
-            out.extend(h.ietf().map(|(k, v)| (k.to_string(), v)));
+            out.extend(h.into_ietf().map(|(k, v)| (Cow::Borrowed(k), v)));
         }
     }
     if style.style.legacy() {
         if let Some((limit, remaining, reset)) = draft03(result) {
-            out.push((style.limit.clone(), limit.to_string()));
-            out.push((style.remaining.clone(), remaining.to_string()));
-            out.push((style.reset.clone(), reset.to_string()));
+            out.push((Cow::Owned(style.limit.clone()), limit.to_string()));
+            out.push((Cow::Owned(style.remaining.clone()), remaining.to_string()));
+            out.push((Cow::Owned(style.reset.clone()), reset.to_string()));
         }
     }
     out

@@ -23,6 +23,10 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The longest `/v1/acquire` waits, whatever the policy's max-wait.
 pub const MAX_ACQUIRE_WAIT: Duration = Duration::from_secs(30);
 
+/// Envoy's `/json` in [`HTTP_ROUTES`].
+const JSON_ROUTE: usize = 7;
+const _: () = assert!(matches!(HTTP_ROUTES[JSON_ROUTE].as_bytes(), b"/json"));
+
 /// Who may call admin endpoints.
 #[derive(Debug, Clone)]
 pub struct AdminAccess {
@@ -70,9 +74,18 @@ pub async fn counted_call(
     let started = service.now_ns();
     let route = HTTP_ROUTES.iter().position(|r| *r == request.uri().path());
     let span = (service.tracing()).and_then(|t| crate::spans::http_call(t, &request));
+    // Envoy's `/json` is answered here rather than through the router: its routing,
+    // extractors and layers cost about as much as the decision itself.
+    let envoy = route == Some(JSON_ROUTE) && request.method() == http::Method::POST;
+    let call = async {
+        match envoy {
+            true => Ok(envoy_json(&service, request.into_body()).await),
+            false => app.oneshot(request).await,
+        }
+    };
     let response = match &span {
-        Some(cx) => app.oneshot(request).with_context(cx.clone()).await?,
-        None => app.oneshot(request).await?,
+        Some(cx) => call.with_context(cx.clone()).await?,
+        None => call.await?,
     };
     let status = response.status().as_u16();
     if let Some(cx) = &span {
@@ -134,7 +147,14 @@ pub fn router(service: Arc<DecisionService>, admin: AdminAccess) -> Router {
                 version.unwrap_or_default() + &service.rules().dump()
             }),
         )
-        .route("/json", post(envoy_json))
+        .route(
+            "/json",
+            post(
+                |State(service): State<Arc<DecisionService>>, body: axum::body::Body| async move {
+                    envoy_json(&service, body).await
+                },
+            ),
+        )
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "OK\n" }))
         .route("/readyz", get(readyz))
@@ -536,37 +556,53 @@ fn headers(
 /// with the `RateLimitResponse` in proto3 JSON, 200 (OK) or 429 (OVER_LIMIT); 400 for
 /// a body that is not such a request or that the service refuses (empty domain or
 /// descriptors), naming what is wrong; 503 when the store cannot decide now.
-async fn envoy_json(
-    State(service): State<Arc<DecisionService>>,
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
-    let body = match body {
-        Ok(b) => b,
-        Err(e) if tollgate_runtime::connections::is_body_timeout(&e) => {
-            return (
-                StatusCode::REQUEST_TIMEOUT,
-                Json(json!({ "error": tollgate_runtime::connections::BodyTimedOut::MESSAGE })),
-            )
-                .into_response()
-        }
-        Err(e) => return (e.status(), Json(json!({ "error": e.body_text() }))).into_response(),
+async fn envoy_json(service: &DecisionService, body: axum::body::Body) -> Response {
+    use http_body_util::BodyExt;
+    let body = match http_body_util::Limited::new(body, MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return body_refused(&*e),
     };
     let request = match crate::envoy::request_from_json(&body) {
         Ok(r) => r,
         Err(e) => return bad_request(e),
     };
-    match crate::envoy::decide(&service, &request).await {
+    match crate::envoy::decide(service, &request).await {
         Ok((result, headers)) => {
             let status = match result.overall {
                 Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
                 Code::Ok => StatusCode::OK,
             };
             let json = crate::envoy::response_json(&result, &headers);
-            let content_type = [(http::header::CONTENT_TYPE, "application/json")];
-            (status, content_type, json).into_response()
+            let mut response = Response::new(axum::body::Body::from(json));
+            *response.status_mut() = status;
+            let json_type = http::HeaderValue::from_static("application/json");
+            response
+                .headers_mut()
+                .insert(http::header::CONTENT_TYPE, json_type);
+            response
         }
         Err(e) => request_error(e),
     }
+}
+
+/// The answer to a body that could not be read whole: 408 when it stalled past the
+/// body timeout, 413 past [`MAX_BODY_BYTES`], else 400, naming why (in the words of
+/// the router's extractors, so every route says it alike).
+fn body_refused(e: &(dyn std::error::Error + 'static)) -> Response {
+    let (status, error) = if tollgate_runtime::connections::is_body_timeout(e) {
+        let message = tollgate_runtime::connections::BodyTimedOut::MESSAGE;
+        (StatusCode::REQUEST_TIMEOUT, message.to_string())
+    } else if e.is::<http_body_util::LengthLimitError>() {
+        let message = "Failed to buffer the request body: length limit exceeded";
+        (StatusCode::PAYLOAD_TOO_LARGE, message.to_string())
+    } else {
+        let message = format!("Failed to buffer the request body: {e}");
+        (StatusCode::BAD_REQUEST, message)
+    };
+    (status, Json(json!({ "error": error }))).into_response()
 }
 
 #[cfg(test)]
