@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tollgate proxy next to nginx (Debian's, 2 workers) and HAProxy (Debian's, 2 threads)
-# in one run: all three proxy to the same upstream (`tollgate bench ceiling`) behind an
-# equivalent per-key limit (nginx `limit_req`, an HAProxy stick table's request rate,
-# tollgate `limit-req`), driven by wrk on loopback (2 threads): under the limit (every
+# in one run: all three proxy to the same upstream (`tollgate bench ceiling`) behind a
+# per-key limit (nginx `limit_req`, tollgate `limit-req`, both 10/s with a burst of
+# 100 over the limit; an HAProxy stick table's request rate over 1 s, which counts
+# refused requests too, so over the limit HAProxy admits fewer), driven by wrk on
+# loopback (2 threads): under the limit (every
 # request passes; each request's X-Api-Key drawn at random out of KEYS keys, default
 # 100,000) and over it (one key; most rejected). tollgate runs with its metrics on (a
 # metrics listener, the per-route request metrics), as a deployment would.
@@ -30,7 +32,10 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 cat > "$work/keys.lua" <<LUA
-math.randomseed(11)
+-- Each wrk thread its own sequence of keys.
+local threads = 0
+function setup(thread) threads = threads + 1; thread:set("id", threads) end
+function init(args) math.randomseed(11 + id) end
 request = function()
   return wrk.format(nil, "/api/x", {["X-Api-Key"] = "k" .. math.random(0, ${KEYS:-100000} - 1)})
 end

@@ -92,6 +92,7 @@ wrk_json() { # pid port
   before=$(awk '{print $14, $15}' "/proc/$1/stat")
   rate=$(taskset -c 1 wrk -t1 -c32 -d"${secs}s" -s "$work/json.lua" "http://127.0.0.1:$2/json" \
     | awk '/Requests\/sec/ {print int($2)}')
+  [ -n "$rate" ] || { echo "wrk gave no Requests/sec against port $2" >&2; exit 1; }
   after=$(awk '{print $14, $15}' "/proc/$1/stat")
   python3 -c "b='$before'.split(); a='$after'.split(); r=$rate; n=r*$secs
 print(r, round((int(a[0])-int(b[0]))/$hz*1e6/n, 2), round((int(a[1])-int(b[1]))/$hz*1e6/n, 2))"

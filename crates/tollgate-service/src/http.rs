@@ -63,7 +63,9 @@ impl AdminAccess {
 }
 
 /// Answers `request` with `app` (the [`router`]), counting the call by route and
-/// status and timing it: the one way `serve` calls its router.
+/// status and timing it: the one way `serve` calls its router. Envoy's `POST /json`
+/// is answered here without `app` (as its `/json` route answers it), so layers added
+/// to `app` do not see it.
 pub async fn counted_call(
     service: Arc<DecisionService>,
     app: Router,
@@ -608,6 +610,58 @@ fn body_refused(e: &(dyn std::error::Error + 'static)) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Envoy's `/json` answers alike through the router (for a caller that mounts it)
+    /// and through `counted_call` (which answers it before the router).
+    #[tokio::test]
+    async fn envoy_json_answers_alike_with_and_without_the_router() {
+        use http_body_util::BodyExt;
+        let service = Arc::new(DecisionService::example());
+        let admin = AdminAccess {
+            token: None,
+            loopback: true,
+        };
+        let app = router(service.clone(), admin);
+        let body =
+            r#"{"domain":"example","descriptors":[{"entries":[{"key":"api_key","value":"r"}]}]}"#;
+        let request = || {
+            axum::http::Request::post("/json")
+                .body(axum::body::Body::from(body))
+                .unwrap()
+        };
+        let mut answers = Vec::new();
+        for routed in [true, false] {
+            let response = match routed {
+                true => tower::ServiceExt::oneshot(app.clone(), request())
+                    .await
+                    .unwrap(),
+                false => counted_call(service.clone(), app.clone(), request())
+                    .await
+                    .unwrap(),
+            };
+            let status = response.status();
+            let kind = response.headers()[http::header::CONTENT_TYPE].clone();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            answers.push((
+                status,
+                kind,
+                v["overallCode"].clone(),
+                v["statuses"][0]["limitRemaining"].clone(),
+            ));
+        }
+        assert_eq!(answers[0].0, StatusCode::OK);
+        assert_eq!(answers[0].1, "application/json");
+        assert_eq!(answers[0].2, "OK");
+        // The same key, one request apart.
+        assert_eq!(
+            answers[0].3.as_u64().unwrap(),
+            answers[1].3.as_u64().unwrap() + 1
+        );
+        assert_eq!(answers[0].0, answers[1].0);
+        assert_eq!(answers[0].1, answers[1].1);
+        assert_eq!(answers[0].2, answers[1].2);
+    }
 
     /// Every route of [`HTTP_ROUTES`] is served, and each call is counted under its route
     /// with its status; a path no route matches is counted as `other`.
