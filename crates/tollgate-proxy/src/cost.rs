@@ -192,6 +192,7 @@ impl RouteCost {
             data: Vec::new(),
             found: None,
             overflow: false,
+            done: false,
             max: self.max_body,
         })
     }
@@ -252,6 +253,8 @@ pub(super) struct Meter {
     /// The body (or an event) passed `max`.
     overflow: bool,
     max: usize,
+    /// The event stream said it is done (`data: [DONE]`, OpenAI's last event).
+    done: bool,
 }
 
 impl Meter {
@@ -304,7 +307,8 @@ impl Meter {
     /// Ends an event: its data, if JSON with the field, is the usage so far.
     fn event(&mut self) {
         let data = std::mem::take(&mut self.data);
-        if data.is_empty() || data == b"[DONE]" {
+        self.done |= data == b"[DONE]";
+        if data.is_empty() || self.done {
             return;
         }
         // Most events carry no usage (or `"usage": null`, asked for): an object
@@ -497,6 +501,19 @@ impl Metered {
         if let Some((_, meter)) = &mut self.0 {
             meter.feed(chunk);
         }
+    }
+
+    /// Once the event stream has said it is done (`data: [DONE]`, read by
+    /// [`Self::feed`]): its usage settles now, to be awaited before that event is
+    /// passed on, so that a client that stops reading there (the openai package
+    /// closes the response at `[DONE]`) asks again only after the charge. `None`
+    /// before, and after it settled (then [`Self::finish`] has nothing left to do).
+    pub fn settle_at_done(&mut self) -> Option<Settle> {
+        if !self.0.as_ref().is_some_and(|(_, meter)| meter.done) {
+            return None;
+        }
+        let (pending, meter) = self.0.take()?;
+        Some(pending.settle(meter.finish()))
     }
 
     /// The body has ended: its usage settles.

@@ -121,6 +121,7 @@ pub(super) async fn forward(
         strip,
         settling: None,
         last: None,
+        done: None,
     };
     Ok(Response::from_parts(parts, Body::new(body)))
 }
@@ -366,6 +367,9 @@ struct Held {
     settling: Option<Settle>,
     /// The body's last frame, sent once they have.
     last: Option<http_body::Frame<bytes::Bytes>>,
+    /// The frame that said the event stream is done (`data: [DONE]`), sent once its
+    /// usage, settled then, has landed.
+    done: Option<http_body::Frame<bytes::Bytes>>,
 }
 
 impl Held {
@@ -424,6 +428,9 @@ impl http_body::Body for Held {
             if let Some(settling) = &mut self.settling {
                 std::task::ready!(settling.as_mut().poll(cx));
                 self.settling = None;
+                if let Some(done) = self.done.take() {
+                    return Poll::Ready(Some(Ok(done)));
+                }
                 return Poll::Ready(self.last.take().map(Ok));
             }
             let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
@@ -447,13 +454,20 @@ impl http_body::Body for Held {
                         metered.feed(&data);
                     }
                     let at_end = http_body::Body::is_end_stream(&self.body);
-                    match self.stripped(&data, at_end) {
+                    let frame = match self.stripped(&data, at_end) {
                         // A frame that held only what is taken out, or the start of
                         // an event: the next one.
                         Some(out) if out.is_empty() && !at_end => continue,
                         Some(out) => http_body::Frame::data(out),
                         None => http_body::Frame::data(data),
+                    };
+                    let charge = self.charge.as_mut();
+                    if let Some(settle) = charge.and_then(Metered::settle_at_done) {
+                        self.settling = Some(settle);
+                        self.done = Some(frame);
+                        continue;
                     }
+                    frame
                 }
                 Err(trailers) => trailers,
             };
@@ -472,6 +486,7 @@ impl http_body::Body for Held {
         !self.holds_end()
             && self.settling.is_none()
             && self.last.is_none()
+            && self.done.is_none()
             && self.body.is_end_stream()
     }
 

@@ -23,7 +23,8 @@ const BUDGET: u64 = 10_000;
 /// The upstream: POST /v1/chat/completions. The request body is JSON with `stream`
 /// and `tokens` (the usage to report); header `x-usage` says how to report it:
 /// `json` (default), `header`, `string`, `huge`, `negative` or `none`; `slow`
-/// reports in JSON with 300 ms between events.
+/// reports in JSON with 300 ms between events; `linger` reports in JSON and ends the
+/// stream 300 ms after its `[DONE]`.
 async fn upstream() -> String {
     async fn completion(headers: HeaderMap, body: Bytes) -> Response<Body> {
         let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -57,10 +58,17 @@ async fn upstream() -> String {
             events.push(format!("data: {{\"choices\":[]{usage}}}\n\n"));
             events.push("data: [DONE]\n\n".into());
             let gap = Duration::from_millis(if how == "slow" { 300 } else { 2 });
+            let linger = how == "linger";
             let chunks = futures::stream::iter(events).then(move |e| async move {
                 tokio::time::sleep(gap).await;
                 Ok::<_, std::io::Error>(Bytes::from(e))
             });
+            // With `linger`, the stream ends 300 ms after its last event.
+            let end = futures::stream::iter(linger.then_some(())).then(|()| async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, std::io::Error>(Bytes::new())
+            });
+            let chunks = chunks.chain(end);
             let mut r = Response::new(Body::from_stream(chunks));
             r.headers_mut()
                 .insert("content-type", "text/event-stream".parse().unwrap());
@@ -579,4 +587,48 @@ async fn a_body_that_stalls_before_admission_is_answered_408() {
     let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut answer)).await;
     let answer = String::from_utf8_lossy(&answer[..n.unwrap().unwrap()]).into_owned();
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
+
+/// A client that stops reading an event stream at its `[DONE]` (the openai package
+/// closes the response there) and asks again at once finds the usage charged: the
+/// charge lands before `[DONE]` is passed on, not at the body's end (here 300 ms
+/// later), over HTTP/1.1 (the fast path) and HTTP/2 (hyper's path) alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_at_done_asks_again_after_the_charge() {
+    let up = upstream().await;
+    let dir = temp_dir("done");
+    let px = proxy(&dir, &up, "", "token-bucket:rate=1000/h,capacity=1000");
+    let h2: HttpClient = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    for (c, key) in [(client(), "k-done"), (h2, "h2-done")] {
+        let send = || {
+            let url = format!("{}/v1/chat/completions", px.addr);
+            let req = http::Request::post(url)
+                .header("authorization", key)
+                .header("x-usage", "linger")
+                .body(Full::new(Bytes::from(
+                    r#"{"model":"m","stream":true,"tokens":1000}"#,
+                )))
+                .unwrap();
+            c.request(req)
+        };
+        // The whole budget, used by the first stream (admitted on the estimate).
+        let resp = send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{key}");
+        let mut body = resp.into_body();
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("[DONE]") {
+            let frame = body.frame().await.expect("a frame").unwrap();
+            seen.extend_from_slice(frame.data_ref().map_or(&[][..], |d| d));
+        }
+        drop(body);
+        let again = send().await.unwrap();
+        assert_eq!(
+            again.status(),
+            429,
+            "{key}: admitted before the first was charged"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -250,6 +250,7 @@ where
             if let Some(m) = meter.as_deref_mut() {
                 m.feed(&buf[..take]);
             }
+            settle_at_done(&mut meter).await;
             if hold && left == 0 {
                 head.extend_from_slice(&buf[..take]);
                 buf.advance(take);
@@ -276,6 +277,7 @@ where
                     None => chunks.feed(buf, head)?,
                 };
                 buf.advance(used);
+                settle_at_done(&mut meter).await;
                 if hold && chunks.done() {
                     return Ok(());
                 }
@@ -293,6 +295,7 @@ where
             if let Some(m) = meter.as_deref_mut() {
                 m.feed(buf);
             }
+            settle_at_done(&mut meter).await;
             head.extend_from_slice(buf);
             buf.clear();
             if !head.is_empty() {
@@ -366,6 +369,7 @@ where
         if let Some(m) = meter.as_deref_mut() {
             m.feed(&data);
         }
+        settle_at_done(&mut meter).await;
         strip.feed(&data, &mut edited);
         data.clear();
         if ended {
@@ -391,6 +395,14 @@ where
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Settles `meter`'s usage once its event stream said it is done, before the bytes
+/// that said it are passed on (see [`Metered::settle_at_done`]).
+async fn settle_at_done(meter: &mut Option<&mut Metered>) {
+    if let Some(settle) = meter.as_deref_mut().and_then(Metered::settle_at_done) {
+        settle.await;
     }
 }
 

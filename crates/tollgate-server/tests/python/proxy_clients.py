@@ -78,6 +78,10 @@ class Upstream(BaseHTTPRequestHandler):
             for e in events:
                 self.chunk(b"data: " + json.dumps(e).encode() + b"\n\n")
             self.chunk(b"data: [DONE]\n\n")
+            # The stream's end a moment after `[DONE]`, as a real upstream's may come:
+            # a client that stops reading at `[DONE]` (the openai package closes the
+            # response there) asks again before it.
+            time.sleep(0.05)
             self.chunk(b"")
             return
         text = json.dumps({
