@@ -1,6 +1,7 @@
 //! The adaptive gate's guarantees, on random operations under a virtual clock: the limit
-//! stays in [min, max], grants never exceed the limit, held permits are never revoked,
-//! strict priority and FIFO within one, fair shares, determinism.
+//! stays in [min, max], grants never exceed the limit (counting the granted class and
+//! those above it), held permits are never revoked, strict priority and FIFO within
+//! one, fair shares, determinism.
 
 use std::collections::BTreeMap;
 
@@ -92,9 +93,11 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
             }
         }
         let events: Vec<GateEvent> = gate.drain_events().collect();
+        let mut granted = Vec::new();
         for e in events {
             match e {
                 GateEvent::Granted { id, ticket } => {
+                    granted.push(ticket.priority());
                     let me = queued
                         .remove(&id)
                         .expect("granted a waiter that was queued");
@@ -143,6 +146,7 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
                         queued.values().all(|q| q.priority < req.priority),
                         "a permit was free while others waited"
                     );
+                    granted.push(t.priority());
                     held.push((t, caller));
                     *holders.entry(caller).or_default() += 1;
                 }
@@ -172,15 +176,19 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
         );
         assert_eq!(s.in_flight as usize, held.len());
         assert_eq!(s.queued as usize, queued.len());
-        // Grants only below the limit: permits rise above it only by holding on
-        // while it falls, never by a grant.
+        // Grants only below the limit, counting the granted class and those above
+        // it: permits rise above the limit only by holding on while it falls, or by
+        // work coming back to places its class held while lower work holds permits
+        // past the fallen limit (that lower work absorbs the cut).
         if s.in_flight > in_flight_before {
-            assert!(
-                s.in_flight <= s.limit,
-                "{} in flight over a limit of {}",
-                s.in_flight,
-                s.limit
-            );
+            for &p in &granted {
+                let at_or_above = held.iter().filter(|(t, _)| t.priority() >= p).count();
+                assert!(
+                    at_or_above as u32 <= s.limit,
+                    "{at_or_above} in flight at {p:?} and above, over a limit of {}",
+                    s.limit
+                );
+            }
         }
         // A request waits under a free permit only when that permit is kept for a
         // higher priority than any waiting.
@@ -402,4 +410,44 @@ fn permits_critical_work_held_lately_are_kept_from_lower_work() {
         Enqueued::Granted(_)
     ));
     let _ = waiting;
+}
+
+#[test]
+fn work_coming_back_after_a_cut_takes_the_places_lower_work_holds_past_the_limit() {
+    let mut gate = AdaptiveGate::new("gradient:initial=10,queue=10".parse().unwrap(), false);
+    let mut critical: Vec<Ticket> = (0..8)
+        .map(|c| grant(&mut gate, req(Priority::CRITICAL, c)))
+        .collect();
+    let _sheddable = [
+        grant(&mut gate, req(Priority::SHEDDABLE, 8)),
+        grant(&mut gate, req(Priority::SHEDDABLE, 9)),
+    ];
+    // Critical clients answered with drops and coming straight back, until a window
+    // of 10 outcomes closes with a cut (10 x 0.9): the sheddable permits are still
+    // held, so 9 are in flight against a limit of 9.
+    let mut now = 0;
+    for i in 0..10 {
+        now += 1_000;
+        let t = critical.remove(0);
+        gate.release(now, t, Outcome::Dropped);
+        if i < 9 {
+            critical.push(grant(&mut gate, req(Priority::CRITICAL, i)));
+        }
+    }
+    let s = gate.stats();
+    assert_eq!((s.limit, s.in_flight), (9, 9), "{s:?}");
+    // The critical client comes back to its place: the lower work holding permits
+    // past the fallen limit absorbs the cut, not it.
+    match gate.enqueue(now + 100, req(Priority::CRITICAL, 9), None) {
+        Enqueued::Granted(_) => {}
+        other => panic!("critical work kept out by sheddable permits: {other:?}"),
+    }
+    assert_eq!(gate.in_flight(), 10);
+    // Nothing more: lower work waits for the limit, and critical work beyond what its
+    // class held lately competes as before.
+    assert!(!matches!(
+        gate.enqueue(now + 100, req(Priority::SHEDDABLE, 10), None),
+        Enqueued::Granted(_)
+    ));
+    wait(&mut gate, now + 100, req(Priority::CRITICAL, 11));
 }

@@ -74,6 +74,11 @@ impl Ticket {
     pub fn admitted_us(&self) -> u64 {
         self.admitted_us
     }
+
+    /// The priority it was granted at.
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
 }
 
 /// A waiter's handle: unique per gate.
@@ -543,7 +548,24 @@ impl AdaptiveGate {
     /// those the higher priorities held lately and do not hold now (a critical
     /// client between two requests keeps its place; lower work never takes it).
     fn fits(&self, priority: Priority) -> bool {
-        self.in_flight.saturating_add(self.reserved_above(priority)) < self.limit
+        let reserved = self.reserved_above(priority);
+        if self.in_flight.saturating_add(reserved) < self.limit {
+            return true;
+        }
+        // A place its own class held lately, where lower work holds permits past a
+        // limit that fell: the lower work absorbs the cut, not the work coming back.
+        let span = self.baseline.get().unwrap_or(MIN_AUTO_DELAY_US);
+        let mut at_or_above = 0u32;
+        let mut own_reserve = 0u32;
+        for c in self.classes.iter().take_while(|c| c.priority >= priority) {
+            at_or_above += c.held;
+            if c.priority == priority {
+                own_reserve = c.reserve(self.now_us, span);
+            }
+        }
+        own_reserve > 0
+            && at_or_above < self.in_flight
+            && at_or_above.saturating_add(reserved) < self.limit
     }
 
     /// The permits kept for priorities above `priority`.
