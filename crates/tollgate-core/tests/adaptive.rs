@@ -49,10 +49,14 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
     let mut gate = AdaptiveGate::new(spec, fair);
     let mut now = 0u64;
     let mut held: Vec<(Ticket, u64)> = Vec::new();
+    // When each held permit was granted, counted in changes of the limit (as `held`).
+    let mut granted_at: Vec<u64> = Vec::new();
+    let mut limit_changes = 0u64;
     let mut queued: BTreeMap<u64, Queued> = BTreeMap::new();
     let mut holders: BTreeMap<u64, u32> = BTreeMap::new();
     for op in ops {
         let in_flight_before = gate.in_flight();
+        let limit_before = gate.limit();
         let mut arrival = None;
         match *op {
             Op::Arrive {
@@ -74,7 +78,9 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
                 dropped,
             } => {
                 if !held.is_empty() {
-                    let (t, caller) = held.swap_remove(pick % held.len());
+                    let at = pick % held.len();
+                    let (t, caller) = held.swap_remove(at);
+                    granted_at.swap_remove(at);
                     *holders.get_mut(&caller).unwrap() -= 1;
                     now = now.max(t.admitted_us());
                     let outcome = if dropped {
@@ -92,6 +98,8 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
                 gate.expire(now);
             }
         }
+        // A release may close a window and change the limit before it grants.
+        limit_changes += u64::from(gate.limit() != limit_before);
         let events: Vec<GateEvent> = gate.drain_events().collect();
         let mut granted = Vec::new();
         for e in events {
@@ -124,6 +132,7 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
                         }
                     }
                     held.push((ticket, me.caller));
+                    granted_at.push(limit_changes);
                     *holders.entry(me.caller).or_default() += 1;
                 }
                 GateEvent::Shed { id, reason } => {
@@ -148,6 +157,7 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
                     );
                     granted.push(t.priority());
                     held.push((t, caller));
+                    granted_at.push(limit_changes);
                     *holders.entry(caller).or_default() += 1;
                 }
                 Enqueued::Waiting { id, .. } => {
@@ -176,16 +186,27 @@ fn run(spec: &str, fair: bool, ops: &[Op]) -> String {
         );
         assert_eq!(s.in_flight as usize, held.len());
         assert_eq!(s.queued as usize, queued.len());
-        // Grants only below the limit, counting the granted class and those above
-        // it: permits rise above the limit only by holding on while it falls, or by
-        // work coming back to places its class held while lower work holds permits
-        // past the fallen limit (that lower work absorbs the cut).
+        // Grants only below the limit, but for work coming back to its places while
+        // lower work holds permits granted before the limit last changed or from a
+        // place kept for higher work: then at most the limit for the granted class
+        // and those above it, and past the limit by no more than those lower permits.
         if s.in_flight > in_flight_before {
             for &p in &granted {
                 let at_or_above = held.iter().filter(|(t, _)| t.priority() >= p).count();
+                let older_below = (held.iter().zip(&granted_at))
+                    .filter(|((t, _), &at)| {
+                        t.priority() < p && (at < limit_changes || t.from_reserve())
+                    })
+                    .count();
                 assert!(
                     at_or_above as u32 <= s.limit,
                     "{at_or_above} in flight at {p:?} and above, over a limit of {}",
+                    s.limit
+                );
+                assert!(
+                    s.in_flight as usize <= s.limit as usize + older_below,
+                    "{} in flight over a limit of {} with {older_below} older lower permits",
+                    s.in_flight,
                     s.limit
                 );
             }
@@ -423,8 +444,8 @@ fn work_coming_back_after_a_cut_takes_the_places_lower_work_holds_past_the_limit
         grant(&mut gate, req(Priority::SHEDDABLE, 9)),
     ];
     // Critical clients answered with drops and coming straight back, until a window
-    // of 10 outcomes closes with a cut (10 x 0.9): the sheddable permits are still
-    // held, so 9 are in flight against a limit of 9.
+    // of 10 outcomes closes with a cut (10 x 0.9): 9 in flight against a limit of 9,
+    // two of them the sheddable permits granted before the cut.
     let mut now = 0;
     for i in 0..10 {
         now += 1_000;
@@ -444,10 +465,32 @@ fn work_coming_back_after_a_cut_takes_the_places_lower_work_holds_past_the_limit
     }
     assert_eq!(gate.in_flight(), 10);
     // Nothing more: lower work waits for the limit, and critical work beyond what its
-    // class held lately competes as before.
+    // class held lately competes as before. Without a change of the limit, lower
+    // permits are no one's to take: a reserve alone never passes the limit.
     assert!(!matches!(
         gate.enqueue(now + 100, req(Priority::SHEDDABLE, 10), None),
         Enqueued::Granted(_)
     ));
     wait(&mut gate, now + 100, req(Priority::CRITICAL, 11));
+    let mut gate = AdaptiveGate::new("gradient:initial=4,queue=10".parse().unwrap(), false);
+    let c0 = grant(&mut gate, req(Priority::CRITICAL, 0));
+    let c1 = grant(&mut gate, req(Priority::CRITICAL, 1));
+    let _low = grant(&mut gate, req(Priority::SHEDDABLE, 2));
+    gate.release(1_000, c0, Outcome::Ignored);
+    // The critical reserve lapses (no baseline yet: a millisecond): lower work takes
+    // both free places.
+    for caller in 3..5 {
+        match gate.enqueue(5_000, req(Priority::SHEDDABLE, caller), None) {
+            Enqueued::Granted(_) => {}
+            other => panic!("a lapsed reserve keeps nothing: {other:?}"),
+        }
+    }
+    // A critical release makes its class's reserve live again (2 held lately).
+    gate.release(5_100, c1, Outcome::Ignored);
+    assert!(matches!(
+        gate.enqueue(5_100, req(Priority::CRITICAL, 0), None),
+        Enqueued::Granted(_)
+    ));
+    assert_eq!(gate.in_flight(), 4);
+    wait(&mut gate, 5_100, req(Priority::CRITICAL, 1));
 }

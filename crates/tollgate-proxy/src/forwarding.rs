@@ -463,8 +463,21 @@ impl http_body::Body for Held {
                     };
                     let charge = self.charge.as_mut();
                     if let Some(settle) = charge.and_then(Metered::settle_at_done) {
-                        self.settling = Some(settle);
-                        self.done = Some(frame);
+                        if !self.body.is_end_stream() {
+                            self.settling = Some(settle);
+                            self.done = Some(frame);
+                            continue;
+                        }
+                        // Also the last frame: it waits for the permit's return too.
+                        self.last = Some(frame);
+                        self.ended();
+                        let then = self.settling.take();
+                        self.settling = Some(Box::pin(async move {
+                            settle.await;
+                            if let Some(then) = then {
+                                then.await;
+                            }
+                        }));
                         continue;
                     }
                     frame

@@ -67,6 +67,8 @@ pub struct Ticket {
     admitted_us: u64,
     caller: Option<u64>,
     priority: Priority,
+    /// Granted from a place kept for higher work, past its waiter's deadline.
+    from_reserve: bool,
 }
 
 impl Ticket {
@@ -78,6 +80,13 @@ impl Ticket {
     /// The priority it was granted at.
     pub fn priority(&self) -> Priority {
         self.priority
+    }
+
+    /// Whether it was granted from a place kept for higher work (its waiter's
+    /// deadline came first): that work, coming back, may take its place while it is
+    /// held, even past the limit.
+    pub fn from_reserve(&self) -> bool {
+        self.from_reserve
     }
 }
 
@@ -192,6 +201,9 @@ struct ClassLoad {
     peak_before: u32,
     /// When it last released a permit (us).
     released_us: u64,
+    /// Of `held`, the permits granted before the limit last changed or from a place
+    /// kept for higher work: higher work coming back may take their places.
+    stale: u32,
 }
 
 impl ClassLoad {
@@ -399,6 +411,9 @@ impl AdaptiveGate {
         {
             c.held = c.held.saturating_sub(1);
             c.released_us = now_us;
+            if ticket.epoch != self.epoch || ticket.from_reserve {
+                c.stale = c.stale.saturating_sub(1);
+            }
         }
         if let Some(caller) = ticket.caller {
             if let Some(c) = self.callers.get_mut(&caller) {
@@ -519,6 +534,7 @@ impl AdaptiveGate {
                     peak: 0,
                     peak_before: 0,
                     released_us: 0,
+                    stale: 0,
                 };
                 self.classes.insert(at, class);
                 at
@@ -532,6 +548,7 @@ impl AdaptiveGate {
             admitted_us: now_us,
             caller: req.caller.filter(|_| self.fair),
             priority: req.priority,
+            from_reserve: false,
         }
     }
 
@@ -552,20 +569,25 @@ impl AdaptiveGate {
         if self.in_flight.saturating_add(reserved) < self.limit {
             return true;
         }
-        // A place its own class held lately, where lower work holds permits past a
-        // limit that fell: the lower work absorbs the cut, not the work coming back.
+        // Work coming back to a place its class held lately, where lower work holds
+        // permits granted before the limit last changed or from a place kept for
+        // higher work: those permits, not the work coming back, absorb the cut. Never past the limit for this class and those
+        // above, nor past the limit by more than those lower permits.
         let span = self.baseline.get().unwrap_or(MIN_AUTO_DELAY_US);
-        let mut at_or_above = 0u32;
-        let mut own_reserve = 0u32;
-        for c in self.classes.iter().take_while(|c| c.priority >= priority) {
-            at_or_above += c.held;
+        let (mut at_or_above, mut own_reserve, mut stale_below) = (0u32, 0u32, 0u32);
+        for c in &self.classes {
+            if c.priority >= priority {
+                at_or_above += c.held;
+            } else {
+                stale_below += c.stale;
+            }
             if c.priority == priority {
                 own_reserve = c.reserve(self.now_us, span);
             }
         }
         own_reserve > 0
-            && at_or_above < self.in_flight
             && at_or_above.saturating_add(reserved) < self.limit
+            && self.in_flight < self.limit.saturating_add(stale_below)
     }
 
     /// The permits kept for priorities above `priority`.
@@ -690,6 +712,9 @@ impl AdaptiveGate {
         if limit != self.limit {
             self.limit = limit;
             self.epoch += 1;
+            for c in &mut self.classes {
+                c.stale = c.held;
+            }
         }
         self.windows += 1;
         self.window.reset(self.in_flight);
@@ -732,13 +757,20 @@ impl AdaptiveGate {
                 first
             };
             let w = self.remove_waiter(id).expect("a queued waiter");
-            let ticket = self.admit(
+            let from_reserve = !keep_reserves && !self.fits(w.priority);
+            let mut ticket = self.admit(
                 now_us,
                 Request {
                     priority: w.priority,
                     caller: w.caller,
                 },
             );
+            if from_reserve {
+                ticket.from_reserve = true;
+                if let Some(c) = (self.classes.iter_mut()).find(|c| c.priority == w.priority) {
+                    c.stale += 1;
+                }
+            }
             self.events.push(GateEvent::Granted { id, ticket });
         }
     }

@@ -29,13 +29,14 @@
 //!   is free beyond those the priorities above it held lately (this window or the
 //!   last, while their last release is at most one baseline old) and do not hold
 //!   now; a cut never takes the limit below what the priorities above the lowest one
-//!   in flight held during the window, so the lowest class absorbs it — also when a
-//!   cut lands while lower work still holds permits past the new limit: work coming
-//!   back to a place its class held lately takes it as long as its class and those
-//!   above hold fewer than the limit (permits beyond the limit are then the lower
-//!   work's, which gets no new one until they have ended). While the work of one
-//!   priority and above fits the capacity on its own, it is neither shed nor slowed
-//!   by lower work.
+//!   in flight held during the window, so the lowest class absorbs it — also while
+//!   lower work holds permits granted before the limit last changed, or from a place
+//!   kept for higher work (at a lower waiter's deadline): work coming back to a place
+//!   its class held lately takes it as long as its class and those above hold fewer
+//!   than the limit, and the permits in flight stay under the limit plus those lower
+//!   permits (which only end: lower work gets no new permit until in flight is under
+//!   the limit). While the work of one priority and above fits the
+//!   capacity on its own, it is neither shed nor slowed by lower work.
 //! * A service whose times jitter: a window counts towards the baseline at its mean
 //!   plus one standard error, and the gradient cuts only when the mean minus two
 //!   standard errors passes the tolerance (chance is not read as queueing).
