@@ -571,8 +571,9 @@ impl AdaptiveGate {
         }
         // Work coming back to a place its class held lately, where lower work holds
         // permits granted before the limit last changed or from a place kept for
-        // higher work: those permits, not the work coming back, absorb the cut. Never past the limit for this class and those
-        // above, nor past the limit by more than those lower permits.
+        // higher work: those permits, not the work coming back, absorb the cut.
+        // Never past the limit for this class and those above, nor past the limit by
+        // more than those lower permits.
         let span = self.baseline.get().unwrap_or(MIN_AUTO_DELAY_US);
         let (mut at_or_above, mut own_reserve, mut stale_below) = (0u32, 0u32, 0u32);
         for c in &self.classes {

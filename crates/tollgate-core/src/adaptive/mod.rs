@@ -35,8 +35,8 @@
 //!   its class held lately takes it as long as its class and those above hold fewer
 //!   than the limit, and the permits in flight stay under the limit plus those lower
 //!   permits (which only end: lower work gets no new permit until in flight is under
-//!   the limit). While the work of one priority and above fits the
-//!   capacity on its own, it is neither shed nor slowed by lower work.
+//!   the limit). While the work of one priority and above fits the capacity on its
+//!   own, it is neither shed nor slowed by lower work.
 //! * A service whose times jitter: a window counts towards the baseline at its mean
 //!   plus one standard error, and the gradient cuts only when the mean minus two
 //!   standard errors passes the tolerance (chance is not read as queueing).
