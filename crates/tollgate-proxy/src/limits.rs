@@ -480,7 +480,9 @@ impl RateCounters {
                 tollgate::clock::MonotonicClock::new(),
             )),
             Some((store, config)) => config
-                .limiter(store, &redis_name(route, name), rules.clone())
+                // The proxy may hold a request for a later window (max-wait): no window
+                // counters.
+                .limiter(store, &redis_name(route, name), rules.clone(), false)
                 .map_err(|e| anyhow::anyhow!("{at} (store redis): {e}"))?,
         };
         Ok(Some(RateCounters {

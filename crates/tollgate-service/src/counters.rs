@@ -80,8 +80,9 @@ impl Counters {
                     Some((store, config)) if StoreConfig::is_per_second(&rules) => (store, config),
                     _ => (&redis.store, &redis.config),
                 };
+                let window_counters = config.window_counters.unwrap_or(true);
                 config
-                    .limiter(store, &name, rules)
+                    .limiter(store, &name, rules, window_counters)
                     .map_err(|e| format!("with store redis (limit {path}): {e}"))
             }
         }

@@ -93,7 +93,7 @@ async fn behaves(limiter: &impl RateLimiter, store: &str) {
     // New rules: the key's state carries over (GCRA to GCRA).
     let wider = RuleSet::parse(&[
         "gcra:rate=3/m,burst=5,max-wait=1s",
-        "fixed-window:limit=100,window=1h",
+        "fixed-window:limit=100,window=1h,align=first",
     ])
     .unwrap();
     limiter.set_rules(wider.clone()).unwrap();
@@ -139,7 +139,7 @@ fn pacing() -> RuleSet {
 fn rules() -> RuleSet {
     RuleSet::parse(&[
         "gcra:rate=3/m,burst=3,max-wait=1s",
-        "fixed-window:limit=100,window=1h",
+        "fixed-window:limit=100,window=1h,align=first",
     ])
     .unwrap()
 }

@@ -275,7 +275,8 @@ fn memory_redis_and_cluster_decide_identically() {
         );
         // Each call was decided by the code the store was told to use (the module
         // store's rule sets with a sliding-log go to Functions).
-        let [module, functions, eval] = s.paths;
+        let [module, functions, eval, commands] = s.paths;
+        assert_eq!(commands, 0, "{label}: no window counters asked for: {s:?}");
         assert_eq!(module + functions + eval, s.calls, "{label}: {s:?}");
         match *label {
             "redis evalsha" => assert_eq!(eval, s.calls, "{label}: {s:?}"),
@@ -364,4 +365,249 @@ fn redis_keeps_every_promise_on_random_traffic() {
             Ok(())
         })
         .unwrap();
+}
+
+/// A window counter's trace: Envoy's counting, charges, tries and looks.
+#[derive(Debug, Clone)]
+struct CounterEvent {
+    gap_us: u64,
+    key: u8,
+    cost: u64,
+    /// `None`: a peek.
+    op: Option<Op>,
+}
+
+fn counter_case() -> impl Strategy<Value = (u64, &'static str, bool, Vec<CounterEvent>, usize)> {
+    let event = (
+        prop_oneof![3 => Just(0u64), 4 => 0u64..2_000, 4 => 0u64..400_000, 1 => 0u64..3_000_000],
+        0u8..2,
+        prop_oneof![6 => Just(1u64), 1 => 2u64..4, 1 => 0u64..12],
+        prop_oneof![
+            4 => Just(Some(Op::Count)),
+            2 => Just(Some(Op::Try)),
+            1 => Just(Some(Op::Charge)),
+            1 => Just(None),
+        ],
+    )
+        .prop_map(|(gap_us, key, cost, op)| CounterEvent {
+            gap_us,
+            key,
+            cost,
+            op,
+        });
+    (
+        1u64..8,
+        prop::sample::select(&["1s", "250ms", "1m"][..]),
+        any::<bool>(),
+        prop::collection::vec(event, 1..60),
+        1usize..6,
+    )
+}
+
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
+#[test]
+fn window_counters_decide_as_the_memory_store_does() {
+    // Envoy's rules (a clock-aligned fixed window whose debt is forgiven) kept as one
+    // integer key per window and counted by plain commands: every decision, look and
+    // error is the memory store's, on one node and on a Cluster, batched.
+    use tollgate::redis::RedisLimiterOptions;
+    let single = RedisServers::standalone();
+    let cluster = RedisServers::cluster_of(0, &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let opts = RedisOptions {
+        timeout: std::time::Duration::from_secs(5),
+        in_flight: 1,
+        direct_calls: 0,
+        ..RedisOptions::default()
+    };
+    let stores = rt.block_on(async {
+        vec![
+            (
+                "redis",
+                RedisStore::connect_with(&single.url(), opts.clone())
+                    .await
+                    .unwrap(),
+            ),
+            (
+                "cluster",
+                RedisStore::connect_with(&cluster.url(), opts)
+                    .await
+                    .unwrap(),
+            ),
+        ]
+    });
+    let counters = RedisLimiterOptions {
+        window_counters: true,
+        ..RedisLimiterOptions::default()
+    };
+    let mut runner = TestRunner::new(Config {
+        cases: 96,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&counter_case(), |(limit, window, shadow, events, group)| {
+            let shadow = if shadow { ",shadow=true" } else { "" };
+            let spec = format!("fixed-window:limit={limit},window={window},debt=forgive{shadow}");
+            let rules = RuleSet::parse(&[spec.as_str()]).unwrap();
+            let case = CASE.fetch_add(1, Ordering::Relaxed);
+            // Times near today's: the keys live from now on, as a service's would.
+            let mut t: u64 = 1_763_000_000_000_000;
+            let timed: Vec<(u64, &CounterEvent)> = events
+                .iter()
+                .map(|e| {
+                    t += e.gap_us;
+                    (t, e)
+                })
+                .collect();
+            for (label, store) in &stores {
+                let name = format!("win{case}{label}");
+                let limiter = RedisLimiter::with_options(
+                    store.clone(),
+                    &name,
+                    rules.clone(),
+                    counters.clone(),
+                )
+                .unwrap();
+                let mut memory = [rules.init(0), rules.init(0)];
+                for group in timed.chunks(group) {
+                    let want: Vec<_> = group
+                        .iter()
+                        .map(|(t, e)| {
+                            let states = &mut memory[e.key as usize];
+                            match e.op {
+                                Some(op) => rules.check(states, *t, e.cost, op),
+                                None => rules.peek(states, *t, e.cost),
+                            }
+                        })
+                        .collect();
+                    let got = rt.block_on(futures::future::join_all(group.iter().map(|(t, e)| {
+                        let (limiter, key) = (&limiter, format!("k{}", e.key));
+                        async move {
+                            match e.op {
+                                Some(op) => limiter.check_at(&key, *t, 0, e.cost, op).await,
+                                None => limiter.peek_at(&key, *t, 0, e.cost).await,
+                            }
+                        }
+                    })));
+                    for ((t, e), (want, got)) in group.iter().zip(want.iter().zip(got)) {
+                        match (want, got) {
+                            (Ok(w), Ok(g)) => {
+                                prop_assert_eq!(w, &g, "{} {} at t={} {:?}", label, spec, t, e)
+                            }
+                            (Err(w), Err(tollgate::Error::Check(g))) => prop_assert_eq!(w, &g),
+                            (w, g) => prop_assert!(
+                                false,
+                                "{label} {spec} {e:?}: memory {w:?}, redis {g:?}"
+                            ),
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    for (label, store) in &stores {
+        let s = store.call_stats();
+        let [module, functions, eval, commands] = s.paths;
+        assert_eq!((module, functions, eval), (0, 0, 0), "{label}: {s:?}");
+        assert!(commands > 0 && s.checks > s.calls, "{label}: {s:?}");
+    }
+}
+
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
+#[test]
+fn window_counters_are_plain_integer_keys_that_refunds_resets_and_acquires_respect() {
+    use tollgate::redis::RedisLimiterOptions;
+    use tollgate::RateLimiter;
+    let single = RedisServers::standalone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = RedisStore::connect(&single.url()).await.unwrap();
+        let rules = RuleSet::parse(&["fixed-window:limit=3,window=1h,debt=forgive"]).unwrap();
+        let opts = RedisLimiterOptions {
+            window_counters: true,
+            ..RedisLimiterOptions::default()
+        };
+        let limiter =
+            RedisLimiter::with_options(store.clone(), "plain", rules, opts.clone()).unwrap();
+        // Envoy's counting: a plain integer under the window's key, with a TTL.
+        for _ in 0..4 {
+            let _ = limiter.check_rules("k", 1, Op::Count).await.unwrap();
+        }
+        let mut conn = redis::Client::open(single.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("tollgate:plain:*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        let hour = 3_600_000_000u64;
+        let start: u64 = keys[0].rsplit('@').next().unwrap().parse().unwrap();
+        assert_eq!(start % hour, 0, "{keys:?}");
+        let count: u64 = redis::cmd("GET")
+            .arg(&keys[0])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(count, 4);
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&keys[0])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ttl > 1000 && ttl <= 3_600_000 + 1001, "{ttl}");
+        // Over the limit: a look says so; a try is refused and counts nothing.
+        let look = limiter.peek("k", 0).await.unwrap();
+        assert_eq!(look.decision.remaining, 0);
+        assert!(!limiter.check("k", 1).await.unwrap().allowed);
+        // A refund takes back what it can, never below 0.
+        limiter.refund("k", 2).await.unwrap();
+        let count: u64 = redis::cmd("GET")
+            .arg(&keys[0])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(count, 2);
+        assert!(limiter.check("k", 1).await.unwrap().allowed);
+        limiter.refund("k", 10).await.unwrap();
+        let count: u64 = redis::cmd("GET")
+            .arg(&keys[0])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(count, 0);
+        // A reset forgets the window.
+        let _ = limiter.check_rules("k", 3, Op::Count).await.unwrap();
+        limiter.reset("k").await.unwrap();
+        assert_eq!(limiter.peek("k", 0).await.unwrap().decision.remaining, 3);
+        // Acquire would reserve a later window: refused, naming why.
+        let e = limiter.acquire("k", 1).await.unwrap_err();
+        assert!(e.to_string().contains("window counters"), "{e}");
+        // A rule set that does not qualify is kept by the scripts as always.
+        let gcra = RuleSet::parse(&["gcra:rate=1/s,burst=1"]).unwrap();
+        let other = RedisLimiter::with_options(store.clone(), "scripted", gcra, opts).unwrap();
+        assert!(other.check("k", 1).await.unwrap().allowed);
+        let s = store.call_stats();
+        assert!(
+            s.paths[3] > 0 && s.paths[0] + s.paths[1] + s.paths[2] > 0,
+            "{s:?}"
+        );
+    });
 }

@@ -142,7 +142,7 @@ fn a_tls_cluster_reaches_every_node_with_the_same_settings() {
         let store = RedisStore::connect_with(&url, tls(&pki, "ca.pem", None))
             .await
             .unwrap();
-        let rules = RuleSet::parse(&["fixed-window:limit=2,window=1h"]).unwrap();
+        let rules = RuleSet::parse(&["fixed-window:limit=2,window=1h,align=first"]).unwrap();
         let limiter = RedisLimiter::new(store, "tls-cluster", rules).unwrap();
         // Keys on every master (60 keys cover the three slot ranges).
         for k in 0..60 {
@@ -247,7 +247,7 @@ fn a_store_made_before_redis_starts_connects_when_it_answers() {
             .unwrap_err();
         assert!(e.is_transient(), "{e}");
         let store = RedisStore::connect_later(&url, opts).unwrap();
-        let rules = RuleSet::parse(&["fixed-window:limit=5,window=1h"]).unwrap();
+        let rules = RuleSet::parse(&["fixed-window:limit=5,window=1h,align=first"]).unwrap();
         let limiter = RedisLimiter::new(store.clone(), "later", rules).unwrap();
         let e = limiter.check("k", 1).await.unwrap_err();
         assert!(e.is_transient(), "{e}");

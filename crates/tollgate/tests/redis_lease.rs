@@ -357,7 +357,7 @@ fn a_charge_on_a_leased_limit_goes_to_redis_and_every_instance_sees_the_debt() {
     let servers = RedisServers::standalone();
     rt().block_on(async {
         let store = RedisStore::connect(&servers.url()).await.unwrap();
-        let rules = RuleSet::parse(&["fixed-window:limit=100,window=1h"]).unwrap();
+        let rules = RuleSet::parse(&["fixed-window:limit=100,window=1h,align=first"]).unwrap();
         let opts = LeaseOptions {
             duration: Duration::from_secs(60),
             max_slice: Some(50),

@@ -171,7 +171,7 @@ async fn charges_what_the_response_reports_and_refuses_while_in_debt() {
     use axum::response::IntoResponse;
     use tollgate::tower::Usage;
     let tokens: KeyedLimiter<String> = KeyedLimiter::new(
-        "fixed-window:limit=1000,window=1h"
+        "fixed-window:limit=1000,window=1h,align=first"
             .parse::<Policy>()
             .unwrap(),
     );

@@ -75,6 +75,13 @@ pub struct StoreConfig {
     /// node has loaded it), `module`, `functions` or `eval`.
     #[serde(default)]
     pub calls: CallsDoc,
+    /// `serve` only: keep each limit that is one clock-aligned `fixed-window` whose
+    /// debt is forgiven (Envoy's `rate_limit` entries) as envoyproxy/ratelimit keeps
+    /// its counters, one integer key per window counted by plain `INCRBY` and
+    /// `PEXPIRE` (default `true`): counting costs Redis what it costs
+    /// envoyproxy/ratelimit, a third of the script's. `false` keeps them as the other
+    /// limits (needed only for `POST /v1/acquire` on such a limit). Not with `lease:`.
+    pub window_counters: Option<bool>,
     /// Leased quotas for every limit (hot keys decided locally from slices of their
     /// budget, never over the limit); absent: one Redis call per check.
     pub lease: Option<LeaseDoc>,
@@ -407,11 +414,14 @@ impl StoreConfig {
     /// The Redis limiter of `rules` named `name` on `store`, with the failure policy
     /// and negative cache: leased when `lease:` is set (an error names what a lease
     /// cannot keep).
+    /// `window_counters`: whether the caller keeps window counters (`serve` does
+    /// unless `window_counters: false`; see [`StoreConfig::window_counters`]).
     pub fn limiter(
         &self,
         store: &tollgate::redis::RedisStore,
         name: &str,
         rules: tollgate::RuleSet,
+        window_counters: bool,
     ) -> Result<tollgate::AnyLimiter, tollgate::Error> {
         Ok(match &self.lease {
             Some(lease) => {
@@ -431,7 +441,10 @@ impl StoreConfig {
                 )?)
             }
             None => {
-                let opts = self.limiter_options(&rules)?;
+                let opts = tollgate::redis::RedisLimiterOptions {
+                    window_counters,
+                    ..self.limiter_options(&rules)?
+                };
                 tollgate::AnyLimiter::Redis(tollgate::redis::RedisLimiter::with_options(
                     store.clone(),
                     name,

@@ -471,7 +471,7 @@ pub(crate) struct Caller {
 pub(super) struct CallCounters {
     batches: [AtomicU64; BATCH_BOUNDS.len() + 1],
     kinds: [KindCounters; 3],
-    paths: [AtomicU64; 3],
+    paths: [AtomicU64; 4],
 }
 
 #[derive(Default)]
@@ -643,8 +643,45 @@ impl Caller {
             .fetch_add(checks.len() as u64, Ordering::Relaxed);
         self.times.batch(checks.len());
         let node = checks.first().map_or(0, |c| c.node);
-        let value = (self.timed(CallKind::Decide, node, |conn| self.call(conn, checks))).await?;
-        split_reply(value, checks)
+        (self.timed(CallKind::Decide, node, |conn| self.decide(conn, checks))).await
+    }
+
+    /// Decides `checks`: those on window counters by plain commands (`counter.rs`),
+    /// the others by the decision code; both calls go out together.
+    async fn decide(&self, conn: Conn, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, Error> {
+        let counted = checks.iter().filter(|c| c.wire.counter.is_some()).count();
+        if counted == 0 {
+            return split_reply(self.call(conn, checks).await?, checks);
+        }
+        let (counters, scripted): (Vec<&CheckCall>, Vec<&CheckCall>) =
+            checks.iter().partition(|c| c.wire.counter.is_some());
+        let mut counter_conn = conn.clone();
+        let counters_call = async {
+            let replies = super::counter::send(&mut counter_conn, &counters).await?;
+            self.times.path(3);
+            Ok::<_, Error>(replies)
+        };
+        let (mut by_counter, mut by_script) = if scripted.is_empty() {
+            (counters_call.await?, Vec::new())
+        } else {
+            let script_call = async { split_reply(self.call(conn, &scripted).await?, &scripted) };
+            let (a, b) = futures_util::future::join(counters_call, script_call).await;
+            (a?, b?)
+        };
+        // Back in the checks' order.
+        by_counter.reverse();
+        by_script.reverse();
+        Ok(checks
+            .iter()
+            .map(|c| {
+                let part = if c.wire.counter.is_some() {
+                    &mut by_counter
+                } else {
+                    &mut by_script
+                };
+                part.pop().expect("one reply per check")
+            })
+            .collect())
     }
 
     async fn call(&self, conn: Conn, checks: &[&CheckCall]) -> Result<Value, Error> {

@@ -203,6 +203,11 @@ impl LeasedLimiter {
         opts: LeaseOptions,
     ) -> Result<LeasedLimiter, Error> {
         let rules = rules.into();
+        if opts.redis.window_counters {
+            return Err(Error::Config(
+                "a leased limiter keeps its states for the lease script: window_counters must be off".into(),
+            ));
+        }
         // Checks the name, and the rules against the store.
         let unleased =
             super::RedisLimiter::with_options(store.clone(), name, rules.clone(), opts.redis)?;
@@ -220,7 +225,7 @@ impl LeasedLimiter {
         if duration_us == 0 {
             return Err(Error::Config("lease duration must be positive".into()));
         }
-        let wire = Arc::new(Wire::new(&rules, store.options().ttl_margin)?);
+        let wire = Arc::new(Wire::new(&rules, store.options().ttl_margin, false)?);
         let limiter = LeasedLimiter {
             inner: Arc::new(Inner {
                 unleased,

@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use tollgate_core::{Clock, Decision, Op, RuleDecision, RuleSet};
 
 use super::call::{CallOp, CheckCall};
+use super::counter::WindowCounter;
 use super::health::{Event, Guarded, Health, NodeHealth, OnError, RedisStats};
 use super::script::Wire;
 use super::store::RedisStore;
@@ -35,6 +36,17 @@ pub struct RedisLimiterOptions {
     pub negative_cache: bool,
     /// The most keys the negative cache holds (it is cleared when full). Default 100k.
     pub negative_cache_keys: usize,
+    /// Keep a rule set that is one `fixed-window` with `align=clock` and
+    /// `debt=forgive` (and no `max-debt`) as envoyproxy/ratelimit keeps its counters:
+    /// one integer key per window, counted with plain `INCRBY` and `PEXPIRE`
+    /// (pipelined, no script), so Envoy's counting costs Redis what it costs
+    /// envoyproxy/ratelimit. Decisions are the same; what changes: the keys (a limiter
+    /// switching either way starts its windows afresh), the window is the one this
+    /// process's clock is in rather than Redis `TIME`'s (as envoyproxy/ratelimit's),
+    /// and [`RateLimiter::acquire`] (which reserves later windows) is refused. Other
+    /// rule sets are kept as always. Default off (`tollgate serve` turns it on for its
+    /// descriptors, see `store.window_counters`).
+    pub window_counters: bool,
 }
 
 impl Default for RedisLimiterOptions {
@@ -44,6 +56,7 @@ impl Default for RedisLimiterOptions {
             probe_interval: Duration::from_millis(500),
             negative_cache: false,
             negative_cache_keys: 100_000,
+            window_counters: false,
         }
     }
 }
@@ -221,6 +234,7 @@ impl RedisLimiter {
         op: Op,
     ) -> Result<RuleDecision, Error> {
         let compiled = self.inner.compiled.load_full();
+        refuse_acquire(&compiled, op)?;
         let check = self.check_call(&compiled, op.into(), key, Some(now), Some(created), cost);
         (self.inner.store)
             .decide(key, check, &compiled.rules, op)
@@ -238,8 +252,17 @@ impl RedisLimiter {
         created: Option<u64>,
         cost: u64,
     ) -> CheckCall {
-        let keys = self.keys(key, &compiled.wire);
+        let mut keys = self.keys(key, &compiled.wire);
         let (slot, node) = self.inner.store.place(&keys[0]);
+        // A window counter's key is its window's (the same hash tag, so the same slot).
+        let now = match &compiled.wire.counter {
+            Some(counter) => {
+                let now = now.unwrap_or_else(|| self.inner.clock.now_us());
+                keys[0] = WindowCounter::key(&keys[0], counter.start(now));
+                Some(now)
+            }
+            None => now,
+        };
         CheckCall {
             op,
             keys,
@@ -425,6 +448,7 @@ impl RateLimiter for RedisLimiter {
     /// decision. Time is Redis's. When Redis fails, the failure policy decides.
     async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, Error> {
         let compiled = self.inner.compiled.load_full();
+        refuse_acquire(&compiled, op)?;
         if matches!(op, Op::Try | Op::Count) && self.inner.opts.negative_cache {
             if let Some(d) = self.cached(key, cost) {
                 return Ok(RuleDecision::from(d));
@@ -472,7 +496,15 @@ impl RateLimiter for RedisLimiter {
     /// Forgets `key`'s state in Redis.
     async fn reset(&self, key: &str) -> Result<(), Error> {
         let compiled = self.inner.compiled.load_full();
-        let keys = self.keys(key, &compiled.wire);
+        let keys = match compiled.wire.counter {
+            // Only the current window counts (earlier ones are forgiven, later ones
+            // are never reserved).
+            Some(_) => {
+                self.check_call(&compiled, CallOp::Peek, key, None, None, 0)
+                    .keys
+            }
+            None => self.keys(key, &compiled.wire),
+        };
         lock(&self.inner.negative).remove(key);
         self.inner.store.delete(&keys).await
     }
@@ -512,12 +544,25 @@ fn compile(
     opts: &RedisLimiterOptions,
     store: &RedisStore,
 ) -> Result<Compiled, Error> {
-    let wire = Arc::new(Wire::new(&rules, store.options().ttl_margin)?);
+    let margin = store.options().ttl_margin;
+    let wire = Arc::new(Wire::new(&rules, margin, opts.window_counters)?);
     let local = match &opts.on_error {
         OnError::Local(local) => Some(KeyedLimiter::new(local.clone())),
         _ => None,
     };
     Ok(Compiled { rules, wire, local })
+}
+
+/// An acquire reserves later windows, which window counters do not keep.
+fn refuse_acquire(compiled: &Compiled, op: Op) -> Result<(), Error> {
+    match (&compiled.wire.counter, op) {
+        (Some(_), Op::Acquire) => Err(Error::Unsupported(format!(
+            "acquire: {} is kept as window counters (RedisLimiterOptions::window_counters, \
+             store.window_counters in a config), which reserve no later window",
+            compiled.rules
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

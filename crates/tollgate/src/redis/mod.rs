@@ -35,6 +35,7 @@ mod call;
 mod concurrency;
 mod connect;
 mod connection;
+mod counter;
 mod credentials;
 #[cfg(test)]
 mod docs_tables;

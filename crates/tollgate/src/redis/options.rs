@@ -128,13 +128,14 @@ pub struct CallStats {
     /// Every call's time and outcome, by [`CallKind`] (indexed `kind as usize`).
     pub kinds: [CallTimes; 3],
     /// Decision calls by the code that decided them, in [`CallStats::PATHS`]' order:
-    /// the module, Functions, `EVALSHA`.
-    pub paths: [u64; 3],
+    /// the module, Functions, `EVALSHA`, plain commands (window counters, see
+    /// [`RedisLimiterOptions::window_counters`](super::RedisLimiterOptions::window_counters)).
+    pub paths: [u64; 4],
 }
 
 impl CallStats {
-    /// The names of [`CallStats::paths`]: `module`, `functions`, `eval`.
-    pub const PATHS: [&'static str; 3] = ["module", "functions", "eval"];
+    /// The names of [`CallStats::paths`]: `module`, `functions`, `eval`, `commands`.
+    pub const PATHS: [&'static str; 4] = ["module", "functions", "eval", "commands"];
 }
 
 /// What a store's calls to Redis are for.

@@ -124,12 +124,20 @@ pub(crate) struct Wire {
     pub families: u8,
     /// Each policy's largest cost the script can take exactly.
     max_costs: Vec<u64>,
+    /// Set when the rule set is kept as window counters (`counter.rs`), not by the
+    /// scripts or the module.
+    pub counter: Option<super::counter::WindowCounter>,
 }
 
 impl Wire {
     /// Encodes `rules` with a TTL margin, or says which policy the Redis store cannot
-    /// keep.
-    pub fn new(rules: &RuleSet, ttl_margin: Duration) -> Result<Wire, Error> {
+    /// keep; with `window_counters`, a rule set that qualifies is kept as window
+    /// counters.
+    pub fn new(
+        rules: &RuleSet,
+        ttl_margin: Duration,
+        window_counters: bool,
+    ) -> Result<Wire, Error> {
         let mut words = vec![
             ttl_margin.as_millis().to_string(),
             rules.policies().len().to_string(),
@@ -165,6 +173,12 @@ impl Wire {
                 .any(|p| matches!(p.algorithm(), AnyAlgorithm::SlidingLog(_))),
             families,
             max_costs,
+            counter: window_counters
+                .then(|| {
+                    let margin_ms = u64::try_from(ttl_margin.as_millis()).unwrap_or(u64::MAX);
+                    super::counter::WindowCounter::of(rules, margin_ms)
+                })
+                .flatten(),
         })
     }
 

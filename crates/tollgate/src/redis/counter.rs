@@ -1,0 +1,205 @@
+//! The window counter: a `fixed-window` policy with `align=clock` and `debt=forgive`
+//! kept as envoyproxy/ratelimit keeps its counters, one integer key per window, so
+//! that counting costs Redis what it costs envoyproxy/ratelimit: `INCRBY` and
+//! `PEXPIRE`, plain commands, pipelined, no script.
+//!
+//! Opt-in ([`RedisLimiterOptions::window_counters`](super::RedisLimiterOptions)): the
+//! keys differ from the scripts' (`...:0.<code>@<window start, us>`), the window is
+//! the one the limiter's own clock is in (as envoyproxy/ratelimit's is), and acquire,
+//! which reserves later windows, is refused.
+//!
+//! Every operation returns the count the window held before it, and the Rust core
+//! decides from that state exactly as it decides in memory:
+//!
+//! | operation | commands |
+//! |---|---|
+//! | count or charge of `c` (Envoy's hits) | `INCRBY key c`, `PEXPIRE key ttl` |
+//! | look, peek, a count or charge of 0 | `GET key` |
+//! | try of `c` (all or nothing) | `lua/counter.lua`: `GET`, and `INCRBY` + `PEXPIRE` if it fits |
+//! | refund of `c` | `lua/counter.lua`: `GET`, `DECRBY` never below 0 |
+//!
+//! A count is never capped (a policy with `max-debt` does not qualify), so every
+//! store holds the same number.
+
+use redis::{Pipeline, Value};
+use tollgate_core::algorithms::{Align, Debt};
+use tollgate_core::{AnyAlgorithm, RuleSet};
+
+use super::call::{CallOp, CheckCall, CheckReply};
+use crate::Error;
+
+const SCRIPT: &str = include_str!("../../lua/counter.lua");
+
+/// The parameters of a rule set kept as window counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WindowCounter {
+    limit: u64,
+    window: u64,
+    margin_ms: u64,
+    /// A shadow policy reports a reject as admitted (and counts nothing for it).
+    shadow: bool,
+}
+
+impl WindowCounter {
+    /// The counter of `rules` when it is one `fixed-window` aligned on the clock whose
+    /// debt is forgiven and uncapped; `None` otherwise.
+    pub fn of(rules: &RuleSet, margin_ms: u64) -> Option<WindowCounter> {
+        let [p] = rules.policies() else { return None };
+        match p.algorithm() {
+            AnyAlgorithm::FixedWindow(w)
+                if w.align() == Align::Clock
+                    && w.debt() == Debt::Forgive
+                    && p.max_debt().is_none() =>
+            {
+                Some(WindowCounter {
+                    limit: w.limit_per_window(),
+                    window: w.window_us(),
+                    margin_ms,
+                    shadow: p.shadow(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The start (us) of the window `now` is in.
+    pub fn start(&self, now: u64) -> u64 {
+        now - now % self.window
+    }
+
+    /// The key of the window starting at `start`, from the policy's state key.
+    pub fn key(base: &str, start: u64) -> String {
+        format!("{base}@{start}")
+    }
+
+    /// The time to live (ms) of the key of the window `now` is in, as the scripts
+    /// give a state: until the window's end, plus 1 ms, plus the margin. Relative, so
+    /// that Redis's clock need not agree with this one.
+    fn ttl_ms(&self, now: u64) -> u64 {
+        (self.start(now) + self.window - now) / 1000 + 1 + self.margin_ms
+    }
+}
+
+/// Appends the commands of `check` (a check on a window counter) to `pipe`.
+fn push(pipe: &mut Pipeline, counter: &WindowCounter, check: &CheckCall) {
+    let key = check.keys[0].as_str();
+    let ttl = counter.ttl_ms(check.now.unwrap_or_default());
+    match check.op {
+        CallOp::Charge if check.cost > 0 => {
+            pipe.cmd("INCRBY").arg(key).arg(check.cost);
+            pipe.cmd("PEXPIRE").arg(key).arg(ttl).ignore();
+        }
+        CallOp::Try | CallOp::Refund => {
+            let op = if check.op == CallOp::Try { "t" } else { "r" };
+            pipe.cmd("EVAL")
+                .arg(SCRIPT)
+                .arg(1)
+                .arg(key)
+                .arg(op)
+                .arg(check.cost)
+                .arg(counter.limit)
+                .arg(ttl);
+        }
+        // Acquire is refused before a call is made (see `RedisLimiter::check_rules`).
+        CallOp::Charge | CallOp::Peek | CallOp::Acquire => {
+            pipe.cmd("GET").arg(key);
+        }
+    }
+}
+
+/// Sends `checks` (all on window counters, on one node) as one pipeline, and makes
+/// each reply what the decision driver would have answered: the time, whether it
+/// admitted, and the state the window held before (`"start count"`, or none).
+pub(crate) async fn send(
+    conn: &mut impl redis::aio::ConnectionLike,
+    checks: &[&CheckCall],
+) -> Result<Vec<CheckReply>, Error> {
+    let mut pipe = redis::pipe();
+    for c in checks {
+        let counter = c.wire.counter.as_ref().expect("a window counter's check");
+        push(&mut pipe, counter, c);
+    }
+    let values: Vec<Value> = pipe.query_async(conn).await?;
+    if values.len() != checks.len() {
+        return Err(Error::Store(format!(
+            "window counters: {} replies to {} checks",
+            values.len(),
+            checks.len()
+        )));
+    }
+    checks
+        .iter()
+        .zip(values)
+        .map(|(c, v)| reply(c, v))
+        .collect()
+}
+
+/// One check's reply from its command's answer.
+fn reply(check: &CheckCall, value: Value) -> Result<CheckReply, Error> {
+    let counter = check
+        .wire
+        .counter
+        .as_ref()
+        .expect("a window counter's check");
+    let bad = |what: &str| Error::Store(format!("window counter reply: {what}"));
+    let now = check.now.ok_or_else(|| bad("no time"))?;
+    let count = match value {
+        Value::Nil => 0,
+        Value::Int(n) => u64::try_from(n).map_err(|_| bad("negative count"))?,
+        Value::BulkString(b) => std::str::from_utf8(&b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("count is not a number"))?,
+        other => return Err(bad(&format!("unexpected {other:?}"))),
+    };
+    let before = match check.op {
+        CallOp::Charge if check.cost > 0 => count
+            .checked_sub(check.cost)
+            .ok_or_else(|| bad("count below the charge"))?,
+        _ => count,
+    };
+    let admitted =
+        check.op != CallOp::Try || counter.shadow || before + check.cost <= counter.limit;
+    let state = if before == 0 {
+        Value::Nil
+    } else {
+        Value::BulkString(format!("{} {before}", counter.start(now)).into_bytes())
+    };
+    Ok(CheckReply {
+        now,
+        admitted,
+        states: vec![state],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counter(spec: &str) -> Option<WindowCounter> {
+        WindowCounter::of(&RuleSet::parse(&[spec]).unwrap(), 1000)
+    }
+
+    #[test]
+    fn only_a_lone_clock_aligned_forgiving_uncapped_fixed_window_is_a_counter() {
+        let c = counter("fixed-window:limit=5,window=1s,debt=forgive").unwrap();
+        assert_eq!((c.limit, c.window), (5, 1_000_000));
+        assert_eq!(c.start(1_763_000_000_123_456), 1_763_000_000_000_000);
+        // 876.544 ms to the window's end (whole ms: 876); + 1 ms; + the 1 s margin.
+        assert_eq!(c.ttl_ms(1_763_000_000_123_456), 1877);
+        for other in [
+            "fixed-window:limit=5,window=1s",
+            "fixed-window:limit=5,window=1s,debt=forgive,align=first",
+            "fixed-window:limit=5,window=1s,debt=forgive,max-debt=3",
+            "gcra:rate=5/s,burst=5",
+        ] {
+            assert_eq!(counter(other), None, "{other}");
+        }
+        let two = RuleSet::parse(&[
+            "fixed-window:limit=5,window=1s,debt=forgive",
+            "fixed-window:limit=50,window=1m,debt=forgive",
+        ])
+        .unwrap();
+        assert_eq!(WindowCounter::of(&two, 0), None);
+    }
+}
