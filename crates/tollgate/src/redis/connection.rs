@@ -657,7 +657,7 @@ impl Caller {
             checks.iter().partition(|c| c.wire.counter.is_some());
         let mut counter_conn = conn.clone();
         let counters_call = async {
-            let replies = super::counter::send(&mut counter_conn, &counters).await?;
+            let replies = send_counters(&mut counter_conn, &counters).await?;
             self.times.path(3);
             Ok::<_, Error>(replies)
         };
@@ -883,4 +883,50 @@ impl Caller {
         tracing::info!("tollgate: this Redis has no Functions (Redis < 7): deciding with EVALSHA");
         self.mode.store(MODE_EVAL, Ordering::Relaxed);
     }
+}
+
+/// Sends `checks` (all on window counters, see `counter.rs`) as one pipeline, and
+/// makes each reply what the decision driver would have answered.
+async fn send_counters(conn: &mut Conn, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, Error> {
+    let mut pipe = redis::pipe();
+    for c in checks {
+        let (counter, change, now) = counter_part(c);
+        counter.push(&mut pipe, &c.keys[0], change, c.cost, now);
+    }
+    let values: Vec<Value> = pipe.query_async(conn).await?;
+    if values.len() != checks.len() {
+        return Err(Error::Store(format!(
+            "window counters: {} replies to {} checks",
+            values.len(),
+            checks.len()
+        )));
+    }
+    checks
+        .iter()
+        .zip(values)
+        .map(|(c, v)| {
+            let (counter, change, now) = counter_part(c);
+            let (admitted, state) = counter.reply(change, c.cost, now, v)?;
+            Ok(CheckReply {
+                now,
+                admitted,
+                states: vec![state],
+            })
+        })
+        .collect()
+}
+
+/// A window counter's check: its counter, what it does, and its time.
+fn counter_part(c: &CheckCall) -> (&super::counter::WindowCounter, super::counter::Change, u64) {
+    use super::counter::Change;
+    let counter = c.wire.counter.as_ref().expect("a window counter's check");
+    let change = match c.op {
+        CallOp::Charge => Change::Add,
+        CallOp::Try => Change::Try,
+        CallOp::Refund => Change::Refund,
+        // Acquire is refused before a call is made (`RedisLimiter::check_rules`).
+        CallOp::Peek | CallOp::Acquire => Change::Read,
+    };
+    // A window counter's check always carries its time (`RedisLimiter::check_call`).
+    (counter, change, c.now.unwrap_or_default())
 }

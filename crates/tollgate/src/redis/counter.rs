@@ -25,7 +25,6 @@ use redis::{Pipeline, Value};
 use tollgate_core::algorithms::{Align, Debt};
 use tollgate_core::{AnyAlgorithm, RuleSet};
 
-use super::call::{CallOp, CheckCall, CheckReply};
 use crate::Error;
 
 const SCRIPT: &str = include_str!("../../lua/counter.lua");
@@ -80,96 +79,79 @@ impl WindowCounter {
     }
 }
 
-/// Appends the commands of `check` (a check on a window counter) to `pipe`.
-fn push(pipe: &mut Pipeline, counter: &WindowCounter, check: &CheckCall) {
-    let key = check.keys[0].as_str();
-    let ttl = counter.ttl_ms(check.now.unwrap_or_default());
-    match check.op {
-        CallOp::Charge if check.cost > 0 => {
-            pipe.cmd("INCRBY").arg(key).arg(check.cost);
-            pipe.cmd("PEXPIRE").arg(key).arg(ttl).ignore();
-        }
-        CallOp::Try | CallOp::Refund => {
-            let op = if check.op == CallOp::Try { "t" } else { "r" };
-            pipe.cmd("EVAL")
-                .arg(SCRIPT)
-                .arg(1)
-                .arg(key)
-                .arg(op)
-                .arg(check.cost)
-                .arg(counter.limit)
-                .arg(ttl);
-        }
-        // Acquire is refused before a call is made (see `RedisLimiter::check_rules`).
-        CallOp::Charge | CallOp::Peek | CallOp::Acquire => {
-            pipe.cmd("GET").arg(key);
-        }
-    }
+/// What one check does to a window counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Adds its cost whatever the count (Envoy's counting, a charge).
+    Add,
+    /// Adds its cost if it fits within the limit.
+    Try,
+    /// Takes its cost back, never below 0.
+    Refund,
+    /// Changes nothing (a look, a peek, a count of 0).
+    Read,
 }
 
-/// Sends `checks` (all on window counters, on one node) as one pipeline, and makes
-/// each reply what the decision driver would have answered: the time, whether it
-/// admitted, and the state the window held before (`"start count"`, or none).
-pub(crate) async fn send(
-    conn: &mut impl redis::aio::ConnectionLike,
-    checks: &[&CheckCall],
-) -> Result<Vec<CheckReply>, Error> {
-    let mut pipe = redis::pipe();
-    for c in checks {
-        let counter = c.wire.counter.as_ref().expect("a window counter's check");
-        push(&mut pipe, counter, c);
+impl WindowCounter {
+    /// Appends the commands of `change` of `cost` at `now` to the window's `key`.
+    pub fn push(&self, pipe: &mut Pipeline, key: &str, change: Change, cost: u64, now: u64) {
+        let ttl = self.ttl_ms(now);
+        match change {
+            Change::Add if cost > 0 => {
+                pipe.cmd("INCRBY").arg(key).arg(cost);
+                pipe.cmd("PEXPIRE").arg(key).arg(ttl).ignore();
+            }
+            Change::Try | Change::Refund => {
+                let op = if change == Change::Try { "t" } else { "r" };
+                pipe.cmd("EVAL")
+                    .arg(SCRIPT)
+                    .arg(1)
+                    .arg(key)
+                    .arg(op)
+                    .arg(cost)
+                    .arg(self.limit)
+                    .arg(ttl);
+            }
+            Change::Add | Change::Read => {
+                pipe.cmd("GET").arg(key);
+            }
+        }
     }
-    let values: Vec<Value> = pipe.query_async(conn).await?;
-    if values.len() != checks.len() {
-        return Err(Error::Store(format!(
-            "window counters: {} replies to {} checks",
-            values.len(),
-            checks.len()
-        )));
-    }
-    checks
-        .iter()
-        .zip(values)
-        .map(|(c, v)| reply(c, v))
-        .collect()
-}
 
-/// One check's reply from its command's answer.
-fn reply(check: &CheckCall, value: Value) -> Result<CheckReply, Error> {
-    let counter = check
-        .wire
-        .counter
-        .as_ref()
-        .expect("a window counter's check");
-    let bad = |what: &str| Error::Store(format!("window counter reply: {what}"));
-    let now = check.now.ok_or_else(|| bad("no time"))?;
-    let count = match value {
-        Value::Nil => 0,
-        Value::Int(n) => u64::try_from(n).map_err(|_| bad("negative count"))?,
-        Value::BulkString(b) => std::str::from_utf8(&b)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| bad("count is not a number"))?,
-        other => return Err(bad(&format!("unexpected {other:?}"))),
-    };
-    let before = match check.op {
-        CallOp::Charge if check.cost > 0 => count
-            .checked_sub(check.cost)
-            .ok_or_else(|| bad("count below the charge"))?,
-        _ => count,
-    };
-    let admitted =
-        check.op != CallOp::Try || counter.shadow || before + check.cost <= counter.limit;
-    let state = if before == 0 {
-        Value::Nil
-    } else {
-        Value::BulkString(format!("{} {before}", counter.start(now)).into_bytes())
-    };
-    Ok(CheckReply {
-        now,
-        admitted,
-        states: vec![state],
-    })
+    /// What the decision driver would have answered for `change` of `cost` at `now`,
+    /// from its command's answer `value`: whether it admitted, and the state the
+    /// window held before (`"start count"`, or none).
+    pub fn reply(
+        &self,
+        change: Change,
+        cost: u64,
+        now: u64,
+        value: Value,
+    ) -> Result<(bool, Value), Error> {
+        let bad = |what: &str| Error::Store(format!("window counter reply: {what}"));
+        let count = match value {
+            Value::Nil => 0,
+            Value::Int(n) => u64::try_from(n).map_err(|_| bad("negative count"))?,
+            Value::BulkString(b) => std::str::from_utf8(&b)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| bad("count is not a number"))?,
+            other => return Err(bad(&format!("unexpected {other:?}"))),
+        };
+        let before = match change {
+            Change::Add if cost > 0 => count
+                .checked_sub(cost)
+                .ok_or_else(|| bad("count below the charge"))?,
+            _ => count,
+        };
+        let admitted = change != Change::Try || self.shadow || before + cost <= self.limit;
+        let state = if before == 0 {
+            Value::Nil
+        } else {
+            Value::BulkString(format!("{} {before}", self.start(now)).into_bytes())
+        };
+        Ok((admitted, state))
+    }
 }
 
 #[cfg(test)]
