@@ -6,16 +6,29 @@
 #   Envoy's gRPC `ShouldRateLimit` from `tollgate bench grpc` (64 callers, 100k keys,
 #   one descriptor a call, also on core 1); Redis's own CPU (`INFO cpu`, user + sys)
 #   over the run divided by the decisions;
-# - beside it, on the same Redis, the anchors by redis-benchmark (-c 50 -P 16, 100k
-#   keys): envoyproxy/ratelimit's two commands for one descriptor of a `unit: second`
-#   rule (`INCRBY key 1`, then `EXPIRE key 1`; both runs' CPU over one run's count),
-#   and a minimal GCRA script in the shape of go-redis/redis_rate's
+# - beside it, on the same Redis, the anchors: envoyproxy/ratelimit's two commands for
+#   one descriptor of a `unit: second` rule, keyed as it keys them (`INCRBY
+#   <domain>_<key>_<value>_<second> 1` and `EXPIRE` of it by 1 s: new keys every
+#   second, the old ones expiring) by `tollgate bench ratelimit-redis` (50
+#   connections, 8 requests a write); the same two commands on keys that never change
+#   by redis-benchmark (-c 50 -P 16, 100k keys; both runs' CPU over one run's count:
+#   no key is ever made or expired, so cheaper than envoyproxy/ratelimit's real
+#   traffic); and a minimal GCRA script in the shape of go-redis/redis_rate's
 #   (scripts/lua/gcra-reference.lua: TIME, GET, arithmetic, SET PX) by EVALSHA;
-# - tollgate three times on that Redis, which has loaded the tollgate module: one
-#   `serve` deciding with the Functions library (`calls: functions`), one with the
-#   module (`calls: module`), and one with the module and every check queued for the
-#   next batched call (`direct_calls: 0`, `in_flight: 1`: fewer, larger calls), each
-#   with keys of its own; beside Redis's CPU, the callers' p50 and p99;
+# - tollgate five times on that Redis, which has loaded the tollgate module: `serve`
+#   as it comes (`counters`: the Envoy rule kept as window counters, plain `INCRBY` and
+#   `PEXPIRE`), the same with every check queued for the next batched call
+#   (`direct_calls: 0`, `in_flight: 1`: fewer, larger calls), then with the Envoy rule
+#   kept by the decision code: one `serve` deciding with the Functions library
+#   (`calls: functions`), one with the module (`calls: module`), and one with the
+#   module and every check queued; each with keys of its own; beside Redis's CPU, the
+#   callers' p50 and p99;
+# - envoyproxy/ratelimit's traffic again, paced at the rate each window-counter serve
+#   just decided at (a Redis that idles between writes pays for waking up, which a
+#   saturated one does not: the like-for-like anchor for a serve on one core);
+# - Redis saturated from the library, no service in between: `tollgate bench redis
+#   --count` (Envoy's counting, 256 callers, 100k keys) with window counters and with
+#   Functions, beside envoyproxy/ratelimit's traffic at full speed;
 # - all alternate, ROUNDS times; medians, and the ratios tollgate / anchor.
 #
 # Both rules are generous (every decision admits and writes, as INCRBY always does).
@@ -71,13 +84,17 @@ for key in "${algos[@]:2}"; do
     printf '  - {key: %s, policies: ["%s"]}\n' "$key" "${spec[$key]}" >>"$dir/rules.yaml"
 done
 declare -A grpc
+# `counters`: serve as it comes (the Envoy rule kept as window counters, plain INCRBY
+# and PEXPIRE; gcra by Functions); the others keep the Envoy rule by the decision code.
 declare -A store=(
-    [functions]="calls: functions"
-    [module]="calls: module"
-    [queued]="calls: module, direct_calls: 0, in_flight: 1"
-    [single]="calls: functions, batch: 1"
+    [counters]="calls: functions"
+    [counters_queued]="calls: functions, direct_calls: 0, in_flight: 1"
+    [functions]="calls: functions, window_counters: false"
+    [module]="calls: module, window_counters: false"
+    [queued]="calls: module, direct_calls: 0, in_flight: 1, window_counters: false"
+    [single]="calls: functions, batch: 1, window_counters: false"
 )
-modes=(functions module queued)
+modes=(counters counters_queued functions module queued)
 [ "${ALGORITHMS:-}" = all ] && modes+=(single)
 for calls in "${modes[@]}"; do
     grpc[$calls]=$(free_port)
@@ -103,6 +120,7 @@ through_serve() {
     c1=$(cpu)
     awk '/p50_us:/{for (i = 1; i < NF; i++) if ($i ~ /^p(50|99)_us:$/) printf "%s ", $(i + 1); print ""}' \
         <<<"$out" >>"$dir/latency.$calls.$key"
+    awk '/req\/s:/{print $2}' <<<"$out" >"$dir/rate"
     us_per "$c0" "$c1" "$(awk '/requests in/{print $1}' <<<"$out")"
 }
 
@@ -123,6 +141,31 @@ anchor() { # n command... [-- command...]
     us_per "$c0" "$c1" "$n"
 }
 
+# Redis CPU (us) per request of envoyproxy/ratelimit's traffic as it really keys it:
+# INCRBY + EXPIRE on a key naming its second (new keys every second, the old ones
+# expiring), 50 connections, 8 requests (16 commands) per write.
+anchor_windows() { # [requests a second]
+    local c0 c1 out
+    c0=$(cpu)
+    out=$(taskset -c 1 "$bin" bench ratelimit-redis --redis-url "redis://127.0.0.1:$port/" \
+        --keys "$keys" --duration "${secs}s" ${1:+--rate "$1"} 2>&1)
+    c1=$(cpu)
+    us_per "$c0" "$c1" "$(awk '/requests\/s:/{print $4}' <<<"$out")"
+}
+
+# Redis CPU (us) per decision of `tollgate bench redis` counting as Envoy does on a
+# `unit: second` rule (as fast as Redis answers: Redis saturated, as the anchor is),
+# with the extra flags given (--window-counters).
+saturated() {
+    local c0 c1 out
+    c0=$(cpu)
+    out=$(taskset -c 1 "$bin" bench redis --redis-url "redis://127.0.0.1:$port/" --count "$@" \
+        --policy "fixed-window:limit=1000000,window=1s,debt=forgive" --keys "$keys" \
+        --concurrency 256 --duration "${secs}s" 2>&1)
+    c1=$(cpu)
+    us_per "$c0" "$c1" "$(awk '/checks\/s:/{printf "%d", $2 * '"$secs"'}' <<<"$out")"
+}
+
 ref=$(redis-cli -p "$port" script load "$(cat scripts/lua/gcra-reference.lua)")
 n=$((secs * 60000))
 # Warm: the decision code loaded, the keys made.
@@ -130,6 +173,7 @@ for calls in functions module queued; do
     through_serve "$calls" envoy >/dev/null
     through_serve "$calls" gcra >/dev/null
 done
+for calls in counters counters_queued; do through_serve "$calls" envoy >/dev/null; done
 rm -f "$dir"/latency.*
 declare -A us=()
 for r in $(seq "$rounds"); do
@@ -137,29 +181,75 @@ for r in $(seq "$rounds"); do
         for calls in functions module queued; do
             us[$calls.$key]+="$(through_serve "$calls" "$key") "
         done
+        if [ "$key" = envoy ]; then
+            for calls in counters counters_queued; do
+                us[$calls.envoy]+="$(through_serve "$calls" envoy) "
+                # envoyproxy/ratelimit's traffic at the rate this serve decided at.
+                us[paced_$calls.envoy]+="$(anchor_windows "$(cat "$dir/rate")") "
+            done
+        fi
     done
     us[anchor.envoy]+="$(anchor "$n" INCRBY "ratelimit_bench_envoy_k__rand_int___1" 1 -- EXPIRE "ratelimit_bench_envoy_k__rand_int___1" 1) "
+    us[windows.envoy]+="$(anchor_windows) "
+    us[lib_counters.envoy]+="$(saturated --window-counters) "
+    us[lib_functions.envoy]+="$(saturated) "
     us[anchor.gcra]+="$(anchor "$n" EVALSHA "$ref" 1 "gcra_ref_k__rand_int__" 1000 1000000 1 1) "
     echo "round $r: $(for k in "${!us[@]}"; do printf '%s %s; ' "$k" "$(awk '{print $NF}' <<<"${us[$k]}")"; done)" >&2
 done
 ratio() { echo "$1 / $2" | bc -l | xargs printf '%.2f'; }
 # The median of column COL (1: p50, 2: p99) of a latency file, in ms.
 ms() { median $(cut -d' ' -f"$2" "$1") | awk '{printf "%.2f", $1 / 1000}'; }
-row() { # name key anchor-name
-    local a m
-    a=$(median ${us[anchor.$2]})
-    printf '| %s | %s: %s us |' "$1" "$3" "$a"
-    for calls in functions module queued; do
-        m=$(median ${us[$calls.$2]})
-        printf ' %s us | %s | %s / %s ms |' "$m" "$(ratio "$m" "$a")" \
-            "$(ms "$dir/latency.$calls.$2" 1)" "$(ms "$dir/latency.$calls.$2" 2)"
-    done
-    echo
+label() {
+    case $1 in
+    counters) echo "serve as it comes (window counters: INCRBY + PEXPIRE)" ;;
+    counters_queued) echo "the same, every check queued (direct_calls: 0, in_flight: 1)" ;;
+    functions) echo "Functions (calls: functions, window_counters: false)" ;;
+    module) echo "the module (calls: module)" ;;
+    queued) echo "the module, every check queued" ;;
+    esac
 }
-echo "| rule | anchor, same Redis | Functions | ratio | p50 / p99 | module | ratio | p50 / p99 | module, queued | ratio | p50 / p99 |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
-row "Envoy rule \`unit: second\`" envoy "envoyproxy/ratelimit's INCRBY + EXPIRE"
-row "\`gcra:\` policy" gcra "minimal GCRA script (EVALSHA)"
+row() { # title key calls anchor...
+    local m a
+    m=$(median ${us[$3.$2]})
+    printf '| %s | %s | %s us |' "$1" "$(label "$3")" "$m"
+    for a in "${@:4}"; do printf ' %s |' "$(ratio "$m" "$(median ${us[$a.$2]})")"; done
+    printf ' %s / %s ms |\n' "$(ms "$dir/latency.$3.$2" 1)" "$(ms "$dir/latency.$3.$2" 2)"
+}
+windows=$(median ${us[windows.envoy]})
+echo "Anchors: envoyproxy/ratelimit's INCRBY + EXPIRE keyed as it keys them (a key per second), Redis saturated: $windows us;"
+echo "at the rate serve decided at: $(median ${us[paced_counters.envoy]}) us (queued: $(median ${us[paced_counters_queued.envoy]}) us);"
+echo "on keys that never change (redis-benchmark -P 16): $(median ${us[anchor.envoy]}) us; minimal GCRA script: $(median ${us[anchor.gcra]}) us"
+echo
+echo "Redis saturated, \`tollgate bench redis --count\` (256 callers, 100k keys) beside envoyproxy/ratelimit's traffic:"
+echo
+echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs ratelimit, saturated |"
+echo "|---|---|---|---|"
+for mode in lib_counters lib_functions; do
+    m=$(median ${us[$mode.envoy]})
+    case $mode in
+    lib_counters) l="window counters (INCRBY + PEXPIRE)" ;;
+    *) l="Functions (window counters off)" ;;
+    esac
+    printf '| Envoy rule `unit: second` | %s | %s us | %s |\n' "$l" "$m" "$(ratio "$m" "$windows")"
+done
+echo
+echo "Through serve (64 gRPC callers on one core; Redis far from saturated):"
+echo
+echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs ratelimit at the same rate | vs ratelimit, saturated | vs fixed keys | p50 / p99 |"
+echo "|---|---|---|---|---|---|---|"
+for calls in counters counters_queued functions module queued; do
+    case $calls in
+    counters | counters_queued) paced=paced_$calls ;;
+    *) paced=paced_counters ;;
+    esac
+    row "Envoy rule \`unit: second\`" envoy "$calls" "$paced" windows anchor
+done
+echo
+echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs minimal GCRA script | p50 / p99 |"
+echo "|---|---|---|---|---|"
+for calls in functions module queued; do
+    row "\`gcra:\` policy" gcra "$calls" anchor
+done
 echo "(Redis CPU per decision through serve; medians of $rounds alternating rounds; $secs s of serve per round, $n commands per anchor run; p50 / p99 of the 64 gRPC callers)"
 
 [ "${ALGORITHMS:-}" = all ] || exit 0

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod adaptive;
+pub mod anchor;
 pub mod rlqs;
 
 use std::net::SocketAddr;
@@ -71,6 +72,12 @@ pub struct RedisLoad {
     pub lease: Option<tollgate::redis::LeaseOptions>,
     /// TLS settings for a `rediss://` URL.
     pub tls: Option<tollgate::redis::RedisTls>,
+    /// Count as Envoy does (`Op::Count`: hits charged whatever the answer) instead of
+    /// trying.
+    pub count: bool,
+    /// Keep a rule set that qualifies as window counters
+    /// (`RedisLimiterOptions::window_counters`).
+    pub window_counters: bool,
 }
 
 /// Totals of a run.
@@ -122,7 +129,8 @@ enum Caller {
     Http(HttpClient),
     Json(HttpClient),
     Grpc(RlsClient),
-    Redis(tollgate::AnyLimiter),
+    /// A limiter, and the operation each call makes.
+    Redis(tollgate::AnyLimiter, tollgate::Op),
 }
 
 impl Caller {
@@ -132,9 +140,11 @@ impl Caller {
             Caller::Http(client) => http_call(client, spec, "/v1/check", value).await,
             Caller::Json(client) => http_call(client, spec, "/json", value).await,
             Caller::Grpc(client) => grpc_call(client, spec, value).await,
-            Caller::Redis(limiter) => tollgate::RateLimiter::check(limiter, value, 1)
-                .await
-                .is_ok(),
+            Caller::Redis(limiter, op) => {
+                tollgate::RateLimiter::check_rules(limiter, value, 1, *op)
+                    .await
+                    .is_ok()
+            }
         }
     }
 }
@@ -200,12 +210,18 @@ impl Connections {
     }
 
     /// Caller `w`'s way to the target.
-    fn caller(&self, protocol: Protocol, w: usize) -> Caller {
+    fn caller(&self, protocol: Protocol, spec: &LoadSpec, w: usize) -> Caller {
         match protocol {
             Protocol::Http => Caller::Http(self.http.clone()),
             Protocol::Json => Caller::Json(self.http.clone()),
             Protocol::Grpc => Caller::Grpc(RlsClient::new(self.grpc[w / 8].clone())),
-            Protocol::Redis => Caller::Redis(self.redis[w % self.redis.len()].clone()),
+            Protocol::Redis => {
+                let op = match &spec.redis {
+                    Some(load) if load.count => tollgate::Op::Count,
+                    _ => tollgate::Op::Try,
+                };
+                Caller::Redis(self.redis[w % self.redis.len()].clone(), op)
+            }
         }
     }
 }
@@ -223,7 +239,15 @@ async fn redis_limiter(url: &str, load: &RedisLoad) -> anyhow::Result<tollgate::
     let store = tollgate::redis::RedisStore::connect_with(url, options).await?;
     store.ping().await?;
     Ok(match &load.lease {
-        None => tollgate::AnyLimiter::redis(store, "bench", load.rules.clone())?,
+        None => {
+            let opts = tollgate::redis::RedisLimiterOptions {
+                window_counters: load.window_counters,
+                ..Default::default()
+            };
+            let rules = load.rules.clone();
+            let limiter = tollgate::redis::RedisLimiter::with_options(store, "bench", rules, opts)?;
+            tollgate::AnyLimiter::Redis(limiter)
+        }
         Some(opts) => tollgate::AnyLimiter::Leased(tollgate::redis::LeasedLimiter::new(
             store,
             "bench",
@@ -314,7 +338,7 @@ pub async fn run(protocol: Protocol, spec: LoadSpec) -> anyhow::Result<Totals> {
     let start = clock.now_us();
     let workers: Vec<_> = (0..spec.concurrency)
         .map(|w| {
-            let caller = connections.caller(protocol, w);
+            let caller = connections.caller(protocol, &spec, w);
             let (spec, counters, clock) = (spec.clone(), counters.clone(), clock.clone());
             tokio::spawn(caller_loop(w, caller, spec, every, counters, clock))
         })
@@ -427,6 +451,11 @@ pub enum BenchCommand {
         #[arg(long)]
         charge: bool,
     },
+    /// Send to Redis what envoyproxy/ratelimit sends for one descriptor of a `unit`
+    /// rule (`INCRBY` and `EXPIRE` on a key naming its window), pipelined, over many
+    /// connections: the anchor tollgate's Redis cost is measured against. Ends with
+    /// `requests/s: .. requests: .. errors: ..`.
+    RatelimitRedis(crate::anchor::AnchorArgs),
     /// Serve a modelled upstream: `--capacity` requests at `--service` time each; past
     /// the capacity every request slows down (a shared processor), so latency grows
     /// with the requests in flight. For measuring adaptive limits.
@@ -489,6 +518,14 @@ pub struct RedisBenchArgs {
     /// (e.g. 50ms); the slice grows up to a quarter of the smallest limit.
     #[arg(long, value_parser = tollgate_runtime::config::duration_arg)]
     pub lease: Option<std::time::Duration>,
+    /// Count as Envoy does (hits charged whatever the answer, as envoyproxy/ratelimit's
+    /// `INCRBY`) instead of trying.
+    #[arg(long)]
+    pub count: bool,
+    /// Keep a rule set that is one clock-aligned `fixed-window` with `debt=forgive` as
+    /// window counters (plain `INCRBY` and `PEXPIRE`), as `serve` does.
+    #[arg(long, conflicts_with = "lease")]
+    pub window_counters: bool,
 }
 
 fn parse_calls(s: &str) -> Result<tollgate::redis::RedisCalls, String> {
@@ -580,6 +617,7 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ceiling { listen } => return runtime.block_on(ceiling(listen)),
         BenchCommand::Upstream(a) => return runtime.block_on(crate::adaptive::upstream(a)),
         BenchCommand::Rlqs(a) => return runtime.block_on(crate::rlqs::fleet(a)),
+        BenchCommand::RatelimitRedis(a) => return runtime.block_on(crate::anchor::run(a)),
         BenchCommand::ClosedLoop(a) => return runtime.block_on(crate::adaptive::closed_loop(a)),
         BenchCommand::RedisCall {
             policy,
@@ -616,6 +654,8 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
                         duration,
                         ..Default::default()
                     }),
+                    count: a.count,
+                    window_counters: a.window_counters,
                     tls: (a.redis_ca.is_some() || a.redis_cert.is_some()).then(|| {
                         tollgate::redis::RedisTls {
                             ca_file: a.redis_ca.clone(),

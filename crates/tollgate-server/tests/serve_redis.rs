@@ -159,6 +159,56 @@ async fn grpc_check(url: String, value: &str) -> i32 {
 /// `TIME`, so they decide as one — the same admissions, and retry times that agree.
 #[cfg_attr(
     not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_rules_count_in_a_plain_key_per_window_and_acquire_names_the_setting() {
+    let redis = RedisServers::standalone();
+    let dir = config(&format!("  kind: redis\n  url: {}\n", redis.url()));
+    let server = start(&dir.path.join("tollgate.yaml"));
+    let mut codes = Vec::new();
+    for _ in 0..7 {
+        codes.push(check(&server, "user", "dora").await.0);
+    }
+    assert_eq!(codes, [200, 200, 200, 200, 200, 429, 429]);
+    // envoyproxy/ratelimit's layout: one integer per window, named by the window's
+    // start (a UTC day for `unit: day`), every hit counted, with a time to live.
+    let keys = redis.cli(0, &["--scan", "--pattern", "*dora*"]);
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let window: u64 = keys[0].rsplit('@').next().unwrap().parse().unwrap();
+    assert_eq!(window % 86_400_000_000, 0, "{keys:?}");
+    assert_eq!(redis.cli(0, &["GET", keys[0]]).trim(), "7");
+    let ttl: i64 = redis.cli(0, &["PTTL", keys[0]]).trim().parse().unwrap();
+    assert!(ttl > 0 && ttl <= 86_400_000 + 1001, "{ttl}");
+    // Counted as plain commands.
+    let (_, _, metrics) = request(&server, "GET", "/metrics", "", None).await;
+    let metrics = metrics.as_str().unwrap().to_string();
+    assert!(
+        metrics.contains(r#"tollgate_redis_decision_calls_total{store="main",path="commands"}"#),
+        "{metrics}"
+    );
+    // An acquire would reserve a later window: refused, naming the setting.
+    let body = r#"{"domain":"shared","descriptors":[{"entries":[{"key":"user","value":"erin"}]}]}"#;
+    let (status, text) = send(&server, "POST", "/v1/acquire", body).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("window_counters"), "{text}");
+    drop(server);
+    // Turned off, the same rule is kept by the decision code, and acquire answers.
+    let store = format!(
+        "  kind: redis\n  url: {}\n  window_counters: false\n  prefix: off\n",
+        redis.url()
+    );
+    let dir = config(&store);
+    let server = start(&dir.path.join("tollgate.yaml"));
+    let (status, text) = send(&server, "POST", "/v1/acquire", body).await;
+    assert_eq!(status, 200, "{text}");
+    let keys = redis.cli(0, &["--scan", "--pattern", "off:*erin*"]);
+    assert!(!keys.is_empty() && !keys.contains('@'), "{keys}");
+}
+
+#[cfg_attr(
+    not(feature = "external-servers"),
     ignore = "starts redis-server and runs tollgate under libfaketime: run scripts/test.sh, or cargo test --features external-servers"
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

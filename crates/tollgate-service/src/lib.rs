@@ -237,9 +237,11 @@ pub enum RequestError {
         "no rate limit configuration loaded yet: waiting for the first version from the xDS server"
     )]
     NoRules,
-    /// A charge was asked of a limit that cannot be charged (`shaper`, `concurrency`).
+    /// A descriptor's limit cannot take what the request asks: a charge of a limit
+    /// that cannot be charged (`shaper`, `concurrency`), an acquire of a limit kept as
+    /// Redis window counters (`store.window_counters`).
     #[error("descriptors[{0}]: {1}")]
-    NotChargeable(usize, String),
+    Refused(usize, String),
 }
 
 /// At most this many distinct limit overrides keep counters.
@@ -881,9 +883,7 @@ impl DecisionService {
                         .decide_one(&m.limit, &m.counter, cost, op)
                         .await
                         .map_err(|e| match e {
-                            RequestError::NotChargeable(_, why) => {
-                                RequestError::NotChargeable(i, why)
-                            }
+                            RequestError::Refused(_, why) => RequestError::Refused(i, why),
                             e => e,
                         })?;
                     self.count(domain, m, &status);
@@ -1157,8 +1157,10 @@ async fn decide(
     match outcome {
         Ok(r) => Ok(r),
         Err(Error::Check(e @ CheckError::NotChargeable { .. })) => {
-            Err(RequestError::NotChargeable(0, e.to_string()))
+            Err(RequestError::Refused(0, e.to_string()))
         }
+        // An acquire of a limit kept as window counters (which reserve no later window).
+        Err(Error::Unsupported(why)) if op == Op::Acquire => Err(RequestError::Refused(0, why)),
         Err(e) => match e.rejection() {
             Some(d) => Ok(RuleDecision::from(d)),
             None => Err(unavailable(e)),

@@ -11,6 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::Value;
 
 use super::call::{nonce, push_call, push_try, split_reply, CallOp, CheckCall, CheckReply, Form};
+use super::counter::{Change, WindowCounter};
 use super::module::{probe, unknown_command, ModuleNodes, ABSENT, LOADED, UNKNOWN};
 use super::options::{
     CallKind, CallStats, CallTimes, RedisCalls, RedisOptions, BATCH_BOUNDS, CALL_BOUNDS_US,
@@ -464,6 +465,8 @@ pub(crate) struct Caller {
     pub(super) checks: AtomicU64,
     /// Decision calls by checks carried, and every call's time by kind.
     pub(super) times: CallCounters,
+    /// Each node's clock, for the window counters' keys.
+    pub(super) clocks: super::redis_time::RedisClocks,
 }
 
 /// The atomic counters behind [`CallStats`]' batches and times.
@@ -657,7 +660,14 @@ impl Caller {
             checks.iter().partition(|c| c.wire.counter.is_some());
         let mut counter_conn = conn.clone();
         let counters_call = async {
-            let replies = send_counters(&mut counter_conn, &counters).await?;
+            let now = match counters.iter().any(|c| c.now.is_none()) {
+                true => {
+                    self.redis_now(&counter_conn, counters[0].node, counters[0].slot)
+                        .await?
+                }
+                false => 0,
+            };
+            let replies = send_counters(&mut counter_conn, &counters, now).await?;
             self.times.path(3);
             Ok::<_, Error>(replies)
         };
@@ -682,6 +692,25 @@ impl Caller {
                 part.pop().expect("one reply per check")
             })
             .collect())
+    }
+
+    /// Node `node`'s time (us since the epoch): its `TIME`, read again when due (see
+    /// `redis_time.rs`), through `conn` to the master of `slot`.
+    pub(super) async fn redis_now(
+        &self,
+        conn: &Conn,
+        node: usize,
+        slot: u16,
+    ) -> Result<u64, Error> {
+        if let Some(now) = self.clocks.now(node) {
+            return Ok(now);
+        }
+        let sent = self.clocks.local_us();
+        let answer = conn.clone().query_slot(redis::cmd("TIME"), slot).await?;
+        let received = self.clocks.local_us();
+        let redis_us = super::redis_time::time_us(&answer)
+            .ok_or_else(|| Error::Store(format!("TIME answered {answer:?}")))?;
+        Ok(self.clocks.learn(node, sent, received, redis_us))
     }
 
     async fn call(&self, conn: Conn, checks: &[&CheckCall]) -> Result<Value, Error> {
@@ -887,11 +916,17 @@ impl Caller {
 
 /// Sends `checks` (all on window counters, see `counter.rs`) as one pipeline, and
 /// makes each reply what the decision driver would have answered.
-async fn send_counters(conn: &mut Conn, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, Error> {
+/// A check without a time of its own decides at `now` (the node's clock).
+async fn send_counters(
+    conn: &mut Conn,
+    checks: &[&CheckCall],
+    now: u64,
+) -> Result<Vec<CheckReply>, Error> {
     let mut pipe = redis::pipe();
     for c in checks {
-        let (counter, change, now) = counter_part(c);
-        counter.push(&mut pipe, &c.keys[0], change, c.cost, now);
+        let (counter, change, now) = counter_part(c, now);
+        let key = WindowCounter::key(&c.keys[0], counter.start(now));
+        counter.push(&mut pipe, &key, change, c.cost, now);
     }
     let values: Vec<Value> = pipe.query_async(conn).await?;
     if values.len() != checks.len() {
@@ -905,7 +940,7 @@ async fn send_counters(conn: &mut Conn, checks: &[&CheckCall]) -> Result<Vec<Che
         .iter()
         .zip(values)
         .map(|(c, v)| {
-            let (counter, change, now) = counter_part(c);
+            let (counter, change, now) = counter_part(c, now);
             let (admitted, state) = counter.reply(change, c.cost, now, v)?;
             Ok(CheckReply {
                 now,
@@ -916,9 +951,9 @@ async fn send_counters(conn: &mut Conn, checks: &[&CheckCall]) -> Result<Vec<Che
         .collect()
 }
 
-/// A window counter's check: its counter, what it does, and its time.
-fn counter_part(c: &CheckCall) -> (&super::counter::WindowCounter, super::counter::Change, u64) {
-    use super::counter::Change;
+/// A window counter's check: its counter, what it does, and its time (its own, else
+/// `now`).
+fn counter_part(c: &CheckCall, now: u64) -> (&WindowCounter, Change, u64) {
     let counter = c.wire.counter.as_ref().expect("a window counter's check");
     let change = match c.op {
         CallOp::Charge => Change::Add,
@@ -927,6 +962,5 @@ fn counter_part(c: &CheckCall) -> (&super::counter::WindowCounter, super::counte
         // Acquire is refused before a call is made (`RedisLimiter::check_rules`).
         CallOp::Peek | CallOp::Acquire => Change::Read,
     };
-    // A window counter's check always carries its time (`RedisLimiter::check_call`).
-    (counter, change, c.now.unwrap_or_default())
+    (counter, change, c.now.unwrap_or(now))
 }

@@ -252,17 +252,8 @@ impl RedisLimiter {
         created: Option<u64>,
         cost: u64,
     ) -> CheckCall {
-        let mut keys = self.keys(key, &compiled.wire);
+        let keys = self.keys(key, &compiled.wire);
         let (slot, node) = self.inner.store.place(&keys[0]);
-        // A window counter's key is its window's (the same hash tag, so the same slot).
-        let now = match &compiled.wire.counter {
-            Some(counter) => {
-                let now = now.unwrap_or_else(|| self.inner.clock.now_us());
-                keys[0] = WindowCounter::key(&keys[0], counter.start(now));
-                Some(now)
-            }
-            None => now,
-        };
         CheckCall {
             op,
             keys,
@@ -496,15 +487,14 @@ impl RateLimiter for RedisLimiter {
     /// Forgets `key`'s state in Redis.
     async fn reset(&self, key: &str) -> Result<(), Error> {
         let compiled = self.inner.compiled.load_full();
-        let keys = match compiled.wire.counter {
+        let mut keys = self.keys(key, &compiled.wire);
+        if let Some(counter) = &compiled.wire.counter {
             // Only the current window counts (earlier ones are forgiven, later ones
-            // are never reserved).
-            Some(_) => {
-                self.check_call(&compiled, CallOp::Peek, key, None, None, 0)
-                    .keys
-            }
-            None => self.keys(key, &compiled.wire),
-        };
+            // are never reserved), by the clock of the node that holds it.
+            let (slot, node) = self.inner.store.place(&keys[0]);
+            let now = self.inner.store.redis_now(node, slot).await?;
+            keys[0] = WindowCounter::key(&keys[0], counter.start(now));
+        }
         lock(&self.inner.negative).remove(key);
         self.inner.store.delete(&keys).await
     }

@@ -46,6 +46,7 @@ mod module;
 mod options;
 mod per_node;
 pub(crate) mod quota;
+mod redis_time;
 mod script;
 mod sentinel;
 mod store;

@@ -163,6 +163,7 @@ impl RedisStore {
             calls: AtomicU64::new(0),
             checks: AtomicU64::new(0),
             times: Default::default(),
+            clocks: Default::default(),
         });
         let batchers =
             (batch > 1).then(|| Arc::new(Batchers::new(caller.clone(), batch, in_flight, direct)));
@@ -409,6 +410,16 @@ impl RedisStore {
             }
         })
         .await
+    }
+
+    /// Node `node`'s time (us since the epoch; see `redis_time.rs`), within the
+    /// timeout; `slot` is one the node holds.
+    pub(crate) async fn redis_now(&self, node: usize, slot: u16) -> Result<u64, Error> {
+        let caller = &self.caller;
+        let limit = caller.opts.timeout;
+        tokio::time::timeout(limit, caller.redis_now(&caller.conn, node, slot))
+            .await
+            .map_err(|_| super::timeout(limit))?
     }
 
     /// Deletes `keys`.

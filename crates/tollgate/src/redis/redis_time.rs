@@ -1,0 +1,112 @@
+//! Redis's clock for the window counters (`counter.rs`), whose plain commands cannot
+//! read `TIME` themselves: each node's `TIME` is read once, then followed with this
+//! process's monotonic clock and read again every [`REFRESH_US`]. So the windows of
+//! every instance on one Redis cut where Redis's clock says, as the scripts' do,
+//! whatever the instances' own wall clocks say: within half a round trip of `TIME`,
+//! plus what the local clock drifts in [`REFRESH_US`] (tens of microseconds).
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use tollgate_core::{Clock, MonotonicClock};
+
+use super::per_node::PerNode;
+
+/// How long an offset is used before `TIME` is read again.
+pub(crate) const REFRESH_US: u64 = 10_000_000;
+
+/// Each node's clock, as an offset from this process's.
+#[derive(Default)]
+pub(crate) struct RedisClocks {
+    local: MonotonicClock,
+    nodes: PerNode<NodeClock>,
+}
+
+#[derive(Default)]
+struct NodeClock {
+    /// Redis's time minus the local time (us).
+    offset_us: AtomicI64,
+    /// Local time the offset was learned at (0: never).
+    learned_at: AtomicU64,
+}
+
+impl RedisClocks {
+    /// This process's clock (us since the epoch).
+    pub fn local_us(&self) -> u64 {
+        self.local.now_us()
+    }
+
+    /// Node `node`'s time now (us since the epoch), or `None` when it was never read
+    /// or is due to be read again.
+    pub fn now(&self, node: usize) -> Option<u64> {
+        let c = self.nodes.get(node, NodeClock::default);
+        let learned = c.learned_at.load(Ordering::Acquire);
+        let local = self.local_us();
+        if learned == 0 || local.saturating_sub(learned) >= REFRESH_US {
+            return None;
+        }
+        Some(local.saturating_add_signed(c.offset_us.load(Ordering::Relaxed)))
+    }
+
+    /// Learns node `node`'s clock from its `TIME` answer `redis_us`, asked at local
+    /// time `sent` and answered at `received`: Redis read it, at best guess, halfway.
+    /// Returns the node's time now.
+    pub fn learn(&self, node: usize, sent: u64, received: u64, redis_us: u64) -> u64 {
+        let c = self.nodes.get(node, NodeClock::default);
+        let mid = sent + received.saturating_sub(sent) / 2;
+        let offset = i64::try_from(i128::from(redis_us) - i128::from(mid)).unwrap_or(0);
+        c.offset_us.store(offset, Ordering::Relaxed);
+        c.learned_at.store(received.max(1), Ordering::Release);
+        received.saturating_add_signed(offset)
+    }
+}
+
+/// `TIME`'s answer (seconds and microseconds, as strings) in us since the epoch.
+pub(crate) fn time_us(value: &redis::Value) -> Option<u64> {
+    let redis::Value::Array(parts) = value else {
+        return None;
+    };
+    let number = |v: &redis::Value| -> Option<u64> {
+        match v {
+            redis::Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+            redis::Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        }
+    };
+    match parts.as_slice() {
+        [s, us] => number(s)?.checked_mul(1_000_000)?.checked_add(number(us)?),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_clock_is_its_time_read_halfway_then_followed_until_it_is_due() {
+        let clocks = RedisClocks::default();
+        assert_eq!(clocks.now(0), None);
+        let local = clocks.local_us();
+        // Redis 3 hours ahead, read over a 100 us round trip.
+        let ahead = 3 * 3_600_000_000;
+        let now = clocks.learn(0, local - 100, local, local - 50 + ahead);
+        assert_eq!(now, local + ahead);
+        let later = clocks.now(0).unwrap();
+        assert!(later >= local + ahead && later < local + ahead + 1_000_000);
+        // Another node has its own clock.
+        assert_eq!(clocks.now(1), None);
+        // Due again after REFRESH_US.
+        clocks.learn(0, local - REFRESH_US - 1, local - REFRESH_US, 1);
+        assert_eq!(clocks.now(0), None);
+    }
+
+    #[test]
+    fn time_reads_seconds_and_microseconds() {
+        let v = redis::Value::Array(vec![
+            redis::Value::BulkString(b"1764806400".to_vec()),
+            redis::Value::BulkString(b"123456".to_vec()),
+        ]);
+        assert_eq!(time_us(&v), Some(1_764_806_400_123_456));
+        assert_eq!(time_us(&redis::Value::Nil), None);
+    }
+}
