@@ -27,8 +27,8 @@
 #   just decided at (a Redis that idles between writes pays for waking up, which a
 #   saturated one does not: the like-for-like anchor for a serve on one core);
 # - Redis saturated from the library, no service in between: `tollgate bench redis
-#   --count` (Envoy's counting, 256 callers, 100k keys) with window counters and with
-#   Functions, beside envoyproxy/ratelimit's traffic at full speed;
+#   --count` (Envoy's counting, 256 callers, 100k keys) with window counters, with
+#   Functions and with the module, beside envoyproxy/ratelimit's traffic at full speed;
 # - all alternate, ROUNDS times; medians, and the ratios tollgate / anchor.
 #
 # Both rules are generous (every decision admits and writes, as INCRBY always does).
@@ -155,14 +155,18 @@ anchor_windows() { # [requests a second]
 
 # Redis CPU (us) per decision of `tollgate bench redis` counting as Envoy does on a
 # `unit: second` rule (as fast as Redis answers: Redis saturated, as the anchor is),
-# with the extra flags given (--window-counters).
-saturated() {
-    local c0 c1 out
+# with the extra flags given; the callers' p50 and p99 (us) appended to
+# $dir/latency.lib.MODE.
+saturated() { # mode flags...
+    local mode=$1 c0 c1 out
+    shift
     c0=$(cpu)
     out=$(taskset -c 1 "$bin" bench redis --redis-url "redis://127.0.0.1:$port/" --count "$@" \
         --policy "fixed-window:limit=1000000,window=1s,debt=forgive" --keys "$keys" \
         --concurrency 256 --duration "${secs}s" 2>&1)
     c1=$(cpu)
+    awk '/p50_us:/{for (i = 1; i < NF; i++) if ($i ~ /^p(50|99)_us:$/) printf "%s ", $(i + 1); print ""}' \
+        <<<"$out" >>"$dir/latency.lib.$mode"
     us_per "$c0" "$c1" "$(awk '/checks\/s:/{printf "%d", $2 * '"$secs"'}' <<<"$out")"
 }
 
@@ -191,8 +195,9 @@ for r in $(seq "$rounds"); do
     done
     us[anchor.envoy]+="$(anchor "$n" INCRBY "ratelimit_bench_envoy_k__rand_int___1" 1 -- EXPIRE "ratelimit_bench_envoy_k__rand_int___1" 1) "
     us[windows.envoy]+="$(anchor_windows) "
-    us[lib_counters.envoy]+="$(saturated --window-counters) "
-    us[lib_functions.envoy]+="$(saturated) "
+    us[lib_counters.envoy]+="$(saturated counters --window-counters) "
+    us[lib_functions.envoy]+="$(saturated functions --calls functions) "
+    us[lib_module.envoy]+="$(saturated module --calls module) "
     us[anchor.gcra]+="$(anchor "$n" EVALSHA "$ref" 1 "gcra_ref_k__rand_int__" 1000 1000000 1 1) "
     echo "round $r: $(for k in "${!us[@]}"; do printf '%s %s; ' "$k" "$(awk '{print $NF}' <<<"${us[$k]}")"; done)" >&2
 done
@@ -222,15 +227,17 @@ echo "on keys that never change (redis-benchmark -P 16): $(median ${us[anchor.en
 echo
 echo "Redis saturated, \`tollgate bench redis --count\` (256 callers, 100k keys) beside envoyproxy/ratelimit's traffic:"
 echo
-echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs ratelimit, saturated |"
-echo "|---|---|---|---|"
-for mode in lib_counters lib_functions; do
-    m=$(median ${us[$mode.envoy]})
+echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs ratelimit, saturated | p50 / p99 |"
+echo "|---|---|---|---|---|"
+for mode in counters functions module; do
+    m=$(median ${us[lib_$mode.envoy]})
     case $mode in
-    lib_counters) l="window counters (INCRBY + PEXPIRE)" ;;
-    *) l="Functions (window counters off)" ;;
+    counters) l="window counters (INCRBY + PEXPIRE)" ;;
+    functions) l="Functions (window counters off)" ;;
+    module) l="the module (window counters off)" ;;
     esac
-    printf '| Envoy rule `unit: second` | %s | %s us | %s |\n' "$l" "$m" "$(ratio "$m" "$windows")"
+    printf '| Envoy rule `unit: second` | %s | %s us | %s | %s / %s ms |\n' "$l" "$m" "$(ratio "$m" "$windows")" \
+        "$(ms "$dir/latency.lib.$mode" 1)" "$(ms "$dir/latency.lib.$mode" 2)"
 done
 echo
 echo "Through serve (64 gRPC callers on one core; Redis far from saturated):"

@@ -75,6 +75,8 @@ pub struct RedisLoad {
     /// Count as Envoy does (`Op::Count`: hits charged whatever the answer) instead of
     /// trying.
     pub count: bool,
+    /// Lone checks sent at once as calls of their own (`RedisOptions::direct_calls`).
+    pub direct_calls: usize,
     /// Keep a rule set that qualifies as window counters
     /// (`RedisLimiterOptions::window_counters`).
     pub window_counters: bool,
@@ -232,6 +234,7 @@ async fn redis_limiter(url: &str, load: &RedisLoad) -> anyhow::Result<tollgate::
     let options = tollgate::redis::RedisOptions {
         timeout: Duration::from_secs(2),
         batch: load.batch,
+        direct_calls: load.direct_calls,
         calls: load.calls,
         tls: load.tls.clone(),
         ..Default::default()
@@ -522,6 +525,10 @@ pub struct RedisBenchArgs {
     /// `INCRBY`) instead of trying.
     #[arg(long)]
     pub count: bool,
+    /// With batching, lone checks sent at once as calls of their own (0 queues every
+    /// check; `store.direct_calls`).
+    #[arg(long, default_value_t = tollgate::redis::RedisOptions::default().direct_calls)]
+    pub direct_calls: usize,
     /// Keep a rule set that is one clock-aligned `fixed-window` with `debt=forgive` as
     /// window counters (plain `INCRBY` and `PEXPIRE`), as `serve` does.
     #[arg(long, conflicts_with = "lease")]
@@ -655,6 +662,7 @@ pub fn command(cmd: BenchCommand) -> anyhow::Result<()> {
                         ..Default::default()
                     }),
                     count: a.count,
+                    direct_calls: a.direct_calls,
                     window_counters: a.window_counters,
                     tls: (a.redis_ca.is_some() || a.redis_cert.is_some()).then(|| {
                         tollgate::redis::RedisTls {

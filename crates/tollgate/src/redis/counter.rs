@@ -5,8 +5,9 @@
 //!
 //! Opt-in ([`RedisLimiterOptions::window_counters`](super::RedisLimiterOptions)): the
 //! keys differ from the scripts' (`...:0.<code>@<window start, us>`), the window is
-//! the one the limiter's own clock is in (as envoyproxy/ratelimit's is), and acquire,
-//! which reserves later windows, is refused.
+//! cut by the node's clock as the process follows it (`redis_time.rs`: its `TIME`
+//! every 10 s, within half a round trip), and acquire, which reserves later windows,
+//! is refused.
 //!
 //! Every operation returns the count the window held before it, and the Rust core
 //! decides from that state exactly as it decides in memory:

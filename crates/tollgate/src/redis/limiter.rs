@@ -41,9 +41,10 @@ pub struct RedisLimiterOptions {
     /// one integer key per window, counted with plain `INCRBY` and `PEXPIRE`
     /// (pipelined, no script), so Envoy's counting costs Redis what it costs
     /// envoyproxy/ratelimit. Decisions are the same; what changes: the keys (a limiter
-    /// switching either way starts its windows afresh), the window is the one this
-    /// process's clock is in rather than Redis `TIME`'s (as envoyproxy/ratelimit's),
-    /// and [`RateLimiter::acquire`] (which reserves later windows) is refused. Other
+    /// switching either way starts its windows afresh), the window is cut by Redis's
+    /// clock as this process follows it (each node's `TIME`, read every 10 s: within
+    /// half a round trip of where a script would cut it, not at each command), and
+    /// [`RateLimiter::acquire`] (which reserves later windows) is refused. Other
     /// rule sets are kept as always. Default off (`tollgate serve` turns it on for its
     /// descriptors, see `store.window_counters`).
     pub window_counters: bool,
