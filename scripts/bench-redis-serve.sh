@@ -144,11 +144,12 @@ anchor() { # n command... [-- command...]
 # Redis CPU (us) per request of envoyproxy/ratelimit's traffic as it really keys it:
 # INCRBY + EXPIRE on a key naming its second (new keys every second, the old ones
 # expiring), 50 connections, 8 requests (16 commands) per write.
-anchor_windows() { # [requests a second]
-    local c0 c1 out
+anchor_windows() { # [requests a second] [flags...]
+    local c0 c1 out rate=${1:-}
+    shift || true
     c0=$(cpu)
     out=$(taskset -c 1 "$bin" bench ratelimit-redis --redis-url "redis://127.0.0.1:$port/" \
-        --keys "$keys" --duration "${secs}s" ${1:+--rate "$1"} 2>&1)
+        --keys "$keys" --duration "${secs}s" ${rate:+--rate "$rate"} "$@" 2>&1)
     c1=$(cpu)
     us_per "$c0" "$c1" "$(awk '/requests\/s:/{print $4}' <<<"$out")"
 }
@@ -170,6 +171,19 @@ saturated() { # mode flags...
     us_per "$c0" "$c1" "$(awk '/checks\/s:/{printf "%d", $2 * '"$secs"'}' <<<"$out")"
 }
 
+# The same for a generous GCRA policy tried (not counted), deciding with CALLS.
+saturated_gcra() {
+    local c0 c1 out
+    c0=$(cpu)
+    out=$(taskset -c 1 "$bin" bench redis --redis-url "redis://127.0.0.1:$port/" --calls "$1" \
+        --policy "gcra:rate=1000000/s,burst=1000" --keys "$keys" --concurrency 256 \
+        --duration "${secs}s" 2>&1)
+    c1=$(cpu)
+    awk '/p50_us:/{for (i = 1; i < NF; i++) if ($i ~ /^p(50|99)_us:$/) printf "%s ", $(i + 1); print ""}' \
+        <<<"$out" >>"$dir/latency.libgcra.$1"
+    us_per "$c0" "$c1" "$(awk '/checks\/s:/{printf "%d", $2 * '"$secs"'}' <<<"$out")"
+}
+
 ref=$(redis-cli -p "$port" script load "$(cat scripts/lua/gcra-reference.lua)")
 n=$((secs * 60000))
 # Warm: the decision code loaded, the keys made.
@@ -184,6 +198,10 @@ for r in $(seq "$rounds"); do
     for key in envoy gcra; do
         for calls in functions module queued; do
             us[$calls.$key]+="$(through_serve "$calls" "$key") "
+            if [ "$key" = gcra ] && [ "$calls" = functions ]; then
+                # The minimal GCRA script at the rate this serve decided at.
+                us[paced_functions.gcra]+="$(anchor_windows "$(cat "$dir/rate")" --gcra-sha "$ref") "
+            fi
         done
         if [ "$key" = envoy ]; then
             for calls in counters counters_queued; do
@@ -198,6 +216,8 @@ for r in $(seq "$rounds"); do
     us[lib_counters.envoy]+="$(saturated counters --window-counters) "
     us[lib_functions.envoy]+="$(saturated functions --calls functions) "
     us[lib_module.envoy]+="$(saturated module --calls module) "
+    us[lib_functions.gcra]+="$(saturated_gcra functions) "
+    us[lib_module.gcra]+="$(saturated_gcra module) "
     us[anchor.gcra]+="$(anchor "$n" EVALSHA "$ref" 1 "gcra_ref_k__rand_int__" 1000 1000000 1 1) "
     echo "round $r: $(for k in "${!us[@]}"; do printf '%s %s; ' "$k" "$(awk '{print $NF}' <<<"${us[$k]}")"; done)" >&2
 done
@@ -252,10 +272,22 @@ for calls in counters counters_queued functions module queued; do
     row "Envoy rule \`unit: second\`" envoy "$calls" "$paced" windows anchor
 done
 echo
-echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs minimal GCRA script | p50 / p99 |"
-echo "|---|---|---|---|---|"
+echo "GCRA through serve (the minimal script at the rate serve decided at: $(median ${us[paced_functions.gcra]}) us):"
+echo
+echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs minimal GCRA script at the same rate | vs minimal GCRA script, saturated | p50 / p99 |"
+echo "|---|---|---|---|---|---|"
 for calls in functions module queued; do
-    row "\`gcra:\` policy" gcra "$calls" anchor
+    row "\`gcra:\` policy" gcra "$calls" paced_functions anchor
+done
+echo
+echo "GCRA with Redis saturated, \`tollgate bench redis\` (256 callers, 100k keys, tries):"
+echo
+echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs minimal GCRA script, saturated | p50 / p99 |"
+echo "|---|---|---|---|---|"
+for mode in functions module; do
+    m=$(median ${us[lib_$mode.gcra]})
+    printf '| `gcra:` policy | %s | %s us | %s | %s / %s ms |\n' "$mode" "$m" "$(ratio "$m" "$(median ${us[anchor.gcra]})")" \
+        "$(ms "$dir/latency.libgcra.$mode" 1)" "$(ms "$dir/latency.libgcra.$mode" 2)"
 done
 echo "(Redis CPU per decision through serve; medians of $rounds alternating rounds; $secs s of serve per round, $n commands per anchor run; p50 / p99 of the 64 gRPC callers)"
 

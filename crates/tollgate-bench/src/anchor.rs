@@ -8,6 +8,10 @@
 //! pipeline. Each connection sends `--pipeline` requests per write (envoyproxy/ratelimit
 //! sends one per write unless its implicit pipelining is turned on: more per write is
 //! the cheaper case for Redis, so the anchor errs in envoyproxy/ratelimit's favour).
+//!
+//! With `--gcra-sha`, each request is instead one `EVALSHA` of the minimal GCRA script
+//! (`scripts/lua/gcra-reference.lua`, loaded by the caller) on a random key, burst
+//! 1000 at 1,000,000/s: the GCRA anchor, which `--rate` can pace as well.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,6 +42,10 @@ pub struct AnchorArgs {
     /// between writes pays for waking up, which a saturated one does not.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// Send the minimal GCRA script's call (`EVALSHA` of this SHA1, loaded already)
+    /// instead of envoyproxy/ratelimit's two commands.
+    #[arg(long)]
+    pub gcra_sha: Option<String>,
     /// How long to run (e.g. 5s).
     #[arg(long, default_value = "5s", value_parser = tollgate_runtime::config::duration_arg)]
     pub duration: std::time::Duration,
@@ -65,7 +73,7 @@ pub async fn run(a: AnchorArgs) -> anyhow::Result<()> {
         let mut conn = client.get_multiplexed_async_connection().await?;
         let (stop, done, errors, clock) =
             (stop.clone(), done.clone(), errors.clone(), clock.clone());
-        let (pipeline, keys, unit) = (a.pipeline, a.keys.max(1), a.unit);
+        let (pipeline, keys, unit, gcra) = (a.pipeline, a.keys.max(1), a.unit, a.gcra_sha.clone());
         tasks.push(tokio::spawn(async move {
             let mut n = c as u64;
             let mut ticker = every.map(|every| {
@@ -83,7 +91,19 @@ pub async fn run(a: AnchorArgs) -> anyhow::Result<()> {
                     n = n
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
-                    let key = format!("bench_key_k{}_{window}", (n >> 33) % keys);
+                    let k = (n >> 33) % keys;
+                    if let Some(sha) = &gcra {
+                        let key = format!("gcra_ref_k{k}");
+                        let args = ["1000", "1000000", "1", "1"];
+                        pipe.cmd("EVALSHA")
+                            .arg(sha)
+                            .arg(1)
+                            .arg(key)
+                            .arg(&args[..])
+                            .ignore();
+                        continue;
+                    }
+                    let key = format!("bench_key_k{k}_{window}");
                     pipe.cmd("INCRBY").arg(&key).arg(1).ignore();
                     pipe.cmd("EXPIRE").arg(&key).arg(unit).ignore();
                 }
