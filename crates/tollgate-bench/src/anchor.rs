@@ -51,7 +51,8 @@ pub struct AnchorArgs {
     pub duration: std::time::Duration,
 }
 
-/// Runs the anchor's traffic; prints `requests/s: .. requests: .. errors: ..`.
+/// Runs the anchor's traffic; prints `requests/s: .. requests: .. errors: ..` (the
+/// requests of pipelines that failed).
 pub async fn run(a: AnchorArgs) -> anyhow::Result<()> {
     if a.connections == 0 || a.pipeline == 0 || a.unit == 0 {
         anyhow::bail!("--connections, --pipeline and --unit must be at least 1");
@@ -68,6 +69,7 @@ pub async fn run(a: AnchorArgs) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let (done, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let clock = MonotonicClock::new();
+    let started = clock.now_us();
     let mut tasks = Vec::new();
     for c in 0..a.connections {
         let mut conn = client.get_multiplexed_async_connection().await?;
@@ -109,12 +111,11 @@ pub async fn run(a: AnchorArgs) -> anyhow::Result<()> {
                 }
                 match pipe.query_async::<()>(&mut conn).await {
                     Ok(()) => done.fetch_add(pipeline as u64, Ordering::Relaxed),
-                    Err(_) => errors.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => errors.fetch_add(pipeline as u64, Ordering::Relaxed),
                 };
             }
         }));
     }
-    let started = clock.now_us();
     tokio::time::sleep(a.duration).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {

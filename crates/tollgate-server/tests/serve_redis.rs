@@ -154,9 +154,8 @@ async fn grpc_check(url: String, value: &str) -> i32 {
     response.into_inner().overall_code
 }
 
-/// Two instances whose wall clocks disagree by three hours (libfaketime shifts one's
-/// `CLOCK_REALTIME`) share one Redis: the decision scripts take time from Redis
-/// `TIME`, so they decide as one — the same admissions, and retry times that agree.
+/// Envoy's `rate_limit` entries on Redis are window counters by default: one integer
+/// key per window, every hit counted; an acquire of one is refused up front.
 #[cfg_attr(
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
@@ -176,7 +175,8 @@ async fn envoy_rules_count_in_a_plain_key_per_window_and_acquire_names_the_setti
     let keys = redis.cli(0, &["--scan", "--pattern", "*dora*"]);
     let keys: Vec<&str> = keys.lines().collect();
     assert_eq!(keys.len(), 1, "{keys:?}");
-    let window: u64 = keys[0].rsplit('@').next().unwrap().parse().unwrap();
+    assert!(keys[0].contains("@86400000000/"), "{keys:?}");
+    let window: u64 = keys[0].rsplit('/').next().unwrap().parse().unwrap();
     assert_eq!(window % 86_400_000_000, 0, "{keys:?}");
     assert_eq!(redis.cli(0, &["GET", keys[0]]).trim(), "7");
     let ttl: i64 = redis.cli(0, &["PTTL", keys[0]]).trim().parse().unwrap();
@@ -207,6 +207,10 @@ async fn envoy_rules_count_in_a_plain_key_per_window_and_acquire_names_the_setti
     assert!(!keys.is_empty() && !keys.contains('@'), "{keys}");
 }
 
+/// Two instances whose wall clocks disagree by three hours (libfaketime shifts one's
+/// `CLOCK_REALTIME`) share one Redis: the decision scripts take time from Redis
+/// `TIME`, and the window counters cut their windows by it, so they decide as one —
+/// the same admissions, and retry times that agree.
 #[cfg_attr(
     not(feature = "external-servers"),
     ignore = "starts redis-server and runs tollgate under libfaketime: run scripts/test.sh, or cargo test --features external-servers"

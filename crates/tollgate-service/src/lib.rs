@@ -861,6 +861,9 @@ impl DecisionService {
                 }
             }
         }
+        if op == Op::Acquire {
+            refuse_window_counters(&found, &applies)?;
+        }
         let any_over = over.contains(&true);
         let mut statuses: Vec<DescriptorStatus> = Vec::with_capacity(descriptors.len());
         for (i, (d, f)) in descriptors.iter().zip(&found).enumerate() {
@@ -1159,13 +1162,38 @@ async fn decide(
         Err(Error::Check(e @ CheckError::NotChargeable { .. })) => {
             Err(RequestError::Refused(0, e.to_string()))
         }
-        // An acquire of a limit kept as window counters (which reserve no later window).
-        Err(Error::Unsupported(why)) if op == Op::Acquire => Err(RequestError::Refused(0, why)),
         Err(e) => match e.rejection() {
             Some(d) => Ok(RuleDecision::from(d)),
             None => Err(unavailable(e)),
         },
     }
+}
+
+/// An acquire reserves a later window, which a limit kept as Redis window counters
+/// does not keep: refused before any descriptor is decided (none is left reserved).
+fn refuse_window_counters(
+    found: &[Option<Match>],
+    applies: &impl Fn(&Match) -> bool,
+) -> Result<(), RequestError> {
+    for (i, m) in found.iter().enumerate() {
+        let Some(m) = m.as_ref().filter(|m| applies(m)) else {
+            continue;
+        };
+        if let Some(AnyLimiter::Redis(l)) = &m.limit.limiter {
+            if l.keeps_window_counters() {
+                return Err(RequestError::Refused(
+                    i,
+                    format!(
+                        "acquire: the limit {} is kept as Redis window counters, which \
+                         reserve no later window (store.window_counters: false keeps it \
+                         otherwise)",
+                        m.limit.path
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn ok(limit: Option<Arc<DescriptorLimit>>) -> DescriptorStatus {

@@ -414,12 +414,8 @@ fn window_counters_decide_as_the_memory_store_does() {
     // integer key per window and counted by plain commands: every decision, look and
     // error is the memory store's, on one node and on a Cluster, batched.
     use tollgate::redis::RedisLimiterOptions;
-    let single = RedisServers::standalone();
-    let cluster = RedisServers::cluster_of(0, &[]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (single, cluster) = (RedisServers::standalone(), RedisServers::cluster_of(0, &[]));
+    let rt = testkit::rt();
     let opts = RedisOptions {
         timeout: std::time::Duration::from_secs(5),
         in_flight: 1,
@@ -559,7 +555,9 @@ fn window_counters_are_plain_integer_keys_that_refunds_resets_and_acquires_respe
             .unwrap();
         assert_eq!(keys.len(), 1, "{keys:?}");
         let hour = 3_600_000_000u64;
-        let start: u64 = keys[0].rsplit('@').next().unwrap().parse().unwrap();
+        // `...@<window length>/<window start>`, in us.
+        let start: u64 = keys[0].rsplit('/').next().unwrap().parse().unwrap();
+        assert!(keys[0].contains(&format!("@{hour}/")), "{keys:?}");
         assert_eq!(start % hour, 0, "{keys:?}");
         let count: u64 = redis::cmd("GET")
             .arg(&keys[0])
@@ -609,5 +607,66 @@ fn window_counters_are_plain_integer_keys_that_refunds_resets_and_acquires_respe
             s.paths[3] > 0 && s.paths[0] + s.paths[1] + s.paths[2] > 0,
             "{s:?}"
         );
+    });
+}
+
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
+#[test]
+fn window_counters_and_scripted_limits_on_one_store_never_share_a_call() {
+    // Every check queued: a batch holds both kinds, and each kind goes out as a call
+    // of its own (each succeeds or fails whole), on one node and on a Cluster.
+    use tollgate::redis::RedisLimiterOptions;
+    use tollgate::RateLimiter;
+    let (single, cluster) = (RedisServers::standalone(), RedisServers::cluster_of(0, &[]));
+    let rt = testkit::rt();
+    let opts = RedisOptions {
+        in_flight: 1,
+        direct_calls: 0,
+        ..RedisOptions::default()
+    };
+    let counters = RedisLimiterOptions {
+        window_counters: true,
+        ..RedisLimiterOptions::default()
+    };
+    rt.block_on(async {
+        for url in [single.url(), cluster.url()] {
+            let store = RedisStore::connect_with(&url, opts.clone()).await.unwrap();
+            let window = RuleSet::parse(&["fixed-window:limit=50,window=1h,debt=forgive"]).unwrap();
+            let gcra = RuleSet::parse(&["gcra:rate=50/h,burst=50"]).unwrap();
+            let a = RedisLimiter::with_options(store.clone(), "mixa", window, counters.clone())
+                .unwrap();
+            let b =
+                RedisLimiter::with_options(store.clone(), "mixb", gcra, counters.clone()).unwrap();
+            assert!(a.keeps_window_counters() && !b.keeps_window_counters());
+            // 80 of each kind on one key each, interleaved: exactly 50 of each admitted.
+            let calls = (0..160).map(|i| {
+                let (a, b) = (&a, &b);
+                async move {
+                    let limiter = if i % 2 == 0 { a } else { b };
+                    limiter.check_rules("k", 1, Op::Try).await.unwrap()
+                }
+            });
+            let got = futures::future::join_all(calls).await;
+            let admitted = |parity: usize| {
+                (got.iter().enumerate())
+                    .filter(|(i, d)| i % 2 == parity && d.decision.allowed)
+                    .count()
+            };
+            assert_eq!((admitted(0), admitted(1)), (50, 50), "{url}");
+            let s = store.call_stats();
+            let [module, functions, eval, commands] = s.paths;
+            assert_eq!(
+                module + functions + eval + commands,
+                s.calls,
+                "{url}: {s:?}"
+            );
+            assert!(
+                commands > 0 && functions > 0 && s.checks > s.calls,
+                "{url}: {s:?}"
+            );
+        }
     });
 }

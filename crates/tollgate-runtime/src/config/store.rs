@@ -79,8 +79,9 @@ pub struct StoreConfig {
     /// debt is forgiven (Envoy's `rate_limit` entries) as envoyproxy/ratelimit keeps
     /// its counters, one integer key per window counted by plain `INCRBY` and
     /// `PEXPIRE` (default `true`): counting costs Redis what it costs
-    /// envoyproxy/ratelimit, a third of the script's. `false` keeps them as the other
-    /// limits (needed only for `POST /v1/acquire` on such a limit). Not with `lease:`.
+    /// envoyproxy/ratelimit, under half the script's. `false` keeps them as the other
+    /// limits (needed only for `POST /v1/acquire` on such a limit). `true` with
+    /// `lease:` is refused (a lease keeps its states for the lease script).
     pub window_counters: Option<bool>,
     /// Leased quotas for every limit (hot keys decided locally from slices of their
     /// budget, never over the limit); absent: one Redis call per check.
@@ -423,6 +424,11 @@ impl StoreConfig {
         rules: tollgate::RuleSet,
         window_counters: bool,
     ) -> Result<tollgate::AnyLimiter, tollgate::Error> {
+        if self.window_counters == Some(true) && self.lease.is_some() {
+            return Err(tollgate::Error::Config(
+                "store.window_counters: true cannot go with store.lease (a lease keeps its states for the lease script)".into(),
+            ));
+        }
         Ok(match &self.lease {
             Some(lease) => {
                 let mut opts = tollgate::redis::LeaseOptions {

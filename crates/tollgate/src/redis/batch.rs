@@ -129,11 +129,18 @@ async fn drive(
         }
         queued.fetch_sub(batch.len(), Ordering::AcqRel);
         // One call per Cluster slot (a script's keys must share one; one node has
-        // slot 0 only); the calls go out together, this driver sending the last.
-        batch.sort_by_key(|p| p.slot);
+        // slot 0 only) and per kind (window counters' plain commands, or the
+        // decision code: each call succeeds or fails whole); the calls go out
+        // together, this driver sending the last.
+        let group_of = |p: &Pending| (p.slot, p.check.wire.counter.is_some());
+        batch.sort_by_key(group_of);
         loop {
-            let last = batch.last().map_or(0, |p| p.slot);
-            let n = batch.iter().rev().take_while(|p| p.slot == last).count();
+            let last = batch.last().map(group_of);
+            let n = batch
+                .iter()
+                .rev()
+                .take_while(|p| Some(group_of(p)) == last)
+                .count();
             let group = batch.split_off(batch.len() - n);
             if batch.is_empty() {
                 batch = group;

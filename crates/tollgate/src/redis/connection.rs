@@ -649,68 +649,55 @@ impl Caller {
         (self.timed(CallKind::Decide, node, |conn| self.decide(conn, checks))).await
     }
 
-    /// Decides `checks`: those on window counters by plain commands (`counter.rs`),
-    /// the others by the decision code; both calls go out together.
+    /// Decides `checks` (all on window counters, or none: see `batch.rs`): by plain
+    /// commands (`counter.rs`), or by the decision code.
     async fn decide(&self, conn: Conn, checks: &[&CheckCall]) -> Result<Vec<CheckReply>, Error> {
-        let counted = checks.iter().filter(|c| c.wire.counter.is_some()).count();
-        if counted == 0 {
+        if !checks.iter().any(|c| c.wire.counter.is_some()) {
             return split_reply(self.call(conn, checks).await?, checks);
         }
-        let (counters, scripted): (Vec<&CheckCall>, Vec<&CheckCall>) =
-            checks.iter().partition(|c| c.wire.counter.is_some());
-        let mut counter_conn = conn.clone();
-        let counters_call = async {
-            let now = match counters.iter().any(|c| c.now.is_none()) {
-                true => {
-                    self.redis_now(&counter_conn, counters[0].node, counters[0].slot)
-                        .await?
-                }
-                false => 0,
-            };
-            let replies = send_counters(&mut counter_conn, &counters, now).await?;
-            self.times.path(3);
-            Ok::<_, Error>(replies)
+        if !checks.iter().all(|c| c.wire.counter.is_some()) {
+            return Err(Error::Store(
+                "a call mixing window counters and the decision code (a bug)".into(),
+            ));
+        }
+        let (node, slot) = (checks[0].node, checks[0].slot);
+        let now = match checks.iter().any(|c| c.now.is_none()) {
+            true => self.redis_now(&conn, node, slot).await?,
+            false => 0,
         };
-        let (mut by_counter, mut by_script) = if scripted.is_empty() {
-            (counters_call.await?, Vec::new())
-        } else {
-            let script_call = async { split_reply(self.call(conn, &scripted).await?, &scripted) };
-            let (a, b) = futures_util::future::join(counters_call, script_call).await;
-            (a?, b?)
-        };
-        // Back in the checks' order.
-        by_counter.reverse();
-        by_script.reverse();
-        Ok(checks
-            .iter()
-            .map(|c| {
-                let part = if c.wire.counter.is_some() {
-                    &mut by_counter
-                } else {
-                    &mut by_script
-                };
-                part.pop().expect("one reply per check")
-            })
-            .collect())
+        let atomic = matches!(conn, Conn::Cluster(_));
+        let replies = send_counters(&mut conn.clone(), checks, now, atomic).await?;
+        self.times.path(3);
+        Ok(replies)
     }
 
     /// Node `node`'s time (us since the epoch): its `TIME`, read again when due (see
     /// `redis_time.rs`), through `conn` to the master of `slot`.
+    /// A failed read falls back on the last offset, if there is one.
     pub(super) async fn redis_now(
         &self,
         conn: &Conn,
         node: usize,
         slot: u16,
     ) -> Result<u64, Error> {
-        if let Some(now) = self.clocks.now(node) {
-            return Ok(now);
+        let (last, due) = self.clocks.now(node);
+        if !due {
+            return Ok(last.unwrap_or_default());
         }
         let sent = self.clocks.local_us();
-        let answer = conn.clone().query_slot(redis::cmd("TIME"), slot).await?;
-        let received = self.clocks.local_us();
-        let redis_us = super::redis_time::time_us(&answer)
-            .ok_or_else(|| Error::Store(format!("TIME answered {answer:?}")))?;
-        Ok(self.clocks.learn(node, sent, received, redis_us))
+        let read = async {
+            let answer = conn.clone().query_slot(redis::cmd("TIME"), slot).await?;
+            super::redis_time::time_us(&answer)
+                .ok_or_else(|| Error::Store(format!("TIME answered {answer:?}")))
+        };
+        match (read.await, last) {
+            (Ok(redis_us), _) => {
+                let received = self.clocks.local_us();
+                Ok(self.clocks.learn(node, sent, received, redis_us))
+            }
+            (Err(_), Some(last)) => Ok(last),
+            (Err(e), None) => Err(e),
+        }
     }
 
     async fn call(&self, conn: Conn, checks: &[&CheckCall]) -> Result<Value, Error> {
@@ -916,19 +903,41 @@ impl Caller {
 
 /// Sends `checks` (all on window counters, see `counter.rs`) as one pipeline, and
 /// makes each reply what the decision driver would have answered.
-/// A check without a time of its own decides at `now` (the node's clock).
+/// A check without a time of its own decides at `now` (the node's clock). `atomic`
+/// (a Cluster): one `MULTI`/`EXEC`, because the Cluster client sends a pipeline again
+/// whole when a command of it is redirected (a slot being moved), which would count
+/// the commands already run a second time; a transaction that meets a redirection
+/// runs nothing, so sending it again is safe.
 async fn send_counters(
     conn: &mut Conn,
     checks: &[&CheckCall],
     now: u64,
+    atomic: bool,
 ) -> Result<Vec<CheckReply>, Error> {
     let mut pipe = redis::pipe();
+    if atomic {
+        pipe.atomic();
+    }
     for c in checks {
         let (counter, change, now) = counter_part(c, now);
-        let key = WindowCounter::key(&c.keys[0], counter.start(now));
+        let key = counter.key(&c.keys[0], counter.start(now));
         counter.push(&mut pipe, &key, change, c.cost, now);
     }
-    let values: Vec<Value> = pipe.query_async(conn).await?;
+    let values: Vec<Value> = loop {
+        match pipe.query_async(conn).await {
+            // A slot being moved: nothing of the transaction ran; again until it
+            // settles, within the call's one timeout (as the scripts' calls do).
+            Err(e)
+                if atomic
+                    && (e.is_cluster_error()
+                        || e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::ExecAbort)) =>
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            r => break r?,
+        }
+    };
     if values.len() != checks.len() {
         return Err(Error::Store(format!(
             "window counters: {} replies to {} checks",

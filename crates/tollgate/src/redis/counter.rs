@@ -4,7 +4,7 @@
 //! `PEXPIRE`, plain commands, pipelined, no script.
 //!
 //! Opt-in ([`RedisLimiterOptions::window_counters`](super::RedisLimiterOptions)): the
-//! keys differ from the scripts' (`...:0.<code>@<window start, us>`), the window is
+//! keys differ from the scripts' (`...:0.<code>@<window length>/<window start>`, in us), the window is
 //! cut by the node's clock as the process follows it (`redis_time.rs`: its `TIME`
 //! every 10 s, within half a round trip), and acquire, which reserves later windows,
 //! is refused.
@@ -67,9 +67,11 @@ impl WindowCounter {
         now - now % self.window
     }
 
-    /// The key of the window starting at `start`, from the policy's state key.
-    pub fn key(base: &str, start: u64) -> String {
-        format!("{base}@{start}")
+    /// The key of the window starting at `start`, from the policy's state key: it
+    /// names the window's length and start (us), so a reload that changes the length
+    /// starts afresh, as the memory store does.
+    pub fn key(&self, base: &str, start: u64) -> String {
+        format!("{base}@{}/{start}", self.window)
     }
 
     /// The time to live (ms) of the key of the window `now` is in, as the scripts

@@ -9,7 +9,6 @@ use arc_swap::ArcSwap;
 use tollgate_core::{Clock, Decision, Op, RuleDecision, RuleSet};
 
 use super::call::{CallOp, CheckCall};
-use super::counter::WindowCounter;
 use super::health::{Event, Guarded, Health, NodeHealth, OnError, RedisStats};
 use super::script::Wire;
 use super::store::RedisStore;
@@ -162,6 +161,12 @@ impl RedisLimiter {
         self.inner.compiled.store(Arc::new(compiled));
         lock(&self.inner.negative).clear();
         Ok(())
+    }
+
+    /// Whether its rules are kept as window counters now (see
+    /// [`RedisLimiterOptions::window_counters`]): then an acquire is refused.
+    pub fn keeps_window_counters(&self) -> bool {
+        self.inner.compiled.load().wire.counter.is_some()
     }
 
     /// The store this limiter decides in.
@@ -494,7 +499,7 @@ impl RateLimiter for RedisLimiter {
             // are never reserved), by the clock of the node that holds it.
             let (slot, node) = self.inner.store.place(&keys[0]);
             let now = self.inner.store.redis_now(node, slot).await?;
-            keys[0] = WindowCounter::key(&keys[0], counter.start(now));
+            keys[0] = counter.key(&keys[0], counter.start(now));
         }
         lock(&self.inner.negative).remove(key);
         self.inner.store.delete(&keys).await

@@ -35,16 +35,22 @@ impl RedisClocks {
         self.local.now_us()
     }
 
-    /// Node `node`'s time now (us since the epoch), or `None` when it was never read
-    /// or is due to be read again.
-    pub fn now(&self, node: usize) -> Option<u64> {
+    /// Node `node`'s time now (us since the epoch), by its last offset, and whether
+    /// the caller should read its `TIME` (never read yet, or due again: then one
+    /// caller is told so, and the others go on with the last offset meanwhile).
+    pub fn now(&self, node: usize) -> (Option<u64>, bool) {
         let c = self.nodes.get(node, NodeClock::default);
         let learned = c.learned_at.load(Ordering::Acquire);
         let local = self.local_us();
-        if learned == 0 || local.saturating_sub(learned) >= REFRESH_US {
-            return None;
+        if learned == 0 {
+            return (None, true);
         }
-        Some(local.saturating_add_signed(c.offset_us.load(Ordering::Relaxed)))
+        let now = local.saturating_add_signed(c.offset_us.load(Ordering::Relaxed));
+        let due = local.saturating_sub(learned) >= REFRESH_US
+            && (c.learned_at)
+                .compare_exchange(learned, local.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+        (Some(now), due)
     }
 
     /// Learns node `node`'s clock from its `TIME` answer `redis_us`, asked at local
@@ -83,21 +89,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_node_clock_is_its_time_read_halfway_then_followed_until_it_is_due() {
+    fn a_node_clock_is_its_time_read_halfway_then_followed_until_one_caller_reads_it_again() {
         let clocks = RedisClocks::default();
-        assert_eq!(clocks.now(0), None);
+        assert_eq!(clocks.now(0), (None, true));
         let local = clocks.local_us();
         // Redis 3 hours ahead, read over a 100 us round trip.
         let ahead = 3 * 3_600_000_000;
         let now = clocks.learn(0, local - 100, local, local - 50 + ahead);
         assert_eq!(now, local + ahead);
-        let later = clocks.now(0).unwrap();
-        assert!(later >= local + ahead && later < local + ahead + 1_000_000);
+        let (later, due) = clocks.now(0);
+        let later = later.unwrap();
+        assert!(!due && later >= local + ahead && later < local + ahead + 1_000_000);
         // Another node has its own clock.
-        assert_eq!(clocks.now(1), None);
-        // Due again after REFRESH_US.
-        clocks.learn(0, local - REFRESH_US - 1, local - REFRESH_US, 1);
-        assert_eq!(clocks.now(0), None);
+        assert_eq!(clocks.now(1), (None, true));
+        // Due again after REFRESH_US: one caller is told to read it, the next goes on
+        // with the last offset.
+        clocks.learn(
+            0,
+            local - REFRESH_US - 1,
+            local - REFRESH_US,
+            local - REFRESH_US,
+        );
+        let (first, due) = clocks.now(0);
+        assert!(due && first.is_some());
+        let (second, due) = clocks.now(0);
+        assert!(!due && second.is_some());
     }
 
     #[test]
