@@ -3,7 +3,10 @@
 //! process's monotonic clock and read again every [`REFRESH_US`]. So the windows of
 //! every instance on one Redis cut where Redis's clock says, as the scripts' do,
 //! whatever the instances' own wall clocks say: within half a round trip of `TIME`,
-//! plus what the local clock drifts in [`REFRESH_US`] (tens of microseconds).
+//! plus what the local clock drifts in [`REFRESH_US`] (tens of microseconds). A read
+//! whose round trip is much longer than the one the offset came from (it queued behind
+//! other calls on the connection, so halfway is a worse guess) keeps that offset while
+//! it is under [`KEEP_US`] old.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -13,6 +16,8 @@ use super::per_node::PerNode;
 
 /// How long an offset is used before `TIME` is read again.
 pub(crate) const REFRESH_US: u64 = 10_000_000;
+/// How long an offset from a quick read is kept over reads that took much longer.
+pub(crate) const KEEP_US: u64 = 60_000_000;
 
 /// Each node's clock, as an offset from this process's.
 #[derive(Default)]
@@ -25,8 +30,11 @@ pub(crate) struct RedisClocks {
 struct NodeClock {
     /// Redis's time minus the local time (us).
     offset_us: AtomicI64,
-    /// Local time the offset was learned at (0: never).
+    /// Local time the offset was learned at, or last confirmed (0: never).
     learned_at: AtomicU64,
+    /// The round trip of the read the offset came from, and when it was read.
+    rtt_us: AtomicU64,
+    measured_at: AtomicU64,
 }
 
 impl RedisClocks {
@@ -54,15 +62,25 @@ impl RedisClocks {
     }
 
     /// Learns node `node`'s clock from its `TIME` answer `redis_us`, asked at local
-    /// time `sent` and answered at `received`: Redis read it, at best guess, halfway.
-    /// Returns the node's time now.
+    /// time `sent` and answered at `received`: Redis read it, at best guess, halfway
+    /// (unless the offset in use came from a much quicker read, under [`KEEP_US`]
+    /// ago). Returns the node's time now.
     pub fn learn(&self, node: usize, sent: u64, received: u64, redis_us: u64) -> u64 {
         let c = self.nodes.get(node, NodeClock::default);
-        let mid = sent + received.saturating_sub(sent) / 2;
-        let offset = i64::try_from(i128::from(redis_us) - i128::from(mid)).unwrap_or(0);
-        c.offset_us.store(offset, Ordering::Relaxed);
+        let rtt = received.saturating_sub(sent);
+        let known = c.measured_at.load(Ordering::Acquire);
+        let keep = known != 0
+            && received.saturating_sub(known) < KEEP_US
+            && rtt > 2 * c.rtt_us.load(Ordering::Relaxed) + 100;
+        if !keep {
+            let mid = sent + rtt / 2;
+            let offset = i64::try_from(i128::from(redis_us) - i128::from(mid)).unwrap_or(0);
+            c.offset_us.store(offset, Ordering::Relaxed);
+            c.rtt_us.store(rtt, Ordering::Relaxed);
+            c.measured_at.store(received.max(1), Ordering::Release);
+        }
         c.learned_at.store(received.max(1), Ordering::Release);
-        received.saturating_add_signed(offset)
+        received.saturating_add_signed(c.offset_us.load(Ordering::Relaxed))
     }
 }
 
@@ -114,6 +132,21 @@ mod tests {
         assert!(due && first.is_some());
         let (second, due) = clocks.now(0);
         assert!(!due && second.is_some());
+    }
+
+    #[test]
+    fn a_slow_read_keeps_the_offset_of_a_quick_one_for_a_minute() {
+        let clocks = RedisClocks::default();
+        let t = clocks.local_us();
+        // A quick read: Redis 1 s ahead, 100 us round trip.
+        clocks.learn(0, t - 100, t, t - 50 + 1_000_000);
+        // A read that queued 10 ms says 5 ms less: the quick one's offset stays.
+        let now = clocks.learn(0, t - 10_000, t, t - 5_000 + 995_000);
+        assert_eq!(now, t + 1_000_000);
+        // A read a minute later replaces it, however slow.
+        let later = t + KEEP_US;
+        let now = clocks.learn(0, later - 10_000, later, later - 5_000 + 995_000);
+        assert_eq!(now, later + 995_000);
     }
 
     #[test]
