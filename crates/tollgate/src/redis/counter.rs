@@ -4,10 +4,11 @@
 //! `PEXPIRE`, plain commands, pipelined, no script.
 //!
 //! Opt-in ([`RedisLimiterOptions::window_counters`](super::RedisLimiterOptions)): the
-//! keys differ from the scripts' (`...:0.<code>@<window length>/<window start>`, in us), the window is
-//! cut by the node's clock as the process follows it (`redis_time.rs`: its `TIME`
-//! every 10 s, within half a round trip), and acquire, which reserves later windows,
-//! is refused.
+//! keys differ from the scripts' (`...:0.<code>@<window length>/<window start>`, in
+//! us), the window is cut by the node's clock as the process follows it
+//! (`redis_time.rs`: its `TIME` every 10 s, within half a round trip), and acquire,
+//! which reserves later windows, is refused. On a Cluster a batch's commands go as one
+//! `MULTI`/`EXEC` (see `connection.rs`).
 //!
 //! Every operation returns the count the window held before it, and the Rust core
 //! decides from that state exactly as it decides in memory:
@@ -19,8 +20,8 @@
 //! | try of `c` (all or nothing) | `lua/counter.lua`: `GET`, and `INCRBY` + `PEXPIRE` if it fits |
 //! | refund of `c` | `lua/counter.lua`: `GET`, `DECRBY` never below 0 |
 //!
-//! A count is never capped (a policy with `max-debt` does not qualify), so every
-//! store holds the same number.
+//! A count is never capped (a policy with `max-debt` does not qualify): the memory
+//! store caps a count at the limit plus 2^40, which no decision can tell apart.
 
 use redis::{Pipeline, Value};
 use tollgate_core::algorithms::{Align, Debt};
