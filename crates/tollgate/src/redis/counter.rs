@@ -20,8 +20,9 @@
 //! | try of `c` (all or nothing) | `lua/counter.lua`: `GET`, and `INCRBY` + `PEXPIRE` if it fits |
 //! | refund of `c` | `lua/counter.lua`: `GET`, `DECRBY` never below 0 |
 //!
-//! A count is never capped (a policy with `max-debt` does not qualify): the memory
-//! store caps a count at the limit plus 2^40, which no decision can tell apart.
+//! A count is never capped (a policy with `max-debt` does not qualify), where the
+//! memory store caps it at the limit plus 2^40: only refunds of over 2^40 units after
+//! charges past that cap could tell the two apart.
 
 use redis::{Pipeline, Value};
 use tollgate_core::algorithms::{Align, Debt};
