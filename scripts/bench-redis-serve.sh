@@ -110,6 +110,12 @@ grep -q "decided by the tollgate module" "$dir/module.log" || { cat "$dir/module
 cpu() { redis-cli -p "$port" info cpu | awk -F: '/used_cpu_(sys|user):/{s+=$2} END{printf "%.6f", s}'; }
 us_per() { echo "($2 - $1) * 1000000 / $3" | bc -l | xargs printf '%.2f'; }
 
+# The p50 and p99 (us) of a load generator's answer OUT, appended to FILE.
+keep_latency() { # out file
+    awk '/p50_us:/{for (i = 1; i < NF; i++) if ($i ~ /^p(50|99)_us:$/) printf "%s ", $(i + 1); print ""}' \
+        <<<"$1" >>"$2"
+}
+
 # Redis CPU (us) per decision of the `serve` deciding with CALLS, for descriptor KEY;
 # the callers' p50 and p99 (us) appended to $dir/latency.CALLS.KEY.
 through_serve() {
@@ -118,8 +124,7 @@ through_serve() {
     out=$(taskset -c 1 "$bin" bench grpc --target "127.0.0.1:${grpc[$calls]}" --domain bench --key "$key" \
         --keys "$keys" --concurrency 64 --duration "${secs}s" 2>&1)
     c1=$(cpu)
-    awk '/p50_us:/{for (i = 1; i < NF; i++) if ($i ~ /^p(50|99)_us:$/) printf "%s ", $(i + 1); print ""}' \
-        <<<"$out" >>"$dir/latency.$calls.$key"
+    keep_latency "$out" "$dir/latency.$calls.$key"
     awk '/req\/s:/{print $2}' <<<"$out" >"$dir/rate"
     us_per "$c0" "$c1" "$(awk '/requests in/{print $1}' <<<"$out")"
 }
@@ -154,33 +159,17 @@ anchor_windows() { # [requests a second] [flags...]
     us_per "$c0" "$c1" "$(awk '/requests\/s:/{print $4}' <<<"$out")"
 }
 
-# Redis CPU (us) per decision of `tollgate bench redis` counting as Envoy does on a
-# `unit: second` rule (as fast as Redis answers: Redis saturated, as the anchor is),
-# with the extra flags given; the callers' p50 and p99 (us) appended to
-# $dir/latency.lib.MODE.
-saturated() { # mode flags...
-    local mode=$1 c0 c1 out
+# Redis CPU (us) per decision of `tollgate bench redis` with the flags given (256
+# callers, as fast as Redis answers: Redis saturated, as the anchors are); the
+# callers' p50 and p99 (us) appended to $dir/latency.TAG.
+saturated() { # tag flags...
+    local tag=$1 c0 c1 out
     shift
     c0=$(cpu)
-    out=$(taskset -c 1 "$bin" bench redis --redis-url "redis://127.0.0.1:$port/" --count "$@" \
-        --policy "fixed-window:limit=1000000,window=1s,debt=forgive" --keys "$keys" \
-        --concurrency 256 --duration "${secs}s" 2>&1)
+    out=$(taskset -c 1 "$bin" bench redis --redis-url "redis://127.0.0.1:$port/" "$@" \
+        --keys "$keys" --concurrency 256 --duration "${secs}s" 2>&1)
     c1=$(cpu)
-    awk '/p50_us:/{for (i = 1; i < NF; i++) if ($i ~ /^p(50|99)_us:$/) printf "%s ", $(i + 1); print ""}' \
-        <<<"$out" >>"$dir/latency.lib.$mode"
-    us_per "$c0" "$c1" "$(awk '/checks\/s:/{printf "%d", $2 * '"$secs"'}' <<<"$out")"
-}
-
-# The same for a generous GCRA policy tried (not counted), deciding with CALLS.
-saturated_gcra() {
-    local c0 c1 out
-    c0=$(cpu)
-    out=$(taskset -c 1 "$bin" bench redis --redis-url "redis://127.0.0.1:$port/" --calls "$1" \
-        --policy "gcra:rate=1000000/s,burst=1000" --keys "$keys" --concurrency 256 \
-        --duration "${secs}s" 2>&1)
-    c1=$(cpu)
-    awk '/p50_us:/{for (i = 1; i < NF; i++) if ($i ~ /^p(50|99)_us:$/) printf "%s ", $(i + 1); print ""}' \
-        <<<"$out" >>"$dir/latency.libgcra.$1"
+    keep_latency "$out" "$dir/latency.$tag"
     us_per "$c0" "$c1" "$(awk '/checks\/s:/{printf "%d", $2 * '"$secs"'}' <<<"$out")"
 }
 
@@ -213,11 +202,14 @@ for r in $(seq "$rounds"); do
     done
     us[anchor.envoy]+="$(anchor "$n" INCRBY "ratelimit_bench_envoy_k__rand_int___1" 1 -- EXPIRE "ratelimit_bench_envoy_k__rand_int___1" 1) "
     us[windows.envoy]+="$(anchor_windows) "
-    us[lib_counters.envoy]+="$(saturated counters --window-counters) "
-    us[lib_functions.envoy]+="$(saturated functions --calls functions) "
-    us[lib_module.envoy]+="$(saturated module --calls module) "
-    us[lib_functions.gcra]+="$(saturated_gcra functions) "
-    us[lib_module.gcra]+="$(saturated_gcra module) "
+    # Envoy's counting on a `unit: second` rule, and GCRA tries.
+    envoy=(--count --policy "fixed-window:limit=1000000,window=1s,debt=forgive")
+    us[lib_counters.envoy]+="$(saturated lib.counters "${envoy[@]}" --window-counters) "
+    us[lib_functions.envoy]+="$(saturated lib.functions "${envoy[@]}" --calls functions) "
+    us[lib_module.envoy]+="$(saturated lib.module "${envoy[@]}" --calls module) "
+    for calls in functions module; do
+        us[lib_$calls.gcra]+="$(saturated "libgcra.$calls" --policy "${spec[gcra]}" --calls "$calls") "
+    done
     us[anchor.gcra]+="$(anchor "$n" EVALSHA "$ref" 1 "gcra_ref_k__rand_int__" 1000 1000000 1 1) "
     echo "round $r: $(for k in "${!us[@]}"; do printf '%s %s; ' "$k" "$(awk '{print $NF}' <<<"${us[$k]}")"; done)" >&2
 done

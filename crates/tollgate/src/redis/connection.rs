@@ -918,10 +918,15 @@ async fn send_counters(
     if atomic {
         pipe.atomic();
     }
-    for c in checks {
-        let (counter, change, now) = counter_part(c, now);
-        let key = counter.key(&c.keys[0], counter.start(now));
-        counter.push(&mut pipe, &key, change, c.cost, now);
+    let parts: Vec<_> = checks.iter().map(|c| counter_part(c, now)).collect();
+    for (c, &(counter, change, now)) in checks.iter().zip(&parts) {
+        counter.push(
+            &mut pipe,
+            &counter.key(&c.keys[0], now),
+            change,
+            c.cost,
+            now,
+        );
     }
     let values: Vec<Value> = loop {
         match pipe.query_async(conn).await {
@@ -947,9 +952,9 @@ async fn send_counters(
     }
     checks
         .iter()
+        .zip(parts)
         .zip(values)
-        .map(|(c, v)| {
-            let (counter, change, now) = counter_part(c, now);
+        .map(|((c, (counter, change, now)), v)| {
             let (admitted, state) = counter.reply(change, c.cost, now, v)?;
             Ok(CheckReply {
                 now,

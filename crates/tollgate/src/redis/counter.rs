@@ -69,11 +69,11 @@ impl WindowCounter {
         now - now % self.window
     }
 
-    /// The key of the window starting at `start`, from the policy's state key: it
-    /// names the window's length and start (us), so a reload that changes the length
-    /// starts afresh, as the memory store does.
-    pub fn key(&self, base: &str, start: u64) -> String {
-        format!("{base}@{}/{start}", self.window)
+    /// The key of the window `now` is in, from the policy's state key: it names the
+    /// window's length and start (us), so a reload that changes the length starts
+    /// afresh, as the memory store does.
+    pub fn key(&self, base: &str, now: u64) -> String {
+        format!("{base}@{}/{}", self.window, self.start(now))
     }
 
     /// The time to live (ms) of the key of the window `now` is in, as the scripts

@@ -499,7 +499,7 @@ impl RateLimiter for RedisLimiter {
             // are never reserved), by the clock of the node that holds it.
             let (slot, node) = self.inner.store.place(&keys[0]);
             let now = self.inner.store.redis_now(node, slot).await?;
-            keys[0] = counter.key(&keys[0], counter.start(now));
+            keys[0] = counter.key(&keys[0], now);
         }
         lock(&self.inner.negative).remove(key);
         self.inner.store.delete(&keys).await
