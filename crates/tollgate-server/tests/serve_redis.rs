@@ -11,6 +11,8 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use serve_process::{request, Server};
 use testkit::RedisServers;
 
@@ -134,12 +136,16 @@ async fn two_servers_share_one_limit_in_redis() {
 
 /// One `ShouldRateLimit` call for `user` `value` on its own connection: the overall code.
 async fn grpc_check(url: String, value: &str) -> i32 {
+    let mut client = RateLimitServiceClient::connect(url).await.unwrap();
+    let response = client.should_rate_limit(user_request(value)).await.unwrap();
+    response.into_inner().overall_code
+}
+
+/// Envoy's request for one hit of `user` `value`.
+fn user_request(value: &str) -> RateLimitRequest {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-    let mut client = RateLimitServiceClient::connect(url).await.unwrap();
-    let request = RateLimitRequest {
+    RateLimitRequest {
         domain: "shared".into(),
         descriptors: vec![RateLimitDescriptor {
             entries: vec![Entry {
@@ -149,9 +155,62 @@ async fn grpc_check(url: String, value: &str) -> i32 {
             ..Default::default()
         }],
         hits_addend: 1,
-    };
-    let response = client.should_rate_limit(request).await.unwrap();
-    response.into_inner().overall_code
+    }
+}
+
+/// Concurrent requests share Redis calls: `serve` queues every check for the next
+/// batched call by default (`direct_calls: 0`), where `direct_calls: 8` sends each of
+/// 8 concurrent checks as a call of its own. Rounds of 8 concurrent gRPC calls on one
+/// channel until a call carried two checks (`tollgate_redis_batch_checks`), 200 at
+/// most.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_redis_calls_unless_lone_calls_are_asked_for() {
+    let redis = RedisServers::standalone();
+    for (extra, shared) in [("", true), ("  direct_calls: 8\n  prefix: lone\n", false)] {
+        let dir = config(&format!("  kind: redis\n  url: {}\n{extra}", redis.url()));
+        let server = start(&dir.path.join("tollgate.yaml"));
+        let client = RateLimitServiceClient::connect(server.grpc.clone())
+            .await
+            .unwrap();
+        let (mut checks, mut calls) = (0.0, 0.0);
+        for round in 0..200 {
+            let requests: Vec<_> = (0..8)
+                .map(|i| {
+                    let mut client = client.clone();
+                    let request = user_request(&format!("{round}-{i}"));
+                    tokio::spawn(async move { client.should_rate_limit(request).await })
+                })
+                .collect();
+            for r in requests {
+                r.await.unwrap().unwrap();
+            }
+            let (_, _, metrics) = request(&server, "GET", "/metrics", "", None).await;
+            let metrics = metrics.as_str().unwrap().to_string();
+            let value = |name: &str| -> f64 {
+                let line = metrics.lines().find(|l| l.starts_with(name));
+                line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                    .unwrap_or_else(|| panic!("{name} in {metrics}"))
+            };
+            checks = value(r#"tollgate_redis_batch_checks_sum{store="main"}"#);
+            calls = value(r#"tollgate_redis_batch_checks_count{store="main"}"#);
+            assert!(
+                checks >= calls && calls > 0.0,
+                "{checks} checks in {calls} calls"
+            );
+            if checks > calls {
+                break;
+            }
+        }
+        assert_eq!(
+            checks > calls,
+            shared,
+            "{extra:?}: {checks} checks in {calls} calls"
+        );
+    }
 }
 
 /// Envoy's `rate_limit` entries on Redis are window counters by default: one integer
