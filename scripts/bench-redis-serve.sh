@@ -31,6 +31,9 @@
 # - Redis saturated from the library, no service in between: `tollgate bench redis
 #   --count` (Envoy's counting, 256 callers, 100k keys) with window counters, with
 #   Functions and with the module, beside envoyproxy/ratelimit's traffic at full speed;
+#   then a `unit: minute` rule over 1,000 keys (each key counted many times in its
+#   window: a window counter sends its PEXPIRE once a window, envoyproxy/ratelimit
+#   its EXPIRE every time), window counters beside envoyproxy/ratelimit's traffic;
 # - all alternate, ROUNDS times; medians, and the ratios tollgate / anchor.
 #
 # Both rules are generous (every decision admits and writes, as INCRBY always does).
@@ -156,20 +159,21 @@ anchor_windows() { # [requests a second] [flags...]
     shift || true
     c0=$(cpu)
     out=$(taskset -c 1 "$bin" bench ratelimit-redis --redis-url "redis://127.0.0.1:$port/" \
-        --keys "$keys" --duration "${secs}s" ${rate:+--rate "$rate"} "$@" 2>&1)
+        --keys "${sat_keys:-$keys}" --duration "${secs}s" ${rate:+--rate "$rate"} "$@" 2>&1)
     c1=$(cpu)
     us_per "$c0" "$c1" "$(awk '/requests\/s:/{print $4}' <<<"$out")"
 }
 
 # Redis CPU (us) per decision of `tollgate bench redis` with the flags given (256
-# callers, as fast as Redis answers: Redis saturated, as the anchors are); the
-# callers' p50 and p99 (us) appended to $dir/latency.TAG.
+# callers, as fast as Redis answers: Redis saturated, as the anchors are; over
+# $sat_keys keys if set, else $keys); the callers' p50 and p99 (us) appended to
+# $dir/latency.TAG.
 saturated() { # tag flags...
     local tag=$1 c0 c1 out
     shift
     c0=$(cpu)
     out=$(taskset -c 1 "$bin" bench redis --redis-url "redis://127.0.0.1:$port/" "$@" \
-        --keys "$keys" --concurrency 256 --duration "${secs}s" 2>&1)
+        --keys "${sat_keys:-$keys}" --concurrency 256 --duration "${secs}s" 2>&1)
     c1=$(cpu)
     keep_latency "$out" "$dir/latency.$tag"
     us_per "$c0" "$c1" "$(awk '/checks\/s:/{printf "%d", $2 * '"$secs"'}' <<<"$out")"
@@ -211,6 +215,10 @@ for r in $(seq "$rounds"); do
     us[lib_counters.envoy]+="$(saturated lib.counters "${envoy[@]}" --window-counters) "
     us[lib_functions.envoy]+="$(saturated lib.functions "${envoy[@]}" --calls functions) "
     us[lib_module.envoy]+="$(saturated lib.module "${envoy[@]}" --calls module) "
+    # Hot keys: a `unit: minute` rule over 1,000 keys.
+    minute=(--count --policy "fixed-window:limit=1000000000,window=1m,debt=forgive" --window-counters)
+    us[lib_counters.minute]+="$(sat_keys=1000 saturated lib.minute "${minute[@]}") "
+    us[windows.minute]+="$(sat_keys=1000 anchor_windows "" --unit 60) "
     for calls in functions module; do
         us[lib_$calls.gcra]+="$(saturated "libgcra.$calls" --policy "${spec[gcra]}" --calls "$calls") "
     done
@@ -255,6 +263,10 @@ for mode in counters functions module; do
     printf '| Envoy rule `unit: second` | %s | %s us | %s | %s / %s ms |\n' "$l" "$m" "$(ratio "$m" "$windows")" \
         "$(ms "$dir/latency.lib.$mode" 1)" "$(ms "$dir/latency.lib.$mode" 2)"
 done
+m=$(median ${us[lib_counters.minute]})
+printf '| Envoy rule `unit: minute`, 1,000 keys | window counters (PEXPIRE once a window) | %s us | %s (ratelimit: %s us) | %s / %s ms |\n' \
+    "$m" "$(ratio "$m" "$(median ${us[windows.minute]})")" "$(median ${us[windows.minute]})" \
+    "$(ms "$dir/latency.lib.minute" 1)" "$(ms "$dir/latency.lib.minute" 2)"
 echo
 echo "Through serve (64 gRPC callers on one core; Redis far from saturated):"
 echo

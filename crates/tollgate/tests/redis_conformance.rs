@@ -610,6 +610,66 @@ fn window_counters_are_plain_integer_keys_that_refunds_resets_and_acquires_respe
     });
 }
 
+/// A key counted again and again in its window sends its `PEXPIRE` once (the first
+/// count), where envoyproxy/ratelimit sends one a hit; a key deleted meanwhile is made
+/// again by the `INCRBY` alone, and its time to live is set before the count returns.
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
+)]
+#[test]
+fn a_window_counter_sets_its_time_to_live_once_a_window_and_again_when_made_again() {
+    use tollgate::redis::RedisLimiterOptions;
+    use tollgate::RateLimiter;
+    let single = RedisServers::standalone();
+    let hour = std::time::Duration::from_secs(3600);
+    testkit::clear_of_window_end(hour, std::time::Duration::from_secs(60));
+    testkit::rt().block_on(async {
+        let store = RedisStore::connect(&single.url()).await.unwrap();
+        let rules = RuleSet::parse(&["fixed-window:limit=100,window=1h,debt=forgive"]).unwrap();
+        let opts = RedisLimiterOptions {
+            window_counters: true,
+            ..RedisLimiterOptions::default()
+        };
+        let limiter = RedisLimiter::with_options(store, "hot", rules, opts).unwrap();
+        let calls = |name: &str| -> u64 {
+            let stats = single.cli(0, &["INFO", "commandstats"]);
+            let line = stats
+                .lines()
+                .find(|l| l.starts_with(&format!("cmdstat_{name}:")));
+            line.and_then(|l| l.split(['=', ',']).nth(1)?.parse().ok())
+                .unwrap_or(0)
+        };
+        let key_ttl = || -> (String, i64) {
+            let key = single.cli(0, &["--scan", "--pattern", "tollgate:hot:*"]);
+            let key = key.trim().to_string();
+            let ttl = single.cli(0, &["PTTL", &key]).trim().parse().unwrap();
+            (key, ttl)
+        };
+        single.cli(0, &["CONFIG", "RESETSTAT"]);
+        for i in 0..20 {
+            let d = limiter.check_rules("k", 1, Op::Count).await.unwrap();
+            assert_eq!(d.decision.remaining, 100 - (i + 1), "count {i}");
+        }
+        assert_eq!((calls("incrby"), calls("pexpire")), (20, 1));
+        let (key, ttl) = key_ttl();
+        assert!(ttl > 1000 && ttl <= 3_600_000 + 1001, "{key}: {ttl}");
+        // Deleted (as an eviction would): made again, and given its time to live.
+        single.cli(0, &["DEL", &key]);
+        let d = limiter.check_rules("k", 1, Op::Count).await.unwrap();
+        assert_eq!(d.decision.remaining, 99);
+        let (again, ttl) = key_ttl();
+        assert_eq!(again, key);
+        assert!(ttl > 1000 && ttl <= 3_600_000 + 1001, "{key}: {ttl}");
+        assert_eq!((calls("incrby"), calls("pexpire")), (21, 2));
+        for i in 0..5 {
+            let d = limiter.check_rules("k", 1, Op::Count).await.unwrap();
+            assert_eq!(d.decision.remaining, 98 - i);
+        }
+        assert_eq!((calls("incrby"), calls("pexpire")), (26, 2));
+    });
+}
+
 #[cfg_attr(
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"

@@ -467,6 +467,8 @@ pub(crate) struct Caller {
     pub(super) times: CallCounters,
     /// Each node's clock, for the window counters' keys.
     pub(super) clocks: super::redis_time::RedisClocks,
+    /// Window counters' keys known to have their time to live.
+    pub(super) expiring: super::counter::Expiring,
 }
 
 /// The atomic counters behind [`CallStats`]' batches and times.
@@ -666,7 +668,8 @@ impl Caller {
             false => 0,
         };
         let atomic = matches!(conn, Conn::Cluster(_));
-        let replies = send_counters(&mut conn.clone(), checks, now, atomic).await?;
+        let replies =
+            send_counters(&mut conn.clone(), checks, (now, atomic), &self.expiring).await?;
         self.times.path(3);
         Ok(replies)
     }
@@ -907,26 +910,28 @@ impl Caller {
 /// (a Cluster): one `MULTI`/`EXEC`, because the Cluster client sends a pipeline again
 /// whole when a command of it is redirected (a slot being moved), which would count
 /// the commands already run a second time; a transaction that meets a redirection
-/// runs nothing, so sending it again is safe.
+/// runs nothing, so sending it again is safe. A count of a key known to have its
+/// time to live (`expiring`) sends no `PEXPIRE`; one whose answer shows the key was
+/// made again meanwhile gets it from a second pipeline before the reply.
 async fn send_counters(
     conn: &mut Conn,
     checks: &[&CheckCall],
-    now: u64,
-    atomic: bool,
+    (now, atomic): (u64, bool),
+    expiring: &super::counter::Expiring,
 ) -> Result<Vec<CheckReply>, Error> {
     let mut pipe = redis::pipe();
     if atomic {
         pipe.atomic();
     }
     let parts: Vec<_> = checks.iter().map(|c| counter_part(c, now)).collect();
-    for (c, &(counter, change, now)) in checks.iter().zip(&parts) {
-        counter.push(
-            &mut pipe,
-            &counter.key(&c.keys[0], now),
-            change,
-            c.cost,
-            now,
-        );
+    let keys: Vec<String> = (checks.iter().zip(&parts))
+        .map(|(c, &(counter, _, now))| counter.key(&c.keys[0], now))
+        .collect();
+    let known = expiring.known(&keys.iter().map(String::as_str).collect::<Vec<_>>(), now);
+    for ((c, &(counter, change, now)), (key, &known)) in
+        checks.iter().zip(&parts).zip(keys.iter().zip(&known))
+    {
+        counter.push(&mut pipe, key, (change, c.cost, now), !known);
     }
     let values: Vec<Value> = loop {
         match pipe.query_async(conn).await {
@@ -950,19 +955,37 @@ async fn send_counters(
             checks.len()
         )));
     }
-    checks
-        .iter()
-        .zip(parts)
-        .zip(values)
-        .map(|((c, (counter, change, now)), v)| {
-            let (admitted, state) = counter.reply(change, c.cost, now, v)?;
+    let (mut again, mut made_again) = (redis::pipe(), Vec::new());
+    let replies = (checks.iter().zip(parts).zip(values))
+        .zip(keys.into_iter().zip(known))
+        .map(|(((c, (counter, change, now)), v), (key, known))| {
+            let (admitted, before, state) = counter.reply(change, c.cost, now, v)?;
+            if change == Change::Add && c.cost > 0 {
+                // Nothing counted before a count that sent no PEXPIRE: the key was
+                // made again (deleted, evicted) and has no time to live yet.
+                if known && before == 0 {
+                    counter.push_expire(&mut again, &key, now);
+                    made_again.push(key);
+                } else {
+                    expiring.learn(key, counter.end(now), now);
+                }
+            }
             Ok(CheckReply {
                 now,
                 admitted,
                 states: vec![state],
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, Error>>()?;
+    if !made_again.is_empty() {
+        // The counts stand (Redis made them); a key whose PEXPIRE failed is forgotten,
+        // so that its next count sends one again.
+        if let Err(e) = again.query_async::<()>(conn).await {
+            tracing::warn!(error = %e, keys = made_again.len(), "window counters: PEXPIRE of keys made again failed");
+            expiring.forget(&made_again);
+        }
+    }
+    Ok(replies)
 }
 
 /// A window counter's check: its counter, what it does, and its time (its own, else

@@ -15,14 +15,24 @@
 //!
 //! | operation | commands |
 //! |---|---|
-//! | count or charge of `c` (Envoy's hits) | `INCRBY key c`, `PEXPIRE key ttl` |
+//! | count or charge of `c` (Envoy's hits) | `INCRBY key c`, and `PEXPIRE key ttl` unless the key is known to have its time to live |
 //! | look, peek, a count or charge of 0 | `GET key` |
 //! | try of `c` (all or nothing) | `lua/counter.lua`: `GET`, and `INCRBY` + `PEXPIRE` if it fits |
 //! | refund of `c` | `lua/counter.lua`: `GET`, `DECRBY` never below 0 |
 //!
+//! A window's key is known to have its time to live ([`Expiring`]) once this process
+//! set it, or saw the key already counted: whoever made a key sends its `PEXPIRE`
+//! right behind its `INCRBY`. So a key counted many times in a window costs one
+//! command a hit, not two (envoyproxy/ratelimit sends both every time). A key that
+//! was deleted meanwhile (a reset, an eviction) is made again by the `INCRBY` alone;
+//! its answer says so (nothing counted before), and its `PEXPIRE` follows at once.
+//!
 //! A count is never capped (a policy with `max-debt` does not qualify), where the
 //! memory store caps it at the limit plus 2^40: only refunds of over 2^40 units after
 //! charges past that cap could tell the two apart.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use redis::{Pipeline, Value};
 use tollgate_core::algorithms::{Align, Debt};
@@ -98,13 +108,22 @@ pub(crate) enum Change {
 }
 
 impl WindowCounter {
-    /// Appends the commands of `change` of `cost` at `now` to the window's `key`.
-    pub fn push(&self, pipe: &mut Pipeline, key: &str, change: Change, cost: u64, now: u64) {
+    /// Appends the commands of `change` of `cost` at `now` to the window's `key`;
+    /// `expire`: whether a count sets the key's time to live.
+    pub fn push(
+        &self,
+        pipe: &mut Pipeline,
+        key: &str,
+        (change, cost, now): (Change, u64, u64),
+        expire: bool,
+    ) {
         let ttl = self.ttl_ms(now);
         match change {
             Change::Add if cost > 0 => {
                 pipe.cmd("INCRBY").arg(key).arg(cost);
-                pipe.cmd("PEXPIRE").arg(key).arg(ttl).ignore();
+                if expire {
+                    self.push_expire(pipe, key, now);
+                }
             }
             Change::Try | Change::Refund => {
                 let op = if change == Change::Try { "t" } else { "r" };
@@ -123,16 +142,26 @@ impl WindowCounter {
         }
     }
 
+    /// Appends the `PEXPIRE` of the window's `key` at `now` (its answer ignored).
+    pub fn push_expire(&self, pipe: &mut Pipeline, key: &str, now: u64) {
+        pipe.cmd("PEXPIRE").arg(key).arg(self.ttl_ms(now)).ignore();
+    }
+
+    /// The end (us) of the window `now` is in.
+    pub fn end(&self, now: u64) -> u64 {
+        self.start(now) + self.window
+    }
+
     /// What the decision driver would have answered for `change` of `cost` at `now`,
-    /// from its command's answer `value`: whether it admitted, and the state the
-    /// window held before (`"start count"`, or none).
+    /// from its command's answer `value`: whether it admitted, the count the window
+    /// held before, and that as the driver's state (`"start count"`, or none).
     pub fn reply(
         &self,
         change: Change,
         cost: u64,
         now: u64,
         value: Value,
-    ) -> Result<(bool, Value), Error> {
+    ) -> Result<(bool, u64, Value), Error> {
         let bad = |what: &str| Error::Store(format!("window counter reply: {what}"));
         let count = match value {
             Value::Nil => 0,
@@ -155,7 +184,48 @@ impl WindowCounter {
         } else {
             Value::BulkString(format!("{} {before}", self.start(now)).into_bytes())
         };
-        Ok((admitted, state))
+        Ok((admitted, before, state))
+    }
+}
+
+/// The most window keys [`Expiring`] keeps; past it, those of ended windows go, and
+/// if that is not enough, all (their counts then send `PEXPIRE` again).
+const EXPIRING_MAX: usize = 1 << 16;
+
+/// Window keys known to have their time to live, each until its window's end (us,
+/// the node's clock as the counters follow it).
+#[derive(Default)]
+pub(crate) struct Expiring {
+    keys: Mutex<HashMap<String, u64>>,
+}
+
+impl Expiring {
+    /// For each of `keys` at `now`: whether it is known to have its time to live.
+    pub fn known(&self, keys: &[&str], now: u64) -> Vec<bool> {
+        let map = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        (keys.iter())
+            .map(|k| map.get(*k).is_some_and(|&end| end > now))
+            .collect()
+    }
+
+    /// Remembers `key` as having its time to live until `end`.
+    pub fn learn(&self, key: String, end: u64, now: u64) {
+        let mut map = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= EXPIRING_MAX {
+            map.retain(|_, &mut e| e > now);
+            if map.len() >= EXPIRING_MAX / 2 {
+                map.clear();
+            }
+        }
+        map.insert(key, end);
+    }
+
+    /// Forgets `keys`: their next counts set their time to live again.
+    pub fn forget(&self, keys: &[String]) {
+        let mut map = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        for k in keys {
+            map.remove(k);
+        }
     }
 }
 

@@ -164,6 +164,7 @@ impl RedisStore {
             checks: AtomicU64::new(0),
             times: Default::default(),
             clocks: Default::default(),
+            expiring: Default::default(),
         });
         let batchers =
             (batch > 1).then(|| Arc::new(Batchers::new(caller.clone(), batch, in_flight, direct)));
