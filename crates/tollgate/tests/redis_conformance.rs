@@ -612,7 +612,8 @@ fn window_counters_are_plain_integer_keys_that_refunds_resets_and_acquires_respe
 
 /// A key counted again and again in its window sends its `PEXPIRE` once (the first
 /// count), where envoyproxy/ratelimit sends one a hit; a key deleted meanwhile is made
-/// again by the `INCRBY` alone, and its time to live is set before the count returns.
+/// again by the `INCRBY` alone, and gets its time to live right after; so does one
+/// made again by a count whose answer never came (Redis paused past the timeout).
 #[cfg_attr(
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --all-features"
@@ -631,7 +632,8 @@ fn a_window_counter_sets_its_time_to_live_once_a_window_and_again_when_made_agai
             window_counters: true,
             ..RedisLimiterOptions::default()
         };
-        let limiter = RedisLimiter::with_options(store, "hot", rules, opts).unwrap();
+        let limiter =
+            RedisLimiter::with_options(store, "hot", rules.clone(), opts.clone()).unwrap();
         let calls = |name: &str| -> u64 {
             let stats = single.cli(0, &["INFO", "commandstats"]);
             let line = stats
@@ -640,11 +642,23 @@ fn a_window_counter_sets_its_time_to_live_once_a_window_and_again_when_made_agai
             line.and_then(|l| l.split(['=', ',']).nth(1)?.parse().ok())
                 .unwrap_or(0)
         };
-        let key_ttl = || -> (String, i64) {
-            let key = single.cli(0, &["--scan", "--pattern", "tollgate:hot:*"]);
+        let key_ttl = |name: &str| -> (String, i64) {
+            let key = single.cli(0, &["--scan", "--pattern", &format!("tollgate:{name}:*")]);
             let key = key.trim().to_string();
             let ttl = single.cli(0, &["PTTL", &key]).trim().parse().unwrap();
             (key, ttl)
+        };
+        // The state asserted, waited for: the key there with its time to live (5 s at
+        // most).
+        let ttl_set = |name: &str| -> (String, i64) {
+            for _ in 0..500 {
+                let (key, ttl) = key_ttl(name);
+                if ttl >= 0 {
+                    return (key, ttl);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            key_ttl(name)
         };
         single.cli(0, &["CONFIG", "RESETSTAT"]);
         for i in 0..20 {
@@ -652,13 +666,13 @@ fn a_window_counter_sets_its_time_to_live_once_a_window_and_again_when_made_agai
             assert_eq!(d.decision.remaining, 100 - (i + 1), "count {i}");
         }
         assert_eq!((calls("incrby"), calls("pexpire")), (20, 1));
-        let (key, ttl) = key_ttl();
+        let (key, ttl) = key_ttl("hot");
         assert!(ttl > 1000 && ttl <= 3_600_000 + 1001, "{key}: {ttl}");
         // Deleted (as an eviction would): made again, and given its time to live.
         single.cli(0, &["DEL", &key]);
         let d = limiter.check_rules("k", 1, Op::Count).await.unwrap();
         assert_eq!(d.decision.remaining, 99);
-        let (again, ttl) = key_ttl();
+        let (again, ttl) = ttl_set("hot");
         assert_eq!(again, key);
         assert!(ttl > 1000 && ttl <= 3_600_000 + 1001, "{key}: {ttl}");
         assert_eq!((calls("incrby"), calls("pexpire")), (21, 2));
@@ -667,6 +681,41 @@ fn a_window_counter_sets_its_time_to_live_once_a_window_and_again_when_made_agai
             assert_eq!(d.decision.remaining, 98 - i);
         }
         assert_eq!((calls("incrby"), calls("pexpire")), (26, 2));
+        // A count whose answer is lost: the key deleted, Redis's writes paused past the
+        // store's timeout; the INCRBY runs after the pause, and the PEXPIRE behind it.
+        let store = RedisStore::connect_with(
+            &single.url(),
+            RedisOptions {
+                timeout: std::time::Duration::from_millis(100),
+                ..RedisOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let paused = RedisLimiter::with_options(store, "lost", rules, opts).unwrap();
+        let first = paused.check_rules("k", 1, Op::Count).await.unwrap();
+        assert_eq!(first.decision.remaining, 99);
+        let (key, _) = key_ttl("lost");
+        single.cli(0, &["DEL", &key]);
+        single.cli(0, &["CLIENT", "PAUSE", "400", "WRITE"]);
+        assert!(paused.check_rules("k", 1, Op::Count).await.is_err());
+        let (again, ttl) = ttl_set("lost");
+        assert_eq!(again, key);
+        assert!(ttl > 1000 && ttl <= 3_600_000 + 1001, "{key}: {ttl}");
+        assert_eq!(single.cli(0, &["GET", &key]).trim(), "1");
+        // And the store counts as before once it decides again (after its next probe):
+        // what it knew was forgotten, so the next count sends its PEXPIRE again.
+        let before = calls("pexpire");
+        let mut counted = paused.check_rules("k", 1, Op::Count).await;
+        for _ in 0..500 {
+            if counted.is_ok() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            counted = paused.check_rules("k", 1, Op::Count).await;
+        }
+        assert_eq!(counted.unwrap().decision.remaining, 98);
+        assert_eq!(calls("pexpire"), before + 1);
     });
 }
 

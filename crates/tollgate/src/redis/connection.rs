@@ -668,8 +668,7 @@ impl Caller {
             false => 0,
         };
         let atomic = matches!(conn, Conn::Cluster(_));
-        let replies =
-            send_counters(&mut conn.clone(), checks, (now, atomic), &self.expiring).await?;
+        let replies = send_counters(self, conn, checks, (now, atomic)).await?;
         self.times.path(3);
         Ok(replies)
     }
@@ -911,13 +910,12 @@ impl Caller {
 /// whole when a command of it is redirected (a slot being moved), which would count
 /// the commands already run a second time; a transaction that meets a redirection
 /// runs nothing, so sending it again is safe. A count of a key known to have its
-/// time to live (`expiring`) sends no `PEXPIRE`; one whose answer shows the key was
-/// made again meanwhile gets it from a second pipeline before the reply.
+/// time to live (`Caller::expiring`) sends no `PEXPIRE` (see [`Unexpired`]).
 async fn send_counters(
-    conn: &mut Conn,
+    caller: &Caller,
+    mut conn: Conn,
     checks: &[&CheckCall],
     (now, atomic): (u64, bool),
-    expiring: &super::counter::Expiring,
 ) -> Result<Vec<CheckReply>, Error> {
     let mut pipe = redis::pipe();
     if atomic {
@@ -927,14 +925,23 @@ async fn send_counters(
     let keys: Vec<String> = (checks.iter().zip(&parts))
         .map(|(c, &(counter, _, now))| counter.key(&c.keys[0], now))
         .collect();
-    let known = expiring.known(&keys.iter().map(String::as_str).collect::<Vec<_>>(), now);
+    let known = (caller.expiring).known(&keys.iter().map(String::as_str).collect::<Vec<_>>(), now);
+    let mut unexpired = Unexpired {
+        caller,
+        conn: conn.clone(),
+        keys: Vec::new(),
+        answered: false,
+    };
     for ((c, &(counter, change, now)), (key, &known)) in
         checks.iter().zip(&parts).zip(keys.iter().zip(&known))
     {
         counter.push(&mut pipe, key, (change, c.cost, now), !known);
+        if known && change == Change::Add && c.cost > 0 {
+            unexpired.keys.push((key.clone(), *counter, now));
+        }
     }
     let values: Vec<Value> = loop {
-        match pipe.query_async(conn).await {
+        match pipe.query_async(&mut conn).await {
             // A slot being moved: nothing of the transaction ran; again until it
             // settles, within the call's one timeout (as the scripts' calls do).
             Err(e)
@@ -955,19 +962,19 @@ async fn send_counters(
             checks.len()
         )));
     }
-    let (mut again, mut made_again) = (redis::pipe(), Vec::new());
+    let mut made_again = Vec::new();
     let replies = (checks.iter().zip(parts).zip(values))
         .zip(keys.into_iter().zip(known))
         .map(|(((c, (counter, change, now)), v), (key, known))| {
             let (admitted, before, state) = counter.reply(change, c.cost, now, v)?;
             if change == Change::Add && c.cost > 0 {
-                // Nothing counted before a count that sent no PEXPIRE: the key was
-                // made again (deleted, evicted) and has no time to live yet.
-                if known && before == 0 {
-                    counter.push_expire(&mut again, &key, now);
-                    made_again.push(key);
-                } else {
-                    expiring.learn(key, counter.end(now), now);
+                match known {
+                    // It sent its PEXPIRE.
+                    false => caller.expiring.learn(key, counter.end(now), now),
+                    // Nothing counted before a count that sent no PEXPIRE: the key
+                    // was made again (deleted, evicted) and has no time to live yet.
+                    true if before == 0 => made_again.push((key, *counter, now)),
+                    true => {}
                 }
             }
             Ok(CheckReply {
@@ -977,15 +984,61 @@ async fn send_counters(
             })
         })
         .collect::<Result<Vec<_>, Error>>()?;
-    if !made_again.is_empty() {
-        // The counts stand (Redis made them); a key whose PEXPIRE failed is forgotten,
-        // so that its next count sends one again.
-        if let Err(e) = again.query_async::<()>(conn).await {
-            tracing::warn!(error = %e, keys = made_again.len(), "window counters: PEXPIRE of keys made again failed");
-            expiring.forget(&made_again);
+    unexpired.keys = made_again;
+    unexpired.answered = true;
+    Ok(replies)
+}
+
+/// The keys of one window-counter call whose counts sent no `PEXPIRE`, each with its
+/// counter and time. When the call ends, those the answers show were made again get
+/// their `PEXPIRE` from a task of their own; and if it ends without its answers read
+/// (an error, the timeout), every one of them does (a lost answer may hide a key made
+/// again), and the store forgets every key it knew to have its time to live (a
+/// failover or a restart may have lost a `PEXPIRE` Redis had answered), so that
+/// their next counts send it again.
+struct Unexpired<'a> {
+    caller: &'a Caller,
+    conn: Conn,
+    keys: Vec<(String, WindowCounter, u64)>,
+    answered: bool,
+}
+
+impl Drop for Unexpired<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.caller.expiring.clear();
+        }
+        if !self.keys.is_empty() {
+            let keys = std::mem::take(&mut self.keys);
+            self.caller.spawn(expire(self.conn.clone(), keys));
         }
     }
-    Ok(replies)
+}
+
+/// Sends the `PEXPIRE` of each of `keys` (a window counter's key, its counter and the
+/// time it was counted at), again every 100 ms until Redis answers, for as long as
+/// the longest of their times to live.
+async fn expire(mut conn: Conn, keys: Vec<(String, WindowCounter, u64)>) {
+    let mut pipe = redis::pipe();
+    let mut longest = 0;
+    for (key, counter, now) in &keys {
+        counter.push_expire(&mut pipe, key, *now);
+        longest = longest.max(counter.ttl_ms(*now));
+    }
+    let until = tokio::time::Instant::now() + Duration::from_millis(longest);
+    loop {
+        let sent = tokio::time::timeout(Duration::from_secs(1), pipe.query_async::<()>(&mut conn));
+        let e = match sent.await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer within 1 s".to_string(),
+        };
+        if tokio::time::Instant::now() >= until {
+            tracing::warn!(error = %e, keys = keys.len(), "window counters: keys made again may keep no time to live (PEXPIRE failed until their windows ended)");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A window counter's check: its counter, what it does, and its time (its own, else

@@ -21,11 +21,13 @@
 //! | refund of `c` | `lua/counter.lua`: `GET`, `DECRBY` never below 0 |
 //!
 //! A window's key is known to have its time to live ([`Expiring`]) once this process
-//! set it, or saw the key already counted: whoever made a key sends its `PEXPIRE`
-//! right behind its `INCRBY`. So a key counted many times in a window costs one
+//! set it (its `PEXPIRE` answered). So a key counted many times in a window costs one
 //! command a hit, not two (envoyproxy/ratelimit sends both every time). A key that
 //! was deleted meanwhile (a reset, an eviction) is made again by the `INCRBY` alone;
-//! its answer says so (nothing counted before), and its `PEXPIRE` follows at once.
+//! its answer says so (nothing counted before), and its `PEXPIRE` follows from a task
+//! of its own, sent again until Redis answers. A call whose answers are lost sends
+//! the `PEXPIRE` of every key it counted without one the same way, and forgets every
+//! key it knew (see `Unexpired` in `connection.rs`).
 //!
 //! A count is never capped (a policy with `max-debt` does not qualify), where the
 //! memory store caps it at the limit plus 2^40: only refunds of over 2^40 units after
@@ -89,7 +91,7 @@ impl WindowCounter {
     /// The time to live (ms) of the key of the window `now` is in, as the scripts
     /// give a state: until the window's end, plus 1 ms, plus the margin. Relative, so
     /// that Redis's clock need not agree with this one.
-    fn ttl_ms(&self, now: u64) -> u64 {
+    pub fn ttl_ms(&self, now: u64) -> u64 {
         (self.start(now) + self.window - now) / 1000 + 1 + self.margin_ms
     }
 }
@@ -220,12 +222,9 @@ impl Expiring {
         map.insert(key, end);
     }
 
-    /// Forgets `keys`: their next counts set their time to live again.
-    pub fn forget(&self, keys: &[String]) {
-        let mut map = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        for k in keys {
-            map.remove(k);
-        }
+    /// Forgets every key: their next counts set their time to live again.
+    pub fn clear(&self) {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 
