@@ -128,13 +128,6 @@ async fn drive(
             return; // every store handle is gone
         }
         queued.fetch_sub(batch.len(), Ordering::AcqRel);
-        // A check whose caller stopped waiting (its timeout, a dropped request) is
-        // not sent: under overload the queue would otherwise spend Redis on answers
-        // nobody reads, and count what no caller was told.
-        batch.retain(|p| !p.done.is_closed());
-        if batch.is_empty() {
-            continue;
-        }
         // One call per Cluster slot (a script's keys must share one; one node has
         // slot 0 only) and per kind (window counters' plain commands, or the
         // decision code: each call succeeds or fails whole); the calls go out
