@@ -925,7 +925,7 @@ async fn send_counters(
     let keys: Vec<String> = (checks.iter().zip(&parts))
         .map(|(c, &(counter, _, now))| counter.key(&c.keys[0], now))
         .collect();
-    let known = (caller.expiring).known(&keys.iter().map(String::as_str).collect::<Vec<_>>(), now);
+    let known = caller.expiring.known(&keys, now);
     let mut unexpired = Unexpired {
         caller,
         conn: conn.clone(),
@@ -936,7 +936,7 @@ async fn send_counters(
         checks.iter().zip(&parts).zip(keys.iter().zip(&known))
     {
         counter.push(&mut pipe, key, (change, c.cost, now), !known);
-        if known && change == Change::Add && c.cost > 0 {
+        if known && change.increments(c.cost) {
             unexpired.keys.push((key.clone(), *counter, now));
         }
     }
@@ -967,7 +967,7 @@ async fn send_counters(
         .zip(keys.into_iter().zip(known))
         .map(|(((c, (counter, change, now)), v), (key, known))| {
             let (admitted, before, state) = counter.reply(change, c.cost, now, v)?;
-            if change == Change::Add && c.cost > 0 {
+            if change.increments(c.cost) {
                 match known {
                     // It sent its PEXPIRE.
                     false => caller.expiring.learn(key, counter.end(now), now),

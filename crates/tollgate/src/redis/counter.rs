@@ -92,7 +92,12 @@ impl WindowCounter {
     /// give a state: until the window's end, plus 1 ms, plus the margin. Relative, so
     /// that Redis's clock need not agree with this one.
     pub fn ttl_ms(&self, now: u64) -> u64 {
-        (self.start(now) + self.window - now) / 1000 + 1 + self.margin_ms
+        (self.end(now) - now) / 1000 + 1 + self.margin_ms
+    }
+
+    /// The end (us) of the window `now` is in.
+    pub fn end(&self, now: u64) -> u64 {
+        self.start(now) + self.window
     }
 }
 
@@ -109,6 +114,13 @@ pub(crate) enum Change {
     Read,
 }
 
+impl Change {
+    /// Whether `self` of `cost` is a plain `INCRBY` (a count or charge of more than 0).
+    pub fn increments(self, cost: u64) -> bool {
+        self == Change::Add && cost > 0
+    }
+}
+
 impl WindowCounter {
     /// Appends the commands of `change` of `cost` at `now` to the window's `key`;
     /// `expire`: whether a count sets the key's time to live.
@@ -119,9 +131,8 @@ impl WindowCounter {
         (change, cost, now): (Change, u64, u64),
         expire: bool,
     ) {
-        let ttl = self.ttl_ms(now);
         match change {
-            Change::Add if cost > 0 => {
+            _ if change.increments(cost) => {
                 pipe.cmd("INCRBY").arg(key).arg(cost);
                 if expire {
                     self.push_expire(pipe, key, now);
@@ -136,7 +147,7 @@ impl WindowCounter {
                     .arg(op)
                     .arg(cost)
                     .arg(self.limit)
-                    .arg(ttl);
+                    .arg(self.ttl_ms(now));
             }
             Change::Add | Change::Read => {
                 pipe.cmd("GET").arg(key);
@@ -147,11 +158,6 @@ impl WindowCounter {
     /// Appends the `PEXPIRE` of the window's `key` at `now` (its answer ignored).
     pub fn push_expire(&self, pipe: &mut Pipeline, key: &str, now: u64) {
         pipe.cmd("PEXPIRE").arg(key).arg(self.ttl_ms(now)).ignore();
-    }
-
-    /// The end (us) of the window `now` is in.
-    pub fn end(&self, now: u64) -> u64 {
-        self.start(now) + self.window
     }
 
     /// What the decision driver would have answered for `change` of `cost` at `now`,
@@ -174,11 +180,11 @@ impl WindowCounter {
                 .ok_or_else(|| bad("count is not a number"))?,
             other => return Err(bad(&format!("unexpected {other:?}"))),
         };
-        let before = match change {
-            Change::Add if cost > 0 => count
+        let before = match change.increments(cost) {
+            true => count
                 .checked_sub(cost)
                 .ok_or_else(|| bad("count below the charge"))?,
-            _ => count,
+            false => count,
         };
         let admitted = change != Change::Try || self.shadow || before + cost <= self.limit;
         let state = if before == 0 {
@@ -203,10 +209,10 @@ pub(crate) struct Expiring {
 
 impl Expiring {
     /// For each of `keys` at `now`: whether it is known to have its time to live.
-    pub fn known(&self, keys: &[&str], now: u64) -> Vec<bool> {
+    pub fn known(&self, keys: &[String], now: u64) -> Vec<bool> {
         let map = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         (keys.iter())
-            .map(|k| map.get(*k).is_some_and(|&end| end > now))
+            .map(|k| map.get(k).is_some_and(|&end| end > now))
             .collect()
     }
 
