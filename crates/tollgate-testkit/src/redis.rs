@@ -238,7 +238,12 @@ impl RedisServers {
                     args.extend(["--bind-source-addr".into(), hosts[i].clone()]);
                 }
             }
-            args.extend(["--dir".into(), dir.display().to_string()]);
+            // A directory each: a replica's full sync renames the snapshot it received
+            // to `dump.rdb` in its directory and loads that file, so replicas syncing at
+            // once in one directory could each load another's data.
+            let own = dir.join(format!("node-{i}"));
+            std::fs::create_dir_all(&own).unwrap();
+            args.extend(["--dir".into(), own.display().to_string()]);
             if cluster {
                 args.extend(["--cluster-enabled".into(), "yes".into()]);
                 args.extend(["--cluster-port".into(), bus[i].to_string()]);

@@ -141,8 +141,18 @@ impl SingleConn {
         let sent = call(g.manager.clone());
         async move {
             let r = sent.await;
-            if r.is_ok() {
-                (g.answered_ms).store(me.replacement.now_ms(), Ordering::Relaxed);
+            match &r {
+                Ok(_) => (g.answered_ms).store(me.replacement.now_ms(), Ordering::Relaxed),
+                // The connection manager connects again after an I/O error only: a
+                // login refused as it connected again (a password rotated on Redis
+                // before its file) would be its answer to every later call. A fresh
+                // one logs in with what the file holds then.
+                Err(e) if e.kind() == redis::ErrorKind::AuthenticationFailed => {
+                    if let Some(runtime) = me.replacement.due(0) {
+                        me.try_fresh(runtime, "a login was refused");
+                    }
+                }
+                Err(_) => {}
             }
             r
         }
@@ -152,9 +162,14 @@ impl SingleConn {
     /// try a fresh one.
     fn stalled(self: &Arc<Self>) {
         let answered = self.generation().answered_ms.load(Ordering::Relaxed);
-        let Some(runtime) = self.replacement.due(answered) else {
-            return;
-        };
+        if let Some(runtime) = self.replacement.due(answered) {
+            self.try_fresh(runtime, "the connection stopped answering");
+        }
+    }
+
+    /// Tries a fresh connection on `runtime`: it takes over once it answers a `PING`
+    /// within the handshake time (`why` says what made it tried, in the log).
+    fn try_fresh(self: &Arc<Self>, runtime: tokio::runtime::Handle, why: &'static str) {
         let manager =
             match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
             {
@@ -172,7 +187,7 @@ impl SingleConn {
                     answered_ms: AtomicU64::new(me.replacement.now_ms()),
                 };
                 me.current.store(Arc::new(fresh));
-                tracing::info!("redis: the connection stopped answering; a new one took over");
+                tracing::info!("redis: {why}; a new connection took over");
             }
         });
     }
