@@ -17,14 +17,13 @@
 #   no key is ever made or expired, so cheaper than envoyproxy/ratelimit's real
 #   traffic); and a minimal GCRA script in the shape of go-redis/redis_rate's
 #   (scripts/lua/gcra-reference.lua: TIME, GET, arithmetic, SET PX) by EVALSHA;
-# - tollgate five times on that Redis, which has loaded the tollgate module: `serve`
+# - tollgate four times on that Redis, which has loaded the tollgate module: `serve`
 #   as it comes (`counters`: the Envoy rule kept as window counters, plain `INCRBY` and
-#   `PEXPIRE`), the same with every check queued for the next batched call
-#   (`direct_calls: 0`: fewer, larger calls), then with the Envoy rule kept by the
-#   decision code: one `serve` deciding with the Functions library (`calls:
-#   functions`), one with the module (`calls: module`), and one with the module and
-#   every check queued; each with keys of its own; beside Redis's CPU, the callers' p50
-#   and p99;
+#   `PEXPIRE`, every check queued for the next batched call), the same with lone
+#   checks sent at once as calls of their own (`direct_calls: 8`, the library's
+#   default), then with the Envoy rule kept by the decision code: one `serve` deciding
+#   with the Functions library (`calls: functions`) and one with the module (`calls:
+#   module`); each with keys of its own; beside Redis's CPU, the callers' p50 and p99;
 # - envoyproxy/ratelimit's traffic again, both ways, paced at the rate each
 #   window-counter serve just decided at (a Redis that idles between writes pays for
 #   waking up, which a saturated one does not: the like-for-like anchor for a serve on
@@ -94,13 +93,12 @@ declare -A grpc
 # and PEXPIRE; gcra by Functions); the others keep the Envoy rule by the decision code.
 declare -A store=(
     [counters]="calls: functions"
-    [counters_queued]="calls: functions, direct_calls: 0"
+    [counters_direct]="calls: functions, direct_calls: 8"
     [functions]="calls: functions, window_counters: false"
     [module]="calls: module, window_counters: false"
-    [queued]="calls: module, direct_calls: 0, window_counters: false"
     [single]="calls: functions, batch: 1, window_counters: false"
 )
-modes=(counters counters_queued functions module queued)
+modes=(counters counters_direct functions module)
 [ "${ALGORITHMS:-}" = all ] && modes+=(single)
 for calls in "${modes[@]}"; do
     grpc[$calls]=$(free_port)
@@ -184,16 +182,16 @@ saturated() { # tag flags...
 ref=$(redis-cli -p "$port" script load "$(cat scripts/lua/gcra-reference.lua)")
 n=$((secs * 60000))
 # Warm: the decision code loaded, the keys made.
-for calls in functions module queued; do
+for calls in functions module; do
     through_serve "$calls" envoy >/dev/null
     through_serve "$calls" gcra >/dev/null
 done
-for calls in counters counters_queued; do through_serve "$calls" envoy >/dev/null; done
+for calls in counters counters_direct; do through_serve "$calls" envoy >/dev/null; done
 rm -f "$dir"/latency.*
 declare -A us=()
 for r in $(seq "$rounds"); do
     for key in envoy gcra; do
-        for calls in functions module queued; do
+        for calls in functions module; do
             us[$calls.$key]+="$(through_serve "$calls" "$key") "
             if [ "$key" = gcra ] && [ "$calls" = functions ]; then
                 # The minimal GCRA script at the rate this serve decided at.
@@ -201,7 +199,7 @@ for r in $(seq "$rounds"); do
             fi
         done
         if [ "$key" = envoy ]; then
-            for calls in counters counters_queued; do
+            for calls in counters counters_direct; do
                 us[$calls.envoy]+="$(through_serve "$calls" envoy) "
                 # envoyproxy/ratelimit's traffic at the rate this serve decided at:
                 # pipelined 8 requests a write, and as it sends it by default.
@@ -233,10 +231,9 @@ ms() { median $(cut -d' ' -f"$2" "$1") | awk '{printf "%.2f", $1 / 1000}'; }
 label() {
     case $1 in
     counters) echo "serve as it comes (window counters: INCRBY + PEXPIRE)" ;;
-    counters_queued) echo "the same, every check queued (direct_calls: 0)" ;;
+    counters_direct) echo "the same, lone checks sent at once (direct_calls: 8)" ;;
     functions) echo "Functions (calls: functions, window_counters: false)" ;;
     module) echo "the module (calls: module)" ;;
-    queued) echo "the module, every check queued (direct_calls: 0)" ;;
     esac
 }
 row() { # title key calls anchor...
@@ -248,7 +245,7 @@ row() { # title key calls anchor...
 }
 windows=$(median ${us[windows.envoy]})
 echo "Anchors: envoyproxy/ratelimit's INCRBY + EXPIRE keyed as it keys them (a key per second), Redis saturated: $windows us;"
-echo "at the rate serve decided at: $(median ${us[paced_counters.envoy]}) us (beside the queued one: $(median ${us[paced_counters_queued.envoy]}) us);"
+echo "at the rate serve decided at: $(median ${us[paced_counters.envoy]}) us (beside direct_calls: 8: $(median ${us[paced_counters_direct.envoy]}) us);"
 echo "as envoyproxy/ratelimit sends them by default (one write a request, 10 connections), at that rate: $(median ${us[shipped_counters.envoy]}) us;"
 echo "on keys that never change (redis-benchmark -P 16): $(median ${us[anchor.envoy]}) us; minimal GCRA script: $(median ${us[anchor.gcra]}) us"
 echo
@@ -275,9 +272,9 @@ echo "Through serve (64 gRPC callers on one core; Redis far from saturated):"
 echo
 echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs ratelimit at the same rate | vs ratelimit as shipped, same rate | vs ratelimit, saturated | vs fixed keys | p50 / p99 |"
 echo "|---|---|---|---|---|---|---|---|"
-for calls in counters counters_queued functions module queued; do
+for calls in counters counters_direct functions module; do
     case $calls in
-    counters_queued | queued) paced=(paced_counters_queued shipped_counters_queued) ;;
+    counters_direct) paced=(paced_$calls shipped_$calls) ;;
     *) paced=(paced_counters shipped_counters) ;;
     esac
     row "Envoy rule \`unit: second\`" envoy "$calls" "${paced[@]}" windows anchor
@@ -287,7 +284,7 @@ echo "GCRA through serve (the minimal script at the rate serve decided at: $(med
 echo
 echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs minimal GCRA script at the same rate | vs minimal GCRA script, saturated | p50 / p99 |"
 echo "|---|---|---|---|---|---|"
-for calls in functions module queued; do
+for calls in functions module; do
     row "\`gcra:\` policy" gcra "$calls" paced_functions anchor
 done
 echo

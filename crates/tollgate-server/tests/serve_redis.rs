@@ -158,19 +158,19 @@ fn user_request(value: &str) -> RateLimitRequest {
     }
 }
 
-/// Concurrent requests share Redis calls when every check is queued for the next
-/// batched call (`direct_calls: 0`), where the default (`direct_calls: 8`) sends each
-/// of 8 concurrent checks as a call of its own. Rounds of 8 concurrent gRPC calls on
-/// one channel until a call carried two checks (`tollgate_redis_batch_checks`), 200
-/// at most.
+/// Concurrent requests share Redis calls: `serve` queues every check for the next
+/// batched call by default (`direct_calls: 0`), where `direct_calls: 8` sends each of
+/// 8 concurrent checks as a call of its own. Rounds of 8 concurrent gRPC calls on one
+/// channel until a call carried two checks (`tollgate_redis_batch_checks`), 200 at
+/// most.
 #[cfg_attr(
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_requests_share_redis_calls_when_every_check_is_queued() {
+async fn concurrent_requests_share_redis_calls_unless_lone_calls_are_asked_for() {
     let redis = RedisServers::standalone();
-    for (extra, shared) in [("", false), ("  direct_calls: 0\n  prefix: queued\n", true)] {
+    for (extra, shared) in [("", true), ("  direct_calls: 8\n  prefix: lone\n", false)] {
         let dir = config(&format!("  kind: redis\n  url: {}\n{extra}", redis.url()));
         let server = start(&dir.path.join("tollgate.yaml"));
         let client = RateLimitServiceClient::connect(server.grpc.clone())

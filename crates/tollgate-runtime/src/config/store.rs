@@ -67,10 +67,10 @@ pub struct StoreConfig {
     /// checks arriving meanwhile wait for the next call.
     pub in_flight: Option<usize>,
     /// With batching, how many lone checks (nobody else waiting) may go out at once as
-    /// calls of their own (default 8). 0 queues every check: concurrent requests share
-    /// calls, so Redis pays less per decision (through `serve` under load, about a
-    /// fifth less for an Envoy rule), and the queue's hand-off adds about 5 us to a
-    /// lone request.
+    /// calls of their own. Default 0 here (the library's default is 8): every check
+    /// is queued for the next call, so concurrent requests share calls and Redis pays
+    /// less per decision; a request already crossed the network, and the queue's
+    /// hand-off adds about 5 us to it.
     pub direct_calls: Option<usize>,
     /// How the decision code is called: `auto` (default: Redis Functions where Redis
     /// has them, Redis >= 7, else `EVALSHA`; the tollgate module before both where a
@@ -380,9 +380,7 @@ impl StoreConfig {
             anyhow::ensure!(n >= 1, "store.in_flight: must be at least 1");
             opts.in_flight = n;
         }
-        if let Some(n) = self.direct_calls {
-            opts.direct_calls = n;
-        }
+        opts.direct_calls = self.direct_calls.unwrap_or(0);
         opts.calls = match self.calls {
             CallsDoc::Auto => tollgate::redis::RedisCalls::Auto,
             CallsDoc::Module => tollgate::redis::RedisCalls::Module,

@@ -25,8 +25,8 @@ pub struct RedisOptions {
     /// With batching, a check that finds no other waiting is sent at once from its own
     /// task (no hand-off to the batching task) while fewer than this many such calls
     /// are out; past that, checks queue and ride batches. 0 queues every check (fewer,
-    /// larger calls: less Redis CPU per decision, about 5 us more for a lone check).
-    /// Default 8.
+    /// larger calls: less Redis CPU per decision, about 5 us more for a lone check;
+    /// `serve` and the proxy default to 0). Default 8.
     pub direct_calls: usize,
     /// The longest connecting may take: TCP, the TLS handshake and the login, and the
     /// first `PING` of [`RedisStore::connect_with`](super::RedisStore::connect_with).
