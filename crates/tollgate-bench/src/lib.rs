@@ -513,8 +513,8 @@ pub struct RedisBenchArgs {
     /// The most checks per Redis call (automatic batching); 1 turns batching off.
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
-    /// How the decision code is called: auto (Functions where Redis has them),
-    /// functions, eval.
+    /// How the decision code is called: auto (the tollgate module where a node loaded
+    /// it, else Functions where Redis has them, else EVALSHA), module, functions, eval.
     #[arg(long, default_value = "auto", value_parser = parse_calls)]
     pub calls: tollgate::redis::RedisCalls,
     /// Decide through leased slices of each key's budget, spendable for this long
@@ -530,7 +530,8 @@ pub struct RedisBenchArgs {
     #[arg(long, default_value_t = tollgate::redis::RedisOptions::default().direct_calls)]
     pub direct_calls: usize,
     /// Keep a rule set that is one clock-aligned `fixed-window` with `debt=forgive` as
-    /// window counters (plain `INCRBY` and `PEXPIRE`), as `serve` does.
+    /// window counters (plain `INCRBY` and `PEXPIRE`, or the module's `TOLLGATE.COUNT`
+    /// where `--calls` lets it decide), as `serve` does.
     #[arg(long, conflicts_with = "lease")]
     pub window_counters: bool,
 }

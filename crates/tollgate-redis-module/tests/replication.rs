@@ -73,3 +73,51 @@ fn a_replica_holds_what_the_module_wrote_with_the_same_expiry() {
         "{expiry} vs window end {end_ms}"
     );
 }
+
+/// `TOLLGATE.COUNT` replicates plain commands: a replica without the module holds the
+/// same counts with the same expiry (a key made by a count, counted again, refunded,
+/// and one found without a time to live).
+#[test]
+#[cfg_attr(
+    not(feature = "external-servers"),
+    ignore = "starts redis-server: scripts/test.sh runs it (--all-features)"
+)]
+fn a_replica_without_the_module_holds_the_window_counts() {
+    let module = testkit::with_module();
+    let mut args: Vec<&str> = module.iter().map(String::as_str).collect();
+    args.extend(["--enable-module-command", "yes"]);
+    let s = RedisServers::master_and_replica(&args, None);
+    assert_eq!(s.cli(1, &["MODULE", "UNLOAD", "tollgate"]).trim(), "OK");
+    s.cli(0, &["SET", "bare", "5"]);
+    let count = |words: &[&str]| s.cli(0, &[&["TOLLGATE.COUNT"], words].concat());
+    let before = count(&[
+        "3", "w", "w", "bare", "a", "3", "10", "60000", "a", "4", "10", "60000", "a", "1", "10",
+        "60000",
+    ]);
+    assert_eq!(
+        before.split_whitespace().collect::<Vec<_>>(),
+        ["0", "3", "5"]
+    );
+    let before = count(&[
+        "2", "w", "w", "r", "2", "10", "60000", "t", "9", "10", "60000",
+    ]);
+    // The refund leaves 5; 5 + 9 passes the limit of 10, so the try adds nothing.
+    assert_eq!(before.split_whitespace().collect::<Vec<_>>(), ["7", "5"]);
+    assert_eq!(s.cli(0, &["WAIT", "1", "5000"]).trim(), "1");
+    for (key, count) in [("w", "5"), ("bare", "6")] {
+        let on = |i| {
+            (
+                s.cli(i, &["GET", key]).trim().to_owned(),
+                s.cli(i, &["PEXPIRETIME", key]).trim().to_owned(),
+            )
+        };
+        let (master, replica) = (on(0), on(1));
+        assert_eq!(master.0, count, "{key}");
+        assert!(master.1.parse::<i64>().unwrap() > 0, "{key}: no expiry");
+        assert_eq!(master, replica, "{key}: master and replica differ");
+    }
+    // Bad arguments are named, and change nothing.
+    let e = count(&["1", "w", "a", "01", "10", "60000"]);
+    assert!(e.contains("a cost should be a whole number"), "{e}");
+    assert_eq!(s.cli(0, &["GET", "w"]).trim(), "5");
+}
