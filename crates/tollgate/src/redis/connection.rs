@@ -1040,7 +1040,15 @@ async fn count_by_module(
     for (c, &(counter, change, now)) in checks.iter().zip(&parts) {
         cmd.arg(&counter.module_args(change, c.cost, now));
     }
-    let values = match conn.clone().query_slot(cmd, slot).await {
+    let answer = loop {
+        match conn.clone().query_slot(cmd.clone(), slot).await {
+            // A slot being moved (TRYAGAIN: its keys split between two nodes): the
+            // command ran nowhere; again until it settles, within the call's timeout.
+            Err(e) if e.is_cluster_error() => tokio::time::sleep(Duration::from_millis(2)).await,
+            answer => break answer,
+        }
+    };
+    let values = match answer {
         Err(e) if unknown_command(&e) => {
             caller.modules.set(checks[0].node, ABSENT);
             return Ok(None);
