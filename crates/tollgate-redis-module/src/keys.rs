@@ -205,6 +205,8 @@ impl Counters for ServerKeys<'_> {
 
     fn make(&mut self, i: usize, arg: usize, ttl_ms: u64) {
         let (key, at) = (self.key(i), self.at(ttl_ms));
+        // The very string sent (made by resizing an empty key and writing in place
+        // costs the server more: callgrind, 2.3k instructions against 2.0k).
         // SAFETY: an open key (absent), and a string the server handed to the call.
         unsafe {
             api!(RedisModule_StringSet)(key, self.args[arg]);
