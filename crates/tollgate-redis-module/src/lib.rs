@@ -15,7 +15,7 @@
 //! | `TOLLGATE.PEEK` | the same, peeks only (read-only) | the same |
 //! | `TOLLGATE.TRY` | `set cost at [nonce]` | `now admitted state...` |
 //! | `TOLLGATE.CHARGE` | `set cost at [nonce]` | `now 1 state...` |
-//! | `TOLLGATE.COUNT` | `(op cost limit expire-at)...`, one per key ([`counter`]) | each key's count before |
+//! | `TOLLGATE.COUNT` | `(op cost limit ttl)...`, one per key ([`counter`]) | each key's count before |
 //! | `TOLLGATE.WIRE` | none | the version of these arguments ([`WIRE`]) |
 //!
 //! A rule set is one argument, `"margin spec spec ..."`: the TTL margin in ms and each

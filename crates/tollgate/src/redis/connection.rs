@@ -147,7 +147,11 @@ impl SingleConn {
                 // login refused as it connected again (a password rotated on Redis
                 // before its file) would be its answer to every later call. A fresh
                 // one logs in with what the file holds then.
-                Err(e) if e.kind() == redis::ErrorKind::AuthenticationFailed => {
+                // (A RESP3 login, `HELLO 3 AUTH`, is refused as a server's WRONGPASS.)
+                Err(e)
+                    if e.kind() == redis::ErrorKind::AuthenticationFailed
+                        || e.code() == Some("WRONGPASS") =>
+                {
                     if let Some(runtime) = me.replacement.due(0) {
                         me.try_fresh(runtime, "a login was refused");
                     }
@@ -1023,8 +1027,9 @@ async fn send_counters(
 /// Sends `checks` (all on window counters) as one `TOLLGATE.COUNT` to the module on
 /// the master of `slot`, and makes each reply what the decision driver would have
 /// answered; `None` when the node answers that it has no such command (the module
-/// was unloaded, or a failover reached a server without it: forgotten there, and the
-/// plain commands take the call).
+/// was unloaded, or a failover reached a server without it) or that this user may not
+/// run it (an ACL): the module is forgotten there, and the plain commands take the
+/// call.
 async fn count_by_module(
     caller: &Caller,
     conn: &Conn,
@@ -1049,7 +1054,8 @@ async fn count_by_module(
         }
     };
     let values = match answer {
-        Err(e) if unknown_command(&e) => {
+        // No such command, or an ACL that allows the module's other commands only.
+        Err(e) if unknown_command(&e) || e.code() == Some("NOPERM") => {
             caller.modules.set(checks[0].node, ABSENT);
             return Ok(None);
         }

@@ -104,14 +104,8 @@ impl WindowCounter {
         self.start(now) + self.window
     }
 
-    /// When (ms since the epoch, the node's clock) the key of the window `now` is in
-    /// expires, as [`WindowCounter::ttl_ms`] counts it from `now`.
-    pub fn expire_at_ms(&self, now: u64) -> u64 {
-        self.end(now) / 1000 + 1 + self.margin_ms
-    }
-
     /// The module's arguments for `change` of `cost` at `now` (`TOLLGATE.COUNT`: `op
-    /// cost limit expire-at`), and what its answer (the count before) is as the
+    /// cost limit ttl`, the key's time to live in ms as `PEXPIRE` takes it), and what its answer (the count before) is as the
     /// plain commands' answer, which [`WindowCounter::reply`] reads.
     pub fn module_args(&self, change: Change, cost: u64, now: u64) -> [String; 4] {
         let (op, cost) = match change {
@@ -124,7 +118,7 @@ impl WindowCounter {
             op.to_string(),
             cost.to_string(),
             self.limit.to_string(),
-            self.expire_at_ms(now).to_string(),
+            self.ttl_ms(now).to_string(),
         ]
     }
 
