@@ -17,13 +17,11 @@
 #   no key is ever made or expired, so cheaper than envoyproxy/ratelimit's real
 #   traffic); and a minimal GCRA script in the shape of go-redis/redis_rate's
 #   (scripts/lua/gcra-reference.lua: TIME, GET, arithmetic, SET PX) by EVALSHA;
-# - tollgate five times on that Redis, which has loaded the tollgate module: `serve`
-#   as it comes (`counters_module`: the Envoy rule kept as window counters, counted by
-#   the module's `TOLLGATE.COUNT`, every check queued for the next batched call), the
-#   same by plain `INCRBY` and `PEXPIRE` (`counters`: `calls: functions`, as on a
-#   Redis without the module), that with lone checks sent at once as calls of their
-#   own (`direct_calls: 8`, the library's default), then with the Envoy rule kept by
-#   the decision code: one `serve` deciding
+# - tollgate four times on that Redis, which has loaded the tollgate module: `serve`
+#   as it comes (`counters`: the Envoy rule kept as window counters, plain `INCRBY` and
+#   `PEXPIRE`, every check queued for the next batched call), the same with lone
+#   checks sent at once as calls of their own (`direct_calls: 8`, the library's
+#   default), then with the Envoy rule kept by the decision code: one `serve` deciding
 #   with the Functions library (`calls: functions`) and one with the module (`calls:
 #   module`); each with keys of its own; beside Redis's CPU, the callers' p50 and p99;
 # - envoyproxy/ratelimit's traffic again, both ways, paced at the rate each
@@ -31,12 +29,11 @@
 #   waking up, which a saturated one does not: the like-for-like anchor for a serve on
 #   one core);
 # - Redis saturated from the library, no service in between: `tollgate bench redis
-#   --count` (Envoy's counting, 256 callers, 100k keys) with window counters (plain
-#   commands, and the module's), with Functions and with the module, beside
-#   envoyproxy/ratelimit's traffic at full speed; then a `unit: minute` rule over
-#   1,000 keys (each key counted many times in its window: a window counter sends its
-#   PEXPIRE once a window, envoyproxy/ratelimit its EXPIRE every time), window
-#   counters both ways beside envoyproxy/ratelimit's traffic;
+#   --count` (Envoy's counting, 256 callers, 100k keys) with window counters, with
+#   Functions and with the module, beside envoyproxy/ratelimit's traffic at full speed;
+#   then a `unit: minute` rule over 1,000 keys (each key counted many times in its
+#   window: a window counter sends its PEXPIRE once a window, envoyproxy/ratelimit
+#   its EXPIRE every time), window counters beside envoyproxy/ratelimit's traffic;
 # - all alternate, ROUNDS times; medians, and the ratios tollgate / anchor.
 #
 # Both rules are generous (every decision admits and writes, as INCRBY always does).
@@ -92,18 +89,16 @@ for key in "${algos[@]:2}"; do
     printf '  - {key: %s, policies: ["%s"]}\n' "$key" "${spec[$key]}" >>"$dir/rules.yaml"
 done
 declare -A grpc
-# `counters_module`: serve as it comes (the Envoy rule kept as window counters, by the
-# module); `counters`: the same by plain INCRBY and PEXPIRE (gcra by Functions); the
-# others keep the Envoy rule by the decision code.
+# `counters`: serve as it comes (the Envoy rule kept as window counters, plain INCRBY
+# and PEXPIRE; gcra by Functions); the others keep the Envoy rule by the decision code.
 declare -A store=(
-    [counters_module]="calls: auto"
     [counters]="calls: functions"
     [counters_direct]="calls: functions, direct_calls: 8"
     [functions]="calls: functions, window_counters: false"
     [module]="calls: module, window_counters: false"
     [single]="calls: functions, batch: 1, window_counters: false"
 )
-modes=(counters_module counters counters_direct functions module)
+modes=(counters counters_direct functions module)
 [ "${ALGORITHMS:-}" = all ] && modes+=(single)
 for calls in "${modes[@]}"; do
     grpc[$calls]=$(free_port)
@@ -191,7 +186,7 @@ for calls in functions module; do
     through_serve "$calls" envoy >/dev/null
     through_serve "$calls" gcra >/dev/null
 done
-for calls in counters_module counters counters_direct; do through_serve "$calls" envoy >/dev/null; done
+for calls in counters counters_direct; do through_serve "$calls" envoy >/dev/null; done
 rm -f "$dir"/latency.*
 declare -A us=()
 for r in $(seq "$rounds"); do
@@ -204,7 +199,7 @@ for r in $(seq "$rounds"); do
             fi
         done
         if [ "$key" = envoy ]; then
-            for calls in counters_module counters counters_direct; do
+            for calls in counters counters_direct; do
                 us[$calls.envoy]+="$(through_serve "$calls" envoy) "
                 # envoyproxy/ratelimit's traffic at the rate this serve decided at:
                 # pipelined 8 requests a write, and as it sends it by default.
@@ -217,14 +212,12 @@ for r in $(seq "$rounds"); do
     us[windows.envoy]+="$(anchor_windows) "
     # Envoy's counting on a `unit: second` rule, and GCRA tries.
     envoy=(--count --policy "fixed-window:limit=1000000,window=1s,debt=forgive")
-    us[lib_counters.envoy]+="$(saturated lib.counters "${envoy[@]}" --window-counters --calls functions) "
-    us[lib_counters_module.envoy]+="$(saturated lib.counters_module "${envoy[@]}" --window-counters --calls module) "
+    us[lib_counters.envoy]+="$(saturated lib.counters "${envoy[@]}" --window-counters) "
     us[lib_functions.envoy]+="$(saturated lib.functions "${envoy[@]}" --calls functions) "
     us[lib_module.envoy]+="$(saturated lib.module "${envoy[@]}" --calls module) "
     # Hot keys: a `unit: minute` rule over 1,000 keys.
     minute=(--count --policy "fixed-window:limit=1000000000,window=1m,debt=forgive" --window-counters)
-    us[lib_counters.minute]+="$(sat_keys=1000 saturated lib.minute "${minute[@]}" --calls functions) "
-    us[lib_counters_module.minute]+="$(sat_keys=1000 saturated lib.minute_module "${minute[@]}" --calls module) "
+    us[lib_counters.minute]+="$(sat_keys=1000 saturated lib.minute "${minute[@]}") "
     us[windows.minute]+="$(sat_keys=1000 anchor_windows "" --unit 60) "
     for calls in functions module; do
         us[lib_$calls.gcra]+="$(saturated "libgcra.$calls" --policy "${spec[gcra]}" --calls "$calls") "
@@ -237,8 +230,7 @@ ratio() { echo "$1 / $2" | bc -l | xargs printf '%.2f'; }
 ms() { median $(cut -d' ' -f"$2" "$1") | awk '{printf "%.2f", $1 / 1000}'; }
 label() {
     case $1 in
-    counters_module) echo "serve as it comes (window counters: the module's TOLLGATE.COUNT)" ;;
-    counters) echo "window counters by INCRBY + PEXPIRE (calls: functions)" ;;
+    counters) echo "serve as it comes (window counters: INCRBY + PEXPIRE)" ;;
     counters_direct) echo "the same, lone checks sent at once (direct_calls: 8)" ;;
     functions) echo "Functions (calls: functions, window_counters: false)" ;;
     module) echo "the module (calls: module)" ;;
@@ -253,7 +245,7 @@ row() { # title key calls anchor...
 }
 windows=$(median ${us[windows.envoy]})
 echo "Anchors: envoyproxy/ratelimit's INCRBY + EXPIRE keyed as it keys them (a key per second), Redis saturated: $windows us;"
-echo "at the rate serve decided at: $(median ${us[paced_counters.envoy]}) us (beside the module's: $(median ${us[paced_counters_module.envoy]}) us; beside direct_calls: 8: $(median ${us[paced_counters_direct.envoy]}) us);"
+echo "at the rate serve decided at: $(median ${us[paced_counters.envoy]}) us (beside direct_calls: 8: $(median ${us[paced_counters_direct.envoy]}) us);"
 echo "as envoyproxy/ratelimit sends them by default (one write a request, 10 connections), at that rate: $(median ${us[shipped_counters.envoy]}) us;"
 echo "on keys that never change (redis-benchmark -P 16): $(median ${us[anchor.envoy]}) us; minimal GCRA script: $(median ${us[anchor.gcra]}) us"
 echo
@@ -261,10 +253,9 @@ echo "Redis saturated, \`tollgate bench redis --count\` (256 callers, 100k keys)
 echo
 echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs ratelimit, saturated | p50 / p99 |"
 echo "|---|---|---|---|---|"
-for mode in counters_module counters functions module; do
+for mode in counters functions module; do
     m=$(median ${us[lib_$mode.envoy]})
     case $mode in
-    counters_module) l="window counters (the module's TOLLGATE.COUNT)" ;;
     counters) l="window counters (INCRBY + PEXPIRE)" ;;
     functions) l="Functions (window counters off)" ;;
     module) l="the module (window counters off)" ;;
@@ -272,24 +263,18 @@ for mode in counters_module counters functions module; do
     printf '| Envoy rule `unit: second` | %s | %s us | %s | %s / %s ms |\n' "$l" "$m" "$(ratio "$m" "$windows")" \
         "$(ms "$dir/latency.lib.$mode" 1)" "$(ms "$dir/latency.lib.$mode" 2)"
 done
-for mode in counters counters_module; do
-    m=$(median ${us[lib_$mode.minute]})
-    case $mode in
-    counters) l="window counters (PEXPIRE once a window)" tag=minute ;;
-    counters_module) l="window counters (the module: expiry as a key is made)" tag=minute_module ;;
-    esac
-    printf '| Envoy rule `unit: minute`, 1,000 keys | %s | %s us | %s (ratelimit: %s us) | %s / %s ms |\n' \
-        "$l" "$m" "$(ratio "$m" "$(median ${us[windows.minute]})")" "$(median ${us[windows.minute]})" \
-        "$(ms "$dir/latency.lib.$tag" 1)" "$(ms "$dir/latency.lib.$tag" 2)"
-done
+m=$(median ${us[lib_counters.minute]})
+printf '| Envoy rule `unit: minute`, 1,000 keys | window counters (PEXPIRE once a window) | %s us | %s (ratelimit: %s us) | %s / %s ms |\n' \
+    "$m" "$(ratio "$m" "$(median ${us[windows.minute]})")" "$(median ${us[windows.minute]})" \
+    "$(ms "$dir/latency.lib.minute" 1)" "$(ms "$dir/latency.lib.minute" 2)"
 echo
 echo "Through serve (64 gRPC callers on one core; Redis far from saturated):"
 echo
 echo "| rule | how tollgate calls Redis | Redis CPU per decision | vs ratelimit at the same rate | vs ratelimit as shipped, same rate | vs ratelimit, saturated | vs fixed keys | p50 / p99 |"
 echo "|---|---|---|---|---|---|---|---|"
-for calls in counters_module counters counters_direct functions module; do
+for calls in counters counters_direct functions module; do
     case $calls in
-    counters_direct | counters_module) paced=(paced_$calls shipped_$calls) ;;
+    counters_direct) paced=(paced_$calls shipped_$calls) ;;
     *) paced=(paced_counters shipped_counters) ;;
     esac
     row "Envoy rule \`unit: second\`" envoy "$calls" "${paced[@]}" windows anchor

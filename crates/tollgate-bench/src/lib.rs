@@ -530,8 +530,7 @@ pub struct RedisBenchArgs {
     #[arg(long, default_value_t = tollgate::redis::RedisOptions::default().direct_calls)]
     pub direct_calls: usize,
     /// Keep a rule set that is one clock-aligned `fixed-window` with `debt=forgive` as
-    /// window counters (plain `INCRBY` and `PEXPIRE`, or the module's `TOLLGATE.COUNT`
-    /// where `--calls` lets it decide), as `serve` does.
+    /// window counters (plain `INCRBY` and `PEXPIRE`), as `serve` does.
     #[arg(long, conflicts_with = "lease")]
     pub window_counters: bool,
 }

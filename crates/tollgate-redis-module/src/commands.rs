@@ -12,7 +12,6 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use redis_module::{redis_module, Context, RedisString, Status};
 
 use crate::call::{self, Out};
-use crate::counter;
 use crate::keys::{api, string_bytes, ServerKeys};
 use crate::WIRE;
 
@@ -23,7 +22,6 @@ enum Entry {
     Peek,
     Try,
     Charge,
-    Count,
 }
 
 /// A command's edge: its keys declared (for Cluster routing and ACLs), its
@@ -51,29 +49,11 @@ fn entry(
     }
     let rest = &words[1 + n_keys..];
     let mut keys = ServerKeys::new(ctx, &args[2..2 + n_keys], !matches!(e, Entry::Peek));
-    if let Entry::Count = e {
-        keys.arguments(&args[2 + n_keys..]);
-        return match catch_unwind(AssertUnwindSafe(|| counter::count(n_keys, rest, &mut keys))) {
-            Ok(Ok(before)) => {
-                // SAFETY: the call's own context.
-                unsafe {
-                    api!(RedisModule_ReplyWithArray)(ctx, before.len() as _);
-                    for n in before {
-                        api!(RedisModule_ReplyWithLongLong)(ctx, n);
-                    }
-                }
-                raw::REDISMODULE_OK as c_int
-            }
-            Ok(Err(msg)) => error(ctx, &msg),
-            Err(_) => error(ctx, "internal error (a bug: please report it)"),
-        };
-    }
     let answer = catch_unwind(AssertUnwindSafe(|| match e {
         Entry::Batch => call::batch(n_keys, rest, false, &mut keys),
         Entry::Peek => call::batch(n_keys, rest, true, &mut keys),
         Entry::Try => call::one(n_keys, rest, false, &mut keys),
         Entry::Charge => call::one(n_keys, rest, true, &mut keys),
-        Entry::Count => unreachable!("answered above"),
     }));
     match answer {
         Ok(Ok(reply)) => {
@@ -125,7 +105,6 @@ deciding! {
     peek = Peek;
     try_one = Try;
     charge = Charge;
-    count = Count;
 }
 
 extern "C" fn wire(ctx: *mut RedisModuleCtx, _: *mut *mut RedisModuleString, _: c_int) -> c_int {
@@ -138,11 +117,10 @@ type Command = extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c
 
 /// The commands: name, function, flags, and first key, last key, step (all 0 for a
 /// command without keys; the others declare theirs with the getkeys API).
-const COMMANDS: [(&CStr, Command, &CStr, c_int); 6] = [
+const COMMANDS: [(&CStr, Command, &CStr, c_int); 5] = [
     (c"tollgate.batch", batch, c"write deny-oom getkeys-api", 1),
     (c"tollgate.try", try_one, c"write deny-oom getkeys-api", 1),
     (c"tollgate.charge", charge, c"write deny-oom getkeys-api", 1),
-    (c"tollgate.count", count, c"write deny-oom getkeys-api", 1),
     (c"tollgate.peek", peek, c"readonly getkeys-api", 1),
     (c"tollgate.wire", wire, c"readonly fast", 0),
 ];

@@ -6,14 +6,12 @@
 //! Raw API calls, not redis-module's wrappers: those allocate a string (or several)
 //! per write, and a decision's cost to Redis is this crate's reason to be.
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
 use crate::call::Keys;
-use crate::counter::Counters;
 
 /// A module API function the server offers (every one used here is part of the API
 /// of Redis 7 and Valkey 7.2 and later, which the store alone sends calls to).
@@ -33,8 +31,6 @@ pub struct ServerKeys<'a> {
     mode: c_int,
     /// The server's time in ms at the call's first write (a TTL is from it).
     now_ms: Option<i64>,
-    /// The arguments after the keys (`TOLLGATE.COUNT` replicates some as they are).
-    args: &'a [*mut RedisModuleString],
 }
 
 impl<'a> ServerKeys<'a> {
@@ -52,57 +48,7 @@ impl<'a> ServerKeys<'a> {
             opened: vec![ptr::null_mut(); names.len()],
             mode,
             now_ms: None,
-            args: &[],
         }
-    }
-
-    /// The call's arguments after its keys.
-    pub fn arguments(&mut self, args: &'a [*mut RedisModuleString]) {
-        self.args = args;
-    }
-
-    /// Writes `value` where key `i`'s string lies, resized first when its length
-    /// differs (an absent key is made one). Neither can fail on a key opened for
-    /// writing that holds a string or nothing (anything else failed to read before).
-    fn overwrite(&mut self, i: usize, value: &[u8]) {
-        let key = self.key(i);
-        // SAFETY: an open key.
-        unsafe {
-            if self
-                .dma(i, raw::REDISMODULE_WRITE)
-                .is_none_or(|b| b.len() != value.len())
-            {
-                api!(RedisModule_StringTruncate)(key, value.len());
-            }
-        }
-        if let Some(b) = self
-            .dma(i, raw::REDISMODULE_WRITE)
-            .filter(|b| b.len() == value.len())
-        {
-            b.copy_from_slice(value);
-        }
-    }
-
-    /// Replicates `command` with `args` (module strings the call holds) and, if
-    /// given, a number last.
-    fn replicate(&self, command: &CStr, (args, last): (&[*mut RedisModuleString], Option<i64>)) {
-        // SAFETY: the call's context; the formats' arguments are a vector of module
-        // strings and its length, then a long long, as they say.
-        unsafe {
-            let replicate = api!(RedisModule_Replicate);
-            let (strings, n) = (args.as_ptr(), args.len());
-            match last {
-                Some(l) => replicate(self.ctx, command.as_ptr(), c"vl".as_ptr(), strings, n, l),
-                None => replicate(self.ctx, command.as_ptr(), c"v".as_ptr(), strings, n),
-            };
-        }
-    }
-
-    /// The absolute time (ms, the server's clock, read once per call) `ttl_ms` from now.
-    fn at(&mut self, ttl_ms: u64) -> i64 {
-        // SAFETY: the server's clock.
-        let now = *(self.now_ms).get_or_insert_with(|| unsafe { api!(RedisModule_Milliseconds)() });
-        now.saturating_add(i64::try_from(ttl_ms).unwrap_or(i64::MAX))
     }
 
     fn key(&mut self, i: usize) -> *mut RedisModuleKey {
@@ -149,10 +95,30 @@ impl Keys for ServerKeys<'_> {
     }
 
     fn set(&mut self, i: usize, value: &[u8], ttl_ms: u64) {
-        self.overwrite(i, value);
         let key = self.key(i);
+        // A string of another length is resized first (an absent key is made one);
+        // then the bytes are written where the value lies. Neither can fail on a key
+        // opened for writing that holds a string or nothing (anything else failed to
+        // read before the check was decided).
+        // SAFETY: an open key.
+        unsafe {
+            if self
+                .dma(i, raw::REDISMODULE_WRITE)
+                .is_none_or(|b| b.len() != value.len())
+            {
+                api!(RedisModule_StringTruncate)(key, value.len());
+            }
+        }
+        if let Some(b) = self
+            .dma(i, raw::REDISMODULE_WRITE)
+            .filter(|b| b.len() == value.len())
+        {
+            b.copy_from_slice(value);
+        }
         let ctx = self.ctx;
-        let at = self.at(ttl_ms);
+        // SAFETY: the server's clock; read once per call.
+        let now = *(self.now_ms).get_or_insert_with(|| unsafe { api!(RedisModule_Milliseconds)() });
+        let at = now.saturating_add(i64::try_from(ttl_ms).unwrap_or(i64::MAX));
         // SAFETY: an open key; the format's arguments are a module string, a buffer
         // and its length, a C string and a long long, as it says.
         unsafe {
@@ -186,81 +152,6 @@ impl Keys for ServerKeys<'_> {
         t.duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
     }
-}
-
-/// A window counter's keys: made by `SET key cost PXAT at`, counted in place, their
-/// changes replicated as `INCRBY`, `DECRBY` and `PEXPIREAT` (a replicated cost is the
-/// very argument string the call was given).
-impl Counters for ServerKeys<'_> {
-    fn count(&mut self, i: usize) -> Result<Option<u64>, String> {
-        let name = |me: &Self| String::from_utf8_lossy(me.name(i)).into_owned();
-        match self.get(i)? {
-            None => Ok(None),
-            Some(text) => (std::str::from_utf8(text).ok())
-                .and_then(|t| t.parse::<u64>().ok())
-                .map(Some)
-                .ok_or_else(|| format!("key {} holds no count (not a whole number)", name(self))),
-        }
-    }
-
-    fn make(&mut self, i: usize, arg: usize, ttl_ms: u64) {
-        let (key, at) = (self.key(i), self.at(ttl_ms));
-        // The very string sent (made by resizing an empty key and writing in place
-        // costs the server more: callgrind, 2.3k instructions against 2.0k).
-        // SAFETY: an open key (absent), and a string the server handed to the call.
-        unsafe {
-            api!(RedisModule_StringSet)(key, self.args[arg]);
-            api!(RedisModule_SetAbsExpire)(key, at);
-        }
-        self.replicate(c"SET", (&[self.names[i], self.args[arg], pxat()], Some(at)));
-    }
-
-    fn raise(&mut self, i: usize, after: u64, by_arg: usize, ttl_ms: u64) {
-        self.overwrite(i, itoa(after, &mut [0; 20]));
-        self.replicate(c"INCRBY", (&[self.names[i], self.args[by_arg]], None));
-        let key = self.key(i);
-        // SAFETY: an open key.
-        if unsafe { api!(RedisModule_GetAbsExpire)(key) } == raw::REDISMODULE_NO_EXPIRE as i64 {
-            let at = self.at(ttl_ms);
-            // SAFETY: an open key.
-            unsafe { api!(RedisModule_SetAbsExpire)(key, at) };
-            self.replicate(c"PEXPIREAT", (&[self.names[i]], Some(at)));
-        }
-    }
-
-    fn lower(&mut self, i: usize, after: u64, by: u64) {
-        self.overwrite(i, itoa(after, &mut [0; 20]));
-        let by = i64::try_from(by).unwrap_or(i64::MAX);
-        self.replicate(c"DECRBY", (&[self.names[i]], Some(by)));
-    }
-}
-
-/// `n` in decimal, in `buf`.
-fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[at..];
-        }
-    }
-}
-
-/// The string `PXAT`, made once (for a replicated `SET`; a module string, as the
-/// replicated arguments are).
-fn pxat() -> *mut RedisModuleString {
-    static PXAT: AtomicPtr<RedisModuleString> = AtomicPtr::new(ptr::null_mut());
-    let s = PXAT.load(Ordering::Relaxed);
-    if !s.is_null() {
-        return s;
-    }
-    // SAFETY: no context: a string of the module's own, never freed (commands run
-    // on the server's one thread).
-    let s = unsafe { api!(RedisModule_CreateString)(ptr::null_mut(), c"PXAT".as_ptr(), 4) };
-    PXAT.store(s, Ordering::Relaxed);
-    s
 }
 
 impl Drop for ServerKeys<'_> {

@@ -15,7 +15,6 @@
 //! | `TOLLGATE.PEEK` | the same, peeks only (read-only) | the same |
 //! | `TOLLGATE.TRY` | `set cost at [nonce]` | `now admitted state...` |
 //! | `TOLLGATE.CHARGE` | `set cost at [nonce]` | `now 1 state...` |
-//! | `TOLLGATE.COUNT` | `(op cost limit ttl)...`, one per key ([`counter`]) | each key's count before |
 //! | `TOLLGATE.WIRE` | none | the version of these arguments ([`WIRE`]) |
 //!
 //! A rule set is one argument, `"margin spec spec ..."`: the TTL margin in ms and each
@@ -26,7 +25,6 @@
 //! with an error naming it, and a panic is caught at the command's edge.
 
 pub mod call;
-pub mod counter;
 // The server's side: with the Redis allocator, so not in unit tests or fuzzing (no
 // server there).
 #[cfg(not(any(test, fuzzing)))]
@@ -35,5 +33,5 @@ mod commands;
 mod keys;
 
 /// The version of the commands' arguments and answers; a store sends them only to a
-/// module of its own version (2: `TOLLGATE.COUNT`).
-pub const WIRE: i64 = 2;
+/// module of its own version.
+pub const WIRE: i64 = 1;

@@ -686,33 +686,10 @@ impl Caller {
             true => self.redis_now(&conn, node, slot).await?,
             false => 0,
         };
-        let by_module = matches!(self.opts.calls, RedisCalls::Auto | RedisCalls::Module)
-            && self.module_state(&conn, node, slot).await? == LOADED;
-        if by_module {
-            if let Some(replies) = count_by_module(self, &conn, checks, (now, slot)).await? {
-                self.times.path(0);
-                return Ok(replies);
-            }
-        }
         let atomic = matches!(conn, Conn::Cluster(_));
         let replies = send_counters(self, conn, checks, (now, atomic)).await?;
         self.times.path(3);
         Ok(replies)
-    }
-
-    /// Whether `node` has the module (`LOADED`), asked first when not known (through
-    /// `conn` to the master of `slot`); an error when the node does not answer.
-    async fn module_state(&self, conn: &Conn, node: usize, slot: u16) -> Result<u8, Error> {
-        if self.modules.state(node) == UNKNOWN {
-            let answer = conn.clone().query_slot(probe(), slot).await;
-            let failed = answer.as_ref().err().map(|e| Error::from(e.clone()));
-            self.modules.found(node, &self.topology.name(node), answer);
-            if let (UNKNOWN, Some(e)) = (self.modules.state(node), failed) {
-                // No answer from the node: this call fails as any call to it would.
-                return Err(e);
-            }
-        }
-        Ok(self.modules.state(node))
     }
 
     /// Node `node`'s time (us since the epoch): its `TIME`, read again when due (see
@@ -780,10 +757,17 @@ impl Caller {
             return None;
         }
         let (node, slot) = (checks[0].node, checks[0].slot);
-        match self.module_state(conn, node, slot).await {
-            Err(e) => return Some(Err(e)),
-            Ok(LOADED) => {}
-            Ok(_) => return self.absent(node),
+        if self.modules.state(node) == UNKNOWN {
+            let answer = conn.clone().query_slot(probe(), slot).await;
+            let failed = answer.as_ref().err().map(|e| Error::from(e.clone()));
+            self.modules.found(node, &self.topology.name(node), answer);
+            if let (UNKNOWN, Some(e)) = (self.modules.state(node), failed) {
+                // No answer from the node: this call fails as any call to it would.
+                return Some(Err(e));
+            }
+        }
+        if self.modules.state(node) != LOADED {
+            return self.absent(node);
         }
         let mut cmd = redis::cmd(match entry {
             Entry::Try => "TOLLGATE.TRY",
@@ -1022,64 +1006,6 @@ async fn send_counters(
     unexpired.keys = made_again;
     unexpired.answered = true;
     Ok(replies)
-}
-
-/// Sends `checks` (all on window counters) as one `TOLLGATE.COUNT` to the module on
-/// the master of `slot`, and makes each reply what the decision driver would have
-/// answered; `None` when the node answers that it has no such command (the module
-/// was unloaded, or a failover reached a server without it) or that this user may not
-/// run it (an ACL): the module is forgotten there, and the plain commands take the
-/// call.
-async fn count_by_module(
-    caller: &Caller,
-    conn: &Conn,
-    checks: &[&CheckCall],
-    (now, slot): (u64, u16),
-) -> Result<Option<Vec<CheckReply>>, Error> {
-    let parts: Vec<_> = checks.iter().map(|c| counter_part(c, now)).collect();
-    let mut cmd = redis::cmd("TOLLGATE.COUNT");
-    cmd.arg(checks.len());
-    for (c, &(counter, _, now)) in checks.iter().zip(&parts) {
-        cmd.arg(counter.key(&c.keys[0], now));
-    }
-    for (c, &(counter, change, now)) in checks.iter().zip(&parts) {
-        cmd.arg(&counter.module_args(change, c.cost, now));
-    }
-    let answer = loop {
-        match conn.clone().query_slot(cmd.clone(), slot).await {
-            // A slot being moved (TRYAGAIN: its keys split between two nodes): the
-            // command ran nowhere; again until it settles, within the call's timeout.
-            Err(e) if e.is_cluster_error() => tokio::time::sleep(Duration::from_millis(2)).await,
-            answer => break answer,
-        }
-    };
-    let values = match answer {
-        // No such command, or an ACL that allows the module's other commands only.
-        Err(e) if unknown_command(&e) || e.code() == Some("NOPERM") => {
-            caller.modules.set(checks[0].node, ABSENT);
-            return Ok(None);
-        }
-        Ok(Value::Array(values)) if values.len() == checks.len() => values,
-        Ok(other) => {
-            return Err(Error::Store(format!(
-                "TOLLGATE.COUNT answered {other:?} to {} keys",
-                checks.len()
-            )))
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let replies = (checks.iter().zip(parts).zip(values))
-        .map(|((c, (counter, change, now)), before)| {
-            let value = WindowCounter::module_answer(change, c.cost, before);
-            let (admitted, _, state) = counter.reply(change, c.cost, now, value)?;
-            Ok(CheckReply {
-                now,
-                admitted,
-                states: vec![state],
-            })
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
-    Ok(Some(replies))
 }
 
 /// The keys of one window-counter call whose counts sent no `PEXPIRE`, each with its

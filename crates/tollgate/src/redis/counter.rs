@@ -20,10 +20,6 @@
 //! | try of `c` (all or nothing) | `lua/counter.lua`: `GET`, and `INCRBY` + `PEXPIRE` if it fits |
 //! | refund of `c` | `lua/counter.lua`: `GET`, `DECRBY` never below 0 |
 //!
-//! Where a node has loaded the tollgate module, a call's counts go to it instead as
-//! one `TOLLGATE.COUNT` (the same changes; a key's expiry set as the module makes the
-//! key, so nothing below is needed there).
-//!
 //! A window's key is known to have its time to live ([`Expiring`]) once this process
 //! set it (its `PEXPIRE` answered). So a key counted many times in a window costs one
 //! command a hit, not two (envoyproxy/ratelimit sends both every time). A key that
@@ -102,35 +98,6 @@ impl WindowCounter {
     /// The end (us) of the window `now` is in.
     pub fn end(&self, now: u64) -> u64 {
         self.start(now) + self.window
-    }
-
-    /// The module's arguments for `change` of `cost` at `now` (`TOLLGATE.COUNT`: `op
-    /// cost limit ttl`, the key's time to live in ms as `PEXPIRE` takes it), and what its answer (the count before) is as the
-    /// plain commands' answer, which [`WindowCounter::reply`] reads.
-    pub fn module_args(&self, change: Change, cost: u64, now: u64) -> [String; 4] {
-        let (op, cost) = match change {
-            _ if change.increments(cost) => ("a", cost),
-            Change::Try => ("t", cost),
-            Change::Refund => ("r", cost),
-            Change::Add | Change::Read => ("g", 0),
-        };
-        [
-            op.to_string(),
-            cost.to_string(),
-            self.limit.to_string(),
-            self.ttl_ms(now).to_string(),
-        ]
-    }
-
-    /// The module's answer for one key (the count before `change` of `cost`) as the
-    /// plain commands answer it (an `INCRBY`'s is the count after).
-    pub fn module_answer(change: Change, cost: u64, before: Value) -> Value {
-        match before {
-            Value::Int(n) if change.increments(cost) => {
-                Value::Int(n.saturating_add(i64::try_from(cost).unwrap_or(i64::MAX)))
-            }
-            other => other,
-        }
     }
 }
 

@@ -6,8 +6,7 @@
 //! used without a restart. A call goes to the module when its node has it and the
 //! module decides every policy of every check ([`Wire::module`](super::script::Wire));
 //! else to Functions or `EVALSHA` as before. Never for leases. (`Caller::module_call`
-//! in `connection.rs` sends the calls.) Window counters' calls go to it as
-//! `TOLLGATE.COUNT` where it is loaded (`count_by_module`), else as plain commands.
+//! in `connection.rs` sends the calls.)
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -18,7 +17,7 @@ use super::per_node::PerNode;
 
 /// The version of the module's arguments this store sends
 /// (`tollgate_redis_module::WIRE`); a module of another version is not used.
-const WIRE: i64 = 2;
+const WIRE: i64 = 1;
 
 pub(super) const UNKNOWN: u8 = 0;
 pub(super) const LOADED: u8 = 1;
