@@ -1140,8 +1140,9 @@ fn a_cut_redis_link_is_back_within_a_second_of_the_heal_for_grpcio_callers() {
 /// connections are refused and decisions are the failure policy's (counted); once
 /// the file holds the new one (a second later), decisions are Redis's again without a
 /// restart, and none fails after that (the calls' timeout is long, so that a loaded
-/// machine's slow call is not taken for a failure). Standalone and Cluster (every node rotated), and Sentinel
-/// (the master's password and the Sentinels' own, both files).
+/// machine's slow call is not taken for a failure). Standalone and Cluster (every
+/// node rotated), and Sentinel (the master's password and the Sentinels' own, both
+/// files).
 #[cfg_attr(
     not(feature = "external-servers"),
     ignore = "starts redis-server: run scripts/test.sh, or cargo test --features external-servers"

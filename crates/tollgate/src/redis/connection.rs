@@ -152,6 +152,8 @@ impl SingleConn {
                     if e.kind() == redis::ErrorKind::AuthenticationFailed
                         || e.code() == Some("WRONGPASS") =>
                 {
+                    // Due as for a connection never answered: a refusal is no
+                    // slow link to wait out, only the rate of tries applies.
                     if let Some(runtime) = me.replacement.due(0) {
                         me.try_fresh(runtime, "a login was refused");
                     }
