@@ -18,8 +18,16 @@
 //!
 //! Fewer workers awake means more calls per wake-up and less CPU per call (on two
 //! cores, one worker spent about a fifth less per gRPC decision than two at the same
-//! load); more workers awake serve more once one is busy. [`Balance::Spread`] hands
-//! each connection to the next worker in turn and never moves it.
+//! load); more workers awake serve more once one is busy, if there is a CPU for them.
+//! So a spread is a trial: for [`TRIAL`] periods after it, the balancer reads how many
+//! bytes the workers read and how long their threads waited for a CPU
+//! (`/proc/thread-self/schedstat`). Where the workers read less than a tenth more than
+//! before it and waited for a CPU (their waits add up to [`CROWDED`] of a period or
+//! more, in two periods of the trial), the cores were taken (by the clients, a sidecar
+//! or a neighbour) and the second worker only took turns with the first: the moved
+//! connections go back, and no spread is tried for a second, then two, four, up to a
+//! minute, until one pays. [`Balance::Spread`] hands each connection to the next
+//! worker in turn and never moves it.
 //!
 //! A connection moves as its boxed future, sent to the other worker's runtime; its
 //! socket ([`WorkerStream`]) registers again with the runtime that polls it next.
@@ -29,7 +37,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -50,10 +58,20 @@ const FILL: u32 = 500;
 const SPREAD: u32 = 750;
 /// Two workers whose loads add up to less than this share are gathered into one.
 const GATHER: u32 = 400;
+/// How many periods after a spread tell whether it paid.
+pub const TRIAL: u32 = 3;
+/// The workers' waits for a CPU, added up, at which a period counts as crowded (in
+/// thousandths of the period).
+pub const CROWDED: u32 = 150;
+/// How long no spread is tried after one that did not pay, in periods: at first, and
+/// at most (it doubles each time one fails).
+const HOLD: (u32, u32) = (10, 600);
 
 thread_local! {
     /// The index of the worker this thread is (`usize::MAX` on any other thread).
     static WORKER: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// The bytes this worker's connections read (unset on any other thread).
+    static READ: std::cell::OnceCell<Arc<AtomicU64>> = const { std::cell::OnceCell::new() };
 }
 
 fn this_worker() -> usize {
@@ -64,6 +82,9 @@ fn this_worker() -> usize {
 /// own, until the workers are dropped.
 pub struct Workers {
     workers: Arc<[Worker]>,
+    /// No spread is tried now (one did not pay): new connections join the first
+    /// worker holding some.
+    held: Arc<AtomicBool>,
     balance: Balance,
     turn: AtomicUsize,
     stop: Option<watch::Sender<()>>,
@@ -84,6 +105,10 @@ struct Worker {
     leave: Notify,
     /// Connections moved onto it since start.
     moved_in: AtomicU64,
+    /// Bytes its connections read since start (written by its thread only).
+    read: Arc<AtomicU64>,
+    /// Its thread's id, for the kernel's count of its waits for a CPU (0: unknown).
+    tid: Arc<AtomicU32>,
 }
 
 /// A balancer's decision: move `count` connections from worker `from` to `to`.
@@ -106,6 +131,8 @@ impl Workers {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
+            let (read, tid) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU32::new(0)));
+            let (read_here, tid_here) = (read.clone(), tid.clone());
             workers.push(Worker {
                 handle: runtime.handle().clone(),
                 load: AtomicU32::new(0),
@@ -114,6 +141,8 @@ impl Workers {
                 leave_to: AtomicUsize::new(0),
                 leave: Notify::new(),
                 moved_in: AtomicU64::new(0),
+                read,
+                tid,
             });
             let mut stopped = stopped.clone();
             threads.push(
@@ -122,6 +151,8 @@ impl Workers {
                     .name(format!("tg-worker-{i}"))
                     .spawn(move || {
                         WORKER.with(|w| w.set(i));
+                        READ.with(|r| r.set(read_here).ok());
+                        tid_here.store(thread_id().unwrap_or(0), Ordering::Relaxed);
                         runtime.block_on(async move {
                             let _ = stopped.changed().await;
                         });
@@ -129,9 +160,16 @@ impl Workers {
             );
         }
         let workers: Arc<[Worker]> = workers.into();
-        tokio::spawn(balance_loop(workers.clone(), balance, stopped));
+        let held = Arc::new(AtomicBool::new(false));
+        tokio::spawn(balance_loop(
+            workers.clone(),
+            held.clone(),
+            balance,
+            stopped,
+        ));
         Ok(Workers {
             workers,
+            held,
             balance,
             turn: AtomicUsize::new(0),
             stop: Some(stop),
@@ -150,6 +188,10 @@ impl Workers {
         F: Future<Output = ()> + Send + 'static,
     {
         let at = match self.balance {
+            Balance::Pack if self.held.load(Ordering::Relaxed) => {
+                let holding = self.connections().iter().position(|&c| c > 0);
+                holding.unwrap_or(0)
+            }
             Balance::Pack => place(&self.loads()),
             Balance::Spread => self.turn.fetch_add(1, Ordering::Relaxed) % self.workers.len(),
         };
@@ -233,43 +275,180 @@ fn ask_to_move(workers: &[Worker], m: Move) {
 
 /// Every [`PERIOD`]: each worker's load from its busy time, then (packing) at most
 /// one move.
-async fn balance_loop(workers: Arc<[Worker]>, balance: Balance, mut stopped: watch::Receiver<()>) {
+async fn balance_loop(
+    workers: Arc<[Worker]>,
+    held: Arc<AtomicBool>,
+    balance: Balance,
+    mut stopped: watch::Receiver<()>,
+) {
     let busy = |w: &Worker| w.handle.metrics().worker_total_busy_duration(0);
+    let read = |ws: &[Worker]| {
+        ws.iter()
+            .map(|w| w.read.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let waited = |ws: &[Worker]| {
+        ws.iter()
+            .map(|w| cpu_wait(w.tid.load(Ordering::Relaxed)))
+            .sum()
+    };
     let mut ticks = tokio::time::interval(PERIOD);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut then = ticks.tick().await;
     let mut busy_then: Vec<Duration> = workers.iter().map(busy).collect();
+    let (mut read_then, mut waited_then): (u64, Option<Duration>) =
+        (read(&workers), waited(&workers));
+    let mut packer = Packer::default();
     loop {
         let now = tokio::select! {
             now = ticks.tick() => now,
             _ = stopped.changed() => return,
         };
         let wall = now.duration_since(then).as_nanos().max(1);
+        let share = |d: Duration| (d.as_nanos() * 1000 / wall).min(1000) as u32;
         let mut loads = Vec::with_capacity(workers.len());
         let mut connections = Vec::with_capacity(workers.len());
         for (w, before) in workers.iter().zip(&mut busy_then) {
             let b = busy(w);
-            let share = (b.saturating_sub(*before).as_nanos() * 1000 / wall).min(1000) as u32;
+            let load = share(b.saturating_sub(*before));
             *before = b;
-            w.load.store(share, Ordering::Relaxed);
+            w.load.store(load, Ordering::Relaxed);
             // Tickets of the last period that no connection took are void.
             w.leaving.store(0, Ordering::SeqCst);
-            loads.push(share);
+            loads.push(load);
             connections.push(w.connections.load(Ordering::Relaxed));
         }
-        then = now;
         if balance == Balance::Spread {
+            then = now;
             continue;
         }
-        if let Some(m) = plan(&loads, &connections) {
+        let (read_now, waited_now) = (read(&workers), waited(&workers));
+        let period = Period {
+            loads: &loads,
+            connections: &connections,
+            read: read_now.wrapping_sub(read_then),
+            waited: waited_now
+                .zip(waited_then)
+                .map(|(n, t)| share(n.saturating_sub(t))),
+        };
+        (then, read_then, waited_then) = (now, read_now, waited_now);
+        let m = packer.next(&period);
+        held.store(packer.hold > 0, Ordering::Relaxed);
+        if let Some(m) = m {
             tracing::debug!(
-                "workers: moving {} connection(s) from worker {} to {} (loads {loads:?}, connections {connections:?})",
+                "workers: moving {} connection(s) from worker {} to {} (loads {loads:?}, connections {connections:?}, read {} B, waited {:?})",
                 m.count,
                 m.from,
-                m.to
+                m.to,
+                period.read,
+                period.waited,
             );
             ask_to_move(&workers, m);
         }
+    }
+}
+
+/// This thread's id as the kernel numbers it (Linux; `None` elsewhere).
+fn thread_id() -> Option<u32> {
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+/// How long thread `tid` of this process has waited for a CPU since it started: the
+/// second figure of its `schedstat` (`None` where the kernel does not say).
+fn cpu_wait(tid: u32) -> Option<Duration> {
+    if tid == 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let ns = stat.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+/// One period as the balancer read it.
+struct Period<'a> {
+    /// Each worker's busy share, in thousandths.
+    loads: &'a [u32],
+    /// Each worker's connections.
+    connections: &'a [usize],
+    /// Bytes the workers read.
+    read: u64,
+    /// The workers' waits for a CPU, added up, in thousandths of the period (`None`
+    /// where the kernel does not say).
+    waited: Option<u32>,
+}
+
+/// The packing balancer's memory between periods: the spread on trial, and how long
+/// no spread is tried after one that did not pay.
+#[derive(Debug, Default)]
+struct Packer {
+    trial: Option<Trial>,
+    /// Periods left without a spread.
+    hold: u32,
+    /// The next hold, once a spread does not pay.
+    next_hold: u32,
+}
+
+#[derive(Debug)]
+struct Trial {
+    spread: Move,
+    /// Bytes a period the busy worker would read busy all the time (what it read in
+    /// the period before, over its busy share).
+    before: u64,
+    /// Bytes read since, periods since, and the crowded ones among them.
+    read: u64,
+    periods: u32,
+    crowded: u32,
+}
+
+impl Packer {
+    /// The move after this period, if any.
+    fn next(&mut self, p: &Period<'_>) -> Option<Move> {
+        if let Some(t) = &mut self.trial {
+            t.read += p.read;
+            t.periods += 1;
+            t.crowded += u32::from(p.waited.is_some_and(|w| w >= CROWDED));
+            if t.periods < TRIAL {
+                return None;
+            }
+            let t = self.trial.take()?;
+            // Paid: a tenth more read than one worker could, busy all the time.
+            // Harmless: the CPUs were free (the load did not need more, and the
+            // second worker cost nobody a turn).
+            let paid = t.read * 10 >= t.before * u64::from(TRIAL) * 11;
+            tracing::debug!(
+                "workers: spread tried: {} B a period on one worker, {} B after, {} of {TRIAL} periods crowded",
+                t.before,
+                t.read / u64::from(TRIAL),
+                t.crowded
+            );
+            if paid || t.crowded < 2 {
+                self.next_hold = HOLD.0;
+                return None;
+            }
+            self.hold = self.next_hold.max(HOLD.0);
+            self.next_hold = (self.hold * 2).min(HOLD.1);
+            let back = p.connections[t.spread.to];
+            return (back > 0).then_some(Move {
+                from: t.spread.to,
+                to: t.spread.from,
+                count: back,
+            });
+        }
+        if self.hold > 0 {
+            self.hold -= 1;
+        } else if let Some(m) = spread(p.loads, p.connections) {
+            let before = p.read * 1000 / u64::from(p.loads[m.from].max(1));
+            self.trial = Some(Trial {
+                spread: m,
+                before,
+                read: 0,
+                periods: 0,
+                crowded: 0,
+            });
+            return Some(m);
+        }
+        gather(p.loads, p.connections)
     }
 }
 
@@ -310,8 +489,14 @@ fn place(loads: &[u32]) -> usize {
 }
 
 /// The move a balancer makes after a period with these loads (thousandths) and
-/// connection counts, if any (see the module doc).
+/// connection counts, if any (see the module doc): a spread, else a gather.
+#[cfg(test)]
 fn plan(loads: &[u32], connections: &[usize]) -> Option<Move> {
+    spread(loads, connections).or_else(|| gather(loads, connections))
+}
+
+/// A busy worker's connections evened out with the least busy one, if one is busy.
+fn spread(loads: &[u32], connections: &[usize]) -> Option<Move> {
     let n = loads.len();
     let hot = (0..n).max_by_key(|&i| (loads[i], std::cmp::Reverse(i)))?;
     let cold = (0..n).min_by_key(|&i| (loads[i], i))?;
@@ -325,7 +510,12 @@ fn plan(loads: &[u32], connections: &[usize]) -> Option<Move> {
             count,
         });
     }
-    let last = (0..n).rev().find(|&i| connections[i] > 0)?;
+    None
+}
+
+/// The last worker's connections handed to the first with room for its load, if any.
+fn gather(loads: &[u32], connections: &[usize]) -> Option<Move> {
+    let last = (0..loads.len()).rev().find(|&i| connections[i] > 0)?;
     let to = (0..last).find(|&i| loads[i] + loads[last] < GATHER)?;
     Some(Move {
         from: last,
@@ -420,7 +610,17 @@ impl AsyncRead for WorkerStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        on_socket(self.get_mut(), |s| s.poll_read(cx, buf))
+        let before = buf.filled().len();
+        let read = on_socket(self.get_mut(), |s| s.poll_read(cx, buf));
+        if let Poll::Ready(Ok(())) = read {
+            let n = (buf.filled().len() - before) as u64;
+            // Only this thread writes its count: a load and a store, no locked add.
+            READ.with(|r| {
+                r.get()
+                    .map(|r| r.store(r.load(Ordering::Relaxed) + n, Ordering::Relaxed))
+            });
+        }
+        read
     }
 }
 
@@ -523,6 +723,102 @@ mod tests {
         assert_eq!(plan(&[300, 200], &[4, 3]), None);
         // All on the first already: nothing to gather.
         assert_eq!(plan(&[300, 0, 0], &[4, 0, 0]), None);
+    }
+
+    /// A period of two workers with these loads and connections, `read` bytes read and
+    /// `waited` thousandths of it spent waiting for a CPU.
+    fn period<'a>(
+        loads: &'a [u32],
+        connections: &'a [usize],
+        read: u64,
+        waited: u32,
+    ) -> Period<'a> {
+        Period {
+            loads,
+            connections,
+            read,
+            waited: Some(waited),
+        }
+    }
+
+    #[test]
+    fn a_spread_that_buys_nothing_on_crowded_cores_goes_back_and_is_held_off() {
+        let mut packer = Packer::default();
+        let busy = period(&[1000, 0], &[32, 0], 1000, 0);
+        let spread = Some(Move {
+            from: 0,
+            to: 1,
+            count: 16,
+        });
+        let back = Some(Move {
+            from: 1,
+            to: 0,
+            count: 16,
+        });
+        for hold in [10, 20, 40] {
+            assert_eq!(packer.next(&busy), spread);
+            // Two workers, each busy, reading less than one did, waiting for a CPU.
+            let crowded = period(&[600, 500], &[16, 16], 700, 300);
+            assert_eq!(packer.next(&crowded), None);
+            assert_eq!(packer.next(&crowded), None);
+            assert_eq!(packer.next(&crowded), back, "after {TRIAL} periods");
+            for _ in 0..hold {
+                assert_eq!(packer.next(&busy), None, "held off for {hold} periods");
+            }
+        }
+        assert_eq!(packer.next(&busy), spread);
+    }
+
+    #[test]
+    fn a_spread_stays_where_it_pays_or_the_cpus_were_free() {
+        let busy = period(&[800, 0], &[32, 0], 800, 0);
+        for (after, why) in [
+            // A tenth more than one worker busy all the time would read (1000 B).
+            (
+                period(&[700, 700], &[16, 16], 1100, 400),
+                "paid, crowded or not",
+            ),
+            // The load needed no more, and nobody waited for a CPU.
+            (period(&[400, 400], &[16, 16], 800, 20), "free CPUs"),
+            (
+                Period {
+                    waited: None,
+                    ..period(&[400, 400], &[16, 16], 500, 0)
+                },
+                "the kernel does not say",
+            ),
+        ] {
+            let mut packer = Packer::default();
+            assert!(packer.next(&busy).is_some(), "{why}");
+            for _ in 0..TRIAL {
+                assert_eq!(packer.next(&after), None, "{why}");
+            }
+            assert_eq!(packer.hold, 0, "{why}");
+        }
+        // One crowded period of three is not a verdict.
+        let mut packer = Packer::default();
+        packer.next(&busy);
+        packer.next(&period(&[700, 700], &[16, 16], 500, 400));
+        packer.next(&period(&[700, 700], &[16, 16], 500, 100));
+        assert_eq!(packer.next(&period(&[700, 700], &[16, 16], 500, 100)), None);
+    }
+
+    #[test]
+    fn held_off_spreads_still_gather() {
+        let mut packer = Packer {
+            hold: 5,
+            ..Packer::default()
+        };
+        let quiet = period(&[100, 100], &[4, 4], 100, 0);
+        assert_eq!(
+            packer.next(&quiet),
+            Some(Move {
+                from: 1,
+                to: 0,
+                count: 4
+            })
+        );
+        assert_eq!(packer.hold, 4);
     }
 
     /// Echoes lines, answering each with the worker thread that read it.

@@ -13,6 +13,9 @@ fn rules_dir() -> std::path::PathBuf {
 }
 
 /// Starts `tollgate serve ARGS --http 127.0.0.1:0` and reads its address.
+/// A client of the server's Envoy RLS gRPC API.
+type RlsClient = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>;
+
 fn start(args: &[&str]) -> Server {
     serve_process::start(args, &[])
 }
@@ -312,16 +315,13 @@ async fn envoy_rls_grpc_is_wire_compatible() {
         Entry, RateLimitOverride,
     };
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
     let server = start(&[
         "--rules",
         rules_dir().join("envoy-examples.yaml").to_str().unwrap(),
     ]);
-    let mut client = RateLimitServiceClient::connect(server.grpc.clone())
-        .await
-        .unwrap();
+    let mut client = RlsClient::connect(server.grpc.clone()).await.unwrap();
     let descriptor = |key: &str, value: &str| RateLimitDescriptor {
         entries: vec![Entry {
             key: key.into(),
@@ -424,7 +424,6 @@ async fn envoy_rls_grpc_is_wire_compatible() {
 async fn connections_on_different_workers_share_the_counts() {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
     let rules = rules_dir().join("envoy-examples.yaml");
@@ -455,9 +454,7 @@ async fn connections_on_different_workers_share_the_counts() {
     };
     let mut codes = Vec::new();
     for _ in 0..6 {
-        let mut client = RateLimitServiceClient::connect(server.grpc.clone())
-            .await
-            .unwrap();
+        let mut client = RlsClient::connect(server.grpc.clone()).await.unwrap();
         let r = client.should_rate_limit(request.clone()).await.unwrap();
         codes.push(r.into_inner().overall_code);
     }
@@ -514,29 +511,67 @@ async fn metric(server: &Server, series: &str) -> f64 {
         .unwrap()
 }
 
+/// `n` gRPC connections to the server's Envoy RLS API.
+async fn rls_clients(server: &Server, n: usize) -> Vec<RlsClient> {
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        clients.push(RlsClient::connect(server.grpc.clone()).await.unwrap());
+    }
+    clients
+}
+
+/// Held by a test that loads a server heavily: two at once would crowd each other's
+/// CPUs, which the workers' balancing reads.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// 16 gRPC calls in flight over the clients' connections until stopped.
+struct HeavyLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    callers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl HeavyLoad {
+    fn start(clients: &[RlsClient]) -> HeavyLoad {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let callers = (0..16)
+            .map(|i| {
+                let mut client = clients[i % clients.len()].clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let key = format!("heavy-{i}");
+                        rls(&mut client, "example", &[&[("api_key", key.as_str())]], 0).await;
+                    }
+                })
+            })
+            .collect();
+        HeavyLoad { stop, callers }
+    }
+
+    async fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for c in self.callers {
+            c.await.unwrap();
+        }
+    }
+}
+
 #[tokio::test]
 async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_after() {
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     use std::time::Duration;
 
+    let _heavy = HEAVY.lock().await;
     let server = start(&["--workers", "2"]);
     assert!(
         server.banner.contains("2 worker(s), packed"),
         "{}",
         server.banner
     );
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        clients.push(
-            RateLimitServiceClient::connect(server.grpc.clone())
-                .await
-                .unwrap(),
-        );
-    }
+    let mut clients = rls_clients(&server, 4).await;
     // Light load, one call at a time: every connection stays on the first worker.
     // (Light enough that the worker's busy share stays low even when a busy machine
     // holds it off the CPU mid-call: the share is of wall-clock time.)
-    async fn light(clients: &mut [RateLimitServiceClient<tonic::transport::Channel>], round: u32) {
+    async fn light(clients: &mut [RlsClient], round: u32) {
         for i in 0..200 {
             let client = &mut clients[i % 4];
             let key = format!("light-{round}-{i}");
@@ -563,18 +598,7 @@ async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_aft
 
     // Heavy load, 16 calls in flight: the first worker is busy, so connections move
     // to the second, which serves from then on.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut load = Vec::new();
-    for i in 0..16 {
-        let mut client = clients[i % 4].clone();
-        let stop = stop.clone();
-        load.push(tokio::spawn(async move {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let key = format!("heavy-{i}");
-                rls(&mut client, "example", &[&[("api_key", key.as_str())]], 0).await;
-            }
-        }));
-    }
+    let load = HeavyLoad::start(&clients);
     let before = worker_ticks(server.pid(), 2);
     let mut spread = false;
     for _ in 0..100 {
@@ -584,10 +608,7 @@ async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_aft
             break;
         }
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for l in load {
-        l.await.unwrap();
-    }
+    load.stop().await;
     assert!(
         spread,
         "worker 1 never served: {before:?} -> {:?}",
@@ -607,6 +628,43 @@ async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_aft
     );
     assert_eq!(metric(&server, &on(1)).await, 0.0, "all back on worker 0");
     assert!(metric(&server, &moved(0)).await >= 1.0);
+}
+
+/// Two workers on one CPU: a spread under heavy load buys nothing (the second worker
+/// only takes turns with the first), so its connections go back and stay back while
+/// the load goes on.
+#[tokio::test]
+async fn a_spread_that_buys_nothing_on_a_crowded_cpu_goes_back() {
+    use std::time::Duration;
+
+    let _heavy = HEAVY.lock().await;
+    let server = start(&["--workers", "2"]);
+    let pinned = std::process::Command::new("taskset")
+        .args(["-a", "-c", "-p", "0", &server.pid().to_string()])
+        .output()
+        .unwrap();
+    assert!(pinned.status.success(), "{pinned:?}");
+    let clients = rls_clients(&server, 4).await;
+    let load = HeavyLoad::start(&clients);
+    let moved = |w: u8| format!("tollgate_worker_moves_in{{worker=\"{w}\"}}");
+    let on = |w: u8| format!("tollgate_worker_connections{{worker=\"{w}\"}}");
+    // Up to 20 s for the spread and the way back of every connection it moved.
+    let mut back = false;
+    for _ in 0..400 {
+        if metric(&server, &moved(0)).await >= 1.0 && metric(&server, &on(1)).await == 0.0 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(back, "never spread, or never went back");
+    assert!(metric(&server, &moved(1)).await >= 1.0, "spread first");
+    // Held on the first worker under the same load.
+    for _ in 0..5 {
+        assert_eq!(metric(&server, &on(1)).await, 0.0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    load.stop().await;
 }
 
 #[tokio::test]
@@ -763,7 +821,7 @@ async fn admin_endpoints_need_the_token_when_one_is_set() {
 /// Sends one descriptor over gRPC with `hits`; returns (overall code, remaining,
 /// requests_per_unit).
 async fn rls(
-    client: &mut envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>,
+    client: &mut RlsClient,
     domain: &str,
     descriptors: &[&[(&str, &str)]],
     hits: u32,
@@ -805,14 +863,11 @@ async fn rls(
 
 #[tokio::test]
 async fn the_envoy_documentation_examples_behave_as_documented() {
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     const OK: i32 = 1;
     const OVER: i32 = 2;
     let dir = rules_dir().join("envoy-docs");
     let server = start(&["--rules", dir.to_str().unwrap()]);
-    let mut c = RateLimitServiceClient::connect(server.grpc.clone())
-        .await
-        .unwrap();
+    let mut c = RlsClient::connect(server.grpc.clone()).await.unwrap();
 
     // 1: exact values, 500 per second.
     let (code, remaining, per_unit) =
