@@ -21,12 +21,13 @@
 //! load); more workers awake serve more once one is busy, if there is a CPU for them.
 //! So a spread is a trial: for [`TRIAL`] periods after it, the balancer reads how many
 //! bytes the workers read and how long their threads waited for a CPU
-//! (`/proc/thread-self/schedstat`). Where the workers read less than a tenth more than
-//! before it and waited for a CPU (their waits add up to [`CROWDED`] of a period or
-//! more, in two periods of the trial), the cores were taken (by the clients, a sidecar
-//! or a neighbour) and the second worker only took turns with the first: the moved
-//! connections go back, and no spread is tried for a second, then two, four, up to a
-//! minute, until one pays. [`Balance::Spread`] hands each connection to the next
+//! (`/proc/thread-self/schedstat`). Where the workers read less than they would have
+//! with the first one busy all the time and waited for a CPU (their waits add up to
+//! [`CROWDED`] of a period or more, in two periods of the trial), the cores were taken
+//! (by the clients, a sidecar or a neighbour) and the second worker only took turns
+//! with the first: the moved connections go back, and no spread is tried for a second,
+//! then two, four, up to a minute, until one pays. (Evening out two workers already
+//! awake is no trial.) [`Balance::Spread`] hands each connection to the next
 //! worker in turn and never moves it.
 //!
 //! A connection moves as its boxed future, sent to the other worker's runtime; its
@@ -282,11 +283,7 @@ async fn balance_loop(
     mut stopped: watch::Receiver<()>,
 ) {
     let busy = |w: &Worker| w.handle.metrics().worker_total_busy_duration(0);
-    let read = |ws: &[Worker]| {
-        ws.iter()
-            .map(|w| w.read.load(Ordering::Relaxed))
-            .sum::<u64>()
-    };
+    let read = |w: &Worker| w.read.load(Ordering::Relaxed);
     let waited = |ws: &[Worker]| {
         ws.iter()
             .map(|w| cpu_wait(w.tid.load(Ordering::Relaxed)))
@@ -296,8 +293,8 @@ async fn balance_loop(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut then = ticks.tick().await;
     let mut busy_then: Vec<Duration> = workers.iter().map(busy).collect();
-    let (mut read_then, mut waited_then): (u64, Option<Duration>) =
-        (read(&workers), waited(&workers));
+    let mut read_then: Vec<u64> = workers.iter().map(read).collect();
+    let mut waited_then: Option<Duration> = waited(&workers);
     let mut packer = Packer::default();
     loop {
         let now = tokio::select! {
@@ -308,10 +305,14 @@ async fn balance_loop(
         let share = |d: Duration| (d.as_nanos() * 1000 / wall).min(1000) as u32;
         let mut loads = Vec::with_capacity(workers.len());
         let mut connections = Vec::with_capacity(workers.len());
-        for (w, before) in workers.iter().zip(&mut busy_then) {
+        let mut reads = Vec::with_capacity(workers.len());
+        for ((w, before), read_before) in workers.iter().zip(&mut busy_then).zip(&mut read_then) {
             let b = busy(w);
             let load = share(b.saturating_sub(*before));
             *before = b;
+            let r = read(w);
+            reads.push(r.wrapping_sub(*read_before));
+            *read_before = r;
             w.load.store(load, Ordering::Relaxed);
             // Tickets of the last period that no connection took are void.
             w.leaving.store(0, Ordering::SeqCst);
@@ -322,25 +323,24 @@ async fn balance_loop(
             then = now;
             continue;
         }
-        let (read_now, waited_now) = (read(&workers), waited(&workers));
+        let waited_now = waited(&workers);
         let period = Period {
             loads: &loads,
             connections: &connections,
-            read: read_now.wrapping_sub(read_then),
+            reads: &reads,
             waited: waited_now
                 .zip(waited_then)
                 .map(|(n, t)| share(n.saturating_sub(t))),
         };
-        (then, read_then, waited_then) = (now, read_now, waited_now);
+        (then, waited_then) = (now, waited_now);
         let m = packer.next(&period);
         held.store(packer.hold > 0, Ordering::Relaxed);
         if let Some(m) = m {
             tracing::debug!(
-                "workers: moving {} connection(s) from worker {} to {} (loads {loads:?}, connections {connections:?}, read {} B, waited {:?})",
+                "workers: moving {} connection(s) from worker {} to {} (loads {loads:?}, connections {connections:?}, bytes read {reads:?}, waited {:?})",
                 m.count,
                 m.from,
                 m.to,
-                period.read,
                 period.waited,
             );
             ask_to_move(&workers, m);
@@ -371,8 +371,8 @@ struct Period<'a> {
     loads: &'a [u32],
     /// Each worker's connections.
     connections: &'a [usize],
-    /// Bytes the workers read.
-    read: u64,
+    /// Bytes each worker read.
+    reads: &'a [u64],
     /// The workers' waits for a CPU, added up, in thousandths of the period (`None`
     /// where the kernel does not say).
     waited: Option<u32>,
@@ -392,8 +392,9 @@ struct Packer {
 #[derive(Debug)]
 struct Trial {
     spread: Move,
-    /// Bytes a period the busy worker would read busy all the time (what it read in
-    /// the period before, over its busy share).
+    /// Bytes a period the workers would read with the busy one busy all the time
+    /// (what it read in the period before, over its busy share; the others' as
+    /// they were).
     before: u64,
     /// Bytes read since, periods since, and the crowded ones among them.
     read: u64,
@@ -405,19 +406,19 @@ impl Packer {
     /// The move after this period, if any.
     fn next(&mut self, p: &Period<'_>) -> Option<Move> {
         if let Some(t) = &mut self.trial {
-            t.read += p.read;
+            t.read += p.reads.iter().sum::<u64>();
             t.periods += 1;
             t.crowded += u32::from(p.waited.is_some_and(|w| w >= CROWDED));
             if t.periods < TRIAL {
                 return None;
             }
             let t = self.trial.take()?;
-            // Paid: a tenth more read than one worker could, busy all the time.
+            // Paid: no less read than with the first worker busy all the time.
             // Harmless: the CPUs were free (the load did not need more, and the
             // second worker cost nobody a turn).
-            let paid = t.read * 10 >= t.before * u64::from(TRIAL) * 11;
+            let paid = t.read >= t.before * u64::from(TRIAL);
             tracing::debug!(
-                "workers: spread tried: {} B a period on one worker, {} B after, {} of {TRIAL} periods crowded",
+                "workers: spread tried: {} B a period before (the busy worker busy all the time), {} B after, {} of {TRIAL} periods crowded",
                 t.before,
                 t.read / u64::from(TRIAL),
                 t.crowded
@@ -428,7 +429,7 @@ impl Packer {
             }
             self.hold = self.next_hold.max(HOLD.0);
             self.next_hold = (self.hold * 2).min(HOLD.1);
-            let back = p.connections[t.spread.to];
+            let back = t.spread.count.min(p.connections[t.spread.to]);
             return (back > 0).then_some(Move {
                 from: t.spread.to,
                 to: t.spread.from,
@@ -438,7 +439,13 @@ impl Packer {
         if self.hold > 0 {
             self.hold -= 1;
         } else if let Some(m) = spread(p.loads, p.connections) {
-            let before = p.read * 1000 / u64::from(p.loads[m.from].max(1));
+            if p.connections[m.to] > 0 {
+                // Evening out two workers already awake: no worker is woken.
+                return Some(m);
+            }
+            // What the workers read, had the busy one been busy all the time.
+            let busy = p.reads[m.from] * 1000 / u64::from(p.loads[m.from].max(1));
+            let before = p.reads.iter().sum::<u64>() - p.reads[m.from] + busy;
             self.trial = Some(Trial {
                 spread: m,
                 before,
@@ -725,18 +732,18 @@ mod tests {
         assert_eq!(plan(&[300, 0, 0], &[4, 0, 0]), None);
     }
 
-    /// A period of two workers with these loads and connections, `read` bytes read and
-    /// `waited` thousandths of it spent waiting for a CPU.
+    /// A period of workers with these loads, connections and bytes read, `waited`
+    /// thousandths of it spent waiting for a CPU.
     fn period<'a>(
         loads: &'a [u32],
         connections: &'a [usize],
-        read: u64,
+        reads: &'a [u64],
         waited: u32,
     ) -> Period<'a> {
         Period {
             loads,
             connections,
-            read,
+            reads,
             waited: Some(waited),
         }
     }
@@ -744,7 +751,7 @@ mod tests {
     #[test]
     fn a_spread_that_buys_nothing_on_crowded_cores_goes_back_and_is_held_off() {
         let mut packer = Packer::default();
-        let busy = period(&[1000, 0], &[32, 0], 1000, 0);
+        let busy = period(&[1000, 0], &[32, 0], &[1000, 0], 0);
         let spread = Some(Move {
             from: 0,
             to: 1,
@@ -758,7 +765,7 @@ mod tests {
         for hold in [10, 20, 40] {
             assert_eq!(packer.next(&busy), spread);
             // Two workers, each busy, reading less than one did, waiting for a CPU.
-            let crowded = period(&[600, 500], &[16, 16], 700, 300);
+            let crowded = period(&[600, 500], &[16, 16], &[400, 300], 300);
             assert_eq!(packer.next(&crowded), None);
             assert_eq!(packer.next(&crowded), None);
             assert_eq!(packer.next(&crowded), back, "after {TRIAL} periods");
@@ -767,23 +774,29 @@ mod tests {
             }
         }
         assert_eq!(packer.next(&busy), spread);
+        // Only the connections it moved go back (new ones joined the second worker).
+        let crowded = period(&[600, 500], &[16, 36], &[400, 300], 300);
+        for _ in 1..TRIAL {
+            packer.next(&crowded);
+        }
+        assert_eq!(packer.next(&crowded), back);
     }
 
     #[test]
     fn a_spread_stays_where_it_pays_or_the_cpus_were_free() {
-        let busy = period(&[800, 0], &[32, 0], 800, 0);
+        // 800 B at 80 % busy: 1000 B busy all the time.
+        let busy = period(&[800, 0], &[32, 0], &[800, 0], 0);
         for (after, why) in [
-            // A tenth more than one worker busy all the time would read (1000 B).
             (
-                period(&[700, 700], &[16, 16], 1100, 400),
+                period(&[700, 700], &[16, 16], &[500, 500], 400),
                 "paid, crowded or not",
             ),
             // The load needed no more, and nobody waited for a CPU.
-            (period(&[400, 400], &[16, 16], 800, 20), "free CPUs"),
+            (period(&[400, 400], &[16, 16], &[400, 400], 20), "free CPUs"),
             (
                 Period {
                     waited: None,
-                    ..period(&[400, 400], &[16, 16], 500, 0)
+                    ..period(&[400, 400], &[16, 16], &[250, 250], 0)
                 },
                 "the kernel does not say",
             ),
@@ -798,9 +811,15 @@ mod tests {
         // One crowded period of three is not a verdict.
         let mut packer = Packer::default();
         packer.next(&busy);
-        packer.next(&period(&[700, 700], &[16, 16], 500, 400));
-        packer.next(&period(&[700, 700], &[16, 16], 500, 100));
-        assert_eq!(packer.next(&period(&[700, 700], &[16, 16], 500, 100)), None);
+        packer.next(&period(&[700, 700], &[16, 16], &[250, 250], 400));
+        packer.next(&period(&[700, 700], &[16, 16], &[250, 250], 100));
+        let last = period(&[700, 700], &[16, 16], &[250, 250], 100);
+        assert_eq!(packer.next(&last), None);
+        // Evening out two workers already awake wakes none: no trial.
+        let mut packer = Packer::default();
+        let uneven = period(&[1000, 300], &[20, 4], &[900, 300], 500);
+        assert!(packer.next(&uneven).is_some());
+        assert!(packer.trial.is_none());
     }
 
     #[test]
@@ -809,7 +828,7 @@ mod tests {
             hold: 5,
             ..Packer::default()
         };
-        let quiet = period(&[100, 100], &[4, 4], 100, 0);
+        let quiet = period(&[100, 100], &[4, 4], &[50, 50], 0);
         assert_eq!(
             packer.next(&quiet),
             Some(Move {

@@ -310,6 +310,22 @@ macro_rules! each_store {
     };
 }
 
+/// Awaits `$call` on the inner limiter bound to `$l`. A Redis store's futures are boxed:
+/// they are kilobytes (a connection's calls, timeouts, a lease), and unboxed they
+/// would make every caller's future as large, copied on each check of the memory
+/// store too; one allocation is nothing beside a Redis round trip.
+macro_rules! each_store_await {
+    ($self:expr, $l:ident => $call:expr) => {
+        match $self {
+            AnyLimiter::Memory($l) => $call.await,
+            #[cfg(feature = "redis")]
+            AnyLimiter::Redis($l) => Box::pin($call).await,
+            #[cfg(feature = "redis")]
+            AnyLimiter::Leased($l) => Box::pin($call).await,
+        }
+    };
+}
+
 impl AnyLimiter {
     /// A memory-store limiter of `rules` (default [`KeyedOptions`](crate::keyed::KeyedOptions)).
     pub fn memory(rules: impl Into<RuleSet>) -> AnyLimiter {
@@ -356,27 +372,27 @@ impl AnyLimiter {
 
 impl RateLimiter for AnyLimiter {
     async fn check_rules(&self, key: &str, cost: u64, op: Op) -> Result<RuleDecision, Error> {
-        each_store!(self, l => RateLimiter::<str>::check_rules(l, key, cost, op).await)
+        each_store_await!(self, l => RateLimiter::<str>::check_rules(l, key, cost, op))
     }
 
     async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        each_store!(self, l => RateLimiter::<str>::check(l, key, cost).await)
+        each_store_await!(self, l => RateLimiter::<str>::check(l, key, cost))
     }
 
     async fn peek(&self, key: &str, cost: u64) -> Result<RuleDecision, Error> {
-        each_store!(self, l => RateLimiter::<str>::peek(l, key, cost).await)
+        each_store_await!(self, l => RateLimiter::<str>::peek(l, key, cost))
     }
 
     async fn refund(&self, key: &str, cost: u64) -> Result<(), Error> {
-        each_store!(self, l => RateLimiter::<str>::refund(l, key, cost).await)
+        each_store_await!(self, l => RateLimiter::<str>::refund(l, key, cost))
     }
 
     async fn reset(&self, key: &str) -> Result<(), Error> {
-        each_store!(self, l => RateLimiter::<str>::reset(l, key).await)
+        each_store_await!(self, l => RateLimiter::<str>::reset(l, key))
     }
 
     async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        each_store!(self, l => RateLimiter::<str>::acquire(l, key, cost).await)
+        each_store_await!(self, l => RateLimiter::<str>::acquire(l, key, cost))
     }
 
     fn rules(&self) -> RuleSet {

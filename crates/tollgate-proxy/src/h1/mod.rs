@@ -696,9 +696,11 @@ async fn refuse(io: &mut impl Client, out: &mut Vec<u8>, answer: &Problem, to_he
     out.clear();
     message::with_date(|d| answer.write(out, d, true, to_head));
     if io.write_all(out).await.is_ok() && io.shutdown().await.is_ok() {
-        let mut sink = [0u8; 4096];
+        // What the client still sends is read into `out`, not into an array on this
+        // future: every request's future holds this one's space.
+        out.resize(4096, 0);
         let linger = async {
-            while let Ok(n) = io.read(&mut sink).await {
+            while let Ok(n) = io.read(out).await {
                 if n == 0 {
                     break;
                 }
