@@ -21,13 +21,14 @@
 //! load); more workers awake serve more once one is busy, if there is a CPU for them.
 //! So a spread is a trial: for [`TRIAL`] periods after it, the balancer reads how many
 //! bytes the workers read and how long their threads waited for a CPU
-//! (`/proc/thread-self/schedstat`). Where the workers read less than they would have
+//! (`/proc/self/task/TID/schedstat`). Where the workers read less than they would have
 //! with the first one busy all the time and waited for a CPU (their waits add up to
 //! [`CROWDED`] of a period or more, in two periods of the trial), the cores were taken
 //! (by the clients, a sidecar or a neighbour) and the second worker only took turns
-//! with the first: the moved connections go back, and no spread is tried for a second,
-//! then two, four, up to a minute, until one pays. (Evening out two workers already
-//! awake is no trial.) [`Balance::Spread`] hands each connection to the next
+//! with the first: the moved connections go back, and no spread wakes a worker for a
+//! second, then two, four, up to a minute, until one pays or does no harm. During a
+//! trial and a hold, new connections go to the workers already awake. (Evening out two
+//! workers already awake is no trial, and is not held.) [`Balance::Spread`] hands each connection to the next
 //! worker in turn and never moves it.
 //!
 //! A connection moves as its boxed future, sent to the other worker's runtime; its
@@ -153,7 +154,11 @@ impl Workers {
                     .spawn(move || {
                         WORKER.with(|w| w.set(i));
                         READ.with(|r| r.set(read_here).ok());
-                        tid_here.store(thread_id().unwrap_or(0), Ordering::Relaxed);
+                        let tid = thread_id();
+                        if tid.is_none() {
+                            tracing::debug!("workers: no /proc/thread-self here: a spread is never tried, it stays");
+                        }
+                        tid_here.store(tid.unwrap_or(0), Ordering::Relaxed);
                         runtime.block_on(async move {
                             let _ = stopped.changed().await;
                         });
@@ -190,8 +195,7 @@ impl Workers {
     {
         let at = match self.balance {
             Balance::Pack if self.held.load(Ordering::Relaxed) => {
-                let holding = self.connections().iter().position(|&c| c > 0);
-                holding.unwrap_or(0)
+                place_awake(&self.loads(), &self.connections())
             }
             Balance::Pack => place(&self.loads()),
             Balance::Spread => self.turn.fetch_add(1, Ordering::Relaxed) % self.workers.len(),
@@ -334,7 +338,8 @@ async fn balance_loop(
         };
         (then, waited_then) = (now, waited_now);
         let m = packer.next(&period);
-        held.store(packer.hold > 0, Ordering::Relaxed);
+        // While a spread is on trial too: what the workers read then is the verdict's.
+        held.store(packer.hold > 0 || packer.trial.is_some(), Ordering::Relaxed);
         if let Some(m) = m {
             tracing::debug!(
                 "workers: moving {} connection(s) from worker {} to {} (loads {loads:?}, connections {connections:?}, bytes read {reads:?}, waited {:?})",
@@ -365,6 +370,19 @@ fn cpu_wait(tid: u32) -> Option<Duration> {
     Some(Duration::from_nanos(ns))
 }
 
+/// What the workers would have read in period `p` had its busiest worker been busy
+/// all the time (0 where none was busy enough to tell: below [`SPREAD`]).
+fn alone(p: &Period<'_>) -> u64 {
+    let Some(hot) = (0..p.loads.len()).max_by_key(|&i| p.loads[i]) else {
+        return 0;
+    };
+    if p.loads[hot] < SPREAD {
+        return 0;
+    }
+    let busy = p.reads[hot] * 1000 / u64::from(p.loads[hot]);
+    p.reads.iter().sum::<u64>() - p.reads[hot] + busy
+}
+
 /// One period as the balancer read it.
 struct Period<'a> {
     /// Each worker's busy share, in thousandths.
@@ -382,6 +400,9 @@ struct Period<'a> {
 /// no spread is tried after one that did not pay.
 #[derive(Debug, Default)]
 struct Packer {
+    /// What the workers would have read in each of the last periods with the
+    /// busiest one busy all the time (0 where none was busy), the newest last.
+    recent: [u64; TRIAL as usize],
     trial: Option<Trial>,
     /// Periods left without a spread.
     hold: u32,
@@ -436,24 +457,30 @@ impl Packer {
                 count: back,
             });
         }
-        if self.hold > 0 {
-            self.hold -= 1;
-        } else if let Some(m) = spread(p.loads, p.connections) {
+        // What the workers would have read with the busiest one busy all the time:
+        // the best of the last few periods, so that one period that others' work
+        // held back does not make the bar low.
+        let alone = alone(p);
+        let before = self.recent.iter().copied().fold(alone, u64::max);
+        self.recent.rotate_left(1);
+        self.recent[TRIAL as usize - 1] = alone;
+        let held = self.hold > 0;
+        self.hold = self.hold.saturating_sub(1);
+        if let Some(m) = spread(p.loads, p.connections) {
             if p.connections[m.to] > 0 {
                 // Evening out two workers already awake: no worker is woken.
                 return Some(m);
             }
-            // What the workers read, had the busy one been busy all the time.
-            let busy = p.reads[m.from] * 1000 / u64::from(p.loads[m.from].max(1));
-            let before = p.reads.iter().sum::<u64>() - p.reads[m.from] + busy;
-            self.trial = Some(Trial {
-                spread: m,
-                before,
-                read: 0,
-                periods: 0,
-                crowded: 0,
-            });
-            return Some(m);
+            if !held {
+                self.trial = Some(Trial {
+                    spread: m,
+                    before,
+                    read: 0,
+                    periods: 0,
+                    crowded: 0,
+                });
+                return Some(m);
+            }
         }
         gather(p.loads, p.connections)
     }
@@ -484,6 +511,18 @@ impl WorkerStats {
                 moved_in: w.moved_in.load(Ordering::Relaxed),
             })
             .collect()
+    }
+}
+
+/// The worker a new connection goes to while no worker may be woken: as [`place`]
+/// among the workers holding connections (the first, when none does).
+fn place_awake(loads: &[u32], connections: &[usize]) -> usize {
+    let awake: Vec<u32> = (loads.iter().zip(connections))
+        .map(|(&l, &c)| if c > 0 { l } else { u32::MAX })
+        .collect();
+    match awake.iter().any(|&l| l != u32::MAX) {
+        true => place(&awake),
+        false => 0,
     }
 }
 
@@ -838,6 +877,33 @@ mod tests {
             })
         );
         assert_eq!(packer.hold, 4);
+        // Evening out two workers already awake is not held either.
+        let uneven = period(&[1000, 300], &[20, 4], &[900, 300], 500);
+        assert!(packer.next(&uneven).is_some());
+        assert_eq!(packer.hold, 3);
+    }
+
+    #[test]
+    fn held_new_connections_join_the_workers_awake() {
+        assert_eq!(place_awake(&[900, 0, 0], &[32, 0, 0]), 0);
+        assert_eq!(place_awake(&[900, 200, 0], &[32, 4, 0]), 1);
+        assert_eq!(
+            place_awake(&[900, 800, 0], &[32, 4, 0]),
+            1,
+            "the least busy"
+        );
+        assert_eq!(place_awake(&[0, 0], &[0, 0]), 0);
+    }
+
+    #[test]
+    fn the_bar_is_the_best_of_the_last_periods() {
+        let mut packer = Packer::default();
+        // A period at full speed, then one that others' work held back.
+        packer.next(&period(&[800, 0], &[32, 1], &[1000, 0], 0));
+        assert!(packer
+            .next(&period(&[800, 0], &[32, 0], &[600, 0], 0))
+            .is_some());
+        assert_eq!(packer.trial.as_ref().map(|t| t.before), Some(1250));
     }
 
     /// Echoes lines, answering each with the worker thread that read it.

@@ -639,32 +639,63 @@ async fn a_spread_that_buys_nothing_on_a_crowded_cpu_goes_back() {
 
     let _heavy = HEAVY.lock().await;
     let server = start(&["--workers", "2"]);
+    // The first CPU this process may use (not always CPU 0).
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap();
+    let cpu = allowed.trim().split([',', '-']).next().unwrap().to_string();
     let pinned = std::process::Command::new("taskset")
-        .args(["-a", "-c", "-p", "0", &server.pid().to_string()])
+        .args(["-a", "-c", "-p", &cpu, &server.pid().to_string()])
         .output()
         .unwrap();
     assert!(pinned.status.success(), "{pinned:?}");
     let clients = rls_clients(&server, 4).await;
-    let load = HeavyLoad::start(&clients);
     let moved = |w: u8| format!("tollgate_worker_moves_in{{worker=\"{w}\"}}");
     let on = |w: u8| format!("tollgate_worker_connections{{worker=\"{w}\"}}");
-    // Up to 20 s for the spread and the way back of every connection it moved.
+    // A trial judges one load against the best of a few periods before it: others'
+    // work on the same CPU can still make one look paid. Then the connections stay
+    // spread until the load stops, and a new load gets a new trial.
     let mut back = false;
-    for _ in 0..400 {
-        if metric(&server, &moved(0)).await >= 1.0 && metric(&server, &on(1)).await == 0.0 {
-            back = true;
+    for _attempt in 0..3 {
+        let (out, moved_back) = (
+            metric(&server, &moved(1)).await,
+            metric(&server, &moved(0)).await,
+        );
+        let load = HeavyLoad::start(&clients);
+        // Up to 8 s for the spread and the way back of every connection it moved.
+        for _ in 0..160 {
+            let spread = metric(&server, &moved(1)).await > out;
+            if spread
+                && metric(&server, &moved(0)).await > moved_back
+                && metric(&server, &on(1)).await == 0.0
+            {
+                back = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if back {
+            // Held on the first worker under the same load (the hold lasts 1 s).
+            for _ in 0..3 {
+                assert_eq!(metric(&server, &on(1)).await, 0.0);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        load.stop().await;
+        if back {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Quiet: gathered back on the first worker before the next load.
+        for _ in 0..60 {
+            if metric(&server, &on(1)).await == 0.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
-    assert!(back, "never spread, or never went back");
-    assert!(metric(&server, &moved(1)).await >= 1.0, "spread first");
-    // Held on the first worker under the same load.
-    for _ in 0..5 {
-        assert_eq!(metric(&server, &on(1)).await, 0.0);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    load.stop().await;
+    assert!(back, "never spread and went back in 3 loads");
 }
 
 #[tokio::test]
