@@ -27,8 +27,9 @@
 //! (by the clients, a sidecar or a neighbour) and the second worker only took turns
 //! with the first: the moved connections go back, and no spread wakes a worker for a
 //! second, then two, four, up to a minute, until one pays or does no harm. During a
-//! trial and a hold, new connections go to the workers already awake. (Evening out two
-//! workers already awake is no trial, and is not held.) [`Balance::Spread`] hands each connection to the next
+//! trial and a hold, new connections go to the workers already awake (busy
+//! [`AWAKE`] of a period or more), not to the one on trial. (Evening out two workers
+//! already awake is no trial, and is not held.) [`Balance::Spread`] hands each connection to the next
 //! worker in turn and never moves it.
 //!
 //! A connection moves as its boxed future, sent to the other worker's runtime; its
@@ -60,6 +61,9 @@ const FILL: u32 = 500;
 const SPREAD: u32 = 750;
 /// Two workers whose loads add up to less than this share are gathered into one.
 const GATHER: u32 = 400;
+/// A worker busy less than this share sleeps, whatever connections it holds (a health
+/// check's or a scrape's, say): a spread onto it wakes it.
+const AWAKE: u32 = 50;
 /// How many periods after a spread tell whether it paid.
 pub const TRIAL: u32 = 3;
 /// The workers' waits for a CPU, added up, at which a period counts as crowded (in
@@ -84,9 +88,12 @@ fn this_worker() -> usize {
 /// own, until the workers are dropped.
 pub struct Workers {
     workers: Arc<[Worker]>,
-    /// No spread is tried now (one did not pay): new connections join the first
-    /// worker holding some.
+    /// No spread may wake a worker now (one is on trial, or one did not pay): new
+    /// connections join the workers awake.
     held: Arc<AtomicBool>,
+    /// The worker a spread on trial woke (`usize::MAX`: none): new connections keep
+    /// off it, so that what goes back is what the spread moved.
+    woken: Arc<AtomicUsize>,
     balance: Balance,
     turn: AtomicUsize,
     stop: Option<watch::Sender<()>>,
@@ -107,6 +114,10 @@ struct Worker {
     leave: Notify,
     /// Connections moved onto it since start.
     moved_in: AtomicU64,
+    /// Spreads that woke it on trial, and those of them that went back (the cores
+    /// were taken), since start.
+    tried: AtomicU64,
+    sent_back: AtomicU64,
     /// Bytes its connections read since start (written by its thread only).
     read: Arc<AtomicU64>,
     /// Its thread's id, for the kernel's count of its waits for a CPU (0: unknown).
@@ -143,6 +154,8 @@ impl Workers {
                 leave_to: AtomicUsize::new(0),
                 leave: Notify::new(),
                 moved_in: AtomicU64::new(0),
+                tried: AtomicU64::new(0),
+                sent_back: AtomicU64::new(0),
                 read,
                 tid,
             });
@@ -167,15 +180,17 @@ impl Workers {
         }
         let workers: Arc<[Worker]> = workers.into();
         let held = Arc::new(AtomicBool::new(false));
+        let woken = Arc::new(AtomicUsize::new(usize::MAX));
         tokio::spawn(balance_loop(
             workers.clone(),
-            held.clone(),
+            (held.clone(), woken.clone()),
             balance,
             stopped,
         ));
         Ok(Workers {
             workers,
             held,
+            woken,
             balance,
             turn: AtomicUsize::new(0),
             stop: Some(stop),
@@ -194,9 +209,11 @@ impl Workers {
         F: Future<Output = ()> + Send + 'static,
     {
         let at = match self.balance {
-            Balance::Pack if self.held.load(Ordering::Relaxed) => {
-                place_awake(&self.loads(), &self.connections())
-            }
+            Balance::Pack if self.held.load(Ordering::Relaxed) => place_awake(
+                &self.loads(),
+                &self.connections(),
+                self.woken.load(Ordering::Relaxed),
+            ),
             Balance::Pack => place(&self.loads()),
             Balance::Spread => self.turn.fetch_add(1, Ordering::Relaxed) % self.workers.len(),
         };
@@ -282,7 +299,7 @@ fn ask_to_move(workers: &[Worker], m: Move) {
 /// one move.
 async fn balance_loop(
     workers: Arc<[Worker]>,
-    held: Arc<AtomicBool>,
+    (held, woken): (Arc<AtomicBool>, Arc<AtomicUsize>),
     balance: Balance,
     mut stopped: watch::Receiver<()>,
 ) {
@@ -315,7 +332,9 @@ async fn balance_loop(
             let load = share(b.saturating_sub(*before));
             *before = b;
             let r = read(w);
-            reads.push(r.wrapping_sub(*read_before));
+            // A rate (bytes a [`PERIOD`]): a period the balancer woke late for is longer.
+            let per_period = u128::from(r.wrapping_sub(*read_before)) * PERIOD.as_nanos() / wall;
+            reads.push(u64::try_from(per_period).unwrap_or(u64::MAX));
             *read_before = r;
             w.load.store(load, Ordering::Relaxed);
             // Tickets of the last period that no connection took are void.
@@ -339,8 +358,15 @@ async fn balance_loop(
         (then, waited_then) = (now, waited_now);
         let m = packer.next(&period);
         // While a spread is on trial too: what the workers read then is the verdict's.
+        let on_trial = packer.trial.as_ref().map_or(usize::MAX, |t| t.spread.to);
+        woken.store(on_trial, Ordering::Relaxed);
         held.store(packer.hold > 0 || packer.trial.is_some(), Ordering::Relaxed);
         if let Some(m) = m {
+            if packer.sent_back {
+                workers[m.from].sent_back.fetch_add(1, Ordering::Relaxed);
+            } else if packer.trial.is_some() {
+                workers[m.to].tried.fetch_add(1, Ordering::Relaxed);
+            }
             tracing::debug!(
                 "workers: moving {} connection(s) from worker {} to {} (loads {loads:?}, connections {connections:?}, bytes read {reads:?}, waited {:?})",
                 m.count,
@@ -389,7 +415,7 @@ struct Period<'a> {
     loads: &'a [u32],
     /// Each worker's connections.
     connections: &'a [usize],
-    /// Bytes each worker read.
+    /// Bytes each worker read, over a [`PERIOD`] (the period may have been longer).
     reads: &'a [u64],
     /// The workers' waits for a CPU, added up, in thousandths of the period (`None`
     /// where the kernel does not say).
@@ -404,6 +430,8 @@ struct Packer {
     /// busiest one busy all the time (0 where none was busy), the newest last.
     recent: [u64; TRIAL as usize],
     trial: Option<Trial>,
+    /// The last move was a spread on trial going back.
+    sent_back: bool,
     /// Periods left without a spread.
     hold: u32,
     /// The next hold, once a spread does not pay.
@@ -426,6 +454,7 @@ struct Trial {
 impl Packer {
     /// The move after this period, if any.
     fn next(&mut self, p: &Period<'_>) -> Option<Move> {
+        self.sent_back = false;
         if let Some(t) = &mut self.trial {
             t.read += p.reads.iter().sum::<u64>();
             t.periods += 1;
@@ -451,6 +480,7 @@ impl Packer {
             self.hold = self.next_hold.max(HOLD.0);
             self.next_hold = (self.hold * 2).min(HOLD.1);
             let back = t.spread.count.min(p.connections[t.spread.to]);
+            self.sent_back = back > 0;
             return (back > 0).then_some(Move {
                 from: t.spread.to,
                 to: t.spread.from,
@@ -467,7 +497,7 @@ impl Packer {
         let held = self.hold > 0;
         self.hold = self.hold.saturating_sub(1);
         if let Some(m) = spread(p.loads, p.connections) {
-            if p.connections[m.to] > 0 {
+            if p.loads[m.to] >= AWAKE {
                 // Evening out two workers already awake: no worker is woken.
                 return Some(m);
             }
@@ -499,6 +529,10 @@ pub struct WorkerStat {
     pub busy: f64,
     /// Connections moved onto it since start.
     pub moved_in: u64,
+    /// Spreads that woke it on trial since start.
+    pub tried: u64,
+    /// Those of them that went back: the cores were taken.
+    pub sent_back: u64,
 }
 
 impl WorkerStats {
@@ -509,20 +543,27 @@ impl WorkerStats {
                 connections: w.connections.load(Ordering::Relaxed),
                 busy: f64::from(w.load.load(Ordering::Relaxed)) / 1000.0,
                 moved_in: w.moved_in.load(Ordering::Relaxed),
+                tried: w.tried.load(Ordering::Relaxed),
+                sent_back: w.sent_back.load(Ordering::Relaxed),
             })
             .collect()
     }
 }
 
 /// The worker a new connection goes to while no worker may be woken: as [`place`]
-/// among the workers holding connections (the first, when none does).
-fn place_awake(loads: &[u32], connections: &[usize]) -> usize {
-    let awake: Vec<u32> = (loads.iter().zip(connections))
-        .map(|(&l, &c)| if c > 0 { l } else { u32::MAX })
+/// among the workers awake but `except` (a spread's on trial); else the first holding
+/// connections, else the first.
+fn place_awake(loads: &[u32], connections: &[usize], except: usize) -> usize {
+    let open = |i: usize| connections[i] > 0 && i != except;
+    let awake: Vec<u32> = (0..loads.len())
+        .map(|i| match open(i) && loads[i] >= AWAKE {
+            true => loads[i],
+            false => u32::MAX,
+        })
         .collect();
     match awake.iter().any(|&l| l != u32::MAX) {
         true => place(&awake),
-        false => 0,
+        false => (0..loads.len()).find(|&i| open(i)).unwrap_or(0),
     }
 }
 
@@ -808,6 +849,7 @@ mod tests {
             assert_eq!(packer.next(&crowded), None);
             assert_eq!(packer.next(&crowded), None);
             assert_eq!(packer.next(&crowded), back, "after {TRIAL} periods");
+            assert!(packer.sent_back);
             for _ in 0..hold {
                 assert_eq!(packer.next(&busy), None, "held off for {hold} periods");
             }
@@ -859,6 +901,10 @@ mod tests {
         let uneven = period(&[1000, 300], &[20, 4], &[900, 300], 500);
         assert!(packer.next(&uneven).is_some());
         assert!(packer.trial.is_none());
+        // A worker that holds only idle connections sleeps: a spread onto it is one.
+        let idle = period(&[1000, 10], &[20, 2], &[900, 1], 0);
+        assert!(packer.next(&idle).is_some());
+        assert!(packer.trial.is_some());
     }
 
     #[test]
@@ -885,21 +931,24 @@ mod tests {
 
     #[test]
     fn held_new_connections_join_the_workers_awake() {
-        assert_eq!(place_awake(&[900, 0, 0], &[32, 0, 0]), 0);
-        assert_eq!(place_awake(&[900, 200, 0], &[32, 4, 0]), 1);
-        assert_eq!(
-            place_awake(&[900, 800, 0], &[32, 4, 0]),
-            1,
-            "the least busy"
-        );
-        assert_eq!(place_awake(&[0, 0], &[0, 0]), 0);
+        let none = usize::MAX;
+        assert_eq!(place_awake(&[900, 0, 0], &[32, 0, 0], none), 0);
+        assert_eq!(place_awake(&[900, 200, 0], &[32, 4, 0], none), 1);
+        let least_busy = place_awake(&[900, 800, 0], &[32, 4, 0], none);
+        assert_eq!(least_busy, 1);
+        assert_eq!(place_awake(&[0, 0], &[0, 0], none), 0);
+        // A scrape's idle connection does not make a worker awake.
+        assert_eq!(place_awake(&[900, 20], &[32, 2], none), 0);
+        // Nor is the worker a spread on trial woke open to new connections.
+        assert_eq!(place_awake(&[900, 600], &[16, 16], 1), 0);
+        assert_eq!(place_awake(&[20, 600], &[1, 16], 1), 0);
     }
 
     #[test]
     fn the_bar_is_the_best_of_the_last_periods() {
         let mut packer = Packer::default();
         // A period at full speed, then one that others' work held back.
-        packer.next(&period(&[800, 0], &[32, 1], &[1000, 0], 0));
+        packer.next(&period(&[800, 100], &[32, 4], &[1000, 0], 0));
         assert!(packer
             .next(&period(&[800, 0], &[32, 0], &[600, 0], 0))
             .is_some());

@@ -524,23 +524,28 @@ async fn rls_clients(server: &Server, n: usize) -> Vec<RlsClient> {
 /// CPUs, which the workers' balancing reads.
 static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// 16 gRPC calls in flight over the clients' connections until stopped.
+/// 16 gRPC calls in flight over the clients' connections until stopped, each asking
+/// for `descriptors` decisions.
 struct HeavyLoad {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     callers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl HeavyLoad {
-    fn start(clients: &[RlsClient]) -> HeavyLoad {
+    fn start(clients: &[RlsClient], descriptors: usize) -> HeavyLoad {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let callers = (0..16)
             .map(|i| {
                 let mut client = clients[i % clients.len()].clone();
                 let stop = stop.clone();
+                let keys: Vec<String> =
+                    (0..descriptors).map(|d| format!("heavy-{i}-{d}")).collect();
                 tokio::spawn(async move {
+                    let entries: Vec<[(&str, &str); 1]> =
+                        keys.iter().map(|k| [("api_key", k.as_str())]).collect();
+                    let asked: Vec<&[(&str, &str)]> = entries.iter().map(|e| &e[..]).collect();
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let key = format!("heavy-{i}");
-                        rls(&mut client, "example", &[&[("api_key", key.as_str())]], 0).await;
+                        rls(&mut client, "example", &asked, 0).await;
                     }
                 })
             })
@@ -598,7 +603,7 @@ async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_aft
 
     // Heavy load, 16 calls in flight: the first worker is busy, so connections move
     // to the second, which serves from then on.
-    let load = HeavyLoad::start(&clients);
+    let load = HeavyLoad::start(&clients, 1);
     let before = worker_ticks(server.pid(), 2);
     let mut spread = false;
     for _ in 0..100 {
@@ -630,11 +635,14 @@ async fn packed_workers_serve_light_load_on_one_spread_heavy_load_and_gather_aft
     assert!(metric(&server, &moved(0)).await >= 1.0);
 }
 
-/// Two workers on one CPU: a spread under heavy load buys nothing (the second worker
-/// only takes turns with the first), so its connections go back and stay back while
-/// the load goes on.
+/// Two workers on one CPU under heavy load: the first is busy, so a spread wakes the
+/// second, on trial, which then either pays or goes back (which of the two depends on
+/// what else the machine runs on that CPU: the unit tests of `workers` hold the
+/// verdict to its inputs); either way the trial ends and the metrics count it. The
+/// /metrics requests' own connections, placed on the idle worker, do not make it
+/// awake.
 #[tokio::test]
-async fn a_spread_that_buys_nothing_on_a_crowded_cpu_goes_back() {
+async fn a_spread_onto_a_sleeping_worker_is_tried_and_judged() {
     use std::time::Duration;
 
     let _heavy = HEAVY.lock().await;
@@ -646,56 +654,42 @@ async fn a_spread_that_buys_nothing_on_a_crowded_cpu_goes_back() {
         .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
         .unwrap();
     let cpu = allowed.trim().split([',', '-']).next().unwrap().to_string();
+    let pid = server.pid().to_string();
     let pinned = std::process::Command::new("taskset")
-        .args(["-a", "-c", "-p", &cpu, &server.pid().to_string()])
+        .args(["-a", "-c", "-p", &cpu, &pid])
         .output()
         .unwrap();
     assert!(pinned.status.success(), "{pinned:?}");
     let clients = rls_clients(&server, 4).await;
-    let moved = |w: u8| format!("tollgate_worker_moves_in{{worker=\"{w}\"}}");
+    let tried = "tollgate_worker_spreads_tried{worker=\"1\"}";
+    let sent_back = "tollgate_worker_spreads_sent_back{worker=\"1\"}";
     let on = |w: u8| format!("tollgate_worker_connections{{worker=\"{w}\"}}");
-    // A trial judges one load against the best of a few periods before it: others'
-    // work on the same CPU can still make one look paid. Then the connections stay
-    // spread until the load stops, and a new load gets a new trial.
-    let mut back = false;
-    for _attempt in 0..3 {
-        let (out, moved_back) = (
-            metric(&server, &moved(1)).await,
-            metric(&server, &moved(0)).await,
-        );
-        let load = HeavyLoad::start(&clients);
-        // Up to 8 s for the spread and the way back of every connection it moved.
-        for _ in 0..160 {
-            let spread = metric(&server, &moved(1)).await > out;
-            if spread
-                && metric(&server, &moved(0)).await > moved_back
-                && metric(&server, &on(1)).await == 0.0
-            {
-                back = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if back {
-            // Held on the first worker under the same load (the hold lasts 1 s).
-            for _ in 0..3 {
-                assert_eq!(metric(&server, &on(1)).await, 0.0);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        load.stop().await;
-        if back {
+    // 20 decisions a call: the server's CPU, not the client's, sets the pace.
+    let load = HeavyLoad::start(&clients, 20);
+    let mut ran = false;
+    for _ in 0..200 {
+        if metric(&server, tried).await >= 1.0 {
+            ran = true;
             break;
         }
-        // Quiet: gathered back on the first worker before the next load.
-        for _ in 0..60 {
-            if metric(&server, &on(1)).await == 0.0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(back, "never spread and went back in 3 loads");
+    assert!(ran, "no spread was tried in 10 s of heavy load");
+    // The verdict, once the trial's 300 ms are over: back on the first worker, and
+    // counted, or kept (the second worker still serving the connections it took).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut judged = false;
+    for _ in 0..40 {
+        let back = metric(&server, sent_back).await >= 1.0 && metric(&server, &on(1)).await == 0.0;
+        let kept = metric(&server, sent_back).await == 0.0 && metric(&server, &on(1)).await >= 1.0;
+        if back || kept {
+            judged = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    load.stop().await;
+    assert!(judged, "the trial never ended");
 }
 
 #[tokio::test]

@@ -37,6 +37,8 @@ pub struct Metrics {
     /// `serve`'s workers: connections, moves onto each, by worker.
     worker_connections: Family<Labels, Gauge>,
     worker_moves: Family<Labels, Gauge>,
+    worker_tried: Family<Labels, Gauge>,
+    worker_sent_back: Family<Labels, Gauge>,
     /// Each worker's busy share of the last balancing period.
     worker_busy: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Each RLQS quota bucket's standing, by domain, bucket and figure.
@@ -164,6 +166,8 @@ impl Metrics {
             redis_node_counts: Family::default(),
             worker_connections: Family::default(),
             worker_moves: Family::default(),
+            worker_tried: Family::default(),
+            worker_sent_back: Family::default(),
             worker_busy: Family::default(),
             quota: Family::default(),
             quota_reported: Family::default(),
@@ -270,6 +274,16 @@ impl Metrics {
             "worker_moves_in",
             "Connections moved onto each worker since start (listen.balance: pack)",
             self.worker_moves.clone(),
+        );
+        registry.register(
+            "worker_spreads_tried",
+            "Spreads that woke each worker on trial since start (listen.balance: pack)",
+            self.worker_tried.clone(),
+        );
+        registry.register(
+            "worker_spreads_sent_back",
+            "Spreads that woke each worker and went back since start, its cores taken (listen.balance: pack)",
+            self.worker_sent_back.clone(),
         );
         registry.register(
             "worker_busy_ratio",
@@ -525,6 +539,10 @@ impl Metrics {
                 .set(i64::try_from(w.connections).unwrap_or(i64::MAX));
             (self.worker_moves.get_or_create(&label))
                 .set(i64::try_from(w.moved_in).unwrap_or(i64::MAX));
+            (self.worker_tried.get_or_create(&label))
+                .set(i64::try_from(w.tried).unwrap_or(i64::MAX));
+            (self.worker_sent_back.get_or_create(&label))
+                .set(i64::try_from(w.sent_back).unwrap_or(i64::MAX));
             self.worker_busy.get_or_create(&label).set(w.busy);
         }
     }
