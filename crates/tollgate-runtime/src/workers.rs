@@ -19,18 +19,19 @@
 //! Fewer workers awake means more calls per wake-up and less CPU per call (on two
 //! cores, one worker spent about a fifth less per gRPC decision than two at the same
 //! load); more workers awake serve more once one is busy, if there is a CPU for them.
-//! So a spread is a trial: for [`TRIAL`] periods after it, the balancer reads how many
-//! bytes the workers read and how long their threads waited for a CPU
-//! (`/proc/self/task/TID/schedstat`). Where the workers read less than they would have
-//! with the first one busy all the time and waited for a CPU (their waits add up to
-//! [`CROWDED`] of a period or more, in two periods of the trial), the cores were taken
-//! (by the clients, a sidecar or a neighbour) and the second worker only took turns
-//! with the first: the moved connections go back, and no spread wakes a worker for a
-//! second, then two, four, up to a minute, until one pays or does no harm. During a
-//! trial and a hold, new connections go to the workers already awake (busy
-//! [`AWAKE`] of a period or more), not to the one on trial. (Evening out two workers
-//! already awake is no trial, and is not held.) [`Balance::Spread`] hands each connection to the next
-//! worker in turn and never moves it.
+//! So a spread that wakes a worker is a trial: for [`TRIAL`] periods after it, the
+//! balancer reads how many bytes the workers read and how long their threads waited
+//! for a CPU (`/proc/self/task/TID/schedstat`). Where the workers read a twentieth
+//! less or more than they would have with the first one busy all the time and waited
+//! for a CPU (their waits add up to [`CROWDED`] of a period or more, in two periods of
+//! the trial), the cores were taken (by the clients, a sidecar or a neighbour) and the
+//! second worker only took turns with the first: the moved connections go back, and
+//! no spread wakes a worker for a second, then two, four, up to a minute, until one
+//! pays or does no harm. During a trial and a hold, new connections go to the workers
+//! already awake (busy [`AWAKE`] of a period or more), not to the one on trial.
+//! (Evening out two workers already awake is no trial, and is not held.)
+//! [`Balance::Spread`] hands each connection to the next worker in turn and never
+//! moves it.
 //!
 //! A connection moves as its boxed future, sent to the other worker's runtime; its
 //! socket ([`WorkerStream`]) registers again with the runtime that polls it next.
@@ -426,9 +427,6 @@ struct Period<'a> {
 /// no spread is tried after one that did not pay.
 #[derive(Debug, Default)]
 struct Packer {
-    /// What the workers would have read in each of the last periods with the
-    /// busiest one busy all the time (0 where none was busy), the newest last.
-    recent: [u64; TRIAL as usize],
     trial: Option<Trial>,
     /// The last move was a spread on trial going back.
     sent_back: bool,
@@ -463,10 +461,10 @@ impl Packer {
                 return None;
             }
             let t = self.trial.take()?;
-            // Paid: no less read than with the first worker busy all the time.
-            // Harmless: the CPUs were free (the load did not need more, and the
-            // second worker cost nobody a turn).
-            let paid = t.read >= t.before * u64::from(TRIAL);
+            // Paid: no less read (within a twentieth, a period's noise) than with the
+            // first worker busy all the time. Harmless: the CPUs were free (the load
+            // did not need more, and the second worker cost nobody a turn).
+            let paid = t.read * 20 >= t.before * u64::from(TRIAL) * 19;
             tracing::debug!(
                 "workers: spread tried: {} B a period before (the busy worker busy all the time), {} B after, {} of {TRIAL} periods crowded",
                 t.before,
@@ -487,18 +485,14 @@ impl Packer {
                 count: back,
             });
         }
-        // What the workers would have read with the busiest one busy all the time:
-        // the best of the last few periods, so that one period that others' work
-        // held back does not make the bar low.
-        let alone = alone(p);
-        let before = self.recent.iter().copied().fold(alone, u64::max);
-        self.recent.rotate_left(1);
-        self.recent[TRIAL as usize - 1] = alone;
+        // What the workers would have read with the busiest one busy all the time.
+        let before = alone(p);
         let held = self.hold > 0;
         self.hold = self.hold.saturating_sub(1);
         if let Some(m) = spread(p.loads, p.connections) {
-            if p.loads[m.to] >= AWAKE {
-                // Evening out two workers already awake: no worker is woken.
+            if p.loads[m.to] >= AWAKE && p.connections[m.to] > 0 {
+                // Evening out two workers already awake: no worker is woken (a
+                // worker sent back its connections still shows the period's work).
                 return Some(m);
             }
             if !held {
@@ -850,7 +844,11 @@ mod tests {
             assert_eq!(packer.next(&crowded), None);
             assert_eq!(packer.next(&crowded), back, "after {TRIAL} periods");
             assert!(packer.sent_back);
-            for _ in 0..hold {
+            // The next period still shows the second worker's work, not its
+            // connections: a spread onto it would wake it, and is held.
+            let after = period(&[900, 60], &[32, 0], &[700, 50], 300);
+            assert_eq!(packer.next(&after), None);
+            for _ in 1..hold {
                 assert_eq!(packer.next(&busy), None, "held off for {hold} periods");
             }
         }
@@ -945,14 +943,17 @@ mod tests {
     }
 
     #[test]
-    fn the_bar_is_the_best_of_the_last_periods() {
+    fn a_spread_that_reads_a_little_less_stays() {
+        // 1000 B a period on one worker; 960 B on two, crowded: within a twentieth.
         let mut packer = Packer::default();
-        // A period at full speed, then one that others' work held back.
-        packer.next(&period(&[800, 100], &[32, 4], &[1000, 0], 0));
         assert!(packer
-            .next(&period(&[800, 0], &[32, 0], &[600, 0], 0))
+            .next(&period(&[1000, 0], &[32, 0], &[1000, 0], 0))
             .is_some());
-        assert_eq!(packer.trial.as_ref().map(|t| t.before), Some(1250));
+        let after = period(&[700, 700], &[16, 16], &[480, 480], 400);
+        for _ in 0..TRIAL {
+            assert_eq!(packer.next(&after), None);
+        }
+        assert_eq!(packer.hold, 0);
     }
 
     /// Echoes lines, answering each with the worker thread that read it.
